@@ -1,0 +1,1 @@
+"""The bus: wire messages, payload codec, shared-memory arenas, sockets."""

@@ -1,0 +1,157 @@
+"""Every message that crosses the orchestrator <-> worker bus, and its codec.
+
+Frames on the wire: ROUTER side `[identity, body]`, DEALER side `[body]`,
+where `body` is one msgpack-encoded `Message` (a tagged union, decoded by one
+typed decoder and dispatched with `match`). Several messages may travel in one
+`Batch` to amortise per-frame costs. No pickle, ever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """An array that crossed a process boundary.
+
+    Small arrays travel `inline`; larger ones live in the producer's
+    shared-memory arena at (`segment`, `offset`) under `lease`, owned by
+    `producer` until released.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    inline: bytes | None = None
+    segment: str = ""
+    offset: int = 0
+    nbytes: int = 0
+    lease: int = 0
+    producer: str = ""
+
+
+class Payload(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A flat dict split into plain values and arrays."""
+
+    data: dict[str, Any] = {}
+    arrays: dict[str, ArrayRef] = {}
+
+
+class LeaseId(msgspec.Struct, array_like=True, gc=False):
+    producer: str
+    lease: int
+
+
+# ---- worker -> orchestrator -------------------------------------------------
+
+
+class Ready(msgspec.Struct, tag=1, array_like=True, gc=False):
+    """First message of a worker: its engine is loaded."""
+
+    stage_id: int
+    replica: int
+    pid: int
+    info: dict[str, Any] = {}
+
+
+class StartFailed(msgspec.Struct, tag=2, array_like=True, gc=False):
+    """The engine could not start; the worker exits after sending this."""
+
+    stage_id: int
+    replica: int
+    error: str
+
+
+class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
+    busy: int
+    """Requests the engine holds."""
+
+
+class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc=False):
+    """A delta of one request's output at one stage."""
+
+    request_id: str
+    stage_id: int
+    payload: Payload
+    finished: bool = False
+    error: str | None = None
+
+
+class Release(msgspec.Struct, tag=5, array_like=True, gc=False):
+    """A consumer is done with these leases (the orchestrator forwards to producers)."""
+
+    leases: list[LeaseId]
+
+
+# ---- orchestrator -> worker -------------------------------------------------
+
+
+class AddRequest(msgspec.Struct, tag=10, array_like=True, omit_defaults=True, gc=False):
+    """Start a request at a stage.
+
+    Entry stages get the request `inputs`. A downstream stage gets either all
+    upstream chunks at once in `upstream` (full-payload mode), or `streaming`
+    set and its input later through `Feed` messages (async chunk).
+    """
+
+    request_id: str
+    stage_id: int
+    inputs: Payload
+    params: dict[str, Any] = {}
+    upstream: dict[int, list[Payload]] = {}
+    streaming: bool = False
+    sources: tuple[int, ...] = ()
+
+
+class Feed(msgspec.Struct, tag=11, array_like=True, omit_defaults=True, gc=False):
+    """One upstream chunk for a streaming request."""
+
+    request_id: str
+    source: int
+    payload: Payload
+    last: bool = False
+
+
+class Abort(msgspec.Struct, tag=12, array_like=True, gc=False):
+    request_ids: list[str]
+
+
+class FreeLeases(msgspec.Struct, tag=13, array_like=True, gc=False):
+    """Producer: these leases of yours may be reused."""
+
+    leases: list[int]
+
+
+class Shutdown(msgspec.Struct, tag=14, array_like=True, gc=False):
+    """Finish nothing more; exit now."""
+
+
+class Batch(msgspec.Struct, tag=20, array_like=True, gc=False):
+    items: list[Message]
+
+
+Message = (
+    Ready | StartFailed | Heartbeat | StageOutput | Release
+    | AddRequest | Feed | Abort | FreeLeases | Shutdown | Batch
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(body: bytes | memoryview) -> Message:
+    return _decoder.decode(body)
+
+
+def encode_many(msgs: list[Message]) -> bytes:
+    """One frame for a list of messages (a lone message is sent bare)."""
+    return _encoder.encode(msgs[0] if len(msgs) == 1 else Batch(items=msgs))
+
+
+def unbatch(msg: Message) -> list[Message]:
+    return msg.items if isinstance(msg, Batch) else [msg]

@@ -1,0 +1,1 @@
+"""Configuration: pipeline topology (code), deploy placement (YAML), validation."""

@@ -1,0 +1,1 @@
+"""The orchestrator: an event-driven actor routing requests through stage workers."""

@@ -1,0 +1,101 @@
+"""What callers of the orchestrator see: request specs, stream events, handles."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_actors.errors import RequestError
+
+
+def new_request_id(prefix: str = "req") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request into the pipeline.
+
+    `inputs` go to the entry stages (those with no upstream in `stages`).
+    `params` go to every stage; `stage_params` add per-stage values on top.
+    `stages` selects a subset of the pipeline (None: the pipeline's planner
+    decides, or every stage). Arrays in `inputs` may be numpy or torch.
+    """
+
+    inputs: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+    stage_params: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stages: tuple[int, ...] | None = None
+    deadline_s: float | None = None
+    request_id: str = field(default_factory=new_request_id)
+
+
+@dataclass(frozen=True)
+class StageChunk:
+    """A delta of a final-output stage. Arrays are numpy copies owned by the reader."""
+
+    stage_id: int
+    output_type: str | None
+    data: dict[str, Any]
+    finished: bool
+
+
+_END = object()
+
+
+class RequestStream:
+    """The async iterator of one request's final outputs.
+
+    Yields StageChunk until every final stage finished, then stops; on failure
+    raises the RequestError once. Exactly one terminal event either way.
+    """
+
+    def __init__(self, request_id: str, on_abort: Callable[[str], None]) -> None:
+        self.request_id = request_id
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._on_abort = on_abort
+        self._ended = False
+        self.terminal: BaseException | None = None
+
+    # -- producer side (orchestrator) --
+    def put_nowait(self, chunk: StageChunk) -> None:
+        if not self._ended:
+            self._queue.put_nowait(chunk)
+
+    def finish_nowait(self, error: RequestError | None = None) -> bool:
+        """End the stream; returns False if it had already ended."""
+        if self._ended:
+            return False
+        self._ended = True
+        self.terminal = error
+        self._queue.put_nowait(error if error is not None else _END)
+        return True
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    # -- consumer side (API) --
+    def abort(self) -> None:
+        """Abort the request in every stage; the stream ends with RequestAborted."""
+        if not self._ended:
+            self._on_abort(self.request_id)
+
+    def __aiter__(self) -> AsyncIterator[StageChunk]:
+        return self
+
+    async def __anext__(self) -> StageChunk:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._queue.put_nowait(_END)
+            raise item
+        return item
+
+    async def collect(self) -> list[StageChunk]:
+        return [chunk async for chunk in self]

@@ -1,0 +1,93 @@
+"""The StageEngine interface every stage engine implements.
+
+A worker owns exactly one engine and drives it from a single thread:
+
+    engine = EngineClass(ctx)            # load weights; raise to fail stage start
+    engine.add(rid, inputs, params, streaming=False)
+    engine.feed(rid, inputs, last)       # only for streaming (async-chunk) requests
+    while engine.has_work():
+        for out in engine.step(): ...    # EngineOutput per request with news
+    engine.abort(rid)                    # drop all state of rid; no more outputs for it
+    engine.close()
+
+Payloads are flat dicts of plain values (str, int, float, bool, bytes, lists)
+and arrays (numpy arrays or torch tensors) at the top level. Arrays received
+as inputs may be views of shared memory that is released after `add`/`feed`
+returns: an engine copies whatever it keeps (`torch.tensor(x)`, `.to(device)`,
+`np.array(x)`).
+
+Errors: an exception from `add`/`feed` fails that request only. An engine that
+knows which request failed inside `step` reports it as an EngineOutput with
+`error` set; any other exception from `step` fails every request it holds.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine is told when it starts."""
+
+    stage_id: int
+    replica: int
+    model_stage: str
+    model_path: Path | None
+    """The stage's weights folder (deploy `model` plus the stage's `subdir`)."""
+    device: str
+    """"cpu" or "cuda" (CUDA_VISIBLE_DEVICES is already set for the worker)."""
+    max_num_seqs: int
+    dtype: str
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    default_sampling_params: dict[str, Any] = field(default_factory=dict)
+    sampling_constraints: dict[str, Any] = field(default_factory=dict)
+    engine_extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EngineOutput:
+    """News for one request after a step: a delta of output, and whether it is the last."""
+
+    request_id: str
+    payload: dict[str, Any]
+    finished: bool = False
+    error: str | None = None
+
+
+class StageEngine(abc.ABC):
+    """Base class of stage engines; see the module docstring for the contract."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+
+    @abc.abstractmethod
+    def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False) -> None:
+        """Start a request. With `streaming`, more input arrives through `feed`."""
+
+    def feed(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+        """Give a streaming request more input; `last` marks the end of its input."""
+        raise NotImplementedError(f"{type(self).__name__} does not take streamed input")
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Forget a request. Unknown ids are ignored."""
+
+    @abc.abstractmethod
+    def step(self) -> list[EngineOutput]:
+        """Run one unit of work (a decode step, a denoising step, a chunk decode)."""
+
+    @abc.abstractmethod
+    def has_work(self) -> bool:
+        """True when `step` would make progress now."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources at worker exit."""
+
+    def merged_sampling(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Deploy defaults < request params < pipeline constraints."""
+        return {**self.ctx.default_sampling_params, **params, **self.ctx.sampling_constraints}
