@@ -4,6 +4,7 @@
     ├── ConfigError              deploy file / CLI validation failed (exit code 2)
     ├── AdmissionError           a stage queue is full (HTTP 429)
     ├── StageUnavailable         no ready replica for a stage (HTTP 503)
+    ├── StartupError             a worker could not start (omni-run exits non-zero)
     └── RequestError             a request ended abnormally; carried on its stream
         ├── RequestAborted       aborted by the caller (disconnect, cancel)
         ├── RequestTimeout       the request deadline passed (HTTP 504)
@@ -66,5 +67,14 @@ class StageFailed(RequestError):
 
     def __init__(self, stage_id: int, detail: str) -> None:
         super().__init__(f"stage {stage_id} failed: {detail}")
+        self.stage_id = stage_id
+        self.detail = detail
+
+
+class StartupError(OmniError):
+    """A stage's worker could not start (engine failed to load, or it timed out)."""
+
+    def __init__(self, stage_id: int, detail: str) -> None:
+        super().__init__(f"stage {stage_id} did not start: {detail}")
         self.stage_id = stage_id
         self.detail = detail

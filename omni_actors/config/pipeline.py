@@ -43,6 +43,8 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     engine_output_type: str | None = None
     sampling_constraints: dict[str, Any] = {}
     """Sampling fields forced for this stage; they win over request and deploy values."""
+    engine_defaults: dict[str, Any] = {}
+    """Engine settings of this stage; the deploy's `engine_extras` override them."""
     subdir: str | None = None
     """Sub-folder of the deploy `model` path holding this stage's weights, if any."""
 
@@ -52,6 +54,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     name: str
     stages: tuple[StageSpec, ...]
+    requires_model: bool = True
+    """False for pipelines that need no weights (the synthetic family)."""
     planner: str | None = None
     """"module:function" choosing the stage subset for a request: (pipeline, request) -> ids."""
     description: str = ""

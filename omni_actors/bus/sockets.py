@@ -1,0 +1,161 @@
+"""Bus sockets: the orchestrator's ROUTER on the event loop, a worker's blocking DEALER.
+
+The ROUTER is a plain (not zmq.asyncio) socket: the loop watches its file
+descriptor and each wake-up drains every pending frame with non-blocking
+calls, which costs a fraction of zmq.asyncio's per-message overhead. ZeroMQ's
+descriptor is edge-triggered, so after every send we look again for input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from omni_actors.bus import messages as m
+from omni_actors.settings import SETTINGS
+
+SEND_HWM = 0
+"""No high-water mark: admission control bounds the traffic, not dropped frames."""
+
+
+class RuntimeDir:
+    """A private (0700) directory for ipc endpoints, removed by `close`."""
+
+    def __init__(self) -> None:
+        SETTINGS.runtime_parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix="omni-run-", dir=SETTINGS.runtime_parent))
+        self.path.chmod(0o700)
+
+    def endpoint(self, name: str) -> str:
+        return f"ipc://{self.path / name}"
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class AsyncRouter:
+    """ROUTER socket driven by the event loop; `on_message(identity, msg)` per message."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        on_message: Callable[[bytes, m.Message], None],
+    ) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self.sock.setsockopt(zmq.RCVHWM, SEND_HWM)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if endpoint.endswith(":0") and endpoint.startswith("tcp://"):
+            port = self.sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])
+            endpoint = f"{endpoint.rsplit(':', 1)[0]}:{port}"
+        else:
+            self.sock.bind(endpoint)
+        self.endpoint = endpoint
+        self._on_message = on_message
+        self._outbox: dict[bytes, list[m.Message]] = {}
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.frames_in = 0
+        self.frames_out = 0
+        self.messages_in = 0
+        self.messages_out = 0
+        self.wakeups = 0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.sock.getsockopt(zmq.FD), self._on_readable)
+        self._loop.call_soon(self._on_readable)
+
+    def _on_readable(self) -> None:
+        self.wakeups += 1
+        sock = self.sock
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                identity, body = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            except ValueError:
+                continue  # malformed frame count: ignore
+            self.frames_in += 1
+            try:
+                msg = m.decode(body)
+            except Exception:
+                continue
+            for item in m.unbatch(msg):
+                self.messages_in += 1
+                self._on_message(identity, item)
+
+    def send_nowait(self, identity: bytes, msg: m.Message) -> None:
+        """Queue a message; all queued messages leave together at the end of this loop turn."""
+        box = self._outbox.get(identity)
+        if box is None:
+            self._outbox[identity] = [msg]
+        else:
+            box.append(msg)
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, {}
+        for identity, msgs in outbox.items():
+            try:
+                self.sock.send_multipart([identity, m.encode_many(msgs)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                continue  # the peer is gone (ROUTER_MANDATORY); its death is handled elsewhere
+            self.frames_out += 1
+            self.messages_out += len(msgs)
+        # Edge-triggered fd: a send may have consumed the readiness edge.
+        if self._loop is not None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop.call_soon(self._on_readable)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.remove_reader(self.sock.getsockopt(zmq.FD))
+            except (ValueError, zmq.ZMQError):
+                pass
+        self.sock.close(0)
+
+
+class WorkerSocket:
+    """A worker's DEALER with a fixed identity; blocking calls, used from one thread."""
+
+    def __init__(self, endpoint: str, identity: bytes) -> None:
+        self.ctx = zmq.Context(1)
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self.sock.setsockopt(zmq.RCVHWM, SEND_HWM)
+        self.sock.connect(endpoint)
+
+    def send(self, msgs: list[m.Message]) -> None:
+        if msgs:
+            self.sock.send(m.encode_many(msgs))
+
+    def recv_nowait(self) -> list[m.Message]:
+        """Every message already waiting, without blocking."""
+        out: list[m.Message] = []
+        while True:
+            try:
+                body = self.sock.recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return out
+            out.extend(m.unbatch(m.decode(body)))
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until a message arrives or the timeout passes; True if one is waiting."""
+        return bool(self.sock.poll(int(timeout_s * 1000), zmq.POLLIN))
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()

@@ -1,0 +1,143 @@
+"""omni-run: serve a pipeline from a deploy file, and the tool subcommands.
+
+    omni-run [--deploy deploy.yaml] [--stage-overrides JSON] [--async-chunk | --no-async-chunk]
+             [--host H] [--port P] [--model PATH]
+    omni-run prepare <pipeline>              prepare a bundled pipeline's model files
+    omni-run make-tiny <pipeline> <dir>      write a tiny random-weight checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from omni_actors import logs
+from omni_actors.config.deploy import DeployConfig, load_deploy, parse_stage_overrides
+from omni_actors.errors import ConfigError, StartupError
+
+DEFAULT_DEPLOY = "assistant.yaml"
+"""The bundled deploy file `omni-run` serves with no --deploy (in omni_actors/deploy/)."""
+
+
+def bundled_deploy(name: str = DEFAULT_DEPLOY) -> Path:
+    return Path(str(resources.files("omni_actors") / "deploy" / name))
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omni-run", description="Serve an omni-modal pipeline.")
+    p.add_argument("--deploy", help="deploy YAML (default: the bundled speech assistant)")
+    p.add_argument("--stage-overrides", help='JSON: {"<stage_id>": {field: value, ...}}')
+    p.add_argument("--async-chunk", dest="async_chunk", action="store_true", default=None)
+    p.add_argument("--no-async-chunk", dest="async_chunk", action="store_false")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--model", help="model path (overrides the deploy file's `model`)")
+    return p
+
+
+def load_from_args(args: argparse.Namespace) -> DeployConfig:
+    overlay: dict[str, Any] = {}
+    if args.stage_overrides:
+        overlay.update(parse_stage_overrides(args.stage_overrides))
+    if args.async_chunk is not None:
+        overlay["async_chunk"] = args.async_chunk
+    server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if server:
+        overlay["server"] = server
+    if args.model:
+        overlay["model"] = args.model
+    path = Path(args.deploy) if args.deploy else bundled_deploy()
+    return load_deploy(path, overlay or None)
+
+
+async def serve(deploy: DeployConfig) -> None:
+    from aiohttp import web
+
+    from omni_actors.api.app import build_app
+    from omni_actors.orchestrator.core import Orchestrator
+
+    log = logs.get("omni_actors.cli")
+    orch = Orchestrator(deploy)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("server.starting", pipeline=deploy.pipeline, deploy=deploy.source,
+             stages=len(orch.pipeline.stages), async_chunk=deploy.async_chunk)
+    starting = asyncio.ensure_future(orch.start())
+    waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await orch.stop(drain=False)
+        return
+    waiter.cancel()
+    starting.result()
+    runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, deploy.server.host, deploy.server.port)
+    try:
+        await site.start()
+    except OSError as err:
+        await runner.cleanup()
+        await orch.stop(drain=False)
+        raise StartupError(-1, f"cannot listen on {deploy.server.host}:{deploy.server.port}: {err}") from None
+    log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}")
+    await stop.wait()
+    log.info("server.stopping")
+    orch.draining = True
+    await orch.stop(drain=True)
+    await runner.cleanup()
+    log.info("server.stopped")
+
+
+def _tool(argv: list[str]) -> int:
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "prepare":
+        p = argparse.ArgumentParser(prog="omni-run prepare")
+        p.add_argument("pipeline")
+        a = p.parse_args(rest)
+        from omni_actors.models.prepare import prepare
+
+        print(prepare(a.pipeline))
+        return 0
+    p = argparse.ArgumentParser(prog="omni-run make-tiny")
+    p.add_argument("pipeline")
+    p.add_argument("dir")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(rest)
+    from omni_actors.models.tiny import make_tiny
+
+    print(make_tiny(a.pipeline, a.dir, seed=a.seed))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logs.configure()
+    try:
+        if argv and argv[0] in ("prepare", "make-tiny"):
+            return _tool(argv)
+        deploy = load_from_args(_serve_parser().parse_args(argv))
+        uvloop.run(serve(deploy))
+        return 0
+    except ConfigError as err:
+        print(f"omni-run: config error: {err}", file=sys.stderr)
+        return 2
+    except StartupError as err:
+        print(f"omni-run: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Deploy YAML: placement and sizing of a pipeline, loaded and validated before anything starts.
+
+    load_deploy(path, cli_overrides) -> DeployConfig   (raises ConfigError)
+
+Field names follow vLLM-Omni's deploy files where they overlap, so its users'
+files mostly load. Topology (sources, processors, execution types) is owned by
+the pipeline in code; naming it here is an error.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names
+from omni_actors.errors import ConfigError
+from omni_actors.settings import detect_platform
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: list[str] = []
+    served_model_name: str | None = None
+    max_body_mb: float = 32.0
+    request_timeout_s: float = 600.0
+    max_realtime_sessions: int = 16
+    realtime_idle_timeout_s: float = 300.0
+
+
+class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    stage_id: int
+    devices: str | list[int] | None = None
+    num_replicas: int = 1
+    max_num_seqs: int = 8
+    max_queue: int | None = None
+    """Requests admitted per replica before 429; default 8 x max_num_seqs."""
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    default_sampling_params: dict[str, Any] = {}
+    engine_extras: dict[str, Any] = {}
+    env: dict[str, str] = {}
+
+    def device_list(self) -> list[str]:
+        if self.devices is None:
+            return []
+        if isinstance(self.devices, str):
+            return [d.strip() for d in self.devices.split(",") if d.strip()]
+        return [str(d) for d in self.devices]
+
+    @property
+    def queue_limit(self) -> int:
+        return self.max_queue if self.max_queue is not None else 8 * self.max_num_seqs
+
+
+class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    pipeline: str
+    model: str | None = None
+    async_chunk: bool = True
+    server: ServerConfig = ServerConfig()
+    stages: list[StageDeploy] = []
+    connectors: dict[str, Any] = {}
+    platforms: dict[str, Any] = {}
+    base_config: str | None = None
+    source: str = "<deploy>"
+    """The file this came from (set by the loader, for messages)."""
+
+    def stage(self, stage_id: int) -> StageDeploy:
+        for st in self.stages:
+            if st.stage_id == stage_id:
+                return st
+        return StageDeploy(stage_id=stage_id)
+
+
+TOPOLOGY_FIELDS = frozenset(
+    {
+        "input_sources", "execution_type", "model_stage", "final_output", "final_output_type",
+        "owns_tokenizer", "engine_output_type", "sampling_constraints", "processor",
+        "chunk_processor", "custom_process_input_func", "engine", "worker_type", "engine_input_source",
+    }
+)
+
+
+def deep_merge(base: Any, over: Any) -> Any:
+    """Merge `over` into `base`: dicts key by key, `stages` lists by stage_id, else replace."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, val in over.items():
+            if key == "stages" and isinstance(val, list) and isinstance(out.get(key), list):
+                out[key] = _merge_stages(out[key], val)
+            else:
+                out[key] = deep_merge(out[key], val) if key in out else copy.deepcopy(val)
+        return out
+    return copy.deepcopy(over)
+
+
+def _merge_stages(base: list[Any], over: list[Any]) -> list[Any]:
+    by_id = {s.get("stage_id"): s for s in base if isinstance(s, dict)}
+    order = [s.get("stage_id") for s in base if isinstance(s, dict)]
+    for st in over:
+        if not isinstance(st, dict):
+            raise ConfigError(f"stages: expected a mapping per stage, got {type(st).__name__}")
+        sid = st.get("stage_id")
+        if sid in by_id:
+            by_id[sid] = deep_merge(by_id[sid], st)
+        else:
+            by_id[sid] = st
+            order.append(sid)
+    return [by_id[sid] for sid in order]
+
+
+def _read_yaml(path: Path, where: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{where}: file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    return raw
+
+
+def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    raw = _read_yaml(path, str(seen[-1]) if seen else "deploy")
+    base = raw.get("base_config")
+    if base:
+        base_path = (path.parent / str(base)).resolve()
+        if base_path in seen or base_path == path.resolve():
+            raise ConfigError(f"{path}: base_config: circular reference to {base_path}")
+        raw = deep_merge(_load_raw(base_path, (*seen, path.resolve())), raw)
+    return raw
+
+
+_AT = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.S)
+
+
+def _format_validation(source: str, err: msgspec.ValidationError) -> str:
+    match = _AT.match(str(err))
+    msg, path = (match.group(1), match.group(2)) if match else (str(err), None)
+    path = (path or "").lstrip(".") or "(top level)"
+    msg = msg.replace("Object contains unknown field", "unknown field")
+    return f"{source}: {path}: {msg[0].lower() + msg[1:] if msg else msg}"
+
+
+def _check_topology_fields(source: str, raw: dict[str, Any]) -> None:
+    for i, st in enumerate(raw.get("stages") or []):
+        if isinstance(st, dict):
+            bad = sorted(TOPOLOGY_FIELDS & set(st))
+            if bad:
+                raise ConfigError(
+                    f"{source}: stages[{i}].{bad[0]}: is a topology field owned by the pipeline "
+                    f"{raw.get('pipeline')!r} in code; remove it from the deploy file"
+                )
+
+
+def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> DeployConfig:
+    """Validate a raw mapping (already merged) into a DeployConfig."""
+    _check_topology_fields(source, raw)
+    platform_over = (raw.get("platforms") or {}).get(detect_platform())
+    if isinstance(platform_over, dict):
+        raw = deep_merge(raw, platform_over)
+    if overrides:
+        raw = deep_merge(raw, overrides)
+        _check_topology_fields("--stage-overrides", raw)
+    raw = {**raw, "source": source}
+    raw.pop("base_config", None)
+    try:
+        cfg = msgspec.convert(raw, DeployConfig)
+    except msgspec.ValidationError as err:
+        raise ConfigError(_format_validation(source, err)) from None
+    validate_against_pipeline(cfg)
+    return cfg
+
+
+def load_deploy(path: str | Path, overrides: dict[str, Any] | None = None) -> DeployConfig:
+    """Read, merge (base_config, platforms, CLI overrides) and validate a deploy file."""
+    path = Path(path)
+    raw = _load_raw(path)
+    return build_deploy(raw, str(path), overrides)
+
+
+def validate_against_pipeline(cfg: DeployConfig) -> PipelineConfig:
+    src = cfg.source
+    try:
+        pipe = get_pipeline(cfg.pipeline)
+    except KeyError:
+        raise ConfigError(
+            f"{src}: pipeline: unknown pipeline {cfg.pipeline!r}; expected one of {pipeline_names()}"
+        ) from None
+    if pipe.requires_model:
+        if not cfg.model:
+            raise ConfigError(f"{src}: model: pipeline {pipe.name!r} needs a model path")
+        if not Path(cfg.model).expanduser().exists():
+            raise ConfigError(f"{src}: model: path does not exist: {cfg.model}")
+    seen: set[int] = set()
+    for i, st in enumerate(cfg.stages):
+        where = f"{src}: stages[{i}]"
+        if st.stage_id not in pipe.stage_ids:
+            raise ConfigError(
+                f"{where}.stage_id: pipeline {pipe.name!r} has no stage {st.stage_id}; "
+                f"expected one of {list(pipe.stage_ids)}"
+            )
+        if st.stage_id in seen:
+            raise ConfigError(f"{where}.stage_id: stage {st.stage_id} is listed twice")
+        seen.add(st.stage_id)
+        for name in ("num_replicas", "max_num_seqs", "tensor_parallel_size"):
+            if getattr(st, name) < 1:
+                raise ConfigError(f"{where}.{name}: expected an integer >= 1, got {getattr(st, name)}")
+        if not 0.0 < st.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"{where}.gpu_memory_utilization: expected a value in (0, 1]")
+        devices = st.device_list()
+        need = st.tensor_parallel_size * st.num_replicas
+        if devices and len(devices) != need:
+            raise ConfigError(
+                f"{where}.devices: {len(devices)} device(s) {devices} but tensor_parallel_size "
+                f"x num_replicas = {st.tensor_parallel_size} x {st.num_replicas} = {need}"
+            )
+    if not 0 < cfg.server.port < 65536:
+        raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
+    return pipe
+
+
+def parse_stage_overrides(text: str) -> dict[str, Any]:
+    """`--stage-overrides '{"0": {...}}'` -> a deploy overlay {"stages": [...]}."""
+    try:
+        data = msgspec.json.decode(text)
+    except msgspec.DecodeError as err:
+        raise ConfigError(f"--stage-overrides: not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("--stage-overrides: expected a JSON object keyed by stage id")
+    stages = []
+    for key, val in data.items():
+        if not isinstance(val, dict) or not str(key).lstrip("-").isdigit():
+            raise ConfigError(f"--stage-overrides: {key!r}: expected a stage id mapped to an object")
+        stages.append({**val, "stage_id": int(key)})
+    return {"stages": stages}

@@ -1,0 +1,1 @@
+"""Model registry: pipelines, their processors, adapters and tiny-checkpoint builders."""

@@ -1,0 +1,119 @@
+"""A tiny random-weight LlamaForCausalLM checkpoint in real Hugging Face format, built offline.
+
+The checkpoint is what vLLM and transformers load from a real model folder:
+`config.json`, `model.safetensors`, `generation_config.json` and a fast
+tokenizer (`tokenizer.json`, `tokenizer_config.json` with a chat template).
+The tokenizer is a byte-level BPE trained in milliseconds on a few sentences,
+so any text round-trips. Weights are drawn from a seeded generator: the same
+seed writes the same bytes. head_dim is 32 because vLLM's CPU attention only
+supports a fixed list of head sizes (32 and 64 are the small ones).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello, how are you today? I am fine, thank you.",
+    "Speech, text and images in; text, speech and images out.",
+    "A pipeline is a small graph of stages that stream partial results.",
+    "Once upon a time there was a tiny model that could only babble.",
+    "0123456789 + - * / = ( ) [ ] { } < > ! ? : ; ' \" , .",
+]
+
+VOCAB_SIZE = 512
+HIDDEN_SIZE = 64
+NUM_LAYERS = 2
+NUM_HEADS = 2  # head_dim = 64 / 2 = 32
+NUM_KV_HEADS = 1
+INTERMEDIATE_SIZE = 128
+MAX_POSITIONS = 1024
+
+
+def _build_tokenizer(out_dir: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=MAX_POSITIONS,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def make_tiny_llama(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny LlamaForCausalLM checkpoint into `out_dir` and return its path."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _build_tokenizer(out)
+    vocab = len(tokenizer)
+    # Round the embedding table up so every token id the tokenizer emits has a row.
+    vocab_size = max(VOCAB_SIZE, (vocab + 63) // 64 * 64)
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    bos_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=INTERMEDIATE_SIZE,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS,
+        head_dim=HIDDEN_SIZE // NUM_HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=bos_id,
+        torch_dtype="float32",
+    )
+    devnull_rng = torch.random.fork_rng(devices=[])
+    with devnull_rng:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        # Larger-than-default init so the random logits are peaked enough to give
+        # varied, seed-dependent text rather than a near-uniform distribution.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0.0, 0.2)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=bos_id).save_pretrained(out)
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(make_tiny_llama(sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"))

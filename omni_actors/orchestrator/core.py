@@ -1,0 +1,495 @@
+"""The orchestrator actor: routes requests through stage workers, on the event loop.
+
+One receive path (the ROUTER's readiness callback) dispatches each message to a
+handler with `match`; handlers touch only this object's state and never block.
+Nothing sleeps or polls: waits are on sockets, process exits, futures and
+timers whose timeouts are named constants.
+
+Public API (used by the HTTP layer and tests):
+    orch = Orchestrator(deploy); await orch.start(); ...; await orch.stop()
+    stream = orch.submit(RequestSpec(...))   # raises AdmissionError / StageUnavailable
+    async for chunk in stream: ...           # StageChunk; raises a RequestError once on failure
+    orch.abort(request_id); orch.health(); orch.statistics(); await orch.wait_healthy()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+
+import zmq
+
+from omni_actors import logs
+from omni_actors.bus import messages as m
+from omni_actors.bus.codec import PayloadCodec, leases_of
+from omni_actors.bus.shm import Arena, SegmentCache, unlink_prefix
+from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
+from omni_actors.config.deploy import DeployConfig, validate_against_pipeline
+from omni_actors.config.pipeline import PipelineConfig, resolve
+from omni_actors.errors import (
+    AdmissionError,
+    RequestAborted,
+    RequestError,
+    RequestTimeout,
+    StageFailed,
+    StageUnavailable,
+    StartupError,
+    WorkerDied,
+)
+from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, end_process
+from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
+from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
+from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
+from omni_actors.settings import detect_platform
+
+log = logs.get(__name__)
+
+STARTUP_TIMEOUT_S = 900.0
+"""Longest wait for every worker's Ready at start (real models load slowly on CPU)."""
+HEARTBEAT_TIMEOUT_S = 60.0
+"""A worker silent this long is presumed hung and is killed (then restarted)."""
+RESTART_BACKOFF_S = (0.0, 1.0, 5.0, 15.0)
+"""Delay before restart attempts 1, 2, 3 and later ones of a worker that keeps dying."""
+DRAIN_TIMEOUT_S = 30.0
+"""Longest wait for in-flight requests at graceful shutdown."""
+ORCH_PRODUCER = "orch"
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        deploy: DeployConfig,
+        pipeline: PipelineConfig | None = None,
+        endpoint: str | None = None,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    ) -> None:
+        self.deploy = deploy
+        self.pipeline = pipeline or validate_against_pipeline(deploy)
+        self.platform = detect_platform()
+        self._endpoint_override = endpoint
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.run_prefix = f"omni-{uuid.uuid4().hex[:10]}"
+        self.runs: dict[str, Run] = {}
+        self.workers: dict[int, list[WorkerHandle]] = {s: [] for s in self.pipeline.stage_ids}
+        self._by_identity: dict[bytes, WorkerHandle] = {}
+        self._by_producer: dict[str, WorkerHandle] = {}
+        self.leases = LeaseTable()
+        self.segments = SegmentCache()
+        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}")
+        self.codec = PayloadCodec(ORCH_PRODUCER, self.arena, self.segments)
+        self._planner = resolve(self.pipeline.planner) if self.pipeline.planner else None
+        self._restarts: dict[tuple[int, int], int] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._healthy = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._started_at = time.monotonic()
+        self._closing = False
+        self.draining = False
+        self.counters = {"total": 0, "failed": 0, "aborted": 0}
+        self.runtime: RuntimeDir | None = None
+        self.router: AsyncRouter | None = None
+        self.launcher: Launcher | None = None
+        self._zmq: zmq.Context | None = None
+
+    # ---- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every worker and wait until all are Ready (StartupError names the stage that failed)."""
+        self.runtime = RuntimeDir()
+        self._zmq = zmq.Context(1)
+        endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
+        self.router = AsyncRouter(self._zmq, endpoint, self._on_message)
+        self.router.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.router.start()
+        self.launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
+        handles = []
+        for sid in self.pipeline.stage_ids:
+            for replica in range(self.deploy.stage(sid).num_replicas):
+                handles.append(await self._spawn(sid, replica, generation=0))
+        try:
+            waits = {asyncio.ensure_future(self._wait_ready(h)): h for h in handles}
+            done, pending = await asyncio.wait(waits, timeout=STARTUP_TIMEOUT_S, return_when=asyncio.FIRST_EXCEPTION)
+            for fut in done:
+                fut.result()
+            if pending:
+                h = waits[next(iter(pending))]
+                for fut in pending:
+                    fut.cancel()
+                raise StartupError(h.stage_id, f"no Ready within {STARTUP_TIMEOUT_S:.0f} s")
+        except BaseException:
+            await self.stop(drain=False)
+            raise
+        self._arm_watchdog()
+
+    async def _wait_ready(self, h: WorkerHandle) -> None:
+        assert h.ready_future is not None
+        await h.ready_future
+        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                 model_stage=self.pipeline.stage(h.stage_id).model_stage)
+
+    async def _spawn(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
+        assert self.launcher is not None
+        h = self.launcher.new_handle(stage_id, replica, generation)
+        h.ready_future = asyncio.get_running_loop().create_future()
+        h.last_seen = time.monotonic()
+        self._by_identity[h.identity] = h
+        self._by_producer[h.producer] = h
+        slots = self.workers[stage_id]
+        if replica < len(slots):
+            slots[replica] = h
+        else:
+            slots.append(h)
+        await self.launcher.spawn(h)
+        self._spawn_task(self._watch_exit(h))
+        return h
+
+    def _spawn_task(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self, drain: bool = True) -> None:
+        """Drain (optionally), end every worker, remove sockets and shared memory."""
+        if self._closing:
+            return
+        self.draining = True
+        self._healthy.clear()
+        if drain and self.runs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), DRAIN_TIMEOUT_S)
+        self._closing = True
+        for rid in list(self.runs):
+            self._end(self.runs[rid], RequestAborted("server shutting down"))
+        if self._watchdog:
+            self._watchdog.cancel()
+        handles = [h for hs in self.workers.values() for h in hs if h.proc]
+        if self.router is not None:
+            for h in handles:
+                if not h.dead:
+                    self.router.send_nowait(h.identity, m.Shutdown())
+            self.router.flush()
+        await asyncio.gather(*(end_process(h.proc) for h in handles), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.router is not None:
+            self.router.close()
+        if self._zmq is not None:
+            self._zmq.term()
+        self.segments.close()
+        self.arena.close()
+        unlink_prefix(self.run_prefix)
+        if self.runtime is not None:
+            self.runtime.close()
+
+    # ---- health and statistics ----------------------------------------------------
+
+    def health(self) -> dict[int, bool]:
+        return {sid: any(h.ready for h in hs) for sid, hs in self.workers.items()}
+
+    def _update_health(self) -> None:
+        if all(self.health().values()) and not self.draining:
+            self._healthy.set()
+        else:
+            self._healthy.clear()
+
+    async def wait_healthy(self, timeout_s: float) -> None:
+        await asyncio.wait_for(self._healthy.wait(), timeout_s)
+
+    def statistics(self) -> Statistics:
+        stages = []
+        for spec in self.pipeline.stages:
+            reps = tuple(
+                ReplicaStats(h.replica, h.ready, h.pid, h.in_flight, h.engine_requests,
+                             self._restarts.get((spec.stage_id, h.replica), 0))
+                for h in self.workers[spec.stage_id]
+            )
+            stages.append(StageStats(
+                stage_id=spec.stage_id, model_stage=spec.model_stage, healthy=any(r.ready for r in reps),
+                queue_limit=self.deploy.stage(spec.stage_id).queue_limit,
+                in_flight=sum(r.in_flight for r in reps),
+                engine_requests=sum(r.engine_requests for r in reps), replicas=reps,
+            ))
+        r = self.router
+        return Statistics(
+            uptime_s=time.monotonic() - self._started_at,
+            requests_in_flight=len(self.runs), requests_total=self.counters["total"],
+            requests_failed=self.counters["failed"], requests_aborted=self.counters["aborted"],
+            messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
+            frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
+            loop_wakeups=r.wakeups if r else 0, leases_held=len(self.leases),
+            arena_segments=self.arena.segments, worker_restarts=sum(self._restarts.values()),
+            stages=tuple(stages),
+        )
+
+    # ---- requests ------------------------------------------------------------------
+
+    def plan(self, spec: RequestSpec) -> tuple[int, ...]:
+        if spec.stages is not None:
+            plan = tuple(s for s in self.pipeline.stage_ids if s in set(spec.stages))
+        elif self._planner is not None:
+            plan = tuple(self._planner(self.pipeline, spec))
+        else:
+            plan = self.pipeline.stage_ids
+        if not plan:
+            raise ValueError("request selects no stage of the pipeline")
+        return plan
+
+    def submit(self, spec: RequestSpec) -> RequestStream:
+        """Admit a request and start its entry stages; its outputs arrive on the returned stream."""
+        if self.draining:
+            raise StageUnavailable(self.pipeline.stage_ids[0])
+        if spec.request_id in self.runs:
+            raise ValueError(f"duplicate request id {spec.request_id}")
+        plan = self.plan(spec)
+        chosen: dict[int, WorkerHandle] = {}
+        for sid in plan:
+            ready = [h for h in self.workers[sid] if h.ready]
+            if not ready:
+                raise StageUnavailable(sid)
+            best = min(ready, key=lambda h: h.in_flight)
+            limit = self.deploy.stage(sid).queue_limit
+            if best.in_flight >= limit:
+                raise AdmissionError(sid, limit * len(ready))
+            chosen[sid] = best
+        in_plan = set(plan)
+        sources = {s: tuple(x for x in self.pipeline.stage(s).input_sources if x in in_plan) for s in plan}
+        consumers = {s: tuple(d for d in plan if s in sources[d]) for s in plan}
+        finals = frozenset(s for s in plan if self.pipeline.stage(s).final_output)
+        inputs = self.codec.encode(spec.inputs)
+        run = Run(
+            spec=spec, stream=RequestStream(spec.request_id, self.abort), plan=plan, sources=sources,
+            consumers=consumers, finals=finals or frozenset({plan[-1]}), replicas=chosen,
+            request_plain=m.Payload(data=inputs.data),
+        )
+        self.runs[spec.request_id] = run
+        self._idle.clear()
+        self.counters["total"] += 1
+        for h in chosen.values():
+            h.in_flight += 1
+            h.requests.add(spec.request_id)
+        entries = [s for s in plan if not sources[s]]
+        self.leases.hold(run, leases_of(inputs), users=len(entries))
+        for sid in entries:
+            self._send(run, sid, m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid)))
+            run.started.add(sid)
+        if spec.deadline_s is not None:
+            run.deadline = asyncio.get_running_loop().call_later(
+                spec.deadline_s, self._on_deadline, spec.request_id
+            )
+        return run.stream
+
+    def abort(self, request_id: str) -> None:
+        run = self.runs.get(request_id)
+        if run is not None:
+            self._end(run, RequestAborted(f"request {request_id} aborted"))
+
+    def _on_deadline(self, request_id: str) -> None:
+        run = self.runs.get(request_id)
+        if run is not None:
+            self._end(run, RequestTimeout(f"request {request_id} passed its deadline"))
+
+    def _send(self, run: Run, stage_id: int, msg: m.Message) -> None:
+        assert self.router is not None
+        self.router.send_nowait(run.replicas[stage_id].identity, msg)
+
+    def _end(self, run: Run, error: RequestError | None = None) -> None:
+        """The one way a run ends: abort what still runs, free leases and slots, end the stream."""
+        if self.runs.pop(run.rid, None) is None:
+            return
+        if run.deadline:
+            run.deadline.cancel()
+        for sid in run.plan:
+            h = run.replicas[sid]
+            if sid not in run.finished:
+                h.in_flight -= 1
+                if sid in run.started and not h.dead and error is not None:
+                    self._send(run, sid, m.Abort([run.rid]))
+            h.requests.discard(run.rid)
+        for key in list(run.leases):
+            self.leases.drop(key)
+            self._free_lease(key)
+        run.leases.clear()
+        run.buffers.clear()
+        if error is not None:
+            self.counters["aborted" if isinstance(error, RequestAborted) else "failed"] += 1
+        run.stream.finish_nowait(error)
+        if not self.runs:
+            self._idle.set()
+
+    # ---- leases ---------------------------------------------------------------
+
+    def _free_lease(self, key: LeaseKey) -> None:
+        producer, lease = key
+        if producer == ORCH_PRODUCER:
+            self.arena.free([lease])
+            return
+        h = self._by_producer.get(producer)
+        if h is not None and not h.dead and self.router is not None:
+            self.router.send_nowait(h.identity, m.FreeLeases([lease]))
+
+    def _release(self, keys: list[LeaseKey]) -> None:
+        for key in keys:
+            rid = self.leases.release(key)
+            if rid is not None:
+                run = self.runs.get(rid)
+                if run is not None:
+                    run.leases.discard(key)
+                self._free_lease(key)
+
+    def _free_payload(self, payload: m.Payload) -> None:
+        for ref in leases_of(payload):
+            self._free_lease((ref.producer, ref.lease))
+
+    # ---- messages from workers ------------------------------------------------
+
+    def _on_message(self, identity: bytes, msg: m.Message) -> None:
+        h = self._by_identity.get(identity)
+        if h is None:
+            return
+        h.last_seen = time.monotonic()
+        match msg:
+            case m.StageOutput():
+                self._on_output(h, msg)
+            case m.Release(leases=refs):
+                self._release([(r.producer, r.lease) for r in refs])
+            case m.Heartbeat(busy=busy):
+                h.engine_requests = busy
+            case m.Ready(pid=pid):
+                if h.proc is not None and pid == h.proc.pid and not h.dead:
+                    h.ready = True
+                    if h.ready_future and not h.ready_future.done():
+                        h.ready_future.set_result(None)
+                    self._update_health()
+            case m.StartFailed(error=error):
+                if h.ready_future and not h.ready_future.done():
+                    h.ready_future.set_exception(StartupError(h.stage_id, error))
+                log.error("stage.start_failed", stage_id=h.stage_id, replica=h.replica, error=error)
+            case _:
+                log.warning("orchestrator.unexpected_message", type=type(msg).__name__)
+
+    def _on_output(self, h: WorkerHandle, out: m.StageOutput) -> None:
+        run = self.runs.get(out.request_id)
+        sid = out.stage_id
+        if run is None or sid not in run.started or sid in run.finished:
+            self._free_payload(out.payload)  # a late output of an ended request
+            return
+        if out.error is not None:
+            self._free_payload(out.payload)
+            self._end(run, StageFailed(sid, out.error))
+            return
+        payload = out.payload
+        consumers = run.consumers[sid]
+        has_data = bool(payload.data or payload.arrays)
+        if sid in run.finals and (has_data or out.finished):
+            data = self.codec.decode(payload, copy=True) if has_data else {}
+            run.stream.put_nowait(
+                StageChunk(sid, self.pipeline.stage(sid).final_output_type, data, out.finished)
+            )
+        refs = leases_of(payload)
+        if consumers and refs:
+            self.leases.hold(run, refs, users=len(consumers))
+        elif refs:
+            self._free_payload(payload)
+        if consumers:
+            if self.deploy.async_chunk:
+                for d in consumers:
+                    if has_data or out.finished:
+                        self._start_streaming(run, d)
+                        self._send(run, d, m.Feed(run.rid, sid, payload, out.finished))
+            elif has_data:
+                run.buffers.setdefault(sid, []).append(payload)
+        if out.finished:
+            run.finished.add(sid)
+            h.in_flight -= 1
+            if not self.deploy.async_chunk:
+                for d in consumers:
+                    if run.ready_for_full_payload(d):
+                        upstream = {s: run.buffers.get(s, []) for s in run.sources[d]}
+                        self._send(run, d, m.AddRequest(run.rid, d, run.request_plain, run.params_for(d), upstream))
+                        run.started.add(d)
+            if len(run.finished) == len(run.plan):
+                self._end(run)
+
+    def _start_streaming(self, run: Run, sid: int) -> None:
+        if sid not in run.started:
+            run.started.add(sid)
+            self._send(run, sid, m.AddRequest(
+                run.rid, sid, run.request_plain, run.params_for(sid), streaming=True, sources=run.sources[sid]
+            ))
+
+    # ---- worker deaths and restarts ------------------------------------------------
+
+    async def _watch_exit(self, h: WorkerHandle) -> None:
+        assert h.proc is not None
+        code = await h.proc.wait()
+        if self._closing:
+            return
+        self._on_worker_death(h, f"exit code {code}")
+
+    def _on_worker_death(self, h: WorkerHandle, detail: str) -> None:
+        if h.dead:
+            return
+        h.dead = True
+        was_ready, h.ready = h.ready, False
+        log.error("worker.died", stage_id=h.stage_id, replica=h.replica, pid=h.pid, detail=detail)
+        if h.ready_future and not h.ready_future.done():
+            h.ready_future.set_exception(StartupError(h.stage_id, f"worker exited ({detail})"))
+        for rid in list(h.requests):
+            run = self.runs.get(rid)
+            if run is not None and h.stage_id not in run.finished:
+                self._end(run, WorkerDied(h.stage_id, h.replica, detail))
+        self._by_producer.pop(h.producer, None)
+        self.segments.forget(h.shm_prefix)
+        unlink_prefix(h.shm_prefix)
+        self._update_health()
+        if was_ready and not self.draining:
+            self._spawn_task(self._restart(h))
+
+    async def _restart(self, h: WorkerHandle) -> None:
+        key = (h.stage_id, h.replica)
+        while not self._closing:
+            attempt = self._restarts.get(key, 0)
+            self._restarts[key] = attempt + 1
+            await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
+            if self._closing:
+                return
+            h = await self._spawn(h.stage_id, h.replica, h.generation + 1)
+            assert h.ready_future is not None and h.proc is not None
+            try:
+                await h.ready_future
+                log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                return
+            except StartupError as err:
+                log.error("worker.restart_failed", stage_id=h.stage_id, error=str(err))
+                await end_process(h.proc)
+
+    def _arm_watchdog(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(self.heartbeat_timeout_s / 4, self._check_heartbeats)
+
+    def _check_heartbeats(self) -> None:
+        now = time.monotonic()
+        for hs in self.workers.values():
+            for h in hs:
+                if h.ready and not h.dead and now - h.last_seen > self.heartbeat_timeout_s:
+                    log.error("worker.silent", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                    if h.proc and h.proc.returncode is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            h.proc.kill()
+                    self._on_worker_death(h, "missed heartbeats")
+        if not self._closing:
+            self._arm_watchdog()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

@@ -1,0 +1,123 @@
+"""Starting and ending worker processes: one per stage replica, each with its own environment.
+
+Workers are fresh interpreters (`python -m omni_actors.workers.main`), so the
+device mask, thread counts and the stage's `env` are in place before torch is
+imported. Each carries its spec as JSON on the command line (no pickle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import msgspec
+
+from omni_actors.config.deploy import DeployConfig
+from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.workers.spec import WorkerSpec, identity_of
+
+HEARTBEAT_INTERVAL_S = 1.0
+"""How often an idle (or busy) worker tells the orchestrator it is alive."""
+WORKER_EXIT_TIMEOUT_S = 10.0
+"""Grace after Shutdown/SIGTERM before a worker is killed."""
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    """The orchestrator's view of one worker process (one generation of a replica)."""
+
+    stage_id: int
+    replica: int
+    generation: int
+    identity: bytes
+    producer: str
+    shm_prefix: str
+    proc: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    dead: bool = False
+    in_flight: int = 0
+    engine_requests: int = 0
+    last_seen: float = 0.0
+    ready_future: asyncio.Future[None] | None = None
+    requests: set[str] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+
+class Launcher:
+    def __init__(
+        self, deploy: DeployConfig, pipeline: PipelineConfig, endpoint: str, run_prefix: str, platform: str
+    ) -> None:
+        self.deploy = deploy
+        self.pipeline = pipeline
+        self.endpoint = endpoint
+        self.run_prefix = run_prefix
+        self.platform = platform
+
+    def new_handle(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
+        ident = identity_of(stage_id, replica)
+        producer = f"{ident}g{generation}"
+        return WorkerHandle(
+            stage_id=stage_id, replica=replica, generation=generation, identity=ident.encode(),
+            producer=producer, shm_prefix=f"{self.run_prefix}-{producer}",
+        )
+
+    def _env(self, stage_id: int, replica: int) -> dict[str, str]:
+        dep = self.deploy.stage(stage_id)
+        env = dict(os.environ)
+        for key in THREAD_ENV:
+            env[key] = "1"
+        env["TOKENIZERS_PARALLELISM"] = "false"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        devices = dep.device_list()
+        if devices:
+            tp = dep.tensor_parallel_size
+            mine = devices[replica * tp : (replica + 1) * tp]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+        env.update({k: str(v) for k, v in dep.env.items()})
+        return env
+
+    async def spawn(self, handle: WorkerHandle) -> None:
+        stage = self.pipeline.stage(handle.stage_id)
+        spec = WorkerSpec(
+            endpoint=self.endpoint,
+            identity=handle.identity.decode(),
+            stage=stage,
+            deploy=self.deploy.stage(handle.stage_id),
+            replica=handle.replica,
+            generation=handle.generation,
+            model_path=self.deploy.model,
+            shm_prefix=handle.shm_prefix,
+            platform=self.platform,
+            heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+        )
+        handle.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "omni_actors.workers.main", msgspec.json.encode(spec).decode(),
+            env=self._env(handle.stage_id, handle.replica),
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+
+
+async def end_process(proc: asyncio.subprocess.Process, timeout_s: float = WORKER_EXIT_TIMEOUT_S) -> None:
+    """Wait for a process asked to exit; SIGTERM, then SIGKILL, if it lingers."""
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if proc.returncode is not None:
+            return
+        if sig is not None:
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                return
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+            return
+        except TimeoutError:
+            continue

@@ -1,0 +1,82 @@
+"""Per-request run records and the lease table.
+
+A Run is the orchestrator's memory of one request: the stages it goes
+through, the replica serving each, which stages started and finished, payloads
+buffered for full-payload handoff, and the shared-memory leases it still holds.
+The LeaseTable counts users of each lease; at zero the producer may reuse it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from omni_actors.bus import messages as m
+from omni_actors.orchestrator.launcher import WorkerHandle
+from omni_actors.orchestrator.requests import RequestSpec, RequestStream
+
+LeaseKey = tuple[str, int]
+
+
+@dataclass(eq=False)
+class Run:
+    spec: RequestSpec
+    stream: RequestStream
+    plan: tuple[int, ...]
+    sources: dict[int, tuple[int, ...]]
+    consumers: dict[int, tuple[int, ...]]
+    finals: frozenset[int]
+    replicas: dict[int, WorkerHandle]
+    request_plain: m.Payload
+    """The request's plain values, given to every non-entry stage."""
+    started: set[int] = field(default_factory=set)
+    finished: set[int] = field(default_factory=set)
+    buffers: dict[int, list[m.Payload]] = field(default_factory=dict)
+    leases: set[LeaseKey] = field(default_factory=set)
+    deadline: asyncio.TimerHandle | None = None
+    t_submit: float = field(default_factory=time.perf_counter)
+
+    @property
+    def rid(self) -> str:
+        return self.spec.request_id
+
+    def params_for(self, stage_id: int) -> dict:
+        extra = self.spec.stage_params.get(stage_id)
+        return {**self.spec.params, **extra} if extra else self.spec.params
+
+    def ready_for_full_payload(self, stage_id: int) -> bool:
+        return all(src in self.finished for src in self.sources[stage_id])
+
+
+class LeaseTable:
+    """How many consumers still use each lease, and which run holds it."""
+
+    def __init__(self) -> None:
+        self._count: dict[LeaseKey, int] = {}
+        self._run: dict[LeaseKey, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._count)
+
+    def hold(self, run: Run, refs: list[m.LeaseId], users: int) -> None:
+        for ref in refs:
+            key = (ref.producer, ref.lease)
+            self._count[key] = self._count.get(key, 0) + users
+            self._run[key] = run.rid
+            run.leases.add(key)
+
+    def release(self, key: LeaseKey) -> str | None:
+        """One user is done; returns the run id when the lease is now free, else None."""
+        count = self._count.get(key)
+        if count is None:
+            return None
+        if count > 1:
+            self._count[key] = count - 1
+            return None
+        del self._count[key]
+        return self._run.pop(key, "")
+
+    def drop(self, key: LeaseKey) -> None:
+        self._count.pop(key, None)
+        self._run.pop(key, None)

@@ -1,0 +1,49 @@
+"""Immutable statistics snapshots of the orchestrator (what /metrics exports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    replica: int
+    ready: bool
+    pid: int | None
+    in_flight: int
+    """Requests the orchestrator has routed here and not seen finish."""
+    engine_requests: int
+    """Requests the worker last reported holding (sent after each abort and heartbeat)."""
+    restarts: int
+
+
+@dataclass(frozen=True)
+class StageStats:
+    stage_id: int
+    model_stage: str
+    healthy: bool
+    queue_limit: int
+    in_flight: int
+    engine_requests: int
+    replicas: tuple[ReplicaStats, ...]
+
+
+@dataclass(frozen=True)
+class Statistics:
+    uptime_s: float
+    requests_in_flight: int
+    requests_total: int
+    requests_failed: int
+    requests_aborted: int
+    messages_in: int
+    messages_out: int
+    frames_in: int
+    frames_out: int
+    loop_wakeups: int
+    leases_held: int
+    arena_segments: int
+    worker_restarts: int
+    stages: tuple[StageStats, ...]
+
+    def stage(self, stage_id: int) -> StageStats:
+        return next(s for s in self.stages if s.stage_id == stage_id)

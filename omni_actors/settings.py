@@ -1,0 +1,41 @@
+"""Process-wide settings that are not per deployment, read from the environment once."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    """Where prepared model files are cached (OMNI_DATA_DIR)."""
+    runtime_parent: Path
+    """Parent of each run's private 0700 runtime directory (OMNI_RUNTIME_DIR)."""
+    log_level: str
+    log_json: bool
+    platform: str | None
+    """Force "cpu" or "cuda" instead of detecting it (OMNI_PLATFORM)."""
+
+
+def _read() -> Settings:
+    env = os.environ
+    return Settings(
+        data_dir=Path(env.get("OMNI_DATA_DIR") or Path.home() / ".cache" / "omni-actors"),
+        runtime_parent=Path(env.get("OMNI_RUNTIME_DIR") or tempfile.gettempdir()),
+        log_level=env.get("OMNI_LOG_LEVEL", "info").lower(),
+        log_json=env.get("OMNI_LOG_JSON", "0") == "1",
+        platform=env.get("OMNI_PLATFORM") or None,
+    )
+
+
+SETTINGS = _read()
+
+
+def detect_platform() -> str:
+    """"cuda" when an NVIDIA device node exists, else "cpu" (no torch import)."""
+    if SETTINGS.platform:
+        return SETTINGS.platform
+    return "cuda" if Path("/dev/nvidia0").exists() else "cpu"

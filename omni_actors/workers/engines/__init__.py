@@ -1,0 +1,1 @@
+"""Stage engines: one module per backend."""

@@ -1,0 +1,243 @@
+"""The LLM_AR stage engine on vLLM: continuous batching with streamed token deltas.
+
+It wraps vLLM's v1 `LLMEngine`, whose API is already step-driven and so maps
+one to one onto `StageEngine`: `add` -> `add_request`, `abort` ->
+`abort_request`, `step` -> `step`, `has_work` -> `has_unfinished_requests`.
+The worker drives it from one thread; nothing here starts threads or loops.
+(`AsyncLLM` would bring its own asyncio loop and output task into the worker,
+and `LLM.generate` runs to completion, so neither fits the step contract.)
+
+With the engine core in its own process (vLLM's multiprocess mode, the CUDA
+default), `step` collects the outputs the core has produced while the core
+already runs the next batch, so our output handling overlaps its compute. On
+CPU the core runs in this process; vllm_backend.py says why and holds every
+other CPU-vs-CUDA difference.
+
+Every request asks vLLM for `RequestOutputKind.DELTA`, so each step yields
+only the new tokens and text of each request:
+
+    {"text": delta, "token_ids": [new ids]}
+    last one: finished=True, plus finish_reason, prompt_tokens, completion_tokens
+
+Inputs: {"messages": [...]} (the tokenizer's chat template with the generation
+prompt), {"prompt": str} or {"prompt_token_ids": [...]}, or {"prompt_embeds":
+array} where vLLM has prompt embeds enabled; "multi_modal_data" and
+"mm_processor_kwargs" pass through to vLLM.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engines import vllm_backend
+
+# Request params that map onto vllm.SamplingParams fields of the same name.
+# Anything else in a request's params is ignored (other stages' settings ride
+# along in the same dict).
+SAMPLING_KEYS = frozenset(
+    {
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_tokens",
+        "min_tokens",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "include_stop_str_in_output",
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+    }
+)
+
+
+@dataclass
+class _Run:
+    """What the engine remembers about one live request."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+
+
+def _copy_arrays(value: Any) -> Any:
+    """Copy arrays (possibly views of shared memory freed after `add`) out of nested inputs."""
+    import torch
+
+    if isinstance(value, np.ndarray):
+        return np.array(value, copy=True)
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _copy_arrays(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy_arrays(v) for v in value)
+    return value
+
+
+class _EnvPatch:
+    """Sets environment variables and restores the previous values on `restore`."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+
+    def restore(self) -> None:
+        for key, old in self._saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        self._saved = {}
+
+
+class VllmAREngine(StageEngine):
+    """Autoregressive generation on vLLM's v1 LLMEngine; see the module docstring."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        self._runs: dict[str, _Run] = {}
+        self._engine: Any = None
+        self._private_dir = Path(tempfile.mkdtemp(prefix="omni-vllm-"))
+        self._env = _EnvPatch(vllm_backend.backend_env(ctx, self._private_dir))
+        try:
+            self._engine = self._start_engine()
+            self._tokenizer = self._engine.get_tokenizer()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_engine(self) -> Any:
+        import vllm.envs
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        # An in-process engine core freezes vllm.envs; a later engine in the
+        # same process must see its own private folders.
+        vllm.envs.disable_envs_cache()
+        args = EngineArgs(**vllm_backend.engine_kwargs(self.ctx))
+        return LLMEngine.from_engine_args(
+            args, enable_multiprocessing=vllm_backend.use_multiprocess(self.ctx)
+        )
+
+    # -- requests ---------------------------------------------------------------
+
+    def add(
+        self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False
+    ) -> None:
+        if streaming:
+            raise ValueError("the vLLM AR engine takes its whole prompt in add, not streamed input")
+        if request_id in self._runs:
+            raise ValueError(f"request {request_id!r} is already running")
+        sampling = self._sampling_params(self.merged_sampling(params))
+        prompt, tokenization_kwargs = self._prompt(inputs)
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            self._engine.add_request(
+                request_id, prompt, sampling, tokenization_kwargs=tokenization_kwargs
+            )
+        except VLLMClientError as exc:
+            raise ValueError(str(exc)) from exc
+        self._runs[request_id] = _Run()
+
+    def abort(self, request_id: str) -> None:
+        if self._runs.pop(request_id, None) is not None:
+            self._engine.abort_request([request_id])
+
+    def has_work(self) -> bool:
+        return bool(self._runs) and self._engine.has_unfinished_requests()
+
+    def step(self) -> list[EngineOutput]:
+        outputs = []
+        for ro in self._engine.step():
+            run = self._runs.get(ro.request_id)
+            if run is None:  # aborted while its output was in flight
+                continue
+            if run.prompt_tokens is None and ro.prompt_token_ids is not None:
+                run.prompt_tokens = len(ro.prompt_token_ids)
+            completion = ro.outputs[0]
+            token_ids = list(completion.token_ids)
+            run.completion_tokens += len(token_ids)
+            payload: dict[str, Any] = {"text": completion.text, "token_ids": token_ids}
+            error = None
+            if ro.finished:
+                del self._runs[ro.request_id]
+                reason = completion.finish_reason
+                payload.update(
+                    finish_reason=reason,
+                    prompt_tokens=run.prompt_tokens or 0,
+                    completion_tokens=run.completion_tokens,
+                )
+                if reason == "error":
+                    error = "vLLM reported an internal error for this request"
+            outputs.append(EngineOutput(ro.request_id, payload, ro.finished, error))
+        return outputs
+
+    def close(self) -> None:
+        engine, self._engine = self._engine, None
+        self._runs.clear()
+        if engine is not None:
+            engine.engine_core.shutdown()
+            del engine
+            gc.collect()
+        self._env.restore()
+        shutil.rmtree(self._private_dir, ignore_errors=True)
+
+    # -- conversions ------------------------------------------------------------
+
+    def _sampling_params(self, merged: dict[str, Any]) -> Any:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+
+        kwargs = {k: v for k, v in merged.items() if k in SAMPLING_KEYS}
+        if kwargs.get("n", 1) != 1:
+            raise ValueError("n must be 1: one stage request streams one sequence")
+        try:
+            return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
+        except (TypeError, ValueError, VLLMClientError) as exc:
+            raise ValueError(f"invalid sampling params: {exc}") from exc
+
+    def _prompt(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """A vLLM prompt dict from a stage payload, and the tokenization kwargs it needs."""
+        tokenization_kwargs = None
+        if "prompt_embeds" in inputs:
+            import torch
+
+            prompt: dict[str, Any] = {"prompt_embeds": torch.tensor(np.asarray(inputs["prompt_embeds"]))}
+        elif "prompt_token_ids" in inputs:
+            ids = inputs["prompt_token_ids"]
+            prompt = {"prompt_token_ids": [int(t) for t in np.asarray(ids).reshape(-1)]}
+        elif "messages" in inputs:
+            text = self._tokenizer.apply_chat_template(
+                list(inputs["messages"]), tokenize=False, add_generation_prompt=True
+            )
+            prompt = {"prompt": text}
+            # The template already wrote any BOS it wants.
+            tokenization_kwargs = {"add_special_tokens": False}
+        elif "prompt" in inputs:
+            prompt = {"prompt": str(inputs["prompt"])}
+        else:
+            raise ValueError("inputs need one of: messages, prompt, prompt_token_ids, prompt_embeds")
+        for key in ("multi_modal_data", "mm_processor_kwargs"):
+            if key in inputs:
+                prompt[key] = _copy_arrays(inputs[key])
+        return prompt, tokenization_kwargs

@@ -1,0 +1,112 @@
+"""Worker process entry: `python -m omni_actors.workers.main '<WorkerSpec JSON>'`.
+
+The launcher has already set the environment (devices, one torch/OMP thread,
+the stage's `env`) before this interpreter started, so torch sees it at import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from pathlib import Path
+
+import msgspec
+
+from omni_actors import logs
+from omni_actors.bus import messages as m
+from omni_actors.bus.codec import PayloadCodec
+from omni_actors.bus.shm import Arena, SegmentCache
+from omni_actors.bus.sockets import WorkerSocket
+from omni_actors.config.pipeline import resolve
+from omni_actors.workers.engine import EngineContext, StageEngine
+from omni_actors.workers.loop import WorkerLoop
+from omni_actors.workers.spec import WorkerSpec
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM us when the orchestrator process goes away."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+    if os.getppid() == 1:
+        sys.exit(0)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _limit_threads() -> None:
+    if "torch" in sys.modules:
+        import torch
+
+        n = int(os.environ.get("OMP_NUM_THREADS", "1"))
+        torch.set_num_threads(max(1, n))
+
+
+def build_context(spec: WorkerSpec) -> EngineContext:
+    st, dep = spec.stage, spec.deploy
+    model_path = Path(spec.model_path).expanduser() if spec.model_path else None
+    if model_path is not None and st.subdir:
+        model_path = model_path / st.subdir
+    return EngineContext(
+        stage_id=st.stage_id,
+        replica=spec.replica,
+        model_stage=st.model_stage,
+        model_path=model_path,
+        device="cuda" if spec.platform == "cuda" else "cpu",
+        max_num_seqs=dep.max_num_seqs,
+        dtype=dep.dtype,
+        gpu_memory_utilization=dep.gpu_memory_utilization,
+        tensor_parallel_size=dep.tensor_parallel_size,
+        default_sampling_params=dict(dep.default_sampling_params),
+        sampling_constraints=dict(st.sampling_constraints),
+        engine_extras={**st.engine_defaults, **dep.engine_extras, **(
+            {"max_model_len": dep.max_model_len} if dep.max_model_len else {}
+        ), **({"enforce_eager": True} if dep.enforce_eager else {})},
+    )
+
+
+def main(argv: list[str]) -> int:
+    spec = msgspec.json.decode(argv[1], type=WorkerSpec)
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process leads shutdown
+    logs.configure(component=spec.identity)
+    log = logs.get(__name__)
+    sock = WorkerSocket(spec.endpoint, spec.identity.encode())
+    arena = Arena(spec.shm_prefix)
+    segments = SegmentCache()
+    engine: StageEngine | None = None
+    try:
+        try:
+            engine_cls = resolve(spec.stage.engine)
+            engine = engine_cls(build_context(spec))
+            _limit_threads()
+        except Exception as err:
+            log.error("worker.start_failed", error=repr(err))
+            sock.send([m.StartFailed(spec.stage.stage_id, spec.replica, f"{type(err).__name__}: {err}")])
+            return 1
+        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid())])
+        codec = PayloadCodec(spec.identity, arena, segments)
+        WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s).run()
+        return 0
+    finally:
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception as err:
+                log.warning("worker.close_failed", error=repr(err))
+        segments.close()
+        arena.close()
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,26 @@
+"""WorkerSpec: everything a worker process needs, passed as JSON on its command line."""
+
+from __future__ import annotations
+
+import msgspec
+
+from omni_actors.config.deploy import StageDeploy
+from omni_actors.config.pipeline import StageSpec
+
+
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    endpoint: str
+    identity: str
+    stage: StageSpec
+    deploy: StageDeploy
+    replica: int
+    generation: int
+    model_path: str | None
+    shm_prefix: str
+    """Names of this worker's shared-memory segments start with this."""
+    platform: str
+    heartbeat_interval_s: float
+
+
+def identity_of(stage_id: int, replica: int) -> str:
+    return f"s{stage_id}r{replica}"
