@@ -87,7 +87,9 @@ def _filler_words(count: int, seed: int) -> list[str]:
     return out
 
 
-def build_qwen_tokenizer(specials: tuple[str, ...], extra: dict[str, str], template: str, seed: int = 0):
+def build_qwen_tokenizer(
+    specials: tuple[str, ...], extra: dict[str, str], template: str, seed: int = 0
+):
     """A Qwen2Tokenizer with Qwen's pre-tokenizer, a real-size vocabulary and specials at real ids."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
@@ -142,7 +144,11 @@ def build_qwen_tokenizer(specials: tuple[str, ...], extra: dict[str, str], templ
 def _mrope(head_dim: int) -> dict[str, Any]:
     # Real models use [16, 24, 24] for head_dim 128: the same 1/4, 3/8, 3/8 split of head_dim / 2.
     half = head_dim // 2
-    return {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [half // 4, half * 3 // 8, half * 3 // 8]}
+    return {
+        "rope_type": "default",
+        "rope_theta": 1000000.0,
+        "mrope_section": [half // 4, half * 3 // 8, half * 3 // 8],
+    }
 
 
 def tiny_config(hidden: int = 64, head_dim: int = 32, layers: int = 2):
