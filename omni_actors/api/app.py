@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from omni_actors.api import realtime
 from omni_actors.orchestrator.core import Orchestrator
 
 ORCH_KEY = web.AppKey("orchestrator", Orchestrator)
@@ -30,4 +31,5 @@ def build_app(orch: Orchestrator) -> web.Application:
     app = web.Application(client_max_size=int(orch.deploy.server.max_body_mb * 1024 * 1024))
     app[ORCH_KEY] = orch
     app.router.add_get("/health", health)
+    realtime.add_routes(app)
     return app

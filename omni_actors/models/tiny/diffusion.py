@@ -92,6 +92,7 @@ def _stable_diffusion() -> Any:
         beta_schedule="scaled_linear",
         clip_sample=False,
         set_alpha_to_one=False,
+        steps_offset=1,
     )
     return StableDiffusionPipeline(
         vae=_vae(),

@@ -400,7 +400,7 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     torch_dtype = _torch_dtype(dtype, device, torch)
     diffusers.utils.logging.disable_progress_bar()
     try:
-        pipe = diffusers.DiffusionPipeline.from_pretrained(root, local_files_only=True, torch_dtype=torch_dtype)
+        pipe = diffusers.DiffusionPipeline.from_pretrained(root, local_files_only=True, dtype=torch_dtype)
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)

@@ -1,0 +1,129 @@
+"""Stage input processors of the assistant pipeline, and its sentence splitter.
+
+Full-payload processors: `(upstream: {source: [payload, ...]}, request) -> inputs`.
+Chunk processors (async chunk): `(source, payload, last, request, state) -> inputs | None`,
+called once per upstream delta in order; `state` is a dict private to one request
+and edge. They return None while they have nothing to hand on, and always a
+dict when `last` is set, so the consumer learns its input ended.
+
+`request` is the request as a dict; its `inputs` key holds what the client sent.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from omni_actors.models.assistant.piper_engine import LATENT_CHANNELS
+
+MAX_CLAUSE_CHARS = 160
+"""A buffer this long without a sentence end is cut at its last comma-like break."""
+
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof st sr jr vs etc e.g i.e a.m p.m no fig approx inc ltd co".split()
+)
+# A sentence ends at . ! ? (optionally followed by closing quotes or brackets), then space.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)|\n+")
+_CLAUSE_BREAK = re.compile(r"[,;:—–]\s")
+
+
+def split_sentences(text: str, final: bool = False) -> tuple[list[str], str]:
+    """Split `text` into complete sentences and the unfinished rest.
+
+    With `final`, the rest counts as a sentence too (returned in the list, rest "").
+    Abbreviations and decimal numbers do not end sentences; a very long run
+    without an end is cut at a clause break so speech cannot stall behind it.
+    """
+    sentences: list[str] = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        end = match.end()
+        candidate = text[start:end].strip()
+        if match.group().startswith(".") and _ends_with_abbreviation(candidate):
+            continue
+        if candidate:
+            sentences.append(candidate)
+        start = end
+    rest = text[start:]
+    while len(rest) > MAX_CLAUSE_CHARS:
+        breaks = list(_CLAUSE_BREAK.finditer(rest, 0, MAX_CLAUSE_CHARS + 1))
+        cut = breaks[-1].end() if breaks else rest.rfind(" ", 0, MAX_CLAUSE_CHARS) + 1
+        if cut <= 0:
+            break
+        sentences.append(rest[:cut].strip())
+        rest = rest[cut:]
+    if final:
+        if rest.strip():
+            sentences.append(rest.strip())
+        rest = ""
+    return sentences, rest
+
+
+def _ends_with_abbreviation(sentence: str) -> bool:
+    words = sentence.split()
+    return bool(words) and words[-1].lower().rstrip(".") in _ABBREVIATIONS
+
+
+def _inputs(request: dict[str, Any]) -> dict[str, Any]:
+    return request.get("inputs") or {}
+
+
+def _joined_text(payloads: list[dict[str, Any]]) -> str:
+    return "".join(p.get("text", "") for p in payloads)
+
+
+# -- asr -> llm ---------------------------------------------------------------
+
+
+def asr_to_llm(upstream: dict[int, list[dict[str, Any]]], request: dict[str, Any]) -> dict[str, Any]:
+    """The transcript becomes the last user turn, after any history the client sent."""
+    transcript = " ".join(_joined_text(payloads).strip() for payloads in upstream.values()).strip()
+    history = list(_inputs(request).get("messages") or [])
+    return {"messages": [*history, {"role": "user", "content": transcript}]}
+
+
+# -- llm -> tts ---------------------------------------------------------------
+
+
+def llm_to_tts(upstream: dict[int, list[dict[str, Any]]], request: dict[str, Any]) -> dict[str, Any]:
+    return {"text": "".join(_joined_text(payloads) for payloads in upstream.values())}
+
+
+def llm_to_tts_chunk(
+    source: int, payload: dict[str, Any], last: bool, request: dict[str, Any], state: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Buffer text deltas; hand on whole sentences as they complete, the rest at the end."""
+    buffered = state.get("text", "") + payload.get("text", "")
+    sentences, state["text"] = split_sentences(buffered, final=last)
+    if sentences or last:
+        return {"text": " ".join(sentences)}
+    return None
+
+
+# -- tts -> vocoder -----------------------------------------------------------
+
+
+def tts_to_vocoder(upstream: dict[int, list[dict[str, Any]]], request: dict[str, Any]) -> dict[str, Any]:
+    latents = [
+        np.asarray(p["latent"], dtype=np.float32).reshape(LATENT_CHANNELS, -1)
+        for payloads in upstream.values()
+        for p in payloads
+        if "latent" in p
+    ]
+    if not latents:
+        return {"latent": np.zeros((LATENT_CHANNELS, 0), dtype=np.float32)}
+    return {"latent": np.concatenate(latents, axis=1)}
+
+
+def tts_to_vocoder_chunk(
+    source: int, payload: dict[str, Any], last: bool, request: dict[str, Any], state: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Latent chunks pass through unchanged; the vocoder keeps the context it needs."""
+    latent = payload.get("latent")
+    if latent is not None and np.shape(latent)[-1] > 0:
+        return {"latent": latent}
+    if last:
+        return {"latent": np.zeros((LATENT_CHANNELS, 0), dtype=np.float32)}
+    return None
