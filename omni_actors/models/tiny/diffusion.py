@@ -175,4 +175,3 @@ def _ddpm() -> Any:
         norm_num_groups=32,
     )
     return DDPMPipeline(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=1000))
-

@@ -60,8 +60,15 @@ MAX_INFERENCE_STEPS = 1000
 SIDE_MULTIPLE_PX = 8
 SEED_BITS = 63
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
 
 
 class CallStyle(enum.Enum):
@@ -102,7 +109,13 @@ class _Job:
     @property
     def batch_key(self) -> tuple[Any, ...]:
         """Requests with equal keys can share one batch."""
-        return (self.width, self.height, self.steps, self.guidance, self.negative_prompt is not None)
+        return (
+            self.width,
+            self.height,
+            self.steps,
+            self.guidance,
+            self.negative_prompt is not None,
+        )
 
 
 class _Cancelled(Exception):
@@ -132,7 +145,13 @@ class DiffusionEngine(StageEngine):
 
     # -- StageEngine --
 
-    def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False) -> None:
+    def add(
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        streaming: bool = False,
+    ) -> None:
         if streaming:
             raise ValueError("the diffusion engine does not take streamed input")
         if self._knows(request_id):
@@ -162,13 +181,24 @@ class DiffusionEngine(StageEngine):
         report = batch.wait_report()
         if report[0] == "progress":
             _, done, total = report
-            payload = {"progress": done / total, "step": done, "total": total,
-                       "batch_size": len(batch.jobs)}
-            return [EngineOutput(j.request_id, dict(payload)) for j in batch.jobs if j.request_id in batch.live]
+            payload = {
+                "progress": done / total,
+                "step": done,
+                "total": total,
+                "batch_size": len(batch.jobs),
+            }
+            return [
+                EngineOutput(j.request_id, dict(payload))
+                for j in batch.jobs
+                if j.request_id in batch.live
+            ]
         self._batch = None
         if report[0] == "error":
-            return [EngineOutput(j.request_id, {}, finished=True, error=report[1])
-                    for j in batch.jobs if j.request_id in batch.live]
+            return [
+                EngineOutput(j.request_id, {}, finished=True, error=report[1])
+                for j in batch.jobs
+                if j.request_id in batch.live
+            ]
         return self._final_outputs(batch, report[1], report[2])
 
     def close(self) -> None:
@@ -214,7 +244,12 @@ class DiffusionEngine(StageEngine):
         if guidance is not None:
             if "guidance_scale" not in self._accepts:
                 raise ValueError(f"guidance_scale: {type(self.pipe).__name__} does not take one")
-            if isinstance(guidance, bool) or not isinstance(guidance, int | float) or not math.isfinite(guidance) or guidance < 0:
+            if (
+                isinstance(guidance, bool)
+                or not isinstance(guidance, int | float)
+                or not math.isfinite(guidance)
+                or guidance < 0
+            ):
                 raise ValueError(f"guidance_scale: expected a number >= 0, got {guidance!r}")
             guidance = float(guidance)
         else:
@@ -228,9 +263,16 @@ class DiffusionEngine(StageEngine):
             n=_int(p.get("n", 1), "n", 1, MAX_IMAGES_PER_REQUEST),
             width=width,
             height=height,
-            steps=_int(p.get("num_inference_steps", self._default_steps), "num_inference_steps", 1, MAX_INFERENCE_STEPS),
+            steps=_int(
+                p.get("num_inference_steps", self._default_steps),
+                "num_inference_steps",
+                1,
+                MAX_INFERENCE_STEPS,
+            ),
             guidance=guidance,
-            seed=secrets.randbits(SEED_BITS) if seed is None else _int(seed, "seed", 0, (1 << SEED_BITS) - 1),
+            seed=secrets.randbits(SEED_BITS)
+            if seed is None
+            else _int(seed, "seed", 0, (1 << SEED_BITS) - 1),
         )
 
     def _start_batch(self) -> _Batch:
@@ -245,7 +287,9 @@ class DiffusionEngine(StageEngine):
         self._queue = rest
         self._batches_started += 1
         self._last_batch_size = len(jobs)
-        batch = _Batch(self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts)
+        batch = _Batch(
+            self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts
+        )
         batch.start()
         return batch
 
@@ -257,7 +301,11 @@ class DiffusionEngine(StageEngine):
         for job in jobs:
             gen = torch.Generator("cpu").manual_seed(job.seed)
             generators += [gen] * job.n  # one stream per request: image j is its j-th draw
-        kw: dict[str, Any] = {"num_inference_steps": head.steps, "generator": generators, "output_type": "np"}
+        kw: dict[str, Any] = {
+            "num_inference_steps": head.steps,
+            "generator": generators,
+            "output_type": "np",
+        }
         if self.style is CallStyle.PROMPT:
             kw["prompt"] = [j.prompt for j in jobs for _ in range(j.n)]
             if head.negative_prompt is not None:
@@ -282,12 +330,20 @@ class DiffusionEngine(StageEngine):
                 continue
             h, w = mine.shape[1:3]
             if job.width is not None and (w, h) != (job.width, job.height):
-                error = (f"{type(self.pipe).__name__} made {w}x{h} images; "
-                         f"{job.width}x{job.height} was requested")
+                error = (
+                    f"{type(self.pipe).__name__} made {w}x{h} images; "
+                    f"{job.width}x{job.height} was requested"
+                )
                 outs.append(EngineOutput(job.request_id, {}, finished=True, error=error))
                 continue
-            payload = {"images": np.ascontiguousarray(mine), "seed": job.seed, "batch_size": len(batch.jobs),
-                       "progress": 1.0, "step": total, "total": total}
+            payload = {
+                "images": np.ascontiguousarray(mine),
+                "seed": job.seed,
+                "batch_size": len(batch.jobs),
+                "progress": 1.0,
+                "step": total,
+                "total": total,
+            }
             outs.append(EngineOutput(job.request_id, payload, finished=True))
         return outs
 
@@ -295,7 +351,9 @@ class DiffusionEngine(StageEngine):
 class _Batch:
     """One `pipe(...)` call in its own thread, paused after every denoising step."""
 
-    def __init__(self, pipe: Any, jobs: list[_Job], kwargs: dict[str, Any], use_callback: bool) -> None:
+    def __init__(
+        self, pipe: Any, jobs: list[_Job], kwargs: dict[str, Any], use_callback: bool
+    ) -> None:
         self.pipe = pipe
         self.jobs = jobs
         self.live = {j.request_id for j in jobs}
@@ -358,17 +416,21 @@ class _Batch:
                 return out
 
             scheduler.step = step_and_pause
+        report: tuple[Any, ...] | None = None
         try:
             result = pipe(**kwargs)
-            self._reports.put(("done", _to_uint8(result.images), len(scheduler.timesteps)))
+            report = ("done", _to_uint8(result.images), len(scheduler.timesteps))
         except _Cancelled:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
             log.warning("diffusion_batch_failed", error=repr(err), requests=len(self.jobs))
-            self._reports.put(("error", f"{type(err).__name__}: {err}"))
+            report = ("error", f"{type(err).__name__}: {err}")
         finally:
             if not self._use_callback:
                 del scheduler.step
+        # Report last: once it is read, the next batch may hook the scheduler.
+        if report is not None:
+            self._reports.put(report)
 
 
 def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
@@ -382,13 +444,17 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     index = _read_json(index_file)
     class_name = index.get("_class_name") if isinstance(index, dict) else None
     if not isinstance(class_name, str):
-        raise ConfigError(f"{index_file}: _class_name: expected the name of a diffusers pipeline class")
+        raise ConfigError(
+            f"{index_file}: _class_name: expected the name of a diffusers pipeline class"
+        )
 
     import diffusers
     import torch
 
     if not isinstance(getattr(diffusers, class_name, None), type):
-        raise ConfigError(f"{index_file}: _class_name: {class_name} is not a pipeline in diffusers {diffusers.__version__}")
+        raise ConfigError(
+            f"{index_file}: _class_name: {class_name} is not a pipeline in diffusers {diffusers.__version__}"
+        )
     for name, spec in index.items():
         if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
             continue
@@ -400,7 +466,9 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     torch_dtype = _torch_dtype(dtype, device, torch)
     diffusers.utils.logging.disable_progress_bar()
     try:
-        pipe = diffusers.DiffusionPipeline.from_pretrained(root, local_files_only=True, dtype=torch_dtype)
+        pipe = diffusers.DiffusionPipeline.from_pretrained(
+            root, local_files_only=True, dtype=torch_dtype
+        )
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
@@ -426,7 +494,9 @@ def _call_style(class_name: str, sig: Any) -> CallStyle:
     for style in CallStyle:
         if style.value in sig:
             return style
-    raise ConfigError(f"{class_name}: not an image pipeline this engine can call (no prompt, class_labels or batch_size)")
+    raise ConfigError(
+        f"{class_name}: not an image pipeline this engine can call (no prompt, class_labels or batch_size)"
+    )
 
 
 def _default(sig: Any, name: str, fallback: Any) -> Any:
