@@ -6,7 +6,7 @@ called once per upstream delta in order; `state` is a dict private to one reques
 and edge. They return None while they have nothing to hand on, and always a
 dict when `last` is set, so the consumer learns its input ended.
 
-`request` is the request as a dict; its `inputs` key holds what the client sent.
+`request` is the request's plain inputs (what the client sent, arrays left out).
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from omni_actors.models.assistant.piper_engine import LATENT_CHANNELS
 MAX_CLAUSE_CHARS = 160
 """A buffer this long without a sentence end is cut at its last comma-like break."""
 
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof st sr jr vs etc e.g i.e a.m p.m no fig approx inc ltd co".split()
-)
+_ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "st", "sr", "jr", "vs", "e.g", "i.e"})
 # A sentence ends at . ! ? (optionally followed by closing quotes or brackets), then space.
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)|\n+")
-_CLAUSE_BREAK = re.compile(r"[,;:—–]\s")
+_CLAUSE_BREAK = re.compile("[,;:\u2013\u2014]\\s")  # comma-like marks and dashes
 
 
 def split_sentences(text: str, final: bool = False) -> tuple[list[str], str]:
@@ -66,10 +64,6 @@ def _ends_with_abbreviation(sentence: str) -> bool:
     return bool(words) and words[-1].lower().rstrip(".") in _ABBREVIATIONS
 
 
-def _inputs(request: dict[str, Any]) -> dict[str, Any]:
-    return request.get("inputs") or {}
-
-
 def _joined_text(payloads: list[dict[str, Any]]) -> str:
     return "".join(p.get("text", "") for p in payloads)
 
@@ -80,7 +74,7 @@ def _joined_text(payloads: list[dict[str, Any]]) -> str:
 def asr_to_llm(upstream: dict[int, list[dict[str, Any]]], request: dict[str, Any]) -> dict[str, Any]:
     """The transcript becomes the last user turn, after any history the client sent."""
     transcript = " ".join(_joined_text(payloads).strip() for payloads in upstream.values()).strip()
-    history = list(_inputs(request).get("messages") or [])
+    history = list(request.get("messages") or [])
     return {"messages": [*history, {"role": "user", "content": transcript}]}
 
 
