@@ -87,9 +87,10 @@ class PayloadCodec:
         return out
 
     def decode_array(self, ref: ArrayRef, copy: bool = False) -> Any:
-        np_dtype = np.dtype(ref.dtype[len(_TORCH):] if ref.dtype.startswith(_TORCH) else ref.dtype)
         if ref.dtype == _TORCH + "bfloat16":
             np_dtype = np.dtype(np.int16)
+        else:
+            np_dtype = np.dtype(ref.dtype.removeprefix(_TORCH))
         if ref.inline is not None:
             arr = np.frombuffer(ref.inline, dtype=np_dtype).reshape(ref.shape)
             if copy or ref.dtype.startswith(_TORCH):

@@ -66,6 +66,8 @@ class StartFailed(msgspec.Struct, tag=2, array_like=True, gc=False):
 class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
     busy: int
     """Requests the engine holds."""
+    leased: int = 0
+    """Leases of this worker's arena not yet given back."""
 
 
 class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc=False):

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 
-class ExecutionType(str, enum.Enum):
+class ExecutionType(enum.StrEnum):
     LLM_AR = "LLM_AR"
     LLM_GENERATION = "LLM_GENERATION"
     DIFFUSION = "DIFFUSION"

@@ -205,7 +205,7 @@ class Orchestrator:
         stages = []
         for spec in self.pipeline.stages:
             reps = tuple(
-                ReplicaStats(h.replica, h.ready, h.pid, h.in_flight, h.engine_requests,
+                ReplicaStats(h.replica, h.ready, h.pid, h.in_flight, h.engine_requests, h.leases_out,
                              self._restarts.get((spec.stage_id, h.replica), 0))
                 for h in self.workers[spec.stage_id]
             )
@@ -358,8 +358,9 @@ class Orchestrator:
                 self._on_output(h, msg)
             case m.Release(leases=refs):
                 self._release([(r.producer, r.lease) for r in refs])
-            case m.Heartbeat(busy=busy):
+            case m.Heartbeat(busy=busy, leased=leased):
                 h.engine_requests = busy
+                h.leases_out = leased
             case m.Ready(pid=pid):
                 if h.proc is not None and pid == h.proc.pid and not h.dead:
                     h.ready = True

@@ -42,6 +42,7 @@ class WorkerHandle:
     dead: bool = False
     in_flight: int = 0
     engine_requests: int = 0
+    leases_out: int = 0
     last_seen: float = 0.0
     ready_future: asyncio.Future[None] | None = None
     requests: set[str] = field(default_factory=set)

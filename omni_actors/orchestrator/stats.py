@@ -14,6 +14,8 @@ class ReplicaStats:
     """Requests the orchestrator has routed here and not seen finish."""
     engine_requests: int
     """Requests the worker last reported holding (sent after each abort and heartbeat)."""
+    leases_out: int
+    """Shared-memory leases of the worker's arena not yet given back (last report)."""
     restarts: int
 
 

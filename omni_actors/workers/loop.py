@@ -68,9 +68,13 @@ class WorkerLoop:
                 self.sock.wait(wait)
             now = time.monotonic()
             if now >= next_beat:
-                self._out.append(m.Heartbeat(busy=len(self.requests)))
+                self._out.append(self._heartbeat())
                 next_beat = now + self.heartbeat_interval_s
             self._flush()
+
+    def _heartbeat(self) -> m.Heartbeat:
+        arena = self.codec.arena
+        return m.Heartbeat(busy=len(self.requests), leased=arena.leased if arena else 0)
 
     def _flush(self) -> None:
         if self._released:
@@ -92,7 +96,7 @@ class WorkerLoop:
                 for rid in rids:
                     if self.requests.pop(rid, None) is not None:
                         self.engine.abort(rid)
-                self._out.append(m.Heartbeat(busy=len(self.requests)))
+                self._out.append(self._heartbeat())
             case m.FreeLeases(leases=leases):
                 if self.codec.arena is not None:
                     self.codec.arena.free(leases)

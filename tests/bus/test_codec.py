@@ -1,0 +1,83 @@
+"""Payload codec and shared-memory arena: inline vs shared memory, types kept, segments reused."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from omni_actors.bus import messages as m
+from omni_actors.bus.codec import INLINE_MAX_BYTES, PayloadCodec, leases_of
+from omni_actors.bus.shm import Arena, SegmentCache, unlink_prefix
+from tests.conftest import shm_files
+
+
+@pytest.fixture
+def pair():
+    prefix = f"omni-test-{uuid.uuid4().hex[:8]}"
+    arena = Arena(prefix)
+    producer = PayloadCodec("p", arena, SegmentCache())
+    consumer = PayloadCodec("c", None, SegmentCache())
+    yield prefix, arena, producer, consumer
+    consumer.segments.close()
+    producer.segments.close()
+    arena.close()
+    assert shm_files(prefix) == []
+    unlink_prefix(prefix)
+
+
+def roundtrip(producer: PayloadCodec, consumer: PayloadCodec, values: dict) -> tuple[m.Payload, dict]:
+    payload = producer.encode(values)
+    wire = m.decode(m.encode(m.Feed("r", 0, payload)))
+    assert isinstance(wire, m.Feed)
+    return wire.payload, consumer.decode(wire.payload)
+
+
+def test_small_arrays_inline_large_in_shared_memory(pair) -> None:
+    prefix, _arena, producer, consumer = pair
+    small = np.arange(10, dtype=np.float32)
+    big = np.arange(INLINE_MAX_BYTES, dtype=np.int16).reshape(2, -1)
+    payload, out = roundtrip(producer, consumer, {"small": small, "big": big, "text": "hi", "n": np.int64(3)})
+    assert payload.arrays["small"].inline is not None
+    assert payload.arrays["big"].inline is None and payload.arrays["big"].segment.startswith(prefix)
+    np.testing.assert_array_equal(out["small"], small)
+    np.testing.assert_array_equal(out["big"], big)
+    assert out["big"].flags.writeable is False  # a view of shared memory
+    assert out["text"] == "hi" and out["n"] == 3
+    assert [r.lease for r in leases_of(payload)] == [payload.arrays["big"].lease]
+
+
+def test_torch_tensors_keep_type_and_bfloat16(pair) -> None:
+    _, _, producer, consumer = pair
+    bf = torch.randn(300, 300).to(torch.bfloat16)
+    f32 = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    _, out = roundtrip(producer, consumer, {"bf": bf, "f": f32})
+    assert isinstance(out["bf"], torch.Tensor) and out["bf"].dtype == torch.bfloat16
+    assert torch.equal(out["bf"], bf)
+    assert torch.equal(out["f"], f32)
+
+
+def test_segments_are_reused_after_release(pair) -> None:
+    _, arena, producer, _ = pair
+    big = np.ones(1 << 20, dtype=np.uint8)
+    first = producer.encode({"x": big})
+    producer.encode({"x": big})
+    assert arena.segments == 2 and arena.leased == 2
+    arena.free([r.lease for r in leases_of(first)])
+    producer.encode({"x": big})
+    assert arena.segments == 2, "a freed segment of the same size class must be reused"
+    assert arena.leased == 2
+
+
+def test_unsupported_value_is_rejected_by_the_encoder(pair) -> None:
+    _, _, producer, _ = pair
+    with pytest.raises(TypeError):
+        m.encode(m.Feed("r", 0, producer.encode({"obj": object()})))
+
+
+def test_batch_roundtrip() -> None:
+    msgs = [m.Abort(["a"]), m.Heartbeat(busy=2), m.FreeLeases([1, 2])]
+    assert m.unbatch(m.decode(m.encode_many(msgs))) == msgs
+    assert m.decode(m.encode_many(msgs[:1])) == msgs[0]

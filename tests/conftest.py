@@ -1,0 +1,61 @@
+"""Shared test helpers: deploy builders, a running-orchestrator factory, leak checks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from omni_actors.config.deploy import DeployConfig, build_deploy
+from omni_actors.orchestrator.core import Orchestrator
+
+SHM = Path("/dev/shm")
+
+
+def make_deploy(pipeline: str = "synthetic", **raw: Any) -> DeployConfig:
+    return build_deploy({"pipeline": pipeline, **raw}, source="test")
+
+
+def shm_files(prefix: str) -> list[str]:
+    return sorted(p.name for p in SHM.glob(f"{prefix}*"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def running(deploy: DeployConfig, **kw: Any) -> AsyncIterator[Orchestrator]:
+    """An orchestrator with real workers; on exit checks that nothing was left behind."""
+    orch = Orchestrator(deploy, **kw)
+    await orch.start()
+    try:
+        yield orch
+    finally:
+        pids = [h.pid for hs in orch.workers.values() for h in hs if h.pid]
+        await orch.stop()
+        assert shm_files(orch.run_prefix) == [], "shared-memory segments left behind"
+        assert orch.runtime is not None and not orch.runtime.path.exists(), "runtime dir left behind"
+        for pid in pids:
+            assert not _alive(pid), f"worker {pid} still running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

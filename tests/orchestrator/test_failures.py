@@ -1,0 +1,86 @@
+"""Aborts, deadlines and worker deaths: one terminal event, leases freed, the stage comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from omni_actors.errors import RequestAborted, RequestTimeout, StageUnavailable, WorkerDied
+from omni_actors.orchestrator.requests import RequestSpec
+from tests.conftest import make_deploy, running, shm_files
+
+BIG = {"step_delay_ms": 30, "payload_bytes": 1 << 20, "chunks": 50}
+
+
+async def eventually(cond, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_abort_mid_flight_frees_every_lease_and_reaches_every_stage() -> None:
+    deploy = make_deploy(stages=[{"stage_id": s, "engine_extras": BIG} for s in (0, 1, 2)])
+    async with running(deploy) as orch:
+        for _ in range(3):
+            stream = orch.submit(RequestSpec(inputs={"prompt": "a b c"}))
+            seen = 0
+            async for chunk in stream:
+                seen += chunk.output_type == "audio"
+                if seen == 2:
+                    stream.abort()
+                    break
+            with pytest.raises(RequestAborted):
+                await stream.collect()
+            stats = orch.statistics()
+            assert stats.leases_held == 0 and stats.requests_in_flight == 0
+            # Every stage's worker confirms it dropped the request.
+            await eventually(lambda: all(s.engine_requests == 0 for s in orch.statistics().stages), 1.0)
+        # Every producer got every lease back (reported with the next heartbeat).
+        await eventually(
+            lambda: all(r.leases_out == 0 for s in orch.statistics().stages for r in s.replicas), 3.0
+        )
+        assert orch.arena.leased == 0
+        assert orch.statistics().requests_aborted == 3
+
+
+async def test_deadline_ends_request_with_timeout() -> None:
+    deploy = make_deploy("synthetic_text", stages=[{"stage_id": 0, "engine_extras": {"step_delay_ms": 50, "chunks": 100}}])
+    async with running(deploy) as orch:
+        stream = orch.submit(RequestSpec(inputs={"prompt": "x"}, deadline_s=0.3))
+        with pytest.raises(RequestTimeout):
+            await stream.collect()
+        assert orch.statistics().stage(0).in_flight == 0
+
+
+async def test_sigkill_fails_request_fast_and_restarted_stage_serves_next() -> None:
+    deploy = make_deploy(stages=[{"stage_id": 1, "engine_extras": BIG}])
+    async with running(deploy) as orch:
+        stream = orch.submit(RequestSpec(inputs={"prompt": "a b"}))
+        async for chunk in stream:
+            if chunk.output_type == "audio":
+                break
+        victim = orch.workers[1][0]
+        t0 = time.perf_counter()
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(WorkerDied) as err:
+            await stream.collect()
+        assert time.perf_counter() - t0 < 1.0
+        assert err.value.stage_id == 1
+        assert orch.health()[1] is False or orch.workers[1][0] is not victim
+        with pytest.raises(StageUnavailable):
+            if not orch.health()[1]:
+                orch.submit(RequestSpec(inputs={"prompt": "too early"}))
+            else:
+                raise StageUnavailable(1)
+        await orch.wait_healthy(30)
+        assert orch.workers[1][0].pid != victim.pid
+        chunks = await orch.submit(RequestSpec(inputs={"prompt": "after"}, params={"chunks": 2})).collect()
+        assert chunks[-1].finished
+        stats = orch.statistics()
+        assert stats.worker_restarts == 1 and stats.leases_held == 0
+        assert shm_files(victim.shm_prefix) == []
