@@ -7,7 +7,8 @@ voice's map, and ids into the latent `[192, frames]` by the ONNX graph cut at
 `max_batch` requests in one batched run; each request gets one output per
 sentence: {"latent": float32 [192, frames], "text": sentence}.
 
-Inputs: {"text": str}. Streaming requests get more text through `feed`.
+Inputs: {"text": str}. Streaming requests get more text through `feed`, in whole
+sentences or clauses (the pipeline's `llm_to_tts_chunk` buffers LLM deltas).
 Params: `speed` (OpenAI speech speed, 0.25-4; divides Piper's length scale).
 engine_extras: `espeak_binary` ("espeak-ng"), `espeak_voice` (the voice's),
 `noise_scale` (0.0), `noise_w` (0.0), `length_scale` (the voice's), `threads` (1),
@@ -80,8 +81,6 @@ class Phonemizer:
 class _Request:
     length_scale: float
     pending: deque[str] = field(default_factory=deque)
-    text: str = ""
-    """Streamed text not yet split into sentences."""
     input_done: bool = False
 
 
@@ -117,8 +116,10 @@ class PiperAcousticEngine(StageEngine):
             self._take(request_id, inputs.get("text", ""), last)
 
     def _take(self, request_id: str, text: str, last: bool) -> None:
+        # Each input is whole sentences (llm_to_tts_chunk buffers the LLM's deltas);
+        # split it so one step speaks one sentence and the first one leaves early.
         req = self.requests[request_id]
-        sentences, req.text = split_sentences(req.text + text, final=last)
+        sentences, _ = split_sentences(text, final=True)
         req.pending.extend(sentences)
         req.input_done = req.input_done or last
 
