@@ -1,35 +1,81 @@
-"""The aiohttp application, on the orchestrator's event loop.
+"""The aiohttp application, on the orchestrator's event loop: routes and middleware wired together.
 
     build_app(orchestrator) -> web.Application
+
+    GET  /health                    200 when every stage has a ready worker, else 503 naming them
+    GET  /metrics                   Prometheus text (metrics.py)
+    GET  /openapi.json              OpenAPI 3.1 from the msgspec structs (openapi.py)
+    GET  /v1/models[/{model}]       models.py
+    POST /v1/chat/completions       chat.py
+    POST /v1/audio/speech           speech.py
+    POST /v1/images/generations     images.py
+    GET  /v1/realtime               the realtime package (WebSocket)
+
+Middleware, outermost first: metrics (counts every answer), errors (OpenAI-style
+bodies), auth (API keys), body limit (413 before reading). The app cancels a
+handler when its client disconnects (`handler_cancellation`), which is how a
+dropped connection aborts its request in every stage.
 """
 
 from __future__ import annotations
 
+import time
+
+import msgspec
 from aiohttp import web
 
+from omni_actors import __version__
 from omni_actors.api import realtime
+from omni_actors.api.calls import ORCH_KEY
+from omni_actors.api.chat import chat_completions
+from omni_actors.api.errors import error_middleware
+from omni_actors.api.images import generations
+from omni_actors.api.metrics import METRICS_KEY, ApiMetrics, metrics_middleware, metrics_route
+from omni_actors.api.middleware import auth_middleware, body_limit_middleware
+from omni_actors.api.models import STARTED_KEY, get_model, list_models
+from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route
+from omni_actors.api.schemas import Health, UnhealthyStage
+from omni_actors.api.speech import speech
 from omni_actors.orchestrator.core import Orchestrator
 
-ORCH_KEY = web.AppKey("orchestrator", Orchestrator)
+__all__ = ["ORCH_KEY", "build_app"]
 
 
 async def health(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
-    states = orch.health()
-    bad = [sid for sid, ok in states.items() if not ok]
+    bad = [sid for sid, ok in orch.health().items() if not ok]
     if bad or orch.draining:
         names = {s.stage_id: s.model_stage for s in orch.pipeline.stages}
-        return web.json_response(
-            {"status": "unavailable", "draining": orch.draining,
-             "unhealthy_stages": [{"stage_id": s, "model_stage": names[s]} for s in bad]},
-            status=503,
-        )
-    return web.json_response({"status": "ok"})
+        body = Health(status="unavailable", draining=orch.draining,
+                      unhealthy_stages=[UnhealthyStage(s, names[s]) for s in bad])
+        return web.Response(body=msgspec.json.encode(body), status=503, content_type="application/json")
+    return web.Response(body=msgspec.json.encode(Health(status="ok")), content_type="application/json")
 
 
 def build_app(orch: Orchestrator) -> web.Application:
-    app = web.Application(client_max_size=int(orch.deploy.server.max_body_mb * 1024 * 1024))
+    server = orch.deploy.server
+    max_bytes = int(server.max_body_mb * 1024 * 1024)
+    app = web.Application(
+        client_max_size=max_bytes,
+        handler_args={"handler_cancellation": True},
+        middlewares=[
+            metrics_middleware,
+            error_middleware,
+            auth_middleware(list(server.api_keys)),
+            body_limit_middleware(max_bytes),
+        ],
+    )
     app[ORCH_KEY] = orch
+    app[METRICS_KEY] = ApiMetrics(orch)
+    app[STARTED_KEY] = time.time()
+    app[OPENAPI_KEY] = msgspec.json.encode(build_openapi("omni-actors", __version__))
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics_route)
+    app.router.add_get("/openapi.json", openapi_route)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_post("/v1/images/generations", generations)
     realtime.add_routes(app)
     return app

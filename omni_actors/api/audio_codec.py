@@ -1,0 +1,208 @@
+"""Audio encoding and decoding for the API (wav, pcm, flac, mp3, ogg-opus), run off the event loop.
+
+Pipelines hand the API float32 mono arrays in [-1, 1] with a sample rate; this
+module turns them into the bytes a client asked for, and client audio into
+float32 mono arrays. Every call that touches a codec goes through
+`off_loop(...)` (the loop's default thread pool), so encoding never stalls the
+event loop that also runs the orchestrator.
+
+    StreamEncoder(fmt, sample_rate)   .feed(audio) -> bytes, .finish() -> bytes
+    encode_file(audio, sr, fmt)       the whole clip at once
+    decode_audio(data, fmt)           -> (float32 mono, sample_rate)
+
+Streaming: pcm and wav go out as they come (wav with an open-ended header,
+sizes 0xFFFFFFFF, as streaming servers do); mp3 and opus go through
+libsndfile's encoders as their frames complete; flac needs its totals in the
+header, so a streamed flac is encoded whole at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import struct
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import soundfile as sf
+
+from omni_actors.api.errors import bad_request
+
+PCM16_INPUT_RATE = 24000
+"""Sample rate of raw `pcm16` client audio (OpenAI's convention)."""
+
+CONTENT_TYPES = {
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+    "pcm16": "audio/pcm",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+}
+
+_SF_FORMATS = {
+    "wav": ("WAV", "PCM_16"),
+    "flac": ("FLAC", "PCM_16"),
+    "mp3": ("MP3", "MPEG_LAYER_III"),
+    "opus": ("OGG", "OPUS"),
+}
+_RATES = {
+    "opus": (8000, 12000, 16000, 24000, 48000),
+    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
+}
+
+T = TypeVar("T")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """Run a codec call in the loop's thread pool."""
+    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+
+
+def check_supported(fmt: str) -> None:
+    """400 now, instead of a failure mid-stream, when libsndfile lacks the format."""
+    if fmt in _SF_FORMATS:
+        major, sub = _SF_FORMATS[fmt]
+        if major not in sf.available_formats() or sub not in sf.available_subtypes(major):
+            raise bad_request(f"audio format {fmt!r} is not supported by this server's libsndfile "
+                              f"({sf.__libsndfile_version__})", "response_format", "unsupported_format")
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def _rate_for(fmt: str, sample_rate: int) -> int:
+    allowed = _RATES.get(fmt)
+    if not allowed or sample_rate in allowed:
+        return sample_rate
+    return min(allowed, key=lambda r: (r < sample_rate, abs(r - sample_rate)))
+
+
+def resample(audio: np.ndarray, src: int, dst: int) -> np.ndarray:
+    """Linear resampling; only used to meet a codec's fixed rates."""
+    if src == dst or audio.size == 0:
+        return audio
+    n = round(audio.size * dst / src)
+    return np.interp(np.arange(n) * (src / dst), np.arange(audio.size), audio).astype(np.float32)
+
+
+def wav_stream_header(sample_rate: int) -> bytes:
+    """A PCM16 mono WAV header with open-ended sizes, for a body of unknown length."""
+    unknown = 0xFFFFFFFF
+    return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", unknown))
+
+
+class _Sink:
+    """A seekable in-memory file for libsndfile; bytes before the write head can be taken once."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.pos = 0
+        self.sent = 0
+
+    def write(self, data: bytes) -> int:
+        data = bytes(data)
+        end = self.pos + len(data)
+        if end > len(self.buf):
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[self.pos:end] = data
+        self.pos = end
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self.pos, len(self.buf))[whence]
+        self.pos = base + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.buf) if n < 0 else self.pos + n
+        data = bytes(self.buf[self.pos:end])
+        self.pos += len(data)
+        return data
+
+    def take(self) -> bytes:
+        # Header fix-ups libsndfile writes at close into bytes already sent are dropped:
+        # the formats streamed this way (mp3, ogg) stay decodable without them.
+        out = bytes(self.buf[self.sent:])
+        self.sent = len(self.buf)
+        return out
+
+
+class StreamEncoder:
+    """Encode a growing clip chunk by chunk. Not thread-safe: await each call in turn."""
+
+    def __init__(self, fmt: str, sample_rate: int) -> None:
+        check_supported(fmt)
+        self.fmt = fmt
+        self.in_rate = sample_rate
+        self.rate = _rate_for(fmt, sample_rate)
+        self.samples = 0
+        self._started = False
+        self._pending: list[np.ndarray] = []
+        self._file: sf.SoundFile | None = None
+        self._sink: _Sink | None = None
+        if fmt in ("mp3", "opus"):
+            major, sub = _SF_FORMATS[fmt]
+            self._sink = _Sink()
+            self._file = sf.SoundFile(self._sink, "w", self.rate, 1, format=major, subtype=sub)
+
+    def feed(self, audio: np.ndarray) -> bytes:
+        audio = resample(np.asarray(audio, dtype=np.float32).reshape(-1), self.in_rate, self.rate)
+        self.samples += audio.size
+        head = b""
+        if not self._started:
+            self._started = True
+            head = wav_stream_header(self.rate) if self.fmt == "wav" else b""
+        if self.fmt in ("pcm", "pcm16", "wav"):
+            return head + pcm16(audio)
+        if self._file is not None and self._sink is not None:
+            self._file.write(audio)
+            return self._sink.take()
+        self._pending.append(audio)  # flac: whole at the end
+        return b""
+
+    def finish(self) -> bytes:
+        if self._file is not None and self._sink is not None:
+            self._file.close()
+            return self._sink.take()
+        if self.fmt == "flac":
+            clip = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
+            return encode_file(clip, self.rate, "flac")
+        if not self._started:  # an empty clip still gets a valid header
+            self._started = True
+            return wav_stream_header(self.rate) if self.fmt == "wav" else b""
+        return b""
+
+
+def encode_file(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """The whole clip as one file (pcm: raw 16-bit little-endian mono)."""
+    check_supported(fmt)
+    rate = _rate_for(fmt, sample_rate)
+    audio = resample(np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate, rate)
+    if fmt in ("pcm", "pcm16"):
+        return pcm16(audio)
+    major, sub = _SF_FORMATS[fmt]
+    buf = io.BytesIO()
+    sf.write(buf, audio, rate, format=major, subtype=sub)
+    return buf.getvalue()
+
+
+def decode_audio(data: bytes, fmt: str, param: str) -> tuple[np.ndarray, int]:
+    """Client audio -> (float32 mono in [-1, 1], sample rate); a 400 naming `param` if unreadable."""
+    if fmt in ("pcm16", "pcm"):
+        if len(data) % 2:
+            raise bad_request("pcm16 audio must hold an even number of bytes", param)
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, PCM16_INPUT_RATE
+    try:
+        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as err:
+        raise bad_request(f"cannot decode {fmt} audio: {err}", param, "invalid_audio") from None
+    return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), int(rate)

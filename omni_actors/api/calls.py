@@ -1,0 +1,103 @@
+"""One route's call into the orchestrator: capability checks, submit, iterate, abort on exit.
+
+    async with PipelineCall(request, "/v1/chat/completions", inputs, params, {"text"}) as call:
+        async for chunk in call: ...
+
+- The route says which output types it wants; the pipeline says which it can
+  produce (`pipeline.output_types()`): a mismatch is a 400 naming `param`.
+- Stages: a pipeline with a planner decides itself (stages=None, the planner
+  reads `params["modalities"]` and the inputs); otherwise the stages are
+  `pipeline.stages_for_outputs(wanted)`.
+- Every call gets the deploy's `server.request_timeout_s` as its deadline (504).
+- Leaving the block for any reason (client disconnect cancels the handler,
+  a write to a closed socket fails, an error) aborts the request in every stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.metrics import METRICS_KEY, Timing
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk, new_request_id
+
+ORCH_KEY = web.AppKey("orchestrator", Orchestrator)
+
+
+def orchestrator(request: web.Request) -> Orchestrator:
+    return request.app[ORCH_KEY]
+
+
+def served_model_names(orch: Orchestrator) -> list[str]:
+    """Names a request's `model` may carry: the served name (if set) and the pipeline's name."""
+    names = [orch.deploy.server.served_model_name] if orch.deploy.server.served_model_name else []
+    return [*names, orch.pipeline.name] if orch.pipeline.name not in names else names
+
+
+def require_model(orch: Orchestrator, name: str | None, param: str = "model") -> str:
+    """The model name to echo back; 404 for a model this server does not serve (None: default)."""
+    names = served_model_names(orch)
+    if name is None or name == "":
+        return names[0]
+    if name not in names:
+        raise ApiError(404, f"model {name!r} does not exist; this server serves {names}", param,
+                       "model_not_found")
+    return name
+
+
+def require_outputs(orch: Orchestrator, wanted: set[str], param: str) -> None:
+    have = orch.pipeline.output_types()
+    missing = sorted(set(wanted) - have)
+    if missing:
+        raise bad_request(
+            f"pipeline {orch.pipeline.name!r} cannot produce {missing}; it produces {sorted(have)}",
+            param, "unsupported_modality")
+
+
+def drop_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+class PipelineCall:
+    """Submit on enter, abort on exit unless the stream ended; iterate StageChunks in between."""
+
+    def __init__(self, request: web.Request, route: str, inputs: dict[str, Any], params: dict[str, Any],
+                 wanted: set[str], request_id: str | None = None) -> None:
+        self.orch = orchestrator(request)
+        self.inputs = inputs
+        self.params = params
+        self.wanted = wanted
+        self.request_id = request_id or new_request_id()
+        self.timing = Timing(request.app[METRICS_KEY], route)
+        self.stream: RequestStream | None = None
+
+    def _spec(self) -> RequestSpec:
+        pipe = self.orch.pipeline
+        stages = None if pipe.planner else pipe.stages_for_outputs(self.wanted)
+        return RequestSpec(inputs=self.inputs, params=self.params, stages=stages,
+                           deadline_s=self.orch.deploy.server.request_timeout_s, request_id=self.request_id)
+
+    async def __aenter__(self) -> PipelineCall:
+        try:
+            self.stream = self.orch.submit(self._spec())  # AdmissionError / StageUnavailable -> 429 / 503
+        except ValueError as err:  # the pipeline's planner refused these inputs
+            raise bad_request(str(err), None, "invalid_request") from None
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self.stream is not None:
+            self.stream.abort()  # a no-op once the stream has ended
+            if exc_type is None and self.stream.terminal is None:
+                self.timing.done()
+
+    def __aiter__(self) -> PipelineCall:
+        return self
+
+    async def __anext__(self) -> StageChunk:
+        assert self.stream is not None
+        chunk = await self.stream.__anext__()  # raises the run's RequestError once
+        self.timing.saw(chunk.output_type)
+        return chunk

@@ -1,0 +1,166 @@
+"""OpenAI-style error bodies, and the one mapping of our exceptions to HTTP statuses.
+
+Every error the API returns has the body
+
+    {"error": {"message": str, "type": str, "param": str | null, "code": str | null}}
+
+    400  invalid_request_error   bad JSON, wrong type, unknown field, value out of range
+                                 (`param` names the field), a modality the pipeline lacks
+    401  authentication_error    missing or wrong API key (when keys are configured)
+    404  invalid_request_error   unknown route or model (`code` "model_not_found")
+    405  invalid_request_error   wrong method for a route
+    413  invalid_request_error   body over `server.max_body_mb`
+    429  rate_limit_error        a stage queue is full (AdmissionError)
+    500  server_error            a stage engine failed for this request (StageFailed)
+    503  service_unavailable     a stage has no ready worker, a worker died, or draining
+    504  timeout_error           the request passed `server.request_timeout_s`
+
+Client mistakes are never 500. `error_middleware` turns ApiError, aiohttp's
+HTTP exceptions and the orchestrator's errors into these bodies; anything else
+is logged here (a connection boundary) and answered 500.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from aiohttp import web
+
+from omni_actors import logs
+from omni_actors.errors import (
+    AdmissionError,
+    OmniError,
+    RequestAborted,
+    RequestTimeout,
+    StageFailed,
+    StageUnavailable,
+    WorkerDied,
+)
+
+log = logs.get(__name__)
+
+RESPONSE_STARTED = web.RequestKey("response_started", bool)
+"""Request key set by a handler once its (streaming) response headers are sent."""
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """An error answered to the client with an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return web.Response(body=msgspec.json.encode(self.body()), status=self.status,
+                            content_type="application/json", headers=headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+_AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.S)
+_UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
+_MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+
+
+def from_validation(err: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
+    """A msgspec decode failure as a 400 naming the field (`param` is a dotted path)."""
+    if not isinstance(err, msgspec.ValidationError):
+        return ApiError(400, f"request body is not valid JSON: {err}", None, "invalid_json")
+    match = _AT.match(str(err))
+    msg, path = (match.group(1), match.group(2) or "") if match else (str(err), "")
+    code = "invalid_type"
+    for pattern, code_name in ((_UNKNOWN, "unknown_parameter"), (_MISSING, "missing_required_parameter")):
+        found = pattern.match(msg)
+        if found:
+            path = f"{path}.{found.group(1)}" if path else found.group(1)
+            code = code_name
+    param = path.replace(".[", "[") or None
+    where = f" (field `{param}`)" if param else ""
+    return ApiError(400, f"{msg}{where}", param, code)
+
+
+def from_exception(exc: BaseException) -> ApiError:
+    """Map an orchestrator error (or a pipeline's ValueError at submit) to its ApiError."""
+    match exc:
+        case ApiError():
+            return exc
+        case AdmissionError():
+            return ApiError(429, f"server busy: {exc}; retry later", None, "queue_full")
+        case StageUnavailable():
+            return ApiError(503, f"service unavailable: {exc}", None, "stage_unavailable")
+        case WorkerDied():
+            return ApiError(503, f"service unavailable: {exc}", None, "worker_died")
+        case RequestTimeout():
+            return ApiError(504, f"request timed out: {exc}", None, "request_timeout")
+        case RequestAborted():
+            return ApiError(503, f"request aborted: {exc}", None, "request_aborted")
+        case StageFailed():
+            return ApiError(500, f"generation failed: {exc}", None, "stage_failed")
+        case msgspec.ValidationError() | msgspec.DecodeError():
+            return from_validation(exc)
+        case ValueError():  # a pipeline's planner refusing the request's inputs
+            return ApiError(400, str(exc), None, "invalid_value")
+        case OmniError():
+            return ApiError(500, str(exc), None, "internal_error")
+    return ApiError(500, "internal server error", None, "internal_error")
+
+
+def _from_http(exc: web.HTTPException) -> ApiError:
+    match exc.status:
+        case 404:
+            return ApiError(404, "unknown route", None, "not_found")
+        case 405:
+            return ApiError(405, f"method {exc.method if hasattr(exc, 'method') else ''} not allowed",
+                            None, "method_not_allowed")
+        case 413:
+            return ApiError(413, f"request body too large: {exc.text or ''}".strip(), None, "body_too_large")
+    return ApiError(exc.status, exc.reason, None, None)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Answer every failure with an OpenAI-style body; re-raise once a response has started."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if request.get(RESPONSE_STARTED):
+            raise
+        return _from_http(exc).response()
+    except (ApiError, OmniError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        if request.get(RESPONSE_STARTED):
+            raise
+        return from_exception(exc).response()
+    except Exception as exc:  # the connection boundary: log and answer 500
+        if request.get(RESPONSE_STARTED):
+            raise
+        log.exception("api.unhandled_error", path=request.path, error_type=type(exc).__name__)
+        return ApiError(500, "internal server error", None, "internal_error").response()

@@ -1,0 +1,147 @@
+"""Prometheus metrics of one app (its own CollectorRegistry) and the GET /metrics route.
+
+    omni_http_requests_total{route,method,status}     answered requests
+    omni_http_requests_in_flight{route}               requests being served now
+    omni_time_to_first_token_seconds{route}           submit -> first text delta
+    omni_time_to_first_audio_seconds{route}           submit -> first audio chunk
+    omni_request_duration_seconds{route}              submit -> last output (successful requests)
+    omni_stage_queue_depth{stage_id,model_stage}      requests routed to a stage and not finished
+    omni_stage_queue_limit{stage_id,model_stage}      admission bound per replica
+    omni_stage_healthy{stage_id,model_stage}          1 when a replica is ready
+    omni_stage_engine_requests{stage_id,model_stage}  requests the workers report holding
+    omni_worker_restarts_total{stage_id,model_stage}  worker restarts
+    omni_orchestrator_requests_in_flight              runs the orchestrator holds
+    omni_orchestrator_leases_held                     shared-memory leases not yet freed
+
+Stage values are read from `orchestrator.statistics()` at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from omni_actors.orchestrator.core import Orchestrator
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class _StageCollector:
+    def __init__(self, orch: Orchestrator) -> None:
+        self.orch = orch
+
+    def collect(self):
+        stats = self.orch.statistics()
+        labels = ["stage_id", "model_stage"]
+        depth = GaugeMetricFamily("omni_stage_queue_depth", "Requests routed to the stage and not finished", labels=labels)
+        limit = GaugeMetricFamily("omni_stage_queue_limit", "Admitted requests per replica before 429", labels=labels)
+        healthy = GaugeMetricFamily("omni_stage_healthy", "1 when the stage has a ready replica", labels=labels)
+        engine = GaugeMetricFamily("omni_stage_engine_requests", "Requests the stage's workers report holding", labels=labels)
+        restarts = CounterMetricFamily("omni_worker_restarts", "Worker restarts of the stage", labels=labels)
+        for st in stats.stages:
+            key = [str(st.stage_id), st.model_stage]
+            depth.add_metric(key, st.in_flight)
+            limit.add_metric(key, st.queue_limit)
+            healthy.add_metric(key, 1.0 if st.healthy else 0.0)
+            engine.add_metric(key, st.engine_requests)
+            restarts.add_metric(key, sum(r.restarts for r in st.replicas))
+        runs = GaugeMetricFamily("omni_orchestrator_requests_in_flight", "Runs the orchestrator holds")
+        runs.add_metric([], stats.requests_in_flight)
+        leases = GaugeMetricFamily("omni_orchestrator_leases_held", "Shared-memory leases not yet freed")
+        leases.add_metric([], stats.leases_held)
+        return [depth, limit, healthy, engine, restarts, runs, leases]
+
+
+class ApiMetrics:
+    """The app's metrics; routes record latencies through `observe_*`."""
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("omni_http_requests", "Answered HTTP requests",
+                                ["route", "method", "status"], registry=r)
+        self.in_flight = Gauge("omni_http_requests_in_flight", "HTTP requests being served", ["route"], registry=r)
+        self.ttft = Histogram("omni_time_to_first_token_seconds", "Submit to first text delta",
+                              ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.ttfa = Histogram("omni_time_to_first_audio_seconds", "Submit to first audio chunk",
+                              ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.e2e = Histogram("omni_request_duration_seconds", "Submit to last output of successful requests",
+                             ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        r.register(_StageCollector(orch))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+METRICS_KEY = web.AppKey("metrics", ApiMetrics)
+
+
+def route_name(request: web.Request) -> str:
+    """The matched route's pattern (bounded label values), or "unmatched"."""
+    info = request.match_info
+    resource = info.route.resource if info.route is not None else None
+    if resource is None or info.http_exception is not None:
+        return "unmatched"
+    return resource.canonical
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler) -> web.StreamResponse:
+    metrics = request.app[METRICS_KEY]
+    route = route_name(request)
+    gauge = metrics.in_flight.labels(route)
+    gauge.inc()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except BaseException:
+        status = 499 if request.transport is None or request.transport.is_closing() else 500
+        raise
+    finally:
+        gauge.dec()
+        metrics.requests.labels(route, request.method, str(status)).inc()
+
+
+async def metrics_route(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class Timing:
+    """Latency marks of one pipeline call, recorded into the app's histograms."""
+
+    def __init__(self, metrics: ApiMetrics, route: str) -> None:
+        self.metrics = metrics
+        self.route = route
+        self.t0 = time.perf_counter()
+        self.first_text: float | None = None
+        self.first_audio: float | None = None
+
+    def saw(self, output_type: str | None) -> None:
+        now = time.perf_counter()
+        if output_type == "text" and self.first_text is None:
+            self.first_text = now - self.t0
+            self.metrics.ttft.labels(self.route).observe(self.first_text)
+        elif output_type == "audio" and self.first_audio is None:
+            self.first_audio = now - self.t0
+            self.metrics.ttfa.labels(self.route).observe(self.first_audio)
+
+    def done(self) -> float:
+        e2e = time.perf_counter() - self.t0
+        self.metrics.e2e.labels(self.route).observe(e2e)
+        return e2e

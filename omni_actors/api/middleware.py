@@ -1,0 +1,58 @@
+"""Request gatekeeping before any handler runs: API-key auth and the body-size limit.
+
+- Auth: when `server.api_keys` is non-empty every route except PUBLIC_PATHS
+  needs `Authorization: Bearer <key>` (or `api-key: <key>`) naming one of them;
+  otherwise 401. Keys are compared in constant time and never logged.
+- Body size: a declared `Content-Length` over `server.max_body_mb` is refused
+  with 413 before a byte of the body is read; a chunked body is cut off by
+  aiohttp's `client_max_size` (the same limit) while reading, also 413.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from aiohttp import web
+
+from omni_actors.api.errors import ApiError
+
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
+"""Routes answered without an API key (probes and scrapers carry none)."""
+
+
+def _presented_key(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("api-key") or None
+
+
+def auth_middleware(api_keys: list[str]):
+    keys = [k.encode() for k in api_keys]
+
+    @web.middleware
+    async def check_key(request: web.Request, handler) -> web.StreamResponse:
+        if keys and request.path not in PUBLIC_PATHS:
+            given = _presented_key(request)
+            if given is None:
+                raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", None,
+                               "missing_api_key")
+            presented = given.encode()
+            if not any(hmac.compare_digest(presented, k) for k in keys):
+                raise ApiError(401, "invalid API key", None, "invalid_api_key")
+        return await handler(request)
+
+    return check_key
+
+
+def body_limit_middleware(max_bytes: int):
+    @web.middleware
+    async def check_length(request: web.Request, handler) -> web.StreamResponse:
+        length = request.content_length
+        if length is not None and length > max_bytes:
+            raise ApiError(413, f"request body of {length} bytes is over the limit of {max_bytes} bytes",
+                           None, "body_too_large")
+        return await handler(request)
+
+    return check_length

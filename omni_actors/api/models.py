@@ -1,0 +1,32 @@
+"""GET /v1/models and /v1/models/{model}: the served model name(s) and the pipeline behind them."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from omni_actors.api.calls import orchestrator, require_model, served_model_names
+from omni_actors.api.schemas import Model, ModelList
+
+OWNER = "omni-actors"
+
+
+def _model(request: web.Request, name: str) -> Model:
+    orch = orchestrator(request)
+    created = int(request.app[STARTED_KEY])
+    return Model(id=name, created=created, owned_by=f"{OWNER}:{orch.pipeline.name}")
+
+
+STARTED_KEY = web.AppKey("started_at", float)
+"""Unix time the app was built; reported as the models' `created`."""
+
+
+async def list_models(request: web.Request) -> web.Response:
+    names = served_model_names(orchestrator(request))
+    body = ModelList(data=[_model(request, n) for n in names])
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def get_model(request: web.Request) -> web.Response:
+    name = require_model(orchestrator(request), request.match_info["model"])
+    return web.Response(body=msgspec.json.encode(_model(request, name)), content_type="application/json")

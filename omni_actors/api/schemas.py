@@ -1,0 +1,282 @@
+"""Request and response bodies of the REST API as msgspec structs (the OpenAPI source).
+
+Requests forbid unknown fields, so a typo is a 400 naming the field instead of
+being silently ignored; ranges are `Meta` constraints, so they appear in
+/openapi.json too. `read_body(request, Type)` decodes and validates in one pass.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from aiohttp import web
+from msgspec import Meta, Struct
+
+from omni_actors.api.errors import bad_request, from_validation
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonEmptyStr = Annotated[str, Meta(min_length=1)]
+
+
+class _Req(Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+# ---- chat ----------------------------------------------------------------------
+
+
+class TextPart(_Req, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageUrl(_Req):
+    url: str
+    """A data URL (`data:image/png;base64,...`); remote URLs are not fetched."""
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(_Req, tag_field="type", tag="image_url"):
+    image_url: ImageUrl
+
+
+class InputAudio(_Req):
+    data: str
+    """Base64 audio. `pcm16` is raw little-endian 16-bit mono at 24 kHz."""
+    format: Literal["wav", "pcm16", "mp3", "flac"]
+
+
+class InputAudioPart(_Req, tag_field="type", tag="input_audio"):
+    input_audio: InputAudio
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart
+
+
+class AudioRef(_Req):
+    id: str
+
+
+class ChatMessage(_Req):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    audio: AudioRef | None = None
+    tool_call_id: str | None = None
+
+
+class ChatAudioOptions(_Req):
+    voice: str | None = None
+    format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
+
+
+class StreamOptions(_Req):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Req):
+    model: str
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: ChatAudioOptions | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: int | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
+    n: Annotated[int, Meta(ge=1, le=1)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class ChatAudio(Struct):
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class ResponseMessage(Struct):
+    role: Literal["assistant"]
+    content: str | None
+    audio: ChatAudio | None = None
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Choice(Struct):
+    index: int
+    message: ResponseMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+class DeltaAudio(Struct, omit_defaults=True):
+    id: str
+    data: str | None = None
+    transcript: str | None = None
+    expires_at: int | None = None
+
+
+class Delta(Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    audio: DeltaAudio | None = None
+
+
+class ChunkChoice(Struct):
+    index: int
+    delta: Delta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+
+
+# ---- speech --------------------------------------------------------------------
+
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+
+
+class SpeechRequest(_Req):
+    model: str
+    input: Annotated[str, Meta(min_length=1, max_length=16384)]
+    voice: str | None = None
+    instructions: str | None = None
+    response_format: SpeechFormat = "mp3"
+    speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
+    stream: bool = False
+    stream_format: Literal["audio", "sse"] | None = None
+
+
+class SpeechUsage(Struct):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class SpeechAudioDelta(Struct, tag_field="type", tag="speech.audio.delta"):
+    audio: str
+
+
+class SpeechAudioDone(Struct, tag_field="type", tag="speech.audio.done"):
+    usage: SpeechUsage
+
+
+# ---- images --------------------------------------------------------------------
+
+
+class DiffusionFields(_Req):
+    """Diffusion fields; also accepted at the top level of an image request."""
+
+    num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
+    guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
+    negative_prompt: str | None = None
+    seed: int | None = None
+
+
+class ImageRequest(_Req):
+    prompt: NonEmptyStr
+    model: str | None = None
+    n: Annotated[int, Meta(ge=1, le=10)] = 1
+    size: str | None = None
+    """"WIDTHxHEIGHT" (e.g. "512x512") or "auto" (the pipeline's default)."""
+    response_format: Literal["b64_json", "url"] | None = None
+    output_format: Literal["png", "jpeg", "webp"] | None = None
+    quality: str | None = None
+    style: str | None = None
+    user: str | None = None
+    num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
+    guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
+    negative_prompt: str | None = None
+    seed: int | None = None
+    extra_body: DiffusionFields | None = None
+
+
+class ImageData(Struct, omit_defaults=True):
+    b64_json: str
+    revised_prompt: str | None = None
+
+
+class ImagesResponse(Struct):
+    created: int
+    data: list[ImageData]
+    output_format: str
+    size: str
+
+
+# ---- models, health, errors --------------------------------------------------------
+
+
+class Model(Struct):
+    id: str
+    created: int
+    owned_by: str
+    object: Literal["model"] = "model"
+
+
+class ModelList(Struct):
+    data: list[Model]
+    object: Literal["list"] = "list"
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(Struct):
+    error: ErrorDetail
+
+
+class UnhealthyStage(Struct):
+    stage_id: int
+    model_stage: str
+
+
+class Health(Struct, omit_defaults=True):
+    status: Literal["ok", "unavailable"]
+    draining: bool = False
+    unhealthy_stages: list[UnhealthyStage] = []
+
+
+async def read_body(request: web.Request, typ: type[Struct]) -> Struct:
+    """Read the JSON body and decode it into `typ`; a 400 names the offending field."""
+    body = await request.read()
+    if not body.strip():
+        raise bad_request("request body is empty; expected a JSON object", None, "invalid_json")
+    try:
+        return msgspec.json.decode(body, type=typ)
+    except msgspec.DecodeError as err:  # ValidationError is a subclass: both become 400
+        raise from_validation(err) from None

@@ -1,0 +1,79 @@
+"""API test helpers: a real orchestrator (real workers) behind a real aiohttp server on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from omni_actors.api.app import build_app
+from omni_actors.orchestrator.core import Orchestrator
+from tests.conftest import make_deploy, running
+
+API_KEY = "test-key"
+
+
+@dataclass
+class Server:
+    orch: Orchestrator
+    url: str
+    key: str | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+    def client(self) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.key or "none", max_retries=0, timeout=30)
+
+
+@contextlib.asynccontextmanager
+async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIterator[Server]:
+    """Start workers and an HTTP server; on exit stop both and check nothing leaked."""
+    server = {"api_keys": [key] if key else [], **raw.pop("server", {})}
+    deploy = make_deploy(pipeline, server=server, **raw)
+    async with running(deploy) as orch:
+        runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            yield Server(orch, f"http://{host}:{port}", key)
+        finally:
+            await runner.cleanup()
+
+
+async def eventually(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until `cond()` holds (test-side only; the runtime never polls)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def post(srv: Server, path: str, body: Any = None, *, data: bytes | None = None,
+               headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """Raw HTTP POST; returns (status, parsed JSON or bytes)."""
+    hdrs = {**srv.headers, **(headers or {})}
+    async with aiohttp.ClientSession() as session:
+        kwargs: dict[str, Any] = {"data": data} if data is not None else {"json": body}
+        async with session.post(srv.url + path, headers=hdrs, **kwargs) as resp:
+            raw = await resp.read()
+            if resp.content_type == "application/json":
+                return resp.status, await resp.json()
+            return resp.status, raw
+
+
+def idle(orch: Orchestrator) -> bool:
+    """No run, no lease, and every stage has no in-flight or engine-held request."""
+    stats = orch.statistics()
+    return (stats.requests_in_flight == 0 and stats.leases_held == 0
+            and all(s.in_flight == 0 and s.engine_requests == 0 for s in stats.stages))

@@ -1,0 +1,179 @@
+"""Every route of the synthetic text -> codes -> audio pipeline, called with the real openai SDK."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+from openapi_spec_validator import validate
+
+from tests.api.conftest import Server, idle, post, serve
+
+PROMPT = "hello big world"
+SAMPLES = 2400  # synthetic vocoder samples per chunk
+RATE = 24000
+
+
+@pytest.fixture(scope="module")
+async def srv():
+    stages = [
+        {"stage_id": 0, "engine_extras": {"chunks": 4, "step_delay_ms": 2}},
+        {"stage_id": 1, "engine_extras": {"payload_bytes": 1 << 17}},  # codes travel through shm
+        {"stage_id": 2},
+    ]
+    async with serve("synthetic", stages=stages,
+                     server={"max_body_mb": 0.25, "served_model_name": "omni-test"}) as s:
+        yield s
+
+
+async def test_health_and_models(srv: Server) -> None:
+    async with aiohttp.ClientSession() as session, session.get(srv.url + "/health") as resp:
+        assert resp.status == 200 and (await resp.json())["status"] == "ok"
+    client = srv.client()
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["omni-test", "synthetic"]
+    assert (await client.models.retrieve("omni-test")).owned_by.endswith("synthetic")
+
+
+async def test_chat_text(srv: Server) -> None:
+    out = await srv.client().chat.completions.create(
+        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=4, temperature=0.5)
+    assert out.choices[0].message.content == "hello big world hello"
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage is not None and out.usage.completion_tokens == 4
+    assert out.choices[0].message.audio is None
+    assert idle(srv.orch)
+
+
+async def test_chat_text_streaming_with_usage(srv: Server) -> None:
+    stream = await srv.client().chat.completions.create(
+        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=5, stream=True,
+        stream_options={"include_usage": True})
+    deltas, finish, usage = [], None, None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            deltas.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(deltas) == "hello big world hello big"
+    assert finish == "stop" and usage is not None and usage.completion_tokens == 5
+
+
+async def test_chat_audio_out(srv: Server) -> None:
+    out = await srv.client().chat.completions.create(
+        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=3,
+        modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+    msg = out.choices[0].message
+    assert msg.content == "hello big world"
+    assert msg.audio is not None and msg.audio.transcript and msg.audio.expires_at > 0
+    audio, rate = sf.read(io.BytesIO(base64.b64decode(msg.audio.data)))
+    assert rate == RATE and audio.shape == (3 * SAMPLES,)
+    assert 0.05 < np.abs(audio).max() <= 0.11  # the synthetic vocoder's 0.1 sine
+
+
+async def test_chat_audio_out_streaming(srv: Server) -> None:
+    stream = await srv.client().chat.completions.create(
+        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=3, stream=True,
+        modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
+    pcm, text, transcripts, ids = b"", "", [], set()
+    async for chunk in stream:
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        audio = getattr(delta, "audio", None)
+        if audio:
+            ids.add(audio.id)
+            pcm += base64.b64decode(audio.data or "")
+            transcripts.append(audio.transcript or "")
+    assert text == "hello big world"
+    assert len(pcm) == 3 * SAMPLES * 2 and len(ids) == 1
+    assert "".join(transcripts).split() == ["hello", "big", "world"]
+
+
+def _wav_b64(seconds: float, rate: int = 16000) -> str:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(int(seconds * rate), np.float32), rate, format="WAV")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _png_data_url() -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 6), (10, 20, 30)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+async def test_chat_audio_and_image_in(srv: Server) -> None:
+    content = [
+        {"type": "text", "text": "describe these"},
+        {"type": "image_url", "image_url": {"url": _png_data_url()}},
+        {"type": "input_audio", "input_audio": {"data": _wav_b64(0.2), "format": "wav"}},
+    ]
+    out = await srv.client().chat.completions.create(
+        model="omni-test", messages=[{"role": "system", "content": "be brief"},
+                                     {"role": "user", "content": content}], max_tokens=2)
+    assert out.choices[0].message.content == "describe these"
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm"])
+async def test_speech_formats(srv: Server, fmt: str) -> None:
+    resp = await srv.client().audio.speech.create(model="omni-test", input=PROMPT, voice="alloy",
+                                                  response_format=fmt)
+    data = resp.content
+    if fmt == "pcm":
+        assert len(data) == 4 * SAMPLES * 2
+        return
+    audio, rate = sf.read(io.BytesIO(data))
+    assert rate in (RATE, 48000) and audio.size > 0
+
+
+async def test_speech_with_streaming_response(srv: Server) -> None:
+    client = srv.client()
+    for fmt in ("wav", "pcm", "mp3"):
+        parts = []
+        async with client.audio.speech.with_streaming_response.create(
+                model="omni-test", input=PROMPT, voice="alloy", response_format=fmt,
+                extra_body={"stream": True}) as resp:
+            assert resp.headers.get("transfer-encoding") == "chunked"
+            async for part in resp.iter_bytes():
+                parts.append(part)
+        data = b"".join(parts)
+        if fmt == "pcm":
+            assert len(data) == 4 * SAMPLES * 2
+        else:
+            audio, _ = sf.read(io.BytesIO(data))
+            assert audio.size > 0
+
+
+async def test_speech_sse(srv: Server) -> None:
+    body = {"model": "omni-test", "input": PROMPT, "response_format": "pcm", "stream_format": "sse"}
+    status, raw = await post(srv, "/v1/audio/speech", body)
+    assert status == 200
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    import json
+
+    parsed = [json.loads(e) for e in events]
+    deltas = [p for p in parsed if p["type"] == "speech.audio.delta"]
+    assert sum(len(base64.b64decode(d["audio"])) for d in deltas) == 4 * SAMPLES * 2
+    assert parsed[-1]["type"] == "speech.audio.done" and parsed[-1]["usage"]["input_tokens"] == 3
+
+
+async def test_metrics_and_openapi(srv: Server) -> None:
+    await srv.client().chat.completions.create(
+        model="omni-test", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(srv.url + "/metrics") as resp:
+            text = await resp.text()
+        async with session.get(srv.url + "/openapi.json") as resp:
+            spec = await resp.json()
+    assert 'omni_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text
+    assert "omni_time_to_first_token_seconds_count" in text
+    assert 'omni_stage_queue_depth{model_stage="vocoder",stage_id="2"} 0.0' in text
+    validate(spec)
+    assert {"/v1/chat/completions", "/v1/audio/speech", "/v1/images/generations",
+            "/v1/models"} <= set(spec["paths"])
