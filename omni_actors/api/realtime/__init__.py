@@ -1,9 +1,44 @@
-"""The OpenAI-Realtime-compatible WebSocket endpoint (/v1/realtime)."""
+"""The OpenAI-Realtime-compatible WebSocket endpoint (/v1/realtime).
+
+    events.py     client/server events (beta and GA names), decode and encode
+    session.py    session config, conversation items, input audio buffer
+    audio.py      pcm16 / G.711, streaming resampler
+    vad.py        silero server VAD
+    responses.py  one response through the orchestrator, streamed as deltas
+    handler.py    the WebSocket handler: one receive loop per connection
+"""
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
+
+from omni_actors.api.realtime import handler, vad
+
+SESSIONS_KEY = web.AppKey("realtime_sessions", set)
 
 
 def add_routes(app: web.Application) -> None:
-    """Register /v1/realtime on `app` (filled in by the realtime package)."""
+    """Register GET /v1/realtime on `app`; the orchestrator is read from the app at request time."""
+    sessions: set = set()
+    app[SESSIONS_KEY] = sessions
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        from omni_actors.api.app import ORCH_KEY  # app.py imports this package; look it up late
+
+        return await handler.realtime_handler(request, request.app[ORCH_KEY], sessions)
+
+    async def warm_up(_app: web.Application) -> None:
+        await asyncio.get_running_loop().run_in_executor(handler.VAD_EXECUTOR, vad.warm_up)
+
+    async def close_all(_app: web.Application) -> None:
+        await asyncio.gather(*(s.ws.close(code=1001, message=b"server shutting down") for s in list(sessions)),
+                             return_exceptions=True)
+
+    app.router.add_get("/v1/realtime", route)
+    app.on_startup.append(warm_up)
+    app.on_shutdown.append(close_all)
+
+
+__all__ = ["SESSIONS_KEY", "add_routes"]

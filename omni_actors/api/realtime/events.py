@@ -1,0 +1,405 @@
+"""The Realtime wire protocol: client and server events as msgspec structs, beta and GA names.
+
+    decode_client(raw) -> ClientEvent          (raises BadEvent naming event_id and param)
+    encode_server(event, dialect) -> bytes     (the event's name in that dialect)
+
+Client events are one tagged union decoded in one pass. The session object of
+`session.update` accepts both shapes (beta: flat `input_audio_format`,
+`turn_detection`, `voice`...; GA: `type: "realtime"`, `audio.input.*`,
+`audio.output.*`, `output_modalities`); nested objects are lenient about
+fields we do not use. Server events carry their beta name; GA renames a few.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+Dialect = Literal["beta", "ga"]
+
+# ---- client events ---------------------------------------------------------------
+
+
+class TurnDetectionIn(msgspec.Struct, kw_only=True):
+    type: str = "server_vad"
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+class FormatIn(msgspec.Struct, kw_only=True):
+    type: str
+    rate: int | None = None
+
+
+class AudioInputIn(msgspec.Struct, kw_only=True):
+    format: FormatIn | str | UnsetType = UNSET
+    turn_detection: TurnDetectionIn | UnsetType | None = UNSET
+    transcription: dict[str, Any] | UnsetType | None = UNSET
+
+
+class AudioOutputIn(msgspec.Struct, kw_only=True):
+    format: FormatIn | str | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+    speed: float | UnsetType = UNSET
+
+
+class AudioIn(msgspec.Struct, kw_only=True):
+    input: AudioInputIn | UnsetType = UNSET
+    output: AudioOutputIn | UnsetType = UNSET
+
+
+class SessionIn(msgspec.Struct, kw_only=True):
+    type: str | UnsetType = UNSET  # GA: "realtime"
+    model: str | UnsetType = UNSET
+    instructions: str | UnsetType = UNSET
+    modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
+    output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
+    voice: str | UnsetType = UNSET
+    input_audio_format: str | UnsetType = UNSET
+    output_audio_format: str | UnsetType = UNSET
+    input_audio_transcription: dict[str, Any] | UnsetType | None = UNSET
+    turn_detection: TurnDetectionIn | UnsetType | None = UNSET
+    audio: AudioIn | UnsetType = UNSET
+    temperature: float | UnsetType = UNSET
+    max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    tools: list[dict[str, Any]] | UnsetType = UNSET
+    tool_choice: str | dict[str, Any] | UnsetType = UNSET
+
+
+class ContentIn(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+    audio: str | None = None
+    transcript: str | None = None
+
+
+class ItemIn(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[ContentIn] = []
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class ResponseIn(msgspec.Struct, kw_only=True):
+    modalities: list[Literal["text", "audio"]] | None = None
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    instructions: str | None = None
+    voice: str | None = None
+    output_audio_format: str | None = None
+    temperature: float | None = None
+    max_response_output_tokens: int | Literal["inf"] | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+    conversation: str | None = None  # "auto" | "none"
+    metadata: dict[str, Any] | None = None
+    input: list[ItemIn] | None = None
+
+
+class ClientEvent(msgspec.Struct, tag_field="type", kw_only=True):
+    event_id: str | None = None
+
+
+class SessionUpdate(ClientEvent, tag="session.update"):
+    session: SessionIn
+
+
+class BufferAppend(ClientEvent, tag="input_audio_buffer.append"):
+    audio: str
+
+
+class BufferCommit(ClientEvent, tag="input_audio_buffer.commit"):
+    pass
+
+
+class BufferClear(ClientEvent, tag="input_audio_buffer.clear"):
+    pass
+
+
+class ItemCreate(ClientEvent, tag="conversation.item.create"):
+    item: ItemIn
+    previous_item_id: str | None = None
+
+
+class ItemRetrieve(ClientEvent, tag="conversation.item.retrieve"):
+    item_id: str
+
+
+class ItemTruncate(ClientEvent, tag="conversation.item.truncate"):
+    item_id: str
+    audio_end_ms: int
+    content_index: int = 0
+
+
+class ItemDelete(ClientEvent, tag="conversation.item.delete"):
+    item_id: str
+
+
+class ResponseCreate(ClientEvent, tag="response.create"):
+    response: ResponseIn | None = None
+
+
+class ResponseCancel(ClientEvent, tag="response.cancel"):
+    response_id: str | None = None
+
+
+class OutputAudioClear(ClientEvent, tag="output_audio_buffer.clear"):
+    """GA (WebRTC/SIP) event; over a WebSocket the client owns playback, so this only acknowledges."""
+
+
+ClientEventT = (
+    SessionUpdate | BufferAppend | BufferCommit | BufferClear | ItemCreate | ItemRetrieve
+    | ItemTruncate | ItemDelete | ResponseCreate | ResponseCancel | OutputAudioClear
+)
+CLIENT_TYPES = frozenset(
+    cls.__struct_config__.tag for cls in ClientEventT.__args__  # type: ignore[attr-defined]
+)
+
+
+class _Envelope(msgspec.Struct):
+    type: Any = None
+    event_id: Any = None
+
+
+class BadEvent(Exception):
+    """A client event we cannot act on; becomes an `error` event, never a closed session."""
+
+    def __init__(self, message: str, *, code: str = "invalid_value", param: str | None = None,
+                 event_id: str | None = None, type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.code, self.param, self.event_id, self.type = message, code, param, event_id, type
+
+
+_decoder = msgspec.json.Decoder(ClientEventT)
+_envelope = msgspec.json.Decoder(_Envelope)
+_MISSING = re.compile(r"missing required field `(\w+)`")
+_AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.S)
+
+
+def decode_client(raw: str | bytes) -> ClientEventT:
+    try:
+        return _decoder.decode(raw)
+    except msgspec.DecodeError as err:
+        try:
+            env = _envelope.decode(raw)
+        except msgspec.DecodeError:
+            raise BadEvent(f"event is not a JSON object: {err}", code="invalid_json") from None
+        event_id = env.event_id if isinstance(env.event_id, str) else None
+        if not isinstance(env.type, str):
+            raise BadEvent("event has no string `type`", code="invalid_event", param="type",
+                           event_id=event_id) from None
+        if env.type not in CLIENT_TYPES:
+            raise BadEvent(f"unknown event type {env.type!r}", code="invalid_event", param="type",
+                           event_id=event_id) from None
+        match = _AT.match(str(err))
+        msg, param = (match.group(1), match.group(2)) if match else (str(err), None)
+        missing = _MISSING.search(msg)
+        if missing:
+            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
+        raise BadEvent(f"{env.type}: {msg}", param=param or None, event_id=event_id) from None
+
+
+# ---- server events ---------------------------------------------------------------
+
+GA_NAMES = {
+    "conversation.item.created": "conversation.item.added",
+    "response.text.delta": "response.output_text.delta",
+    "response.text.done": "response.output_text.done",
+    "response.audio.delta": "response.output_audio.delta",
+    "response.audio.done": "response.output_audio.done",
+    "response.audio_transcript.delta": "response.output_audio_transcript.delta",
+    "response.audio_transcript.done": "response.output_audio_transcript.done",
+}
+"""Beta name -> GA name where they differ (GA adds conversation.item.done; see session.py)."""
+
+
+class ServerEvent(msgspec.Struct, kw_only=True):
+    NAME: ClassVar[str] = ""
+    type: str = ""
+    event_id: str = ""
+
+
+class Error(ServerEvent, kw_only=True):
+    NAME = "error"
+    error: dict[str, Any]
+
+
+class SessionCreated(ServerEvent, kw_only=True):
+    NAME = "session.created"
+    session: dict[str, Any]
+
+
+class SessionUpdated(ServerEvent, kw_only=True):
+    NAME = "session.updated"
+    session: dict[str, Any]
+
+
+class ConversationCreated(ServerEvent, kw_only=True):
+    NAME = "conversation.created"
+    conversation: dict[str, Any]
+
+
+class BufferCommitted(ServerEvent, kw_only=True):
+    NAME = "input_audio_buffer.committed"
+    previous_item_id: str | None
+    item_id: str
+
+
+class BufferCleared(ServerEvent, kw_only=True):
+    NAME = "input_audio_buffer.cleared"
+
+
+class SpeechStarted(ServerEvent, kw_only=True):
+    NAME = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(ServerEvent, kw_only=True):
+    NAME = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+class ItemCreated(ServerEvent, kw_only=True):
+    NAME = "conversation.item.created"
+    previous_item_id: str | None
+    item: dict[str, Any]
+
+
+class ItemDone(ServerEvent, kw_only=True):
+    NAME = "conversation.item.done"  # GA only
+    previous_item_id: str | None
+    item: dict[str, Any]
+
+
+class ItemRetrieved(ServerEvent, kw_only=True):
+    NAME = "conversation.item.retrieved"
+    item: dict[str, Any]
+
+
+class ItemTruncated(ServerEvent, kw_only=True):
+    NAME = "conversation.item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ItemDeleted(ServerEvent, kw_only=True):
+    NAME = "conversation.item.deleted"
+    item_id: str
+
+
+class TranscriptionDelta(ServerEvent, kw_only=True):
+    NAME = "conversation.item.input_audio_transcription.delta"
+    item_id: str
+    content_index: int
+    delta: str
+
+
+class TranscriptionCompleted(ServerEvent, kw_only=True):
+    NAME = "conversation.item.input_audio_transcription.completed"
+    item_id: str
+    content_index: int
+    transcript: str
+
+
+class ResponseCreated(ServerEvent, kw_only=True):
+    NAME = "response.created"
+    response: dict[str, Any]
+
+
+class ResponseDone(ServerEvent, kw_only=True):
+    NAME = "response.done"
+    response: dict[str, Any]
+
+
+class OutputItemAdded(ServerEvent, kw_only=True):
+    NAME = "response.output_item.added"
+    response_id: str
+    output_index: int
+    item: dict[str, Any]
+
+
+class OutputItemDone(ServerEvent, kw_only=True):
+    NAME = "response.output_item.done"
+    response_id: str
+    output_index: int
+    item: dict[str, Any]
+
+
+class _PartEvent(ServerEvent, kw_only=True):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ContentPartAdded(_PartEvent, kw_only=True):
+    NAME = "response.content_part.added"
+    part: dict[str, Any]
+
+
+class ContentPartDone(_PartEvent, kw_only=True):
+    NAME = "response.content_part.done"
+    part: dict[str, Any]
+
+
+class TextDelta(_PartEvent, kw_only=True):
+    NAME = "response.text.delta"
+    delta: str
+
+
+class TextDone(_PartEvent, kw_only=True):
+    NAME = "response.text.done"
+    text: str
+
+
+class AudioDelta(_PartEvent, kw_only=True):
+    NAME = "response.audio.delta"
+    delta: str
+
+
+class AudioDone(_PartEvent, kw_only=True):
+    NAME = "response.audio.done"
+
+
+class TranscriptDelta(_PartEvent, kw_only=True):
+    NAME = "response.audio_transcript.delta"
+    delta: str
+
+
+class TranscriptDone(_PartEvent, kw_only=True):
+    NAME = "response.audio_transcript.done"
+    transcript: str
+
+
+class RateLimitsUpdated(ServerEvent, kw_only=True):
+    NAME = "rate_limits.updated"
+    rate_limits: list[dict[str, Any]]
+
+
+class OutputAudioCleared(ServerEvent, kw_only=True):
+    NAME = "output_audio_buffer.cleared"
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def server_name(event: ServerEvent, dialect: Dialect) -> str:
+    return GA_NAMES.get(event.NAME, event.NAME) if dialect == "ga" else event.NAME
+
+
+def encode_server(event: ServerEvent, dialect: Dialect, event_id: str) -> bytes:
+    event.type = server_name(event, dialect)
+    event.event_id = event_id
+    return _encoder.encode(event)

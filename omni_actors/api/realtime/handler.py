@@ -1,0 +1,358 @@
+"""The /v1/realtime WebSocket: one session object and one receive loop per connection.
+
+The loop decodes each client event and dispatches it with `match`. Audio is
+decoded, resampled to 16 kHz and run through the VAD off the event loop (one
+shared thread), in arrival order. Responses run as tasks (responses.py) that
+send their own deltas. Any bad event is answered with an `error` event and
+the session goes on; a closed or vanished client aborts its response in every
+stage of the pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import uuid
+from typing import Any
+
+import numpy as np
+from aiohttp import WSMsgType, web
+
+from omni_actors import logs
+from omni_actors.api.realtime import events as ev
+from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_wire
+from omni_actors.api.realtime.responses import Options, ResponseRun
+from omni_actors.api.realtime.session import (
+    Conversation,
+    InputBuffer,
+    Item,
+    Part,
+    SessionConfig,
+    apply_update,
+    item_from_client,
+    ms,
+    new_id,
+    render_item,
+    render_session,
+    truncate,
+)
+from omni_actors.api.realtime.vad import VAD_RATE, VadDetector, VadEvent
+from omni_actors.orchestrator.core import Orchestrator
+
+log = logs.get(__name__)
+
+MAX_EVENT_BYTES = 15 * 1024 * 1024 + 64 * 1024
+"""Largest client event we act on: a 15 MiB append plus its JSON envelope."""
+MAX_FRAME_BYTES = 2 * MAX_EVENT_BYTES
+"""aiohttp's limit; events between the two get an `error` event, larger ones close the socket (1009)."""
+HEARTBEAT_S = 20.0
+"""WebSocket ping interval; a client that stops answering is treated as gone."""
+MIN_COMMIT_MS = 100
+"""Shortest input buffer `input_audio_buffer.commit` accepts (as OpenAI's)."""
+INLINE_INGEST_SAMPLES = 4800
+"""Appends up to this many wire samples (200 ms at 24 kHz) without VAD are handled on the loop."""
+
+VAD_EXECUTOR = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="realtime-vad")
+"""One thread for decoding, resampling and VAD of every session (onnxruntime releases the GIL)."""
+
+
+class ClientGone(ConnectionError):
+    """The WebSocket closed while we were sending to it."""
+
+
+class RealtimeSession:
+    def __init__(self, ws: web.WebSocketResponse, orch: Orchestrator, model: str) -> None:
+        self.ws = ws
+        self.orch = orch
+        self.id = new_id("sess")
+        self.dialect: ev.Dialect = "beta"
+        audio_out = "audio" in orch.pipeline.output_types()
+        self.cfg = SessionConfig(model=model, modalities=("text", "audio") if audio_out else ("text",))
+        self.conversation = Conversation()
+        self.buffer = InputBuffer()
+        self.timeline = 0  # 16 kHz samples of input audio so far
+        self.response: ResponseRun | None = None
+        self._in = Resampler(24_000, VAD_RATE)
+        self._vad: VadDetector | None = None
+        self._speech_item: str | None = None
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._reset_vad()
+
+    # ---- sending ----
+
+    async def send(self, event: ev.ServerEvent) -> None:
+        if self.ws.closed:
+            raise ClientGone("websocket closed")
+        data = ev.encode_server(event, self.dialect, f"event_{self._prefix}{next(self._ids):x}")
+        try:
+            await self.ws.send_frame(data, WSMsgType.TEXT)
+        except ConnectionError as err:
+            raise ClientGone(str(err)) from err
+
+    async def send_error(self, err: ev.BadEvent) -> None:
+        await self.send(ev.Error(error={"type": err.type, "code": err.code, "message": err.message,
+                                        "param": err.param, "event_id": err.event_id}))
+
+    # ---- the loop ----
+
+    async def serve(self, idle_timeout_s: float) -> None:
+        await self.send(ev.SessionCreated(session=render_session(self.cfg, self.id, self.dialect)))
+        await self.send(ev.ConversationCreated(conversation={"id": self.conversation.id,
+                                                             "object": "realtime.conversation"}))
+        try:
+            while True:
+                try:
+                    msg = await self.ws.receive(timeout=idle_timeout_s)
+                except TimeoutError:
+                    if self.response is not None:
+                        continue
+                    log.info("realtime.idle_timeout", session_id=self.id)
+                    await self.ws.close(code=1000, message=b"idle timeout")
+                    return
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    await self._on_raw(msg.data)
+                elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                    return
+        except ClientGone:
+            return
+        finally:
+            await self._close_response()
+
+    async def _on_raw(self, raw: str | bytes) -> None:
+        try:
+            if len(raw) > MAX_EVENT_BYTES:
+                raise ev.BadEvent(f"event of {len(raw)} bytes exceeds the {MAX_EVENT_BYTES} byte limit",
+                                  code="event_too_large")
+            await self._dispatch(ev.decode_client(raw))
+        except ev.BadEvent as err:
+            await self.send_error(err)
+        except ClientGone:
+            raise
+        except Exception as err:  # connection boundary: report, log, keep the session
+            log.exception("realtime.event_failed", session_id=self.id, error=type(err).__name__)
+            await self.send_error(ev.BadEvent(f"internal error: {type(err).__name__}", code="server_error",
+                                              type="server_error"))
+
+    async def _dispatch(self, event: ev.ClientEventT) -> None:
+        eid = event.event_id
+        match event:
+            case ev.BufferAppend(audio=audio):
+                await self._append(audio, eid)
+            case ev.SessionUpdate(session=s):
+                await self._session_update(s, eid)
+            case ev.BufferCommit():
+                await self._commit_manual(eid)
+            case ev.BufferClear():
+                self.buffer.clear()
+                await self.send(ev.BufferCleared())
+            case ev.ItemCreate(item=it, previous_item_id=prev):
+                try:
+                    item = item_from_client(it, self.cfg.input_audio_format)
+                    prev = self.conversation.add(item, prev)
+                except ev.BadEvent as err:
+                    err.event_id = eid
+                    raise
+                await self._announce_item(item, prev)
+            case ev.ItemRetrieve(item_id=item_id):
+                item = self._item(item_id, eid)
+                await self.send(ev.ItemRetrieved(item=render_item(item, self.dialect, with_audio=True)))
+            case ev.ItemTruncate(item_id=item_id, content_index=ci, audio_end_ms=end):
+                await self._truncate(self._item(item_id, eid), ci, end, eid)
+            case ev.ItemDelete(item_id=item_id):
+                self._item(item_id, eid)
+                self.conversation.delete(item_id)
+                await self.send(ev.ItemDeleted(item_id=item_id))
+            case ev.ResponseCreate(response=r):
+                await self._create_response(r, eid)
+            case ev.ResponseCancel(response_id=rid):
+                if self.response is None or (rid is not None and rid != self.response.id):
+                    raise ev.BadEvent("no active response to cancel", code="response_cancel_not_active",
+                                      param="response_id" if rid else None, event_id=eid)
+                await self._cancel_response("client_cancelled")
+            case ev.OutputAudioClear():
+                await self.send(ev.OutputAudioCleared())
+
+    # ---- session and items ----
+
+    async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:
+        try:
+            cfg, dialect = apply_update(self.cfg, s)
+        except ev.BadEvent as err:
+            err.event_id = eid
+            raise
+        old, self.cfg = self.cfg, cfg
+        if dialect is not None:
+            self.dialect = dialect
+        if cfg.input_audio_format != old.input_audio_format:
+            self._in = Resampler(24_000 if cfg.input_audio_format == "pcm16" else 8_000, VAD_RATE)
+        if cfg.turn_detection != old.turn_detection:
+            self._reset_vad()
+        await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
+
+    def _reset_vad(self) -> None:
+        td = self.cfg.turn_detection
+        self._vad = VadDetector(td.vad_params(), origin=self.timeline) if td is not None else None
+        self._speech_item = None
+
+    def _item(self, item_id: str, eid: str | None) -> Item:
+        item = self.conversation.get(item_id)
+        if item is None:
+            raise ev.BadEvent(f"item {item_id!r} does not exist", code="item_not_found", param="item_id",
+                              event_id=eid)
+        return item
+
+    async def _announce_item(self, item: Item, prev: str | None) -> None:
+        rendered = render_item(item, self.dialect)
+        await self.send(ev.ItemCreated(previous_item_id=prev, item=rendered))
+        if self.dialect == "ga":
+            await self.send(ev.ItemDone(previous_item_id=prev, item=rendered))
+
+    async def _truncate(self, item: Item, ci: int, end_ms: int, eid: str | None) -> None:
+        if item.role != "assistant" or not 0 <= ci < len(item.content) or item.content[ci].type != "audio":
+            raise ev.BadEvent("only an assistant audio content part can be truncated", param="content_index",
+                              event_id=eid)
+        part = item.content[ci]
+        if not 0 <= end_ms <= part.audio_ms:
+            raise ev.BadEvent(f"audio_end_ms must be between 0 and the part's {part.audio_ms} ms",
+                              param="audio_end_ms", event_id=eid)
+        truncate(part, end_ms)
+        await self.send(ev.ItemTruncated(item_id=item.id, content_index=ci, audio_end_ms=end_ms))
+
+    # ---- input audio ----
+
+    def _ingest(self, b64: str) -> tuple[np.ndarray, list[VadEvent]]:
+        """Decode, resample to 16 kHz, run the VAD. Plain def: runs in VAD_EXECUTOR for big inputs."""
+        x, _rate = decode_wire(b64, self.cfg.input_audio_format)
+        x16 = self._in.push(x)
+        return x16, (self._vad.feed(x16) if self._vad is not None else [])
+
+    async def _append(self, b64: str, eid: str | None) -> None:
+        vad = self._vad
+        try:
+            if vad is None and len(b64) * 3 // 8 <= INLINE_INGEST_SAMPLES:
+                x16, turns = self._ingest(b64)
+            else:
+                loop = asyncio.get_running_loop()
+                x16, turns = await loop.run_in_executor(VAD_EXECUTOR, self._ingest, b64)
+        except AudioFormatError as err:
+            raise ev.BadEvent(str(err), param="audio", event_id=eid) from None
+        self.buffer.append(x16)
+        self.timeline += len(x16)
+        for turn in turns:
+            if turn.kind == "start":
+                await self._speech_started(turn.sample)
+            else:
+                await self._speech_stopped(turn.sample)
+        td = self.cfg.turn_detection
+        if vad is not None and td is not None and not vad.speaking:
+            self.buffer.drop_before(vad.position - td.prefix_padding_ms * VAD_RATE // 1000)
+
+    async def _speech_started(self, pos: int) -> None:
+        self._speech_item = new_id("item")
+        self.buffer.drop_before(pos)
+        await self.send(ev.SpeechStarted(audio_start_ms=ms(pos), item_id=self._speech_item))
+        td = self.cfg.turn_detection
+        if self.response is not None and td is not None and td.interrupt_response:
+            await self._cancel_response("turn_detected")
+
+    async def _speech_stopped(self, pos: int) -> None:
+        item_id = self._speech_item or new_id("item")
+        self._speech_item = None
+        await self.send(ev.SpeechStopped(audio_end_ms=ms(pos), item_id=item_id))
+        await self._commit(self.buffer.take(until=pos), item_id)
+        td = self.cfg.turn_detection
+        if td is not None and td.create_response and self.response is None:
+            await self._create_response(None, None)
+
+    async def _commit_manual(self, eid: str | None) -> None:
+        if ms(self.buffer.size) < MIN_COMMIT_MS:
+            raise ev.BadEvent(f"buffer too small: {ms(self.buffer.size)} ms of audio, need {MIN_COMMIT_MS} ms",
+                              code="input_audio_buffer_commit_empty", event_id=eid)
+        item_id = self._speech_item or new_id("item")
+        self._speech_item = None
+        await self._commit(self.buffer.take(), item_id)
+
+    async def _commit(self, audio: np.ndarray, item_id: str) -> None:
+        item = Item(id=item_id, role="user", content=[Part("input_audio", audio=audio)])
+        prev = self.conversation.add(item)
+        await self.send(ev.BufferCommitted(previous_item_id=prev, item_id=item_id))
+        await self._announce_item(item, prev)
+
+    # ---- responses ----
+
+    async def _create_response(self, r: ev.ResponseIn | None, eid: str | None) -> None:
+        if self.response is not None:
+            raise ev.BadEvent(f"conversation already has an active response {self.response.id}",
+                              code="conversation_already_has_active_response", event_id=eid)
+        try:
+            context = None
+            if r is not None and r.input is not None:
+                context = [item_from_client(it, self.cfg.input_audio_format) for it in r.input]
+            opts = Options.build(self.cfg, r, context)
+        except ev.BadEvent as err:
+            err.event_id = eid
+            raise
+        self.response = run = ResponseRun(self, opts)
+        run.start().add_done_callback(self._response_ended)
+
+    def _response_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            if not isinstance(err, ClientGone):
+                log.error("realtime.response_failed", session_id=self.id, error=repr(err))
+
+    async def _cancel_response(self, reason: str) -> None:
+        run = self.response
+        if run is None or run.task is None:
+            return
+        run.cancel(reason)
+        await asyncio.wait({run.task})
+
+    async def _close_response(self) -> None:
+        run = self.response
+        if run is not None and run.task is not None:
+            run.cancel("client_gone")
+            run.task.cancel()
+            await asyncio.wait({run.task})
+
+
+# ---- the route --------------------------------------------------------------------
+
+
+def _authorized(request: web.Request, keys: list[str]) -> bool:
+    if not keys:
+        return True
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("Bearer ") and auth[7:].strip() in keys:
+        return True
+    protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    prefix = "openai-insecure-api-key."
+    return any(p.startswith(prefix) and p[len(prefix):] in keys for p in protocols)
+
+
+async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: set[Any]) -> web.StreamResponse:
+    server = orch.deploy.server
+    if not _authorized(request, server.api_keys):
+        return web.json_response({"error": {"message": "invalid or missing API key", "type": "invalid_request_error",
+                                             "code": "invalid_api_key", "param": None}}, status=401)
+    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, compress=False, heartbeat=HEARTBEAT_S,
+                               protocols=("realtime",))
+    await ws.prepare(request)
+    if len(sessions) >= server.max_realtime_sessions:
+        log.warning("realtime.session_limit", limit=server.max_realtime_sessions)
+        await ws.close(code=1013, message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode())
+        return ws
+    model = request.query.get("model") or server.served_model_name or orch.deploy.pipeline
+    session = RealtimeSession(ws, orch, model)
+    sessions.add(session)
+    log.info("realtime.session_open", session_id=session.id, sessions=len(sessions))
+    try:
+        await session.serve(server.realtime_idle_timeout_s)
+    finally:
+        sessions.discard(session)
+        if not ws.closed:
+            await ws.close()
+        log.info("realtime.session_closed", session_id=session.id, sessions=len(sessions))
+    return ws

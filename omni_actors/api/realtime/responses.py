@@ -1,0 +1,326 @@
+"""One Realtime response: the conversation in, the orchestrator's stream out as deltas.
+
+    run = ResponseRun(host, options); host.response = run; task = run.start()
+    run.cancel("turn_detected"); await run.task          # aborts every stage, ends with response.done
+
+`host` is the connection's session (handler.py): it supplies `orch`, `cfg`,
+`conversation`, `dialect` and `send(event)`. Text chunks become text deltas (or,
+in an audio response, transcript deltas); audio chunks are resampled to the
+wire rate and sent as they arrive; a "transcript" chunk is the pipeline's
+transcription of the user's audio and is stored on that user item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from omni_actors import logs
+from omni_actors.api.realtime import events as ev
+from omni_actors.api.realtime.audio import Resampler, encode_wire, wire_rate
+from omni_actors.api.realtime.session import (
+    Conversation,
+    Item,
+    Part,
+    SessionConfig,
+    new_id,
+    render_item,
+    render_part,
+)
+from omni_actors.api.realtime.vad import VAD_RATE
+from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
+
+log = logs.get(__name__)
+
+AUDIO_TOKENS_PER_S = 10
+"""Usage estimate for audio: tokens per second (the pipeline reports no token counts)."""
+
+
+class Host(Protocol):
+    orch: Orchestrator
+    cfg: SessionConfig
+    conversation: Conversation
+    dialect: ev.Dialect
+    response: ResponseRun | None
+
+    async def send(self, event: ev.ServerEvent) -> None: ...
+
+
+@dataclass
+class Options:
+    """A response.create's settings, defaults filled from the session."""
+
+    modalities: tuple[str, ...]
+    instructions: str
+    voice: str
+    output_audio_format: str
+    temperature: float
+    max_output_tokens: int | None
+    in_conversation: bool = True
+    metadata: dict[str, Any] | None = None
+    context: list[Item] | None = None
+    """Out-of-band input items (response.input); None: the conversation."""
+
+    @classmethod
+    def build(cls, cfg: SessionConfig, r: ev.ResponseIn | None, context: list[Item] | None) -> Options:
+        r = r or ev.ResponseIn()
+        tokens = r.max_output_tokens if r.max_output_tokens is not None else r.max_response_output_tokens
+        if r.conversation not in (None, "auto", "none"):
+            raise ev.BadEvent("conversation must be 'auto' or 'none'", param="response.conversation")
+        return cls(
+            modalities=tuple(r.output_modalities or r.modalities or cfg.modalities),
+            instructions=cfg.instructions if r.instructions is None else r.instructions,
+            voice=r.voice or cfg.voice,
+            output_audio_format=r.output_audio_format or cfg.output_audio_format,
+            temperature=cfg.temperature if r.temperature is None else r.temperature,
+            max_output_tokens=cfg.max_output_tokens if tokens is None else (None if tokens == "inf" else tokens),
+            in_conversation=r.conversation != "none",
+            metadata=r.metadata,
+            context=context,
+        )
+
+
+def build_request(orch: Orchestrator, opts: Options, items: list[Item]) -> tuple[RequestSpec, Item | None]:
+    """The pipeline request for a response, and the user item whose audio it carries.
+
+    History goes as text `messages` (system instructions first). The newest
+    item, if it is user audio nobody transcribed yet, travels as `inputs["audio"]`
+    (float32, `sample_rate`) for the pipeline's ASR or audio encoder to read.
+    """
+    messages: list[dict[str, Any]] = []
+    if opts.instructions:
+        messages.append({"role": "system", "content": opts.instructions})
+    inputs: dict[str, Any] = {}
+    audio_item = items[-1] if items and items[-1].role == "user" and items[-1].pending_audio() is not None else None
+    for item in items:
+        if item is audio_item:
+            continue
+        if item.type == "function_call_output":
+            messages.append({"role": "tool", "content": item.output or ""})
+        elif item.type == "message" and item.text():
+            messages.append({"role": item.role, "content": item.text()})
+    inputs["messages"] = messages
+    if audio_item is not None:
+        inputs["audio"] = audio_item.pending_audio()
+        inputs["sample_rate"] = VAD_RATE
+    params: dict[str, Any] = {"temperature": opts.temperature, "voice": opts.voice, "modalities": list(opts.modalities)}
+    if opts.max_output_tokens is not None:
+        params["max_tokens"] = opts.max_output_tokens
+    pipe = orch.pipeline
+    outputs = pipe.output_types()
+    stages = None
+    if pipe.planner is None and ("audio" not in opts.modalities or "audio" not in outputs) and "text" in outputs:
+        stages = pipe.stages_for_outputs({"text"})
+    return RequestSpec(inputs=inputs, params=params, stages=stages), audio_item
+
+
+@dataclass
+class Usage:
+    input_text: int = 0
+    input_audio: int = 0
+    output_text: int = 0
+    output_audio: int = 0
+
+    def render(self) -> dict[str, Any]:
+        i, o = self.input_text + self.input_audio, self.output_text + self.output_audio
+        return {"total_tokens": i + o, "input_tokens": i, "output_tokens": o,
+                "input_token_details": {"text_tokens": self.input_text, "audio_tokens": self.input_audio,
+                                        "cached_tokens": 0},
+                "output_token_details": {"text_tokens": self.output_text, "audio_tokens": self.output_audio}}
+
+
+@dataclass
+class ResponseRun:
+    host: Host
+    opts: Options
+    id: str = field(default_factory=lambda: new_id("resp"))
+    status: str = "in_progress"
+    details: dict[str, Any] | None = None
+    usage: Usage = field(default_factory=Usage)
+    item: Item | None = None
+    stream: RequestStream | None = None
+    task: asyncio.Task | None = None
+    cancel_reason: str | None = None
+    _resampler: Resampler | None = None
+    _user_transcript: str = ""
+
+    # ---- control (called by the handler) ----
+
+    def start(self) -> asyncio.Task:
+        self.task = asyncio.ensure_future(self._run())
+        return self.task
+
+    def cancel(self, reason: str) -> None:
+        """Stop at once: abort the request in every stage; the task then sends response.done."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if self.stream is not None:
+            self.stream.abort()
+
+    @property
+    def audio(self) -> bool:
+        return "audio" in self.opts.modalities and "audio" in self.host.orch.pipeline.output_types()
+
+    def render(self) -> dict[str, Any]:
+        mods = "output_modalities" if self.host.dialect == "ga" else "modalities"
+        out = [render_item(self.item, self.host.dialect)] if self.item else []
+        return {"object": "realtime.response", "id": self.id, "status": self.status,
+                "status_details": self.details, "output": out, "usage": self.usage.render(),
+                "conversation_id": self.host.conversation.id if self.opts.in_conversation else None,
+                mods: list(self.opts.modalities), "voice": self.opts.voice,
+                "output_audio_format": self.opts.output_audio_format,
+                "max_output_tokens": "inf" if self.opts.max_output_tokens is None else self.opts.max_output_tokens,
+                "metadata": self.opts.metadata}
+
+    # ---- the run ----
+
+    def _part_event(self, cls: type, **kw: Any) -> ev.ServerEvent:
+        assert self.item is not None
+        return cls(response_id=self.id, item_id=self.item.id, **kw)
+
+    async def _run(self) -> None:
+        h = self.host
+        try:
+            await h.send(ev.ResponseCreated(response=self.render()))
+            items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
+            spec, audio_item = build_request(h.orch, self.opts, items)
+            self._count_input(spec)
+            try:
+                plan = h.orch.plan(spec)
+                self.stream = h.orch.submit(spec)
+            except (AdmissionError, StageUnavailable, ValueError) as err:
+                code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
+                return await self._finish("failed", {"type": "server_error", "code": code, "message": str(err)})
+            if self.cancel_reason:
+                self.stream.abort()
+            final = {h.orch.pipeline.stage(s).final_output_type for s in plan if h.orch.pipeline.stage(s).final_output}
+            await self._open_item()
+            error = await self._consume(audio_item, text_is_transcript="text" in final)
+            if self.cancel_reason:
+                return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
+            if error is not None:
+                return await self._finish("failed", {"type": "server_error", "code": type(error).__name__,
+                                                     "message": str(error)})
+            limit = self.opts.max_output_tokens
+            if limit is not None and self.usage.output_text >= limit:
+                return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+            await self._finish("completed", None)
+        finally:
+            if self.stream is not None and not self.stream.ended:
+                self.stream.abort()  # the task was cancelled or a send failed: stop every stage
+            if h.response is self:
+                h.response = None
+
+    async def _open_item(self) -> None:
+        h = self.host
+        self.item = Item(id=new_id("item"), role="assistant", status="in_progress",
+                         content=[Part("audio", transcript="") if self.audio else Part("text", text="")])
+        rendered = render_item(self.item, h.dialect)
+        await h.send(ev.OutputItemAdded(response_id=self.id, output_index=0, item={**rendered, "content": []}))
+        if self.opts.in_conversation:
+            prev = h.conversation.add(self.item)
+            await h.send(ev.ItemCreated(previous_item_id=prev, item={**rendered, "content": []}))
+        await h.send(self._part_event(ev.ContentPartAdded, part=render_part(self.item.content[0], h.dialect)))
+
+    async def _consume(self, audio_item: Item | None, text_is_transcript: bool) -> RequestError | None:
+        assert self.stream is not None
+        try:
+            async for chunk in self.stream:
+                if self.cancel_reason:
+                    break
+                await self._on_chunk(chunk, audio_item, text_is_transcript)
+        except RequestAborted as err:
+            return None if self.cancel_reason else err
+        except RequestError as err:
+            return err
+        return None
+
+    async def _on_chunk(self, chunk: StageChunk, audio_item: Item | None, text_is_transcript: bool) -> None:
+        part = self.item.content[0]  # type: ignore[union-attr]
+        data = chunk.data
+        match chunk.output_type:
+            case "text":
+                delta = str(data.get("text") or "")
+                if not delta:
+                    return
+                self.usage.output_text += 1
+                if part.type == "text":
+                    part.text = (part.text or "") + delta
+                    await self.host.send(self._part_event(ev.TextDelta, delta=delta))
+                elif text_is_transcript:
+                    part.transcript = (part.transcript or "") + delta
+                    await self.host.send(self._part_event(ev.TranscriptDelta, delta=delta))
+            case "audio" if part.type == "audio":
+                await self._on_audio(part, data, text_is_transcript)
+            case "transcript":
+                await self._on_user_transcript(audio_item, str(data.get("text") or ""), chunk.finished)
+
+    async def _on_audio(self, part: Part, data: dict[str, Any], text_is_transcript: bool) -> None:
+        start_ms = part.audio_ms
+        samples = data.get("audio")
+        if samples is not None and np.size(samples):
+            fmt = self.opts.output_audio_format
+            if self._resampler is None:
+                self._resampler = Resampler(int(data.get("sample_rate") or wire_rate(fmt)), wire_rate(fmt))
+            out = self._resampler.push(np.asarray(samples, np.float32).reshape(-1))
+            await self._send_audio(part, out)
+        piece = data.get("transcript")
+        if isinstance(piece, str) and piece:
+            part.segments.append((start_ms, piece))
+            if not text_is_transcript:
+                part.transcript = (part.transcript or "") + piece
+                await self.host.send(self._part_event(ev.TranscriptDelta, delta=piece))
+
+    async def _send_audio(self, part: Part, out: np.ndarray) -> None:
+        if not len(out):
+            return
+        fmt = self.opts.output_audio_format
+        part.audio_ms += len(out) * 1000 // wire_rate(fmt)
+        await self.host.send(self._part_event(ev.AudioDelta, delta=encode_wire(out, fmt)))
+
+    async def _on_user_transcript(self, item: Item | None, text: str, finished: bool) -> None:
+        self._user_transcript += text
+        if item is None or not finished:
+            return
+        for i, p in enumerate(item.content):
+            if p.type == "input_audio":
+                p.transcript = self._user_transcript.strip()
+                if self.host.cfg.input_audio_transcription is not None:
+                    await self.host.send(ev.TranscriptionCompleted(
+                        item_id=item.id, content_index=i, transcript=p.transcript))
+                return
+
+    def _count_input(self, spec: RequestSpec) -> None:
+        words = sum(len(str(m.get("content", "")).split()) for m in spec.inputs.get("messages", []))
+        self.usage.input_text = words
+        audio = spec.inputs.get("audio")
+        if audio is not None:
+            self.usage.input_audio = len(audio) * AUDIO_TOKENS_PER_S // VAD_RATE
+
+    async def _finish(self, status: str, details: dict[str, Any] | None) -> None:
+        h = self.host
+        self.status, self.details = status, details
+        if self.item is not None:
+            part = self.item.content[0]
+            if part.type == "audio":
+                if status != "cancelled" and self._resampler is not None:
+                    await self._send_audio(part, self._resampler.flush())
+                self.usage.output_audio = part.audio_ms * AUDIO_TOKENS_PER_S // 1000
+                await h.send(self._part_event(ev.AudioDone))
+                await h.send(self._part_event(ev.TranscriptDone, transcript=part.transcript or ""))
+            else:
+                await h.send(self._part_event(ev.TextDone, text=part.text or ""))
+            await h.send(self._part_event(ev.ContentPartDone, part=render_part(part, h.dialect)))
+            self.item.status = "completed" if status == "completed" else "incomplete"
+            rendered = render_item(self.item, h.dialect)
+            await h.send(ev.OutputItemDone(response_id=self.id, output_index=0, item=rendered))
+            if h.dialect == "ga" and self.opts.in_conversation:
+                await h.send(ev.ItemDone(previous_item_id=None, item=rendered))
+        await h.send(ev.ResponseDone(response=self.render()))
+        log.info("realtime.response_done", response_id=self.id, status=status,
+                 reason=(details or {}).get("reason"), audio_ms=self.item.content[0].audio_ms if self.item else 0)

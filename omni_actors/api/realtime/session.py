@@ -1,0 +1,370 @@
+"""Realtime session state: configuration, the conversation's items, the input audio buffer.
+
+Plain data and plain `def`s; the connection handler owns one `SessionState`
+and is its only writer. Audio inside the session is float32 at VAD_RATE
+(16 kHz); positions are sample counts on the session's input timeline.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from msgspec import UNSET
+
+from omni_actors.api.realtime import events as ev
+from omni_actors.api.realtime.audio import FORMATS, WIRE_RATE, decode_wire, pcm16_bytes, resample
+from omni_actors.api.realtime.vad import VAD_RATE, VadParams
+
+VAD_TYPES = ("server_vad", "semantic_vad")
+"""semantic_vad is accepted and served by the same silero detector."""
+GA_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+BETA_TO_GA_FORMAT = {v: k for k, v in GA_FORMATS.items()}
+DEFAULT_VOICE = "alloy"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def ms(samples: int, rate: int = VAD_RATE) -> int:
+    return samples * 1000 // rate
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    type: str = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def vad_params(self) -> VadParams:
+        return VadParams(self.threshold, self.prefix_padding_ms, self.silence_duration_ms)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    model: str
+    modalities: tuple[str, ...] = ("text", "audio")
+    instructions: str = ""
+    voice: str = DEFAULT_VOICE
+    input_audio_format: str = "pcm16"
+    output_audio_format: str = "pcm16"
+    input_audio_transcription: dict[str, Any] | None = None
+    turn_detection: TurnDetection | None = TurnDetection()
+    temperature: float = 0.8
+    max_output_tokens: int | None = None
+    """None means "inf"."""
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: Any = "auto"
+
+
+def _format(value: Any, param: str) -> str:
+    if isinstance(value, ev.FormatIn):
+        fmt = GA_FORMATS.get(value.type)
+        if fmt is None:
+            raise ev.BadEvent(f"unsupported audio format {value.type!r}; expected one of {sorted(GA_FORMATS)}",
+                              param=f"{param}.type")
+        if fmt == "pcm16" and value.rate not in (None, WIRE_RATE):
+            raise ev.BadEvent(f"audio/pcm rate must be {WIRE_RATE}", param=f"{param}.rate")
+        return fmt
+    fmt = GA_FORMATS.get(value, value)
+    if fmt not in FORMATS:
+        raise ev.BadEvent(f"unsupported audio format {value!r}; expected one of {list(FORMATS)}", param=param)
+    return fmt
+
+
+def _turn_detection(td: ev.TurnDetectionIn | None, old: TurnDetection | None, param: str) -> TurnDetection | None:
+    if td is None:
+        return None
+    if td.type not in VAD_TYPES:
+        raise ev.BadEvent(f"unsupported turn_detection type {td.type!r}; expected one of {list(VAD_TYPES)}",
+                          param=f"{param}.type")
+    base = old if old is not None and old.type == td.type else TurnDetection(type=td.type)
+    out = replace(base, **{k: getattr(td, k) for k in (
+        "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response", "interrupt_response")
+        if getattr(td, k) is not None})
+    if not 0.0 <= out.threshold <= 1.0:
+        raise ev.BadEvent("threshold must be between 0 and 1", param=f"{param}.threshold")
+    if out.prefix_padding_ms < 0 or out.silence_duration_ms < 0:
+        raise ev.BadEvent("durations must not be negative", param=f"{param}.silence_duration_ms")
+    return out
+
+
+def _tokens(value: Any) -> int | None:
+    return None if value == "inf" else int(value)
+
+
+def apply_update(cfg: SessionConfig, s: ev.SessionIn) -> tuple[SessionConfig, ev.Dialect | None]:
+    """The config after a session.update, and the dialect it signals (GA if `type: realtime`)."""
+    dialect: ev.Dialect | None = None
+    if s.type is not UNSET:
+        if s.type != "realtime":
+            raise ev.BadEvent(f"unsupported session type {s.type!r}; expected 'realtime'", param="session.type")
+        dialect = "ga"
+    new: dict[str, Any] = {}
+    for key in ("instructions", "voice", "temperature", "tool_choice"):
+        if getattr(s, key) is not UNSET:
+            new[key] = getattr(s, key)
+    for key in ("modalities", "output_modalities"):
+        if getattr(s, key) is not UNSET:
+            new["modalities"] = tuple(dict.fromkeys(getattr(s, key)))
+    if s.tools is not UNSET:
+        new["tools"] = tuple(s.tools)
+    for key in ("max_response_output_tokens", "max_output_tokens"):
+        if getattr(s, key) is not UNSET:
+            new["max_output_tokens"] = _tokens(getattr(s, key))
+    if s.input_audio_format is not UNSET:
+        new["input_audio_format"] = _format(s.input_audio_format, "session.input_audio_format")
+    if s.output_audio_format is not UNSET:
+        new["output_audio_format"] = _format(s.output_audio_format, "session.output_audio_format")
+    if s.input_audio_transcription is not UNSET:
+        new["input_audio_transcription"] = s.input_audio_transcription
+    if s.turn_detection is not UNSET:
+        new["turn_detection"] = _turn_detection(s.turn_detection, cfg.turn_detection, "session.turn_detection")
+    if s.audio is not UNSET:
+        a_in, a_out = s.audio.input, s.audio.output
+        if a_in is not UNSET:
+            if a_in.format is not UNSET:
+                new["input_audio_format"] = _format(a_in.format, "session.audio.input.format")
+            if a_in.transcription is not UNSET:
+                new["input_audio_transcription"] = a_in.transcription
+            if a_in.turn_detection is not UNSET:
+                new["turn_detection"] = _turn_detection(
+                    a_in.turn_detection, cfg.turn_detection, "session.audio.input.turn_detection")
+        if a_out is not UNSET:
+            if a_out.format is not UNSET:
+                new["output_audio_format"] = _format(a_out.format, "session.audio.output.format")
+            if a_out.voice is not UNSET:
+                new["voice"] = a_out.voice
+    if s.model is not UNSET:
+        new["model"] = s.model
+    return replace(cfg, **new), dialect
+
+
+def _render_td(td: TurnDetection | None) -> dict[str, Any] | None:
+    return None if td is None else td.__dict__.copy()
+
+
+def render_session(cfg: SessionConfig, session_id: str, dialect: ev.Dialect) -> dict[str, Any]:
+    tokens = "inf" if cfg.max_output_tokens is None else cfg.max_output_tokens
+    if dialect == "ga":
+        def fmt(f: str) -> dict[str, Any]:
+            return {"type": BETA_TO_GA_FORMAT[f], **({"rate": WIRE_RATE} if f == "pcm16" else {})}
+        return {
+            "type": "realtime", "object": "realtime.session", "id": session_id, "model": cfg.model,
+            "output_modalities": list(cfg.modalities), "instructions": cfg.instructions,
+            "audio": {
+                "input": {"format": fmt(cfg.input_audio_format), "transcription": cfg.input_audio_transcription,
+                          "turn_detection": _render_td(cfg.turn_detection), "noise_reduction": None},
+                "output": {"format": fmt(cfg.output_audio_format), "voice": cfg.voice, "speed": 1.0},
+            },
+            "tools": list(cfg.tools), "tool_choice": cfg.tool_choice, "max_output_tokens": tokens,
+        }
+    return {
+        "id": session_id, "object": "realtime.session", "model": cfg.model,
+        "modalities": list(cfg.modalities), "instructions": cfg.instructions, "voice": cfg.voice,
+        "input_audio_format": cfg.input_audio_format, "output_audio_format": cfg.output_audio_format,
+        "input_audio_transcription": cfg.input_audio_transcription,
+        "turn_detection": _render_td(cfg.turn_detection), "tools": list(cfg.tools),
+        "tool_choice": cfg.tool_choice, "temperature": cfg.temperature,
+        "max_response_output_tokens": tokens,
+    }
+
+
+# ---- conversation items ---------------------------------------------------------
+
+
+@dataclass
+class Part:
+    type: str
+    """input_text | input_audio (user, system) | text | audio (assistant)."""
+    text: str | None = None
+    transcript: str | None = None
+    audio: np.ndarray | None = None
+    """User audio, float32 at VAD_RATE."""
+    audio_ms: int = 0
+    """Assistant audio: milliseconds produced (or heard, after a truncate)."""
+    segments: list[tuple[int, str]] = field(default_factory=list)
+    """Assistant audio: (start_ms, transcript piece) per audio chunk that carried one."""
+
+
+@dataclass
+class Item:
+    id: str
+    role: str | None
+    content: list[Part] = field(default_factory=list)
+    type: str = "message"
+    status: str = "completed"
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+    def text(self) -> str:
+        """What this item says, as text (for the next response's context)."""
+        return " ".join(p.text or p.transcript or "" for p in self.content).strip()
+
+    def pending_audio(self) -> np.ndarray | None:
+        """Untranscribed user audio, if this item has any."""
+        for p in self.content:
+            if p.type == "input_audio" and p.audio is not None and not p.transcript:
+                return p.audio
+        return None
+
+
+_PART_NAMES = {"beta": {"text": "text", "audio": "audio"}, "ga": {"text": "output_text", "audio": "output_audio"}}
+
+
+def render_part(p: Part, dialect: ev.Dialect, with_audio: bool = False) -> dict[str, Any]:
+    if p.type == "input_text":
+        return {"type": "input_text", "text": p.text or ""}
+    if p.type == "input_audio":
+        out: dict[str, Any] = {"type": "input_audio", "transcript": p.transcript}
+        if with_audio and p.audio is not None:
+            out["audio"] = base64.b64encode(pcm16_bytes(resample(p.audio, VAD_RATE, WIRE_RATE))).decode()
+        return out
+    name = _PART_NAMES[dialect][p.type]
+    return {"type": name, "text": p.text or ""} if p.type == "text" else {"type": name, "transcript": p.transcript or ""}
+
+
+def render_item(item: Item, dialect: ev.Dialect, with_audio: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": item.id, "object": "realtime.item", "type": item.type, "status": item.status}
+    if item.type == "message":
+        out["role"] = item.role
+        out["content"] = [render_part(p, dialect, with_audio) for p in item.content]
+    elif item.type == "function_call":
+        out.update(call_id=item.call_id, name=item.name, arguments=item.arguments or "")
+    else:
+        out.update(call_id=item.call_id, output=item.output or "")
+    return out
+
+
+def item_from_client(it: ev.ItemIn, input_format: str) -> Item:
+    """A client-created item; its audio parts are decoded to VAD_RATE float32."""
+    if it.type == "message" and it.role is None:
+        raise ev.BadEvent("a message item needs a role", param="item.role")
+    parts = []
+    for i, c in enumerate(it.content):
+        if c.type in ("input_text", "text", "output_text"):
+            kind = "input_text" if it.role in ("user", "system") else "text"
+            parts.append(Part(kind, text=c.text or ""))
+        elif c.type == "input_audio":
+            audio = None
+            if c.audio:
+                try:
+                    x, rate = decode_wire(c.audio, input_format)
+                except ValueError as err:
+                    raise ev.BadEvent(str(err), param=f"item.content[{i}].audio") from None
+                audio = resample(x, rate, VAD_RATE)
+            parts.append(Part("input_audio", audio=audio, transcript=c.transcript))
+        elif c.type in ("audio", "output_audio"):
+            parts.append(Part("audio", transcript=c.transcript or ""))
+        else:
+            raise ev.BadEvent(f"unsupported content type {c.type!r}", param=f"item.content[{i}].type")
+    return Item(id=it.id or new_id("item"), role=it.role, content=parts, type=it.type,
+                call_id=it.call_id, name=it.name, arguments=it.arguments, output=it.output)
+
+
+class Conversation:
+    """Ordered items, by id."""
+
+    def __init__(self) -> None:
+        self.id = new_id("conv")
+        self.items: list[Item] = []
+
+    def get(self, item_id: str) -> Item | None:
+        return next((i for i in self.items if i.id == item_id), None)
+
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after `previous_item_id` (default: at the end); returns the id it follows."""
+        if self.get(item.id) is not None:
+            raise ev.BadEvent(f"item {item.id!r} already exists", param="item.id", code="duplicate_item_id")
+        if previous_item_id is None:
+            prev = self.last_id()
+            self.items.append(item)
+            return prev
+        if previous_item_id == "root":
+            self.items.insert(0, item)
+            return None
+        for i, other in enumerate(self.items):
+            if other.id == previous_item_id:
+                self.items.insert(i + 1, item)
+                return previous_item_id
+        raise ev.BadEvent(f"previous item {previous_item_id!r} not found", param="previous_item_id",
+                          code="item_not_found")
+
+    def delete(self, item_id: str) -> bool:
+        item = self.get(item_id)
+        if item is not None:
+            self.items.remove(item)
+        return item is not None
+
+
+class InputBuffer:
+    """Uncommitted input audio at VAD_RATE; `start` is the timeline position of its first sample."""
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.start = 0
+        self.size = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def append(self, x: np.ndarray) -> None:
+        if len(x):
+            self.chunks.append(x)
+            self.size += len(x)
+
+    def _joined(self) -> np.ndarray:
+        if len(self.chunks) != 1:
+            self.chunks = [np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)]
+        return self.chunks[0]
+
+    def drop_before(self, pos: int) -> None:
+        """Forget audio before timeline position `pos` (VAD keeps only the prefix padding)."""
+        cut = min(max(0, pos - self.start), self.size)
+        if cut:
+            self.chunks = [self._joined()[cut:]]
+            self.start += cut
+            self.size -= cut
+
+    def take(self, until: int | None = None) -> np.ndarray:
+        """Remove and return the audio up to timeline position `until` (default: all)."""
+        data = self._joined()
+        cut = self.size if until is None else min(max(0, until - self.start), self.size)
+        out, rest = data[:cut], data[cut:]
+        self.chunks, self.start, self.size = [rest], self.start + cut, len(rest)
+        return out
+
+    def clear(self) -> None:
+        self.take()
+
+
+def truncate(part: Part, audio_end_ms: int) -> None:
+    """Cut an assistant audio part to what the user heard; its transcript follows.
+
+    With per-chunk transcript pieces, keep the pieces whose audio started
+    before the cut; otherwise keep the share of words the heard share of audio
+    would carry.
+    """
+    if audio_end_ms >= part.audio_ms:
+        return
+    if part.segments:
+        part.transcript = "".join(piece for start, piece in part.segments if start < audio_end_ms).strip()
+        part.segments = [(s, p) for s, p in part.segments if s < audio_end_ms]
+    else:
+        words = (part.transcript or "").split()
+        keep = len(words) * audio_end_ms // max(1, part.audio_ms)
+        part.transcript = " ".join(words[:keep])
+    part.audio_ms = audio_end_ms
