@@ -203,6 +203,8 @@ def decode_audio(data: bytes, fmt: str, param: str) -> tuple[np.ndarray, int]:
         return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, PCM16_INPUT_RATE
     try:
         audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, TypeError) as err:
+    except sf.LibsndfileError as err:
+        raise bad_request(f"cannot decode {fmt} audio: {err.error_string}", param, "invalid_audio") from None
+    except (RuntimeError, TypeError) as err:
         raise bad_request(f"cannot decode {fmt} audio: {err}", param, "invalid_audio") from None
     return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), int(rate)

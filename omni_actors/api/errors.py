@@ -81,6 +81,9 @@ class ApiError(Exception):
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
+    """A 400 whose message names the field (`param`) too, for clients that show only the message."""
+    if param and param not in message:
+        message = f"{message} (field `{param}`)"
     return ApiError(400, message, param, code)
 
 

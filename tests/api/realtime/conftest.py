@@ -1,0 +1,127 @@
+"""Realtime test helpers: a synthetic pipeline behind a real server, WebSocket clients, espeak speech."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+
+from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
+from tests.api.conftest import Server, serve
+
+STEP_MS = 20
+"""Synthetic compute per step: a default response (8 chunks) takes ~200 ms."""
+MODEL_RATE = 22_050
+"""The synthetic vocoder's rate, unlike the wire's, so output resampling is exercised."""
+STAGES = [
+    {"stage_id": 0, "engine_extras": {"chunks": 8, "step_delay_ms": STEP_MS}},
+    {"stage_id": 1, "engine_extras": {"step_delay_ms": 2}},
+    {"stage_id": 2, "engine_extras": {"sample_rate": MODEL_RATE, "samples": 2205, "step_delay_ms": 2}},
+]
+EVENT_TIMEOUT_S = 10.0
+
+
+def speak(text: str, tmp: Path) -> np.ndarray:
+    """espeak-ng speech for `text`, float32 mono at the wire rate."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    wav = tmp / f"{abs(hash(text))}.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
+    x, rate = sf.read(wav, dtype="float32")
+    return resample(x, rate, WIRE_RATE)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * WIRE_RATE), np.float32)
+
+
+def b64(x: np.ndarray) -> str:
+    return base64.b64encode(pcm16_bytes(x)).decode()
+
+
+def pcm(delta: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(delta), "<i2").astype(np.float32) / 32768
+
+
+class Client:
+    """One realtime WebSocket connection with helpers to send events and wait for others."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.seen: list[dict[str, Any]] = []
+        self._n = 0
+
+    async def send(self, type: str, **fields: Any) -> str:
+        self._n += 1
+        event_id = fields.pop("event_id", f"c{self._n}")
+        await self.ws.send_json({"type": type, "event_id": event_id, **fields})
+        return event_id
+
+    async def append(self, audio: np.ndarray, chunk_s: float = 0.1, pace: float = 0.0) -> None:
+        """Stream audio in chunks (pace 1.0 = real time; 0 = as fast as possible)."""
+        step = int(chunk_s * WIRE_RATE)
+        for i in range(0, len(audio), step):
+            await self.send("input_audio_buffer.append", audio=b64(audio[i:i + step]))
+            if pace:
+                await asyncio.sleep(chunk_s / pace)
+
+    async def recv(self, timeout_s: float = EVENT_TIMEOUT_S) -> dict[str, Any]:
+        msg = await self.ws.receive(timeout=timeout_s)
+        assert msg.type == aiohttp.WSMsgType.TEXT, f"unexpected frame {msg.type} {msg.data!r}"
+        event = msg.json()
+        self.seen.append(event)
+        return event
+
+    async def until(self, type: str, timeout_s: float = EVENT_TIMEOUT_S) -> list[dict[str, Any]]:
+        """Events received up to and including the first of `type`."""
+        out = []
+        while True:
+            event = await self.recv(timeout_s)
+            out.append(event)
+            if event["type"] == type:
+                return out
+
+
+async def connect(srv: Server, session: aiohttp.ClientSession, **session_fields: Any) -> Client:
+    ws = await session.ws_connect(f"{srv.url}/v1/realtime?model=synthetic", headers=srv.headers,
+                                  max_msg_size=0, autoclose=False)
+    client = Client(ws)
+    assert (await client.recv())["type"] == "session.created"
+    assert (await client.recv())["type"] == "conversation.created"
+    if session_fields:
+        await client.send("session.update", session=session_fields)
+        await client.until("session.updated")
+    return client
+
+
+def of_type(events: list[dict[str, Any]], type: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == type]
+
+
+def response_audio(events: list[dict[str, Any]]) -> np.ndarray:
+    deltas = [pcm(e["delta"]) for e in events if e["type"] in ("response.audio.delta", "response.output_audio.delta")]
+    return np.concatenate(deltas) if deltas else np.zeros(0, np.float32)
+
+
+@pytest.fixture(scope="module")
+async def srv() -> AsyncIterator[Server]:
+    async with serve("synthetic", stages=STAGES, server={"max_realtime_sessions": 16}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    tmp = tmp_path_factory.mktemp("speech")
+    return {
+        "hello": speak("Hello there, what is the weather like in Paris today?", tmp),
+        "stop": speak("Wait, stop, tell me about Rome instead.", tmp),
+    }
