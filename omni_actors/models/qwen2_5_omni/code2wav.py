@@ -1,0 +1,107 @@
+"""Code2wav adapter for GenerationEngine: Qwen2.5-Omni's Token2Wav (DiT flow matching + BigVGAN).
+
+Decoding runs in float32 (the model needs it). The DiT is not causal, so a
+window carries right context (lookahead) as well as left context, and chunk
+boundaries are close to, not bit-equal with, a whole-utterance decode. The
+flow's starting noise is drawn per code position from the request's seed, so
+a position gets the same noise whichever window decodes it, and a request
+decodes the same alone or batched.
+
+Inputs: {"codes": int [n]} (talker codes), optional "speaker".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.workers.engines.generation import GenerationAdapter
+
+DEFAULT_SPEAKER = "Chelsie"
+NUM_STEPS = 10
+GUIDANCE_SCALE = 0.5
+SWAY_COEFFICIENT = -1.0
+
+
+class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
+    sample_rate = 24000
+    chunk_size = 24
+    first_chunk_size = 12
+    left_context = 24
+    right_context = 12
+
+    def load(self) -> None:
+        from transformers import Qwen2_5OmniToken2WavModel
+
+        path = check_checkpoint(self.ctx.model_path, ("config.json", "spk_dict.pt"))
+        config = load_config(path).token2wav_config
+        self.model = load_part(
+            Qwen2_5OmniToken2WavModel, path, config, "token2wav", self.ctx, float32=True
+        )
+        try:
+            self.speakers = torch.load(path / "spk_dict.pt", weights_only=True)
+        except Exception as err:
+            raise ValueError(f"{path / 'spk_dict.pt'}: cannot read speakers ({err})") from err
+        dit, vocoder = config.dit_config, config.bigvgan_config
+        self.repeats, self.mel_dim = dit.repeats, dit.mel_dim
+        hop = 1
+        for rate in vocoder.upsample_rates:
+            hop *= rate
+        self.samples_per_code = self.repeats * hop
+
+    def start(self, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
+        speaker = params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER
+        if speaker not in self.speakers:
+            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(self.speakers)}")
+        return {"speaker": speaker, "seed": int(params.get("seed") or 0)}
+
+    def batch_key(self, data: Any) -> Any:
+        return data["speaker"]  # reference mels of one speaker share a length
+
+    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        if "codes" not in inputs:
+            return None
+        return torch.as_tensor(inputs["codes"], dtype=torch.long).reshape(-1)
+
+    def _noise(self, seed: int, start: int, length: int) -> torch.Tensor:
+        rows = []
+        for pos in range(start, start + length):
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + pos)
+            rows.append(torch.randn(self.repeats, self.mel_dim, generator=gen))
+        return torch.cat(rows)
+
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+        dev = self.ctx.device
+        spk = [self.speakers[d["speaker"]] for d in data]
+        codes = torch.stack(windows).to(dev)
+        cond = torch.stack([s["cond"].float().reshape(-1) for s in spk]).to(dev)
+        ref = torch.cat([s["ref_mel"].float().reshape(1, -1, self.mel_dim) for s in spk]).to(dev)
+        noise = torch.stack(
+            [
+                self._noise(d["seed"], s, len(w))
+                for d, s, w in zip(data, starts, windows, strict=True)
+            ]
+        ).to(dev)
+        dit = self.model.code2wav_dit_model
+        frames = noise.shape[1]
+        cond = cond[:, None].repeat(1, frames, 1)
+
+        def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            out = dit(
+                hidden_states=x, quantized_code=codes, speaker_embedding=cond,
+                condition_vector=ref, time_step=t, apply_cfg=True,
+            )  # fmt: skip
+            guided, null = torch.chunk(out, 2, dim=0)
+            return guided + (guided - null) * GUIDANCE_SCALE
+
+        times = torch.linspace(0, 1, NUM_STEPS, device=dev)
+        times = times + SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
+        mel = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)[-1]
+        wav = self.model.code2wav_bigvgan_model(mel.permute(0, 2, 1))
+        return list(wav.reshape(len(windows), -1))

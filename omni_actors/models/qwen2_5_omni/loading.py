@@ -1,0 +1,68 @@
+"""Loading one part (thinker, talker, vocoder) of a Qwen-Omni checkpoint folder, checked first.
+
+A Qwen-Omni folder holds every stage's weights in one state dict under a
+prefix per part ("thinker.", "talker.", "token2wav." / "code2wav."). Each
+stage worker loads only its own part with `from_pretrained` (a key mapping
+strips the prefix) and, where it needs them, single tensors of another part
+(the talker reads the thinker's token embeddings) straight from safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omni_actors.workers.engines.hf_ar import DTYPES, check_checkpoint
+
+__all__ = ["DTYPES", "check_checkpoint", "load_config", "load_part", "load_tensor"]
+
+
+def load_config(path: Path) -> Any:
+    """The folder's full config, with a message naming config.json when it does not parse."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as err:
+        raise ValueError(f"{path / 'config.json'}: cannot build the model config ({err})") from err
+
+
+def load_part(
+    cls: Any, path: Path, sub_config: Any, prefix: str, ctx: Any, float32: bool = False
+) -> Any:
+    """`cls` built from `sub_config` with the weights under `prefix.` in the folder, in eval mode."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    dtype = (
+        torch.float32 if float32 or ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
+    )
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the other parts' weights are "unexpected" by design
+    try:
+        model = cls.from_pretrained(
+            path, config=sub_config, dtype=dtype, key_mapping={rf"^{prefix}\.": ""}
+        )
+    except Exception as err:
+        raise ValueError(f"{path}: cannot load the {prefix} weights ({err})") from err
+    finally:
+        hf_logging.set_verbosity(level)
+    return model.to(ctx.device).eval()
+
+
+def load_tensor(path: Path, name: str) -> Any:
+    """One tensor of the folder's safetensors weights (sharded or not), read alone."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        file = path / json.loads(index.read_text())["weight_map"][name]
+    else:
+        file = path / "model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: weights file is missing")
+    with safe_open(str(file), framework="pt") as f:
+        if name not in f.keys():  # noqa: SIM118 - safe_open has no __contains__
+            raise KeyError(f"{file}: no tensor {name}")
+        return f.get_tensor(name)
