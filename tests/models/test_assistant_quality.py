@@ -82,6 +82,20 @@ def test_asr_streamed_input_matches_whole(asr):
     assert outputs["streamed"][0].payload["text"] == outputs["whole"][0].payload["text"] != ""
 
 
+def test_asr_long_form(asr):
+    """Audio past Whisper's 30 s window goes through faster-whisper's long-form path."""
+    refs = _librivox()
+    gap = np.zeros(8000, np.float32)
+    clips = [sf.read(LIBRIVOX / f"{name}.wav", dtype="float32")[0] for name in refs]
+    audio = np.concatenate([x for clip in clips * 2 for x in (clip, gap)])
+    assert audio.size > 30 * 16000
+    asr.add("long", {"audio": audio, "sample_rate": 16000}, {})
+    text = drain(asr)["long"][0].payload["text"]
+    score = wer([" ".join(list(refs.values()) * 2)], [text])
+    print(f"asr long-form WER {score:.3f}")
+    assert score <= ASR_MAX_WER, text
+
+
 def test_tts_intelligibility(assistant_dir, asr):
     """Ten sentences through tts and (chunk-streamed) vocoder, transcribed back by the asr."""
     tts = PiperAcousticEngine(engine_ctx(assistant_dir, "tts"))
