@@ -85,6 +85,7 @@ def _build_llm(out: Path) -> None:
     cfg = loaded.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg.pop("_name_or_path", None)
+    cfg.pop("_model_name_or_path", None)
     config = AutoConfig.for_model(**cfg)
     config.dtype = LLM_DTYPE
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, LLM_DTYPE))
