@@ -185,6 +185,15 @@ _MISSING = re.compile(r"missing required field `(\w+)`")
 _AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.S)
 
 
+def event_id_of(raw: str | bytes) -> str | None:
+    """The `event_id` of an event we will not decode in full (best effort)."""
+    try:
+        env = _envelope.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return env.event_id if isinstance(env.event_id, str) else None
+
+
 def decode_client(raw: str | bytes) -> ClientEventT:
     try:
         return _decoder.decode(raw)

@@ -124,7 +124,7 @@ class RealtimeSession:
         try:
             if len(raw) > MAX_EVENT_BYTES:
                 raise ev.BadEvent(f"event of {len(raw)} bytes exceeds the {MAX_EVENT_BYTES} byte limit",
-                                  code="event_too_large")
+                                  code="event_too_large", event_id=ev.event_id_of(raw))
             await self._dispatch(ev.decode_client(raw))
         except ev.BadEvent as err:
             await self.send_error(err)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,13 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
+from aiohttp import web
 
+from omni_actors.api.app import build_app
+from omni_actors.api.realtime import SESSIONS_KEY
 from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
-from tests.api.conftest import Server, serve
+from tests.api.conftest import API_KEY, Server
+from tests.conftest import make_deploy, running
 
 STEP_MS = 20
 """Synthetic compute per step: a default response (8 chunks) takes ~200 ms."""
@@ -112,9 +118,36 @@ def response_audio(events: list[dict[str, Any]]) -> np.ndarray:
     return np.concatenate(deltas) if deltas else np.zeros(0, np.float32)
 
 
+@dataclass
+class RtServer(Server):
+    app: web.Application | None = None
+
+    @property
+    def sessions(self) -> set:
+        assert self.app is not None
+        return self.app[SESSIONS_KEY]
+
+
+@contextlib.asynccontextmanager
+async def serve_rt(pipeline: str = "synthetic", **raw: Any) -> AsyncIterator[RtServer]:
+    """Workers plus a real HTTP server on a free port (the REST tests' `serve`, keeping the app)."""
+    server = {"api_keys": [API_KEY], **raw.pop("server", {})}
+    async with running(make_deploy(pipeline, server=server, **raw)) as orch:
+        app = build_app(orch)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            yield RtServer(orch, f"http://{host}:{port}", API_KEY, app)
+        finally:
+            await runner.cleanup()
+
+
 @pytest.fixture(scope="module")
-async def srv() -> AsyncIterator[Server]:
-    async with serve("synthetic", stages=STAGES, server={"max_realtime_sessions": 16}) as server:
+async def srv() -> AsyncIterator[RtServer]:
+    async with serve_rt("synthetic", stages=STAGES, server={"max_realtime_sessions": 16}) as server:
         yield server
 
 

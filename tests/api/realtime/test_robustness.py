@@ -1,0 +1,95 @@
+"""Realtime robustness: bad events get `error` and the session lives; vanished clients leave nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import aiohttp
+import numpy as np
+
+from tests.api.conftest import eventually, idle
+from tests.api.realtime.conftest import RtServer as Server
+from tests.api.realtime.conftest import connect, of_type, silence
+from tests.conftest import shm_files
+
+MIB = 1024 * 1024
+
+
+async def test_bad_events_get_errors_and_the_session_lives(srv: Server) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        cases = [  # (event, expected code, expected param)
+            ({"type": "no.such.event"}, "invalid_event", "type"),
+            ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_value", "audio"),
+            ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()},
+             "invalid_value", "audio"),
+            ({"type": "input_audio_buffer.append", "audio": 12}, "invalid_value", "audio"),
+            ({"type": "conversation.item.truncate", "item_id": "x"}, "invalid_value", "audio_end_ms"),
+            ({"type": "session.update", "session": {"turn_detection": {"threshold": "high"}}},
+             "invalid_value", "session.turn_detection.threshold"),
+            ({"type": "session.update", "session": {"input_audio_format": "mp3"}},
+             "invalid_value", "session.input_audio_format"),
+            ({"type": "conversation.item.retrieve", "item_id": "item_missing"}, "item_not_found", "item_id"),
+            ({"type": "conversation.item.create", "item": {"type": "message", "role": "user"},
+              "previous_item_id": "nope"}, "item_not_found", "previous_item_id"),
+            ({"type": "response.cancel"}, "response_cancel_not_active", None),
+        ]
+        for i, (event, code, param) in enumerate(cases):
+            await c.ws.send_json({**event, "event_id": f"bad{i}"})
+            err = (await c.until("error"))[-1]["error"]
+            assert (err["code"], err["param"], err["event_id"]) == (code, param, f"bad{i}"), (event, err)
+        await c.ws.send_str("{not json")
+        assert (await c.until("error"))[-1]["error"]["code"] == "invalid_json"
+        # too large: an error naming the event, not a closed socket
+        await c.ws.send_json({"type": "input_audio_buffer.append", "event_id": "huge", "audio": "A" * (16 * MIB)})
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["code"], err["event_id"]) == ("event_too_large", "huge")
+        # the largest allowed append (15 MiB) is accepted
+        samples = (15 * MIB - 200) // 4 * 3 // 2
+        big = base64.b64encode(np.zeros(samples, "<i2").tobytes()).decode()
+        await c.send("input_audio_buffer.append", audio=big)
+        await c.send("input_audio_buffer.clear")
+        events = await c.until("input_audio_buffer.cleared", timeout_s=30)
+        assert not of_type(events, "error")
+        # and the session still answers
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "still here"}]})
+        await c.send("response.create")
+        assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"
+        await c.ws.close()
+
+
+async def test_vanished_client_mid_response_leaves_nothing(srv: Server) -> None:
+    shm_before = shm_files(srv.orch.run_prefix)
+    tasks_before = len(asyncio.all_tasks())
+    http = aiohttp.ClientSession()
+    c = await connect(srv, http, turn_detection=None)
+    await c.send("conversation.item.create",
+                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "long one"}]})
+    await c.send("response.create", response={"max_output_tokens": 200})
+    await c.until("response.audio.delta")
+    assert srv.orch.statistics().requests_in_flight == 1
+    await http.close()  # drop the TCP connection: no close frame, the client just vanishes
+    await eventually(lambda: idle(srv.orch) and not srv.orch.runs)
+    stats = srv.orch.statistics()
+    assert stats.requests_aborted >= 1 and stats.leases_held == 0
+    await eventually(lambda: not srv.sessions)
+    await eventually(lambda: len(asyncio.all_tasks()) <= tasks_before)
+    assert shm_files(srv.orch.run_prefix) == shm_before
+
+
+async def test_cancel_by_client(srv: Server) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.append(silence(0.2))
+        await c.send("input_audio_buffer.commit")
+        await c.send("response.create", response={"max_output_tokens": 100})
+        created = (await c.until("response.created"))[-1]["response"]
+        await c.until("response.audio.delta")
+        await c.send("response.cancel", response_id=created["id"])
+        done = (await c.until("response.done"))[-1]["response"]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+        assert done["output"][0]["status"] == "incomplete"
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
