@@ -1,0 +1,102 @@
+"""Many realtime sessions at once (no cross-talk), the session limit, the idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from tests.api.conftest import eventually, idle
+from tests.api.realtime.conftest import (
+    RtServer,
+    connect,
+    of_type,
+    response_audio,
+    serve_rt,
+    silence,
+    speak,
+)
+
+SESSIONS = 16
+PHRASES = ("Good morning.", "Please book a table for two at eight tonight.",
+           "How far is the moon?", "Read me the news, then play some jazz music.")
+
+
+@pytest.fixture(scope="module")
+def phrases(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
+    tmp: Path = tmp_path_factory.mktemp("phrases")
+    return [np.concatenate([silence(0.3), speak(p, tmp), silence(0.8)]) for p in PHRASES]
+
+
+async def conversation(srv: RtServer, http: aiohttp.ClientSession, k: int, speech: np.ndarray) -> dict[str, Any]:
+    """A text turn unique to `k`, then a spoken turn answered from that session's own history."""
+    c = await connect(srv, http)
+    await c.send("conversation.item.create",
+                 item={"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": f"session{k} says hello to number {k}"}]})
+    await c.send("response.create")
+    first = await c.until("response.done")
+    await c.append(speech)
+    second = await c.until("response.done")
+    await c.ws.close()
+    assert first[-1]["response"]["status"] == second[-1]["response"]["status"] == "completed"
+    return {
+        "transcripts": [of_type(ev, "response.audio_transcript.done")[0]["transcript"] for ev in (first, second)],
+        "audio": [response_audio(ev) for ev in (first, second)],
+        "vad": (of_type(second, "input_audio_buffer.speech_started")[0]["audio_start_ms"],
+                of_type(second, "input_audio_buffer.speech_stopped")[0]["audio_end_ms"]),
+    }
+
+
+async def test_sessions_at_once_match_each_alone_and_limit_closes_1013(
+        srv: RtServer, phrases: list[np.ndarray]) -> None:
+    async with aiohttp.ClientSession() as http:
+        alone = [await conversation(srv, http, k, phrases[k % len(phrases)]) for k in range(SESSIONS)]
+        gate = asyncio.Event()
+
+        async def hold_then_run(k: int) -> dict[str, Any]:
+            result = asyncio.ensure_future(conversation(srv, http, k, phrases[k % len(phrases)]))
+            await gate.wait()
+            return await result
+
+        runs = [asyncio.ensure_future(hold_then_run(k)) for k in range(SESSIONS)]
+        await eventually(lambda: len(srv.sessions) == SESSIONS)
+        # one past the limit: closed at once with 1013 and a reason
+        extra = await http.ws_connect(f"{srv.url}/v1/realtime", headers=srv.headers)
+        msg = await extra.receive(timeout=5)
+        assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1013 and "limit" in msg.extra
+        gate.set()
+        together = await asyncio.gather(*runs)
+    for k, (a, t) in enumerate(zip(alone, together, strict=True)):
+        assert a["transcripts"] == t["transcripts"], k
+        assert f"session{k}" in t["transcripts"][0]
+        assert a["vad"] == t["vad"], k
+        for x, y in zip(a["audio"], t["audio"], strict=True):
+            assert len(x) == len(y) and np.allclose(x, y, atol=1e-4), k
+    assert len({t["transcripts"][1] for t in together}) == SESSIONS  # each answered its own history
+    await eventually(lambda: idle(srv.orch) and not srv.sessions)
+
+
+async def test_idle_timeout_and_text_only_pipeline() -> None:
+    async with serve_rt("synthetic_text", server={"max_realtime_sessions": 1, "realtime_idle_timeout_s": 1.0}) as srv, \
+            aiohttp.ClientSession() as http:
+        c = await connect(srv, http)
+        assert c.seen[0]["session"]["modalities"] == ["text"]
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a b"}]})
+        await c.send("response.create")
+        events = await c.until("response.done")
+        assert "".join(e["delta"] for e in of_type(events, "response.text.delta")) == "a b a b"
+        second = await http.ws_connect(f"{srv.url}/v1/realtime", headers=srv.headers)
+        msg = await second.receive(timeout=5)
+        assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1013
+        msg = await c.ws.receive(timeout=5)  # nothing more from the client: the session ends cleanly
+        assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1000 and msg.extra == "idle timeout"
+        await c.ws.close()
+        await eventually(lambda: not srv.sessions)
+        bad = await http.get(f"{srv.url}/v1/realtime")  # no key
+        assert bad.status == 401
