@@ -90,7 +90,9 @@ async def serve(deploy: DeployConfig) -> None:
         await runner.cleanup()
         await orch.stop(drain=False)
         raise StartupError(-1, f"cannot listen on {deploy.server.host}:{deploy.server.port}: {err}") from None
-    log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}")
+    assert orch.runtime is not None
+    log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}",
+             shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
     await stop.wait()
     log.info("server.stopping")
     orch.draining = True

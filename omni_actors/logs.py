@@ -32,6 +32,7 @@ def configure(component: str = "main") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(component=component)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
 
 ENGINE = "omni_actors.workers.synthetic:SyntheticEngine"
+PASS = "omni_actors.models.processors:pass_chunk"
 AR, GEN, DIFF = ExecutionType.LLM_AR, ExecutionType.LLM_GENERATION, ExecutionType.DIFFUSION
 
 
@@ -26,10 +27,10 @@ def synthetic() -> PipelineConfig:
                       final_output=True, final_output_type="text", owns_tokenizer=True),
             StageSpec(stage_id=1, model_stage="talker", execution_type=AR, engine=ENGINE,
                       engine_defaults={"kind": "codes"},
-                      input_sources=(0,)),
+                      input_sources=(0,), chunk_processor=PASS),
             StageSpec(stage_id=2, model_stage="vocoder", execution_type=GEN, engine=ENGINE,
                       engine_defaults={"kind": "audio"},
-                      input_sources=(1,), final_output=True, final_output_type="audio"),
+                      input_sources=(1,), chunk_processor=PASS, final_output=True, final_output_type="audio"),
         ),
     )
 
@@ -66,9 +67,9 @@ def synthetic_fanin() -> PipelineConfig:
         requires_model=False,
         stages=(
             StageSpec(stage_id=0, model_stage="root", execution_type=AR, engine=ENGINE),
-            StageSpec(stage_id=1, model_stage="left", execution_type=AR, engine=ENGINE, input_sources=(0,)),
-            StageSpec(stage_id=2, model_stage="right", execution_type=AR, engine=ENGINE, input_sources=(0,)),
+            StageSpec(stage_id=1, model_stage="left", execution_type=AR, engine=ENGINE, input_sources=(0,), chunk_processor=PASS),
+            StageSpec(stage_id=2, model_stage="right", execution_type=AR, engine=ENGINE, input_sources=(0,), chunk_processor=PASS),
             StageSpec(stage_id=3, model_stage="join", execution_type=AR, engine=ENGINE,
-                      input_sources=(1, 2), final_output=True, final_output_type="text"),
+                      input_sources=(1, 2), chunk_processor=PASS, final_output=True, final_output_type="text"),
         ),
     )

@@ -81,6 +81,12 @@ class Orchestrator:
         self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}")
         self.codec = PayloadCodec(ORCH_PRODUCER, self.arena, self.segments)
         self._planner = resolve(self.pipeline.planner) if self.pipeline.planner else None
+        # Stages fed chunk by chunk: async chunk is on and the stage has a chunk processor;
+        # every other downstream stage gets its sources' full payload at the end.
+        self._streamed = frozenset(
+            s.stage_id for s in self.pipeline.stages
+            if deploy.async_chunk and s.input_sources and s.chunk_processor
+        )
         self._restarts: dict[tuple[int, int], int] = {}
         self._tasks: set[asyncio.Task] = set()
         self._healthy = asyncio.Event()
@@ -397,23 +403,23 @@ class Orchestrator:
             self.leases.hold(run, refs, users=len(consumers))
         elif refs:
             self._free_payload(payload)
-        if consumers:
-            if self.deploy.async_chunk:
-                for d in consumers:
-                    if has_data or out.finished:
-                        self._start_streaming(run, d)
-                        self._send(run, d, m.Feed(run.rid, sid, payload, out.finished))
-            elif has_data:
+        buffered = False
+        for d in consumers:
+            if d in self._streamed:
+                if has_data or out.finished:
+                    self._start_streaming(run, d)
+                    self._send(run, d, m.Feed(run.rid, sid, payload, out.finished))
+            elif has_data and not buffered:
                 run.buffers.setdefault(sid, []).append(payload)
+                buffered = True
         if out.finished:
             run.finished.add(sid)
             h.in_flight -= 1
-            if not self.deploy.async_chunk:
-                for d in consumers:
-                    if run.ready_for_full_payload(d):
-                        upstream = {s: run.buffers.get(s, []) for s in run.sources[d]}
-                        self._send(run, d, m.AddRequest(run.rid, d, run.request_plain, run.params_for(d), upstream))
-                        run.started.add(d)
+            for d in consumers:
+                if d not in self._streamed and run.ready_for_full_payload(d):
+                    upstream = {s: run.buffers.get(s, []) for s in run.sources[d]}
+                    self._send(run, d, m.AddRequest(run.rid, d, run.request_plain, run.params_for(d), upstream))
+                    run.started.add(d)
             if len(run.finished) == len(run.plan):
                 self._end(run)
 
