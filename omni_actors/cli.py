@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import uvloop
 
 from omni_actors import logs
@@ -57,6 +58,19 @@ def load_from_args(args: argparse.Namespace) -> DeployConfig:
     return load_deploy(path, overlay or None)
 
 
+def with_prepared_model(deploy: DeployConfig) -> DeployConfig:
+    """A deploy without `model` gets its pipeline's prepared default (prepared on first use)."""
+    if deploy.model:
+        return deploy
+    from omni_actors.config.pipeline import get_pipeline
+    from omni_actors.models.prepare import prepare
+
+    pipe = get_pipeline(deploy.pipeline)
+    if not pipe.preparer:
+        return deploy
+    return msgspec.structs.replace(deploy, model=str(prepare(pipe.name)))
+
+
 async def serve(deploy: DeployConfig) -> None:
     from aiohttp import web
 
@@ -64,6 +78,7 @@ async def serve(deploy: DeployConfig) -> None:
     from omni_actors.orchestrator.core import Orchestrator
 
     log = logs.get("omni_actors.cli")
+    deploy = await asyncio.to_thread(with_prepared_model, deploy)
     orch = Orchestrator(deploy)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -197,9 +197,11 @@ def validate_against_pipeline(cfg: DeployConfig) -> PipelineConfig:
             f"{src}: pipeline: unknown pipeline {cfg.pipeline!r}; expected one of {pipeline_names()}"
         ) from None
     if pipe.requires_model:
-        if not cfg.model:
+        if not cfg.model and pipe.preparer:
+            pass  # `omni-run` prepares the pipeline's own default model folder
+        elif not cfg.model:
             raise ConfigError(f"{src}: model: pipeline {pipe.name!r} needs a model path")
-        if not Path(cfg.model).expanduser().exists():
+        elif not Path(cfg.model).expanduser().exists():
             raise ConfigError(f"{src}: model: path does not exist: {cfg.model}")
     seen: set[int] = set()
     for i, st in enumerate(cfg.stages):

@@ -56,6 +56,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     stages: tuple[StageSpec, ...]
     requires_model: bool = True
     """False for pipelines that need no weights (the synthetic family)."""
+    preparer: str | None = None
+    """"module:function" () -> Path that prepares (idempotently) and returns the default model folder."""
     planner: str | None = None
     """"module:function" choosing the stage subset for a request: (pipeline, request) -> ids."""
     description: str = ""

@@ -30,6 +30,7 @@ def assistant_pipeline() -> PipelineConfig:
         name="assistant",
         description="Speech assistant from small PyPI-shipped models: Whisper tiny.en, SmolLM2-135M, Piper.",
         planner=f"{_PKG}:plan",
+        preparer=f"{_PKG}.prepare:prepare",
         stages=(
             StageSpec(
                 stage_id=ASR,
