@@ -109,7 +109,9 @@ def make_tiny_llama(out_dir: str | Path, seed: int = 0) -> Path:
                 if p.dim() > 1:
                     p.normal_(0.0, 0.2)
     model.save_pretrained(out, safe_serialization=True)
-    GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=bos_id).save_pretrained(out)
+    GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=bos_id).save_pretrained(
+        out
+    )
     return out
 
 

@@ -28,6 +28,7 @@ array} where vLLM has prompt embeds enabled; "multi_modal_data" and
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -39,6 +40,8 @@ import numpy as np
 
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines import vllm_backend
+
+CORE_EXIT_TIMEOUT_S = 10.0
 
 # Request params that map onto vllm.SamplingParams fields of the same name.
 # Anything else in a request's params is ignored (other stages' settings ride
@@ -116,9 +119,15 @@ class VllmAREngine(StageEngine):
         self._runs: dict[str, _Run] = {}
         self._engine: Any = None
         self._private_dir = Path(tempfile.mkdtemp(prefix="omni-vllm-"))
+        (self._private_dir / "rpc").mkdir()
         self._env = _EnvPatch(vllm_backend.backend_env(ctx, self._private_dir))
+        before = {p.pid for p in multiprocessing.active_children()}
+        self._procs: list[multiprocessing.process.BaseProcess] = []
         try:
             self._engine = self._start_engine()
+            # The engine-core processes vLLM started (none in-process), so that
+            # close can make sure they are gone and reaped.
+            self._procs = [p for p in multiprocessing.active_children() if p.pid not in before]
             self._tokenizer = self._engine.get_tokenizer()
         except BaseException:
             self.close()
@@ -140,7 +149,11 @@ class VllmAREngine(StageEngine):
     # -- requests ---------------------------------------------------------------
 
     def add(
-        self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        streaming: bool = False,
     ) -> None:
         if streaming:
             raise ValueError("the vLLM AR engine takes its whole prompt in add, not streamed input")
@@ -198,6 +211,14 @@ class VllmAREngine(StageEngine):
             engine.engine_core.shutdown()
             del engine
             gc.collect()
+        # vLLM signals its engine-core process and, after a grace period, kills
+        # it without waiting; join so none is left running or unreaped.
+        procs, self._procs = self._procs, []
+        for proc in procs:
+            proc.join(CORE_EXIT_TIMEOUT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(CORE_EXIT_TIMEOUT_S)
         self._env.restore()
         shutil.rmtree(self._private_dir, ignore_errors=True)
 
@@ -220,9 +241,12 @@ class VllmAREngine(StageEngine):
         """A vLLM prompt dict from a stage payload, and the tokenization kwargs it needs."""
         tokenization_kwargs = None
         if "prompt_embeds" in inputs:
-            import torch
+            embeds = _copy_arrays(inputs["prompt_embeds"])
+            if isinstance(embeds, np.ndarray):
+                import torch
 
-            prompt: dict[str, Any] = {"prompt_embeds": torch.tensor(np.asarray(inputs["prompt_embeds"]))}
+                embeds = torch.from_numpy(embeds)
+            prompt: dict[str, Any] = {"prompt_embeds": embeds}
         elif "prompt_token_ids" in inputs:
             ids = inputs["prompt_token_ids"]
             prompt = {"prompt_token_ids": [int(t) for t in np.asarray(ids).reshape(-1)]}
@@ -236,7 +260,9 @@ class VllmAREngine(StageEngine):
         elif "prompt" in inputs:
             prompt = {"prompt": str(inputs["prompt"])}
         else:
-            raise ValueError("inputs need one of: messages, prompt, prompt_token_ids, prompt_embeds")
+            raise ValueError(
+                "inputs need one of: messages, prompt, prompt_token_ids, prompt_embeds"
+            )
         for key in ("multi_modal_data", "mm_processor_kwargs"):
             if key in inputs:
                 prompt[key] = _copy_arrays(inputs[key])
