@@ -1,8 +1,9 @@
 """Request gatekeeping before any handler runs: API-key auth and the body-size limit.
 
 - Auth: when `server.api_keys` is non-empty every route except PUBLIC_PATHS
-  needs `Authorization: Bearer <key>` (or `api-key: <key>`) naming one of them;
-  otherwise 401. Keys are compared in constant time and never logged.
+  needs `Authorization: Bearer <key>` (or `api-key: <key>`, or for browser
+  WebSockets the subprotocol `openai-insecure-api-key.<key>`) naming one of
+  them; otherwise 401. Keys are compared in constant time and never logged.
 - Body size: a declared `Content-Length` over `server.max_body_mb` is refused
   with 413 before a byte of the body is read; a chunked body is cut off by
   aiohttp's `client_max_size` (the same limit) while reading, also 413.
@@ -20,12 +21,22 @@ PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
 """Routes answered without an API key (probes and scrapers carry none)."""
 
 
+WS_KEY_PROTOCOL = "openai-insecure-api-key."
+"""WebSocket subprotocol prefix carrying a key (browsers cannot set headers on a WebSocket)."""
+
+
 def _presented_key(request: web.Request) -> str | None:
     auth = request.headers.get("Authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.headers.get("api-key") or None
+    if request.headers.get("api-key"):
+        return request.headers["api-key"]
+    for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        proto = proto.strip()
+        if proto.startswith(WS_KEY_PROTOCOL):
+            return proto[len(WS_KEY_PROTOCOL):] or None
+    return None
 
 
 def auth_middleware(api_keys: list[str]):
