@@ -31,6 +31,7 @@ from omni_actors.api.realtime.session import (
     render_part,
 )
 from omni_actors.api.realtime.vad import VAD_RATE
+from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
@@ -85,7 +86,7 @@ class Options:
         )
 
 
-def build_request(orch: Orchestrator, opts: Options, items: list[Item]) -> tuple[RequestSpec, Item | None]:
+def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> tuple[RequestSpec, Item | None]:
     """The pipeline request for a response, and the user item whose audio it carries.
 
     History goes as text `messages` (system instructions first). The newest
@@ -111,12 +112,18 @@ def build_request(orch: Orchestrator, opts: Options, items: list[Item]) -> tuple
     params: dict[str, Any] = {"temperature": opts.temperature, "voice": opts.voice, "modalities": list(opts.modalities)}
     if opts.max_output_tokens is not None:
         params["max_tokens"] = opts.max_output_tokens
-    pipe = orch.pipeline
     outputs = pipe.output_types()
     stages = None
     if pipe.planner is None and ("audio" not in opts.modalities or "audio" not in outputs) and "text" in outputs:
         stages = pipe.stages_for_outputs({"text"})
     return RequestSpec(inputs=inputs, params=params, stages=stages), audio_item
+
+
+def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
+    """Room left in the entry stage's queue: what a client can still ask of the pipeline now."""
+    entry = orch.statistics().stages[0]
+    return [{"name": "requests", "limit": entry.queue_limit,
+             "remaining": max(0, entry.queue_limit - entry.in_flight), "reset_seconds": 0.0}]
 
 
 @dataclass
@@ -188,7 +195,7 @@ class ResponseRun:
         try:
             await h.send(ev.ResponseCreated(response=self.render()))
             items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
-            spec, audio_item = build_request(h.orch, self.opts, items)
+            spec, audio_item = build_request(h.orch.pipeline, self.opts, items)
             self._count_input(spec)
             try:
                 plan = h.orch.plan(spec)
@@ -322,5 +329,6 @@ class ResponseRun:
             if h.dialect == "ga" and self.opts.in_conversation:
                 await h.send(ev.ItemDone(previous_item_id=None, item=rendered))
         await h.send(ev.ResponseDone(response=self.render()))
+        await h.send(ev.RateLimitsUpdated(rate_limits=rate_limits(h.orch)))
         log.info("realtime.response_done", response_id=self.id, status=status,
                  reason=(details or {}).get("reason"), audio_ms=self.item.content[0].audio_ms if self.item else 0)

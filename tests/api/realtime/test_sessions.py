@@ -94,6 +94,7 @@ async def test_idle_timeout_and_text_only_pipeline() -> None:
         second = await http.ws_connect(f"{srv.url}/v1/realtime", headers=srv.headers)
         msg = await second.receive(timeout=5)
         assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1013
+        assert (await c.recv())["type"] == "rate_limits.updated"
         msg = await c.ws.receive(timeout=5)  # nothing more from the client: the session ends cleanly
         assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1000 and msg.extra == "idle timeout"
         await c.ws.close()

@@ -43,6 +43,8 @@ async def test_vad_turn_streams_an_audio_response(srv: Server, speech: dict[str,
         assert transcript == of_type(events, "response.audio_transcript.done")[0]["transcript"]
         assert done["output"][0]["content"][0]["transcript"] == transcript
         assert done["usage"]["output_tokens"] > 0
+        limits = (await c.until("rate_limits.updated"))[-1]["rate_limits"]
+        assert limits[0]["name"] == "requests" and limits[0]["remaining"] <= limits[0]["limit"]
         await c.ws.close()
     await eventually(lambda: idle(srv.orch))
 
