@@ -36,6 +36,7 @@ import aiohttp
 import numpy as np
 import yaml
 
+from omni_actors import logs
 from omni_actors.config.deploy import DeployConfig, load_deploy
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
@@ -50,9 +51,9 @@ PIPELINE_OF = {"chat_text": "synthetic", "chat_audio": "synthetic", "speech": "s
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concurrency", default="1,4,16,64")
-    ap.add_argument("--requests", type=int, default=0, help="requests per level (default max(16, 2 x level))")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default max(32, 2 x level))")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--tokens", type=int, default=16, help="text chunks per chat / speech request")
+    ap.add_argument("--tokens", type=int, default=16, help="text chunks per chat / speech request (audio: 0.1 s each)")
     ap.add_argument("--step-ms", type=float, default=5.0, help="synthetic compute per engine step")
     ap.add_argument("--image-steps", type=int, default=8)
     ap.add_argument("--markdown", action="store_true")
@@ -60,7 +61,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def deploy_raw(pipeline: str, args: argparse.Namespace) -> dict[str, Any]:
-    extras = {"step_delay_ms": args.step_ms}
+    extras = {"step_delay_ms": args.step_ms, "chunks": args.tokens}
     if pipeline == "synthetic":
         stages = [{"stage_id": s, "max_num_seqs": 64, "max_queue": 512,
                    "engine_extras": extras if s == 0 else {}} for s in (0, 1, 2)]
@@ -96,7 +97,7 @@ def specs(workload: str, orch: Orchestrator, args: argparse.Namespace) -> Reques
                            {"max_tokens": args.tokens, "modalities": ["text", "audio"], "audio_format": "pcm16"},
                            stages=pipe.stages_for_outputs({"text", "audio"}), deadline_s=deadline)
     if workload == "speech":
-        return RequestSpec({"text": PROMPT, "speed": 1.0}, {"max_tokens": args.tokens},
+        return RequestSpec({"text": PROMPT, "speed": 1.0}, {},
                            stages=pipe.stages_for_outputs({"audio"}), deadline_s=deadline)
     return RequestSpec({"prompt": PROMPT}, {"n": 1, "width": 64, "height": 64,
                                             "num_inference_steps": args.image_steps},
@@ -275,7 +276,7 @@ def free_port() -> int:
 
 
 def n_for(concurrency: int, args: argparse.Namespace) -> int:
-    return args.requests or max(16, 2 * concurrency)
+    return args.requests or max(32, 2 * concurrency)
 
 
 def overhead(results: dict[str, Any], key: str = "e2e_p50_ms", level: str = "1") -> dict[str, float | None]:
@@ -299,6 +300,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 async def main() -> None:
     args = parse_args()
+    logs.configure("bench")  # logs to stderr; stdout carries only the JSON line
     levels = [int(c) for c in args.concurrency.split(",")]
     workloads = [w for w in args.workloads.split(",") if w]
     results: dict[str, Any] = {w: {} for w in workloads}

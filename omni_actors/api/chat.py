@@ -124,7 +124,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     audio_format = req.audio.format if req.audio else "wav"
     if want_audio:
         check_supported("pcm" if audio_format == "pcm16" else audio_format)
-    inputs = await off_loop(build_chat_inputs, req.messages)
+    has_media = any(not isinstance(m.content, str | None) for m in req.messages)
+    # Decoding media is real work (a thread); plain text is cheaper than the hop.
+    inputs = await off_loop(build_chat_inputs, req.messages) if has_media else build_chat_inputs(req.messages)
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     call = PipelineCall(request, ROUTE, inputs, chat_params(req, modalities), set(modalities), cid)
     async with call:

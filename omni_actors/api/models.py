@@ -1,4 +1,8 @@
-"""GET /v1/models and /v1/models/{model}: the served model name(s) and the pipeline behind them."""
+"""GET /v1/models and /v1/models/{model}: the served model name(s), the pipeline behind them, its outputs.
+
+A request's `model` may be the deploy's `server.served_model_name` or the
+pipeline's name; anything else is a 404 (`code` "model_not_found").
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,14 @@ from omni_actors.api.calls import orchestrator, require_model, served_model_name
 from omni_actors.api.schemas import Model, ModelList
 
 OWNER = "omni-actors"
+STARTED_KEY = web.AppKey("started_at", float)
+"""Unix time the app was built; reported as the models' `created`."""
 
 
 def _model(request: web.Request, name: str) -> Model:
-    orch = orchestrator(request)
-    created = int(request.app[STARTED_KEY])
-    return Model(id=name, created=created, owned_by=f"{OWNER}:{orch.pipeline.name}")
-
-
-STARTED_KEY = web.AppKey("started_at", float)
-"""Unix time the app was built; reported as the models' `created`."""
+    pipe = orchestrator(request).pipeline
+    return Model(id=name, created=int(request.app[STARTED_KEY]), owned_by=OWNER, pipeline=pipe.name,
+                 output_types=sorted(pipe.output_types()))
 
 
 async def list_models(request: web.Request) -> web.Response:

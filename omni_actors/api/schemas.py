@@ -241,6 +241,10 @@ class Model(Struct):
     id: str
     created: int
     owned_by: str
+    pipeline: str
+    """The pipeline served under this name (extra to OpenAI's fields)."""
+    output_types: list[str]
+    """What the pipeline can produce: "text", "audio", "image", ..."""
     object: Literal["model"] = "model"
 
 

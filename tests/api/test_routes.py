@@ -36,7 +36,8 @@ async def test_health_and_models(srv: Server) -> None:
     client = srv.client()
     models = await client.models.list()
     assert [m.id for m in models.data] == ["omni-test", "synthetic"]
-    assert (await client.models.retrieve("omni-test")).owned_by.endswith("synthetic")
+    model = await client.models.retrieve("omni-test")
+    assert model.pipeline == "synthetic" and model.output_types == ["audio", "text"]
 
 
 async def test_chat_text(srv: Server) -> None:
