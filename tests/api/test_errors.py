@@ -106,9 +106,9 @@ async def test_413_before_and_while_reading(srv: Server) -> None:
         for _ in range(10):
             yield b"x" * 50_000
 
-    async with aiohttp.ClientSession(headers=srv.headers) as session:
-        async with session.post(srv.url + CHAT, data=chunked()) as resp:
-            assert resp.status == 413 and (await resp.json())["error"]["type"] == "invalid_request_error"
+    async with aiohttp.ClientSession(headers=srv.headers) as session, \
+            session.post(srv.url + CHAT, data=chunked()) as resp:
+        assert resp.status == 413 and (await resp.json())["error"]["type"] == "invalid_request_error"
 
 
 async def _leak_free(srv: Server) -> None:
