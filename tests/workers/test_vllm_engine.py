@@ -22,7 +22,7 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 MESSAGES = [{"role": "user", "content": "Hello, how are you today?"}]
 
 
-def _ctx(model_path: Path, **changes) -> EngineContext:
+def _ctx(model_path: Path, cache_dir: Path, **changes) -> EngineContext:
     ctx = EngineContext(
         stage_id=0,
         replica=0,
@@ -33,7 +33,12 @@ def _ctx(model_path: Path, **changes) -> EngineContext:
         dtype="float32",
         gpu_memory_utilization=0.5,
         tensor_parallel_size=1,
-        engine_extras={"max_model_len": 512, "kv_cache_space_gib": 1},
+        engine_extras={
+            "max_model_len": 512,
+            "kv_cache_space_gib": 1,
+            "enable_prompt_embeds": True,
+            "cache_dir": str(cache_dir),  # shared, so the second engine starts warm
+        },
     )
     return dataclasses.replace(ctx, **changes)
 
@@ -44,8 +49,13 @@ def model_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(model_path):
-    eng = VllmAREngine(_ctx(model_path))
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+@pytest.fixture(scope="module")
+def engine(model_path, cache_dir):
+    eng = VllmAREngine(_ctx(model_path, cache_dir))
     yield eng
     eng.close()
 
@@ -118,6 +128,18 @@ def test_prompt_forms_agree(engine, tokenizer):
     assert from_messages == from_ids
     plain = generate(engine, "p", {"prompt": "The quick brown fox"}, params)
     assert plain[-1].payload["prompt_tokens"] == len(tokenizer("The quick brown fox")["input_ids"])
+
+
+def test_prompt_embeds_match_token_ids(engine, model_path, tokenizer):
+    from safetensors.numpy import load_file
+
+    table = load_file(model_path / "model.safetensors")["model.embed_tokens.weight"]
+    ids = tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"]
+    params = {**GREEDY, "max_tokens": 6}
+    from_ids = generate(engine, "t", {"prompt_token_ids": ids}, params)
+    from_embeds = generate(engine, "e", {"prompt_embeds": table[ids]}, params)
+    assert token_ids(from_embeds) == token_ids(from_ids)
+    assert from_embeds[-1].payload["prompt_tokens"] == len(ids)
 
 
 def test_max_tokens_honoured(engine):
@@ -256,10 +278,11 @@ def left_behind(pids) -> list[int]:
     return left
 
 
-def test_multiprocess_engine_matches_and_closes_cleanly(model_path, engine):
+def test_multiprocess_engine_matches_and_closes_cleanly(model_path, cache_dir, engine):
     inproc = token_ids(generate(engine, "x", {"prompt": "Hello"}, {**GREEDY, "max_tokens": 5}))
     before = child_processes()
-    mp = VllmAREngine(_ctx(model_path, engine_extras={"max_model_len": 512, "multiprocess": True}))
+    extras = {"max_model_len": 512, "multiprocess": True, "cache_dir": str(cache_dir)}
+    mp = VllmAREngine(_ctx(model_path, cache_dir, engine_extras=extras))
     private = mp._private_dir
     try:
         started = set(child_processes()) - set(before)
@@ -271,6 +294,20 @@ def test_multiprocess_engine_matches_and_closes_cleanly(model_path, engine):
     assert token_ids(outs) == inproc
     assert left_behind(started) == []
     assert not private.exists()
+
+
+def test_bad_engine_extras_fail_start_and_leave_nothing(model_path, cache_dir):
+    import tempfile
+
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob("omni-vllm-*"))
+    env_before = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_HUB"))}
+    with pytest.raises(ValueError, match="unknown engine_extras"):
+        VllmAREngine(_ctx(model_path, cache_dir, engine_extras={"max_model_len": 512, "bogus": 1}))
+    with pytest.raises(ValueError, match="kv_cache_space_gib"):
+        VllmAREngine(_ctx(model_path, cache_dir, engine_extras={"kv_cache_space_gib": "lots"}))
+    assert set(temp.glob("omni-vllm-*")) == before
+    assert {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_HUB"))} == env_before
 
 
 def test_close_releases_everything(model_path, engine):

@@ -98,8 +98,12 @@ def _copy_arrays(value: Any) -> Any:
 class _EnvPatch:
     """Sets environment variables and restores the previous values on `restore`."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self._saved = {k: os.environ.get(k) for k in env}
+    def __init__(self) -> None:
+        self._saved: dict[str, str | None] = {}
+
+    def apply(self, env: dict[str, str]) -> None:
+        for key in env:
+            self._saved.setdefault(key, os.environ.get(key))
         os.environ.update(env)
 
     def restore(self) -> None:
@@ -118,12 +122,13 @@ class VllmAREngine(StageEngine):
         super().__init__(ctx)
         self._runs: dict[str, _Run] = {}
         self._engine: Any = None
-        self._private_dir = Path(tempfile.mkdtemp(prefix="omni-vllm-"))
-        (self._private_dir / "rpc").mkdir()
-        self._env = _EnvPatch(vllm_backend.backend_env(ctx, self._private_dir))
-        before = {p.pid for p in multiprocessing.active_children()}
         self._procs: list[multiprocessing.process.BaseProcess] = []
+        self._env = _EnvPatch()
+        self._private_dir = Path(tempfile.mkdtemp(prefix="omni-vllm-"))
         try:
+            (self._private_dir / "rpc").mkdir()
+            self._env.apply(vllm_backend.backend_env(ctx, self._private_dir))
+            before = {p.pid for p in multiprocessing.active_children()}
             self._engine = self._start_engine()
             # The engine-core processes vLLM started (none in-process), so that
             # close can make sure they are gone and reaped.

@@ -4,14 +4,23 @@
 the device: the environment variables to set while vLLM lives (`backend_env`)
 and the `EngineArgs` keyword arguments (`engine_kwargs`).
 
-Why the process mode differs by device (measured on 2 CPU cores, tiny Llama):
-vLLM's multiprocess mode runs the engine core in a child process (and on CPU
-one more process for the model worker), so a step in our worker overlaps with
-the core scheduling and running the next batch. On CUDA that overlap is what
-keeps the GPU busy and is the default. On CPU the same three processes share
-the cores the model runs on, start in ~20 s instead of ~6 s, and gain nothing
-from overlap (the forward pass is the bottleneck), so the default there is the
-in-process core. `engine_extras["multiprocess"]` overrides either default.
+Why the process mode differs by device. vLLM's multiprocess mode runs the
+engine core in a child process (on CPU, one more for the model worker), so a
+`step` in our worker collects outputs while the core already runs the next
+batch. On CUDA that overlap keeps the GPU busy: it is the default there. On
+CPU the extra processes share the cores the model runs on; measured on 2 busy
+cores with the tiny Llama (load ~5), after a ~6 s `import vllm`:
+
+    mode            start (warm cache / cold)   32 greedy tokens   close
+    in-process      ~4 s / ~14 s                ~0.1 s            ~2 s
+    multiprocess    ~40 s                       ~0.15 s           ~6 s
+
+so CPU defaults to the in-process core. ("Cold" is the model-class inspection
+vLLM runs in a subprocess when its cache folder is new: see `cache_dir`.)
+The in-process core touches its host process: it seeds the global RNGs,
+initialises a one-rank torch.distributed group, makes torch.set_num_threads a
+no-op and freezes the GC heap. A worker process that hosts one engine does not
+mind. `engine_extras["multiprocess"]` overrides either default.
 
 engine_extras keys understood here (all optional):
     max_model_len (int)         context length; defaults to the model's
@@ -74,6 +83,15 @@ def use_multiprocess(ctx: EngineContext) -> bool:
     return bool(ctx.engine_extras.get("multiprocess", default))
 
 
+def _kv_cache_space_gib(ctx: EngineContext) -> float:
+    value = ctx.engine_extras.get("kv_cache_space_gib", CPU_KV_CACHE_SPACE_GIB_DEFAULT)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(
+            f"engine_extras.kv_cache_space_gib must be a positive number, got {value!r}"
+        )
+    return float(value)
+
+
 def backend_env(ctx: EngineContext, private_dir: Path) -> dict[str, str]:
     """Environment for vLLM: private IPC and cache folders, process mode, CPU threading."""
     env = {
@@ -92,7 +110,7 @@ def backend_env(ctx: EngineContext, private_dir: Path) -> dict[str, str]:
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     }
     if is_cpu(ctx):
-        space = float(ctx.engine_extras.get("kv_cache_space_gib", CPU_KV_CACHE_SPACE_GIB_DEFAULT))
+        space = _kv_cache_space_gib(ctx)
         # vLLM's CPU platform reads this (whole GiB) and overrides
         # kv_cache_memory_bytes with it; keep both consistent.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(space)))
@@ -105,6 +123,11 @@ def backend_env(ctx: EngineContext, private_dir: Path) -> dict[str, str]:
 def engine_kwargs(ctx: EngineContext) -> dict[str, Any]:
     """Keyword arguments for `vllm.EngineArgs` from the stage context."""
     extras = ctx.engine_extras
+    unknown = sorted(set(extras) - KNOWN_EXTRAS)
+    if unknown:
+        raise ValueError(
+            f"unknown engine_extras for the vLLM engine: {unknown}; known: {sorted(KNOWN_EXTRAS)}"
+        )
     if ctx.model_path is None:
         raise ValueError("the vLLM engine needs a model path")
     kwargs: dict[str, Any] = {
@@ -117,8 +140,7 @@ def engine_kwargs(ctx: EngineContext) -> dict[str, Any]:
     }
     kwargs.update({k: extras[k] for k in _PASSTHROUGH_KEYS if k in extras})
     if is_cpu(ctx):
-        space = float(extras.get("kv_cache_space_gib", CPU_KV_CACHE_SPACE_GIB_DEFAULT))
-        kwargs["kv_cache_memory_bytes"] = int(space * GIB)
+        kwargs["kv_cache_memory_bytes"] = int(_kv_cache_space_gib(ctx) * GIB)
         # No CUDA graphs on CPU; eager also skips minutes of torch.compile.
         kwargs["enforce_eager"] = True
     else:
