@@ -14,6 +14,7 @@ import asyncio
 
 from aiohttp import web
 
+from omni_actors import logs
 from omni_actors.api.realtime import handler, vad
 
 SESSIONS_KEY = web.AppKey("realtime_sessions", set)
@@ -30,7 +31,10 @@ def add_routes(app: web.Application) -> None:
         return await handler.realtime_handler(request, request.app[ORCH_KEY], sessions)
 
     async def warm_up(_app: web.Application) -> None:
-        await asyncio.get_running_loop().run_in_executor(handler.VAD_EXECUTOR, vad.warm_up)
+        # Load the VAD model (seconds, once per process) on the VAD thread without holding up
+        # startup; the first session's audio queues behind it on that same thread.
+        fut = asyncio.get_running_loop().run_in_executor(handler.VAD_EXECUTOR, vad.warm_up)
+        fut.add_done_callback(_log_warm_up)
 
     async def close_all(_app: web.Application) -> None:
         await asyncio.gather(*(s.ws.close(code=1001, message=b"server shutting down") for s in list(sessions)),
@@ -39,6 +43,11 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/realtime", route)
     app.on_startup.append(warm_up)
     app.on_shutdown.append(close_all)
+
+
+def _log_warm_up(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        logs.get(__name__).error("realtime.vad_unavailable", error=repr(fut.exception()))
 
 
 __all__ = ["SESSIONS_KEY", "add_routes"]

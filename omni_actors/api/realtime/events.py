@@ -1,13 +1,12 @@
 """The Realtime wire protocol: client and server events as msgspec structs, beta and GA names.
 
     decode_client(raw) -> ClientEvent          (raises BadEvent naming event_id and param)
-    encode_server(event, dialect) -> bytes     (the event's name in that dialect)
+    encode_server(event, dialect, event_id) -> bytes   (the event's name in that dialect)
 
-Client events are one tagged union decoded in one pass. The session object of
-`session.update` accepts both shapes (beta: flat `input_audio_format`,
-`turn_detection`, `voice`...; GA: `type: "realtime"`, `audio.input.*`,
-`audio.output.*`, `output_modalities`); nested objects are lenient about
-fields we do not use. Server events carry their beta name; GA renames a few.
+Client events are one tagged union decoded in one pass; `session.update` accepts
+the beta shape (flat `input_audio_format`, `turn_detection`...) and the GA one
+(`type: "realtime"`, `audio.input.*`, `audio.output.*`, `output_modalities`),
+lenient about fields we do not use. Server events carry their beta name; GA renames a few.
 """
 
 from __future__ import annotations
@@ -160,9 +159,7 @@ ClientEventT = (
     SessionUpdate | BufferAppend | BufferCommit | BufferClear | ItemCreate | ItemRetrieve
     | ItemTruncate | ItemDelete | ResponseCreate | ResponseCancel | OutputAudioClear
 )
-CLIENT_TYPES = frozenset(
-    cls.__struct_config__.tag for cls in ClientEventT.__args__  # type: ignore[attr-defined]
-)
+CLIENT_TYPES = frozenset(c.__struct_config__.tag for c in ClientEventT.__args__)  # type: ignore[attr-defined]
 
 
 class _Envelope(msgspec.Struct):
@@ -242,14 +239,16 @@ class Error(ServerEvent, kw_only=True):
     error: dict[str, Any]
 
 
-class SessionCreated(ServerEvent, kw_only=True):
+class _SessionEvent(ServerEvent, kw_only=True):
+    session: dict[str, Any]
+
+
+class SessionCreated(_SessionEvent, kw_only=True):
     NAME = "session.created"
-    session: dict[str, Any]
 
 
-class SessionUpdated(ServerEvent, kw_only=True):
+class SessionUpdated(_SessionEvent, kw_only=True):
     NAME = "session.updated"
-    session: dict[str, Any]
 
 
 class ConversationCreated(ServerEvent, kw_only=True):
@@ -285,10 +284,8 @@ class ItemCreated(ServerEvent, kw_only=True):
     item: dict[str, Any]
 
 
-class ItemDone(ServerEvent, kw_only=True):
+class ItemDone(ItemCreated, kw_only=True):
     NAME = "conversation.item.done"  # GA only
-    previous_item_id: str | None
-    item: dict[str, Any]
 
 
 class ItemRetrieved(ServerEvent, kw_only=True):
@@ -308,13 +305,6 @@ class ItemDeleted(ServerEvent, kw_only=True):
     item_id: str
 
 
-class TranscriptionDelta(ServerEvent, kw_only=True):
-    NAME = "conversation.item.input_audio_transcription.delta"
-    item_id: str
-    content_index: int
-    delta: str
-
-
 class TranscriptionCompleted(ServerEvent, kw_only=True):
     NAME = "conversation.item.input_audio_transcription.completed"
     item_id: str
@@ -327,9 +317,8 @@ class ResponseCreated(ServerEvent, kw_only=True):
     response: dict[str, Any]
 
 
-class ResponseDone(ServerEvent, kw_only=True):
+class ResponseDone(ResponseCreated, kw_only=True):
     NAME = "response.done"
-    response: dict[str, Any]
 
 
 class OutputItemAdded(ServerEvent, kw_only=True):
@@ -339,11 +328,8 @@ class OutputItemAdded(ServerEvent, kw_only=True):
     item: dict[str, Any]
 
 
-class OutputItemDone(ServerEvent, kw_only=True):
+class OutputItemDone(OutputItemAdded, kw_only=True):
     NAME = "response.output_item.done"
-    response_id: str
-    output_index: int
-    item: dict[str, Any]
 
 
 class _PartEvent(ServerEvent, kw_only=True):
@@ -358,9 +344,8 @@ class ContentPartAdded(_PartEvent, kw_only=True):
     part: dict[str, Any]
 
 
-class ContentPartDone(_PartEvent, kw_only=True):
+class ContentPartDone(ContentPartAdded, kw_only=True):
     NAME = "response.content_part.done"
-    part: dict[str, Any]
 
 
 class TextDelta(_PartEvent, kw_only=True):
