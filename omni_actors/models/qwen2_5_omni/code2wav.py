@@ -46,6 +46,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
             raise ValueError(f"{path / 'spk_dict.pt'}: cannot read speakers ({err})") from err
         dit, vocoder = config.dit_config, config.bigvgan_config
         self.repeats, self.mel_dim = dit.repeats, dit.mel_dim
+        self.num_codes = dit.num_embeds
         hop = 1
         for rate in vocoder.upsample_rates:
             hop *= rate
@@ -63,7 +64,8 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         if "codes" not in inputs:
             return None
-        return torch.as_tensor(inputs["codes"], dtype=torch.long).reshape(-1)
+        codes = torch.as_tensor(inputs["codes"], dtype=torch.long).reshape(-1)
+        return codes[codes < self.num_codes]  # talker control codes have no sound
 
     def _noise(self, seed: int, start: int, length: int) -> torch.Tensor:
         rows = []

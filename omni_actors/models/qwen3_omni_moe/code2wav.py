@@ -1,0 +1,49 @@
+"""Code2wav adapter for GenerationEngine: Qwen3-Omni-MoE's causal codec decoder.
+
+The decoder is causal (sliding-window transformer, causal convolutions), so
+left context alone makes chunked decoding match a whole-utterance decode; its
+output for n codes is a fixed number of samples short of n * 1920 (the
+transposed convolutions trim their tail), which the engine's sample counting
+absorbs. Decoding runs in float32.
+
+Inputs: {"codes": int [n, num_quantizers]} (talker frames).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.workers.engines.generation import GenerationAdapter
+
+
+class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
+    sample_rate = 24000
+    chunk_size = 25
+    first_chunk_size = 5
+    left_context = 25
+    right_context = 0
+
+    def load(self) -> None:
+        from transformers import Qwen3OmniMoeCode2Wav
+
+        path = check_checkpoint(self.ctx.model_path, ("config.json",))
+        config = load_config(path).code2wav_config
+        self.model = load_part(
+            Qwen3OmniMoeCode2Wav, path, config, "code2wav", self.ctx, float32=True
+        )
+        self.groups = config.num_quantizers
+        self.samples_per_code = int(self.model.total_upsample)
+
+    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        if "codes" not in inputs:
+            return None
+        return torch.as_tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
+        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        return list(self.model(codes).reshape(len(windows), -1))

@@ -1,0 +1,213 @@
+"""Talker adapter for HfAREngine: Qwen3-Omni-MoE's talker and its code predictor.
+
+Each engine step samples the first code group of a frame from the talker (the
+MoE decoder), then the code predictor (a small dense decoder) draws the other
+groups of that frame, batched over all requests of the step with a fresh
+cache per frame. The next talker input is the sum of the frame's code
+embeddings plus the next reply token's projected thinker embedding (then
+tts-eos, then tts-pad). The talker prompt is built as in
+`Qwen3OmniMoeForConditionalGeneration.generate`: the user turns' thinker
+states projected (text: embeddings; media: the accepted hidden layer), then
+the assistant opening with the codec control codes and the speaker.
+
+Inputs: as qwen2_5_omni/talker.py (ThinkerFeed), optional "speaker".
+Outputs per step: {"codes": int64 [1, num_code_groups]}; the stop code is not emitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_actors.models.qwen2_5_omni.loading import (
+    check_checkpoint,
+    load_config,
+    load_part,
+    load_tensor,
+)
+from omni_actors.models.qwen2_5_omni.talker import ThinkerFeed
+from omni_actors.workers.engines.hf_ar import ARAdapter, ARSeq, ForwardOut, StepInputs, sample
+
+DEFAULT_SPEAKER = "ethan"
+PREDICTOR_SAMPLING = {"top_k": 50, "top_p": 0.8}
+"""The code predictor's sampling when the talker samples (as in transformers)."""
+
+
+class Qwen3OmniMoeTalkerAdapter(ARAdapter):
+    position_axes = 3
+
+    def load(self) -> torch.nn.Module:
+        from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
+        from transformers.conversion_mapping import (
+            get_checkpoint_conversion_mapping,
+            register_checkpoint_conversion_mapping,
+        )
+
+        # transformers maps per-expert MoE weights onto fused tensors by model type, and
+        # the talker has none of its own: give its class the Qwen2-MoE mapping.
+        register_checkpoint_conversion_mapping(
+            "Qwen3OmniMoeTalkerForConditionalGeneration",
+            get_checkpoint_conversion_mapping("qwen2_moe"),
+            overwrite=True,
+        )
+        path = check_checkpoint(self.ctx.model_path, ("config.json",))
+        self.config = config = load_config(path)
+        self.tc = tc = config.talker_config
+        self.model = load_part(
+            Qwen3OmniMoeTalkerForConditionalGeneration, path, tc, "talker", self.ctx
+        )
+        table = load_tensor(path, "thinker.model.embed_tokens.weight").to(self.model.dtype)
+        self.thinker_embed = torch.nn.Embedding.from_pretrained(table).to(self.ctx.device)
+        self.mm_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
+        special = torch.tensor(
+            [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id],
+            device=self.ctx.device,
+        )
+        self.tts_bos, self.tts_eos, self.tts_pad = self.model.text_projection(
+            self.thinker_embed(special)
+        ).unbind(0)
+        vocab = tc.text_config.vocab_size
+        self.suppress = torch.tensor(
+            [i for i in range(vocab - 1024, vocab) if i != tc.codec_eos_token_id]
+        )
+        self.groups = tc.num_code_groups
+        return self.model
+
+    def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
+        speaker = str(seq.params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER).lower()
+        if speaker not in self.tc.speaker_id:
+            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(self.tc.speaker_id)}")
+        feed = ThinkerFeed()
+        feed.take(inputs)
+        feed.done = not seq.streaming
+        seq.data = {"feed": feed, "speaker": self.tc.speaker_id[speaker], "frame": None}
+
+    def feed(self, seq: ARSeq, inputs: dict[str, Any], last: bool) -> None:
+        seq.data["feed"].take(inputs)
+        seq.data["feed"].done = seq.data["feed"].done or last
+
+    def ready(self, seq: ARSeq) -> bool:
+        feed: ThinkerFeed = seq.data["feed"]
+        if feed.prompt_ids is None or not feed.token_ids:
+            return False
+        if seq.kv is None:
+            return feed.fed >= 1 or feed.done
+        return feed.done or feed.fed > len(seq.tokens)
+
+    def _trailing(self, feed: ThinkerFeed, k: int) -> torch.Tensor:
+        """Text for decode step k: reply token k + 1, then tts-eos, then tts-pad."""
+        if k + 1 < feed.fed:
+            row = feed.embeds[k + 1].to(self.ctx.device, self.model.dtype)
+            return self.model.text_projection(row[None])[0]
+        return self.tts_eos if k + 1 == max(feed.fed, 1) else self.tts_pad
+
+    def prefill(self, seq: ARSeq) -> StepInputs:
+        feed: ThinkerFeed = seq.data["feed"]
+        dev, dt = self.ctx.device, self.model.dtype
+        ids = feed.prompt_ids
+        embeds = feed.prompt_embeds.to(dev, dt)
+        hidden = feed.prompt_hidden.to(dev, dt)
+        starts = [i for i, t in enumerate(ids) if t == self.config.im_start_token_id]
+        user: list[torch.Tensor] = []
+        for n, s in enumerate(starts):
+            end = starts[n + 1] if n + 1 < len(starts) else len(ids)
+            if s + 1 < len(ids) and ids[s + 1] == self.config.user_token_id:
+                for i in range(s, end):
+                    if ids[i] in self.mm_ids:
+                        user.append(self.model.hidden_projection(hidden[i : i + 1])[0])
+                    else:
+                        user.append(self.model.text_projection(embeds[i : i + 1])[0])
+        opening = [
+            i for i in starts if i + 1 < len(ids) and ids[i + 1] == self.config.assistant_token_id
+        ]
+        if not opening:
+            raise ValueError("the thinker prompt has no '<|im_start|>assistant' turn")
+        a = opening[-1]
+        first = feed.embeds[0].to(dev, dt)[None] if feed.fed else None
+        head = self.model.text_projection(embeds[a : a + 3])
+        first_text = self.model.text_projection(first)[0] if first is not None else self.tts_eos
+        text = torch.cat([head, self.tts_pad.expand(4, -1), self.tts_bos[None], first_text[None]])
+        tc = self.tc
+        control = torch.tensor(
+            [tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id,
+             seq.data["speaker"], tc.codec_pad_id, tc.codec_bos_id],
+            device=dev,
+        )  # fmt: skip
+        codec = torch.cat(
+            [text.new_zeros(3, text.shape[-1]), self.model.get_input_embeddings()(control)]
+        )
+        rows = torch.cat([torch.stack(user) if user else text[:0], text + codec])
+        return StepInputs(rows)  # text positions (media in the talker prompt keep text positions)
+
+    def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
+        rows = [s.data["frame"] + self._trailing(s.data["feed"], len(s.tokens) - 1) for s in seqs]
+        return torch.stack(rows)[:, None]
+
+    def forward(self, embeds, positions, mask, cache, extra) -> ForwardOut:
+        out = self.model.model(
+            inputs_embeds=embeds, position_ids=positions, attention_mask=mask,
+            past_key_values=cache, use_cache=True,
+        )  # fmt: skip
+        last = out.last_hidden_state[:, -1]
+        return ForwardOut(self.model.codec_head(last).float(), last)
+
+    def process_logits(self, seq: ARSeq, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        logits[self.suppress.to(logits.device)] = float("-inf")
+        return logits
+
+    def on_tokens(self, seqs, tokens, out, prefill):
+        stop = self.tc.codec_eos_token_id
+        live = [
+            i
+            for i, (s, t) in enumerate(zip(seqs, tokens, strict=True))
+            if t != stop or s.params.get("ignore_eos")
+        ]
+        results: list[tuple[dict[str, Any], bool]] = [({}, True) for _ in seqs]
+        if live:
+            frames, codes = self._predict(
+                [seqs[i] for i in live], [tokens[i] for i in live], out.hidden[live]
+            )
+            for j, i in enumerate(live):
+                seqs[i].data["frame"] = frames[j]
+                results[i] = ({"codes": codes[j : j + 1].cpu().numpy().astype(np.int64)}, False)
+        return results
+
+    def _predict(
+        self, seqs: list[ARSeq], first: list[int], hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The remaining code groups of each frame, one batched predictor pass per group."""
+        from transformers import DynamicCache
+
+        dev = self.ctx.device
+        predictor = self.model.code_predictor
+        tables = predictor.get_input_embeddings()
+        code0 = torch.tensor(first, device=dev)
+        frame = self.model.get_input_embeddings()(code0)
+        step_in = torch.stack([hidden, frame], dim=1)
+        cache = DynamicCache()
+        codes = [code0]
+        for g in range(self.groups - 1):
+            h = predictor.model(
+                inputs_embeds=step_in, past_key_values=cache, use_cache=True
+            ).last_hidden_state
+            logits = predictor.lm_head[g](h[:, -1]).float()
+            picked = [
+                sample(logits[r], self._predictor_params(s), [], s.generator)
+                for r, s in enumerate(seqs)
+            ]
+            code = torch.tensor(picked, device=dev)
+            codes.append(code)
+            emb = tables[g](code)
+            frame = frame + emb
+            step_in = emb[:, None]
+        return frame, torch.stack(codes, dim=1)
+
+    @staticmethod
+    def _predictor_params(seq: ARSeq) -> dict[str, Any]:
+        temperature = float(seq.params.get("temperature", 0.0) or 0.0)
+        return (
+            {"temperature": 1.0, **PREDICTOR_SAMPLING} if temperature > 0 else {"temperature": 0.0}
+        )

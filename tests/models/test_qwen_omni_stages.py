@@ -1,0 +1,310 @@
+"""Qwen-Omni pipelines stage by stage on tiny checkpoints: engines driven directly, no workers.
+
+The stage engines are checked against transformers' own end-to-end `generate`
+(greedy): same thinker tokens, same talker codes. Hand-offs use the
+pipelines' own processors, in full-payload and async-chunk modes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
+from omni_actors.models.tiny import make_tiny  # noqa: E402
+from omni_actors.workers.engine import EngineContext  # noqa: E402
+from omni_actors.workers.engines.hf_ar import prompt_ids  # noqa: E402
+
+NAMES = ("qwen2_5_omni", "qwen3_omni_moe")
+MSGS = [{"role": "user", "content": "Hello! How are you?"}]
+THINKER = {"max_tokens": 8, "ignore_eos": True}
+TALKER = {"max_tokens": 24}
+
+
+def _ctx(spec, path: Path, **extras) -> EngineContext:
+    return EngineContext(
+        stage_id=spec.stage_id, replica=0, model_stage=spec.model_stage, model_path=path,
+        device="cpu", max_num_seqs=8, dtype="float32", gpu_memory_utilization=0.5,
+        tensor_parallel_size=1, engine_extras={**spec.engine_defaults, **extras},
+    )  # fmt: skip
+
+
+class Stages:
+    """One pipeline's three engines plus its processors."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name, self.path = name, path
+        self.pipe = get_pipeline(name)
+        self.engines = [resolve(s.engine)(_ctx(s, path)) for s in self.pipe.stages]
+        self.full = [resolve(s.processor) if s.processor else None for s in self.pipe.stages]
+        self.chunk = [
+            resolve(s.chunk_processor) if s.chunk_processor else None for s in self.pipe.stages
+        ]
+        self.overrides: dict[int, dict] = {}
+
+    def params(self, stage: int) -> dict:
+        return [THINKER, TALKER, {}][stage] | self.overrides.get(stage, {})
+
+    def run_full(self, requests: dict[str, dict]) -> dict[str, dict]:
+        """Each stage runs all requests to the end before the next starts."""
+        upstream = {rid: req for rid, req in requests.items()}
+        outs: dict[str, dict] = {}
+        for stage, eng in enumerate(self.engines):
+            for rid, req in requests.items():
+                inputs = req if stage == 0 else self.full[stage]({stage - 1: upstream[rid]}, req)
+                eng.add(rid, inputs, self.params(stage))
+            got: dict[str, list] = {rid: [] for rid in requests}
+            while eng.has_work():
+                for out in eng.step():
+                    assert out.error is None, out.error
+                    got[out.request_id].append(out.payload)
+            upstream = got
+            outs[stage] = got
+        return {rid: _summary(outs[0][rid], outs[1][rid], outs[2][rid]) for rid in requests}
+
+    def run_chunked(self, requests: dict[str, dict], abort_at: dict[str, int] | None = None):
+        """Async chunk: every output is handed downstream as soon as it exists."""
+        got = [{rid: [] for rid in requests} for _ in self.engines]
+        states = [{rid: {} for rid in requests} for _ in self.engines]
+        order: list[tuple[int, str]] = []
+        for rid, req in requests.items():
+            for stage, eng in enumerate(self.engines):
+                eng.add(rid, req, self.params(stage), streaming=stage > 0)
+        steps = 0
+        while any(e.has_work() for e in self.engines):
+            steps += 1
+            for rid, at in (abort_at or {}).items():
+                if steps == at:
+                    for eng in self.engines:
+                        eng.abort(rid)
+            for stage, eng in enumerate(self.engines):
+                if not eng.has_work():
+                    continue
+                for out in eng.step():
+                    assert out.error is None, out.error
+                    got[stage][out.request_id].append(out.payload)
+                    order.append((stage, out.request_id))
+                    if stage + 1 < len(self.engines):
+                        rid = out.request_id
+                        nxt = self.chunk[stage + 1](
+                            stage, out.payload, out.finished, requests[rid], states[stage + 1][rid]
+                        )
+                        if nxt is not None or out.finished:
+                            self.engines[stage + 1].feed(rid, nxt or {}, out.finished)
+        res = {
+            rid: _summary(got[0][rid], got[1][rid], got[2][rid]) for rid in requests if got[2][rid]
+        }
+        return res, order
+
+
+def _summary(thinker: list, talker: list, audio: list) -> dict:
+    codes = [np.asarray(p["codes"]) for p in talker if "codes" in p]
+    return {
+        "text": "".join(p["text"] for p in thinker),
+        "tokens": [t for p in thinker for t in p["token_ids"]],
+        "codes": np.concatenate(codes) if codes else np.zeros(0, np.int64),
+        "audio": np.concatenate([p["audio"] for p in audio]) if audio else np.zeros(0, np.float32),
+        "audio_chunks": sum(1 for p in audio if len(p["audio"])),
+        "rate": audio[0]["sample_rate"] if audio else None,
+    }
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def stages(request, tmp_path_factory) -> Stages:
+    path = make_tiny(request.param, tmp_path_factory.mktemp(request.param), seed=0)
+    return Stages(request.param, path)
+
+
+def _reference(stages: Stages, prompt_ids: list[int]) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy thinker tokens and talker codes for one prompt."""
+    from transformers import (
+        Qwen2_5OmniForConditionalGeneration,
+        Qwen3OmniMoeForConditionalGeneration,
+    )
+
+    ids = torch.tensor([prompt_ids])
+    n = THINKER["max_tokens"]
+    if stages.name == "qwen2_5_omni":
+        model = Qwen2_5OmniForConditionalGeneration.from_pretrained(stages.path).eval()
+        return _reference_2_5(model, ids)
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(stages.path).eval()
+    captured = {}
+
+    class Captured(Exception):
+        pass
+
+    def spy(codes, *args, **kwargs):
+        captured["codes"] = codes.clone()
+        raise Captured  # the codes are what we compare; skip the vocoder
+
+    model.code2wav.chunked_decode = spy
+    thinker = model.thinker.generate(
+        input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False
+    )
+    with pytest.raises(Captured):
+        model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), speaker="ethan",
+            thinker_max_new_tokens=n, thinker_min_new_tokens=n, thinker_do_sample=False,
+            talker_max_new_tokens=TALKER["max_tokens"], talker_do_sample=False,
+            talker_repetition_penalty=1.0,
+        )  # fmt: skip
+    return thinker[0, len(prompt_ids) :].tolist(), captured["codes"][0]
+
+
+@torch.inference_mode()
+def _reference_2_5(model, ids: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Qwen2.5-Omni: the talker inputs as `generate` builds them, decoded greedily with the
+    talker's own forward given an attention mask (transformers 5.19's `generate` drops the
+    mask before the talker's forward, which skips the codec bos/pad prompt embeddings)."""
+    n = THINKER["max_tokens"]
+    res = model.thinker.generate(
+        input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+        output_hidden_states=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    gen = res.sequences[:, ids.shape[1] :]
+    talker, embed = model.talker, model.thinker.get_input_embeddings()
+    states = [(h[0], h[-1]) for h in res.hidden_states]
+    reply = torch.cat([e + h for e, h in states[1:]], dim=1)
+    bos = model.speaker_map["Chelsie"]["bos_token"]
+    embeds = torch.cat([states[0][0] + states[0][1], embed(torch.tensor([[bos]])), reply[:, :1]], 1)
+    text_ids = torch.cat([ids, torch.tensor([[bos]]), gen[:, :1]], dim=1)
+    tail = embed(torch.tensor([[talker.text_eos_token, talker.text_pad_token]]))
+    reply = torch.cat([reply[:, 1:], tail], dim=1)
+    codec_ids = torch.cat(
+        [torch.full_like(ids, talker.codec_mask_token),
+         torch.tensor([[talker.codec_pad_token, talker.codec_bos_token]])], dim=1,
+    )  # fmt: skip
+    mask = torch.ones_like(codec_ids)
+    talker.rope_deltas = None
+    out = talker(
+        input_ids=codec_ids, input_text_ids=text_ids, inputs_embeds=embeds, attention_mask=mask,
+        thinker_reply_part=reply, use_cache=True,
+    )  # fmt: skip
+    codes = []
+    for _ in range(TALKER["max_tokens"]):
+        logits = out.logits[0, -1].clone()
+        logits[talker.codec_bos_token] = float("-inf")
+        code = int(logits.argmax())
+        if code in (talker.codec_pad_token, talker.codec_eos_token):
+            break
+        codes.append(code)
+        mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
+        out = talker(
+            input_ids=torch.tensor([[code]]), attention_mask=mask,
+            past_key_values=out.past_key_values, thinker_reply_part=out.thinker_reply_part,
+            use_cache=True,
+        )  # fmt: skip
+    return gen[0].tolist(), torch.tensor(codes)
+
+
+def test_full_payload_matches_transformers_generate(stages):
+    res = stages.run_full({"a": {"messages": MSGS}})["a"]
+    assert res["text"] and len(res["tokens"]) == THINKER["max_tokens"]
+    assert res["rate"] == 24000 and res["audio"].size > 0 and np.isfinite(res["audio"]).all()
+    prompt = prompt_ids(stages.engines[0].adapter.tokenizer, {"messages": MSGS})
+    tokens, codes = _reference(stages, prompt)
+    assert res["tokens"] == tokens
+    ours = torch.as_tensor(res["codes"])
+    if stages.name == "qwen2_5_omni":
+        assert torch.equal(ours, codes)
+        ours = ours[ours < stages.engines[2].adapter.num_codes]
+    else:  # transformers drops the last frame's residual codes when it stops on max tokens
+        n = codes.shape[1]
+        assert torch.equal(ours[:n], codes.T)
+    spc = stages.engines[2].adapter.samples_per_code
+    assert res["audio"].size >= (len(ours) - 1) * spc
+
+
+def test_async_chunk_streams_audio_before_text_ends(stages):
+    req = {"messages": MSGS}
+    # A reply long enough for the talker to fill the vocoder's first window mid-text.
+    stages.overrides = {0: {"max_tokens": 40}, 1: {"max_tokens": 48}}
+    try:
+        full = stages.run_full({"a": req})["a"]
+        chunked, order = stages.run_chunked({"a": req})
+    finally:
+        stages.overrides = {}
+    res = chunked["a"]
+    assert res["tokens"] == full["tokens"]
+    assert np.array_equal(res["codes"], full["codes"])
+    first_audio = order.index((2, "a"))
+    last_text = max(i for i, (stage, _) in enumerate(order) if stage == 0)
+    assert first_audio < last_text, "first audio should leave before the thinker finishes"
+    assert res["audio_chunks"] >= 2
+    assert res["audio"].shape == full["audio"].shape
+    if stages.name == "qwen3_omni_moe":  # causal decoder: chunking is seamless
+        np.testing.assert_allclose(res["audio"], full["audio"], atol=1e-4)
+
+
+def test_four_concurrent_requests_equal_each_alone(stages):
+    prompts = ["Hello!", "What is in this picture?", "Numbers 0 1 2 3", "The quick brown fox"]
+    reqs = {f"r{i}": {"messages": [{"role": "user", "content": p}]} for i, p in enumerate(prompts)}
+    alone = {rid: stages.run_full({rid: req})[rid] for rid, req in reqs.items()}
+    together, _ = stages.run_chunked(reqs)
+    for rid in reqs:
+        assert together[rid]["tokens"] == alone[rid]["tokens"]
+        assert np.array_equal(together[rid]["codes"], alone[rid]["codes"])
+        assert together[rid]["audio"].shape == alone[rid]["audio"].shape
+        if stages.name == "qwen3_omni_moe":
+            np.testing.assert_allclose(together[rid]["audio"], alone[rid]["audio"], atol=1e-4)
+
+
+def test_audio_and_image_inputs(stages):
+    rng = np.random.default_rng(0)
+    req = {
+        "messages": MSGS,
+        "audio": (rng.standard_normal(8000) * 0.1).astype(np.float32),
+        "image": (rng.random((56, 56, 3)) * 255).astype(np.uint8),
+    }
+    res = stages.run_full({"m": req})["m"]
+    assert len(res["tokens"]) == THINKER["max_tokens"] and res["audio"].size > 0
+
+
+def test_abort_mid_stream_leaves_others_running(stages):
+    reqs = {"keep": {"messages": MSGS}, "drop": {"messages": MSGS}}
+    res, _ = stages.run_chunked(reqs, abort_at={"drop": 4})
+    assert "drop" not in res and res["keep"]["audio"].size > 0
+    for eng in stages.engines:
+        assert not eng.has_work()
+
+
+def test_unknown_speaker_fails_that_request(stages):
+    with pytest.raises(ValueError, match="speaker"):
+        stages.engines[1].add("x", {"speaker": "nobody"}, {}, streaming=True)
+
+
+@pytest.mark.parametrize("damage", ["weights", "config", "speakers"])
+def test_corrupt_checkpoint_names_the_file(stages, tmp_path, damage):
+    broken = tmp_path / "broken"
+    shutil.copytree(stages.path, broken)
+    if damage == "weights":
+        (broken / "model.safetensors").unlink()
+        name, stage = "model.safetensors", 1
+    elif damage == "config":
+        (broken / "config.json").write_text('{"model_type": "qwen2_5_omni", ')
+        name, stage = "config.json", 0
+    else:
+        if stages.name != "qwen2_5_omni":
+            pytest.skip("only Qwen2.5-Omni has a speaker file")
+        (broken / "spk_dict.pt").write_bytes(b"not a torch file")
+        name, stage = "spk_dict.pt", 2
+    spec = stages.pipe.stage(stage)
+    with pytest.raises((FileNotFoundError, ValueError), match=name):
+        resolve(spec.engine)(_ctx(spec, broken))
+
+
+def test_pipeline_modules_import_without_torch():
+    code = (
+        "import sys; from omni_actors.config.pipeline import get_pipeline; "
+        "[get_pipeline(n) for n in ('qwen2_5_omni', 'qwen3_omni_moe')]; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
