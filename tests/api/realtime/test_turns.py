@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+
 import aiohttp
 import numpy as np
 
+from omni_actors.api.realtime.audio import encode_wire, resample
 from tests.api.conftest import Server, eventually, idle
 from tests.api.realtime.conftest import Client, connect, of_type, response_audio, silence
 
@@ -118,4 +121,19 @@ async def test_client_helper_sanity(srv: Server) -> None:
         c: Client = await connect(srv, http)
         assert c.seen[0]["session"]["turn_detection"]["type"] == "server_vad"
         assert c.seen[0]["session"]["modalities"] == ["text", "audio"]
+        await c.ws.close()
+
+
+async def test_g711_in_and_out(srv: Server, speech: dict[str, np.ndarray]) -> None:
+    ulaw = base64.b64decode(encode_wire(resample(np.concatenate([speech["hello"], silence(1.0)]), WIRE, 8_000),
+                                        "g711_ulaw"))
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, input_audio_format="g711_ulaw", output_audio_format="g711_ulaw")
+        for i in range(0, len(ulaw), 800):  # 100 ms of 8 kHz u-law per append
+            await c.send("input_audio_buffer.append", audio=base64.b64encode(ulaw[i:i + 800]).decode())
+        events = await c.until("response.done")
+        assert of_type(events, "input_audio_buffer.speech_stopped")
+        assert events[-1]["response"]["status"] == "completed"
+        out = b"".join(base64.b64decode(e["delta"]) for e in of_type(events, "response.audio.delta"))
+        assert abs(len(out) - 8 * 800) <= 2  # 800 ms of one-byte 8 kHz samples
         await c.ws.close()
