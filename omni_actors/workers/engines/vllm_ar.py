@@ -22,7 +22,14 @@ only the new tokens and text of each request:
 Inputs: {"messages": [...]} (the tokenizer's chat template with the generation
 prompt), {"prompt": str} or {"prompt_token_ids": [...]}, or {"prompt_embeds":
 array} where vLLM has prompt embeds enabled; "multi_modal_data" and
-"mm_processor_kwargs" pass through to vLLM.
+"mm_processor_kwargs" pass through to vLLM (arrays copied, as the inputs may
+be views of shared memory).
+
+Failures: bad inputs or sampling params (temperature=-1, max_tokens=0, a
+reused request id) raise ValueError from `add`, failing that request only. A
+request vLLM finishes with reason "error" ends with `EngineOutput.error` set.
+An exception from vLLM's own step (a dead engine core) propagates and fails
+every request, as the StageEngine contract says.
 """
 
 from __future__ import annotations
@@ -32,16 +39,20 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from omni_actors import logs
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines import vllm_backend
 
 CORE_EXIT_TIMEOUT_S = 10.0
+
+log = logs.get(__name__)
 
 # Request params that map onto vllm.SamplingParams fields of the same name.
 # Anything else in a request's params is ignored (other stages' settings ride
@@ -129,6 +140,7 @@ class VllmAREngine(StageEngine):
             (self._private_dir / "rpc").mkdir()
             self._env.apply(vllm_backend.backend_env(ctx, self._private_dir))
             before = {p.pid for p in multiprocessing.active_children()}
+            started = time.perf_counter()
             self._engine = self._start_engine()
             # The engine-core processes vLLM started (none in-process), so that
             # close can make sure they are gone and reaped.
@@ -137,6 +149,14 @@ class VllmAREngine(StageEngine):
         except BaseException:
             self.close()
             raise
+        log.info(
+            "vllm_engine.started",
+            stage=ctx.stage_id,
+            device=ctx.device,
+            multiprocess=vllm_backend.use_multiprocess(ctx),
+            processes=len(self._procs),
+            start_s=round(time.perf_counter() - started, 2),
+        )
 
     def _start_engine(self) -> Any:
         import vllm.envs
@@ -211,21 +231,24 @@ class VllmAREngine(StageEngine):
 
     def close(self) -> None:
         engine, self._engine = self._engine, None
-        self._runs.clear()
-        if engine is not None:
-            engine.engine_core.shutdown()
-            del engine
-            gc.collect()
-        # vLLM signals its engine-core process and, after a grace period, kills
-        # it without waiting; join so none is left running or unreaped.
         procs, self._procs = self._procs, []
-        for proc in procs:
-            proc.join(CORE_EXIT_TIMEOUT_S)
-            if proc.is_alive():
-                proc.kill()
+        self._runs.clear()
+        try:
+            if engine is not None:
+                engine.engine_core.shutdown()
+                del engine
+                gc.collect()
+                log.info("vllm_engine.closed", stage=self.ctx.stage_id)
+        finally:
+            # vLLM signals its engine-core process and, after a grace period,
+            # kills it without waiting; join so none is left running or unreaped.
+            for proc in procs:
                 proc.join(CORE_EXIT_TIMEOUT_S)
-        self._env.restore()
-        shutil.rmtree(self._private_dir, ignore_errors=True)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(CORE_EXIT_TIMEOUT_S)
+            self._env.restore()
+            shutil.rmtree(self._private_dir, ignore_errors=True)
 
     # -- conversions ------------------------------------------------------------
 
