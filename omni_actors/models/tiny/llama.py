@@ -96,10 +96,10 @@ def make_tiny_llama(out_dir: str | Path, seed: int = 0) -> Path:
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=bos_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
-    devnull_rng = torch.random.fork_rng(devices=[])
-    with devnull_rng:
+    # A private RNG: the caller's global torch seed state is left as it was.
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
         # Larger-than-default init so the random logits are peaked enough to give
