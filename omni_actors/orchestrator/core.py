@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 import uuid
 
@@ -179,7 +180,11 @@ class Orchestrator:
                 if not h.dead:
                     self.router.send_nowait(h.identity, m.Shutdown())
             self.router.flush()
-        await asyncio.gather(*(end_process(h.proc) for h in handles), return_exceptions=True)
+        # A worker that is not Ready may not have connected yet: signal it instead of waiting.
+        await asyncio.gather(
+            *(end_process(h.proc, first_signal=None if h.ready else signal.SIGTERM) for h in handles),
+            return_exceptions=True,
+        )
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -107,9 +107,13 @@ class Launcher:
         )
 
 
-async def end_process(proc: asyncio.subprocess.Process, timeout_s: float = WORKER_EXIT_TIMEOUT_S) -> None:
-    """Wait for a process asked to exit; SIGTERM, then SIGKILL, if it lingers."""
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+async def end_process(
+    proc: asyncio.subprocess.Process,
+    timeout_s: float = WORKER_EXIT_TIMEOUT_S,
+    first_signal: signal.Signals | None = None,
+) -> None:
+    """Wait for a process asked to exit (or send `first_signal`); SIGTERM, then SIGKILL, if it lingers."""
+    for sig in (first_signal, signal.SIGTERM, signal.SIGKILL):
         if proc.returncode is not None:
             return
         if sig is not None:

@@ -112,3 +112,10 @@ async def test_engine_that_cannot_start_names_its_stage() -> None:
         await orch.start()
     assert err.value.stage_id == 1 and "fail at start" in str(err.value)
     assert orch.runtime is not None and not orch.runtime.path.exists()
+
+
+async def test_tcp_transport_works_like_ipc() -> None:
+    async with running(make_deploy("synthetic_text"), endpoint="tcp://127.0.0.1:0") as orch:
+        assert orch.router is not None and orch.router.endpoint.startswith("tcp://127.0.0.1:")
+        chunks = await orch.submit(RequestSpec(inputs={"prompt": "over tcp"})).collect()
+        assert texts(chunks, 0) == "over tcp over tcp"
