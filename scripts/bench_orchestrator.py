@@ -23,6 +23,7 @@ import numpy as np
 import uvloop
 import zmq
 
+from omni_actors import logs
 from omni_actors.config.deploy import build_deploy
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
@@ -66,7 +67,10 @@ def zmq_round_trip_us(n: int) -> dict[str, float]:
 
 
 async def latencies(pipeline: str, n: int) -> np.ndarray:
-    stages = [{"stage_id": s, "engine_extras": {"chunks": 1}} for s in range(3 if pipeline == "synthetic" else 1)]
+    # Every stage does the cheapest synthetic work (one short text chunk), so what is
+    # measured is the runtime: messages, routing, codec, worker loops.
+    stages = [{"stage_id": s, "engine_extras": {"chunks": 1, "kind": "text"}}
+              for s in range(3 if pipeline == "synthetic" else 1)]
     orch = Orchestrator(build_deploy({"pipeline": pipeline, "async_chunk": True, "stages": stages}, "bench"))
     await orch.start()
     try:
@@ -82,7 +86,8 @@ async def latencies(pipeline: str, n: int) -> np.ndarray:
 
 
 async def throughput(concurrency: int, chunks: int) -> dict[str, float]:
-    stages = [{"stage_id": s, "max_num_seqs": concurrency, "engine_extras": {"chunks": chunks}} for s in range(3)]
+    stages = [{"stage_id": s, "max_num_seqs": concurrency, "engine_extras": {"chunks": chunks, "kind": "text"}}
+              for s in range(3)]
     orch = Orchestrator(build_deploy({"pipeline": "synthetic", "async_chunk": True, "stages": stages}, "bench"))
     await orch.start()
     try:
@@ -118,6 +123,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
+    logs.configure()
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--chunks", type=int, default=100)

@@ -91,6 +91,8 @@ class AsyncRouter:
             for item in m.unbatch(msg):
                 self.messages_in += 1
                 self._on_message(identity, item)
+        if self._outbox:
+            self.flush()  # answer in this loop turn rather than the next
 
     def send_nowait(self, identity: bytes, msg: m.Message) -> None:
         """Queue a message; all queued messages leave together at the end of this loop turn."""
