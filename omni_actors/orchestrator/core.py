@@ -26,7 +26,7 @@ import zmq
 from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec, leases_of
-from omni_actors.bus.shm import Arena, SegmentCache, unlink_prefix
+from omni_actors.bus.shm import SHM_DIR, Arena, SegmentCache, unlink_prefix
 from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
 from omni_actors.config.deploy import DeployConfig, validate_against_pipeline
 from omni_actors.config.pipeline import PipelineConfig, resolve
@@ -72,7 +72,9 @@ class Orchestrator:
         self.platform = detect_platform()
         self._endpoint_override = endpoint
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.run_prefix = f"omni-{uuid.uuid4().hex[:10]}"
+        # The main process's pid is in every segment name, so a later run can
+        # remove what a killed one left behind (sweep_stale_segments).
+        self.run_prefix = f"omni-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.runs: dict[str, Run] = {}
         self.workers: dict[int, list[WorkerHandle]] = {s: [] for s in self.pipeline.stage_ids}
         self._by_identity: dict[bytes, WorkerHandle] = {}
@@ -107,6 +109,9 @@ class Orchestrator:
 
     async def start(self) -> None:
         """Start every worker and wait until all are Ready (StartupError names the stage that failed)."""
+        swept = sweep_stale_segments()
+        if swept:
+            log.info("shm.swept_stale", segments=swept)
         self.runtime = RuntimeDir()
         self._zmq = zmq.Context(1)
         endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
@@ -499,9 +504,22 @@ class Orchestrator:
             self._arm_watchdog()
 
 
+def sweep_stale_segments() -> int:
+    """Unlink shared-memory segments of runs whose main process no longer exists."""
+    count = 0
+    for path in SHM_DIR.glob("omni-*-*"):
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            unlink_prefix(path.name)
+            count += 1
+    return count
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
         return True
     except ProcessLookupError:
         return False
+    except PermissionError:
+        return True

@@ -84,3 +84,15 @@ async def test_sigkill_fails_request_fast_and_restarted_stage_serves_next() -> N
         stats = orch.statistics()
         assert stats.worker_restarts == 1 and stats.leases_held == 0
         assert shm_files(victim.shm_prefix) == []
+
+
+async def test_segments_of_a_killed_run_are_swept_at_next_start() -> None:
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = f"/dev/shm/omni-{dead.stdout.strip()}-deadbeef-orch-0"
+    with open(stale, "wb") as f:
+        f.write(b"x")
+    async with running(make_deploy("synthetic_text")):
+        assert not os.path.exists(stale)
