@@ -9,6 +9,8 @@ Baseline, measured in the same run: the same work submitted to an
 Orchestrator in this process (the RequestSpec each route builds, same deploy,
 no HTTP). Against it: `omni-run` serving that deploy in a subprocess, driven
 over HTTP by an aiohttp client here (SSE for chat, chunked audio for speech).
+Both run side by side and each level alternates between them in ROUNDS
+rounds, so background load on a shared machine lands on both alike.
 
     .venv/bin/python scripts/bench_serve.py                          # 1,4,16,64; synthetic pipelines
     .venv/bin/python scripts/bench_serve.py --concurrency 1,4 --requests 16 --workloads chat_text,speech
@@ -37,13 +39,15 @@ import numpy as np
 import yaml
 
 from omni_actors import logs
-from omni_actors.config.deploy import DeployConfig, load_deploy
+from omni_actors.config.deploy import load_deploy
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 SERVER_READY_TIMEOUT_S = 180.0
 WARMUP_REQUESTS = 4
+ROUNDS = 4
+"""Each level alternates direct and HTTP this many times (samples pooled per mode)."""
 WORKLOADS = ("chat_text", "chat_audio", "speech", "images")
 PIPELINE_OF = {"chat_text": "synthetic", "chat_audio": "synthetic", "speech": "synthetic", "images": "synthetic_image"}
 
@@ -166,8 +170,9 @@ async def http_one(session: aiohttp.ClientSession, url: str, workload: str, args
 # ---- load generation and summaries ---------------------------------------------------
 
 
-async def run_level(one: Callable[[], Awaitable[Sample]], concurrency: int, n: int) -> dict[str, Any]:
-    samples: list[Sample] = []
+async def run_level(one: Callable[[], Awaitable[Sample]], concurrency: int, n: int,
+                    samples: list[Sample]) -> float:
+    """Send `n` requests, `concurrency` at a time; append their samples and return the wall time."""
     todo = iter(range(n))
 
     async def worker() -> None:
@@ -176,8 +181,7 @@ async def run_level(one: Callable[[], Awaitable[Sample]], concurrency: int, n: i
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0
-    return summarize(samples, wall)
+    return time.perf_counter() - t0
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -197,23 +201,7 @@ def summarize(samples: list[Sample], wall: float) -> dict[str, Any]:
     }
 
 
-# ---- the two modes ---------------------------------------------------------------
-
-
-async def bench_direct(deploy: DeployConfig, workloads: list[str], levels: list[int],
-                       args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    orch = Orchestrator(deploy)
-    await orch.start()
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        for w in workloads:
-            for _ in range(WARMUP_REQUESTS):
-                await direct_one(orch, w, args)
-            out[w] = {str(c): await run_level(lambda w=w: direct_one(orch, w, args), c, n_for(c, args))
-                      for c in levels}
-    finally:
-        await orch.stop()
-    return out
+# ---- the two modes, interleaved ------------------------------------------------------
 
 
 class ServerProcess:
@@ -253,22 +241,6 @@ class ServerProcess:
         self._drain.cancel()
 
 
-async def bench_http(deploy_file: Path, workloads: list[str], levels: list[int],
-                     args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    out: dict[str, dict[str, Any]] = {}
-    async with ServerProcess(deploy_file, port):
-        conn = aiohttp.TCPConnector(limit=max(levels))
-        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
-            for w in workloads:
-                for _ in range(WARMUP_REQUESTS):
-                    await http_one(session, url, w, args)
-                out[w] = {str(c): await run_level(lambda w=w: http_one(session, url, w, args), c,
-                                                  n_for(c, args)) for c in levels}
-    return out
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -277,6 +249,39 @@ def free_port() -> int:
 
 def n_for(concurrency: int, args: argparse.Namespace) -> int:
     return args.requests or max(32, 2 * concurrency)
+
+
+async def bench_pipeline(deploy_file: Path, workloads: list[str], levels: list[int],
+                         args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """Both modes side by side (same deploy), alternating in ROUNDS rounds per level so that
+    drifting background load on a shared machine hits both alike."""
+    orch = Orchestrator(load_deploy(deploy_file))
+    await orch.start()
+    url = f"http://127.0.0.1:{(port := free_port())}"
+    out: dict[str, dict[str, dict[str, Any]]] = {w: {"direct": {}, "http": {}} for w in workloads}
+    try:
+        async with ServerProcess(deploy_file, port):
+            conn = aiohttp.TCPConnector(limit=max(levels))
+            timeout = aiohttp.ClientTimeout(total=600)
+            async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+                for w in workloads:
+                    modes = {"direct": lambda w=w: direct_one(orch, w, args),
+                             "http": lambda w=w: http_one(session, url, w, args)}
+                    for one in modes.values():
+                        for _ in range(WARMUP_REQUESTS):
+                            await one()
+                    for c in levels:
+                        per_round = max(c, n_for(c, args) // ROUNDS)
+                        samples: dict[str, list[Sample]] = {m: [] for m in modes}
+                        walls = dict.fromkeys(modes, 0.0)
+                        for _ in range(ROUNDS):
+                            for mode, one in modes.items():
+                                walls[mode] += await run_level(one, c, per_round, samples[mode])
+                        for mode in modes:
+                            out[w][mode][str(c)] = summarize(samples[mode], walls[mode])
+    finally:
+        await orch.stop()
+    return out
 
 
 def overhead(results: dict[str, Any], key: str = "e2e_p50_ms", level: str = "1") -> dict[str, float | None]:
@@ -309,11 +314,7 @@ async def main() -> None:
             mine = [w for w in workloads if PIPELINE_OF[w] == pipeline]
             path = Path(tmp) / f"{pipeline}.yaml"
             path.write_text(yaml.safe_dump(deploy_raw(pipeline, args)))
-            deploy = load_deploy(path)
-            for w, r in (await bench_direct(deploy, mine, levels, args)).items():
-                results[w]["direct"] = r
-            for w, r in (await bench_http(path, mine, levels, args)).items():
-                results[w]["http"] = r
+            results.update(await bench_pipeline(path, mine, levels, args))
     line = {
         "bench": "serve", "concurrency": levels, "tokens": args.tokens, "step_ms": args.step_ms,
         "http_overhead_e2e_p50_pct_c1": overhead(results), "target_pct": 5.0, "results": results,

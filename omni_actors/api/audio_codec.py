@@ -53,6 +53,10 @@ _RATES = {
     "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
 }
 
+INLINE_RAW_MAX_SAMPLES = 24_000
+"""Raw (pcm / wav) chunks up to this many samples are converted on the event loop (~20 us)."""
+_RAW = frozenset({"pcm", "pcm16", "wav"})
+
 T = TypeVar("T")
 
 
@@ -168,6 +172,13 @@ class StreamEncoder:
             return self._sink.take()
         self._pending.append(audio)  # flac: whole at the end
         return b""
+
+    async def feed_async(self, audio: np.ndarray) -> bytes:
+        """`feed` in the thread pool; small raw (pcm / wav) chunks are converted in place, since
+        the thread hop costs more than scaling a few thousand samples to int16."""
+        if self.fmt in _RAW and audio.size <= INLINE_RAW_MAX_SAMPLES and self.in_rate == self.rate:
+            return self.feed(audio)
+        return await off_loop(self.feed, audio)
 
     def finish(self) -> bytes:
         if self._file is not None and self._sink is not None:

@@ -165,7 +165,6 @@ def _accumulate(tally: Tally, chunk: StageChunk, audio_format: str | None) -> No
 async def _stream(request: web.Request, call: PipelineCall, cid: str, model: str,
                   audio_format: str | None, include_usage: bool) -> web.StreamResponse:
     created = int(time.time())
-    sse = SSEWriter(request)
     tally = Tally()
     audio_id = f"audio_{uuid.uuid4().hex[:24]}"
     encoder: StreamEncoder | None = None
@@ -174,32 +173,32 @@ async def _stream(request: web.Request, call: PipelineCall, cid: str, model: str
         return ChatCompletionChunk(id=cid, created=created, model=model,
                                    choices=[ChunkChoice(0, delta, finish)])
 
-    await sse.start()
-    await sse.send(chunk_event(Delta(role="assistant", content="")))
-    try:
-        async for chunk in call:
-            if chunk.output_type == "text":
-                delta = tally.add_text(chunk.data)
-                if delta:
-                    await sse.send(chunk_event(Delta(content=delta)))
-            elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
-                audio, transcript = tally.add_audio(chunk.data)
-                if encoder is None:
-                    encoder = StreamEncoder(audio_format, tally.sample_rate)
-                data = await off_loop(encoder.feed, audio)
-                await sse.send(chunk_event(Delta(audio=DeltaAudio(
-                    id=audio_id, data=base64.b64encode(data).decode() if data else None,
-                    transcript=transcript))))
-    except RequestError as err:  # headers are out: report in-band
-        return await sse.fail(from_exception(err))
-    if audio_format is not None:
-        tail = await off_loop(encoder.finish) if encoder is not None else b""
-        await sse.send(chunk_event(Delta(audio=DeltaAudio(
-            id=audio_id, data=base64.b64encode(tail).decode() if tail else None,
-            expires_at=int(time.time()) + AUDIO_TTL_S))))
-    await sse.send(chunk_event(Delta(), tally.finish_reason))
-    if include_usage:
-        await sse.send(ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
-                                           usage=tally.usage()))
-    return await sse.done()
+    async with SSEWriter(request) as sse:
+        await sse.send(chunk_event(Delta(role="assistant", content="")))
+        try:
+            async for chunk in call:
+                if chunk.output_type == "text":
+                    delta = tally.add_text(chunk.data)
+                    if delta:
+                        await sse.send(chunk_event(Delta(content=delta)))
+                elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
+                    audio, transcript = tally.add_audio(chunk.data)
+                    if encoder is None:
+                        encoder = StreamEncoder(audio_format, tally.sample_rate)
+                    data = await encoder.feed_async(audio)
+                    await sse.send(chunk_event(Delta(audio=DeltaAudio(
+                        id=audio_id, data=base64.b64encode(data).decode() if data else None,
+                        transcript=transcript))))
+        except RequestError as err:  # headers are out: report in-band
+            return await sse.fail(from_exception(err))
+        if audio_format is not None:
+            tail = await off_loop(encoder.finish) if encoder is not None else b""
+            await sse.send(chunk_event(Delta(audio=DeltaAudio(
+                id=audio_id, data=base64.b64encode(tail).decode() if tail else None,
+                expires_at=int(time.time()) + AUDIO_TTL_S))))
+        await sse.send(chunk_event(Delta(), tally.finish_reason))
+        if include_usage:
+            await sse.send(ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
+                                               usage=tally.usage()))
+        return await sse.done()
 

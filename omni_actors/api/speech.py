@@ -99,7 +99,7 @@ async def _chunked(request: web.Request, call: PipelineCall, fmt: str) -> web.St
             continue
         if encoder is None:
             encoder = StreamEncoder(fmt, got[1])
-        data = await off_loop(encoder.feed, got[0])
+        data = await encoder.feed_async(got[0])
         if not resp.prepared:
             await resp.prepare(request)
             request[RESPONSE_STARTED] = True
@@ -116,27 +116,25 @@ async def _chunked(request: web.Request, call: PipelineCall, fmt: str) -> web.St
 
 
 async def _sse(request: web.Request, call: PipelineCall, req: SpeechRequest) -> web.StreamResponse:
-    sse = SSEWriter(request)
-    await sse.start()
     encoder: StreamEncoder | None = None
     chunks = 0
-    try:
-        async for chunk in call:
-            got = _audio_of(chunk)
-            if got is None:
-                continue
-            if encoder is None:
-                encoder = StreamEncoder(req.response_format, got[1])
-            data = await off_loop(encoder.feed, got[0])
-            chunks += 1
-            if data:
-                await sse.send(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
-    except RequestError as err:
-        return await sse.fail(from_exception(err))
-    tail = await off_loop(encoder.finish) if encoder is not None else b""
-    if tail:
-        await sse.send(SpeechAudioDelta(audio=base64.b64encode(tail).decode()))
-    words = len(req.input.split())
-    await sse.send(SpeechAudioDone(usage=SpeechUsage(words, chunks, words + chunks)))
-    await sse.resp.write_eof()
-    return sse.resp
+    async with SSEWriter(request) as sse:
+        try:
+            async for chunk in call:
+                got = _audio_of(chunk)
+                if got is None:
+                    continue
+                if encoder is None:
+                    encoder = StreamEncoder(req.response_format, got[1])
+                data = await encoder.feed_async(got[0])
+                chunks += 1
+                if data:
+                    await sse.send(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
+        except RequestError as err:
+            return await sse.fail(from_exception(err))
+        tail = await off_loop(encoder.finish) if encoder is not None else b""
+        if tail:
+            await sse.send(SpeechAudioDelta(audio=base64.b64encode(tail).decode()))
+        words = len(req.input.split())
+        await sse.send(SpeechAudioDone(usage=SpeechUsage(words, chunks, words + chunks)))
+        return await sse.end()
