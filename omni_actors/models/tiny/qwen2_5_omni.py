@@ -186,10 +186,13 @@ def tiny_config(hidden: int = 64, head_dim: int = 32, layers: int = 2):
         "num_key_value_heads": 1, "head_dim": head_dim, "rope_parameters": _mrope(head_dim),
         "max_window_layers": layers, "max_position_embeddings": 32768,
     }  # fmt: skip
+    # num_embeds covers the talker's whole vocabulary (the real 8193 covers only speech
+    # codes): a random talker emits control codes too, and transformers' generate would
+    # index the DiT's code table with them.
     token2wav = {
         "dit_config": {
             "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 32,
-            "ff_mult": 2, "emb_dim": 32, "num_embeds": 8193, "mel_dim": 80, "repeats": 2,
+            "ff_mult": 2, "emb_dim": 32, "num_embeds": 8448, "mel_dim": 80, "repeats": 2,
             "block_size": 24, "look_ahead_layers": [1], "look_backward_layers": [0],
             "enc_emb_dim": 32, "enc_dim": 32, "enc_channels": [32, 32, 32, 32, 96],
             "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1],

@@ -106,6 +106,13 @@ def make_tiny_qwen3_omni_moe(out_dir: str | Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_config()).eval()
+    # transformers leaves the talker's fused expert tensors uninitialised (torch.empty):
+    # draw them from the seed like every other weight.
+    gen = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith("talker.") and ".experts." in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(
         bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643,
