@@ -129,6 +129,7 @@ def test_progress_every_step(engine: DiffusionEngine) -> None:
         assert len(outs) == 1
         seen.append((outs[0].payload["step"], outs[0].payload["progress"], outs[0].finished))
     assert seen == [(1, 0.25, False), (2, 0.5, False), (3, 0.75, False), (4, 1.0, True)]
+    assert not any(t.name == "diffusion-batch" for t in threading.enumerate())  # joined at the end
 
 
 def test_abort_between_steps(engine: DiffusionEngine) -> None:

@@ -193,7 +193,9 @@ class DiffusionEngine(StageEngine):
                 if j.request_id in batch.live
             ]
         self._batch = None
-        if report[0] == "error":
+        if report[0] != "timeout":
+            batch.join()  # it has reported its end; let it finish freeing tensors first
+        if report[0] in ("error", "timeout"):
             return [
                 EngineOutput(j.request_id, {}, finished=True, error=report[1])
                 for j in batch.jobs
@@ -371,16 +373,21 @@ class _Batch:
         self._release.put(True)
 
     def wait_report(self) -> tuple[Any, ...]:
-        """("progress", done, total) | ("done", images, total) | ("error", message)."""
+        """("progress", done, total) | ("done", images, total) | ("error" | "timeout", message)."""
         try:
             return self._reports.get(timeout=STEP_REPORT_TIMEOUT_S)
         except queue.Empty:
             self._release.put(False)  # if it ever pauses again, it stops there
-            return ("error", f"a diffusion step took longer than {STEP_REPORT_TIMEOUT_S} s")
+            return ("timeout", f"a diffusion step took longer than {STEP_REPORT_TIMEOUT_S} s")
 
     def cancel(self) -> None:
         """Stop the paused thread between steps and wait for it to unwind."""
         self._release.put(False)
+        self.join()
+
+    def join(self) -> None:
+        """Wait for the thread to end (it must not outlive the engine: a daemon thread
+        still freeing tensors when the interpreter exits aborts the process)."""
         self._thread.join(BATCH_EXIT_TIMEOUT_S)
 
     def _pause(self, done: int, total: int) -> None:
