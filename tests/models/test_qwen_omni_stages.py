@@ -26,7 +26,7 @@ from omni_actors.workers.engines.hf_ar import prompt_ids  # noqa: E402
 NAMES = ("qwen2_5_omni", "qwen3_omni_moe")
 MSGS = [{"role": "user", "content": "Hello! How are you?"}]
 THINKER = {"max_tokens": 8, "ignore_eos": True}
-TALKER = {"max_tokens": 24}
+TALKER = {"talker_max_tokens": 24, "talker_temperature": 0.0, "talker_repetition_penalty": 1.0}
 
 
 def _ctx(spec, path: Path, **extras) -> EngineContext:
@@ -48,10 +48,11 @@ class Stages:
         self.chunk = [
             resolve(s.chunk_processor) if s.chunk_processor else None for s in self.pipe.stages
         ]
-        self.overrides: dict[int, dict] = {}
+        self.overrides: dict = {}
 
     def params(self, stage: int) -> dict:
-        return [THINKER, TALKER, {}][stage] | self.overrides.get(stage, {})
+        # One request's params go to every stage (as the orchestrator sends them).
+        return {**THINKER, **TALKER, **self.overrides}
 
     def run_full(self, requests: dict[str, dict]) -> dict[str, dict]:
         """Each stage runs all requests to the end before the next starts."""
@@ -153,7 +154,7 @@ def _reference(stages: Stages, prompt_ids: list[int]) -> tuple[list[int], torch.
         model.generate(
             input_ids=ids, attention_mask=torch.ones_like(ids), speaker="ethan",
             thinker_max_new_tokens=n, thinker_min_new_tokens=n, thinker_do_sample=False,
-            talker_max_new_tokens=TALKER["max_tokens"], talker_do_sample=False,
+            talker_max_new_tokens=TALKER["talker_max_tokens"], talker_do_sample=False,
             talker_repetition_penalty=1.0,
         )  # fmt: skip
     return thinker[0, len(prompt_ids) :].tolist(), captured["codes"][0]
@@ -189,7 +190,7 @@ def _reference_2_5(model, ids: torch.Tensor) -> tuple[list[int], torch.Tensor]:
         thinker_reply_part=reply, use_cache=True,
     )  # fmt: skip
     codes = []
-    for _ in range(TALKER["max_tokens"]):
+    for _ in range(TALKER["talker_max_tokens"]):
         logits = out.logits[0, -1].clone()
         logits[talker.codec_bos_token] = float("-inf")
         code = int(logits.argmax())
@@ -226,7 +227,7 @@ def test_full_payload_matches_transformers_generate(stages):
 def test_async_chunk_streams_audio_before_text_ends(stages):
     req = {"messages": MSGS}
     # A reply long enough for the talker to fill the vocoder's first window mid-text.
-    stages.overrides = {0: {"max_tokens": 40}, 1: {"max_tokens": 48}}
+    stages.overrides = {"max_tokens": 40, "talker_max_tokens": 48}
     try:
         full = stages.run_full({"a": req})["a"]
         chunked, order = stages.run_chunked({"a": req})

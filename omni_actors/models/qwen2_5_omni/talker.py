@@ -14,6 +14,8 @@ The thinker's token-embedding table is read from the checkpoint (one tensor),
 so special embeddings need no thinker in this worker.
 
 Outputs per step: {"codes": int64 [1]}; the stop code is not emitted.
+Sampling: "talker_*" request params (e.g. talker_temperature, talker_max_tokens)
+over this model's defaults; the text's sampling params do not apply here.
 """
 
 from __future__ import annotations
@@ -32,6 +34,24 @@ from omni_actors.models.qwen2_5_omni.loading import (
 from omni_actors.workers.engines.hf_ar import ARAdapter, ARSeq, ForwardOut, StepInputs
 
 DEFAULT_SPEAKER = "Chelsie"
+SAMPLING = {
+    "temperature": 0.9,
+    "top_k": 40,
+    "top_p": 0.8,
+    "repetition_penalty": 1.05,
+    "max_tokens": 4096,
+}
+"""The talker's sampling defaults (transformers' `generate` defaults for this model)."""
+SHARED_KEYS = ("seed", "speaker")
+
+
+def talker_sampling(ctx: Any, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """A talker's sampling. A request's params go to every stage and its unprefixed sampling
+    keys are meant for the text: the talker takes only "talker_*" keys (prefix dropped),
+    plus seed and speaker. Defaults < deploy stage defaults < request < pipeline constraints."""
+    own = {k.removeprefix("talker_"): v for k, v in params.items() if k.startswith("talker_")}
+    shared = {k: params[k] for k in SHARED_KEYS if k in params}
+    return {**defaults, **ctx.default_sampling_params, **shared, **own, **ctx.sampling_constraints}
 
 
 class ThinkerFeed:
@@ -89,6 +109,9 @@ class Qwen2_5OmniTalkerAdapter(ARAdapter):
         self.text_eos, self.text_pad = self.thinker_embed(ids.to(self.ctx.device)).unbind(0)
         self.stop = {self.tc.tts_codec_pad_token_id, self.tc.tts_codec_end_token_id}
         return self.model
+
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return talker_sampling(self.ctx, params, SAMPLING)
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         speaker = seq.params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER

@@ -12,6 +12,7 @@ the assistant opening with the codec control codes and the speaker.
 
 Inputs: as qwen2_5_omni/talker.py (ThinkerFeed), optional "speaker".
 Outputs per step: {"codes": int64 [1, num_code_groups]}; the stop code is not emitted.
+Sampling: "talker_*" request params, as in qwen2_5_omni/talker.py.
 """
 
 from __future__ import annotations
@@ -27,10 +28,18 @@ from omni_actors.models.qwen2_5_omni.loading import (
     load_part,
     load_tensor,
 )
-from omni_actors.models.qwen2_5_omni.talker import ThinkerFeed
+from omni_actors.models.qwen2_5_omni.talker import ThinkerFeed, talker_sampling
 from omni_actors.workers.engines.hf_ar import ARAdapter, ARSeq, ForwardOut, StepInputs, sample
 
 DEFAULT_SPEAKER = "ethan"
+SAMPLING = {
+    "temperature": 0.9,
+    "top_k": 50,
+    "top_p": 1.0,
+    "repetition_penalty": 1.05,
+    "max_tokens": 4096,
+}
+"""The talker's sampling defaults (transformers' `generate` defaults for this model)."""
 PREDICTOR_SAMPLING = {"top_k": 50, "top_p": 0.8}
 """The code predictor's sampling when the talker samples (as in transformers)."""
 
@@ -74,6 +83,9 @@ class Qwen3OmniMoeTalkerAdapter(ARAdapter):
         )
         self.groups = tc.num_code_groups
         return self.model
+
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return talker_sampling(self.ctx, params, SAMPLING)
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         speaker = str(seq.params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER).lower()

@@ -131,6 +131,11 @@ class ARAdapter(abc.ABC):
         (0 marks left padding); cache: a DynamicCache the forward extends.
         """
 
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A request's effective sampling: deploy defaults < request < pipeline constraints."""
+        ctx = self.ctx
+        return {**ctx.default_sampling_params, **params, **ctx.sampling_constraints}
+
     def process_logits(self, seq: ARSeq, logits: torch.Tensor) -> torch.Tensor:
         """Mask tokens this request may not sample now (a [vocab] float32 row)."""
         return logits
@@ -170,7 +175,7 @@ class HfAREngine(StageEngine):
         params: dict[str, Any],
         streaming: bool = False,
     ) -> None:
-        params = self.merged_sampling(params)
+        params = self.adapter.sampling_params(params)
         seq = ARSeq(request_id, params, streaming, input_done=not streaming)
         seed = params.get("seed")
         if seed is not None:
