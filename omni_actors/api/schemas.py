@@ -96,6 +96,11 @@ class ChatCompletionRequest(_Req):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    logprobs: Literal[False] | None = None
 
 
 class ChatAudio(Struct):
