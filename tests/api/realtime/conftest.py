@@ -21,6 +21,7 @@ from aiohttp import web
 from omni_actors.api.app import build_app
 from omni_actors.api.realtime import SESSIONS_KEY
 from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
+from omni_actors.config.deploy import DeployConfig
 from tests.api.conftest import API_KEY, Server
 from tests.conftest import make_deploy, running
 
@@ -129,10 +130,12 @@ class RtServer(Server):
 
 
 @contextlib.asynccontextmanager
-async def serve_rt(pipeline: str = "synthetic", **raw: Any) -> AsyncIterator[RtServer]:
+async def serve_rt(pipeline: str = "synthetic", deploy: DeployConfig | None = None,
+                   **raw: Any) -> AsyncIterator[RtServer]:
     """Workers plus a real HTTP server on a free port (the REST tests' `serve`, keeping the app)."""
-    server = {"api_keys": [API_KEY], **raw.pop("server", {})}
-    async with running(make_deploy(pipeline, server=server, **raw)) as orch:
+    if deploy is None:
+        deploy = make_deploy(pipeline, server={"api_keys": [API_KEY], **raw.pop("server", {})}, **raw)
+    async with running(deploy) as orch:
         app = build_app(orch)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()

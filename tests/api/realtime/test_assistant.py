@@ -1,0 +1,42 @@
+"""The real speech assistant over /v1/realtime: a spoken question is transcribed and answered in speech."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+import omni_actors
+from omni_actors.config.deploy import load_deploy
+from omni_actors.models.assistant.prepare import default_data_dir, is_prepared
+from tests.api.conftest import API_KEY, eventually, idle
+from tests.api.realtime.conftest import connect, of_type, response_audio, serve_rt, silence, speak
+
+pytestmark = pytest.mark.slow
+
+
+async def test_spoken_question_gets_a_spoken_answer(tmp_path: Path) -> None:
+    if not is_prepared():
+        pytest.skip("assistant models are not prepared (omni-run prepare assistant)")
+    deploy = load_deploy(Path(omni_actors.__file__).parent / "deploy" / "assistant.yaml",
+                         {"model": str(default_data_dir()), "server": {"api_keys": [API_KEY]}})
+    question = np.concatenate([silence(0.3), speak("What is the capital of France?", tmp_path), silence(1.0)])
+    async with serve_rt(deploy=deploy) as srv, \
+            aiohttp.ClientSession() as http:
+        c = await connect(srv, http, input_audio_transcription={"model": "whisper-1"})
+        await c.append(question)
+        events = await c.until("response.done", timeout_s=120)
+        assert events[-1]["response"]["status"] == "completed"
+        heard = of_type(events, "conversation.item.input_audio_transcription.completed")[0]
+        assert "capital of france" in heard["transcript"].lower()
+        assert of_type(events, "response.audio_transcript.done")[0]["transcript"]
+        assert len(response_audio(events)) > 24_000  # more than a second of speech
+        # the transcript is now the user item's text: the next turn's context
+        await c.send("conversation.item.retrieve", item_id=heard["item_id"])
+        item = (await c.until("conversation.item.retrieved"))[-1]["item"]
+        assert item["content"][0]["transcript"] == heard["transcript"]
+        assert item["content"][0]["audio"]  # the committed audio comes back, as pcm16 base64
+        await c.ws.close()
+        await eventually(lambda: idle(srv.orch), timeout_s=30)
