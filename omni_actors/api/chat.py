@@ -101,10 +101,12 @@ class Tally:
             self.finish_reason = "length"
         return delta
 
-    def add_audio(self, data: dict[str, Any]) -> tuple[np.ndarray, str | None]:
+    def add_audio(self, data: dict[str, Any], keep: bool = True) -> tuple[np.ndarray, str | None]:
+        """Count an audio chunk; `keep` it for the whole-clip answer (streaming sends it on instead)."""
         audio = np.asarray(data["audio"], dtype=np.float32).reshape(-1)
         self.sample_rate = int(data.get("sample_rate", self.sample_rate))
-        self.audio.append(audio)
+        if keep:
+            self.audio.append(audio)
         transcript = data.get("transcript")
         if isinstance(transcript, str):
             self.transcript.append(transcript)
@@ -182,7 +184,7 @@ async def _stream(request: web.Request, call: PipelineCall, cid: str, model: str
                     if delta:
                         await sse.send(chunk_event(Delta(content=delta)))
                 elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
-                    audio, transcript = tally.add_audio(chunk.data)
+                    audio, transcript = tally.add_audio(chunk.data, keep=False)
                     if encoder is None:
                         encoder = StreamEncoder(audio_format, tally.sample_rate)
                     data = await encoder.feed_async(audio)
