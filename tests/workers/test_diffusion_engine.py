@@ -20,7 +20,7 @@ from omni_actors.workers.engines.diffusion import DiffusionEngine
 MAX_STEPS = 200
 
 
-def _ctx(path: Path, max_num_seqs: int = 4) -> EngineContext:
+def _ctx(path: Path, max_num_seqs: int = 4, extras: dict | None = None) -> EngineContext:
     return EngineContext(
         stage_id=0,
         replica=0,
@@ -31,6 +31,7 @@ def _ctx(path: Path, max_num_seqs: int = 4) -> EngineContext:
         dtype="auto",
         gpu_memory_utilization=0.9,
         tensor_parallel_size=1,
+        engine_extras=extras or {},
     )
 
 
@@ -118,6 +119,12 @@ def test_batch_size_is_capped_by_max_num_seqs(sd_dir: Path) -> None:
     outs, steps = _drain(eng)
     assert [outs[f"r{i}"][-1].payload["batch_size"] for i in range(3)] == [2, 2, 1]
     assert steps == 2
+    eng.close()
+    eng = DiffusionEngine(_ctx(sd_dir, max_num_seqs=8, extras={"max_batch_images": 4}))
+    for i, n in enumerate((3, 2, 1)):
+        eng.add(f"r{i}", {"prompt": "a cat"}, {"num_inference_steps": 1, "n": n})
+    outs, _ = _drain(eng)
+    assert [outs[f"r{i}"][-1].payload["batch_size"] for i in range(3)] == [2, 1, 2]
     eng.close()
 
 

@@ -21,6 +21,10 @@ Request params (from `inputs` or `params`; `inputs` win for the prompt):
     width, height | size      ints, or "WxH"
     num_inference_steps, guidance_scale, seed
 
+Batching: queued requests with the same size, steps, guidance (and whether
+they carry a negative prompt) share a batch, up to `max_num_seqs` requests and
+engine_extras `max_batch_images` images; others wait for a later batch.
+
 Outputs per request: {"progress", "step", "total", "batch_size"} after each
 step but the last; then, finished, {"images": uint8 [n, H, W, 3], "seed",
 "batch_size", "progress": 1.0, "step", "total"}.
@@ -55,6 +59,8 @@ STEP_RELEASE_TIMEOUT_S = 3600.0
 BATCH_EXIT_TIMEOUT_S = 60.0
 """Longest `abort`/`close` waits for a cancelled batch thread to unwind."""
 MAX_IMAGES_PER_REQUEST = 16
+DEFAULT_MAX_BATCH_IMAGES = 16
+"""Images one batch may hold (engine_extras `max_batch_images`); a bigger request runs alone."""
 MAX_SIDE_PX = 4096
 MAX_INFERENCE_STEPS = 1000
 SIDE_MULTIPLE_PX = 8
@@ -138,6 +144,12 @@ class DiffusionEngine(StageEngine):
         self._default_steps = _default(sig, "num_inference_steps", 50)
         self._default_guidance = _default(sig, "guidance_scale", None)
         self._max_batch = max(1, ctx.max_num_seqs)
+        self._max_batch_images = _int(
+            ctx.engine_extras.get("max_batch_images", DEFAULT_MAX_BATCH_IMAGES),
+            "engine_extras.max_batch_images",
+            1,
+            1 << 16,
+        )
         self._queue: deque[_Job] = deque()
         self._batch: _Batch | None = None
         self._batches_started = 0
@@ -279,11 +291,16 @@ class DiffusionEngine(StageEngine):
 
     def _start_batch(self) -> _Batch:
         head = self._queue.popleft()
-        jobs, rest = [head], deque()
+        jobs, rest, images = [head], deque(), head.n
         while self._queue:
             job = self._queue.popleft()
-            if job.batch_key == head.batch_key and len(jobs) < self._max_batch:
+            if (
+                job.batch_key == head.batch_key
+                and len(jobs) < self._max_batch
+                and images + job.n <= self._max_batch_images
+            ):
                 jobs.append(job)
+                images += job.n
             else:
                 rest.append(job)
         self._queue = rest
