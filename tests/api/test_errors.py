@@ -18,7 +18,7 @@ MSG = [{"role": "user", "content": "a b c"}]
 @pytest.fixture(scope="module")
 async def srv():
     stages = [
-        {"stage_id": 0, "engine_extras": {"chunks": 4, "step_delay_ms": 5}},
+        {"stage_id": 0, "engine_extras": {"chunks": 400, "step_delay_ms": 5}},  # speech runs ~2 s
         {"stage_id": 1, "engine_extras": {"payload_bytes": 1 << 17}},  # leases in flight when aborted
         {"stage_id": 2},
     ]
@@ -153,3 +153,20 @@ async def test_disconnect_while_waiting_for_a_whole_answer(srv: Server) -> None:
     # The server still answers.
     status, out = await post(srv, CHAT, {"model": "synthetic", "messages": MSG, "max_tokens": 2})
     assert status == 200 and out["choices"][0]["message"]["content"] == "a b"
+
+
+async def test_disconnect_mid_chunked_speech_aborts(srv: Server) -> None:
+    body = {"model": "synthetic", "input": "one two three", "response_format": "pcm", "stream": True}
+    session = aiohttp.ClientSession(headers=srv.headers)
+    resp = await session.post(srv.url + "/v1/audio/speech", json=body)
+    assert resp.status == 200 and resp.headers["Transfer-Encoding"] == "chunked"
+    got = 0
+    async for part in resp.content.iter_any():
+        got += len(part)
+        if got >= 4 * 2400 * 2:  # a few chunks of audio have arrived
+            break
+    assert srv.orch.statistics().requests_in_flight == 1
+    resp.close()
+    await session.close()
+    await eventually(lambda: srv.orch.statistics().requests_in_flight == 0, 0.5)
+    await _leak_free(srv)
