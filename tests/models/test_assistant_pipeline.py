@@ -98,6 +98,24 @@ def test_processors():
     assert tts_to_vocoder_chunk(2, {"latent": b[:, :0]}, True, {}, {})["latent"].shape == (192, 0)
 
 
+def test_asr_to_llm_replaces_the_chat_audio_part():
+    """A chat request's audio part (api/chat_inputs.py) becomes the transcript, in place."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_audio", "array": "audio_1", "sample_rate": 16000}]},
+        {"role": "assistant", "content": "Yes?"},
+        {"role": "user", "content": [{"type": "text", "text": "Listen:"},
+                                     {"type": "input_audio", "array": "audio", "sample_rate": 22050}]},
+    ]
+    inputs = asr_to_llm({0: [{"text": " What is the capital of France?"}]}, {"messages": messages})
+    assert inputs == {"messages": [
+        messages[0],
+        {"role": "user", "content": ""},
+        messages[2],
+        {"role": "user", "content": "Listen: What is the capital of France?"},
+    ]}
+
+
 def test_prepare_is_idempotent_and_atomic(tmp_path, monkeypatch):
     """With only the cheap Piper parts: build, skip when ready, rebuild a part left unfinished."""
     monkeypatch.setattr(prep, "PARTS", {"tts": prep._build_tts, "vocoder": prep._build_vocoder})

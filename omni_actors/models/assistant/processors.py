@@ -72,10 +72,31 @@ def _joined_text(payloads: list[dict[str, Any]]) -> str:
 
 
 def asr_to_llm(upstream: dict[int, list[dict[str, Any]]], request: dict[str, Any]) -> dict[str, Any]:
-    """The transcript becomes the last user turn, after any history the client sent."""
+    """The transcript stands in for the request's audio; the llm gets text-only messages.
+
+    A chat request's audio sits in its last user message as a part naming the
+    array "audio" (api/chat_inputs.py): the transcript takes that part's place.
+    Otherwise (a realtime turn, plain audio) it becomes a new last user turn
+    after any history the client sent. Other media parts are dropped: the llm reads text.
+    """
     transcript = " ".join(_joined_text(payloads).strip() for payloads in upstream.values()).strip()
-    history = list(request.get("messages") or [])
-    return {"messages": [*history, {"role": "user", "content": transcript}]}
+    messages: list[dict[str, Any]] = []
+    placed = False
+    for msg in request.get("messages") or []:
+        content = msg.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") == "text":
+                    texts.append(str(part.get("text", "")))
+                elif part.get("type") == "input_audio" and part.get("array") == "audio":
+                    texts.append(transcript)
+                    placed = True
+            msg = {**msg, "content": " ".join(t for t in texts if t)}
+        messages.append(msg)
+    if not placed:
+        messages.append({"role": "user", "content": transcript})
+    return {"messages": messages}
 
 
 # -- llm -> tts ---------------------------------------------------------------

@@ -1,0 +1,188 @@
+"""The assistant served for real: its workers behind the aiohttp app, driven by the openai SDK.
+
+One server for the whole module (it loads vLLM). Speech the tests send is made
+by the server's own TTS path; speech it returns is checked by the server's own
+ASR stage (a transcript-only request straight to the orchestrator).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+import soundfile as sf
+from aiohttp import web
+from assistant_support import assistant_dir, normalize
+from openai import AsyncOpenAI
+
+from omni_actors.api.app import build_app
+from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
+from omni_actors.cli import bundled_deploy
+from omni_actors.config.deploy import load_deploy
+from omni_actors.models.assistant import ASR, LLM, TTS, VOCODER
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.requests import RequestSpec
+from tests.api.conftest import Server, eventually, idle
+from tests.conftest import running
+
+__all__ = ["assistant_dir"]  # the fixture, imported for pytest
+
+KEY = "assistant-test-key"
+QUESTION = "What is the capital of France?"
+THREE_SENTENCES = (
+    "The weather is lovely today. We should walk to the park after lunch. Bring a hat and some water."
+)
+MAX_TOKENS = 40
+"""Enough for SmolLM2's answer to QUESTION to name the city; short keeps the module quick."""
+REQUEST_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+async def srv(assistant_dir) -> AsyncIterator[Server]:
+    """The bundled deploy (as `omni-run` serves it) on a free port, with an API key."""
+    deploy = load_deploy(bundled_deploy(), {"model": str(assistant_dir), "server": {"api_keys": [KEY]}})
+    async with running(deploy) as orch:
+        runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            yield Server(orch, f"http://{host}:{port}", KEY)
+        finally:
+            await runner.cleanup()
+
+
+def client(srv: Server) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=REQUEST_TIMEOUT_S,
+                       websocket_base_url=srv.url.replace("http://", "ws://") + "/v1")
+
+
+async def transcribe(orch: Orchestrator, wave: np.ndarray, rate: int) -> str:
+    """The server's ASR stage alone (the planner's transcript-only route)."""
+    stream = orch.submit(RequestSpec(inputs={"audio": wave.astype(np.float32), "sample_rate": rate},
+                                     params={"modalities": ["transcript"]}))
+    chunks = await stream.collect()
+    assert {c.stage_id for c in chunks} == {ASR}
+    return "".join(c.data.get("text", "") for c in chunks).strip()
+
+
+def read_wav(data: bytes) -> tuple[np.ndarray, int]:
+    wave, rate = sf.read(io.BytesIO(data), dtype="float32")
+    return wave.reshape(-1), int(rate)
+
+
+@pytest.fixture(scope="module")
+async def question_wav(srv: Server) -> bytes:
+    """QUESTION spoken by the server's TTS path (/v1/audio/speech), as a WAV file."""
+    resp = await client(srv).audio.speech.create(model="assistant", voice="alloy", input=QUESTION,
+                                                 response_format="wav")
+    return resp.content
+
+
+async def test_speech_is_intelligible(srv: Server, question_wav: bytes) -> None:
+    wave, rate = read_wav(question_wav)
+    assert rate == 22050 and 1.0 < wave.size / rate < 6.0
+    assert normalize(await transcribe(srv.orch, wave, rate)) == normalize(QUESTION)
+
+
+async def test_spoken_round_trip(srv: Server, question_wav: bytes) -> None:
+    """A spoken question in, a spoken answer out whose transcript names the answer."""
+    answer = await client(srv).chat.completions.create(
+        model="assistant",
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"},
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(question_wav).decode(), "format": "wav"}}]}],
+    )
+    message = answer.choices[0].message
+    assert "paris" in normalize(message.content or ""), message.content
+    assert message.audio is not None and message.audio.transcript == message.content
+    wave, rate = read_wav(base64.b64decode(message.audio.data))
+    assert wave.size / rate > 0.5
+    heard = await transcribe(srv.orch, wave, rate)
+    assert "paris" in normalize(heard), (message.content, heard)
+    await eventually(lambda: idle(srv.orch))
+
+
+async def test_speech_streams_progressively(srv: Server) -> None:
+    """Chunked /v1/audio/speech: the first bytes arrive well before the last."""
+    started = time.monotonic()
+    arrivals: list[tuple[float, int]] = []
+    async with client(srv).audio.speech.with_streaming_response.create(
+        model="assistant", voice="alloy", input=THREE_SENTENCES, response_format="pcm",
+        extra_body={"stream": True},
+    ) as resp:
+        assert resp.headers.get("transfer-encoding") == "chunked"
+        async for piece in resp.iter_bytes():
+            arrivals.append((time.monotonic() - started, len(piece)))
+    total = sum(n for _, n in arrivals)
+    seconds = total / 2 / 22050  # pcm: 16-bit mono at the voice's rate
+    assert 4.0 < seconds < 15.0, seconds
+    first, last = arrivals[0][0], arrivals[-1][0]
+    assert len(arrivals) >= 3
+    assert first < 0.6 * last, arrivals  # sentence by sentence, chunk by chunk: not all at the end
+    await eventually(lambda: idle(srv.orch))
+
+
+async def test_text_chat_skips_speech_stages(srv: Server) -> None:
+    """modalities ["text"]: only the llm runs (no stage but the llm ever holds the request)."""
+    stream = await client(srv).chat.completions.create(
+        model="assistant", modalities=["text"], max_tokens=MAX_TOKENS, stream=True,
+        messages=[{"role": "user", "content": QUESTION}],
+    )
+    text, audio_deltas, busy = [], 0, []
+    async for chunk in stream:
+        stats = srv.orch.statistics()
+        busy.append({s: stats.stage(s).in_flight for s in (ASR, LLM, TTS, VOCODER)})
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            audio_deltas += getattr(choice.delta, "audio", None) is not None
+    assert "paris" in normalize("".join(text))
+    assert audio_deltas == 0
+    assert all(b[ASR] == b[TTS] == b[VOCODER] == 0 for b in busy), busy
+    assert any(b[LLM] == 1 for b in busy), busy
+
+
+async def test_realtime_spoken_turn(srv: Server, question_wav: bytes) -> None:
+    """Manual commit: the question's audio in, audio deltas and a transcript naming Paris out."""
+    wave, rate = read_wav(question_wav)
+    wire = resample(wave, rate, WIRE_RATE)
+    audio, transcript, user_transcript, types = b"", "", "", []
+    async with client(srv).beta.realtime.connect(model="assistant") as conn:
+        await conn.session.update(session={
+            "modalities": ["text", "audio"], "turn_detection": None, "temperature": 0.0,  # greedy
+            "input_audio_transcription": {"model": "whisper-1"}, "max_response_output_tokens": MAX_TOKENS,
+        })
+        async for event in conn:
+            types.append(event.type)
+            if event.type == "session.updated":
+                step = WIRE_RATE // 5
+                for i in range(0, wire.size, step):
+                    await conn.input_audio_buffer.append(audio=base64.b64encode(pcm16_bytes(wire[i:i + step])).decode())
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+            elif event.type == "response.audio.delta":
+                audio += base64.b64decode(event.delta)
+            elif event.type == "response.audio_transcript.done":
+                transcript = event.transcript
+            elif event.type == "conversation.item.input_audio_transcription.completed":
+                user_transcript = event.transcript
+            elif event.type == "error":
+                pytest.fail(f"realtime error: {event.error}")
+            elif event.type == "response.done":
+                # Answers run to the token cap: "incomplete" with that reason is the expected end.
+                status = event.response.status
+                reason = event.response.status_details.reason if event.response.status_details else None
+                assert status == "completed" or (status, reason) == ("incomplete", "max_output_tokens"), status
+                break
+    assert normalize(user_transcript) == normalize(QUESTION)
+    assert "paris" in normalize(transcript), transcript
+    assert types.count("response.audio.delta") >= 2
+    assert len(audio) / 2 / WIRE_RATE > 0.5
+    await eventually(lambda: idle(srv.orch))
