@@ -258,15 +258,69 @@ def test_four_concurrent_requests_equal_each_alone(stages):
             np.testing.assert_allclose(together[rid]["audio"], alone[rid]["audio"], atol=1e-4)
 
 
-def test_audio_and_image_inputs(stages):
+def test_audio_and_image_inputs_match_transformers(stages):
     rng = np.random.default_rng(0)
-    req = {
-        "messages": MSGS,
-        "audio": (rng.standard_normal(8000) * 0.1).astype(np.float32),
-        "image": (rng.random((56, 56, 3)) * 255).astype(np.uint8),
-    }
-    res = stages.run_full({"m": req})["m"]
-    assert len(res["tokens"]) == THINKER["max_tokens"] and res["audio"].size > 0
+    audio = (rng.standard_normal(8000) * 0.1).astype(np.float32)
+    image = (rng.random((56, 56, 3)) * 255).astype(np.uint8)
+    engines = stages.engines
+    engines[0].add("m", {"messages": MSGS, "audio": audio, "image": image}, stages.params(0))
+    thinker = []
+    while engines[0].has_work():
+        thinker += [o.payload for o in engines[0].step()]
+    prompt = torch.tensor([thinker[0]["prompt_token_ids"]])
+    adapter = engines[0].adapter
+    assert (prompt == adapter.config.audio_token_id).sum() > 0
+    assert (prompt == adapter.config.image_token_id).sum() > 0
+    feats = adapter.features(
+        [audio], sampling_rate=16000, return_attention_mask=True, padding="longest",
+        return_tensors="pt",
+    )  # fmt: skip
+    pix = adapter.image_processor()(images=[image], return_tensors="pt")
+    media = {
+        "input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"],
+        "pixel_values": pix["pixel_values"], "image_grid_thw": pix["image_grid_thw"],
+    }  # fmt: skip
+    n = THINKER["max_tokens"]
+    want = adapter.model.generate(
+        input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+        min_new_tokens=n, do_sample=False, **media,
+    )[0, prompt.shape[1] :].tolist()  # fmt: skip
+    assert [t for p in thinker for t in p["token_ids"]] == want
+    engines[1].add("m", stages.full[1]({0: thinker}, {}), stages.params(1))
+    talker = []
+    while engines[1].has_work():
+        for out in engines[1].step():
+            assert out.error is None, out.error
+            talker.append(out.payload)
+    assert talker and "finish_reason" in talker[-1]
+    codes = [p["codes"] for p in talker if "codes" in p]
+    codes = np.concatenate(codes) if codes else np.zeros((0, 16), np.int64)
+    if stages.name != "qwen3_omni_moe":
+        return
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(stages.path).eval()
+    captured = {}
+
+    class Captured(Exception):
+        pass
+
+    def spy(codes, *args, **kwargs):
+        captured["codes"] = codes.clone()
+        raise Captured
+
+    model.code2wav.chunked_decode = spy
+    model.talker.config.audio_config = model.config.thinker_config.audio_config  # typed, not a dict
+    with pytest.raises(Captured):
+        model.generate(
+            input_ids=prompt, attention_mask=torch.ones_like(prompt), speaker="ethan",
+            thinker_max_new_tokens=n, thinker_min_new_tokens=n, thinker_do_sample=False,
+            talker_max_new_tokens=TALKER["talker_max_tokens"], talker_do_sample=False,
+            talker_repetition_penalty=1.0, **media,
+        )  # fmt: skip
+    ref = captured["codes"][0].T.numpy()
+    assert len(codes) >= len(ref)
+    np.testing.assert_array_equal(codes[: len(ref)], ref)
 
 
 def test_abort_mid_stream_leaves_others_running(stages):

@@ -118,3 +118,23 @@ def test_corrupt_checkpoint_names_the_file(llama_dir, tmp_path, damage):
         name = "config.json"
     with pytest.raises((FileNotFoundError, ValueError), match=name):
         HfAREngine(_ctx(broken))
+
+
+def test_max_num_seqs_bounds_running_requests(llama_dir):
+    engine = HfAREngine(_ctx_limited(llama_dir, 2))
+    params = {"max_tokens": 5, "ignore_eos": True}
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(f"r{i}", {"prompt": prompt}, params)
+    most = 0
+    got: dict[str, list] = {}
+    while engine.has_work():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.payload["token_ids"])
+        most = max(most, sum(1 for s in engine.seqs.values() if s.kv is not None))
+    assert most <= 2 and all(len(got[f"r{i}"]) == 5 for i in range(4))
+
+
+def _ctx_limited(path: Path, limit: int) -> EngineContext:
+    import dataclasses
+
+    return dataclasses.replace(_ctx(path), max_num_seqs=limit)

@@ -67,6 +67,9 @@ class Qwen3OmniMoeTalkerAdapter(ARAdapter):
         self.model = load_part(
             Qwen3OmniMoeTalkerForConditionalGeneration, path, tc, "talker", self.ctx
         )
+        # Multimodal positions read `config.audio_config.n_window`; the talker config need not
+        # carry a (typed) audio config, the thinker's always does.
+        self.model.config.audio_config = config.thinker_config.audio_config
         table = load_tensor(path, "thinker.model.embed_tokens.weight").to(self.model.dtype)
         self.thinker_embed = torch.nn.Embedding.from_pretrained(table).to(self.ctx.device)
         self.mm_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
@@ -123,9 +126,11 @@ class Qwen3OmniMoeTalkerAdapter(ARAdapter):
         hidden = feed.prompt_hidden.to(dev, dt)
         starts = [i for i, t in enumerate(ids) if t == self.config.im_start_token_id]
         user: list[torch.Tensor] = []
+        user_ids: list[int] = []
         for n, s in enumerate(starts):
             end = starts[n + 1] if n + 1 < len(starts) else len(ids)
             if s + 1 < len(ids) and ids[s + 1] == self.config.user_token_id:
+                user_ids.extend(ids[s:end])
                 for i in range(s, end):
                     if ids[i] in self.mm_ids:
                         user.append(self.model.hidden_projection(hidden[i : i + 1])[0])
@@ -151,7 +156,17 @@ class Qwen3OmniMoeTalkerAdapter(ARAdapter):
             [text.new_zeros(3, text.shape[-1]), self.model.get_input_embeddings()(control)]
         )
         rows = torch.cat([torch.stack(user) if user else text[:0], text + codec])
-        return StepInputs(rows)  # text positions (media in the talker prompt keep text positions)
+        if not feed.meta:
+            return StepInputs(rows)  # text only: positions 0, 1, ...
+        # Media in the user turns: multimodal rotary positions, as the thinker had them.
+        talker_ids = torch.tensor(
+            [[*user_ids, *[self.config.tts_pad_token_id] * len(text)]], device=dev
+        )
+        positions, deltas = self.model.get_rope_index(
+            talker_ids, feed.meta.get("image_grid_thw"), None, torch.ones_like(talker_ids), False,
+            feed.meta.get("audio_feature_lengths"), None,
+        )  # fmt: skip
+        return StepInputs(rows, positions[:, 0], talker_ids.shape[1] + int(deltas.reshape(-1)[0]))
 
     def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
         rows = [s.data["frame"] + self._trailing(s.data["feed"], len(s.tokens) - 1) for s in seqs]

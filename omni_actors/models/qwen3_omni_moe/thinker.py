@@ -32,4 +32,4 @@ class Qwen3OmniMoeThinkerAdapter(Qwen2_5OmniThinkerAdapter):
             _get_feat_extract_output_lengths,
         )
 
-        return _get_feat_extract_output_lengths(lengths)
+        return _get_feat_extract_output_lengths(lengths, self.config.audio_config.n_window)

@@ -195,15 +195,23 @@ class HfAREngine(StageEngine):
         self.seqs.pop(request_id, None)
 
     def has_work(self) -> bool:
-        return any(self.adapter.ready(s) for s in self.seqs.values() if not s.finished)
+        holding = sum(1 for s in self.seqs.values() if s.kv is not None)
+        room = holding < max(1, self.ctx.max_num_seqs)
+        return any(
+            self.adapter.ready(s) and (s.kv is not None or room)
+            for s in self.seqs.values()
+            if not s.finished
+        )
 
     # ---- stepping --------------------------------------------------------
 
     @torch.inference_mode()
     def step(self) -> list[EngineOutput]:
+        limit = max(1, self.ctx.max_num_seqs)
+        holding = sum(1 for s in self.seqs.values() if s.kv is not None)  # KV caches in use
         ready = [s for s in self.seqs.values() if not s.finished and self.adapter.ready(s)]
-        new = [s for s in ready if s.kv is None]
-        running = [s for s in ready if s.kv is not None][: max(1, self.ctx.max_num_seqs)]
+        new = [s for s in ready if s.kv is None][: max(0, limit - holding)]
+        running = [s for s in ready if s.kv is not None][:limit]
         outputs: list[EngineOutput] = []
         for seq in new:
             outputs.extend(self._guarded([seq], self._prefill))
