@@ -20,6 +20,8 @@ INLINE_MAX_BYTES = 64 * 1024
 """Arrays up to this size are sent inside the message instead of shared memory."""
 
 _TORCH = "torch:"
+NESTED_KEY = "__omni_array__"
+"""Placeholder key for an array that was nested inside a list or dict."""
 
 
 def _is_torch(value: Any) -> bool:
@@ -55,19 +57,38 @@ class PayloadCodec:
         self.segments = segments
 
     def encode(self, values: dict[str, Any]) -> Payload:
+        """Split values into plain data and arrays; arrays nested in lists/dicts are hoisted."""
         data: dict[str, Any] = {}
         arrays: dict[str, ArrayRef] = {}
         for key, value in values.items():
-            if isinstance(value, np.ndarray):
-                arrays[key] = self._encode_array(np.ascontiguousarray(value), value.dtype.str)
-            elif _is_torch(value):
-                arr, dtype = _torch_to_numpy(value)
-                arrays[key] = self._encode_array(arr, dtype)
+            if isinstance(value, np.ndarray) or _is_torch(value):
+                arrays[key] = self._encode_any_array(value)
+            elif isinstance(value, (list, dict)):
+                data[key] = self._hoist(value, arrays, "/" + key)
             elif isinstance(value, np.generic):
                 data[key] = value.item()
             else:
                 data[key] = value
         return Payload(data=data, arrays=arrays)
+
+    def _encode_any_array(self, value: Any) -> ArrayRef:
+        if isinstance(value, np.ndarray):
+            return self._encode_array(np.ascontiguousarray(value), value.dtype.str)
+        arr, dtype = _torch_to_numpy(value)
+        return self._encode_array(arr, dtype)
+
+    def _hoist(self, value: Any, arrays: dict[str, ArrayRef], path: str) -> Any:
+        """Replace arrays inside nested lists/dicts by {NESTED_KEY: path}, storing them under path."""
+        if isinstance(value, np.ndarray) or _is_torch(value):
+            arrays[path] = self._encode_any_array(value)
+            return {NESTED_KEY: path}
+        if isinstance(value, dict):
+            return {k: self._hoist(v, arrays, f"{path}/{k}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._hoist(v, arrays, f"{path}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, np.generic):
+            return value.item()
+        return value
 
     def _encode_array(self, arr: np.ndarray, dtype: str) -> ArrayRef:
         shape = tuple(arr.shape)
@@ -82,8 +103,16 @@ class PayloadCodec:
     def decode(self, payload: Payload, copy: bool = False) -> dict[str, Any]:
         """Plain values plus arrays; with `copy=False` shared-memory arrays are read-only views."""
         out = dict(payload.data)
+        nested: dict[str, Any] = {}
         for key, ref in payload.arrays.items():
-            out[key] = self.decode_array(ref, copy)
+            if key.startswith("/"):  # hoisted from inside a list or dict
+                nested[key] = self.decode_array(ref, copy)
+            else:
+                out[key] = self.decode_array(ref, copy)
+        if nested:
+            for key, value in out.items():
+                if isinstance(value, (list, dict)):
+                    out[key] = _restore(value, nested)
         return out
 
     def decode_array(self, ref: ArrayRef, copy: bool = False) -> Any:
@@ -107,6 +136,16 @@ class PayloadCodec:
                 arr = arr.copy()  # torch needs writable memory; hand it its own copy
             return _numpy_to_torch(arr, ref.dtype)
         return arr
+
+
+def _restore(value: Any, nested: dict[str, Any]) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and NESTED_KEY in value:
+            return nested[value[NESTED_KEY]]
+        return {k: _restore(v, nested) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore(v, nested) for v in value]
+    return value
 
 
 def leases_of(payload: Payload) -> list[LeaseId]:

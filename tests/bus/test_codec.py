@@ -81,3 +81,16 @@ def test_batch_roundtrip() -> None:
     msgs = [m.Abort(["a"]), m.Heartbeat(busy=2), m.FreeLeases([1, 2])]
     assert m.unbatch(m.decode(m.encode_many(msgs))) == msgs
     assert m.decode(m.encode_many(msgs[:1])) == msgs[0]
+
+
+def test_arrays_nested_in_lists_and_dicts_round_trip(pair) -> None:
+    _, _, producer, consumer = pair
+    audio = np.linspace(-1, 1, 100_000, dtype=np.float32)  # big enough for shared memory
+    msgs = [{"role": "user", "content": [{"type": "input_audio", "audio": audio, "sample_rate": 16000},
+                                         {"type": "text", "text": "hi", "n": np.int32(2)}]}]
+    payload, out = roundtrip(producer, consumer, {"messages": msgs, "top": np.zeros(3)})
+    assert "/messages/0/content/0/audio" in payload.arrays
+    part = out["messages"][0]["content"][0]
+    np.testing.assert_array_equal(part["audio"], audio)
+    assert part["sample_rate"] == 16000 and out["messages"][0]["content"][1] == {"type": "text", "text": "hi", "n": 2}
+    assert len(leases_of(payload)) == 1
