@@ -19,6 +19,11 @@ import zmq
 from omni_actors.bus import messages as m
 from omni_actors.settings import SETTINGS
 
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+# (plain ints: pyzmq's enum flags cost more than the socket calls on the hot path)
+
 SEND_HWM = 0
 """No high-water mark: admission control bounds the traffic, not dropped frames."""
 
@@ -76,9 +81,9 @@ class AsyncRouter:
     def _on_readable(self) -> None:
         self.wakeups += 1
         sock = self.sock
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while sock.getsockopt(_EVENTS) & _POLLIN:
             try:
-                identity, body = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                identity, body = sock.recv_multipart(_NOBLOCK, copy=True)
             except zmq.Again:
                 break
             except ValueError:
@@ -110,13 +115,13 @@ class AsyncRouter:
         outbox, self._outbox = self._outbox, {}
         for identity, msgs in outbox.items():
             try:
-                self.sock.send_multipart([identity, m.encode_many(msgs)], zmq.NOBLOCK)
+                self.sock.send_multipart([identity, m.encode_many(msgs)], _NOBLOCK)
             except zmq.ZMQError:
                 continue  # the peer is gone (ROUTER_MANDATORY); its death is handled elsewhere
             self.frames_out += 1
             self.messages_out += len(msgs)
         # Edge-triggered fd: a send may have consumed the readiness edge.
-        if self._loop is not None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self._loop is not None and self.sock.getsockopt(_EVENTS) & _POLLIN:
             self._loop.call_soon(self._on_readable)
 
     def close(self) -> None:
@@ -149,7 +154,7 @@ class WorkerSocket:
         out: list[m.Message] = []
         while True:
             try:
-                body = self.sock.recv(zmq.NOBLOCK, copy=True)
+                body = self.sock.recv(_NOBLOCK, copy=True)
             except zmq.Again:
                 return out
             out.extend(m.unbatch(m.decode(body)))
