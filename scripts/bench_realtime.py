@@ -9,12 +9,14 @@ talks over it (barge-in). Measured by the clients (a separate process):
   and from the moment the client sent the first audio of that speech.
 
 Baseline, same run, same process as the server: the pipeline's own time to
-first audio, submitting the same request straight to the orchestrator with
-the same concurrency and stagger. Added latency = first audio - baseline
-(p50 against p50). Target: added p50 <= 30 ms at 16 sessions; barge-in
-<= 100 ms after the VAD fires.
+first audio, submitting the same request (same audio, params, empty history:
+the clients delete each finished turn) straight to the orchestrator with the
+same concurrency and stagger. Added latency = first audio - baseline (p50
+against p50). Target: added p50 <= 30 ms at 16 sessions; barge-in <= 100 ms
+after the VAD fires.
 
     .venv/bin/python scripts/bench_realtime.py [--sessions 1 4 16] [--turns 4]
+    .venv/bin/python scripts/bench_realtime.py --pipeline assistant --sessions 1 4 --turns 3 --gap 6
 
 Prints one JSON line.
 """
@@ -47,10 +49,12 @@ PHRASES = ("What is the weather like in Paris today?", "Please book a table for 
 CHUNK_S = 0.04
 """Audio per append, as a microphone client sends it."""
 GAP_S = 1.0
-"""Silence after each phrase; the VAD ends the turn 500 ms into it, the next phrase barges in."""
+"""Silence after each phrase (--gap); the VAD ends the turn 500 ms into it, the next phrase barges in."""
 ANSWER_TOKENS = 80
 """Answer length: at 20 ms per token (1.6 s) it outlasts the gap, so each next turn interrupts it."""
 STEP_MS = {0: 20, 1: 5, 2: 5}
+PARAMS = {"temperature": 0.0, "voice": "alloy", "modalities": ["text", "audio"], "max_tokens": ANSWER_TOKENS}
+"""What the realtime layer sends for these sessions' turns; the baseline sends the same."""
 WIRE_RATE = 24_000
 
 
@@ -77,33 +81,34 @@ def make_speech(tmp: Path) -> list[np.ndarray]:
 # ---- the client process ----------------------------------------------------------------
 
 
-def session_stream(k: int, turns: int, speech: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+def session_stream(k: int, turns: int, speech: list[np.ndarray], gap_s: float) -> tuple[np.ndarray, list[int]]:
     """The microphone signal of session k and the sample index where each phrase starts."""
     parts, onsets, pos = [], [], 0
     for j in range(turns):
         phrase = speech[(k + j) % len(speech)]
         onsets.append(pos)
-        gap = np.zeros(int((GAP_S if j < turns - 1 else 4.0) * WIRE_RATE), np.float32)
+        gap = np.zeros(int((gap_s if j < turns - 1 else max(4.0, gap_s)) * WIRE_RATE), np.float32)
         parts += [phrase, gap]
         pos += len(phrase) + len(gap)
     return np.concatenate(parts), onsets
 
 
-async def run_session(url: str, k: int, offset_s: float, turns: int, speech: list[np.ndarray]) -> dict[str, list]:
+async def run_session(url: str, k: int, offset_s: float, turns: int, speech: list[np.ndarray],
+                      gap_s: float) -> dict[str, list]:
     import aiohttp
 
-    stream, onsets = session_stream(k, turns, speech)
+    stream, onsets = session_stream(k, turns, speech, gap_s)
     res: dict[str, list] = {"first_audio": [], "barge_in": [], "barge_in_onset": []}
     state: dict[str, Any] = {"stop": None, "start": None, "active": False, "onset_sent": []}
     async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=0) as ws:
         await ws.send_json({"type": "session.update", "session": {
             "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
                                "silence_duration_ms": 500},
-            "max_response_output_tokens": ANSWER_TOKENS}})
+            "max_response_output_tokens": ANSWER_TOKENS, "temperature": 0.0}})
         done_all = asyncio.Event()
 
         async def reader() -> None:
-            responses = 0
+            responses, items = 0, []
             async for msg in ws:
                 ev = json.loads(msg.data)
                 now = time.perf_counter()
@@ -115,7 +120,13 @@ async def run_session(url: str, k: int, offset_s: float, turns: int, speech: lis
                     state["stop"] = None
                 elif t == "input_audio_buffer.speech_started":
                     state["start"] = now
+                elif t == "conversation.item.created":
+                    items.append(ev["item"]["id"])
                 elif t == "response.done":
+                    # forget the turn: every request then carries what the baseline's does
+                    for item_id in items:
+                        await ws.send_json({"type": "conversation.item.delete", "item_id": item_id})
+                    items.clear()
                     responses += 1
                     r = ev["response"]
                     if r["status"] == "cancelled" and state["start"] is not None:
@@ -138,19 +149,19 @@ async def run_session(url: str, k: int, offset_s: float, turns: int, speech: lis
                 state["onset_sent"].append(time.perf_counter())
             pcm = (np.clip(stream[at:at + step], -1, 1) * 32767).astype("<i2").tobytes()
             await ws.send_json({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
-        await asyncio.wait_for(done_all.wait(), 30)
+        await asyncio.wait_for(done_all.wait(), 120)
         await ws.close()
         task.cancel()
     return res
 
 
-def client_main(url: str, sessions: int, turns: int, speech_dir: str, out: Any) -> None:
+def client_main(url: str, sessions: int, turns: int, speech_dir: str, gap_s: float, out: Any) -> None:
     speech = [np.load(f) for f in sorted(Path(speech_dir).glob("*.npy"))]
-    period = (len(speech[0]) / WIRE_RATE + GAP_S)
+    period = len(speech[0]) / WIRE_RATE + gap_s
 
     async def main() -> list[dict[str, list]]:
         return await asyncio.gather(*(
-            run_session(url, k, k * period / sessions, turns, speech) for k in range(sessions)))
+            run_session(url, k, k * period / sessions, turns, speech, gap_s) for k in range(sessions)))
 
     out.send(asyncio.run(main()))
 
@@ -158,19 +169,25 @@ def client_main(url: str, sessions: int, turns: int, speech_dir: str, out: Any) 
 # ---- the server process: orchestrator, baseline, app ---------------------------------------
 
 
-async def baseline(orch: Any, sessions: int, turns: int, period: float, hold_s: float) -> list[float]:
+async def baseline(orch: Any, sessions: int, turns: int, period: float, hold_s: float,
+                   speech: list[np.ndarray]) -> list[float]:
     """Time to first audio straight through the orchestrator, same stagger; answers cut after hold_s."""
+    from omni_actors.api.realtime.audio import resample
     from omni_actors.orchestrator.requests import RequestSpec
 
-    audio = np.zeros(16_000 * 2, np.float32)
+    # what a committed turn carries: prefix padding, the phrase, the silence that ended it
+    heard = [resample(np.concatenate([np.zeros(int(0.3 * WIRE_RATE), np.float32), x,
+                                      np.zeros(int(0.5 * WIRE_RATE), np.float32)]), WIRE_RATE, 16_000)
+             for x in speech]
     lat: list[float] = []
 
     async def one(k: int) -> None:
         await asyncio.sleep(k * period / sessions)
         for j in range(turns):
             start = time.perf_counter()
+            audio = heard[(k + j) % len(heard)]
             spec = RequestSpec(inputs={"messages": [], "audio": audio, "sample_rate": 16_000},
-                               params={"max_tokens": ANSWER_TOKENS, "modalities": ["text", "audio"]})
+                               params=PARAMS)
             stream = orch.submit(spec)
             async for chunk in stream:
                 if chunk.output_type == "audio":
@@ -188,13 +205,20 @@ async def serve_and_measure(args: argparse.Namespace, speech_dir: str, speech: l
     from aiohttp import web
 
     from omni_actors.api.app import build_app
-    from omni_actors.config.deploy import build_deploy
+    from omni_actors.config.deploy import build_deploy, load_deploy
     from omni_actors.orchestrator.core import Orchestrator
 
-    stages = [{"stage_id": s, "engine_extras": {"step_delay_ms": ms, **({"chunks": 8} if s == 0 else {})}}
-              for s, ms in STEP_MS.items()]
-    deploy = build_deploy({"pipeline": "synthetic", "async_chunk": True, "stages": stages,
-                           "server": {"max_realtime_sessions": max(args.sessions)}}, source="bench")
+    server = {"max_realtime_sessions": max(args.sessions)}
+    if args.pipeline == "assistant":
+        from omni_actors.models.assistant.prepare import default_data_dir, prepare
+
+        bundled = Path(__file__).resolve().parents[1] / "omni_actors" / "deploy" / "assistant.yaml"
+        deploy = load_deploy(bundled, {"model": str(prepare(default_data_dir())), "server": server})
+    else:
+        stages = [{"stage_id": s, "engine_extras": {"step_delay_ms": ms, **({"chunks": 8} if s == 0 else {})}}
+                  for s, ms in STEP_MS.items()]
+        deploy = build_deploy({"pipeline": "synthetic", "async_chunk": True, "stages": stages,
+                               "server": server}, source="bench")
     orch = Orchestrator(deploy)
     await orch.start()
     runner = web.AppRunner(build_app(orch), handle_signals=False)
@@ -202,14 +226,15 @@ async def serve_and_measure(args: argparse.Namespace, speech_dir: str, speech: l
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
-    url = f"ws://{host}:{port}/v1/realtime?model=synthetic"
-    period = len(speech[0]) / WIRE_RATE + GAP_S
+    url = f"ws://{host}:{port}/v1/realtime?model={args.pipeline}"
+    period = len(speech[0]) / WIRE_RATE + args.gap
     rows = []
     try:
         for n in args.sessions:
-            base = await baseline(orch, n, args.turns, period, hold_s=0.5)
+            base = await baseline(orch, n, args.turns, period, hold_s=args.gap - 0.5, speech=speech)
             parent, child = mp.Pipe()
-            proc = mp.get_context("spawn").Process(target=client_main, args=(url, n, args.turns, speech_dir, child))
+            proc = mp.get_context("spawn").Process(target=client_main,
+                                                 args=(url, n, args.turns, speech_dir, args.gap, child))
             proc.start()
             results = await asyncio.get_running_loop().run_in_executor(None, parent.recv)
             await asyncio.get_running_loop().run_in_executor(None, proc.join)
@@ -236,6 +261,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--turns", type=int, default=4, help="spoken turns per session")
+    ap.add_argument("--pipeline", choices=["synthetic", "assistant"], default="synthetic")
+    ap.add_argument("--gap", type=float, default=GAP_S, help="silence between phrases, seconds")
     args = ap.parse_args()
     if shutil.which("espeak-ng") is None:
         sys.exit("espeak-ng is needed to synthesise the speech")
@@ -252,7 +279,8 @@ def main() -> None:
     rows = out["rows"]
     at16 = next((r for r in rows if r["sessions"] == 16), None)
     print(json.dumps({
-        "bench": "realtime", "pipeline": "synthetic", "step_ms": STEP_MS, "cpus": os.cpu_count(),
+        "bench": "realtime", "pipeline": args.pipeline,
+        "step_ms": STEP_MS if args.pipeline == "synthetic" else None, "gap_s": args.gap, "cpus": os.cpu_count(),
         "chunk_ms": int(CHUNK_S * 1000), "results": rows,
         "target": {"added_p50_ms_at_16": 30, "barge_in_p50_ms": 100},
         "met": None if at16 is None else bool(

@@ -126,6 +126,11 @@ def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
              "remaining": max(0, entry.queue_limit - entry.in_flight), "reset_seconds": 0.0}]
 
 
+def failed(code: str, message: str) -> dict[str, Any]:
+    """status_details of a failed response."""
+    return {"type": "failed", "error": {"type": "server_error", "code": code, "message": message}}
+
+
 @dataclass
 class Usage:
     input_text: int = 0
@@ -193,35 +198,44 @@ class ResponseRun:
     async def _run(self) -> None:
         h = self.host
         try:
-            await h.send(ev.ResponseCreated(response=self.render()))
-            items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
-            spec, audio_item = build_request(h.orch.pipeline, self.opts, items)
-            self._count_input(spec)
-            try:
-                plan = h.orch.plan(spec)
-                self.stream = h.orch.submit(spec)
-            except (AdmissionError, StageUnavailable, ValueError) as err:
-                code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
-                return await self._finish("failed", {"type": "server_error", "code": code, "message": str(err)})
-            if self.cancel_reason:
-                self.stream.abort()
-            final = {h.orch.pipeline.stage(s).final_output_type for s in plan if h.orch.pipeline.stage(s).final_output}
-            await self._open_item()
-            error = await self._consume(audio_item, text_is_transcript="text" in final)
-            if self.cancel_reason:
-                return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
-            if error is not None:
-                return await self._finish("failed", {"type": "server_error", "code": type(error).__name__,
-                                                     "message": str(error)})
-            limit = self.opts.max_output_tokens
-            if limit is not None and self.usage.output_text >= limit:
-                return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
-            await self._finish("completed", None)
+            await self._respond()
+        except ConnectionError:
+            raise  # the client is gone: nobody to tell
+        except Exception as err:  # this response's boundary: report it, keep the session
+            log.exception("realtime.response_error", response_id=self.id, error=type(err).__name__)
+            if self.status == "in_progress":
+                await self._finish("failed", failed("internal_error", type(err).__name__))
         finally:
             if self.stream is not None and not self.stream.ended:
                 self.stream.abort()  # the task was cancelled or a send failed: stop every stage
             if h.response is self:
                 h.response = None
+
+    async def _respond(self) -> None:
+        h = self.host
+        await h.send(ev.ResponseCreated(response=self.render()))
+        items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
+        spec, audio_item = build_request(h.orch.pipeline, self.opts, items)
+        self._count_input(spec)
+        try:
+            plan = h.orch.plan(spec)
+            self.stream = h.orch.submit(spec)
+        except (AdmissionError, StageUnavailable, ValueError) as err:
+            code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
+            return await self._finish("failed", failed(code, str(err)))
+        if self.cancel_reason:
+            self.stream.abort()
+        final = {h.orch.pipeline.stage(s).final_output_type for s in plan if h.orch.pipeline.stage(s).final_output}
+        await self._open_item()
+        error = await self._consume(audio_item, text_is_transcript="text" in final)
+        if self.cancel_reason:
+            return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
+        if error is not None:
+            return await self._finish("failed", failed(type(error).__name__, str(error)))
+        limit = self.opts.max_output_tokens
+        if limit is not None and self.usage.output_text >= limit:
+            return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+        await self._finish("completed", None)
 
     async def _open_item(self) -> None:
         h = self.host

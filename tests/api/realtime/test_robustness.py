@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import signal
 
 import aiohttp
 import numpy as np
@@ -91,5 +93,23 @@ async def test_cancel_by_client(srv: Server) -> None:
         done = (await c.until("response.done"))[-1]["response"]
         assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
         assert done["output"][0]["status"] == "incomplete"
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
+
+
+async def test_worker_death_fails_the_response_not_the_session(srv: Server) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x y"}]})
+        await c.send("response.create", response={"max_output_tokens": 200})
+        await c.until("response.audio.delta")
+        talker = srv.orch.workers[1][0]
+        os.kill(talker.pid, signal.SIGKILL)
+        done = (await c.until("response.done"))[-1]["response"]
+        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "WorkerDied"
+        await srv.orch.wait_healthy(30)  # the orchestrator restarts it; the same session goes on
+        await c.send("response.create")
+        assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"
         await c.ws.close()
     await eventually(lambda: idle(srv.orch))
