@@ -363,3 +363,34 @@ def test_pipeline_modules_import_without_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_end_to_end_through_real_workers(stages):
+    """One streamed chat through the orchestrator and three worker processes (async chunk)."""
+    if stages.name != "qwen3_omni_moe":
+        pytest.skip("one pipeline end to end is enough for the default suite")
+    from omni_actors.config.deploy import build_deploy
+    from omni_actors.orchestrator.core import Orchestrator
+    from omni_actors.orchestrator.requests import RequestSpec
+
+    raw = {"pipeline": stages.name, "model": str(stages.path), "async_chunk": True}
+    orch = Orchestrator(build_deploy(raw, source="test"))
+    await orch.start()
+    try:
+        spec = RequestSpec(
+            inputs={"messages": MSGS},
+            params={"max_tokens": 30, "ignore_eos": True, "talker_max_tokens": 40,
+                    "talker_temperature": 0.0},
+        )  # fmt: skip
+        chunks = await orch.submit(spec).collect()
+        assert orch.statistics().leases_held == 0
+    finally:
+        await orch.stop()
+    text = "".join(c.data.get("text", "") for c in chunks if c.stage_id == 0)
+    audio = [c for c in chunks if c.output_type == "audio"]
+    assert text and audio and audio[-1].finished
+    assert all(c.data["sample_rate"] == 24000 for c in audio)
+    assert sum(c.data["audio"].size for c in audio) > 0
+    first_audio = chunks.index(audio[0])
+    text_done = next(i for i, c in enumerate(chunks) if c.stage_id == 0 and c.finished)
+    assert first_audio < text_done and len(audio) >= 2
