@@ -379,7 +379,7 @@ async def test_end_to_end_through_real_workers(stages):
     try:
         spec = RequestSpec(
             inputs={"messages": MSGS},
-            params={"max_tokens": 30, "ignore_eos": True, "talker_max_tokens": 40,
+            params={"max_tokens": 120, "ignore_eos": True, "talker_max_tokens": 40,
                     "talker_temperature": 0.0},
         )  # fmt: skip
         chunks = await orch.submit(spec).collect()

@@ -15,7 +15,11 @@ One `step()`:
    padding is masked out, positions are given per row, and afterwards each
    row's cache is cut back out (so requests never share cache memory);
 3. samples one token per request (per-request seed, temperature, top-k/p,
-   repetition penalty) and returns the adapter's payload for each.
+   repetition penalty; greedy when no temperature is given) and returns the
+   adapter's payload for each; the last one carries finish_reason "stop"
+   (a stop token) or "length" (max_tokens, DEFAULT_MAX_TOKENS if unset).
+
+New requests are admitted while fewer than `max_num_seqs` hold a KV cache.
 
 A streaming request (async chunk) may not be ready for its next forward until
 more upstream input arrives through `feed`; the adapter says so with `ready`.
@@ -36,6 +40,8 @@ from omni_actors.config.pipeline import resolve
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_TOKENS = 4096
+"""Tokens a request may generate when its params name no max_tokens."""
 
 
 @dataclass
@@ -162,7 +168,6 @@ class HfAREngine(StageEngine):
             raise ValueError("HfAREngine needs engine_extras['adapter'] = 'module:Class'")
         self.adapter: ARAdapter = resolve(ref)(ctx)
         self.device = torch.device(ctx.device)
-        self.dtype = DTYPES.get(ctx.dtype, torch.float32) if ctx.device != "cpu" else torch.float32
         self.model = self.adapter.load()
         self.seqs: dict[str, ARSeq] = {}
 
@@ -289,13 +294,16 @@ class HfAREngine(StageEngine):
         for seq, tok, (payload, finished) in zip(seqs, tokens, results, strict=True):
             seq.tokens.append(tok)
             seq.history.append(tok)
-            max_tokens = seq.params.get("max_tokens")
-            if tok in self.adapter.stop_ids(seq) or (max_tokens and len(seq.tokens) >= max_tokens):
+            reason = "stop" if finished or tok in self.adapter.stop_ids(seq) else None
+            if reason is None and len(seq.tokens) >= int(
+                seq.params.get("max_tokens") or DEFAULT_MAX_TOKENS
+            ):
+                reason = "length"
+            if reason is not None:
                 finished = True
-            if finished:
                 seq.finished = True
                 self.seqs.pop(seq.request_id, None)
-                payload = {**payload, "finish_reason": payload.get("finish_reason", "stop")}
+                payload = {**payload, "finish_reason": payload.get("finish_reason", reason)}
             outputs.append(EngineOutput(seq.request_id, payload, finished))
         return outputs
 
