@@ -230,6 +230,7 @@ async def serve_and_measure(args: argparse.Namespace, speech_dir: str, speech: l
     period = len(speech[0]) / WIRE_RATE + args.gap
     rows = []
     try:
+        await baseline(orch, 1, 1, period, hold_s=0.0, speech=speech)  # warm-up, not measured
         for n in args.sessions:
             base = await baseline(orch, n, args.turns, period, hold_s=args.gap - 0.5, speech=speech)
             parent, child = mp.Pipe()
