@@ -160,8 +160,8 @@ class Qwen2_5OmniTalkerAdapter(ARAdapter):
         rows[-2] += codec(torch.tensor(self.tc.tts_codec_pad_token_id, device=dev))
         text_ids = torch.tensor([[*feed.prompt_ids, bos, feed.token_ids[0]]], device=dev)
         positions, deltas = self.model.get_rope_index(
-            text_ids, feed.meta.get("image_grid_thw"), None, torch.ones_like(text_ids), False,
-            feed.meta.get("audio_feature_lengths"), None,
+            text_ids, _on(feed.meta.get("image_grid_thw"), dev), None, torch.ones_like(text_ids), False,
+            _on(feed.meta.get("audio_feature_lengths"), dev), None,
         )  # fmt: skip
         return StepInputs(rows, positions[:, 0], text_ids.shape[1] + int(deltas.reshape(-1)[0]))
 
@@ -192,3 +192,7 @@ class Qwen2_5OmniTalkerAdapter(ARAdapter):
             else:
                 results.append(({"codes": np.array([tok], dtype=np.int64)}, False))
         return results
+
+
+def _on(x: torch.Tensor | None, device: Any) -> torch.Tensor | None:
+    return None if x is None else x.to(device)

@@ -144,8 +144,8 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
         ids = torch.tensor([seq.data["ids"]], device=self.ctx.device)
         meta, extra = seq.data["meta"], seq.data["extra"]
         positions, deltas = self.model.get_rope_index(
-            ids, meta.get("image_grid_thw"), None, torch.ones_like(ids), False,
-            meta.get("audio_feature_lengths"), None,
+            ids, _on(meta.get("image_grid_thw"), self.ctx.device), None, torch.ones_like(ids), False,
+            _on(meta.get("audio_feature_lengths"), self.ctx.device), None,
         )  # fmt: skip
         embeds = self.model.get_input_embeddings()(ids[0])
         extra = {"input_ids": ids, **{k: v.to(self.ctx.device) for k, v in extra.items()}}
@@ -213,3 +213,7 @@ def _expand(ids: list[int], token: int, counts: list[int], kind: str) -> list[in
         prev = place + 1
     out.extend(ids[prev:])
     return out
+
+
+def _on(x: torch.Tensor | None, device: Any) -> torch.Tensor | None:
+    return None if x is None else x.to(device)

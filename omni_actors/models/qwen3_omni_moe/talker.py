@@ -163,8 +163,8 @@ class Qwen3OmniMoeTalkerAdapter(ARAdapter):
             [[*user_ids, *[self.config.tts_pad_token_id] * len(text)]], device=dev
         )
         positions, deltas = self.model.get_rope_index(
-            talker_ids, feed.meta.get("image_grid_thw"), None, torch.ones_like(talker_ids), False,
-            feed.meta.get("audio_feature_lengths"), None,
+            talker_ids, _on(feed.meta.get("image_grid_thw"), dev), None, torch.ones_like(talker_ids), False,
+            _on(feed.meta.get("audio_feature_lengths"), dev), None,
         )  # fmt: skip
         return StepInputs(rows, positions[:, 0], talker_ids.shape[1] + int(deltas.reshape(-1)[0]))
 
@@ -238,3 +238,7 @@ class Qwen3OmniMoeTalkerAdapter(ARAdapter):
         return (
             {"temperature": 1.0, **PREDICTOR_SAMPLING} if temperature > 0 else {"temperature": 0.0}
         )
+
+
+def _on(x: torch.Tensor | None, device: Any) -> torch.Tensor | None:
+    return None if x is None else x.to(device)
