@@ -1,0 +1,23 @@
+"""The `llm` pipeline: one autoregressive text stage on vLLM, for any local HF causal LM.
+
+Topology only (imports without torch). The model folder is the deploy's `model`.
+"""
+
+from __future__ import annotations
+
+from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+
+
+@register_pipeline("llm")
+def llm() -> PipelineConfig:
+    return PipelineConfig(
+        name="llm",
+        description="A text LLM served on vLLM (streamed text out)",
+        stages=(
+            StageSpec(
+                stage_id=0, model_stage="llm", execution_type=ExecutionType.LLM_AR,
+                engine="omni_actors.workers.engines.vllm_ar:VllmAREngine",
+                final_output=True, final_output_type="text", owns_tokenizer=True,
+            ),
+        ),
+    )  # fmt: skip
