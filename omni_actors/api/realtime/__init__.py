@@ -6,6 +6,7 @@
     vad.py        silero server VAD
     responses.py  one response through the orchestrator, streamed as deltas
     handler.py    the WebSocket handler: one receive loop per connection
+    stats.py      counters per app (app[STATS_KEY].statistics())
 """
 
 from __future__ import annotations
@@ -16,19 +17,22 @@ from aiohttp import web
 
 from omni_actors import logs
 from omni_actors.api.realtime import handler, vad
+from omni_actors.api.realtime.stats import RealtimeStats
 
 SESSIONS_KEY = web.AppKey("realtime_sessions", set)
+STATS_KEY = web.AppKey("realtime_stats", RealtimeStats)
 
 
 def add_routes(app: web.Application) -> None:
     """Register GET /v1/realtime on `app`; the orchestrator is read from the app at request time."""
     sessions: set = set()
     app[SESSIONS_KEY] = sessions
+    app[STATS_KEY] = stats = RealtimeStats()
 
     async def route(request: web.Request) -> web.StreamResponse:
         from omni_actors.api.app import ORCH_KEY  # app.py imports this package; look it up late
 
-        return await handler.realtime_handler(request, request.app[ORCH_KEY], sessions)
+        return await handler.realtime_handler(request, request.app[ORCH_KEY], sessions, stats)
 
     async def warm_up(_app: web.Application) -> None:
         # Load the VAD model (seconds, once per process) on the VAD thread without holding up
@@ -50,4 +54,4 @@ def _log_warm_up(fut: asyncio.Future) -> None:
         logs.get(__name__).error("realtime.vad_unavailable", error=repr(fut.exception()))
 
 
-__all__ = ["SESSIONS_KEY", "add_routes"]
+__all__ = ["SESSIONS_KEY", "STATS_KEY", "add_routes"]

@@ -37,6 +37,7 @@ from omni_actors.api.realtime.session import (
     render_session,
     truncate,
 )
+from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector, VadEvent
 from omni_actors.orchestrator.core import Orchestrator
 
@@ -62,9 +63,10 @@ class ClientGone(ConnectionError):
 
 
 class RealtimeSession:
-    def __init__(self, ws: web.WebSocketResponse, orch: Orchestrator, model: str) -> None:
+    def __init__(self, ws: web.WebSocketResponse, orch: Orchestrator, model: str, stats: RealtimeStats) -> None:
         self.ws = ws
         self.orch = orch
+        self.stats = stats
         self.id = new_id("sess")
         self.dialect: ev.Dialect = "beta"
         audio_out = "audio" in orch.pipeline.output_types()
@@ -332,7 +334,8 @@ def _authorized(request: web.Request, keys: list[str]) -> bool:
     return any(p.startswith(prefix) and p[len(prefix):] in keys for p in protocols)
 
 
-async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: set[Any]) -> web.StreamResponse:
+async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: set[Any],
+                           stats: RealtimeStats) -> web.StreamResponse:
     server = orch.deploy.server
     if not _authorized(request, server.api_keys):
         return web.json_response({"error": {"message": "invalid or missing API key", "type": "invalid_request_error",
@@ -341,17 +344,21 @@ async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: s
                                protocols=("realtime",))
     await ws.prepare(request)
     if len(sessions) >= server.max_realtime_sessions:
+        stats.sessions_rejected += 1
         log.warning("realtime.session_limit", limit=server.max_realtime_sessions)
         await ws.close(code=1013, message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode())
         return ws
     model = request.query.get("model") or server.served_model_name or orch.deploy.pipeline
-    session = RealtimeSession(ws, orch, model)
+    session = RealtimeSession(ws, orch, model, stats)
     sessions.add(session)
+    stats.sessions_total += 1
+    stats.sessions_open = len(sessions)
     log.info("realtime.session_open", session_id=session.id, sessions=len(sessions))
     try:
         await session.serve(server.realtime_idle_timeout_s)
     finally:
         sessions.discard(session)
+        stats.sessions_open = len(sessions)
         if not ws.closed:
             await ws.close()
         log.info("realtime.session_closed", session_id=session.id, sessions=len(sessions))

@@ -13,6 +13,7 @@ transcription of the user's audio and is stored on that user item.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ from omni_actors.api.realtime.session import (
     render_item,
     render_part,
 )
+from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
@@ -48,6 +50,7 @@ class Host(Protocol):
     conversation: Conversation
     dialect: ev.Dialect
     response: ResponseRun | None
+    stats: RealtimeStats
 
     async def send(self, event: ev.ServerEvent) -> None: ...
 
@@ -160,6 +163,9 @@ class ResponseRun:
     cancel_reason: str | None = None
     _resampler: Resampler | None = None
     _user_transcript: str = ""
+    _submitted_at: float = 0.0
+    first_audio_ms: float | None = None
+    """Submit to first audio chunk out of the orchestrator: the pipeline's share of first-audio latency."""
 
     # ---- control (called by the handler) ----
 
@@ -220,6 +226,7 @@ class ResponseRun:
         try:
             plan = h.orch.plan(spec)
             self.stream = h.orch.submit(spec)
+            self._submitted_at = time.perf_counter()
         except (AdmissionError, StageUnavailable, ValueError) as err:
             code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
             return await self._finish("failed", failed(code, str(err)))
@@ -287,6 +294,7 @@ class ResponseRun:
         if samples is not None and np.size(samples):
             fmt = self.opts.output_audio_format
             if self._resampler is None:
+                self.first_audio_ms = (time.perf_counter() - self._submitted_at) * 1000
                 self._resampler = Resampler(int(data.get("sample_rate") or wire_rate(fmt)), wire_rate(fmt))
             out = self._resampler.push(np.asarray(samples, np.float32).reshape(-1))
             await self._send_audio(part, out)
@@ -344,5 +352,8 @@ class ResponseRun:
                 await h.send(ev.ItemDone(previous_item_id=None, item=rendered))
         await h.send(ev.ResponseDone(response=self.render()))
         await h.send(ev.RateLimitsUpdated(rate_limits=rate_limits(h.orch)))
+        first = None if self.first_audio_ms is None else round(self.first_audio_ms, 2)
+        h.stats.response_done(self.id, status, first)
         log.info("realtime.response_done", response_id=self.id, status=status,
-                 reason=(details or {}).get("reason"), audio_ms=self.item.content[0].audio_ms if self.item else 0)
+                 reason=(details or {}).get("reason"), first_audio_ms=first,
+                 audio_ms=self.item.content[0].audio_ms if self.item else 0)

@@ -19,8 +19,9 @@ import soundfile as sf
 from aiohttp import web
 
 from omni_actors.api.app import build_app
-from omni_actors.api.realtime import SESSIONS_KEY
+from omni_actors.api.realtime import SESSIONS_KEY, STATS_KEY
 from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
+from omni_actors.api.realtime.stats import RealtimeStatistics
 from omni_actors.config.deploy import DeployConfig
 from tests.api.conftest import API_KEY, Server
 from tests.conftest import make_deploy, running
@@ -127,6 +128,10 @@ class RtServer(Server):
     def sessions(self) -> set:
         assert self.app is not None
         return self.app[SESSIONS_KEY]
+
+    def stats(self) -> RealtimeStatistics:
+        assert self.app is not None
+        return self.app[STATS_KEY].statistics()
 
 
 @contextlib.asynccontextmanager

@@ -78,6 +78,10 @@ async def test_sessions_at_once_match_each_alone_and_limit_closes_1013(
         for x, y in zip(a["audio"], t["audio"], strict=True):
             assert len(x) == len(y) and np.allclose(x, y, atol=1e-4), k
     assert len({t["transcripts"][1] for t in together}) == SESSIONS  # each answered its own history
+    stats = srv.stats()
+    assert stats.sessions_rejected >= 1 and stats.sessions_total >= 2 * SESSIONS
+    assert stats.responses["completed"] >= 4 * SESSIONS
+    assert len(stats.pipeline_first_audio_ms) >= 4 * SESSIONS
     await eventually(lambda: idle(srv.orch) and not srv.sessions)
 
 
