@@ -21,7 +21,9 @@ def texts(chunks, stage_id: int) -> str:
 
 @pytest.mark.parametrize("async_chunk", [True, False])
 async def test_three_stages_stream_text_and_audio(async_chunk: bool) -> None:
-    deploy = make_deploy(async_chunk=async_chunk, stages=[{"stage_id": 0, "engine_extras": SLOW}])
+    # The thinker is slow (150 ms a token) so that, on a busy box too, downstream
+    # stages have ample time to turn its first token into audio before it ends.
+    deploy = make_deploy(async_chunk=async_chunk, stages=[{"stage_id": 0, "engine_extras": {"step_delay_ms": 150}}])
     async with running(deploy) as orch:
         chunks = await orch.submit(RequestSpec(inputs={"prompt": "one two three"})).collect()
         assert texts(chunks, 0) == "one two three one"
