@@ -96,3 +96,18 @@ async def test_segments_of_a_killed_run_are_swept_at_next_start() -> None:
         f.write(b"x")
     async with running(make_deploy("synthetic_text")):
         assert not os.path.exists(stale)
+
+
+async def test_hung_worker_is_detected_by_missed_heartbeats_and_replaced() -> None:
+    deploy = make_deploy("synthetic_text", stages=[{"stage_id": 0, "engine_extras": {"step_delay_ms": 50, "chunks": 200}}])
+    async with running(deploy, heartbeat_timeout_s=2.0) as orch:
+        stream = orch.submit(RequestSpec(inputs={"prompt": "a"}))
+        await stream.__anext__()
+        victim = orch.workers[0][0]
+        os.kill(victim.pid, signal.SIGSTOP)  # alive but silent
+        with pytest.raises(WorkerDied, match="missed heartbeats"):
+            await asyncio.wait_for(stream.collect(), 10)
+        await orch.wait_healthy(30)
+        assert orch.workers[0][0].pid != victim.pid
+        chunks = await orch.submit(RequestSpec(inputs={"prompt": "b"}, params={"chunks": 2})).collect()
+        assert chunks[-1].finished
