@@ -21,7 +21,7 @@ from aiohttp import WSMsgType, web
 
 from omni_actors import logs
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_wire
+from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_wire, wire_rate
 from omni_actors.api.realtime.responses import Options, ResponseRun
 from omni_actors.api.realtime.session import (
     Conversation,
@@ -75,7 +75,7 @@ class RealtimeSession:
         self.buffer = InputBuffer()
         self.timeline = 0  # 16 kHz samples of input audio so far
         self.response: ResponseRun | None = None
-        self._in = Resampler(24_000, VAD_RATE)
+        self._in = Resampler(wire_rate(self.cfg.input_audio_format), VAD_RATE)
         self._vad: VadDetector | None = None
         self._speech_item: str | None = None
         self._ids = itertools.count()
@@ -188,7 +188,7 @@ class RealtimeSession:
         if dialect is not None:
             self.dialect = dialect
         if cfg.input_audio_format != old.input_audio_format:
-            self._in = Resampler(24_000 if cfg.input_audio_format == "pcm16" else 8_000, VAD_RATE)
+            self._in = Resampler(wire_rate(cfg.input_audio_format), VAD_RATE)
         if cfg.turn_detection != old.turn_detection:
             self._reset_vad()
         await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
