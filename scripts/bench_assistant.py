@@ -82,6 +82,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--model", help="prepared assistant folder (default: prepare on first use)")
+    ap.add_argument("--samples", action="store_true", help="also print every request's figures to stderr")
     return ap.parse_args()
 
 
@@ -272,7 +273,8 @@ def aggregate(got: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-async def run(model: str, concurrency: list[int], rounds: int, max_tokens: int) -> dict[str, Any]:
+async def run(model: str, concurrency: list[int], rounds: int, max_tokens: int,
+              verbose: bool = False) -> dict[str, Any]:
     """Served rounds (modes alternating) with a compute-baseline round before each."""
     baseline = ComputeBaseline(model, max_tokens)  # before any worker starts: nothing to keep waiting
     orchs = {mode: Orchestrator(d) for mode, d in deploys(model).items()}
@@ -295,6 +297,10 @@ async def run(model: str, concurrency: list[int], rounds: int, max_tokens: int) 
                     for mode in list(orchs) if r % 2 == 0 else list(orchs)[::-1]:
                         got = await asyncio.gather(*(one(orchs[mode], s) for s in specs(workload, n, max_tokens)))
                         samples.setdefault((workload, n, mode), []).extend(got)
+                        if verbose:
+                            figures = [{k: round(v, 3) for k, v in g.items() if isinstance(v, float)} for g in got]
+                            print(json.dumps({"round": r, "workload": workload, "n": n, "mode": mode,
+                                              "requests": figures}), file=sys.stderr)
     finally:
         for o in orchs.values():
             await o.stop()
@@ -322,7 +328,7 @@ async def main() -> None:
     args = parse_args()
     model = args.model or str(prepare("assistant"))
     t0 = time.perf_counter()
-    out = await run(model, args.concurrency, args.rounds, args.max_tokens)
+    out = await run(model, args.concurrency, args.rounds, args.max_tokens, args.samples)
     answers = out.pop("answers")
     chat_ratios = [r["ttfa_ratio"] for r in out["results"] if r["workload"] == "chat"]
     line = {
