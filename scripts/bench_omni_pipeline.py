@@ -1,0 +1,217 @@
+"""Omni pipeline benchmark: time to first audio through the runtime, async chunk on vs off.
+
+The qwen2_5_omni pipeline (thinker -> talker -> code2wav, each a real worker
+process) on a checkpoint folder, driven through an in-process Orchestrator (no
+HTTP). For each mode (async chunk on, then off) it starts the runtime
+(start-up seconds), warms up, then runs concurrency 1 (--requests-c1 requests,
+one at a time) and each other level (all of its requests in flight at once).
+Per level: time to first text and first audio (p50/max), audio chunks per
+request, end-to-end p50, requests/s and audio seconds per wall second.
+Workers' resident memory and GPU memory (nvidia-smi) are read after each mode.
+
+Requests: one chat message; the thinker decodes --text-tokens tokens and the
+talker --codes codec codes (ignore_eos on both, so random-weight checkpoints
+do the same work every time); talker sampling is the model's default.
+
+    python scripts/bench_omni_pipeline.py --model DIR                   # CPU
+    python scripts/bench_omni_pipeline.py --model DIR --devices 0 --dtype bfloat16
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+
+from omni_actors.config.deploy import build_deploy
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.requests import RequestSpec
+
+PROMPT = "Hello! Please tell me a short story about a small boat at sea, in two sentences."
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--pipeline", default="qwen2_5_omni")
+    ap.add_argument("--devices", default=None, help='deploy "devices" for every stage, e.g. "0"')
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--requests-c1", type=int, default=3)
+    ap.add_argument("--text-tokens", type=int, default=32)
+    ap.add_argument("--codes", type=int, default=256)
+    ap.add_argument("--modes", default="on,off", help="async chunk modes to run")
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    return ap.parse_args()
+
+
+def deploy_for(args: argparse.Namespace, async_chunk: bool) -> Any:
+    stage = {"max_num_seqs": args.max_num_seqs, "max_queue": 256, "dtype": args.dtype}
+    if args.devices is not None:
+        stage["devices"] = args.devices
+    raw = {
+        "pipeline": args.pipeline,
+        "model": str(args.model),
+        "async_chunk": async_chunk,
+        "stages": [{"stage_id": s, **stage} for s in (0, 1, 2)],
+    }
+    return build_deploy(raw, source="bench_omni_pipeline")
+
+
+def spec(orch: Orchestrator, args: argparse.Namespace, seed: int) -> RequestSpec:
+    params = {
+        "max_tokens": args.text_tokens, "ignore_eos": True, "temperature": 0.0, "seed": seed,
+        "talker_max_tokens": args.codes, "talker_ignore_eos": True,
+        "modalities": ["text", "audio"],
+    }  # fmt: skip
+    return RequestSpec(
+        {"messages": [{"role": "user", "content": PROMPT}]},
+        params,
+        stages=orch.pipeline.stages_for_outputs({"text", "audio"}),
+        deadline_s=600.0,
+    )
+
+
+async def one(orch: Orchestrator, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    ttft = ttfa = None
+    chunks = 0
+    audio_s = 0.0
+    async for chunk in orch.submit(spec(orch, args, seed)):
+        now = time.perf_counter() - t0
+        if "error" in chunk.data:
+            raise RuntimeError(f"request failed: {chunk.data['error']}")
+        if chunk.output_type == "text" and ttft is None and chunk.data.get("text"):
+            ttft = now
+        if chunk.output_type == "audio" and len(chunk.data.get("audio", ())):
+            ttfa = now if ttfa is None else ttfa
+            chunks += 1
+            audio_s += chunk.data["audio"].size / chunk.data["sample_rate"]
+    return {"ttft": ttft, "ttfa": ttfa, "chunks": chunks, "audio_s": audio_s,
+            "e2e": time.perf_counter() - t0}  # fmt: skip
+
+
+def summarize(samples: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    def ms(key: str, q: float | None = None) -> float | None:
+        vals = [s[key] for s in samples if s[key] is not None]
+        if not vals:
+            return None
+        return round((max(vals) if q is None else float(np.percentile(vals, q))) * 1000, 1)
+
+    return {
+        "n": len(samples),
+        "ttft_p50_ms": ms("ttft", 50),
+        "ttfa_p50_ms": ms("ttfa", 50),
+        "ttfa_max_ms": ms("ttfa"),
+        "e2e_p50_ms": ms("e2e", 50),
+        "audio_chunks_p50": float(np.median([s["chunks"] for s in samples])),
+        "audio_s_per_request": round(float(np.mean([s["audio_s"] for s in samples])), 3),
+        "rps": round(len(samples) / wall, 3),
+        "audio_s_per_wall_s": round(sum(s["audio_s"] for s in samples) / wall, 3),
+    }
+
+
+def worker_rss_gb() -> float:
+    """Resident memory of this process's children (the stage workers), GB."""
+    me, total = os.getpid(), 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != me:
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    return round(total / 1e9, 2)
+
+
+def gpu_used_gb() -> float | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout  # fmt: skip
+        return round(sum(float(x) for x in out.split()) / 1024, 2)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+async def run_mode(args: argparse.Namespace, async_chunk: bool) -> dict[str, Any]:
+    orch = Orchestrator(deploy_for(args, async_chunk))
+    t0 = time.perf_counter()
+    await orch.start()
+    out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2)}
+    levels = [int(c) for c in args.concurrency.split(",")]
+    try:
+        await one(orch, args, 0)  # warm-up: one alone, then one batch at the top level
+        await asyncio.gather(*(one(orch, args, 100 + i) for i in range(max(levels))))
+        for c in levels:
+            t1 = time.perf_counter()
+            if c == 1:
+                samples = [await one(orch, args, 1000 + i) for i in range(args.requests_c1)]
+            else:
+                samples = list(await asyncio.gather(*(one(orch, args, 2000 + i) for i in range(c))))
+            out[f"c{c}"] = summarize(samples, time.perf_counter() - t1)
+        out["workers_rss_gb"] = worker_rss_gb()
+        out["gpu_used_gb"] = gpu_used_gb()
+    finally:
+        await orch.stop()
+    return out
+
+
+async def main() -> None:
+    args = parse_args()
+    from omni_actors import logs
+
+    logs.configure("bench")  # logs to stderr; stdout carries only the JSON line
+    modes = {"on": True, "off": False}
+    results = {}
+    for name in args.modes.split(","):
+        results[f"async_chunk_{name}"] = await run_mode(args, modes[name])
+    line: dict[str, Any] = {
+        "bench": "omni_pipeline",
+        "pipeline": args.pipeline,
+        "model": str(args.model),
+        "devices": args.devices,
+        "dtype": args.dtype,
+        "text_tokens": args.text_tokens,
+        "codes": args.codes,
+        "results": results,
+    }
+    on, off = results.get("async_chunk_on"), results.get("async_chunk_off")
+    if on and off:
+        line["ttfa_off_over_on"] = {
+            k: round(off[k]["ttfa_p50_ms"] / on[k]["ttfa_p50_ms"], 2)
+            for k in on
+            if k.startswith("c") and on[k]["ttfa_p50_ms"] and off[k]["ttfa_p50_ms"]
+        }
+    for name, res in results.items():
+        levels = [k for k in res if k.startswith("c") and k != "c1"]
+        if "c1" in res and levels:
+            top = levels[-1]
+            line.setdefault("throughput_gain", {})[name] = round(
+                res[top]["audio_s_per_wall_s"] / res["c1"]["audio_s_per_wall_s"], 2
+            )
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(main())

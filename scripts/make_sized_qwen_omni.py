@@ -1,0 +1,173 @@
+"""Write a Qwen2.5-Omni-3B-sized checkpoint with random weights (for GPU timing), in the real format.
+
+Same on-disk format as the tiny builder (omni_actors/models/tiny/qwen2_5_omni.py:
+one config.json with thinker/talker/token2wav parts, safetensors, the offline
+Qwen tokenizer at real vocabulary size, processor files, spk_dict.pt), but with
+model dimensions like Qwen2.5-Omni-3B:
+
+    thinker text   hidden 2048, 36 layers, 16 heads / 2 KV heads, head_dim 128,
+                   MLP 11008, vocab 151936, mrope [16, 24, 24]
+    audio encoder  Whisper-large-sized: d_model 1280, 32 layers, 20 heads, FFN 5120
+    vision encoder 32 layers, width 1280, MLP 3420, 16 heads
+    talker         hidden 896, embedding 2048, 24 layers, 14 heads / 2 KV heads,
+                   head_dim 64, MLP 4864, codec vocab 8448
+    token2wav      transformers' defaults (the released model's): DiT 1024 x 22
+                   layers, BigVGAN 1536 initial channels, upsample 5*3*2*2*2*2
+
+`--layers-scale` divides every layer count (for a quick CPU smoke run).
+Weights are initialised on --device and saved in --dtype. Prints one JSON line.
+
+    python scripts/make_sized_qwen_omni.py OUT_DIR --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REF_MEL_FRAMES = 300
+"""Length of each speaker's reference mel (frames of 80 bins)."""
+
+
+def sized_config(scale: int = 1):
+    from transformers import Qwen2_5OmniConfig
+
+    from omni_actors.models.tiny.qwen2_5_omni import _mrope
+
+    def n(layers: int) -> int:
+        return max(1, layers // scale)
+
+    hidden = 2048
+    text = {
+        "vocab_size": 151936, "hidden_size": hidden, "intermediate_size": 11008,
+        "num_hidden_layers": n(36), "num_attention_heads": 16, "num_key_value_heads": 2,
+        "max_position_embeddings": 32768, "rope_parameters": _mrope(128),
+        "tie_word_embeddings": False, "max_window_layers": n(36), "rms_norm_eps": 1e-6,
+    }  # fmt: skip
+    thinker = {
+        "text_config": text,
+        "audio_config": {
+            "num_mel_bins": 128, "encoder_layers": n(32), "encoder_attention_heads": 20,
+            "encoder_ffn_dim": 5120, "d_model": 1280, "output_dim": hidden, "n_window": 100,
+            "max_source_positions": 1500,
+        },
+        "vision_config": {
+            "depth": n(32), "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+            "out_hidden_size": hidden, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "window_size": 112,
+            "fullatt_block_indexes": [i for i in (7, 15, 23, 31) if i < n(32)] or [0],
+            "in_channels": 3,
+        },
+        "audio_token_index": 151646, "image_token_index": 151655, "video_token_index": 151656,
+        "audio_start_token_id": 151647, "audio_end_token_id": 151648,
+        "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+        "user_token_id": 872, "bos_token_id": 151644, "eos_token_id": 151645, "pad_token_id": 151643,
+    }  # fmt: skip
+    talker = {
+        "vocab_size": 8448, "embedding_size": hidden, "hidden_size": 896,
+        "intermediate_size": 4864, "num_hidden_layers": n(24), "num_attention_heads": 14,
+        "num_key_value_heads": 2, "head_dim": 64, "rope_parameters": _mrope(64),
+        "max_window_layers": n(24), "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+    }  # fmt: skip
+    config = Qwen2_5OmniConfig(
+        thinker_config=thinker, talker_config=talker, enable_audio_output=True
+    )
+    if scale > 1:
+        dit = config.token2wav_config.dit_config
+        dit.num_hidden_layers = n(dit.num_hidden_layers)
+        dit.look_ahead_layers = [min(i, dit.num_hidden_layers - 1) for i in dit.look_ahead_layers]
+        dit.look_backward_layers = [
+            min(i, dit.num_hidden_layers - 1) for i in dit.look_backward_layers
+        ]
+    return config
+
+
+def build(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
+    import torch
+    from transformers import GenerationConfig, Qwen2_5OmniForConditionalGeneration
+
+    from omni_actors.models.tiny.qwen2_5_omni import (
+        QWEN2_5_OMNI_EXTRA,
+        QWEN2_5_OMNI_SPECIALS,
+        build_qwen_tokenizer,
+        chat_template,
+        save_processor,
+    )
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = sized_config(scale)
+    with torch.device(device):
+        model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    model.to(getattr(torch, dtype))
+    built = time.perf_counter() - t0
+
+    def count(m: torch.nn.Module) -> int:
+        return sum(p.numel() for p in m.parameters())
+
+    params = {
+        "thinker_text": count(model.thinker.model) + count(model.thinker.lm_head),
+        "thinker_audio": count(model.thinker.audio_tower),
+        "thinker_vision": count(model.thinker.visual),
+        "talker": count(model.talker),
+        "token2wav": count(model.token2wav),
+    }
+    model.save_pretrained(out, safe_serialization=True)
+    del model
+    GenerationConfig(
+        bos_token_id=151644, eos_token_id=[151645, 151643], pad_token_id=151643,
+    ).save_pretrained(out)  # fmt: skip
+    tok = build_qwen_tokenizer(
+        QWEN2_5_OMNI_SPECIALS, QWEN2_5_OMNI_EXTRA,
+        chat_template(
+            "<|vision_bos|><|IMAGE|><|vision_eos|>",
+            "<|audio_bos|><|AUDIO|><|audio_eos|>",
+            "<|vision_bos|><|VIDEO|><|vision_eos|>",
+        ),
+        seed=seed,
+    )  # fmt: skip
+    save_processor(out, tok, processor_class="Qwen2_5OmniProcessor")
+    gen = torch.Generator().manual_seed(seed + 1)
+    dit = config.token2wav_config.dit_config
+    speakers = {
+        name: {
+            "cond": torch.randn(dit.enc_emb_dim, generator=gen),
+            "ref_mel": torch.randn(1, REF_MEL_FRAMES, dit.mel_dim, generator=gen),
+            "bos_token": config.talker_config.tts_text_start_token_id,
+        }
+        for name in ("Chelsie", "Ethan")
+    }
+    torch.save(speakers, out / "spk_dict.pt")
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    return {
+        "out": str(out),
+        "dtype": dtype,
+        "layers_scale": scale,
+        "params": params,
+        "params_total": sum(params.values()),
+        "weights_gb": round(size / 1e9, 2),
+        "build_s": round(built, 2),
+        "total_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--device", default="cpu", help="where to initialise the weights")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers-scale", type=int, default=1)
+    args = ap.parse_args()
+    res = build(args.out, args.device, args.dtype, args.seed, args.layers_scale)
+    print(json.dumps({"made": "qwen2_5_omni-3b-sized", **res}))
+
+
+if __name__ == "__main__":
+    main()
