@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import time
 import uuid
 
@@ -26,7 +25,7 @@ import zmq
 from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec, leases_of
-from omni_actors.bus.shm import SHM_DIR, Arena, SegmentCache, unlink_prefix
+from omni_actors.bus.shm import Arena, SegmentCache, unlink_prefix
 from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
 from omni_actors.config.deploy import DeployConfig, validate_against_pipeline
 from omni_actors.config.pipeline import PipelineConfig, resolve
@@ -37,23 +36,21 @@ from omni_actors.errors import (
     RequestTimeout,
     StageFailed,
     StageUnavailable,
-    StartupError,
     WorkerDied,
 )
-from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, end_process
+from omni_actors.orchestrator.launcher import Launcher, WorkerHandle
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
+from omni_actors.orchestrator.supervisor import (
+    HEARTBEAT_TIMEOUT_S,
+    Supervisor,
+    sweep_stale_segments,
+)
 from omni_actors.settings import detect_platform
 
 log = logs.get(__name__)
 
-STARTUP_TIMEOUT_S = 900.0
-"""Longest wait for every worker's Ready at start (real models load slowly on CPU)."""
-HEARTBEAT_TIMEOUT_S = 60.0
-"""A worker silent this long is presumed hung and is killed (then restarted)."""
-RESTART_BACKOFF_S = (0.0, 1.0, 5.0, 15.0)
-"""Delay before restart attempts 1, 2, 3 and later ones of a worker that keeps dying."""
 DRAIN_TIMEOUT_S = 30.0
 """Longest wait for in-flight requests at graceful shutdown."""
 ORCH_PRODUCER = "orch"
@@ -76,9 +73,8 @@ class Orchestrator:
         # remove what a killed one left behind (sweep_stale_segments).
         self.run_prefix = f"omni-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.runs: dict[str, Run] = {}
-        self.workers: dict[int, list[WorkerHandle]] = {s: [] for s in self.pipeline.stage_ids}
-        self._by_identity: dict[bytes, WorkerHandle] = {}
-        self._by_producer: dict[str, WorkerHandle] = {}
+        self.supervisor = Supervisor(deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s)
+        self.workers = self.supervisor.workers
         self.leases = LeaseTable()
         self.segments = SegmentCache()
         self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}")
@@ -90,15 +86,10 @@ class Orchestrator:
             s.stage_id for s in self.pipeline.stages
             if deploy.async_chunk and s.input_sources and s.chunk_processor
         )
-        self._restarts: dict[tuple[int, int], int] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self._healthy = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._watchdog: asyncio.TimerHandle | None = None
         self._started_at = time.monotonic()
         self._closing = False
-        self.draining = False
         self.counters = {"total": 0, "failed": 0, "aborted": 0}
         self.runtime: RuntimeDir | None = None
         self.router: AsyncRouter | None = None
@@ -118,81 +109,35 @@ class Orchestrator:
         self.router = AsyncRouter(self._zmq, endpoint, self._on_message)
         self.router.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.router.start()
-        self.launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
-        handles = []
-        for sid in self.pipeline.stage_ids:
-            for replica in range(self.deploy.stage(sid).num_replicas):
-                handles.append(await self._spawn(sid, replica, generation=0))
+        launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
         try:
-            waits = {asyncio.ensure_future(self._wait_ready(h)): h for h in handles}
-            done, pending = await asyncio.wait(waits, timeout=STARTUP_TIMEOUT_S, return_when=asyncio.FIRST_EXCEPTION)
-            for fut in done:
-                fut.result()
-            if pending:
-                h = waits[next(iter(pending))]
-                for fut in pending:
-                    fut.cancel()
-                raise StartupError(h.stage_id, f"no Ready within {STARTUP_TIMEOUT_S:.0f} s")
+            await self.supervisor.start_all(launcher)
         except BaseException:
             await self.stop(drain=False)
             raise
-        self._arm_watchdog()
 
-    async def _wait_ready(self, h: WorkerHandle) -> None:
-        assert h.ready_future is not None
-        await h.ready_future
-        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
-                 model_stage=self.pipeline.stage(h.stage_id).model_stage)
+    @property
+    def draining(self) -> bool:
+        """True from the start of shutdown: no new requests, /health answers 503."""
+        return self.supervisor.draining
 
-    async def _spawn(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
-        assert self.launcher is not None
-        h = self.launcher.new_handle(stage_id, replica, generation)
-        h.ready_future = asyncio.get_running_loop().create_future()
-        h.last_seen = time.monotonic()
-        self._by_identity[h.identity] = h
-        self._by_producer[h.producer] = h
-        slots = self.workers[stage_id]
-        if replica < len(slots):
-            slots[replica] = h
-        else:
-            slots.append(h)
-        await self.launcher.spawn(h)
-        self._spawn_task(self._watch_exit(h))
-        return h
-
-    def _spawn_task(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.supervisor.draining = value
+        self.supervisor.update_health()
 
     async def stop(self, drain: bool = True) -> None:
         """Drain (optionally), end every worker, remove sockets and shared memory."""
         if self._closing:
             return
         self.draining = True
-        self._healthy.clear()
         if drain and self.runs:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), DRAIN_TIMEOUT_S)
         self._closing = True
         for rid in list(self.runs):
             self._end(self.runs[rid], RequestAborted("server shutting down"))
-        if self._watchdog:
-            self._watchdog.cancel()
-        handles = [h for hs in self.workers.values() for h in hs if h.proc]
-        if self.router is not None:
-            for h in handles:
-                if not h.dead:
-                    self.router.send_nowait(h.identity, m.Shutdown())
-            self.router.flush()
-        # A worker that is not Ready may not have connected yet: signal it instead of waiting.
-        await asyncio.gather(
-            *(end_process(h.proc, first_signal=None if h.ready else signal.SIGTERM) for h in handles),
-            return_exceptions=True,
-        )
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop_all(self.router)
         if self.router is not None:
             self.router.close()
         if self._zmq is not None:
@@ -206,23 +151,17 @@ class Orchestrator:
     # ---- health and statistics ----------------------------------------------------
 
     def health(self) -> dict[int, bool]:
-        return {sid: any(h.ready for h in hs) for sid, hs in self.workers.items()}
-
-    def _update_health(self) -> None:
-        if all(self.health().values()) and not self.draining:
-            self._healthy.set()
-        else:
-            self._healthy.clear()
+        return self.supervisor.health()
 
     async def wait_healthy(self, timeout_s: float) -> None:
-        await asyncio.wait_for(self._healthy.wait(), timeout_s)
+        await self.supervisor.wait_healthy(timeout_s)
 
     def statistics(self) -> Statistics:
         stages = []
         for spec in self.pipeline.stages:
             reps = tuple(
                 ReplicaStats(h.replica, h.ready, h.pid, h.in_flight, h.engine_requests, h.leases_out,
-                             self._restarts.get((spec.stage_id, h.replica), 0))
+                             self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
                 for h in self.workers[spec.stage_id]
             )
             stages.append(StageStats(
@@ -239,7 +178,7 @@ class Orchestrator:
             messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
             frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
             loop_wakeups=r.wakeups if r else 0, leases_held=len(self.leases),
-            arena_segments=self.arena.segments, worker_restarts=sum(self._restarts.values()),
+            arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
             stages=tuple(stages),
         )
 
@@ -345,7 +284,7 @@ class Orchestrator:
         if producer == ORCH_PRODUCER:
             self.arena.free([lease])
             return
-        h = self._by_producer.get(producer)
+        h = self.supervisor.by_producer.get(producer)
         if h is not None and not h.dead and self.router is not None:
             self.router.send_nowait(h.identity, m.FreeLeases([lease]))
 
@@ -365,7 +304,7 @@ class Orchestrator:
     # ---- messages from workers ------------------------------------------------
 
     def _on_message(self, identity: bytes, msg: m.Message) -> None:
-        h = self._by_identity.get(identity)
+        h = self.supervisor.by_identity.get(identity)
         if h is None:
             return
         h.last_seen = time.monotonic()
@@ -378,15 +317,9 @@ class Orchestrator:
                 h.engine_requests = busy
                 h.leases_out = leased
             case m.Ready(pid=pid):
-                if h.proc is not None and pid == h.proc.pid and not h.dead:
-                    h.ready = True
-                    if h.ready_future and not h.ready_future.done():
-                        h.ready_future.set_result(None)
-                    self._update_health()
+                self.supervisor.on_ready(h, pid)
             case m.StartFailed(error=error):
-                if h.ready_future and not h.ready_future.done():
-                    h.ready_future.set_exception(StartupError(h.stage_id, error))
-                log.error("stage.start_failed", stage_id=h.stage_id, replica=h.replica, error=error)
+                self.supervisor.on_start_failed(h, error)
             case _:
                 log.warning("orchestrator.unexpected_message", type=type(msg).__name__)
 
@@ -440,86 +373,10 @@ class Orchestrator:
                 run.rid, sid, run.request_plain, run.params_for(sid), streaming=True, sources=run.sources[sid]
             ))
 
-    # ---- worker deaths and restarts ------------------------------------------------
-
-    async def _watch_exit(self, h: WorkerHandle) -> None:
-        assert h.proc is not None
-        code = await h.proc.wait()
-        if self._closing:
-            return
-        self._on_worker_death(h, f"exit code {code}")
-
     def _on_worker_death(self, h: WorkerHandle, detail: str) -> None:
-        if h.dead:
-            return
-        h.dead = True
-        was_ready, h.ready = h.ready, False
-        log.error("worker.died", stage_id=h.stage_id, replica=h.replica, pid=h.pid, detail=detail)
-        if h.ready_future and not h.ready_future.done():
-            h.ready_future.set_exception(StartupError(h.stage_id, f"worker exited ({detail})"))
+        """Fail every unfinished run the dead worker served (the supervisor restarts it)."""
         for rid in list(h.requests):
             run = self.runs.get(rid)
             if run is not None and h.stage_id not in run.finished:
                 self._end(run, WorkerDied(h.stage_id, h.replica, detail))
-        self._by_producer.pop(h.producer, None)
         self.segments.forget(h.shm_prefix)
-        unlink_prefix(h.shm_prefix)
-        self._update_health()
-        if was_ready and not self.draining:
-            self._spawn_task(self._restart(h))
-
-    async def _restart(self, h: WorkerHandle) -> None:
-        key = (h.stage_id, h.replica)
-        while not self._closing:
-            attempt = self._restarts.get(key, 0)
-            self._restarts[key] = attempt + 1
-            await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
-            if self._closing:
-                return
-            h = await self._spawn(h.stage_id, h.replica, h.generation + 1)
-            assert h.ready_future is not None and h.proc is not None
-            try:
-                await h.ready_future
-                log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
-                return
-            except StartupError as err:
-                log.error("worker.restart_failed", stage_id=h.stage_id, error=str(err))
-                await end_process(h.proc)
-
-    def _arm_watchdog(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._watchdog = loop.call_later(self.heartbeat_timeout_s / 4, self._check_heartbeats)
-
-    def _check_heartbeats(self) -> None:
-        now = time.monotonic()
-        for hs in self.workers.values():
-            for h in hs:
-                if h.ready and not h.dead and now - h.last_seen > self.heartbeat_timeout_s:
-                    log.error("worker.silent", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
-                    if h.proc and h.proc.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            h.proc.kill()
-                    self._on_worker_death(h, "missed heartbeats")
-        if not self._closing:
-            self._arm_watchdog()
-
-
-def sweep_stale_segments() -> int:
-    """Unlink shared-memory segments of runs whose main process no longer exists."""
-    count = 0
-    for path in SHM_DIR.glob("omni-*-*"):
-        pid = path.name.split("-")[1]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            unlink_prefix(path.name)
-            count += 1
-    return count
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

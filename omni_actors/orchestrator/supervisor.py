@@ -1,0 +1,234 @@
+"""The supervisor: every stage replica's worker process from start to exit.
+
+It starts workers and waits for their Ready, watches each process's exit and
+each worker's heartbeats, restarts dead workers with backoff, and keeps the
+health the API reports. Request bookkeeping stays in the orchestrator, which is
+told of each death through `on_death`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from omni_actors import logs
+from omni_actors.bus import messages as m
+from omni_actors.bus.shm import SHM_DIR, unlink_prefix
+from omni_actors.bus.sockets import AsyncRouter
+from omni_actors.config.deploy import DeployConfig
+from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.errors import StartupError
+from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, end_process
+
+log = logs.get(__name__)
+
+STARTUP_TIMEOUT_S = 900.0
+"""Longest wait for every worker's Ready at start (real models load slowly on CPU)."""
+HEARTBEAT_TIMEOUT_S = 60.0
+"""A worker silent this long is presumed hung and is killed (then restarted)."""
+RESTART_BACKOFF_S = (0.0, 1.0, 5.0, 15.0)
+"""Delay before restart attempts 1, 2, 3 and later ones of a worker that keeps dying."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        deploy: DeployConfig,
+        pipeline: PipelineConfig,
+        on_death: Callable[[WorkerHandle, str], None],
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    ) -> None:
+        self.deploy = deploy
+        self.pipeline = pipeline
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._on_death_cb = on_death
+        self.workers: dict[int, list[WorkerHandle]] = {s: [] for s in pipeline.stage_ids}
+        self.by_identity: dict[bytes, WorkerHandle] = {}
+        self.by_producer: dict[str, WorkerHandle] = {}
+        self.restarts: dict[tuple[int, int], int] = {}
+        self.launcher: Launcher | None = None
+        self.draining = False
+        self.closing = False
+        self._tasks: set[asyncio.Task] = set()
+        self._healthy = asyncio.Event()
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    # ---- start and stop -------------------------------------------------------
+
+    async def start_all(self, launcher: Launcher) -> None:
+        """Start a worker per replica and wait for every Ready (StartupError names the stage)."""
+        self.launcher = launcher
+        handles = []
+        for sid in self.pipeline.stage_ids:
+            for replica in range(self.deploy.stage(sid).num_replicas):
+                handles.append(await self.spawn(sid, replica, generation=0))
+        waits = {asyncio.ensure_future(self._wait_ready(h)): h for h in handles}
+        done, pending = await asyncio.wait(waits, timeout=STARTUP_TIMEOUT_S, return_when=asyncio.FIRST_EXCEPTION)
+        for fut in pending:
+            fut.cancel()
+        for fut in done:
+            fut.result()
+        if pending:
+            h = waits[next(iter(pending))]
+            raise StartupError(h.stage_id, f"no Ready within {STARTUP_TIMEOUT_S:.0f} s")
+        self._arm_watchdog()
+
+    async def _wait_ready(self, h: WorkerHandle) -> None:
+        assert h.ready_future is not None
+        await h.ready_future
+        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                 model_stage=self.pipeline.stage(h.stage_id).model_stage)
+
+    async def spawn(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
+        assert self.launcher is not None
+        h = self.launcher.new_handle(stage_id, replica, generation)
+        h.ready_future = asyncio.get_running_loop().create_future()
+        h.last_seen = time.monotonic()
+        self.by_identity[h.identity] = h
+        self.by_producer[h.producer] = h
+        slots = self.workers[stage_id]
+        if replica < len(slots):
+            slots[replica] = h
+        else:
+            slots.append(h)
+        await self.launcher.spawn(h)
+        self._spawn_task(self._watch_exit(h))
+        return h
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop_all(self, router: AsyncRouter | None) -> None:
+        """Ask every worker to exit, signal those that don't, and wait for all of them."""
+        self.closing = True
+        self._healthy.clear()
+        if self._watchdog:
+            self._watchdog.cancel()
+        handles = [h for hs in self.workers.values() for h in hs if h.proc]
+        if router is not None:
+            for h in handles:
+                if not h.dead:
+                    router.send_nowait(h.identity, m.Shutdown())
+            router.flush()
+        # A worker that is not Ready may not have connected yet: signal it instead of waiting.
+        await asyncio.gather(
+            *(end_process(h.proc, first_signal=None if h.ready else signal.SIGTERM) for h in handles),
+            return_exceptions=True,
+        )
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---- what workers say -------------------------------------------------------
+
+    def on_ready(self, h: WorkerHandle, pid: int) -> None:
+        if h.proc is not None and pid == h.proc.pid and not h.dead:
+            h.ready = True
+            if h.ready_future and not h.ready_future.done():
+                h.ready_future.set_result(None)
+            self.update_health()
+
+    def on_start_failed(self, h: WorkerHandle, error: str) -> None:
+        if h.ready_future and not h.ready_future.done():
+            h.ready_future.set_exception(StartupError(h.stage_id, error))
+        log.error("stage.start_failed", stage_id=h.stage_id, replica=h.replica, error=error)
+
+    # ---- health ---------------------------------------------------------------------
+
+    def health(self) -> dict[int, bool]:
+        return {sid: any(h.ready for h in hs) for sid, hs in self.workers.items()}
+
+    def update_health(self) -> None:
+        if all(self.health().values()) and not self.draining:
+            self._healthy.set()
+        else:
+            self._healthy.clear()
+
+    async def wait_healthy(self, timeout_s: float) -> None:
+        await asyncio.wait_for(self._healthy.wait(), timeout_s)
+
+    # ---- deaths and restarts ----------------------------------------------------------
+
+    async def _watch_exit(self, h: WorkerHandle) -> None:
+        assert h.proc is not None
+        code = await h.proc.wait()
+        if not self.closing:
+            self._on_death(h, f"exit code {code}")
+
+    def _on_death(self, h: WorkerHandle, detail: str) -> None:
+        if h.dead:
+            return
+        h.dead = True
+        was_ready, h.ready = h.ready, False
+        log.error("worker.died", stage_id=h.stage_id, replica=h.replica, pid=h.pid, detail=detail)
+        if h.ready_future and not h.ready_future.done():
+            h.ready_future.set_exception(StartupError(h.stage_id, f"worker exited ({detail})"))
+        self._on_death_cb(h, detail)
+        self.by_producer.pop(h.producer, None)
+        unlink_prefix(h.shm_prefix)
+        self.update_health()
+        if was_ready and not self.draining:
+            self._spawn_task(self._restart(h))
+
+    async def _restart(self, h: WorkerHandle) -> None:
+        key = (h.stage_id, h.replica)
+        while not self.closing:
+            attempt = self.restarts.get(key, 0)
+            self.restarts[key] = attempt + 1
+            await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
+            if self.closing:
+                return
+            h = await self.spawn(h.stage_id, h.replica, h.generation + 1)
+            assert h.ready_future is not None and h.proc is not None
+            try:
+                await h.ready_future
+                log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                return
+            except StartupError as err:
+                log.error("worker.restart_failed", stage_id=h.stage_id, error=str(err))
+                await end_process(h.proc)
+
+    def _arm_watchdog(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(self.heartbeat_timeout_s / 4, self._check_heartbeats)
+
+    def _check_heartbeats(self) -> None:
+        now = time.monotonic()
+        for hs in self.workers.values():
+            for h in hs:
+                if h.ready and not h.dead and now - h.last_seen > self.heartbeat_timeout_s:
+                    log.error("worker.silent", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                    if h.proc and h.proc.returncode is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            h.proc.kill()
+                    self._on_death(h, "missed heartbeats")
+        if not self.closing:
+            self._arm_watchdog()
+
+
+def sweep_stale_segments() -> int:
+    """Unlink shared-memory segments of runs whose main process no longer exists."""
+    count = 0
+    for path in SHM_DIR.glob("omni-*-*"):
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            unlink_prefix(path.name)
+            count += 1
+    return count
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
