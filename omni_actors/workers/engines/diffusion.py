@@ -34,14 +34,10 @@ from __future__ import annotations
 
 import enum
 import inspect
-import json
 import math
-import queue
 import secrets
-import threading
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,15 +45,11 @@ import structlog
 
 from omni_actors.errors import ConfigError
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engines.diffusion_batch import Batch, Runner
+from omni_actors.workers.engines.diffusion_loading import load_pipeline
 
 log = structlog.get_logger(__name__)
 
-STEP_REPORT_TIMEOUT_S = 3600.0
-"""Longest the engine waits for one denoising step (or the decode) of a batch."""
-STEP_RELEASE_TIMEOUT_S = 3600.0
-"""Longest a paused batch thread waits to be released before it gives up."""
-BATCH_EXIT_TIMEOUT_S = 60.0
-"""Longest `abort`/`close` waits for a cancelled batch thread to unwind."""
 MAX_IMAGES_PER_REQUEST = 16
 DEFAULT_MAX_BATCH_IMAGES = 16
 """Images one batch may hold (engine_extras `max_batch_images`); a bigger request runs alone."""
@@ -65,17 +57,6 @@ MAX_SIDE_PX = 4096
 MAX_INFERENCE_STEPS = 1000
 SIDE_MULTIPLE_PX = 8
 SEED_BITS = 63
-
-_DTYPES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-}
-
 
 class CallStyle(enum.Enum):
     """How a pipeline is asked for images, read from its `__call__` signature."""
@@ -124,10 +105,6 @@ class _Job:
         )
 
 
-class _Cancelled(Exception):
-    """Raised inside the pipeline call to stop a batch between steps."""
-
-
 class DiffusionEngine(StageEngine):
     """Runs one diffusers pipeline; see the module docstring."""
 
@@ -151,8 +128,8 @@ class DiffusionEngine(StageEngine):
             1 << 16,
         )
         self._queue: deque[_Job] = deque()
-        self._runner = _Runner()
-        self._batch: _Batch | None = None
+        self._runner = Runner()
+        self._batch: Batch | None = None
         self._batches_started = 0
         self._last_batch_size = 0
 
@@ -291,7 +268,7 @@ class DiffusionEngine(StageEngine):
             else _int(seed, "seed", 0, (1 << SEED_BITS) - 1),
         )
 
-    def _start_batch(self) -> _Batch:
+    def _start_batch(self) -> Batch:
         head = self._queue.popleft()
         jobs, rest, images = [head], deque(), head.n
         while self._queue:
@@ -308,7 +285,7 @@ class DiffusionEngine(StageEngine):
         self._queue = rest
         self._batches_started += 1
         self._last_batch_size = len(jobs)
-        batch = _Batch(
+        batch = Batch(
             self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts
         )
         self._runner.submit(batch)
@@ -343,7 +320,7 @@ class DiffusionEngine(StageEngine):
             kw["guidance_scale"] = head.guidance
         return kw
 
-    def _final_outputs(self, batch: _Batch, images: np.ndarray, total: int) -> list[EngineOutput]:
+    def _final_outputs(self, batch: Batch, images: np.ndarray, total: int) -> list[EngineOutput]:
         outs, row = [], 0
         for job in batch.jobs:
             mine, row = images[row : row + job.n], row + job.n
@@ -367,175 +344,6 @@ class DiffusionEngine(StageEngine):
             }
             outs.append(EngineOutput(job.request_id, payload, finished=True))
         return outs
-
-
-class _Runner:
-    """The one long-lived thread that runs every batch.
-
-    A fresh thread per batch ran diffusers on CUDA at about half speed (per-thread
-    library state rebuilt each time: 0.76 vs 1.55 images/s at batch 1 on an H200),
-    so batches queue up for this thread instead.
-    """
-
-    def __init__(self) -> None:
-        self._batches: queue.Queue[_Batch | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="diffusion-runner", daemon=True)
-        self._thread.start()
-
-    def submit(self, batch: _Batch) -> None:
-        self._batches.put(batch)
-
-    def _loop(self) -> None:
-        while (batch := self._batches.get()) is not None:
-            batch.run()
-            batch.ended.set()  # after run() returned: its tensors are freed
-
-    def close(self) -> None:
-        self._batches.put(None)
-        self._thread.join(BATCH_EXIT_TIMEOUT_S)
-
-
-class _Batch:
-    """One `pipe(...)` call on the runner thread, paused after every denoising step."""
-
-    def __init__(
-        self, pipe: Any, jobs: list[_Job], kwargs: dict[str, Any], use_callback: bool
-    ) -> None:
-        self.pipe = pipe
-        self.jobs = jobs
-        self.live = {j.request_id for j in jobs}
-        self._kwargs = kwargs
-        self._use_callback = use_callback
-        self._reports: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._release: queue.Queue[bool] = queue.Queue()
-        self.ended = threading.Event()
-
-    def release(self) -> None:
-        """Let the paused thread run its next step."""
-        self._release.put(True)
-
-    def wait_report(self) -> tuple[Any, ...]:
-        """("progress", done, total) | ("done", images, total) | ("error" | "timeout", message)."""
-        try:
-            return self._reports.get(timeout=STEP_REPORT_TIMEOUT_S)
-        except queue.Empty:
-            self._release.put(False)  # if it ever pauses again, it stops there
-            return ("timeout", f"a diffusion step took longer than {STEP_REPORT_TIMEOUT_S} s")
-
-    def cancel(self) -> None:
-        """Stop the paused thread between steps and wait for it to unwind."""
-        self._release.put(False)
-        self.join()
-
-    def join(self) -> None:
-        """Wait until the runner is done with this batch (its tensors freed)."""
-        self.ended.wait(BATCH_EXIT_TIMEOUT_S)
-
-    def _pause(self, done: int, total: int) -> None:
-        if done >= total:
-            return  # after the last step, run on through the decode
-        self._reports.put(("progress", done, total))
-        try:
-            go = self._release.get(timeout=STEP_RELEASE_TIMEOUT_S)
-        except queue.Empty:
-            go = False
-        if not go:
-            raise _Cancelled
-
-    def run(self) -> None:
-        pipe = self.pipe
-        scheduler = pipe.scheduler
-        kwargs = dict(self._kwargs)
-        if self._use_callback:
-
-            def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict[str, Any]) -> dict[str, Any]:
-                self._pause(i + 1, len(scheduler.timesteps))
-                return {}
-
-            kwargs["callback_on_step_end"] = on_step_end
-        else:
-            # No step callback in this pipeline: pause after each scheduler step instead.
-            step_fn, calls = scheduler.step, [0]
-
-            def step_and_pause(*args: Any, **kw: Any) -> Any:
-                out = step_fn(*args, **kw)
-                calls[0] += 1
-                self._pause(calls[0], len(scheduler.timesteps))
-                return out
-
-            scheduler.step = step_and_pause
-        report: tuple[Any, ...] | None = None
-        try:
-            result = pipe(**kwargs)
-            report = ("done", _to_uint8(result.images), len(scheduler.timesteps))
-        except _Cancelled:
-            pass
-        except Exception as err:  # a thread boundary: the batch fails, the worker lives on
-            log.warning("diffusion_batch_failed", error=repr(err), requests=len(self.jobs))
-            report = ("error", f"{type(err).__name__}: {err}")
-        finally:
-            if not self._use_callback:
-                del scheduler.step
-        # Report last: once it is read, the next batch may hook the scheduler.
-        if report is not None:
-            self._reports.put(report)
-
-
-def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
-    """Load the diffusers pipeline in `model_path`; ConfigError naming the file when it is broken."""
-    if model_path is None:
-        raise ConfigError("diffusion stage: no model path given")
-    root = Path(model_path)
-    index_file = root / "model_index.json"
-    if not index_file.is_file():
-        raise ConfigError(f"{index_file}: missing (not a diffusers pipeline folder)")
-    index = _read_json(index_file)
-    class_name = index.get("_class_name") if isinstance(index, dict) else None
-    if not isinstance(class_name, str):
-        raise ConfigError(
-            f"{index_file}: _class_name: expected the name of a diffusers pipeline class"
-        )
-
-    import diffusers
-    import torch
-
-    if not isinstance(getattr(diffusers, class_name, None), type):
-        raise ConfigError(
-            f"{index_file}: _class_name: {class_name} is not a pipeline in diffusers {diffusers.__version__}"
-        )
-    for name, spec in index.items():
-        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
-            continue
-        folder = root / name
-        if not folder.is_dir():
-            raise ConfigError(f"{folder}: missing (component {name!r} named in {index_file})")
-        for cfg in sorted(folder.glob("*.json")):
-            _read_json(cfg)
-    torch_dtype = _torch_dtype(dtype, device, torch)
-    diffusers.utils.logging.disable_progress_bar()
-    try:
-        pipe = diffusers.DiffusionPipeline.from_pretrained(
-            root, local_files_only=True, dtype=torch_dtype
-        )
-    except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
-        raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
-    pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: not valid JSON: {err}") from None
-
-
-def _torch_dtype(dtype: str, device: str, torch: Any) -> Any:
-    if dtype == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    if dtype not in _DTYPES:
-        raise ConfigError(f"dtype: expected auto or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return getattr(torch, _DTYPES[dtype])
 
 
 def _call_style(class_name: str, sig: Any) -> CallStyle:
@@ -579,18 +387,3 @@ def _size(p: dict[str, Any]) -> tuple[int | None, int | None]:
         if v % SIDE_MULTIPLE_PX:
             raise ValueError(f"{name}: must be a multiple of {SIDE_MULTIPLE_PX}, got {v}")
     return width, height
-
-
-def _to_uint8(images: Any) -> np.ndarray:
-    """Pipeline images (float [0, 1] numpy or torch, or PIL) as uint8 [n, H, W, 3]."""
-    if isinstance(images, list):
-        images = np.stack([np.asarray(im) for im in images])
-    elif not isinstance(images, np.ndarray):
-        images = images.float().cpu().numpy()
-    if images.dtype != np.uint8:
-        images = (np.clip(images, 0.0, 1.0) * 255.0).round().astype(np.uint8)
-    if images.ndim == 3:
-        images = images[..., None]
-    if images.shape[-1] == 1:
-        images = np.repeat(images, 3, axis=-1)
-    return images
