@@ -90,28 +90,45 @@ class Options:
 
 
 def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> tuple[RequestSpec, Item | None]:
-    """The pipeline request for a response, and the user item whose audio it carries.
+    """The pipeline request for a response, and the user item whose audio is `inputs["audio"]`.
 
-    History goes as text `messages` (system instructions first). The newest
-    item, if it is user audio nobody transcribed yet, travels as `inputs["audio"]`
-    (float32, `sample_rate`) for the pipeline's ASR or audio encoder to read.
+    The project's chat-input convention (api/chat_inputs.py): `messages` in
+    order, system instructions first; an item with text (or a transcript) is
+    text; user audio nobody transcribed yet is a part `{"type": "input_audio",
+    "array": key, "sample_rate": 16000}` whose samples are the top-level
+    `inputs[key]`: "audio" for the last user message, "audio_1", ... for earlier ones.
     """
     messages: list[dict[str, Any]] = []
     if opts.instructions:
         messages.append({"role": "system", "content": opts.instructions})
     inputs: dict[str, Any] = {}
-    audio_item = items[-1] if items and items[-1].role == "user" and items[-1].pending_audio() is not None else None
+    last_user = next((it for it in reversed(items) if it.role == "user"), None)
+    audio_item = last_user if last_user is not None and last_user.pending_audio() is not None else None
+    earlier = 0
     for item in items:
-        if item is audio_item:
-            continue
         if item.type == "function_call_output":
             messages.append({"role": "tool", "content": item.output or ""})
-        elif item.type == "message" and item.text():
-            messages.append({"role": item.role, "content": item.text()})
+        elif item.type != "message":
+            continue
+        elif item.pending_audio() is None:
+            if item.text():
+                messages.append({"role": item.role, "content": item.text()})
+        else:
+            parts: list[dict[str, Any]] = []
+            for part in item.content:
+                if part.type == "input_audio" and part.audio is not None and not part.transcript:
+                    if item is audio_item and "audio" not in inputs:
+                        key = "audio"
+                        inputs["sample_rate"] = VAD_RATE
+                    else:
+                        earlier += 1
+                        key = f"audio_{earlier}"
+                    inputs[key] = part.audio
+                    parts.append({"type": "input_audio", "array": key, "sample_rate": VAD_RATE})
+                elif part.text or part.transcript:
+                    parts.append({"type": "text", "text": part.text or part.transcript})
+            messages.append({"role": item.role, "content": parts})
     inputs["messages"] = messages
-    if audio_item is not None:
-        inputs["audio"] = audio_item.pending_audio()
-        inputs["sample_rate"] = VAD_RATE
     params: dict[str, Any] = {"temperature": opts.temperature, "voice": opts.voice, "modalities": list(opts.modalities)}
     if opts.max_output_tokens is not None:
         params["max_tokens"] = opts.max_output_tokens
@@ -325,11 +342,13 @@ class ResponseRun:
                 return
 
     def _count_input(self, spec: RequestSpec) -> None:
-        words = sum(len(str(m.get("content", "")).split()) for m in spec.inputs.get("messages", []))
-        self.usage.input_text = words
-        audio = spec.inputs.get("audio")
-        if audio is not None:
-            self.usage.input_audio = len(audio) * AUDIO_TOKENS_PER_S // VAD_RATE
+        for m in spec.inputs["messages"]:
+            content = m["content"]
+            texts = [content] if isinstance(content, str) else [p.get("text", "") for p in content]
+            self.usage.input_text += sum(len(t.split()) for t in texts)
+            if not isinstance(content, str):
+                samples = sum(len(spec.inputs[p["array"]]) for p in content if "array" in p)
+                self.usage.input_audio += samples * AUDIO_TOKENS_PER_S // VAD_RATE
 
     async def _finish(self, status: str, details: dict[str, Any] | None) -> None:
         h = self.host

@@ -72,17 +72,26 @@ def test_session_update_dialects_and_errors() -> None:
 def test_request_carries_history_instructions_and_newest_audio() -> None:
     pipe = get_pipeline("synthetic")
     audio = np.ones(1600, np.float32)
+    older = np.zeros(800, np.float32)
     items = [
         Item("a", "user", [Part("input_audio", audio=audio, transcript="earlier words")]),
         Item("b", "assistant", [Part("audio", transcript="an answer")]),
-        Item("c", "user", [Part("input_audio", audio=audio)]),
+        Item("c", "user", [Part("input_text", text="listen:"), Part("input_audio", audio=older)]),
+        Item("d", "user", [Part("input_audio", audio=audio)]),
     ]
     opts = Options.build(SessionConfig(model="m", instructions="be brief", max_output_tokens=7), None, None)
     spec, audio_item = build_request(pipe, opts, items)
-    assert audio_item is items[2] and spec.inputs["audio"] is audio and spec.inputs["sample_rate"] == 16_000
-    assert spec.inputs["messages"] == [{"role": "system", "content": "be brief"},
-                                       {"role": "user", "content": "earlier words"},
-                                       {"role": "assistant", "content": "an answer"}]
+    # the chat-input convention: media parts name top-level arrays, "audio" for the last user message
+    assert audio_item is items[3] and spec.inputs["audio"] is audio and spec.inputs["sample_rate"] == 16_000
+    assert spec.inputs["audio_1"] is older
+    assert spec.inputs["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "earlier words"},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": [{"type": "text", "text": "listen:"},
+                                     {"type": "input_audio", "array": "audio_1", "sample_rate": 16_000}]},
+        {"role": "user", "content": [{"type": "input_audio", "array": "audio", "sample_rate": 16_000}]},
+    ]
     assert spec.params["max_tokens"] == 7 and spec.stages is None
     text_only = Options.build(SessionConfig(model="m"), ev.ResponseIn(modalities=["text"]), None)
     spec, audio_item = build_request(pipe, text_only, items[:2])
