@@ -137,3 +137,15 @@ def test_prepare_is_idempotent_and_atomic(tmp_path, monkeypatch):
     prep.prepare(tmp_path, progress=lines.append)
     assert lines[0] == "[1/2] tts: ready" and lines[-1].startswith("[2/2] vocoder: done")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "tts", "vocoder"]
+
+
+def test_first_piece_may_be_a_clause_later_pieces_are_sentences() -> None:
+    from omni_actors.models.assistant.processors import llm_to_tts_chunk
+
+    state: dict = {}
+    deltas = ["Well, ", "one day a cat named Luna", " wandered into the forest, where", " she met a fox", ". Then, she left. "]
+    outs = [llm_to_tts_chunk(1, {"text": d}, False, {}, state) for d in deltas]
+    outs.append(llm_to_tts_chunk(1, {"text": "Bye"}, True, {}, state))
+    pieces = [o["text"] for o in outs if o]
+    assert pieces[0] == "Well, one day a cat named Luna wandered into the forest,"  # a clause, >= 20 chars
+    assert pieces[1:] == ["where she met a fox. Then, she left.", "Bye"]  # then whole sentences only
