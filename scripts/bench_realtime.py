@@ -56,6 +56,7 @@ ANSWER_TOKENS = 80
 """Answer length: at 20 ms per token (1.6 s) it outlasts the gap, so each next turn interrupts it."""
 STEP_MS = {0: 20, 1: 5, 2: 5}
 PARAMS = {"temperature": 0.0, "voice": "alloy", "modalities": ["text", "audio"], "max_tokens": ANSWER_TOKENS}
+TURN = {"role": "user", "content": [{"type": "input_audio", "array": "audio", "sample_rate": 16_000}]}
 """What the realtime layer sends for these sessions' turns; the baseline sends the same."""
 WIRE_RATE = 24_000
 
@@ -190,7 +191,7 @@ async def baseline(orch: Any, sessions: int, turns: int, period: float, hold_s: 
         for j in range(turns):
             start = time.perf_counter()
             audio = heard[(k + j) % len(heard)]
-            spec = RequestSpec(inputs={"messages": [], "audio": audio, "sample_rate": 16_000},
+            spec = RequestSpec(inputs={"messages": [TURN], "audio": audio, "sample_rate": 16_000},
                                params=PARAMS)
             stream = orch.submit(spec)
             async for chunk in stream:
