@@ -69,6 +69,7 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
         config = load_config(path)
         self.config = config.thinker_config
         self.model = load_part(self.part_class(), path, self.config, self.part, self.ctx)
+        self.model.lm_head = _LastPositionHead(self.model.lm_head)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.features = WhisperFeatureExtractor.from_pretrained(path)
         self.path = path
@@ -184,6 +185,22 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
 
     def stop_ids(self, seq: ARSeq) -> set[int]:
         return set() if seq.params.get("ignore_eos") else self.eos
+
+
+class _LastPositionHead(torch.nn.Module):
+    """The LM head applied to the last position only.
+
+    The engine samples from the last position's logits, but the thinker classes
+    have no `logits_to_keep`: a prefill would project every prompt position onto
+    the ~152k-token vocabulary (most of a prefill's time on small models).
+    """
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden[:, -1:])
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
