@@ -222,6 +222,7 @@ class Orchestrator:
             consumers=consumers, finals=finals or frozenset({plan[-1]}), replicas=chosen,
             request_plain=m.Payload(data=inputs.data),
         )
+        run.stream.plan = plan
         self.runs[spec.request_id] = run
         self._idle.clear()
         self.counters["total"] += 1

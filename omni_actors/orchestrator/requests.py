@@ -59,6 +59,8 @@ class RequestStream:
         self._on_abort = on_abort
         self._ended = False
         self.terminal: BaseException | None = None
+        self.plan: tuple[int, ...] = ()
+        """The stage ids this request runs through (set at submit)."""
 
     # -- producer side (orchestrator) --
     def put_nowait(self, chunk: StageChunk) -> None:

@@ -241,8 +241,8 @@ class ResponseRun:
         spec, audio_item = build_request(h.orch.pipeline, self.opts, items)
         self._count_input(spec)
         try:
-            plan = h.orch.plan(spec)
             self.stream = h.orch.submit(spec)
+            plan = self.stream.plan
             self._submitted_at = time.perf_counter()
         except (AdmissionError, StageUnavailable, ValueError) as err:
             code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
