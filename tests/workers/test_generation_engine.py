@@ -114,6 +114,17 @@ def test_toy_requests_of_equal_windows_share_a_decode():
     assert all(np.array_equal(_audio(got[r]), _audio(got["a"])) for r in "bcd")
 
 
+def test_batches_are_capped_at_max_batch_codes():
+    engine = GenerationEngine(_ctx(TOY, max_batch_codes=25))  # 10-code windows: 2 a decode
+    codes = np.arange(10, dtype=np.float32)
+    for rid in "abcde":
+        engine.add(rid, {"codes": codes}, {})
+    got: dict[str, list] = {}
+    _drain(engine, got)
+    assert ToyAdapter.calls == [2, 2, 1]
+    assert all(np.array_equal(_audio(got[r]), _audio(got["a"])) for r in "bcde")
+
+
 def test_abort_and_empty_input():
     engine = GenerationEngine(_ctx(TOY))
     engine.add("gone", {}, {}, streaming=True)

@@ -54,6 +54,8 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
     first_chunk_size = 12
     left_context = 24
     right_context = 12
+    max_batch_codes = 256
+    """Measured on CPU: ~2.1 ms per code up to ~250 codes a batch, 4.7-6.6 ms past 1,000."""
 
     def load(self) -> None:
         from transformers import Qwen2_5OmniToken2WavModel
