@@ -74,15 +74,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--code2wav-replicas", type=int, default=1, help="served only")
     ap.add_argument("--baseline-child", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
-def deploy_for(model: Path, async_chunk: bool, max_num_seqs: int) -> DeployConfig:
-    raw = {
-        "pipeline": PIPELINE, "model": str(model), "async_chunk": async_chunk,
-        "stages": [{"stage_id": s, "max_num_seqs": max_num_seqs, "max_queue": 256} for s in (0, 1, 2)],
-    }  # fmt: skip
+def deploy_for(
+    model: Path, async_chunk: bool, max_num_seqs: int, code2wav_replicas: int = 1
+) -> DeployConfig:
+    stages = [{"stage_id": s, "max_num_seqs": max_num_seqs, "max_queue": 256} for s in (0, 1, 2)]
+    stages[2]["num_replicas"] = code2wav_replicas
+    raw = {"pipeline": PIPELINE, "model": str(model), "async_chunk": async_chunk, "stages": stages}
     return build_deploy(raw, source="bench_omni")
 
 
@@ -350,7 +352,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     n = args.concurrency
     try:
         for mode in ("async", "whole"):  # one at a time: start-up alone on the cores
-            orchs[mode] = Orchestrator(deploy_for(args.model, mode == "async", args.max_num_seqs))
+            orchs[mode] = Orchestrator(
+                deploy_for(args.model, mode == "async", args.max_num_seqs, args.code2wav_replicas)
+            )
             t0 = time.perf_counter()
             await orchs[mode].start()
             startup[mode] = round(time.perf_counter() - t0, 2)
@@ -431,11 +435,13 @@ async def main() -> None:
     finally:
         if tmp is not None:
             tmp.cleanup()
+    tiny = "tiny (hidden 64, head_dim 32, 2 layers, vocab 152064)"
     line = {
-        "bench": "omni", "pipeline": PIPELINE, "model": "tiny (hidden 64, head_dim 32, 2 layers, vocab 152064)"
-        if tmp else str(args.model), "cpus": os.cpu_count(), "text_tokens": args.text_tokens,
-        "codes": args.codes, "audio_s_per_request": round(args.codes * 0.02, 2),
-        "requests_c1": args.requests_c1, "concurrency": args.concurrency, "rounds": args.rounds,
+        "bench": "omni", "pipeline": PIPELINE, "model": tiny if tmp else str(args.model),
+        "cpus": os.cpu_count(), "text_tokens": args.text_tokens, "codes": args.codes,
+        "audio_s_per_request": round(args.codes * 0.02, 2), "requests_c1": args.requests_c1,
+        "concurrency": args.concurrency, "rounds": args.rounds,
+        "code2wav_replicas": args.code2wav_replicas,
         **out, "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
     print(json.dumps(line))
