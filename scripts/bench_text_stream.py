@@ -75,6 +75,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for both")
     ap.add_argument("--threads", type=int, default=1, help="OMP/torch threads per process, both")
     ap.add_argument("--servers", default="omni,vllm")
+    ap.add_argument(
+        "--omni-multiprocess",
+        action="store_true",
+        help="omni-run's vLLM engine core in its own process (engine_extras.multiprocess)",
+    )
     return ap.parse_args()
 
 
@@ -96,7 +101,8 @@ def omni_cmd(args: argparse.Namespace, port: int, tmp: Path) -> tuple[list[str],
         "stages": [{
             "stage_id": 0, "max_num_seqs": args.max_num_seqs, "dtype": args.dtype,
             "engine_extras": {"max_model_len": args.max_model_len, "kv_cache_space_gib": args.kv_gib,
-                              "cache_dir": str(tmp / "vllm-cache")},
+                              "cache_dir": str(tmp / "vllm-cache"),
+                              "multiprocess": args.omni_multiprocess},
             "default_sampling_params": {"ignore_eos": True},
             "env": thread_env(args.threads),
         }],
@@ -301,7 +307,8 @@ async def main() -> None:
     ratios = [r["ratio"] for r in results if "ratio" in r]
     line = {
         "bench": "text_stream", "model": str(args.model), "dtype": args.dtype, "cpus": os.cpu_count(),
-        "threads_per_process": args.threads, "kv_cache_gib": args.kv_gib, "max_tokens": args.max_tokens,
+        "threads_per_process": args.threads,
+        "omni_multiprocess": args.omni_multiprocess, "kv_cache_gib": args.kv_gib, "max_tokens": args.max_tokens,
         "max_num_seqs": args.max_num_seqs, "requests_per_level": args.requests, "rounds": args.rounds,
         "startup_s": {name: s.startup_s for name, s in servers.items()},
         "same_answer": len(set(answers.values())) == 1,
