@@ -312,26 +312,38 @@ def summarize(batches: list[tuple[float, list[dict[str, Any]]]]) -> dict[str, An
 
 
 def rss_gb(orch: Any) -> dict[str, float]:
-    """RSS of this process and of every worker of `orch` (and their children), GB."""
+    """Memory of this process and of every worker of `orch` (and their children), GB.
+
+    RSS counts shared pages (libraries, the bus's shared memory) once per process
+    that touched them, so its sum over-counts; PSS splits them between the sharers
+    (Linux), so its sum is what the processes hold together.
+    """
     import psutil
 
-    me = psutil.Process()
-    workers = 0
+    procs = [psutil.Process()]
     for st in orch.statistics().stages:
         for rep in st.replicas:
             if rep.pid:
                 try:
                     p = psutil.Process(rep.pid)
-                    workers += p.memory_info().rss + sum(
-                        c.memory_info().rss for c in p.children(recursive=True)
-                    )
+                    procs += [p, *p.children(recursive=True)]
                 except psutil.Error:
                     pass
-    own = me.memory_info().rss
+    rss, pss = [], []
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+        except psutil.Error:
+            continue
+        rss.append(info.rss)
+        pss.append(getattr(info, "pss", info.rss))
     return {
-        "orchestrator_gb": round(own / 1e9, 3),
-        "workers_gb": round(workers / 1e9, 3),
-        "total_gb": round((own + workers) / 1e9, 3),
+        "orchestrator_gb": round(rss[0] / 1e9, 3),
+        "workers_gb": round(sum(rss[1:]) / 1e9, 3),
+        "total_gb": round(sum(rss) / 1e9, 3),
+        "total_pss_gb": round(sum(pss) / 1e9, 3),
+        "orchestrator_pss_gb": round(pss[0] / 1e9, 3),
+        "torch_in_orchestrator": "torch" in sys.modules,
     }
 
 
@@ -426,10 +438,14 @@ async def main() -> None:
     t0 = time.perf_counter()
     tmp = None
     if args.model is None:
-        from omni_actors.models.tiny import make_tiny
-
+        # In a child process: torch and transformers stay out of this (orchestrator) process.
         tmp = tempfile.TemporaryDirectory(prefix="bench-omni-")
-        args.model = make_tiny(PIPELINE, Path(tmp.name) / "tiny", seed=0)
+        args.model = Path(tmp.name) / "tiny"
+        subprocess.run(
+            [sys.executable, "-m", "omni_actors.cli", "make-tiny", PIPELINE, str(args.model)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     try:
         out = await run(args)
     finally:
