@@ -15,8 +15,12 @@ from omni_actors.config.pipeline import get_pipeline
 from omni_actors.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-FILES = sorted(EXAMPLES.glob("*.yaml"))
-WITH_MODEL = [p for p in FILES if "model:" in p.read_text()]
+FILES = sorted(EXAMPLES.rglob("*.yaml"))
+PLACEHOLDER = [p for p in FILES if "model: /path/to/" in p.read_text()]
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(EXAMPLES))
 
 
 def test_every_pipeline_has_an_example() -> None:
@@ -27,7 +31,7 @@ def test_every_pipeline_has_an_example() -> None:
         assert split, f"no split-across-devices example for {name}"
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FILES, ids=_id)
 def test_example_loads(path: Path, tmp_path: Path) -> None:
     cfg = load_deploy(path, {"model": str(tmp_path)})
     pipe = get_pipeline(cfg.pipeline)
@@ -40,7 +44,7 @@ def test_example_loads(path: Path, tmp_path: Path) -> None:
             assert len(devices) == st.tensor_parallel_size * st.num_replicas
 
 
-@pytest.mark.parametrize("path", WITH_MODEL, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", PLACEHOLDER, ids=_id)
 def test_placeholder_model_is_reported(path: Path) -> None:
     """Left as shipped, the placeholder path fails early with a message naming `model`."""
     with pytest.raises(ConfigError, match="model: path does not exist"):
