@@ -144,6 +144,8 @@ class WorkerSocket:
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         self.sock.setsockopt(zmq.RCVHWM, SEND_HWM)
         self.sock.connect(endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
 
     def send(self, msgs: list[m.Message]) -> None:
         if msgs:
@@ -161,7 +163,7 @@ class WorkerSocket:
 
     def wait(self, timeout_s: float) -> bool:
         """Block until a message arrives or the timeout passes; True if one is waiting."""
-        return bool(self.sock.poll(int(timeout_s * 1000), zmq.POLLIN))
+        return bool(self._poller.poll(int(timeout_s * 1000)))
 
     def close(self) -> None:
         self.sock.close()
