@@ -89,15 +89,9 @@ def sized_config(scale: int = 1):
 
 def build(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
     import torch
-    from transformers import GenerationConfig, Qwen2_5OmniForConditionalGeneration
+    from transformers import Qwen2_5OmniForConditionalGeneration
 
-    from omni_actors.models.tiny.qwen2_5_omni import (
-        QWEN2_5_OMNI_EXTRA,
-        QWEN2_5_OMNI_SPECIALS,
-        build_qwen_tokenizer,
-        chat_template,
-        save_processor,
-    )
+    from omni_actors.models.tiny.qwen2_5_omni import write_side_files
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -120,30 +114,7 @@ def build(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
     }
     model.save_pretrained(out, safe_serialization=True)
     del model
-    GenerationConfig(
-        bos_token_id=151644, eos_token_id=[151645, 151643], pad_token_id=151643,
-    ).save_pretrained(out)  # fmt: skip
-    tok = build_qwen_tokenizer(
-        QWEN2_5_OMNI_SPECIALS, QWEN2_5_OMNI_EXTRA,
-        chat_template(
-            "<|vision_bos|><|IMAGE|><|vision_eos|>",
-            "<|audio_bos|><|AUDIO|><|audio_eos|>",
-            "<|vision_bos|><|VIDEO|><|vision_eos|>",
-        ),
-        seed=seed,
-    )  # fmt: skip
-    save_processor(out, tok, processor_class="Qwen2_5OmniProcessor")
-    gen = torch.Generator().manual_seed(seed + 1)
-    dit = config.token2wav_config.dit_config
-    speakers = {
-        name: {
-            "cond": torch.randn(dit.enc_emb_dim, generator=gen),
-            "ref_mel": torch.randn(1, REF_MEL_FRAMES, dit.mel_dim, generator=gen),
-            "bos_token": config.talker_config.tts_text_start_token_id,
-        }
-        for name in ("Chelsie", "Ethan")
-    }
-    torch.save(speakers, out / "spk_dict.pt")
+    write_side_files(out, config, seed, ref_mel_frames=REF_MEL_FRAMES)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     return {
         "out": str(out),

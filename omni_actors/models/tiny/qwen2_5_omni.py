@@ -263,7 +263,7 @@ def save_processor(out: Path, tokenizer, *, merge_size: int = 2, patch_size: int
 def make_tiny_qwen2_5_omni(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Qwen2.5-Omni checkpoint to `out_dir` and return the folder."""
     import torch
-    from transformers import GenerationConfig, Qwen2_5OmniForConditionalGeneration
+    from transformers import Qwen2_5OmniForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -271,10 +271,20 @@ def make_tiny_qwen2_5_omni(out_dir: str | Path, seed: int = 0) -> Path:
     config = tiny_config()
     model = Qwen2_5OmniForConditionalGeneration(config).eval()
     model.save_pretrained(out, safe_serialization=True)
+    write_side_files(out, config, seed)
+    return out
+
+
+def write_side_files(out: Path, config: Any, seed: int, ref_mel_frames: int = 24) -> None:
+    """Everything of a Qwen2.5-Omni folder besides the weights: generation config,
+    tokenizer and processor, and `spk_dict.pt` (per speaker: a conditioning vector of the
+    DiT's enc_emb_dim, a reference mel and the talker's text bos)."""
+    import torch
+    from transformers import GenerationConfig
+
     GenerationConfig(
         bos_token_id=151644, eos_token_id=[151645, 151643], pad_token_id=151643,
     ).save_pretrained(out)  # fmt: skip
-
     tok = build_qwen_tokenizer(
         QWEN2_5_OMNI_SPECIALS, QWEN2_5_OMNI_EXTRA,
         chat_template(
@@ -285,17 +295,14 @@ def make_tiny_qwen2_5_omni(out_dir: str | Path, seed: int = 0) -> Path:
         seed=seed,
     )  # fmt: skip
     save_processor(out, tok, processor_class="Qwen2_5OmniProcessor")
-
-    # Speakers: a conditioning vector (DiT enc_emb_dim), a reference mel and the talker's text bos.
     gen = torch.Generator().manual_seed(seed + 1)
     dit = config.token2wav_config.dit_config
     speakers = {
         name: {
             "cond": torch.randn(dit.enc_emb_dim, generator=gen),
-            "ref_mel": torch.randn(1, 24, dit.mel_dim, generator=gen),
+            "ref_mel": torch.randn(1, ref_mel_frames, dit.mel_dim, generator=gen),
             "bos_token": config.talker_config.tts_text_start_token_id,
         }
         for name in ("Chelsie", "Ethan")
     }
     torch.save(speakers, out / "spk_dict.pt")
-    return out
