@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,14 @@ def make_deploy(pipeline: str = "synthetic", **raw: Any) -> DeployConfig:
 
 def shm_files(prefix: str) -> list[str]:
     return sorted(p.name for p in SHM.glob(f"{prefix}*"))
+
+
+async def eventually(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until `cond()` holds (test-side only; the runtime never polls)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
 
 
 def free_port() -> int:

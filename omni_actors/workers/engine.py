@@ -88,6 +88,15 @@ class StageEngine(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources at worker exit."""
 
+    def make_adapter(self) -> Any:
+        """The model adapter named by engine_extras["adapter"] ("module:Class"), built with ctx."""
+        from omni_actors.config.pipeline import resolve
+
+        ref = self.ctx.engine_extras.get("adapter")
+        if not ref:
+            raise ValueError(f"{type(self).__name__} needs engine_extras['adapter'] = 'module:Class'")
+        return resolve(ref)(self.ctx)
+
     def merged_sampling(self, params: dict[str, Any]) -> dict[str, Any]:
         """Deploy defaults < request params < pipeline constraints."""
         return {**self.ctx.default_sampling_params, **params, **self.ctx.sampling_constraints}

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +12,9 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from omni_actors.api.app import build_app
+from omni_actors.config.deploy import DeployConfig
 from omni_actors.orchestrator.core import Orchestrator
-from tests.conftest import make_deploy, running
+from tests.conftest import eventually, make_deploy, running  # noqa: F401 - re-exported
 
 API_KEY = "test-key"
 
@@ -38,7 +37,13 @@ class Server:
 async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIterator[Server]:
     """Start workers and an HTTP server; on exit stop both and check nothing leaked."""
     server = {"api_keys": [key] if key else [], **raw.pop("server", {})}
-    deploy = make_deploy(pipeline, server=server, **raw)
+    async with serve_deploy(make_deploy(pipeline, server=server, **raw), key) as srv:
+        yield srv
+
+
+@contextlib.asynccontextmanager
+async def serve_deploy(deploy: DeployConfig, key: str | None) -> AsyncIterator[Server]:
+    """Real workers and a real HTTP server on a free port for `deploy`; leak-checked on exit."""
     async with running(deploy) as orch:
         runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
@@ -49,14 +54,6 @@ async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIt
             yield Server(orch, f"http://{host}:{port}", key)
         finally:
             await runner.cleanup()
-
-
-async def eventually(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Wait until `cond()` holds (test-side only; the runtime never polls)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def post(srv: Server, path: str, body: Any = None, *, data: bytes | None = None,

@@ -15,19 +15,16 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 import soundfile as sf
-from aiohttp import web
 from assistant_support import assistant_dir, normalize
 from openai import AsyncOpenAI
 
-from omni_actors.api.app import build_app
 from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
 from omni_actors.cli import bundled_deploy
 from omni_actors.config.deploy import load_deploy
 from omni_actors.models.assistant import ASR, LLM, TTS, VOCODER
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
-from tests.api.conftest import Server, eventually, idle
-from tests.conftest import running
+from tests.api.conftest import Server, eventually, idle, serve_deploy
 
 __all__ = ["assistant_dir"]  # the fixture, imported for pytest
 
@@ -45,16 +42,8 @@ REQUEST_TIMEOUT_S = 120.0
 async def srv(assistant_dir) -> AsyncIterator[Server]:
     """The bundled deploy (as `omni-run` serves it) on a free port, with an API key."""
     deploy = load_deploy(bundled_deploy(), {"model": str(assistant_dir), "server": {"api_keys": [KEY]}})
-    async with running(deploy) as orch:
-        runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        try:
-            yield Server(orch, f"http://{host}:{port}", KEY)
-        finally:
-            await runner.cleanup()
+    async with serve_deploy(deploy, KEY) as server:
+        yield server
 
 
 def client(srv: Server) -> AsyncOpenAI:

@@ -11,16 +11,9 @@ import pytest
 
 from omni_actors.errors import RequestAborted, RequestTimeout, StageUnavailable, WorkerDied
 from omni_actors.orchestrator.requests import RequestSpec
-from tests.conftest import make_deploy, running, shm_files
+from tests.conftest import eventually, make_deploy, running, shm_files
 
 BIG = {"step_delay_ms": 30, "payload_bytes": 1 << 20, "chunks": 50}
-
-
-async def eventually(cond, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_abort_mid_flight_frees_every_lease_and_reaches_every_stage() -> None:

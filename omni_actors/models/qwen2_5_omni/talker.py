@@ -86,7 +86,23 @@ class ThinkerFeed:
         return len(self.embeds)
 
 
-class Qwen2_5OmniTalkerAdapter(ARAdapter):
+class ThinkerFedTalker(ARAdapter):
+    """Feeding and readiness shared by the Qwen-Omni talkers: both consume a ThinkerFeed."""
+
+    def feed(self, seq: ARSeq, inputs: dict[str, Any], last: bool) -> None:
+        seq.data["feed"].take(inputs)
+        seq.data["feed"].done = seq.data["feed"].done or last
+
+    def ready(self, seq: ARSeq) -> bool:
+        feed: ThinkerFeed = seq.data["feed"]
+        if feed.prompt_ids is None or not feed.token_ids:
+            return False
+        if seq.kv is None:
+            return feed.fed >= 1 or feed.done
+        return feed.done or feed.fed > len(seq.tokens)  # reply[k + 1] for decode step k
+
+
+class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
     position_axes = 3
 
     def load(self) -> torch.nn.Module:
@@ -122,17 +138,6 @@ class Qwen2_5OmniTalkerAdapter(ARAdapter):
         feed.done = not seq.streaming
         seq.data = {"feed": feed, "speaker": speaker}
 
-    def feed(self, seq: ARSeq, inputs: dict[str, Any], last: bool) -> None:
-        seq.data["feed"].take(inputs)
-        seq.data["feed"].done = seq.data["feed"].done or last
-
-    def ready(self, seq: ARSeq) -> bool:
-        feed: ThinkerFeed = seq.data["feed"]
-        if feed.prompt_ids is None or not feed.token_ids:
-            return False
-        if seq.kv is None:
-            return feed.fed >= 1 or feed.done
-        return feed.done or feed.fed > len(seq.tokens)  # reply[k + 1] for decode step k
 
     def _reply(self, feed: ThinkerFeed, i: int) -> torch.Tensor:
         """Thinker reply row i (hidden + embedding), then text-eos, then text-pad."""

@@ -28,8 +28,8 @@ from omni_actors.models.qwen2_5_omni.loading import (
     load_part,
     load_tensor,
 )
-from omni_actors.models.qwen2_5_omni.talker import ThinkerFeed, talker_sampling
-from omni_actors.workers.engines.hf_ar import ARAdapter, ARSeq, ForwardOut, StepInputs, sample
+from omni_actors.models.qwen2_5_omni.talker import ThinkerFedTalker, ThinkerFeed, talker_sampling
+from omni_actors.workers.engines.hf_ar import ARSeq, ForwardOut, StepInputs, sample
 
 DEFAULT_SPEAKER = "ethan"
 SAMPLING = {
@@ -44,7 +44,7 @@ PREDICTOR_SAMPLING = {"top_k": 50, "top_p": 0.8}
 """The code predictor's sampling when the talker samples (as in transformers)."""
 
 
-class Qwen3OmniMoeTalkerAdapter(ARAdapter):
+class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
     position_axes = 3
 
     def load(self) -> torch.nn.Module:
@@ -98,18 +98,6 @@ class Qwen3OmniMoeTalkerAdapter(ARAdapter):
         feed.take(inputs)
         feed.done = not seq.streaming
         seq.data = {"feed": feed, "speaker": self.tc.speaker_id[speaker], "frame": None}
-
-    def feed(self, seq: ARSeq, inputs: dict[str, Any], last: bool) -> None:
-        seq.data["feed"].take(inputs)
-        seq.data["feed"].done = seq.data["feed"].done or last
-
-    def ready(self, seq: ARSeq) -> bool:
-        feed: ThinkerFeed = seq.data["feed"]
-        if feed.prompt_ids is None or not feed.token_ids:
-            return False
-        if seq.kv is None:
-            return feed.fed >= 1 or feed.done
-        return feed.done or feed.fed > len(seq.tokens)
 
     def _trailing(self, feed: ThinkerFeed, k: int) -> torch.Tensor:
         """Text for decode step k: reply token k + 1, then tts-eos, then tts-pad."""

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_actors.config.pipeline import resolve
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 
 
@@ -96,10 +95,7 @@ class GenerationEngine(StageEngine):
         super().__init__(ctx)
         if ctx.device == "cpu":
             torch.set_num_threads(1)
-        ref = ctx.engine_extras.get("adapter")
-        if not ref:
-            raise ValueError("GenerationEngine needs engine_extras['adapter'] = 'module:Class'")
-        self.adapter: GenerationAdapter = resolve(ref)(ctx)
+        self.adapter: GenerationAdapter = self.make_adapter()
         self.adapter.load()
         extras = ctx.engine_extras
         a = self.adapter

@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 
-from omni_actors.config.pipeline import resolve
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -163,10 +162,7 @@ class HfAREngine(StageEngine):
         super().__init__(ctx)
         if ctx.device == "cpu":
             torch.set_num_threads(1)
-        ref = ctx.engine_extras.get("adapter")
-        if not ref:
-            raise ValueError("HfAREngine needs engine_extras['adapter'] = 'module:Class'")
-        self.adapter: ARAdapter = resolve(ref)(ctx)
+        self.adapter: ARAdapter = self.make_adapter()
         self.device = torch.device(ctx.device)
         self.model = self.adapter.load()
         self.seqs: dict[str, ARSeq] = {}
