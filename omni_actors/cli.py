@@ -4,6 +4,8 @@
              [--host H] [--port P] [--model PATH]
     omni-run prepare <pipeline>              prepare a bundled pipeline's model files
     omni-run make-tiny <pipeline> <dir>      write a tiny random-weight checkpoint
+    omni-run export-thinker <omni dir> <dir> write a Qwen2.5-Omni thinker's LM as a Qwen2
+                                             causal-LM folder (text-only serving on vLLM)
 """
 
 from __future__ import annotations
@@ -126,6 +128,19 @@ def _tool(argv: list[str]) -> int:
 
         print(prepare(a.pipeline))
         return 0
+    if cmd == "export-thinker":
+        p = argparse.ArgumentParser(prog="omni-run export-thinker")
+        p.add_argument("src")
+        p.add_argument("dir")
+        a = p.parse_args(rest)
+        from omni_actors.models.qwen2_5_omni.export import export_thinker_lm
+
+        try:
+            print(export_thinker_lm(a.src, a.dir))
+        except (OSError, ValueError, KeyError) as err:
+            print(f"omni-run export-thinker: {err}", file=sys.stderr)
+            return 2
+        return 0
     p = argparse.ArgumentParser(prog="omni-run make-tiny")
     p.add_argument("pipeline")
     p.add_argument("dir")
@@ -141,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logs.configure()
     try:
-        if argv and argv[0] in ("prepare", "make-tiny"):
+        if argv and argv[0] in ("prepare", "make-tiny", "export-thinker"):
             return _tool(argv)
         deploy = load_from_args(_serve_parser().parse_args(argv))
         uvloop.run(serve(deploy))
