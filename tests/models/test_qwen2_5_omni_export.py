@@ -38,7 +38,7 @@ def test_export_is_a_qwen2_folder_without_towers(exported):
     from safetensors import safe_open
 
     with safe_open(str(exported / "model.safetensors"), framework="pt") as f:
-        names = list(f.keys())  # noqa: SIM118
+        names = list(f.keys())
     assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
     assert all(n.startswith(("model.", "lm_head.")) for n in names)
     assert (exported / "chat_template.jinja").is_file()
