@@ -97,7 +97,7 @@ class ThinkerFedTalker(ARAdapter):
         feed: ThinkerFeed = seq.data["feed"]
         if feed.prompt_ids is None or not feed.token_ids:
             return False
-        if seq.kv is None:
+        if not seq.prefilled:
             return feed.fed >= 1 or feed.done
         return feed.done or feed.fed > len(seq.tokens)  # reply[k + 1] for decode step k
 
@@ -184,9 +184,9 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
         )  # fmt: skip
         return ForwardOut(self.model.codec_head(out.last_hidden_state[:, -1]).float())
 
-    def process_logits(self, seq: ARSeq, logits: torch.Tensor) -> torch.Tensor:
+    def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
         logits = logits.clone()
-        logits[self.tc.tts_codec_start_token_id] = float("-inf")
+        logits[:, self.tc.tts_codec_start_token_id] = float("-inf")
         return logits
 
     def on_tokens(self, seqs, tokens, out, prefill):

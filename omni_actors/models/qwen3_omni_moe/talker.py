@@ -29,7 +29,8 @@ from omni_actors.models.qwen2_5_omni.loading import (
     load_tensor,
 )
 from omni_actors.models.qwen2_5_omni.talker import ThinkerFedTalker, ThinkerFeed, talker_sampling
-from omni_actors.workers.engines.hf_ar import ARSeq, ForwardOut, StepInputs, sample
+from omni_actors.workers.engines.hf_ar_adapter import ARSeq, ForwardOut, StepInputs
+from omni_actors.workers.engines.hf_ar_sampling import sample
 
 DEFAULT_SPEAKER = "ethan"
 SAMPLING = {
@@ -82,7 +83,8 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         ).unbind(0)
         vocab = tc.text_config.vocab_size
         self.suppress = torch.tensor(
-            [i for i in range(vocab - 1024, vocab) if i != tc.codec_eos_token_id]
+            [i for i in range(vocab - 1024, vocab) if i != tc.codec_eos_token_id],
+            device=self.ctx.device,
         )
         self.groups = tc.num_code_groups
         return self.model
@@ -168,9 +170,9 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         last = out.last_hidden_state[:, -1]
         return ForwardOut(self.model.codec_head(last).float(), last)
 
-    def process_logits(self, seq: ARSeq, logits: torch.Tensor) -> torch.Tensor:
+    def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
         logits = logits.clone()
-        logits[self.suppress.to(logits.device)] = float("-inf")
+        logits[:, self.suppress] = float("-inf")
         return logits
 
     def on_tokens(self, seqs, tokens, out, prefill):

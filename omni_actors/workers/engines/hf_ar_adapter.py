@@ -1,0 +1,211 @@
+"""The model-facing half of HfAREngine: per-request state, the ARAdapter contract, checkpoint helpers.
+
+An adapter (one per engine, provided by a model package) owns everything
+model-specific: loading, prompts, the inputs of each decode step, the forward
+call, logits masks and what each step hands downstream. The engine owns
+scheduling, the KV cache, batching and sampling.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omni_actors.workers.engine import EngineContext
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ARSeq:
+    """Engine-side state of one request. `data` belongs to the adapter."""
+
+    request_id: str
+    params: dict[str, Any]
+    streaming: bool
+    data: Any = None
+    prefilled: bool = False
+    """True once the prompt's forward ran (the request then holds KV: a slot or its own cache)."""
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    """Dynamic KV only: per layer (keys, values), each [1, kv_heads, length, head_dim]."""
+    slot: int | None = None
+    """Static KV only: the row of the slot cache this request owns."""
+    cached: int = 0
+    """Positions in the KV cache (prompt + fed tokens)."""
+    next_pos: int = 0
+    """Rotary position of the next input (mrope: the same on every axis once decoding)."""
+    tokens: list[int] = field(default_factory=list)
+    """Sampled tokens (what the adapter feeds back)."""
+    seen: torch.Tensor | None = None
+    """[vocab] bool of sampled ids, for the repetition penalty (made on first use)."""
+    generator: torch.Generator | None = None
+    input_done: bool = True
+    finished: bool = False
+
+
+@dataclass
+class StepInputs:
+    """What the adapter gives the engine for one forward of one request."""
+
+    embeds: torch.Tensor
+    """[length, hidden] input embeddings."""
+    positions: torch.Tensor | None = None
+    """[axes, length] or [length] positions; None means 0, 1, ..., length - 1."""
+    next_pos: int | None = None
+    """Position after this input (for mrope prompts it differs from the length)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for this request's prefill forward only (not batched)."""
+
+
+@dataclass
+class ForwardOut:
+    """What the adapter's forward returns for a batch of rows."""
+
+    logits: torch.Tensor
+    """[batch, vocab] at the last position of each row."""
+    hidden: Any = None
+    """Tensors per row (a tensor, or a tuple/list/dict of them) the adapter wants in `on_tokens`."""
+
+    def rows(self, index: torch.Tensor | slice) -> ForwardOut:
+        """The same output for the rows `index` (dim 0 of every tensor)."""
+        return ForwardOut(self.logits[index], _rows(self.hidden, index))
+
+
+def _rows(x: Any, index: torch.Tensor | slice) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x[index]
+    if isinstance(x, tuple | list):
+        return type(x)(_rows(v, index) for v in x)
+    if isinstance(x, dict):
+        return {k: _rows(v, index) for k, v in x.items()}
+    return x
+
+
+class ARAdapter(abc.ABC):
+    """Model-specific half of HfAREngine. One instance per engine."""
+
+    position_axes: int = 1
+    """1 for plain rotary positions, 3 for mrope ([temporal, height, width])."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+
+    @abc.abstractmethod
+    def load(self) -> torch.nn.Module:
+        """Load weights from ctx.model_path; raise with the file's name on a bad checkpoint."""
+
+    @abc.abstractmethod
+    def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
+        """Initialise seq.data from a request's (first) inputs."""
+
+    def feed(self, seq: ARSeq, inputs: dict[str, Any], last: bool) -> None:
+        """Take more upstream input for a streaming request."""
+        raise NotImplementedError(f"{type(self).__name__} does not take streamed input")
+
+    def ready(self, seq: ARSeq) -> bool:
+        """True when the request has what its next forward needs."""
+        return True
+
+    @abc.abstractmethod
+    def prefill(self, seq: ARSeq) -> StepInputs:
+        """The prompt of a request."""
+
+    @abc.abstractmethod
+    def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
+        """[batch, 1, hidden] inputs for one decode step of each seq (after its last token)."""
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+        extra: dict[str, Any],
+    ) -> ForwardOut:
+        """Run the model on [batch, length, hidden] embeds.
+
+        positions: [position_axes, batch, length]. mask: [batch, cached + length] (0 marks
+        padding) for a prefill or a dynamic-cache decode, or a ready 4D additive mask
+        [batch, 1, length, cache length] for a static-cache decode; pass it on as
+        `attention_mask` (transformers uses a 4D mask as given). cache: a transformers
+        Cache the forward extends. Under CUDA graphs the decode forward is captured once
+        per batch shape and replayed: it must not sync with the host or branch on values.
+        """
+
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A request's effective sampling: deploy defaults < request < pipeline constraints."""
+        ctx = self.ctx
+        return {**ctx.default_sampling_params, **params, **ctx.sampling_constraints}
+
+    def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
+        """Mask tokens these requests may not sample now ([batch, vocab] float32, one row each)."""
+        return logits
+
+    @abc.abstractmethod
+    def on_tokens(
+        self, seqs: list[ARSeq], tokens: list[int], out: ForwardOut, prefill: bool
+    ) -> list[tuple[dict[str, Any], bool]]:
+        """Record sampled tokens; return (payload, finished) per seq."""
+
+    def stop_ids(self, seq: ARSeq) -> set[int]:
+        return set()
+
+
+class TextStream:
+    """Incremental detokenisation: the text delta of each new token, holding back split characters."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def push(self, token: int, final: bool = False) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd") and not final:
+            return ""  # an incomplete UTF-8 sequence: wait for its next byte
+        delta, self.sent = text[self.sent :], len(text)
+        return delta
+
+
+def check_checkpoint(path: Any, required: tuple[str, ...]) -> Path:
+    """Fail early, naming the file, when a checkpoint folder lacks a file or has a bad JSON one."""
+    if path is None:
+        raise FileNotFoundError("the stage has no model path")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: model folder not found")
+    for name in required:
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name}: required checkpoint file is missing")
+    for file in sorted(folder.glob("*.json")):
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{file}: not valid JSON ({err})") from None
+        if file.name == "config.json" and not isinstance(data, dict):
+            raise ValueError(f"{file}: expected a JSON object")
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise FileNotFoundError(f"{folder / 'model.safetensors'}: no weights file in the folder")
+    return folder
+
+
+def prompt_ids(tokenizer: Any, inputs: dict[str, Any]) -> list[int]:
+    """Token ids of a request's prompt: token ids, a string, or chat messages."""
+    if "prompt_token_ids" in inputs:
+        return [int(i) for i in inputs["prompt_token_ids"]]
+    if "messages" in inputs:
+        text = tokenizer.apply_chat_template(
+            inputs["messages"], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, add_special_tokens=False).input_ids
+    if "prompt" in inputs:
+        return tokenizer(inputs["prompt"]).input_ids
+    raise ValueError("inputs need 'prompt_token_ids', 'prompt' or 'messages'")

@@ -1,0 +1,69 @@
+"""CausalLMAdapter: HfAREngine's adapter for any transformers `AutoModelForCausalLM` folder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.workers.engines.hf_ar_adapter import (
+    DTYPES,
+    ARAdapter,
+    ARSeq,
+    ForwardOut,
+    StepInputs,
+    TextStream,
+    check_checkpoint,
+    prompt_ids,
+)
+
+
+class CausalLMAdapter(ARAdapter):
+    """Prompt in, text and token ids out.
+
+    Inputs: {"prompt_token_ids": [...]}, {"prompt": str} or {"messages": [...]}
+    (chat template with the generation prompt). Outputs per step:
+    {"text": delta, "token_ids": [id]}.
+    """
+
+    def load(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        dtype = (
+            DTYPES.get(self.ctx.dtype, torch.float32) if self.ctx.device != "cpu" else torch.float32
+        )
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.ctx.device).eval()
+        )
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        return self.model
+
+    def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
+        seq.data = {"ids": prompt_ids(self.tokenizer, inputs), "text": TextStream(self.tokenizer)}
+
+    def prefill(self, seq: ARSeq) -> StepInputs:
+        ids = torch.tensor(seq.data["ids"], device=self.ctx.device)
+        return StepInputs(self.model.get_input_embeddings()(ids))
+
+    def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
+        ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.ctx.device)
+        return self.model.get_input_embeddings()(ids)
+
+    def forward(self, embeds, positions, mask, cache, extra) -> ForwardOut:
+        out = self.model.model(
+            inputs_embeds=embeds, position_ids=positions[0], attention_mask=mask,
+            past_key_values=cache, use_cache=True,
+        )  # fmt: skip
+        return ForwardOut(self.model.lm_head(out.last_hidden_state[:, -1]))
+
+    def on_tokens(self, seqs, tokens, out, prefill):
+        return [
+            ({"text": s.data["text"].push(t), "token_ids": [t]}, False)
+            for s, t in zip(seqs, tokens, strict=True)
+        ]
+
+    def stop_ids(self, seq: ARSeq) -> set[int]:
+        return set() if seq.params.get("ignore_eos") else self.eos

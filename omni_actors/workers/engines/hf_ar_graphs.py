@@ -1,0 +1,58 @@
+"""CUDA graphs for HfAREngine's static decode: one graph per (batch, length) bucket.
+
+The first step of a bucket runs eagerly (that is the step's result, and the
+warm-up), then the same call is captured; later steps of that bucket replay
+it. Inputs are the slot cache's static buffers, so a replay reads whatever the
+engine wrote there. All graphs share one memory pool and their outputs stay
+referenced, so graphs may replay in any order. A capture that fails turns
+graphs off for the engine (one log line says why) and decoding goes on eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from omni_actors import logs
+from omni_actors.workers.engines.hf_ar_adapter import ForwardOut
+
+log = logs.get(__name__)
+
+
+class DecodeGraphs:
+    """Runs `forward(batch, length)`: eagerly, or by replaying its captured graph."""
+
+    def __init__(self, forward: Callable[[int, int], ForwardOut], enabled: bool) -> None:
+        self.forward = forward
+        self.enabled = enabled
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, ForwardOut]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if enabled else None
+
+    def run(self, batch: int, length: int) -> ForwardOut:
+        if not self.enabled:
+            return self.forward(batch, length)
+        hit = self.graphs.get((batch, length))
+        if hit is not None:
+            hit[0].replay()
+            return hit[1]
+        out = self.forward(batch, length)
+        self._capture(batch, length)
+        return out
+
+    def _capture(self, batch: int, length: int) -> None:
+        try:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.forward(batch, length)
+        except Exception as err:  # capture is an optimisation: any failure means eager
+            self.enabled = False
+            self.graphs.clear()
+            log.warning(
+                "hf_ar.cuda_graphs_off", batch=batch, length=length,
+                reason=f"{type(err).__name__}: {err}"[:300],
+            )  # fmt: skip
+            return
+        self.graphs[(batch, length)] = (graph, out)
+        log.info("hf_ar.cuda_graph_captured", batch=batch, length=length)

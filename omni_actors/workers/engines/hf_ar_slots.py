@@ -1,0 +1,203 @@
+"""The static "slot" KV cache of HfAREngine: preallocated per-layer K/V rows, one per request.
+
+Per layer, keys and values live in [slots, kv_heads, max_len, head_dim]
+buffers on the engine's device, allocated once (sized from the first
+prefill's cache). A request takes a slot when its prompt has run (the
+prompt's KV is copied in) and gives it back when it ends; slots stay compact
+(the last one moves into a freed hole), so a decode step runs rows 0..B-1
+with B the smallest batch bucket that holds every slot in use.
+
+A decode forward has fixed shapes per (batch bucket, length bucket): inputs
+are written into static buffers, each row writes its new K/V at its own
+position (`lengths[row]`, a scatter: no host sync, graph-capturable), and
+attends to the first L positions of its row through a 4D additive mask built
+from the same lengths. Rows whose request is not ready this step, and unused
+rows of the bucket, still compute; they write at or past their own length,
+which is never read before the request overwrites it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from omni_actors.workers.engines.hf_ar_adapter import ARSeq
+
+MIN_LENGTH_BUCKET = 128
+"""Shortest attention window a decode step reads; windows double up to max_len."""
+
+
+class ContextLengthExceeded(ValueError):
+    """A request needs more KV positions than the stage's max_len; it fails alone."""
+
+    def __init__(self, request_id: str, needed: int, max_len: int) -> None:
+        super().__init__(
+            f"request {request_id} needs {needed} KV positions; the stage's max_model_len is {max_len}"
+        )
+        self.needed = needed
+        self.max_len = max_len
+
+
+def buckets(limit: int, first: int) -> list[int]:
+    """first, 2 * first, ... below limit, then limit."""
+    out = []
+    size = first
+    while size < limit:
+        out.append(size)
+        size *= 2
+    return [*out, limit]
+
+
+def bucket_for(value: int, sizes: list[int]) -> int:
+    return next(s for s in sizes if s >= value)
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's view of the slot buffers for one (batch, length) bucket."""
+
+    is_compileable = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> None:
+        super().__init__()
+        batch, heads, _, dim = keys.shape
+        self.keys, self.values = keys, values  # views [batch, heads, length, dim] of the buffers
+        self.lengths = lengths
+        self.index = (batch, heads, 1, dim)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # buffers exist already
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        where = self.lengths.view(-1, 1, 1, 1).expand(self.index)
+        self.keys.scatter_(2, where, key_states)
+        self.values.scatter_(2, where, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class SlotCache(Cache):
+    """The transformers Cache a static decode forward gets: a SlotLayer per model layer."""
+
+    def __init__(self, layers: list[SlotLayer]) -> None:
+        super().__init__(layers=layers)
+
+
+class SlotKV:
+    """Slot buffers, slot assignment and the static decode inputs of one engine."""
+
+    def __init__(self, slots: int, max_len: int, axes: int, device: torch.device) -> None:
+        self.slots, self.max_len, self.axes, self.device = slots, max_len, axes, device
+        self.owners: list[ARSeq] = []
+        """owners[i] holds slot i (compact)."""
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.batch_sizes = buckets(slots, 1)
+        self.length_sizes = buckets(max_len, min(MIN_LENGTH_BUCKET, max_len))
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.positions = torch.zeros(axes, slots, 1, dtype=torch.long, device=device)
+        pin = device.type == "cuda"
+        self.host = torch.zeros(1 + axes, slots, dtype=torch.long, pin_memory=pin)
+        self.embeds: torch.Tensor | None = None
+        self.views: dict[tuple[int, int], SlotCache] = {}
+
+    # ---- slots -------------------------------------------------------------
+
+    def free(self) -> int:
+        return self.slots - len(self.owners)
+
+    @torch.inference_mode()
+    def store(self, seq: ARSeq, cache: Any) -> None:
+        """Give seq a slot and copy its prompt's KV (a DynamicCache) into it."""
+        if not self.keys:
+            self._allocate(cache)
+        slot = len(self.owners)
+        n = cache.layers[0].keys.shape[2]
+        for layer, keys, values in zip(cache.layers, self.keys, self.values, strict=True):
+            keys[slot, :, :n] = layer.keys[0]
+            values[slot, :, :n] = layer.values[0]
+        seq.slot = slot
+        self.owners.append(seq)
+
+    @torch.inference_mode()
+    def release(self, seq: ARSeq) -> None:
+        """Give seq's slot back; the last slot's request moves into it."""
+        if seq.slot is None:
+            return
+        hole, last = seq.slot, len(self.owners) - 1
+        moved = self.owners.pop()
+        seq.slot = None
+        if hole == last:
+            return
+        n = moved.cached
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[hole, :, :n] = keys[last, :, :n]
+            values[hole, :, :n] = values[last, :, :n]
+        moved.slot = hole
+        self.owners[hole] = moved
+
+    def _allocate(self, cache: Any) -> None:
+        for layer in cache.layers:
+            _, heads, _, dim = layer.keys.shape
+            shape = (self.slots, heads, self.max_len, dim)
+            kw = {"dtype": layer.keys.dtype, "device": self.device}
+            self.keys.append(torch.zeros(shape, **kw))
+            self.values.append(torch.zeros((*shape[:3], layer.values.shape[-1]), **kw))
+
+    # ---- decode ------------------------------------------------------------
+
+    def shape_for(self) -> tuple[int, int]:
+        """(batch bucket, length bucket) of a decode step over every slot in use."""
+        longest = max(s.cached for s in self.owners)
+        return (
+            bucket_for(len(self.owners), self.batch_sizes),
+            bucket_for(longest + 1, self.length_sizes),
+        )
+
+    def load_inputs(self, batch: int, ready: list[ARSeq], embeds: torch.Tensor) -> torch.Tensor:
+        """Write one step's inputs into the static buffers; return the ready rows' indices."""
+        host = self.host
+        host[:, :batch] = 0
+        for seq in self.owners:
+            host[0, seq.slot] = seq.cached
+            host[1:, seq.slot] = seq.next_pos
+        self.lengths[:batch].copy_(host[0, :batch], non_blocking=True)
+        self.positions[:, :batch, 0].copy_(host[1:, :batch], non_blocking=True)
+        if self.embeds is None:
+            shape = (self.slots, 1, embeds.shape[-1])
+            self.embeds = torch.zeros(shape, dtype=embeds.dtype, device=self.device)
+        rows = [s.slot for s in ready]
+        if rows == list(range(len(rows))):
+            self.embeds[: len(rows)].copy_(embeds)
+            return slice(0, len(rows))
+        index = torch.tensor(rows, device=self.device)
+        self.embeds.index_copy_(0, index, embeds.to(self.embeds.dtype))
+        return index
+
+    def inputs(
+        self, batch: int, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SlotCache]:
+        """Static (embeds, positions, 4D mask, cache) of one bucket; the mask is computed here."""
+        lengths = self.lengths[:batch]
+        allowed = torch.arange(length, device=self.device)[None] <= lengths[:, None]
+        dtype = self.embeds.dtype
+        mask = torch.zeros(batch, length, dtype=dtype, device=self.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+        cache = self.views.get((batch, length))
+        if cache is None:
+            layers = [
+                SlotLayer(k[:batch, :, :length], v[:batch, :, :length], lengths)
+                for k, v in zip(self.keys, self.values, strict=True)
+            ]
+            cache = self.views[(batch, length)] = SlotCache(layers)
+        return self.embeds[:batch], self.positions[:, :batch], mask[:, None, None, :], cache
