@@ -54,6 +54,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--codes", type=int, default=256)
     ap.add_argument("--modes", default="on,off", help="async chunk modes to run")
     ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument(
+        "--ar-extras", type=json.loads, default={},
+        help='engine_extras for the two AR stages, e.g. \'{"kv_cache": "dynamic"}\'',
+    )  # fmt: skip
     return ap.parse_args()
 
 
@@ -65,7 +69,10 @@ def deploy_for(args: argparse.Namespace, async_chunk: bool) -> Any:
         "pipeline": args.pipeline,
         "model": str(args.model),
         "async_chunk": async_chunk,
-        "stages": [{"stage_id": s, **stage} for s in (0, 1, 2)],
+        "stages": [
+            {"stage_id": s, **stage, **({"engine_extras": args.ar_extras} if s < 2 else {})}
+            for s in (0, 1, 2)
+        ],
     }
     return build_deploy(raw, source="bench_omni_pipeline")
 
@@ -192,6 +199,7 @@ async def main() -> None:
         "dtype": args.dtype,
         "text_tokens": args.text_tokens,
         "codes": args.codes,
+        "ar_extras": args.ar_extras,
         "results": results,
     }
     on, off = results.get("async_chunk_on"), results.get("async_chunk_off")
