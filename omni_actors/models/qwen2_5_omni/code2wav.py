@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from omni_actors.models.qwen2_5_omni.fast_token2wav import DiTVelocity, install_fast_vocoder
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
 from omni_actors.workers.engines.generation import GenerationAdapter
 
@@ -71,6 +72,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
             raise ValueError(f"{path / 'spk_dict.pt'}: cannot read speakers ({err})") from err
         embed = self.model.code2wav_dit_model.input_embed
         embed.spk_encoder = _LastCallCache(embed.spk_encoder)
+        install_fast_vocoder(self.model.code2wav_bigvgan_model)
         dit, vocoder = config.dit_config, config.bigvgan_config
         self.repeats, self.mel_dim = dit.repeats, dit.mel_dim
         self.num_codes = dit.num_embeds
@@ -117,20 +119,13 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
                 for d, s, w in zip(data, starts, windows, strict=True)
             ]
         ).to(dev)
-        dit = self.model.code2wav_dit_model
         frames = noise.shape[1]
         cond = cond[:, None].repeat(1, frames, 1)
-
-        def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            out = dit(
-                hidden_states=x, quantized_code=codes, speaker_embedding=cond,
-                condition_vector=ref, time_step=t, apply_cfg=True,
-            )  # fmt: skip
-            guided, null = torch.chunk(out, 2, dim=0)
-            return guided + (guided - null) * GUIDANCE_SCALE
-
+        velocity = DiTVelocity(self.model.code2wav_dit_model, codes, cond, ref, GUIDANCE_SCALE)
         times = torch.linspace(0, 1, NUM_STEPS, device=dev)
         times = times + SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
         mel = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)[-1]
-        wav = self.model.code2wav_bigvgan_model(mel.permute(0, 2, 1))
-        return list(wav.reshape(len(windows), -1))
+        # One window at a time: batched, the vocoder's activations outgrow the CPU caches
+        # (8 windows of 64 codes took 11x one window, one by one 8x).
+        vocoder = self.model.code2wav_bigvgan_model
+        return [vocoder(m[None].permute(0, 2, 1)).reshape(-1) for m in mel]
