@@ -85,20 +85,9 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
 
 TOPOLOGY_FIELDS = frozenset(
     {
-        "input_sources",
-        "execution_type",
-        "model_stage",
-        "final_output",
-        "final_output_type",
-        "owns_tokenizer",
-        "engine_output_type",
-        "sampling_constraints",
-        "processor",
-        "chunk_processor",
-        "custom_process_input_func",
-        "engine",
-        "worker_type",
-        "engine_input_source",
+        "input_sources", "execution_type", "model_stage", "final_output", "final_output_type",
+        "owns_tokenizer", "engine_output_type", "sampling_constraints", "processor",
+        "chunk_processor", "custom_process_input_func", "engine", "worker_type", "engine_input_source",
     }
 )
 
@@ -176,9 +165,7 @@ def _check_topology_fields(source: str, raw: dict[str, Any]) -> None:
                 )
 
 
-def build_deploy(
-    raw: dict[str, Any], source: str, overrides: dict[str, Any] | None = None
-) -> DeployConfig:
+def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> DeployConfig:
     """Validate a raw mapping (already merged) into a DeployConfig."""
     _check_topology_fields(source, raw)
     platform_over = (raw.get("platforms") or {}).get(detect_platform())
@@ -232,9 +219,7 @@ def validate_against_pipeline(cfg: DeployConfig) -> PipelineConfig:
         seen.add(st.stage_id)
         for name in ("num_replicas", "max_num_seqs", "tensor_parallel_size"):
             if getattr(st, name) < 1:
-                raise ConfigError(
-                    f"{where}.{name}: expected an integer >= 1, got {getattr(st, name)}"
-                )
+                raise ConfigError(f"{where}.{name}: expected an integer >= 1, got {getattr(st, name)}")
         if not 0.0 < st.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"{where}.gpu_memory_utilization: expected a value in (0, 1]")
         devices = st.device_list()
@@ -260,8 +245,6 @@ def parse_stage_overrides(text: str) -> dict[str, Any]:
     stages = []
     for key, val in data.items():
         if not isinstance(val, dict) or not str(key).lstrip("-").isdigit():
-            raise ConfigError(
-                f"--stage-overrides: {key!r}: expected a stage id mapped to an object"
-            )
+            raise ConfigError(f"--stage-overrides: {key!r}: expected a stage id mapped to an object")
         stages.append({**val, "stage_id": int(key)})
     return {"stages": stages}

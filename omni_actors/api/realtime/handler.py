@@ -63,9 +63,7 @@ class ClientGone(ConnectionError):
 
 
 class RealtimeSession:
-    def __init__(
-        self, ws: web.WebSocketResponse, orch: Orchestrator, model: str, stats: RealtimeStats
-    ) -> None:
+    def __init__(self, ws: web.WebSocketResponse, orch: Orchestrator, model: str, stats: RealtimeStats) -> None:
         self.ws = ws
         self.max_audio = int(orch.deploy.server.realtime_max_audio_s * VAD_RATE)
         self.orch = orch
@@ -73,9 +71,7 @@ class RealtimeSession:
         self.id = new_id("sess")
         self.dialect: ev.Dialect = "beta"
         audio_out = "audio" in orch.pipeline.output_types()
-        self.cfg = SessionConfig(
-            model=model, modalities=("text", "audio") if audio_out else ("text",)
-        )
+        self.cfg = SessionConfig(model=model, modalities=("text", "audio") if audio_out else ("text",))
         self.conversation = Conversation()
         self.buffer = InputBuffer()
         self.timeline = 0  # 16 kHz samples of input audio so far
@@ -99,27 +95,15 @@ class RealtimeSession:
             raise ClientGone(str(err)) from err
 
     async def send_error(self, err: ev.BadEvent) -> None:
-        await self.send(
-            ev.Error(
-                error={
-                    "type": err.type,
-                    "code": err.code,
-                    "message": err.message,
-                    "param": err.param,
-                    "event_id": err.event_id,
-                }
-            )
-        )
+        await self.send(ev.Error(error={"type": err.type, "code": err.code, "message": err.message,
+                                        "param": err.param, "event_id": err.event_id}))
 
     # ---- the loop ----
 
     async def serve(self, idle_timeout_s: float) -> None:
         await self.send(ev.SessionCreated(session=render_session(self.cfg, self.id, self.dialect)))
-        await self.send(
-            ev.ConversationCreated(
-                conversation={"id": self.conversation.id, "object": "realtime.conversation"}
-            )
-        )
+        await self.send(ev.ConversationCreated(conversation={"id": self.conversation.id,
+                                                             "object": "realtime.conversation"}))
         try:
             while True:
                 try:
@@ -132,12 +116,7 @@ class RealtimeSession:
                     return
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     await self._on_raw(msg.data)
-                elif msg.type in (
-                    WSMsgType.CLOSE,
-                    WSMsgType.CLOSING,
-                    WSMsgType.CLOSED,
-                    WSMsgType.ERROR,
-                ):
+                elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
                     return
         except ClientGone:
             return
@@ -147,11 +126,8 @@ class RealtimeSession:
     async def _on_raw(self, raw: str | bytes) -> None:
         try:
             if len(raw) > MAX_EVENT_BYTES:
-                raise ev.BadEvent(
-                    f"event of {len(raw)} bytes exceeds the {MAX_EVENT_BYTES} byte limit",
-                    code="event_too_large",
-                    event_id=ev.event_id_of(raw),
-                )
+                raise ev.BadEvent(f"event of {len(raw)} bytes exceeds the {MAX_EVENT_BYTES} byte limit",
+                                  code="event_too_large", event_id=ev.event_id_of(raw))
             await self._dispatch(ev.decode_client(raw))
         except ev.BadEvent as err:
             await self.send_error(err)
@@ -159,13 +135,8 @@ class RealtimeSession:
             raise
         except Exception as err:  # connection boundary: report, log, keep the session
             log.exception("realtime.event_failed", session_id=self.id, error=type(err).__name__)
-            await self.send_error(
-                ev.BadEvent(
-                    f"internal error: {type(err).__name__}",
-                    code="server_error",
-                    type="server_error",
-                )
-            )
+            await self.send_error(ev.BadEvent(f"internal error: {type(err).__name__}", code="server_error",
+                                              type="server_error"))
 
     async def _dispatch(self, event: ev.ClientEventT) -> None:
         eid = event.event_id
@@ -182,9 +153,7 @@ class RealtimeSession:
             case ev.ItemCreate(item=it, previous_item_id=prev):
                 try:
                     item = item_from_client(it, self.cfg.input_audio_format)
-                    self._check_audio_room(
-                        sum(len(p.audio) for p in item.content if p.audio is not None)
-                    )
+                    self._check_audio_room(sum(len(p.audio) for p in item.content if p.audio is not None))
                     prev = self.conversation.add(item, prev)
                 except ev.BadEvent as err:
                     err.event_id = eid
@@ -192,9 +161,7 @@ class RealtimeSession:
                 await self._announce_item(item, prev)
             case ev.ItemRetrieve(item_id=item_id):
                 item = self._item(item_id, eid)
-                await self.send(
-                    ev.ItemRetrieved(item=render_item(item, self.dialect, with_audio=True))
-                )
+                await self.send(ev.ItemRetrieved(item=render_item(item, self.dialect, with_audio=True)))
             case ev.ItemTruncate(item_id=item_id, content_index=ci, audio_end_ms=end):
                 await self._truncate(self._item(item_id, eid), ci, end, eid)
             case ev.ItemDelete(item_id=item_id):
@@ -205,12 +172,8 @@ class RealtimeSession:
                 await self._create_response(r, eid)
             case ev.ResponseCancel(response_id=rid):
                 if self.response is None or (rid is not None and rid != self.response.id):
-                    raise ev.BadEvent(
-                        "no active response to cancel",
-                        code="response_cancel_not_active",
-                        param="response_id" if rid else None,
-                        event_id=eid,
-                    )
+                    raise ev.BadEvent("no active response to cancel", code="response_cancel_not_active",
+                                      param="response_id" if rid else None, event_id=eid)
                 await self._cancel_response("client_cancelled")
             case ev.OutputAudioClear():
                 await self.send(ev.OutputAudioCleared())
@@ -240,12 +203,8 @@ class RealtimeSession:
     def _item(self, item_id: str, eid: str | None) -> Item:
         item = self.conversation.get(item_id)
         if item is None:
-            raise ev.BadEvent(
-                f"item {item_id!r} does not exist",
-                code="item_not_found",
-                param="item_id",
-                event_id=eid,
-            )
+            raise ev.BadEvent(f"item {item_id!r} does not exist", code="item_not_found", param="item_id",
+                              event_id=eid)
         return item
 
     async def _announce_item(self, item: Item, prev: str | None) -> None:
@@ -255,23 +214,13 @@ class RealtimeSession:
             await self.send(ev.ItemDone(previous_item_id=prev, item=rendered))
 
     async def _truncate(self, item: Item, ci: int, end_ms: int, eid: str | None) -> None:
-        if (
-            item.role != "assistant"
-            or not 0 <= ci < len(item.content)
-            or item.content[ci].type != "audio"
-        ):
-            raise ev.BadEvent(
-                "only an assistant audio content part can be truncated",
-                param="content_index",
-                event_id=eid,
-            )
+        if item.role != "assistant" or not 0 <= ci < len(item.content) or item.content[ci].type != "audio":
+            raise ev.BadEvent("only an assistant audio content part can be truncated", param="content_index",
+                              event_id=eid)
         part = item.content[ci]
         if not 0 <= end_ms <= part.audio_ms:
-            raise ev.BadEvent(
-                f"audio_end_ms must be between 0 and the part's {part.audio_ms} ms",
-                param="audio_end_ms",
-                event_id=eid,
-            )
+            raise ev.BadEvent(f"audio_end_ms must be between 0 and the part's {part.audio_ms} ms",
+                              param="audio_end_ms", event_id=eid)
         truncate(part, end_ms)
         await self.send(ev.ItemTruncated(item_id=item.id, content_index=ci, audio_end_ms=end_ms))
 
@@ -315,13 +264,10 @@ class RealtimeSession:
         """Refuse audio that would take the session past server.realtime_max_audio_s."""
         held = self.buffer.size + self.conversation.audio_samples()
         if samples and held + samples > self.max_audio:
-            raise ev.BadEvent(
-                f"the session would hold {ms(held + samples) // 1000} s of audio; the limit is "
-                f"{ms(self.max_audio) // 1000} s (server.realtime_max_audio_s): commit or clear the input "
-                "buffer, or delete conversation items",
-                code="audio_limit_exceeded",
-                param="audio",
-            )
+            raise ev.BadEvent(f"the session would hold {ms(held + samples) // 1000} s of audio; the limit is "
+                              f"{ms(self.max_audio) // 1000} s (server.realtime_max_audio_s): commit or clear "
+                              "the input buffer, or delete conversation items",
+                              code="audio_limit_exceeded", param="audio")
 
     async def _speech_started(self, pos: int) -> None:
         self._speech_item = new_id("item")
@@ -342,11 +288,8 @@ class RealtimeSession:
 
     async def _commit_manual(self, eid: str | None) -> None:
         if ms(self.buffer.size) < MIN_COMMIT_MS:
-            raise ev.BadEvent(
-                f"buffer too small: {ms(self.buffer.size)} ms of audio, need {MIN_COMMIT_MS} ms",
-                code="input_audio_buffer_commit_empty",
-                event_id=eid,
-            )
+            raise ev.BadEvent(f"buffer too small: {ms(self.buffer.size)} ms of audio, need {MIN_COMMIT_MS} ms",
+                              code="input_audio_buffer_commit_empty", event_id=eid)
         item_id = self._speech_item or new_id("item")
         self._speech_item = None
         await self._commit(self.buffer.take(), item_id)
@@ -361,11 +304,8 @@ class RealtimeSession:
 
     async def _create_response(self, r: ev.ResponseIn | None, eid: str | None) -> None:
         if self.response is not None:
-            raise ev.BadEvent(
-                f"conversation already has an active response {self.response.id}",
-                code="conversation_already_has_active_response",
-                event_id=eid,
-            )
+            raise ev.BadEvent(f"conversation already has an active response {self.response.id}",
+                              code="conversation_already_has_active_response", event_id=eid)
         try:
             context = None
             if r is not None and r.input is not None:
@@ -409,36 +349,22 @@ def _authorized(request: web.Request, keys: list[str]) -> bool:
         return True
     protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     prefix = "openai-insecure-api-key."
-    return any(p.startswith(prefix) and p[len(prefix) :] in keys for p in protocols)
+    return any(p.startswith(prefix) and p[len(prefix):] in keys for p in protocols)
 
 
-async def realtime_handler(
-    request: web.Request, orch: Orchestrator, sessions: set[Any], stats: RealtimeStats
-) -> web.StreamResponse:
+async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: set[Any],
+                           stats: RealtimeStats) -> web.StreamResponse:
     server = orch.deploy.server
     if not _authorized(request, server.api_keys):
-        return web.json_response(
-            {
-                "error": {
-                    "message": "invalid or missing API key",
-                    "type": "invalid_request_error",
-                    "code": "invalid_api_key",
-                    "param": None,
-                }
-            },
-            status=401,
-        )
-    ws = web.WebSocketResponse(
-        max_msg_size=MAX_FRAME_BYTES, compress=False, heartbeat=HEARTBEAT_S, protocols=("realtime",)
-    )
+        return web.json_response({"error": {"message": "invalid or missing API key", "type": "invalid_request_error",
+                                             "code": "invalid_api_key", "param": None}}, status=401)
+    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, compress=False, heartbeat=HEARTBEAT_S,
+                               protocols=("realtime",))
     await ws.prepare(request)
     if len(sessions) >= server.max_realtime_sessions:
         stats.sessions_rejected += 1
         log.warning("realtime.session_limit", limit=server.max_realtime_sessions)
-        await ws.close(
-            code=1013,
-            message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode(),
-        )
+        await ws.close(code=1013, message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode())
         return ws
     model = request.query.get("model") or server.served_model_name or orch.deploy.pipeline
     session = RealtimeSession(ws, orch, model, stats)

@@ -68,46 +68,27 @@ def _format(value: Any, param: str) -> str:
     if isinstance(value, ev.FormatIn):
         fmt = GA_FORMATS.get(value.type)
         if fmt is None:
-            raise ev.BadEvent(
-                f"unsupported audio format {value.type!r}; expected one of {sorted(GA_FORMATS)}",
-                param=f"{param}.type",
-            )
+            raise ev.BadEvent(f"unsupported audio format {value.type!r}; expected one of {sorted(GA_FORMATS)}",
+                              param=f"{param}.type")
         if fmt == "pcm16" and value.rate not in (None, WIRE_RATE):
             raise ev.BadEvent(f"audio/pcm rate must be {WIRE_RATE}", param=f"{param}.rate")
         return fmt
     fmt = GA_FORMATS.get(value, value)
     if fmt not in FORMATS:
-        raise ev.BadEvent(
-            f"unsupported audio format {value!r}; expected one of {list(FORMATS)}", param=param
-        )
+        raise ev.BadEvent(f"unsupported audio format {value!r}; expected one of {list(FORMATS)}", param=param)
     return fmt
 
 
-def _turn_detection(
-    td: ev.TurnDetectionIn | None, old: TurnDetection | None, param: str
-) -> TurnDetection | None:
+def _turn_detection(td: ev.TurnDetectionIn | None, old: TurnDetection | None, param: str) -> TurnDetection | None:
     if td is None:
         return None
     if td.type not in VAD_TYPES:
-        raise ev.BadEvent(
-            f"unsupported turn_detection type {td.type!r}; expected one of {list(VAD_TYPES)}",
-            param=f"{param}.type",
-        )
+        raise ev.BadEvent(f"unsupported turn_detection type {td.type!r}; expected one of {list(VAD_TYPES)}",
+                          param=f"{param}.type")
     base = old if old is not None and old.type == td.type else TurnDetection(type=td.type)
-    out = replace(
-        base,
-        **{
-            k: getattr(td, k)
-            for k in (
-                "threshold",
-                "prefix_padding_ms",
-                "silence_duration_ms",
-                "create_response",
-                "interrupt_response",
-            )
-            if getattr(td, k) is not None
-        },
-    )
+    out = replace(base, **{k: getattr(td, k) for k in (
+        "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response", "interrupt_response")
+        if getattr(td, k) is not None})
     if not 0.0 <= out.threshold <= 1.0:
         raise ev.BadEvent("threshold must be between 0 and 1", param=f"{param}.threshold")
     if out.prefix_padding_ms < 0 or out.silence_duration_ms < 0:
@@ -124,9 +105,7 @@ def apply_update(cfg: SessionConfig, s: ev.SessionIn) -> tuple[SessionConfig, ev
     dialect: ev.Dialect | None = None
     if s.type is not UNSET:
         if s.type != "realtime":
-            raise ev.BadEvent(
-                f"unsupported session type {s.type!r}; expected 'realtime'", param="session.type"
-            )
+            raise ev.BadEvent(f"unsupported session type {s.type!r}; expected 'realtime'", param="session.type")
         dialect = "ga"
     new: dict[str, Any] = {}
     for key in ("instructions", "voice", "temperature", "tool_choice"):
@@ -147,9 +126,7 @@ def apply_update(cfg: SessionConfig, s: ev.SessionIn) -> tuple[SessionConfig, ev
     if s.input_audio_transcription is not UNSET:
         new["input_audio_transcription"] = s.input_audio_transcription
     if s.turn_detection is not UNSET:
-        new["turn_detection"] = _turn_detection(
-            s.turn_detection, cfg.turn_detection, "session.turn_detection"
-        )
+        new["turn_detection"] = _turn_detection(s.turn_detection, cfg.turn_detection, "session.turn_detection")
     if s.audio is not UNSET:
         a_in, a_out = s.audio.input, s.audio.output
         if a_in is not UNSET:
@@ -159,8 +136,7 @@ def apply_update(cfg: SessionConfig, s: ev.SessionIn) -> tuple[SessionConfig, ev
                 new["input_audio_transcription"] = a_in.transcription
             if a_in.turn_detection is not UNSET:
                 new["turn_detection"] = _turn_detection(
-                    a_in.turn_detection, cfg.turn_detection, "session.audio.input.turn_detection"
-                )
+                    a_in.turn_detection, cfg.turn_detection, "session.audio.input.turn_detection")
         if a_out is not UNSET:
             if a_out.format is not UNSET:
                 new["output_audio_format"] = _format(a_out.format, "session.audio.output.format")
@@ -178,48 +154,25 @@ def _render_td(td: TurnDetection | None) -> dict[str, Any] | None:
 def render_session(cfg: SessionConfig, session_id: str, dialect: ev.Dialect) -> dict[str, Any]:
     tokens = "inf" if cfg.max_output_tokens is None else cfg.max_output_tokens
     if dialect == "ga":
-
         def fmt(f: str) -> dict[str, Any]:
             return {"type": BETA_TO_GA_FORMAT[f], **({"rate": WIRE_RATE} if f == "pcm16" else {})}
-
         return {
-            "type": "realtime",
-            "object": "realtime.session",
-            "id": session_id,
-            "model": cfg.model,
-            "output_modalities": list(cfg.modalities),
-            "instructions": cfg.instructions,
+            "type": "realtime", "object": "realtime.session", "id": session_id, "model": cfg.model,
+            "output_modalities": list(cfg.modalities), "instructions": cfg.instructions,
             "audio": {
-                "input": {
-                    "format": fmt(cfg.input_audio_format),
-                    "transcription": cfg.input_audio_transcription,
-                    "turn_detection": _render_td(cfg.turn_detection),
-                    "noise_reduction": None,
-                },
-                "output": {
-                    "format": fmt(cfg.output_audio_format),
-                    "voice": cfg.voice,
-                    "speed": 1.0,
-                },
+                "input": {"format": fmt(cfg.input_audio_format), "transcription": cfg.input_audio_transcription,
+                          "turn_detection": _render_td(cfg.turn_detection), "noise_reduction": None},
+                "output": {"format": fmt(cfg.output_audio_format), "voice": cfg.voice, "speed": 1.0},
             },
-            "tools": list(cfg.tools),
-            "tool_choice": cfg.tool_choice,
-            "max_output_tokens": tokens,
+            "tools": list(cfg.tools), "tool_choice": cfg.tool_choice, "max_output_tokens": tokens,
         }
     return {
-        "id": session_id,
-        "object": "realtime.session",
-        "model": cfg.model,
-        "modalities": list(cfg.modalities),
-        "instructions": cfg.instructions,
-        "voice": cfg.voice,
-        "input_audio_format": cfg.input_audio_format,
-        "output_audio_format": cfg.output_audio_format,
+        "id": session_id, "object": "realtime.session", "model": cfg.model,
+        "modalities": list(cfg.modalities), "instructions": cfg.instructions, "voice": cfg.voice,
+        "input_audio_format": cfg.input_audio_format, "output_audio_format": cfg.output_audio_format,
         "input_audio_transcription": cfg.input_audio_transcription,
-        "turn_detection": _render_td(cfg.turn_detection),
-        "tools": list(cfg.tools),
-        "tool_choice": cfg.tool_choice,
-        "temperature": cfg.temperature,
+        "turn_detection": _render_td(cfg.turn_detection), "tools": list(cfg.tools),
+        "tool_choice": cfg.tool_choice, "temperature": cfg.temperature,
         "max_response_output_tokens": tokens,
     }
 
@@ -265,10 +218,7 @@ class Item:
         return None
 
 
-_PART_NAMES = {
-    "beta": {"text": "text", "audio": "audio"},
-    "ga": {"text": "output_text", "audio": "output_audio"},
-}
+_PART_NAMES = {"beta": {"text": "text", "audio": "audio"}, "ga": {"text": "output_text", "audio": "output_audio"}}
 
 
 def render_part(p: Part, dialect: ev.Dialect, with_audio: bool = False) -> dict[str, Any]:
@@ -277,25 +227,14 @@ def render_part(p: Part, dialect: ev.Dialect, with_audio: bool = False) -> dict[
     if p.type == "input_audio":
         out: dict[str, Any] = {"type": "input_audio", "transcript": p.transcript}
         if with_audio and p.audio is not None:
-            out["audio"] = base64.b64encode(
-                pcm16_bytes(resample(p.audio, VAD_RATE, WIRE_RATE))
-            ).decode()
+            out["audio"] = base64.b64encode(pcm16_bytes(resample(p.audio, VAD_RATE, WIRE_RATE))).decode()
         return out
     name = _PART_NAMES[dialect][p.type]
-    return (
-        {"type": name, "text": p.text or ""}
-        if p.type == "text"
-        else {"type": name, "transcript": p.transcript or ""}
-    )
+    return {"type": name, "text": p.text or ""} if p.type == "text" else {"type": name, "transcript": p.transcript or ""}
 
 
 def render_item(item: Item, dialect: ev.Dialect, with_audio: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": item.id,
-        "object": "realtime.item",
-        "type": item.type,
-        "status": item.status,
-    }
+    out: dict[str, Any] = {"id": item.id, "object": "realtime.item", "type": item.type, "status": item.status}
     if item.type == "message":
         out["role"] = item.role
         out["content"] = [render_part(p, dialect, with_audio) for p in item.content]
@@ -327,19 +266,9 @@ def item_from_client(it: ev.ItemIn, input_format: str) -> Item:
         elif c.type in ("audio", "output_audio"):
             parts.append(Part("audio", transcript=c.transcript or ""))
         else:
-            raise ev.BadEvent(
-                f"unsupported content type {c.type!r}", param=f"item.content[{i}].type"
-            )
-    return Item(
-        id=it.id or new_id("item"),
-        role=it.role,
-        content=parts,
-        type=it.type,
-        call_id=it.call_id,
-        name=it.name,
-        arguments=it.arguments,
-        output=it.output,
-    )
+            raise ev.BadEvent(f"unsupported content type {c.type!r}", param=f"item.content[{i}].type")
+    return Item(id=it.id or new_id("item"), role=it.role, content=parts, type=it.type,
+                call_id=it.call_id, name=it.name, arguments=it.arguments, output=it.output)
 
 
 class Conversation:
@@ -362,9 +291,7 @@ class Conversation:
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` (default: at the end); returns the id it follows."""
         if self.get(item.id) is not None:
-            raise ev.BadEvent(
-                f"item {item.id!r} already exists", param="item.id", code="duplicate_item_id"
-            )
+            raise ev.BadEvent(f"item {item.id!r} already exists", param="item.id", code="duplicate_item_id")
         if previous_item_id is None:
             prev = self.last_id()
             self.items.append(item)
@@ -376,11 +303,8 @@ class Conversation:
             if other.id == previous_item_id:
                 self.items.insert(i + 1, item)
                 return previous_item_id
-        raise ev.BadEvent(
-            f"previous item {previous_item_id!r} not found",
-            param="previous_item_id",
-            code="item_not_found",
-        )
+        raise ev.BadEvent(f"previous item {previous_item_id!r} not found", param="previous_item_id",
+                          code="item_not_found")
 
     def delete(self, item_id: str) -> bool:
         item = self.get(item_id)
@@ -441,9 +365,7 @@ def truncate(part: Part, audio_end_ms: int) -> None:
     if audio_end_ms >= part.audio_ms:
         return
     if part.segments:
-        part.transcript = "".join(
-            piece for start, piece in part.segments if start < audio_end_ms
-        ).strip()
+        part.transcript = "".join(piece for start, piece in part.segments if start < audio_end_ms).strip()
         part.segments = [(s, p) for s, p in part.segments if s < audio_end_ms]
     else:
         words = (part.transcript or "").split()

@@ -24,61 +24,28 @@ async def test_bad_events_get_errors_and_the_session_lives(srv: Server) -> None:
         c = await connect(srv, http, turn_detection=None)
         cases = [  # (event, expected code, expected param)
             ({"type": "no.such.event"}, "invalid_event", "type"),
-            (
-                {"type": "input_audio_buffer.append", "audio": "not base64!"},
-                "invalid_value",
-                "audio",
-            ),
-            (
-                {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()},
-                "invalid_value",
-                "audio",
-            ),
+            ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_value", "audio"),
+            ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()},
+             "invalid_value", "audio"),
             ({"type": "input_audio_buffer.append", "audio": 12}, "invalid_value", "audio"),
-            (
-                {"type": "conversation.item.truncate", "item_id": "x"},
-                "invalid_value",
-                "audio_end_ms",
-            ),
-            (
-                {"type": "session.update", "session": {"turn_detection": {"threshold": "high"}}},
-                "invalid_value",
-                "session.turn_detection.threshold",
-            ),
-            (
-                {"type": "session.update", "session": {"input_audio_format": "mp3"}},
-                "invalid_value",
-                "session.input_audio_format",
-            ),
-            (
-                {"type": "conversation.item.retrieve", "item_id": "item_missing"},
-                "item_not_found",
-                "item_id",
-            ),
-            (
-                {
-                    "type": "conversation.item.create",
-                    "item": {"type": "message", "role": "user"},
-                    "previous_item_id": "nope",
-                },
-                "item_not_found",
-                "previous_item_id",
-            ),
+            ({"type": "conversation.item.truncate", "item_id": "x"}, "invalid_value", "audio_end_ms"),
+            ({"type": "session.update", "session": {"turn_detection": {"threshold": "high"}}},
+             "invalid_value", "session.turn_detection.threshold"),
+            ({"type": "session.update", "session": {"input_audio_format": "mp3"}},
+             "invalid_value", "session.input_audio_format"),
+            ({"type": "conversation.item.retrieve", "item_id": "item_missing"}, "item_not_found", "item_id"),
+            ({"type": "conversation.item.create", "item": {"type": "message", "role": "user"},
+              "previous_item_id": "nope"}, "item_not_found", "previous_item_id"),
             ({"type": "response.cancel"}, "response_cancel_not_active", None),
         ]
         for i, (event, code, param) in enumerate(cases):
             await c.ws.send_json({**event, "event_id": f"bad{i}"})
             err = (await c.until("error"))[-1]["error"]
-            assert (err["code"], err["param"], err["event_id"]) == (code, param, f"bad{i}"), (
-                event,
-                err,
-            )
+            assert (err["code"], err["param"], err["event_id"]) == (code, param, f"bad{i}"), (event, err)
         await c.ws.send_str("{not json")
         assert (await c.until("error"))[-1]["error"]["code"] == "invalid_json"
         # too large: an error naming the event, not a closed socket
-        await c.ws.send_json(
-            {"type": "input_audio_buffer.append", "event_id": "huge", "audio": "A" * (16 * MIB)}
-        )
+        await c.ws.send_json({"type": "input_audio_buffer.append", "event_id": "huge", "audio": "A" * (16 * MIB)})
         err = (await c.until("error"))[-1]["error"]
         assert (err["code"], err["event_id"]) == ("event_too_large", "huge")
         # the largest allowed append (15 MiB) is accepted
@@ -89,14 +56,8 @@ async def test_bad_events_get_errors_and_the_session_lives(srv: Server) -> None:
         events = await c.until("input_audio_buffer.cleared", timeout_s=30)
         assert not of_type(events, "error")
         # and the session still answers
-        await c.send(
-            "conversation.item.create",
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "still here"}],
-            },
-        )
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "still here"}]})
         await c.send("response.create")
         assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"
         await c.ws.close()
@@ -107,14 +68,8 @@ async def test_vanished_client_mid_response_leaves_nothing(srv: Server) -> None:
     tasks_before = len(asyncio.all_tasks())
     http = aiohttp.ClientSession()
     c = await connect(srv, http, turn_detection=None)
-    await c.send(
-        "conversation.item.create",
-        item={
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": "long one"}],
-        },
-    )
+    await c.send("conversation.item.create",
+                 item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "long one"}]})
     await c.send("response.create", response={"max_output_tokens": 200})
     await c.until("response.audio.delta")
     assert srv.orch.statistics().requests_in_flight == 1
@@ -137,9 +92,7 @@ async def test_cancel_by_client(srv: Server) -> None:
         await c.until("response.audio.delta")
         await c.send("response.cancel", response_id=created["id"])
         done = (await c.until("response.done"))[-1]["response"]
-        assert (
-            done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
-        )
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
         assert done["output"][0]["status"] == "incomplete"
         await c.ws.close()
     await eventually(lambda: idle(srv.orch))
@@ -148,22 +101,14 @@ async def test_cancel_by_client(srv: Server) -> None:
 async def test_worker_death_fails_the_response_not_the_session(srv: Server) -> None:
     async with aiohttp.ClientSession() as http:
         c = await connect(srv, http, turn_detection=None)
-        await c.send(
-            "conversation.item.create",
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "x y"}],
-            },
-        )
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x y"}]})
         await c.send("response.create", response={"max_output_tokens": 200})
         await c.until("response.audio.delta")
         talker = srv.orch.workers[1][0]
         os.kill(talker.pid, signal.SIGKILL)
         done = (await c.until("response.done"))[-1]["response"]
-        assert (
-            done["status"] == "failed" and done["status_details"]["error"]["code"] == "WorkerDied"
-        )
+        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "WorkerDied"
         await srv.orch.wait_healthy(30)  # the orchestrator restarts it; the same session goes on
         await c.send("response.create")
         assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"
@@ -172,34 +117,22 @@ async def test_worker_death_fails_the_response_not_the_session(srv: Server) -> N
 
 
 async def test_audio_held_per_session_is_capped() -> None:
-    async with (
-        serve_rt("synthetic", stages=STAGES, server={"realtime_max_audio_s": 2.0}) as srv,
-        aiohttp.ClientSession() as http,
-    ):
+    async with serve_rt("synthetic", stages=STAGES, server={"realtime_max_audio_s": 2.0}) as srv, \
+            aiohttp.ClientSession() as http:
         c = await connect(srv, http, turn_detection=None)
         await c.append(silence(1.5), chunk_s=0.5)
         await c.send("input_audio_buffer.append", audio=b64(silence(1.0)), event_id="over")
         err = (await c.until("error"))[-1]["error"]
-        assert (err["code"], err["param"], err["event_id"]) == (
-            "audio_limit_exceeded",
-            "audio",
-            "over",
-        )
+        assert (err["code"], err["param"], err["event_id"]) == ("audio_limit_exceeded", "audio", "over")
         assert "realtime_max_audio_s" in err["message"]
-        await c.send(
-            "input_audio_buffer.commit"
-        )  # the refused second left no trace: 1.5 s committed
+        await c.send("input_audio_buffer.commit")  # the refused second left no trace: 1.5 s committed
         item_id = (await c.until("input_audio_buffer.committed"))[-1]["item_id"]
         await c.send("conversation.item.retrieve", item_id=item_id)
         item = (await c.until("conversation.item.retrieved"))[-1]["item"]
         held = len(base64.b64decode(item["content"][0]["audio"])) / 2 / WIRE_RATE
         assert abs(held - 1.5) < 0.01
         # conversation audio counts too; deleting the item makes room again
-        big = {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_audio", "audio": b64(silence(1.0))}],
-        }
+        big = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": b64(silence(1.0))}]}
         await c.send("conversation.item.create", item=big, event_id="item-over")
         err = (await c.until("error"))[-1]["error"]
         assert (err["code"], err["event_id"]) == ("audio_limit_exceeded", "item-over")
