@@ -14,10 +14,24 @@ model dimensions like Qwen2.5-Omni-3B:
     token2wav      transformers' defaults (the released model's): DiT 1024 x 22
                    layers, BigVGAN 1536 initial channels, upsample 5*3*2*2*2*2
 
-`--layers-scale` divides every layer count (for a quick CPU smoke run).
+`--model qwen3_omni_moe` writes a Qwen3-Omni-30B-A3B-wide checkpoint instead
+(real widths, from memory of the released config, not checked against it):
+
+    thinker text   hidden 2048, 48 layers, 32 heads / 4 KV heads, head_dim 128,
+                   MoE 128 experts x 768, 8 per token, vocab 152064
+    audio encoder  d_model 1280, 32 layers, 20 heads, FFN 5120
+    vision encoder 27 layers, width 1152, MLP 4304, 16 heads
+    talker         hidden 1024, 20 layers, 16 heads / 2 KV heads, head_dim 128,
+                   MoE 128 experts x 384 (+ shared 768), 6 per token, codec vocab 3072
+    code predictor hidden 1024, 5 layers, 16 heads / 8 KV heads, 16 code groups
+    code2wav       hidden 1024, 8 layers, decoder 1536
+
+`--layers-scale` divides every layer count (for a quick CPU smoke run, or a
+reduced-layer real-width model; the code predictor keeps its 5 layers).
 Weights are initialised on --device and saved in --dtype. Prints one JSON line.
 
     python scripts/make_sized_qwen_omni.py OUT_DIR --device cuda --dtype bfloat16
+    python scripts/make_sized_qwen_omni.py OUT_DIR --model qwen3_omni_moe --layers-scale 4 --device cuda
 """
 
 from __future__ import annotations
@@ -87,6 +101,120 @@ def sized_config(scale: int = 1):
     return config
 
 
+def sized_config_qwen3(scale: int = 1):
+    from omni_actors.models.tiny.qwen3_omni_moe import tiny_config
+
+    def n(layers: int) -> int:
+        return max(1, layers // scale)
+
+    config = tiny_config()
+    rope = config.thinker_config.text_config.rope_parameters
+    text = config.thinker_config.text_config
+    for key, value in {
+        "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": n(48),
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+        "rope_parameters": {**rope, "mrope_section": [24, 20, 20]},
+    }.items():  # fmt: skip
+        setattr(text, key, value)
+    text.layer_types = ["full_attention"] * text.num_hidden_layers
+    audio = config.thinker_config.audio_config
+    for key, value in {
+        "encoder_layers": n(32), "encoder_attention_heads": 20, "encoder_ffn_dim": 5120,
+        "d_model": 1280, "output_dim": 2048, "downsample_hidden_size": 480,
+    }.items():  # fmt: skip
+        setattr(audio, key, value)
+    vision = config.thinker_config.vision_config
+    depth = n(27)
+    for key, value in {
+        "depth": depth, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+        "out_hidden_size": 2048,
+        "deepstack_visual_indexes": sorted({min(i // scale, depth - 1) for i in (8, 16, 24)}),
+    }.items():  # fmt: skip
+        setattr(vision, key, value)
+    talker = config.talker_config
+    ttext = talker.text_config
+    for key, value in {
+        "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": n(20),
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
+        "moe_intermediate_size": 384, "shared_expert_intermediate_size": 768,
+        "num_experts": 128, "num_experts_per_tok": 6,
+        "rope_parameters": {**rope, "mrope_section": [24, 20, 20]},
+    }.items():  # fmt: skip
+        setattr(ttext, key, value)
+    ttext.layer_types = ["full_attention"] * ttext.num_hidden_layers
+    pred = talker.code_predictor_config
+    for key, value in {
+        "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 5,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    }.items():  # fmt: skip
+        setattr(pred, key, value)
+    pred.layer_types = ["full_attention"] * pred.num_hidden_layers
+    talker.thinker_hidden_size = 2048
+    talker.accept_hidden_layer = n(24)
+    wav = config.code2wav_config
+    for key, value in {
+        "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "num_hidden_layers": n(8), "intermediate_size": 3072, "decoder_dim": 1536,
+    }.items():  # fmt: skip
+        setattr(wav, key, value)
+    return config
+
+
+def build_qwen3(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
+    import torch
+    from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from omni_actors.models.tiny.qwen2_5_omni import (
+        build_qwen_tokenizer,
+        chat_template,
+        save_processor,
+    )
+    from omni_actors.models.tiny.qwen3_omni_moe import QWEN3_OMNI_EXTRA, QWEN3_OMNI_SPECIALS
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = sized_config_qwen3(scale)
+    with torch.device(device):
+        model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+        with torch.no_grad():  # transformers leaves fused expert tensors uninitialised
+            for name, param in model.named_parameters():
+                if ".experts." in name:
+                    param.normal_(0.0, 0.02)
+    model.to(getattr(torch, dtype))
+    built = time.perf_counter() - t0
+    params = {
+        "thinker_text": sum(p.numel() for p in model.thinker.model.parameters())
+        + model.thinker.lm_head.weight.numel(),
+        "thinker_audio": sum(p.numel() for p in model.thinker.audio_tower.parameters()),
+        "thinker_vision": sum(p.numel() for p in model.thinker.visual.parameters()),
+        "talker": sum(p.numel() for p in model.talker.parameters()),
+        "code2wav": sum(p.numel() for p in model.code2wav.parameters()),
+    }
+    model.save_pretrained(out, safe_serialization=True)
+    del model
+    GenerationConfig(
+        bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643,
+    ).save_pretrained(out)  # fmt: skip
+    tok = build_qwen_tokenizer(
+        QWEN3_OMNI_SPECIALS, QWEN3_OMNI_EXTRA,
+        chat_template(
+            "<|vision_start|><|image_pad|><|vision_end|>",
+            "<|audio_start|><|audio_pad|><|audio_end|>",
+            "<|vision_start|><|video_pad|><|vision_end|>",
+        ),
+        seed=seed,
+    )  # fmt: skip
+    save_processor(out, tok, patch_size=16, processor_class="Qwen3OmniMoeProcessor")
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    return {
+        "out": str(out), "dtype": dtype, "layers_scale": scale, "params": params,
+        "params_total": sum(params.values()), "weights_gb": round(size / 1e9, 2),
+        "build_s": round(built, 2), "total_s": round(time.perf_counter() - t0, 2),
+    }  # fmt: skip
+
+
 def build(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
     import torch
     from transformers import Qwen2_5OmniForConditionalGeneration
@@ -135,7 +263,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers-scale", type=int, default=1)
+    ap.add_argument("--model", choices=("qwen2_5_omni", "qwen3_omni_moe"), default="qwen2_5_omni")
     args = ap.parse_args()
+    if args.model == "qwen3_omni_moe":
+        res = build_qwen3(args.out, args.device, args.dtype, args.seed, args.layers_scale)
+        print(json.dumps({"made": "qwen3_omni_moe-30b-a3b-wide", **res}))
+        return
     res = build(args.out, args.device, args.dtype, args.seed, args.layers_scale)
     print(json.dumps({"made": "qwen2_5_omni-3b-sized", **res}))
 
