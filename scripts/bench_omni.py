@@ -209,6 +209,9 @@ class Baseline:
 
 def baseline_child(args: argparse.Namespace) -> None:
     """Serve `measure n` lines on stdin with JSON lines on stdout."""
+    from omni_actors import logs
+
+    logs.configure("bench-baseline")  # logs to stderr: stdout carries the JSON lines
     base = Baseline(args)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

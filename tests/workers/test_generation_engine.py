@@ -6,6 +6,7 @@ tiny Qwen3-Omni code2wav checks the same on a real causal codec decoder.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from omni_actors.workers.engine import EngineContext  # noqa: E402
-from omni_actors.workers.engines.generation import GenerationAdapter, GenerationEngine  # noqa: E402
+from omni_actors.workers.engines.generation import (  # noqa: E402
+    ChunkPolicy,
+    GenerationAdapter,
+    GenerationEngine,
+)
 
 TOY = f"{__name__}:ToyAdapter"
 QWEN3 = "omni_actors.models.qwen3_omni_moe.code2wav:Qwen3OmniMoeCode2WavAdapter"
@@ -32,15 +37,18 @@ class ToyAdapter(GenerationAdapter):
     right_context = 1
     trim = 3
     calls: list[int] = []
+    lengths: list[int] = []
 
     def load(self) -> None:
         ToyAdapter.calls = []
+        ToyAdapter.lengths = []
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         return torch.as_tensor(inputs["codes"], dtype=torch.float32) if "codes" in inputs else None
 
     def decode(self, windows, starts, data):
         ToyAdapter.calls.append(len(windows))
+        ToyAdapter.lengths.append(len(windows[0]))
         out = []
         for w in windows:
             prev = torch.cat([w[:1] * 0, w[:-1]])
@@ -103,6 +111,104 @@ def test_toy_chunked_equals_whole_for_any_chunking():
         assert outs[0].payload["sample_rate"] == 100
 
 
+POLICIES = [
+    {"chunk_growth": 1},  # fixed windows, as before chunk growth
+    {},  # the adapter's defaults: growth 2, up to 4 chunks a window
+    {"chunk_growth": 3, "max_chunk_size": 20, "first_chunk_size": 1},
+    {"chunk_size": 1, "chunk_growth": 1.5, "max_chunk_size": 7, "left_context": 2},
+    {"chunk_size": 5, "max_chunk_size": 5, "right_context": 3},
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_toy_chunked_equals_whole_for_every_chunk_policy(policy):
+    engine = GenerationEngine(_ctx(TOY, **policy))
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 100, 61).astype(np.float32)
+    got: dict[str, list] = {}
+    engine.add("whole", {"codes": codes}, {})
+    _drain(engine, got)
+    whole = _audio(got["whole"])
+    for trial, sizes in enumerate(([1] * 61, [5, 40, 16], [2, 3, 9, 1, 20, 26], [61])):
+        _stream(engine, f"s{trial}", codes, sizes, got)
+        np.testing.assert_array_equal(_audio(got[f"s{trial}"]), whole)
+
+
+def test_chunk_policy_grows_windows_and_takes_ready_codes():
+    pol = ChunkPolicy.of(ToyAdapter(None), {"max_chunk_size": 13})  # chunk 3, first 2: cap 12
+    assert pol.cap == 12
+    assert pol.new_codes(0, 1) == 0 and pol.new_codes(0, 50) == 2  # first chunk stays small
+    assert [pol.new_codes(k, 100) for k in (1, 2, 3, 4, 9)] == [12] * 5
+    assert [pol.new_codes(k, 3 * 2 ** (k - 1)) for k in (1, 2, 3)] == [3, 6, 12]
+    assert pol.new_codes(2, 5) == 0  # wants 6
+    assert pol.new_codes(1, 8) == 6  # wants 3, takes the ready codes in whole chunks
+    with pytest.raises(ValueError, match="max_chunk_size"):
+        ChunkPolicy.of(ToyAdapter(None), {"max_chunk_size": 2})
+    with pytest.raises(ValueError, match="chunk_growth"):
+        ChunkPolicy.of(ToyAdapter(None), {"chunk_growth": 0.5})
+
+
+def test_streaming_windows_grow_and_fixed_policy_does_not():
+    codes = np.arange(60, dtype=np.float32)
+    for extras, want in (
+        ({}, [2 + 1, 1 + 3 + 1, 1 + 6 + 1, 1 + 12 + 1, 1 + 12 + 1]),
+        ({"chunk_growth": 1}, [2 + 1] + [1 + 3 + 1] * 12),
+    ):
+        engine = GenerationEngine(_ctx(TOY, **extras))
+        got: dict[str, list] = {}
+        _stream(engine, "s", codes, [1] * 40 + [0], got)  # one code at a time
+        assert ToyAdapter.lengths[:-1] == want  # then the rest, input ended
+
+
+def test_codes_arriving_faster_than_decoded_make_larger_windows():
+    engine = GenerationEngine(_ctx(TOY, chunk_growth=1, max_chunk_size=9))
+    got: dict[str, list] = {}
+    codes = np.arange(40, dtype=np.float32)
+    _stream(engine, "s", codes, [3, 30, 7], got)  # 30 codes at once: windows of 9 new, not 3
+    assert ToyAdapter.lengths == [3, 1 + 9 + 1, 1 + 9 + 1, 1 + 9 + 1, 1 + 3 + 1, 1 + 8]
+
+
+def test_one_batch_per_step_most_urgent_first():
+    engine = GenerationEngine(_ctx(TOY))
+    engine.add("a", {"codes": np.arange(10, dtype=np.float32)}, {})
+    engine.add("b", {"codes": np.arange(6, dtype=np.float32)}, {})
+    assert [o.request_id for o in engine.step()] == ["a"]  # arrived first
+    assert [o.request_id for o in engine.step()] == ["b"]
+    assert not engine.has_work()
+    # A streaming request whose audio runs out goes before a later arrival.
+    got: dict[str, list] = {}
+    engine.add("s", {}, {}, streaming=True)
+    engine.feed("s", {"codes": np.arange(3, dtype=np.float32)}, last=False)
+    _drain(engine, got)  # the first chunk: 2 codes, 0.08 s of audio
+    time.sleep(0.1)
+    engine.add("late", {"codes": np.arange(10, dtype=np.float32)}, {})
+    engine.feed("s", {"codes": np.arange(20, dtype=np.float32)}, last=False)
+    assert [o.request_id for o in engine.step()] == ["s"]
+    assert [o.request_id for o in engine.step()] == ["late"]
+
+
+def test_toy_concurrent_streams_equal_alone_under_growth_and_a_batch_cap():
+    engine = GenerationEngine(_ctx(TOY, max_batch_codes=12))
+    rng = np.random.default_rng(5)
+    all_codes = {f"r{i}": rng.integers(0, 100, 10 + 9 * i).astype(np.float32) for i in range(4)}
+    alone: dict[str, list] = {}
+    for rid, codes in all_codes.items():
+        engine.add(rid, {"codes": codes}, {})
+        _drain(engine, alone)
+    together: dict[str, list] = {}
+    for rid in all_codes:
+        engine.add(rid, {}, {}, streaming=True)
+    for start in range(0, 40, 4):
+        for rid, codes in all_codes.items():
+            if start < len(codes):
+                engine.feed(rid, {"codes": codes[start : start + 4]}, last=start + 4 >= len(codes))
+        for out in engine.step():  # one batch, then more codes arrive (a busy worker)
+            together.setdefault(out.request_id, []).append(out)
+    _drain(engine, together)
+    for rid in all_codes:
+        np.testing.assert_array_equal(_audio(together[rid]), _audio(alone[rid]))
+
+
 def test_toy_requests_of_equal_windows_share_a_decode():
     engine = GenerationEngine(_ctx(TOY))
     codes = np.arange(10, dtype=np.float32)
@@ -154,8 +260,12 @@ def qwen3_dir(tmp_path_factory) -> Path:
     return make_tiny("qwen3_omni_moe", tmp_path_factory.mktemp("q3"), seed=0)
 
 
-def test_qwen3_code2wav_chunked_equals_whole_decode_in_float32(qwen3_dir):
-    engine = GenerationEngine(_ctx(QWEN3, qwen3_dir, left_context=30))
+@pytest.mark.parametrize(
+    "policy",
+    [{"chunk_growth": 1}, {}, {"chunk_size": 4, "max_chunk_size": 16, "first_chunk_size": 2}],
+)
+def test_qwen3_code2wav_chunked_equals_whole_decode_in_float32(qwen3_dir, policy):
+    engine = GenerationEngine(_ctx(QWEN3, qwen3_dir, left_context=30, **policy))
     model = engine.adapter.model
     assert model.dtype == torch.float32
     rng = np.random.default_rng(1)

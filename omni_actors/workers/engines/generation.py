@@ -5,28 +5,53 @@ the engine picks, per request, the next window of codes worth decoding:
 
     [first needed code - left_context, last new code + right_context)
 
-decodes all windows of the same length in one batched call, and emits only
-the samples it has not sent before (an audio delta). Left context makes chunk
-boundaries seamless; right context (lookahead) is for decoders that are not
-causal: samples that depend on codes not yet seen are held back until they
-arrive or the input ends. Progress is counted in samples, so a decoder whose
-output for n codes is a little shorter than n * samples_per_code (causal
-transposed convolutions trim their tail) still joins up exactly.
+and emits only the samples it has not sent before (an audio delta). Left
+context makes chunk boundaries seamless; right context (lookahead) is for
+decoders that are not causal: samples that depend on codes not yet seen are
+held back until they arrive or the input ends. Progress is counted in samples,
+so a decoder whose output for n codes is a little shorter than
+n * samples_per_code (causal transposed convolutions trim their tail) still
+joins up exactly.
+
+Chunk policy (a streaming request; every size in codes):
+- the first window decodes `first_chunk_size` new codes (small: first audio soon);
+- the k-th later window wants chunk_size * chunk_growth^(k-1) new codes, capped
+  at `max_chunk_size`, and waits until they (plus the lookahead) have arrived;
+- a window also takes every further code that is ready, in whole multiples of
+  chunk_size, up to `max_chunk_size`: when the codes come faster than they are
+  decoded (a fast talker, or many requests sharing the engine) windows grow by
+  themselves, so the re-decoded left and right context is paid once per larger
+  window;
+- once the input has ended the rest is decoded in one window (a streaming
+  request's rest in windows of at most 1.5 x max_chunk_size).
+A request added whole (not streaming) is decoded in one window. Sizes that are
+multiples of chunk_size keep windows aligned to a decoder's blocks (Qwen2.5-Omni's
+DiT attends in blocks of 12 codes).
+
+Scheduling: one step decodes one batch, so each batch's audio leaves as soon as
+it is made and codes that arrive meanwhile join the next windows. The batch is
+chosen earliest-deadline-first: a request that has no audio yet is due since it
+arrived; a streaming request is due when the audio sent so far, played in real
+time from its first chunk, runs out. The most urgent request's window length
+(and `batch_key`) picks the batch; it takes the most urgent requests with
+windows of that length, at most `max_batch_codes` window codes in all (past a
+size that fits the CPU caches a batched decode is slower than the same windows
+a few at a time). A request cannot be starved: new arrivals are due no earlier
+than their arrival.
 
 Everything model-specific (loading, how codes are read from a payload, the
 decode itself, per-request conditioning) sits in a `GenerationAdapter` named by
 `engine_extras["adapter"]`. `engine_extras` may override `chunk_size`,
-`first_chunk_size`, `left_context`, `right_context` and `max_batch_codes` (in codes).
-
-Batches are capped at `max_batch_codes` window codes in all: past a size that
-fits the CPU caches a vocoder's activations make a batched decode slower than
-the same windows decoded a few at a time (measured for Qwen2.5-Omni's
-BigVGAN: 8 windows of 320 codes took 14x one window, not 8x).
+`first_chunk_size`, `left_context`, `right_context`, `chunk_growth`,
+`max_chunk_size` and `max_batch_codes`; the adapter's class attributes are the
+defaults.
 """
 
 from __future__ import annotations
 
 import abc
+import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +60,9 @@ import torch
 
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 
+FINAL_WINDOW_SLACK = 1.5
+"""A streaming request's rest (input ended) goes in one window up to this x max_chunk_size."""
+
 
 class GenerationAdapter(abc.ABC):
     """Model-specific half of GenerationEngine. One instance per engine."""
@@ -42,11 +70,15 @@ class GenerationAdapter(abc.ABC):
     sample_rate: int = 24000
     samples_per_code: int = 1
     chunk_size: int = 25
-    """New codes decoded per step once a request is streaming."""
+    """New codes in a request's second decode; later ones grow from it (chunk_growth)."""
     first_chunk_size: int = 10
     """New codes in a request's first decode (smaller: first audio sooner)."""
     left_context: int = 25
     right_context: int = 0
+    chunk_growth: float = 2.0
+    """Each later window wants this many times the previous one's new codes (1: fixed size)."""
+    max_chunk_size: int | None = None
+    """Most new codes in one streaming window; None: 4 x chunk_size."""
     max_batch_codes: int | None = None
     """Most window codes (summed over the batch) one `decode` call gets; None: no limit."""
 
@@ -76,16 +108,80 @@ class GenerationAdapter(abc.ABC):
         return None
 
 
+@dataclass(frozen=True)
+class ChunkPolicy:
+    """Window sizes in codes (see the module docstring), validated."""
+
+    chunk_size: int
+    first_chunk_size: int
+    left_context: int
+    right_context: int
+    chunk_growth: float
+    max_chunk_size: int
+
+    @classmethod
+    def of(cls, adapter: GenerationAdapter, extras: dict[str, Any]) -> ChunkPolicy:
+        def get(name: str) -> Any:
+            return extras.get(name, getattr(adapter, name))
+
+        chunk = int(get("chunk_size"))
+        cap = get("max_chunk_size")
+        policy = cls(
+            chunk_size=chunk, first_chunk_size=int(get("first_chunk_size")),
+            left_context=int(get("left_context")), right_context=int(get("right_context")),
+            chunk_growth=float(get("chunk_growth")),
+            max_chunk_size=int(cap) if cap else 4 * chunk,
+        )  # fmt: skip
+        if policy.chunk_size < 1 or policy.first_chunk_size < 1:
+            raise ValueError("chunk_size and first_chunk_size must be at least 1")
+        if policy.left_context < 0 or policy.right_context < 0:
+            raise ValueError("left_context and right_context must not be negative")
+        if policy.chunk_growth < 1:
+            raise ValueError(f"chunk_growth must be at least 1, got {policy.chunk_growth}")
+        if policy.max_chunk_size < policy.chunk_size:
+            raise ValueError(
+                f"max_chunk_size ({policy.max_chunk_size}) must be at least "
+                f"chunk_size ({policy.chunk_size})"
+            )
+        return policy
+
+    @property
+    def cap(self) -> int:
+        """max_chunk_size rounded down to whole chunks."""
+        return self.max_chunk_size // self.chunk_size * self.chunk_size
+
+    def new_codes(self, chunks_done: int, available: int) -> int:
+        """New codes for a streaming window after `chunks_done` windows; 0: not yet due."""
+        if chunks_done == 0:
+            return self.first_chunk_size if available >= self.first_chunk_size else 0
+        size, cap = self.chunk_size, self.cap
+        growth = self.chunk_growth ** min(chunks_done - 1, 64)
+        want = min(cap, size * int(growth))
+        if available < want:
+            return 0
+        return min(cap, want + (available - want) // size * size)
+
+
 @dataclass
 class _Req:
     data: Any
+    order: int
+    arrived: float
     codes: list[torch.Tensor] = field(default_factory=list)
     total: int = 0
     emitted: int = 0
     """Samples sent so far."""
     decoded_codes: int = 0
     """Codes whose audio has been (at least partly) decoded."""
+    chunks: int = 0
+    """Streaming windows decoded so far (not counting the last)."""
+    first_audio: float | None = None
     input_done: bool = False
+    streaming: bool = False
+
+
+_Window = tuple[int, int, int, bool]
+"""(start, new_end, end, final) of one decode, in codes."""
 
 
 class GenerationEngine(StageEngine):
@@ -98,14 +194,11 @@ class GenerationEngine(StageEngine):
         self.adapter: GenerationAdapter = self.make_adapter()
         self.adapter.load()
         extras = ctx.engine_extras
-        a = self.adapter
-        self.chunk_size = int(extras.get("chunk_size", a.chunk_size))
-        self.first_chunk_size = int(extras.get("first_chunk_size", a.first_chunk_size))
-        self.left_context = int(extras.get("left_context", a.left_context))
-        self.right_context = int(extras.get("right_context", a.right_context))
-        cap = extras.get("max_batch_codes", a.max_batch_codes)
+        self.policy = ChunkPolicy.of(self.adapter, extras)
+        cap = extras.get("max_batch_codes", self.adapter.max_batch_codes)
         self.max_batch_codes = int(cap) if cap else None
         self.reqs: dict[str, _Req] = {}
+        self._order = itertools.count()
 
     def add(
         self,
@@ -115,8 +208,10 @@ class GenerationEngine(StageEngine):
         streaming: bool = False,
     ) -> None:
         req = _Req(
-            self.adapter.start(inputs, self.merged_sampling(params)), input_done=not streaming
-        )
+            self.adapter.start(inputs, self.merged_sampling(params)),
+            order=next(self._order), arrived=time.monotonic(),
+            input_done=not streaming, streaming=streaming,
+        )  # fmt: skip
         self._append(req, inputs)
         self.reqs[request_id] = req
 
@@ -139,51 +234,71 @@ class GenerationEngine(StageEngine):
     def has_work(self) -> bool:
         return any(self._window(r) is not None for r in self.reqs.values())
 
-    def _window(self, req: _Req) -> tuple[int, int, int, bool] | None:
-        """(start, new_end, end, final) of the next decode, or None if nothing is due."""
+    def _window(self, req: _Req) -> _Window | None:
+        """The next decode of `req`, or None if nothing is due."""
+        pol = self.policy
         if req.input_done:
             if req.total == 0:
                 return (0, 0, 0, True)
-            new_end, final = req.total, True  # also flushes held-back samples
+            new_end = req.total  # also flushes held-back samples
+            rest = req.total - req.decoded_codes
+            if req.streaming and rest > FINAL_WINDOW_SLACK * pol.cap:
+                new_end = req.decoded_codes + pol.cap
         else:
-            want = self.chunk_size if req.emitted else self.first_chunk_size
-            ready = req.total - self.right_context
-            if ready - req.decoded_codes < want:
+            ready = req.total - pol.right_context
+            new = pol.new_codes(req.chunks, ready - req.decoded_codes)
+            if not new:
                 return None
-            new_end, final = req.decoded_codes + want, False
+            new_end = req.decoded_codes + new
+        final = new_end == req.total and req.input_done
         first = req.emitted // self.adapter.samples_per_code
-        start = max(0, first - self.left_context)
-        end = req.total if final else new_end + self.right_context
+        start = max(0, first - pol.left_context)
+        end = req.total if final else min(req.total, new_end + pol.right_context)
         return start, new_end, end, final
+
+    def _deadline(self, req: _Req) -> float:
+        """When the request's listener runs out of audio (its arrival if it has none yet)."""
+        if req.first_audio is None:
+            return req.arrived
+        return req.first_audio + req.emitted / self.adapter.sample_rate
 
     @torch.inference_mode()
     def step(self) -> list[EngineOutput]:
-        groups: dict[Any, list[tuple[str, _Req, tuple[int, int, int, bool]]]] = {}
-        finished_empty: list[EngineOutput] = []
+        outputs: list[EngineOutput] = []
+        due: list[tuple[float, int, str, _Req, _Window]] = []
         for rid, req in self.reqs.items():
             win = self._window(req)
             if win is None:
                 continue
             if win[2] - win[0] <= 0:  # input ended with nothing left to decode
-                finished_empty.append(self._finish(rid, np.zeros(0, np.float32)))
+                outputs.append(self._finish(rid, np.zeros(0, np.float32)))
                 continue
-            key = (win[2] - win[0], self.adapter.batch_key(req.data))
-            groups.setdefault(key, []).append((rid, req, win))
-        outputs = finished_empty
-        for (length, _), members in groups.items():
-            per_batch = len(members)
-            if self.max_batch_codes:
-                per_batch = max(1, self.max_batch_codes // max(1, length))
-            for i in range(0, len(members), per_batch):
-                outputs.extend(self._decode_group(members[i : i + per_batch]))
+            due.append((self._deadline(req), req.order, rid, req, win))
+        if due:
+            due.sort(key=lambda d: (d[0], d[1]))
+            outputs.extend(self._decode_group(self._batch(due)))
         for out in outputs:
             if out.finished:
                 self.reqs.pop(out.request_id, None)
         return outputs
 
-    def _decode_group(
-        self, members: list[tuple[str, _Req, tuple[int, int, int, bool]]]
-    ) -> list[EngineOutput]:
+    def _batch(
+        self, due: list[tuple[float, int, str, _Req, _Window]]
+    ) -> list[tuple[str, _Req, _Window]]:
+        """The most urgent window and the next most urgent ones of the same length and key."""
+
+        def key(d: tuple[float, int, str, _Req, _Window]) -> tuple[int, Any]:
+            return d[4][2] - d[4][0], self.adapter.batch_key(d[3].data)
+
+        head = key(due[0])
+        length = head[0]
+        limit = len(due)
+        if self.max_batch_codes:
+            limit = max(1, self.max_batch_codes // max(1, length))
+        members = [d for d in due if key(d) == head][:limit]
+        return [(rid, req, win) for _, _, rid, req, win in members]
+
+    def _decode_group(self, members: list[tuple[str, _Req, _Window]]) -> list[EngineOutput]:
         windows, starts = [], []
         for _, req, (start, _, end, _) in members:
             codes = torch.cat(req.codes) if len(req.codes) > 1 else req.codes[0]
@@ -192,6 +307,7 @@ class GenerationEngine(StageEngine):
             starts.append(start)
         wavs = self.adapter.decode(windows, starts, [req.data for _, req, _ in members])
         spc = self.adapter.samples_per_code
+        now = time.monotonic()
         outputs = []
         for (rid, req, (start, new_end, _end, final)), wav in zip(members, wavs, strict=True):
             wav = wav.reshape(-1).float().cpu()
@@ -199,9 +315,12 @@ class GenerationEngine(StageEngine):
             delta = wav[req.emitted - start * spc : stop].numpy().astype(np.float32, copy=False)
             req.emitted += delta.shape[0]
             req.decoded_codes = new_end
+            if delta.shape[0] and req.first_audio is None:
+                req.first_audio = now
             if final:
                 outputs.append(self._finish(rid, delta))
             else:
+                req.chunks += 1
                 outputs.append(EngineOutput(rid, self._payload(delta)))
         return outputs
 
