@@ -75,15 +75,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--code2wav-replicas", type=int, default=1, help="served only")
+    ap.add_argument(
+        "--code2wav-extras", type=json.loads, default={},
+        help='code2wav engine_extras (JSON), e.g. \'{"chunk_growth": 1}\' for fixed windows',
+    )  # fmt: skip
     ap.add_argument("--baseline-child", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
 def deploy_for(
-    model: Path, async_chunk: bool, max_num_seqs: int, code2wav_replicas: int = 1
+    model: Path,
+    async_chunk: bool,
+    max_num_seqs: int,
+    code2wav_replicas: int = 1,
+    code2wav_extras: dict[str, Any] | None = None,
 ) -> DeployConfig:
     stages = [{"stage_id": s, "max_num_seqs": max_num_seqs, "max_queue": 256} for s in (0, 1, 2)]
     stages[2]["num_replicas"] = code2wav_replicas
+    if code2wav_extras:
+        stages[2]["engine_extras"] = code2wav_extras
     raw = {"pipeline": PIPELINE, "model": str(model), "async_chunk": async_chunk, "stages": stages}
     return build_deploy(raw, source="bench_omni")
 
@@ -113,7 +123,9 @@ class Baseline:
         from omni_actors.workers.spec import WorkerSpec
 
         self.args = args
-        deploy = deploy_for(args.model, True, args.max_num_seqs)
+        deploy = deploy_for(
+            args.model, True, args.max_num_seqs, code2wav_extras=args.code2wav_extras
+        )
         self.pipe = get_pipeline(PIPELINE)
         self.engines = []
         for st in self.pipe.stages:
@@ -229,7 +241,8 @@ class BaselineProc:
         }
         cmd = [sys.executable, __file__, "--baseline-child", "--model", str(args.model),
                "--text-tokens", str(args.text_tokens), "--codes", str(args.codes),
-               "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
+               "--max-num-seqs", str(args.max_num_seqs),
+               "--code2wav-extras", json.dumps(args.code2wav_extras)]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -367,9 +380,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     n = args.concurrency
     try:
         for mode in ("async", "whole"):  # one at a time: start-up alone on the cores
-            orchs[mode] = Orchestrator(
-                deploy_for(args.model, mode == "async", args.max_num_seqs, args.code2wav_replicas)
-            )
+            deploy = deploy_for(
+                args.model, mode == "async", args.max_num_seqs, args.code2wav_replicas,
+                args.code2wav_extras,
+            )  # fmt: skip
+            orchs[mode] = Orchestrator(deploy)
             t0 = time.perf_counter()
             await orchs[mode].start()
             startup[mode] = round(time.perf_counter() - t0, 2)
@@ -460,7 +475,7 @@ async def main() -> None:
         "cpus": os.cpu_count(), "text_tokens": args.text_tokens, "codes": args.codes,
         "audio_s_per_request": round(args.codes * 0.02, 2), "requests_c1": args.requests_c1,
         "concurrency": args.concurrency, "rounds": args.rounds,
-        "code2wav_replicas": args.code2wav_replicas,
+        "code2wav_replicas": args.code2wav_replicas, "code2wav_extras": args.code2wav_extras,
         **out, "wall_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
     print(json.dumps(line))
