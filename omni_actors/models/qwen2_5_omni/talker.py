@@ -138,7 +138,6 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
         feed.done = not seq.streaming
         seq.data = {"feed": feed, "speaker": speaker}
 
-
     def _reply(self, feed: ThinkerFeed, i: int) -> torch.Tensor:
         """Thinker reply row i (hidden + embedding), then text-eos, then text-pad."""
         if i < feed.fed:

@@ -30,7 +30,7 @@ from omni_actors.models.qwen2_5_omni.loading import (
 )
 from omni_actors.models.qwen2_5_omni.talker import ThinkerFedTalker, ThinkerFeed, talker_sampling
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq, ForwardOut, StepInputs
-from omni_actors.workers.engines.hf_ar_sampling import sample
+from omni_actors.workers.engines.hf_ar_sampling import pick
 
 DEFAULT_SPEAKER = "ethan"
 SAMPLING = {
@@ -206,16 +206,14 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         step_in = torch.stack([hidden, frame], dim=1)
         cache = DynamicCache()
         codes = [code0]
+        params = [self._predictor_params(s) for s in seqs]
+        generators = [s.generator for s in seqs]
         for g in range(self.groups - 1):
             h = predictor.model(
                 inputs_embeds=step_in, past_key_values=cache, use_cache=True
             ).last_hidden_state
             logits = predictor.lm_head[g](h[:, -1]).float()
-            picked = [
-                sample(logits[r], self._predictor_params(s), [], s.generator)
-                for r, s in enumerate(seqs)
-            ]
-            code = torch.tensor(picked, device=dev)
+            code = pick(logits, params, generators)  # stays on the device: no sync per group
             codes.append(code)
             emb = tables[g](code)
             frame = frame + emb

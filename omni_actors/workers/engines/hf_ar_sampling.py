@@ -4,7 +4,8 @@ Greedy rows (temperature 0) take one batched argmax; sampled rows are filtered
 (temperature, top-k, top-p) together in sorted order, then each row with a
 seed draws from its own generator (so a seeded request is reproducible on
 its own), the others draw together. The repetition penalty reads each
-request's `seen` mask. One host sync per step: the final `.tolist()`.
+request's `seen` mask. `pick` returns ids on the device (no host sync, for
+adapters that feed them straight back); `sample_rows` syncs once, in `.tolist()`.
 """
 
 from __future__ import annotations
@@ -25,31 +26,51 @@ def _penalty(params: dict[str, Any]) -> float:
 
 
 def sample_rows(logits: torch.Tensor, seqs: list[ARSeq]) -> list[int]:
-    """One token per row of [batch, vocab] float32 logits, row i for seqs[i]."""
-    dev = logits.device
+    """One token per row of [batch, vocab] float32 logits, row i for seqs[i] (its own params)."""
     params = [s.params for s in seqs]
+    return pick(logits, params, [s.generator for s in seqs], [s.seen for s in seqs]).tolist()
+
+
+def pick(
+    logits: torch.Tensor,
+    params: list[dict[str, Any]],
+    generators: list[torch.Generator | None],
+    seen: list[torch.Tensor | None] | None = None,
+) -> torch.Tensor:
+    """[batch] sampled ids on the logits' device, without a host sync (row i: params[i])."""
+    dev = logits.device
     penalties = [_penalty(p) for p in params]
-    if any(p != 1.0 and s.seen is not None for p, s in zip(penalties, seqs, strict=True)):
+    if seen is not None and any(
+        p != 1.0 and m is not None for p, m in zip(penalties, seen, strict=True)
+    ):
         none = torch.zeros(logits.shape[1], dtype=torch.bool, device=dev)
-        seen = torch.stack([s.seen if s.seen is not None else none for s in seqs])
+        mask = torch.stack([m if m is not None else none for m in seen])
         pen = torch.tensor(penalties, device=dev, dtype=logits.dtype)[:, None]
-        logits = torch.where(seen, torch.where(logits > 0, logits / pen, logits * pen), logits)
+        logits = torch.where(mask, torch.where(logits > 0, logits / pen, logits * pen), logits)
     temps = [_temperature(p) for p in params]
     picked = torch.argmax(logits, dim=-1)
     rows = [i for i, t in enumerate(temps) if t > 0.0]
     if rows:
         index = torch.tensor(rows, device=dev)
-        drawn = _draw(logits[index], [seqs[i] for i in rows], [temps[i] for i in rows])
+        drawn = _draw(
+            logits[index], [params[i] for i in rows], [generators[i] for i in rows],
+            [temps[i] for i in rows],
+        )  # fmt: skip
         picked = picked.index_copy(0, index, drawn)
-    return picked.tolist()
+    return picked
 
 
-def _draw(logits: torch.Tensor, seqs: list[ARSeq], temps: list[float]) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor,
+    params: list[dict[str, Any]],
+    generators: list[torch.Generator | None],
+    temps: list[float],
+) -> torch.Tensor:
     """Sampled ids for rows that all have a temperature."""
     dev, vocab = logits.device, logits.shape[1]
     logits = logits / torch.tensor(temps, device=dev, dtype=logits.dtype)[:, None]
-    top_k = [int(s.params.get("top_k") or 0) for s in seqs]
-    top_p = [float(s.params.get("top_p") or 1.0) for s in seqs]
+    top_k = [int(p.get("top_k") or 0) for p in params]
+    top_p = [float(p.get("top_p") or 1.0) for p in params]
     order = None
     if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         logits, order = torch.sort(logits, dim=-1, descending=True)
@@ -60,14 +81,15 @@ def _draw(logits: torch.Tensor, seqs: list[ARSeq], temps: list[float]) -> torch.
         ps = torch.tensor(top_p, device=dev, dtype=probs.dtype)[:, None]
         logits = logits.masked_fill(probs.cumsum(-1) - probs > ps, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    free = [i for i, s in enumerate(seqs) if s.generator is None]
-    out = torch.empty(len(seqs), dtype=torch.long, device=dev)
+    free = [i for i, g in enumerate(generators) if g is None]
+    out = torch.empty(len(params), dtype=torch.long, device=dev)
     if free:
         index = torch.tensor(free, device=dev)
         out[index] = torch.multinomial(probs[index], 1)[:, 0]
-    for i, s in enumerate(seqs):
-        if s.generator is not None:
-            out[i] = torch.multinomial(probs[i], 1, generator=s.generator)[0]
+    for i, g in enumerate(generators):
+        if g is not None:
+            row = probs[i] if g.device.type == dev.type else probs[i].cpu()
+            out[i] = torch.multinomial(row, 1, generator=g)[0].to(dev)
     return out if order is None else order.gather(1, out[:, None])[:, 0]
 
 
@@ -109,6 +131,6 @@ def sample(
         logits = logits.clone()
         logits[order[drop]] = float("-inf")
     probs = torch.softmax(logits, dim=-1)
-    if generator is not None and generator.device != probs.device:
+    if generator is not None and generator.device.type != probs.device.type:
         probs = probs.cpu()
     return int(torch.multinomial(probs, 1, generator=generator))
