@@ -158,3 +158,38 @@ def test_adapter_decode_equals_transformers_modules(tiny_dir):
     assert len(got) == 3
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+
+
+@torch.inference_mode()
+def test_vocoder_on_the_kept_codes_only_equals_the_whole_window(tiny_dir, token2wav):
+    """decode_part vocodes the kept codes plus the measured receptive radius: the kept
+    samples equal those of vocoding the whole window."""
+    from omni_actors.config.pipeline import resolve
+    from omni_actors.models.qwen2_5_omni.fast_token2wav import receptive_radius
+
+    ctx = EngineContext(
+        stage_id=2, replica=0, model_stage="code2wav", model_path=tiny_dir, device="cpu",
+        max_num_seqs=8, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
+        engine_extras={},
+    )  # fmt: skip
+    adapter = resolve(ADAPTER)(ctx)
+    adapter.load()
+    adapter.model.code2wav_bigvgan_model = copy.deepcopy(token2wav.code2wav_bigvgan_model)
+    install_fast_vocoder(adapter.model.code2wav_bigvgan_model)
+    radius = receptive_radius(adapter.model.code2wav_bigvgan_model, 80)
+    assert 2 <= radius < 40  # ~12 frames for the tiny vocoder; 128 would mean "not found"
+    adapter.vocoder_margin = radius + 1
+    gen = torch.Generator().manual_seed(5)
+    windows = [torch.randint(0, 8000, (60,), generator=gen) for _ in range(2)]
+    data = [{"speaker": "Chelsie", "seed": 7}] * 2
+    whole = adapter.decode(windows, [0, 24], data)
+    spc = adapter.samples_per_code
+    for keep in ([(24, 48), (0, 12)], [(30, None), (59, None)]):
+        parts = adapter.decode_part(windows, [0, 24], data, keep)
+        for (wav, offset), full, (lo, hi) in zip(parts, whole, keep, strict=True):
+            assert offset <= lo * spc
+            end = full.shape[0] if hi is None else hi * spc
+            torch.testing.assert_close(
+                wav[lo * spc - offset : end - offset], full[lo * spc : end], atol=ATOL, rtol=0
+            )
+            assert wav.shape[0] < full.shape[0]  # it did skip work

@@ -58,6 +58,19 @@ class ToyAdapter(GenerationAdapter):
         return out
 
 
+class TrimToyAdapter(ToyAdapter):
+    """ToyAdapter that decodes only the kept codes and one code either side (its reach)."""
+
+    def decode_part(self, windows, starts, data, keep):
+        out = []
+        for w, (lo, hi) in zip(windows, keep, strict=True):
+            first = max(0, lo - 1)
+            last = len(w) if hi is None else min(len(w), hi + 1)
+            wav = self.decode([w[first:last]], [0], [None])[0]
+            out.append((wav, first * self.samples_per_code))
+        return out
+
+
 def _ctx(adapter: str, path: Path | None = None, **extras) -> EngineContext:
     return EngineContext(
         stage_id=2, replica=0, model_stage="code2wav", model_path=path, device="cpu",
@@ -132,6 +145,19 @@ def test_toy_chunked_equals_whole_for_every_chunk_policy(policy):
     for trial, sizes in enumerate(([1] * 61, [5, 40, 16], [2, 3, 9, 1, 20, 26], [61])):
         _stream(engine, f"s{trial}", codes, sizes, got)
         np.testing.assert_array_equal(_audio(got[f"s{trial}"]), whole)
+
+
+@pytest.mark.parametrize("policy", POLICIES[:3])
+def test_adapter_that_decodes_only_the_kept_codes_joins_up_exactly(policy):
+    engine = GenerationEngine(_ctx(f"{__name__}:TrimToyAdapter", **policy))
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 100, 47).astype(np.float32)
+    got: dict[str, list] = {}
+    engine.add("whole", {"codes": codes}, {})
+    _drain(engine, got)
+    for trial, sizes in enumerate(([1] * 47, [6, 30, 11], [2, 2, 40, 3])):
+        _stream(engine, f"s{trial}", codes, sizes, got)
+        np.testing.assert_array_equal(_audio(got[f"s{trial}"]), _audio(got["whole"]))
 
 
 def test_chunk_policy_grows_windows_and_takes_ready_codes():

@@ -20,7 +20,11 @@ from typing import Any
 
 import torch
 
-from omni_actors.models.qwen2_5_omni.fast_token2wav import DiTVelocity, install_fast_vocoder
+from omni_actors.models.qwen2_5_omni.fast_token2wav import (
+    DiTVelocity,
+    install_fast_vocoder,
+    receptive_radius,
+)
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
 from omni_actors.workers.engines.generation import GenerationAdapter
 
@@ -86,10 +90,12 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         dit, vocoder = config.dit_config, config.bigvgan_config
         self.repeats, self.mel_dim = dit.repeats, dit.mel_dim
         self.num_codes = dit.num_embeds
-        hop = 1
+        self.hop = 1
         for rate in vocoder.upsample_rates:
-            hop *= rate
-        self.samples_per_code = self.repeats * hop
+            self.hop *= rate
+        self.samples_per_code = self.repeats * self.hop
+        self.vocoder_margin = receptive_radius(self.model.code2wav_bigvgan_model, self.mel_dim) + 1
+        """Mel frames decoded beyond the kept ones on each side: no kept sample depends on more."""
 
     def start(self, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
         speaker = params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER
@@ -116,6 +122,18 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
+        keep = [(0, None)] * len(windows)
+        return [wav for wav, _ in self.decode_part(windows, starts, data, keep)]
+
+    def decode_part(
+        self,
+        windows: list[torch.Tensor],
+        starts: list[int],
+        data: list[Any],
+        keep: list[tuple[int, int | None]],
+    ) -> list[tuple[torch.Tensor, int]]:
+        """The DiT on whole windows (its attention needs them), the vocoder only on the kept
+        codes and its receptive field: the rest of a window's audio is never sent."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
         dev = self.ctx.device
@@ -138,4 +156,10 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         # One window at a time: batched, the vocoder's activations outgrow the CPU caches
         # (8 windows of 64 codes took 11x one window, one by one 8x).
         vocoder = self.model.code2wav_bigvgan_model
-        return [vocoder(m[None].permute(0, 2, 1)).reshape(-1) for m in mel]
+        out = []
+        for m, (lo, hi) in zip(mel, keep, strict=True):
+            first = max(0, lo * self.repeats - self.vocoder_margin)
+            last = frames if hi is None else min(frames, hi * self.repeats + self.vocoder_margin)
+            wav = vocoder(m[None, first:last].permute(0, 2, 1)).reshape(-1)
+            out.append((wav, first * self.hop))
+        return out

@@ -23,6 +23,7 @@ tests/models/test_qwen2_5_omni_fast_token2wav.py:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -98,6 +99,37 @@ def install_fast_vocoder(bigvgan: nn.Module) -> int:
         fast = FastAntiAliasedActivation(child).to(child.upsample.filter.device)
         setattr(parent, child_name, fast)
     return len(swaps)
+
+
+@torch.inference_mode()
+def receptive_radius(vocoder: nn.Module, mel_dim: int, frames: int = 128) -> int:
+    """How many mel frames either side of a frame can change the vocoder's samples for it.
+
+    Measured, not derived: the samples of the last convolution (before the output
+    clamp, which could hide a change) that move at all (any difference, not a
+    tolerance) when one frame of a mel is changed, in frames from that frame. A
+    bound from the convolutions' and filters' sizes would be about twice as wide
+    (24 frames against 12 for the tiny vocoder). `frames` if it reaches that far.
+    """
+    param = next(vocoder.parameters())
+    gen = torch.Generator().manual_seed(0)
+    mel = torch.randn(1, mel_dim, frames, generator=gen).to(param) * 0.1 - 3.0
+    mid = frames // 2
+    bumped = mel.clone()
+    bumped[..., mid] += 0.5
+    seen: list[torch.Tensor] = []
+    hook = vocoder.conv_post.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        vocoder(mel)
+        vocoder(bumped)
+    finally:
+        hook.remove()
+    moved = (seen[0].reshape(-1) != seen[1].reshape(-1)).nonzero().reshape(-1)
+    hop = math.prod(vocoder.config.upsample_rates)
+    if moved.numel() == 0:
+        return frames  # nothing measurable: decode everything
+    radius = max(mid - int(moved[0]) // hop, int(moved[-1]) // hop - mid)
+    return frames if radius >= mid - 1 else radius
 
 
 class DiTVelocity:

@@ -103,6 +103,21 @@ class GenerationAdapter(abc.ABC):
     ) -> list[torch.Tensor]:
         """Decode equal-length code windows (starting at absolute code `starts`) to 1-D waveforms."""
 
+    def decode_part(
+        self,
+        windows: list[torch.Tensor],
+        starts: list[int],
+        data: list[Any],
+        keep: list[tuple[int, int | None]],
+    ) -> list[tuple[torch.Tensor, int]]:
+        """`decode`, when only the audio of window codes [lo, hi) (hi None: to the end) is kept.
+
+        Returns each waveform with the window sample its first sample is (at most
+        lo * samples_per_code). An adapter may skip work outside the kept codes (and its
+        receptive field); the default decodes everything.
+        """
+        return [(wav, 0) for wav in self.decode(windows, starts, data)]
+
     def batch_key(self, data: Any) -> Any:
         """Requests whose keys differ are never decoded in one batch."""
         return None
@@ -299,20 +314,27 @@ class GenerationEngine(StageEngine):
         return [(rid, req, win) for _, _, rid, req, win in members]
 
     def _decode_group(self, members: list[tuple[str, _Req, _Window]]) -> list[EngineOutput]:
-        windows, starts = [], []
-        for _, req, (start, _, end, _) in members:
+        spc = self.adapter.samples_per_code
+        windows, starts, keep = [], [], []
+        for _, req, (start, new_end, end, final) in members:
             codes = torch.cat(req.codes) if len(req.codes) > 1 else req.codes[0]
             req.codes = [codes]
             windows.append(codes[start:end])
             starts.append(start)
-        wavs = self.adapter.decode(windows, starts, [req.data for _, req, _ in members])
-        spc = self.adapter.samples_per_code
+            keep.append((req.emitted // spc - start, None if final else new_end - start))
+        data = [req.data for _, req, _ in members]
+        wavs = self.adapter.decode_part(windows, starts, data, keep)
         now = time.monotonic()
         outputs = []
-        for (rid, req, (start, new_end, _end, final)), wav in zip(members, wavs, strict=True):
+        for (rid, req, (start, new_end, _end, final)), (wav, offset) in zip(
+            members, wavs, strict=True
+        ):
             wav = wav.reshape(-1).float().cpu()
-            stop = wav.shape[0] if final else min(wav.shape[0], (new_end - start) * spc)
-            delta = wav[req.emitted - start * spc : stop].numpy().astype(np.float32, copy=False)
+            base = start * spc + offset  # absolute sample of wav[0]
+            if req.emitted < base:
+                raise RuntimeError(f"adapter skipped audio still to be sent ({rid})")
+            stop = wav.shape[0] if final else min(wav.shape[0], new_end * spc - base)
+            delta = wav[req.emitted - base : stop].numpy().astype(np.float32, copy=False)
             req.emitted += delta.shape[0]
             req.decoded_codes = new_end
             if delta.shape[0] and req.first_audio is None:
