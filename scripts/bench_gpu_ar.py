@@ -41,6 +41,8 @@ SIZES = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2},
 }  # fmt: skip
+TOKENS: dict[str, dict[str, list[list[int]]]] = {}
+"""Greedy ids of each engine mode's measured runs, to check the modes agree."""
 MODES = {
     "static_graphs": {"kv_cache": "static", "cuda_graphs": True},
     "static_eager": {"kv_cache": "static", "cuda_graphs": False},
@@ -161,6 +163,7 @@ def run_batch(engine, args: argparse.Namespace, b: int, seed: int) -> dict:
     last: dict[str, float] = {}
     ttft, gaps = [], []
     count = 0
+    ids: dict[str, list[int]] = {rid: [] for rid in added}
     while engine.has_work():
         outs = engine.step()
         now = time.perf_counter()  # step() synced: sampling reads the tokens
@@ -168,6 +171,7 @@ def run_batch(engine, args: argparse.Namespace, b: int, seed: int) -> dict:
             assert out.error is None, out.error
             count += len(out.payload["token_ids"])
             rid = out.request_id
+            ids[rid] += out.payload["token_ids"]
             if rid in last:
                 gaps.append(now - last[rid])
             else:
@@ -179,6 +183,7 @@ def run_batch(engine, args: argparse.Namespace, b: int, seed: int) -> dict:
         "tokens_per_s": round(count / total, 1),
         "ttft_p50_ms": round(statistics.median(ttft) * 1e3, 2),
         "itl_p50_ms": round(statistics.median(gaps) * 1e3, 2),
+        "ids": [ids[rid] for rid in added],
     }
 
 
@@ -203,6 +208,7 @@ def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> 
             print(table.table(sort_by="cuda_time_total", row_limit=20), file=sys.stderr)
         print(table.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
     res["cuda_graphs_on"] = bool(engine.graphs and engine.graphs.enabled)
+    TOKENS[json.dumps(extras)] = {k: v.pop("ids") for k, v in res.items() if k.startswith("b")}
     engine.close()
     del engine
     gc.collect()
@@ -230,10 +236,21 @@ def main() -> None:
                     for k, v in results[mode].items()
                     if k.startswith("b")
                 }
+    agree = {}
+    ref = TOKENS.get(json.dumps(MODES["static_eager"]))
+    for mode in results:
+        got = TOKENS.get(json.dumps(MODES.get(mode, {})))
+        if ref is None or got is None or mode == "static_eager":
+            continue
+        agree[mode] = {  # fraction of requests whose greedy ids equal static eager's
+            k: round(sum(a == b for a, b in zip(got[k], ref[k], strict=True)) / len(ref[k]), 3)
+            for k in ref
+        }
     print(json.dumps({
         "bench": "gpu_ar", "model": "qwen2-tiny" if args.tiny else "qwen2-1.5b-sized",
         "device": args.device, "dtype": args.dtype, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, **made, "results": results, "speedup_vs_generate": speedup,
+        "same_ids_as_static_eager": agree,
     }))  # fmt: skip
 
 
