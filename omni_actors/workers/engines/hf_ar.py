@@ -154,8 +154,8 @@ class HfAREngine(StageEngine):
         new = [s for s in ready if not s.prefilled][: max(0, limit - holding)]
         running = [s for s in ready if s.prefilled][:limit]
         outputs: list[EngineOutput] = []
-        for seq in new:
-            outputs.extend(self._guarded([seq], self._prefill))
+        if new:
+            outputs.extend(self._prefill_all(new))
         if self.max_len is not None:
             for seq in [s for s in running if s.cached >= self.max_len]:
                 running.remove(seq)
@@ -178,27 +178,62 @@ class HfAREngine(StageEngine):
         self._drop(seq)
         return EngineOutput(seq.request_id, {}, True, f"{type(err).__name__}: {err}")
 
-    def _prefill(self, seqs: list[ARSeq]) -> list[EngineOutput]:
+    def _prefill_all(self, seqs: list[ARSeq]) -> list[EngineOutput]:
+        """Prompts of new requests: plain-embedding prompts in one left-padded forward when the
+        adapter allows it (`batch_prefill`), the others (with extra inputs) one by one."""
+        outputs: list[EngineOutput] = []
+        batch: list[tuple[ARSeq, StepInputs]] = []
+        for seq in seqs:
+            try:
+                inp = self.adapter.prefill(seq)
+                if self.max_len is not None and inp.embeds.shape[0] > self.max_len:
+                    raise ContextLengthExceeded(seq.request_id, inp.embeds.shape[0], self.max_len)
+            except Exception as err:
+                outputs.append(self._failed(seq, err))
+                continue
+            if self.adapter.batch_prefill and not inp.extra:
+                batch.append((seq, inp))
+            else:
+                outputs.extend(self._guarded([seq], lambda s, inp=inp: self._prefill(s, [inp])))
+        if batch:
+            inps = [inp for _, inp in batch]
+            outputs.extend(self._guarded([s for s, _ in batch], lambda s: self._prefill(s, inps)))
+        return outputs
+
+    def _prefill(self, seqs: list[ARSeq], inps: list[StepInputs]) -> list[EngineOutput]:
         from transformers import DynamicCache
 
-        (seq,) = seqs
-        inp = self.adapter.prefill(seq)
-        length = inp.embeds.shape[0]
-        if self.max_len is not None and length > self.max_len:
-            raise ContextLengthExceeded(seq.request_id, length, self.max_len)
-        pos = torch.arange(length) if inp.positions is None else inp.positions
-        pos = self._axes(pos.reshape(-1, length).to(self.device)).unsqueeze(1)  # [axes, 1, length]
+        lengths = [inp.embeds.shape[0] for inp in inps]
+        longest = max(lengths)
+        axes = self.adapter.position_axes
+        first = inps[0].embeds
+        embeds = first.new_zeros(len(inps), longest, first.shape[-1], device=self.device)
+        pos = torch.zeros(axes, len(inps), longest, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(inps), longest, dtype=torch.long, device=self.device)
+        for row, (inp, n) in enumerate(zip(inps, lengths, strict=True)):
+            p = torch.arange(n) if inp.positions is None else inp.positions
+            pad = longest - n  # left padding: every row's last position is its prompt's last
+            embeds[row, pad:] = inp.embeds
+            pos[:, row, pad:] = self._axes(p.reshape(-1, n).to(self.device))
+            mask[row, pad:] = 1
         cache = DynamicCache()
-        mask = torch.ones(1, length, dtype=torch.long, device=self.device)
-        out = self.adapter.forward(inp.embeds[None].to(self.device), pos, mask, cache, inp.extra)
-        seq.cached = cache.layers[0].keys.shape[2]
-        if self.slots is not None:
-            self.slots.store(seq, cache)
-        else:
-            seq.kv = [(layer.keys, layer.values) for layer in cache.layers]
-        seq.prefilled = True
-        seq.next_pos = inp.next_pos if inp.next_pos is not None else int(pos.max()) + 1
-        return self._sample([seq], out, prefill=True)
+        out = self.adapter.forward(
+            embeds, pos, mask, cache, inps[0].extra if len(inps) == 1 else {}
+        )
+        for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
+            pad = longest - n
+            kv = [
+                (x.keys[row : row + 1, :, pad:], x.values[row : row + 1, :, pad:])
+                for x in cache.layers
+            ]
+            if self.slots is not None:
+                self.slots.store(seq, kv)
+            else:
+                seq.kv = kv if len(seqs) == 1 else [(k.clone(), v.clone()) for k, v in kv]
+            seq.cached = n
+            seq.prefilled = True
+            seq.next_pos = inp.next_pos if inp.next_pos is not None else int(pos[:, row].max()) + 1
+        return self._sample(seqs, out, prefill=True)
 
     def _decode_static(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         slots, graphs = self.slots, self.graphs

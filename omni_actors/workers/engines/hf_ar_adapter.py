@@ -91,6 +91,9 @@ class ARAdapter(abc.ABC):
 
     position_axes: int = 1
     """1 for plain rotary positions, 3 for mrope ([temporal, height, width])."""
+    batch_prefill: bool = False
+    """True when prompts without `extra` may share one left-padded prefill forward (then
+    `forward` must take a 2D padding mask, and prefill outputs must not be per position)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx

@@ -26,6 +26,8 @@ class CausalLMAdapter(ARAdapter):
     {"text": delta, "token_ids": [id]}.
     """
 
+    batch_prefill = True
+
     def load(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

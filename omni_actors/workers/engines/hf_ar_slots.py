@@ -18,8 +18,6 @@ which is never read before the request overwrites it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -117,15 +115,15 @@ class SlotKV:
         return self.slots - len(self.owners)
 
     @torch.inference_mode()
-    def store(self, seq: ARSeq, cache: Any) -> None:
-        """Give seq a slot and copy its prompt's KV (a DynamicCache) into it."""
+    def store(self, seq: ARSeq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Give seq a slot and copy its prompt's KV (per layer [1, heads, n, dim] keys, values)."""
         if not self.keys:
-            self._allocate(cache)
+            self._allocate(kv)
         slot = len(self.owners)
-        n = cache.layers[0].keys.shape[2]
-        for layer, keys, values in zip(cache.layers, self.keys, self.values, strict=True):
-            keys[slot, :, :n] = layer.keys[0]
-            values[slot, :, :n] = layer.values[0]
+        n = kv[0][0].shape[2]
+        for (k, v), keys, values in zip(kv, self.keys, self.values, strict=True):
+            keys[slot, :, :n] = k[0]
+            values[slot, :, :n] = v[0]
         seq.slot = slot
         self.owners.append(seq)
 
@@ -146,13 +144,13 @@ class SlotKV:
         moved.slot = hole
         self.owners[hole] = moved
 
-    def _allocate(self, cache: Any) -> None:
-        for layer in cache.layers:
-            _, heads, _, dim = layer.keys.shape
+    def _allocate(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for k, v in kv:
+            _, heads, _, dim = k.shape
             shape = (self.slots, heads, self.max_len, dim)
-            kw = {"dtype": layer.keys.dtype, "device": self.device}
+            kw = {"dtype": k.dtype, "device": self.device}
             self.keys.append(torch.zeros(shape, **kw))
-            self.values.append(torch.zeros((*shape[:3], layer.values.shape[-1]), **kw))
+            self.values.append(torch.zeros((*shape[:3], v.shape[-1]), **kw))
 
     # ---- decode ------------------------------------------------------------
 
