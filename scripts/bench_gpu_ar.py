@@ -187,6 +187,31 @@ def run_batch(engine, args: argparse.Namespace, b: int, seed: int) -> dict:
     }
 
 
+def check_graph(engine, args: argparse.Namespace, b: int) -> dict:
+    """One decode step's logits from the captured graph against the same step run eagerly."""
+    import torch
+
+    for i, ids in enumerate(prompts(b, args.prompt_len, 3)):
+        engine.add(f"g{i}", {"prompt_token_ids": ids}, {"max_tokens": 8, "ignore_eos": True})
+    for _ in range(3):  # prefill, then two decode steps (graph replays)
+        engine.step()
+    seqs = list(engine.seqs.values())
+    with torch.inference_mode():
+        batch, length = engine.slots.shape_for()
+        embeds = engine.adapter.decode_embeds(seqs).to(engine.device)
+        engine.slots.load_inputs(batch, seqs, embeds)
+        eager = engine._static_forward(batch, length).logits.float().clone()
+        graph = engine.graphs.run(batch, length).logits.float().clone()
+    for seq in seqs:
+        engine.abort(seq.request_id)
+    return {
+        "rows": len(seqs),
+        "max_abs_logit_diff": round(float((eager - graph).abs().max()), 6),
+        "logit_scale": round(float(eager.abs().max()), 3),
+        "same_argmax": round(float((eager.argmax(-1) == graph.argmax(-1)).float().mean()), 3),
+    }
+
+
 def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> dict:
     import torch
 
@@ -208,6 +233,8 @@ def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> 
             print(table.table(sort_by="cuda_time_total", row_limit=20), file=sys.stderr)
         print(table.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
     res["cuda_graphs_on"] = bool(engine.graphs and engine.graphs.enabled)
+    if res["cuda_graphs_on"]:
+        res["graph_vs_eager"] = check_graph(engine, args, max(batches))
     TOKENS[json.dumps(extras)] = {k: v.pop("ids") for k, v in res.items() if k.startswith("b")}
     engine.close()
     del engine
@@ -215,6 +242,12 @@ def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> 
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return res
+
+
+def _prefix(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def main() -> None:
@@ -244,6 +277,10 @@ def main() -> None:
             continue
         agree[mode] = {  # fraction of requests whose greedy ids equal static eager's
             k: round(sum(a == b for a, b in zip(got[k], ref[k], strict=True)) / len(ref[k]), 3)
+            for k in ref
+        }
+        agree[mode]["common_prefix_p50"] = {  # tokens before the first difference
+            k: statistics.median(_prefix(a, b) for a, b in zip(got[k], ref[k], strict=True))
             for k in ref
         }
     print(json.dumps({
