@@ -2,8 +2,8 @@
 
 Each engine step samples the first code group of a frame from the talker (the
 MoE decoder), then the code predictor (a small dense decoder) draws the other
-groups of that frame, batched over all requests of the step with a fresh
-cache per frame. The next talker input is the sum of the frame's code
+groups of that frame, batched over all requests of the step, in fixed-shape
+passes over a static per-frame cache (predictor.py; a CUDA graph on CUDA). The next talker input is the sum of the frame's code
 embeddings plus the next reply token's projected thinker embedding (then
 tts-eos, then tts-pad). The talker prompt is built as in
 `Qwen3OmniMoeForConditionalGeneration.generate`: the user turns' thinker
@@ -29,8 +29,8 @@ from omni_actors.models.qwen2_5_omni.loading import (
     load_tensor,
 )
 from omni_actors.models.qwen2_5_omni.talker import ThinkerFedTalker, ThinkerFeed, talker_sampling
+from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq, ForwardOut, StepInputs
-from omni_actors.workers.engines.hf_ar_sampling import pick
 
 DEFAULT_SPEAKER = "ethan"
 SAMPLING = {
@@ -41,8 +41,6 @@ SAMPLING = {
     "max_tokens": 4096,
 }
 """The talker's sampling defaults (transformers' `generate` defaults for this model)."""
-PREDICTOR_SAMPLING = {"top_k": 50, "top_p": 0.8}
-"""The code predictor's sampling when the talker samples (as in transformers)."""
 
 
 class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
@@ -87,6 +85,7 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
             device=self.ctx.device,
         )
         self.groups = tc.num_code_groups
+        self.predictor = CodePredictorRunner(self.model, self.ctx, self.groups)
         return self.model
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -195,37 +194,10 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
     def _predict(
         self, seqs: list[ARSeq], first: list[int], hidden: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The remaining code groups of each frame, one batched predictor pass per group."""
-        from transformers import DynamicCache
-
-        dev = self.ctx.device
-        predictor = self.model.code_predictor
-        tables = predictor.get_input_embeddings()
-        code0 = torch.tensor(first, device=dev)
-        frame = self.model.get_input_embeddings()(code0)
-        step_in = torch.stack([hidden, frame], dim=1)
-        cache = DynamicCache()
-        codes = [code0]
-        params = [self._predictor_params(s) for s in seqs]
-        generators = [s.generator for s in seqs]
-        for g in range(self.groups - 1):
-            h = predictor.model(
-                inputs_embeds=step_in, past_key_values=cache, use_cache=True
-            ).last_hidden_state
-            logits = predictor.lm_head[g](h[:, -1]).float()
-            code = pick(logits, params, generators)  # stays on the device: no sync per group
-            codes.append(code)
-            emb = tables[g](code)
-            frame = frame + emb
-            step_in = emb[:, None]
-        return frame, torch.stack(codes, dim=1)
-
-    @staticmethod
-    def _predictor_params(seq: ARSeq) -> dict[str, Any]:
-        temperature = float(seq.params.get("temperature", 0.0) or 0.0)
-        return (
-            {"temperature": 1.0, **PREDICTOR_SAMPLING} if temperature > 0 else {"temperature": 0.0}
-        )
+        """The remaining code groups of each frame (predictor.py: one graph replay per frame)."""
+        sampled = [float(s.params.get("temperature", 0.0) or 0.0) > 0 for s in seqs]
+        code0 = torch.tensor(first, device=self.ctx.device)
+        return self.predictor.run(hidden, code0, sampled, [s.generator for s in seqs])
 
 
 def _on(x: torch.Tensor | None, device: Any) -> torch.Tensor | None:

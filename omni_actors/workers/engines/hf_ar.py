@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-from omni_actors import logs
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the public names
     DTYPES,
@@ -52,7 +51,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
     prompt_ids,
 )
 from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F401
-from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
+from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_sampling import note_sampled, sample, sample_rows  # noqa: F401
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
 
@@ -61,8 +60,6 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_STATIC_MAX_LEN = 4096
 """KV positions per slot of the static cache when the stage sets no max_model_len."""
 KV_CACHES = ("static", "dynamic")
-
-log = logs.get(__name__)
 
 
 class HfAREngine(StageEngine):
@@ -91,12 +88,7 @@ class HfAREngine(StageEngine):
         if self.static:
             slots = max(1, ctx.max_num_seqs)
             self.slots = SlotKV(slots, self.max_len, self.adapter.position_axes, self.device)
-            want = bool(extras.get("cuda_graphs", cuda)) and not extras.get("enforce_eager")
-            self.graphs = DecodeGraphs(self._static_forward, want and cuda)
-        log.info(
-            "hf_ar.kv_cache", kind=kind, max_len=self.max_len,
-            cuda_graphs=bool(self.graphs and self.graphs.enabled),
-        )  # fmt: skip
+            self.graphs = DecodeGraphs(self._static_forward, cuda_graphs_wanted(ctx))
 
     # ---- requests --------------------------------------------------------
 

@@ -11,25 +11,36 @@ graphs off for the engine (one log line says why) and decoding goes on eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from omni_actors import logs
-from omni_actors.workers.engines.hf_ar_adapter import ForwardOut
 
 log = logs.get(__name__)
 
 
-class DecodeGraphs:
-    """Runs `forward(batch, length)`: eagerly, or by replaying its captured graph."""
+def cuda_graphs_wanted(ctx: Any) -> bool:
+    """engine_extras["cuda_graphs"] (default: on CUDA), off with enforce_eager or off CUDA."""
+    extras = ctx.engine_extras
+    on_cuda = ctx.device == "cuda"
+    return on_cuda and bool(extras.get("cuda_graphs", True)) and not extras.get("enforce_eager")
 
-    def __init__(self, forward: Callable[[int, int], ForwardOut], enabled: bool) -> None:
+
+class DecodeGraphs:
+    """Runs `forward(batch, length)`: eagerly, or by replaying its captured graph.
+
+    `forward` returns a ForwardOut or any tensors (a tuple of them); a replay returns the
+    captured call's result, whose tensors the replay overwrote.
+    """
+
+    def __init__(self, forward: Callable[[int, int], Any], enabled: bool) -> None:
         self.forward = forward
         self.enabled = enabled
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, ForwardOut]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Any]] = {}
         self.pool = torch.cuda.graph_pool_handle() if enabled else None
 
-    def run(self, batch: int, length: int) -> ForwardOut:
+    def run(self, batch: int, length: int) -> Any:
         if not self.enabled:
             return self.forward(batch, length)
         hit = self.graphs.get((batch, length))

@@ -1,0 +1,62 @@
+"""Qwen3-Omni-MoE's code predictor passes (predictor.py): seeded sampling is per request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
+from omni_actors.models.tiny import make_tiny  # noqa: E402
+from omni_actors.workers.engine import EngineContext  # noqa: E402
+
+MSGS = [{"role": "user", "content": "Hello! How are you?"}]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    path = make_tiny("qwen3_omni_moe", tmp_path_factory.mktemp("qwen3_omni_moe"), seed=0)
+    pipe = get_pipeline("qwen3_omni_moe")
+    out = []
+    for spec in pipe.stages[:2]:
+        ctx = EngineContext(
+            stage_id=spec.stage_id, replica=0, model_stage=spec.model_stage, model_path=Path(path),
+            device="cpu", max_num_seqs=4, dtype="float32", gpu_memory_utilization=0.5,
+            tensor_parallel_size=1, engine_extras=dict(spec.engine_defaults),
+        )  # fmt: skip
+        out.append(resolve(spec.engine)(ctx))
+    return out, resolve(pipe.stages[1].processor)
+
+
+def _codes(engines, seeds: dict[str, int]) -> dict[str, np.ndarray]:
+    (thinker, talker), to_talker = engines
+    params = {"max_tokens": 6, "ignore_eos": True, "talker_max_tokens": 6,
+              "talker_temperature": 0.9, "talker_ignore_eos": True}  # fmt: skip
+    upstream: dict[str, list] = {rid: [] for rid in seeds}
+    for rid in seeds:
+        thinker.add(rid, {"messages": MSGS}, params)
+    while thinker.has_work():
+        for out in thinker.step():
+            upstream[out.request_id].append(out.payload)
+    for rid, seed in seeds.items():
+        talker.add(rid, to_talker({0: upstream[rid]}, {}), {**params, "seed": seed})
+    codes: dict[str, list] = {rid: [] for rid in seeds}
+    while talker.has_work():
+        for out in talker.step():
+            assert out.error is None, out.error
+            if "codes" in out.payload:
+                codes[out.request_id].append(out.payload["codes"])
+    return {rid: np.concatenate(c) for rid, c in codes.items()}
+
+
+def test_seeded_frames_repeat_alone_and_in_a_batch(engines):
+    alone = _codes(engines, {"a": 11})["a"]
+    together = _codes(engines, {"a": 11, "b": 12, "c": 11})
+    assert alone.shape == (6, 16)
+    np.testing.assert_array_equal(together["a"], alone)
+    np.testing.assert_array_equal(together["c"], alone)
+    assert not np.array_equal(together["b"], alone)
