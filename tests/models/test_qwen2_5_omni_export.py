@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from omni_actors.cli import main as omni_run  # noqa: E402
 from omni_actors.models.qwen2_5_omni.export import export_thinker_lm  # noqa: E402
 from omni_actors.models.tiny import make_tiny  # noqa: E402
 
@@ -93,8 +94,15 @@ def test_vllm_serves_the_export(exported, tmp_path):
         engine.close()
 
 
-def test_cli_export_and_a_clear_error(omni, tmp_path, capsys):
-    assert omni_run(["export-thinker", str(omni), str(tmp_path / "lm")]) == 0
+def _omni_run(*args: str) -> subprocess.CompletedProcess:
+    """The CLI in its own process (it configures logging for its process)."""
+    cmd = [sys.executable, "-m", "omni_actors.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_export_and_a_clear_error(omni, tmp_path):
+    assert _omni_run("export-thinker", str(omni), str(tmp_path / "lm")).returncode == 0
     assert (tmp_path / "lm" / "model.safetensors").is_file()
-    assert omni_run(["export-thinker", str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
-    assert "missing: model folder not found" in capsys.readouterr().err
+    bad = _omni_run("export-thinker", str(tmp_path / "missing"), str(tmp_path / "x"))
+    assert bad.returncode == 2
+    assert "missing: model folder not found" in bad.stderr
