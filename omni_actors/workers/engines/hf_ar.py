@@ -8,8 +8,9 @@ names in `engine_extras["adapter"]` ("module:Class").
 
 One `step()`:
 
-1. prefills every request that became ready (one forward each: prompts differ
-   in length), samples its first token;
+1. prefills every request that became ready, samples its first token: prompts
+   of plain embeddings share one left-padded forward when the adapter allows it
+   (`batch_prefill`), prompts with extra inputs (media) run one by one;
 2. runs ONE batched decode forward for all other active requests;
 3. samples one token per request (hf_ar_sampling.py) and returns the
    adapter's payload for each; the last one carries finish_reason "stop"

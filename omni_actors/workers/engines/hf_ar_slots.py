@@ -111,9 +111,6 @@ class SlotKV:
 
     # ---- slots -------------------------------------------------------------
 
-    def free(self) -> int:
-        return self.slots - len(self.owners)
-
     @torch.inference_mode()
     def store(self, seq: ARSeq, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Give seq a slot and copy its prompt's KV (per layer [1, heads, n, dim] keys, values)."""
