@@ -47,6 +47,7 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
     """Qwen2.5-Omni thinker; the talker gets the last layer's hidden states."""
 
     position_axes = 3
+    batch_prefill = True  # text-only prompts; prompts with media carry extra inputs
     part = "thinker"
     talker_layer = -1
     audio_part = {"type": "audio"}
@@ -149,7 +150,8 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
             _on(meta.get("audio_feature_lengths"), self.ctx.device), None,
         )  # fmt: skip
         embeds = self.model.get_input_embeddings()(ids[0])
-        extra = {"input_ids": ids, **{k: v.to(self.ctx.device) for k, v in extra.items()}}
+        if extra:  # media: the model merges their features at the placeholders of input_ids
+            extra = {"input_ids": ids, **{k: v.to(self.ctx.device) for k, v in extra.items()}}
         next_pos = ids.shape[1] + int(deltas.reshape(-1)[0])
         return StepInputs(embeds, positions[:, 0], next_pos, extra)
 
@@ -172,9 +174,10 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
         for row, (seq, tok) in enumerate(zip(seqs, tokens, strict=True)):
             payload: dict[str, Any] = {"text": seq.data["text"].push(tok), "token_ids": [tok]}
             if prefill:
+                pad = out.pads[row] if out.pads else 0  # left padding of a batched prefill
                 payload["prompt_token_ids"] = list(seq.data["ids"])
-                payload["prompt_embeds"] = _np(embeds[row])
-                payload["prompt_hidden"] = _np(hidden[row])
+                payload["prompt_embeds"] = _np(embeds[row, pad:])
+                payload["prompt_hidden"] = _np(hidden[row, pad:])
                 for key, value in seq.data["meta"].items():
                     payload[key] = value.cpu().numpy()
             else:

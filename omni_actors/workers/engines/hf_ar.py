@@ -213,6 +213,7 @@ class HfAREngine(StageEngine):
         out = self.adapter.forward(
             embeds, pos, mask, cache, inps[0].extra if len(inps) == 1 else {}
         )
+        out.pads = [longest - n for n in lengths]
         for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
             pad = longest - n
             kv = [

@@ -70,6 +70,9 @@ class ForwardOut:
     """[batch, vocab] at the last position of each row."""
     hidden: Any = None
     """Tensors per row (a tensor, or a tuple/list/dict of them) the adapter wants in `on_tokens`."""
+    pads: list[int] | None = None
+    """Set by the engine after a batched prefill: each row's left padding (per-position outputs
+    of row i start at pads[i])."""
 
     def rows(self, index: torch.Tensor | slice) -> ForwardOut:
         """The same output for the rows `index` (dim 0 of every tensor)."""
@@ -93,7 +96,8 @@ class ARAdapter(abc.ABC):
     """1 for plain rotary positions, 3 for mrope ([temporal, height, width])."""
     batch_prefill: bool = False
     """True when prompts without `extra` may share one left-padded prefill forward (then
-    `forward` must take a 2D padding mask, and prefill outputs must not be per position)."""
+    `forward` must take a 2D padding mask, and per-position prefill outputs in `on_tokens`
+    must skip each row's `out.pads[row]` leading positions)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
