@@ -207,3 +207,44 @@ def test_static_engine_is_reused_after_a_failed_batch_member(llama_dir):
         engine.add("bad", {"nothing": 1}, {})
     ids, errors, _ = _run(engine, [("A", 4, 0)])
     assert not errors and len(ids["r0"]) == 4 and engine.slots.owners == []
+
+
+def test_full_cache_fails_while_waiting_for_input_and_others_go_on(omni_dir):
+    """A streaming talker request that filled max_model_len while waiting for thinker states
+    fails at once; a shorter request decoding beside it is not disturbed."""
+    (thinker, _), _ = _omni(omni_dir, {"kv_cache": "static"})
+    pipe = get_pipeline("qwen2_5_omni")
+    full, chunk = resolve(pipe.stages[1].processor), resolve(pipe.stages[1].chunk_processor)
+    prompts = {
+        "a": "Please tell me a long story about a small boat at sea, with three storms in it.",
+        "b": "Hi",
+    }
+    base = {"max_tokens": 8, "ignore_eos": True, "talker_temperature": 0.0,
+            "talker_repetition_penalty": 1.0}  # fmt: skip
+    upstream: dict[str, list] = {rid: [] for rid in prompts}
+    for rid, text in prompts.items():
+        thinker.add(rid, {"messages": [{"role": "user", "content": text}]}, base)
+    while thinker.has_work():
+        for out in thinker.step():
+            upstream[out.request_id].append(out.payload)
+    fed = 4  # thinker token states the talker gets for "a": it can then sample 4 codes
+    prompt_a = len(upstream["a"][0]["prompt_token_ids"]) + 2
+    prompt_b = len(upstream["b"][0]["prompt_token_ids"]) + 2
+    assert prompt_a - prompt_b >= 10
+    max_len = prompt_a + fed - 1  # "a" fills its slot exactly when it runs out of input
+    (_, talker), _ = _omni(omni_dir, {"kv_cache": "static", "max_model_len": max_len})
+    talker.add("a", chunk(0, upstream["a"][0], False, {}, {}), {**base, "talker_max_tokens": 50},
+               streaming=True)  # fmt: skip
+    for payload in upstream["a"][1 : 1 + fed]:
+        talker.feed("a", chunk(0, payload, False, {}, {}), False)
+    talker.add("b", full({0: upstream["b"]}, {}), {**base, "talker_max_tokens": fed + 4})
+    codes: dict[str, int] = {"a": 0, "b": 0}
+    errors: dict[str, str] = {}
+    while talker.has_work():
+        for out in talker.step():
+            if out.error:
+                errors[out.request_id] = out.error
+            codes[out.request_id] += "codes" in out.payload
+    assert set(errors) == {"a"} and errors["a"].startswith("ContextLengthExceeded")
+    assert codes["a"] == fed and codes["b"] == fed + 4
+    assert not talker.seqs and talker.slots.owners == []

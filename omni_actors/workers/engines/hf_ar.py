@@ -149,9 +149,11 @@ class HfAREngine(StageEngine):
         outputs: list[EngineOutput] = []
         if new:
             outputs.extend(self._prefill_all(new))
-        if self.max_len is not None:
-            for seq in [s for s in running if s.cached >= self.max_len]:
-                running.remove(seq)
+        if self.max_len is not None:  # a full cache can take no next input, ready or not
+            full = [s for s in self.seqs.values() if s.prefilled and s.cached >= self.max_len]
+            for seq in full:
+                if seq in running:
+                    running.remove(seq)
                 err = ContextLengthExceeded(seq.request_id, seq.cached + 1, self.max_len)
                 outputs.append(self._failed(seq, err))
         if running:
