@@ -163,14 +163,9 @@ def sized_config_qwen3(scale: int = 1):
 
 def build_qwen3(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
     import torch
-    from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
+    from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    from omni_actors.models.tiny.qwen2_5_omni import (
-        build_qwen_tokenizer,
-        chat_template,
-        save_processor,
-    )
-    from omni_actors.models.tiny.qwen3_omni_moe import QWEN3_OMNI_EXTRA, QWEN3_OMNI_SPECIALS
+    from omni_actors.models.tiny.qwen3_omni_moe import write_side_files
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -194,19 +189,7 @@ def build_qwen3(out: Path, device: str, dtype: str, seed: int, scale: int) -> di
     }
     model.save_pretrained(out, safe_serialization=True)
     del model
-    GenerationConfig(
-        bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643,
-    ).save_pretrained(out)  # fmt: skip
-    tok = build_qwen_tokenizer(
-        QWEN3_OMNI_SPECIALS, QWEN3_OMNI_EXTRA,
-        chat_template(
-            "<|vision_start|><|image_pad|><|vision_end|>",
-            "<|audio_start|><|audio_pad|><|audio_end|>",
-            "<|vision_start|><|video_pad|><|vision_end|>",
-        ),
-        seed=seed,
-    )  # fmt: skip
-    save_processor(out, tok, patch_size=16, processor_class="Qwen3OmniMoeProcessor")
+    write_side_files(out, seed)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     return {
         "out": str(out), "dtype": dtype, "layers_scale": scale, "params": params,

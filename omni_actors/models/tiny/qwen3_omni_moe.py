@@ -100,7 +100,7 @@ def tiny_config(hidden: int = 64, head_dim: int = 32, layers: int = 2):
 def make_tiny_qwen3_omni_moe(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Qwen3-Omni-MoE checkpoint to `out_dir` and return the folder."""
     import torch
-    from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
+    from transformers import Qwen3OmniMoeForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +114,15 @@ def make_tiny_qwen3_omni_moe(out_dir: str | Path, seed: int = 0) -> Path:
             if name.startswith("talker.") and ".experts." in name:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
     model.save_pretrained(out, safe_serialization=True)
+    write_side_files(out, seed)
+    return out
+
+
+def write_side_files(out: Path, seed: int) -> None:
+    """Generation config, offline tokenizer with the chat template, and processor configs
+    of a Qwen3-Omni folder (the tiny builder's and the sized script's)."""
+    from transformers import GenerationConfig
+
     GenerationConfig(
         bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643,
     ).save_pretrained(out)  # fmt: skip
@@ -127,4 +136,3 @@ def make_tiny_qwen3_omni_moe(out_dir: str | Path, seed: int = 0) -> Path:
         seed=seed,
     )  # fmt: skip
     save_processor(out, tok, patch_size=16, processor_class="Qwen3OmniMoeProcessor")
-    return out
