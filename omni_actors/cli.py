@@ -1,11 +1,11 @@
 """omni-run: serve a pipeline from a deploy file, and the tool subcommands.
 
-omni-run [--deploy deploy.yaml] [--stage-overrides JSON] [--async-chunk | --no-async-chunk]
-         [--host H] [--port P] [--model PATH]
-omni-run prepare <pipeline>              prepare a bundled pipeline's model files
-omni-run make-tiny <pipeline> <dir>      write a tiny random-weight checkpoint
-omni-run export-thinker <omni dir> <dir> write a Qwen2.5-Omni thinker's LM as a Qwen2
-                                         causal-LM folder (text-only serving on vLLM)
+    omni-run [--deploy deploy.yaml] [--stage-overrides JSON] [--async-chunk | --no-async-chunk]
+             [--host H] [--port P] [--model PATH]
+    omni-run prepare <pipeline>              prepare a bundled pipeline's model files
+    omni-run make-tiny <pipeline> <dir>      write a tiny random-weight checkpoint
+    omni-run export-thinker <omni dir> <dir> write a Qwen2.5-Omni thinker's LM as a Qwen2
+                                             causal-LM folder (text-only serving on vLLM)
 """
 
 from __future__ import annotations
@@ -86,13 +86,8 @@ async def serve(deploy: DeployConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info(
-        "server.starting",
-        pipeline=deploy.pipeline,
-        deploy=deploy.source,
-        stages=len(orch.pipeline.stages),
-        async_chunk=deploy.async_chunk,
-    )
+    log.info("server.starting", pipeline=deploy.pipeline, deploy=deploy.source,
+             stages=len(orch.pipeline.stages), async_chunk=deploy.async_chunk)
     starting = asyncio.ensure_future(orch.start())
     waiter = asyncio.ensure_future(stop.wait())
     await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -111,16 +106,10 @@ async def serve(deploy: DeployConfig) -> None:
     except OSError as err:
         await runner.cleanup()
         await orch.stop(drain=False)
-        raise StartupError(
-            -1, f"cannot listen on {deploy.server.host}:{deploy.server.port}: {err}"
-        ) from None
+        raise StartupError(-1, f"cannot listen on {deploy.server.host}:{deploy.server.port}: {err}") from None
     assert orch.runtime is not None
-    log.info(
-        "server.ready",
-        url=f"http://{deploy.server.host}:{deploy.server.port}",
-        shm_prefix=orch.run_prefix,
-        runtime_dir=str(orch.runtime.path),
-    )
+    log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}",
+             shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
     await stop.wait()
     log.info("server.stopping")
     orch.draining = True
