@@ -161,71 +161,51 @@ def sized_config_qwen3(scale: int = 1):
     return config
 
 
-def build_qwen3(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
+def build(out: Path, device: str, dtype: str, seed: int, scale: int, model: str) -> dict:
+    """Build the sized `model` on `device`, save it in the real format, and report its sizes."""
     import torch
-    from transformers import Qwen3OmniMoeForConditionalGeneration
+    from transformers import (
+        Qwen2_5OmniForConditionalGeneration,
+        Qwen3OmniMoeForConditionalGeneration,
+    )
 
-    from omni_actors.models.tiny.qwen3_omni_moe import write_side_files
+    from omni_actors.models.tiny import qwen2_5_omni, qwen3_omni_moe
 
+    qwen3 = model == "qwen3_omni_moe"
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config = sized_config_qwen3(scale)
+    config = sized_config_qwen3(scale) if qwen3 else sized_config(scale)
+    cls = Qwen3OmniMoeForConditionalGeneration if qwen3 else Qwen2_5OmniForConditionalGeneration
     with torch.device(device):
-        model = Qwen3OmniMoeForConditionalGeneration(config).eval()
-        with torch.no_grad():  # transformers leaves fused expert tensors uninitialised
-            for name, param in model.named_parameters():
-                if ".experts." in name:
-                    param.normal_(0.0, 0.02)
-    model.to(getattr(torch, dtype))
-    built = time.perf_counter() - t0
-    params = {
-        "thinker_text": sum(p.numel() for p in model.thinker.model.parameters())
-        + model.thinker.lm_head.weight.numel(),
-        "thinker_audio": sum(p.numel() for p in model.thinker.audio_tower.parameters()),
-        "thinker_vision": sum(p.numel() for p in model.thinker.visual.parameters()),
-        "talker": sum(p.numel() for p in model.talker.parameters()),
-        "code2wav": sum(p.numel() for p in model.code2wav.parameters()),
-    }
-    model.save_pretrained(out, safe_serialization=True)
-    del model
-    write_side_files(out, seed)
-    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    return {
-        "out": str(out), "dtype": dtype, "layers_scale": scale, "params": params,
-        "params_total": sum(params.values()), "weights_gb": round(size / 1e9, 2),
-        "build_s": round(built, 2), "total_s": round(time.perf_counter() - t0, 2),
-    }  # fmt: skip
-
-
-def build(out: Path, device: str, dtype: str, seed: int, scale: int) -> dict:
-    import torch
-    from transformers import Qwen2_5OmniForConditionalGeneration
-
-    from omni_actors.models.tiny.qwen2_5_omni import write_side_files
-
-    t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    config = sized_config(scale)
-    with torch.device(device):
-        model = Qwen2_5OmniForConditionalGeneration(config).eval()
-    model.to(getattr(torch, dtype))
+        net = cls(config).eval()
+        if qwen3:
+            with torch.no_grad():  # transformers leaves fused expert tensors uninitialised
+                for name, param in net.named_parameters():
+                    if ".experts." in name:
+                        param.normal_(0.0, 0.02)
+    net.to(getattr(torch, dtype))
     built = time.perf_counter() - t0
 
     def count(m: torch.nn.Module) -> int:
         return sum(p.numel() for p in m.parameters())
 
     params = {
-        "thinker_text": count(model.thinker.model) + count(model.thinker.lm_head),
-        "thinker_audio": count(model.thinker.audio_tower),
-        "thinker_vision": count(model.thinker.visual),
-        "talker": count(model.talker),
-        "token2wav": count(model.token2wav),
+        "thinker_text": count(net.thinker.model) + count(net.thinker.lm_head),
+        "thinker_audio": count(net.thinker.audio_tower),
+        "thinker_vision": count(net.thinker.visual),
+        "talker": count(net.talker),
     }
-    model.save_pretrained(out, safe_serialization=True)
-    del model
-    write_side_files(out, config, seed, ref_mel_frames=REF_MEL_FRAMES)
+    if qwen3:
+        params["code2wav"] = count(net.code2wav)
+    else:
+        params["token2wav"] = count(net.token2wav)
+    net.save_pretrained(out, safe_serialization=True)
+    del net
+    if qwen3:
+        qwen3_omni_moe.write_side_files(out, seed)
+    else:
+        qwen2_5_omni.write_side_files(out, config, seed, ref_mel_frames=REF_MEL_FRAMES)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     return {
         "out": str(out),
@@ -248,12 +228,12 @@ def main() -> None:
     ap.add_argument("--layers-scale", type=int, default=1)
     ap.add_argument("--model", choices=("qwen2_5_omni", "qwen3_omni_moe"), default="qwen2_5_omni")
     args = ap.parse_args()
-    if args.model == "qwen3_omni_moe":
-        res = build_qwen3(args.out, args.device, args.dtype, args.seed, args.layers_scale)
-        print(json.dumps({"made": "qwen3_omni_moe-30b-a3b-wide", **res}))
-        return
-    res = build(args.out, args.device, args.dtype, args.seed, args.layers_scale)
-    print(json.dumps({"made": "qwen2_5_omni-3b-sized", **res}))
+    res = build(args.out, args.device, args.dtype, args.seed, args.layers_scale, args.model)
+    made = {
+        "qwen3_omni_moe": "qwen3_omni_moe-30b-a3b-wide",
+        "qwen2_5_omni": "qwen2_5_omni-3b-sized",
+    }
+    print(json.dumps({"made": made[args.model], **res}))
 
 
 if __name__ == "__main__":
