@@ -51,7 +51,7 @@ REF_MEL_FRAMES = 300
 def sized_config(scale: int = 1):
     from transformers import Qwen2_5OmniConfig
 
-    from omni_actors.models.tiny.qwen2_5_omni import _mrope
+    from omni_actors.models.tiny.qwen2_5_omni import THINKER_TOKEN_IDS, _mrope
 
     def n(layers: int) -> int:
         return max(1, layers // scale)
@@ -77,10 +77,7 @@ def sized_config(scale: int = 1):
             "fullatt_block_indexes": [i for i in (7, 15, 23, 31) if i < n(32)] or [0],
             "in_channels": 3,
         },
-        "audio_token_index": 151646, "image_token_index": 151655, "video_token_index": 151656,
-        "audio_start_token_id": 151647, "audio_end_token_id": 151648,
-        "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
-        "user_token_id": 872, "bos_token_id": 151644, "eos_token_id": 151645, "pad_token_id": 151643,
+        **THINKER_TOKEN_IDS,
     }  # fmt: skip
     talker = {
         "vocab_size": 8448, "embedding_size": hidden, "hidden_size": 896,

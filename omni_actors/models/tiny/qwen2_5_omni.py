@@ -29,6 +29,14 @@ QWEN2_5_OMNI_EXTRA = {
     "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>",
 }  # fmt: skip
 
+THINKER_TOKEN_IDS = {
+    "audio_token_index": 151646, "image_token_index": 151655, "video_token_index": 151656,
+    "audio_start_token_id": 151647, "audio_end_token_id": 151648,
+    "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+    "user_token_id": 872, "bos_token_id": 151644, "eos_token_id": 151645, "pad_token_id": 151643,
+}  # fmt: skip
+"""A Qwen2.5-Omni thinker config's special token ids, matching the tokenizer above."""
+
 _CORPUS = (
     "Hello! How can I help you today? I am a small model made for tests.",
     "The quick brown fox jumps over the lazy dog. Speech, text and images in; text and speech out.",
@@ -175,10 +183,7 @@ def tiny_config(hidden: int = 64, head_dim: int = 32, layers: int = 2):
             "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [0],
             "in_channels": 3,
         },
-        "audio_token_index": 151646, "image_token_index": 151655, "video_token_index": 151656,
-        "audio_start_token_id": 151647, "audio_end_token_id": 151648,
-        "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
-        "user_token_id": 872, "bos_token_id": 151644, "eos_token_id": 151645, "pad_token_id": 151643,
+        **THINKER_TOKEN_IDS,
     }  # fmt: skip
     talker = {
         "vocab_size": 8448, "embedding_size": hidden, "hidden_size": hidden,
