@@ -137,6 +137,14 @@ def _reference(stages: Stages, prompt_ids: list[int]) -> tuple[list[int], torch.
         model = Qwen2_5OmniForConditionalGeneration.from_pretrained(stages.path).eval()
         return _reference_2_5(model, ids)
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(stages.path).eval()
+    thinker = model.thinker.generate(
+        input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False
+    )
+    return thinker[0, len(prompt_ids) :].tolist(), _qwen3_generate_codes(model, ids)
+
+
+def _qwen3_generate_codes(model, ids: torch.Tensor, **media) -> torch.Tensor:
+    """The talker codes Qwen3-Omni's greedy `generate` hands its vocoder ([groups, frames])."""
     captured = {}
 
     class Captured(Exception):
@@ -147,17 +155,15 @@ def _reference(stages: Stages, prompt_ids: list[int]) -> tuple[list[int], torch.
         raise Captured  # the codes are what we compare; skip the vocoder
 
     model.code2wav.chunked_decode = spy
-    thinker = model.thinker.generate(
-        input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False
-    )
+    n = THINKER["max_tokens"]
     with pytest.raises(Captured):
         model.generate(
             input_ids=ids, attention_mask=torch.ones_like(ids), speaker="ethan",
             thinker_max_new_tokens=n, thinker_min_new_tokens=n, thinker_do_sample=False,
             talker_max_new_tokens=TALKER["talker_max_tokens"], talker_do_sample=False,
-            talker_repetition_penalty=1.0,
+            talker_repetition_penalty=1.0, **media,
         )  # fmt: skip
-    return thinker[0, len(prompt_ids) :].tolist(), captured["codes"][0]
+    return captured["codes"][0]
 
 
 @torch.inference_mode()
@@ -300,25 +306,8 @@ def test_audio_and_image_inputs_match_transformers(stages):
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(stages.path).eval()
-    captured = {}
-
-    class Captured(Exception):
-        pass
-
-    def spy(codes, *args, **kwargs):
-        captured["codes"] = codes.clone()
-        raise Captured
-
-    model.code2wav.chunked_decode = spy
     model.talker.config.audio_config = model.config.thinker_config.audio_config  # typed, not a dict
-    with pytest.raises(Captured):
-        model.generate(
-            input_ids=prompt, attention_mask=torch.ones_like(prompt), speaker="ethan",
-            thinker_max_new_tokens=n, thinker_min_new_tokens=n, thinker_do_sample=False,
-            talker_max_new_tokens=TALKER["talker_max_tokens"], talker_do_sample=False,
-            talker_repetition_penalty=1.0, **media,
-        )  # fmt: skip
-    ref = captured["codes"][0].T.numpy()
+    ref = _qwen3_generate_codes(model, prompt, **media).T.numpy()
     assert len(codes) >= len(ref)
     np.testing.assert_array_equal(codes[: len(ref)], ref)
 
