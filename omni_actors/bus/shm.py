@@ -128,7 +128,8 @@ class SegmentCache:
         return memoryview(seg.buf)[offset : offset + nbytes]
 
     def forget(self, prefix: str) -> None:
-        """Close mappings of a producer that went away."""
+        """Close mappings of a producer (segments named `<prefix>-...`) that went away."""
+        prefix += "-"
         for name in [n for n in self._open if n.startswith(prefix)]:
             self._open.pop(name).close()
 
@@ -146,9 +147,12 @@ def unlink_segment(name: str) -> None:
 
 
 def unlink_prefix(prefix: str) -> int:
-    """Remove every segment whose name starts with `prefix`; returns how many."""
+    """Remove every segment named `<prefix>-...` (an arena's or a run's); returns how many.
+
+    The dash matters: generation 1's prefix `...s1r0g1` must not match generation 10's segments.
+    """
     count = 0
-    for path in SHM_DIR.glob(f"{prefix}*"):
+    for path in SHM_DIR.glob(f"{prefix}-*"):
         unlink_segment(path.name)
         count += 1
     return count

@@ -44,6 +44,7 @@ from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
 from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
+    STARTUP_TIMEOUT_S,
     Supervisor,
     sweep_stale_segments,
 )
@@ -63,6 +64,7 @@ class Orchestrator:
         pipeline: PipelineConfig | None = None,
         endpoint: str | None = None,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        restart_timeout_s: float = STARTUP_TIMEOUT_S,
     ) -> None:
         self.deploy = deploy
         self.pipeline = pipeline or validate_against_pipeline(deploy)
@@ -73,7 +75,9 @@ class Orchestrator:
         # remove what a killed one left behind (sweep_stale_segments).
         self.run_prefix = f"omni-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.runs: dict[str, Run] = {}
-        self.supervisor = Supervisor(deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s)
+        self.supervisor = Supervisor(
+            deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s, restart_timeout_s
+        )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
         self.segments = SegmentCache()

@@ -63,11 +63,10 @@ class Launcher:
         self.platform = platform
 
     def new_handle(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
-        ident = identity_of(stage_id, replica)
-        producer = f"{ident}g{generation}"
+        ident = identity_of(stage_id, replica, generation)
         return WorkerHandle(
             stage_id=stage_id, replica=replica, generation=generation, identity=ident.encode(),
-            producer=producer, shm_prefix=f"{self.run_prefix}-{producer}",
+            producer=ident, shm_prefix=f"{self.run_prefix}-{ident}",
         )
 
     def _env(self, stage_id: int, replica: int) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
-from omni_actors.bus.shm import SHM_DIR, unlink_prefix
+from omni_actors.bus.shm import SHM_DIR, unlink_prefix, unlink_segment
 from omni_actors.bus.sockets import AsyncRouter
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
@@ -42,10 +42,12 @@ class Supervisor:
         pipeline: PipelineConfig,
         on_death: Callable[[WorkerHandle, str], None],
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        restart_timeout_s: float = STARTUP_TIMEOUT_S,
     ) -> None:
         self.deploy = deploy
         self.pipeline = pipeline
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.restart_timeout_s = restart_timeout_s
         self._on_death_cb = on_death
         self.workers: dict[int, list[WorkerHandle]] = {s: [] for s in pipeline.stage_ids}
         self.by_identity: dict[bytes, WorkerHandle] = {}
@@ -129,11 +131,13 @@ class Supervisor:
     # ---- what workers say -------------------------------------------------------
 
     def on_ready(self, h: WorkerHandle, pid: int) -> None:
-        if h.proc is not None and pid == h.proc.pid and not h.dead:
-            h.ready = True
-            if h.ready_future and not h.ready_future.done():
-                h.ready_future.set_result(None)
-            self.update_health()
+        if h.proc is None or pid != h.proc.pid or h.dead:
+            log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead)
+            return
+        h.ready = True
+        if h.ready_future and not h.ready_future.done():
+            h.ready_future.set_result(None)
+        self.update_health()
 
     def on_start_failed(self, h: WorkerHandle, error: str) -> None:
         if h.ready_future and not h.ready_future.done():
@@ -170,12 +174,15 @@ class Supervisor:
         log.error("worker.died", stage_id=h.stage_id, replica=h.replica, pid=h.pid, detail=detail)
         if h.ready_future and not h.ready_future.done():
             h.ready_future.set_exception(StartupError(h.stage_id, f"worker exited ({detail})"))
-        self._on_death_cb(h, detail)
-        self.by_producer.pop(h.producer, None)
-        unlink_prefix(h.shm_prefix)
-        self.update_health()
-        if was_ready and not self.draining:
-            self._spawn_task(self._restart(h))
+        try:
+            self._on_death_cb(h, detail)
+        finally:
+            # Whatever the bookkeeping did, the stage must come back.
+            self.by_producer.pop(h.producer, None)
+            unlink_prefix(h.shm_prefix)
+            self.update_health()
+            if was_ready and not self.draining:
+                self._spawn_task(self._restart(h))
 
     async def _restart(self, h: WorkerHandle) -> None:
         key = (h.stage_id, h.replica)
@@ -187,13 +194,19 @@ class Supervisor:
                 return
             h = await self.spawn(h.stage_id, h.replica, h.generation + 1)
             assert h.ready_future is not None and h.proc is not None
+            log.info("worker.restarting", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                     generation=h.generation, attempt=attempt + 1)
             try:
-                await h.ready_future
+                await asyncio.wait_for(asyncio.shield(h.ready_future), self.restart_timeout_s)
                 log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
                 return
-            except StartupError as err:
-                log.error("worker.restart_failed", stage_id=h.stage_id, error=str(err))
-                await end_process(h.proc)
+            except (StartupError, TimeoutError) as err:
+                detail = str(err) or f"no Ready within {self.restart_timeout_s:.0f} s"
+                log.error("worker.restart_failed", stage_id=h.stage_id, replica=h.replica, error=detail)
+                h.dead = True  # this generation is given up: a late Ready must not revive it
+                await end_process(h.proc, first_signal=signal.SIGKILL)
+                self.by_producer.pop(h.producer, None)
+                unlink_prefix(h.shm_prefix)
 
     def _arm_watchdog(self) -> None:
         loop = asyncio.get_running_loop()
@@ -219,7 +232,7 @@ def sweep_stale_segments() -> int:
     for path in SHM_DIR.glob("omni-*-*"):
         pid = path.name.split("-")[1]
         if pid.isdigit() and not pid_alive(int(pid)):
-            unlink_prefix(path.name)
+            unlink_segment(path.name)
             count += 1
     return count
 

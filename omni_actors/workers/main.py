@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
             sock.send([m.StartFailed(spec.stage.stage_id, spec.replica, f"{type(err).__name__}: {err}")])
             return 1
         sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid())])
-        codec = PayloadCodec(f"{spec.identity}g{spec.generation}", arena, segments)
+        codec = PayloadCodec(spec.identity, arena, segments)
         WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s).run()
         return 0
     finally:

@@ -11,6 +11,8 @@ from omni_actors.config.pipeline import StageSpec
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str
     identity: str
+    """This process's bus identity and lease-producer name: stage, replica and generation, so a
+    restarted worker never shares a ZeroMQ routing id with its dead predecessor."""
     stage: StageSpec
     deploy: StageDeploy
     replica: int
@@ -22,5 +24,5 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_s: float
 
 
-def identity_of(stage_id: int, replica: int) -> str:
-    return f"s{stage_id}r{replica}"
+def identity_of(stage_id: int, replica: int, generation: int) -> str:
+    return f"s{stage_id}r{replica}g{generation}"

@@ -94,3 +94,16 @@ def test_arrays_nested_in_lists_and_dicts_round_trip(pair) -> None:
     np.testing.assert_array_equal(part["audio"], audio)
     assert part["sample_rate"] == 16000 and out["messages"][0]["content"][1] == {"type": "text", "text": "hi", "n": 2}
     assert len(leases_of(payload)) == 1
+
+
+def test_unlink_prefix_spares_a_later_generation_whose_name_extends_it() -> None:
+    run = f"omni-test-{uuid.uuid4().hex[:8]}"
+    g1, g10 = Arena(f"{run}-s1r0g1"), Arena(f"{run}-s1r0g10")
+    try:
+        g1.put(np.zeros(4, np.float32))
+        g10.put(np.zeros(4, np.float32))
+        assert unlink_prefix(f"{run}-s1r0g1") == 1
+        assert shm_files(f"{run}-s1r0g10") != [] and shm_files(f"{run}-s1r0g1-") == []
+    finally:
+        g1.close()
+        g10.close()

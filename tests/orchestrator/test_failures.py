@@ -104,3 +104,20 @@ async def test_hung_worker_is_detected_by_missed_heartbeats_and_replaced() -> No
         assert orch.workers[0][0].pid != victim.pid
         chunks = await orch.submit(RequestSpec(inputs={"prompt": "b"}, params={"chunks": 2})).collect()
         assert chunks[-1].finished
+
+
+async def test_a_restart_that_never_becomes_ready_is_killed_and_tried_again() -> None:
+    async with running(make_deploy("synthetic_text"), restart_timeout_s=3.0) as orch:
+        first = orch.workers[0][0]
+        os.kill(first.pid, signal.SIGKILL)
+        # The replacement is stopped before it can say Ready (a worker takes ~1 s to import).
+        await eventually(lambda: orch.workers[0][0] is not first and orch.workers[0][0].proc is not None, 5.0)
+        stuck = orch.workers[0][0]
+        os.kill(stuck.pid, signal.SIGSTOP)
+        await orch.wait_healthy(30)
+        now = orch.workers[0][0]
+        assert now.generation == 2 and now.pid not in (first.pid, stuck.pid)
+        assert stuck.proc.returncode is not None  # the stuck one was ended, not left behind
+        assert orch.statistics().worker_restarts == 2
+        chunks = await orch.submit(RequestSpec(inputs={"prompt": "b"}, params={"chunks": 2})).collect()
+        assert chunks[-1].finished
