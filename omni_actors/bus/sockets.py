@@ -57,9 +57,9 @@ class AsyncRouter:
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         self.sock.setsockopt(zmq.RCVHWM, SEND_HWM)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A restarted worker reconnects with its predecessor's identity. If the loop has not yet
-        # let zmq retire the dead peer's pipe, a ROUTER without handover rejects the newcomer and
-        # silently drops its Ready: the stage would never come back. Handover lets it take over.
+        # Workers never reuse an identity (a restart is a new generation, named so): a ROUTER
+        # rejects, or under load even with handover (libzmq #2892) drops, a newcomer whose
+        # identity a dead peer's pipe still holds. Handover stays on for outside peers that do.
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if endpoint.endswith(":0") and endpoint.startswith("tcp://"):
             port = self.sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])

@@ -111,7 +111,6 @@ class Orchestrator:
         self._zmq = zmq.Context(1)
         endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
         self.router = AsyncRouter(self._zmq, endpoint, self._on_message)
-        self.router.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.router.start()
         launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
         try:

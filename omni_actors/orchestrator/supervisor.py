@@ -105,7 +105,13 @@ class Supervisor:
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            log.error("supervisor.task_failed", task=task.get_coro().__qualname__, error=repr(err))
 
     async def stop_all(self, router: AsyncRouter | None) -> None:
         """Ask every worker to exit, signal those that don't, and wait for all of them."""
@@ -192,7 +198,11 @@ class Supervisor:
             await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
             if self.closing:
                 return
-            h = await self.spawn(h.stage_id, h.replica, h.generation + 1)
+            try:
+                h = await self.spawn(h.stage_id, h.replica, h.generation + 1)
+            except OSError as err:  # e.g. fork refused under memory pressure: try again later
+                log.error("worker.restart_failed", stage_id=h.stage_id, replica=h.replica, error=repr(err))
+                continue
             assert h.ready_future is not None and h.proc is not None
             log.info("worker.restarting", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
                      generation=h.generation, attempt=attempt + 1)

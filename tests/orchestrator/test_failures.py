@@ -14,6 +14,8 @@ from omni_actors.orchestrator.requests import RequestSpec
 from tests.conftest import eventually, make_deploy, running, shm_files
 
 BIG = {"step_delay_ms": 30, "payload_bytes": 1 << 20, "chunks": 50}
+RESTART_S = 15.0
+"""Restart timeout in the kill tests: a worker starts in ~1 s, ~5 s on a loaded 2-core box."""
 
 
 async def test_abort_mid_flight_frees_every_lease_and_reaches_every_stage() -> None:
@@ -52,7 +54,8 @@ async def test_deadline_ends_request_with_timeout() -> None:
 
 async def test_sigkill_fails_request_fast_and_restarted_stage_serves_next() -> None:
     deploy = make_deploy(stages=[{"stage_id": 1, "engine_extras": BIG}])
-    async with running(deploy) as orch:
+    # A replacement that fails to come up is itself replaced after RESTART_S: the stage must come back.
+    async with running(deploy, restart_timeout_s=RESTART_S) as orch:
         stream = orch.submit(RequestSpec(inputs={"prompt": "a b"}))
         async for chunk in stream:
             if chunk.output_type == "audio":
@@ -70,12 +73,12 @@ async def test_sigkill_fails_request_fast_and_restarted_stage_serves_next() -> N
                 orch.submit(RequestSpec(inputs={"prompt": "too early"}))
             else:
                 raise StageUnavailable(1)
-        await orch.wait_healthy(30)
+        await orch.wait_healthy(3 * RESTART_S)
         assert orch.workers[1][0].pid != victim.pid
         chunks = await orch.submit(RequestSpec(inputs={"prompt": "after"}, params={"chunks": 2})).collect()
         assert chunks[-1].finished
         stats = orch.statistics()
-        assert stats.worker_restarts == 1 and stats.leases_held == 0
+        assert stats.worker_restarts >= 1 and stats.leases_held == 0
         assert shm_files(victim.shm_prefix) == []
 
 
