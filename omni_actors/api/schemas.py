@@ -18,7 +18,13 @@ from omni_actors.api.errors import bad_request, from_validation
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-PositiveInt = Annotated[int, Meta(ge=1)]
+INT32_MAX = 2**31 - 1
+"""Largest max_tokens or top_k accepted (what a 32-bit integer holds; no real request asks more)."""
+TokenCount = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+TopK = Annotated[int, Meta(ge=-1, le=INT32_MAX)]
+"""-1 (or 0) means no top-k filtering, as in vLLM."""
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+"""A 64-bit seed. Unbounded JSON integers would not fit the bus's msgpack frames."""
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
 
 
@@ -84,10 +90,10 @@ class ChatCompletionRequest(_Req):
     audio: ChatAudioOptions | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: int | None = None
-    max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
-    seed: int | None = None
+    top_k: TopK | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
@@ -206,7 +212,7 @@ class DiffusionFields(_Req):
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
     guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
     negative_prompt: str | None = None
-    seed: int | None = None
+    seed: Seed | None = None
 
 
 class ImageRequest(_Req):
@@ -223,7 +229,7 @@ class ImageRequest(_Req):
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
     guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
     negative_prompt: str | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     extra_body: DiffusionFields | None = None
 
 

@@ -17,7 +17,10 @@ from typing import Any, ClassVar, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from omni_actors.api.schemas import Temperature, TokenCount
+
 Dialect = Literal["beta", "ga"]
+MaxTokens = TokenCount | Literal["inf"]
 
 # ---- client events ---------------------------------------------------------------
 
@@ -65,9 +68,9 @@ class SessionIn(msgspec.Struct, kw_only=True):
     input_audio_transcription: dict[str, Any] | UnsetType | None = UNSET
     turn_detection: TurnDetectionIn | UnsetType | None = UNSET
     audio: AudioIn | UnsetType = UNSET
-    temperature: float | UnsetType = UNSET
-    max_response_output_tokens: int | Literal["inf"] | UnsetType = UNSET
-    max_output_tokens: int | Literal["inf"] | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
+    max_response_output_tokens: MaxTokens | UnsetType = UNSET
+    max_output_tokens: MaxTokens | UnsetType = UNSET
     tools: list[dict[str, Any]] | UnsetType = UNSET
     tool_choice: str | dict[str, Any] | UnsetType = UNSET
 
@@ -96,9 +99,9 @@ class ResponseIn(msgspec.Struct, kw_only=True):
     instructions: str | None = None
     voice: str | None = None
     output_audio_format: str | None = None
-    temperature: float | None = None
-    max_response_output_tokens: int | Literal["inf"] | None = None
-    max_output_tokens: int | Literal["inf"] | None = None
+    temperature: Temperature | None = None
+    max_response_output_tokens: MaxTokens | None = None
+    max_output_tokens: MaxTokens | None = None
     conversation: str | None = None  # "auto" | "none"
     metadata: dict[str, Any] | None = None
     input: list[ItemIn] | None = None
