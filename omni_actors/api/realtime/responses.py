@@ -21,7 +21,7 @@ import numpy as np
 
 from omni_actors import logs
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.audio import Resampler, encode_wire, wire_rate
+from omni_actors.api.realtime.audio import FORMATS, Resampler, encode_wire, wire_rate
 from omni_actors.api.realtime.session import (
     Conversation,
     Item,
@@ -76,6 +76,9 @@ class Options:
         tokens = r.max_output_tokens if r.max_output_tokens is not None else r.max_response_output_tokens
         if r.conversation not in (None, "auto", "none"):
             raise ev.BadEvent("conversation must be 'auto' or 'none'", param="response.conversation")
+        if r.output_audio_format not in (None, *FORMATS):
+            raise ev.BadEvent(f"unsupported audio format {r.output_audio_format!r}; expected one of {list(FORMATS)}",
+                              param="response.output_audio_format")
         return cls(
             modalities=tuple(r.output_modalities or r.modalities or cfg.modalities),
             instructions=cfg.instructions if r.instructions is None else r.instructions,
