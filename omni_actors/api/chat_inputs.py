@@ -60,7 +60,7 @@ def decode_data_url(url: str, param: str) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(raw)) as img:
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as err:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
         raise bad_request(f"cannot decode image: {err}", param, "invalid_image") from None
 
 
