@@ -60,12 +60,14 @@ _TYPES = {
 class ApiError(Exception):
     """An error answered to the client with an OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.close = close  # answer with `Connection: close`: the body's framing is lost, so is the connection
 
     @property
     def type(self) -> str:
@@ -76,8 +78,11 @@ class ApiError(Exception):
 
     def response(self) -> web.Response:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return web.Response(body=msgspec.json.encode(self.body()), status=self.status,
+        resp = web.Response(body=msgspec.json.encode(self.body()), status=self.status,
                             content_type="application/json", headers=headers)
+        if self.close:
+            resp.force_close()
+        return resp
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:

@@ -11,9 +11,10 @@ from typing import Annotated, Literal
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from msgspec import Meta, Struct
 
-from omni_actors.api.errors import bad_request, from_validation
+from omni_actors.api.errors import ApiError, bad_request, from_validation
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
@@ -288,7 +289,12 @@ class Health(Struct, omit_defaults=True):
 
 async def read_body(request: web.Request, typ: type[Struct]) -> Struct:
     """Read the JSON body and decode it into `typ`; a 400 names the offending field."""
-    body = await request.read()
+    try:
+        body = await request.read()
+    except web.RequestPayloadError as err:  # a body aiohttp cannot decode (Content-Encoding, chunking)
+        cause = err.__cause__
+        detail = cause.message if isinstance(cause, HttpProcessingError) else str(err)
+        raise ApiError(400, f"cannot read the request body: {detail}", None, "invalid_body", close=True) from None
     if not body.strip():
         raise bad_request("request body is empty; expected a JSON object", None, "invalid_json")
     try:
