@@ -10,6 +10,7 @@ Every error the API returns has the body
     404  invalid_request_error   unknown route or model (`code` "model_not_found")
     405  invalid_request_error   wrong method for a route
     413  invalid_request_error   body over `server.max_body_mb`
+    415  invalid_request_error   a declared Content-Type other than JSON
     429  rate_limit_error        a stage queue is full (AdmissionError)
     500  server_error            a stage engine failed for this request (StageFailed)
     503  service_unavailable     a stage has no ready worker, a worker died, or draining
@@ -50,6 +51,7 @@ _TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from msgspec import Meta, Struct
 
@@ -287,14 +287,25 @@ class Health(Struct, omit_defaults=True):
     unhealthy_stages: list[UnhealthyStage] = []
 
 
+def _is_json(mime: str) -> bool:
+    return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
+
+
 async def read_body(request: web.Request, typ: type[Struct]) -> Struct:
-    """Read the JSON body and decode it into `typ`; a 400 names the offending field."""
+    """Read the JSON body and decode it into `typ`; a 400 names the offending field.
+
+    The body is read first, so an oversized one is a 413 whatever its type; a declared
+    Content-Type other than JSON is then a 415 (a missing one is taken as JSON).
+    """
     try:
         body = await request.read()
     except web.RequestPayloadError as err:  # a body aiohttp cannot decode (Content-Encoding, chunking)
         cause = err.__cause__
         detail = cause.message if isinstance(cause, HttpProcessingError) else str(err)
         raise ApiError(400, f"cannot read the request body: {detail}", None, "invalid_body", close=True) from None
+    if hdrs.CONTENT_TYPE in request.headers and not _is_json(request.content_type):
+        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send application/json",
+                       None, "unsupported_media_type")
     if not body.strip():
         raise bad_request("request body is empty; expected a JSON object", None, "invalid_json")
     try:
