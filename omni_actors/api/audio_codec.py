@@ -206,14 +206,27 @@ def encode_file(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+_CONTAINERS = {"wav": ("WAV", "WAVEX", "RF64"), "flac": ("FLAC",), "mp3": ("MP3",)}
+"""libsndfile's major formats that each client `format` may hold."""
+_WAV_MAGIC = (b"RIFF", b"RF64")
+
+
 def decode_audio(data: bytes, fmt: str, param: str) -> tuple[np.ndarray, int]:
-    """Client audio -> (float32 mono in [-1, 1], sample rate); a 400 naming `param` if unreadable."""
+    """Client audio -> (float32 mono in [-1, 1], sample rate); a 400 naming `param` if unreadable
+    or if the data is another format than `fmt` says (a WAV file sent as pcm16 would be noise)."""
     if fmt in ("pcm16", "pcm"):
+        if data[:4] in _WAV_MAGIC and data[8:12] == b"WAVE":
+            raise bad_request(f"audio is a WAV file, not raw {fmt}; send it with format 'wav'", param,
+                              "invalid_audio")
         if len(data) % 2:
             raise bad_request("pcm16 audio must hold an even number of bytes", param)
         return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, PCM16_INPUT_RATE
     try:
-        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            if f.format not in _CONTAINERS.get(fmt, (f.format,)):
+                raise bad_request(f"audio is {f.format}, not {fmt} as `format` says", param, "invalid_audio")
+            audio = f.read(dtype="float32", always_2d=True)
+            rate = f.samplerate
     except sf.LibsndfileError as err:
         raise bad_request(f"cannot decode {fmt} audio: {err.error_string}", param, "invalid_audio") from None
     except (RuntimeError, TypeError) as err:
