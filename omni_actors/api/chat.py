@@ -41,7 +41,7 @@ from omni_actors.api.calls import (
     require_outputs,
 )
 from omni_actors.api.chat_inputs import build_chat_inputs
-from omni_actors.api.errors import from_exception
+from omni_actors.api.errors import bad_request, from_exception
 from omni_actors.api.schemas import (
     ChatAudio,
     ChatCompletion,
@@ -119,6 +119,8 @@ class Tally:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     orch = orchestrator(request)
     req = await read_body(request, ChatCompletionRequest)
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
     model = require_model(orch, req.model)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     require_outputs(orch, set(modalities), "modalities")
