@@ -20,6 +20,7 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from omni_actors import logs
+from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_wire, wire_rate
 from omni_actors.api.realtime.responses import Options, ResponseRun
@@ -360,6 +361,9 @@ async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: s
                                              "code": "invalid_api_key", "param": None}}, status=401)
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, compress=False, heartbeat=HEARTBEAT_S,
                                protocols=("realtime",))
+    if not ws.can_prepare(request).ok:
+        raise ApiError(400, "/v1/realtime is a WebSocket endpoint: open it with a WebSocket upgrade request",
+                       None, "websocket_upgrade_required")
     await ws.prepare(request)
     if len(sessions) >= server.max_realtime_sessions:
         stats.sessions_rejected += 1
