@@ -1,0 +1,197 @@
+"""A demanding user's bad realtime events: each gets an `error` event, and the same session then works.
+
+test_robustness.py covers the first mistakes (unknown type, broken base64, a wrong-typed field, an
+oversized event); this covers frames that are not events at all, out-of-range session and response
+settings, buffer and cancel misuse, each followed by an action that must succeed.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import aiohttp
+
+from tests.api.conftest import eventually, idle
+from tests.api.realtime.conftest import Client, RtServer, b64, connect, of_type, silence
+
+TEXT_ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "one two"}]}
+
+
+async def _error(c: Client) -> dict[str, Any]:
+    """The next event, which must be an `error` with the OpenAI fields."""
+    event = await c.recv()
+    assert event["type"] == "error", event
+    err = event["error"]
+    assert {"type", "code", "message", "param", "event_id"} <= set(err), err
+    assert err["type"] == "invalid_request_error" and err["message"], err
+    return err
+
+
+async def _still_usable(c: Client) -> None:
+    """A cheap round trip that must succeed right after an error."""
+    await c.send("input_audio_buffer.clear")
+    assert (await c.recv())["type"] == "input_audio_buffer.cleared"
+
+
+async def _respond(c: Client, **response: Any) -> dict[str, Any]:
+    await c.send("response.create", **({"response": response} if response else {}))
+    events = await c.until("response.done")
+    assert not of_type(events, "error"), of_type(events, "error")
+    return events[-1]["response"]
+
+
+async def test_frames_that_are_not_events(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        frames: list[tuple[str | bytes, str, str | None, str | None]] = [  # frame, code, param, event_id
+            ("hello", "invalid_json", None, None),
+            ("", "invalid_json", None, None),
+            ("[1, 2]", "invalid_json", None, None),
+            ('"input_audio_buffer.clear"', "invalid_json", None, None),
+            ("null", "invalid_json", None, None),
+            ("42", "invalid_json", None, None),
+            (b"\x00\x01\x02binary", "invalid_json", None, None),
+            (b'{"type": "\xff\xfe"}', "invalid_json", None, None),
+            ('{"type": 5, "event_id": "n"}', "invalid_event", "type", "n"),
+            ('{"event_id": "no-type"}', "invalid_event", "type", "no-type"),
+            ('{"type": "session.delete", "event_id": "u"}', "invalid_event", "type", "u"),
+            ('{"type": "input_audio_buffer.clear", "event_id": 7}', "invalid_value", "event_id", None),
+            ('{"type": "session.update", "event_id": "s"}', "invalid_value", "session", "s"),
+            ('{"type": "session.update", "session": "fast", "event_id": "s2"}', "invalid_value", "session", "s2"),
+            ('{"type": "input_audio_buffer.append", "event_id": "a"}', "invalid_value", "audio", "a"),
+            ('{"type": "input_audio_buffer.append", "audio": null, "event_id": "a2"}', "invalid_value", "audio", "a2"),
+        ]
+        for frame, code, param, event_id in frames:
+            await (c.ws.send_bytes(frame) if isinstance(frame, bytes) else c.ws.send_str(frame))
+            err = await _error(c)
+            assert (err["code"], err["param"], err["event_id"]) == (code, param, event_id), (frame, err)
+            await _still_usable(c)
+        # a binary frame holding a valid event is acted on like a text frame
+        await c.ws.send_bytes(b'{"type": "input_audio_buffer.clear"}')
+        assert (await c.recv())["type"] == "input_audio_buffer.cleared"
+        await c.send("conversation.item.create", item=TEXT_ITEM)
+        await c.until("conversation.item.created")
+        assert (await _respond(c))["status"] == "completed"
+        await c.ws.close()
+
+
+async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("session.update", session={"instructions": "be brief"})
+        before = (await c.until("session.updated"))[-1]["session"]
+        bad: list[tuple[dict[str, Any], str]] = [  # session fields, param
+            ({"temperature": 1e9}, "session.temperature"),
+            ({"temperature": -1}, "session.temperature"),
+            ({"max_response_output_tokens": -5}, "session.max_response_output_tokens"),
+            ({"max_response_output_tokens": 0}, "session.max_response_output_tokens"),
+            ({"max_response_output_tokens": 10**30}, "session.max_response_output_tokens"),
+            ({"max_output_tokens": 2**63}, "session.max_output_tokens"),
+            ({"max_response_output_tokens": "lots"}, "session.max_response_output_tokens"),
+            ({"modalities": ["video"]}, "session.modalities[0]"),
+            ({"voice": 5}, "session.voice"),
+            ({"tools": "all"}, "session.tools"),
+            ({"output_audio_format": "mp3"}, "session.output_audio_format"),
+            ({"turn_detection": {"type": "push_to_talk"}}, "session.turn_detection.type"),
+            ({"turn_detection": {"threshold": 1.5}}, "session.turn_detection.threshold"),
+            ({"turn_detection": {"silence_duration_ms": -1}}, "session.turn_detection.silence_duration_ms"),
+            ({"type": "transcription"}, "session.type"),
+            ({"audio": {"input": {"format": {"type": "audio/wav"}}}}, "session.audio.input.format.type"),
+            ({"audio": {"output": {"format": "opus"}}}, "session.audio.output.format"),
+            # one good field does not slip through beside a bad one
+            ({"instructions": "changed", "temperature": 9.0}, "session.temperature"),
+        ]
+        for i, (fields, param) in enumerate(bad):
+            await c.send("session.update", session=fields, event_id=f"bad{i}")
+            err = await _error(c)
+            assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", param, f"bad{i}"), (fields, err)
+        await c.send("session.update", session={"voice": "echo"})
+        after = (await c.until("session.updated"))[-1]["session"]
+        assert after == {**before, "voice": "echo"}
+        assert after["temperature"] == 0.8 and after["max_response_output_tokens"] == "inf"
+        await c.send("conversation.item.create", item=TEXT_ITEM)
+        await c.until("conversation.item.created")
+        done = await _respond(c)
+        assert done["status"] == "completed" and done["voice"] == "echo"
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
+
+
+async def test_response_create_with_bad_values_starts_nothing(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("conversation.item.create", item=TEXT_ITEM)
+        await c.until("conversation.item.created")
+        total = srv.orch.statistics().requests_total
+        bad: list[tuple[dict[str, Any], str]] = [  # response fields, param
+            ({"max_output_tokens": 10**30}, "response.max_output_tokens"),
+            ({"max_response_output_tokens": 2**64}, "response.max_response_output_tokens"),
+            ({"max_output_tokens": 0}, "response.max_output_tokens"),
+            ({"max_output_tokens": -3}, "response.max_output_tokens"),
+            ({"temperature": 1e9}, "response.temperature"),
+            ({"output_audio_format": "mp3"}, "response.output_audio_format"),
+            ({"conversation": "elsewhere"}, "response.conversation"),
+            ({"modalities": ["image"]}, "response.modalities[0]"),
+            ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_video"}]}]},
+             "item.content[0].type"),
+        ]
+        for i, (fields, param) in enumerate(bad):
+            await c.send("response.create", response=fields, event_id=f"bad{i}")
+            err = await _error(c)
+            assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", param, f"bad{i}"), (fields, err)
+        assert srv.orch.statistics().requests_total == total  # none reached the pipeline
+        done = await _respond(c, max_output_tokens=3, output_audio_format="g711_ulaw")
+        assert done["status"] == "incomplete" and done["output_audio_format"] == "g711_ulaw"
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
+
+
+async def test_input_audio_buffer_mistakes(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        eid = await c.send("input_audio_buffer.commit")  # nothing appended yet
+        err = await _error(c)
+        assert (err["code"], err["event_id"]) == ("input_audio_buffer_commit_empty", eid)
+        for audio in ("AAA", "AA=A", "data:audio/wav;base64,AAAA", base64.b64encode(b"\x00" * 3).decode()):
+            eid = await c.send("input_audio_buffer.append", audio=audio)
+            err = await _error(c)
+            assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", "audio", eid), (audio, err)
+        await c.send("input_audio_buffer.append", audio=b64(silence(0.05)))
+        eid = await c.send("input_audio_buffer.commit")  # 50 ms is too short ...
+        err = await _error(c)
+        assert (err["code"], err["event_id"]) == ("input_audio_buffer_commit_empty", eid)
+        assert "need 100 ms" in err["message"]
+        await c.send("input_audio_buffer.append", audio=b64(silence(0.1)))
+        await c.send("input_audio_buffer.commit")  # ... and is kept: 150 ms commit
+        item_id = (await c.until("input_audio_buffer.committed"))[-1]["item_id"]
+        await c.send("conversation.item.retrieve", item_id=item_id)
+        item = (await c.until("conversation.item.retrieved"))[-1]["item"]
+        held_s = len(base64.b64decode(item["content"][0]["audio"])) / 2 / 24_000
+        assert abs(held_s - 0.15) < 0.005, held_s
+        await c.ws.close()
+
+
+async def test_cancel_mistakes_leave_the_response_running(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        eid = await c.send("response.cancel", response_id="resp_nope")
+        err = await _error(c)
+        assert (err["code"], err["param"], err["event_id"]) == ("response_cancel_not_active", "response_id", eid)
+        await c.send("conversation.item.create", item=TEXT_ITEM)
+        await c.until("conversation.item.created")
+        await c.send("response.create")
+        created = (await c.until("response.created"))[-1]["response"]
+        await c.send("response.cancel", response_id="resp_other", event_id="wrong-id")
+        await c.send("response.create", event_id="second")
+        events = await c.until("response.done")
+        errors = {e["error"]["event_id"]: e["error"]["code"] for e in of_type(events, "error")}
+        assert errors == {"wrong-id": "response_cancel_not_active",
+                          "second": "conversation_already_has_active_response"}
+        done = events[-1]["response"]
+        assert done["id"] == created["id"] and done["status"] == "completed"
+        await c.send("response.cancel")  # finished: nothing left to cancel
+        assert (await c.until("error"))[-1]["error"]["code"] == "response_cancel_not_active"
+        assert (await _respond(c))["status"] == "completed"
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
