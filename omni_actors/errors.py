@@ -10,6 +10,7 @@
         ├── RequestTimeout       the request deadline passed (HTTP 504)
         ├── WorkerDied           a worker serving it died (HTTP 503)
         └── StageFailed          a stage engine raised for this request (HTTP 500)
+            └── RequestRejected  a stage refused the request's inputs or parameters (HTTP 400)
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class StageFailed(RequestError):
         super().__init__(f"stage {stage_id} failed: {detail}")
         self.stage_id = stage_id
         self.detail = detail
+
+
+class RequestRejected(StageFailed):
+    """A stage refused this request's inputs or parameters: the caller's to fix, not the engine's."""
 
 
 class StartupError(OmniError):

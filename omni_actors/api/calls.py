@@ -73,6 +73,7 @@ class PipelineCall:
         self.request_id = request_id or new_request_id()
         self.timing = Timing(request.app[METRICS_KEY], route)
         self.stream: RequestStream | None = None
+        self._first: StageChunk | None = None
 
     def _spec(self) -> RequestSpec:
         pipe = self.orch.pipeline
@@ -93,11 +94,23 @@ class PipelineCall:
             if exc_type is None and self.stream.terminal is None:
                 self.timing.done()
 
+    async def started(self) -> None:
+        """Wait for the first output before a streamed response sends its headers, so that an
+        early end (a stage refusing the request, a dead worker, the deadline) is still answered
+        with its own HTTP status. Iteration yields that first output again."""
+        try:
+            self._first = await self.__anext__()
+        except StopAsyncIteration:
+            pass
+
     def __aiter__(self) -> PipelineCall:
         return self
 
     async def __anext__(self) -> StageChunk:
         assert self.stream is not None
+        if self._first is not None:
+            chunk, self._first = self._first, None
+            return chunk
         chunk = await self.stream.__anext__()  # raises the run's RequestError once
         self.timing.saw(chunk.output_type)
         return chunk

@@ -177,6 +177,7 @@ async def _stream(request: web.Request, call: PipelineCall, cid: str, model: str
         return ChatCompletionChunk(id=cid, created=created, model=model,
                                    choices=[ChunkChoice(0, delta, finish)])
 
+    await call.started()  # an error before the first output keeps its HTTP status
     async with SSEWriter(request) as sse:
         await sse.send(chunk_event(Delta(role="assistant", content="")))
         try:

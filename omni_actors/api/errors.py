@@ -5,7 +5,8 @@ Every error the API returns has the body
     {"error": {"message": str, "type": str, "param": str | null, "code": str | null}}
 
     400  invalid_request_error   bad JSON, wrong type, unknown field, value out of range
-                                 (`param` names the field), a modality the pipeline lacks
+                                 (`param` names the field), a modality the pipeline lacks,
+                                 inputs or parameters a stage refused (RequestRejected)
     401  authentication_error    missing or wrong API key (when keys are configured)
     404  invalid_request_error   unknown route or model (`code` "model_not_found")
     405  invalid_request_error   wrong method for a route
@@ -33,6 +34,7 @@ from omni_actors.errors import (
     AdmissionError,
     OmniError,
     RequestAborted,
+    RequestRejected,
     RequestTimeout,
     StageFailed,
     StageUnavailable,
@@ -131,6 +133,8 @@ def from_exception(exc: BaseException) -> ApiError:
             return ApiError(504, f"request timed out: {exc}", None, "request_timeout")
         case RequestAborted():
             return ApiError(503, f"request aborted: {exc}", None, "request_aborted")
+        case RequestRejected():
+            return ApiError(400, f"invalid request: {exc}", None, "rejected_by_stage")
         case StageFailed():
             return ApiError(500, f"generation failed: {exc}", None, "stage_failed")
         case msgspec.ValidationError() | msgspec.DecodeError():

@@ -118,6 +118,7 @@ async def _chunked(request: web.Request, call: PipelineCall, fmt: str) -> web.St
 async def _sse(request: web.Request, call: PipelineCall, req: SpeechRequest) -> web.StreamResponse:
     encoder: StreamEncoder | None = None
     chunks = 0
+    await call.started()  # an error before the first output keeps its HTTP status
     async with SSEWriter(request) as sse:
         try:
             async for chunk in call:

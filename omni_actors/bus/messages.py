@@ -78,6 +78,8 @@ class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc
     payload: Payload
     finished: bool = False
     error: str | None = None
+    rejected: bool = False
+    """With `error`: the stage refused the request's inputs or parameters (the caller's fault)."""
 
 
 class Release(msgspec.Struct, tag=5, array_like=True, gc=False):

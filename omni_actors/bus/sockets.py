@@ -44,13 +44,18 @@ class RuntimeDir:
 
 
 class AsyncRouter:
-    """ROUTER socket driven by the event loop; `on_message(identity, msg)` per message."""
+    """ROUTER socket driven by the event loop; `on_message(identity, msg)` per message.
+
+    A message that cannot be encoded (a value msgspec refuses) is handed to
+    `on_unsendable(identity, msg, error)` and the rest of its frame still goes out.
+    """
 
     def __init__(
         self,
         ctx: zmq.Context,
         endpoint: str,
         on_message: Callable[[bytes, m.Message], None],
+        on_unsendable: Callable[[bytes, m.Message, Exception], None] | None = None,
     ) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -68,6 +73,7 @@ class AsyncRouter:
             self.sock.bind(endpoint)
         self.endpoint = endpoint
         self._on_message = on_message
+        self._on_unsendable = on_unsendable
         self._outbox: dict[bytes, list[m.Message]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -119,7 +125,13 @@ class AsyncRouter:
         outbox, self._outbox = self._outbox, {}
         for identity, msgs in outbox.items():
             try:
-                self.sock.send_multipart([identity, m.encode_many(msgs)], _NOBLOCK)
+                frame = m.encode_many(msgs)
+            except Exception:
+                frame = self._encode_sendable(identity, msgs)
+                if frame is None:
+                    continue
+            try:
+                self.sock.send_multipart([identity, frame], _NOBLOCK)
             except zmq.ZMQError:
                 continue  # the peer is gone (ROUTER_MANDATORY); its death is handled elsewhere
             self.frames_out += 1
@@ -127,6 +139,19 @@ class AsyncRouter:
         # Edge-triggered fd: a send may have consumed the readiness edge.
         if self._loop is not None and self.sock.getsockopt(_EVENTS) & _POLLIN:
             self._loop.call_soon(self._on_readable)
+
+    def _encode_sendable(self, identity: bytes, msgs: list[m.Message]) -> bytes | None:
+        """The frame of `msgs` less those that cannot be encoded (each reported); None if none can."""
+        good = []
+        for msg in msgs:
+            try:
+                m.encode_many([msg])
+            except Exception as err:
+                if self._on_unsendable is not None:
+                    self._on_unsendable(identity, msg, err)
+                continue
+            good.append(msg)
+        return m.encode_many(good) if good else None
 
     def close(self) -> None:
         if self._loop is not None:

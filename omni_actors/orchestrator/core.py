@@ -33,6 +33,7 @@ from omni_actors.errors import (
     AdmissionError,
     RequestAborted,
     RequestError,
+    RequestRejected,
     RequestTimeout,
     StageFailed,
     StageUnavailable,
@@ -110,7 +111,7 @@ class Orchestrator:
         self.runtime = RuntimeDir()
         self._zmq = zmq.Context(1)
         endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
-        self.router = AsyncRouter(self._zmq, endpoint, self._on_message)
+        self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)
         self.router.start()
         launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
         try:
@@ -327,6 +328,16 @@ class Orchestrator:
             case _:
                 log.warning("orchestrator.unexpected_message", type=type(msg).__name__)
 
+    def _on_unsendable(self, identity: bytes, msg: m.Message, err: Exception) -> None:
+        """A request's message holds a value the bus cannot carry: that request fails, no other."""
+        h = self.supervisor.by_identity.get(identity)
+        rid = getattr(msg, "request_id", None)
+        log.error("bus.unsendable", type=type(msg).__name__, request_id=rid, error=repr(err))
+        run = self.runs.get(rid) if isinstance(rid, str) else None
+        if run is not None:
+            stage_id = h.stage_id if h is not None else -1
+            self._end(run, RequestRejected(stage_id, f"a request value cannot be sent to the stage: {err}"))
+
     def _on_output(self, h: WorkerHandle, out: m.StageOutput) -> None:
         run = self.runs.get(out.request_id)
         sid = out.stage_id
@@ -335,7 +346,7 @@ class Orchestrator:
             return
         if out.error is not None:
             self._free_payload(out.payload)
-            self._end(run, StageFailed(sid, out.error))
+            self._end(run, (RequestRejected if out.rejected else StageFailed)(sid, out.error))
             return
         payload = out.payload
         consumers = run.consumers[sid]

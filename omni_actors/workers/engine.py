@@ -57,6 +57,9 @@ class EngineOutput:
     payload: dict[str, Any]
     finished: bool = False
     error: str | None = None
+    rejected: bool = False
+    """With `error`: the request asked for what the engine cannot do (e.g. more context than it
+    holds), so the caller gets a 400 rather than a 500."""
 
 
 class StageEngine(abc.ABC):

@@ -106,16 +106,20 @@ class WorkerLoop:
                 log.warning("worker.unexpected_message", type=type(msg).__name__)
 
     def _guard(self, rid: str, fn: Any, msg: Any) -> None:
-        """Run a handler; an exception fails that request only."""
+        """Run a handler; an exception fails that request only.
+
+        Engines validate a request's inputs and parameters as they take it and raise ValueError
+        for what they refuse: that is the caller's fault (`rejected`), any other error is ours.
+        """
         try:
             fn(msg)
         except Exception as err:
             log.warning("worker.request_failed", request_id=rid, error=repr(err))
             if self.requests.pop(rid, None) is not None:
                 self.engine.abort(rid)
-            self._out.append(
-                m.StageOutput(rid, self.stage.stage_id, m.Payload(), True, _describe(err))
-            )
+            self._out.append(m.StageOutput(
+                rid, self.stage.stage_id, m.Payload(), True, _describe(err), isinstance(err, ValueError)
+            ))
 
     def _add(self, msg: m.AddRequest) -> None:
         rid = msg.request_id
@@ -173,9 +177,10 @@ class WorkerLoop:
             payload, out.error, out.finished = m.Payload(), _describe(err), True
             self.requests.pop(out.request_id, None)
             self.engine.abort(out.request_id)
-        self._out.append(
-            m.StageOutput(out.request_id, self.stage.stage_id, payload, out.finished or bool(out.error), out.error)
-        )
+        self._out.append(m.StageOutput(
+            out.request_id, self.stage.stage_id, payload, out.finished or bool(out.error), out.error,
+            out.rejected and bool(out.error),
+        ))
 
 
 def _describe(err: BaseException) -> str:

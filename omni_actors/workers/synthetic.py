@@ -8,6 +8,8 @@ Behaviour is set by the deploy's `engine_extras` (and a few request params):
     payload_bytes   an extra uint8 array "blob" of this size in every chunk
     samples         audio samples per chunk; sample_rate (24000)
     fail_on_chunk   fail each request when it reaches this chunk (-1: never)
+    max_chunks      the most outputs a request may ask for (100000), like a model's context:
+                    more is refused at add (ValueError), as vLLM refuses max_tokens past it
 
 Request params: `chunks` / `max_tokens` override `chunks`; `fail: true` fails at
 add; images take `n`, `width`, `height`, `seed`, `num_inference_steps`.
@@ -62,6 +64,7 @@ class SyntheticEngine(StageEngine):
         self.samples = int(x.get("samples", 2400))
         self.sample_rate = int(x.get("sample_rate", 24000))
         self.fail_on_chunk = int(x.get("fail_on_chunk", -1))
+        self.max_chunks = int(x.get("max_chunks", 100_000))
         if x.get("fail_start"):
             raise RuntimeError("synthetic engine configured to fail at start")
         self.reqs: dict[str, _Req] = {}
@@ -79,6 +82,8 @@ class SyntheticEngine(StageEngine):
             n = int(params.get("num_inference_steps") or params.get("chunks") or params.get("max_tokens") or self.chunks)
             if self.kind != "image":
                 n = min(n, int(params.get("max_tokens") or n))
+            if n > self.max_chunks:
+                raise ValueError(f"this stage produces at most {self.max_chunks} outputs a request; {n} asked")
             req.units.extend([req.text] * n)
             req.total = n
         self.reqs[request_id] = req

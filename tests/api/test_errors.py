@@ -13,12 +13,14 @@ from tests.conftest import shm_files
 
 CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "a b c"}]
+MAX_CHUNKS = 6000
 
 
 @pytest.fixture(scope="module")
 async def srv():
     stages = [
-        {"stage_id": 0, "engine_extras": {"chunks": 400, "step_delay_ms": 5}},  # speech runs ~2 s
+        # speech runs ~2 s; like a model's context, more than MAX_CHUNKS tokens are refused at add
+        {"stage_id": 0, "engine_extras": {"chunks": 400, "step_delay_ms": 5, "max_chunks": MAX_CHUNKS}},
         {"stage_id": 1, "engine_extras": {"payload_bytes": 1 << 17}},  # leases in flight when aborted
         {"stage_id": 2},
     ]
@@ -170,3 +172,15 @@ async def test_disconnect_mid_chunked_speech_aborts(srv: Server) -> None:
     await session.close()
     await eventually(lambda: srv.orch.statistics().requests_in_flight == 0, 0.5)
     await _leak_free(srv)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_the_stage_refuses_is_a_400_even_when_streamed(srv: Server, stream: bool) -> None:
+    body = {"model": "synthetic", "messages": MSG, "max_tokens": MAX_CHUNKS + 1, "stream": stream}
+    status, out = await post(srv, CHAT, body)
+    assert status == 400, out  # not a 500, and no 200 stream carrying the error
+    err = _error(out, 400, "invalid_request_error")
+    assert err["code"] == "rejected_by_stage" and f"at most {MAX_CHUNKS}" in err["message"]
+    await _leak_free(srv)
+    status, out = await post(srv, CHAT, {"model": "synthetic", "messages": MSG, "max_tokens": 2, "stream": stream})
+    assert status == 200

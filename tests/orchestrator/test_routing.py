@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from omni_actors.errors import AdmissionError, StageFailed, StartupError
+from omni_actors.errors import AdmissionError, RequestRejected, StageFailed, StartupError
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
 from tests.conftest import make_deploy, running
@@ -93,12 +93,29 @@ async def test_admission_limit_is_a_distinct_error() -> None:
 
 
 async def test_engine_error_fails_only_that_request() -> None:
-    async with running(make_deploy()) as orch:
-        with pytest.raises(StageFailed, match="synthetic failure requested"):
+    async with running(make_deploy(stages=[{"stage_id": 2, "engine_extras": {"fail_on_chunk": 1}}])) as orch:
+        # Refused at add (the engine's ValueError): the caller's fault.
+        with pytest.raises(RequestRejected, match="synthetic failure requested") as refused:
             await orch.submit(RequestSpec(inputs={"prompt": "x"}, stage_params={1: {"fail": True}})).collect()
-        ok = await orch.submit(RequestSpec(inputs={"prompt": "fine"})).collect()
+        assert refused.value.stage_id == 1
+        # Failed while running: the engine's fault, not a rejection.
+        with pytest.raises(StageFailed, match="synthetic failure at chunk") as failed:
+            await orch.submit(RequestSpec(inputs={"prompt": "y"})).collect()
+        assert not isinstance(failed.value, RequestRejected) and failed.value.stage_id == 2
+        ok = await orch.submit(RequestSpec(inputs={"prompt": "fine"}, stages=(0, 1))).collect()
         assert texts(ok, 0).startswith("fine")
-        assert orch.statistics().requests_failed == 1
+        assert orch.statistics().requests_failed == 2
+
+
+async def test_a_value_the_bus_cannot_carry_fails_only_its_request() -> None:
+    async with running(make_deploy("synthetic_text")) as orch:
+        # Submitted in one loop turn, both AddRequests share one frame to the stage.
+        bad = orch.submit(RequestSpec(inputs={"prompt": "x"}, params={"seed": 2**70}))
+        good = orch.submit(RequestSpec(inputs={"prompt": "fine"}))
+        with pytest.raises(RequestRejected, match="cannot be sent"):
+            await bad.collect()
+        assert texts(await good.collect(), 0).startswith("fine")
+        assert orch.statistics().requests_in_flight == 0
 
 
 async def test_stage_subset_runs_only_selected_stages() -> None:

@@ -120,6 +120,14 @@ def test_request_past_max_len_fails_alone(llama_dir, kv_cache):
     assert ids["r2"] == alone["r0"]
 
 
+def test_a_prompt_past_max_len_is_refused_as_the_callers_fault(llama_dir):
+    engine = HfAREngine(_ctx(llama_dir, max_model_len=16))
+    engine.add("long", {"prompt": " ".join(["word"] * 40)}, {"max_tokens": 2})
+    (out,) = engine.step()
+    assert out.error.startswith("ContextLengthExceeded") and out.rejected  # a 400, not a 500
+    assert not engine.seqs
+
+
 def test_bad_kv_cache_setting_is_a_clear_error(llama_dir):
     with pytest.raises(ValueError, match="kv_cache"):
         HfAREngine(_ctx(llama_dir, kv_cache="paged"))

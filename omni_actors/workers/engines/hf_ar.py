@@ -171,7 +171,8 @@ class HfAREngine(StageEngine):
 
     def _failed(self, seq: ARSeq, err: Exception) -> EngineOutput:
         self._drop(seq)
-        return EngineOutput(seq.request_id, {}, True, f"{type(err).__name__}: {err}")
+        rejected = isinstance(err, ContextLengthExceeded)
+        return EngineOutput(seq.request_id, {}, True, f"{type(err).__name__}: {err}", rejected)
 
     def _prefill_all(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         """Prompts of new requests: plain-embedding prompts in one left-padded forward when the
