@@ -143,6 +143,7 @@ async def test_realtime_spoken_turn(srv: Server, question_wav: bytes) -> None:
     wave, rate = read_wav(question_wav)
     wire = resample(wave, rate, WIRE_RATE)
     audio, transcript, user_transcript, types = b"", "", "", []
+    heard_deltas: list[str] = []
     async with client(srv).beta.realtime.connect(model="assistant") as conn:
         await conn.session.update(session={
             "modalities": ["text", "audio"], "turn_detection": None, "temperature": 0.0,  # greedy
@@ -160,8 +161,11 @@ async def test_realtime_spoken_turn(srv: Server, question_wav: bytes) -> None:
                 audio += base64.b64decode(event.delta)
             elif event.type == "response.audio_transcript.done":
                 transcript = event.transcript
+            elif event.type == "conversation.item.input_audio_transcription.delta":
+                heard_deltas.append(event.delta)
             elif event.type == "conversation.item.input_audio_transcription.completed":
                 user_transcript = event.transcript
+                assert "".join(heard_deltas) == user_transcript  # the deltas came first and add up
             elif event.type == "error":
                 pytest.fail(f"realtime error: {event.error}")
             elif event.type == "response.done":
@@ -170,7 +174,7 @@ async def test_realtime_spoken_turn(srv: Server, question_wav: bytes) -> None:
                 reason = event.response.status_details.reason if event.response.status_details else None
                 assert status == "completed" or (status, reason) == ("incomplete", "max_output_tokens"), status
                 break
-    assert normalize(user_transcript) == normalize(QUESTION)
+    assert normalize(user_transcript) == normalize(QUESTION) and heard_deltas
     assert "paris" in normalize(transcript), transcript
     assert types.count("response.audio.delta") >= 2
     assert len(audio) / 2 / WIRE_RATE > 0.5

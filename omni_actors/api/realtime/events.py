@@ -308,6 +308,13 @@ class ItemDeleted(ServerEvent, kw_only=True):
     item_id: str
 
 
+class TranscriptionDelta(ServerEvent, kw_only=True):
+    NAME = "conversation.item.input_audio_transcription.delta"
+    item_id: str
+    content_index: int
+    delta: str
+
+
 class TranscriptionCompleted(ServerEvent, kw_only=True):
     NAME = "conversation.item.input_audio_transcription.completed"
     item_id: str

@@ -183,6 +183,7 @@ class ResponseRun:
     cancel_reason: str | None = None
     _resampler: Resampler | None = None
     _user_transcript: str = ""
+    _transcript_sent: int = 0  # characters of the stripped transcript sent as deltas
     _submitted_at: float = 0.0
     first_audio_ms: float | None = None
     """Submit to first audio chunk out of the orchestrator: the pipeline's share of first-audio latency."""
@@ -333,16 +334,26 @@ class ResponseRun:
         await self.host.send(self._part_event(ev.AudioDelta, delta=encode_wire(out, fmt)))
 
     async def _on_user_transcript(self, item: Item | None, text: str, finished: bool) -> None:
+        """The user's audio as the pipeline heard it: deltas as they come, then the whole.
+
+        The deltas add up to the completed transcript exactly: it is stripped, so trailing
+        whitespace waits until more text follows it."""
         self._user_transcript += text
-        if item is None or not finished:
+        if item is None:
             return
-        for i, p in enumerate(item.content):
-            if p.type == "input_audio":
-                p.transcript = self._user_transcript.strip()
-                if self.host.cfg.input_audio_transcription is not None:
-                    await self.host.send(ev.TranscriptionCompleted(
-                        item_id=item.id, content_index=i, transcript=p.transcript))
-                return
+        index = next((i for i, p in enumerate(item.content) if p.type == "input_audio"), None)
+        if index is None:
+            return
+        wanted = self.host.cfg.input_audio_transcription is not None
+        transcript = self._user_transcript.strip()
+        delta, self._transcript_sent = transcript[self._transcript_sent:], len(transcript)
+        if wanted and delta:
+            await self.host.send(ev.TranscriptionDelta(item_id=item.id, content_index=index, delta=delta))
+        if finished:
+            item.content[index].transcript = transcript
+            if wanted:
+                await self.host.send(ev.TranscriptionCompleted(
+                    item_id=item.id, content_index=index, transcript=transcript))
 
     def _count_input(self, spec: RequestSpec) -> None:
         for m in spec.inputs["messages"]:
