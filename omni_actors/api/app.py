@@ -62,7 +62,7 @@ def build_app(orch: Orchestrator) -> web.Application:
             metrics_middleware,
             error_middleware,
             auth_middleware(list(server.api_keys)),
-            body_limit_middleware(max_bytes),
+            body_limit_middleware(max_bytes, server.body_timeout_s),
         ],
     )
     app[ORCH_KEY] = orch

@@ -10,6 +10,7 @@ Every error the API returns has the body
     401  authentication_error    missing or wrong API key (when keys are configured)
     404  invalid_request_error   unknown route or model (`code` "model_not_found")
     405  invalid_request_error   wrong method for a route
+    408  invalid_request_error   body not received within `server.body_timeout_s`
     413  invalid_request_error   body over `server.max_body_mb`
     415  invalid_request_error   a declared Content-Type other than JSON
     429  rate_limit_error        a stage queue is full (AdmissionError)
@@ -52,6 +53,7 @@ _TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",

@@ -7,10 +7,13 @@
 - Body size: a declared `Content-Length` over `server.max_body_mb` is refused
   with 413 before a byte of the body is read; a chunked body is cut off by
   aiohttp's `client_max_size` (the same limit) while reading, also 413.
+- Body time: the whole body must arrive within `server.body_timeout_s`, else
+  408 and the connection is closed (a stalled or short body holds no handler).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from aiohttp import web
@@ -57,13 +60,21 @@ def auth_middleware(api_keys: list[str]):
     return check_key
 
 
-def body_limit_middleware(max_bytes: int):
+def body_limit_middleware(max_bytes: int, timeout_s: float):
     @web.middleware
-    async def check_length(request: web.Request, handler) -> web.StreamResponse:
+    async def check_body(request: web.Request, handler) -> web.StreamResponse:
         length = request.content_length
         if length is not None and length > max_bytes:
             raise ApiError(413, f"request body of {length} bytes is over the limit of {max_bytes} bytes",
                            None, "body_too_large")
+        if request.body_exists:
+            try:  # read (and keep) the body now, within the time limit; handlers read it again
+                await asyncio.wait_for(request.read(), timeout_s)
+            except TimeoutError:
+                raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", None,
+                               "body_timeout", close=True) from None
+            except web.RequestPayloadError:
+                pass  # an undecodable body: the handler's own read reports it (400)
         return await handler(request)
 
-    return check_length
+    return check_body

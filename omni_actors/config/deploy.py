@@ -28,6 +28,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     api_keys: list[str] = []
     served_model_name: str | None = None
     max_body_mb: float = 32.0
+    body_timeout_s: float = 30.0
+    """Longest wait for a request's body; a client slower than that (or one that declares more
+    bytes than it sends) gets a 408 and the connection is closed."""
     request_timeout_s: float = 600.0
     max_realtime_sessions: int = 16
     realtime_idle_timeout_s: float = 300.0

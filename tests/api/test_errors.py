@@ -184,3 +184,20 @@ async def test_a_request_the_stage_refuses_is_a_400_even_when_streamed(srv: Serv
     await _leak_free(srv)
     status, out = await post(srv, CHAT, {"model": "synthetic", "messages": MSG, "max_tokens": 2, "stream": stream})
     assert status == 200
+
+
+async def test_a_body_that_never_arrives_is_a_408_not_a_held_handler() -> None:
+    async with serve("synthetic", server={"body_timeout_s": 0.5}) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(s.url.rsplit(":", 1)[1]))
+        head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {s.key}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
+        writer.write(head.encode())  # 100 bytes declared, 8 sent
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        body = await asyncio.wait_for(reader.readexactly(length), 10.0)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in head, head
+        assert b'"code":"body_timeout"' in body
+        status, _ = await post(s, CHAT, {"model": "synthetic", "messages": MSG, "max_tokens": 1})
+        assert status == 200
