@@ -185,6 +185,7 @@ class ResponseRun:
     _user_transcript: str = ""
     _transcript_sent: int = 0  # characters of the stripped transcript sent as deltas
     _submitted_at: float = 0.0
+    _done_sent: bool = False
     first_audio_ms: float | None = None
     """Submit to first audio chunk out of the orchestrator: the pipeline's share of first-audio latency."""
 
@@ -230,7 +231,7 @@ class ResponseRun:
             raise  # the client is gone: nobody to tell
         except Exception as err:  # this response's boundary: report it, keep the session
             log.exception("realtime.response_error", response_id=self.id, error=type(err).__name__)
-            if self.status == "in_progress":
+            if not self._done_sent:
                 await self._finish("failed", failed("internal_error", type(err).__name__))
         finally:
             if self.stream is not None and not self.stream.ended:
@@ -364,25 +365,39 @@ class ResponseRun:
                 samples = sum(len(spec.inputs[p["array"]]) for p in content if "array" in p)
                 self.usage.input_audio += samples * AUDIO_TOKENS_PER_S // VAD_RATE
 
+    async def _close_item(self, status: str) -> None:
+        h = self.host
+        assert self.item is not None
+        part = self.item.content[0]
+        if part.type == "audio":
+            if status != "cancelled" and self._resampler is not None:
+                await self._send_audio(part, self._resampler.flush())
+            self.usage.output_audio = part.audio_ms * AUDIO_TOKENS_PER_S // 1000
+            await h.send(self._part_event(ev.AudioDone))
+            await h.send(self._part_event(ev.TranscriptDone, transcript=part.transcript or ""))
+        else:
+            await h.send(self._part_event(ev.TextDone, text=part.text or ""))
+        await h.send(self._part_event(ev.ContentPartDone, part=render_part(part, h.dialect)))
+        self.item.status = "completed" if status == "completed" else "incomplete"
+        rendered = render_item(self.item, h.dialect)
+        await h.send(ev.OutputItemDone(response_id=self.id, output_index=0, item=rendered))
+        if h.dialect == "ga" and self.opts.in_conversation:
+            await h.send(ev.ItemDone(previous_item_id=None, item=rendered))
+
     async def _finish(self, status: str, details: dict[str, Any] | None) -> None:
+        """Close the output item, then send response.done: always, once, even if closing failed."""
         h = self.host
         self.status, self.details = status, details
-        if self.item is not None:
-            part = self.item.content[0]
-            if part.type == "audio":
-                if status != "cancelled" and self._resampler is not None:
-                    await self._send_audio(part, self._resampler.flush())
-                self.usage.output_audio = part.audio_ms * AUDIO_TOKENS_PER_S // 1000
-                await h.send(self._part_event(ev.AudioDone))
-                await h.send(self._part_event(ev.TranscriptDone, transcript=part.transcript or ""))
-            else:
-                await h.send(self._part_event(ev.TextDone, text=part.text or ""))
-            await h.send(self._part_event(ev.ContentPartDone, part=render_part(part, h.dialect)))
-            self.item.status = "completed" if status == "completed" else "incomplete"
-            rendered = render_item(self.item, h.dialect)
-            await h.send(ev.OutputItemDone(response_id=self.id, output_index=0, item=rendered))
-            if h.dialect == "ga" and self.opts.in_conversation:
-                await h.send(ev.ItemDone(previous_item_id=None, item=rendered))
+        if self.item is not None and self.item.status == "in_progress":
+            try:
+                await self._close_item(status)
+            except ConnectionError:
+                raise
+            except Exception as err:
+                log.exception("realtime.response_error", response_id=self.id, error=type(err).__name__)
+                self.status, self.details = "failed", failed("internal_error", type(err).__name__)
+                self.item.status = "incomplete"
+        self._done_sent = True
         await h.send(ev.ResponseDone(response=self.render()))
         await h.send(ev.RateLimitsUpdated(rate_limits=rate_limits(h.orch)))
         first = None if self.first_audio_ms is None else round(self.first_audio_ms, 2)
