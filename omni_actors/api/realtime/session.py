@@ -20,6 +20,8 @@ from omni_actors.api.realtime.audio import FORMATS, WIRE_RATE, decode_wire, pcm1
 from omni_actors.api.realtime.vad import VAD_RATE, VadParams
 
 VAD_TYPES = ("server_vad", "semantic_vad")
+MAX_VAD_DURATION_MS = 10_000
+"""Longest prefix padding or closing silence a session may ask of the VAD."""
 """semantic_vad is accepted and served by the same silero detector."""
 GA_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
 BETA_TO_GA_FORMAT = {v: k for k, v in GA_FORMATS.items()}
@@ -91,8 +93,9 @@ def _turn_detection(td: ev.TurnDetectionIn | None, old: TurnDetection | None, pa
         if getattr(td, k) is not None})
     if not 0.0 <= out.threshold <= 1.0:
         raise ev.BadEvent("threshold must be between 0 and 1", param=f"{param}.threshold")
-    if out.prefix_padding_ms < 0 or out.silence_duration_ms < 0:
-        raise ev.BadEvent("durations must not be negative", param=f"{param}.silence_duration_ms")
+    for key in ("prefix_padding_ms", "silence_duration_ms"):
+        if not 0 <= getattr(out, key) <= MAX_VAD_DURATION_MS:
+            raise ev.BadEvent(f"{key} must be between 0 and {MAX_VAD_DURATION_MS}", param=f"{param}.{key}")
     return out
 
 
@@ -113,6 +116,8 @@ def apply_update(cfg: SessionConfig, s: ev.SessionIn) -> tuple[SessionConfig, ev
             new[key] = getattr(s, key)
     for key in ("modalities", "output_modalities"):
         if getattr(s, key) is not UNSET:
+            if not getattr(s, key):
+                raise ev.BadEvent(f"{key} must name at least one of 'text', 'audio'", param=f"session.{key}")
             new["modalities"] = tuple(dict.fromkeys(getattr(s, key)))
     if s.tools is not UNSET:
         new["tools"] = tuple(s.tools)
