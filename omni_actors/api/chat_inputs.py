@@ -38,6 +38,10 @@ from omni_actors.api.audio_codec import decode_audio
 from omni_actors.api.errors import bad_request
 from omni_actors.api.schemas import ChatMessage, ImageUrlPart, InputAudioPart, TextPart
 
+MAX_IMAGE_PIXELS = 40_000_000
+"""Largest input image (width x height) decoded; past it a 400 before any pixel is decoded
+(a 40 MP image is already 120 MB as RGB; vision encoders resize far below that)."""
+
 
 def _b64(data: str, param: str) -> bytes:
     try:
@@ -59,8 +63,15 @@ def decode_data_url(url: str, param: str) -> np.ndarray:
     raw = _b64(data, param)
     try:
         with Image.open(io.BytesIO(raw)) as img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise bad_request(f"image of {width}x{height} pixels is over the limit of "
+                                  f"{MAX_IMAGE_PIXELS} pixels", param, "image_too_large")
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
+    except UnidentifiedImageError:
+        raise bad_request("cannot decode image: not a format this server reads (PNG, JPEG, WebP, GIF, ...)",
+                          param, "invalid_image") from None
+    except (OSError, Image.DecompressionBombError) as err:
         raise bad_request(f"cannot decode image: {err}", param, "invalid_image") from None
 
 

@@ -51,11 +51,12 @@ def _png(width: int = 4, height: int = 4) -> bytes:
     return buf.getvalue()
 
 
-def _bomb_png() -> bytes:
-    """A valid PNG header declaring 20000 x 20000 pixels (PIL refuses it as a decompression bomb)."""
+def _bomb_png(width: int = 20000, height: int = 20000) -> bytes:
+    """A valid PNG header declaring width x height pixels (20000 x 20000: PIL refuses it as a
+    decompression bomb; under PIL's limit the server's own pixel cap applies)."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    header = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
 
 
@@ -195,6 +196,9 @@ CASES = [
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": _image_msg(
         "data:image/png;base64," + _b64(_bomb_png()))}},
                  400, "messages[0].content[0].image_url.url", "invalid_image", id="image-decompression-bomb"),
+    pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": _image_msg(
+        "data:image/png;base64," + _b64(_bomb_png(8000, 6000)))}},
+                 400, "messages[0].content[0].image_url.url", "image_too_large", id="image-over-pixel-cap"),
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(_png()), "detail": "ultra"}}]}]}},
                  400, "messages[0].content[0].image_url.detail", "invalid_type", id="image-detail"),
