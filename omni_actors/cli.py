@@ -112,8 +112,16 @@ async def serve(deploy: DeployConfig) -> None:
              shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
     await stop.wait()
     log.info("server.stopping")
+    stop.clear()
     orch.draining = True
-    await orch.stop(drain=True)
+    stopping = asyncio.ensure_future(orch.stop(drain=True))
+    waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({stopping, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if not stopping.done():  # a second signal: end in-flight requests instead of draining them
+        log.info("server.hurrying", requests=len(orch.runs))
+        orch.abort_all()
+    waiter.cancel()
+    await stopping
     await runner.cleanup()
     log.info("server.stopped")
 

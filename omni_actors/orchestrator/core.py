@@ -139,8 +139,7 @@ class Orchestrator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), DRAIN_TIMEOUT_S)
         self._closing = True
-        for rid in list(self.runs):
-            self._end(self.runs[rid], RequestAborted("server shutting down"))
+        self.abort_all()
         await self.supervisor.stop_all(self.router)
         if self.router is not None:
             self.router.close()
@@ -151,6 +150,11 @@ class Orchestrator:
         unlink_prefix(self.run_prefix)
         if self.runtime is not None:
             self.runtime.close()
+
+    def abort_all(self) -> None:
+        """End every in-flight request now; a `stop` waiting for them to drain goes on at once."""
+        for rid in list(self.runs):
+            self._end(self.runs[rid], RequestAborted("server shutting down"))
 
     # ---- health and statistics ----------------------------------------------------
 
