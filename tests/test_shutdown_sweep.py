@@ -347,6 +347,22 @@ def test_sigkill_workers_follow_and_next_start_sweeps(tmp_path: Path, runs: list
     after.assert_clean()
 
 
+def test_a_repeated_sigterm_does_not_cut_a_workers_cleanup_short() -> None:
+    # The kernel repeats PR_SET_PDEATHSIG once per thread of a killed multi-threaded parent.
+    code = (
+        "import os, signal\n"
+        "from omni_actors.workers.main import _on_sigterm\n"
+        "signal.signal(signal.SIGTERM, _on_sigterm)\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "finally:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    print('cleanup finished')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
+    assert (done.returncode, done.stdout) == (0, "cleanup finished\n"), done.stderr
+
+
 def test_worker_failing_at_start(tmp_path: Path, runs: list[OmniRun]) -> None:
     stages = [*STAGES[:1], {**STAGES[1], "engine_extras": {"fail_start": True}}, *STAGES[2:]]
     run = OmniRun(tmp_path, stages)

@@ -39,6 +39,9 @@ def _die_with_parent() -> None:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
+    # Once: a parent dying with several threads sends the parent-death signal once per thread,
+    # and a second SystemExit would cut the cleanup short (or land in a __del__ as a traceback).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(0)
 
 
