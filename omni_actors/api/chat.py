@@ -121,6 +121,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ChatCompletionRequest)
     if req.stream_options is not None and not req.stream:
         raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise bad_request(f"response_format {req.response_format.type!r} is not supported: answers are plain "
+                          "text (response_format 'text')", "response_format.type", "unsupported_value")
     model = require_model(orch, req.model)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     require_outputs(orch, set(modalities), "modalities")

@@ -7,7 +7,7 @@ being silently ignored; ranges are `Meta` constraints, so they appear in
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from aiohttp import hdrs, web
@@ -84,6 +84,13 @@ class StreamOptions(_Req):
     include_usage: bool = False
 
 
+class ResponseFormat(_Req):
+    """Only "text" is served; the handler refuses JSON modes by name (no guided decoding here)."""
+
+    type: str
+    json_schema: dict[str, Any] | None = None
+
+
 class ChatCompletionRequest(_Req):
     model: str
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -102,6 +109,7 @@ class ChatCompletionRequest(_Req):
     n: Annotated[int, Meta(ge=1, le=1)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
     user: str | None = None
     # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
     store: bool | None = None

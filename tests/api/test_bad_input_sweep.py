@@ -21,7 +21,7 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from tests.api.conftest import Server, idle, serve
+from tests.api.conftest import Server, idle, post, serve
 
 CHAT = "/v1/chat/completions"
 SPEECH = "/v1/audio/speech"
@@ -340,3 +340,13 @@ async def test_sdk_sees_bad_streaming_requests_as_errors_before_any_chunk(srv: S
     out = await client.chat.completions.create(model="synthetic", messages=MSG, max_tokens=2)
     assert out.choices[0].message.content == "a b"
     assert idle(srv.orch)
+
+
+async def test_response_format_text_is_served_and_json_modes_are_refused_by_name(srv: Server) -> None:
+    ok = {"model": "synthetic", "messages": [{"role": "user", "content": "x y"}], "max_tokens": 2}
+    status, out = await post(srv, CHAT, {**ok, "response_format": {"type": "text"}})
+    assert status == 200 and out["choices"][0]["message"]["content"]
+    for kind in ("json_object", "json_schema"):
+        status, out = await post(srv, CHAT, {**ok, "response_format": {"type": kind}})
+        assert status == 400 and out["error"]["param"] == "response_format.type", out
+        assert "text" in out["error"]["message"]
