@@ -342,9 +342,12 @@ def test_sigkill_workers_follow_and_next_start_sweeps(tmp_path: Path, runs: list
     runs.append(after)
     after.wait_ready()
     assert segments_of(run.pid) == [], "the next start did not sweep the killed run's segments"
+    assert "runtime.swept_stale" in after.output, "the next start did not sweep the killed run's runtime dir"
     after.signal(signal.SIGTERM)
     assert after.wait() == 0, after.output
     after.assert_clean()
+    run.assert_clean()
+    assert runtime_dirs(run.runtime_parent) == set()
 
 
 def test_a_repeated_sigterm_does_not_cut_a_workers_cleanup_short() -> None:

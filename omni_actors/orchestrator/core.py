@@ -47,9 +47,11 @@ from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
     STARTUP_TIMEOUT_S,
     Supervisor,
+    claim_runtime_dir,
+    sweep_stale_runtime_dirs,
     sweep_stale_segments,
 )
-from omni_actors.settings import detect_platform
+from omni_actors.settings import SETTINGS, detect_platform
 
 log = logs.get(__name__)
 
@@ -108,7 +110,11 @@ class Orchestrator:
         swept = sweep_stale_segments()
         if swept:
             log.info("shm.swept_stale", segments=swept)
+        swept = sweep_stale_runtime_dirs(SETTINGS.runtime_parent)
+        if swept:
+            log.info("runtime.swept_stale", dirs=swept)
         self.runtime = RuntimeDir()
+        claim_runtime_dir(self.runtime.path)
         self._zmq = zmq.Context(1)
         endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
         self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from omni_actors import logs
@@ -33,6 +35,8 @@ HEARTBEAT_TIMEOUT_S = 60.0
 """A worker silent this long is presumed hung and is killed (then restarted)."""
 RESTART_BACKOFF_S = (0.0, 1.0, 5.0, 15.0)
 """Delay before restart attempts 1, 2, 3 and later ones of a worker that keeps dying."""
+RUNTIME_OWNER_FILE = "main.pid"
+"""In a run's runtime directory: its main process's pid, so a later run can remove what a killed one left."""
 
 
 class Supervisor:
@@ -243,6 +247,24 @@ def sweep_stale_segments() -> int:
         pid = path.name.split("-")[1]
         if pid.isdigit() and not pid_alive(int(pid)):
             unlink_segment(path.name)
+            count += 1
+    return count
+
+
+def claim_runtime_dir(path: Path) -> None:
+    (path / RUNTIME_OWNER_FILE).write_text(str(os.getpid()))
+
+
+def sweep_stale_runtime_dirs(parent: Path) -> int:
+    """Remove runtime directories (`omni-run-*`) of runs whose main process no longer exists."""
+    count = 0
+    for owner in parent.glob(f"omni-run-*/{RUNTIME_OWNER_FILE}"):
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        if not pid_alive(pid):
+            shutil.rmtree(owner.parent, ignore_errors=True)  # (refuses a symlink)
             count += 1
     return count
 
