@@ -58,6 +58,14 @@ class _SlowLoad:
 
 sys.meta_path.insert(0, _SlowLoad())
 '''
+STARTING_LINE = "test.interpreter_starting"
+STARTING = f'''
+"""Test hook: the worker's interpreter is still starting (its own signal handlers not yet set)."""
+import signal, sys
+print("{STARTING_LINE}", file=sys.stderr, flush=True)
+while True:
+    signal.pause()
+'''
 
 
 # ---- an omni-run process -------------------------------------------------------------------
@@ -67,7 +75,7 @@ class OmniRun:
     """One `omni-run` subprocess; its stderr is read by a thread into a queue of lines."""
 
     def __init__(self, tmp: Path, stages: list[dict[str, Any]], port: int | None = None,
-                 pipeline: str = "synthetic") -> None:
+                 pipeline: str = "synthetic", session: bool = False) -> None:
         self.port = port or free_port()
         self.runtime_parent = tmp / "runtime"
         self.runtime_before = runtime_dirs(self.runtime_parent)
@@ -80,6 +88,7 @@ class OmniRun:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "omni_actors.cli", "--deploy", str(deploy)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=session,  # its own process group, as a shell starts a job
         )
         self.pid = self.proc.pid
         self.lines: list[str] = []
@@ -131,6 +140,11 @@ class OmniRun:
         self.note_workers()
         self.proc.send_signal(sig)
 
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Signal the run's process group, as a terminal does on Ctrl-C (needs `session=True`)."""
+        self.note_workers()
+        os.killpg(self.pid, sig)
+
     def wait(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
         try:
             code = self.proc.wait(timeout=timeout_s)
@@ -155,7 +169,8 @@ class OmniRun:
         assert segments_of(self.pid) == [], "shared-memory segments left behind"
         left = runtime_dirs(self.runtime_parent) - self.runtime_before
         assert left == set(), f"runtime directories left behind: {left}"
-        assert "Traceback" not in self.output, self.output
+        for bad in ("Traceback", "Fatal Python error", "KeyboardInterrupt"):
+            assert bad not in self.output, self.output
 
 
 def workers_of(main_pid: int) -> Iterator[psutil.Process]:
@@ -279,6 +294,20 @@ def test_signal_while_workers_start(tmp_path: Path, runs: list[OmniRun], sig: si
     run.signal(sig)
     assert run.wait() == 0, run.output
     assert "server.ready" not in run.output
+    run.assert_clean()
+
+
+def test_ctrl_c_at_a_terminal_while_workers_start(tmp_path: Path, runs: list[OmniRun]) -> None:
+    """Ctrl-C reaches the whole foreground process group: the main process alone leads the shutdown."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(STARTING)
+    stages = [*STAGES[:1], {**STAGES[1], "env": {"PYTHONPATH": str(hook)}}, *STAGES[2:]]
+    run = OmniRun(tmp_path, stages, session=True)
+    runs.append(run)
+    run.wait_for(STARTING_LINE)
+    run.signal_group(signal.SIGINT)
+    assert run.wait() == 0, run.output
     run.assert_clean()
 
 

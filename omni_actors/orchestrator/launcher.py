@@ -103,6 +103,9 @@ class Launcher:
             sys.executable, "-m", "omni_actors.workers.main", msgspec.json.encode(spec).decode(),
             env=self._env(handle.stage_id, handle.replica),
             stdin=asyncio.subprocess.DEVNULL,
+            # Out of the terminal's process group: Ctrl-C reaches the main process only, which
+            # leads the shutdown (a worker still starting would die of it with a traceback).
+            start_new_session=True,
         )
 
 
