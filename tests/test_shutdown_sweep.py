@@ -11,6 +11,8 @@ After each: the exit code is the expected one, no worker of that run is alive, n
 from __future__ import annotations
 
 import base64
+import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -66,6 +68,13 @@ print("{STARTING_LINE}", file=sys.stderr, flush=True)
 while True:
     signal.pause()
 '''
+HELD = '''
+"""Test hook: the worker's interpreter is still starting, held until the test opens a FIFO."""
+import sys
+print("{line}", file=sys.stderr, flush=True)
+open({fifo!r}).read()
+'''
+PR_SET_CHILD_SUBREAPER = 36
 
 
 # ---- an omni-run process -------------------------------------------------------------------
@@ -92,6 +101,7 @@ class OmniRun:
         )
         self.pid = self.proc.pid
         self.lines: list[str] = []
+        self._eof = False
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -120,6 +130,7 @@ class OmniRun:
             except queue.Empty:
                 pytest.fail(f"no line matching {pattern!r} within {timeout_s} s; got:\n{self.output}")
             if line is None:
+                self._eof = True
                 pytest.fail(f"omni-run ended before a line matching {pattern!r}; got:\n{self.output}")
             self.lines.append(line)
             found = re.search(pattern, line)
@@ -145,15 +156,28 @@ class OmniRun:
         self.note_workers()
         os.killpg(self.pid, sig)
 
-    def wait(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
+    def wait(self, timeout_s: float = EXIT_TIMEOUT_S, eof: bool = True) -> int:
+        """omni-run's exit code; with `eof`, after reading its stderr to the end too."""
         try:
             code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pytest.fail(f"omni-run did not exit within {timeout_s} s; output:\n{self.output}")
-        self._reader.join(timeout=timeout_s)
-        while (line := self._queue.get_nowait()) is not None:  # the reader ends the queue with None
-            self.lines.append(line)
+        if eof:
+            self.read_to_eof(timeout_s)
         return code
+
+    def read_to_eof(self, timeout_s: float = EXIT_TIMEOUT_S) -> None:
+        """Every remaining stderr line; the end comes when no process of the run (workers too) holds it."""
+        deadline = time.monotonic() + timeout_s
+        while not self._eof:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"stderr still open after {timeout_s} s: a process of the run holds it")
+            if line is None:
+                self._eof = True
+            else:
+                self.lines.append(line)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -169,6 +193,7 @@ class OmniRun:
         assert segments_of(self.pid) == [], "shared-memory segments left behind"
         left = runtime_dirs(self.runtime_parent) - self.runtime_before
         assert left == set(), f"runtime directories left behind: {left}"
+        self.read_to_eof()
         for bad in ("Traceback", "Fatal Python error", "KeyboardInterrupt"):
             assert bad not in self.output, self.output
 
@@ -210,6 +235,25 @@ def segments_of(main_pid: int) -> list[str]:
 
 def runtime_dirs(parent: Path) -> set[str]:
     return {p.name for p in parent.glob("*")} if parent.exists() else set()
+
+
+def hooked(tmp: Path, hook: str) -> list[dict[str, Any]]:
+    """STAGES with `hook` run as sitecustomize in stage 1's worker (before any of its code)."""
+    folder = tmp / "hook"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(hook)
+    return [*STAGES[:1], {**STAGES[1], "env": {"PYTHONPATH": str(folder)}}, *STAGES[2:]]
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """This test process adopts orphaned descendants, as systemd --user or `tini -s` do."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 
 @pytest.fixture
@@ -283,11 +327,7 @@ SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM
 
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_signal_while_workers_start(tmp_path: Path, runs: list[OmniRun], sig: signal.Signals) -> None:
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SLOW_LOAD)
-    stages = [*STAGES[:1], {**STAGES[1], "env": {"PYTHONPATH": str(hook)}}, *STAGES[2:]]
-    run = OmniRun(tmp_path, stages)
+    run = OmniRun(tmp_path, hooked(tmp_path, SLOW_LOAD))
     runs.append(run)
     run.wait_for(SLOW_LOAD_LINE)
     assert run.note_workers(), "no worker seen while starting"
@@ -299,11 +339,7 @@ def test_signal_while_workers_start(tmp_path: Path, runs: list[OmniRun], sig: si
 
 def test_ctrl_c_at_a_terminal_while_workers_start(tmp_path: Path, runs: list[OmniRun]) -> None:
     """Ctrl-C reaches the whole foreground process group: the main process alone leads the shutdown."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(STARTING)
-    stages = [*STAGES[:1], {**STAGES[1], "env": {"PYTHONPATH": str(hook)}}, *STAGES[2:]]
-    run = OmniRun(tmp_path, stages, session=True)
+    run = OmniRun(tmp_path, hooked(tmp_path, STARTING), session=True)
     runs.append(run)
     run.wait_for(STARTING_LINE)
     run.signal_group(signal.SIGINT)
@@ -363,7 +399,7 @@ def test_sigkill_workers_follow_and_next_start_sweeps(tmp_path: Path, runs: list
     assert stream.done, stream.events[-3:]
     assert any("-orch-" in s for s in segments_of(run.pid)), "the request left no arena segment to sweep"
     run.signal(signal.SIGKILL)
-    assert run.wait() == -signal.SIGKILL
+    assert run.wait(eof=False) == -signal.SIGKILL
     alive = wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S)
     assert alive == [], f"workers outlived their killed main process: {alive}"
 
@@ -377,6 +413,27 @@ def test_sigkill_workers_follow_and_next_start_sweeps(tmp_path: Path, runs: list
     after.assert_clean()
     run.assert_clean()
     assert runtime_dirs(run.runtime_parent) == set()
+
+
+def test_sigkill_before_a_worker_could_ask_for_its_parent_death_signal(
+    tmp_path: Path, runs: list[OmniRun], subreaper: None
+) -> None:
+    """A worker whose main process died before PR_SET_PDEATHSIG leaves, even when a subreaper adopts it."""
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    run = OmniRun(tmp_path, hooked(tmp_path, HELD.format(line=STARTING_LINE, fifo=str(fifo))))
+    runs.append(run)
+    run.wait_for(STARTING_LINE)
+    run.signal(signal.SIGKILL)
+    assert run.wait(eof=False) == -signal.SIGKILL
+    with open(fifo, "w"):  # let the held worker go on starting, now an orphan
+        pass
+    alive = wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S)
+    for p in run.seen_workers - set(alive):  # reap the adopted orphans
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(p.pid, 0)
+    assert alive == [], f"workers outlived their killed main process: {alive}"
+    assert segments_of(run.pid) == []
 
 
 def test_a_repeated_sigterm_does_not_cut_a_workers_cleanup_short() -> None:
@@ -415,9 +472,7 @@ def test_port_in_use(tmp_path: Path, runs: list[OmniRun]) -> None:
         port = taken.getsockname()[1]
         run = OmniRun(tmp_path, STAGES, port=port)
         runs.append(run)
-        run.wait_for(r"stage\.ready")
-        run.note_workers()
-        code = run.wait()
-    assert code == 1, run.output
+        code = run.wait(LINE_TIMEOUT_S)  # (before or after its workers start: either way none is left)
+    assert code > 0, run.output
     assert f"cannot listen on 127.0.0.1:{port}" in run.output, run.output
     run.assert_clean()

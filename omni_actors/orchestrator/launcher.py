@@ -100,7 +100,7 @@ class Launcher:
             heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
         )
         handle.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "omni_actors.workers.main", msgspec.json.encode(spec).decode(),
+            sys.executable, "-m", "omni_actors.workers.main", msgspec.json.encode(spec).decode(), str(os.getpid()),
             env=self._env(handle.stage_id, handle.replica),
             stdin=asyncio.subprocess.DEVNULL,
             # Out of the terminal's process group: Ctrl-C reaches the main process only, which

@@ -1,4 +1,4 @@
-"""Worker process entry: `python -m omni_actors.workers.main '<WorkerSpec JSON>'`.
+"""Worker process entry: `python -m omni_actors.workers.main '<WorkerSpec JSON>' <main pid>`.
 
 The launcher has already set the environment (devices, one torch/OMP thread,
 the stage's `env`) before this interpreter started, so torch sees it at import.
@@ -27,14 +27,14 @@ from omni_actors.workers.spec import WorkerSpec
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """Ask the kernel to SIGTERM us when the orchestrator process goes away."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
-    if os.getppid() == 1:
+    if os.getppid() != parent:  # it went before we asked; we were adopted (by init or a subreaper)
         sys.exit(0)
 
 
@@ -78,7 +78,7 @@ def build_context(spec: WorkerSpec) -> EngineContext:
 
 def main(argv: list[str]) -> int:
     spec = msgspec.json.decode(argv[1], type=WorkerSpec)
-    _die_with_parent()
+    _die_with_parent(int(argv[2]))
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process leads shutdown
     logs.configure(component=spec.identity)
