@@ -109,11 +109,11 @@ def deep_merge(base: Any, over: Any) -> Any:
 
 
 def _merge_stages(base: list[Any], over: list[Any]) -> list[Any]:
-    by_id = {s.get("stage_id"): s for s in base if isinstance(s, dict)}
-    order = [s.get("stage_id") for s in base if isinstance(s, dict)]
+    if not all(isinstance(s, dict) for s in (*base, *over)):
+        return [*base, *copy.deepcopy(over)]  # not mergeable by id; validation names the bad entry
+    by_id = {s.get("stage_id"): s for s in base}
+    order = [s.get("stage_id") for s in base]
     for st in over:
-        if not isinstance(st, dict):
-            raise ConfigError(f"stages: expected a mapping per stage, got {type(st).__name__}")
         sid = st.get("stage_id")
         if sid in by_id:
             by_id[sid] = deep_merge(by_id[sid], st)
@@ -124,10 +124,14 @@ def _merge_stages(base: list[Any], over: list[Any]) -> list[Any]:
 
 
 def _read_yaml(path: Path, where: str) -> dict[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"{where}: {path} is a directory; expected a YAML file")
     if not path.is_file():
         raise ConfigError(f"{where}: file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the file as UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(raw, dict):
@@ -136,8 +140,10 @@ def _read_yaml(path: Path, where: str) -> dict[str, Any]:
 
 
 def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    raw = _read_yaml(path, str(seen[-1]) if seen else "deploy")
+    raw = _read_yaml(path, f"{seen[-1]}: base_config" if seen else "deploy")
     base = raw.get("base_config")
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{path}: base_config: expected a file path, got {type(base).__name__}")
     if base:
         base_path = (path.parent / str(base)).resolve()
         if base_path in seen or base_path == path.resolve():
@@ -158,7 +164,8 @@ def _format_validation(source: str, err: msgspec.ValidationError) -> str:
 
 
 def _check_topology_fields(source: str, raw: dict[str, Any]) -> None:
-    for i, st in enumerate(raw.get("stages") or []):
+    stages = raw.get("stages")
+    for i, st in enumerate(stages if isinstance(stages, list) else []):
         if isinstance(st, dict):
             bad = sorted(TOPOLOGY_FIELDS & set(st))
             if bad:
@@ -171,9 +178,15 @@ def _check_topology_fields(source: str, raw: dict[str, Any]) -> None:
 def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> DeployConfig:
     """Validate a raw mapping (already merged) into a DeployConfig."""
     _check_topology_fields(source, raw)
-    platform_over = (raw.get("platforms") or {}).get(detect_platform())
+    platforms, platform = raw.get("platforms"), detect_platform()
+    platform_over = platforms.get(platform) if isinstance(platforms, dict) else None
     if isinstance(platform_over, dict):
         raw = deep_merge(raw, platform_over)
+    elif platform_over is not None:
+        raise ConfigError(
+            f"{source}: platforms.{platform}: expected a mapping of deploy fields, "
+            f"got {type(platform_over).__name__}"
+        )
     if overrides:
         raw = deep_merge(raw, overrides)
         _check_topology_fields("--stage-overrides", raw)
