@@ -123,17 +123,42 @@ def _merge_stages(base: list[Any], over: list[Any]) -> list[Any]:
     return [by_id[sid] for sid in order]
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML would keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key.value!r} is given twice in one mapping", key.start_mark
+                    )
+                seen.add(key.value)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    if not isinstance(err, yaml.MarkedYAMLError) or mark is None:
+        return f"{path}: not valid YAML: {err}".replace("\n", " ")
+    msg = f"{path}: line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {err.problem}"
+    if err.context and err.context_mark is not None:
+        msg += f" ({err.context} at line {err.context_mark.line + 1})"
+    return msg
+
+
 def _read_yaml(path: Path, where: str) -> dict[str, Any]:
     if path.is_dir():
         raise ConfigError(f"{where}: {path} is a directory; expected a YAML file")
     if not path.is_file():
         raise ConfigError(f"{where}: file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_YamlLoader) or {}
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read the file as UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
+        raise ConfigError(_yaml_error(path, err)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
     return raw
