@@ -86,6 +86,9 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
         return StageDeploy(stage_id=stage_id)
 
 
+DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
+"""`dtype` values the stage engines accept (vLLM's names and their short forms)."""
+
 TOPOLOGY_FIELDS = frozenset(
     {
         "input_sources", "execution_type", "model_stage", "final_output", "final_output_type",
@@ -240,13 +243,11 @@ def validate_against_pipeline(cfg: DeployConfig) -> PipelineConfig:
         raise ConfigError(
             f"{src}: pipeline: unknown pipeline {cfg.pipeline!r}; expected one of {pipeline_names()}"
         ) from None
-    if pipe.requires_model:
-        if not cfg.model and pipe.preparer:
-            pass  # `omni-run` prepares the pipeline's own default model folder
-        elif not cfg.model:
-            raise ConfigError(f"{src}: model: pipeline {pipe.name!r} needs a model path")
-        elif not Path(cfg.model).expanduser().exists():
-            raise ConfigError(f"{src}: model: path does not exist: {cfg.model}")
+    if cfg.model and not Path(cfg.model).expanduser().exists():
+        raise ConfigError(f"{src}: model: path does not exist: {cfg.model}")
+    if pipe.requires_model and not cfg.model and not pipe.preparer:
+        # (with a preparer, `omni-run` prepares the pipeline's own default model folder)
+        raise ConfigError(f"{src}: model: pipeline {pipe.name!r} needs a model path")
     seen: set[int] = set()
     for i, st in enumerate(cfg.stages):
         where = f"{src}: stages[{i}]"
@@ -258,11 +259,16 @@ def validate_against_pipeline(cfg: DeployConfig) -> PipelineConfig:
         if st.stage_id in seen:
             raise ConfigError(f"{where}.stage_id: stage {st.stage_id} is listed twice")
         seen.add(st.stage_id)
-        for name in ("num_replicas", "max_num_seqs", "tensor_parallel_size"):
-            if getattr(st, name) < 1:
-                raise ConfigError(f"{where}.{name}: expected an integer >= 1, got {getattr(st, name)}")
+        for name in ("num_replicas", "max_num_seqs", "tensor_parallel_size", "max_queue", "max_model_len"):
+            value = getattr(st, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{where}.{name}: expected an integer >= 1, got {value}")
         if not 0.0 < st.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"{where}.gpu_memory_utilization: expected a value in (0, 1]")
+            raise ConfigError(
+                f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
+            )
+        if st.dtype not in DTYPES:
+            raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
         devices = st.device_list()
         need = st.tensor_parallel_size * st.num_replicas
         if devices and len(devices) != need:
@@ -272,6 +278,13 @@ def validate_against_pipeline(cfg: DeployConfig) -> PipelineConfig:
             )
     if not 0 < cfg.server.port < 65536:
         raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
+    for name in ("max_body_mb", "request_timeout_s", "realtime_idle_timeout_s", "realtime_max_audio_s"):
+        if not getattr(cfg.server, name) > 0:  # (also refuses nan)
+            raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
+    if cfg.server.max_realtime_sessions < 0:
+        raise ConfigError(
+            f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
+        )
     return pipe
 
 
