@@ -10,6 +10,7 @@ the pipeline in code; naming it here is an error.
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -183,12 +184,29 @@ def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 _AT = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.S)
 
 
+_UNKNOWN = re.compile(r"^Object contains unknown field `(.*)`$", re.S)
+
+
 def _format_validation(source: str, err: msgspec.ValidationError) -> str:
     match = _AT.match(str(err))
     msg, path = (match.group(1), match.group(2)) if match else (str(err), None)
-    path = (path or "").lstrip(".") or "(top level)"
-    msg = msg.replace("Object contains unknown field", "unknown field")
-    return f"{source}: {path}: {msg[0].lower() + msg[1:] if msg else msg}"
+    path = (path or "").lstrip(".")
+    unknown = _UNKNOWN.match(msg)
+    if unknown:
+        msg = f"unknown field `{unknown.group(1)}`{_did_you_mean(path, unknown.group(1))}"
+    return f"{source}: {path or '(top level)'}: {msg[0].lower() + msg[1:] if msg else msg}"
+
+
+def _did_you_mean(path: str, name: str) -> str:
+    """"; did you mean `x`?" when `name` is close to a field of the struct at `path`."""
+    last = path.rpartition(".")[2]
+    struct = (
+        DeployConfig if not path else ServerConfig if last == "server"
+        else StageDeploy if last.startswith("stages[") else None
+    )  # fmt: skip
+    fields = [f for f in getattr(struct, "__struct_fields__", ()) if f != "source"]
+    close = difflib.get_close_matches(name, fields, n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
 
 
 def _check_topology_fields(source: str, raw: dict[str, Any]) -> None:
