@@ -233,16 +233,18 @@ def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | N
             f"{source}: platforms.{platform}: expected a mapping of deploy fields, "
             f"got {type(platform_over).__name__}"
         )
+    where = source
     if overrides:
         raw = deep_merge(raw, overrides)
         _check_topology_fields("--stage-overrides", raw)
+        where = f"{source} (with command-line overrides)"
     raw = {**raw, "source": source}
     raw.pop("base_config", None)
     try:
         cfg = msgspec.convert(raw, DeployConfig)
     except msgspec.ValidationError as err:
-        raise ConfigError(_format_validation(source, err)) from None
-    validate_against_pipeline(cfg)
+        raise ConfigError(_format_validation(where, err)) from None
+    validate_against_pipeline(cfg, where)
     return cfg
 
 
@@ -253,8 +255,9 @@ def load_deploy(path: str | Path, overrides: dict[str, Any] | None = None) -> De
     return build_deploy(raw, str(path), overrides)
 
 
-def validate_against_pipeline(cfg: DeployConfig) -> PipelineConfig:
-    src = cfg.source
+def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> PipelineConfig:
+    """Check the deploy against its pipeline; messages start with `where` (default: its file)."""
+    src = where or cfg.source
     try:
         pipe = get_pipeline(cfg.pipeline)
     except KeyError:
