@@ -149,14 +149,19 @@ def _tool(argv: list[str]) -> int:
             print(f"omni-run export-thinker: {err}", file=sys.stderr)
             return 2
         return 0
+    from omni_actors.models.tiny import make_tiny, tiny_names
+
     p = argparse.ArgumentParser(prog="omni-run make-tiny")
-    p.add_argument("pipeline")
+    p.add_argument("pipeline", choices=tiny_names())
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(rest)
-    from omni_actors.models.tiny import make_tiny
-
-    print(make_tiny(a.pipeline, a.dir, seed=a.seed))
+    try:
+        Path(a.dir).mkdir(parents=True, exist_ok=True)  # fail before the (slow) builder imports
+        print(make_tiny(a.pipeline, a.dir, seed=a.seed))
+    except OSError as err:
+        print(f"omni-run make-tiny: cannot write {a.dir}: {err.strerror or err}", file=sys.stderr)
+        return 2
     return 0
 
 
