@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import signal
 import sys
 from importlib import resources
@@ -28,13 +29,23 @@ from omni_actors.errors import ConfigError, StartupError
 DEFAULT_DEPLOY = "assistant.yaml"
 """The bundled deploy file `omni-run` serves with no --deploy (in omni_actors/deploy/)."""
 
+TOOLS = ("prepare", "make-tiny", "export-thinker")
+TOOLS_HELP = """commands (each has its own --help):
+  omni-run prepare <pipeline>              prepare a bundled pipeline's model files
+  omni-run make-tiny <pipeline> <dir>      write a tiny random-weight checkpoint
+  omni-run export-thinker <omni dir> <dir> export a Qwen2.5-Omni thinker's LM as a Qwen2 folder
+"""
+
 
 def bundled_deploy(name: str = DEFAULT_DEPLOY) -> Path:
     return Path(str(resources.files("omni_actors") / "deploy" / name))
 
 
 def _serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="omni-run", description="Serve an omni-modal pipeline.")
+    p = argparse.ArgumentParser(
+        prog="omni-run", description="Serve an omni-modal pipeline.", epilog=TOOLS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--deploy", help="deploy YAML (default: the bundled speech assistant)")
     p.add_argument("--stage-overrides", help='JSON: {"<stage_id>": {field: value, ...}}')
     p.add_argument("--async-chunk", dest="async_chunk", action="store_true", default=None)
@@ -43,6 +54,15 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.add_argument("--model", help="model path (overrides the deploy file's `model`)")
     return p
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    p = _serve_parser()
+    if argv and not argv[0].startswith("-"):  # serving takes no positional arguments
+        close = difflib.get_close_matches(argv[0], TOOLS, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(TOOLS)}"
+        p.error(f"unknown command {argv[0]!r}; {hint}")
+    return p.parse_args(argv)
 
 
 def load_from_args(args: argparse.Namespace) -> DeployConfig:
@@ -169,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logs.configure()
     try:
-        if argv and argv[0] in ("prepare", "make-tiny", "export-thinker"):
+        if argv and argv[0] in TOOLS:
             return _tool(argv)
-        deploy = load_from_args(_serve_parser().parse_args(argv))
+        deploy = load_from_args(parse_serve_args(argv))
         uvloop.run(serve(deploy))
         return 0
     except ConfigError as err:
