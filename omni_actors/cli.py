@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import os
 import signal
+import socket
 import sys
 from importlib import resources
 from pathlib import Path
@@ -63,6 +65,26 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(TOOLS)}"
         p.error(f"unknown command {argv[0]!r}; {hint}")
     return p.parse_args(argv)
+
+
+def check_listen(deploy: DeployConfig) -> None:
+    """Fail before any worker starts when server.host:server.port cannot be bound."""
+    host, port = deploy.server.host, deploy.server.port
+    try:
+        family, *_, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except OSError as err:
+        raise ConfigError(f"{deploy.source}: server.host: cannot resolve {host!r}: {err.strerror or err}") from None
+    try:
+        socket.create_server(addr, family=family).close()
+    except OSError as err:
+        raise ConfigError(
+            f"{deploy.source}: server.port: cannot listen on {host}:{port}: {_bind_reason(err)}"
+        ) from None
+
+
+def _bind_reason(err: OSError) -> str:
+    """"Address already in use", without the bind wrapper's repetition of the address."""
+    return os.strerror(err.errno) if err.errno and err.errno > 0 else str(err)
 
 
 def load_from_args(args: argparse.Namespace) -> DeployConfig:
@@ -123,10 +145,13 @@ async def serve(deploy: DeployConfig) -> None:
     site = web.TCPSite(runner, deploy.server.host, deploy.server.port)
     try:
         await site.start()
-    except OSError as err:
+    except OSError as err:  # taken since check_listen ran
         await runner.cleanup()
         await orch.stop(drain=False)
-        raise StartupError(-1, f"cannot listen on {deploy.server.host}:{deploy.server.port}: {err}") from None
+        raise ConfigError(
+            f"{deploy.source}: server.port: cannot listen on {deploy.server.host}:{deploy.server.port}: "
+            f"{_bind_reason(err)}"
+        ) from None
     assert orch.runtime is not None
     log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}",
              shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
@@ -192,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in TOOLS:
             return _tool(argv)
         deploy = load_from_args(parse_serve_args(argv))
+        check_listen(deploy)
         uvloop.run(serve(deploy))
         return 0
     except ConfigError as err:
