@@ -27,6 +27,7 @@ import uvloop
 from omni_actors import logs
 from omni_actors.config.deploy import DeployConfig, load_deploy, parse_stage_overrides
 from omni_actors.errors import ConfigError, StartupError
+from omni_actors.settings import detect_platform
 
 DEFAULT_DEPLOY = "assistant.yaml"
 """The bundled deploy file `omni-run` serves with no --deploy (in omni_actors/deploy/)."""
@@ -85,6 +86,18 @@ def check_listen(deploy: DeployConfig) -> None:
 def _bind_reason(err: OSError) -> str:
     """"Address already in use", without the bind wrapper's repetition of the address."""
     return os.strerror(err.errno) if err.errno and err.errno > 0 else str(err)
+
+
+def warn_ignored_devices(deploy: DeployConfig) -> None:
+    """Say so when `devices` are set but this machine runs stages on CPU (they do nothing there)."""
+    if detect_platform() != "cpu":
+        return
+    stages = [st.stage_id for st in deploy.stages if st.device_list()]
+    if stages:
+        logs.get("omni_actors.cli").warning(
+            "config.devices_ignored", deploy=deploy.source, stages=stages, platform="cpu",
+            reason="no CUDA device on this machine; stages run on CPU",
+        )
 
 
 def load_from_args(args: argparse.Namespace) -> DeployConfig:
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             return _tool(argv)
         deploy = load_from_args(parse_serve_args(argv))
         check_listen(deploy)
+        warn_ignored_devices(deploy)
         uvloop.run(serve(deploy))
         return 0
     except ConfigError as err:
