@@ -25,6 +25,8 @@ from typing import Any
 
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint
 
+MODEL_TYPES = ("qwen2_5_omni", "qwen2_5_omni_thinker")
+"""config.json `model_type`s of the folders this exports (the whole model, or its thinker)."""
 PREFIXES = {"thinker.model.": "model.", "thinker.lm_head.": "lm_head."}
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
@@ -86,9 +88,15 @@ def export_thinker_lm(src: str | Path, out: str | Path, shard_bytes: int = 4 << 
     from safetensors.torch import save_file
 
     src = check_checkpoint(src, ("config.json",))
+    omni_config = json.loads((src / "config.json").read_text())
+    if omni_config.get("model_type") not in MODEL_TYPES:
+        raise ValueError(
+            f"{src / 'config.json'}: not a Qwen2.5-Omni checkpoint: model_type "
+            f"{omni_config.get('model_type')!r}, expected one of {list(MODEL_TYPES)}"
+        )
+    config = qwen2_config(omni_config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = qwen2_config(json.loads((src / "config.json").read_text()))
     shards: list[dict[str, Any]] = [{}]
     size = 0
     for file in _weight_files(src):
