@@ -299,7 +299,8 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
             )
     if not 0 < cfg.server.port < 65536:
         raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
-    for name in ("max_body_mb", "request_timeout_s", "realtime_idle_timeout_s", "realtime_max_audio_s"):
+    for name in ("max_body_mb", "body_timeout_s", "request_timeout_s", "realtime_idle_timeout_s",
+                 "realtime_max_audio_s"):
         if not getattr(cfg.server, name) > 0:  # (also refuses nan)
             raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
     if cfg.server.max_realtime_sessions < 0:
