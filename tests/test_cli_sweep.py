@@ -1,0 +1,195 @@
+"""A demanding user's sweep of omni-run mistakes: exit 2 with one clear message, no traceback, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omni_actors.settings import detect_platform
+from tests.conftest import free_port, shm_files
+
+SYNTHETIC = Path(__file__).parents[1] / "omni_actors" / "deploy" / "synthetic.yaml"
+CLI_TIMEOUT_S = 60
+READY_TIMEOUT_S = 60
+
+
+def omni_run(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_actors.cli", *args],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env={**os.environ, "OMNI_LOG_JSON": "0"},
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def one_line(proc: subprocess.CompletedProcess) -> str:
+    """The single non-empty stderr line of a failed run (config errors are one line)."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("sub", [[], ["prepare"], ["make-tiny"], ["export-thinker"]], ids=lambda s: s[0] if s else "serve")
+def test_help_exits_0(sub: list[str]) -> None:
+    proc = omni_run(*sub, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: omni-run {sub[0] if sub else ''}".rstrip()), proc.stdout
+
+
+def test_top_level_help_lists_the_commands() -> None:
+    out = omni_run("--help").stdout
+    for name in ("prepare", "make-tiny", "export-thinker"):
+        assert f"omni-run {name}" in out, out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["serve"], "unknown command 'serve'; expected one of prepare, make-tiny, export-thinker"),
+        (["make_tiny", "llama", "x"], "unknown command 'make_tiny'; did you mean 'make-tiny'?"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
+        (["make-tiny", "llama"], "the following arguments are required: dir"),
+        (["export-thinker", "--bogus", "a", "b"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_usage_errors_exit_2_with_usage(args: list[str], expected: str) -> None:
+    proc = omni_run(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("usage: omni-run"), proc.stderr
+    assert expected in proc.stderr, proc.stderr
+
+
+def test_deploy_directory_exits_2(tmp_path: Path) -> None:
+    proc = omni_run("--deploy", str(tmp_path))
+    assert proc.returncode == 2
+    assert one_line(proc) == f"omni-run: config error: deploy: {tmp_path} is a directory; expected a YAML file"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("pipeline: synthetic\nstages:\n  - stage_id: 0\n   bad: [\n", "line 4, column 4: not valid YAML",
+                     id="syntax"),
+        pytest.param("pipeline: synthetic\nplatforms: [cpu]\n", "platforms: expected `object`, got `array`",
+                     id="platforms-list"),
+        pytest.param("pipeline: synthetic\nstages: 3\n", "stages: expected `array`, got `int`", id="stages-int"),
+        pytest.param(b"pipeline: synthetic\n\xff\xfe\n", "cannot read the file as UTF-8 text", id="not-utf8"),
+    ],
+)
+def test_malformed_file_is_one_line_exit_2(tmp_path: Path, text: str | bytes, expected: str) -> None:
+    path = tmp_path / "deploy.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    proc = omni_run("--deploy", str(path))
+    assert proc.returncode == 2
+    line = one_line(proc)
+    assert line.startswith(f"omni-run: config error: {path}: ") and expected in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--stage-overrides", '{"7": {"max_num_seqs": 2}}'], "has no stage 7; expected one of [0, 1, 2]"),
+        (["--stage-overrides", '{"0": {"max_num_seqs": "two"}}'], "stages[0].max_num_seqs: expected `int`, got `str`"),
+        (["--port", "70000"], "server.port: expected 1..65535, got 70000"),
+        (["--model", "/no/such/model"], "model: path does not exist: /no/such/model"),
+    ],
+)
+def test_command_line_override_errors_say_so(args: list[str], expected: str) -> None:
+    proc = omni_run("--deploy", str(SYNTHETIC), *args)
+    assert proc.returncode == 2
+    line = one_line(proc)
+    assert line.startswith(f"omni-run: config error: {SYNTHETIC} (with command-line overrides): "), line
+    assert expected in line, line
+
+
+def test_port_in_use_fails_before_any_worker_starts(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        proc = omni_run("--deploy", str(SYNTHETIC), "--port", str(port))
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 2
+    line = one_line(proc)  # no server.starting / stage.ready lines: no worker was started
+    assert line == (f"omni-run: config error: {SYNTHETIC}: server.port: cannot listen on 127.0.0.1:{port}: "
+                    "Address already in use"), line
+    assert elapsed < 30
+
+
+@pytest.mark.skipif(detect_platform() != "cpu", reason="devices are used on a CUDA machine")
+def test_devices_on_a_cpu_machine_are_reported_and_the_server_stops_clean(tmp_path: Path) -> None:
+    path = tmp_path / "deploy.yaml"
+    path.write_text("pipeline: synthetic_text\nstages: [{stage_id: 0, devices: '0'}]\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omni_actors.cli", "--deploy", str(path), "--port", str(free_port())],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "OMNI_LOG_JSON": "1"},
+    )
+    try:
+        assert proc.stderr is not None
+        events: dict[str, dict] = {}
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while "server.ready" not in events and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if line.startswith("{"):
+                event = json.loads(line)
+                events[event["event"]] = event
+        assert "server.ready" in events, events
+        warning = events.get("config.devices_ignored")
+        assert warning is not None and warning["level"] == "warning", events
+        assert warning["stages"] == [0] and warning["deploy"] == str(path), warning
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=30)[1]
+        assert proc.returncode == 0, rest
+        assert "Traceback" not in rest, rest
+        assert shm_files(events["server.ready"]["shm_prefix"]) == []
+        assert not Path(events["server.ready"]["runtime_dir"]).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_make_tiny_unknown_pipeline_lists_the_choices(tmp_path: Path) -> None:
+    proc = omni_run("make-tiny", "qwen9", str(tmp_path / "x"))
+    assert proc.returncode == 2
+    assert "argument pipeline: invalid choice: 'qwen9'" in proc.stderr and "'qwen2_5_omni'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_make_tiny_unwritable_target(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    target = tmp_path / "file" / "tiny"
+    proc = omni_run("make-tiny", "llama", str(target))
+    assert proc.returncode == 2
+    assert one_line(proc) == f"omni-run make-tiny: cannot write {target}: Not a directory"
+
+
+def test_prepare_errors(tmp_path: Path) -> None:
+    proc = omni_run("prepare", "nope")
+    assert proc.returncode == 2 and one_line(proc) == "omni-run: config error: prepare: unknown pipeline 'nope'"
+    proc = omni_run("prepare", "synthetic")
+    assert proc.returncode == 2 and "has nothing to prepare" in one_line(proc)
+
+
+def test_export_thinker_refuses_a_folder_that_is_not_qwen2_5_omni(tmp_path: Path) -> None:
+    src = tmp_path / "llama"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    (src / "model.safetensors").write_bytes(b"")
+    out = tmp_path / "out"
+    proc = omni_run("export-thinker", str(src), str(out))
+    assert proc.returncode == 2
+    assert one_line(proc) == (f"omni-run export-thinker: {src / 'config.json'}: not a Qwen2.5-Omni checkpoint: "
+                              "model_type 'llama', expected one of ['qwen2_5_omni', 'qwen2_5_omni_thinker']")
+    assert not out.exists()
