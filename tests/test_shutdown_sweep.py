@@ -2,10 +2,15 @@
 
 Each case runs the real `python -m omni_actors.cli` with a synthetic pipeline and
 ends it one way: SIGINT or SIGTERM while workers start, while idle, during a
-streamed request, twice in a row; SIGKILL (workers follow by PR_SET_PDEATHSIG, the
-next start sweeps what was left); a worker that fails at start; a port in use.
-After each: the exit code is the expected one, no worker of that run is alive, no
-/dev/shm/omni-<pid>-* segment and no runtime directory remain.
+streamed request, twice in a row; a terminal's Ctrl-C to the whole process group;
+SIGKILL (workers follow by PR_SET_PDEATHSIG, also one killed before it could ask
+for that signal; the next start sweeps what was left); a worker that fails at
+start; a port in use. After each: the exit code is the expected one, no worker of
+that run is alive, no /dev/shm/omni-<pid>-* segment and no runtime directory
+remain, and no traceback was printed.
+
+Workers are held "starting" by a sitecustomize hook in one stage's PYTHONPATH
+(the deploy's per-stage `env`), which prints a line the test waits for.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +50,7 @@ HURRY_TIMEOUT_S = 10.0
 """A second signal must end the run well before the graceful drain's own limit (30 s)."""
 
 STEP_MS = 20
+"""The first stage's time per output: a stream of n tokens lasts about n * STEP_MS."""
 SLOW_LOAD_LINE = "test.engine_loading"
 
 SLOW_LOAD = f'''
@@ -73,6 +80,21 @@ HELD = '''
 import sys
 print("{line}", file=sys.stderr, flush=True)
 open({fifo!r}).read()
+'''
+CLOSING_LINE = "test.arena_closing"
+HELD_CLOSE = '''
+"""Test hook: the worker's shared-memory arena, once closing, waits until the test opens a FIFO."""
+import os, sys
+from omni_actors.bus import shm
+
+_close = shm.Arena.close
+
+def close(self):
+    print(f"{line} pid={{os.getpid()}}", file=sys.stderr, flush=True)
+    open({fifo!r}).read()
+    _close(self)
+
+shm.Arena.close = close
 '''
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -185,6 +207,8 @@ class OmniRun:
             self.proc.wait()
         for p in workers_of(self.pid):
             p.kill()
+            with contextlib.suppress(psutil.Error):
+                p.wait(EXIT_TIMEOUT_S)  # (reaps it if this process adopted it)
 
     def assert_clean(self, workers_timeout_s: float = 0.0) -> None:
         """Nothing of this run remains: no worker, no segment, no runtime directory, no traceback."""
@@ -235,6 +259,19 @@ def segments_of(main_pid: int) -> list[str]:
 
 def runtime_dirs(parent: Path) -> set[str]:
     return {p.name for p in parent.glob("*")} if parent.exists() else set()
+
+
+def release(fifo: Path) -> None:
+    """Let a hook waiting on `fifo` go on (nothing happens if none waits)."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def ignored_signals(pid: int) -> set[signal.Signals]:
+    found = re.search(r"^SigIgn:\s*([0-9a-f]+)$", Path(f"/proc/{pid}/status").read_text(), re.M)
+    assert found is not None
+    mask = int(found.group(1), 16)
+    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
 
 
 def hooked(tmp: Path, hook: str) -> list[dict[str, Any]]:
@@ -363,7 +400,7 @@ def test_signal_during_a_stream_drains_it(tmp_path: Path, runs: list[OmniRun], s
     run = OmniRun(tmp_path, STAGES)
     runs.append(run)
     run.wait_ready()
-    stream = Stream(run.url, max_tokens=30, audio_in_bytes=96_000)  # ~0.6 s of steps
+    stream = Stream(run.url, max_tokens=50, audio_in_bytes=96_000)  # ~1 s of steps
     stream.wait_first()
     run.signal(sig)
     stream.join()
@@ -426,8 +463,7 @@ def test_sigkill_before_a_worker_could_ask_for_its_parent_death_signal(
     run.wait_for(STARTING_LINE)
     run.signal(signal.SIGKILL)
     assert run.wait(eof=False) == -signal.SIGKILL
-    with open(fifo, "w"):  # let the held worker go on starting, now an orphan
-        pass
+    release(fifo)  # let the held worker go on starting, now an orphan
     alive = wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S)
     for p in run.seen_workers - set(alive):  # reap the adopted orphans
         with contextlib.suppress(ChildProcessError):
@@ -436,20 +472,25 @@ def test_sigkill_before_a_worker_could_ask_for_its_parent_death_signal(
     assert segments_of(run.pid) == []
 
 
-def test_a_repeated_sigterm_does_not_cut_a_workers_cleanup_short() -> None:
-    # The kernel repeats PR_SET_PDEATHSIG once per thread of a killed multi-threaded parent.
-    code = (
-        "import os, signal\n"
-        "from omni_actors.workers.main import _on_sigterm\n"
-        "signal.signal(signal.SIGTERM, _on_sigterm)\n"
-        "try:\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "finally:\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    print('cleanup finished')\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
-    assert (done.returncode, done.stdout) == (0, "cleanup finished\n"), done.stderr
+def test_a_repeated_sigterm_does_not_cut_a_workers_cleanup_short(tmp_path: Path, runs: list[OmniRun]) -> None:
+    """The kernel repeats the parent-death signal once per thread of a killed multi-threaded parent."""
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    run = OmniRun(tmp_path, hooked(tmp_path, HELD_CLOSE.format(line=CLOSING_LINE, fifo=str(fifo))))
+    runs.append(run)
+    run.wait_ready()
+    Stream(run.url, max_tokens=3).join()
+    assert [s for s in segments_of(run.pid) if "-s1r0g0-" in s], "stage 1 holds no segment"
+    run.signal(signal.SIGKILL)
+    assert run.wait(eof=False) == -signal.SIGKILL
+    worker = psutil.Process(int(run.wait_for(CLOSING_LINE + r" pid=(\d+)").group(1)))
+    assert signal.SIGTERM in ignored_signals(worker.pid), "a repeat SIGTERM would cut the cleanup short"
+    worker.send_signal(signal.SIGTERM)
+    release(fifo)
+    assert wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S) == []
+    assert segments_of(run.pid) == [], "the worker's cleanup was cut short"
+    run.read_to_eof()
+    assert "Traceback" not in run.output, run.output
 
 
 def test_worker_failing_at_start(tmp_path: Path, runs: list[OmniRun]) -> None:
@@ -464,8 +505,6 @@ def test_worker_failing_at_start(tmp_path: Path, runs: list[OmniRun]) -> None:
 
 
 def test_port_in_use(tmp_path: Path, runs: list[OmniRun]) -> None:
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -39,9 +39,6 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    # Once: a parent dying with several threads sends the parent-death signal once per thread,
-    # and a second SystemExit would cut the cleanup short (or land in a __del__ as a traceback).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(0)
 
 
@@ -101,6 +98,10 @@ def main(argv: list[str]) -> int:
         WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s).run()
         return 0
     finally:
+        # Once cleaning up, a repeat must not cut it short (a parent dying with several threads
+        # sends the parent-death signal once per thread). Not sooner: a SIGTERM that landed in a
+        # finalizer is swallowed there, and the next one must still end the worker.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if engine is not None:
             try:
                 engine.close()
