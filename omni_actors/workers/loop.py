@@ -4,10 +4,14 @@ One thread does everything. Each turn takes every waiting message without
 blocking, runs one engine step if there is work, and sends all outputs of the
 turn in one frame. With nothing to do it blocks on the socket (waking at the
 heartbeat interval). Stage input processors run here, next to the engine.
+At every heartbeat it also checks that its main process is still its parent:
+the parent-death signal comes once, and one swallowed (say, inside a
+finalizer) must not leave an orphan running.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -39,12 +43,14 @@ class WorkerLoop:
         sock: WorkerSocket,
         codec: PayloadCodec,
         heartbeat_interval_s: float,
+        parent_pid: int | None = None,
     ) -> None:
         self.stage = stage
         self.engine = engine
         self.sock = sock
         self.codec = codec
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.parent_pid = parent_pid
         self.processor = resolve(stage.processor) if stage.processor else concat_upstream
         self.chunk_processor = resolve(stage.chunk_processor) if stage.chunk_processor else pass_chunk
         self.requests: dict[str, _Request] = {}
@@ -68,6 +74,9 @@ class WorkerLoop:
                 self.sock.wait(wait)
             now = time.monotonic()
             if now >= next_beat:
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    log.warning("worker.orphaned", parent=self.parent_pid)  # the main process is gone
+                    break
                 self._out.append(self._heartbeat())
                 next_beat = now + self.heartbeat_interval_s
             self._flush()

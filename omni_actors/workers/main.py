@@ -75,7 +75,8 @@ def build_context(spec: WorkerSpec) -> EngineContext:
 
 def main(argv: list[str]) -> int:
     spec = msgspec.json.decode(argv[1], type=WorkerSpec)
-    _die_with_parent(int(argv[2]))
+    parent = int(argv[2])
+    _die_with_parent(parent)
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process leads shutdown
     logs.configure(component=spec.identity)
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
             return 1
         sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid())])
         codec = PayloadCodec(spec.identity, arena, segments)
-        WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s).run()
+        WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s, parent).run()
         return 0
     finally:
         # Once cleaning up, a repeat must not cut it short (a parent dying with several threads
