@@ -7,6 +7,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from omni_actors.errors import ConfigError
+
+PLATFORMS = ("cpu", "cuda")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -37,5 +41,7 @@ SETTINGS = _read()
 def detect_platform() -> str:
     """"cuda" when an NVIDIA device node exists, else "cpu" (no torch import)."""
     if SETTINGS.platform:
+        if SETTINGS.platform not in PLATFORMS:
+            raise ConfigError(f"OMNI_PLATFORM: expected one of {list(PLATFORMS)}, got {SETTINGS.platform!r}")
         return SETTINGS.platform
     return "cuda" if Path("/dev/nvidia0").exists() else "cpu"

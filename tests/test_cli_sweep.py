@@ -193,3 +193,14 @@ def test_export_thinker_refuses_a_folder_that_is_not_qwen2_5_omni(tmp_path: Path
     assert one_line(proc) == (f"omni-run export-thinker: {src / 'config.json'}: not a Qwen2.5-Omni checkpoint: "
                               "model_type 'llama', expected one of ['qwen2_5_omni', 'qwen2_5_omni_thinker']")
     assert not out.exists()
+
+
+def test_an_unknown_forced_platform_is_a_config_error(tmp_path: Path) -> None:
+    deploy = tmp_path / "d.yaml"
+    deploy.write_text("pipeline: synthetic\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_actors.cli", "--deploy", str(deploy)],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env={**os.environ, "OMNI_PLATFORM": "tpu"},
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "OMNI_PLATFORM: expected one of ['cpu', 'cuda'], got 'tpu'" in one_line(proc)
