@@ -211,6 +211,19 @@ _CONTAINERS = {"wav": ("WAV", "WAVEX", "RF64"), "flac": ("FLAC",), "mp3": ("MP3"
 _WAV_MAGIC = (b"RIFF", b"RF64")
 
 
+def decode_file(data: bytes, param: str) -> tuple[np.ndarray, int]:
+    """An uploaded audio file in any container libsndfile reads (wav, flac, mp3, ogg, ...) ->
+    (float32 mono in [-1, 1], sample rate); a 400 naming `param` if it cannot be read."""
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            audio, rate = f.read(dtype="float32", always_2d=True), f.samplerate
+    except sf.LibsndfileError as err:
+        raise bad_request(f"cannot decode the audio file: {err.error_string}", param, "invalid_audio") from None
+    except (RuntimeError, TypeError) as err:
+        raise bad_request(f"cannot decode the audio file: {err}", param, "invalid_audio") from None
+    return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), int(rate)
+
+
 def decode_audio(data: bytes, fmt: str, param: str) -> tuple[np.ndarray, int]:
     """Client audio -> (float32 mono in [-1, 1], sample rate); a 400 naming `param` if unreadable
     or if the data is another format than `fmt` says (a WAV file sent as pcm16 would be noise)."""

@@ -67,7 +67,8 @@ def body_limit_middleware(max_bytes: int, timeout_s: float):
         if length is not None and length > max_bytes:
             raise ApiError(413, f"request body of {length} bytes is over the limit of {max_bytes} bytes",
                            None, "body_too_large")
-        if request.body_exists:
+        if request.body_exists and request.content_type != "multipart/form-data":
+            # (an upload is parsed as it streams, by its route, within the same limits)
             try:  # read (and keep) the body now, within the time limit; handlers read it again
                 await asyncio.wait_for(request.read(), timeout_s)
             except TimeoutError:

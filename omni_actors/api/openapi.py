@@ -15,7 +15,9 @@ _JSON_ERRORS = {
     "400": "Invalid request (the `param` names the field)",
     "401": "Missing or wrong API key",
     "404": "Unknown model",
+    "408": "Body not received in time",
     "413": "Body over the size limit",
+    "415": "Unsupported Content-Type",
     "429": "A stage queue is full",
     "503": "A stage is unavailable",
     "504": "The request passed its deadline",
@@ -27,6 +29,8 @@ _ROUTES: list[tuple[str, str, str, type | None, dict[str, tuple[str, str, type |
      {"200": ("A chat completion, or chat.completion.chunk events", "application/json", s.ChatCompletion)}),
     ("post", "/v1/audio/speech", "Text to speech", s.SpeechRequest,
      {"200": ("Audio in response_format (or speech.audio.* SSE events)", "application/octet-stream", None)}),
+    ("post", "/v1/audio/transcriptions", "Speech to text (multipart/form-data upload)", s.TranscriptionForm,
+     {"200": ("The transcript (or transcript.text.* SSE events)", "application/json", s.Transcription)}),
     ("post", "/v1/images/generations", "Text to image", s.ImageRequest,
      {"200": ("Generated images", "application/json", s.ImagesResponse)}),
     ("get", "/v1/models", "Served models", None, {"200": ("Model list", "application/json", s.ModelList)}),
@@ -37,7 +41,10 @@ _ROUTES: list[tuple[str, str, str, type | None, dict[str, tuple[str, str, type |
     ("get", "/metrics", "Prometheus metrics", None, {"200": ("Prometheus text", "text/plain", None)}),
 ]
 
-_EXTRA = (s.ChatCompletionChunk, s.SpeechAudioDelta, s.SpeechAudioDone, s.ErrorResponse)
+_EXTRA = (s.ChatCompletionChunk, s.SpeechAudioDelta, s.SpeechAudioDone, s.TranscriptTextDelta,
+          s.TranscriptTextDone, s.ErrorResponse)
+_UPLOADS = {s.TranscriptionForm}
+"""Request structs sent as multipart/form-data rather than JSON."""
 
 
 def _ref(t: type) -> dict[str, str]:
@@ -53,7 +60,8 @@ def build_openapi(title: str, version: str) -> dict[str, Any]:
         if "{model}" in path:
             op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
         if req is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(req)}}}
+            ctype = "multipart/form-data" if req in _UPLOADS else "application/json"
+            op["requestBody"] = {"required": True, "content": {ctype: {"schema": _ref(req)}}}
         out: dict[str, Any] = {}
         for status, (desc, ctype, struct) in responses.items():
             schema = _ref(struct) if struct is not None else {"type": "string"}

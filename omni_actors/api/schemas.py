@@ -215,6 +215,36 @@ class SpeechAudioDone(Struct, tag_field="type", tag="speech.audio.done"):
 # ---- images --------------------------------------------------------------------
 
 
+class TranscriptionForm(Struct, kw_only=True):
+    """POST /v1/audio/transcriptions, as multipart/form-data fields (documentation only)."""
+
+    file: bytes
+    model: str
+    response_format: Literal["json", "text"] = "json"
+    stream: bool = False
+    language: str | None = None
+    prompt: str | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+
+
+class TranscriptionUsage(Struct):
+    type: Literal["duration"]
+    seconds: int
+
+
+class Transcription(Struct):
+    text: str
+    usage: TranscriptionUsage
+
+
+class TranscriptTextDelta(Struct, tag_field="type", tag="transcript.text.delta"):
+    delta: str
+
+
+class TranscriptTextDone(Struct, tag_field="type", tag="transcript.text.done"):
+    text: str
+
+
 class DiffusionFields(_Req):
     """Diffusion fields; also accepted at the top level of an image request."""
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 from assistant_support import assistant_dir, normalize
@@ -179,3 +180,25 @@ async def test_realtime_spoken_turn(srv: Server, question_wav: bytes) -> None:
     assert types.count("response.audio.delta") >= 2
     assert len(audio) / 2 / WIRE_RATE > 0.5
     await eventually(lambda: idle(srv.orch))
+
+
+async def test_transcriptions_route_as_the_openai_sdk_calls_it(srv: Server, question_wav: bytes) -> None:
+    """/v1/audio/transcriptions: a WAV upload as json, an MP3 as text, a stream, and clear refusals."""
+    sdk = client(srv)
+    got = await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", question_wav))
+    assert normalize(got.text) == normalize(QUESTION) and got.usage.seconds >= 1
+    mp3 = (await sdk.audio.speech.create(model="assistant", voice="alloy", input=QUESTION,
+                                         response_format="mp3")).content
+    text = await sdk.audio.transcriptions.create(model="assistant", file=("q.mp3", mp3), response_format="text")
+    assert normalize(text) == normalize(QUESTION)
+    events = [e async for e in await sdk.audio.transcriptions.create(
+        model="assistant", file=("q.wav", question_wav), stream=True)]
+    assert [e.type for e in events][-1] == "transcript.text.done" and len(events) >= 2
+    assert "".join(e.delta for e in events[:-1]) == events[-1].text and normalize(events[-1].text) == normalize(QUESTION)
+    with pytest.raises(openai.BadRequestError) as refused:  # tiny.en hears English only
+        await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", question_wav), language="fr")
+    assert refused.value.body["code"] == "rejected_by_stage"
+    with pytest.raises(openai.BadRequestError) as bad:
+        await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", b"not audio at all"))
+    assert (bad.value.body["code"], bad.value.body["param"]) == ("invalid_audio", "file")
+    await eventually(lambda: idle(srv.orch), timeout_s=10)

@@ -89,6 +89,9 @@ class WhisperAsrEngine(StageEngine):
 
     # -- requests --
     def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False) -> None:
+        language = params.get("language")
+        if language and language != self.language:  # the caller's to fix: a 400
+            raise ValueError(f"this model transcribes {self.language!r} only; language {language!r} was asked")
         self.requests[request_id] = _Request(rate=int(inputs.get("sample_rate", WHISPER_RATE)))
         self._take(request_id, inputs, last=not streaming)
 

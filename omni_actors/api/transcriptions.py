@@ -1,0 +1,155 @@
+"""POST /v1/audio/transcriptions: speech to text, OpenAI's upload route (multipart/form-data).
+
+Form fields:
+
+    file             required: an audio file libsndfile reads (wav, flac, mp3, ogg), any
+                     rate, mixed to mono
+    model            required: a served model name
+    response_format  "json" (default: {"text", "usage"}) | "text" (text/plain)
+    stream           "true": SSE `transcript.text.delta` events, then `transcript.text.done`
+    language         ISO-639-1; a stage that transcribes one language refuses others (400)
+    prompt, temperature
+                     accepted for client compatibility, passed on as params
+
+What goes into the pipeline:
+
+    inputs  {"audio": float32 mono, "sample_rate": int}
+    params  {"modalities": ["transcript"], "language", "prompt", "temperature"}  (those sent)
+
+The pipeline must produce "transcript" chunks ({"text": ...}). The body is read
+here, not by the body middleware (a multipart upload is parsed as it streams):
+with the same size limit (413) and time limit (408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from omni_actors.api.audio_codec import decode_file, off_loop
+from omni_actors.api.calls import (
+    PipelineCall,
+    drop_none,
+    orchestrator,
+    require_model,
+    require_outputs,
+)
+from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.schemas import (
+    Transcription,
+    TranscriptionUsage,
+    TranscriptTextDelta,
+    TranscriptTextDone,
+)
+from omni_actors.api.sse import SSEWriter
+from omni_actors.errors import RequestError
+
+ROUTE = "/v1/audio/transcriptions"
+FORMATS = ("json", "text")
+FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature"})
+READ_CHUNK = 1 << 16
+
+
+async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
+    """The text fields and the file's bytes; 400 naming a missing, unknown or repeated field."""
+    if request.content_type != "multipart/form-data":
+        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send the audio as "
+                       "multipart/form-data with a `file` field", None, "unsupported_media_type")
+    fields: dict[str, str] = {}
+    upload: bytes | None = None
+    total = 0
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        name = part.name or ""
+        if name not in FIELDS:
+            raise bad_request(f"unknown form field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
+        if name in fields or (name == "file" and upload is not None):
+            raise bad_request(f"form field `{name}` is given twice", name)
+        data = bytearray()
+        while chunk := await part.read_chunk(READ_CHUNK):
+            total += len(chunk)
+            if total > max_bytes:
+                raise ApiError(413, f"request body is over the limit of {max_bytes} bytes", None,
+                               "body_too_large", close=True)
+            data += chunk
+        if name == "file":
+            upload = bytes(data)
+        else:
+            fields[name] = data.decode("utf-8", errors="replace").strip()
+    if upload is None:
+        raise bad_request("form field `file` is required (the audio to transcribe)", "file",
+                          "missing_required_parameter")
+    return fields, upload
+
+
+def _options(fields: dict[str, str]) -> tuple[str, bool, dict[str, Any]]:
+    """(response_format, stream, params) from the text fields; 400 naming a bad one."""
+    fmt = fields.get("response_format", "json")
+    if fmt not in FORMATS:
+        raise bad_request(f"response_format {fmt!r} is not supported; expected one of {list(FORMATS)}",
+                          "response_format", "unsupported_value")
+    stream = fields.get("stream", "false").lower()
+    if stream not in ("true", "false"):
+        raise bad_request("stream must be true or false", "stream")
+    temperature = None
+    if "temperature" in fields:
+        try:
+            temperature = float(fields["temperature"])
+        except ValueError:
+            temperature = -1.0
+        if not 0.0 <= temperature <= 1.0:
+            raise bad_request("temperature must be a number between 0 and 1", "temperature")
+    params = drop_none({"modalities": ["transcript"], "language": fields.get("language") or None,
+                        "prompt": fields.get("prompt") or None, "temperature": temperature})
+    return fmt, stream == "true", params
+
+
+async def transcriptions(request: web.Request) -> web.StreamResponse:
+    orch = orchestrator(request)
+    server = orch.deploy.server
+    max_bytes = int(server.max_body_mb * 1024 * 1024)
+    try:
+        fields, upload = await asyncio.wait_for(_read_form(request, max_bytes), server.body_timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
+                       "body_timeout", close=True) from None
+    if "model" not in fields:
+        raise bad_request("form field `model` is required", "model", "missing_required_parameter")
+    require_model(orch, fields["model"])
+    require_outputs(orch, {"transcript"}, "model")
+    fmt, stream, params = _options(fields)
+    audio, rate = await off_loop(decode_file, upload, "file")
+    if not audio.size:
+        raise bad_request("the audio file holds no samples", "file", "invalid_audio")
+    seconds = audio.size / rate
+    async with PipelineCall(request, ROUTE, {"audio": audio, "sample_rate": rate}, params, {"transcript"}) as call:
+        if stream:
+            return await _stream(request, call)
+        text = "".join([str(c.data.get("text") or "") async for c in call if c.output_type == "transcript"])
+    text = text.strip()
+    if fmt == "text":
+        return web.Response(text=text, content_type="text/plain")
+    body = Transcription(text, TranscriptionUsage("duration", int(np.ceil(seconds))))
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def _stream(request: web.Request, call: PipelineCall) -> web.StreamResponse:
+    await call.started()  # an error before the first output keeps its HTTP status
+    parts: list[str] = []
+    async with SSEWriter(request) as sse:
+        try:
+            async for chunk in call:
+                piece = str(chunk.data.get("text") or "") if chunk.output_type == "transcript" else ""
+                if piece:
+                    if not parts:
+                        piece = piece.lstrip()
+                    parts.append(piece)
+                    await sse.send(TranscriptTextDelta(delta=piece))
+        except RequestError as err:
+            return await sse.fail(from_exception(err))
+        await sse.send(TranscriptTextDone(text="".join(parts).strip()))
+        return await sse.end()
