@@ -12,6 +12,7 @@ finalizer) must not leave an orphan running.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class WorkerLoop:
         codec: PayloadCodec,
         heartbeat_interval_s: float,
         parent_pid: int | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.stage = stage
         self.engine = engine
@@ -51,6 +53,7 @@ class WorkerLoop:
         self.codec = codec
         self.heartbeat_interval_s = heartbeat_interval_s
         self.parent_pid = parent_pid
+        self.stop = stop
         self.processor = resolve(stage.processor) if stage.processor else concat_upstream
         self.chunk_processor = resolve(stage.chunk_processor) if stage.chunk_processor else pass_chunk
         self.requests: dict[str, _Request] = {}
@@ -77,6 +80,8 @@ class WorkerLoop:
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     log.warning("worker.orphaned", parent=self.parent_pid)  # the main process is gone
                     break
+                if self.stop is not None and self.stop.is_set():
+                    break  # asked to stop by a signal whose SystemExit was swallowed
                 self._out.append(self._heartbeat())
                 next_beat = now + self.heartbeat_interval_s
             self._flush()

@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import msgspec
@@ -38,7 +39,15 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(0)
 
 
+STOP = threading.Event()
+"""Set by the first SIGTERM; the worker loop also checks it, in case the SystemExit it raised
+was swallowed (a signal that lands inside a finalizer is only printed there)."""
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
+    if STOP.is_set():
+        return  # a repeat: a parent dying with several threads sends its death signal once per thread
+    STOP.set()
     raise SystemExit(0)
 
 
@@ -96,12 +105,11 @@ def main(argv: list[str]) -> int:
             return 1
         sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid())])
         codec = PayloadCodec(spec.identity, arena, segments)
-        WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s, parent).run()
+        WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s, parent, STOP).run()
         return 0
     finally:
-        # Once cleaning up, a repeat must not cut it short (a parent dying with several threads
-        # sends the parent-death signal once per thread). Not sooner: a SIGTERM that landed in a
-        # finalizer is swallowed there, and the next one must still end the worker.
+        # Once cleaning up, no signal may cut it short (e.g. the parent-death signal arriving
+        # after a Shutdown message ended the loop).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if engine is not None:
             try:
