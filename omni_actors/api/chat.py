@@ -18,13 +18,21 @@ Streaming: `chat.completion.chunk` events, text in `delta.content`, audio in
 a last chunk with `finish_reason`, a usage chunk when
 `stream_options.include_usage`, then `[DONE]`. Usage counts what the pipeline
 reports, else one completion token per text delta.
+
+`n` (1-8) choices: each is its own pipeline request (with a seed, choice i gets
+seed + i); choices are indexed in the answer and interleaved as they come when
+streamed, each with its own finish chunk; usage counts the prompt once. Any
+choice's error ends the whole answer and aborts the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,19 +143,37 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # Decoding media is real work (a thread); plain text is cheaper than the hop.
     inputs = await off_loop(build_chat_inputs, req.messages) if has_media else build_chat_inputs(req.messages)
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    call = PipelineCall(request, ROUTE, inputs, chat_params(req, modalities), set(modalities), cid)
-    async with call:
+    params, n = chat_params(req, modalities), req.n or 1
+    async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
+        calls = [await calls_open.enter_async_context(PipelineCall(
+            request, ROUTE, inputs, choice_params(params, i), set(modalities), cid if n == 1 else f"{cid}-{i}"
+        )) for i in range(n)]
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return await _stream(request, call, cid, model, audio_format if want_audio else None,
+            return await _stream(request, calls, cid, model, audio_format if want_audio else None,
                                  include_usage)
-        return await _complete(call, cid, model, audio_format if want_audio else None)
+        return await _complete(calls, cid, model, audio_format if want_audio else None)
 
 
-async def _complete(call: PipelineCall, cid: str, model: str, audio_format: str | None) -> web.Response:
+def choice_params(params: dict[str, Any], index: int) -> dict[str, Any]:
+    """Choice `index`'s params: with a seed, each choice gets its own (seed + index), reproducibly."""
+    seed = params.get("seed")
+    if index == 0 or seed is None:
+        return params
+    return {**params, "seed": seed + index if seed + index < 2**63 else seed - index}
+
+
+async def _collect(call: PipelineCall, audio_format: str | None) -> Tally:
     tally = Tally()
     async for chunk in call:
-        _accumulate(tally, chunk, audio_format)
+        if chunk.output_type == "text":
+            tally.add_text(chunk.data)
+        elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
+            tally.add_audio(chunk.data)
+    return tally
+
+
+async def _message(tally: Tally, audio_format: str | None) -> ResponseMessage:
     text = "".join(tally.text)
     audio = None
     if audio_format is not None:
@@ -156,57 +182,115 @@ async def _complete(call: PipelineCall, cid: str, model: str, audio_format: str 
         audio = ChatAudio(id=f"audio_{uuid.uuid4().hex[:24]}", data=base64.b64encode(data).decode(),
                           expires_at=int(time.time()) + AUDIO_TTL_S,
                           transcript="".join(tally.transcript) or text)
-    message = ResponseMessage(role="assistant", content=text, audio=audio)
-    body = ChatCompletion(id=cid, created=int(time.time()), model=model,
-                          choices=[Choice(0, message, tally.finish_reason)], usage=tally.usage())
+    return ResponseMessage(role="assistant", content=text, audio=audio)
+
+
+def _usage(tallies: list[Tally]) -> Usage:
+    """The prompt counted once, every choice's completion."""
+    prompt = tallies[0].prompt_tokens
+    completion = sum(t.completion_tokens for t in tallies)
+    return Usage(prompt, completion, prompt + completion)
+
+
+async def _complete(calls: list[PipelineCall], cid: str, model: str, audio_format: str | None) -> web.Response:
+    tallies = await asyncio.gather(*(_collect(call, audio_format) for call in calls))
+    choices = [Choice(i, await _message(t, audio_format), t.finish_reason) for i, t in enumerate(tallies)]
+    body = ChatCompletion(id=cid, created=int(time.time()), model=model, choices=choices, usage=_usage(tallies))
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
-def _accumulate(tally: Tally, chunk: StageChunk, audio_format: str | None) -> None:
-    if chunk.output_type == "text":
-        tally.add_text(chunk.data)
-    elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
-        tally.add_audio(chunk.data)
+async def _merged(calls: list[PipelineCall]) -> AsyncIterator[tuple[int, StageChunk | None]]:
+    """(choice, chunk) as the choices' pipelines make them; (choice, None) when one ends.
+    The first error of any choice is raised (the caller's exit aborts the others)."""
+    if len(calls) == 1:
+        async for chunk in calls[0]:
+            yield 0, chunk
+        yield 0, None
+        return
+    queue: asyncio.Queue[tuple[int, StageChunk | RequestError | None]] = asyncio.Queue()
 
-
-async def _stream(request: web.Request, call: PipelineCall, cid: str, model: str,
-                  audio_format: str | None, include_usage: bool) -> web.StreamResponse:
-    created = int(time.time())
-    tally = Tally()
-    audio_id = f"audio_{uuid.uuid4().hex[:24]}"
-    encoder: StreamEncoder | None = None
-
-    def chunk_event(delta: Delta, finish: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=cid, created=created, model=model,
-                                   choices=[ChunkChoice(0, delta, finish)])
-
-    await call.started()  # an error before the first output keeps its HTTP status
-    async with SSEWriter(request) as sse:
-        await sse.send(chunk_event(Delta(role="assistant", content="")))
+    async def pump(index: int, call: PipelineCall) -> None:
         try:
             async for chunk in call:
-                if chunk.output_type == "text":
-                    delta = tally.add_text(chunk.data)
-                    if delta:
-                        await sse.send(chunk_event(Delta(content=delta)))
-                elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
-                    audio, transcript = tally.add_audio(chunk.data, keep=False)
-                    if encoder is None:
-                        encoder = StreamEncoder(audio_format, tally.sample_rate)
-                    data = await encoder.feed_async(audio)
-                    await sse.send(chunk_event(Delta(audio=DeltaAudio(
-                        id=audio_id, data=base64.b64encode(data).decode() if data else None,
-                        transcript=transcript))))
+                queue.put_nowait((index, chunk))
+            queue.put_nowait((index, None))
+        except RequestError as err:
+            queue.put_nowait((index, err))
+
+    pumps = [asyncio.ensure_future(pump(i, call)) for i, call in enumerate(calls)]
+    try:
+        live = len(calls)
+        while live:
+            index, item = await queue.get()
+            if isinstance(item, RequestError):
+                raise item
+            live -= item is None
+            yield index, item
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+class _ChoiceStream:
+    """One choice of a streamed answer: its text and audio deltas as chat.completion.chunk events."""
+
+    def __init__(self, index: int, audio_format: str | None, event: Any) -> None:
+        self.index = index
+        self.audio_format = audio_format
+        self.event = event  # (ChunkChoice) -> ChatCompletionChunk
+        self.tally = Tally()
+        self.audio_id = f"audio_{uuid.uuid4().hex[:24]}"
+        self.encoder: StreamEncoder | None = None
+
+    async def on_chunk(self, chunk: StageChunk) -> ChatCompletionChunk | None:
+        if chunk.output_type == "text":
+            delta = self.tally.add_text(chunk.data)
+            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta else None
+        if chunk.output_type == "audio" and self.audio_format is not None and "audio" in chunk.data:
+            audio, transcript = self.tally.add_audio(chunk.data, keep=False)
+            if self.encoder is None:
+                self.encoder = StreamEncoder(self.audio_format, self.tally.sample_rate)
+            data = await self.encoder.feed_async(audio)
+            return self.event(ChunkChoice(self.index, Delta(audio=DeltaAudio(
+                id=self.audio_id, data=base64.b64encode(data).decode() if data else None,
+                transcript=transcript))))
+        return None
+
+    async def finish(self) -> list[ChatCompletionChunk]:
+        out = []
+        if self.audio_format is not None:
+            tail = await off_loop(self.encoder.finish) if self.encoder is not None else b""
+            out.append(self.event(ChunkChoice(self.index, Delta(audio=DeltaAudio(
+                id=self.audio_id, data=base64.b64encode(tail).decode() if tail else None,
+                expires_at=int(time.time()) + AUDIO_TTL_S)))))
+        out.append(self.event(ChunkChoice(self.index, Delta(), self.tally.finish_reason)))
+        return out
+
+
+async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, model: str,
+                  audio_format: str | None, include_usage: bool) -> web.StreamResponse:
+    created = int(time.time())
+
+    def event(choice: ChunkChoice) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice])
+
+    choices = [_ChoiceStream(i, audio_format, event) for i in range(len(calls))]
+    # An error before the first output keeps its HTTP status.
+    await asyncio.gather(*(call.started() for call in calls))
+    async with SSEWriter(request) as sse:
+        for c in choices:
+            await sse.send(event(ChunkChoice(c.index, Delta(role="assistant", content=""))))
+        try:
+            async for index, chunk in _merged(calls):
+                if chunk is None:
+                    for out in await choices[index].finish():
+                        await sse.send(out)
+                elif (out := await choices[index].on_chunk(chunk)) is not None:
+                    await sse.send(out)
         except RequestError as err:  # headers are out: report in-band
             return await sse.fail(from_exception(err))
-        if audio_format is not None:
-            tail = await off_loop(encoder.finish) if encoder is not None else b""
-            await sse.send(chunk_event(Delta(audio=DeltaAudio(
-                id=audio_id, data=base64.b64encode(tail).decode() if tail else None,
-                expires_at=int(time.time()) + AUDIO_TTL_S))))
-        await sse.send(chunk_event(Delta(), tally.finish_reason))
         if include_usage:
             await sse.send(ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
-                                               usage=tally.usage()))
+                                               usage=_usage([c.tally for c in choices])))
         return await sse.done()
-

@@ -27,6 +27,8 @@ TopK = Annotated[int, Meta(ge=-1, le=INT32_MAX)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 """A 64-bit seed. Unbounded JSON integers would not fit the bus's msgpack frames."""
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
+MAX_CHOICES = 8
+"""Most choices (`n`) one chat request may ask for; each runs as its own pipeline request."""
 
 
 class _Req(Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
@@ -106,7 +108,7 @@ class ChatCompletionRequest(_Req):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
-    n: Annotated[int, Meta(ge=1, le=1)] | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None

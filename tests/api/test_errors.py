@@ -174,9 +174,10 @@ async def test_disconnect_mid_chunked_speech_aborts(srv: Server) -> None:
     await _leak_free(srv)
 
 
+@pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_request_the_stage_refuses_is_a_400_even_when_streamed(srv: Server, stream: bool) -> None:
-    body = {"model": "synthetic", "messages": MSG, "max_tokens": MAX_CHUNKS + 1, "stream": stream}
+async def test_a_request_the_stage_refuses_is_a_400_even_when_streamed(srv: Server, stream: bool, n: int) -> None:
+    body = {"model": "synthetic", "messages": MSG, "max_tokens": MAX_CHUNKS + 1, "stream": stream, "n": n}
     status, out = await post(srv, CHAT, body)
     assert status == 400, out  # not a 500, and no 200 stream carrying the error
     err = _error(out, 400, "invalid_request_error")

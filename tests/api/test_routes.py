@@ -95,6 +95,29 @@ async def test_chat_audio_out_streaming(srv: Server) -> None:
     assert "".join(transcripts).split() == ["hello", "big", "world"]
 
 
+async def test_chat_n_choices_whole_and_streamed_with_audio(srv: Server) -> None:
+    """n > 1: each choice is its own pipeline request; choices come back indexed, usage adds up."""
+    client, msgs = srv.client(), [{"role": "user", "content": PROMPT}]
+    out = await client.chat.completions.create(model="omni-test", messages=msgs, max_tokens=3, n=3, seed=7,
+                                               modalities=["text", "audio"], audio={"voice": "a", "format": "wav"})
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.message.content == "hello big world" and c.message.audio.data for c in out.choices)
+    assert len({c.message.audio.id for c in out.choices}) == 3
+    assert out.usage.completion_tokens == 9
+    stream = await client.chat.completions.create(model="omni-test", messages=msgs, max_tokens=4, n=2,
+                                                  stream=True, stream_options={"include_usage": True})
+    text, finish, usage = {0: "", 1: ""}, {}, None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    assert text == {0: "hello big world hello", 1: "hello big world hello"}
+    assert finish == {0: "stop", 1: "stop"} and usage.completion_tokens == 8
+    assert idle(srv.orch) and srv.orch.statistics().requests_in_flight == 0
+
+
 def _wav_b64(seconds: float, rate: int = 16000) -> str:
     buf = io.BytesIO()
     sf.write(buf, np.zeros(int(seconds * rate), np.float32), rate, format="WAV")
