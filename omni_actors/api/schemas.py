@@ -214,7 +214,7 @@ class SpeechAudioDone(Struct, tag_field="type", tag="speech.audio.done"):
     usage: SpeechUsage
 
 
-# ---- images --------------------------------------------------------------------
+# ---- transcriptions --------------------------------------------------------------
 
 
 class TranscriptionForm(Struct, kw_only=True):
@@ -245,6 +245,9 @@ class TranscriptTextDelta(Struct, tag_field="type", tag="transcript.text.delta")
 
 class TranscriptTextDone(Struct, tag_field="type", tag="transcript.text.done"):
     text: str
+
+
+# ---- images --------------------------------------------------------------------
 
 
 class DiffusionFields(_Req):
