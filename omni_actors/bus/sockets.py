@@ -66,11 +66,15 @@ class AsyncRouter:
         # rejects, or under load even with handover (libzmq #2892) drops, a newcomer whose
         # identity a dead peer's pipe still holds. Handover stays on for outside peers that do.
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        if endpoint.endswith(":0") and endpoint.startswith("tcp://"):
-            port = self.sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])
-            endpoint = f"{endpoint.rsplit(':', 1)[0]}:{port}"
-        else:
-            self.sock.bind(endpoint)
+        try:
+            if endpoint.endswith(":0") and endpoint.startswith("tcp://"):
+                port = self.sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])
+                endpoint = f"{endpoint.rsplit(':', 1)[0]}:{port}"
+            else:
+                self.sock.bind(endpoint)
+        except zmq.ZMQError:
+            self.sock.close(0)  # else the context's term() would wait for it forever
+            raise
         self.endpoint = endpoint
         self._on_message = on_message
         self._on_unsendable = on_unsendable

@@ -114,13 +114,13 @@ class Orchestrator:
         if swept:
             log.info("runtime.swept_stale", dirs=swept)
         self.runtime = RuntimeDir()
-        claim_runtime_dir(self.runtime.path)
-        self._zmq = zmq.Context(1)
-        endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
-        self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)
-        self.router.start()
-        launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
-        try:
+        try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
+            claim_runtime_dir(self.runtime.path)
+            self._zmq = zmq.Context(1)
+            endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
+            self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)
+            self.router.start()
+            launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
             await self.supervisor.start_all(launcher)
         except BaseException:
             await self.stop(drain=False)

@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+import zmq
 
 from omni_actors.errors import RequestAborted, RequestTimeout, StageUnavailable, WorkerDied
 from omni_actors.orchestrator.requests import RequestSpec
@@ -124,3 +125,13 @@ async def test_a_restart_that_never_becomes_ready_is_killed_and_tried_again() ->
         assert orch.statistics().worker_restarts == 2
         chunks = await orch.submit(RequestSpec(inputs={"prompt": "b"}, params={"chunks": 2})).collect()
         assert chunks[-1].finished
+
+
+async def test_a_bus_endpoint_that_cannot_be_bound_fails_start_and_leaves_nothing() -> None:
+    from omni_actors.orchestrator.core import Orchestrator
+
+    orch = Orchestrator(make_deploy("synthetic_text"), endpoint="ipc:///nonexistent-dir/for/sure/bus.sock")
+    with pytest.raises(zmq.ZMQError):
+        await asyncio.wait_for(orch.start(), 30)  # (a socket left open would hang the context's term)
+    assert orch.runtime is not None and not orch.runtime.path.exists()  # its runtime dir is gone
+    assert shm_files(orch.run_prefix) == [] and orch.workers[0] == []
