@@ -126,6 +126,7 @@ def vllm_cmd(args: argparse.Namespace, port: int, tmp: Path) -> tuple[list[str],
         "VLLM_CPU_KVCACHE_SPACE": str(args.kv_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
         "VLLM_CACHE_ROOT": str(tmp / "vllm-server-cache"), "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_RPC_BASE_PATH": str(tmp),  # its ipc sockets go with our temp dir (in /tmp they outlive it)
     }  # fmt: skip
     return cmd, env
 
