@@ -62,6 +62,20 @@ def token2wav(tiny_dir):
 
 
 @torch.inference_mode()
+def _loaded_adapter(path: Path):
+    """The code2wav stage's adapter (the one GenerationEngine runs), loaded from `path` on CPU."""
+    from omni_actors.config.pipeline import resolve
+
+    ctx = EngineContext(
+        stage_id=2, replica=0, model_stage="code2wav", model_path=path, device="cpu",
+        max_num_seqs=8, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
+        engine_extras={},
+    )  # fmt: skip
+    adapter = resolve(ADAPTER)(ctx)
+    adapter.load()
+    return adapter
+
+
 def test_fast_vocoder_equals_transformers(token2wav):
     ref = token2wav.code2wav_bigvgan_model
     fast = copy.deepcopy(ref)
@@ -114,15 +128,8 @@ def test_adapter_decode_equals_transformers_modules(tiny_dir):
     the same windows with transformers' DiT forward and its batched BigVGAN."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-    from omni_actors.config.pipeline import resolve
 
-    ctx = EngineContext(
-        stage_id=2, replica=0, model_stage="code2wav", model_path=tiny_dir, device="cpu",
-        max_num_seqs=8, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
-        engine_extras={},
-    )  # fmt: skip
-    adapter = resolve(ADAPTER)(ctx)
-    adapter.load()
+    adapter = _loaded_adapter(tiny_dir)
     ref_model = _token2wav(tiny_dir)
     # The reference's random SnakeBeta parameters in the adapter's (fast) vocoder too.
     adapter.model.code2wav_bigvgan_model = copy.deepcopy(ref_model.code2wav_bigvgan_model)
@@ -164,16 +171,9 @@ def test_adapter_decode_equals_transformers_modules(tiny_dir):
 def test_vocoder_on_the_kept_codes_only_equals_the_whole_window(tiny_dir, token2wav):
     """decode_part vocodes the kept codes plus the measured receptive radius: the kept
     samples equal those of vocoding the whole window."""
-    from omni_actors.config.pipeline import resolve
     from omni_actors.models.qwen2_5_omni.fast_token2wav import receptive_radius
 
-    ctx = EngineContext(
-        stage_id=2, replica=0, model_stage="code2wav", model_path=tiny_dir, device="cpu",
-        max_num_seqs=8, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
-        engine_extras={},
-    )  # fmt: skip
-    adapter = resolve(ADAPTER)(ctx)
-    adapter.load()
+    adapter = _loaded_adapter(tiny_dir)
     adapter.model.code2wav_bigvgan_model = copy.deepcopy(token2wav.code2wav_bigvgan_model)
     install_fast_vocoder(adapter.model.code2wav_bigvgan_model)
     radius = receptive_radius(adapter.model.code2wav_bigvgan_model, 80)

@@ -86,6 +86,22 @@ def _drain(engine: GenerationEngine, got: dict[str, list]) -> None:
             got.setdefault(out.request_id, []).append(out)
 
 
+def _one_at_a_time(engine: GenerationEngine, all_codes: dict[str, np.ndarray]) -> dict[str, list]:
+    """Each request's whole codes, decoded alone: the reference for concurrent runs."""
+    alone: dict[str, list] = {}
+    for rid, codes in all_codes.items():
+        engine.add(rid, {"codes": codes}, {})
+        _drain(engine, alone)
+    return alone
+
+
+def _feed_round(engine: GenerationEngine, all_codes: dict[str, np.ndarray], start: int, size: int) -> None:
+    """Codes [start, start + size) of every request still receiving, as async chunk delivers them."""
+    for rid, codes in all_codes.items():
+        if start < len(codes):
+            engine.feed(rid, {"codes": codes[start : start + size]}, last=start + size >= len(codes))
+
+
 def _audio(outs: list) -> np.ndarray:
     assert sum(o.finished for o in outs) == 1 and outs[-1].finished
     return np.concatenate([o.payload["audio"] for o in outs])
@@ -217,17 +233,12 @@ def test_toy_concurrent_streams_equal_alone_under_growth_and_a_batch_cap():
     engine = GenerationEngine(_ctx(TOY, max_batch_codes=12))
     rng = np.random.default_rng(5)
     all_codes = {f"r{i}": rng.integers(0, 100, 10 + 9 * i).astype(np.float32) for i in range(4)}
-    alone: dict[str, list] = {}
-    for rid, codes in all_codes.items():
-        engine.add(rid, {"codes": codes}, {})
-        _drain(engine, alone)
+    alone = _one_at_a_time(engine, all_codes)
     together: dict[str, list] = {}
     for rid in all_codes:
         engine.add(rid, {}, {}, streaming=True)
     for start in range(0, 40, 4):
-        for rid, codes in all_codes.items():
-            if start < len(codes):
-                engine.feed(rid, {"codes": codes[start : start + 4]}, last=start + 4 >= len(codes))
+        _feed_round(engine, all_codes, start, 4)
         for out in engine.step():  # one batch, then more codes arrive (a busy worker)
             together.setdefault(out.request_id, []).append(out)
     _drain(engine, together)
@@ -310,17 +321,12 @@ def test_qwen3_code2wav_concurrent_equals_alone(qwen3_dir):
     engine = GenerationEngine(_ctx(QWEN3, qwen3_dir))
     rng = np.random.default_rng(2)
     all_codes = {f"r{i}": rng.integers(0, 2048, (12 + 7 * i, 16)) for i in range(4)}
-    alone: dict[str, list] = {}
-    for rid, codes in all_codes.items():
-        engine.add(rid, {"codes": codes}, {})
-        _drain(engine, alone)
+    alone = _one_at_a_time(engine, all_codes)
     together: dict[str, list] = {}
     for rid in all_codes:
         engine.add(rid, {}, {}, streaming=True)
     for start in range(0, 40, 5):  # interleaved feeds, as async chunk delivers them
-        for rid, codes in all_codes.items():
-            if start < len(codes):
-                engine.feed(rid, {"codes": codes[start : start + 5]}, last=start + 5 >= len(codes))
+        _feed_round(engine, all_codes, start, 5)
         _drain(engine, together)
     for rid in all_codes:
         np.testing.assert_allclose(_audio(together[rid]), _audio(alone[rid]), atol=1e-4)
