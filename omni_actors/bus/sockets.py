@@ -9,6 +9,7 @@ descriptor is edge-triggered, so after every send we look again for input.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -29,12 +30,20 @@ SEND_HWM = 0
 
 
 class RuntimeDir:
-    """A private (0700) directory for ipc endpoints, removed by `close`."""
+    """A private (0700) directory for ipc endpoints, removed by `close`.
+
+    It names its owner (OWNER_FILE: this process's pid), so a later run can remove the
+    directory of one that was killed (orchestrator.supervisor.sweep_stale_runtime_dirs).
+    """
+
+    PREFIX = "omni-run-"
+    OWNER_FILE = "main.pid"
 
     def __init__(self) -> None:
         SETTINGS.runtime_parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix="omni-run-", dir=SETTINGS.runtime_parent))
+        self.path = Path(tempfile.mkdtemp(prefix=self.PREFIX, dir=SETTINGS.runtime_parent))
         self.path.chmod(0o700)
+        (self.path / self.OWNER_FILE).write_text(str(os.getpid()))
 
     def endpoint(self, name: str) -> str:
         return f"ipc://{self.path / name}"

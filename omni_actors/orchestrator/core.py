@@ -47,7 +47,6 @@ from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
     STARTUP_TIMEOUT_S,
     Supervisor,
-    claim_runtime_dir,
     sweep_stale_runtime_dirs,
     sweep_stale_segments,
 )
@@ -115,7 +114,6 @@ class Orchestrator:
             log.info("runtime.swept_stale", dirs=swept)
         self.runtime = RuntimeDir()
         try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
-            claim_runtime_dir(self.runtime.path)
             self._zmq = zmq.Context(1)
             endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
             self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)

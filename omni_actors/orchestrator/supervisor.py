@@ -21,7 +21,7 @@ from typing import Any
 from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.shm import SHM_DIR, unlink_prefix, unlink_segment
-from omni_actors.bus.sockets import AsyncRouter
+from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import StartupError
@@ -35,8 +35,6 @@ HEARTBEAT_TIMEOUT_S = 60.0
 """A worker silent this long is presumed hung and is killed (then restarted)."""
 RESTART_BACKOFF_S = (0.0, 1.0, 5.0, 15.0)
 """Delay before restart attempts 1, 2, 3 and later ones of a worker that keeps dying."""
-RUNTIME_OWNER_FILE = "main.pid"
-"""In a run's runtime directory: its main process's pid, so a later run can remove what a killed one left."""
 
 
 class Supervisor:
@@ -188,8 +186,7 @@ class Supervisor:
             self._on_death_cb(h, detail)
         finally:
             # Whatever the bookkeeping did, the stage must come back.
-            self.by_producer.pop(h.producer, None)
-            unlink_prefix(h.shm_prefix)
+            self._forget(h)
             self.update_health()
             if was_ready and not self.draining:
                 self._spawn_task(self._restart(h))
@@ -219,8 +216,12 @@ class Supervisor:
                 log.error("worker.restart_failed", stage_id=h.stage_id, replica=h.replica, error=detail)
                 h.dead = True  # this generation is given up: a late Ready must not revive it
                 await end_process(h.proc, first_signal=signal.SIGKILL)
-                self.by_producer.pop(h.producer, None)
-                unlink_prefix(h.shm_prefix)
+                self._forget(h)
+
+    def _forget(self, h: WorkerHandle) -> None:
+        """A gone worker's leases can no longer be freed by it: drop its name and its segments."""
+        self.by_producer.pop(h.producer, None)
+        unlink_prefix(h.shm_prefix)
 
     def _arm_watchdog(self) -> None:
         loop = asyncio.get_running_loop()
@@ -251,14 +252,10 @@ def sweep_stale_segments() -> int:
     return count
 
 
-def claim_runtime_dir(path: Path) -> None:
-    (path / RUNTIME_OWNER_FILE).write_text(str(os.getpid()))
-
-
 def sweep_stale_runtime_dirs(parent: Path) -> int:
     """Remove runtime directories (`omni-run-*`) of runs whose main process no longer exists."""
     count = 0
-    for owner in parent.glob(f"omni-run-*/{RUNTIME_OWNER_FILE}"):
+    for owner in parent.glob(f"{RuntimeDir.PREFIX}*/{RuntimeDir.OWNER_FILE}"):
         try:
             pid = int(owner.read_text())
         except (OSError, ValueError):
