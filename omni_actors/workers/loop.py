@@ -4,9 +4,9 @@ One thread does everything. Each turn takes every waiting message without
 blocking, runs one engine step if there is work, and sends all outputs of the
 turn in one frame. With nothing to do it blocks on the socket (waking at the
 heartbeat interval). Stage input processors run here, next to the engine.
-At every heartbeat it also checks that its main process is still its parent:
-the parent-death signal comes once, and one swallowed (say, inside a
-finalizer) must not leave an orphan running.
+At every heartbeat it also checks that its main process is still its parent
+and that no SIGTERM set the stop flag: such a signal comes once, and one
+swallowed (say, inside a finalizer) must not leave the worker running.
 """
 
 from __future__ import annotations
