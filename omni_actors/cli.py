@@ -55,7 +55,12 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-async-chunk", dest="async_chunk", action="store_false")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
-    p.add_argument("--model", help="model path (overrides the deploy file's `model`)")
+    p.add_argument(
+        "--model",
+        help="model folder; without --deploy, the pipeline is detected from the folder "
+        "(model_index.json / config.json); with --deploy, it overrides the file's `model`",
+    )
+    p.add_argument("--served-model-name", help="the `model` name clients use (default: the pipeline's)")
     return p
 
 
@@ -106,13 +111,33 @@ def load_from_args(args: argparse.Namespace) -> DeployConfig:
         overlay.update(parse_stage_overrides(args.stage_overrides))
     if args.async_chunk is not None:
         overlay["async_chunk"] = args.async_chunk
-    server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    server = {
+        k: v
+        for k, v in (
+            ("host", args.host), ("port", args.port), ("served_model_name", args.served_model_name),
+        )
+        if v is not None
+    }
     if server:
         overlay["server"] = server
     if args.model:
         overlay["model"] = args.model
+    if args.model and not args.deploy and Path(args.model).expanduser().exists():
+        return served_folder(args.model, overlay)
     path = Path(args.deploy) if args.deploy else bundled_deploy()
     return load_deploy(path, overlay or None)
+
+
+def served_folder(model: str, overlay: dict[str, Any]) -> DeployConfig:
+    """`omni-run --model DIR` without a deploy file: the pipeline detected from the folder,
+    default placement, served under the folder's name unless --served-model-name says otherwise."""
+    from omni_actors.config.deploy import build_deploy
+    from omni_actors.models.detect import detect_pipeline
+
+    pipeline = detect_pipeline(model)
+    server = {"served_model_name": Path(model).expanduser().resolve().name, **overlay.get("server", {})}
+    raw = {"pipeline": pipeline, **overlay, "server": server}
+    return build_deploy(raw, f"--model {model}")
 
 
 def with_prepared_model(deploy: DeployConfig) -> DeployConfig:

@@ -61,6 +61,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     planner: str | None = None
     """"module:function" choosing the stage subset for a request: (pipeline, request) -> ids."""
     description: str = ""
+    detect: tuple[str, ...] = ()
+    """Folders this pipeline serves without a deploy file (`omni-run --model DIR`): entries
+    "diffusers:<model_index.json _class_name>" or "transformers:<config.json model_type>";
+    "diffusers:*" serves any diffusers folder no other pipeline claims. See models/detect.py."""
 
     def stage(self, stage_id: int) -> StageSpec:
         for spec in self.stages:

@@ -16,6 +16,7 @@ ENGINE = "omni_actors.workers.engines.diffusion:DiffusionEngine"
 @register_pipeline("diffusion")
 def diffusion() -> PipelineConfig:
     return PipelineConfig(
+        detect=("diffusers:*",),
         name="diffusion",
         description="text (or class) to image with any diffusers pipeline; batched, per-step progress",
         stages=(

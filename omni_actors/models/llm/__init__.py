@@ -11,6 +11,7 @@ from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec
 @register_pipeline("llm")
 def llm() -> PipelineConfig:
     return PipelineConfig(
+        detect=("transformers:llama", "transformers:qwen2", "transformers:qwen3", "transformers:mistral"),
         name="llm",
         description="A text LLM served on vLLM (streamed text out)",
         stages=(

@@ -23,6 +23,7 @@ def omni_pipeline(
     """The three-stage Qwen-Omni topology with the given adapter classes ("module:Class")."""
     return PipelineConfig(
         name=name,
+        detect=(f"transformers:{name}",),
         description="Qwen-Omni: text/audio/image in; text and speech out",
         stages=(
             StageSpec(

@@ -1,0 +1,111 @@
+"""The data directory's SQLite database: state a client may come back for (jobs, voices, consents).
+
+One file, `<OMNI_DATA_DIR>/state/state.sqlite3`, opened once per process in WAL mode. Each
+feature owns its tables: it declares them with `Store.ensure(name, ddl)` (idempotent
+`CREATE TABLE IF NOT EXISTS ...` statements) and keeps its queries in its own module;
+this module knows no feature. Payload files (videos, voice clips) live beside the
+database under `Store.files(feature)`, written by their owner. Values are plain
+SQLite types or JSON text: nothing is pickled.
+
+Queries are short and local, so callers on the event loop run them inline; a feature
+that writes large files does that off the loop itself.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from omni_actors import logs
+from omni_actors.settings import SETTINGS
+
+log = logs.get(__name__)
+
+DB_NAME = "state.sqlite3"
+BUSY_TIMEOUT_S = 10.0
+"""How long a write waits for another process's write lock before failing."""
+
+
+class Store:
+    def __init__(self, data_dir: str | Path) -> None:
+        self.root = Path(data_dir).expanduser()
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = self.root / DB_NAME
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._ensured: set[str] = set()
+
+    def ensure(self, name: str, ddl: Iterable[str]) -> None:
+        """Create a feature's tables/indexes once per process (statements must be idempotent)."""
+        if name in self._ensured:
+            return
+        with self._lock:
+            for stmt in ddl:
+                self._db.execute(stmt)
+            self._ensured.add(name)
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
+        """Run one write; return the number of rows it changed."""
+        with self._lock:
+            return self._db.execute(sql, params).rowcount
+
+    def transaction(self, statements: Iterable[tuple[str, Sequence[Any] | dict[str, Any]]]) -> None:
+        """Run several writes atomically."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    self._db.execute(sql, params)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def query_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
+        with self._lock:
+            return self._db.execute(sql, params).fetchone()
+
+    def files(self, feature: str) -> Path:
+        """A private folder for a feature's payload files (created on first use)."""
+        path = self.root / "files" / feature
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+_STORE: Store | None = None
+_STORE_LOCK = threading.Lock()
+
+
+def get_store() -> Store:
+    """The process's store under the settings' data directory (opened on first use)."""
+    global _STORE
+    with _STORE_LOCK:
+        if _STORE is None:
+            _STORE = Store(SETTINGS.data_dir / "state")
+            log.info("store.opened", path=str(_STORE.path))
+        return _STORE
+
+
+def close_store() -> None:
+    """Close the process's store (at shutdown); a later get_store() opens it again."""
+    global _STORE
+    with _STORE_LOCK:
+        if _STORE is not None:
+            _STORE.close()
+            _STORE = None
