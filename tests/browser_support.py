@@ -7,6 +7,7 @@ errors and uncaught exceptions; the browser and its profile are gone afterwards.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -36,7 +37,9 @@ class BrowserPage:
 
 
 @contextlib.asynccontextmanager
-async def browser_page(url: str, fake_mic: Path | None = None) -> AsyncIterator[BrowserPage]:
+async def browser_page(url: str, fake_mic: Path | None = None,
+                       api_key: str | None = None) -> AsyncIterator[BrowserPage]:
+    """`api_key`: put in the tab's session storage before the page loads (as if entered earlier)."""
     args = list(BASE_ARGS)
     if fake_mic is not None:
         args += ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={fake_mic}"]
@@ -47,6 +50,8 @@ async def browser_page(url: str, fake_mic: Path | None = None) -> AsyncIterator[
                 permissions=["microphone"], bypass_csp=True,  # lets tests evaluate expressions
             )
             try:
+                if api_key is not None:
+                    await ctx.add_init_script(f"sessionStorage.setItem('omni-actors.api-key', {json.dumps(api_key)})")
                 page = ctx.pages[0] if ctx.pages else await ctx.new_page()
                 page.set_default_timeout(PAGE_TIMEOUT_MS)
                 out = BrowserPage(page)

@@ -48,13 +48,9 @@ async def question_wav(srv: Server, path) -> None:
 async def test_talk_hears_the_question_and_speaks_the_answer(srv: Server, tmp_path) -> None:
     mic = tmp_path / "question.wav"
     await question_wav(srv, mic)
-    async with browser_page(srv.url + "/", fake_mic=mic) as bp:
+    async with browser_page(srv.url + "/", fake_mic=mic, api_key=KEY) as bp:
         page = bp.page
-        await page.evaluate(f"sessionStorage.setItem('omni-actors.api-key', {KEY!r})")
-        await page.reload()
         await page.locator("body[data-ready=true]").wait_for()
-        bp.errors.clear()  # (the first, key-less load was answered 401; the key was set after it)
-        bp.refused.clear()
         await page.get_by_test_id("talk-button").click()
         await page.wait_for_function("document.getElementById('talk-transcript').textContent.length > 0 "
                                      "&& window.__playground.talk.playedSeconds > 0.5")
