@@ -23,7 +23,7 @@ BASE_ARGS = [
     "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required",
     "--use-fake-ui-for-media-stream",
 ]
-PAGE_TIMEOUT_MS = 60_000
+PAGE_TIMEOUT_MS = 120_000
 """Longest a page action or wait may take (the default assistant answers in seconds on 2 busy cores)."""
 
 

@@ -45,6 +45,7 @@ async def question_wav(srv: Server, path) -> None:
     sf.write(path, np.concatenate([pad(LEAD_S), wave, pad(TAIL_S)]), WIRE_RATE, subtype="PCM_16")
 
 
+@pytest.mark.timeout(600)  # the assistant's start (vLLM) and a spoken turn on 2 cores
 async def test_talk_hears_the_question_and_speaks_the_answer(srv: Server, tmp_path) -> None:
     mic = tmp_path / "question.wav"
     await question_wav(srv, mic)
