@@ -61,6 +61,8 @@ def _serve_parser() -> argparse.ArgumentParser:
         "(model_index.json / config.json); with --deploy, it overrides the file's `model`",
     )
     p.add_argument("--served-model-name", help="the `model` name clients use (default: the pipeline's)")
+    p.add_argument("--log-format", choices=logs.FORMATS, help="console (default) or json lines")
+    p.add_argument("--log-level", choices=logs.LEVELS, help="default info; debug also shows vLLM's own logs")
     return p
 
 
@@ -193,6 +195,10 @@ async def serve(deploy: DeployConfig) -> None:
     assert orch.runtime is not None
     log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}",
              shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
+    if not logs.json_logs():
+        from omni_actors.summary import startup_summary
+
+        print(startup_summary(deploy, orch.pipeline), file=sys.stderr, flush=True)
     await stop.wait()
     log.info("server.stopping")
     stop.clear()
@@ -248,8 +254,22 @@ def _tool(argv: list[str]) -> int:
     return 0
 
 
+def _log_flags(argv: list[str]) -> list[str]:
+    """Take --log-format / --log-level (any command) out of argv and apply them before logging starts."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--log-format", choices=logs.FORMATS)
+    p.add_argument("--log-level", choices=logs.LEVELS, type=str.lower)
+    known, rest = p.parse_known_args(argv)
+    logs.apply_cli_flags(known.log_level, known.log_format)
+    return rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        argv = _log_flags(argv)
+    except SystemExit as exit_:  # a bad choice: argparse printed the usage line
+        return int(exit_.code or 2)
     logs.configure()
     try:
         if argv and argv[0] in TOOLS:

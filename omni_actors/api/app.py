@@ -5,6 +5,8 @@
     GET  /health                    200 when every stage has a ready worker, else 503 naming them
     GET  /metrics                   Prometheus text (metrics.py)
     GET  /openapi.json              OpenAPI 3.1 from the msgspec structs (openapi.py)
+    GET  /                          the browser playground (playground.py, static files)
+    GET  /v1/status                 the pipeline's stages, replicas and load (status.py)
     GET  /v1/models[/{model}]       models.py
     POST /v1/chat/completions       chat.py
     POST /v1/audio/speech           speech.py
@@ -25,7 +27,7 @@ import msgspec
 from aiohttp import web
 
 from omni_actors import __version__
-from omni_actors.api import realtime
+from omni_actors.api import playground, realtime
 from omni_actors.api.calls import ORCH_KEY
 from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
@@ -36,6 +38,7 @@ from omni_actors.api.models import STARTED_KEY, get_model, list_models
 from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route
 from omni_actors.api.schemas import Health, UnhealthyStage
 from omni_actors.api.speech import speech
+from omni_actors.api.status import status_route
 from omni_actors.api.transcriptions import transcriptions
 from omni_actors.orchestrator.core import Orchestrator
 
@@ -73,6 +76,7 @@ def build_app(orch: Orchestrator) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_route)
     app.router.add_get("/openapi.json", openapi_route)
+    app.router.add_get("/v1/status", status_route)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -80,4 +84,5 @@ def build_app(orch: Orchestrator) -> web.Application:
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/images/generations", generations)
     realtime.add_routes(app)
+    playground.add_routes(app)
     return app

@@ -20,8 +20,14 @@ from aiohttp import web
 
 from omni_actors.api.errors import ApiError
 
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
-"""Routes answered without an API key (probes and scrapers carry none)."""
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/"})
+"""Routes answered without an API key (probes and scrapers carry none; `/` is the playground page)."""
+PUBLIC_PREFIXES = ("/playground/",)
+"""The playground's static files: the page asks for a key itself when the API needs one."""
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
 WS_KEY_PROTOCOL = "openai-insecure-api-key."
@@ -47,7 +53,7 @@ def auth_middleware(api_keys: list[str]):
 
     @web.middleware
     async def check_key(request: web.Request, handler) -> web.StreamResponse:
-        if keys and request.path not in PUBLIC_PATHS:
+        if keys and not is_public(request.path):
             given = _presented_key(request)
             if given is None:
                 raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", None,
