@@ -68,6 +68,11 @@ class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
     """Requests the engine holds."""
     leased: int = 0
     """Leases of this worker's arena not yet given back."""
+    steps: int = 0
+    """Engine steps the worker has completed."""
+    step_s: float = 0.0
+    """How long the step now running has run (0: none is running). Heartbeats leave from the
+    worker's I/O thread during a step, so the supervisor can tell a long step from a stuck one."""
 
 
 class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc=False):

@@ -55,6 +55,9 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     default_sampling_params: dict[str, Any] = {}
     engine_extras: dict[str, Any] = {}
     env: dict[str, str] = {}
+    max_step_s: float = 1800.0
+    """Longest one engine step may run before the worker is presumed stuck, killed and restarted
+    (its requests fail). Heartbeats flow during steps, so a long step alone never kills a worker."""
 
     def device_list(self) -> list[str]:
         if self.devices is None:
@@ -288,6 +291,8 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
             raise ConfigError(
                 f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
             )
+        if not st.max_step_s > 0:  # (also refuses nan)
+            raise ConfigError(f"{where}.max_step_s: expected a number > 0, got {st.max_step_s}")
         if st.dtype not in DTYPES:
             raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
         devices = st.device_list()

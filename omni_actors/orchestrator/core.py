@@ -67,7 +67,9 @@ class Orchestrator:
         endpoint: str | None = None,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         restart_timeout_s: float = STARTUP_TIMEOUT_S,
+        **supervision: float,
     ) -> None:
+        """`supervision`: the Supervisor's other thresholds (unresponsive_after_s, ...), for tests."""
         self.deploy = deploy
         self.pipeline = pipeline or validate_against_pipeline(deploy)
         self.platform = detect_platform()
@@ -78,7 +80,7 @@ class Orchestrator:
         self.run_prefix = f"omni-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.runs: dict[str, Run] = {}
         self.supervisor = Supervisor(
-            deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s, restart_timeout_s
+            deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s, restart_timeout_s, **supervision
         )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
@@ -172,8 +174,8 @@ class Orchestrator:
         stages = []
         for spec in self.pipeline.stages:
             reps = tuple(
-                ReplicaStats(h.replica, h.ready, h.pid, h.in_flight, h.engine_requests, h.leases_out,
-                             self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
+                ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
+                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
                 for h in self.workers[spec.stage_id]
             )
             stages.append(StageStats(
@@ -216,7 +218,7 @@ class Orchestrator:
         plan = self.plan(spec)
         chosen: dict[int, WorkerHandle] = {}
         for sid in plan:
-            ready = [h for h in self.workers[sid] if h.ready]
+            ready = [h for h in self.workers[sid] if self.supervisor.serving(h)]
             if not ready:
                 raise StageUnavailable(sid)
             best = min(ready, key=lambda h: h.in_flight)
@@ -320,15 +322,14 @@ class Orchestrator:
         h = self.supervisor.by_identity.get(identity)
         if h is None:
             return
-        h.last_seen = time.monotonic()
+        self.supervisor.on_seen(h)
         match msg:
             case m.StageOutput():
                 self._on_output(h, msg)
             case m.Release(leases=refs):
                 self._release([(r.producer, r.lease) for r in refs])
-            case m.Heartbeat(busy=busy, leased=leased):
-                h.engine_requests = busy
-                h.leases_out = leased
+            case m.Heartbeat():
+                self.supervisor.on_heartbeat(h, msg)
             case m.Ready(pid=pid):
                 self.supervisor.on_ready(h, pid)
             case m.StartFailed(error=error):

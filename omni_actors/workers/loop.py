@@ -1,18 +1,16 @@
-"""The worker loop: drain messages, step the engine, send outputs, block when idle.
+"""The worker loop (the stepping thread): drain messages, step the engine, send outputs, block when idle.
 
-One thread does everything. Each turn takes every waiting message without
-blocking, runs one engine step if there is work, and sends all outputs of the
-turn in one frame. With nothing to do it blocks on the socket (waking at the
-heartbeat interval). Stage input processors run here, next to the engine.
-At every heartbeat it also checks that its main process is still its parent
-and that no SIGTERM set the stop flag: such a signal comes once, and one
-swallowed (say, inside a finalizer) must not leave the worker running.
+Each turn takes every waiting message without blocking, runs one engine step
+if there is work, and sends all outputs of the turn in one frame. With nothing
+to do it blocks until a message comes. Stage input processors run here, next
+to the engine. The bus socket, heartbeats and the checks for a gone main
+process or a swallowed SIGTERM belong to the I/O thread (`workers/io.py`):
+this thread only records its progress (`steps`, `step_started`), which the
+I/O thread reads into each heartbeat.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -21,10 +19,10 @@ from typing import Any
 from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec, leases_of
-from omni_actors.bus.sockets import WorkerSocket
 from omni_actors.config.pipeline import StageSpec, resolve
 from omni_actors.models.processors import concat_upstream, pass_chunk
 from omni_actors.workers.engine import EngineOutput, StageEngine
+from omni_actors.workers.io import WorkerIO
 
 log = logs.get(__name__)
 
@@ -41,30 +39,28 @@ class WorkerLoop:
         self,
         stage: StageSpec,
         engine: StageEngine,
-        sock: WorkerSocket,
+        sock: WorkerIO,
         codec: PayloadCodec,
-        heartbeat_interval_s: float,
-        parent_pid: int | None = None,
-        stop: threading.Event | None = None,
     ) -> None:
         self.stage = stage
         self.engine = engine
         self.sock = sock
         self.codec = codec
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.parent_pid = parent_pid
-        self.stop = stop
         self.processor = resolve(stage.processor) if stage.processor else concat_upstream
         self.chunk_processor = resolve(stage.chunk_processor) if stage.chunk_processor else pass_chunk
         self.requests: dict[str, _Request] = {}
         self._out: list[m.Message] = []
         self._released: list[m.LeaseId] = []
         self.stopping = False
+        self.steps = 0
+        """Engine steps completed (read by the I/O thread)."""
+        self.step_started: float | None = None
+        """time.monotonic() when the running step began; None between steps (read by the I/O thread)."""
 
     # ---- the loop ----------------------------------------------------------
 
     def run(self) -> None:
-        next_beat = time.monotonic() + self.heartbeat_interval_s
+        self.sock.heartbeat = self._heartbeat
         while not self.stopping:
             for msg in self.sock.recv_nowait():
                 self._handle(msg)
@@ -73,22 +69,18 @@ class WorkerLoop:
             if self.engine.has_work():
                 self._step()
             elif not self._out and not self._released:
-                wait = max(0.0, next_beat - time.monotonic())
-                self.sock.wait(wait)
-            now = time.monotonic()
-            if now >= next_beat:
-                if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                    log.warning("worker.orphaned", parent=self.parent_pid)  # the main process is gone
-                    break
-                if self.stop is not None and self.stop.is_set():
-                    break  # asked to stop by a signal whose SystemExit was swallowed
-                self._out.append(self._heartbeat())
-                next_beat = now + self.heartbeat_interval_s
+                self.sock.wait(None)
             self._flush()
+        self._flush()
 
     def _heartbeat(self) -> m.Heartbeat:
+        """This worker's state now; called on the I/O thread too, so it only reads attributes."""
         arena = self.codec.arena
-        return m.Heartbeat(busy=len(self.requests), leased=arena.leased if arena else 0)
+        started = self.step_started
+        return m.Heartbeat(
+            busy=len(self.requests), leased=arena.leased if arena else 0, steps=self.steps,
+            step_s=0.0 if started is None else time.monotonic() - started,
+        )
 
     def _flush(self) -> None:
         if self._released:
@@ -170,6 +162,7 @@ class WorkerLoop:
     # ---- engine ------------------------------------------------------------
 
     def _step(self) -> None:
+        self.step_started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as err:
@@ -177,6 +170,9 @@ class WorkerLoop:
             outputs = [EngineOutput(rid, {}, True, _describe(err)) for rid in self.requests]
             for rid in list(self.requests):
                 self.engine.abort(rid)
+        finally:
+            self.step_started = None
+            self.steps += 1
         for out in outputs:
             self._emit(out)
 
