@@ -103,6 +103,7 @@ class Orchestrator:
         self.router: AsyncRouter | None = None
         self.launcher: Launcher | None = None
         self._zmq: zmq.Context | None = None
+        self._undecodable_peers: set[bytes] = set()
 
     # ---- lifecycle -----------------------------------------------------------
 
@@ -118,7 +119,9 @@ class Orchestrator:
         try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
             self._zmq = zmq.Context(1)
             endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
-            self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)
+            self.router = AsyncRouter(
+                self._zmq, endpoint, self._on_message, self._on_unsendable, self._on_undecodable
+            )
             self.router.start()
             launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
             await self.supervisor.start_all(launcher)
@@ -191,7 +194,8 @@ class Orchestrator:
             requests_failed=self.counters["failed"], requests_aborted=self.counters["aborted"],
             messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
             frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
-            loop_wakeups=r.wakeups if r else 0, leases_held=len(self.leases),
+            loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
+            leases_held=len(self.leases),
             arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
             stages=tuple(stages),
         )
@@ -346,6 +350,24 @@ class Orchestrator:
         if run is not None:
             stage_id = h.stage_id if h is not None else -1
             self._end(run, RequestRejected(stage_id, f"a request value cannot be sent to the stage: {err}"))
+
+    def _on_undecodable(self, identity: bytes, body: bytes, err: Exception) -> None:
+        """A frame the bus cannot decode (a peer of another version, a value our types refuse):
+        its valid messages are still handled, and a request whose output it garbled fails now."""
+        h = self.supervisor.by_identity.get(identity)
+        if identity not in self._undecodable_peers:  # once per peer: a broken peer would flood the log
+            self._undecodable_peers.add(identity)
+            log.error("bus.undecodable", peer=identity.decode(errors="replace"), bytes=len(body),
+                      error=repr(err))
+        if h is None:
+            return
+        good, bad = m.salvage(body)
+        for msg in good:
+            self._on_message(identity, msg)
+        for rid in bad:
+            run = self.runs.get(rid)
+            if run is not None and rid in h.requests:
+                self._end(run, StageFailed(h.stage_id, f"its output could not be decoded: {err}"))
 
     def _on_output(self, h: WorkerHandle, out: m.StageOutput) -> None:
         run = self.runs.get(out.request_id)
