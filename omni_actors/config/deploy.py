@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from omni_actors.bus.shm import ARENA_BUDGET_BYTES
 from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names
 from omni_actors.errors import ConfigError
 from omni_actors.settings import detect_platform
@@ -55,6 +56,9 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     default_sampling_params: dict[str, Any] = {}
     engine_extras: dict[str, Any] = {}
     env: dict[str, str] = {}
+    shm_budget_mb: float = ARENA_BUDGET_BYTES / 2**20
+    """Bytes of shared memory (MiB) a worker of this stage may have leased to consumers; at the
+    budget its engine waits for them to give leases back."""
     max_step_s: float = 1800.0
     """Longest one engine step may run before the worker is presumed stuck, killed and restarted
     (its requests fail). Heartbeats flow during steps, so a long step alone never kills a worker."""
@@ -291,8 +295,9 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
             raise ConfigError(
                 f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
             )
-        if not st.max_step_s > 0:  # (also refuses nan)
-            raise ConfigError(f"{where}.max_step_s: expected a number > 0, got {st.max_step_s}")
+        for name in ("max_step_s", "shm_budget_mb"):
+            if not getattr(st, name) > 0:  # (also refuses nan)
+                raise ConfigError(f"{where}.{name}: expected a number > 0, got {getattr(st, name)}")
         if st.dtype not in DTYPES:
             raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
         devices = st.device_list()

@@ -84,8 +84,9 @@ class Orchestrator:
         )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
-        self.segments = SegmentCache()
-        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}")
+        self.segments = SegmentCache(SETTINGS.shm_idle_s)
+        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=SETTINGS.shm_idle_s)
+        self._trimmer: asyncio.TimerHandle | None = None
         self.codec = PayloadCodec(ORCH_PRODUCER, self.arena, self.segments)
         self._planner = resolve(self.pipeline.planner) if self.pipeline.planner else None
         # Stages fed chunk by chunk: async chunk is on and the stage has a chunk processor;
@@ -125,6 +126,7 @@ class Orchestrator:
             self.router.start()
             launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
             await self.supervisor.start_all(launcher)
+            self._arm_trimmer()
         except BaseException:
             await self.stop(drain=False)
             raise
@@ -148,6 +150,8 @@ class Orchestrator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), DRAIN_TIMEOUT_S)
         self._closing = True
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         self.abort_all()
         await self.supervisor.stop_all(self.router)
         if self.router is not None:
@@ -164,6 +168,16 @@ class Orchestrator:
         """End every in-flight request now; a `stop` waiting for them to drain goes on at once."""
         for rid in list(self.runs):
             self._end(self.runs[rid], RequestAborted("server shutting down"))
+
+    def _arm_trimmer(self) -> None:
+        self._trimmer = asyncio.get_running_loop().call_later(SETTINGS.shm_idle_s / 2, self._trim_shm)
+
+    def _trim_shm(self) -> None:
+        """Give back this process's shared-memory segments and mappings idle past SETTINGS.shm_idle_s."""
+        self.arena.trim()
+        self.segments.trim()
+        if not self._closing:
+            self._arm_trimmer()
 
     # ---- health and statistics ----------------------------------------------------
 

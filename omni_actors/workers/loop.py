@@ -7,6 +7,11 @@ to the engine. The bus socket, heartbeats and the checks for a gone main
 process or a swallowed SIGTERM belong to the I/O thread (`workers/io.py`):
 this thread only records its progress (`steps`, `step_started`), which the
 I/O thread reads into each heartbeat.
+
+Shared memory: while this worker's arena is over its byte budget the loop
+holds its engine back (for up to SHM_BUDGET_WAIT_S) until consumers give
+leases back, and it returns segments and mappings idle for the arena's
+`idle_s` (waking for that even when there is no other work).
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ from omni_actors.workers.engine import EngineOutput, StageEngine
 from omni_actors.workers.io import WorkerIO
 
 log = logs.get(__name__)
+
+SHM_BUDGET_WAIT_S = 10.0
+"""Longest the engine is held back while this worker's arena is over its byte budget. Past it,
+the engine steps anyway: a consumer that keeps its leases until a request ends (full-payload
+handoff buffers every chunk) would otherwise never free them."""
 
 
 @dataclass
@@ -56,6 +66,8 @@ class WorkerLoop:
         """Engine steps completed (read by the I/O thread)."""
         self.step_started: float | None = None
         """time.monotonic() when the running step began; None between steps (read by the I/O thread)."""
+        self._held_since: float | None = None
+        """When the engine was first held back for the arena's budget (None: it is not)."""
 
     # ---- the loop ----------------------------------------------------------
 
@@ -66,12 +78,41 @@ class WorkerLoop:
                 self._handle(msg)
             if self.stopping:
                 break
-            if self.engine.has_work():
+            now = time.monotonic()
+            hold_s = self._hold_s(now) if self.engine.has_work() else None
+            if hold_s == 0.0:
                 self._step()
             elif not self._out and not self._released:
-                self.sock.wait(None)
+                self.sock.wait(_earliest(hold_s, self._trim_s(now)))
+            self._trim()
             self._flush()
         self._flush()
+
+    def _hold_s(self, now: float) -> float:
+        """0 when the engine may step; else how long to wait for leases to come back first."""
+        arena = self.codec.arena
+        if arena is None or not arena.over_budget:
+            self._held_since = None
+            return 0.0
+        if self._held_since is None:
+            self._held_since = now
+            log.debug("shm.backpressure", leased_bytes=arena.leased_bytes, budget_bytes=arena.budget_bytes)
+        left = self._held_since + SHM_BUDGET_WAIT_S - now
+        if left > 0:
+            return left
+        log.warning("shm.budget_overrun", leased_bytes=arena.leased_bytes, budget_bytes=arena.budget_bytes)
+        self._held_since = now  # step once, then hold again
+        return 0.0
+
+    def _trim_s(self, now: float) -> float | None:
+        arena = self.codec.arena
+        return _earliest(arena.next_trim_s(now) if arena else None, self.codec.segments.next_trim_s(now))
+
+    def _trim(self) -> None:
+        """Give back segments and mappings idle for longer than the pools keep them."""
+        if self.codec.arena is not None:
+            self.codec.arena.trim()
+        self.codec.segments.trim()
 
     def _heartbeat(self) -> m.Heartbeat:
         """This worker's state now; called on the I/O thread too, so it only reads attributes."""
@@ -191,6 +232,10 @@ class WorkerLoop:
             out.request_id, self.stage.stage_id, payload, out.finished or bool(out.error), out.error,
             out.rejected and bool(out.error),
         ))
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _describe(err: BaseException) -> str:
