@@ -45,7 +45,7 @@ from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
 from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
-    STARTUP_TIMEOUT_S,
+    RESTART_READY_TIMEOUT_S,
     Supervisor,
     sweep_stale_runtime_dirs,
     sweep_stale_segments,
@@ -66,7 +66,7 @@ class Orchestrator:
         pipeline: PipelineConfig | None = None,
         endpoint: str | None = None,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-        restart_timeout_s: float = STARTUP_TIMEOUT_S,
+        restart_timeout_s: float = RESTART_READY_TIMEOUT_S,
         **supervision: float,
     ) -> None:
         """`supervision`: the Supervisor's other thresholds (unresponsive_after_s, ...), for tests."""

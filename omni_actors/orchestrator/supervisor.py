@@ -44,6 +44,11 @@ log = logs.get(__name__)
 
 STARTUP_TIMEOUT_S = 900.0
 """Longest wait for every worker's Ready at start (real models load slowly on CPU)."""
+RESTART_READY_TIMEOUT_S = STARTUP_TIMEOUT_S
+"""Longest wait for a restarted worker's Ready before it is killed and tried again (with backoff)."""
+STARTING_SILENCE_S = 120.0
+"""A worker that is not Ready yet and has sent nothing (its I/O thread heartbeats while the engine
+loads) for this long is hung, not loading: it is killed and, if a restart, tried again."""
 HEARTBEAT_TIMEOUT_S = 60.0
 """A worker silent this long is presumed hung and is killed (then restarted)."""
 UNRESPONSIVE_AFTER_S = 4 * HEARTBEAT_INTERVAL_S
@@ -65,8 +70,9 @@ class Supervisor:
         pipeline: PipelineConfig,
         on_death: Callable[[WorkerHandle, str], None],
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-        restart_timeout_s: float = STARTUP_TIMEOUT_S,
+        restart_timeout_s: float = RESTART_READY_TIMEOUT_S,
         unresponsive_after_s: float = UNRESPONSIVE_AFTER_S,
+        starting_silence_s: float = STARTING_SILENCE_S,
         backoff_reset_after_s: float = BACKOFF_RESET_AFTER_S,
     ) -> None:
         self.deploy = deploy
@@ -75,6 +81,7 @@ class Supervisor:
         self.restart_timeout_s = restart_timeout_s
         self.unresponsive_after_s = min(unresponsive_after_s, heartbeat_timeout_s)
         self.backoff_reset_after_s = backoff_reset_after_s
+        self.starting_silence_s = starting_silence_s
         self._on_death_cb = on_death
         self.workers: dict[int, list[WorkerHandle]] = {s: [] for s in pipeline.stage_ids}
         self.by_identity: dict[bytes, WorkerHandle] = {}
@@ -95,6 +102,7 @@ class Supervisor:
     async def start_all(self, launcher: Launcher) -> None:
         """Start a worker per replica and wait for every Ready (StartupError names the stage)."""
         self.launcher = launcher
+        self._arm_watchdog()  # (a worker that hangs while starting is caught too)
         handles = []
         for sid in self.pipeline.stage_ids:
             for replica in range(self.deploy.stage(sid).num_replicas):
@@ -108,7 +116,6 @@ class Supervisor:
         if pending:
             h = waits[next(iter(pending))]
             raise StartupError(h.stage_id, f"no Ready within {STARTUP_TIMEOUT_S:.0f} s")
-        self._arm_watchdog()
 
     async def _wait_ready(self, h: WorkerHandle) -> None:
         assert h.ready_future is not None
@@ -288,9 +295,14 @@ class Supervisor:
         changed = False
         for hs in self.workers.values():
             for h in hs:
-                if not h.ready or h.dead:
+                if h.dead or h.proc is None:
                     continue
                 silent = now - h.last_seen
+                if not h.ready:
+                    if silent > self.starting_silence_s and h.ready_future and not h.ready_future.done():
+                        log.error("worker.silent_starting", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                        self._kill(h, f"silent for {silent:.0f} s while starting")
+                    continue
                 if silent > self.heartbeat_timeout_s:
                     log.error("worker.silent", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
                     self._kill(h, "missed heartbeats")

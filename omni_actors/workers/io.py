@@ -130,7 +130,7 @@ class WorkerIO:
         poller.register(dealer, zmq.POLLIN)
         poller.register(inner, zmq.POLLIN)
         interval = self.heartbeat_interval_s
-        next_beat = time.monotonic() + interval
+        next_beat = time.monotonic()  # the first at once: a sign of life before the engine loads
         stop_sent = False
         while True:
             timeout_ms = max(0, int((next_beat - time.monotonic()) * 1000))

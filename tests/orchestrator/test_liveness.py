@@ -94,3 +94,21 @@ async def test_the_restart_backoff_resets_after_a_healthy_period() -> None:
         await kill_and_wait_back()
         assert sup.deaths_in_row[key] == 1  # a new row: restarted without delay
         assert sup.restarts[key] == 3
+
+
+async def test_a_restart_that_hangs_while_starting_is_given_up_on_and_tried_again() -> None:
+    # The Ready timeout stays at its default (minutes): the hung replacement's silence ends it.
+    async with running(make_deploy("synthetic_text")) as orch:
+        orch.supervisor.starting_silence_s = 3.0  # (set after start: the first workers load unwatched)
+        first = orch.workers[0][0]
+        os.kill(first.pid, signal.SIGKILL)
+        # The replacement is stopped before it can say Ready (a worker takes ~1 s to import).
+        await eventually(lambda: orch.workers[0][0] is not first and orch.workers[0][0].proc is not None, 10.0)
+        stuck = orch.workers[0][0]
+        os.kill(stuck.pid, signal.SIGSTOP)
+        await orch.wait_healthy(60)
+        now = orch.workers[0][0]
+        assert now.generation >= 2 and now.pid not in (first.pid, stuck.pid)
+        assert stuck.proc.returncode is not None  # the hung one was ended, not left behind
+        chunks = await orch.submit(RequestSpec(inputs={"prompt": "b"}, params={"chunks": 2})).collect()
+        assert chunks[-1].finished
