@@ -129,7 +129,30 @@ class WorkerLoop:
             self._released = []
         if self._out:
             out, self._out = self._out, []
-            self.sock.send(out)
+            try:
+                self.sock.send(out)
+            except (TypeError, ValueError, OverflowError):  # a value msgpack cannot carry
+                self.sock.send(self._sendable(out))
+
+    def _sendable(self, out: list[m.Message]) -> list[m.Message]:
+        """`out` with each message that cannot be encoded replaced: an output fails its request only."""
+        good: list[m.Message] = []
+        for msg in out:
+            try:
+                m.encode(msg)
+            except (TypeError, ValueError, OverflowError) as err:
+                log.warning("worker.unsendable", type=type(msg).__name__, error=repr(err))
+                if isinstance(msg, m.StageOutput):
+                    rid = msg.request_id
+                    if self.requests.pop(rid, None) is not None:
+                        self.engine.abort(rid)
+                    if self.codec.arena is not None:
+                        self.codec.arena.free([ref.lease for ref in leases_of(msg.payload)])
+                    good.append(m.StageOutput(rid, self.stage.stage_id, m.Payload(), True,
+                                              f"its output could not be sent: {_describe(err)}"))
+                continue
+            good.append(msg)
+        return good
 
     # ---- messages ----------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from omni_actors.api.app import build_app
-from omni_actors.config.pipeline import get_pipeline
+from omni_actors.config.pipeline import PipelineConfig, get_pipeline
 from omni_actors.errors import StageFailed
 from omni_actors.orchestrator.requests import RequestSpec
 from tests.conftest import make_deploy, running
@@ -18,13 +18,28 @@ from tests.conftest import make_deploy, running
 ODD_ENGINE = "tests.orchestrator.odd_engines:OddKeyEngine"
 
 
-async def test_an_undecodable_output_fails_its_request_at_once_and_is_counted() -> None:
+def odd_pipeline() -> PipelineConfig:
     base = get_pipeline("synthetic_text")
-    pipe = msgspec.structs.replace(
+    return msgspec.structs.replace(
         base, stages=tuple(msgspec.structs.replace(s, engine=ODD_ENGINE) for s in base.stages)
     )
+
+
+async def test_an_output_the_worker_cannot_encode_fails_its_request_only() -> None:
     deploy = make_deploy("synthetic_text", stages=[{"stage_id": 0, "engine_extras": {"chunks": 3}}])
-    async with running(deploy, pipeline=pipe) as orch:
+    async with running(deploy, pipeline=odd_pipeline()) as orch:
+        worker = orch.workers[0][0]
+        odd = orch.submit(RequestSpec(inputs={"prompt": "a b c"}, params={"odd_text": True}, deadline_s=600))
+        with pytest.raises(StageFailed, match="could not be sent"):
+            await asyncio.wait_for(odd.collect(), 30)
+        chunks = await orch.submit(RequestSpec(inputs={"prompt": "a b c"})).collect()
+        assert "".join(c.data["text"] for c in chunks) == "a b c"
+        assert orch.workers[0][0] is worker and orch.statistics().worker_restarts == 0
+
+
+async def test_an_undecodable_output_fails_its_request_at_once_and_is_counted() -> None:
+    deploy = make_deploy("synthetic_text", stages=[{"stage_id": 0, "engine_extras": {"chunks": 3}}])
+    async with running(deploy, pipeline=odd_pipeline()) as orch:
         # The deadline is far away: only the undecodable frame can end this request in time.
         odd = orch.submit(RequestSpec(inputs={"prompt": "a b c"}, params={"odd_key": True}, deadline_s=600))
         with pytest.raises(StageFailed, match="could not be decoded"):
