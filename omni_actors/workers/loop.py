@@ -33,8 +33,8 @@ log = logs.get(__name__)
 
 SHM_BUDGET_WAIT_S = 10.0
 """Longest the engine is held back while this worker's arena is over its byte budget. Past it,
-the engine steps anyway: a consumer that keeps its leases until a request ends (full-payload
-handoff buffers every chunk) would otherwise never free them."""
+the engine steps on (until the arena is under its budget again): a consumer that keeps its leases
+until a request ends (a full-payload handoff buffers every chunk) would otherwise never free them."""
 
 
 @dataclass
@@ -68,6 +68,9 @@ class WorkerLoop:
         """time.monotonic() when the running step began; None between steps (read by the I/O thread)."""
         self._held_since: float | None = None
         """When the engine was first held back for the arena's budget (None: it is not)."""
+        self._overrun = False
+        """Held back for SHM_BUDGET_WAIT_S in vain: consumers keep their leases (say, buffered for a
+        full-payload handoff), so the engine steps on until the arena is under its budget again."""
 
     # ---- the loop ----------------------------------------------------------
 
@@ -93,7 +96,10 @@ class WorkerLoop:
         arena = self.codec.arena
         if arena is None or not arena.over_budget:
             self._held_since = None
+            self._overrun = False  # back under the budget: holding back works again
             return 0.0
+        if self._overrun:
+            return 0.0  # holding back brought no lease back: step freely until the arena is under budget
         if self._held_since is None:
             self._held_since = now
             log.debug("shm.backpressure", leased_bytes=arena.leased_bytes, budget_bytes=arena.budget_bytes)
@@ -101,7 +107,7 @@ class WorkerLoop:
         if left > 0:
             return left
         log.warning("shm.budget_overrun", leased_bytes=arena.leased_bytes, budget_bytes=arena.budget_bytes)
-        self._held_since = now  # step once, then hold again
+        self._overrun = True
         return 0.0
 
     def _trim_s(self, now: float) -> float | None:

@@ -74,3 +74,14 @@ async def test_a_burst_stays_within_the_budget_and_idle_segments_and_fds_go_back
         # The pools work again after giving everything back.
         chunks = await orch.submit(RequestSpec(inputs={"prompt": "again"})).collect()
         assert sum(c.output_type == "audio" for c in chunks) == CHUNKS
+
+
+async def test_a_consumer_that_keeps_its_leases_does_not_deadlock_the_budget() -> None:
+    # Without async chunk the orchestrator buffers every talker chunk (and its lease) until the talker
+    # finishes: holding the talker back cannot bring a lease back, so after a while it steps on.
+    stages = [STAGES[0], {**STAGES[1], "shm_budget_mb": 2}, {"stage_id": 2}]
+    async with running(make_deploy(stages=stages, async_chunk=False)) as orch:
+        streams = [orch.submit(RequestSpec(inputs={"prompt": f"whole {i}"})) for i in range(2)]
+        results = await asyncio.wait_for(asyncio.gather(*(s.collect() for s in streams)), 120)
+        assert all(chunks[-1].finished for chunks in results)
+        assert orch.statistics().leases_held == 0
