@@ -7,6 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from omni_actors.bus.shm import SHM_IDLE_S
 from omni_actors.errors import ConfigError
 
 PLATFORMS = ("cpu", "cuda")
@@ -22,6 +23,8 @@ class Settings:
     log_json: bool
     platform: str | None
     """Force "cpu" or "cuda" instead of detecting it (OMNI_PLATFORM)."""
+    shm_idle_s: float
+    """Shared-memory segments free (or mappings unused) this long go back to the OS (OMNI_SHM_IDLE_S)."""
 
 
 def _read() -> Settings:
@@ -32,7 +35,21 @@ def _read() -> Settings:
         log_level=env.get("OMNI_LOG_LEVEL", "info").lower(),
         log_json=env.get("OMNI_LOG_JSON", "0") == "1",
         platform=env.get("OMNI_PLATFORM") or None,
+        shm_idle_s=_positive(env, "OMNI_SHM_IDLE_S", SHM_IDLE_S),
     )
+
+
+def _positive(env: os._Environ[str] | dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ConfigError(f"{name}: expected a number of seconds > 0, got {raw!r}")
+    return value
 
 
 SETTINGS = _read()

@@ -12,6 +12,7 @@
     omni_worker_restarts_total{stage_id,model_stage}  worker restarts
     omni_orchestrator_requests_in_flight              runs the orchestrator holds
     omni_orchestrator_leases_held                     shared-memory leases not yet freed
+    omni_bus_frames_undecodable_total                 frames from workers the bus could not decode
 
 Stage values are read from `orchestrator.statistics()` at scrape time.
 """
@@ -59,7 +60,9 @@ class _StageCollector:
         runs.add_metric([], stats.requests_in_flight)
         leases = GaugeMetricFamily("omni_orchestrator_leases_held", "Shared-memory leases not yet freed")
         leases.add_metric([], stats.leases_held)
-        return [depth, limit, healthy, engine, restarts, runs, leases]
+        undecodable = CounterMetricFamily("omni_bus_frames_undecodable", "Frames from workers the bus could not decode")
+        undecodable.add_metric([], stats.frames_undecodable)
+        return [depth, limit, healthy, engine, restarts, runs, leases, undecodable]
 
 
 class ApiMetrics:

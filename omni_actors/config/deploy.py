@@ -18,9 +18,19 @@ from typing import Any
 import msgspec
 import yaml
 
+from omni_actors import logs
+from omni_actors.bus.shm import ARENA_BUDGET_BYTES
 from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names
 from omni_actors.errors import ConfigError
-from omni_actors.settings import detect_platform
+from omni_actors.settings import PLATFORMS, detect_platform
+
+log = logs.get(__name__)
+
+IGNORED_FIELDS = {
+    "connectors": "data between stages always travels on this runtime's bus (shared memory), "
+                  "so connector settings have no effect",
+}
+"""Top-level fields accepted for vLLM-Omni's files but without effect here: each warns at load."""
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -55,6 +65,12 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     default_sampling_params: dict[str, Any] = {}
     engine_extras: dict[str, Any] = {}
     env: dict[str, str] = {}
+    shm_budget_mb: float = ARENA_BUDGET_BYTES / 2**20
+    """Bytes of shared memory (MiB) a worker of this stage may have leased to consumers; at the
+    budget its engine waits for them to give leases back."""
+    max_step_s: float = 1800.0
+    """Longest one engine step may run before the worker is presumed stuck, killed and restarted
+    (its requests fail). Heartbeats flow during steps, so a long step alone never kills a worker."""
 
     def device_list(self) -> list[str]:
         if self.devices is None:
@@ -75,6 +91,8 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     server: ServerConfig = ServerConfig()
     stages: list[StageDeploy] = []
     connectors: dict[str, Any] = {}
+    """Accepted from vLLM-Omni files and ignored (with a warning naming it): data between stages
+    always travels on this runtime's bus."""
     platforms: dict[str, Any] = {}
     base_config: str | None = None
     source: str = "<deploy>"
@@ -225,14 +243,23 @@ def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | N
     """Validate a raw mapping (already merged) into a DeployConfig."""
     _check_topology_fields(source, raw)
     platforms, platform = raw.get("platforms"), detect_platform()
-    platform_over = platforms.get(platform) if isinstance(platforms, dict) else None
-    if isinstance(platform_over, dict):
-        raw = deep_merge(raw, platform_over)
-    elif platform_over is not None:
-        raise ConfigError(
-            f"{source}: platforms.{platform}: expected a mapping of deploy fields, "
-            f"got {type(platform_over).__name__}"
-        )
+    for name, over in (platforms.items() if isinstance(platforms, dict) else ()):
+        if name not in PLATFORMS:
+            raise ConfigError(f"{source}: platforms.{name}: unknown platform; expected one of {list(PLATFORMS)}")
+        if not isinstance(over, dict):
+            raise ConfigError(
+                f"{source}: platforms.{name}: expected a mapping of deploy fields, got {type(over).__name__}"
+            )
+        if name != platform:  # not applied on this machine, but checked now rather than on that one
+            other = {**deep_merge(raw, over), "source": source}
+            other.pop("base_config", None)
+            _check_topology_fields(f"{source}: platforms.{name}", other)
+            try:
+                msgspec.convert(other, DeployConfig)
+            except msgspec.ValidationError as err:
+                raise ConfigError(_format_validation(f"{source} (with platforms.{name})", err)) from None
+    if isinstance(platforms, dict) and platform in platforms:
+        raw = deep_merge(raw, platforms[platform])
     where = source
     if overrides:
         raw = deep_merge(raw, overrides)
@@ -245,6 +272,9 @@ def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | N
     except msgspec.ValidationError as err:
         raise ConfigError(_format_validation(where, err)) from None
     validate_against_pipeline(cfg, where)
+    for name, reason in IGNORED_FIELDS.items():
+        if raw.get(name):
+            log.warning("config.field_ignored", deploy=source, field=name, reason=reason)
     return cfg
 
 
@@ -288,6 +318,9 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
             raise ConfigError(
                 f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
             )
+        for name in ("max_step_s", "shm_budget_mb"):
+            if not getattr(st, name) > 0:  # (also refuses nan)
+                raise ConfigError(f"{where}.{name}: expected a number > 0, got {getattr(st, name)}")
         if st.dtype not in DTYPES:
             raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
         devices = st.device_list()

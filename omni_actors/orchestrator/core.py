@@ -45,7 +45,7 @@ from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
 from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
-    STARTUP_TIMEOUT_S,
+    RESTART_READY_TIMEOUT_S,
     Supervisor,
     sweep_stale_runtime_dirs,
     sweep_stale_segments,
@@ -66,8 +66,10 @@ class Orchestrator:
         pipeline: PipelineConfig | None = None,
         endpoint: str | None = None,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-        restart_timeout_s: float = STARTUP_TIMEOUT_S,
+        restart_timeout_s: float = RESTART_READY_TIMEOUT_S,
+        **supervision: float,
     ) -> None:
+        """`supervision`: the Supervisor's other thresholds (unresponsive_after_s, ...), for tests."""
         self.deploy = deploy
         self.pipeline = pipeline or validate_against_pipeline(deploy)
         self.platform = detect_platform()
@@ -78,12 +80,13 @@ class Orchestrator:
         self.run_prefix = f"omni-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.runs: dict[str, Run] = {}
         self.supervisor = Supervisor(
-            deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s, restart_timeout_s
+            deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s, restart_timeout_s, **supervision
         )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
-        self.segments = SegmentCache()
-        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}")
+        self.segments = SegmentCache(SETTINGS.shm_idle_s)
+        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=SETTINGS.shm_idle_s)
+        self._trimmer: asyncio.TimerHandle | None = None
         self.codec = PayloadCodec(ORCH_PRODUCER, self.arena, self.segments)
         self._planner = resolve(self.pipeline.planner) if self.pipeline.planner else None
         # Stages fed chunk by chunk: async chunk is on and the stage has a chunk processor;
@@ -101,6 +104,7 @@ class Orchestrator:
         self.router: AsyncRouter | None = None
         self.launcher: Launcher | None = None
         self._zmq: zmq.Context | None = None
+        self._undecodable_peers: set[bytes] = set()
 
     # ---- lifecycle -----------------------------------------------------------
 
@@ -116,10 +120,13 @@ class Orchestrator:
         try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
             self._zmq = zmq.Context(1)
             endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
-            self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)
+            self.router = AsyncRouter(
+                self._zmq, endpoint, self._on_message, self._on_unsendable, self._on_undecodable
+            )
             self.router.start()
             launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
             await self.supervisor.start_all(launcher)
+            self._arm_trimmer()
         except BaseException:
             await self.stop(drain=False)
             raise
@@ -143,6 +150,8 @@ class Orchestrator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), DRAIN_TIMEOUT_S)
         self._closing = True
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         self.abort_all()
         await self.supervisor.stop_all(self.router)
         if self.router is not None:
@@ -160,6 +169,16 @@ class Orchestrator:
         for rid in list(self.runs):
             self._end(self.runs[rid], RequestAborted("server shutting down"))
 
+    def _arm_trimmer(self) -> None:
+        self._trimmer = asyncio.get_running_loop().call_later(SETTINGS.shm_idle_s / 2, self._trim_shm)
+
+    def _trim_shm(self) -> None:
+        """Give back this process's shared-memory segments and mappings idle past SETTINGS.shm_idle_s."""
+        self.arena.trim()
+        self.segments.trim()
+        if not self._closing:
+            self._arm_trimmer()
+
     # ---- health and statistics ----------------------------------------------------
 
     def health(self) -> dict[int, bool]:
@@ -172,8 +191,8 @@ class Orchestrator:
         stages = []
         for spec in self.pipeline.stages:
             reps = tuple(
-                ReplicaStats(h.replica, h.ready, h.pid, h.in_flight, h.engine_requests, h.leases_out,
-                             self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
+                ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
+                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
                 for h in self.workers[spec.stage_id]
             )
             stages.append(StageStats(
@@ -189,7 +208,8 @@ class Orchestrator:
             requests_failed=self.counters["failed"], requests_aborted=self.counters["aborted"],
             messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
             frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
-            loop_wakeups=r.wakeups if r else 0, leases_held=len(self.leases),
+            loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
+            leases_held=len(self.leases),
             arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
             stages=tuple(stages),
         )
@@ -216,7 +236,7 @@ class Orchestrator:
         plan = self.plan(spec)
         chosen: dict[int, WorkerHandle] = {}
         for sid in plan:
-            ready = [h for h in self.workers[sid] if h.ready]
+            ready = [h for h in self.workers[sid] if self.supervisor.serving(h)]
             if not ready:
                 raise StageUnavailable(sid)
             best = min(ready, key=lambda h: h.in_flight)
@@ -320,15 +340,14 @@ class Orchestrator:
         h = self.supervisor.by_identity.get(identity)
         if h is None:
             return
-        h.last_seen = time.monotonic()
+        self.supervisor.on_seen(h)
         match msg:
             case m.StageOutput():
                 self._on_output(h, msg)
             case m.Release(leases=refs):
                 self._release([(r.producer, r.lease) for r in refs])
-            case m.Heartbeat(busy=busy, leased=leased):
-                h.engine_requests = busy
-                h.leases_out = leased
+            case m.Heartbeat():
+                self.supervisor.on_heartbeat(h, msg)
             case m.Ready(pid=pid):
                 self.supervisor.on_ready(h, pid)
             case m.StartFailed(error=error):
@@ -345,6 +364,24 @@ class Orchestrator:
         if run is not None:
             stage_id = h.stage_id if h is not None else -1
             self._end(run, RequestRejected(stage_id, f"a request value cannot be sent to the stage: {err}"))
+
+    def _on_undecodable(self, identity: bytes, body: bytes, err: Exception) -> None:
+        """A frame the bus cannot decode (a peer of another version, a value our types refuse):
+        its valid messages are still handled, and a request whose output it garbled fails now."""
+        h = self.supervisor.by_identity.get(identity)
+        if identity not in self._undecodable_peers:  # once per peer: a broken peer would flood the log
+            self._undecodable_peers.add(identity)
+            log.error("bus.undecodable", peer=identity.decode(errors="replace"), bytes=len(body),
+                      error=repr(err))
+        if h is None:
+            return
+        good, bad = m.salvage(body)
+        for msg in good:
+            self._on_message(identity, msg)
+        for rid in bad:
+            run = self.runs.get(rid)
+            if run is not None and rid in h.requests:
+                self._end(run, StageFailed(h.stage_id, f"its output could not be decoded: {err}"))
 
     def _on_output(self, h: WorkerHandle, out: m.StageOutput) -> None:
         run = self.runs.get(out.request_id)

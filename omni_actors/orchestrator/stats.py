@@ -42,6 +42,8 @@ class Statistics:
     frames_in: int
     frames_out: int
     loop_wakeups: int
+    frames_undecodable: int
+    """Frames from workers the bus could not decode."""
     leases_held: int
     arena_segments: int
     worker_restarts: int
