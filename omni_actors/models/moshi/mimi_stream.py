@@ -1,10 +1,10 @@
 """Mimi (transformers' `MimiModel`) encoding and decoding one 80 ms frame at a time, for a batch of slots.
 
-The encoder side uses transformers' own streaming path (`MimiConv1d` with a
-padding cache); the transformers inside Mimi run with a `RingKV`. transformers
-has no streaming decoder, so the decoder is walked layer by layer here: its
-causal convolutions take the same padding cache, its transposed convolutions
-overlap-add their tails (`TransposedTail`). Streamed output equals Mimi's
+Causal convolutions keep their left context in a per-slot padding cache
+(transformers' streaming encoder path, `MimiConv1dPaddingCache`); the
+transformers inside Mimi run with a `RingKV`. transformers has no streaming
+decoder, so both SEANet stacks are walked layer by layer here, the decoder's
+transposed convolutions overlap-adding their tails (`TransposedTail`). Streamed output equals Mimi's
 non-streaming `encode`/`decode` of the whole signal (tests/models/test_moshi.py).
 """
 
@@ -24,6 +24,30 @@ def _transformer_step(tr, ring: RingKV, h: torch.Tensor) -> torch.Tensor:
         h = layer(h, attention_mask=mask, past_key_values=ring, position_embeddings=emb)[0]
     ring.finish(h.shape[1])
     return h
+
+
+def _conv(layer: MimiConv1d, x: torch.Tensor, cache: SlotPaddingCache) -> torch.Tensor:
+    """A causal MimiConv1d on one frame: what its padding-cache forward does, without its per-call
+    length arithmetic (frames are whole multiples of every stride)."""
+    return layer.conv(torch.cat([cache.update(x, layer.layer_idx), x], dim=2))
+
+
+def _walk(layers, x: torch.Tensor, cache: SlotPaddingCache, tails: dict[int, TransposedTail]) -> torch.Tensor:
+    """A SEANet encoder's or decoder's layers, streaming."""
+    for i, layer in enumerate(layers):
+        if i in tails:
+            x = tails[i](x)
+        elif isinstance(layer, MimiConv1d):
+            x = _conv(layer, x, cache)
+        elif isinstance(layer, MimiResnetBlock):
+            residual = x
+            for sub in layer.block:
+                x = _conv(sub, x, cache) if isinstance(sub, MimiConv1d) else sub(x)
+            short = layer.shortcut
+            x = x + (_conv(short, residual, cache) if isinstance(short, MimiConv1d) else short(residual))
+        else:
+            x = layer(x)
+    return x
 
 
 def _ring(mimi, slots: int, tokens: int, dtype: torch.dtype, device) -> RingKV:
@@ -88,9 +112,9 @@ class StreamingMimi:
     def encode(self, audio: torch.Tensor) -> torch.Tensor:
         """[S, frame_samples] float audio -> [S, num_codebooks] codes of that frame."""
         m = self.mimi
-        x = m.encoder(audio[:, None, :].to(self.enc_ring.dtype), padding_cache=self.enc_pad)
+        x = _walk(m.encoder.layers, audio[:, None, :].to(self.enc_ring.dtype), self.enc_pad, {})
         h = _transformer_step(m.encoder_transformer, self.enc_ring, x.transpose(1, 2))
-        x = m.downsample(h.transpose(1, 2), padding_cache=self.enc_pad)
+        x = _conv(m.downsample, h.transpose(1, 2), self.enc_pad)
         self.enc_pad.finish()
         codes = m.quantizer.encode(x, self.num_codebooks)  # [K, S, 1]
         return codes[:, :, 0].transpose(0, 1)
@@ -102,13 +126,6 @@ class StreamingMimi:
         x = m.quantizer.decode(codes[:, :, None])
         x = self.up_tail(x)
         h = _transformer_step(m.decoder_transformer, self.dec_ring, x.transpose(1, 2))
-        x = h.transpose(1, 2)
-        for i, layer in enumerate(m.decoder.layers):
-            if i in self.tails:
-                x = self.tails[i](x)
-            elif isinstance(layer, (MimiConv1d, MimiResnetBlock)):
-                x = layer(x, padding_cache=self.dec_pad)
-            else:
-                x = layer(x)
+        x = _walk(m.decoder.layers, h.transpose(1, 2), self.dec_pad, self.tails)
         self.dec_pad.finish()
         return x[:, 0, :]

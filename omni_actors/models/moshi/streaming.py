@@ -77,10 +77,10 @@ class SlotPaddingCache(MimiConv1dPaddingCache):
     """Conv padding states of a fixed batch of rows, each resettable on its own."""
 
     def __init__(self, convs: list, slots: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__(len(convs), [c.padding_total for c in convs], [c.pad_mode for c in convs],
-                         [c.in_channels for c in convs])
-        self.padding_cache = [torch.zeros(slots, c.in_channels, c.padding_total, dtype=dtype, device=device)
-                              for c in convs]
+        pads = [int(c.padding_total) for c in convs]  # a buffer tensor in transformers: plain ints are faster
+        super().__init__(len(convs), pads, [c.pad_mode for c in convs], [c.in_channels for c in convs])
+        self.padding_cache = [torch.zeros(slots, c.in_channels, pad, dtype=dtype, device=device)
+                              for c, pad in zip(convs, pads, strict=True)]
         self.fresh = torch.ones(slots, dtype=torch.bool, device=device)
 
     def reset(self, slot: int) -> None:
