@@ -65,6 +65,9 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Folders this pipeline serves without a deploy file (`omni-run --model DIR`): entries
     "diffusers:<model_index.json _class_name>" or "transformers:<config.json model_type>";
     "diffusers:*" serves any diffusers folder no other pipeline claims. See models/detect.py."""
+    duplex: bool = False
+    """A full-duplex speech model: a realtime session is one long streaming request that is fed the
+    user's audio frame by frame while it speaks (api/realtime/duplex.py, workers/engines/duplex.py)."""
 
     def stage(self, stage_id: int) -> StageSpec:
         for spec in self.stages:
@@ -117,6 +120,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.qwen3_omni_moe",
     "omni_actors.models.diffusion",
     "omni_actors.models.llm",
+    "omni_actors.models.moshi",
 )
 
 

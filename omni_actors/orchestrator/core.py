@@ -8,6 +8,7 @@ timers whose timeouts are named constants.
 Public API (used by the HTTP layer and tests):
     orch = Orchestrator(deploy); await orch.start(); ...; await orch.stop()
     stream = orch.submit(RequestSpec(...))   # raises AdmissionError / StageUnavailable
+    orch.feed(request_id, inputs, last)      # more input for a RequestSpec(streaming=True)
     async for chunk in stream: ...           # StageChunk; raises a RequestError once on failure
     orch.abort(request_id); orch.health(); orch.statistics(); await orch.wait_healthy()
 """
@@ -264,13 +265,32 @@ class Orchestrator:
         entries = [s for s in plan if not sources[s]]
         self.leases.hold(run, leases_of(inputs), users=len(entries))
         for sid in entries:
-            self._send(run, sid, m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid)))
+            if spec.streaming:
+                add = m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid), streaming=True,
+                                   sources=(m.CLIENT_SOURCE,))
+            else:
+                add = m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid))
+            self._send(run, sid, add)
             run.started.add(sid)
         if spec.deadline_s is not None:
             run.deadline = asyncio.get_running_loop().call_later(
                 spec.deadline_s, self._on_deadline, spec.request_id
             )
         return run.stream
+
+    def feed(self, request_id: str, inputs: dict, last: bool = False) -> bool:
+        """Send more input to a streaming request's entry stages; False if the request has ended."""
+        run = self.runs.get(request_id)
+        if run is None or not run.spec.streaming:
+            return False
+        payload = self.codec.encode(inputs)
+        entries = [s for s in run.plan if not run.sources[s] and s not in run.finished]
+        refs = leases_of(payload)
+        if refs:
+            self.leases.hold(run, refs, users=len(entries))
+        for sid in entries:
+            self._send(run, sid, m.Feed(request_id, m.CLIENT_SOURCE, payload, last))
+        return True
 
     def abort(self, request_id: str) -> None:
         run = self.runs.get(request_id)

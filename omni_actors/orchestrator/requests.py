@@ -31,6 +31,8 @@ class RequestSpec:
     stages: tuple[int, ...] | None = None
     deadline_s: float | None = None
     request_id: str = field(default_factory=new_request_id)
+    streaming: bool = False
+    """Entry stages take more input after `inputs`, through `Orchestrator.feed` (a duplex session)."""
 
 
 @dataclass(frozen=True)

@@ -371,7 +371,12 @@ async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: s
         await ws.close(code=1013, message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode())
         return ws
     model = request.query.get("model") or server.served_model_name or orch.deploy.pipeline
-    session = RealtimeSession(ws, orch, model, stats)
+    if orch.pipeline.duplex:  # full-duplex model: one long streaming request per session
+        from omni_actors.api.realtime.duplex import DuplexSession  # imports this module
+
+        session: RealtimeSession = DuplexSession(ws, orch, model, stats)
+    else:
+        session = RealtimeSession(ws, orch, model, stats)
     sessions.add(session)
     stats.sessions_total += 1
     stats.sessions_open = len(sessions)

@@ -16,6 +16,7 @@ _BUILDERS: dict[str, str] = {
     "qwen3_omni_moe": "omni_actors.models.tiny.qwen3_omni_moe:make_tiny_qwen3_omni_moe",
     "llama": "omni_actors.models.tiny.llama:make_tiny_llama",
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
+    "moshi": "omni_actors.models.tiny.moshi:make_tiny_moshi",
 }
 
 
