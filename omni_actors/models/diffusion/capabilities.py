@@ -122,7 +122,7 @@ def folder_caps(folder: str | Path) -> DiffusionCaps:
 @functools.cache
 def call_params(class_name: str) -> tuple[str, ...]:
     """`__call__` parameter names of a diffusers pipeline class, from its source (following bases)."""
-    tree, node = _class_node(class_name)
+    node = _class_node(class_name)
     for item in node.body:
         if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name == "__call__":
             a = item.args
@@ -136,7 +136,7 @@ def call_params(class_name: str) -> tuple[str, ...]:
     raise ConfigError(f"{class_name}: no __call__ found in diffusers; it is not a pipeline this server serves")
 
 
-def _class_node(class_name: str) -> tuple[ast.Module, ast.ClassDef]:
+def _class_node(class_name: str) -> ast.ClassDef:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", class_name):
         raise ConfigError(f"{class_name!r} is not a class name")
     path = _pipeline_files().get(class_name)
@@ -145,7 +145,7 @@ def _class_node(class_name: str) -> tuple[ast.Module, ast.ClassDef]:
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == class_name:
-            return tree, node
+            return node
     raise ConfigError(f"{class_name}: not found in {path}")
 
 
