@@ -50,6 +50,8 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     """Width and height must be multiples of this."""
     layered: bool = False
     """Each output is a stack of RGBA layers, returned as separate images."""
+    guidance_param: str = "guidance_scale"
+    """The call argument a request's `guidance_scale` sets."""
 
 
 def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
@@ -98,6 +100,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         max_input_images=(facts.max_input_images if takes_image else 0),
         size_multiple=facts.size_multiple,
         layered=layered,
+        guidance_param=facts.guidance_param if facts.guidance_param in names else "guidance_scale",
     )
 
 

@@ -16,15 +16,18 @@ class FamilyFacts:
     max_input_images: int = 1
     size_multiple: int = 8
     """Latent side times patch size: width and height must be multiples of it."""
+    guidance_param: str = "guidance_scale"
+    """The call argument a request's `guidance_scale` sets (Qwen-Image's classifier-free
+    guidance is `true_cfg_scale`; its `guidance_scale` is for guidance-distilled weights)."""
 
 
 _DEFAULT = FamilyFacts()
 _FACTS: dict[str, FamilyFacts] = {
-    "QwenImagePipeline": FamilyFacts(size_multiple=16),
-    "QwenImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),
+    "QwenImagePipeline": FamilyFacts(guidance_param="true_cfg_scale", size_multiple=16),
+    "QwenImageEditPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
     # Qwen-Image-Edit-2509 ("Plus") composes up to three reference images.
-    "QwenImageEditPlusPipeline": FamilyFacts(image_required=True, max_input_images=3, size_multiple=16),
-    "QwenImageLayeredPipeline": FamilyFacts(image_required=True, size_multiple=16),
+    "QwenImageEditPlusPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, max_input_images=3, size_multiple=16),
+    "QwenImageLayeredPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
     "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16),
     "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16),
     "ZImagePipeline": FamilyFacts(size_multiple=16),

@@ -11,11 +11,18 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+IMAGE_FAMILIES = (
+    "qwen_image", "qwen_image_edit", "qwen_image_edit_plus", "qwen_image_layered", "flux2", "z_image",
+    "hunyuan_image", "glm_image", "longcat_image", "longcat_image_edit",
+)  # fmt: skip
+"""The diffusers image families (omni_actors.models.tiny.image_families: one builder each)."""
+
 _BUILDERS: dict[str, str] = {
     "qwen2_5_omni": "omni_actors.models.tiny.qwen2_5_omni:make_tiny_qwen2_5_omni",
     "qwen3_omni_moe": "omni_actors.models.tiny.qwen3_omni_moe:make_tiny_qwen3_omni_moe",
     "llama": "omni_actors.models.tiny.llama:make_tiny_llama",
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
+    **{name: f"omni_actors.models.tiny.image_families:{name}" for name in IMAGE_FAMILIES},
 }
 
 

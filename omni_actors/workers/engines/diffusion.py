@@ -75,7 +75,7 @@ class DiffusionEngine(StageEngine):
         self._accepts = frozenset(sig)
         self._defaults = {
             "num_inference_steps": _default(sig, "num_inference_steps", 50),
-            "guidance_scale": _default(sig, "guidance_scale", None),
+            "guidance_scale": _default(sig, self.caps.guidance_param, None),
         }
         self._max_batch = max(1, ctx.max_num_seqs)
         self._max_batch_images = int_in(
@@ -239,8 +239,8 @@ class DiffusionEngine(StageEngine):
                 kw["mask_image"] = _pil(head.mask)
         if head.width is not None and {"width", "height"} <= accepts:
             kw["width"], kw["height"] = head.width, head.height
-        if head.guidance is not None and "guidance_scale" in accepts:
-            kw["guidance_scale"] = head.guidance
+        if head.guidance is not None and self.caps.guidance_param in accepts:
+            kw[self.caps.guidance_param] = head.guidance
         if head.layers is not None:
             kw["layers"] = head.layers
         return kw
