@@ -34,6 +34,7 @@ _FACTS: dict[str, FamilyFacts] = {
     "HunyuanImagePipeline": FamilyFacts(size_multiple=32),
     "GlmImagePipeline": FamilyFacts(size_multiple=32),
     "LongCatImagePipeline": FamilyFacts(size_multiple=16),
+    "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True),
     "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),
 }
 

@@ -22,6 +22,7 @@ _BUILDERS: dict[str, str] = {
     "qwen3_omni_moe": "omni_actors.models.tiny.qwen3_omni_moe:make_tiny_qwen3_omni_moe",
     "llama": "omni_actors.models.tiny.llama:make_tiny_llama",
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
+    "sd_inpaint": "omni_actors.models.tiny.diffusion:make_tiny_sd_inpaint",
     **{name: f"omni_actors.models.tiny.image_families:{name}" for name in IMAGE_FAMILIES},
 }
 

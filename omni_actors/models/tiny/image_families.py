@@ -37,7 +37,12 @@ def qwen_image_layered(out_dir: str | Path, seed: int = 0) -> Path:
 def z_image(out_dir: str | Path, seed: int = 0) -> Path:
     """Z-Image: ZImageTransformer2DModel, AutoencoderKL (16 latent channels), a Qwen3 text encoder."""
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        ZImagePipeline,
+        ZImageTransformer2DModel,
+    )
     from transformers import Qwen3Config, Qwen3Model
 
     from omni_actors.models.tiny.qwen_image import qwen_vl_tokenizer

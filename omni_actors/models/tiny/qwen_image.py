@@ -88,7 +88,11 @@ def make_tiny_qwen_image(out_dir: str | Path, seed: int = 0, variant: str = "qwe
     """Write a tiny Qwen-Image pipeline of `variant` (see VARIANTS) to `out_dir`; return the folder."""
     import diffusers
     import torch
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImageTransformer2DModel,
+    )
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown Qwen-Image variant {variant!r}; expected one of {sorted(VARIANTS)}")

@@ -8,6 +8,7 @@ Request fields (from `inputs` or `params`; `inputs` win for prompt and images):
     n                         outputs for this request (num_images_per_prompt)
     width, height | size      ints, or "WxH"
     num_inference_steps, guidance_scale, seed, layers
+    partial_images            previews to send mid-run (0-3)
 
 Arrays arrive mapped from shared memory whose lease the worker gives back
 after `add`; the job keeps its own copy.
@@ -28,6 +29,7 @@ MAX_IMAGES_PER_REQUEST = 16
 MAX_SIDE_PX = 4096
 MAX_INFERENCE_STEPS = 1000
 MAX_LAYERS = 16
+MAX_PREVIEWS = 3
 SEED_BITS = 63
 
 
@@ -48,6 +50,8 @@ class DiffusionJob:
     images: tuple[np.ndarray, ...] = ()
     mask: np.ndarray | None = None
     layers: int | None = None
+    previews: int = 0
+    """Partial images to send mid-run (decoded from the latents); 0 for none."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Call arguments of other output kinds (video frames, audio seconds); part of the batch key."""
 
@@ -136,6 +140,7 @@ def parse_job(
         images=images,
         mask=mask,
         layers=layers,
+        previews=int_in(p.get("partial_images", 0), "partial_images", 0, MAX_PREVIEWS),
     )
 
 
