@@ -75,3 +75,18 @@ async def test_edits_on_a_text_to_image_model_is_a_400_saying_what_it_does(srv) 
         await client.images.edit(model=srv.family, image=("a.png", png(np.zeros((32, 32, 3), np.uint8))),
                                  prompt="x")
     assert "text-to-image" in err.value.message and "/v1/images/generations" in err.value.message
+
+
+async def test_stream_sends_partial_images_then_completed(srv) -> None:
+    stream = await srv.client().images.generate(
+        model=srv.family, prompt="x", size="32x32", stream=True, partial_images=1,
+        extra_body={"num_inference_steps": 3, "seed": 2})
+    events = [e async for e in stream]
+    assert events[-1].type == "image_generation.completed"
+    assert decode(events[-1].b64_json).shape == (32, 32, 3)
+    partial = [e for e in events if e.type == "image_generation.partial_image"]
+    if srv.family == "z_image":  # 4-D latents: previewed; Qwen-Image's packed latents are not (docs/media.md)
+        assert [e.partial_image_index for e in partial] == [0]
+        assert decode(partial[0].b64_json).shape == (32, 32, 3)
+    else:
+        assert partial == []

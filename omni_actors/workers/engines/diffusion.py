@@ -19,7 +19,8 @@ kind extras; never one with input images) share a batch, up to `max_num_seqs`
 requests and engine_extras `max_batch_images` outputs.
 
 Outputs per request: {"progress", "step", "total", "batch_size"} after each
-step but the last; then, finished, the output kind's arrays (diffusion_outputs.py;
+step but the last, with {"preview": uint8 [n, H, W, 3]} at the steps a request
+with `partial_images` gets one (diffusion_preview.py); then, finished, the output kind's arrays (diffusion_outputs.py;
 for images {"images": uint8 [n, H, W, 3]}, a layered pipeline's n x layers RGBA
 images flattened in order) with {"seed", "batch_size", "progress": 1.0, "step", "total"}.
 """
@@ -127,18 +128,22 @@ class DiffusionEngine(StageEngine):
         batch = self._batch
         report = batch.wait_report()
         if report[0] == "progress":
-            _, done, total = report
+            _, done, total, preview = report
             payload = {
                 "progress": done / total,
                 "step": done,
                 "total": total,
                 "batch_size": len(batch.jobs),
             }
-            return [
-                EngineOutput(j.request_id, dict(payload))
-                for j in batch.jobs
-                if j.request_id in batch.live
-            ]
+            outs, row = [], 0
+            for j in batch.jobs:
+                mine = dict(payload)
+                if preview is not None and j.previews and done in _preview_steps(j):
+                    mine["preview"] = np.ascontiguousarray(preview[row : row + j.n])
+                row += j.n
+                if j.request_id in batch.live:
+                    outs.append(EngineOutput(j.request_id, mine))
+            return outs
         self._batch = None
         if report[0] != "timeout":
             batch.join()  # it has reported its end; let it finish freeing tensors first
@@ -198,6 +203,7 @@ class DiffusionEngine(StageEngine):
             self._call_kwargs(jobs),
             "callback_on_step_end" in self._accepts,
             self._convert,
+            frozenset(s for j in jobs for s in _preview_steps(j)),
         )
         self._runner.submit(batch)
         return batch
@@ -282,6 +288,12 @@ def _default(sig: Any, name: str, fallback: Any) -> Any:
     if param is None or param.default is inspect.Parameter.empty or param.default is None:
         return fallback
     return param.default
+
+
+def _preview_steps(job: DiffusionJob) -> set[int]:
+    """The steps after which `job` gets a preview: its `previews` spread evenly before the last step."""
+    k, total = job.previews, job.steps
+    return {round((i + 1) * total / (k + 1)) for i in range(k)} & set(range(1, total))
 
 
 def _pil(arr: np.ndarray) -> Any:

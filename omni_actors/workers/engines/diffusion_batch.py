@@ -63,9 +63,12 @@ class Batch:
         kwargs: dict[str, Any],
         use_callback: bool,
         convert: Callable[[Any], dict[str, np.ndarray]],
+        preview_at: frozenset[int] = frozenset(),
     ) -> None:
         self.pipe = pipe
         self._convert = convert
+        self._preview_at = preview_at
+        """Steps after which the latents are decoded into preview images (diffusion_preview.py)."""
         self.jobs = jobs
         self.live = {j.request_id for j in jobs}
         self._kwargs = kwargs
@@ -79,7 +82,7 @@ class Batch:
         self._release.put(True)
 
     def wait_report(self) -> tuple[Any, ...]:
-        """("progress", done, total) | ("done", arrays, total) | ("error" | "timeout", message).
+        """("progress", done, total, preview | None) | ("done", arrays, total) | ("error" | "timeout", message).
 
         `arrays` is the output converter's dict (see diffusion_outputs.py), rows in call order."""
         try:
@@ -97,10 +100,15 @@ class Batch:
         """Wait until the runner is done with this batch (its tensors freed)."""
         self.ended.wait(BATCH_EXIT_TIMEOUT_S)
 
-    def _pause(self, done: int, total: int) -> None:
+    def _pause(self, done: int, total: int, latents: Any = None) -> None:
         if done >= total:
             return  # after the last step, run on through the decode
-        self._reports.put(("progress", done, total))
+        preview = None
+        if latents is not None and done in self._preview_at:
+            from omni_actors.workers.engines.diffusion_preview import decode_preview
+
+            preview = decode_preview(self.pipe, latents)
+        self._reports.put(("progress", done, total, preview))
         try:
             go = self._release.get(timeout=STEP_RELEASE_TIMEOUT_S)
         except queue.Empty:
@@ -114,8 +122,8 @@ class Batch:
         kwargs = dict(self._kwargs)
         if self._use_callback:
 
-            def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict[str, Any]) -> dict[str, Any]:
-                self._pause(i + 1, len(scheduler.timesteps))
+            def on_step_end(_pipe: Any, i: int, _t: Any, kw: dict[str, Any]) -> dict[str, Any]:
+                self._pause(i + 1, len(scheduler.timesteps), kw.get("latents"))
                 return {}
 
             kwargs["callback_on_step_end"] = on_step_end
