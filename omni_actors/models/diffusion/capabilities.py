@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import re
@@ -25,12 +26,16 @@ from pathlib import Path
 import msgspec
 
 from omni_actors.errors import ConfigError
-from omni_actors.models.diffusion.families import family_facts
+from omni_actors.models.diffusion.families import family_facts, known_classes
 
 VIDEO_PARAMS = frozenset({"num_frames"})
 AUDIO_PARAMS = frozenset({"audio_end_in_s", "audio_length_in_s"})
 CONDITIONING = ("prompt", "class_labels", "batch_size")
-"""How a pipeline is asked for output, in order of preference (see the engine's CallStyle)."""
+"""How a pipeline is asked for output: by prompt, class label or batch size."""
+SUPPORTED = (
+    "supported: diffusers pipelines whose __call__ takes prompt, class_labels or batch_size, "
+    f"e.g. {', '.join(known_classes())}"
+)
 
 
 class DiffusionCaps(msgspec.Struct, frozen=True):
@@ -61,7 +66,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
     if not any(c in names for c in CONDITIONING):
         raise ConfigError(
             f"{class_name}: not a pipeline this server can call (its __call__ takes none of "
-            f"{', '.join(CONDITIONING)})"
+            f"{', '.join(CONDITIONING)}); {SUPPORTED}"
         )
     kind = "video" if names & VIDEO_PARAMS else "audio" if names & AUDIO_PARAMS else "image"
     takes_image = "image" in names
@@ -144,7 +149,8 @@ def _class_node(class_name: str) -> ast.ClassDef:
         raise ConfigError(f"{class_name!r} is not a class name")
     path = _pipeline_files().get(class_name)
     if path is None:
-        raise ConfigError(f"{class_name} is not a pipeline in the installed diffusers")
+        raise ConfigError(f"{class_name} is not a pipeline class of the installed diffusers "
+                          f"{importlib.metadata.version('diffusers')}; {SUPPORTED}")
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == class_name:

@@ -41,3 +41,8 @@ _FACTS: dict[str, FamilyFacts] = {
 
 def family_facts(class_name: str) -> FamilyFacts:
     return _FACTS.get(class_name, _DEFAULT)
+
+
+def known_classes() -> list[str]:
+    """The pipeline classes this module has facts about (named in errors as examples)."""
+    return sorted(_FACTS)
