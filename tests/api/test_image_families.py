@@ -13,7 +13,15 @@ from tests.api.image_family_support import decode, serve_family
 STEPS = 2
 
 
-@pytest.fixture(scope="module", params=["qwen_image", "z_image"])
+FAMILIES = [
+    "qwen_image",
+    pytest.param("z_image", marks=pytest.mark.slow),
+    pytest.param("hunyuan_image", marks=pytest.mark.slow),
+]
+"""One server per family; the default suite serves Qwen-Image, the rest run with -m slow."""
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 async def srv(request, tmp_path_factory):
     async with serve_family(request.param, tmp_path_factory.mktemp("family")) as s:
         s.family = request.param
