@@ -11,6 +11,8 @@ from tests.api.conftest import eventually, idle, post
 from tests.api.image_family_support import decode, serve_family
 
 STEPS = 2
+PREVIEWED = {"z_image", "hunyuan_image"}
+"""Families with 4-D latents, previewed mid-run; Qwen-Image's packed latents are not (docs/media.md)."""
 
 
 FAMILIES = [
@@ -30,11 +32,11 @@ async def srv(request, tmp_path_factory):
 
 async def test_generates_at_the_asked_size_and_same_seed_same_image(srv) -> None:
     client = srv.client()
-    kw = {"model": srv.family, "prompt": "a red cube", "n": 2, "size": "48x32",
+    kw = {"model": srv.family, "prompt": "a red cube", "n": 2, "size": "64x32",
           "extra_body": {"num_inference_steps": STEPS, "seed": 5}}
     out = await client.images.generate(**kw)
     first = [decode(d.b64_json) for d in out.data]
-    assert [im.shape for im in first] == [(32, 48, 3)] * 2 and out.size == "48x32"
+    assert [im.shape for im in first] == [(32, 64, 3)] * 2 and out.size == "64x32"
     again = await client.images.generate(**kw)
     assert np.array_equal(first[0], decode(again.data[0].b64_json))
     other = await client.images.generate(**{**kw, "n": 1, "extra_body": {"num_inference_steps": STEPS, "seed": 6}})
@@ -93,7 +95,7 @@ async def test_stream_sends_partial_images_then_completed(srv) -> None:
     assert events[-1].type == "image_generation.completed"
     assert decode(events[-1].b64_json).shape == (32, 32, 3)
     partial = [e for e in events if e.type == "image_generation.partial_image"]
-    if srv.family == "z_image":  # 4-D latents: previewed; Qwen-Image's packed latents are not (docs/media.md)
+    if srv.family in PREVIEWED:
         assert [e.partial_image_index for e in partial] == [0]
         assert decode(partial[0].b64_json).shape == (32, 32, 3)
     else:
