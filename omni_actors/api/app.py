@@ -11,6 +11,8 @@
     POST /v1/chat/completions       chat.py
     POST /v1/audio/speech           speech.py
     POST /v1/images/generations     images.py
+    POST /v1/images/edits           image_edits.py
+    GET  /v1/files/images/{name}    image_files.py   (response_format "url")
     GET  /v1/realtime               the realtime package (WebSocket)
 
 Middleware, outermost first: metrics (counts every answer), errors (OpenAI-style
@@ -27,10 +29,11 @@ import msgspec
 from aiohttp import web
 
 from omni_actors import __version__
-from omni_actors.api import playground, realtime
+from omni_actors.api import image_files, playground, realtime
 from omni_actors.api.calls import ORCH_KEY
 from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
+from omni_actors.api.image_edits import image_edits
 from omni_actors.api.images import generations
 from omni_actors.api.metrics import METRICS_KEY, ApiMetrics, metrics_middleware, metrics_route
 from omni_actors.api.middleware import auth_middleware, body_limit_middleware
@@ -83,6 +86,8 @@ def build_app(orch: Orchestrator) -> web.Application:
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/images/generations", generations)
+    app.router.add_post("/v1/images/edits", image_edits)
+    image_files.add_routes(app)
     realtime.add_routes(app)
     playground.add_routes(app)
     return app

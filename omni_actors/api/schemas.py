@@ -15,6 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from msgspec import Meta, Struct
 
 from omni_actors.api.errors import ApiError, bad_request, from_validation
+from omni_actors.models.diffusion.capabilities import DiffusionCaps
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
@@ -274,25 +275,47 @@ class ImageRequest(_Req):
     guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
     negative_prompt: str | None = None
     seed: Seed | None = None
+    stream: bool = False
+    partial_images: Annotated[int, Meta(ge=0, le=3)] | None = None
+    """Previews sent before the final image when streaming (OpenAI allows 0-3)."""
+    background: str | None = None
+    moderation: str | None = None
+    output_compression: Annotated[int, Meta(ge=0, le=100)] | None = None
     extra_body: DiffusionFields | None = None
 
 
 class ImageData(Struct, omit_defaults=True):
-    b64_json: str
+    b64_json: str | None = None
+    url: str | None = None
     revised_prompt: str | None = None
 
 
-class ImagesResponse(Struct):
+class ImagesResponse(Struct, omit_defaults=True):
     created: int
     data: list[ImageData]
     output_format: str
     size: str
+    expires_at: int | None = None
+    """Unix time the `url`s stop answering (extra to OpenAI's fields; only with response_format url)."""
+
+
+class ImageStreamEvent(Struct, omit_defaults=True):
+    """`image_generation.partial_image` / `image_generation.completed` (and the `image_edit.*` twins)."""
+
+    type: str
+    b64_json: str
+    created_at: int
+    size: str
+    output_format: str
+    background: str = "opaque"
+    quality: str = "auto"
+    partial_image_index: int | None = None
 
 
 # ---- models, health, errors --------------------------------------------------------
 
 
-class Model(Struct):
+class Model(Struct, omit_defaults=True):
     id: str
     created: int
     owned_by: str
@@ -300,6 +323,8 @@ class Model(Struct):
     """The pipeline served under this name (extra to OpenAI's fields)."""
     output_types: list[str]
     """What the pipeline can produce: "text", "audio", "image", ..."""
+    capabilities: DiffusionCaps | None = None
+    """A diffusion pipeline's tasks and accepted inputs (read from its pipeline class)."""
     object: Literal["model"] = "model"
 
 

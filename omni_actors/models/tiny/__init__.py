@@ -9,7 +9,15 @@ without torch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
+
+IMAGE_FAMILIES = ("qwen_image", "z_image", "hunyuan_image")
+"""The diffusers image families built here (omni_actors.models.tiny.image_families: one builder each)."""
+PROCESSOR_FAMILIES = ("qwen_image_edit", "qwen_image_edit_plus", "qwen_image_layered", "flux2")
+"""Families whose processor (Qwen2VLProcessor, PixtralProcessor) needs torchvision (docs/media.md): offered only where it is installed."""
+if importlib.util.find_spec("torchvision") is not None:
+    IMAGE_FAMILIES += PROCESSOR_FAMILIES
 
 _BUILDERS: dict[str, str] = {
     "qwen2_5_omni": "omni_actors.models.tiny.qwen2_5_omni:make_tiny_qwen2_5_omni",
@@ -17,6 +25,8 @@ _BUILDERS: dict[str, str] = {
     "llama": "omni_actors.models.tiny.llama:make_tiny_llama",
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
     "moshi": "omni_actors.models.tiny.moshi:make_tiny_moshi",
+    "sd_inpaint": "omni_actors.models.tiny.diffusion:make_tiny_sd_inpaint",
+    **{name: f"omni_actors.models.tiny.image_families:{name}" for name in IMAGE_FAMILIES},
 }
 
 
