@@ -16,6 +16,9 @@ _BUILDERS: dict[str, str] = {
     "qwen3_omni_moe": "omni_actors.models.tiny.qwen3_omni_moe:make_tiny_qwen3_omni_moe",
     "llama": "omni_actors.models.tiny.llama:make_tiny_llama",
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
+    "wan2_2": "omni_actors.models.tiny.video:make_tiny_wan2_2",
+    "wan2_2_i2v": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v",
+    "stable_audio": "omni_actors.models.tiny.video:make_tiny_stable_audio",
 }
 
 
