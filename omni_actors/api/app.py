@@ -9,6 +9,8 @@
     POST /v1/chat/completions       chat.py
     POST /v1/audio/speech           speech.py
     POST /v1/images/generations     images.py
+    /v1/videos...                   videos.py (jobs: create, list, retrieve, delete, content, sync)
+    POST /v1/audio/generations      audio_generation.py (alias /v1/audio/generate)
     GET  /v1/realtime               the realtime package (WebSocket)
 
 Middleware, outermost first: metrics (counts every answer), errors (OpenAI-style
@@ -25,7 +27,7 @@ import msgspec
 from aiohttp import web
 
 from omni_actors import __version__
-from omni_actors.api import realtime
+from omni_actors.api import audio_generation, realtime, videos
 from omni_actors.api.calls import ORCH_KEY
 from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
@@ -80,4 +82,6 @@ def build_app(orch: Orchestrator) -> web.Application:
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/images/generations", generations)
     realtime.add_routes(app)
+    videos.add_routes(app)
+    audio_generation.add_routes(app)
     return app

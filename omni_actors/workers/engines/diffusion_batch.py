@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,9 +57,20 @@ class Batch:
     """One `pipe(...)` call on the runner thread, paused after every denoising step."""
 
     def __init__(
-        self, pipe: Any, jobs: list[Any], kwargs: dict[str, Any], use_callback: bool
+        self,
+        pipe: Any,
+        jobs: list[Any],
+        kwargs: dict[str, Any],
+        use_callback: bool,
+        output: Callable[[Any], Any] | None = None,
+        report_decode: bool = False,
     ) -> None:
+        """`output` turns the pipeline's result into the "done" report's payload (default: its
+        images as uint8 [n, H, W, 3]); with `report_decode` the last step reports
+        ("decoding", total, total) before the thread runs on through the decode."""
         self.pipe = pipe
+        self._output = output or _images_output
+        self._report_decode = report_decode
         self.jobs = jobs
         self.live = {j.request_id for j in jobs}
         self._kwargs = kwargs
@@ -72,7 +84,7 @@ class Batch:
         self._release.put(True)
 
     def wait_report(self) -> tuple[Any, ...]:
-        """("progress", done, total) | ("done", images, total) | ("error" | "timeout", message)."""
+        """("progress" | "decoding", done, total) | ("done", output, total) | ("error" | "timeout", message)."""
         try:
             return self._reports.get(timeout=STEP_REPORT_TIMEOUT_S)
         except queue.Empty:
@@ -90,6 +102,8 @@ class Batch:
 
     def _pause(self, done: int, total: int) -> None:
         if done >= total:
+            if self._report_decode:
+                self._reports.put(("decoding", done, total))
             return  # after the last step, run on through the decode
         self._reports.put(("progress", done, total))
         try:
@@ -124,7 +138,7 @@ class Batch:
         report: tuple[Any, ...] | None = None
         try:
             result = pipe(**kwargs)
-            report = ("done", _to_uint8(result.images), len(scheduler.timesteps))
+            report = ("done", self._output(result), len(scheduler.timesteps))
         except _Cancelled:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
@@ -136,6 +150,10 @@ class Batch:
         # Report last: once it is read, the next batch may hook the scheduler.
         if report is not None:
             self._reports.put(report)
+
+
+def _images_output(result: Any) -> np.ndarray:
+    return _to_uint8(result.images)
 
 
 def _to_uint8(images: Any) -> np.ndarray:
