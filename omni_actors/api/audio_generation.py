@@ -21,6 +21,7 @@ from omni_actors.api.audio_codec import CONTENT_TYPES, off_loop, pcm16
 from omni_actors.api.calls import PipelineCall, drop_none, orchestrator, require_model, require_outputs
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
+from omni_actors.api.videos import capabilities
 
 ROUTES = ("/v1/audio/generations", "/v1/audio/generate")
 FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "pcm": None}
@@ -67,8 +68,9 @@ async def generations(request: web.Request) -> web.Response:
                           f"{sorted(FORMATS)}", "response_format", "unsupported_value")
     if not req.prompt:
         raise bad_request("prompt must not be empty", "prompt")
-    if req.seconds is not None and not 0 < req.seconds <= MAX_SECONDS:
-        raise bad_request(f"seconds must be in (0, {MAX_SECONDS:g}]", "seconds")
+    top = float(capabilities(orch).get("max_seconds", MAX_SECONDS))
+    if req.seconds is not None and not 0.1 <= req.seconds <= top:
+        raise bad_request(f"seconds {req.seconds:g}: this model makes clips of 0.1 to {top:g} s", "seconds")
     if req.seed is not None and not 0 <= req.seed < (1 << 63):
         raise bad_request("seed must be in [0, 2**63)", "seed")
     params = drop_none({"seconds": req.seconds, "seed": req.seed, "num_inference_steps": req.num_inference_steps,

@@ -36,6 +36,7 @@ JOB_TIMEOUT_S = 6 * 3600.0
 DENOISE_PERCENT = 90
 """`progress` when the last denoising step is done; the decode and the MP4 encode share the rest."""
 DECODED_PERCENT = 95
+RANK = {"queued": 0, "in_progress": 1, "completed": 2, "failed": 2}
 JOB_EXIT_TIMEOUT_S = 10.0
 """Longest shutdown waits for a cancelled job task to record its end."""
 
@@ -57,6 +58,7 @@ class VideoJobs:
         self.orch = orch
         self.store = store
         self._running: dict[str, tuple[asyncio.Task[None], RequestStream]] = {}
+        self._changed: dict[str, asyncio.Event] = {}
         self._closing = False
 
     def recover(self) -> None:
@@ -83,6 +85,26 @@ class VideoJobs:
         entry = self._running.get(job_id)
         if entry is not None:
             await asyncio.shield(entry[0])
+
+    async def wait_past(self, job_id: str, status: str, timeout_s: float) -> None:
+        """Until the job's status is past `status` (queued < in_progress < completed | failed), it is
+        not running here, or `timeout_s` passed (long-polling for clients that would rather not poll)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while job_id in self._running:
+            row = self.store.get(job_id)
+            if row is None or RANK.get(row.status, 2) > RANK.get(status, 2):
+                return
+            changed = self._changed.setdefault(job_id, asyncio.Event())
+            try:
+                await asyncio.wait_for(changed.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return
+
+    def _touch(self, job_id: str) -> None:
+        event = self._changed.pop(job_id, None)
+        if event is not None:
+            event.set()
 
     def cancel(self, job_id: str) -> bool:
         """Abort a running job (between denoising steps); False if it is not running here."""
@@ -125,6 +147,7 @@ class VideoJobs:
             self.store.fail(job_id, "internal_error", f"{type(err).__name__}: {err}")
         finally:
             self._running.pop(job_id, None)
+            self._touch(job_id)
             for variant in ("video", "thumbnail"):
                 _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
 
@@ -138,6 +161,7 @@ class VideoJobs:
             elif "total" in data and data.get("total"):
                 share = DENOISE_PERCENT * data["step"] / data["total"]
                 self.store.progress(job_id, int(share) if data.get("phase") != "decode" else DENOISE_PERCENT)
+                self._touch(job_id)
         if made is None:
             raise RuntimeError("the pipeline ended without frames")
         return made

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from omni_actors.api.calls import drop_none, orchestrator, require_model, require_outputs
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.video_jobs import VideoJobs
+from omni_actors.api.video_jobs import RANK, VideoJobs
 from omni_actors.api.videos_store import JobRow, VideoStore
 from omni_actors.store import get_store
 from omni_actors.workers.engines.video import DEFAULTS, MAX_INFERENCE_STEPS
@@ -54,6 +54,9 @@ READ_CHUNK = 1 << 16
 MAX_SIDE_PX = 4096
 DEFAULT_SECONDS = "4"
 LIST_MAX = 100
+MAX_WAIT_S = 600.0
+POLL_AFTER_MS = 1000
+"""What `retrieve` tells the SDK's poll helper to wait between polls of an unfinished job."""
 
 
 class VideoError(msgspec.Struct, omit_defaults=True):
@@ -356,7 +359,20 @@ def _job(request: web.Request) -> JobRow:
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    return _json(to_video(_job(request)))
+    """Query extensions for clients that would rather wait than poll: `wait_s` (up to MAX_WAIT_S)
+    with `past` (a status; default in_progress): answer once the job's status is past it."""
+    row = _job(request)
+    if "wait_s" in request.query:
+        wait_s = _opt_float(dict(request.query), "wait_s", 0.0, MAX_WAIT_S) or 0.0
+        past = request.query.get("past", "in_progress")
+        if past not in RANK:
+            raise bad_request(f"past must be one of {sorted(RANK)}", "past")
+        await jobs_of(request).wait_past(row.id, past, wait_s)
+        row = _job(request)
+    resp = _json(to_video(row))
+    if row.status in ("queued", "in_progress"):
+        resp.headers["openai-poll-after-ms"] = str(POLL_AFTER_MS)
+    return resp
 
 
 async def list_videos(request: web.Request) -> web.Response:

@@ -183,8 +183,8 @@ def _stable_audio() -> Any:
             decoder_start_token_id=tokenizer.pad_token_id,
         )
     )
-    # Hop 32 samples: 250 latent frames a second; sample_size 1024 caps a clip at ~4 s,
-    # as the real 1024 latents at hop 2048 / 44.1 kHz cap it at 47.55 s.
+    # Hop 32 samples: 250 latent frames a second; sample_size 11888 caps a clip at 47.55 s,
+    # as the real 1024 latents at hop 2048 / 44.1 kHz do.
     vae = AutoencoderOobleck(
         encoder_hidden_size=8,
         downsampling_ratios=[4, 8],
@@ -195,7 +195,7 @@ def _stable_audio() -> Any:
         sampling_rate=STABLE_AUDIO_RATE_HZ,
     )
     transformer = StableAudioDiTModel(
-        sample_size=1024,
+        sample_size=11888,
         in_channels=4,
         num_layers=2,
         attention_head_dim=8,
