@@ -197,3 +197,23 @@ def test_image_to_video_takes_a_first_frame(tmp_path):
         assert err.value.body["param"] == "input_reference"
     finally:
         run.stop()
+
+
+def test_ltx2_videos_carry_their_audio_track(tmp_path):
+    model = make_tiny("ltx2", tmp_path / "tiny-ltx2", seed=0)
+    run = ModelRun(tmp_path, model, tmp_path / "data")
+    try:
+        run.wait_ready()
+        client = run.client()
+        job = client.videos.create(model=model.name, prompt="a robot dancing", size="32x32",
+                                   extra_body={**FAST, "num_frames": 9})
+        done = wait_done(client, job.id)
+        assert done.status == "completed", done.error
+        (tmp_path / "ltx2.mp4").write_bytes(client.videos.download_content(job.id).read())
+        made = probe(tmp_path / "ltx2.mp4")
+        assert (made.width, made.height, made.frames, made.fps, made.audio_channels) == (32, 32, 9, 24.0, 2)
+        with av.open(str(tmp_path / "ltx2.mp4")) as f:
+            assert f.streams.audio[0].codec_context.name == "aac"
+            assert f.streams.audio[0].duration * f.streams.audio[0].time_base > 0.3  # ~9 frames at 24 fps
+    finally:
+        run.stop()

@@ -18,6 +18,8 @@ EXPECTED = {
     "stable_audio": ("StableAudioPipeline", {"text_encoder": "T5EncoderModel", "tokenizer": "T5Tokenizer",
                                              "vae": "AutoencoderOobleck",
                                              "projection_model": "StableAudioProjectionModel"}),
+    "ltx2": ("LTX2Pipeline", {"text_encoder": "Gemma3ForConditionalGeneration", "tokenizer": "GemmaTokenizer",
+                              "vocoder": "LTX2Vocoder", "audio_vae": "AutoencoderKLLTX2Audio"}),
 }  # fmt: skip
 
 

@@ -233,3 +233,96 @@ def _stable_audio() -> Any:
 def make_tiny_stable_audio(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Stable Audio Open pipeline (StableAudioPipeline) to `out_dir`."""
     return _build(out_dir, seed, _stable_audio)
+
+
+def gemma_tokenizer() -> Any:
+    """A Gemma (byte-fallback BPE) tokenizer: specials, the 256 byte tokens, characters, no merges."""
+    from transformers import GemmaTokenizer
+
+    vocab: dict[str, int] = {}
+    for tok in ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>"):
+        vocab[tok] = len(vocab)
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for ch in ["\u2581", *sorted(set(_WORDS.replace(" ", ""))), *"0123456789.,!?'-"]:
+        vocab.setdefault(ch, len(vocab))
+    return GemmaTokenizer(vocab=vocab, merges=[], model_max_length=1024, padding_side="left")
+
+
+def _gemma3(tokenizer: Any) -> Any:
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = {
+        "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 1024,
+        "sliding_window": 64, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 28, "patch_size": 14}
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                          image_token_index=tokenizer.unk_token_id)
+    return Gemma3ForConditionalGeneration(config)
+
+
+LTX2_AUDIO_RATE_HZ = 16000
+
+
+def _ltx2() -> Any:
+    from diffusers import (
+        AutoencoderKLLTX2Audio,
+        AutoencoderKLLTX2Video,
+        LTX2Pipeline,
+        LTX2VideoTransformer3DModel,
+    )
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    tokenizer = gemma_tokenizer()
+    text_encoder = _gemma3(tokenizer)
+    hidden = text_encoder.config.text_config.hidden_size
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2,
+        attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4,
+        audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
+        qk_norm="rms_norm_across_heads", caption_channels=hidden, rope_double_precision=False, rope_type="split",
+    )
+    connectors = LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=text_encoder.config.text_config.num_hidden_layers + 1,
+        video_connector_num_attention_heads=4, video_connector_attention_head_dim=8,
+        video_connector_num_layers=1, video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=4, audio_connector_attention_head_dim=8,
+        audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32, rope_theta=10000.0, rope_double_precision=False,
+        causal_temporal_positioning=False, rope_type="split",
+    )
+    # One down block: 2x spatial, 2x temporal (the real VAE is 32x / 8x).
+    vae = AutoencoderKLLTX2Video(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,),
+        decoder_block_out_channels=(8,), layers_per_block=(1,), decoder_layers_per_block=(1, 1),
+        spatio_temporal_scaling=(True,), decoder_spatio_temporal_scaling=(True,),
+        decoder_inject_noise=(False, False), downsample_type=("spatial",), upsample_residual=(False,),
+        upsample_factor=(1,), timestep_conditioning=False, patch_size=1, patch_size_t=1,
+        encoder_causal=True, decoder_causal=False,
+    )
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None,
+        in_channels=2, resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height",
+        dropout=0.0, mid_block_add_attention=False, sample_rate=LTX2_AUDIO_RATE_HZ, mel_hop_length=160,
+        is_causal=True, mel_bins=8,
+    )
+    vocoder = LTX2Vocoder(
+        # Upsampling by 4 * 4 * 10 = the 160-sample mel hop, so the track lasts as long as the video.
+        in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[8, 8, 20],
+        upsample_factors=[4, 4, 10], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+        leaky_relu_negative_slope=0.1, output_sampling_rate=LTX2_AUDIO_RATE_HZ,
+    )
+    return LTX2Pipeline(
+        scheduler=_flow_scheduler(), vae=vae, audio_vae=audio_vae, text_encoder=text_encoder,
+        tokenizer=tokenizer, connectors=connectors, transformer=transformer, vocoder=vocoder,
+    )
+
+
+def make_tiny_ltx2(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny LTX-2 pipeline (LTX2Pipeline: video with its audio track) to `out_dir`."""
+    return _build(out_dir, seed, _ltx2)

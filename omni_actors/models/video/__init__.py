@@ -64,3 +64,11 @@ def stable_audio() -> PipelineConfig:
     return _one_stage("stable_audio", ("StableAudioPipeline",), "audio",
                       "Stable Audio Open text-to-audio (StableAudioPipeline)",
                       {"max_seconds": 47.0, "image_input": "none"})
+
+
+@register_pipeline("ltx2")
+def ltx2() -> PipelineConfig:
+    # 32x spatial / 8x temporal VAE; the video carries the audio track the pipeline makes with it.
+    return _one_stage("ltx2", ("LTX2Pipeline",), "video", "LTX-2 text-to-video with audio (LTX2Pipeline)",
+                      {"fps": 24, "size_multiple": 32, "frame_multiple": 8, "max_frames": 257,
+                       "default_size": "768x512", "image_input": "none"})
