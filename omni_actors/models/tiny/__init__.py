@@ -20,6 +20,7 @@ _BUILDERS: dict[str, str] = {
     "wan2_2_i2v": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v",
     "stable_audio": "omni_actors.models.tiny.video:make_tiny_stable_audio",
     "ltx2": "omni_actors.models.tiny.video:make_tiny_ltx2",
+    "hunyuan_video_1_5": "omni_actors.models.tiny.video:make_tiny_hunyuan_video_1_5",
 }
 
 

@@ -326,3 +326,68 @@ def _ltx2() -> Any:
 def make_tiny_ltx2(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny LTX-2 pipeline (LTX2Pipeline: video with its audio track) to `out_dir`."""
     return _build(out_dir, seed, _ltx2)
+
+
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen2_tokenizer() -> Any:
+    """A byte-level Qwen2 tokenizer (one token per byte, no merges) with Qwen's chat markers and template."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {sym: i for i, sym in enumerate(bytes_to_unicode().values())}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=4096)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = QWEN_CHAT_TEMPLATE
+    return tok
+
+
+def _hunyuan_video_1_5() -> Any:
+    from diffusers import (
+        AutoencoderKLHunyuanVideo15,
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanVideo15Pipeline,
+        HunyuanVideo15Transformer3DModel,
+    )
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    tokenizer = qwen2_tokenizer()
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, rope_theta=1000000.0,
+        rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+    ))
+    tokenizer_2 = ByT5Tokenizer()
+    text_encoder_2 = T5EncoderModel(T5Config(
+        vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=tokenizer_2.pad_token_id,
+        eos_token_id=tokenizer_2.eos_token_id, decoder_start_token_id=tokenizer_2.pad_token_id,
+    ))
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        text_embed_2_dim=32, image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16, task_type="t2v",
+    )
+    # 4x spatial / 2x temporal (the real VAE is 16x / 4x).
+    vae = AutoencoderKLHunyuanVideo15(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 16), layers_per_block=1,
+        spatial_compression_ratio=4, temporal_compression_ratio=2, downsample_match_channel=False,
+        upsample_match_channel=False,
+    )
+    return HunyuanVideo15Pipeline(
+        text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2, guider=ClassifierFreeGuidance(guidance_scale=1.0),
+    )
+
+
+def make_tiny_hunyuan_video_1_5(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny HunyuanVideo-1.5 pipeline (HunyuanVideo15Pipeline) to `out_dir`."""
+    return _build(out_dir, seed, _hunyuan_video_1_5)

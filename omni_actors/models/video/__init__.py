@@ -72,3 +72,12 @@ def ltx2() -> PipelineConfig:
     return _one_stage("ltx2", ("LTX2Pipeline",), "video", "LTX-2 text-to-video with audio (LTX2Pipeline)",
                       {"fps": 24, "size_multiple": 32, "frame_multiple": 8, "max_frames": 257,
                        "default_size": "768x512", "image_input": "none"})
+
+
+@register_pipeline("hunyuan_video_1_5")
+def hunyuan_video_1_5() -> PipelineConfig:
+    # 16x spatial / 4x temporal VAE, 1x1 patches; 480p at 24 fps by default.
+    return _one_stage("hunyuan_video_1_5", ("HunyuanVideo15Pipeline",), "video",
+                      "HunyuanVideo-1.5 text-to-video (HunyuanVideo15Pipeline)",
+                      {"fps": 24, "size_multiple": 16, "frame_multiple": 4, "max_frames": 241,
+                       "default_size": "848x480", "image_input": "none"})
