@@ -13,6 +13,8 @@
     POST /v1/images/generations     images.py
     POST /v1/images/edits           image_edits.py
     GET  /v1/files/images/{name}    image_files.py   (response_format "url")
+    /v1/videos...                   videos.py (jobs: create, list, retrieve, delete, content, sync)
+    POST /v1/audio/generations      audio_generation.py (alias /v1/audio/generate)
     GET  /v1/realtime               the realtime package (WebSocket)
 
 Middleware, outermost first: metrics (counts every answer), errors (OpenAI-style
@@ -29,7 +31,7 @@ import msgspec
 from aiohttp import web
 
 from omni_actors import __version__
-from omni_actors.api import image_files, playground, realtime
+from omni_actors.api import audio_generation, image_files, playground, realtime, videos
 from omni_actors.api.calls import ORCH_KEY
 from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
@@ -90,4 +92,6 @@ def build_app(orch: Orchestrator) -> web.Application:
     image_files.add_routes(app)
     realtime.add_routes(app)
     playground.add_routes(app)
+    videos.add_routes(app)
+    audio_generation.add_routes(app)
     return app

@@ -119,6 +119,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.qwen2_5_omni",
     "omni_actors.models.qwen3_omni_moe",
     "omni_actors.models.diffusion",
+    "omni_actors.models.video",
     "omni_actors.models.llm",
     "omni_actors.models.moshi",
 )

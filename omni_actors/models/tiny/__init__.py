@@ -27,6 +27,11 @@ _BUILDERS: dict[str, str] = {
     "moshi": "omni_actors.models.tiny.moshi:make_tiny_moshi",
     "sd_inpaint": "omni_actors.models.tiny.diffusion:make_tiny_sd_inpaint",
     **{name: f"omni_actors.models.tiny.image_families:{name}" for name in IMAGE_FAMILIES},
+    "wan2_2": "omni_actors.models.tiny.video:make_tiny_wan2_2",
+    "wan2_2_i2v": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v",
+    "stable_audio": "omni_actors.models.tiny.video:make_tiny_stable_audio",
+    "ltx2": "omni_actors.models.tiny.video:make_tiny_ltx2",
+    "hunyuan_video_1_5": "omni_actors.models.tiny.video:make_tiny_hunyuan_video_1_5",
 }
 
 
