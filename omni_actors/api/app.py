@@ -37,6 +37,7 @@ from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route
 from omni_actors.api.schemas import Health, UnhealthyStage
 from omni_actors.api.speech import speech
 from omni_actors.api.transcriptions import transcriptions
+from omni_actors.api.voices import add_routes as add_voice_routes
 from omni_actors.orchestrator.core import Orchestrator
 
 __all__ = ["ORCH_KEY", "build_app"]
@@ -80,4 +81,5 @@ def build_app(orch: Orchestrator) -> web.Application:
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/images/generations", generations)
     realtime.add_routes(app)
+    add_voice_routes(app)
     return app

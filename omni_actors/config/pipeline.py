@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from omni_actors.config.speech import SpeechSpec
+
 
 class ExecutionType(enum.StrEnum):
     LLM_AR = "LLM_AR"
@@ -65,6 +67,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Folders this pipeline serves without a deploy file (`omni-run --model DIR`): entries
     "diffusers:<model_index.json _class_name>" or "transformers:<config.json model_type>";
     "diffusers:*" serves any diffusers folder no other pipeline claims. See models/detect.py."""
+    speech: SpeechSpec | None = None
+    """Voices and speech options, for pipelines that make speech (config/speech.py)."""
 
     def stage(self, stage_id: int) -> StageSpec:
         for spec in self.stages:
@@ -117,6 +121,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.qwen3_omni_moe",
     "omni_actors.models.diffusion",
     "omni_actors.models.llm",
+    "omni_actors.models.csm",
 )
 
 

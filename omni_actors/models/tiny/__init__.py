@@ -16,6 +16,8 @@ _BUILDERS: dict[str, str] = {
     "qwen3_omni_moe": "omni_actors.models.tiny.qwen3_omni_moe:make_tiny_qwen3_omni_moe",
     "llama": "omni_actors.models.tiny.llama:make_tiny_llama",
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
+    "csm": "omni_actors.models.tiny.csm:make_tiny_csm",
+    "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
 }
 
 
