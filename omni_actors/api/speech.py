@@ -28,7 +28,13 @@ from aiohttp import web
 
 from omni_actors.api.calls import PipelineCall, orchestrator, require_model, require_outputs
 from omni_actors.api.errors import RESPONSE_STARTED, from_exception
-from omni_actors.api.schemas import SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, read_body
+from omni_actors.api.schemas import (
+    SpeechAudioDelta,
+    SpeechAudioDone,
+    SpeechRequest,
+    SpeechUsage,
+    read_body,
+)
 from omni_actors.api.speech_audio import TYPES, SpeechEncoder
 from omni_actors.api.speech_inputs import speech_call
 from omni_actors.api.sse import SSEWriter

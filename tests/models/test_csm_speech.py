@@ -210,3 +210,39 @@ async def test_custom_voices_clone_and_survive_a_restart(srv: Server, csm_dir, d
         assert (await c2.audio.voice_consents.delete(consent.id)).deleted
         with pytest.raises(openai.NotFoundError):
             await c2.audio.voice_consents.retrieve(consent.id)
+
+
+async def test_text_in_socket_speaks_before_done_in_order(srv: Server) -> None:
+    """WebSocket /v1/audio/speech/stream: text token by token; the first audio arrives before
+    input_text.done is sent; a bad update is an `error` and the session lives on; two texts in a row."""
+    async with aiohttp.ClientSession(headers=srv.headers) as s, s.ws_connect(
+            srv.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+        await ws.send_json({"type": "session.update", "session": {"voice": "nobody"}})
+        err = await ws.receive_json()
+        assert err["type"] == "error" and err["error"]["param"] == "voice"
+        await ws.send_json({"type": "session.update", "session": {"voice": "1", "response_format": "pcm",
+                                                                 "seed": 9}})
+        assert (await ws.receive_json())["session"]["voice"] == "1"
+        for token in ["Hello", " there", ",", " friend", ".", " And", " then"]:
+            await ws.send_json({"type": "input_text.append", "text": token})
+        first = await ws.receive_json()  # sent before input_text.done: the first clauses speak already
+        assert first["type"] == "speech.audio.delta"
+        await ws.send_json({"type": "input_text.append", "text": " goodbye."})
+        await ws.send_json({"type": "input_text.done"})
+        events = [first]
+        while events[-1]["type"] != "speech.audio.done":
+            events.append(await ws.receive_json())
+        pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert events[-1]["usage"]["input_tokens"] == 6
+        # the same text again in the same session gives the same audio (clauses in text order)
+        await ws.send_json({"type": "input_text.append", "text": "Hello there, friend. And then goodbye."})
+        await ws.send_json({"type": "input_text.done"})
+        again = []
+        while not again or again[-1]["type"] != "speech.audio.done":
+            again.append(await ws.receive_json())
+        pcm2 = b"".join(base64.b64decode(e["audio"]) for e in again[:-1])
+        assert len(pcm) == len(pcm2) and len(pcm) >= 3 * 2 * FRAME
+        a, b = (np.frombuffer(x, "<i2").astype(np.int32) for x in (pcm, pcm2))
+        assert np.abs(a - b).max() <= 4
+    await eventually(lambda: idle(srv.orch), timeout_s=10)

@@ -36,7 +36,7 @@ class MimiCodecAdapter(GenerationAdapter):
         self.model = load_part(MimiModel, path, config, "codec_model", self.ctx, float32=True)
         self.groups = config.num_quantizers
         self.sample_rate = int(config.sampling_rate)
-        self.samples_per_code = int(round(config.sampling_rate / config.frame_rate))
+        self.samples_per_code = round(config.sampling_rate / config.frame_rate)
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         if "codes" not in inputs:

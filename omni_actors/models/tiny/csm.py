@@ -19,7 +19,6 @@ with narrow layers, so tiny audio has the real sample rate and timing.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
