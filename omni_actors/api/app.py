@@ -43,8 +43,10 @@ from omni_actors.api.models import STARTED_KEY, get_model, list_models
 from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route
 from omni_actors.api.schemas import Health, UnhealthyStage
 from omni_actors.api.speech import speech
+from omni_actors.api.speech_stream import speech_stream
 from omni_actors.api.status import status_route
 from omni_actors.api.transcriptions import transcriptions
+from omni_actors.api.voices import add_routes as add_voice_routes
 from omni_actors.orchestrator.core import Orchestrator
 
 __all__ = ["ORCH_KEY", "build_app"]
@@ -86,6 +88,7 @@ def build_app(orch: Orchestrator) -> web.Application:
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/audio/speech/stream", speech_stream)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/images/generations", generations)
     app.router.add_post("/v1/images/edits", image_edits)
@@ -94,4 +97,5 @@ def build_app(orch: Orchestrator) -> web.Application:
     playground.add_routes(app)
     videos.add_routes(app)
     audio_generation.add_routes(app)
+    add_voice_routes(app)
     return app

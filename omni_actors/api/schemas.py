@@ -187,18 +187,28 @@ class ChatCompletionChunk(Struct):
 
 # ---- speech --------------------------------------------------------------------
 
-SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
+MAX_VOICE_CHARS = 128
+MAX_INSTRUCTIONS_CHARS = 4096
+
+
+class VoiceRef(Struct, forbid_unknown_fields=True):
+    """A custom voice by id (`{"id": "voice_..."}`), as OpenAI's SDK sends it."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=MAX_VOICE_CHARS)]
 
 
 class SpeechRequest(_Req):
     model: str
     input: Annotated[str, Meta(min_length=1, max_length=16384)]
-    voice: str | None = None
-    instructions: str | None = None
+    voice: Annotated[str, Meta(min_length=1, max_length=MAX_VOICE_CHARS)] | VoiceRef | None = None
+    instructions: Annotated[str, Meta(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
     response_format: SpeechFormat = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
     stream: bool = False
     stream_format: Literal["audio", "sse"] | None = None
+    seed: int | None = None
+    """Extension: a fixed seed makes the same request give the same audio."""
 
 
 class SpeechUsage(Struct):
@@ -326,6 +336,8 @@ class Model(Struct, omit_defaults=True):
     capabilities: DiffusionCaps | None = None
     """A diffusion pipeline's tasks and accepted inputs (read from its pipeline class)."""
     object: Literal["model"] = "model"
+    voices: list[str] | None = None
+    """Built-in speech voices, for pipelines that speak (extra to OpenAI's fields)."""
 
 
 class ModelList(Struct):

@@ -32,6 +32,8 @@ _BUILDERS: dict[str, str] = {
     "stable_audio": "omni_actors.models.tiny.video:make_tiny_stable_audio",
     "ltx2": "omni_actors.models.tiny.video:make_tiny_ltx2",
     "hunyuan_video_1_5": "omni_actors.models.tiny.video:make_tiny_hunyuan_video_1_5",
+    "csm": "omni_actors.models.tiny.csm:make_tiny_csm",
+    "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
 }
 
 
