@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from omni_actors.api.audio_codec import decode_file, off_loop
+from omni_actors.api.audio_codec import decode_audio, off_loop
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
@@ -122,9 +122,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     require_model(orch, fields["model"])
     require_outputs(orch, {"transcript"}, "model")
     fmt, stream, params = _options(fields)
-    audio, rate = await off_loop(decode_file, upload, "file")
-    if not audio.size:
-        raise bad_request("the audio file holds no samples", "file", "invalid_audio")
+    audio, rate = await off_loop(decode_audio, upload, None, "file")
     seconds = audio.size / rate
     async with PipelineCall(request, ROUTE, {"audio": audio, "sample_rate": rate}, params, {"transcript"}) as call:
         if stream:
