@@ -40,7 +40,13 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from omni_actors.api.audio_codec import StreamEncoder, check_supported, encode_file, off_loop
+from omni_actors.api.audio_codec import (
+    DEFAULT_SAMPLE_RATE,
+    StreamEncoder,
+    check_supported,
+    encode_file,
+    off_loop,
+)
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
@@ -92,7 +98,7 @@ class Tally:
     text: list[str] = field(default_factory=list)
     audio: list[np.ndarray] = field(default_factory=list)
     transcript: list[str] = field(default_factory=list)
-    sample_rate: int = 24000
+    sample_rate: int = DEFAULT_SAMPLE_RATE
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"

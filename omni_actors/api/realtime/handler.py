@@ -288,6 +288,9 @@ class RealtimeSession:
             await self._create_response(None, None)
 
     async def _commit_manual(self, eid: str | None) -> None:
+        tail = self._in.flush()  # the resampler's delay: the last few ms appended belong to this item
+        self.buffer.append(tail)
+        self.timeline += len(tail)
         if ms(self.buffer.size) < MIN_COMMIT_MS:
             raise ev.BadEvent(f"buffer too small: {ms(self.buffer.size)} ms of audio, need {MIN_COMMIT_MS} ms",
                               code="input_audio_buffer_commit_empty", event_id=eid)

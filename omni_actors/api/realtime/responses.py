@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni_actors import logs
+from omni_actors.api.errors import error_type
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import FORMATS, Resampler, encode_wire, wire_rate
 from omni_actors.api.realtime.session import (
@@ -149,9 +150,11 @@ def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
              "remaining": max(0, entry.queue_limit - entry.in_flight), "reset_seconds": 0.0}]
 
 
-def failed(code: str, message: str) -> dict[str, Any]:
-    """status_details of a failed response."""
-    return {"type": "failed", "error": {"type": "server_error", "code": code, "message": message}}
+def failed(code: str, message: str, err: BaseException | None = None) -> dict[str, Any]:
+    """status_details of a failed response; typed as REST would answer `err` (a stage refusing the
+    request's values is the client's invalid_request_error, not a server_error)."""
+    kind = error_type(err) if err is not None else "server_error"
+    return {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
 
 
 @dataclass
@@ -251,7 +254,7 @@ class ResponseRun:
             self._submitted_at = time.perf_counter()
         except (AdmissionError, StageUnavailable, ValueError) as err:
             code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
-            return await self._finish("failed", failed(code, str(err)))
+            return await self._finish("failed", failed(code, str(err), err))
         if self.cancel_reason:
             self.stream.abort()
         final = {h.orch.pipeline.stage(s).final_output_type for s in plan if h.orch.pipeline.stage(s).final_output}
@@ -260,7 +263,7 @@ class ResponseRun:
         if self.cancel_reason:
             return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
         if error is not None:
-            return await self._finish("failed", failed(type(error).__name__, str(error)))
+            return await self._finish("failed", failed(type(error).__name__, str(error), error))
         limit = self.opts.max_output_tokens
         if limit is not None and self.usage.output_text >= limit:
             return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
