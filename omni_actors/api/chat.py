@@ -40,6 +40,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
+from omni_actors.api import sse
 from omni_actors.api.audio_codec import StreamEncoder, check_supported, encode_file, off_loop
 from omni_actors.api.calls import (
     PipelineCall,
@@ -49,7 +50,7 @@ from omni_actors.api.calls import (
     require_outputs,
 )
 from omni_actors.api.chat_inputs import build_chat_inputs
-from omni_actors.api.errors import bad_request, from_exception
+from omni_actors.api.errors import bad_request
 from omni_actors.api.schemas import (
     ChatAudio,
     ChatCompletion,
@@ -63,13 +64,14 @@ from omni_actors.api.schemas import (
     Usage,
     read_body,
 )
-from omni_actors.api.sse import SSEWriter
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/chat/completions"
 AUDIO_TTL_S = 3600
 """`expires_at` of returned audio: now + this (the server keeps no audio; it is informational)."""
+MERGE_QUEUE_CHUNKS = 16
+"""Outputs of `n` > 1 choices waiting to be sent, before their pumps wait."""
 
 
 def chat_params(req: ChatCompletionRequest, modalities: list[str]) -> dict[str, Any]:
@@ -207,15 +209,16 @@ async def _merged(calls: list[PipelineCall]) -> AsyncIterator[tuple[int, StageCh
             yield 0, chunk
         yield 0, None
         return
-    queue: asyncio.Queue[tuple[int, StageChunk | RequestError | None]] = asyncio.Queue()
+    # Bounded: a reader that falls behind stops the pumps, and the choices' own streams fill up.
+    queue: asyncio.Queue[tuple[int, StageChunk | RequestError | None]] = asyncio.Queue(MERGE_QUEUE_CHUNKS)
 
     async def pump(index: int, call: PipelineCall) -> None:
         try:
             async for chunk in call:
-                queue.put_nowait((index, chunk))
-            queue.put_nowait((index, None))
+                await queue.put((index, chunk))
+            await queue.put((index, None))
         except RequestError as err:
-            queue.put_nowait((index, err))
+            await queue.put((index, err))
 
     pumps = [asyncio.ensure_future(pump(i, call)) for i, call in enumerate(calls)]
     try:
@@ -278,19 +281,18 @@ async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, mod
     choices = [_ChoiceStream(i, audio_format, event) for i in range(len(calls))]
     # An error before the first output keeps its HTTP status.
     await asyncio.gather(*(call.started() for call in calls))
-    async with SSEWriter(request) as sse:
+
+    async def events() -> AsyncIterator[ChatCompletionChunk]:
         for c in choices:
-            await sse.send(event(ChunkChoice(c.index, Delta(role="assistant", content=""))))
-        try:
-            async for index, chunk in _merged(calls):
-                if chunk is None:
-                    for out in await choices[index].finish():
-                        await sse.send(out)
-                elif (out := await choices[index].on_chunk(chunk)) is not None:
-                    await sse.send(out)
-        except RequestError as err:  # headers are out: report in-band
-            return await sse.fail(from_exception(err))
+            yield event(ChunkChoice(c.index, Delta(role="assistant", content="")))
+        async for index, chunk in _merged(calls):
+            if chunk is None:
+                for out in await choices[index].finish():
+                    yield out
+            elif (out := await choices[index].on_chunk(chunk)) is not None:
+                yield out
         if include_usage:
-            await sse.send(ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
-                                               usage=_usage([c.tally for c in choices])))
-        return await sse.done()
+            yield ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
+                                      usage=_usage([c.tally for c in choices]))
+
+    return await sse.respond(request, events())
