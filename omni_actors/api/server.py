@@ -71,7 +71,9 @@ class _Guard(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.gate.open[self] = None
+        if self.aborted:  # pushed out between accept and now
+            transport.abort()
+            return
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -96,7 +98,8 @@ class _Guard(asyncio.Protocol):
             self._stall.cancel()
             self._stall = None
         self.gate.forget(self)
-        self.inner.connection_lost(exc)
+        if self.inner.transport is not None:  # (aiohttp's handler saw connection_made)
+            self.inner.connection_lost(exc)
 
     def _write_timed_out(self) -> None:
         self._stall = None
@@ -105,19 +108,23 @@ class _Guard(asyncio.Protocol):
         self.abort()
 
     def abort(self) -> None:
-        if not self.aborted and self.transport is not None:
+        if not self.aborted:
             self.aborted = True
             self.gate.aborting += 1
-            self.transport.abort()  # connection_lost follows on the next loop turn
+            if self.transport is not None:
+                self.transport.abort()  # connection_lost follows on the next loop turn
 
     def idle(self) -> bool:
         """Waiting for a request head with nothing left to write: safe to push out.
 
         Reads two RequestHandler internals of aiohttp 3.14 (pinned in requirements/cpu.txt);
         tests/api/test_connections.py fails if they change meaning."""
+        if self.aborted:
+            return False
+        if self.transport is None:  # accepted, not yet connected: has sent nothing
+            return True
         h = self.inner
-        return (not self.aborted and self.transport is not None and not self.transport.is_closing()
-                and not h._request_in_progress and not h._messages
+        return (not self.transport.is_closing() and not h._request_in_progress and not h._messages
                 and self.transport.get_write_buffer_size() == 0)
 
 
@@ -153,7 +160,9 @@ class ConnectionGate:
                 return _Refused()
             self.pushed_out += 1
             victim.abort()
-        return _Guard(self, self.server())
+        guard = _Guard(self, self.server())
+        self.open[guard] = None  # counted now: the loop may accept several before any connection_made
+        return guard
 
 
 class _GatedSite(web.BaseSite):
