@@ -342,23 +342,9 @@ class RealtimeSession:
 # ---- the route --------------------------------------------------------------------
 
 
-def _authorized(request: web.Request, keys: list[str]) -> bool:
-    if not keys:
-        return True
-    auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer ") and auth[7:].strip() in keys:
-        return True
-    protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-    prefix = "openai-insecure-api-key."
-    return any(p.startswith(prefix) and p[len(prefix):] in keys for p in protocols)
-
-
 async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: set[Any],
                            stats: RealtimeStats) -> web.StreamResponse:
-    server = orch.deploy.server
-    if not _authorized(request, server.api_keys):
-        return web.json_response({"error": {"message": "invalid or missing API key", "type": "invalid_request_error",
-                                             "code": "invalid_api_key", "param": None}}, status=401)
+    server = orch.deploy.server  # (the API key was checked by the app's auth middleware, as for every route)
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, compress=False, heartbeat=HEARTBEAT_S,
                                protocols=("realtime",))
     if not ws.can_prepare(request).ok:
