@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -53,7 +54,7 @@ class _Refused(asyncio.Protocol):
     """A connection over the cap when none can be pushed out: 503, then closed."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not its subclasses)
         transport.write(_FULL)
         transport.close()
 
@@ -69,7 +70,7 @@ class _Guard(asyncio.Protocol):
         self.aborted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not its subclasses)
         self.transport = transport
         if self.aborted:  # pushed out between accept and now
             transport.abort()
