@@ -8,10 +8,9 @@ What goes into the pipeline:
             (only the fields the client sent; `max_completion_tokens` wins over `max_tokens`)
     stages  planner's choice, else pipeline.stages_for_outputs(set(modalities))
 
-What comes back: StageChunks with output_type "text" (data {"text": delta, optional
-"finish_reason", "num_tokens" / "token_ids", "prompt_tokens"}) and "audio" (data
-{"audio": float32 mono, "sample_rate", optional "transcript"}); other types are
-not part of a chat answer and are skipped.
+What comes back: StageChunks whose typed `output` is a TextOutput (delta, token
+counts, finish_reason) or an AudioOutput (float32 mono, rate, transcript piece);
+other outputs are not part of a chat answer and are skipped.
 
 Streaming: `chat.completion.chunk` events, text in `delta.content`, audio in
 `delta.audio` ({id, data: base64 in audio.format, transcript}) as it is made,
@@ -65,6 +64,7 @@ from omni_actors.api.schemas import (
     read_body,
 )
 from omni_actors.errors import RequestError
+from omni_actors.orchestrator.outputs import DEFAULT_SAMPLE_RATE, AudioOutput, TextOutput
 from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/chat/completions"
@@ -94,33 +94,33 @@ class Tally:
     text: list[str] = field(default_factory=list)
     audio: list[np.ndarray] = field(default_factory=list)
     transcript: list[str] = field(default_factory=list)
-    sample_rate: int = 24000
+    sample_rate: int = DEFAULT_SAMPLE_RATE
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
 
-    def add_text(self, data: dict[str, Any]) -> str:
-        delta = str(data.get("text", ""))
-        self.text.append(delta)
-        if "token_ids" in data:
-            self.completion_tokens += len(data["token_ids"])
-        else:
-            self.completion_tokens += int(data.get("num_tokens", 1 if delta else 0))
-        self.prompt_tokens = int(data.get("prompt_tokens", self.prompt_tokens))
-        if data.get("finish_reason") == "length":
+    def add_text(self, out: TextOutput) -> str:
+        self.text.append(out.text)
+        self.completion_tokens += out.tokens
+        if out.prompt_tokens is not None:
+            self.prompt_tokens = out.prompt_tokens
+        if out.finish_reason == "length":
             self.finish_reason = "length"
-        return delta
+        return out.text
 
-    def add_audio(self, data: dict[str, Any], keep: bool = True) -> tuple[np.ndarray, str | None]:
+    def add_audio(self, out: AudioOutput, keep: bool = True) -> None:
         """Count an audio chunk; `keep` it for the whole-clip answer (streaming sends it on instead)."""
-        audio = np.asarray(data["audio"], dtype=np.float32).reshape(-1)
-        self.sample_rate = int(data.get("sample_rate", self.sample_rate))
+        self.sample_rate = out.sample_rate
         if keep:
-            self.audio.append(audio)
-        transcript = data.get("transcript")
-        if isinstance(transcript, str):
-            self.transcript.append(transcript)
-        return audio, transcript if isinstance(transcript, str) else None
+            self.audio.append(out.audio)
+        if out.transcript is not None:
+            self.transcript.append(out.transcript)
+
+
+def _audio(chunk: StageChunk) -> AudioOutput | None:
+    """The chunk's audio, if it carries samples or a transcript piece."""
+    out = chunk.output
+    return out if isinstance(out, AudioOutput) and (len(out.audio) or out.transcript is not None) else None
 
     def usage(self) -> Usage:
         return Usage(self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens)
@@ -168,10 +168,10 @@ def choice_params(params: dict[str, Any], index: int) -> dict[str, Any]:
 async def _collect(call: PipelineCall, audio_format: str | None) -> Tally:
     tally = Tally()
     async for chunk in call:
-        if chunk.output_type == "text":
-            tally.add_text(chunk.data)
-        elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
-            tally.add_audio(chunk.data)
+        if isinstance(chunk.output, TextOutput):
+            tally.add_text(chunk.output)
+        elif audio_format is not None and (audio := _audio(chunk)) is not None:
+            tally.add_audio(audio)
     return tally
 
 
@@ -247,17 +247,17 @@ class _ChoiceStream:
         self.encoder: StreamEncoder | None = None
 
     async def on_chunk(self, chunk: StageChunk) -> ChatCompletionChunk | None:
-        if chunk.output_type == "text":
-            delta = self.tally.add_text(chunk.data)
+        if isinstance(chunk.output, TextOutput):
+            delta = self.tally.add_text(chunk.output)
             return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta else None
-        if chunk.output_type == "audio" and self.audio_format is not None and "audio" in chunk.data:
-            audio, transcript = self.tally.add_audio(chunk.data, keep=False)
+        if self.audio_format is not None and (audio := _audio(chunk)) is not None:
+            self.tally.add_audio(audio, keep=False)
             if self.encoder is None:
                 self.encoder = StreamEncoder(self.audio_format, self.tally.sample_rate)
-            data = await self.encoder.feed_async(audio)
+            data = await self.encoder.feed_async(audio.audio)
             return self.event(ChunkChoice(self.index, Delta(audio=DeltaAudio(
                 id=self.audio_id, data=base64.b64encode(data).decode() if data else None,
-                transcript=transcript))))
+                transcript=audio.transcript))))
         return None
 
     async def finish(self) -> list[ChatCompletionChunk]:

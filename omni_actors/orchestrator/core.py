@@ -40,6 +40,7 @@ from omni_actors.errors import (
     WorkerDied,
 )
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle
+from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
@@ -366,7 +367,8 @@ class Orchestrator:
         has_data = bool(payload.data or payload.arrays)
         if sid in run.finals and (has_data or out.finished):
             data = self.codec.decode(payload, copy=True) if has_data else {}
-            chunk = StageChunk(sid, self.pipeline.stage(sid).final_output_type, data, out.finished)
+            kind = self.pipeline.stage(sid).final_output_type
+            chunk = StageChunk(sid, kind, data, out.finished, to_final(kind, data))
             if not run.stream.put_nowait(chunk):  # its reader stopped taking outputs
                 self._free_payload(payload)
                 self.counters["stream_overflows"] += 1

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from omni_actors.errors import RequestError
+from omni_actors.orchestrator.outputs import FinalOutput
 
 CHUNK_OVERHEAD_BYTES = 256
 """What a queued chunk costs besides its arrays and strings (the Python objects around them)."""
@@ -47,12 +48,15 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class StageChunk:
-    """A delta of a final-output stage. Arrays are numpy copies owned by the reader."""
+    """A delta of a final-output stage. Arrays are numpy copies owned by the reader.
+
+    Routes read `output`, the typed final output (outputs.py); `data` is the stage's raw payload."""
 
     stage_id: int
     output_type: str | None
     data: dict[str, Any]
     finished: bool
+    output: FinalOutput | None = None
 
 
 def chunk_nbytes(chunk: StageChunk) -> int:

@@ -68,8 +68,10 @@ class ClientGone(ConnectionError):
 
 
 class RealtimeSession:
-    def __init__(self, ws: web.WebSocketResponse, orch: Orchestrator, model: str, stats: RealtimeStats) -> None:
+    def __init__(self, ws: web.WebSocketResponse, app: web.Application, orch: Orchestrator, model: str,
+                 stats: RealtimeStats) -> None:
         self.ws = ws
+        self.app = app
         self.max_audio = int(orch.deploy.server.realtime_max_audio_s * VAD_RATE)
         self.orch = orch
         self.stats = stats
@@ -377,7 +379,7 @@ async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: s
         await ws.close(code=1013, message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode())
         return ws
     model = request.query.get("model") or server.served_model_name or orch.deploy.pipeline
-    session = RealtimeSession(ws, orch, model, stats)
+    session = RealtimeSession(ws, request.app, orch, model, stats)
     sessions.add(session)
     stats.sessions_total += 1
     stats.sessions_open = len(sessions)
