@@ -156,9 +156,8 @@ def with_prepared_model(deploy: DeployConfig) -> DeployConfig:
 
 
 async def serve(deploy: DeployConfig) -> None:
-    from aiohttp import web
-
     from omni_actors.api.app import build_app
+    from omni_actors.api.server import start_server
     from omni_actors.orchestrator.core import Orchestrator
 
     log = logs.get("omni_actors.cli")
@@ -180,13 +179,9 @@ async def serve(deploy: DeployConfig) -> None:
         return
     waiter.cancel()
     starting.result()
-    runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=5.0)
-    await runner.setup()
-    site = web.TCPSite(runner, deploy.server.host, deploy.server.port)
     try:
-        await site.start()
+        http = await start_server(build_app(orch), deploy.server.host, deploy.server.port, deploy.server)
     except OSError as err:  # taken since check_listen ran
-        await runner.cleanup()
         await orch.stop(drain=False)
         raise ConfigError(
             f"{deploy.source}: server.port: cannot listen on {deploy.server.host}:{deploy.server.port}: "
@@ -211,7 +206,7 @@ async def serve(deploy: DeployConfig) -> None:
         orch.abort_all()
     waiter.cancel()
     await stopping
-    await runner.cleanup()
+    await http.close()
     log.info("server.stopped")
 
 

@@ -28,7 +28,7 @@ import msgspec
 from aiohttp import web
 from msgspec import Struct
 
-from omni_actors.api.audio_codec import decode_file, off_loop
+from omni_actors.api.audio_codec import decode_audio, off_loop
 from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
@@ -174,7 +174,7 @@ async def create_consent(request: web.Request) -> web.Response:
     if not blobs.get("recording"):
         raise bad_request("form field `recording` is required (the consent audio)", "recording",
                           "missing_required_parameter")
-    await off_loop(decode_file, blobs["recording"], "recording")  # 400 unless it is audio
+    await off_loop(decode_audio, blobs["recording"], None, "recording")  # 400 unless it is audio
     store = voice_store(request)
     return _json(_consent(await off_loop(store.add_consent, name, language, blobs["recording"])))
 
@@ -239,7 +239,7 @@ async def create_voice(request: web.Request) -> web.Response:
     store = voice_store(request)
     if store.consent(consent) is None:
         raise bad_request(f"voice consent {consent!r} does not exist", "consent", "not_found")
-    audio, rate = await off_loop(decode_file, blobs["audio_sample"], "audio_sample")
+    audio, rate = await off_loop(decode_audio, blobs["audio_sample"], None, "audio_sample")
     if not audio.size:
         raise bad_request("the audio sample holds no samples", "audio_sample", "invalid_audio")
     audio = audio[: int(MAX_SAMPLE_S * rate)]

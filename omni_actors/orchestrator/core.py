@@ -41,6 +41,7 @@ from omni_actors.errors import (
     WorkerDied,
 )
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle
+from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
@@ -100,7 +101,9 @@ class Orchestrator:
         self._idle.set()
         self._started_at = time.monotonic()
         self._closing = False
-        self.counters = {"total": 0, "failed": 0, "aborted": 0}
+        self.counters = {"total": 0, "failed": 0, "aborted": 0, "stream_overflows": 0}
+        self.stream_max_bytes = int(deploy.server.stream_buffer_mb * 1024 * 1024)
+        self._stream_peak_bytes = 0
         self.runtime: RuntimeDir | None = None
         self.router: AsyncRouter | None = None
         self.launcher: Launcher | None = None
@@ -212,6 +215,8 @@ class Orchestrator:
             loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
             leases_held=len(self.leases),
             arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
+            stream_bytes_queued=sum(run.stream.queued_bytes for run in self.runs.values()),
+            stream_bytes_peak=self._stream_peak_bytes, stream_overflows=self.counters["stream_overflows"],
             stages=tuple(stages),
         )
 
@@ -251,7 +256,8 @@ class Orchestrator:
         finals = frozenset(s for s in plan if self.pipeline.stage(s).final_output)
         inputs = self.codec.encode(spec.inputs)
         run = Run(
-            spec=spec, stream=RequestStream(spec.request_id, self.abort), plan=plan, sources=sources,
+            spec=spec, stream=RequestStream(spec.request_id, self.abort, self.stream_max_bytes), plan=plan,
+            sources=sources,
             consumers=consumers, finals=finals or frozenset({plan[-1]}), replicas=chosen,
             request_plain=m.Payload(data=inputs.data),
         )
@@ -418,9 +424,17 @@ class Orchestrator:
         has_data = bool(payload.data or payload.arrays)
         if sid in run.finals and (has_data or out.finished):
             data = self.codec.decode(payload, copy=True) if has_data else {}
-            run.stream.put_nowait(
-                StageChunk(sid, self.pipeline.stage(sid).final_output_type, data, out.finished)
-            )
+            kind = self.pipeline.stage(sid).final_output_type
+            chunk = StageChunk(sid, kind, data, out.finished, to_final(kind, data))
+            if not run.stream.put_nowait(chunk):  # its reader stopped taking outputs
+                self._free_payload(payload)
+                self.counters["stream_overflows"] += 1
+                log.warning("request.stream_overflow", request_id=run.rid, max_bytes=self.stream_max_bytes)
+                self._end(run, RequestAborted(
+                    f"request {run.rid} aborted: its client left more than {self.stream_max_bytes} bytes of "
+                    "output unread (server.stream_buffer_mb)"))
+                return
+            self._stream_peak_bytes = max(self._stream_peak_bytes, run.stream.queued_bytes)
         refs = leases_of(payload)
         if consumers and refs:
             self.leases.hold(run, refs, users=len(consumers))

@@ -56,8 +56,9 @@ def session_limit(orch: Orchestrator) -> int:
 
 
 class DuplexSession(RealtimeSession):
-    def __init__(self, ws: web.WebSocketResponse, orch: Orchestrator, model: str, stats: RealtimeStats) -> None:
-        super().__init__(ws, orch, model, stats)
+    def __init__(self, ws: web.WebSocketResponse, app: web.Application, orch: Orchestrator, model: str,
+                 stats: RealtimeStats) -> None:
+        super().__init__(ws, app, orch, model, stats)
         self.cfg = replace(self.cfg, turn_detection=None)
         self.dstats: DuplexStats = stats.duplex
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
