@@ -53,7 +53,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
     prompt_ids,
 )
 from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F401
-from omni_actors.workers.engines.hf_ar_compile import compile_wanted, compiled_step
+from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_wanted, compiled_step
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_sampling import note_sampled, sample, sample_rows  # noqa: F401
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
@@ -91,10 +91,10 @@ class HfAREngine(StageEngine):
         if self.static:
             slots = max(1, ctx.max_num_seqs)
             self.slots = SlotKV(slots, self.max_len, self.adapter.position_axes, self.device)
-            step = self._static_forward
+            step, warmups = self._static_forward, 0
             if compile_wanted(ctx):
-                step = compiled_step(step)
-            self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx))
+                step, warmups = compiled_step(step), COMPILE_WARMUPS
+            self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups)
 
     # ---- requests --------------------------------------------------------
 

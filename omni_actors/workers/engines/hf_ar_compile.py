@@ -21,6 +21,8 @@ from omni_actors import logs
 
 log = logs.get(__name__)
 
+COMPILE_WARMUPS = 2
+"""Compiled calls of a bucket before its CUDA-graph capture (no compiling may happen inside one)."""
 RECOMPILE_LIMIT = 64
 """Specialisations dynamo keeps per function: one per (batch, length) bucket used."""
 COMPILE_MODE = "default"
@@ -44,7 +46,7 @@ def compiled_step(step: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
     state = {"ok": True}
 
     def run(batch: int, length: int) -> Any:
-        if state["ok"]:
+        if state["ok"] and not torch.cuda.is_current_stream_capturing():
             try:
                 return fast(batch, length)
             except Exception as err:  # compilation is an optimisation: fall back, say why once
