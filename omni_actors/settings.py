@@ -23,8 +23,8 @@ class Settings:
     log_json: bool
     platform: str | None
     """Force "cpu" or "cuda" instead of detecting it (OMNI_PLATFORM)."""
-    shm_idle: str | None
-    """OMNI_SHM_IDLE_S as given; read it through `shm_idle_s()`, which checks it."""
+    shm_idle_s: float
+    """Shared-memory segments free (or mappings unused) this long go back to the OS (OMNI_SHM_IDLE_S)."""
 
 
 def _read() -> Settings:
@@ -35,26 +35,24 @@ def _read() -> Settings:
         log_level=env.get("OMNI_LOG_LEVEL", "info").lower(),
         log_json=env.get("OMNI_LOG_JSON", "0") == "1",
         platform=env.get("OMNI_PLATFORM") or None,
-        shm_idle=env.get("OMNI_SHM_IDLE_S") or None,
+        shm_idle_s=_positive(env, "OMNI_SHM_IDLE_S", SHM_IDLE_S),
     )
 
 
-SETTINGS = _read()
-
-
-def shm_idle_s() -> float:
-    """Seconds after which shared-memory segments free (or mappings unused) go back to the OS
-    (OMNI_SHM_IDLE_S, default SHM_IDLE_S); ConfigError if it is not a number > 0."""
-    raw = SETTINGS.shm_idle
-    if raw is None:
-        return SHM_IDLE_S
+def _positive(env: os._Environ[str] | dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value > 0:  # (also refuses nan)
-        raise ConfigError(f"OMNI_SHM_IDLE_S: expected a number of seconds > 0, got {raw!r}")
+    if not value > 0:
+        raise ConfigError(f"{name}: expected a number of seconds > 0, got {raw!r}")
     return value
+
+
+SETTINGS = _read()
 
 
 def detect_platform() -> str:

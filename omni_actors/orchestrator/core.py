@@ -50,7 +50,7 @@ from omni_actors.orchestrator.supervisor import (
     sweep_stale_runtime_dirs,
     sweep_stale_segments,
 )
-from omni_actors.settings import SETTINGS, detect_platform, shm_idle_s
+from omni_actors.settings import SETTINGS, detect_platform
 
 log = logs.get(__name__)
 
@@ -84,8 +84,8 @@ class Orchestrator:
         )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
-        self.segments = SegmentCache(shm_idle_s())
-        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=self.segments.idle_s)
+        self.segments = SegmentCache(SETTINGS.shm_idle_s)
+        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=SETTINGS.shm_idle_s)
         self._trimmer: asyncio.TimerHandle | None = None
         self.codec = PayloadCodec(ORCH_PRODUCER, self.arena, self.segments)
         self._planner = resolve(self.pipeline.planner) if self.pipeline.planner else None
@@ -170,10 +170,10 @@ class Orchestrator:
             self._end(self.runs[rid], RequestAborted("server shutting down"))
 
     def _arm_trimmer(self) -> None:
-        self._trimmer = asyncio.get_running_loop().call_later(self.arena.idle_s / 2, self._trim_shm)
+        self._trimmer = asyncio.get_running_loop().call_later(SETTINGS.shm_idle_s / 2, self._trim_shm)
 
     def _trim_shm(self) -> None:
-        """Give back this process's shared-memory segments and mappings idle past their idle time."""
+        """Give back this process's shared-memory segments and mappings idle past SETTINGS.shm_idle_s."""
         self.arena.trim()
         self.segments.trim()
         if not self._closing:

@@ -20,7 +20,7 @@ from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec
 from omni_actors.bus.shm import Arena, SegmentCache
 from omni_actors.config.pipeline import resolve
-from omni_actors.settings import shm_idle_s
+from omni_actors.settings import SETTINGS
 from omni_actors.workers.engine import EngineContext, StageEngine
 from omni_actors.workers.io import WorkerIO
 from omni_actors.workers.loop import WorkerLoop
@@ -102,8 +102,8 @@ def main(argv: list[str]) -> int:
     # The I/O thread starts first: it heartbeats while the engine loads, and through every step.
     sock = WorkerIO(spec.endpoint, spec.identity.encode(), spec.heartbeat_interval_s,
                     should_stop=lambda: _should_stop(parent))
-    arena = Arena(spec.shm_prefix, int(spec.deploy.shm_budget_mb * 2**20), shm_idle_s())
-    segments = SegmentCache(shm_idle_s())
+    arena = Arena(spec.shm_prefix, int(spec.deploy.shm_budget_mb * 2**20), SETTINGS.shm_idle_s)
+    segments = SegmentCache(SETTINGS.shm_idle_s)
     engine: StageEngine | None = None
     try:
         try:
