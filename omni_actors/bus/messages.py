@@ -113,8 +113,12 @@ class AddRequest(msgspec.Struct, tag=10, array_like=True, omit_defaults=True, gc
     sources: tuple[int, ...] = ()
 
 
+CLIENT_SOURCE = -1
+"""The `source` of input fed by the client (Orchestrator.feed) rather than by an upstream stage."""
+
+
 class Feed(msgspec.Struct, tag=11, array_like=True, omit_defaults=True, gc=False):
-    """One upstream chunk for a streaming request."""
+    """One upstream chunk for a streaming request (source CLIENT_SOURCE: more client input)."""
 
     request_id: str
     source: int

@@ -43,6 +43,18 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     """Longest wait for a request's body; a client slower than that (or one that declares more
     bytes than it sends) gets a 408 and the connection is closed."""
     request_timeout_s: float = 600.0
+    stream_buffer_mb: float = 16.0
+    """Most final output one request may hold that its client has not taken yet (the API reads
+    it as the client reads); past it the request is aborted in every stage (a stalled reader)."""
+    write_timeout_s: float = 30.0
+    """Longest a response (HTTP or WebSocket) may wait for its client to take more bytes; past it
+    the connection is closed, which aborts its request in every stage."""
+    header_timeout_s: float = 15.0
+    """Longest a connection may go without sending a complete request head (a new connection, or
+    an idle keep-alive one between requests); past it the connection is closed."""
+    max_connections: int = 1024
+    """Open client connections at most; at the cap a new one pushes out the oldest connection that
+    has not sent a complete request head, else it is answered 503."""
     max_realtime_sessions: int = 16
     realtime_idle_timeout_s: float = 300.0
     realtime_max_audio_s: float = 1800.0
@@ -333,9 +345,11 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
     if not 0 < cfg.server.port < 65536:
         raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
     for name in ("max_body_mb", "body_timeout_s", "request_timeout_s", "realtime_idle_timeout_s",
-                 "realtime_max_audio_s"):
+                 "realtime_max_audio_s", "stream_buffer_mb", "write_timeout_s", "header_timeout_s"):
         if not getattr(cfg.server, name) > 0:  # (also refuses nan)
             raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
+    if cfg.server.max_connections < 1:
+        raise ConfigError(f"{src}: server.max_connections: expected an integer >= 1, got {cfg.server.max_connections}")
     if cfg.server.max_realtime_sessions < 0:
         raise ConfigError(
             f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"

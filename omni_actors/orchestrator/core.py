@@ -8,6 +8,7 @@ timers whose timeouts are named constants.
 Public API (used by the HTTP layer and tests):
     orch = Orchestrator(deploy); await orch.start(); ...; await orch.stop()
     stream = orch.submit(RequestSpec(...))   # raises AdmissionError / StageUnavailable
+    orch.feed(request_id, inputs, last)      # more input for a RequestSpec(streaming=True)
     async for chunk in stream: ...           # StageChunk; raises a RequestError once on failure
     orch.abort(request_id); orch.health(); orch.statistics(); await orch.wait_healthy()
 """
@@ -40,6 +41,7 @@ from omni_actors.errors import (
     WorkerDied,
 )
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle
+from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
@@ -99,7 +101,9 @@ class Orchestrator:
         self._idle.set()
         self._started_at = time.monotonic()
         self._closing = False
-        self.counters = {"total": 0, "failed": 0, "aborted": 0}
+        self.counters = {"total": 0, "failed": 0, "aborted": 0, "stream_overflows": 0}
+        self.stream_max_bytes = int(deploy.server.stream_buffer_mb * 1024 * 1024)
+        self._stream_peak_bytes = 0
         self.runtime: RuntimeDir | None = None
         self.router: AsyncRouter | None = None
         self.launcher: Launcher | None = None
@@ -211,6 +215,8 @@ class Orchestrator:
             loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
             leases_held=len(self.leases),
             arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
+            stream_bytes_queued=sum(run.stream.queued_bytes for run in self.runs.values()),
+            stream_bytes_peak=self._stream_peak_bytes, stream_overflows=self.counters["stream_overflows"],
             stages=tuple(stages),
         )
 
@@ -250,7 +256,8 @@ class Orchestrator:
         finals = frozenset(s for s in plan if self.pipeline.stage(s).final_output)
         inputs = self.codec.encode(spec.inputs)
         run = Run(
-            spec=spec, stream=RequestStream(spec.request_id, self.abort), plan=plan, sources=sources,
+            spec=spec, stream=RequestStream(spec.request_id, self.abort, self.stream_max_bytes), plan=plan,
+            sources=sources,
             consumers=consumers, finals=finals or frozenset({plan[-1]}), replicas=chosen,
             request_plain=m.Payload(data=inputs.data),
         )
@@ -264,13 +271,32 @@ class Orchestrator:
         entries = [s for s in plan if not sources[s]]
         self.leases.hold(run, leases_of(inputs), users=len(entries))
         for sid in entries:
-            self._send(run, sid, m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid)))
+            if spec.streaming:
+                add = m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid), streaming=True,
+                                   sources=(m.CLIENT_SOURCE,))
+            else:
+                add = m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid))
+            self._send(run, sid, add)
             run.started.add(sid)
         if spec.deadline_s is not None:
             run.deadline = asyncio.get_running_loop().call_later(
                 spec.deadline_s, self._on_deadline, spec.request_id
             )
         return run.stream
+
+    def feed(self, request_id: str, inputs: dict, last: bool = False) -> bool:
+        """Send more input to a streaming request's entry stages; False if the request has ended."""
+        run = self.runs.get(request_id)
+        if run is None or not run.spec.streaming:
+            return False
+        payload = self.codec.encode(inputs)
+        entries = [s for s in run.plan if not run.sources[s] and s not in run.finished]
+        refs = leases_of(payload)
+        if refs:
+            self.leases.hold(run, refs, users=len(entries))
+        for sid in entries:
+            self._send(run, sid, m.Feed(request_id, m.CLIENT_SOURCE, payload, last))
+        return True
 
     def abort(self, request_id: str) -> None:
         run = self.runs.get(request_id)
@@ -398,9 +424,17 @@ class Orchestrator:
         has_data = bool(payload.data or payload.arrays)
         if sid in run.finals and (has_data or out.finished):
             data = self.codec.decode(payload, copy=True) if has_data else {}
-            run.stream.put_nowait(
-                StageChunk(sid, self.pipeline.stage(sid).final_output_type, data, out.finished)
-            )
+            kind = self.pipeline.stage(sid).final_output_type
+            chunk = StageChunk(sid, kind, data, out.finished, to_final(kind, data))
+            if not run.stream.put_nowait(chunk):  # its reader stopped taking outputs
+                self._free_payload(payload)
+                self.counters["stream_overflows"] += 1
+                log.warning("request.stream_overflow", request_id=run.rid, max_bytes=self.stream_max_bytes)
+                self._end(run, RequestAborted(
+                    f"request {run.rid} aborted: its client left more than {self.stream_max_bytes} bytes of "
+                    "output unread (server.stream_buffer_mb)"))
+                return
+            self._stream_peak_bytes = max(self._stream_peak_bytes, run.stream.queued_bytes)
         refs = leases_of(payload)
         if consumers and refs:
             self.leases.hold(run, refs, users=len(consumers))
