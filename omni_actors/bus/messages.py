@@ -18,7 +18,9 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
     Small arrays travel `inline`; larger ones live in the producer's
     shared-memory arena at (`segment`, `offset`) under `lease`, owned by
-    `producer` until released.
+    `producer` until released. To and from a worker that does not share the
+    orchestrator's memory (another node), a large array travels as message
+    frame number `frame` (1-based, after the body; bus.codec.to_wire / attach_frames).
     """
 
     dtype: str
@@ -29,6 +31,7 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     nbytes: int = 0
     lease: int = 0
     producer: str = ""
+    frame: int = 0
 
 
 class Payload(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -47,7 +50,11 @@ class LeaseId(msgspec.Struct, array_like=True, gc=False):
 
 
 class Ready(msgspec.Struct, tag=1, array_like=True, gc=False):
-    """First message of a worker: its engine is loaded."""
+    """First message of a worker: its engine is loaded.
+
+    `info["arrays"] == "frames"`: the worker does not map the orchestrator's shared memory
+    (it runs on another node); arrays for it travel as message frames.
+    """
 
     stage_id: int
     replica: int

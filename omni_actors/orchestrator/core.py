@@ -39,7 +39,7 @@ from omni_actors.errors import (
     StageUnavailable,
     WorkerDied,
 )
-from omni_actors.orchestrator.launcher import Launcher, WorkerHandle
+from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, make_launcher
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
@@ -115,10 +115,14 @@ class Orchestrator:
         self.runtime = RuntimeDir()
         try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
             self._zmq = zmq.Context(1)
-            endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
-            self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)
+            self.launcher = launcher = make_launcher(self.deploy, self.pipeline, self.run_prefix, self.platform)
+            await launcher.open(self._zmq)  # (ray: reach the cluster, check resources, make the bus keys)
+            endpoint = self._endpoint_override or launcher.bus_endpoint(self.runtime)
+            self.router = AsyncRouter(
+                self._zmq, endpoint, self._on_message, self._on_unsendable, launcher.auth, self.segments
+            )
             self.router.start()
-            launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
+            launcher.set_bound(self.router.endpoint)
             await self.supervisor.start_all(launcher)
         except BaseException:
             await self.stop(drain=False)
@@ -147,6 +151,8 @@ class Orchestrator:
         await self.supervisor.stop_all(self.router)
         if self.router is not None:
             self.router.close()
+        if self.launcher is not None:
+            await self.launcher.close()
         if self._zmq is not None:
             self._zmq.term()
         self.segments.close()
@@ -329,7 +335,9 @@ class Orchestrator:
             case m.Heartbeat(busy=busy, leased=leased):
                 h.engine_requests = busy
                 h.leases_out = leased
-            case m.Ready(pid=pid):
+            case m.Ready(pid=pid, info=info):
+                if info.get("arrays") == "frames" and self.router is not None:
+                    self.router.frames_peers.add(identity)
                 self.supervisor.on_ready(h, pid)
             case m.StartFailed(error=error):
                 self.supervisor.on_start_failed(h, error)
@@ -403,3 +411,5 @@ class Orchestrator:
             if run is not None and h.stage_id not in run.finished:
                 self._end(run, WorkerDied(h.stage_id, h.replica, detail))
         self.segments.forget(h.shm_prefix)
+        if self.router is not None:
+            self.router.frames_peers.discard(h.identity)

@@ -19,7 +19,7 @@ from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec
 from omni_actors.bus.shm import Arena, SegmentCache
-from omni_actors.bus.sockets import WorkerSocket
+from omni_actors.bus.sockets import WorkerSocket, read_curve_keys
 from omni_actors.config.pipeline import resolve
 from omni_actors.workers.engine import EngineContext, StageEngine
 from omni_actors.workers.loop import WorkerLoop
@@ -90,8 +90,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process leads shutdown
     logs.configure(component=spec.identity)
     log = logs.get(__name__)
-    sock = WorkerSocket(spec.endpoint, spec.identity.encode())
-    arena = Arena(spec.shm_prefix)
+    keys = read_curve_keys() if spec.curve else None
+    sock = WorkerSocket(spec.endpoint, spec.identity.encode(), keys)
+    arena = Arena(spec.shm_prefix) if spec.arrays == "shm" else None
     segments = SegmentCache()
     engine: StageEngine | None = None
     try:
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
             log.error("worker.start_failed", error=repr(err))
             sock.send([m.StartFailed(spec.stage.stage_id, spec.replica, f"{type(err).__name__}: {err}")])
             return 1
-        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid())])
+        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays})])
         codec = PayloadCodec(spec.identity, arena, segments)
         WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s, parent, STOP).run()
         return 0
@@ -117,7 +118,8 @@ def main(argv: list[str]) -> int:
             except Exception as err:
                 log.warning("worker.close_failed", error=repr(err))
         segments.close()
-        arena.close()
+        if arena is not None:
+            arena.close()
         sock.close()
 
 

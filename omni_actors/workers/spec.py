@@ -22,6 +22,11 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Names of this worker's shared-memory segments start with this."""
     platform: str
     heartbeat_interval_s: float
+    arrays: str = "shm"
+    """How arrays cross to and from this worker: "shm" (it maps the orchestrator node's shared
+    memory) or "frames" (message frames: it runs on another node)."""
+    curve: bool = False
+    """The bus is CURVE-authenticated: the worker reads its keys from stdin (bus.sockets.read_curve_keys)."""
 
 
 def identity_of(stage_id: int, replica: int, generation: int) -> str:
