@@ -356,8 +356,15 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
                 f"{where}.devices: with cluster.backend ray, Ray assigns devices; "
                 "ask for them with `resources: {GPU: n}` instead"
             )
-    if cl.backend == "ray" and importlib.util.find_spec("ray") is None:
+    if cl.backend == "ray" and not _installed("ray"):
         raise ConfigError(f"{src}: cluster.backend: ray is not installed (pip install 'ray==2.60.*')")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # (ValueError: blocked in sys.modules)
+        return False
 
 
 def parse_stage_overrides(text: str) -> dict[str, Any]:

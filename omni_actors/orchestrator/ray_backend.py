@@ -96,7 +96,7 @@ class RayWorker:
     """The orchestrator's stand-in for a worker process that runs under a Ray actor."""
 
     def __init__(self, actor: Any, pg: Any, on_exit: Callable[[], None]) -> None:
-        self._actor = actor
+        self.actor = actor
         self._pg = pg
         self._on_exit = on_exit
         self.pid: int | None = None
@@ -108,9 +108,9 @@ class RayWorker:
     async def _run(self) -> None:
         code = -1
         try:
-            info = msgspec.json.decode(await self._actor.info.remote())
+            info = msgspec.json.decode(await self.actor.info.remote())
             self.pid, self.node = info["pid"], info["node"]
-            code = await self._actor.wait.remote()
+            code = await self.actor.wait.remote()
         except ray.exceptions.RayError as err:  # the actor, or its node, died (or never started)
             log.error("ray.actor_died", error=type(err).__name__, detail=str(err).splitlines()[0][:300])
         finally:
@@ -122,7 +122,7 @@ class RayWorker:
     def _release(self) -> None:
         self._on_exit()
         with contextlib.suppress(Exception):
-            ray.kill(self._actor, no_restart=True)
+            ray.kill(self.actor, no_restart=True)
         if self._pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(self._pg)
@@ -136,9 +136,9 @@ class RayWorker:
             return
         if self.pid is None:  # not placed or not started yet: nothing to ask, end the actor
             with contextlib.suppress(Exception):
-                ray.kill(self._actor, no_restart=True)
+                ray.kill(self.actor, no_restart=True)
             return
-        self._actor.signal.remote(int(sig))
+        self.actor.signal.remote(int(sig))
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -172,7 +172,7 @@ class RayLauncher(Launcher):
         self.node_ip = ray.util.get_node_ip_address()
         check_resources(self.deploy, self.pipeline.stage_ids, [n["Resources"] for n in ray.nodes() if n["Alive"]])
         self.auth = BusAuth(ctx)
-        self._actor_cls = ray.remote(WorkerActor)
+        self.actor_cls = ray.remote(WorkerActor)
         log.info("ray.connected", address=cl.address, node=self.node_id, node_ip=self.node_ip,
                  nodes=sum(1 for n in ray.nodes() if n["Alive"]))
 
@@ -194,7 +194,7 @@ class RayLauncher(Launcher):
             pg = placement_group([need], strategy="STRICT_PACK")
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
         env = stage_env(self.deploy, handle.stage_id, handle.replica)
-        actor = self._actor_cls.options(**options).remote(
+        actor = self.actor_cls.options(**options).remote(
             msgspec.json.encode(spec).decode(), msgspec.json.encode(keys).decode(), msgspec.json.encode(env).decode(),
             self.node_id, self.deploy.cluster.arrays,
         )

@@ -51,3 +51,25 @@ def test_cluster_mistakes_are_one_clear_error(raw: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as err:
         make_deploy(**raw)
     assert expected in str(err.value)
+
+
+def test_ray_not_installed_is_one_clear_error(tmp_path) -> None:
+    path = tmp_path / "deploy.yaml"
+    path.write_text("pipeline: synthetic\ncluster: {backend: ray}\n")
+    code = f"import sys; sys.modules['ray'] = None; from omni_actors.cli import main; sys.exit(main(['--deploy', {str(path)!r}]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert f"omni-run: config error: {path}: cluster.backend: ray is not installed" in out.stderr
+
+
+def test_unreachable_ray_address_is_one_clear_error_at_start(tmp_path) -> None:
+    from tests.conftest import free_port
+
+    path = tmp_path / "deploy.yaml"
+    path.write_text(f"pipeline: synthetic\ncluster: {{backend: ray, address: '127.0.0.1:{free_port()}'}}\n"
+                    f"server: {{port: {free_port()}}}\n")
+    out = subprocess.run([sys.executable, "-m", "omni_actors.cli", "--deploy", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert f"omni-run: config error: {path}: cluster.address: cannot reach Ray at 127.0.0.1:" in out.stderr
+    assert "Traceback" not in out.stderr
