@@ -11,6 +11,9 @@ moves every large array bound for a peer into a message frame of its own,
 sent without a copy, and for a "frames" peer (one that cannot map this node's
 shared memory) also reads leased arrays out of shared memory into frames.
 `attach_frames` puts received frames back under their refs.
+
+With `cuda_ipc` (stages that share one GPU) a CUDA tensor is not copied to the
+host at all: it travels as an IPC handle under a lease (bus.cuda_ipc).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 
 from omni_actors.bus import messages as m
 from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
+from omni_actors.bus.cuda_ipc import CudaLeases, open_tensor, share
 from omni_actors.bus.shm import Arena, SegmentCache
 
 INLINE_MAX_BYTES = 64 * 1024
@@ -61,10 +65,22 @@ def _numpy_to_torch(arr: np.ndarray, dtype: str) -> Any:
 class PayloadCodec:
     """Encodes with one producer's arena; decodes through one segment cache."""
 
-    def __init__(self, producer: str, arena: Arena | None, segments: SegmentCache) -> None:
+    def __init__(self, producer: str, arena: Arena | None, segments: SegmentCache, cuda_ipc: bool = False) -> None:
         self.producer = producer
         self.arena = arena
         self.segments = segments
+        self.cuda = CudaLeases() if cuda_ipc else None
+
+    def free(self, leases: list[int]) -> None:
+        """The producer side of FreeLeases: arena leases are positive, CUDA ones negative."""
+        if self.cuda is not None:
+            self.cuda.free([x for x in leases if x < 0])
+        if self.arena is not None:
+            self.arena.free([x for x in leases if x > 0])
+
+    @property
+    def leased(self) -> int:
+        return (self.arena.leased if self.arena else 0) + (self.cuda.leased if self.cuda else 0)
 
     def encode(self, values: dict[str, Any]) -> Payload:
         """Split values into plain data and arrays; arrays nested in lists/dicts are hoisted."""
@@ -84,6 +100,10 @@ class PayloadCodec:
     def _encode_any_array(self, value: Any) -> ArrayRef:
         if isinstance(value, np.ndarray):
             return self._encode_array(np.ascontiguousarray(value), value.dtype.str)
+        if self.cuda is not None and value.device.type == "cuda":
+            t = value.detach()
+            return ArrayRef(dtype=_TORCH + "cuda", shape=tuple(t.shape), cuda=share(t),
+                            lease=self.cuda.hold(t), producer=self.producer)
         arr, dtype = _torch_to_numpy(value)
         return self._encode_array(arr, dtype)
 
@@ -128,6 +148,8 @@ class PayloadCodec:
         return out
 
     def decode_array(self, ref: ArrayRef, copy: bool = False) -> Any:
+        if ref.cuda is not None:
+            return open_tensor(ref.cuda, ref.shape)
         if ref.dtype == _TORCH + "bfloat16":
             np_dtype = np.dtype(np.int16)
         else:

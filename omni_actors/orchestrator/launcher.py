@@ -136,6 +136,18 @@ class Launcher:
             platform=self.platform,
             heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
             curve=self.auth is not None,
+            cuda_ipc=self.cuda_ipc_ok(handle.stage_id),
+        )
+
+    def cuda_ipc_ok(self, stage_id: int) -> bool:
+        """May this stage's CUDA tensors cross as IPC handles? Only when every stage it feeds runs
+        on its one device, on this host, and the orchestrator reads none of its outputs."""
+        stage = self.pipeline.stage(stage_id)
+        consumers = [s.stage_id for s in self.pipeline.stages if stage_id in s.input_sources]
+        mine = self.deploy.stage(stage_id).device_list()
+        return (
+            self.platform == "cuda" and self.auth is None and not stage.final_output and bool(consumers)
+            and len(mine) == 1 and all(self.deploy.stage(c).device_list() == mine for c in consumers)
         )
 
     async def spawn(self, handle: WorkerHandle) -> None:

@@ -87,8 +87,7 @@ class WorkerLoop:
             self._flush()
 
     def _heartbeat(self) -> m.Heartbeat:
-        arena = self.codec.arena
-        return m.Heartbeat(busy=len(self.requests), leased=arena.leased if arena else 0)
+        return m.Heartbeat(busy=len(self.requests), leased=self.codec.leased)
 
     def _flush(self) -> None:
         if self._released:
@@ -112,8 +111,7 @@ class WorkerLoop:
                         self.engine.abort(rid)
                 self._out.append(self._heartbeat())
             case m.FreeLeases(leases=leases):
-                if self.codec.arena is not None:
-                    self.codec.arena.free(leases)
+                self.codec.free(leases)
             case m.Shutdown():
                 self.stopping = True
             case _:

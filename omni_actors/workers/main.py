@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
             sock.send([m.StartFailed(spec.stage.stage_id, spec.replica, f"{type(err).__name__}: {err}")])
             return 1
         sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays})])
-        codec = PayloadCodec(spec.identity, arena, segments)
+        codec = PayloadCodec(spec.identity, arena, segments, cuda_ipc=spec.cuda_ipc)
         WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s, parent, STOP).run()
         return 0
     finally:

@@ -68,6 +68,8 @@ def test_arrays_cross_as_frames_and_shared_memory_only_to_peers_that_map_it(bus:
 
         # The orchestrator's leased array: a frames peer gets its bytes (and still gives the lease back),
         # a peer on this node gets the shared-memory reference.
+        local.send([m.Ready(1, 0, 1)])  # (a ROUTER can send only to a peer it has heard)
+        assert bus.receive() == (b"s1r0g0", m.Ready(1, 0, 1))
         data = np.arange(INLINE_MAX_BYTES, dtype=np.int64)
         payload = orch.encode({"data": data})
         assert payload.arrays["data"].segment
