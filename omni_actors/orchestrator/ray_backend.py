@@ -50,6 +50,10 @@ ACTOR_CONCURRENCY = 4
 DEFAULT_CPUS = 1.0
 """CPUs a replica asks for when its `resources` name none."""
 _ANY_HOST = ("0.0.0.0", "*", "::", "[::]")
+_users = 0
+"""Open RayLaunchers of this process: one Ray connection serves them all; the last one closes it."""
+_owned = False
+"""This module made the connection (one an embedding program made is left open)."""
 
 
 def replica_resources(dep: StageDeploy) -> dict[str, float]:
@@ -97,7 +101,9 @@ class RayWorker:
 
     def __init__(self, actor: Any, pg: Any, on_exit: Callable[[], None]) -> None:
         self.actor = actor
-        self._pg = pg
+        self.pg = pg
+        """The replica's placement group (a replica on several GPUs), removed when it exits."""
+        self._pg_held = pg is not None
         self._on_exit = on_exit
         self.pid: int | None = None
         self.node = ""
@@ -123,10 +129,10 @@ class RayWorker:
         self._on_exit()
         with contextlib.suppress(Exception):
             ray.kill(self.actor, no_restart=True)
-        if self._pg is not None:
+        if self._pg_held:
+            self._pg_held = False
             with contextlib.suppress(Exception):
-                remove_placement_group(self._pg)
-            self._pg = None
+                remove_placement_group(self.pg)
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
@@ -157,16 +163,19 @@ class RayLauncher(Launcher):
     async def open(self, ctx: zmq.Context) -> None:
         cl = self.deploy.cluster
         src = self.deploy.source
-        if ray.is_initialized():
-            raise ConfigError(f"{src}: cluster: this process is already connected to a Ray cluster")
-        _check_reachable(cl.address, src)
-        try:
-            ray.init(
-                address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
-                logging_level="WARNING", **({"include_dashboard": False} if cl.address == "local" else {}),
-            )
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise ConfigError(f"{src}: cluster.address: cannot connect to Ray at {cl.address!r}: {err}") from None
+        global _users, _owned
+        if not ray.is_initialized():
+            _check_reachable(cl.address, src)
+            try:
+                ray.init(
+                    address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
+                    logging_level="WARNING", **({"include_dashboard": False} if cl.address == "local" else {}),
+                )
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise ConfigError(f"{src}: cluster.address: cannot connect to Ray at {cl.address!r}: {err}") from None
+            _owned = True
+        # else: this process is a Ray driver already (another orchestrator, or an embedding program)
+        _users += 1
         self._connected = True
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
@@ -215,8 +224,12 @@ class RayLauncher(Launcher):
             self.auth.close()
             self.auth = None
         if self._connected:
+            global _users, _owned
             self._connected = False
-            ray.shutdown()
+            _users -= 1
+            if _users == 0 and _owned:
+                _owned = False
+                ray.shutdown()
 
 
 def _check_reachable(address: str, src: str) -> None:

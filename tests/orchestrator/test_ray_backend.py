@@ -31,8 +31,9 @@ from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, StageChunk
 from tests.conftest import make_deploy, running, shm_files
 
-NODES = {"head": {"num_cpus": 4}, "node_a": {"num_cpus": 2}, "node_b": {"num_cpus": 2}}
-"""Node name (also its custom resource) -> its other resources."""
+NODES = {"head": {"num_cpus": 4}, "node_a": {"num_cpus": 2}, "node_b": {"num_cpus": 2, "num_gpus": 2}}
+"""Node name (also its custom resource) -> its other resources (node_b's two GPUs are only
+names to Ray: they let stage 1 be a two-GPU replica, placed with a placement group)."""
 EXTRAS = {"step_delay_ms": 20, "payload_bytes": 256 * 1024, "chunks": 6}
 """Every stage sends a 256 KiB array per chunk: over the inline limit, so it travels as a frame."""
 RESTART_S = 60.0
@@ -87,7 +88,8 @@ def ray_deploy(address: str, **cluster: Any) -> DeployConfig:
     pins = {0: "node_a", 1: "node_b", 2: "head"}
     return make_deploy(
         cluster={"backend": "ray", "address": address, "arrays": "frames", **cluster},
-        stages=[{"stage_id": s, "resources": {node: 1}, "engine_extras": EXTRAS} for s, node in pins.items()],
+        stages=[{"stage_id": s, "resources": {node: 1, **({"GPU": 2} if s == 1 else {})}, "engine_extras": EXTRAS}
+                for s, node in pins.items()],
     )
 
 
@@ -110,11 +112,11 @@ PROMPTS = ("one two three", "the quick brown fox")
 
 async def test_resources_no_node_has_are_one_clear_error_at_start(cluster: Cluster) -> None:
     deploy = make_deploy(cluster={"backend": "ray", "address": cluster.address},
-                         stages=[{"stage_id": 1, "resources": {"GPU": 1}}])
+                         stages=[{"stage_id": 1, "resources": {"GPU": 8}}])
     orch = Orchestrator(deploy)
     with pytest.raises(ConfigError) as err:
         await orch.start()
-    assert "test: stages[0].resources: no node of the Ray cluster has {'CPU': 1.0, 'GPU': 1.0}" in str(err.value)
+    assert "test: stages[0].resources: no node of the Ray cluster has {'CPU': 1.0, 'GPU': 8.0}" in str(err.value)
     assert not ray.is_initialized()
     assert orch.runtime is not None and not orch.runtime.path.exists()
 
@@ -140,6 +142,7 @@ async def test_stages_on_three_nodes_give_the_local_outputs_with_arrays_as_frame
     assert orch.launcher.endpoint.startswith("tcp://")
     nodes = {sid: orch.workers[sid][0].proc.node for sid in (0, 1, 2)}
     assert len(set(nodes.values())) == 3, "each stage on its own node"
+    assert [orch.workers[sid][0].proc.pg is not None for sid in (0, 1, 2)] == [False, True, False]
     assert orch.router.frames_peers == {h.identity for hs in orch.workers.values() for h in hs}
     for prompt, expected in zip(PROMPTS, local_outputs, strict=True):
         chunks = await orch.submit(RequestSpec(inputs={"prompt": prompt})).collect()
@@ -227,6 +230,7 @@ async def test_a_killed_worker_fails_its_request_fast_and_the_stage_comes_back(o
     back = orch.workers[1][0]
     assert back is not victim and back.generation == victim.generation + 1
     assert back.proc.node == node  # placed where its resources are
+    assert ray.util.placement_group_table(victim.proc.pg)["state"] == "REMOVED"
     chunks = await orch.submit(RequestSpec(inputs={"prompt": "after"})).collect()
     assert chunks[-1].finished
 
