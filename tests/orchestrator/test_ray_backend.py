@@ -246,3 +246,32 @@ async def test_a_killed_worker_fails_its_request_fast_and_the_stage_comes_back(o
     await orch.wait_healthy(RESTART_S)
     assert orch.workers[1][0] is not victim
     assert (await orch.submit(RequestSpec(inputs={"prompt": "again"})).collect())[-1].finished
+
+
+@pytest.mark.slow
+async def test_tiny_qwen2_5_omni_on_three_nodes_gives_the_local_outputs(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from omni_actors.models.tiny import make_tiny
+
+    path = str(make_tiny("qwen2_5_omni", tmp_path_factory.mktemp("qwen2_5_omni"), seed=0))
+    spec = RequestSpec(
+        inputs={"messages": [{"role": "user", "content": "Hello! How are you?"}]},
+        params={"max_tokens": 24, "ignore_eos": True, "talker_max_tokens": 40, "talker_temperature": 0.0},
+    )
+    outputs = []
+    pins = {0: "node_a", 1: "node_b", 2: "head"}
+    for raw in (
+        {},
+        {"cluster": {"backend": "ray", "address": cluster.address, "arrays": "frames"},
+         "stages": [{"stage_id": s, "resources": {node: 1}} for s, node in pins.items()]},
+    ):
+        async with running(make_deploy("qwen2_5_omni", model=path, **raw)) as o:
+            chunks = await o.submit(RequestSpec(inputs=spec.inputs, params=spec.params)).collect()
+        text = "".join(c.data.get("text", "") for c in chunks if c.stage_id == 0)
+        audio = np.concatenate([c.data["audio"] for c in chunks if c.output_type == "audio"])
+        outputs.append((text, audio))
+    (text, audio), (ray_text, ray_audio) = outputs
+    assert text and ray_text == text
+    assert audio.size and ray_audio.shape == audio.shape
+    np.testing.assert_allclose(ray_audio, audio, atol=1e-5)
