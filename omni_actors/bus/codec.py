@@ -21,13 +21,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import numpy as np
 from msgspec.structs import replace as msgspec_replace
 
-import numpy as np
-
 from omni_actors.bus import messages as m
-from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
 from omni_actors.bus.cuda_ipc import CudaLeases, open_tensor, share
+from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
 from omni_actors.bus.shm import Arena, SegmentCache
 
 INLINE_MAX_BYTES = 64 * 1024

@@ -29,7 +29,7 @@ from omni_actors.config.deploy import DeployConfig
 from omni_actors.errors import ConfigError, StageUnavailable, WorkerDied
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, StageChunk
-from tests.conftest import make_deploy, running, shm_files
+from tests.conftest import eventually, make_deploy, running, shm_files
 
 NODES = {"head": {"num_cpus": 4}, "node_a": {"num_cpus": 2}, "node_b": {"num_cpus": 2, "num_gpus": 2}}
 """Node name (also its custom resource) -> its other resources (node_b's two GPUs are only
@@ -152,6 +152,30 @@ async def test_stages_on_three_nodes_give_the_local_outputs_with_arrays_as_frame
     # Arrays crossed as frames: no worker made a shared-memory segment.
     assert shm_files(f"{orch.run_prefix}-s") == []
     assert orch.statistics().leases_held == 0
+
+
+async def test_a_worker_on_the_orchestrators_node_maps_shared_memory_and_the_others_get_frames(
+    orch: Orchestrator, cluster: Cluster, local_outputs: list[list[tuple]]
+) -> None:
+    """`arrays: auto`: stage 0 on this process's Ray node (shared memory), 1 and 2 elsewhere (frames):
+    stage 0's leased arrays reach stage 1 as frames, and stage 1 gives the leases back."""
+    here = ray.get_runtime_context().get_node_id()  # (the module's orchestrator keeps Ray connected)
+    mine = next(name for n in ray.nodes() if n["NodeID"] == here for name in NODES if name in n["Resources"])
+    others = [name for name in NODES if name != mine]
+    pins = {0: mine, 1: others[0], 2: others[1]}
+    deploy = make_deploy(
+        cluster={"backend": "ray", "address": cluster.address},
+        stages=[{"stage_id": s, "resources": {node: 1}, "engine_extras": EXTRAS} for s, node in pins.items()],
+    )
+    async with running(deploy) as mixed:
+        assert mixed.router is not None
+        assert mixed.router.frames_peers == {mixed.workers[1][0].identity, mixed.workers[2][0].identity}
+        for prompt, expected in zip(PROMPTS, local_outputs, strict=True):
+            chunks = await mixed.submit(RequestSpec(inputs={"prompt": prompt})).collect()
+            assert normal(chunks) == expected
+        assert shm_files(f"{mixed.run_prefix}-s0") != []  # stage 0's arena
+        assert shm_files(f"{mixed.run_prefix}-s1") == shm_files(f"{mixed.run_prefix}-s2") == []
+        await eventually(lambda: mixed.statistics().stage(0).replicas[0].leases_out == 0, 10.0)
 
 
 def _hostile(endpoint: str, server_key: str | None) -> list[int]:
