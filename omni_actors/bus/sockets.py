@@ -129,8 +129,8 @@ def _quiet_log() -> Any:
 class AsyncRouter:
     """ROUTER socket driven by the event loop; `on_message(identity, msg)` per message.
 
-    A message that cannot be encoded (a value msgspec refuses) is handed to
-    `on_unsendable(identity, msg, error)` and the rest of its frame still goes out.
+    A message that cannot be sent (a value msgspec refuses, an array whose shared memory
+    is gone) is handed to `on_unsendable(identity, msg, error)` and the rest still goes out.
     """
 
     def __init__(
@@ -221,13 +221,15 @@ class AsyncRouter:
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, {}
         for identity, msgs in outbox.items():
-            msgs, arrays = to_wire(msgs, identity in self.frames_peers, self._segments)
+            frames_peer = identity in self.frames_peers
             try:
+                msgs, arrays = to_wire(msgs, frames_peer, self._segments)
                 frame = m.encode_many(msgs)
             except Exception:
-                frame = self._encode_sendable(identity, msgs)
-                if frame is None:
+                prepared = self._prepare_sendable(identity, msgs, frames_peer)
+                if prepared is None:
                     continue
+                msgs, arrays, frame = prepared
             try:
                 if arrays:
                     self.sock.send(identity, _NOBLOCK | _SNDMORE)
@@ -243,18 +245,24 @@ class AsyncRouter:
         if self._loop is not None and self.sock.getsockopt(_EVENTS) & _POLLIN:
             self._loop.call_soon(self._on_readable)
 
-    def _encode_sendable(self, identity: bytes, msgs: list[m.Message]) -> bytes | None:
-        """The frame of `msgs` less those that cannot be encoded (each reported); None if none can."""
+    def _prepare_sendable(
+        self, identity: bytes, msgs: list[m.Message], frames_peer: bool
+    ) -> tuple[list[m.Message], list[Any], bytes] | None:
+        """`msgs` less those that cannot be sent (a value msgspec refuses, an array whose shared
+        memory is gone), each reported; None if none can."""
         good = []
         for msg in msgs:
             try:
-                m.encode_many([msg])
+                m.encode_many(to_wire([msg], frames_peer, self._segments)[0])
             except Exception as err:
                 if self._on_unsendable is not None:
                     self._on_unsendable(identity, msg, err)
                 continue
             good.append(msg)
-        return m.encode_many(good) if good else None
+        if not good:
+            return None
+        wire, arrays = to_wire(good, frames_peer, self._segments)
+        return wire, arrays, m.encode_many(wire)
 
     def close(self) -> None:
         if self._loop is not None:

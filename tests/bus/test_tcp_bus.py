@@ -28,7 +28,9 @@ class Bus:
         self.auth = BusAuth(self.ctx)
         self.segments = SegmentCache()
         self.got: list[tuple[bytes, m.Message]] = []
+        self.unsendable: list[tuple[m.Message, Exception]] = []
         self.router = AsyncRouter(self.ctx, "tcp://127.0.0.1:0", lambda i, msg: self.got.append((i, msg)),
+                                  lambda i, msg, err: self.unsendable.append((msg, err)),
                                   auth=self.auth, segments=self.segments)
 
     def receive(self) -> tuple[bytes, m.Message]:
@@ -135,3 +137,25 @@ def test_only_issued_unrevoked_keys_open_the_bus(bus: Bus) -> None:
     assert keys.secret_key not in repr(keys)
     bus.router._on_readable()
     assert m.Ready(0, 0, 2) not in [msg for _, msg in bus.got]  # refused peers are never heard
+
+
+def test_an_array_whose_shared_memory_is_gone_fails_its_message_only(bus: Bus) -> None:
+    prefix = f"omni-test-{uuid.uuid4().hex[:8]}"
+    arena = Arena(prefix)
+    orch = PayloadCodec("orch", arena, bus.segments)
+    remote = WorkerSocket(bus.router.endpoint, b"s0r0g0", bus.auth.issue())
+    try:
+        remote.send([m.Ready(0, 0, 1)])
+        bus.receive()
+        bus.router.frames_peers.add(b"s0r0g0")
+        gone = orch.encode({"x": np.zeros(INLINE_MAX_BYTES + 1, np.uint8)})
+        arena.close()  # (as when its producer died and its segments were removed)
+        bus.router.send_nowait(b"s0r0g0", m.Feed("a", 0, gone))
+        bus.router.send_nowait(b"s0r0g0", m.Feed("b", 0, m.Payload(data={"n": 1})))
+        bus.router.flush()
+        assert [msg.request_id for msg, _ in bus.unsendable] == ["a"]
+        assert remote.wait(WAIT_MS / 1000)
+        assert [msg.request_id for msg in remote.recv_nowait()] == ["b"]
+    finally:
+        remote.close()
+        arena.close()
