@@ -108,6 +108,7 @@ class RayWorker:
         self.pid: int | None = None
         self.node = ""
         self.returncode: int | None = None
+        self._ended_by_us = False
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._task = asyncio.ensure_future(self._run())
 
@@ -118,7 +119,10 @@ class RayWorker:
             self.pid, self.node = info["pid"], info["node"]
             code = await self.actor.wait.remote()
         except ray.exceptions.RayError as err:  # the actor, or its node, died (or never started)
-            log.error("ray.actor_died", error=type(err).__name__, detail=str(err).splitlines()[0][:300])
+            if self._ended_by_us:
+                log.info("ray.actor_ended", error=type(err).__name__)
+            else:
+                log.error("ray.actor_died", error=type(err).__name__, detail=str(err).splitlines()[0][:300])
         finally:
             self.returncode = code
             self._release()
@@ -141,6 +145,7 @@ class RayWorker:
         if self.returncode is not None:
             return
         if self.pid is None:  # not placed or not started yet: nothing to ask, end the actor
+            self._ended_by_us = True
             with contextlib.suppress(Exception):
                 ray.kill(self.actor, no_restart=True)
             return
@@ -246,8 +251,13 @@ def _check_reachable(address: str, src: str) -> None:
 
 
 def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: list[dict[str, float]]) -> None:
-    """Every stage's replica must fit on some node of the cluster (else it would wait forever)."""
+    """Every stage's replica must fit on some node of the cluster, and all replicas together in the
+    cluster (else some would wait for placement forever)."""
+    total: dict[str, float] = {}
     for sid in stage_ids:
+        dep = deploy.stage(sid)
+        for k, v in replica_resources(dep).items():
+            total[k] = total.get(k, 0.0) + v * dep.num_replicas
         need = replica_resources(deploy.stage(sid))
         if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
             continue
@@ -260,3 +270,10 @@ def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: lis
         raise ConfigError(
             f"{deploy.source}: {where}: no node of the Ray cluster has {need} (nodes offer: {offered or 'nothing'})"
         )
+    for k, want in sorted(total.items()):
+        have = sum(node.get(k, 0.0) for node in nodes)
+        if want > have + 1e-9:
+            raise ConfigError(
+                f"{deploy.source}: stages: the replicas ask for {k}={want:g} in all, the Ray cluster has {have:g} "
+                f"(a replica asks for CPU=1 unless its `resources` say otherwise)"
+            )

@@ -118,6 +118,13 @@ async def test_resources_no_node_has_are_one_clear_error_at_start(cluster: Clust
         await orch.start()
     assert "test: stages[0].resources: no node of the Ray cluster has {'CPU': 1.0, 'GPU': 8.0}" in str(err.value)
     assert not ray.is_initialized()
+    # Each replica fits a node, but not all of them together.
+    deploy = make_deploy(cluster={"backend": "ray", "address": cluster.address},
+                         stages=[{"stage_id": 0, "num_replicas": 5, "resources": {"node_a": 1, "CPU": 0}}])
+    with pytest.raises(ConfigError) as err:
+        await Orchestrator(deploy).start()
+    assert "test: stages: the replicas ask for node_a=5 in all, the Ray cluster has 4" in str(err.value)
+    assert not ray.is_initialized()
     assert orch.runtime is not None and not orch.runtime.path.exists()
 
 
