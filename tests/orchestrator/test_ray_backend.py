@@ -42,7 +42,8 @@ FAIL_FAST_S = 10.0
 """A request on a killed worker fails well within this (the test's bound, not a timing claim)."""
 HOSTILE_WAIT_S = 2.0
 """How long an unauthenticated client waits for anything to come back (nothing may)."""
-PROCESS_EXIT_S = 30.0
+NODE_DEATH_S = 120.0
+"""Bound for Ray to notice a removed node (its health checks) and the request to fail."""
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +307,24 @@ async def test_tiny_qwen2_5_omni_on_three_nodes_gives_the_local_outputs(
     assert text and ray_text == text
     assert audio.size and ray_audio.shape == audio.shape
     np.testing.assert_allclose(ray_audio, audio, atol=1e-5)
+
+
+@pytest.mark.slow
+async def test_a_node_that_dies_fails_its_requests_and_the_replica_comes_back_where_ray_can_place_it(
+    cluster: Cluster,
+) -> None:
+    async with running(ray_deploy(cluster.address), restart_timeout_s=RESTART_S) as o:
+        victim = o.workers[1][0]
+        stream = o.submit(RequestSpec(inputs={"prompt": "a b"}, params={"chunks": 100000}))
+        async for chunk in stream:
+            if chunk.output_type == "audio":
+                break
+        node = next(n for n in cluster.worker_nodes if n.node_id == victim.proc.node)
+        cluster.remove_node(node)  # node_b: its raylet, its actors and their workers
+        with pytest.raises(WorkerDied):
+            await asyncio.wait_for(stream.collect(), NODE_DEATH_S)
+        cluster.add_node(**NODES["node_b"], resources={"node_b": 4})  # somewhere to place it again
+        await o.wait_healthy(2 * RESTART_S)
+        back = o.workers[1][0]
+        assert back is not victim and back.proc.node not in ("", victim.proc.node)
+        assert (await o.submit(RequestSpec(inputs={"prompt": "after"})).collect())[-1].finished
