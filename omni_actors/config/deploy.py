@@ -82,7 +82,8 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     address: str = "auto"
     """A Ray address; "auto" = the cluster this host belongs to; "local" = start one in-process."""
     bus_host: str | None = None
-    """Where the orchestrator's TCP bus listens (default: this host's address in the cluster)."""
+    """The address of this host where the orchestrator's TCP bus listens, or 0.0.0.0 (default:
+    this host's address in the cluster)."""
     arrays: str = "auto"
     """How arrays reach a worker: "auto" (shared memory on the orchestrator's node, message
     frames elsewhere) or "frames" (always frames: the cross-node path, for tests and benchmarks)."""
@@ -343,7 +344,7 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
     if not cl.address.strip():
         raise ConfigError(f"{src}: cluster.address: expected a Ray address, \"auto\" or \"local\"")
     if cl.bus_host is not None and not cl.bus_host.strip():
-        raise ConfigError(f"{src}: cluster.bus_host: expected a host name or address")
+        raise ConfigError(f"{src}: cluster.bus_host: expected an address of this host")
     for i, st in enumerate(cfg.stages):
         where = f"{src}: stages[{i}]"
         for name, amount in st.resources.items():

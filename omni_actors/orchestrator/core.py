@@ -31,6 +31,7 @@ from omni_actors.config.deploy import DeployConfig, validate_against_pipeline
 from omni_actors.config.pipeline import PipelineConfig, resolve
 from omni_actors.errors import (
     AdmissionError,
+    ConfigError,
     RequestAborted,
     RequestError,
     RequestRejected,
@@ -118,9 +119,16 @@ class Orchestrator:
             self.launcher = launcher = make_launcher(self.deploy, self.pipeline, self.run_prefix, self.platform)
             await launcher.open(self._zmq)  # (ray: reach the cluster, check resources, make the bus keys)
             endpoint = self._endpoint_override or launcher.bus_endpoint(self.runtime)
-            self.router = AsyncRouter(
-                self._zmq, endpoint, self._on_message, self._on_unsendable, launcher.auth, self.segments
-            )
+            try:
+                self.router = AsyncRouter(
+                    self._zmq, endpoint, self._on_message, self._on_unsendable, launcher.auth, self.segments
+                )
+            except zmq.ZMQError as err:
+                if self._endpoint_override is None and self.deploy.cluster.bus_host is not None:
+                    raise ConfigError(
+                        f"{self.deploy.source}: cluster.bus_host: cannot listen on {endpoint}: {err}"
+                    ) from None
+                raise
             self.router.start()
             launcher.set_bound(self.router.endpoint)
             await self.supervisor.start_all(launcher)

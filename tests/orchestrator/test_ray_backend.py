@@ -126,6 +126,11 @@ async def test_resources_no_node_has_are_one_clear_error_at_start(cluster: Clust
         await Orchestrator(deploy).start()
     assert "test: stages: the replicas ask for node_a=5 in all, the Ray cluster has 4" in str(err.value)
     assert not ray.is_initialized()
+    deploy = make_deploy(cluster={"backend": "ray", "address": cluster.address, "bus_host": "192.0.2.254"})
+    with pytest.raises(ConfigError) as err:
+        await Orchestrator(deploy).start()
+    assert "test: cluster.bus_host: cannot listen on tcp://192.0.2.254:0" in str(err.value)
+    assert not ray.is_initialized()
     assert orch.runtime is not None and not orch.runtime.path.exists()
 
 
