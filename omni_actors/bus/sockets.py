@@ -131,6 +131,8 @@ class AsyncRouter:
 
     A message that cannot be sent (a value msgspec refuses, an array whose shared memory
     is gone) is handed to `on_unsendable(identity, msg, error)` and the rest still goes out.
+    A frame that cannot be decoded is counted (`frames_undecodable`) and handed to
+    `on_undecodable(identity, body, error)`.
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class AsyncRouter:
         endpoint: str,
         on_message: Callable[[bytes, m.Message], None],
         on_unsendable: Callable[[bytes, m.Message, Exception], None] | None = None,
+        on_undecodable: Callable[[bytes, bytes, Exception], None] | None = None,
         auth: BusAuth | None = None,
         segments: SegmentCache | None = None,
     ) -> None:
@@ -165,6 +168,8 @@ class AsyncRouter:
         self.endpoint = endpoint
         self._on_message = on_message
         self._on_unsendable = on_unsendable
+        self._on_undecodable = on_undecodable
+        self.frames_undecodable = 0
         self._segments = segments
         self.frames_peers: set[bytes] = set()
         """Peers that cannot map this node's shared memory: their arrays go as frames."""
@@ -198,7 +203,10 @@ class AsyncRouter:
                 items = m.unbatch(m.decode(parts[1].buffer))
                 if len(parts) > 2:
                     attach_frames(items, [p.buffer for p in parts[2:]])
-            except Exception:
+            except Exception as err:
+                self.frames_undecodable += 1
+                if self._on_undecodable is not None:
+                    self._on_undecodable(identity, parts[1].bytes, err)
                 continue
             for item in items:
                 self.messages_in += 1

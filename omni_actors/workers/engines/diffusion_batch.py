@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import structlog
 
 log = structlog.get_logger(__name__)
@@ -56,9 +56,23 @@ class Batch:
     """One `pipe(...)` call on the runner thread, paused after every denoising step."""
 
     def __init__(
-        self, pipe: Any, jobs: list[Any], kwargs: dict[str, Any], use_callback: bool
+        self,
+        pipe: Any,
+        jobs: list[Any],
+        kwargs: dict[str, Any],
+        use_callback: bool,
+        convert: Callable[[Any], Any],
+        preview_at: frozenset[int] = frozenset(),
+        report_decode: bool = False,
     ) -> None:
+        """`convert` turns the pipeline's result into the "done" report's payload (images: the
+        converter dict of diffusion_outputs.py; video/audio: video.py's); with `report_decode`
+        the last step reports ("decoding", total, total) before the thread runs on through the decode."""
         self.pipe = pipe
+        self._convert = convert
+        self._preview_at = preview_at
+        """Steps after which the latents are decoded into preview images (diffusion_preview.py)."""
+        self._report_decode = report_decode
         self.jobs = jobs
         self.live = {j.request_id for j in jobs}
         self._kwargs = kwargs
@@ -72,7 +86,10 @@ class Batch:
         self._release.put(True)
 
     def wait_report(self) -> tuple[Any, ...]:
-        """("progress", done, total) | ("done", images, total) | ("error" | "timeout", message)."""
+        """("progress", done, total, preview | None) | ("decoding", done, total)
+        | ("done", converted, total) | ("error" | "timeout", message).
+
+        `converted` is the converter's payload (see diffusion_outputs.py), rows in call order."""
         try:
             return self._reports.get(timeout=STEP_REPORT_TIMEOUT_S)
         except queue.Empty:
@@ -88,10 +105,17 @@ class Batch:
         """Wait until the runner is done with this batch (its tensors freed)."""
         self.ended.wait(BATCH_EXIT_TIMEOUT_S)
 
-    def _pause(self, done: int, total: int) -> None:
+    def _pause(self, done: int, total: int, latents: Any = None) -> None:
         if done >= total:
+            if self._report_decode:
+                self._reports.put(("decoding", done, total))
             return  # after the last step, run on through the decode
-        self._reports.put(("progress", done, total))
+        preview = None
+        if latents is not None and done in self._preview_at:
+            from omni_actors.workers.engines.diffusion_preview import decode_preview
+
+            preview = decode_preview(self.pipe, latents)
+        self._reports.put(("progress", done, total, preview))
         try:
             go = self._release.get(timeout=STEP_RELEASE_TIMEOUT_S)
         except queue.Empty:
@@ -105,8 +129,8 @@ class Batch:
         kwargs = dict(self._kwargs)
         if self._use_callback:
 
-            def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict[str, Any]) -> dict[str, Any]:
-                self._pause(i + 1, len(scheduler.timesteps))
+            def on_step_end(_pipe: Any, i: int, _t: Any, kw: dict[str, Any]) -> dict[str, Any]:
+                self._pause(i + 1, len(scheduler.timesteps), kw.get("latents"))
                 return {}
 
             kwargs["callback_on_step_end"] = on_step_end
@@ -124,7 +148,7 @@ class Batch:
         report: tuple[Any, ...] | None = None
         try:
             result = pipe(**kwargs)
-            report = ("done", _to_uint8(result.images), len(scheduler.timesteps))
+            report = ("done", self._convert(result), len(scheduler.timesteps))
         except _Cancelled:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
@@ -136,18 +160,3 @@ class Batch:
         # Report last: once it is read, the next batch may hook the scheduler.
         if report is not None:
             self._reports.put(report)
-
-
-def _to_uint8(images: Any) -> np.ndarray:
-    """Pipeline images (float [0, 1] numpy or torch, or PIL) as uint8 [n, H, W, 3]."""
-    if isinstance(images, list):
-        images = np.stack([np.asarray(im) for im in images])
-    elif not isinstance(images, np.ndarray):
-        images = images.float().cpu().numpy()
-    if images.dtype != np.uint8:
-        images = (np.clip(images, 0.0, 1.0) * 255.0).round().astype(np.uint8)
-    if images.ndim == 3:
-        images = images[..., None]
-    if images.shape[-1] == 1:
-        images = np.repeat(images, 3, axis=-1)
-    return images
