@@ -13,12 +13,33 @@ from typing import Any
 import msgspec
 
 
+class CudaIpcRef(msgspec.Struct, array_like=True, gc=False):
+    """A CUDA tensor in another process's allocation: torch's IPC reduction fields (bus.cuda_ipc)."""
+
+    device: int
+    handle: bytes
+    storage_size: int
+    storage_offset: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes | None
+    event_sync: bool
+    tensor_offset: int
+    """In elements of the tensor's dtype, within the storage."""
+    stride: tuple[int, ...]
+    dtype: str
+    """torch dtype name, e.g. "bfloat16"."""
+
+
 class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """An array that crossed a process boundary.
 
     Small arrays travel `inline`; larger ones live in the producer's
     shared-memory arena at (`segment`, `offset`) under `lease`, owned by
-    `producer` until released.
+    `producer` until released. To and from a worker that does not share the
+    orchestrator's memory (another node), a large array travels as message
+    frame number `frame` (1-based, after the body; bus.codec.to_wire / attach_frames).
+    Between stages on one GPU a CUDA tensor travels as `cuda`, an IPC handle (leased).
     """
 
     dtype: str
@@ -29,6 +50,8 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     nbytes: int = 0
     lease: int = 0
     producer: str = ""
+    frame: int = 0
+    cuda: CudaIpcRef | None = None
 
 
 class Payload(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -47,7 +70,11 @@ class LeaseId(msgspec.Struct, array_like=True, gc=False):
 
 
 class Ready(msgspec.Struct, tag=1, array_like=True, gc=False):
-    """First message of a worker: its engine is loaded."""
+    """First message of a worker: its engine is loaded.
+
+    `info["arrays"] == "frames"`: the worker does not map the orchestrator's shared memory
+    (it runs on another node); arrays for it travel as message frames.
+    """
 
     stage_id: int
     replica: int

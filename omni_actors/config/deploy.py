@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,8 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     max_step_s: float = 1800.0
     """Longest one engine step may run before the worker is presumed stuck, killed and restarted
     (its requests fail). Heartbeats flow during steps, so a long step alone never kills a worker."""
+    resources: dict[str, float] = {}
+    """With `cluster.backend: ray`: Ray resources per replica (GPU, CPU, custom, "node:<ip>")."""
 
     def device_list(self) -> list[str]:
         if self.devices is None:
@@ -96,11 +99,30 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
         return self.max_queue if self.max_queue is not None else 8 * self.max_num_seqs
 
 
+CLUSTER_BACKENDS = ("local", "ray")
+ARRAY_PATHS = ("auto", "frames")
+
+
+class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Where workers run: `local` child processes (default) or Ray actors (`ray`)."""
+
+    backend: str = "local"
+    address: str = "auto"
+    """A Ray address; "auto" = the cluster this host belongs to; "local" = start one in-process."""
+    bus_host: str | None = None
+    """The address of this host where the orchestrator's TCP bus listens, or 0.0.0.0 (default:
+    this host's address in the cluster)."""
+    arrays: str = "auto"
+    """How arrays reach a worker: "auto" (shared memory on the orchestrator's node, message
+    frames elsewhere) or "frames" (always frames: the cross-node path, for tests and benchmarks)."""
+
+
 class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     pipeline: str
     model: str | None = None
     async_chunk: bool = True
     server: ServerConfig = ServerConfig()
+    cluster: ClusterConfig = ClusterConfig()
     stages: list[StageDeploy] = []
     connectors: dict[str, Any] = {}
     """Accepted from vLLM-Omni files and ignored (with a warning naming it): data between stages
@@ -232,6 +254,7 @@ def _did_you_mean(path: str, name: str) -> str:
     last = path.rpartition(".")[2]
     struct = (
         DeployConfig if not path else ServerConfig if last == "server"
+        else ClusterConfig if last == "cluster"
         else StageDeploy if last.startswith("stages[") else None
     )  # fmt: skip
     fields = [f for f in getattr(struct, "__struct_fields__", ()) if f != "source"]
@@ -342,6 +365,7 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
                 f"{where}.devices: {len(devices)} device(s) {devices} but tensor_parallel_size "
                 f"x num_replicas = {st.tensor_parallel_size} x {st.num_replicas} = {need}"
             )
+    _validate_cluster(cfg, src)
     if not 0 < cfg.server.port < 65536:
         raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
     for name in ("max_body_mb", "body_timeout_s", "request_timeout_s", "realtime_idle_timeout_s",
@@ -355,6 +379,40 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
             f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
         )
     return pipe
+
+
+def _validate_cluster(cfg: DeployConfig, src: str) -> None:
+    """The `cluster` section and per-stage `resources` (reaching the cluster is checked at start)."""
+    cl = cfg.cluster
+    if cl.backend not in CLUSTER_BACKENDS:
+        raise ConfigError(f"{src}: cluster.backend: expected one of {list(CLUSTER_BACKENDS)}, got {cl.backend!r}")
+    if cl.arrays not in ARRAY_PATHS:
+        raise ConfigError(f"{src}: cluster.arrays: expected one of {list(ARRAY_PATHS)}, got {cl.arrays!r}")
+    if not cl.address.strip():
+        raise ConfigError(f"{src}: cluster.address: expected a Ray address, \"auto\" or \"local\"")
+    if cl.bus_host is not None and not cl.bus_host.strip():
+        raise ConfigError(f"{src}: cluster.bus_host: expected an address of this host")
+    for i, st in enumerate(cfg.stages):
+        where = f"{src}: stages[{i}]"
+        for name, amount in st.resources.items():
+            if not amount >= 0:  # (also refuses nan)
+                raise ConfigError(f"{where}.resources.{name}: expected a number >= 0, got {amount}")
+        if cl.backend != "ray" and st.resources:
+            raise ConfigError(f"{where}.resources: placement by resources needs `cluster: {{backend: ray}}`")
+        if cl.backend == "ray" and st.devices is not None:
+            raise ConfigError(
+                f"{where}.devices: with cluster.backend ray, Ray assigns devices; "
+                "ask for them with `resources: {GPU: n}` instead"
+            )
+    if cl.backend == "ray" and not _installed("ray"):
+        raise ConfigError(f"{src}: cluster.backend: ray is not installed (pip install 'ray==2.60.*')")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # (ValueError: blocked in sys.modules)
+        return False
 
 
 def parse_stage_overrides(text: str) -> dict[str, Any]:

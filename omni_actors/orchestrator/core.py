@@ -32,6 +32,7 @@ from omni_actors.config.deploy import DeployConfig, validate_against_pipeline
 from omni_actors.config.pipeline import PipelineConfig, resolve
 from omni_actors.errors import (
     AdmissionError,
+    ConfigError,
     RequestAborted,
     RequestError,
     RequestRejected,
@@ -40,7 +41,7 @@ from omni_actors.errors import (
     StageUnavailable,
     WorkerDied,
 )
-from omni_actors.orchestrator.launcher import Launcher, WorkerHandle
+from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, make_launcher
 from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
@@ -123,12 +124,22 @@ class Orchestrator:
         self.runtime = RuntimeDir()
         try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
             self._zmq = zmq.Context(1)
-            endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
-            self.router = AsyncRouter(
-                self._zmq, endpoint, self._on_message, self._on_unsendable, self._on_undecodable
-            )
+            self.launcher = launcher = make_launcher(self.deploy, self.pipeline, self.run_prefix, self.platform)
+            await launcher.open(self._zmq)  # (ray: reach the cluster, check resources, make the bus keys)
+            endpoint = self._endpoint_override or launcher.bus_endpoint(self.runtime)
+            try:
+                self.router = AsyncRouter(
+                    self._zmq, endpoint, self._on_message, self._on_unsendable, self._on_undecodable,
+                    auth=launcher.auth, segments=self.segments,
+                )
+            except zmq.ZMQError as err:
+                if self._endpoint_override is None and self.deploy.cluster.bus_host is not None:
+                    raise ConfigError(
+                        f"{self.deploy.source}: cluster.bus_host: cannot listen on {endpoint}: {err}"
+                    ) from None
+                raise
             self.router.start()
-            launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
+            launcher.set_bound(self.router.endpoint)
             await self.supervisor.start_all(launcher)
             self._arm_trimmer()
         except BaseException:
@@ -160,6 +171,8 @@ class Orchestrator:
         await self.supervisor.stop_all(self.router)
         if self.router is not None:
             self.router.close()
+        if self.launcher is not None:
+            await self.launcher.close()
         if self._zmq is not None:
             self._zmq.term()
         self.segments.close()
@@ -374,7 +387,9 @@ class Orchestrator:
                 self._release([(r.producer, r.lease) for r in refs])
             case m.Heartbeat():
                 self.supervisor.on_heartbeat(h, msg)
-            case m.Ready(pid=pid):
+            case m.Ready(pid=pid, info=info):
+                if info.get("arrays") == "frames" and self.router is not None:
+                    self.router.frames_peers.add(identity)
                 self.supervisor.on_ready(h, pid)
             case m.StartFailed(error=error):
                 self.supervisor.on_start_failed(h, error)
@@ -474,3 +489,5 @@ class Orchestrator:
             if run is not None and h.stage_id not in run.finished:
                 self._end(run, WorkerDied(h.stage_id, h.replica, detail))
         self.segments.forget(h.shm_prefix)
+        if self.router is not None:
+            self.router.frames_peers.discard(h.identity)

@@ -174,7 +174,7 @@ class Supervisor:
     # ---- what workers say -------------------------------------------------------
 
     def on_ready(self, h: WorkerHandle, pid: int) -> None:
-        if h.proc is None or pid != h.proc.pid or h.dead:
+        if h.proc is None or h.proc.pid not in (pid, None) or h.dead:  # (None: a Ray worker not yet reported)
             log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead)
             return
         h.ready = True

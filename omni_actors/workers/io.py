@@ -10,6 +10,9 @@ minutes never makes the worker look dead; each carries the stepping thread's
 progress (steps done, how long the current one has run) so the supervisor can
 still tell a stuck step from a long one.
 
+A message is relayed whole: its body and the array frames after it (bus.codec.to_wire),
+sent and received without copies.
+
 At each heartbeat the I/O thread also asks `should_stop` (the main process is
 gone, or a SIGTERM whose SystemExit was swallowed set the stop flag); if so it
 hands the stepping thread a Shutdown, as the orchestrator would.
@@ -25,11 +28,13 @@ import zmq
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
-from omni_actors.bus.sockets import WorkerSocket
+from omni_actors.bus.codec import attach_frames, to_wire
+from omni_actors.bus.sockets import CurveKeys, WorkerSocket
 
 log = logs.get(__name__)
 
 _NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
 _CLOSE = b""
 """Sent by the stepping thread on the PAIR: forward what is queued, then end the I/O thread."""
 IO_JOIN_TIMEOUT_S = 5.0
@@ -53,12 +58,13 @@ class WorkerIO:
         identity: bytes,
         heartbeat_interval_s: float,
         should_stop: Callable[[], bool] = lambda: False,
+        keys: CurveKeys | None = None,
     ) -> None:
         self.heartbeat: Callable[[], m.Heartbeat] = idle_heartbeat
         self.heartbeat_interval_s = heartbeat_interval_s
         self.should_stop = should_stop
         self.undecodable = 0
-        self._bus = WorkerSocket(endpoint, identity)
+        self._bus = WorkerSocket(endpoint, identity, keys)
         ctx = self._bus.ctx
         address = f"inproc://worker-io-{identity.decode(errors='replace')}"
         self._io_end = ctx.socket(zmq.PAIR)  # owned by the I/O thread
@@ -75,19 +81,31 @@ class WorkerIO:
     # ---- the stepping thread's side -------------------------------------------------
 
     def send(self, msgs: list[m.Message]) -> None:
-        if msgs:
-            self._step_end.send(m.encode_many(msgs), copy=False)
+        if not msgs:
+            return
+        msgs, arrays = to_wire(msgs)
+        body = m.encode_many(msgs)
+        if not arrays:
+            self._step_end.send(body, copy=False)
+            return
+        self._step_end.send(body, _SNDMORE, copy=False)
+        for i, buf in enumerate(arrays):
+            self._step_end.send(buf, 0 if i == len(arrays) - 1 else _SNDMORE, copy=False)
 
     def recv_nowait(self) -> list[m.Message]:
         """Every message already relayed, without blocking (a frame that cannot be decoded is skipped)."""
         out: list[m.Message] = []
         while True:
             try:
-                body = self._step_end.recv(_NOBLOCK, copy=False)
+                parts = self._step_end.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
                 return out
+            body = parts[0]
             try:
-                out.extend(m.unbatch(m.decode(body.buffer)))
+                items = m.unbatch(m.decode(body.buffer))
+                if len(parts) > 1:
+                    attach_frames(items, [p.buffer for p in parts[1:]])
+                out.extend(items)
             except Exception as err:  # a frame from a peer of another version, or corrupt
                 self.undecodable += 1
                 if self.undecodable == 1:
@@ -132,6 +150,7 @@ class WorkerIO:
         interval = self.heartbeat_interval_s
         next_beat = time.monotonic()  # the first at once: a sign of life before the engine loads
         stop_sent = False
+        inward = outward = False  # in the middle of a multipart message (its frames come together)
         while True:
             timeout_ms = max(0, int((next_beat - time.monotonic()) * 1000))
             ready = dict(poller.poll(timeout_ms))
@@ -141,16 +160,18 @@ class WorkerIO:
                         frame = inner.recv(_NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    if len(frame) == 0:
+                    if len(frame) == 0 and not outward:
                         return  # _CLOSE: everything sent before it has been forwarded
-                    dealer.send(frame, copy=False)
+                    outward = frame.more
+                    dealer.send(frame, _SNDMORE if outward else 0, copy=False)
             if dealer in ready:
                 while True:
                     try:
                         frame = dealer.recv(_NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    inner.send(frame, copy=False)
+                    inward = frame.more
+                    inner.send(frame, _SNDMORE if inward else 0, copy=False)
             now = time.monotonic()
             if now >= next_beat:
                 if not stop_sent and self.should_stop():

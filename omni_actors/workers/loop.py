@@ -23,7 +23,7 @@ from typing import Any
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
-from omni_actors.bus.codec import PayloadCodec, leases_of
+from omni_actors.bus.codec import PayloadCodec, leases_of, to_wire
 from omni_actors.config.pipeline import StageSpec, resolve
 from omni_actors.models.processors import concat_upstream, pass_chunk
 from omni_actors.workers.engine import EngineOutput, StageEngine
@@ -122,10 +122,9 @@ class WorkerLoop:
 
     def _heartbeat(self) -> m.Heartbeat:
         """This worker's state now; called on the I/O thread too, so it only reads attributes."""
-        arena = self.codec.arena
         started = self.step_started
         return m.Heartbeat(
-            busy=len(self.requests), leased=arena.leased if arena else 0, steps=self.steps,
+            busy=len(self.requests), leased=self.codec.leased, steps=self.steps,
             step_s=0.0 if started is None else time.monotonic() - started,
         )
 
@@ -145,15 +144,14 @@ class WorkerLoop:
         good: list[m.Message] = []
         for msg in out:
             try:
-                m.encode(msg)
+                m.encode(to_wire([msg])[0][0])  # (large arrays leave as frames: not copied to check)
             except (TypeError, ValueError, OverflowError) as err:
                 log.warning("worker.unsendable", type=type(msg).__name__, error=repr(err))
                 if isinstance(msg, m.StageOutput):
                     rid = msg.request_id
                     if self.requests.pop(rid, None) is not None:
                         self.engine.abort(rid)
-                    if self.codec.arena is not None:
-                        self.codec.arena.free([ref.lease for ref in leases_of(msg.payload)])
+                    self.codec.free([ref.lease for ref in leases_of(msg.payload)])
                     good.append(m.StageOutput(rid, self.stage.stage_id, m.Payload(), True,
                                               f"its output could not be sent: {_describe(err)}"))
                 continue
@@ -174,8 +172,7 @@ class WorkerLoop:
                         self.engine.abort(rid)
                 self._out.append(self._heartbeat())
             case m.FreeLeases(leases=leases):
-                if self.codec.arena is not None:
-                    self.codec.arena.free(leases)
+                self.codec.free(leases)
             case m.Shutdown():
                 self.stopping = True
             case _:

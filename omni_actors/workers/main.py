@@ -19,6 +19,7 @@ from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec
 from omni_actors.bus.shm import Arena, SegmentCache
+from omni_actors.bus.sockets import read_curve_keys
 from omni_actors.config.pipeline import resolve
 from omni_actors.settings import SETTINGS
 from omni_actors.workers.engine import EngineContext, StageEngine
@@ -100,9 +101,13 @@ def main(argv: list[str]) -> int:
     logs.configure(component=spec.identity)
     log = logs.get(__name__)
     # The I/O thread starts first: it heartbeats while the engine loads, and through every step.
+    keys = read_curve_keys() if spec.curve else None
     sock = WorkerIO(spec.endpoint, spec.identity.encode(), spec.heartbeat_interval_s,
-                    should_stop=lambda: _should_stop(parent))
-    arena = Arena(spec.shm_prefix, int(spec.deploy.shm_budget_mb * 2**20), SETTINGS.shm_idle_s)
+                    should_stop=lambda: _should_stop(parent), keys=keys)
+    arena = (
+        Arena(spec.shm_prefix, int(spec.deploy.shm_budget_mb * 2**20), SETTINGS.shm_idle_s)
+        if spec.arrays == "shm" else None
+    )
     segments = SegmentCache(SETTINGS.shm_idle_s)
     engine: StageEngine | None = None
     try:
@@ -114,8 +119,8 @@ def main(argv: list[str]) -> int:
             log.error("worker.start_failed", error=repr(err))
             sock.send([m.StartFailed(spec.stage.stage_id, spec.replica, f"{type(err).__name__}: {err}")])
             return 1
-        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid())])
-        codec = PayloadCodec(spec.identity, arena, segments)
+        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays})])
+        codec = PayloadCodec(spec.identity, arena, segments, cuda_ipc=spec.cuda_ipc)
         WorkerLoop(spec.stage, engine, sock, codec).run()
         return 0
     finally:
@@ -128,7 +133,8 @@ def main(argv: list[str]) -> int:
             except Exception as err:
                 log.warning("worker.close_failed", error=repr(err))
         segments.close()
-        arena.close()
+        if arena is not None:
+            arena.close()
         sock.close()
 
 
