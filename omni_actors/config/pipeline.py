@@ -122,6 +122,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.diffusion",
     "omni_actors.models.llm",
     "omni_actors.models.csm",
+    "omni_actors.models.qwen3_asr",
 )
 
 

@@ -18,6 +18,7 @@ _BUILDERS: dict[str, str] = {
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
     "csm": "omni_actors.models.tiny.csm:make_tiny_csm",
     "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
+    "qwen3_asr": "omni_actors.models.tiny.qwen3_asr:make_tiny_qwen3_asr",
 }
 
 
