@@ -42,6 +42,9 @@ SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
 
 
 class CsmBackboneAdapter(ARAdapter):
+    batch_prefill = True
+    """Prompts are plain embeddings (reference clips included): new requests share one prefill."""
+
     def load(self) -> torch.nn.Module:
         from transformers import AutoTokenizer, CsmForConditionalGeneration
 
