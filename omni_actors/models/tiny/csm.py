@@ -95,6 +95,9 @@ CSM_1B = {
     "codec_filters": 64, "codec_layers": 8, "codec_heads": 8, "rope_original": 8192, "depth_rope_original": 16,
 }  # fmt: skip
 """sesame/csm-1b's sizes (config.json of the public checkpoint)."""
+CSM_1B_MAX_FRAMES = 125
+"""max_new_tokens of the CSM-1B-sized folder: random weights rarely say "end", so each request
+makes 10 s of audio, a benchmark's fixed length."""
 
 
 def _write(out_dir: str | Path, seed: int, sizes: dict[str, Any], max_frames: int, std: float) -> Path:
@@ -159,7 +162,7 @@ def make_tiny_csm(out_dir: str | Path, seed: int = 0) -> Path:
 
 def make_csm_1b_sized(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a random-weight checkpoint of CSM-1B's real sizes (benchmarks on a GPU)."""
-    return _write(out_dir, seed, CSM_1B, 1024, 0.0)
+    return _write(out_dir, seed, CSM_1B, CSM_1B_MAX_FRAMES, 0.0)
 
 
 if __name__ == "__main__":
