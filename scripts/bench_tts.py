@@ -69,6 +69,8 @@ async def _one(orch: Orchestrator, seed: int, frames: int | None) -> dict[str, f
 
 
 def _summary(rows: list[dict[str, float]], wall: float) -> dict[str, Any]:
+    if not rows:
+        return {"requests": 0}
     first = [r["first_s"] for r in rows]
     return {
         "requests": len(rows), "first_audio_p50_s": _pct(first, 50), "first_audio_p95_s": _pct(first, 95),
