@@ -11,7 +11,9 @@ requests/s for `--rate-seconds`.
 
     .venv/bin/python scripts/bench_tts.py                          tiny csm on CPU (built in a temp dir)
     .venv/bin/python scripts/bench_tts.py --model DIR --device cuda --rate 10
-    omni-run make-tiny csm-1b-sized DIR                            CSM-1B sizes, random weights (GPU)
+    omni-run make-tiny csm-1b-sized DIR                            CSM-1B sizes, random weights (GPU;
+                                                                   its generation_config caps a request
+                                                                   at 125 frames, 10 s of audio)
 
 Prints one JSON line.
 """
@@ -67,6 +69,8 @@ async def _one(orch: Orchestrator, seed: int, frames: int | None) -> dict[str, f
 
 
 def _summary(rows: list[dict[str, float]], wall: float) -> dict[str, Any]:
+    if not rows:
+        return {"requests": 0}
     first = [r["first_s"] for r in rows]
     return {
         "requests": len(rows), "first_audio_p50_s": _pct(first, 50), "first_audio_p95_s": _pct(first, 95),
@@ -97,8 +101,11 @@ async def _open(orch: Orchestrator, rate: float, seconds: float, frames: int | N
         tasks.append(asyncio.ensure_future(_one(orch, n, frames)))
         n += 1
         await asyncio.sleep(rng.expovariate(rate))  # the arrival process itself, not a wait on work
-    rows = await asyncio.gather(*tasks)
-    return {"rate_per_s": rate, **_summary(list(rows), time.perf_counter() - t0)}
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    rows = [r for r in done if isinstance(r, dict)]
+    failed = sorted({type(r).__name__ for r in done if not isinstance(r, dict)})
+    return {"rate_per_s": rate, "failed": len(done) - len(rows), "failures": failed,
+            **_summary(rows, time.perf_counter() - t0)}
 
 
 async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace) -> dict[str, Any]:

@@ -12,8 +12,8 @@ Server events: session.created, session.updated, speech.audio.delta {"audio": ba
 `response_format` bytes}, speech.audio.done {"usage"}, error {"error": {...}} (the session
 lives on).
 
-The buffered text is cut at clause boundaries (CLAUSE_END followed by white space, or a
-newline; a clause grows to at most MAX_CLAUSE_CHARS) and each clause is one pipeline
+The buffered text is cut at clause boundaries (CLAUSE; a clause grows to at most
+MAX_CLAUSE_CHARS) and each clause is one pipeline
 request, started as soon as its boundary arrives, long before input_text.done; up to
 MAX_AHEAD clauses run at once and their audio is sent strictly in text order, through
 one encoder per utterance (one wav header, one mp3 stream). After speech.audio.done the
@@ -39,7 +39,8 @@ from omni_actors.api.speech_inputs import speech_call
 from omni_actors.errors import RequestError
 
 ROUTE = "/v1/audio/speech/stream"
-CLAUSE = re.compile(r"[.!?;:,\u3002\uff01\uff1f\uff0c](?=\s)|\n")
+CLAUSE = re.compile(r"[.!?;:,](?=\s)|[\u3002\uff01\uff1f\uff0c\uff1b]|\n")
+"""A clause ends at Latin punctuation followed by white space, at CJK punctuation, or at a newline."""
 MAX_CLAUSE_CHARS = 240
 MAX_AHEAD = 2
 """Clauses synthesized at once (the next one starts while the current one is sent)."""

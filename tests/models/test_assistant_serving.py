@@ -216,6 +216,9 @@ async def test_speech_speed_voices_and_aac_on_the_piper_voice(srv: Server) -> No
     with pytest.raises(openai.BadRequestError) as bad:
         await sdk.audio.speech.create(model="assistant", voice="nobody", input="hi")
     assert bad.value.body["param"] == "voice" and "joe" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as bad:  # Piper cannot clone a custom voice
+        await sdk.audio.speech.create(model="assistant", voice={"id": "voice_abc"}, input="hi")
+    assert bad.value.body["code"] == "unsupported_voice"
     aac = (await sdk.audio.speech.create(model="assistant", voice="alloy", input="hi", response_format="aac")).content
     import av
 

@@ -246,3 +246,16 @@ async def test_text_in_socket_speaks_before_done_in_order(srv: Server) -> None:
         a, b = (np.frombuffer(x, "<i2").astype(np.int32) for x in (pcm, pcm2))
         assert np.abs(a - b).max() <= 4
     await eventually(lambda: idle(srv.orch), timeout_s=10)
+
+
+async def test_text_in_socket_closed_mid_text_leaves_nothing_running(srv: Server) -> None:
+    async with aiohttp.ClientSession(headers=srv.headers) as s:
+        ws = await s.ws_connect(srv.url.replace("http", "ws") + "/v1/audio/speech/stream")
+        assert (await ws.receive_json())["type"] == "session.created"
+        await ws.send_json({"type": "input_text.append", "text": "One, two, three, four, five, six. Seven"})
+        assert (await ws.receive_json())["type"] == "speech.audio.delta"
+        await ws.close()
+    await eventually(lambda: idle(srv.orch), timeout_s=10)
+    # the server is fine afterwards
+    audio, rate = await _wav(srv, voice="0", extra_body={"seed": 1})
+    assert rate == RATE and audio.size

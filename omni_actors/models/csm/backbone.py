@@ -7,7 +7,7 @@ and an end-of-audio frame (all codebooks `codebook_eos_token_id`); then the
 segment to speak. Each engine step the backbone's logits give codebook 0 of the
 next frame; the depth decoder (a small decoder over 32 positions: the backbone
 state, then codebook k at position k + 1) draws codebooks 1..31, batched over all
-requests of the step. The next backbone input is the frame's embedding. A frame
+requests of the step (depth.py: fixed-shape passes, a CUDA graph on CUDA). The next backbone input is the frame's embedding. A frame
 whose codebooks (but the last) are all the end code ends the request and is not
 emitted.
 
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from omni_actors.models.csm import VOICES
+from omni_actors.models.csm.depth import DepthRunner
 from omni_actors.workers.engines.hf_ar_adapter import (
     DTYPES,
     ARAdapter,
@@ -34,7 +35,6 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     StepInputs,
     check_checkpoint,
 )
-from omni_actors.workers.engines.hf_ar_sampling import pick
 
 DEFAULT_MAX_FRAMES = 1024
 """Frames (12.5 a second) a request may generate when generation_config sets no max_new_tokens."""
@@ -42,6 +42,9 @@ SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
 
 
 class CsmBackboneAdapter(ARAdapter):
+    batch_prefill = True
+    """Prompts are plain embeddings (reference clips included): new requests share one prefill."""
+
     def load(self) -> torch.nn.Module:
         from transformers import AutoTokenizer, CsmForConditionalGeneration
 
@@ -68,6 +71,7 @@ class CsmBackboneAdapter(ARAdapter):
         self.depth_defaults = {
             "temperature": depth.temperature if depth.do_sample else 0.0, "top_k": depth.top_k,
         }  # fmt: skip
+        self.depth = DepthRunner(self.model, self.ctx, self.codes)
         return self.model
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -128,39 +132,19 @@ class CsmBackboneAdapter(ARAdapter):
     # ---- depth decoder -----------------------------------------------------------
 
     def on_tokens(self, seqs, tokens, out, prefill):
-        codes = self._depth(seqs, tokens, out.hidden)
+        params = [{**self.depth_defaults, **_depth_params(s.params)} for s in seqs]
+        first = torch.tensor(tokens, device=out.hidden.device)
+        codes = self.depth.run(out.hidden, first, params, [s.generator for s in seqs])
         frames = self._frames(codes).to(self.model.dtype)
+        host = codes.cpu().numpy().astype(np.int64)
         results = []
         for i, seq in enumerate(seqs):
-            row = codes[i]
-            if bool((row[:-1] == self.eos_code).all()):
+            if (host[i, :-1] == self.eos_code).all():
                 results.append(({}, True))
                 continue
             seq.data["frame"] = frames[i]
-            results.append(({"codes": row[None].cpu().numpy().astype(np.int64)}, False))
+            results.append(({"codes": host[i : i + 1]}, False))
         return results
-
-    def _depth(self, seqs: list[ARSeq], first: list[int], hidden: torch.Tensor) -> torch.Tensor:
-        """Codebooks 1..groups-1 of each row's frame: [batch, groups] codes."""
-        from transformers import DynamicCache
-
-        depth = self.model.depth_decoder
-        dev = hidden.device
-        params = [{**self.depth_defaults, **_depth_params(s.params)} for s in seqs]
-        gens = [s.generator for s in seqs]
-        code = torch.tensor(first, device=dev)
-        codes = [code]
-        cache = DynamicCache()
-        ids = torch.stack([torch.zeros_like(code), code], dim=1)
-        kw: dict[str, Any] = {"backbone_last_hidden_state": hidden}
-        for _ in range(self.groups - 1):
-            logits = depth(
-                input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **kw
-            ).logits[:, -1].float()
-            code = pick(_codes_only(logits, self.codes), params, gens)
-            codes.append(code)
-            ids, kw = code[:, None], {}
-        return torch.stack(codes, dim=1)
 
 
 def _depth_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -86,15 +86,18 @@ TINY = {
     "hidden": 64, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 128,
     "depth_hidden": 32, "depth_layers": 1, "depth_heads": 2, "depth_intermediate": 64,
     "codebooks": 4, "codebook_size": 64, "codec_dim": 16, "codec_hidden": 32,
-    "codec_filters": 4, "codec_layers": 1, "codec_heads": 2,
+    "codec_filters": 4, "codec_layers": 1, "codec_heads": 2, "rope_original": 1024, "depth_rope_original": 4,
 }  # fmt: skip
 CSM_1B = {
     "hidden": 2048, "layers": 16, "heads": 32, "kv_heads": 8, "intermediate": 8192,
     "depth_hidden": 1024, "depth_layers": 4, "depth_heads": 8, "depth_intermediate": 8192,
     "codebooks": 32, "codebook_size": 2048, "codec_dim": 256, "codec_hidden": 512,
-    "codec_filters": 64, "codec_layers": 8, "codec_heads": 8,
+    "codec_filters": 64, "codec_layers": 8, "codec_heads": 8, "rope_original": 8192, "depth_rope_original": 16,
 }  # fmt: skip
 """sesame/csm-1b's sizes (config.json of the public checkpoint)."""
+CSM_1B_MAX_FRAMES = 125
+"""max_new_tokens of the CSM-1B-sized folder: random weights rarely say "end", so each request
+makes 10 s of audio, a benchmark's fixed length."""
 
 
 def _write(out_dir: str | Path, seed: int, sizes: dict[str, Any], max_frames: int, std: float) -> Path:
@@ -118,7 +121,7 @@ def _write(out_dir: str | Path, seed: int, sizes: dict[str, Any], max_frames: in
         codebook_eos_token_id=0, tie_codebooks_embeddings=True,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
                          "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192},
+                         "original_max_position_embeddings": s["rope_original"]},
         depth_decoder_config={
             "num_codebooks": s["codebooks"], "backbone_hidden_size": s["hidden"], "vocab_size": vocab,
             "hidden_size": s["depth_hidden"], "intermediate_size": s["depth_intermediate"],
@@ -126,7 +129,7 @@ def _write(out_dir: str | Path, seed: int, sizes: dict[str, Any], max_frames: in
             "num_key_value_heads": max(1, s["depth_heads"] // 4), "max_position_embeddings": s["codebooks"] + 1,
             "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
                                 "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                                "original_max_position_embeddings": 16},
+                                "original_max_position_embeddings": s["depth_rope_original"]},
         },
         codec_config=_codec(s),
         dtype="float32",
@@ -159,7 +162,7 @@ def make_tiny_csm(out_dir: str | Path, seed: int = 0) -> Path:
 
 def make_csm_1b_sized(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a random-weight checkpoint of CSM-1B's real sizes (benchmarks on a GPU)."""
-    return _write(out_dir, seed, CSM_1B, 1024, 0.0)
+    return _write(out_dir, seed, CSM_1B, CSM_1B_MAX_FRAMES, 0.0)
 
 
 if __name__ == "__main__":
