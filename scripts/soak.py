@@ -10,8 +10,9 @@ Every `--interval-s` it prints (stderr) p50/p99 per workload, errors, the RSS
 and open fds of the server process and of each of its children (the workers),
 and the server's shared-memory segments (/dev/shm/omni-<pid>-*). At the end it
 fits slopes (per minute) and prints one JSON line (stdout). The baseline is
-the same run's first interval after the warm-up one: `p99_drift_pct` compares
-the last interval's p99 with it (slopes also leave the warm-up interval out).
+the same run's first interval: `p99_drift_pct` compares the last interval's p99
+with it. Before the measured minutes the rate ramps up over `--warmup-s`
+(first requests, lazy imports, a backlog of arrivals), which is not measured.
 
     .venv/bin/python scripts/soak.py --minutes 5 --rate 20            # starts omni-run (synthetic)
     .venv/bin/python scripts/soak.py --url http://host:8000 --pid 1234 --minutes 30 --rate 400
@@ -57,6 +58,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=20.0, help="requests per second, all workloads")
     ap.add_argument("--mix", default="chat=0.6,speech=0.3,realtime=0.1")
     ap.add_argument("--interval-s", type=float, default=30.0)
+    ap.add_argument("--warmup-s", type=float, default=60.0,
+                    help="the rate ramps up over this long first; it is not measured")
     ap.add_argument("--tokens", type=int, default=16, help="text chunks per request (0.1 s of audio each)")
     ap.add_argument("--step-ms", type=float, default=2.0, help="synthetic compute per engine step")
     ap.add_argument("--url", default=None, help="an already running server (else omni-run is started)")
@@ -103,6 +106,10 @@ async def speech(session: aiohttp.ClientSession, url: str, args: argparse.Namesp
             raise RuntimeError("speech: no audio")
 
 
+class Busy(Exception):
+    """The realtime session is still answering the previous turn: this arrival is skipped."""
+
+
 class Realtime:
     """One session for the whole run; `turn()` is one text turn answered with audio."""
 
@@ -127,7 +134,10 @@ class Realtime:
                 return event
 
     async def turn(self) -> None:
-        """An out-of-band response (`conversation: none`): the session's context does not grow."""
+        """An out-of-band response (`conversation: none`): the session's context does not grow.
+        Raises Busy while the previous turn runs (a session answers one response at a time)."""
+        if self.lock.locked():
+            raise Busy
         async with self.lock:
             assert self.ws is not None
             await self.ws.send_json({"type": "response.create", "response": {"conversation": "none", "input": [
@@ -182,7 +192,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace, headers: dic
     names, weights = list(mix), list(mix.values())
     lat: dict[str, list[float]] = defaultdict(list)
     errors: dict[str, int] = defaultdict(int)
-    counts = {"sent": 0, "shed": 0}
+    counts = {"sent": 0, "shed": 0, "realtime_busy": 0, "warmup_errors": 0}
     in_flight: set[asyncio.Task] = set()
     conn = aiohttp.TCPConnector(limit=MAX_IN_FLIGHT)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -198,19 +208,28 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace, headers: dic
             try:
                 await work[kind]()
                 lat[kind].append(time.perf_counter() - t0)
+            except Busy:
+                counts["realtime_busy"] += 1
             except Exception as err:  # counted, and the soak goes on
                 errors[f"{kind}: {type(err).__name__}: {err}"[:120]] += 1
 
-        start = time.perf_counter()
+        warm_start = time.perf_counter()
+        start = warm_start + args.warmup_s
         end = start + args.minutes * 60
         next_report = start + args.interval_s
         rng = random.Random(0)
+        measuring = False
         while (now := time.perf_counter()) < end:
+            if not measuring and now >= start:  # warm-up over: measure from here
+                counts["warmup_errors"] = sum(errors.values())
+                lat, errors = defaultdict(list), defaultdict(int)
+                measuring = True
             if now >= next_report:
                 intervals.append(report(len(intervals), (now - start) / 60, lat, errors, counts, pid))
                 lat, errors = defaultdict(list), defaultdict(int)
                 next_report += args.interval_s
-            await asyncio.sleep(min(rng.expovariate(args.rate), max(0.0, next_report - now)))
+            rate = args.rate * min(1.0, max(0.05, (now - warm_start) / args.warmup_s if args.warmup_s else 1.0))
+            await asyncio.sleep(min(rng.expovariate(rate), max(0.0, next_report - now)))
             if len(in_flight) >= MAX_IN_FLIGHT:
                 counts["shed"] += 1
                 continue
@@ -235,9 +254,7 @@ def report(i: int, t_min: float, lat: dict[str, list[float]], errors: dict[str, 
     return row
 
 
-def summarize(everything: list[dict[str, Any]], counts: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
-    # The first interval holds the warm-up (first requests, lazy imports): baseline and slopes start after it.
-    intervals = everything[1:] if len(everything) > 3 else everything
+def summarize(intervals: list[dict[str, Any]], counts: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
     t = [r["t_min"] for r in intervals]
     slopes: dict[str, Any] = {}
     names = {n for r in intervals for n in r.get("procs", {})}
@@ -251,8 +268,9 @@ def summarize(everything: list[dict[str, Any]], counts: dict[str, int], args: ar
     base = p99[0] if p99 else None
     return {
         "bench": "soak", "minutes": args.minutes, "rate": args.rate, "mix": args.mix, "tokens": args.tokens,
-        "step_ms": args.step_ms, "sent": counts["sent"], "shed": counts["shed"],
-        "errors": sum(sum(r["errors"].values()) for r in everything), "intervals": len(everything),
+        "step_ms": args.step_ms, "warmup_s": args.warmup_s, "sent": counts["sent"], "shed": counts["shed"],
+        "realtime_busy": counts["realtime_busy"], "warmup_errors": counts["warmup_errors"],
+        "errors": sum(sum(r["errors"].values()) for r in intervals), "intervals": len(intervals),
         "p99_ms_baseline": base, "p99_ms_last": p99[-1] if p99 else None,
         "p99_drift_pct": round((p99[-1] - base) / base * 100, 1) if base else None,
         "shm_segments_first": shm[0] if shm else None, "shm_segments_last": shm[-1] if shm else None,

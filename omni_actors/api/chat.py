@@ -31,7 +31,7 @@ import base64
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -288,7 +288,7 @@ async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, mod
     # An error before the first output keeps its HTTP status.
     await asyncio.gather(*(call.started() for call in calls))
 
-    async def events() -> AsyncIterator[ChatCompletionChunk]:
+    async def events() -> AsyncGenerator[ChatCompletionChunk, None]:
         for c in choices:
             yield event(ChunkChoice(c.index, Delta(role="assistant", content="")))
         async for index, chunk in _merged(calls):

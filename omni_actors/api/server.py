@@ -20,6 +20,9 @@ adds what aiohttp lacks:
   fails, and the route's PipelineCall aborts the request in every stage. This
   covers SSE, chunked audio and WebSockets alike.
 
+At start the process's soft open-files limit is raised (up to the hard limit)
+to fit the cap plus FD_RESERVE, so the cap is reached before the file limit.
+
 The header timeout is aiohttp's own keep-alive timer, armed when a connection
 opens and after each response (`keepalive_timeout=server.header_timeout_s`): a
 connection still without a complete request head when it fires is closed.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 from dataclasses import dataclass
 from typing import cast
 
@@ -42,6 +46,9 @@ log = logs.get(__name__)
 
 SHUTDOWN_TIMEOUT_S = 5.0
 """Longest wait at close for handlers still running."""
+FD_RESERVE = 512
+"""File descriptors the main process needs besides client connections (the bus, shared-memory
+segments, logs, the data directory); the cap on connections is useless if they cannot fit."""
 
 _FULL_BODY = json.dumps({"error": {
     "message": "too many open connections: every connection is serving a request (server.max_connections)",
@@ -198,8 +205,22 @@ class ApiServer:
         await self.runner.cleanup()
 
 
+def ensure_fd_room(max_connections: int) -> int:
+    """Raise this process's soft open-files limit to fit `max_connections` plus FD_RESERVE (up to
+    the hard limit); returns the limit now in force. Warns when even that is too small."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning("http.fd_limit_low", limit=soft, max_connections=max_connections, reserve=FD_RESERVE)
+    return soft
+
+
 async def start_server(app: web.Application, host: str, port: int, cfg: ServerConfig) -> ApiServer:
     """Listen on host:port (0: a free port); raises OSError when it cannot bind (nothing left open)."""
+    ensure_fd_room(cfg.max_connections)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                            keepalive_timeout=cfg.header_timeout_s)
     await runner.setup()

@@ -28,7 +28,8 @@ the stream ends without `[DONE]`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -43,10 +44,10 @@ SSE_PENDING_BYTES = 256 * 1024
 _encoder = msgspec.json.Encoder()
 
 
-async def respond(request: web.Request, events: AsyncIterator[Any], *, done: bool = True) -> web.StreamResponse:
+async def respond(request: web.Request, events: AsyncGenerator[Any, None], *, done: bool = True) -> web.StreamResponse:
     """Send each event of `events` as it comes, then `[DONE]` (or nothing more: `done=False`).
     A RequestError out of `events` ends the stream with an in-band error event."""
-    async with SSEWriter(request) as sse:
+    async with SSEWriter(request) as sse, contextlib.aclosing(events):  # (closed at once on any exit)
         try:
             async for event in events:
                 await sse.send(event)

@@ -10,12 +10,15 @@ worker slots freed), and must close the connection after
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import socket
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from omni_actors.api.realtime import SESSIONS_KEY
 from tests.api.conftest import API_KEY, Server, eventually, idle, serve
 
 STALL_WAIT_S = 60.0
@@ -101,3 +104,50 @@ async def test_client_that_stops_reading_is_cut_off_after_the_write_timeout() ->
 async def _metrics(srv: Server) -> str:
     async with aiohttp.ClientSession() as session, session.get(srv.url + "/metrics") as resp:
         return await resp.text()
+
+
+def _ws_frame(payload: bytes) -> bytes:
+    """One masked text frame, as a client sends it (RFC 6455)."""
+    n = len(payload)
+    head = bytes([0x81, 0x80 | n]) if n < 126 else bytes([0x81, 0x80 | 126]) + n.to_bytes(2, "big")
+    mask = os.urandom(4)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def _stalled_realtime(srv: Server, chunks: int) -> socket.socket:
+    """Open /v1/realtime on a raw socket, ask for a long audio response, then never read again."""
+    url = urlsplit(srv.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((url.hostname, url.port))
+    sock.sendall(b"GET /v1/realtime?model=synthetic HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                 b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                 b"Sec-WebSocket-Key: " + base64.b64encode(os.urandom(16)) + b"\r\n"
+                 b"Authorization: Bearer " + API_KEY.encode() + b"\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    event = {"type": "response.create", "response": {
+        "conversation": "none", "modalities": ["text", "audio"], "max_output_tokens": chunks,
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "talk"}]}]}}
+    sock.sendall(_ws_frame(json.dumps(event).encode()))
+    return sock
+
+
+async def test_realtime_client_that_stops_reading_is_cut_off_and_its_response_aborted() -> None:
+    stages = [{"stage_id": 0, "engine_extras": {"step_delay_ms": 5}}, *STAGES[1:]]
+    async with serve("synthetic", stages=stages,
+                     server={"stream_buffer_mb": 256, "write_timeout_s": 1.0}) as srv:
+        assert srv.http is not None
+        # (in a thread: the handshake waits for this process's own server)
+        sock = await asyncio.to_thread(_stalled_realtime, srv, 3000)  # 15 s of steps at least
+        try:
+            await eventually(lambda: srv.http.gate.write_timeouts == 1, STALL_WAIT_S)
+            sessions = srv.http.runner.app[SESSIONS_KEY]
+            await eventually(lambda: not sessions and idle(srv.orch), STALL_WAIT_S)
+            stats = srv.orch.statistics()
+            assert stats.requests_aborted == 1 and stats.stream_overflows == 0
+            assert await _health(srv) == 200
+        finally:
+            sock.close()

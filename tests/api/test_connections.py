@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import socket
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from omni_actors.api.server import FD_RESERVE, ensure_fd_room
 from tests.api.conftest import Server, eventually, serve
 
 CAP = 8
@@ -89,3 +91,13 @@ async def test_over_the_cap_with_every_connection_busy_is_answered_503() -> None
             for task in busy:
                 task.cancel()
             await asyncio.gather(*busy, return_exceptions=True)
+
+
+def test_open_files_limit_fits_the_connection_cap() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        assert ensure_fd_room(1024) == min(1024 + FD_RESERVE, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == min(1024 + FD_RESERVE, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

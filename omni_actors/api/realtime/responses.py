@@ -24,7 +24,7 @@ from aiohttp import web
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
-from omni_actors.api.errors import ApiError, error_type
+from omni_actors.api.errors import ApiError, from_exception
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import FORMATS, Resampler, encode_wire, wire_rate
 from omni_actors.api.realtime.session import (
@@ -171,10 +171,9 @@ def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
              "remaining": max(0, entry.queue_limit - entry.in_flight), "reset_seconds": 0.0}]
 
 
-def failed(code: str, message: str, err: BaseException | None = None) -> dict[str, Any]:
-    """status_details of a failed response; typed as REST would answer `err` (a stage refusing the
-    request's values is the client's invalid_request_error, not a server_error)."""
-    kind = error_type(err) if err is not None else "server_error"
+def failed(code: str, message: str, kind: str = "server_error") -> dict[str, Any]:
+    """status_details of a failed response; `kind` is the OpenAI error type (the REST routes' for
+    the same error: a request a stage refused is the client's `invalid_request_error`)."""
     return {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
 
 
@@ -275,7 +274,7 @@ class ResponseRun:
                     PipelineCall(h.app, ROUTE, turn.inputs, turn.params, set(turn.wanted)))
             except (AdmissionError, StageUnavailable, ApiError, ValueError) as err:
                 code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
-                return await self._finish("failed", failed(code, str(err), err))
+                return await self._finish("failed", failed(code, str(err), from_exception(err).type))
             assert call.stream is not None
             self.stream = call.stream
             self._submitted_at = time.perf_counter()
@@ -288,7 +287,8 @@ class ResponseRun:
         if self.cancel_reason:
             return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
         if error is not None:
-            return await self._finish("failed", failed(type(error).__name__, str(error), error))
+            return await self._finish("failed", failed(type(error).__name__, str(error),
+                                                       from_exception(error).type))
         limit = self.opts.max_output_tokens
         if limit is not None and self.usage.output_text >= limit:
             return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 
 from tests.api.conftest import eventually, idle
-from tests.api.realtime.conftest import STAGES, connect, serve_rt
+from tests.api.realtime.conftest import STAGES, RtServer, connect, serve_rt
 
 DEADLINE_S = 2.0
 LONG_TOKENS = 1000
@@ -34,4 +34,15 @@ async def test_realtime_response_has_the_rest_deadline_and_metrics() -> None:
             metrics = await resp.text()
         assert 'omni_time_to_first_token_seconds_count{route="/v1/realtime"} 2.0' in metrics
         assert 'omni_request_duration_seconds_count{route="/v1/realtime"} 1.0' in metrics
+        await c.ws.close()
+
+
+async def test_a_request_the_stage_refuses_is_the_clients_error(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("response.create", response=_text_response(10**9))  # past the stage's limit
+        done = (await c.until("response.done", timeout_s=60))[-1]["response"]
+        assert done["status"] == "failed"
+        assert done["status_details"]["error"]["type"] == "invalid_request_error"
+        assert done["status_details"]["error"]["code"] == "RequestRejected"
         await c.ws.close()
