@@ -155,11 +155,6 @@ def from_exception(exc: BaseException) -> ApiError:
     return ApiError(500, "internal server error", None, "internal_error")
 
 
-def error_type(exc: BaseException) -> str:
-    """The OpenAI error `type` REST answers for `exc`, for channels without an HTTP status (realtime)."""
-    return from_exception(exc).type
-
-
 def _from_http(exc: web.HTTPException) -> ApiError:
     match exc.status:
         case 404:
