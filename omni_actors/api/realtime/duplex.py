@@ -191,7 +191,7 @@ class DuplexSession(RealtimeSession):
             live["audio_ms"] += len(x) * 1000 // wire_rate(fmt)
             await self.send(ev.AudioDelta(response_id=live["id"], item_id=live["item"].id,
                                           delta=encode_wire(x, fmt)))
-        if text:
+        if text and self.live is live:  # (a cancel may have closed it while the audio was sent)
             live["transcript"] += text
             await self.send(ev.TranscriptDelta(response_id=live["id"], item_id=live["item"].id, delta=text))
 
