@@ -7,6 +7,7 @@
     omni_duplex_late_frames_total             frames skipped because a step overran its deadline
     omni_duplex_frame_ms{quantile}            recent engine step compute time, p50 / p99
     omni_duplex_start_lag_ms{quantile}        recent step start past its tick, p50 / p99
+    omni_duplex_input_to_output_ms{quantile}  recent user frames: last sample in to the engine's output, p50 / p99
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class DuplexStatistics:
     frame_ms_p99: float
     start_lag_ms_p50: float
     start_lag_ms_p99: float
+    input_to_output_ms_p50: float
+    input_to_output_ms_p99: float
 
 
 def _pct(values: deque[float], q: float) -> float:
@@ -51,18 +54,22 @@ class DuplexStats:
     dropped_input_s: float = 0.0
     frame_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
     start_lag_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
+    input_to_output_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
 
-    def frame(self, frame_ms: float, start_lag_ms: float, late: int) -> None:
+    def frame(self, frame_ms: float, start_lag_ms: float, late: int, input_to_output_ms: float | None) -> None:
         self.frames += 1
         self.late_frames += late
         self.frame_ms.append(frame_ms)
         self.start_lag_ms.append(start_lag_ms)
+        if input_to_output_ms is not None:
+            self.input_to_output_ms.append(input_to_output_ms)
 
     def statistics(self) -> DuplexStatistics:
         return DuplexStatistics(
             self.sessions_live, self.sessions_total, self.sessions_rejected, self.session_limit, self.frames,
             self.late_frames, self.dropped_input_s, _pct(self.frame_ms, 50), _pct(self.frame_ms, 99),
             _pct(self.start_lag_ms, 50), _pct(self.start_lag_ms, 99),
+            _pct(self.input_to_output_ms, 50), _pct(self.input_to_output_ms, 99),
         )
 
 
@@ -92,4 +99,8 @@ class DuplexCollector:
                                 labels=["quantile"])
         lag.add_metric(["0.5"], s.start_lag_ms_p50)
         lag.add_metric(["0.99"], s.start_lag_ms_p99)
-        return [live, limit, rejected, frames, late, frame_ms, lag]
+        io = GaugeMetricFamily("omni_duplex_input_to_output_ms",
+                               "Recent user frames: last sample in to the engine's output (ms)", labels=["quantile"])
+        io.add_metric(["0.5"], s.input_to_output_ms_p50)
+        io.add_metric(["0.99"], s.input_to_output_ms_p99)
+        return [live, limit, rejected, frames, late, frame_ms, lag, io]

@@ -11,8 +11,9 @@ clock: ticks every frame (80 ms for Moshi) while any session is live, and each
   the buffer keeps at most MAX_INPUT_S of audio, dropping the oldest;
 - a step that ends after the next tick is late: the ticks it overran are skipped,
   not made up (no frame is queued behind another), and each output says how many
-  (`late`), with the step's compute time (`frame_ms`) and how far past its tick
-  it started (`start_lag_ms`);
+  (`late`), with the step's compute time (`frame_ms`), how far past its tick it
+  started (`start_lag_ms`) and, for a frame of the user's audio, the time from its
+  last sample's arrival to this output (`input_to_output_ms`);
 - each session gets one output per step: the model's frame of audio (float32
   at `sample_rate`) and its text piece.
 
@@ -28,6 +29,7 @@ import abc
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +78,18 @@ class _Session:
     frames: int = 0
     dropped: int = 0
     ending: bool = False
+    arrivals: deque[tuple[int, float]] = field(default_factory=deque)
+    """(samples appended so far, when) per append still in the buffer: when a frame's last sample came."""
+    taken: int = 0
+    """Samples taken from the buffer (or dropped) so far."""
+
+    def take(self, n: int) -> float | None:
+        """Take one frame from the buffer; return when its last sample arrived."""
+        self.taken += n
+        self.buffer = self.buffer[n:]
+        while self.arrivals and self.arrivals[0][0] < self.taken:
+            self.arrivals.popleft()
+        return self.arrivals[0][1] if self.arrivals else None
 
 
 class DuplexEngine(StageEngine):
@@ -149,9 +163,12 @@ class DuplexEngine(StageEngine):
         if audio is None or not len(audio):
             return
         buf = np.concatenate([session.buffer, audio])
+        session.arrivals.append((session.taken + len(buf), time.monotonic()))
         if len(buf) > self.max_input:
-            session.dropped += len(buf) - self.max_input
-            buf = buf[-self.max_input:]
+            drop = len(buf) - self.max_input
+            session.dropped += drop
+            session.taken += drop
+            buf = buf[drop:]
         session.buffer = buf
 
     # ---- the frame clock ----
@@ -167,10 +184,11 @@ class DuplexEngine(StageEngine):
         tick = self._next_tick
         n = self.adapter.frame_samples
         frames = self._silence.copy()
+        arrived: dict[int, float | None] = {}
         for session in self.sessions.values():
             if len(session.buffer) >= n:
                 frames[session.slot] = session.buffer[:n]
-                session.buffer = session.buffer[n:]
+                arrived[session.slot] = session.take(n)
         started = time.monotonic()
         outs = self.adapter.step(frames)
         done = time.monotonic()
@@ -186,6 +204,9 @@ class DuplexEngine(StageEngine):
             payload = {"audio": out.audio, "sample_rate": self.adapter.sample_rate, "text": out.text,
                        "frame": session.frames, "frame_ms": frame_ms, "start_lag_ms": lag_ms, "late": missed,
                        "dropped_input": session.dropped}
+            when = arrived.get(session.slot)
+            if when is not None:  # a frame of the user's audio (not silence): its last sample to this output
+                payload["input_to_output_ms"] = (done - when) * 1000
             session.frames += 1
             results.append(EngineOutput(rid, payload, finished=session.ending))
             if session.ending:

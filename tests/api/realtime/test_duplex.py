@@ -94,9 +94,11 @@ async def test_sessions_at_once_equal_each_alone_and_the_next_is_refused(srv: Rt
     assert not np.array_equal(alone[0][0], alone[1][0]), "different input, same output"
     stats = srv.stats().duplex
     assert stats.sessions_rejected >= 1 and stats.frames >= 2 * SLOTS * FRAMES
+    assert stats.input_to_output_ms_p50 > 0  # frames of user audio were timed from arrival to output
     async with aiohttp.ClientSession() as http, http.get(srv.url + "/metrics") as resp:
         text = await resp.text()
-    for name in ("omni_duplex_sessions_live", "omni_duplex_late_frames_total", "omni_duplex_frame_ms"):
+    for name in ("omni_duplex_sessions_live", "omni_duplex_late_frames_total", "omni_duplex_frame_ms",
+                 "omni_duplex_input_to_output_ms"):
         assert name in text
 
 
