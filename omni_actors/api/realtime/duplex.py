@@ -176,7 +176,8 @@ class DuplexSession(RealtimeSession):
     async def _on_frame(self, data: dict[str, Any]) -> None:
         io = data.get("input_to_output_ms")
         self.dstats.frame(float(data.get("frame_ms", 0.0)), float(data.get("start_lag_ms", 0.0)),
-                          int(data.get("late", 0)), None if io is None else float(io))
+                          int(data.get("late", 0)), None if io is None else float(io),
+                          float(data.get("dropped_input_s", 0.0)))
         if self.muted:
             return
         live = self.live or await self._open_live()

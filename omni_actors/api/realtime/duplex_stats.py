@@ -5,6 +5,7 @@
     omni_duplex_session_limit                 the limit (batch slots of the duplex stage)
     omni_duplex_frames_total                  frames delivered to sessions
     omni_duplex_late_frames_total             frames skipped because a step overran its deadline
+    omni_duplex_dropped_input_seconds_total   user audio dropped (skipped with late frames, or past the buffer)
     omni_duplex_frame_ms{quantile}            recent engine step compute time, p50 / p99
     omni_duplex_start_lag_ms{quantile}        recent step start past its tick, p50 / p99
     omni_duplex_input_to_output_ms{quantile}  recent user frames: last sample in to the engine's output, p50 / p99
@@ -56,8 +57,11 @@ class DuplexStats:
     start_lag_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
     input_to_output_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
 
-    def frame(self, frame_ms: float, start_lag_ms: float, late: int, input_to_output_ms: float | None) -> None:
+    def frame(self, frame_ms: float, start_lag_ms: float, late: int, input_to_output_ms: float | None,
+              dropped_input_s: float = 0.0) -> None:
+        """One frame delivered to a session, and the session's input audio dropped since its last frame."""
         self.frames += 1
+        self.dropped_input_s += dropped_input_s
         self.late_frames += late
         self.frame_ms.append(frame_ms)
         self.start_lag_ms.append(start_lag_ms)
@@ -91,6 +95,9 @@ class DuplexCollector:
         frames.add_metric([], s.frames)
         late = CounterMetricFamily("omni_duplex_late_frames", "Frames skipped: a step overran its deadline")
         late.add_metric([], s.late_frames)
+        dropped = CounterMetricFamily("omni_duplex_dropped_input_seconds",
+                                      "User audio dropped: with skipped frames or past the input buffer")
+        dropped.add_metric([], s.dropped_input_s)
         frame_ms = GaugeMetricFamily("omni_duplex_frame_ms", "Recent frame step compute time (ms)",
                                      labels=["quantile"])
         frame_ms.add_metric(["0.5"], s.frame_ms_p50)
@@ -103,4 +110,4 @@ class DuplexCollector:
                                "Recent user frames: last sample in to the engine's output (ms)", labels=["quantile"])
         io.add_metric(["0.5"], s.input_to_output_ms_p50)
         io.add_metric(["0.99"], s.input_to_output_ms_p99)
-        return [live, limit, rejected, frames, late, frame_ms, lag, io]
+        return [live, limit, rejected, frames, late, dropped, frame_ms, lag, io]

@@ -13,6 +13,7 @@ import pytest
 
 from omni_actors.api.realtime.audio import WIRE_RATE
 from omni_actors.models.tiny import make_tiny
+from omni_actors.workers.engines.duplex import JITTER_FRAMES
 from tests.api.conftest import idle
 from tests.api.realtime.conftest import Client, RtServer, b64, pcm, serve_rt
 from tests.conftest import eventually
@@ -23,6 +24,10 @@ FRAME = 1920
 """Samples per 80 ms frame at 24 kHz (the wire rate is the model's)."""
 FRAMES = 6
 """Frames compared per session."""
+INPUT_FRAMES = 2
+"""Frames of input each compared session sends, in one append; then it is fed silence. At most the
+engine's JITTER_FRAMES, so a skipped tick on a slow box never drops any of it: every frame's input is
+fixed whatever the timing."""
 CLOSE_TIMEOUT_S = 60.0
 AUDIO_EVENTS = ("response.audio.delta", "response.output_audio.delta")
 TEXT_EVENTS = ("response.audio_transcript.delta", "response.output_audio_transcript.delta")
@@ -69,8 +74,9 @@ async def frames(client: Client, n: int) -> tuple[list[np.ndarray], str, list[di
 
 async def session_output(srv: RtServer, http: aiohttp.ClientSession, seed: int) -> tuple[np.ndarray, str]:
     """One session fed all its input at once (so every frame's input is fixed): its first FRAMES frames."""
+    assert INPUT_FRAMES <= JITTER_FRAMES
     client = await connect(srv, http)
-    await client.send("input_audio_buffer.append", audio=b64(voice(seed, FRAMES * FRAME / WIRE_RATE)))
+    await client.send("input_audio_buffer.append", audio=b64(voice(seed, INPUT_FRAMES * FRAME / WIRE_RATE)))
     audio, text, _ = await frames(client, FRAMES)
     await client.ws.close()
     return np.concatenate(audio), text
