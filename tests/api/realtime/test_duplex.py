@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from openai import AsyncOpenAI
 
 from omni_actors.api.realtime.audio import WIRE_RATE
 from omni_actors.models.tiny import make_tiny
@@ -162,6 +164,24 @@ async def test_cancel_silences_until_the_user_speaks_and_close_leaves_nothing(sr
         await frames(client, 1)
         await client.ws.close()  # while frames are being stepped
     await eventually(lambda: idle(srv.orch) and srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+
+
+async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -> None:
+    ws_url = srv.url.replace("http://", "ws://") + "/v1"
+    client = AsyncOpenAI(api_key=srv.key, base_url=f"{srv.url}/v1", websocket_base_url=ws_url, max_retries=0)
+    async with client.realtime.connect(model="moshi") as conn:
+        await conn.session.update(session={"type": "realtime"})
+        await conn.input_audio_buffer.append(audio=b64(voice(9, 0.16)))
+        audio, status = b"", None
+        async for event in conn:
+            if event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+                if len(audio) == 2 * 2 * FRAME:
+                    await conn.response.cancel()
+            elif event.type == "response.done":
+                status = event.response.status
+                break
+    assert status == "cancelled" and len(audio) >= 2 * 2 * FRAME
 
 
 def test_make_tiny_moshi_is_detected(tmp_path: Path) -> None:
