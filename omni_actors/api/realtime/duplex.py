@@ -9,7 +9,9 @@ fed silence. Each frame that comes back is sent at once as
 transcript delta) of one long-lived response. No commit, no VAD: the model
 decides when to speak. `response.cancel` ends the response (status cancelled)
 and mutes the model until the user speaks again (input louder than
-SPEECH_RMS), when a new response opens. Sessions past the duplex stage's slots
+SPEECH_RMS), when a new response opens. The session's voice, instructions and
+temperature at the stream's start go to the model as request params (an adapter
+that takes a voice or prompt reads them; Moshi takes neither). Sessions past the duplex stage's slots
 get an `error` event (code `session_limit_reached`) and the socket closes.
 """
 
@@ -140,7 +142,8 @@ class DuplexSession(RealtimeSession):
             return
         audio = first if first is not None else np.zeros(0, np.float32)
         spec = RequestSpec(inputs={"audio": audio.astype(np.float32), "sample_rate": MODEL_RATE},
-                           params={"temperature": self.cfg.temperature}, streaming=True,
+                           params={"temperature": self.cfg.temperature, "voice": self.cfg.voice,
+                                   "instructions": self.cfg.instructions}, streaming=True,
                            request_id=new_request_id("duplex"))
         try:
             self.stream = self.orch.submit(spec)

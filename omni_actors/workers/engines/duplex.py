@@ -65,7 +65,8 @@ class DuplexAdapter(abc.ABC):
 
     @abc.abstractmethod
     def start(self, slot: int, params: dict[str, Any]) -> None:
-        """Give `slot` a fresh session (params: merged sampling params with an int `seed`)."""
+        """Give `slot` a fresh session (params: the request's merged with the deploy's, with an int `seed`;
+        a realtime session adds `temperature`, `voice` and `instructions`)."""
 
     @abc.abstractmethod
     def stop(self, slot: int) -> None:
