@@ -35,7 +35,15 @@ from omni_actors.api.realtime.audio import (
 )
 from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
-from omni_actors.api.realtime.session import Item, Part, new_id, render_item, render_part
+from omni_actors.api.realtime.session import (
+    Item,
+    Part,
+    apply_update,
+    new_id,
+    render_item,
+    render_part,
+    render_session,
+)
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
@@ -116,11 +124,17 @@ class DuplexSession(RealtimeSession):
                 await super()._dispatch(event)
 
     async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:
-        await super()._session_update(s, eid)
-        if self.cfg.turn_detection is not None:
-            self.cfg = replace(self.cfg, turn_detection=None)
+        try:
+            cfg, dialect = apply_update(self.cfg, s)
+        except ev.BadEvent as err:
+            err.event_id = eid
+            raise
+        self.cfg = replace(cfg, turn_detection=None)  # the model decides when to speak: never a VAD
+        if dialect is not None:
+            self.dialect = dialect
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
         self._out = None
+        await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
 
     # ---- input ----
 

@@ -50,8 +50,10 @@ async def connect(srv: RtServer, http: aiohttp.ClientSession, dialect: str = "be
     assert (await client.recv())["type"] == "session.created"
     assert (await client.recv())["type"] == "conversation.created"
     if dialect == "ga":
-        await client.send("session.update", session={"type": "realtime"})
-        await client.until("session.updated")
+        await client.send("session.update", session={"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad"}}}})
+        updated = (await client.until("session.updated"))[-1]
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None  # duplex: no VAD, ever
     return client
 
 
