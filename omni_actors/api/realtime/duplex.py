@@ -55,6 +55,9 @@ MODEL_RATE = 24_000
 """Rate of the audio fed to and read from duplex stages (Moshi's Mimi)."""
 SPEECH_RMS = 0.02
 """Input louder than this (RMS of one append, about -34 dBFS) counts as the user speaking: it unmutes."""
+MAX_SEND_BACKLOG_FRAMES = 25
+"""Frames (~2 s) a client may fall behind; past that, frames are skipped, not sent late (a slow reader
+gets gaps, the server does not buffer its audio without bound)."""
 LIMIT_CLOSE_CODE = 1013
 """WebSocket close code after a session_limit_reached error ("try again later")."""
 
@@ -178,7 +181,7 @@ class DuplexSession(RealtimeSession):
     async def _run_pump(self, stream: RequestStream) -> None:
         try:
             async for chunk in stream:
-                await self._on_frame(chunk.data)
+                await self._on_frame(chunk.data, send=stream.backlog() <= MAX_SEND_BACKLOG_FRAMES)
             await self._close_live("completed", None)
         except ClientGone:
             return
@@ -190,12 +193,14 @@ class DuplexSession(RealtimeSession):
             await self._close_live("failed", {"type": "failed", "error": {"code": code, "message": str(err)}})
             await self._fail(code, str(err))
 
-    async def _on_frame(self, data: dict[str, Any]) -> None:
+    async def _on_frame(self, data: dict[str, Any], send: bool = True) -> None:
         io = data.get("input_to_output_ms")
         self.dstats.frame(float(data.get("frame_ms", 0.0)), float(data.get("start_lag_ms", 0.0)),
                           int(data.get("late", 0)), None if io is None else float(io),
                           float(data.get("dropped_input_s", 0.0)))
-        if self.muted:
+        if not send:
+            self.dstats.unsent_frames += 1
+        if self.muted or not send:
             return
         live = self.live or await self._open_live()
         audio, text = data.get("audio"), str(data.get("text") or "")
