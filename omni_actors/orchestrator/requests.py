@@ -125,6 +125,10 @@ class RequestStream:
     def ended(self) -> bool:
         return self._ended
 
+    def backlog(self) -> int:
+        """Chunks waiting to be read (a reader that falls behind can skip what it cannot use)."""
+        return self._queue.qsize()
+
     # -- consumer side (API) --
     def abort(self) -> None:
         """Abort the request in every stage; the stream ends with RequestAborted."""

@@ -9,7 +9,9 @@ fed silence. Each frame that comes back is sent at once as
 transcript delta) of one long-lived response. No commit, no VAD: the model
 decides when to speak. `response.cancel` ends the response (status cancelled)
 and mutes the model until the user speaks again (input louder than
-SPEECH_RMS), when a new response opens. Sessions past the duplex stage's slots
+SPEECH_RMS), when a new response opens. The session's voice, instructions and
+temperature at the stream's start go to the model as request params (an adapter
+that takes a voice or prompt reads them; Moshi takes neither). Sessions past the duplex stage's slots
 get an `error` event (code `session_limit_reached`) and the socket closes.
 """
 
@@ -33,7 +35,15 @@ from omni_actors.api.realtime.audio import (
 )
 from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
-from omni_actors.api.realtime.session import Item, Part, new_id, render_item, render_part
+from omni_actors.api.realtime.session import (
+    Item,
+    Part,
+    apply_update,
+    new_id,
+    render_item,
+    render_part,
+    render_session,
+)
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
@@ -45,6 +55,9 @@ MODEL_RATE = 24_000
 """Rate of the audio fed to and read from duplex stages (Moshi's Mimi)."""
 SPEECH_RMS = 0.02
 """Input louder than this (RMS of one append, about -34 dBFS) counts as the user speaking: it unmutes."""
+MAX_SEND_BACKLOG_FRAMES = 25
+"""Frames (~2 s) a client may fall behind; past that, frames are skipped, not sent late (a slow reader
+gets gaps, the server does not buffer its audio without bound)."""
 LIMIT_CLOSE_CODE = 1013
 """WebSocket close code after a session_limit_reached error ("try again later")."""
 
@@ -115,11 +128,17 @@ class DuplexSession(RealtimeSession):
                 await super()._dispatch(event)
 
     async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:
-        await super()._session_update(s, eid)
-        if self.cfg.turn_detection is not None:
-            self.cfg = replace(self.cfg, turn_detection=None)
+        try:
+            cfg, dialect = apply_update(self.cfg, s)
+        except ev.BadEvent as err:
+            err.event_id = eid
+            raise
+        self.cfg = replace(cfg, turn_detection=None)  # the model decides when to speak: never a VAD
+        if dialect is not None:
+            self.dialect = dialect
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
         self._out = None
+        await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
 
     # ---- input ----
 
@@ -141,7 +160,8 @@ class DuplexSession(RealtimeSession):
             return
         audio = first if first is not None else np.zeros(0, np.float32)
         spec = RequestSpec(inputs={"audio": audio.astype(np.float32), "sample_rate": MODEL_RATE},
-                           params={"temperature": self.cfg.temperature}, streaming=True,
+                           params={"temperature": self.cfg.temperature, "voice": self.cfg.voice,
+                                   "instructions": self.cfg.instructions}, streaming=True,
                            request_id=new_request_id("duplex"))
         try:
             self.stream = self.orch.submit(spec)
@@ -162,7 +182,7 @@ class DuplexSession(RealtimeSession):
     async def _run_pump(self, stream: RequestStream) -> None:
         try:
             async for chunk in stream:
-                await self._on_frame(chunk.data)
+                await self._on_frame(chunk.data, send=stream.backlog() <= MAX_SEND_BACKLOG_FRAMES)
             await self._close_live("completed", None)
         except ClientGone:
             return
@@ -174,10 +194,14 @@ class DuplexSession(RealtimeSession):
             await self._close_live("failed", {"type": "failed", "error": {"code": code, "message": str(err)}})
             await self._fail(code, str(err))
 
-    async def _on_frame(self, data: dict[str, Any]) -> None:
+    async def _on_frame(self, data: dict[str, Any], send: bool = True) -> None:
+        io = data.get("input_to_output_ms")
         self.dstats.frame(float(data.get("frame_ms", 0.0)), float(data.get("start_lag_ms", 0.0)),
-                          int(data.get("late", 0)))
-        if self.muted:
+                          int(data.get("late", 0)), None if io is None else float(io),
+                          float(data.get("dropped_input_s", 0.0)))
+        if not send:
+            self.dstats.unsent_frames += 1
+        if self.muted or not send:
             return
         live = self.live or await self._open_live()
         audio, text = data.get("audio"), str(data.get("text") or "")
@@ -192,7 +216,7 @@ class DuplexSession(RealtimeSession):
             live["audio_ms"] += len(x) * 1000 // wire_rate(fmt)
             await self.send(ev.AudioDelta(response_id=live["id"], item_id=live["item"].id,
                                           delta=encode_wire(x, fmt)))
-        if text:
+        if text and self.live is live:  # (a cancel may have closed it while the audio was sent)
             live["transcript"] += text
             await self.send(ev.TranscriptDelta(response_id=live["id"], item_id=live["item"].id, delta=text))
 

@@ -5,8 +5,11 @@
     omni_duplex_session_limit                 the limit (batch slots of the duplex stage)
     omni_duplex_frames_total                  frames delivered to sessions
     omni_duplex_late_frames_total             frames skipped because a step overran its deadline
+    omni_duplex_dropped_input_seconds_total   user audio dropped (skipped with late frames, or past the buffer)
+    omni_duplex_unsent_frames_total           frames not sent: the client read more than ~2 s behind
     omni_duplex_frame_ms{quantile}            recent engine step compute time, p50 / p99
     omni_duplex_start_lag_ms{quantile}        recent step start past its tick, p50 / p99
+    omni_duplex_input_to_output_ms{quantile}  recent user frames: last sample in to the engine's output, p50 / p99
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ class DuplexStatistics:
     frames: int
     late_frames: int
     dropped_input_s: float
+    unsent_frames: int
     frame_ms_p50: float
     frame_ms_p99: float
     start_lag_ms_p50: float
     start_lag_ms_p99: float
+    input_to_output_ms_p50: float
+    input_to_output_ms_p99: float
 
 
 def _pct(values: deque[float], q: float) -> float:
@@ -49,20 +55,28 @@ class DuplexStats:
     frames: int = 0
     late_frames: int = 0
     dropped_input_s: float = 0.0
+    unsent_frames: int = 0
     frame_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
     start_lag_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
+    input_to_output_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
 
-    def frame(self, frame_ms: float, start_lag_ms: float, late: int) -> None:
+    def frame(self, frame_ms: float, start_lag_ms: float, late: int, input_to_output_ms: float | None,
+              dropped_input_s: float = 0.0) -> None:
+        """One frame delivered to a session, and the session's input audio dropped since its last frame."""
         self.frames += 1
+        self.dropped_input_s += dropped_input_s
         self.late_frames += late
         self.frame_ms.append(frame_ms)
         self.start_lag_ms.append(start_lag_ms)
+        if input_to_output_ms is not None:
+            self.input_to_output_ms.append(input_to_output_ms)
 
     def statistics(self) -> DuplexStatistics:
         return DuplexStatistics(
             self.sessions_live, self.sessions_total, self.sessions_rejected, self.session_limit, self.frames,
-            self.late_frames, self.dropped_input_s, _pct(self.frame_ms, 50), _pct(self.frame_ms, 99),
+            self.late_frames, self.dropped_input_s, self.unsent_frames, _pct(self.frame_ms, 50), _pct(self.frame_ms, 99),
             _pct(self.start_lag_ms, 50), _pct(self.start_lag_ms, 99),
+            _pct(self.input_to_output_ms, 50), _pct(self.input_to_output_ms, 99),
         )
 
 
@@ -84,6 +98,11 @@ class DuplexCollector:
         frames.add_metric([], s.frames)
         late = CounterMetricFamily("omni_duplex_late_frames", "Frames skipped: a step overran its deadline")
         late.add_metric([], s.late_frames)
+        dropped = CounterMetricFamily("omni_duplex_dropped_input_seconds",
+                                      "User audio dropped: with skipped frames or past the input buffer")
+        dropped.add_metric([], s.dropped_input_s)
+        unsent = CounterMetricFamily("omni_duplex_unsent_frames", "Frames not sent: the client read too slowly")
+        unsent.add_metric([], s.unsent_frames)
         frame_ms = GaugeMetricFamily("omni_duplex_frame_ms", "Recent frame step compute time (ms)",
                                      labels=["quantile"])
         frame_ms.add_metric(["0.5"], s.frame_ms_p50)
@@ -92,4 +111,8 @@ class DuplexCollector:
                                 labels=["quantile"])
         lag.add_metric(["0.5"], s.start_lag_ms_p50)
         lag.add_metric(["0.99"], s.start_lag_ms_p99)
-        return [live, limit, rejected, frames, late, frame_ms, lag]
+        io = GaugeMetricFamily("omni_duplex_input_to_output_ms",
+                               "Recent user frames: last sample in to the engine's output (ms)", labels=["quantile"])
+        io.add_metric(["0.5"], s.input_to_output_ms_p50)
+        io.add_metric(["0.99"], s.input_to_output_ms_p99)
+        return [live, limit, rejected, frames, late, dropped, unsent, frame_ms, lag, io]

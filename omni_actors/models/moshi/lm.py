@@ -138,7 +138,10 @@ class DuplexLM:
         ids = text[:, None]
         out = []
         for i in range(self.k):
-            logits = depth(input_ids=ids, last_hidden_state=hidden, past_key_values=cache, use_cache=True).logits
+            # the embedding depth.forward would pick with a host sync (.item()) per call
+            table = depth.text_embed_tokens if i == 0 else depth.embed_tokens[i - 1]
+            logits = depth(input_ids=ids, inputs_embeds=table(ids), last_hidden_state=hidden, past_key_values=cache,
+                           use_cache=True).logits
             code = _gumbel(logits[:, -1], noise[:, i], self.audio_temp, self.sampling.audio_top_k)
             out.append(code)
             ids = code[:, None]

@@ -10,9 +10,12 @@ clock: ticks every frame (80 ms for Moshi) while any session is live, and each
   less than a frame is buffered (a client that stops sending is not waited for);
   the buffer keeps at most MAX_INPUT_S of audio, dropping the oldest;
 - a step that ends after the next tick is late: the ticks it overran are skipped,
-  not made up (no frame is queued behind another), and each output says how many
-  (`late`), with the step's compute time (`frame_ms`) and how far past its tick
-  it started (`start_lag_ms`);
+  not made up (no frame is queued behind another), and so is the user audio of
+  those ticks, beyond JITTER_FRAMES still buffered; each output says how many
+  (`late`), with the step's compute time (`frame_ms`), how far past its tick it
+  started (`start_lag_ms`), the user audio dropped since the last output
+  (`dropped_input_s`) and, for a frame of the user's audio, the time from its last
+  sample's arrival to this output (`input_to_output_ms`);
 - each session gets one output per step: the model's frame of audio (float32
   at `sample_rate`) and its text piece.
 
@@ -28,6 +31,7 @@ import abc
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +44,9 @@ log = logs.get(__name__)
 
 MAX_INPUT_S = 2.0
 """Most user audio a session buffers ahead of the frame clock; older audio is dropped."""
+JITTER_FRAMES = 2
+"""User audio frames a session may keep buffered across a skipped tick; past that, the frames of the
+ticks the engine skipped are dropped with them (input skips ahead as output does)."""
 
 
 @dataclass
@@ -58,7 +65,8 @@ class DuplexAdapter(abc.ABC):
 
     @abc.abstractmethod
     def start(self, slot: int, params: dict[str, Any]) -> None:
-        """Give `slot` a fresh session (params: merged sampling params with an int `seed`)."""
+        """Give `slot` a fresh session (params: the request's merged with the deploy's, with an int `seed`;
+        a realtime session adds `temperature`, `voice` and `instructions`)."""
 
     @abc.abstractmethod
     def stop(self, slot: int) -> None:
@@ -75,7 +83,28 @@ class _Session:
     buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     frames: int = 0
     dropped: int = 0
+    """Samples of user audio dropped (past MAX_INPUT_S, or with skipped ticks)."""
+    reported: int = 0
     ending: bool = False
+    arrivals: deque[tuple[int, float]] = field(default_factory=deque)
+    """(samples appended so far, when) per append still in the buffer: when a frame's last sample came."""
+    taken: int = 0
+    """Samples taken from the buffer (or dropped) so far."""
+
+    def skip(self, frames: int, n: int) -> None:
+        """Drop the oldest `frames` frames of buffered input (the ticks they were for were skipped)."""
+        if frames > 0:
+            self.dropped += frames * n
+            self.taken += frames * n
+            self.buffer = self.buffer[frames * n:]
+
+    def take(self, n: int) -> float | None:
+        """Take one frame from the buffer; return when its last sample arrived."""
+        self.taken += n
+        self.buffer = self.buffer[n:]
+        while self.arrivals and self.arrivals[0][0] < self.taken:
+            self.arrivals.popleft()
+        return self.arrivals[0][1] if self.arrivals else None
 
 
 class DuplexEngine(StageEngine):
@@ -149,9 +178,12 @@ class DuplexEngine(StageEngine):
         if audio is None or not len(audio):
             return
         buf = np.concatenate([session.buffer, audio])
+        session.arrivals.append((session.taken + len(buf), time.monotonic()))
         if len(buf) > self.max_input:
-            session.dropped += len(buf) - self.max_input
-            buf = buf[-self.max_input:]
+            drop = len(buf) - self.max_input
+            session.dropped += drop
+            session.taken += drop
+            buf = buf[drop:]
         session.buffer = buf
 
     # ---- the frame clock ----
@@ -167,10 +199,11 @@ class DuplexEngine(StageEngine):
         tick = self._next_tick
         n = self.adapter.frame_samples
         frames = self._silence.copy()
+        arrived: dict[int, float | None] = {}
         for session in self.sessions.values():
             if len(session.buffer) >= n:
                 frames[session.slot] = session.buffer[:n]
-                session.buffer = session.buffer[n:]
+                arrived[session.slot] = session.take(n)
         started = time.monotonic()
         outs = self.adapter.step(frames)
         done = time.monotonic()
@@ -178,6 +211,8 @@ class DuplexEngine(StageEngine):
         self._next_tick = tick + (missed + 1) * self.frame_s
         if missed:
             log.warning("duplex.late_frame", skipped=missed, sessions=len(self.sessions))
+            for session in self.sessions.values():
+                session.skip(min(missed, len(session.buffer) // n - JITTER_FRAMES), n)
         frame_ms = (done - started) * 1000
         lag_ms = (started - tick) * 1000
         results = []
@@ -185,7 +220,11 @@ class DuplexEngine(StageEngine):
             out = outs[session.slot]
             payload = {"audio": out.audio, "sample_rate": self.adapter.sample_rate, "text": out.text,
                        "frame": session.frames, "frame_ms": frame_ms, "start_lag_ms": lag_ms, "late": missed,
-                       "dropped_input": session.dropped}
+                       "dropped_input_s": (session.dropped - session.reported) / self.adapter.sample_rate}
+            session.reported = session.dropped
+            when = arrived.get(session.slot)
+            if when is not None:  # a frame of the user's audio (not silence): its last sample to this output
+                payload["input_to_output_ms"] = (done - when) * 1000
             session.frames += 1
             results.append(EngineOutput(rid, payload, finished=session.ending))
             if session.ending:

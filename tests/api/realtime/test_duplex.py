@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from openai import AsyncOpenAI
 
 from omni_actors.api.realtime.audio import WIRE_RATE
 from omni_actors.models.tiny import make_tiny
+from omni_actors.workers.engines.duplex import JITTER_FRAMES
 from tests.api.conftest import idle
 from tests.api.realtime.conftest import Client, RtServer, b64, pcm, serve_rt
 from tests.conftest import eventually
@@ -23,6 +26,10 @@ FRAME = 1920
 """Samples per 80 ms frame at 24 kHz (the wire rate is the model's)."""
 FRAMES = 6
 """Frames compared per session."""
+INPUT_FRAMES = 2
+"""Frames of input each compared session sends, in one append; then it is fed silence. At most the
+engine's JITTER_FRAMES, so a skipped tick on a slow box never drops any of it: every frame's input is
+fixed whatever the timing."""
 CLOSE_TIMEOUT_S = 60.0
 AUDIO_EVENTS = ("response.audio.delta", "response.output_audio.delta")
 TEXT_EVENTS = ("response.audio_transcript.delta", "response.output_audio_transcript.delta")
@@ -43,8 +50,10 @@ async def connect(srv: RtServer, http: aiohttp.ClientSession, dialect: str = "be
     assert (await client.recv())["type"] == "session.created"
     assert (await client.recv())["type"] == "conversation.created"
     if dialect == "ga":
-        await client.send("session.update", session={"type": "realtime"})
-        await client.until("session.updated")
+        await client.send("session.update", session={"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad"}}}})
+        updated = (await client.until("session.updated"))[-1]
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None  # duplex: no VAD, ever
     return client
 
 
@@ -69,8 +78,9 @@ async def frames(client: Client, n: int) -> tuple[list[np.ndarray], str, list[di
 
 async def session_output(srv: RtServer, http: aiohttp.ClientSession, seed: int) -> tuple[np.ndarray, str]:
     """One session fed all its input at once (so every frame's input is fixed): its first FRAMES frames."""
+    assert INPUT_FRAMES <= JITTER_FRAMES
     client = await connect(srv, http)
-    await client.send("input_audio_buffer.append", audio=b64(voice(seed, FRAMES * FRAME / WIRE_RATE)))
+    await client.send("input_audio_buffer.append", audio=b64(voice(seed, INPUT_FRAMES * FRAME / WIRE_RATE)))
     audio, text, _ = await frames(client, FRAMES)
     await client.ws.close()
     return np.concatenate(audio), text
@@ -94,9 +104,11 @@ async def test_sessions_at_once_equal_each_alone_and_the_next_is_refused(srv: Rt
     assert not np.array_equal(alone[0][0], alone[1][0]), "different input, same output"
     stats = srv.stats().duplex
     assert stats.sessions_rejected >= 1 and stats.frames >= 2 * SLOTS * FRAMES
+    assert stats.input_to_output_ms_p50 > 0  # frames of user audio were timed from arrival to output
     async with aiohttp.ClientSession() as http, http.get(srv.url + "/metrics") as resp:
         text = await resp.text()
-    for name in ("omni_duplex_sessions_live", "omni_duplex_late_frames_total", "omni_duplex_frame_ms"):
+    for name in ("omni_duplex_sessions_live", "omni_duplex_late_frames_total", "omni_duplex_frame_ms",
+                 "omni_duplex_input_to_output_ms"):
         assert name in text
 
 
@@ -154,6 +166,24 @@ async def test_cancel_silences_until_the_user_speaks_and_close_leaves_nothing(sr
         await frames(client, 1)
         await client.ws.close()  # while frames are being stepped
     await eventually(lambda: idle(srv.orch) and srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+
+
+async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -> None:
+    ws_url = srv.url.replace("http://", "ws://") + "/v1"
+    client = AsyncOpenAI(api_key=srv.key, base_url=f"{srv.url}/v1", websocket_base_url=ws_url, max_retries=0)
+    async with client.realtime.connect(model="moshi") as conn:
+        await conn.session.update(session={"type": "realtime"})
+        await conn.input_audio_buffer.append(audio=b64(voice(9, 0.16)))
+        audio, status = b"", None
+        async for event in conn:
+            if event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+                if len(audio) == 2 * 2 * FRAME:
+                    await conn.response.cancel()
+            elif event.type == "response.done":
+                status = event.response.status
+                break
+    assert status == "cancelled" and len(audio) >= 2 * 2 * FRAME
 
 
 def test_make_tiny_moshi_is_detected(tmp_path: Path) -> None:
