@@ -88,7 +88,11 @@ def hunyuan_image(out_dir: str | Path, seed: int = 0) -> Path:
     )
     from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
 
-    from omni_actors.models.tiny.qwen_image import TEXT_HIDDEN, qwen_vl_text_encoder, qwen_vl_tokenizer
+    from omni_actors.models.tiny.qwen_image import (
+        TEXT_HIDDEN,
+        qwen_vl_text_encoder,
+        qwen_vl_tokenizer,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +162,12 @@ def flux2(out_dir: str | Path, seed: int = 0) -> Path:
     The text encoder has 30 layers (tiny ones) because the pipeline reads hidden states 10, 20 and 30.
     """
     import torch
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2Pipeline,
+        Flux2Transformer2DModel,
+    )
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     out = Path(out_dir)

@@ -107,7 +107,7 @@ class Batch:
         if latents is not None and done in self._preview_at:
             from omni_actors.workers.engines.diffusion_preview import decode_preview
 
-            preview = decode_preview(self.pipe, latents)
+            preview = decode_preview(self.pipe, latents, self._kwargs.get("height"), self._kwargs.get("width"))
         self._reports.put(("progress", done, total, preview))
         try:
             go = self._release.get(timeout=STEP_RELEASE_TIMEOUT_S)
