@@ -22,7 +22,8 @@ STARTED_KEY = web.AppKey("started_at", float)
 def _model(request: web.Request, name: str) -> Model:
     pipe = orchestrator(request).pipeline
     return Model(id=name, created=int(request.app[STARTED_KEY]), owned_by=OWNER, pipeline=pipe.name,
-                 output_types=sorted(pipe.output_types()), capabilities=served_caps(orchestrator(request)))
+                 output_types=sorted(pipe.output_types()), capabilities=served_caps(orchestrator(request)),
+                 voices=list(pipe.speech.voices) if pipe.speech else None)
 
 
 async def list_models(request: web.Request) -> web.Response:

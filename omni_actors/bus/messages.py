@@ -68,6 +68,11 @@ class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
     """Requests the engine holds."""
     leased: int = 0
     """Leases of this worker's arena not yet given back."""
+    steps: int = 0
+    """Engine steps the worker has completed."""
+    step_s: float = 0.0
+    """How long the step now running has run (0: none is running). Heartbeats leave from the
+    worker's I/O thread during a step, so the supervisor can tell a long step from a stuck one."""
 
 
 class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc=False):
@@ -108,8 +113,12 @@ class AddRequest(msgspec.Struct, tag=10, array_like=True, omit_defaults=True, gc
     sources: tuple[int, ...] = ()
 
 
+CLIENT_SOURCE = -1
+"""The `source` of input fed by the client (Orchestrator.feed) rather than by an upstream stage."""
+
+
 class Feed(msgspec.Struct, tag=11, array_like=True, omit_defaults=True, gc=False):
-    """One upstream chunk for a streaming request."""
+    """One upstream chunk for a streaming request (source CLIENT_SOURCE: more client input)."""
 
     request_id: str
     source: int
@@ -159,3 +168,35 @@ def encode_many(msgs: list[Message]) -> bytes:
 
 def unbatch(msg: Message) -> list[Message]:
     return msg.items if isinstance(msg, Batch) else [msg]
+
+
+_REQUEST_TAGS = frozenset(t.__struct_config__.tag for t in (StageOutput, AddRequest, Feed))
+"""Messages whose second field is a request id."""
+
+
+def salvage(body: bytes | memoryview) -> tuple[list[Message], list[str]]:
+    """What can be read of a frame `decode` refused: its messages that are valid, and the request
+    ids of those that are not (where an id can be read). A frame that is not msgpack gives neither.
+    Only plain msgpack is read here, never pickle, whatever the frame holds."""
+    try:
+        raw = msgspec.msgpack.decode(body)
+    except msgspec.DecodeError:
+        return [], []
+    batch_tag = Batch.__struct_config__.tag
+    items = raw[1] if _is_list(raw) and raw[0] == batch_tag and _is_list(raw[1]) else [raw]
+    good: list[Message] = []
+    bad: list[str] = []
+    for item in items:
+        try:
+            msg = msgspec.convert(item, Message)
+        except (msgspec.ValidationError, TypeError):
+            if _is_list(item) and item[0] in _REQUEST_TAGS and isinstance(item[1], str):
+                bad.append(item[1])
+            continue
+        if not isinstance(msg, Batch):  # (a batch is never nested)
+            good.append(msg)
+    return good, bad
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list) and len(value) >= 2

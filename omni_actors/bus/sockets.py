@@ -57,6 +57,8 @@ class AsyncRouter:
 
     A message that cannot be encoded (a value msgspec refuses) is handed to
     `on_unsendable(identity, msg, error)` and the rest of its frame still goes out.
+    A frame that cannot be decoded is counted (`frames_undecodable`) and handed to
+    `on_undecodable(identity, body, error)`.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class AsyncRouter:
         endpoint: str,
         on_message: Callable[[bytes, m.Message], None],
         on_unsendable: Callable[[bytes, m.Message, Exception], None] | None = None,
+        on_undecodable: Callable[[bytes, bytes, Exception], None] | None = None,
     ) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -87,6 +90,8 @@ class AsyncRouter:
         self.endpoint = endpoint
         self._on_message = on_message
         self._on_unsendable = on_unsendable
+        self._on_undecodable = on_undecodable
+        self.frames_undecodable = 0
         self._outbox: dict[bytes, list[m.Message]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,7 +119,10 @@ class AsyncRouter:
             self.frames_in += 1
             try:
                 msg = m.decode(body)
-            except Exception:
+            except Exception as err:
+                self.frames_undecodable += 1
+                if self._on_undecodable is not None:
+                    self._on_undecodable(identity, body, err)
                 continue
             for item in m.unbatch(msg):
                 self.messages_in += 1

@@ -46,6 +46,9 @@ class WorkerHandle:
     last_seen: float = 0.0
     ready_future: asyncio.Future[None] | None = None
     requests: set[str] = field(default_factory=set)
+    ready_at: float = 0.0
+    responsive: bool = True
+    """False while a Ready worker has been silent past the supervisor's unresponsive threshold."""
 
     @property
     def pid(self) -> int | None:

@@ -274,7 +274,7 @@ CASES = [
     pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "", "stream": True}}, 400, "input",
                  "invalid_type", id="speech-stream-empty-input"),
     pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x", "stream_format": "sse",
-                                           "response_format": "aac"}}, 400, "response_format", "invalid_type",
+                                           "response_format": "wma"}}, 400, "response_format", "invalid_type",
                  id="speech-sse-format"),
     pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x", "stream_format": "websocket"}}, 400,
                  "stream_format", "invalid_type", id="speech-stream-format"),

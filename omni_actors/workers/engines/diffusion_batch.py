@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import structlog
 
 log = structlog.get_logger(__name__)
@@ -62,13 +61,18 @@ class Batch:
         jobs: list[Any],
         kwargs: dict[str, Any],
         use_callback: bool,
-        convert: Callable[[Any], dict[str, np.ndarray]],
+        convert: Callable[[Any], Any],
         preview_at: frozenset[int] = frozenset(),
+        report_decode: bool = False,
     ) -> None:
+        """`convert` turns the pipeline's result into the "done" report's payload (images: the
+        converter dict of diffusion_outputs.py; video/audio: video.py's); with `report_decode`
+        the last step reports ("decoding", total, total) before the thread runs on through the decode."""
         self.pipe = pipe
         self._convert = convert
         self._preview_at = preview_at
         """Steps after which the latents are decoded into preview images (diffusion_preview.py)."""
+        self._report_decode = report_decode
         self.jobs = jobs
         self.live = {j.request_id for j in jobs}
         self._kwargs = kwargs
@@ -82,9 +86,10 @@ class Batch:
         self._release.put(True)
 
     def wait_report(self) -> tuple[Any, ...]:
-        """("progress", done, total, preview | None) | ("done", arrays, total) | ("error" | "timeout", message).
+        """("progress", done, total, preview | None) | ("decoding", done, total)
+        | ("done", converted, total) | ("error" | "timeout", message).
 
-        `arrays` is the output converter's dict (see diffusion_outputs.py), rows in call order."""
+        `converted` is the converter's payload (see diffusion_outputs.py), rows in call order."""
         try:
             return self._reports.get(timeout=STEP_REPORT_TIMEOUT_S)
         except queue.Empty:
@@ -102,6 +107,8 @@ class Batch:
 
     def _pause(self, done: int, total: int, latents: Any = None) -> None:
         if done >= total:
+            if self._report_decode:
+                self._reports.put(("decoding", done, total))
             return  # after the last step, run on through the decode
         preview = None
         if latents is not None and done in self._preview_at:
@@ -153,4 +160,3 @@ class Batch:
         # Report last: once it is read, the next batch may hook the scheduler.
         if report is not None:
             self._reports.put(report)
-

@@ -1,0 +1,179 @@
+"""Running video jobs: submit to the orchestrator, record progress, encode the MP4, store the outcome.
+
+One asyncio task per job follows the job's request stream: progress chunks move
+the row's `progress` (denoising steps to DENOISE_PERCENT, the decode to
+DECODED_PERCENT, then the MP4 encode to 100); the final chunk's frames (and audio
+track) are encoded off the event loop into the data directory; any failure ends
+the job `failed` with a reason. `cancel` aborts the request in the engine
+(between denoising steps) and ends the task. Admission is the stage's own bounded
+queue: past it, `create` is a 429 and no row is written. At start-up, jobs a gone
+server left unfinished are marked failed; at shutdown, this server's unfinished
+jobs are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni_actors import logs
+from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.videos_store import VideoStore
+from omni_actors.errors import RequestAborted, RequestError
+from omni_actors.media.mp4 import write_mp4, write_thumbnail
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.requests import RequestSpec, RequestStream
+
+log = logs.get(__name__)
+
+JOB_TIMEOUT_S = 6 * 3600.0
+"""Longest one video job may run (queue wait included) before it fails."""
+DENOISE_PERCENT = 90
+"""`progress` when the last denoising step is done; the decode and the MP4 encode share the rest."""
+DECODED_PERCENT = 95
+RANK = {"queued": 0, "in_progress": 1, "completed": 2, "failed": 2}
+JOB_EXIT_TIMEOUT_S = 10.0
+"""Longest shutdown waits for a cancelled job task to record its end."""
+
+
+@dataclass(frozen=True)
+class Made:
+    """What the engine made for one job."""
+
+    frames: np.ndarray
+    fps: float
+    audio: np.ndarray | None
+    sample_rate: int | None
+
+
+class VideoJobs:
+    """This server's running video jobs; their state lives in the VideoStore."""
+
+    def __init__(self, orch: Orchestrator, store: VideoStore) -> None:
+        self.orch = orch
+        self.store = store
+        self._running: dict[str, tuple[asyncio.Task[None], RequestStream]] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._closing = False
+
+    def recover(self) -> None:
+        lost = self.store.fail_orphans()
+        if lost:
+            log.warning("video.jobs_lost", count=len(lost))
+
+    def create(self, job_id: str, inputs: dict[str, Any], params: dict[str, Any], *, model: str,
+               prompt: str, size: str, seconds: str) -> None:
+        """Queue a job (its row first, so the task always has one); AdmissionError when full."""
+        self.store.insert(job_id, model, prompt, size, seconds)
+        spec = RequestSpec(inputs=inputs, params=params, request_id=job_id, deadline_s=JOB_TIMEOUT_S,
+                           stages=self.orch.pipeline.stages_for_outputs({"video"}))
+        try:
+            stream = self.orch.submit(spec)
+        except BaseException:
+            self.store.delete(job_id)
+            raise
+        task = asyncio.create_task(self._run(job_id, stream), name=f"video-{job_id}")
+        self._running[job_id] = (task, stream)
+
+    async def wait(self, job_id: str) -> None:
+        """Until the job's task has recorded its end (at once if it is not running here)."""
+        entry = self._running.get(job_id)
+        if entry is not None:
+            await asyncio.shield(entry[0])
+
+    async def wait_past(self, job_id: str, status: str, timeout_s: float) -> None:
+        """Until the job's status is past `status` (queued < in_progress < completed | failed), it is
+        not running here, or `timeout_s` passed (long-polling for clients that would rather not poll)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while job_id in self._running:
+            row = self.store.get(job_id)
+            if row is None or RANK.get(row.status, 2) > RANK.get(status, 2):
+                return
+            changed = self._changed.setdefault(job_id, asyncio.Event())
+            try:
+                await asyncio.wait_for(changed.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return
+
+    def _touch(self, job_id: str) -> None:
+        event = self._changed.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    def cancel(self, job_id: str) -> bool:
+        """Abort a running job (between denoising steps); False if it is not running here."""
+        entry = self._running.get(job_id)
+        if entry is None:
+            return False
+        entry[1].abort()
+        return True
+
+    async def close(self) -> None:
+        """Shutdown: abort this server's jobs and record them failed."""
+        self._closing = True
+        entries = list(self._running.values())
+        for _, stream in entries:
+            stream.abort()
+        if entries:
+            await asyncio.wait([t for t, _ in entries], timeout=JOB_EXIT_TIMEOUT_S)
+
+    async def _run(self, job_id: str, stream: RequestStream) -> None:
+        try:
+            made = await self._follow(job_id, stream)
+            self.store.progress(job_id, DECODED_PERCENT)
+            await off_loop(self._write, job_id, made)
+            if self.store.complete(job_id, made.audio is not None):
+                log.info("video.completed", job=job_id, frames=len(made.frames))
+            else:  # deleted while it was being encoded
+                self.store.delete(job_id)
+        except RequestAborted:
+            if self._closing:
+                self.store.fail(job_id, "server_stopped", "the server stopped while this video was being made")
+            else:
+                self.store.fail(job_id, "cancelled", "the job was cancelled")
+        except RequestError as err:
+            self.store.fail(job_id, type(err).__name__, str(err))
+        except asyncio.CancelledError:
+            self.store.fail(job_id, "cancelled", "the server stopped while this video was being generated")
+            raise
+        except Exception as err:  # the job's boundary: it fails with a reason, the server lives on
+            log.exception("video.job_failed", job=job_id, error_type=type(err).__name__)
+            self.store.fail(job_id, "internal_error", f"{type(err).__name__}: {err}")
+        finally:
+            self._running.pop(job_id, None)
+            self._touch(job_id)
+            for variant in ("video", "thumbnail"):
+                _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
+
+    async def _follow(self, job_id: str, stream: RequestStream) -> Made:
+        made: Made | None = None
+        async for chunk in stream:
+            data = chunk.data
+            if "frames" in data:
+                made = Made(np.asarray(data["frames"]), float(data.get("fps") or 16), data.get("audio"),
+                            data.get("sample_rate"))
+            elif "total" in data and data.get("total"):
+                share = DENOISE_PERCENT * data["step"] / data["total"]
+                self.store.progress(job_id, int(share) if data.get("phase") != "decode" else DENOISE_PERCENT)
+                self._touch(job_id)
+        if made is None:
+            raise RuntimeError("the pipeline ended without frames")
+        return made
+
+    def _write(self, job_id: str, made: Made) -> None:
+        video, thumb = self.store.path(job_id, "video"), self.store.path(job_id, "thumbnail")
+        write_mp4(_tmp(video), made.frames, made.fps, made.audio, made.sample_rate)
+        write_thumbnail(_tmp(thumb), made.frames[0])
+        os.replace(_tmp(thumb), thumb)
+        os.replace(_tmp(video), video)
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(path.name + ".part")
+

@@ -1,0 +1,161 @@
+"""Video jobs in the data directory: one SQLite table (through `omni_actors.store`) and their files.
+
+    video_jobs(id, model, prompt, size, seconds, status, progress, created_at, completed_at,
+               error_code, error_message, error_param, owner_pid, has_audio)
+
+Files: `<data>/state/files/videos/<id>.mp4` and `<id>.jpg` (thumbnail), written by the
+job runner to a temporary name and renamed, so a file that exists is whole. A job's
+row is what `retrieve`/`list` answer; its status only moves forward
+(queued -> in_progress -> completed | failed). Jobs a server lost (its process is
+gone, the row still queued or in_progress) are marked failed by `fail_orphans`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omni_actors.store import Store
+
+FEATURE = "videos"
+DDL = (
+    """CREATE TABLE IF NOT EXISTS video_jobs (
+        id TEXT PRIMARY KEY,
+        model TEXT NOT NULL,
+        prompt TEXT,
+        size TEXT NOT NULL,
+        seconds TEXT NOT NULL,
+        status TEXT NOT NULL,
+        progress INTEGER NOT NULL DEFAULT 0,
+        created_at INTEGER NOT NULL,
+        completed_at INTEGER,
+        error_code TEXT,
+        error_message TEXT,
+        error_param TEXT,
+        owner_pid INTEGER NOT NULL,
+        has_audio INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX IF NOT EXISTS video_jobs_created ON video_jobs (created_at, id)",
+)
+RUNNING = ("queued", "in_progress")
+VARIANTS = {"video": ".mp4", "thumbnail": ".jpg"}
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    model: str
+    prompt: str | None
+    size: str
+    seconds: str
+    status: str
+    progress: int
+    created_at: int
+    completed_at: int | None
+    error_code: str | None
+    error_message: str | None
+    error_param: str | None
+    has_audio: bool
+
+
+class VideoStore:
+    """The video job table and file folder of one data directory."""
+
+    def __init__(self, store: Store) -> None:
+        self.db = store
+        store.ensure(FEATURE, DDL)
+        self.folder = store.files(FEATURE)
+
+    def path(self, job_id: str, variant: str = "video") -> Path:
+        return self.folder / f"{job_id}{VARIANTS[variant]}"
+
+    def insert(self, job_id: str, model: str, prompt: str, size: str, seconds: str) -> None:
+        self.db.execute(
+            "INSERT INTO video_jobs (id, model, prompt, size, seconds, status, created_at, owner_pid) "
+            "VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
+            (job_id, model, prompt, size, seconds, int(time.time()), os.getpid()),
+        )
+
+    def progress(self, job_id: str, percent: int) -> None:
+        self.db.execute(
+            "UPDATE video_jobs SET status = 'in_progress', progress = MAX(progress, ?) "
+            "WHERE id = ? AND status IN ('queued', 'in_progress')",
+            (percent, job_id),
+        )
+
+    def complete(self, job_id: str, has_audio: bool) -> bool:
+        return self.db.execute(
+            "UPDATE video_jobs SET status = 'completed', progress = 100, completed_at = ?, has_audio = ? "
+            "WHERE id = ? AND status IN ('queued', 'in_progress')",
+            (int(time.time()), int(has_audio), job_id),
+        ) == 1
+
+    def fail(self, job_id: str, code: str, message: str, param: str | None = None) -> None:
+        self.db.execute(
+            "UPDATE video_jobs SET status = 'failed', completed_at = ?, error_code = ?, error_message = ?, "
+            "error_param = ? WHERE id = ? AND status IN ('queued', 'in_progress')",
+            (int(time.time()), code, message, param, job_id),
+        )
+
+    def get(self, job_id: str) -> JobRow | None:
+        row = self.db.query_one("SELECT * FROM video_jobs WHERE id = ?", (job_id,))
+        return _row(row) if row is not None else None
+
+    def page(self, after: str | None, limit: int, order: str) -> tuple[list[JobRow], bool]:
+        """Up to `limit` jobs after the job `after` (by creation), and whether more follow."""
+        desc = order == "desc"
+        where, params = "", []
+        if after is not None:
+            anchor = self.db.query_one("SELECT created_at FROM video_jobs WHERE id = ?", (after,))
+            if anchor is None:
+                raise KeyError(after)
+            cmp = "<" if desc else ">"
+            where = f"WHERE (created_at, id) {cmp} (?, ?)"
+            params = [anchor["created_at"], after]
+        direction = "DESC" if desc else "ASC"
+        rows = self.db.query(
+            f"SELECT * FROM video_jobs {where} ORDER BY created_at {direction}, id {direction} LIMIT ?",
+            (*params, limit + 1),
+        )
+        return [_row(r) for r in rows[:limit]], len(rows) > limit
+
+    def delete(self, job_id: str) -> bool:
+        gone = self.db.execute("DELETE FROM video_jobs WHERE id = ?", (job_id,)) == 1
+        for variant in VARIANTS:
+            self.path(job_id, variant).unlink(missing_ok=True)
+        return gone
+
+    def fail_orphans(self) -> list[str]:
+        """Mark failed every unfinished job whose server process is gone; return their ids."""
+        rows = self.db.query(
+            "SELECT id, owner_pid FROM video_jobs WHERE status IN ('queued', 'in_progress')"
+        )
+        lost = [r["id"] for r in rows if r["owner_pid"] == os.getpid() or not _alive(r["owner_pid"])]
+        for job_id in lost:
+            self.fail(job_id, "server_restarted",
+                      "the server stopped while this video was being generated; create it again")
+            for variant in VARIANTS:
+                self.path(job_id, variant).unlink(missing_ok=True)
+        return lost
+
+
+def _row(row: Any) -> JobRow:
+    return JobRow(
+        id=row["id"], model=row["model"], prompt=row["prompt"], size=row["size"], seconds=row["seconds"],
+        status=row["status"], progress=row["progress"], created_at=row["created_at"],
+        completed_at=row["completed_at"], error_code=row["error_code"], error_message=row["error_message"],
+        error_param=row["error_param"], has_audio=bool(row["has_audio"]),
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

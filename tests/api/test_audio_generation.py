@@ -1,0 +1,66 @@
+"""POST /v1/audio/generations end to end: `omni-run --model <tiny Stable Audio Open folder>`, a real HTTP client."""
+
+from __future__ import annotations
+
+import io
+
+import openai
+import pytest
+import requests
+
+pytest.importorskip("diffusers")
+sf = pytest.importorskip("soundfile")
+
+from omni_actors.models.tiny import make_tiny  # noqa: E402
+from tests.api.model_server import ModelRun  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+HTTP_TIMEOUT_S = 180
+RATE_HZ = 8000
+"""The tiny Stable Audio VAE's sample rate."""
+
+
+@pytest.fixture(scope="module")
+def audio_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stable-audio")
+    model = make_tiny("stable_audio", tmp / "tiny-stable-audio", seed=0)
+    run = ModelRun(tmp, model, tmp / "data")
+    try:
+        run.wait_ready()
+        yield run
+    finally:
+        run.stop()
+
+
+def generate(run: ModelRun, path: str = "/v1/audio/generations", **body) -> requests.Response:
+    body = {"model": run.model, "prompt": "drums and piano", "num_inference_steps": 2, **body}
+    return requests.post(f"{run.url}{path}", json=body, timeout=HTTP_TIMEOUT_S)
+
+
+def test_a_clip_decodes_at_the_asked_length_and_the_seed_repeats_it(audio_server):
+    first = generate(audio_server, seconds=0.5, seed=7)
+    assert first.status_code == 200, first.text
+    assert first.headers["Content-Type"] == "audio/wav"
+    audio, rate = sf.read(io.BytesIO(first.content))
+    assert (rate, audio.shape) == (RATE_HZ, (RATE_HZ // 2, 2))  # stereo, as Stable Audio Open makes
+    again = generate(audio_server, "/v1/audio/generate", seconds=0.5, seed=7)
+    assert again.content == first.content
+    flac = generate(audio_server, seconds=0.5, seed=7, response_format="flac")
+    assert sf.read(io.BytesIO(flac.content))[0].shape == (RATE_HZ // 2, 2)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"seconds": 100}, "seconds"),
+    ({"response_format": "ogg"}, "response_format"),
+    ({"colour": "red"}, "colour"),
+])  # fmt: skip
+def test_bad_inputs_are_400_naming_the_field(audio_server, body, param):
+    resp = generate(audio_server, **body)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == param, resp.text
+
+
+def test_a_video_route_says_what_the_model_makes(audio_server):
+    with pytest.raises(openai.BadRequestError) as err:
+        audio_server.client().videos.create(model=audio_server.model, prompt="x")
+    assert "produces ['audio']" in err.value.body["message"]

@@ -1,0 +1,219 @@
+"""/v1/videos end to end: the unmodified openai SDK against `omni-run --model <tiny Wan2.2 folder>`.
+
+Waiting for a job uses the server's long-poll (`retrieve(..., extra_query={"wait_s": ...})`),
+never a sleep loop. Tests run in file order against one server; the last one restarts it.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import requests
+
+pytest.importorskip("diffusers")
+av = pytest.importorskip("av")
+
+from omni_actors.bus.shm import unlink_segment  # noqa: E402
+from omni_actors.media.mp4 import probe  # noqa: E402
+from omni_actors.models.tiny import make_tiny  # noqa: E402
+from tests.api.model_server import ModelRun  # noqa: E402
+from tests.shutdown_support import runtime_dirs, segments_of  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks its video API deprecated
+
+JOB_WAIT_S = 180
+FAST = {"num_inference_steps": 2}
+LONG = {"num_inference_steps": 1000}
+"""A job that cannot finish while a test looks at it (1000 denoising steps)."""
+QUEUE = 2
+
+
+@dataclass
+class Served:
+    tmp: Path
+    model: Path
+    data: Path
+    run: ModelRun
+
+    @property
+    def client(self) -> openai.OpenAI:
+        return self.run.client()
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wan")
+    model = make_tiny("wan2_2", tmp / "tiny-wan", seed=0)
+    served = Served(tmp, model, tmp / "data", ModelRun(tmp, model, tmp / "data", {"0": {"max_queue": QUEUE}}))
+    try:
+        served.run.wait_ready()
+        yield served
+    finally:
+        served.run.stop()
+
+
+def wait_done(client: openai.OpenAI, video_id: str, past: str = "in_progress"):
+    return client.videos.retrieve(video_id, extra_query={"wait_s": JOB_WAIT_S, "past": past})
+
+
+def test_a_video_decodes_to_the_asked_size_and_frame_count(wan, tmp_path):
+    client = wan.client
+    job = client.videos.create(model=wan.model.name, prompt="a cat walks on the beach", size="48x32",
+                               seconds="0.5", extra_body={**FAST, "seed": 3})
+    assert (job.object, job.size, job.seconds) == ("video", "48x32", "0.5")
+    assert job.status in ("queued", "in_progress")
+    done = wait_done(client, job.id)
+    assert (done.status, done.progress, done.error) == ("completed", 100, None), done.error
+    assert done.completed_at is not None and done.completed_at >= done.created_at
+    path = tmp_path / "out.mp4"
+    path.write_bytes(client.videos.download_content(job.id).read())
+    made = probe(path)
+    # 0.5 s at Wan's 16 fps is 8 frames, snapped to the 4k + 1 frames its VAE makes.
+    assert (made.width, made.height, made.frames, made.fps, made.audio_channels) == (48, 32, 9, 16.0, 0)
+    with av.open(str(path)) as f:
+        stream = f.streams.video[0]
+        assert (stream.codec_context.name, stream.codec_context.pix_fmt) == ("h264", "yuv420p")
+    from PIL import Image
+
+    thumb = Image.open(io.BytesIO(client.videos.download_content(job.id, variant="thumbnail").read()))
+    assert thumb.size == (48, 32)
+    listed = [v.id for v in client.videos.list(order="desc")]
+    assert job.id in listed
+
+
+def test_sync_returns_the_mp4(wan, tmp_path):
+    resp = requests.post(f"{wan.run.url}/v1/videos/sync", json={"model": wan.model.name, "prompt": "rain",
+                         "size": "32x32", "num_frames": 5, **FAST}, timeout=JOB_WAIT_S)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["Content-Type"] == "video/mp4"
+    (tmp_path / "sync.mp4").write_bytes(resp.content)
+    made = probe(tmp_path / "sync.mp4")
+    assert (made.width, made.height, made.frames) == (32, 32, 5)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"size": "30x32"}, "size"),
+    ({"size": "big"}, "size"),
+    ({"seconds": "100"}, "seconds"),
+    ({"seconds": "-1"}, "seconds"),
+    ({"extra_body": {"num_frames": 6}}, "num_frames"),
+    ({"extra_body": {"num_inference_steps": 0}}, "num_inference_steps"),
+    ({"input_reference": ("f.png", b"\x89PNG not really", "image/png")}, "input_reference"),
+    ({"extra_body": {"colour": "red"}}, "colour"),
+])  # fmt: skip
+def test_bad_inputs_are_400_naming_the_field(wan, fields, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        wan.client.videos.create(model=wan.model.name, prompt="x", **fields)
+    assert err.value.body["param"] == param, err.value.body
+
+
+def test_unknown_video_and_model_are_404_and_audio_is_a_400_saying_what_the_model_makes(wan):
+    client = wan.client
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve("video_nope")
+    with pytest.raises(openai.NotFoundError):
+        client.videos.create(model="sora-2", prompt="x")
+    resp = requests.post(f"{wan.run.url}/v1/audio/generations", json={"prompt": "drums"}, timeout=30)
+    assert resp.status_code == 400
+    assert "produces ['video']" in resp.json()["error"]["message"]
+
+
+def test_deleting_a_running_job_stops_it_and_a_full_queue_is_429(wan):
+    client = wan.client
+    running = client.videos.create(model=wan.model.name, prompt="a", size="32x32", seconds="0.25",
+                                   extra_body=LONG)
+    assert wait_done(client, running.id, past="queued").status == "in_progress"
+    queued = client.videos.create(model=wan.model.name, prompt="b", size="32x32", seconds="0.25",
+                                  extra_body=LONG)
+    with pytest.raises(openai.RateLimitError):
+        client.videos.create(model=wan.model.name, prompt="c", size="32x32", seconds="0.25", extra_body=LONG)
+    gone = client.videos.delete(running.id)
+    assert (gone.id, gone.deleted, gone.object) == (running.id, True, "video.deleted")
+    wan.run.wait_for(r"video\.batch_aborted")  # the engine stopped it between denoising steps
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(running.id)
+    assert client.videos.delete(queued.id).deleted
+    assert not any(wan.data.rglob(f"{running.id}*")) and not any(wan.data.rglob(f"{queued.id}*"))
+    after = client.videos.create(model=wan.model.name, prompt="d", size="32x32", seconds="0.25",
+                                 extra_body=FAST)
+    assert wait_done(client, after.id).status == "completed"
+
+
+def test_a_restarted_server_keeps_finished_jobs_and_fails_lost_ones(wan, tmp_path):
+    client = wan.client
+    kept = client.videos.create(model=wan.model.name, prompt="kept", size="32x32", seconds="0.25",
+                                extra_body=FAST)
+    assert wait_done(client, kept.id).status == "completed"
+    lost = client.videos.create(model=wan.model.name, prompt="lost", size="32x32", seconds="0.25",
+                                extra_body=LONG)
+    assert wait_done(client, lost.id, past="queued").status == "in_progress"
+    # A crash: the server and its worker are killed mid-job; clean up what they cannot.
+    wan.run.kill()
+    for name in segments_of(wan.run.pid):
+        unlink_segment(name)
+    for left in runtime_dirs(wan.run.runtime_parent) - wan.run.runtime_before:
+        shutil.rmtree(wan.run.runtime_parent / left)
+    wan.run = ModelRun(wan.tmp, wan.model, wan.data, {"0": {"max_queue": QUEUE}})
+    wan.run.wait_ready()
+    client = wan.client
+    found = {v.id: v for v in client.videos.list(limit=100)}
+    assert found[kept.id].status == "completed"
+    assert found[lost.id].status == "failed"
+    assert found[lost.id].error.code == "server_restarted", found[lost.id].error
+    (tmp_path / "kept.mp4").write_bytes(client.videos.download_content(kept.id).read())
+    assert probe(tmp_path / "kept.mp4").frames == 5
+    with pytest.raises(openai.APIStatusError) as err:
+        client.videos.download_content(lost.id)
+    assert err.value.status_code == 409
+
+
+def test_image_to_video_takes_a_first_frame(tmp_path):
+    from PIL import Image
+
+    model = make_tiny("wan2_2_i2v", tmp_path / "tiny-wan-i2v", seed=0)
+    run = ModelRun(tmp_path, model, tmp_path / "data")
+    try:
+        run.wait_ready()
+        client = run.client()
+        # 160 x 160 x 3 bytes is past the bus's inline limit: the frame crosses in shared memory.
+        frame = np.random.default_rng(0).integers(0, 255, (160, 160, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="PNG")
+        job = client.videos.create(model=model.name, prompt="the sea", size="32x32", seconds="0.25",
+                                   input_reference=("first.png", buf.getvalue(), "image/png"), extra_body=FAST)
+        done = wait_done(client, job.id)
+        assert done.status == "completed", done.error
+        (tmp_path / "i2v.mp4").write_bytes(client.videos.download_content(job.id).read())
+        made = probe(tmp_path / "i2v.mp4")
+        assert (made.width, made.height, made.frames) == (32, 32, 5)
+        with pytest.raises(openai.BadRequestError) as err:
+            client.videos.create(model=model.name, prompt="no frame", size="32x32")
+        assert err.value.body["param"] == "input_reference"
+    finally:
+        run.stop()
+
+
+def test_ltx2_videos_carry_their_audio_track(tmp_path):
+    model = make_tiny("ltx2", tmp_path / "tiny-ltx2", seed=0)
+    run = ModelRun(tmp_path, model, tmp_path / "data")
+    try:
+        run.wait_ready()
+        client = run.client()
+        job = client.videos.create(model=model.name, prompt="a robot dancing", size="32x32",
+                                   extra_body={**FAST, "num_frames": 9})
+        done = wait_done(client, job.id)
+        assert done.status == "completed", done.error
+        (tmp_path / "ltx2.mp4").write_bytes(client.videos.download_content(job.id).read())
+        made = probe(tmp_path / "ltx2.mp4")
+        assert (made.width, made.height, made.frames, made.fps, made.audio_channels) == (32, 32, 9, 24.0, 2)
+        with av.open(str(tmp_path / "ltx2.mp4")) as f:
+            assert f.streams.audio[0].codec_context.name == "aac"
+            assert f.streams.audio[0].duration * f.streams.audio[0].time_base > 0.3  # ~9 frames at 24 fps
+    finally:
+        run.stop()
