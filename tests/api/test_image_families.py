@@ -11,8 +11,6 @@ from tests.api.conftest import eventually, idle, post
 from tests.api.image_family_support import decode, serve_family
 
 STEPS = 2
-PREVIEWED = {"z_image", "hunyuan_image"}
-"""Families with 4-D latents, previewed mid-run; Qwen-Image's packed latents are not (docs/media.md)."""
 
 
 FAMILIES = [
@@ -95,8 +93,5 @@ async def test_stream_sends_partial_images_then_completed(srv) -> None:
     assert events[-1].type == "image_generation.completed"
     assert decode(events[-1].b64_json).shape == (32, 32, 3)
     partial = [e for e in events if e.type == "image_generation.partial_image"]
-    if srv.family in PREVIEWED:
-        assert [e.partial_image_index for e in partial] == [0]
-        assert decode(partial[0].b64_json).shape == (32, 32, 3)
-    else:
-        assert partial == []
+    assert [e.partial_image_index for e in partial] == [0]
+    assert decode(partial[0].b64_json).shape == (32, 32, 3)

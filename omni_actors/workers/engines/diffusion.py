@@ -6,12 +6,12 @@ signature (models/diffusion/capabilities.py), not from its name: text-to-image
 pipelines take `prompt`, class-conditional ones `class_labels`, unconditional
 ones `batch_size`; edit pipelines take `image` (and `mask_image`).
 
-Stepping. A batch runs `pipe(...)` on the runner thread (diffusion_batch.py).
-At the end of every denoising step the thread reports progress and blocks
-until the engine releases the next step, so each `engine.step()` advances
-exactly one denoising step. After the last step the thread runs on through the
-VAE decode and the output conversion. Abort between steps: the blocked
-callback raises, the pipeline call unwinds.
+Stepping. A batch runs `pipe(...)` on the runner thread (diffusion_batch.py),
+free: at the end of every denoising step it queues a progress report and goes
+on; each `engine.step()` takes the next report, so the worker sees every step
+in order. After the last step the thread runs on through the VAE decode and the
+output conversion. Abort between steps: the step callback sees the stop flag
+and raises, the pipeline call unwinds.
 
 Requests: see diffusion_request.py for the fields. Batching: queued requests
 with equal `batch_key` (size, steps, guidance, negative prompt or not, layers,
@@ -123,8 +123,6 @@ class DiffusionEngine(StageEngine):
             if not self._queue:
                 return []
             self._batch = self._start_batch()
-        else:
-            self._batch.release()
         batch = self._batch
         report = batch.wait_report()
         if report[0] == "progress":
