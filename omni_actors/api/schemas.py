@@ -204,7 +204,6 @@ class ChatCompletionChunk(Struct):
 
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 MAX_VOICE_CHARS = 128
-MAX_INSTRUCTIONS_CHARS = 4096
 
 
 class VoiceRef(Struct, forbid_unknown_fields=True):
@@ -217,7 +216,7 @@ class SpeechRequest(_Req):
     model: str
     input: Annotated[str, Meta(min_length=1, max_length=16384)]
     voice: Annotated[str, Meta(min_length=1, max_length=MAX_VOICE_CHARS)] | VoiceRef | None = None
-    instructions: Annotated[str, Meta(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
+    instructions: Instructions | None = None
     response_format: SpeechFormat = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
     stream: bool = False

@@ -25,14 +25,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from aiohttp import WSMsgType, web
 
 from omni_actors.api.calls import PipelineCall, orchestrator, require_model, require_outputs
 from omni_actors.api.errors import ApiError, bad_request, from_exception
-from omni_actors.api.schemas import MAX_INSTRUCTIONS_CHARS, SpeechFormat, SpeechUsage, VoiceRef
+from omni_actors.api.schemas import Instructions, SpeechFormat, SpeechUsage, VoiceRef
 from omni_actors.api.speech import Encoding, audio_of
 from omni_actors.api.speech_audio import FORMATS
 from omni_actors.api.speech_inputs import speech_call
@@ -54,7 +54,7 @@ class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     model: str | None = None
     voice: str | VoiceRef | None = None
     response_format: SpeechFormat = "pcm"
-    instructions: Annotated[str, msgspec.Meta(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
+    instructions: Instructions | None = None
     speed: float = 1.0
     seed: int | None = None
 
