@@ -8,11 +8,15 @@ it, the session kept); a response the stage refuses for the client's values
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 from typing import Any
 
 import aiohttp
 import pytest
 
+from omni_actors import audio as audio_mod
+from omni_actors.api.realtime.audio import WIRE_RATE
 from omni_actors.api.schemas import MAX_INSTRUCTIONS_CHARS, MAX_NAME_CHARS, MAX_TOOLS
 from tests.api.conftest import post
 from tests.api.realtime.conftest import RtServer, connect
@@ -66,4 +70,18 @@ async def test_a_response_the_stage_refuses_is_the_clients_error(srv: RtServer) 
         # the session still answers an ordinary response
         await c.send("response.create", response={"modalities": ["text"], "max_response_output_tokens": 2})
         assert (await c.until("response.done"))[-1]["response"]["status"] in ("completed", "incomplete")
+        await c.ws.close()
+
+
+async def test_realtime_audio_item_over_the_input_limit_is_refused_before_decoding(
+        srv: RtServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(audio_mod, "SETTINGS", dataclasses.replace(audio_mod.SETTINGS, max_input_audio_s=0.5))
+    one_second = base64.b64encode(bytes(2 * WIRE_RATE)).decode()
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        eid = await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": one_second}]})
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"]) == ("item.content[0].audio", eid), err
+        assert "max_input_audio_s" in err["message"]
         await c.ws.close()
