@@ -24,6 +24,7 @@ from tests.api.realtime.conftest import RtServer, connect
 CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "a b"}]
 TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+CHAT_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -32,13 +33,28 @@ TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "prope
     pytest.param({"stop": ["a", "b", "c", "d", "e"]}, "stop", id="five-stops"),
     pytest.param({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", id="17-metadata-pairs"),
     pytest.param({"model": "m" * 10_000}, "model", id="huge-model"),
-    pytest.param({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", id="tools-not-served"),
+    pytest.param({"tools": [CHAT_TOOL] * (MAX_TOOLS + 1)}, "tools", id="too-many-tools"),
 ])
 async def test_chat_string_and_list_sizes_are_bounded(srv: RtServer, fields: dict[str, Any], param: str) -> None:
     before = srv.orch.statistics().requests_total
     status, body = await post(srv, CHAT, {"model": "synthetic", "messages": MSG, **fields})
     assert status == 400 and body["error"]["param"] == param, body
     assert srv.orch.statistics().requests_total == before
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    pytest.param({"tools": [CHAT_TOOL]}, "tools", id="tools"),
+    pytest.param({"tools": [CHAT_TOOL], "tool_choice": "required"}, "tools", id="tools-required"),
+    pytest.param({"tool_choice": "auto"}, "tool_choice", id="tool-choice-alone"),
+])
+async def test_chat_tools_are_refused_by_name_not_ignored(srv: RtServer, fields: dict[str, Any], param: str) -> None:
+    """No synthetic stage calls tools: accepting them and never calling one would be a silent lie."""
+    status, body = await post(srv, CHAT, {"model": "synthetic", "messages": MSG, **fields})
+    assert (status, body["error"]["param"], body["error"]["code"]) == (400, param, "unsupported_parameter"), body
+    assert "can call tools" in body["error"]["message"]
+    status, body = await post(srv, CHAT, {"model": "synthetic", "messages": MSG, "tool_choice": "none",
+                                          "max_tokens": 2})
+    assert status == 200, body
 
 
 @pytest.mark.parametrize(("session", "param"), [
