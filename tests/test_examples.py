@@ -157,7 +157,8 @@ async def test_readme_synthetic_example(tmp_path: Path) -> None:
         port = str(s.getsockname()[1])
     serve_cmd = serve_cmd.replace(".venv/bin/", f"{Path(sys.executable).parent}/").replace("8001", port)
     proc = await asyncio.create_subprocess_shell(f"exec {serve_cmd}", cwd=EXAMPLES.parent, stdout=PIPE,
-                                                 stderr=asyncio.subprocess.STDOUT)
+                                                 stderr=asyncio.subprocess.STDOUT,
+                                                 env={**os.environ, "OMNI_LOG_LEVEL": "info"})  # says server.ready
     try:
         async def ready() -> None:
             assert proc.stdout is not None
