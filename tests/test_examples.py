@@ -1,14 +1,26 @@
-"""Every deploy file in examples/ loads and validates (no workers started).
+"""The examples users copy: every deploy file in examples/ loads and validates, and every README block runs.
 
 `model` in the examples is a placeholder the user replaces; here it is
-overridden with an existing folder, as `omni-run --model DIR` does.
+overridden with an existing folder, as `omni-run --model DIR` does. README
+blocks run as a user would run them (curl in a shell, the realtime script as its
+own Python process) against the real assistant or `omni-run` itself.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import sys
+from asyncio.subprocess import PIPE
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import soundfile as sf
 
 from omni_actors.config.deploy import load_deploy
 from omni_actors.config.pipeline import get_pipeline
@@ -55,3 +67,107 @@ def test_split_examples_place_stages_on_devices(tmp_path: Path) -> None:
     for name in ("qwen2_5_omni_split", "qwen3_omni_moe_split"):
         cfg = load_deploy(EXAMPLES / f"{name}.yaml", {"model": str(tmp_path)})
         assert all(st.device_list() for st in cfg.stages), name
+
+
+# ---- README: every code block, run as a user would ------------------------------------
+
+README = EXAMPLES.parent / "README.md"
+NOT_RUN = {"scripts/dev.sh": "sets up the machine and runs the whole suite (what CI itself runs)"}
+"""README blocks not run here (a phrase in the block -> why)."""
+READY_TIMEOUT_S = 120.0
+"""How long `omni-run` on the synthetic pipeline may take to say server.ready."""
+EXAMPLE_TIMEOUT_S = 300.0
+"""One README command against the assistant (on 2 shared cores, a spoken answer takes a while)."""
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """(language, code) of every fenced block in README.md, in order."""
+    return re.findall(r"^```(\w+)\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+
+
+def _commands(code: str) -> list[str]:
+    """Shell commands of a bash block: comments dropped, continuation lines joined."""
+    return [c.strip() for c in re.sub(r"\\\n", " ", re.sub(r"(?m)^\s*#.*\n", "", code)).split("\n") if c.strip()]
+
+
+@pytest.fixture(scope="module")
+async def assistant_url() -> AsyncIterator[str]:
+    """The bundled assistant deploy (as `omni-run` serves it, no keys) on a free port."""
+    from omni_actors.cli import bundled_deploy
+    from omni_actors.models.assistant.prepare import prepare
+    from tests.api.conftest import serve_deploy
+
+    deploy = load_deploy(bundled_deploy(), {"model": str(prepare(progress=None))})
+    async with serve_deploy(deploy, None) as srv:
+        yield srv.url.removeprefix("http://")
+
+
+async def _run(cmd: str, cwd: Path, env: dict[str, str]) -> bytes:
+    proc = await asyncio.create_subprocess_shell(cmd, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), EXAMPLE_TIMEOUT_S)
+    assert proc.returncode == 0, (cmd, proc.returncode, out[-2000:], err[-2000:])
+    return out
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / ".curlrc").write_text("fail-with-body\n")  # a 4xx / 5xx answer fails the command
+    return {**os.environ, "CURL_HOME": str(tmp_path)}
+
+
+def test_every_readme_block_is_run_here() -> None:
+    blocks = readme_blocks()
+    kinds = [lang for lang, code in blocks if not any(k in code for k in NOT_RUN)]
+    assert kinds.count("python") == 1 and kinds.count("bash") == 2, blocks
+    assert "docs/architecture.md" in README.read_text() and (EXAMPLES.parent / "docs/architecture.md").exists()
+
+
+def _json_values(out: bytes) -> list[dict]:
+    """The JSON documents curl printed one after another."""
+    text, values, decoder = out.decode(), [], json.JSONDecoder()
+    while text.strip():
+        value, end = decoder.raw_decode(text.strip())
+        values.append(value)
+        text = text.strip()[end:]
+    return values
+
+
+async def test_readme_assistant_examples(assistant_url: str, tmp_path: Path) -> None:
+    """The curl block (speech to hello.wav, its transcript, a spoken chat answer), then the realtime script."""
+    env = _env(tmp_path)
+    [curl] = [code for lang, code in readme_blocks() if lang == "bash" and "localhost:8000" in code]
+    (tmp_path / "examples.sh").write_text(curl.replace("localhost:8000", assistant_url))
+    transcript, chat = _json_values(await _run("bash -e examples.sh", tmp_path, env))
+    wave, rate = sf.read(tmp_path / "hello.wav")  # a real WAV, as its name says
+    assert rate > 8000 and wave.size / rate > 0.5
+    assert "assistant" in transcript["text"].lower()  # "Hello! The assistant is up."
+    message = chat["choices"][0]["message"]
+    assert "paris" in message["content"].lower() and message["audio"]["data"]
+    [script] = [code for lang, code in readme_blocks() if lang == "python"]
+    (tmp_path / "realtime.py").write_text(script.replace("127.0.0.1:8000", assistant_url))
+    said = await _run(f"{sys.executable} realtime.py", tmp_path, env)
+    assert "paris" in said.decode().lower(), said
+
+
+async def test_readme_synthetic_example(tmp_path: Path) -> None:
+    """`omni-run --deploy omni_actors/deploy/synthetic.yaml --port 8001`, then its curl, on a free port."""
+    [block] = [code for lang, code in readme_blocks() if lang == "bash" and "synthetic.yaml" in code]
+    serve_cmd, probe = _commands(block)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    serve_cmd = serve_cmd.replace(".venv/bin/", f"{Path(sys.executable).parent}/").replace("8001", port)
+    proc = await asyncio.create_subprocess_shell(f"exec {serve_cmd}", cwd=EXAMPLES.parent, stdout=PIPE,
+                                                 stderr=asyncio.subprocess.STDOUT,
+                                                 env={**os.environ, "OMNI_LOG_LEVEL": "info"})  # says server.ready
+    try:
+        async def ready() -> None:
+            assert proc.stdout is not None
+            while b"server.ready" not in (line := await proc.stdout.readline()):
+                assert line, "omni-run ended before server.ready"
+        await asyncio.wait_for(ready(), READY_TIMEOUT_S)
+        out = await _run(probe.replace("8001", port), tmp_path, _env(tmp_path))
+        assert json.loads(out)["status"] == "ok"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(proc.communicate(), READY_TIMEOUT_S)
+    assert proc.returncode == 0

@@ -79,7 +79,8 @@ def build_app(orch: Orchestrator) -> web.Application:
     app[ORCH_KEY] = orch
     app[METRICS_KEY] = ApiMetrics(orch)
     app[STARTED_KEY] = time.time()
-    app[OPENAPI_KEY] = msgspec.json.encode(build_openapi("omni-actors", __version__))
+    app[OPENAPI_KEY] = msgspec.json.encode(build_openapi("omni-actors", __version__, orch.pipeline.output_types(),
+                                                         auth=bool(server.api_keys)))
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_route)
     app.router.add_get("/openapi.json", openapi_route)

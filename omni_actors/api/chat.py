@@ -140,6 +140,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request(f"response_format {req.response_format.type!r} is not supported: answers are plain "
                           "text (response_format 'text')", "response_format.type", "unsupported_value")
+    if req.tools or req.tool_choice not in (None, "none"):
+        param = "tools" if req.tools else "tool_choice"
+        raise bad_request(f"function calling is not served: pipeline {orch.pipeline.name!r} has no stage that "
+                          "can call tools; send the request without `tools` / `tool_choice`", param,
+                          "unsupported_parameter")
     model = require_model(orch, req.model)
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     require_outputs(orch, set(modalities), "modalities")

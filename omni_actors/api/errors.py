@@ -67,13 +67,14 @@ class ApiError(Exception):
     """An error answered to the client with an OpenAI-style body."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 close: bool = False) -> None:
+                 close: bool = False, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.close = close  # answer with `Connection: close`: the body's framing is lost, so is the connection
+        self.headers = headers or {}
 
     @property
     def type(self) -> str:
@@ -83,7 +84,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        headers = {**self.headers, **({"WWW-Authenticate": "Bearer"} if self.status == 401 else {})}
         resp = web.Response(body=msgspec.json.encode(self.body()), status=self.status,
                             content_type="application/json", headers=headers)
         if self.close:
@@ -159,9 +160,10 @@ def _from_http(exc: web.HTTPException) -> ApiError:
     match exc.status:
         case 404:
             return ApiError(404, "unknown route", None, "not_found")
-        case 405:
-            return ApiError(405, f"method {exc.method if hasattr(exc, 'method') else ''} not allowed",
-                            None, "method_not_allowed")
+        case 405 if isinstance(exc, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            return ApiError(405, f"method {exc.method} not allowed; this route allows {allowed}", None,
+                            "method_not_allowed", headers={"Allow": allowed})
         case 413:
             return ApiError(413, f"request body too large: {exc.text or ''}".strip(), None, "body_too_large")
     return ApiError(exc.status, exc.reason, None, None)

@@ -1,19 +1,34 @@
-"""GET /openapi.json: an OpenAPI 3.1 document generated from the msgspec structs in schemas.py."""
+"""GET /openapi.json: an OpenAPI 3.1 document of what this server answers, from the msgspec structs in schemas.py.
+
+Built once per app for the loaded pipeline, so it agrees with the server:
+
+- only the routes whose outputs the pipeline produces are listed (no speech route
+  for a text-only pipeline); the realtime WebSocket is not an OpenAPI operation;
+- bearer auth is declared on an operation only when API keys are configured and
+  the route is not public (`middleware.PUBLIC_PATHS`), and 401 is listed there;
+- each response names the content types the route really sends: audio types by
+  `response_format` for speech, `text/event-stream` for streamed answers, `text/plain`
+  for a transcript with `response_format: "text"`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from omni_actors.api import schemas as s
+from omni_actors.api.audio_codec import CONTENT_TYPES
+from omni_actors.api.middleware import PUBLIC_PATHS
 
 REF = "#/components/schemas/{name}"
+SSE = "text/event-stream"
 
 _JSON_ERRORS = {
     "400": "Invalid request (the `param` names the field)",
-    "401": "Missing or wrong API key",
     "404": "Unknown model",
     "408": "Body not received in time",
     "413": "Body over the size limit",
@@ -22,27 +37,46 @@ _JSON_ERRORS = {
     "503": "A stage is unavailable",
     "504": "The request passed its deadline",
 }
+_SPEECH_TYPES = sorted({CONTENT_TYPES[f] for f in ("wav", "pcm", "flac", "mp3", "opus")})
 
-# (method, path, summary, request struct, {status: (description, content type, struct or None)})
-_ROUTES: list[tuple[str, str, str, type | None, dict[str, tuple[str, str, type | None]]]] = [
-    ("post", "/v1/chat/completions", "Chat completion (SSE when stream=true)", s.ChatCompletionRequest,
-     {"200": ("A chat completion, or chat.completion.chunk events", "application/json", s.ChatCompletion)}),
-    ("post", "/v1/audio/speech", "Text to speech", s.SpeechRequest,
-     {"200": ("Audio in response_format (or speech.audio.* SSE events)", "application/octet-stream", None)}),
-    ("post", "/v1/audio/transcriptions", "Speech to text (multipart/form-data upload)", s.TranscriptionForm,
-     {"200": ("The transcript (or transcript.text.* SSE events)", "application/json", s.Transcription)}),
-    ("post", "/v1/images/generations", "Text to image", s.ImageRequest,
-     {"200": ("Generated images", "application/json", s.ImagesResponse)}),
-    ("get", "/v1/models", "Served models", None, {"200": ("Model list", "application/json", s.ModelList)}),
-    ("get", "/v1/models/{model}", "One served model", None, {"200": ("A model", "application/json", s.Model)}),
-    ("get", "/health", "Readiness of every stage", None,
-     {"200": ("Every stage ready", "application/json", s.Health),
-      "503": ("Some stage not ready", "application/json", s.Health)}),
-    ("get", "/metrics", "Prometheus metrics", None, {"200": ("Prometheus text", "text/plain", None)}),
-]
 
-_EXTRA = (s.ChatCompletionChunk, s.SpeechAudioDelta, s.SpeechAudioDone, s.TranscriptTextDelta,
-          s.TranscriptTextDone, s.ErrorResponse)
+@dataclass(frozen=True)
+class _Route:
+    method: str
+    path: str
+    summary: str
+    request: type | None
+    ok: dict[str, type | None]
+    """Content type -> schema of the 200 answer (None: a string / binary body)."""
+    needs: frozenset[str] = frozenset()
+    """Output types the pipeline must produce for the route to be served."""
+    extra: tuple[tuple[str, str, type], ...] = ()
+    """Other answers: (status, description, schema), sent as JSON."""
+
+
+_ROUTES = (
+    _Route("post", "/v1/chat/completions", "Chat completion (chat.completion.chunk events when stream=true)",
+           s.ChatCompletionRequest, {"application/json": s.ChatCompletion, SSE: s.ChatCompletionChunk},
+           frozenset({"text"})),
+    _Route("post", "/v1/audio/speech", "Text to speech: audio in response_format (speech.audio.* events "
+           "when stream_format=sse)", s.SpeechRequest,
+           {**dict.fromkeys(_SPEECH_TYPES), SSE: s.SpeechAudioDelta}, frozenset({"audio"})),
+    _Route("post", "/v1/audio/transcriptions", "Speech to text (multipart/form-data upload; "
+           "transcript.text.* events when stream=true)", s.TranscriptionForm,
+           {"application/json": s.Transcription, "text/plain": None, SSE: s.TranscriptTextDelta},
+           frozenset({"transcript"})),
+    _Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
+           {"application/json": s.ImagesResponse}, frozenset({"image"})),
+    _Route("get", "/v1/models", "Served models", None, {"application/json": s.ModelList}),
+    _Route("get", "/v1/models/{model}", "One served model", None, {"application/json": s.Model},
+           extra=(("404", "Unknown model", s.ErrorResponse),)),
+    _Route("get", "/health", "Readiness of every stage", None, {"application/json": s.Health},
+           extra=(("503", "Some stage not ready", s.Health),)),
+    _Route("get", "/metrics", "Prometheus metrics", None, {"text/plain": None}),
+    _Route("get", "/openapi.json", "This document", None, {"application/json": None}),
+)
+
+_EXTRA = (s.SpeechAudioDone, s.TranscriptTextDone, s.ErrorResponse)
 _UPLOADS = {s.TranscriptionForm}
 """Request structs sent as multipart/form-data rather than JSON."""
 
@@ -51,37 +85,65 @@ def _ref(t: type) -> dict[str, str]:
     return {"$ref": REF.format(name=t.__name__)}
 
 
-def build_openapi(title: str, version: str) -> dict[str, Any]:
-    types = [t for *_, req, resp in _ROUTES for t in (req, *(x[2] for x in resp.values())) if t is not None]
+def _json_error(desc: str) -> dict[str, Any]:
+    return {"description": desc, "content": {"application/json": {"schema": _ref(s.ErrorResponse)}}}
+
+
+def _schema(ctype: str, struct: type | None) -> dict[str, Any]:
+    if struct is not None:
+        return _ref(struct)
+    if ctype.startswith("audio/"):
+        return {"type": "string", "format": "binary"}
+    return {"type": "object"} if ctype == "application/json" else {"type": "string"}
+
+
+def served_routes(outputs: Iterable[str]) -> list[_Route]:
+    have = set(outputs)
+    return [r for r in _ROUTES if r.needs <= have]
+
+
+def _operation(route: _Route, auth: bool) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": route.summary,
+                          "operationId": f"{route.method}_{route.path.strip('/').replace('/', '_')}"}
+    if "{model}" in route.path:
+        op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if route.request is not None:
+        ctype = "multipart/form-data" if route.request in _UPLOADS else "application/json"
+        op["requestBody"] = {"required": True, "content": {ctype: {"schema": _ref(route.request)}}}
+    out: dict[str, Any] = {"200": {"description": "OK", "content": {
+        ctype: {"schema": _schema(ctype, struct)} for ctype, struct in route.ok.items()}}}
+    for status, desc, struct in route.extra:
+        out[status] = {"description": desc, "content": {"application/json": {"schema": _ref(struct)}}}
+    if route.request is not None:
+        for status, desc in _JSON_ERRORS.items():
+            out.setdefault(status, _json_error(desc))
+    if route.method == "post":
+        out["500"] = _json_error("A stage engine failed for this request")
+    if auth and route.path not in PUBLIC_PATHS:
+        op["security"] = [{"bearer": []}, {"api-key": []}]
+        out["401"] = _json_error("Missing or wrong API key")
+    elif auth:
+        op["security"] = []  # public: probes and scrapers carry no key
+    op["responses"] = out
+    return op
+
+
+def build_openapi(title: str, version: str, outputs: Iterable[str], auth: bool) -> dict[str, Any]:
+    """The document for a pipeline producing `outputs`, with API keys required when `auth`."""
+    routes = served_routes(outputs)
+    types = [t for r in routes for t in (r.request, *r.ok.values(), *(x[2] for x in r.extra)) if t is not None]
     _, components = msgspec.json.schema_components([*dict.fromkeys([*types, *_EXTRA])], ref_template=REF)
     paths: dict[str, Any] = {}
-    for method, path, summary, req, responses in _ROUTES:
-        op: dict[str, Any] = {"summary": summary, "operationId": f"{method}_{path.strip('/').replace('/', '_')}"}
-        if "{model}" in path:
-            op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
-        if req is not None:
-            ctype = "multipart/form-data" if req in _UPLOADS else "application/json"
-            op["requestBody"] = {"required": True, "content": {ctype: {"schema": _ref(req)}}}
-        out: dict[str, Any] = {}
-        for status, (desc, ctype, struct) in responses.items():
-            schema = _ref(struct) if struct is not None else {"type": "string"}
-            out[status] = {"description": desc, "content": {ctype: {"schema": schema}}}
-        if req is not None or "{model}" in path:
-            for status, desc in _JSON_ERRORS.items():
-                out.setdefault(status, {"description": desc,
-                                        "content": {"application/json": {"schema": _ref(s.ErrorResponse)}}})
-        op["responses"] = out
-        paths.setdefault(path, {})[method] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": title, "version": version},
-        "paths": paths,
-        "components": {
-            "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}],
-    }
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method] = _operation(route, auth)
+    doc: dict[str, Any] = {"openapi": "3.1.0", "info": {"title": title, "version": version}, "paths": paths,
+                           "components": {"schemas": components}}
+    if auth:
+        doc["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "api-key": {"type": "apiKey", "in": "header", "name": "api-key"},
+        }
+    return doc
 
 
 OPENAPI_KEY = web.AppKey("openapi", bytes)

@@ -128,6 +128,10 @@ class ChatCompletionRequest(_Req):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    tools: Tools | None = None
+    """Refused by name while no served stage can call tools (the handler says so)."""
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     user: Name | None = None
     # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
     store: bool | None = None

@@ -7,7 +7,7 @@ Behaviour is set by the deploy's `engine_extras` (and a few request params):
     chunks          outputs per request (entry and full-payload stages)
     step_delay_ms   simulated compute per step (one step serves every active request)
     payload_bytes   an extra uint8 array "blob" of this size in every chunk
-    samples         audio samples per chunk; sample_rate (24000)
+    samples         audio samples per chunk; sample_rate (omni_actors.audio.DEFAULT_SAMPLE_RATE)
     fail_on_chunk   fail each request when it reaches this chunk (-1: never)
     max_chunks      the most outputs a request may ask for (100000), like a model's context:
                     more is refused at add (ValueError), as vLLM refuses max_tokens past it
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from omni_actors.audio import DEFAULT_SAMPLE_RATE
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 
 
@@ -63,7 +64,7 @@ class SyntheticEngine(StageEngine):
         self.step_delay_s = float(x.get("step_delay_ms", 0)) / 1000.0
         self.payload_bytes = int(x.get("payload_bytes", 0))
         self.samples = int(x.get("samples", 2400))
-        self.sample_rate = int(x.get("sample_rate", 24000))
+        self.sample_rate = int(x.get("sample_rate", DEFAULT_SAMPLE_RATE))
         self.fail_on_chunk = int(x.get("fail_on_chunk", -1))
         self.max_chunks = int(x.get("max_chunks", 100_000))
         if x.get("fail_start"):

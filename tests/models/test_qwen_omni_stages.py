@@ -312,6 +312,19 @@ def test_audio_and_image_inputs_match_transformers(stages):
     np.testing.assert_array_equal(codes[: len(ref)], ref)
 
 
+def test_audio_at_another_rate_is_resampled_for_the_audio_encoder(stages):
+    """0.5 s of audio is 0.5 s whatever its rate: the same number of audio tokens at 16 and 24 kHz."""
+    engine, counts = stages.engines[0], []
+    for rate in (16_000, 24_000):
+        audio = (0.1 * np.sin(2 * np.pi * 220 * np.arange(rate // 2) / rate)).astype(np.float32)
+        engine.add(f"r{rate}", {"messages": MSGS, "audio": audio, "sample_rate": rate}, stages.params(0))
+        outs = []
+        while engine.has_work():
+            outs += [o.payload for o in engine.step() if o.request_id == f"r{rate}"]
+        counts.append(outs[0]["prompt_token_ids"].count(engine.adapter.config.audio_token_id))
+    assert counts[0] > 0 and counts[0] == counts[1], counts
+
+
 def test_abort_mid_stream_leaves_others_running(stages):
     reqs = {"keep": {"messages": MSGS}, "drop": {"messages": MSGS}}
     res, _ = stages.run_chunked(reqs, abort_at={"drop": 4})

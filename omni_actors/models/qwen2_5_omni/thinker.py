@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni_actors.audio import resample
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
 from omni_actors.workers.engines.hf_ar import (
     ARAdapter,
@@ -93,7 +94,9 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
     # ---- requests ----------------------------------------------------------
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
-        audios = _as_list(inputs.get("audio"))
+        rate = int(inputs.get("sample_rate") or AUDIO_RATE)  # the API passes audio at the client's rate
+        audios = [resample(np.asarray(a, np.float32).reshape(-1), rate, AUDIO_RATE)
+                  for a in _as_list(inputs.get("audio"))]
         images = _as_list(inputs.get("image"))
         if "messages" in inputs and (audios or images):
             inputs = {**inputs, "messages": self._with_media(inputs["messages"], audios, images)}
