@@ -253,8 +253,8 @@ class TranscriptionForm(Struct, kw_only=True):
     model: str
     response_format: Literal["json", "text"] = "json"
     stream: bool = False
-    language: str | None = None
-    prompt: str | None = None
+    language: Name | None = None
+    prompt: Instructions | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
 
 

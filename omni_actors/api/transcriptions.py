@@ -41,6 +41,8 @@ from omni_actors.api.calls import (
 )
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.schemas import (
+    MAX_INSTRUCTIONS_CHARS,
+    MAX_NAME_CHARS,
     Transcription,
     TranscriptionUsage,
     TranscriptTextDelta,
@@ -125,6 +127,9 @@ def _options(fields: dict[str, str]) -> tuple[str, bool, dict[str, Any]]:
             temperature = -1.0
         if not 0.0 <= temperature <= 1.0:
             raise bad_request("temperature must be a number between 0 and 1", "temperature")
+    for name, limit in (("language", MAX_NAME_CHARS), ("prompt", MAX_INSTRUCTIONS_CHARS)):
+        if len(fields.get(name, "")) > limit:
+            raise bad_request(f"{name} is longer than {limit} characters", name)
     params = drop_none({"modalities": ["transcript"], "language": fields.get("language") or None,
                         "prompt": fields.get("prompt") or None, "temperature": temperature})
     return fmt, stream == "true", params

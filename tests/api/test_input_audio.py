@@ -124,3 +124,15 @@ def test_stream_resampler_matches_the_whole_clip(src: int, dst: int) -> None:
     assert whole.size == dst and np.array_equal(whole, chunked)
     ref = 0.5 * np.sin(2 * np.pi * 300 * np.arange(dst) / dst)
     assert np.abs(whole[100:-100] - ref[100:-100]).max() < 1e-3
+
+
+@pytest.mark.parametrize(("field", "size"), [("language", 300), ("prompt", 70_000)])
+async def test_transcription_text_fields_are_bounded(asr_srv: Server, field: str, size: int) -> None:
+    form = aiohttp.FormData(default_to_multipart=True)
+    form.add_field("file", GOOD, filename="a.wav", content_type="audio/wav")
+    form.add_field("model", "synthetic_asr")
+    form.add_field(field, "x" * size)
+    async with aiohttp.ClientSession(headers=asr_srv.headers) as http, http.post(asr_srv.url + TRANSCRIBE,
+                                                                                data=form) as resp:
+        body = await resp.json()
+    assert (resp.status, body["error"]["param"]) == (400, field), body
