@@ -100,7 +100,7 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             ({"turn_detection": {"silence_duration_ms": 10**9}}, "session.turn_detection.silence_duration_ms"),
             ({"modalities": []}, "session.modalities"),
             ({"output_modalities": []}, "session.output_modalities"),
-            ({"type": "transcription"}, "session.type"),
+            ({"type": "translation"}, "session.type"),
             ({"audio": {"input": {"format": {"type": "audio/wav"}}}}, "session.audio.input.format.type"),
             ({"audio": {"output": {"format": "opus"}}}, "session.audio.output.format"),
             # one good field does not slip through beside a bad one
