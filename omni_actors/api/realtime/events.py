@@ -5,7 +5,7 @@
 
 Client events are one tagged union decoded in one pass; `session.update` accepts
 the beta shape (flat `input_audio_format`, `turn_detection`...) and the GA one
-(`type: "realtime"`, `audio.input.*`, `audio.output.*`, `output_modalities`),
+(`type: "realtime"` or `"transcription"`, `audio.input.*`, `audio.output.*`, `output_modalities`),
 lenient about fields we do not use. Server events carry their beta name; GA renames a few.
 """
 

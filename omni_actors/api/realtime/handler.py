@@ -3,7 +3,8 @@
 The loop decodes each client event and dispatches it with `match`. Audio is
 decoded, resampled to 16 kHz and run through the VAD off the event loop (one
 shared thread), in arrival order. Responses run as tasks (responses.py) that
-send their own deltas. Any bad event is answered with an `error` event and
+send their own deltas; a transcription session transcribes each committed
+turn instead (transcription.py). Any bad event is answered with an `error` event and
 the session goes on; a closed or vanished client aborts its response in every
 stage of the pipeline.
 """
@@ -197,6 +198,9 @@ class RealtimeSession:
             cfg, dialect = apply_update(self.cfg, s)
             if self.transcribes_only and s.type == "realtime":
                 raise ev.BadEvent(self._only_transcribes(), code="unsupported_session_type", param="session.type")
+            if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():
+                raise ev.BadEvent(f"pipeline {self.orch.pipeline.name!r} makes no transcripts: it cannot serve a "
+                                  "transcription session", code="unsupported_session_type", param="session.type")
         except ev.BadEvent as err:
             err.event_id = eid
             raise
