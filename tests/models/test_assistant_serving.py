@@ -182,6 +182,44 @@ async def test_realtime_spoken_turn(srv: Server, question_wav: bytes) -> None:
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_realtime_transcription_session(srv: Server, question_wav: bytes) -> None:
+    """GA `session.type: "transcription"`: a server-VAD turn of the question is transcribed by the ASR
+    stage alone (deltas adding up to the transcript, no response); a language Whisper refuses fails the turn."""
+    wave, rate = read_wav(question_wav)
+    wire = np.concatenate([resample(wave, rate, WIRE_RATE), np.zeros(WIRE_RATE, np.float32)])
+    chunks = [base64.b64encode(pcm16_bytes(c)).decode() for c in np.array_split(wire, 10)]
+    types: list[str] = []
+    deltas: list[str] = []
+    async with client(srv).realtime.connect(model="assistant") as conn:
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "transcription": {"model": "whisper-1"},
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}}})
+        async for event in conn:
+            types.append(event.type)
+            if event.type == "session.updated":
+                assert event.session.type == "transcription"
+                for chunk in chunks:
+                    await conn.input_audio_buffer.append(audio=chunk)
+            elif event.type == "conversation.item.input_audio_transcription.delta":
+                deltas.append(event.delta)
+            elif event.type == "conversation.item.input_audio_transcription.completed":
+                assert "".join(deltas) == event.transcript and normalize(event.transcript) == normalize(QUESTION)
+                await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                    "transcription": {"model": "whisper-1", "language": "fr"}, "turn_detection": None}}})
+                for chunk in chunks:
+                    await conn.input_audio_buffer.append(audio=chunk)
+                await conn.input_audio_buffer.commit()
+            elif event.type == "conversation.item.input_audio_transcription.failed":
+                assert event.error.code == "rejected_by_stage"  # tiny.en hears English only
+                break
+            elif event.type == "error":
+                pytest.fail(f"realtime error: {event.error}")
+    assert types.index("input_audio_buffer.committed") < types.index(
+        "conversation.item.input_audio_transcription.completed")
+    assert deltas and not [t for t in types if t.startswith("response.")], types
+    await eventually(lambda: idle(srv.orch), timeout_s=10)
+
+
 async def test_transcriptions_route_as_the_openai_sdk_calls_it(srv: Server, question_wav: bytes) -> None:
     """/v1/audio/transcriptions: a WAV upload as json, an MP3 as text, a stream, and clear refusals."""
     sdk = client(srv)

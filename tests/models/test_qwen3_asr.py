@@ -1,22 +1,32 @@
 """The qwen3_asr family end to end: a tiny Qwen3-ASR folder served as `omni-run --model DIR` serves it,
-transcribing through /v1/audio/transcriptions with the openai SDK; the reference is transformers' own generate."""
+transcribing through /v1/audio/transcriptions with the openai SDK (the reference is transformers' own
+generate) and through a /v1/realtime transcription session with the SDK's realtime client."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import io
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
+from openai import AsyncOpenAI
 
+from omni_actors.api.realtime.audio import WIRE_RATE, Resampler, decode_bytes, pcm16_bytes
+from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.cli import served_folder
 from omni_actors.models.tiny import make_tiny
 from tests.api.conftest import Server, eventually, idle, serve_deploy
+from tests.api.realtime.conftest import speak
 
 KEY = "asr-key"
 RATE = 16000
+EVENT_TIMEOUT_S = 120.0
+"""Longest wait for one realtime event (a turn's transcription on a busy 2-core machine)."""
 
 
 @pytest.fixture(scope="module")
@@ -68,4 +78,85 @@ async def test_transcribes_like_transformers_and_streams(srv: Server, asr_dir: P
     # without a language the model names it itself; only text after <asr_text> is sent
     auto = await client.audio.transcriptions.create(model="tiny-asr", file=("a.wav", wav), response_format="text")
     assert isinstance(auto, str) and "<asr_text>" not in auto and "language" not in auto.split(" ")[:1]
+    await eventually(lambda: idle(srv.orch))
+
+
+def _wav(audio: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, audio, rate, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+async def _until(conn: Any, last: str) -> list[Any]:
+    """Events up to and including the first of type `last`."""
+    events = []
+    while not events or events[-1].type != last:
+        events.append(await asyncio.wait_for(conn.recv(), EVENT_TIMEOUT_S))
+    return events
+
+
+def _turn(events: list[Any]) -> str:
+    """A turn's transcript: committed, announced, then deltas adding up to the completed transcript."""
+    types = [e.type for e in events]
+    assert not [t for t in types if t.startswith("response.")], types  # no model response, ever
+    committed = next(e for e in events if e.type == "input_audio_buffer.committed")
+    assert types.index("input_audio_buffer.committed") < types.index("conversation.item.added")
+    deltas = [e for e in events if e.type == "conversation.item.input_audio_transcription.delta"]
+    done = events[-1]
+    assert done.type == "conversation.item.input_audio_transcription.completed"
+    assert done.item_id == committed.item_id and {d.item_id for d in deltas} == {committed.item_id}
+    assert done.transcript and "".join(d.delta for d in deltas) == done.transcript
+    return done.transcript
+
+
+async def test_realtime_transcription_session(srv: Server, tmp_path: Path) -> None:
+    """GA `session.type: "transcription"`: each turn (server VAD, then a manual commit) is transcribed
+    as /v1/audio/transcriptions transcribes the same audio, and no response is made; a conversation
+    session is refused with an error saying the model only transcribes."""
+    spoken = speak("Hello there. How are you today?", tmp_path)
+    silence = np.zeros(WIRE_RATE, np.float32)
+    sdk = AsyncOpenAI(api_key=KEY, base_url=f"{srv.url}/v1", max_retries=0,
+                      websocket_base_url=srv.url.replace("http://", "ws://") + "/v1")
+    transcription = {"model": "tiny-asr", "language": "en"}
+    async with sdk.realtime.connect(model="tiny-asr") as conn:
+        await _until(conn, "conversation.created")
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        (refused,) = await _until(conn, "error")
+        assert refused.error.param == "session.type" and "only transcribes" in refused.error.message
+        await conn.response.create()
+        (refused,) = await _until(conn, "error")
+        assert "only transcribes" in refused.error.message
+
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "transcription": transcription, "turn_detection": {"type": "server_vad"}}}})
+        updated = (await _until(conn, "session.updated"))[-1]
+        assert updated.session.type == "transcription"
+        assert updated.session.audio.input.turn_detection.type == "server_vad"
+        audio = np.concatenate([silence[: WIRE_RATE // 2], spoken, silence])
+        for chunk in np.array_split(audio, 20):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(pcm16_bytes(chunk)).decode())
+        events = await _until(conn, "conversation.item.input_audio_transcription.completed")
+        types = [e.type for e in events]
+        assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.speech_stopped")
+        assert types.index("input_audio_buffer.speech_stopped") < types.index("input_audio_buffer.committed")
+        _turn(events)
+        await conn.response.create()
+        (refused,) = await _until(conn, "error")
+        assert refused.error.code == "unsupported_in_transcription_session"
+
+    async with sdk.realtime.connect(model="tiny-asr") as conn:  # a fresh session: its resampler starts clean
+        # a manual commit of known audio: the same text the REST route writes for the same 16 kHz samples
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "transcription": transcription, "turn_detection": None}}})
+        await _until(conn, "session.updated")
+        wire = pcm16_bytes(spoken)
+        await conn.input_audio_buffer.append(audio=base64.b64encode(wire).decode())
+        await conn.input_audio_buffer.commit()
+        heard = _turn(await _until(conn, "conversation.item.input_audio_transcription.completed"))
+    resampler = Resampler(WIRE_RATE, VAD_RATE)
+    x = decode_bytes(wire, "pcm16")
+    at16k = np.concatenate([resampler.push(x), resampler.flush()])
+    rest = await srv.client().audio.transcriptions.create(model="tiny-asr", file=("a.wav", _wav(at16k, VAD_RATE)),
+                                                          language="en")
+    assert heard == rest.text
     await eventually(lambda: idle(srv.orch))

@@ -5,7 +5,7 @@
 
 Client events are one tagged union decoded in one pass; `session.update` accepts
 the beta shape (flat `input_audio_format`, `turn_detection`...) and the GA one
-(`type: "realtime"`, `audio.input.*`, `audio.output.*`, `output_modalities`),
+(`type: "realtime"` or `"transcription"`, `audio.input.*`, `audio.output.*`, `output_modalities`),
 lenient about fields we do not use. Server events carry their beta name; GA renames a few.
 """
 
@@ -57,7 +57,7 @@ class AudioIn(msgspec.Struct, kw_only=True):
 
 
 class SessionIn(msgspec.Struct, kw_only=True):
-    type: str | UnsetType = UNSET  # GA: "realtime"
+    type: str | UnsetType = UNSET  # GA: "realtime" | "transcription"
     model: Name | UnsetType = UNSET
     instructions: Instructions | UnsetType = UNSET
     modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
@@ -314,6 +314,13 @@ class TranscriptionCompleted(ServerEvent, kw_only=True):
     item_id: str
     content_index: int
     transcript: str
+
+
+class TranscriptionFailed(ServerEvent, kw_only=True):
+    NAME = "conversation.item.input_audio_transcription.failed"
+    item_id: str
+    content_index: int
+    error: dict[str, Any]
 
 
 class ResponseCreated(ServerEvent, kw_only=True):

@@ -3,7 +3,8 @@
 The loop decodes each client event and dispatches it with `match`. Audio is
 decoded, resampled to 16 kHz and run through the VAD off the event loop (one
 shared thread), in arrival order. Responses run as tasks (responses.py) that
-send their own deltas. Any bad event is answered with an `error` event and
+send their own deltas; a transcription session transcribes each committed
+turn instead (transcription.py). Any bad event is answered with an `error` event and
 the session goes on; a closed or vanished client aborts its response in every
 stage of the pipeline.
 """
@@ -40,6 +41,7 @@ from omni_actors.api.realtime.session import (
     truncate,
 )
 from omni_actors.api.realtime.stats import RealtimeStats
+from omni_actors.api.realtime.transcription import transcribe_turn, transcribes_only
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector, VadEvent
 from omni_actors.orchestrator.core import Orchestrator
 
@@ -83,6 +85,8 @@ class RealtimeSession:
         self.buffer = InputBuffer()
         self.timeline = 0  # 16 kHz samples of input audio so far
         self.response: ResponseRun | None = None
+        self.transcribes_only = transcribes_only(orch.pipeline)
+        self._transcriptions: set[asyncio.Task] = set()  # a transcription session's turns in flight
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), VAD_RATE)
         self._vad: VadDetector | None = None
         self._speech_item: str | None = None
@@ -192,6 +196,11 @@ class RealtimeSession:
     async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:
         try:
             cfg, dialect = apply_update(self.cfg, s)
+            if self.transcribes_only and s.type == "realtime":
+                raise ev.BadEvent(self._only_transcribes(), code="unsupported_session_type", param="session.type")
+            if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():
+                raise ev.BadEvent(f"pipeline {self.orch.pipeline.name!r} makes no transcripts: it cannot serve a "
+                                  "transcription session", code="unsupported_session_type", param="session.type")
         except ev.BadEvent as err:
             err.event_id = eid
             raise
@@ -203,6 +212,10 @@ class RealtimeSession:
         if cfg.turn_detection != old.turn_detection:
             self._reset_vad()
         await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
+
+    def _only_transcribes(self) -> str:
+        return (f"model {self.cfg.model!r} only transcribes: it cannot hold a conversation; open a "
+                "transcription session (session.update with session.type 'transcription')")
 
     def _reset_vad(self) -> None:
         td = self.cfg.turn_detection
@@ -306,7 +319,7 @@ class RealtimeSession:
         await self.send(ev.SpeechStopped(audio_end_ms=ms(pos), item_id=item_id))
         await self._commit(self.buffer.take(until=pos), item_id)
         td = self.cfg.turn_detection
-        if td is not None and td.create_response and self.response is None:
+        if td is not None and td.create_response and self.response is None and self.cfg.type == "realtime":
             await self._create_response(None, None)
 
     async def _commit_manual(self, eid: str | None) -> None:
@@ -325,10 +338,19 @@ class RealtimeSession:
         prev = self.conversation.add(item)
         await self.send(ev.BufferCommitted(previous_item_id=prev, item_id=item_id))
         await self._announce_item(item, prev)
+        if self.cfg.type == "transcription":
+            task = asyncio.ensure_future(transcribe_turn(self, item))
+            self._transcriptions.add(task)
+            task.add_done_callback(self._transcription_ended)
 
     # ---- responses ----
 
     async def _create_response(self, r: ev.ResponseIn | None, eid: str | None) -> None:
+        if self.cfg.type == "transcription":
+            raise ev.BadEvent("a transcription session makes no responses; its committed turns are transcribed",
+                              code="unsupported_in_transcription_session", event_id=eid)
+        if self.transcribes_only:
+            raise ev.BadEvent(self._only_transcribes(), code="unsupported_session_type", event_id=eid)
         if self.response is not None:
             raise ev.BadEvent(f"conversation already has an active response {self.response.id}",
                               code="conversation_already_has_active_response", event_id=eid)
@@ -342,6 +364,13 @@ class RealtimeSession:
             raise
         self.response = run = ResponseRun(self, opts)
         run.start().add_done_callback(self._response_ended)
+
+    def _transcription_ended(self, task: asyncio.Task) -> None:
+        self._transcriptions.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            if not isinstance(err, ClientGone):
+                log.error("realtime.transcription_error", session_id=self.id, error=repr(err))
 
     def _response_ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -357,6 +386,12 @@ class RealtimeSession:
         await asyncio.wait({run.task})
 
     async def _close_response(self) -> None:
+        """Stop the response and any turn still being transcribed (each aborts its request)."""
+        pending = set(self._transcriptions)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
         run = self.response
         if run is not None and run.task is not None:
             run.cancel("client_gone")

@@ -26,6 +26,7 @@ MAX_VAD_DURATION_MS = 10_000
 GA_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
 BETA_TO_GA_FORMAT = {v: k for k, v in GA_FORMATS.items()}
 DEFAULT_VOICE = "alloy"
+SESSION_TYPES = ("realtime", "transcription")
 
 
 def new_id(prefix: str) -> str:
@@ -52,6 +53,8 @@ class TurnDetection:
 @dataclass(frozen=True)
 class SessionConfig:
     model: str
+    type: str = "realtime"
+    """GA session type: "realtime" (a conversation) or "transcription" (turns transcribed, no response)."""
     modalities: tuple[str, ...] = ("text", "audio")
     instructions: str = ""
     voice: str = DEFAULT_VOICE
@@ -106,11 +109,13 @@ def _tokens(value: Any) -> int | None:
 def apply_update(cfg: SessionConfig, s: ev.SessionIn) -> tuple[SessionConfig, ev.Dialect | None]:
     """The config after a session.update, and the dialect it signals (GA if `type: realtime`)."""
     dialect: ev.Dialect | None = None
-    if s.type is not UNSET:
-        if s.type != "realtime":
-            raise ev.BadEvent(f"unsupported session type {s.type!r}; expected 'realtime'", param="session.type")
-        dialect = "ga"
     new: dict[str, Any] = {}
+    if s.type is not UNSET:
+        if s.type not in SESSION_TYPES:
+            raise ev.BadEvent(f"unsupported session type {s.type!r}; expected one of {list(SESSION_TYPES)}",
+                              param="session.type")
+        dialect = "ga"
+        new["type"] = s.type
     for key in ("instructions", "voice", "temperature", "tool_choice"):
         if getattr(s, key) is not UNSET:
             new[key] = getattr(s, key)
@@ -161,6 +166,14 @@ def render_session(cfg: SessionConfig, session_id: str, dialect: ev.Dialect) -> 
     if dialect == "ga":
         def fmt(f: str) -> dict[str, Any]:
             return {"type": BETA_TO_GA_FORMAT[f], **({"rate": WIRE_RATE} if f == "pcm16" else {})}
+        if cfg.type == "transcription":  # (the SDK's RealtimeTranscriptionSessionCreateResponse)
+            return {
+                "type": "transcription", "object": "realtime.transcription_session", "id": session_id,
+                "audio": {"input": {"format": fmt(cfg.input_audio_format),
+                                    "transcription": cfg.input_audio_transcription,
+                                    "turn_detection": _render_td(cfg.turn_detection), "noise_reduction": None}},
+                "include": [],
+            }
         return {
             "type": "realtime", "object": "realtime.session", "id": session_id, "model": cfg.model,
             "output_modalities": list(cfg.modalities), "instructions": cfg.instructions,

@@ -100,7 +100,7 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             ({"turn_detection": {"silence_duration_ms": 10**9}}, "session.turn_detection.silence_duration_ms"),
             ({"modalities": []}, "session.modalities"),
             ({"output_modalities": []}, "session.output_modalities"),
-            ({"type": "transcription"}, "session.type"),
+            ({"type": "translation"}, "session.type"),
             ({"audio": {"input": {"format": {"type": "audio/wav"}}}}, "session.audio.input.format.type"),
             ({"audio": {"output": {"format": "opus"}}}, "session.audio.output.format"),
             # one good field does not slip through beside a bad one
@@ -110,6 +110,9 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             await c.send("session.update", session=fields, event_id=f"bad{i}")
             err = await _error(c)
             assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", param, f"bad{i}"), (fields, err)
+        await c.send("session.update", session={"type": "transcription"}, event_id="asr")
+        err = await _error(c)  # the synthetic pipeline makes no transcripts
+        assert (err["code"], err["param"], err["event_id"]) == ("unsupported_session_type", "session.type", "asr")
         await c.send("session.update", session={"voice": "echo"})
         after = (await c.until("session.updated"))[-1]["session"]
         assert after == {**before, "voice": "echo"}

@@ -1,0 +1,81 @@
+"""Transcription sessions (GA `session.type: "transcription"`): each committed turn transcribed, no response.
+
+    task = asyncio.ensure_future(transcribe_turn(host, item))   # per committed user item
+
+The turn's audio goes through the REST routes' PipelineCall as
+/v1/audio/transcriptions sends it (`modalities: ["transcript"]`: the planner's
+transcript-only route), so both give the same text for the same audio. The
+transcript streams as `conversation.item.input_audio_transcription.delta`
+events whose concatenation is the `.completed` transcript; a pipeline error
+becomes `.failed`. Turns are transcribed concurrently, each in its own task;
+a transcribed turn's audio is let go (the item keeps its transcript).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from omni_actors import logs
+from omni_actors.api.calls import PipelineCall
+from omni_actors.api.errors import ApiError, from_exception
+from omni_actors.api.realtime import events as ev
+from omni_actors.api.realtime.session import Item, SessionConfig
+from omni_actors.api.realtime.vad import VAD_RATE
+from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
+
+log = logs.get(__name__)
+
+ROUTE = "/v1/realtime"
+CONVERSATION_OUTPUTS = frozenset({"text", "audio"})
+"""Output types a conversation (a model response) needs; a pipeline with neither only transcribes."""
+TRANSCRIPTION_OPTIONS = ("language", "prompt")
+"""`audio.input.transcription` fields passed on as the REST route passes its form fields."""
+
+
+class Host(Protocol):
+    app: web.Application
+    cfg: SessionConfig
+
+    async def send(self, event: ev.ServerEvent) -> None: ...
+
+
+def transcribes_only(pipe: PipelineConfig) -> bool:
+    """True for a pipeline that makes transcripts and nothing a conversation could answer with."""
+    outputs = pipe.output_types()
+    return "transcript" in outputs and not outputs & CONVERSATION_OUTPUTS
+
+
+def transcription_params(cfg: SessionConfig) -> dict[str, Any]:
+    opts = cfg.input_audio_transcription or {}
+    return {"modalities": ["transcript"], **{k: opts[k] for k in TRANSCRIPTION_OPTIONS if opts.get(k)}}
+
+
+async def transcribe_turn(host: Host, item: Item) -> None:
+    """Transcribe `item`'s audio, sending deltas as they come, then the whole (or `.failed`)."""
+    index = next(i for i, p in enumerate(item.content) if p.type == "input_audio")
+    part = item.content[index]
+    inputs = {"audio": part.audio, "sample_rate": VAD_RATE}
+    pieces: list[str] = []
+    sent = 0  # characters of the stripped transcript sent as deltas
+    try:
+        async with PipelineCall(host.app, ROUTE, inputs, transcription_params(host.cfg), {"transcript"}) as call:
+            async for chunk in call:
+                if chunk.output_type != "transcript":
+                    continue
+                pieces.append(str(chunk.data.get("text") or ""))
+                text = "".join(pieces).strip()  # trailing whitespace waits until more text follows it
+                if len(text) > sent:
+                    delta, sent = text[sent:], len(text)
+                    await host.send(ev.TranscriptionDelta(item_id=item.id, content_index=index, delta=delta))
+    except (AdmissionError, StageUnavailable, ApiError, RequestError, ValueError) as err:
+        e = from_exception(err)
+        log.warning("realtime.transcription_failed", item_id=item.id, error=type(err).__name__)
+        await host.send(ev.TranscriptionFailed(item_id=item.id, content_index=index, error={
+            "type": e.type, "code": e.code or type(err).__name__, "message": e.message, "param": None}))
+        return
+    part.transcript = "".join(pieces).strip()
+    part.audio = None  # transcribed: a long dictation session does not run into realtime_max_audio_s
+    await host.send(ev.TranscriptionCompleted(item_id=item.id, content_index=index, transcript=part.transcript))
