@@ -29,7 +29,12 @@ Z_DIM = 48
 
 def build(out: Path, device: str, dtype: str, seed: int = 0) -> dict:
     import torch
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
     from transformers import UMT5Config, UMT5EncoderModel
 
     from omni_actors.models.tiny.video import t5_tokenizer

@@ -18,7 +18,13 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.audio_codec import CONTENT_TYPES, off_loop, pcm16
-from omni_actors.api.calls import PipelineCall, drop_none, orchestrator, require_model, require_outputs
+from omni_actors.api.calls import (
+    PipelineCall,
+    drop_none,
+    orchestrator,
+    require_model,
+    require_outputs,
+)
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
 from omni_actors.api.videos import capabilities

@@ -39,7 +39,6 @@ from omni_actors.store import get_store
 from omni_actors.workers.engines.video import DEFAULTS, MAX_INFERENCE_STEPS
 
 
-
 class _Slot:
     """The app's video jobs, set at start-up when the served pipeline makes video."""
 

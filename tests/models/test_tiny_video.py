@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("diffusers")
 
-from omni_actors.models.detect import detect_pipeline  # noqa: E402
-from omni_actors.models.tiny import make_tiny, tiny_names  # noqa: E402
+from omni_actors.models.detect import detect_pipeline
+from omni_actors.models.tiny import make_tiny, tiny_names
 
 EXPECTED = {
     "wan2_2": ("WanPipeline", {"text_encoder": "UMT5EncoderModel", "tokenizer": "T5Tokenizer",

@@ -356,7 +356,13 @@ def _hunyuan_video_1_5() -> Any:
         HunyuanVideo15Transformer3DModel,
     )
     from diffusers.guiders import ClassifierFreeGuidance
-    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+    from transformers import (
+        ByT5Tokenizer,
+        Qwen2_5_VLTextConfig,
+        Qwen2_5_VLTextModel,
+        T5Config,
+        T5EncoderModel,
+    )
 
     tokenizer = qwen2_tokenizer()
     text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
