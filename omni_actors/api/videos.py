@@ -156,6 +156,8 @@ async def _submit(request: web.Request) -> str:
     width, height = _size(fields.get("size") or caps.get("default_size") or "832x480", caps)
     seconds = fields.get("seconds") or DEFAULT_SECONDS
     num_frames = _frames(fields, seconds, caps)
+    if "seconds" not in fields and "num_frames" in fields:  # the clip's length is what was asked
+        seconds = f"{num_frames / float(caps['fps']):g}"
     image = _reference(fields, upload, caps)
     params = drop_none({
         "width": width, "height": height, "num_frames": num_frames,
