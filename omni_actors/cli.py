@@ -61,6 +61,8 @@ def _serve_parser() -> argparse.ArgumentParser:
         "(model_index.json / config.json); with --deploy, it overrides the file's `model`",
     )
     p.add_argument("--served-model-name", help="the `model` name clients use (default: the pipeline's)")
+    p.add_argument("--log-format", choices=logs.FORMATS, help="console (default) or json lines")
+    p.add_argument("--log-level", choices=logs.LEVELS, help="default info; debug also shows vLLM's own logs")
     return p
 
 
@@ -154,9 +156,8 @@ def with_prepared_model(deploy: DeployConfig) -> DeployConfig:
 
 
 async def serve(deploy: DeployConfig) -> None:
-    from aiohttp import web
-
     from omni_actors.api.app import build_app
+    from omni_actors.api.server import start_server
     from omni_actors.orchestrator.core import Orchestrator
 
     log = logs.get("omni_actors.cli")
@@ -178,13 +179,9 @@ async def serve(deploy: DeployConfig) -> None:
         return
     waiter.cancel()
     starting.result()
-    runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=5.0)
-    await runner.setup()
-    site = web.TCPSite(runner, deploy.server.host, deploy.server.port)
     try:
-        await site.start()
+        http = await start_server(build_app(orch), deploy.server.host, deploy.server.port, deploy.server)
     except OSError as err:  # taken since check_listen ran
-        await runner.cleanup()
         await orch.stop(drain=False)
         raise ConfigError(
             f"{deploy.source}: server.port: cannot listen on {deploy.server.host}:{deploy.server.port}: "
@@ -193,6 +190,10 @@ async def serve(deploy: DeployConfig) -> None:
     assert orch.runtime is not None
     log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}",
              shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
+    if not logs.json_logs():
+        from omni_actors.summary import startup_summary
+
+        print(startup_summary(deploy, orch.pipeline), file=sys.stderr, flush=True)
     await stop.wait()
     log.info("server.stopping")
     stop.clear()
@@ -205,7 +206,7 @@ async def serve(deploy: DeployConfig) -> None:
         orch.abort_all()
     waiter.cancel()
     await stopping
-    await runner.cleanup()
+    await http.close()
     log.info("server.stopped")
 
 
@@ -248,8 +249,22 @@ def _tool(argv: list[str]) -> int:
     return 0
 
 
+def _log_flags(argv: list[str]) -> list[str]:
+    """Take --log-format / --log-level (any command) out of argv and apply them before logging starts."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--log-format", choices=logs.FORMATS)
+    p.add_argument("--log-level", choices=logs.LEVELS, type=str.lower)
+    known, rest = p.parse_known_args(argv)
+    logs.apply_cli_flags(known.log_level, known.log_format)
+    return rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        argv = _log_flags(argv)
+    except SystemExit as exit_:  # a bad choice: argparse printed the usage line
+        return int(exit_.code or 2)
     logs.configure()
     try:
         if argv and argv[0] in TOOLS:

@@ -1,8 +1,16 @@
-"""Structured logging setup: one event name per line, keys not prose."""
+"""Structured logging setup: one event name per line, keys not prose.
+
+`omni-run --log-format console|json --log-level LEVEL` set OMNI_LOG_JSON /
+OMNI_LOG_LEVEL before anything logs (`apply_cli_flags`), so the worker processes,
+fresh interpreters that inherit the environment, log the same way. Third-party
+engines (vLLM's start-up dump and per-request lines, transformers' advice) are
+quiet unless the level is debug.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
@@ -12,16 +20,42 @@ from omni_actors.settings import SETTINGS
 _configured = False
 
 
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("console", "json")
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error"}
+"""Third-party log levels set (unless already set) when ours is not debug."""
+
+
+def apply_cli_flags(level: str | None, fmt: str | None) -> None:
+    """Make --log-level / --log-format the environment's, for this process and its workers."""
+    if level is not None:
+        os.environ["OMNI_LOG_LEVEL"] = level
+    if fmt is not None:
+        os.environ["OMNI_LOG_JSON"] = "1" if fmt == "json" else "0"
+
+
+def json_logs() -> bool:
+    return os.environ.get("OMNI_LOG_JSON", "1" if SETTINGS.log_json else "0") == "1"
+
+
+def level_name() -> str:
+    return os.environ.get("OMNI_LOG_LEVEL", SETTINGS.log_level).lower()
+
+
 def configure(component: str = "main") -> None:
     global _configured
     if _configured:
         return
     _configured = True
-    level = getattr(logging, SETTINGS.log_level.upper(), logging.INFO)
+    level_text = level_name()
+    level = getattr(logging, level_text.upper(), logging.INFO)
+    if level_text != "debug":
+        for key, value in QUIET_ENV.items():
+            os.environ.setdefault(key, value)
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
     renderer = (
         structlog.processors.JSONRenderer()
-        if SETTINGS.log_json
+        if json_logs()
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from omni_actors.bus.shm import SHM_IDLE_S
 from omni_actors.errors import ConfigError
 
 PLATFORMS = ("cpu", "cuda")
@@ -22,6 +24,30 @@ class Settings:
     log_json: bool
     platform: str | None
     """Force "cpu" or "cuda" instead of detecting it (OMNI_PLATFORM)."""
+    shm_idle_s: float
+    """Shared-memory segments free (or mappings unused) this long go back to the OS (OMNI_SHM_IDLE_S)."""
+    max_input_audio_s: float = 3600.0
+    """Longest client audio decoded, in seconds (OMNI_MAX_INPUT_AUDIO_S): chat `input_audio`,
+    transcription uploads and realtime items; past it a 400 before any sample is decoded."""
+    input_audio_min_rate_hz: int = 8000
+    """Lowest client audio sample rate accepted (OMNI_INPUT_AUDIO_MIN_RATE_HZ): a WAV declaring
+    1 Hz would otherwise resample to 16,000 times its sample count."""
+    input_audio_max_rate_hz: int = 192_000
+    """Highest client audio sample rate accepted (OMNI_INPUT_AUDIO_MAX_RATE_HZ)."""
+
+
+def _number(env: Mapping[str, str], name: str, default: float, kind: type = float):
+    """A positive number from the environment, or `default` when unset."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a positive {kind.__name__}, got {raw!r}") from None
+    if not value > 0:  # (nan too)
+        raise ConfigError(f"{name}: expected a positive {kind.__name__}, got {raw!r}")
+    return value
 
 
 def _read() -> Settings:
@@ -32,7 +58,12 @@ def _read() -> Settings:
         log_level=env.get("OMNI_LOG_LEVEL", "info").lower(),
         log_json=env.get("OMNI_LOG_JSON", "0") == "1",
         platform=env.get("OMNI_PLATFORM") or None,
+        shm_idle_s=_number(env, "OMNI_SHM_IDLE_S", SHM_IDLE_S),
+        max_input_audio_s=_number(env, "OMNI_MAX_INPUT_AUDIO_S", 3600.0),
+        input_audio_min_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MIN_RATE_HZ", 8000, int),
+        input_audio_max_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MAX_RATE_HZ", 192_000, int),
     )
+
 
 
 SETTINGS = _read()

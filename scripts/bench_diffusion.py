@@ -8,6 +8,7 @@ stepping overhead; and the served path (`bench_served`: orchestrator plus a
 real worker process, no HTTP).
 
     .venv/bin/python scripts/bench_diffusion.py                 # tiny SD checkpoint, CPU
+    .venv/bin/python scripts/bench_diffusion.py --family qwen_image --size 64 --steps 4   # a tiny image family
     .venv/bin/python scripts/bench_diffusion.py --model DIR --device cuda --size 512 --steps 20
 
 Each number is the best of --repeats runs (the box may be shared). Prints one JSON line.
@@ -33,6 +34,7 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, help="diffusers folder; default: build a tiny one")
     ap.add_argument("--kind", default="sd", help="tiny checkpoint kind when --model is not given")
+    ap.add_argument("--family", help="tiny image family (omni-run make-tiny NAME) instead of --kind")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--size", type=int, default=32, help="image side in pixels")
@@ -166,9 +168,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-diffusion-") as tmp:
         model = args.model
         if model is None:
+            from omni_actors.models.tiny import make_tiny
             from omni_actors.models.tiny.diffusion import make_tiny_diffusion
 
-            model = make_tiny_diffusion(Path(tmp) / "tiny", seed=0, kind=args.kind)
+            if args.family:
+                model = make_tiny(args.family, Path(tmp) / "tiny", seed=0)
+            else:
+                model = make_tiny_diffusion(Path(tmp) / "tiny", seed=0, kind=args.kind)
         pipe = load_pipeline(model, args.device, args.dtype)
         direct = {b: bench_direct(pipe, args, b) for b in (1, 4)}
         del pipe
@@ -196,7 +202,7 @@ def main() -> None:
 
     result = {
         "bench": "diffusion",
-        "model": str(args.model) if args.model else f"tiny-{args.kind}",
+        "model": str(args.model) if args.model else f"tiny-{args.family or args.kind}",
         "device": args.device,
         "size": args.size,
         "steps": args.steps,

@@ -44,6 +44,7 @@ SIZES = {
 TOKENS: dict[str, dict[str, list[list[int]]]] = {}
 """Greedy ids of each engine mode's measured runs, to check the modes agree."""
 MODES = {
+    "static_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True},
     "static_graphs": {"kv_cache": "static", "cuda_graphs": True},
     "static_eager": {"kv_cache": "static", "cuda_graphs": False},
     "dynamic": {"kv_cache": "dynamic", "cuda_graphs": False},

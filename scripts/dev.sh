@@ -13,9 +13,11 @@ STAMP="$VENV/.omni-setup-$(cat requirements/cpu.txt requirements/nodeps.txt pypr
 
 system_packages() {
   # espeak-ng phonemizes text for the Piper voice; pocketsphinx-testdata has
-  # recorded speech the ASR quality tests use.
+  # recorded speech the ASR quality tests use; chromium runs the playground's
+  # browser tests (driven by Playwright from PyPI).
   local need=()
   command -v espeak-ng >/dev/null || need+=(espeak-ng)
+  command -v chromium >/dev/null || need+=(chromium)
   [ -d /usr/share/pocketsphinx/test/data ] || need+=(pocketsphinx-testdata)
   if [ ${#need[@]} -gt 0 ]; then
     local sudo=""

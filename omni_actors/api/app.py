@@ -5,10 +5,14 @@
     GET  /health                    200 when every stage has a ready worker, else 503 naming them
     GET  /metrics                   Prometheus text (metrics.py)
     GET  /openapi.json              OpenAPI 3.1 from the msgspec structs (openapi.py)
+    GET  /                          the browser playground (playground.py, static files)
+    GET  /v1/status                 the pipeline's stages, replicas and load (status.py)
     GET  /v1/models[/{model}]       models.py
     POST /v1/chat/completions       chat.py
     POST /v1/audio/speech           speech.py
     POST /v1/images/generations     images.py
+    POST /v1/images/edits           image_edits.py
+    GET  /v1/files/images/{name}    image_files.py   (response_format "url")
     /v1/videos...                   videos.py (jobs: create, list, retrieve, delete, content, sync)
     POST /v1/audio/generations      audio_generation.py (alias /v1/audio/generate)
     GET  /v1/realtime               the realtime package (WebSocket)
@@ -27,10 +31,11 @@ import msgspec
 from aiohttp import web
 
 from omni_actors import __version__
-from omni_actors.api import audio_generation, realtime, videos
+from omni_actors.api import audio_generation, image_files, playground, realtime, videos
 from omni_actors.api.calls import ORCH_KEY
 from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
+from omni_actors.api.image_edits import image_edits
 from omni_actors.api.images import generations
 from omni_actors.api.metrics import METRICS_KEY, ApiMetrics, metrics_middleware, metrics_route
 from omni_actors.api.middleware import auth_middleware, body_limit_middleware
@@ -38,7 +43,10 @@ from omni_actors.api.models import STARTED_KEY, get_model, list_models
 from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route
 from omni_actors.api.schemas import Health, UnhealthyStage
 from omni_actors.api.speech import speech
+from omni_actors.api.speech_stream import speech_stream
+from omni_actors.api.status import status_route
 from omni_actors.api.transcriptions import transcriptions
+from omni_actors.api.voices import add_routes as add_voice_routes
 from omni_actors.orchestrator.core import Orchestrator
 
 __all__ = ["ORCH_KEY", "build_app"]
@@ -75,13 +83,19 @@ def build_app(orch: Orchestrator) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_route)
     app.router.add_get("/openapi.json", openapi_route)
+    app.router.add_get("/v1/status", status_route)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", get_model)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/audio/speech/stream", speech_stream)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/images/generations", generations)
+    app.router.add_post("/v1/images/edits", image_edits)
+    image_files.add_routes(app)
     realtime.add_routes(app)
+    playground.add_routes(app)
     videos.add_routes(app)
     audio_generation.add_routes(app)
+    add_voice_routes(app)
     return app

@@ -8,7 +8,9 @@ event loop that also runs the orchestrator.
 
     StreamEncoder(fmt, sample_rate)   .feed(audio) -> bytes, .finish() -> bytes
     encode_file(audio, sr, fmt)       the whole clip at once
-    decode_audio(data, fmt)           -> (float32 mono, sample_rate)
+    decode_audio(data, fmt, param)    -> (float32 mono, sample_rate), bounded (see omni_actors.audio)
+
+Samples (pcm16, resampling, the default rate, input limits) are omni_actors.audio's.
 
 Streaming: pcm and wav go out as they come (wav with an open-ended header,
 sizes 0xFFFFFFFF, as streaming servers do); mp3 and opus go through
@@ -29,9 +31,18 @@ import numpy as np
 import soundfile as sf
 
 from omni_actors.api.errors import bad_request
+from omni_actors.audio import (
+    DEFAULT_SAMPLE_RATE,
+    AudioLimitError,
+    Resampler,
+    check_input,
+    check_samples,
+    from_pcm16,
+    pcm16,
+    resample,
+)
 
-PCM16_INPUT_RATE = 24000
-"""Sample rate of raw `pcm16` client audio (OpenAI's convention)."""
+__all__ = ["DEFAULT_SAMPLE_RATE", "StreamEncoder", "decode_audio", "encode_file", "off_loop", "pcm16"]
 
 CONTENT_TYPES = {
     "wav": "audio/wav",
@@ -74,23 +85,11 @@ def check_supported(fmt: str) -> None:
                               f"({sf.__libsndfile_version__})", "response_format", "unsupported_format")
 
 
-def pcm16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
 def _rate_for(fmt: str, sample_rate: int) -> int:
     allowed = _RATES.get(fmt)
     if not allowed or sample_rate in allowed:
         return sample_rate
     return min(allowed, key=lambda r: (r < sample_rate, abs(r - sample_rate)))
-
-
-def resample(audio: np.ndarray, src: int, dst: int) -> np.ndarray:
-    """Linear resampling; only used to meet a codec's fixed rates."""
-    if src == dst or audio.size == 0:
-        return audio
-    n = round(audio.size * dst / src)
-    return np.interp(np.arange(n) * (src / dst), np.arange(audio.size), audio).astype(np.float32)
 
 
 def wav_stream_header(sample_rate: int) -> bytes:
@@ -149,6 +148,7 @@ class StreamEncoder:
         self.in_rate = sample_rate
         self.rate = _rate_for(fmt, sample_rate)
         self.samples = 0
+        self._resampler = Resampler(sample_rate, self.rate)
         self._started = False
         self._pending: list[np.ndarray] = []
         self._file: sf.SoundFile | None = None
@@ -159,7 +159,9 @@ class StreamEncoder:
             self._file = sf.SoundFile(self._sink, "w", self.rate, 1, format=major, subtype=sub)
 
     def feed(self, audio: np.ndarray) -> bytes:
-        audio = resample(np.asarray(audio, dtype=np.float32).reshape(-1), self.in_rate, self.rate)
+        return self._encode(self._resampler.push(audio))
+
+    def _encode(self, audio: np.ndarray) -> bytes:
         self.samples += audio.size
         head = b""
         if not self._started:
@@ -181,16 +183,17 @@ class StreamEncoder:
         return await off_loop(self.feed, audio)
 
     def finish(self) -> bytes:
+        tail = self._encode(self._resampler.flush()) if not self._resampler.identity else b""
         if self._file is not None and self._sink is not None:
             self._file.close()
-            return self._sink.take()
+            return tail + self._sink.take()
         if self.fmt == "flac":
             clip = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
             return encode_file(clip, self.rate, "flac")
         if not self._started:  # an empty clip still gets a valid header
             self._started = True
             return wav_stream_header(self.rate) if self.fmt == "wav" else b""
-        return b""
+        return tail
 
 
 def encode_file(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
@@ -211,37 +214,38 @@ _CONTAINERS = {"wav": ("WAV", "WAVEX", "RF64"), "flac": ("FLAC",), "mp3": ("MP3"
 _WAV_MAGIC = (b"RIFF", b"RF64")
 
 
-def decode_file(data: bytes, param: str) -> tuple[np.ndarray, int]:
-    """An uploaded audio file in any container libsndfile reads (wav, flac, mp3, ogg, ...) ->
-    (float32 mono in [-1, 1], sample rate); a 400 naming `param` if it cannot be read."""
+def decode_audio(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarray, int]:
+    """Client audio -> (float32 mono in [-1, 1], sample rate); a 400 naming `param` if it is unreadable,
+    another format than `fmt` says (a WAV file sent as pcm16 would be noise), over the limits of
+    `omni_actors.audio.check_input` (checked from the header, before decoding), empty, or not finite.
+    `fmt` None takes any container libsndfile reads (an uploaded file)."""
     try:
-        with sf.SoundFile(io.BytesIO(data)) as f:
-            audio, rate = f.read(dtype="float32", always_2d=True), f.samplerate
-    except sf.LibsndfileError as err:
-        raise bad_request(f"cannot decode the audio file: {err.error_string}", param, "invalid_audio") from None
-    except (RuntimeError, TypeError) as err:
-        raise bad_request(f"cannot decode the audio file: {err}", param, "invalid_audio") from None
-    return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), int(rate)
+        if fmt in ("pcm16", "pcm"):
+            if data[:4] in _WAV_MAGIC and data[8:12] == b"WAVE":
+                raise bad_request(f"audio is a WAV file, not raw {fmt}; send it with format 'wav'", param,
+                                  "invalid_audio")
+            if len(data) % 2:
+                raise bad_request("pcm16 audio must hold an even number of bytes", param)
+            check_input(len(data) // 2, DEFAULT_SAMPLE_RATE, param)
+            audio, rate = from_pcm16(data), DEFAULT_SAMPLE_RATE
+        else:
+            audio, rate = _read_container(data, fmt, param)
+        check_samples(audio, param)
+    except AudioLimitError as err:
+        raise bad_request(str(err), param, err.code) from None
+    return audio, rate
 
 
-def decode_audio(data: bytes, fmt: str, param: str) -> tuple[np.ndarray, int]:
-    """Client audio -> (float32 mono in [-1, 1], sample rate); a 400 naming `param` if unreadable
-    or if the data is another format than `fmt` says (a WAV file sent as pcm16 would be noise)."""
-    if fmt in ("pcm16", "pcm"):
-        if data[:4] in _WAV_MAGIC and data[8:12] == b"WAVE":
-            raise bad_request(f"audio is a WAV file, not raw {fmt}; send it with format 'wav'", param,
-                              "invalid_audio")
-        if len(data) % 2:
-            raise bad_request("pcm16 audio must hold an even number of bytes", param)
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, PCM16_INPUT_RATE
+def _read_container(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarray, int]:
+    what = f"{fmt} audio" if fmt else "the audio file"
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
-            if f.format not in _CONTAINERS.get(fmt, (f.format,)):
+            if fmt is not None and f.format not in _CONTAINERS.get(fmt, (f.format,)):
                 raise bad_request(f"audio is {f.format}, not {fmt} as `format` says", param, "invalid_audio")
-            audio = f.read(dtype="float32", always_2d=True)
-            rate = f.samplerate
+            check_input(max(f.frames, 0), f.samplerate, param)
+            audio, rate = f.read(dtype="float32", always_2d=True), int(f.samplerate)
     except sf.LibsndfileError as err:
-        raise bad_request(f"cannot decode {fmt} audio: {err.error_string}", param, "invalid_audio") from None
+        raise bad_request(f"cannot decode {what}: {err.error_string}", param, "invalid_audio") from None
     except (RuntimeError, TypeError) as err:
-        raise bad_request(f"cannot decode {fmt} audio: {err}", param, "invalid_audio") from None
-    return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), int(rate)
+        raise bad_request(f"cannot decode {what}: {err}", param, "invalid_audio") from None
+    return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), rate

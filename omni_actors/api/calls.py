@@ -3,6 +3,9 @@
     async with PipelineCall(request, "/v1/chat/completions", inputs, params, {"text"}) as call:
         async for chunk in call: ...
 
+Every request into the pipeline goes through it: the REST routes (given their
+request) and each realtime response (given the app).
+
 - The route says which output types it wants; the pipeline says which it can
   produce (`pipeline.output_types()`): a mismatch is a 400 naming `param`.
 - Stages: a pipeline with a planner decides itself (stages=None, the planner
@@ -64,14 +67,15 @@ def drop_none(values: dict[str, Any]) -> dict[str, Any]:
 class PipelineCall:
     """Submit on enter, abort on exit unless the stream ended; iterate StageChunks in between."""
 
-    def __init__(self, request: web.Request, route: str, inputs: dict[str, Any], params: dict[str, Any],
-                 wanted: set[str], request_id: str | None = None) -> None:
-        self.orch = orchestrator(request)
+    def __init__(self, request: web.Request | web.Application, route: str, inputs: dict[str, Any],
+                 params: dict[str, Any], wanted: set[str], request_id: str | None = None) -> None:
+        app = request.app if isinstance(request, web.Request) else request
+        self.orch = app[ORCH_KEY]
         self.inputs = inputs
         self.params = params
         self.wanted = wanted
         self.request_id = request_id or new_request_id()
-        self.timing = Timing(request.app[METRICS_KEY], route)
+        self.timing = Timing(app[METRICS_KEY], route)
         self.stream: RequestStream | None = None
         self._first: StageChunk | None = None
 

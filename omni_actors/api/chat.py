@@ -8,10 +8,9 @@ What goes into the pipeline:
             (only the fields the client sent; `max_completion_tokens` wins over `max_tokens`)
     stages  planner's choice, else pipeline.stages_for_outputs(set(modalities))
 
-What comes back: StageChunks with output_type "text" (data {"text": delta, optional
-"finish_reason", "num_tokens" / "token_ids", "prompt_tokens"}) and "audio" (data
-{"audio": float32 mono, "sample_rate", optional "transcript"}); other types are
-not part of a chat answer and are skipped.
+What comes back: StageChunks whose typed `output` is a TextOutput (delta, token
+counts, finish_reason) or an AudioOutput (float32 mono, rate, transcript piece);
+other outputs are not part of a chat answer and are skipped.
 
 Streaming: `chat.completion.chunk` events, text in `delta.content`, audio in
 `delta.audio` ({id, data: base64 in audio.format, transcript}) as it is made,
@@ -32,7 +31,7 @@ import base64
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +39,14 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from omni_actors.api.audio_codec import StreamEncoder, check_supported, encode_file, off_loop
+from omni_actors.api import sse
+from omni_actors.api.audio_codec import (
+    DEFAULT_SAMPLE_RATE,
+    StreamEncoder,
+    check_supported,
+    encode_file,
+    off_loop,
+)
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
@@ -49,7 +55,7 @@ from omni_actors.api.calls import (
     require_outputs,
 )
 from omni_actors.api.chat_inputs import build_chat_inputs
-from omni_actors.api.errors import bad_request, from_exception
+from omni_actors.api.errors import bad_request
 from omni_actors.api.schemas import (
     ChatAudio,
     ChatCompletion,
@@ -63,13 +69,15 @@ from omni_actors.api.schemas import (
     Usage,
     read_body,
 )
-from omni_actors.api.sse import SSEWriter
 from omni_actors.errors import RequestError
+from omni_actors.orchestrator.outputs import AudioOutput, TextOutput
 from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/chat/completions"
 AUDIO_TTL_S = 3600
 """`expires_at` of returned audio: now + this (the server keeps no audio; it is informational)."""
+MERGE_QUEUE_CHUNKS = 16
+"""Outputs of `n` > 1 choices waiting to be sent, before their pumps wait."""
 
 
 def chat_params(req: ChatCompletionRequest, modalities: list[str]) -> dict[str, Any]:
@@ -92,33 +100,33 @@ class Tally:
     text: list[str] = field(default_factory=list)
     audio: list[np.ndarray] = field(default_factory=list)
     transcript: list[str] = field(default_factory=list)
-    sample_rate: int = 24000
+    sample_rate: int = DEFAULT_SAMPLE_RATE
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
 
-    def add_text(self, data: dict[str, Any]) -> str:
-        delta = str(data.get("text", ""))
-        self.text.append(delta)
-        if "token_ids" in data:
-            self.completion_tokens += len(data["token_ids"])
-        else:
-            self.completion_tokens += int(data.get("num_tokens", 1 if delta else 0))
-        self.prompt_tokens = int(data.get("prompt_tokens", self.prompt_tokens))
-        if data.get("finish_reason") == "length":
+    def add_text(self, out: TextOutput) -> str:
+        self.text.append(out.text)
+        self.completion_tokens += out.tokens
+        if out.prompt_tokens is not None:
+            self.prompt_tokens = out.prompt_tokens
+        if out.finish_reason == "length":
             self.finish_reason = "length"
-        return delta
+        return out.text
 
-    def add_audio(self, data: dict[str, Any], keep: bool = True) -> tuple[np.ndarray, str | None]:
+    def add_audio(self, out: AudioOutput, keep: bool = True) -> None:
         """Count an audio chunk; `keep` it for the whole-clip answer (streaming sends it on instead)."""
-        audio = np.asarray(data["audio"], dtype=np.float32).reshape(-1)
-        self.sample_rate = int(data.get("sample_rate", self.sample_rate))
+        self.sample_rate = out.sample_rate
         if keep:
-            self.audio.append(audio)
-        transcript = data.get("transcript")
-        if isinstance(transcript, str):
-            self.transcript.append(transcript)
-        return audio, transcript if isinstance(transcript, str) else None
+            self.audio.append(out.audio)
+        if out.transcript is not None:
+            self.transcript.append(out.transcript)
+
+
+def _audio(chunk: StageChunk) -> AudioOutput | None:
+    """The chunk's audio, if it carries samples or a transcript piece."""
+    out = chunk.output
+    return out if isinstance(out, AudioOutput) and (len(out.audio) or out.transcript is not None) else None
 
     def usage(self) -> Usage:
         return Usage(self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens)
@@ -166,10 +174,10 @@ def choice_params(params: dict[str, Any], index: int) -> dict[str, Any]:
 async def _collect(call: PipelineCall, audio_format: str | None) -> Tally:
     tally = Tally()
     async for chunk in call:
-        if chunk.output_type == "text":
-            tally.add_text(chunk.data)
-        elif chunk.output_type == "audio" and audio_format is not None and "audio" in chunk.data:
-            tally.add_audio(chunk.data)
+        if isinstance(chunk.output, TextOutput):
+            tally.add_text(chunk.output)
+        elif audio_format is not None and (audio := _audio(chunk)) is not None:
+            tally.add_audio(audio)
     return tally
 
 
@@ -207,15 +215,16 @@ async def _merged(calls: list[PipelineCall]) -> AsyncIterator[tuple[int, StageCh
             yield 0, chunk
         yield 0, None
         return
-    queue: asyncio.Queue[tuple[int, StageChunk | RequestError | None]] = asyncio.Queue()
+    # Bounded: a reader that falls behind stops the pumps, and the choices' own streams fill up.
+    queue: asyncio.Queue[tuple[int, StageChunk | RequestError | None]] = asyncio.Queue(MERGE_QUEUE_CHUNKS)
 
     async def pump(index: int, call: PipelineCall) -> None:
         try:
             async for chunk in call:
-                queue.put_nowait((index, chunk))
-            queue.put_nowait((index, None))
+                await queue.put((index, chunk))
+            await queue.put((index, None))
         except RequestError as err:
-            queue.put_nowait((index, err))
+            await queue.put((index, err))
 
     pumps = [asyncio.ensure_future(pump(i, call)) for i, call in enumerate(calls)]
     try:
@@ -244,17 +253,17 @@ class _ChoiceStream:
         self.encoder: StreamEncoder | None = None
 
     async def on_chunk(self, chunk: StageChunk) -> ChatCompletionChunk | None:
-        if chunk.output_type == "text":
-            delta = self.tally.add_text(chunk.data)
+        if isinstance(chunk.output, TextOutput):
+            delta = self.tally.add_text(chunk.output)
             return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta else None
-        if chunk.output_type == "audio" and self.audio_format is not None and "audio" in chunk.data:
-            audio, transcript = self.tally.add_audio(chunk.data, keep=False)
+        if self.audio_format is not None and (audio := _audio(chunk)) is not None:
+            self.tally.add_audio(audio, keep=False)
             if self.encoder is None:
                 self.encoder = StreamEncoder(self.audio_format, self.tally.sample_rate)
-            data = await self.encoder.feed_async(audio)
+            data = await self.encoder.feed_async(audio.audio)
             return self.event(ChunkChoice(self.index, Delta(audio=DeltaAudio(
                 id=self.audio_id, data=base64.b64encode(data).decode() if data else None,
-                transcript=transcript))))
+                transcript=audio.transcript))))
         return None
 
     async def finish(self) -> list[ChatCompletionChunk]:
@@ -278,19 +287,18 @@ async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, mod
     choices = [_ChoiceStream(i, audio_format, event) for i in range(len(calls))]
     # An error before the first output keeps its HTTP status.
     await asyncio.gather(*(call.started() for call in calls))
-    async with SSEWriter(request) as sse:
+
+    async def events() -> AsyncGenerator[ChatCompletionChunk, None]:
         for c in choices:
-            await sse.send(event(ChunkChoice(c.index, Delta(role="assistant", content=""))))
-        try:
-            async for index, chunk in _merged(calls):
-                if chunk is None:
-                    for out in await choices[index].finish():
-                        await sse.send(out)
-                elif (out := await choices[index].on_chunk(chunk)) is not None:
-                    await sse.send(out)
-        except RequestError as err:  # headers are out: report in-band
-            return await sse.fail(from_exception(err))
+            yield event(ChunkChoice(c.index, Delta(role="assistant", content="")))
+        async for index, chunk in _merged(calls):
+            if chunk is None:
+                for out in await choices[index].finish():
+                    yield out
+            elif (out := await choices[index].on_chunk(chunk)) is not None:
+                yield out
         if include_usage:
-            await sse.send(ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
-                                               usage=_usage([c.tally for c in choices])))
-        return await sse.done()
+            yield ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
+                                      usage=_usage([c.tally for c in choices]))
+
+    return await sse.respond(request, events())

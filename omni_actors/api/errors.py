@@ -103,10 +103,10 @@ _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
 
 
-def from_validation(err: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
-    """A msgspec decode failure as a 400 naming the field (`param` is a dotted path)."""
-    if not isinstance(err, msgspec.ValidationError):
-        return ApiError(400, f"request body is not valid JSON: {err}", None, "invalid_json")
+def validation_detail(err: msgspec.ValidationError) -> tuple[str, str | None, str]:
+    """(message, param, code) of a msgspec validation failure: `param` the offending field as a
+    path (`messages[0].content`), `code` unknown_parameter / missing_required_parameter /
+    invalid_type. The one reading of msgspec's messages, for REST and realtime alike."""
     match = _AT.match(str(err))
     msg, path = (match.group(1), match.group(2) or "") if match else (str(err), "")
     code = "invalid_type"
@@ -115,7 +115,14 @@ def from_validation(err: msgspec.ValidationError | msgspec.DecodeError) -> ApiEr
         if found:
             path = f"{path}.{found.group(1)}" if path else found.group(1)
             code = code_name
-    param = path.replace(".[", "[") or None
+    return msg, path.replace(".[", "[") or None, code
+
+
+def from_validation(err: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
+    """A msgspec decode failure as a 400 naming the field (`param` is a dotted path)."""
+    if not isinstance(err, msgspec.ValidationError):
+        return ApiError(400, f"request body is not valid JSON: {err}", None, "invalid_json")
+    msg, param, code = validation_detail(err)
     where = f" (field `{param}`)" if param else ""
     return ApiError(400, f"{msg}{where}", param, code)
 

@@ -1,4 +1,4 @@
-"""POST /v1/images/generations: text to image, answered as base64 PNG (or JPEG / WebP).
+"""POST /v1/images/generations: text to image, answered as base64 or as URLs this server serves (PNG, JPEG, WebP).
 
 What goes into the pipeline:
 
@@ -9,9 +9,10 @@ What goes into the pipeline:
     stages  planner's choice, else pipeline.stages_for_outputs({"image"})
 
 Image chunks come back as StageChunk(output_type="image", data={"images": uint8
-[n, H, W, 3] (or one [H, W, 3])}); progress chunks without "images" are skipped.
-Images are encoded in a thread. `response_format: "url"` is refused (400): this
-server stores nothing to link to.
+[n, H, W, C] (or one [H, W, C])}); progress chunks without "images" are skipped.
+A diffusion model that only edits is a 400 pointing at /v1/images/edits.
+Images are encoded in a thread; `response_format: "url"` links go to image_files.py.
+`answer_images` is shared with the edits route (image_edits.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import base64
 import io
 import re
 import time
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -33,12 +35,15 @@ from omni_actors.api.calls import (
     require_model,
     require_outputs,
 )
+from omni_actors.api.diffusion_caps import require_task, served_caps
 from omni_actors.api.errors import bad_request
+from omni_actors.api.image_files import FILES_KEY
 from omni_actors.api.schemas import ImageData, ImageRequest, ImagesResponse, read_body
 
 ROUTE = "/v1/images/generations"
 MAX_SIDE = 4096
 """Largest width or height accepted in `size`."""
+GENERATION_TASKS = {"text-to-image", "class-to-image", "unconditional-image"}
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 
 
@@ -54,48 +59,87 @@ def parse_size(size: str | None) -> tuple[int, int] | None:
     return w, h
 
 
-def encode_images(images: list[np.ndarray], fmt: str) -> list[str]:
+def encode_image(img: np.ndarray, fmt: str) -> bytes:
     from PIL import Image
 
-    out = []
-    for img in images:
-        buf = io.BytesIO()
-        Image.fromarray(np.ascontiguousarray(img, dtype=np.uint8)).save(buf, format=fmt.upper())
-        out.append(base64.b64encode(buf.getvalue()).decode())
-    return out
+    arr = np.ascontiguousarray(img, dtype=np.uint8)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    pil = Image.fromarray(arr)
+    if fmt == "jpeg" and pil.mode == "RGBA":
+        pil = pil.convert("RGB")  # JPEG has no alpha
+    buf = io.BytesIO()
+    pil.save(buf, format=fmt.upper())
+    return buf.getvalue()
 
 
-async def generations(request: web.Request) -> web.Response:
+def encode_images(images: list[np.ndarray], fmt: str) -> list[bytes]:
+    return [encode_image(img, fmt) for img in images]
+
+
+async def collect_images(call: PipelineCall) -> list[np.ndarray]:
+    images: list[np.ndarray] = []
+    async for chunk in call:
+        if chunk.output_type == "image" and "images" in chunk.data:
+            arr = np.asarray(chunk.data["images"])
+            images.extend(arr if arr.ndim == 4 else [arr])
+    return images
+
+
+async def answer_images(request: web.Request, images: list[np.ndarray], fmt: str,
+                        response_format: str | None) -> web.Response:
+    """The OpenAI images answer: base64 data, or links served by this server for a while."""
+    encoded = await off_loop(encode_images, images, fmt)
+    h, w = (images[0].shape[0], images[0].shape[1]) if images else (0, 0)
+    expires: int | None = None
+    if response_format == "url":
+        files = request.app[FILES_KEY]
+        data = []
+        for blob in encoded:
+            name, expires = files.put(blob, fmt)
+            data.append(ImageData(url=f"{request.scheme}://{request.host}/v1/files/images/{name}"))
+    else:
+        data = [ImageData(b64_json=base64.b64encode(b).decode()) for b in encoded]
+    body = ImagesResponse(created=int(time.time()), data=data, output_format=fmt, size=f"{w}x{h}",
+                          expires_at=expires)
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+def diffusion_params(req: Any, size: tuple[int, int] | None) -> dict[str, Any]:
+    extra = req.extra_body
+
+    def pick(name: str) -> Any:
+        top = getattr(req, name)
+        return top if top is not None else (getattr(extra, name) if extra else None)
+
+    return drop_none({
+        "n": req.n,
+        "width": size[0] if size else None,
+        "height": size[1] if size else None,
+        "num_inference_steps": pick("num_inference_steps"),
+        "guidance_scale": pick("guidance_scale"),
+        "seed": pick("seed"),
+    })
+
+
+async def generations(request: web.Request) -> web.StreamResponse:
     orch = orchestrator(request)
     req = await read_body(request, ImageRequest)
     require_model(orch, req.model)
     require_outputs(orch, {"image"}, "model")
-    if req.response_format == "url":
-        raise bad_request("response_format 'url' is not supported; use 'b64_json'", "response_format",
-                          "unsupported_value")
+    caps = served_caps(orch)
+    require_task(orch, caps, GENERATION_TASKS, ROUTE)
     size = parse_size(req.size)
-    extra = req.extra_body
-    params = drop_none({
-        "n": req.n,
-        "width": size[0] if size else None,
-        "height": size[1] if size else None,
-        "num_inference_steps": req.num_inference_steps if req.num_inference_steps is not None
-        else (extra.num_inference_steps if extra else None),
-        "guidance_scale": req.guidance_scale if req.guidance_scale is not None
-        else (extra.guidance_scale if extra else None),
-        "seed": req.seed if req.seed is not None else (extra.seed if extra else None),
-    })
-    negative = req.negative_prompt if req.negative_prompt is not None else (extra.negative_prompt if extra else None)
+    params = diffusion_params(req, size)
+    negative = req.negative_prompt if req.negative_prompt is not None else (
+        req.extra_body.negative_prompt if req.extra_body else None)
     inputs = drop_none({"prompt": req.prompt, "negative_prompt": negative})
-    images: list[np.ndarray] = []
-    async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:
-        async for chunk in call:
-            if chunk.output_type == "image" and "images" in chunk.data:
-                arr = np.asarray(chunk.data["images"])
-                images.extend(arr if arr.ndim == 4 else [arr])
     fmt = req.output_format or "png"
-    encoded = await off_loop(encode_images, images, fmt)
-    h, w = (images[0].shape[0], images[0].shape[1]) if images else (0, 0)
-    body = ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b) for b in encoded],
-                          output_format=fmt, size=f"{w}x{h}")
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    if req.stream:
+        from omni_actors.api.image_stream import stream_images
+
+        return await stream_images(request, ROUTE, inputs, params, fmt, req.partial_images or 0,
+                                   "image_generation")
+    async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:
+        images = await collect_images(call)
+    return await answer_images(request, images, fmt, req.response_format)

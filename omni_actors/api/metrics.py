@@ -12,6 +12,9 @@
     omni_worker_restarts_total{stage_id,model_stage}  worker restarts
     omni_orchestrator_requests_in_flight              runs the orchestrator holds
     omni_orchestrator_leases_held                     shared-memory leases not yet freed
+    omni_bus_frames_undecodable_total                 frames from workers the bus could not decode
+    omni_stream_bytes_queued                          final outputs held that their readers have not taken
+    omni_stream_overflows_total                       requests aborted for leaving server.stream_buffer_mb unread
 
 Stage values are read from `orchestrator.statistics()` at scrape time.
 """
@@ -59,7 +62,13 @@ class _StageCollector:
         runs.add_metric([], stats.requests_in_flight)
         leases = GaugeMetricFamily("omni_orchestrator_leases_held", "Shared-memory leases not yet freed")
         leases.add_metric([], stats.leases_held)
-        return [depth, limit, healthy, engine, restarts, runs, leases]
+        undecodable = CounterMetricFamily("omni_bus_frames_undecodable", "Frames from workers the bus could not decode")
+        undecodable.add_metric([], stats.frames_undecodable)
+        queued = GaugeMetricFamily("omni_stream_bytes_queued", "Final outputs held that their readers have not taken")
+        queued.add_metric([], stats.stream_bytes_queued)
+        overflows = CounterMetricFamily("omni_stream_overflows", "Requests aborted for a reader that stopped reading")
+        overflows.add_metric([], stats.stream_overflows)
+        return [depth, limit, healthy, engine, restarts, runs, leases, undecodable, queued, overflows]
 
 
 class ApiMetrics:

@@ -1,9 +1,12 @@
 """Request gatekeeping before any handler runs: API-key auth and the body-size limit.
 
-- Auth: when `server.api_keys` is non-empty every route except PUBLIC_PATHS
-  needs `Authorization: Bearer <key>` (or `api-key: <key>`, or for browser
-  WebSockets the subprotocol `openai-insecure-api-key.<key>`) naming one of
-  them; otherwise 401. Keys are compared in constant time and never logged.
+- Auth, the one check for every route (REST and the realtime WebSocket alike):
+  when `server.api_keys` is non-empty every route except PUBLIC_PATHS needs
+  `Authorization: Bearer <key>` (any case of "Bearer"), or `api-key: <key>`
+  (Azure's header), or for browser WebSockets the subprotocol
+  `openai-insecure-api-key.<key>`, naming one of them; otherwise 401. The
+  presented key is compared with every configured key in constant time (both
+  hashed first, so neither length nor position leaks) and never logged.
 - Body size: a declared `Content-Length` over `server.max_body_mb` is refused
   with 413 before a byte of the body is read; a chunked body is cut off by
   aiohttp's `client_max_size` (the same limit) while reading, also 413.
@@ -14,14 +17,22 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 
 from aiohttp import web
 
 from omni_actors.api.errors import ApiError
 
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
-"""Routes answered without an API key (probes and scrapers carry none)."""
+PUBLIC_PATHS = frozenset({"/", "/health", "/metrics", "/openapi.json"})
+"""Routes answered without an API key: probes, scrapers and the API description carry none,
+and `/` is the (browser) playground page, which asks for a key itself."""
+PUBLIC_PREFIXES = ("/playground/",)
+"""The playground's static files: the page asks for a key itself when the API needs one."""
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
 WS_KEY_PROTOCOL = "openai-insecure-api-key."
@@ -29,12 +40,12 @@ WS_KEY_PROTOCOL = "openai-insecure-api-key."
 
 
 def _presented_key(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
+    auth = request.headers.get("Authorization", "").strip()
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    if request.headers.get("api-key"):
-        return request.headers["api-key"]
+    if request.headers.get("api-key", "").strip():
+        return request.headers["api-key"].strip()
     for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
         proto = proto.strip()
         if proto.startswith(WS_KEY_PROTOCOL):
@@ -42,18 +53,30 @@ def _presented_key(request: web.Request) -> str | None:
     return None
 
 
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+
+
+def key_matches(given: str, digests: list[bytes]) -> bool:
+    """Whether `given` is one of the keys whose digests are `digests`, in time independent of which."""
+    presented = _digest(given)
+    matched = False
+    for digest in digests:  # every key, no early exit
+        matched |= hmac.compare_digest(presented, digest)
+    return matched
+
+
 def auth_middleware(api_keys: list[str]):
-    keys = [k.encode() for k in api_keys]
+    digests = [_digest(k) for k in api_keys]
 
     @web.middleware
     async def check_key(request: web.Request, handler) -> web.StreamResponse:
-        if keys and request.path not in PUBLIC_PATHS:
+        if digests and not is_public(request.path):
             given = _presented_key(request)
             if given is None:
                 raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", None,
                                "missing_api_key")
-            presented = given.encode()
-            if not any(hmac.compare_digest(presented, k) for k in keys):
+            if not key_matches(given, digests):
                 raise ApiError(401, "invalid API key", None, "invalid_api_key")
         return await handler(request)
 

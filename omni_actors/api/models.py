@@ -1,4 +1,5 @@
-"""GET /v1/models and /v1/models/{model}: the served model name(s), the pipeline behind them, its outputs.
+"""GET /v1/models and /v1/models/{model}: the served model name(s), the pipeline behind them, its outputs,
+and for a diffusion pipeline its `capabilities` (tasks, accepted inputs, output kind).
 
 A request's `model` may be the deploy's `server.served_model_name` or the
 pipeline's name; anything else is a 404 (`code` "model_not_found").
@@ -10,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from omni_actors.api.calls import orchestrator, require_model, served_model_names
+from omni_actors.api.diffusion_caps import served_caps
 from omni_actors.api.schemas import Model, ModelList
 
 OWNER = "omni-actors"
@@ -20,7 +22,8 @@ STARTED_KEY = web.AppKey("started_at", float)
 def _model(request: web.Request, name: str) -> Model:
     pipe = orchestrator(request).pipeline
     return Model(id=name, created=int(request.app[STARTED_KEY]), owned_by=OWNER, pipeline=pipe.name,
-                 output_types=sorted(pipe.output_types()))
+                 output_types=sorted(pipe.output_types()), capabilities=served_caps(orchestrator(request)),
+                 voices=list(pipe.speech.voices) if pipe.speech else None)
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from msgspec import Meta, Struct
 
 from omni_actors.api.errors import ApiError, bad_request, from_validation
+from omni_actors.models.diffusion.capabilities import DiffusionCaps
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
@@ -27,6 +28,21 @@ TopK = Annotated[int, Meta(ge=-1, le=INT32_MAX)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 """A 64-bit seed. Unbounded JSON integers would not fit the bus's msgpack frames."""
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
+MAX_NAME_CHARS = 256
+"""Longest identifier-like string a client sends (model, voice, name, user, ids, a stop sequence)."""
+Name = Annotated[str, Meta(max_length=MAX_NAME_CHARS)]
+MAX_INSTRUCTIONS_CHARS = 65_536
+"""Longest `instructions` (a system prompt: ~16k tokens, more than small models' context)."""
+Instructions = Annotated[str, Meta(max_length=MAX_INSTRUCTIONS_CHARS)]
+MAX_TOOLS = 128
+"""Most function tools one request or session may declare (OpenAI's own limit)."""
+Tools = Annotated[list[dict[str, Any]], Meta(max_length=MAX_TOOLS)]
+MAX_STOP = 4
+"""Most stop sequences (OpenAI's limit)."""
+MAX_METADATA = 16
+"""Most metadata pairs (OpenAI's limit: 16, keys up to 64 characters, values up to 512)."""
+Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
+                     Meta(max_length=MAX_METADATA)]
 MAX_CHOICES = 8
 """Most choices (`n`) one chat request may ask for; each runs as its own pipeline request."""
 
@@ -66,19 +82,19 @@ ContentPart = TextPart | ImageUrlPart | InputAudioPart
 
 
 class AudioRef(_Req):
-    id: str
+    id: Name
 
 
 class ChatMessage(_Req):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
-    name: str | None = None
+    name: Name | None = None
     audio: AudioRef | None = None
-    tool_call_id: str | None = None
+    tool_call_id: Name | None = None
 
 
 class ChatAudioOptions(_Req):
-    voice: str | None = None
+    voice: Name | None = None
     format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
 
 
@@ -89,12 +105,12 @@ class StreamOptions(_Req):
 class ResponseFormat(_Req):
     """Only "text" is served; the handler refuses JSON modes by name (no guided decoding here)."""
 
-    type: str
+    type: Name
     json_schema: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(_Req):
-    model: str
+    model: Name
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     modalities: list[Literal["text", "audio"]] | None = None
     audio: ChatAudioOptions | None = None
@@ -104,7 +120,7 @@ class ChatCompletionRequest(_Req):
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     seed: Seed | None = None
-    stop: str | list[str] | None = None
+    stop: Name | Annotated[list[Name], Meta(max_length=MAX_STOP)] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
@@ -112,11 +128,11 @@ class ChatCompletionRequest(_Req):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    user: str | None = None
+    user: Name | None = None
     # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
     store: bool | None = None
-    metadata: dict[str, str] | None = None
-    service_tier: str | None = None
+    metadata: Metadata | None = None
+    service_tier: Name | None = None
     logprobs: Literal[False] | None = None
 
 
@@ -186,18 +202,27 @@ class ChatCompletionChunk(Struct):
 
 # ---- speech --------------------------------------------------------------------
 
-SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
+MAX_VOICE_CHARS = 128
+
+
+class VoiceRef(Struct, forbid_unknown_fields=True):
+    """A custom voice by id (`{"id": "voice_..."}`), as OpenAI's SDK sends it."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=MAX_VOICE_CHARS)]
 
 
 class SpeechRequest(_Req):
     model: str
     input: Annotated[str, Meta(min_length=1, max_length=16384)]
-    voice: str | None = None
-    instructions: str | None = None
+    voice: Annotated[str, Meta(min_length=1, max_length=MAX_VOICE_CHARS)] | VoiceRef | None = None
+    instructions: Instructions | None = None
     response_format: SpeechFormat = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
     stream: bool = False
     stream_format: Literal["audio", "sse"] | None = None
+    seed: int | None = None
+    """Extension: a fixed seed makes the same request give the same audio."""
 
 
 class SpeechUsage(Struct):
@@ -261,38 +286,60 @@ class DiffusionFields(_Req):
 
 class ImageRequest(_Req):
     prompt: NonEmptyStr
-    model: str | None = None
+    model: Name | None = None
     n: Annotated[int, Meta(ge=1, le=10)] = 1
-    size: str | None = None
+    size: Name | None = None
     """"WIDTHxHEIGHT" (e.g. "512x512") or "auto" (the pipeline's default)."""
     response_format: Literal["b64_json", "url"] | None = None
     output_format: Literal["png", "jpeg", "webp"] | None = None
-    quality: str | None = None
-    style: str | None = None
-    user: str | None = None
+    quality: Name | None = None
+    style: Name | None = None
+    user: Name | None = None
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
     guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
     negative_prompt: str | None = None
     seed: Seed | None = None
+    stream: bool = False
+    partial_images: Annotated[int, Meta(ge=0, le=3)] | None = None
+    """Previews sent before the final image when streaming (OpenAI allows 0-3)."""
+    background: str | None = None
+    moderation: str | None = None
+    output_compression: Annotated[int, Meta(ge=0, le=100)] | None = None
     extra_body: DiffusionFields | None = None
 
 
 class ImageData(Struct, omit_defaults=True):
-    b64_json: str
+    b64_json: str | None = None
+    url: str | None = None
     revised_prompt: str | None = None
 
 
-class ImagesResponse(Struct):
+class ImagesResponse(Struct, omit_defaults=True):
     created: int
     data: list[ImageData]
     output_format: str
     size: str
+    expires_at: int | None = None
+    """Unix time the `url`s stop answering (extra to OpenAI's fields; only with response_format url)."""
+
+
+class ImageStreamEvent(Struct, omit_defaults=True):
+    """`image_generation.partial_image` / `image_generation.completed` (and the `image_edit.*` twins)."""
+
+    type: str
+    b64_json: str
+    created_at: int
+    size: str
+    output_format: str
+    background: str = "opaque"
+    quality: str = "auto"
+    partial_image_index: int | None = None
 
 
 # ---- models, health, errors --------------------------------------------------------
 
 
-class Model(Struct):
+class Model(Struct, omit_defaults=True):
     id: str
     created: int
     owned_by: str
@@ -300,7 +347,11 @@ class Model(Struct):
     """The pipeline served under this name (extra to OpenAI's fields)."""
     output_types: list[str]
     """What the pipeline can produce: "text", "audio", "image", ..."""
+    capabilities: DiffusionCaps | None = None
+    """A diffusion pipeline's tasks and accepted inputs (read from its pipeline class)."""
     object: Literal["model"] = "model"
+    voices: list[str] | None = None
+    """Built-in speech voices, for pipelines that speak (extra to OpenAI's fields)."""
 
 
 class ModelList(Struct):

@@ -1,14 +1,24 @@
-"""Server-sent events: one `data: <json>` event per object, `data: [DONE]` to end, errors in-band.
+"""Server-sent events: the one streamed-response skeleton (`data: <json>` events, `[DONE]`, errors in-band).
 
-    async with SSEWriter(request) as sse:
+    return await respond(request, events())      # every streamed route: an async iterator of events
+
+    async with SSEWriter(request) as sse:          # what `respond` runs on
         await sse.send(struct_or_dict); ...
         return await sse.done()
 
-Events are coalesced: `send` only queues; a flusher task writes everything
-queued in one write as soon as the handler yields to the event loop (it waits
-for the next pipeline output). A burst of outputs that arrive together costs
-one syscall instead of one each, and nothing waits longer than the handler's
-own turn. A write failure (client gone) is raised from the next `send`.
+Events are coalesced: `send` queues; a flusher task writes everything queued
+in one write as soon as the handler yields to the event loop (it waits for the
+next pipeline output). A burst of outputs that arrive together costs one
+syscall instead of one each.
+
+Backpressure: the flusher's write waits for the transport to drain, and `send`
+waits while more than SSE_PENDING_BYTES are queued behind it. So a client that
+reads slowly slows the handler, which stops taking the request's output
+stream (bounded by `server.stream_buffer_mb` in the orchestrator); a client
+that stops reading is cut off by the connection's write timeout
+(`server.write_timeout_s`, api/server.py), which fails the pending write and
+so the next `send` (ConnectionError), and the route's PipelineCall aborts the
+request in every stage.
 
 After the headers are sent an error can no longer change the status; it goes
 out as `data: {"error": {...}}` (the openai SDK raises APIError on it), then
@@ -18,14 +28,32 @@ the stream ends without `[DONE]`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from omni_actors.api.errors import RESPONSE_STARTED, ApiError
+from omni_actors.api.errors import RESPONSE_STARTED, ApiError, from_exception
+from omni_actors.errors import RequestError
+
+SSE_PENDING_BYTES = 256 * 1024
+"""Encoded events queued for the socket before `send` waits for the flusher to take them."""
 
 _encoder = msgspec.json.Encoder()
+
+
+async def respond(request: web.Request, events: AsyncGenerator[Any, None], *, done: bool = True) -> web.StreamResponse:
+    """Send each event of `events` as it comes, then `[DONE]` (or nothing more: `done=False`).
+    A RequestError out of `events` ends the stream with an in-band error event."""
+    async with SSEWriter(request) as sse, contextlib.aclosing(events):  # (closed at once on any exit)
+        try:
+            async for event in events:
+                await sse.send(event)
+        except RequestError as err:  # headers are out: report in-band
+            return await sse.fail(from_exception(err))
+        return await (sse.done() if done else sse.end())
 
 
 class SSEWriter:
@@ -37,7 +65,10 @@ class SSEWriter:
             "X-Accel-Buffering": "no",
         })
         self._buf: list[bytes] = []
+        self._pending = 0
         self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self._closing = False
         self._error: BaseException | None = None
         self._flusher: asyncio.Task | None = None
@@ -54,10 +85,18 @@ class SSEWriter:
             await asyncio.gather(self._flusher, return_exceptions=True)
 
     async def send(self, event: Any) -> None:
+        """Queue one event; waits while the client is behind by more than SSE_PENDING_BYTES."""
         if self._error is not None:
             raise self._error
-        self._buf.append(b"data: " + _encoder.encode(event) + b"\n\n")
+        data = b"data: " + _encoder.encode(event) + b"\n\n"
+        self._buf.append(data)
+        self._pending += len(data)
         self._wake.set()
+        while self._pending > SSE_PENDING_BYTES and self._error is None:
+            self._room.clear()
+            await self._room.wait()
+        if self._error is not None:
+            raise self._error
 
     async def _flush_loop(self) -> None:
         while not self._closing:
@@ -70,11 +109,14 @@ class SSEWriter:
             return
         data = b"".join(self._buf)
         self._buf.clear()
+        self._pending = 0
+        self._room.set()
         try:
-            await self.resp.write(data)
-        except (ConnectionError, RuntimeError) as err:  # client gone / transport closed
+            await self.resp.write(data)  # waits for the transport to drain
+        except (ConnectionError, RuntimeError) as err:  # client gone / transport closed or timed out
             self._error = err
             self._closing = True
+            self._room.set()
 
     async def _finish(self, last: bytes) -> web.StreamResponse:
         self._closing = True

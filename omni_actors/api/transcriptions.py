@@ -28,9 +28,10 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from aiohttp import web
+from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from omni_actors.api.audio_codec import decode_file, off_loop
+from omni_actors.api.audio_codec import decode_audio, off_loop
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
@@ -54,17 +55,38 @@ FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "p
 READ_CHUNK = 1 << 16
 
 
+MULTIPART_ERRORS = (ValueError, AssertionError, LookupError, HttpProcessingError, web.RequestPayloadError)
+"""What aiohttp's multipart reader raises on a body it cannot parse (no or an over-long boundary,
+control characters or too many headers in a part, a body cut short, ...)."""
+
+
 async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
-    """The text fields and the file's bytes; 400 naming a missing, unknown or repeated field."""
+    """The text fields and the file's bytes; 400 naming a missing, unknown or repeated field, or
+    saying why the body is not multipart/form-data this server can parse."""
     if request.content_type != "multipart/form-data":
         raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send the audio as "
                        "multipart/form-data with a `file` field", None, "unsupported_media_type")
+    try:
+        return await _parse_form(request, max_bytes)
+    except MULTIPART_ERRORS as err:
+        detail = err.message if isinstance(err, HttpProcessingError) else str(err)
+        raise ApiError(400, f"cannot parse the multipart/form-data body: {detail[:200]}", None,
+                       "invalid_multipart", close=True) from None
+
+
+async def _parse_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
     fields: dict[str, str] = {}
     upload: bytes | None = None
     total = 0
     reader = await request.multipart()
     while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise bad_request("nested multipart parts are not accepted; send each field as its own part",
+                              None, "invalid_multipart")
         name = part.name or ""
+        if not name:
+            raise bad_request("a form part has no name (Content-Disposition: form-data; name=...)", None,
+                              "invalid_multipart")
         if name not in FIELDS:
             raise bad_request(f"unknown form field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
         if name in fields or (name == "file" and upload is not None):
@@ -122,9 +144,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     require_model(orch, fields["model"])
     require_outputs(orch, {"transcript"}, "model")
     fmt, stream, params = _options(fields)
-    audio, rate = await off_loop(decode_file, upload, "file")
-    if not audio.size:
-        raise bad_request("the audio file holds no samples", "file", "invalid_audio")
+    audio, rate = await off_loop(decode_audio, upload, None, "file")
     seconds = audio.size / rate
     async with PipelineCall(request, ROUTE, {"audio": audio, "sample_rate": rate}, params, {"transcript"}) as call:
         if stream:

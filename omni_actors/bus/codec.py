@@ -4,6 +4,16 @@ Arrays at or under INLINE_MAX_BYTES travel inside the message; larger ones
 are written once into the producer's arena and travel as a lease. Torch
 tensors keep their type across the boundary ("torch:" dtype prefix; bfloat16
 travels as its raw 16-bit pattern). torch is imported only when one is seen.
+
+The array path is chosen per peer. A producer without an arena (a worker on
+another node) keeps large arrays as views of their own memory; `to_wire`
+moves every large array bound for a peer into a message frame of its own,
+sent without a copy, and for a "frames" peer (one that cannot map this node's
+shared memory) also reads leased arrays out of shared memory into frames.
+`attach_frames` puts received frames back under their refs.
+
+With `cuda_ipc` (stages that share one GPU) a CUDA tensor is not copied to the
+host at all: it travels as an IPC handle under a lease (bus.cuda_ipc).
 """
 
 from __future__ import annotations
@@ -12,7 +22,10 @@ import sys
 from typing import Any
 
 import numpy as np
+from msgspec.structs import replace as msgspec_replace
 
+from omni_actors.bus import messages as m
+from omni_actors.bus.cuda_ipc import CudaLeases, open_tensor, share
 from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
 from omni_actors.bus.shm import Arena, SegmentCache
 
@@ -51,10 +64,22 @@ def _numpy_to_torch(arr: np.ndarray, dtype: str) -> Any:
 class PayloadCodec:
     """Encodes with one producer's arena; decodes through one segment cache."""
 
-    def __init__(self, producer: str, arena: Arena | None, segments: SegmentCache) -> None:
+    def __init__(self, producer: str, arena: Arena | None, segments: SegmentCache, cuda_ipc: bool = False) -> None:
         self.producer = producer
         self.arena = arena
         self.segments = segments
+        self.cuda = CudaLeases() if cuda_ipc else None
+
+    def free(self, leases: list[int]) -> None:
+        """The producer side of FreeLeases: arena leases are positive, CUDA ones negative."""
+        if self.cuda is not None:
+            self.cuda.free([x for x in leases if x < 0])
+        if self.arena is not None:
+            self.arena.free([x for x in leases if x > 0])
+
+    @property
+    def leased(self) -> int:
+        return (self.arena.leased if self.arena else 0) + (self.cuda.leased if self.cuda else 0)
 
     def encode(self, values: dict[str, Any]) -> Payload:
         """Split values into plain data and arrays; arrays nested in lists/dicts are hoisted."""
@@ -74,6 +99,10 @@ class PayloadCodec:
     def _encode_any_array(self, value: Any) -> ArrayRef:
         if isinstance(value, np.ndarray):
             return self._encode_array(np.ascontiguousarray(value), value.dtype.str)
+        if self.cuda is not None and value.device.type == "cuda":
+            t = value.detach()
+            return ArrayRef(dtype=_TORCH + "cuda", shape=tuple(t.shape), cuda=share(t),
+                            lease=self.cuda.hold(t), producer=self.producer)
         arr, dtype = _torch_to_numpy(value)
         return self._encode_array(arr, dtype)
 
@@ -92,8 +121,10 @@ class PayloadCodec:
 
     def _encode_array(self, arr: np.ndarray, dtype: str) -> ArrayRef:
         shape = tuple(arr.shape)
-        if arr.nbytes <= INLINE_MAX_BYTES or self.arena is None:
+        if arr.nbytes <= INLINE_MAX_BYTES:
             return ArrayRef(dtype=dtype, shape=shape, inline=arr.tobytes())
+        if self.arena is None:  # a view, no copy: the socket sends it as a frame of its own
+            return ArrayRef(dtype=dtype, shape=shape, inline=arr.reshape(-1).view(np.uint8).data)
         segment, offset, lease = self.arena.put(arr)
         return ArrayRef(
             dtype=dtype, shape=shape, segment=segment, offset=offset,
@@ -116,6 +147,8 @@ class PayloadCodec:
         return out
 
     def decode_array(self, ref: ArrayRef, copy: bool = False) -> Any:
+        if ref.cuda is not None:
+            return open_tensor(ref.cuda, ref.shape)
         if ref.dtype == _TORCH + "bfloat16":
             np_dtype = np.dtype(np.int16)
         else:
@@ -150,3 +183,80 @@ def _restore(value: Any, nested: dict[str, Any]) -> Any:
 
 def leases_of(payload: Payload) -> list[LeaseId]:
     return [LeaseId(r.producer, r.lease) for r in payload.arrays.values() if r.lease]
+
+
+# ---- the per-peer array path -------------------------------------------------------
+
+_PAYLOAD_FIELDS = {m.AddRequest: ("inputs",), m.Feed: ("payload",), m.StageOutput: ("payload",)}
+
+
+def _nbytes(buf: Any) -> int:
+    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+
+
+def to_wire(
+    msgs: list[m.Message], frames_peer: bool = False, segments: SegmentCache | None = None
+) -> tuple[list[m.Message], list[Any]]:
+    """`msgs` as they leave for one peer, and the frames that follow the body.
+
+    Inline arrays over INLINE_MAX_BYTES become frames (zero-copy views). For a
+    `frames_peer`, leased shared-memory arrays do too (read through `segments`);
+    they keep their lease, which the consumer gives back as usual. The messages
+    given are not changed (the same payload may also go to another peer).
+    """
+    frames: list[Any] = []
+    out = []
+    for msg in msgs:
+        fields = _PAYLOAD_FIELDS.get(type(msg))
+        if fields is None:
+            out.append(msg)
+            continue
+        changes: dict[str, Any] = {}
+        for name in fields:
+            p = getattr(msg, name)
+            q = _wire_payload(p, frames, frames_peer, segments)
+            if q is not p:
+                changes[name] = q
+        if isinstance(msg, m.AddRequest) and msg.upstream:
+            upstream = {s: [_wire_payload(p, frames, frames_peer, segments) for p in ps]
+                        for s, ps in msg.upstream.items()}
+            if any(q is not p for s, ps in msg.upstream.items() for p, q in zip(ps, upstream[s], strict=True)):
+                changes["upstream"] = upstream
+        out.append(msgspec_replace(msg, **changes) if changes else msg)
+    return out, frames
+
+
+def _wire_payload(p: Payload, frames: list[Any], frames_peer: bool, segments: SegmentCache | None) -> Payload:
+    arrays = None
+    for key, ref in p.arrays.items():
+        if ref.inline is not None:
+            if _nbytes(ref.inline) <= INLINE_MAX_BYTES:
+                continue
+            data = ref.inline
+        elif frames_peer and ref.segment and segments is not None:
+            data = segments.view(ref.segment, ref.offset, ref.nbytes)
+        else:
+            continue
+        frames.append(data)
+        if arrays is None:
+            arrays = dict(p.arrays)
+        arrays[key] = ArrayRef(dtype=ref.dtype, shape=ref.shape, nbytes=_nbytes(data), lease=ref.lease,
+                               producer=ref.producer, frame=len(frames))
+    return p if arrays is None else Payload(data=p.data, arrays=arrays)
+
+
+def attach_frames(msgs: list[m.Message], frames: list[memoryview]) -> None:
+    """Put received frames under the refs that name them (ValueError: a ref names no frame)."""
+    for msg in msgs:
+        fields = _PAYLOAD_FIELDS.get(type(msg))
+        if fields is None:
+            continue
+        payloads = [getattr(msg, name) for name in fields]
+        if isinstance(msg, m.AddRequest):
+            payloads.extend(p for ps in msg.upstream.values() for p in ps)
+        for p in payloads:
+            for ref in p.arrays.values():
+                if ref.frame:
+                    if not 0 < ref.frame <= len(frames) or _nbytes(frames[ref.frame - 1]) != ref.nbytes:
+                        raise ValueError(f"array names frame {ref.frame} of {len(frames)}")
+                    ref.inline, ref.frame = frames[ref.frame - 1], 0

@@ -13,12 +13,33 @@ from typing import Any
 import msgspec
 
 
+class CudaIpcRef(msgspec.Struct, array_like=True, gc=False):
+    """A CUDA tensor in another process's allocation: torch's IPC reduction fields (bus.cuda_ipc)."""
+
+    device: int
+    handle: bytes
+    storage_size: int
+    storage_offset: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes | None
+    event_sync: bool
+    tensor_offset: int
+    """In elements of the tensor's dtype, within the storage."""
+    stride: tuple[int, ...]
+    dtype: str
+    """torch dtype name, e.g. "bfloat16"."""
+
+
 class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """An array that crossed a process boundary.
 
     Small arrays travel `inline`; larger ones live in the producer's
     shared-memory arena at (`segment`, `offset`) under `lease`, owned by
-    `producer` until released.
+    `producer` until released. To and from a worker that does not share the
+    orchestrator's memory (another node), a large array travels as message
+    frame number `frame` (1-based, after the body; bus.codec.to_wire / attach_frames).
+    Between stages on one GPU a CUDA tensor travels as `cuda`, an IPC handle (leased).
     """
 
     dtype: str
@@ -29,6 +50,8 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     nbytes: int = 0
     lease: int = 0
     producer: str = ""
+    frame: int = 0
+    cuda: CudaIpcRef | None = None
 
 
 class Payload(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -47,7 +70,11 @@ class LeaseId(msgspec.Struct, array_like=True, gc=False):
 
 
 class Ready(msgspec.Struct, tag=1, array_like=True, gc=False):
-    """First message of a worker: its engine is loaded."""
+    """First message of a worker: its engine is loaded.
+
+    `info["arrays"] == "frames"`: the worker does not map the orchestrator's shared memory
+    (it runs on another node); arrays for it travel as message frames.
+    """
 
     stage_id: int
     replica: int
@@ -68,6 +95,11 @@ class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
     """Requests the engine holds."""
     leased: int = 0
     """Leases of this worker's arena not yet given back."""
+    steps: int = 0
+    """Engine steps the worker has completed."""
+    step_s: float = 0.0
+    """How long the step now running has run (0: none is running). Heartbeats leave from the
+    worker's I/O thread during a step, so the supervisor can tell a long step from a stuck one."""
 
 
 class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc=False):
@@ -108,8 +140,12 @@ class AddRequest(msgspec.Struct, tag=10, array_like=True, omit_defaults=True, gc
     sources: tuple[int, ...] = ()
 
 
+CLIENT_SOURCE = -1
+"""The `source` of input fed by the client (Orchestrator.feed) rather than by an upstream stage."""
+
+
 class Feed(msgspec.Struct, tag=11, array_like=True, omit_defaults=True, gc=False):
-    """One upstream chunk for a streaming request."""
+    """One upstream chunk for a streaming request (source CLIENT_SOURCE: more client input)."""
 
     request_id: str
     source: int
@@ -159,3 +195,35 @@ def encode_many(msgs: list[Message]) -> bytes:
 
 def unbatch(msg: Message) -> list[Message]:
     return msg.items if isinstance(msg, Batch) else [msg]
+
+
+_REQUEST_TAGS = frozenset(t.__struct_config__.tag for t in (StageOutput, AddRequest, Feed))
+"""Messages whose second field is a request id."""
+
+
+def salvage(body: bytes | memoryview) -> tuple[list[Message], list[str]]:
+    """What can be read of a frame `decode` refused: its messages that are valid, and the request
+    ids of those that are not (where an id can be read). A frame that is not msgpack gives neither.
+    Only plain msgpack is read here, never pickle, whatever the frame holds."""
+    try:
+        raw = msgspec.msgpack.decode(body)
+    except msgspec.DecodeError:
+        return [], []
+    batch_tag = Batch.__struct_config__.tag
+    items = raw[1] if _is_list(raw) and raw[0] == batch_tag and _is_list(raw[1]) else [raw]
+    good: list[Message] = []
+    bad: list[str] = []
+    for item in items:
+        try:
+            msg = msgspec.convert(item, Message)
+        except (msgspec.ValidationError, TypeError):
+            if _is_list(item) and item[0] in _REQUEST_TAGS and isinstance(item[1], str):
+                bad.append(item[1])
+            continue
+        if not isinstance(msg, Batch):  # (a batch is never nested)
+            good.append(msg)
+    return good, bad
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list) and len(value) >= 2

@@ -4,6 +4,11 @@ The ROUTER is a plain (not zmq.asyncio) socket: the loop watches its file
 descriptor and each wake-up drains every pending frame with non-blocking
 calls, which costs a fraction of zmq.asyncio's per-message overhead. ZeroMQ's
 descriptor is edge-triggered, so after every send we look again for input.
+
+A message is `[body, array frames...]` (bus.codec.to_wire). Over `tcp://` the
+bus is authenticated and encrypted with CURVE: the orchestrator's `BusAuth`
+holds the server key pair and the public keys of the workers it started (a ZAP
+handler refuses every other peer), and hands each worker its `CurveKeys`.
 """
 
 from __future__ import annotations
@@ -11,18 +16,24 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import zmq
 
 from omni_actors.bus import messages as m
+from omni_actors.bus.codec import attach_frames, to_wire
+from omni_actors.bus.shm import SegmentCache
 from omni_actors.settings import SETTINGS
 
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
 # (plain ints: pyzmq's enum flags cost more than the socket calls on the hot path)
 
 SEND_HWM = 0
@@ -52,11 +63,76 @@ class RuntimeDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+class CurveKeys(msgspec.Struct, frozen=True):
+    """One worker's CURVE keys (Z85 text): the bus's public key, and its own pair."""
+
+    server_key: str
+    public_key: str
+    secret_key: str
+
+    def __repr__(self) -> str:  # never print a secret
+        return f"CurveKeys(public_key={self.public_key!r})"
+
+
+def read_curve_keys() -> CurveKeys:
+    """A worker's keys, one JSON line on its stdin (not its command line: that is world-readable)."""
+    return msgspec.json.decode(sys.stdin.buffer.readline(), type=CurveKeys)
+
+
+class BusAuth:
+    """The bus's CURVE server key pair and the public keys allowed to connect (a ZAP handler).
+
+    Start it on the router's context before the router binds; `issue()` makes a worker's
+    key pair and allows it, `revoke()` forgets it (a gone worker's keys open nothing).
+    """
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        public, secret = zmq.curve_keypair()
+        self.public_key, self._secret = public.decode(), secret.decode()
+        self._allowed: set[bytes] = set()
+        self._thread = ThreadAuthenticator(ctx, log=_quiet_log())
+        self._thread.start()
+        self._thread.configure_curve_callback("*", credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """ZAP: is this client public key (Z85) one of ours?"""
+        return key in self._allowed
+
+    def issue(self) -> CurveKeys:
+        public, secret = zmq.curve_keypair()
+        self._allowed.add(public)
+        return CurveKeys(self.public_key, public.decode(), secret.decode())
+
+    def revoke(self, keys: CurveKeys) -> None:
+        self._allowed.discard(keys.public_key.encode())
+
+    def serve(self, sock: zmq.Socket) -> None:
+        sock.curve_secretkey = self._secret.encode()
+        sock.curve_publickey = self.public_key.encode()
+        sock.curve_server = True
+
+    def close(self) -> None:
+        self._allowed.clear()
+        self._thread.stop()
+
+
+def _quiet_log() -> Any:
+    import logging
+
+    log = logging.getLogger("omni_actors.bus.zap")
+    log.setLevel(logging.WARNING)  # (pyzmq logs every allowed and refused key at debug)
+    return log
+
+
 class AsyncRouter:
     """ROUTER socket driven by the event loop; `on_message(identity, msg)` per message.
 
-    A message that cannot be encoded (a value msgspec refuses) is handed to
-    `on_unsendable(identity, msg, error)` and the rest of its frame still goes out.
+    A message that cannot be sent (a value msgspec refuses, an array whose shared memory
+    is gone) is handed to `on_unsendable(identity, msg, error)` and the rest still goes out.
+    A frame that cannot be decoded is counted (`frames_undecodable`) and handed to
+    `on_undecodable(identity, body, error)`.
     """
 
     def __init__(
@@ -65,8 +141,13 @@ class AsyncRouter:
         endpoint: str,
         on_message: Callable[[bytes, m.Message], None],
         on_unsendable: Callable[[bytes, m.Message, Exception], None] | None = None,
+        on_undecodable: Callable[[bytes, bytes, Exception], None] | None = None,
+        auth: BusAuth | None = None,
+        segments: SegmentCache | None = None,
     ) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
+        if auth is not None:
+            auth.serve(self.sock)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         self.sock.setsockopt(zmq.RCVHWM, SEND_HWM)
@@ -87,6 +168,11 @@ class AsyncRouter:
         self.endpoint = endpoint
         self._on_message = on_message
         self._on_unsendable = on_unsendable
+        self._on_undecodable = on_undecodable
+        self.frames_undecodable = 0
+        self._segments = segments
+        self.frames_peers: set[bytes] = set()
+        """Peers that cannot map this node's shared memory: their arrays go as frames."""
         self._outbox: dict[bytes, list[m.Message]] = {}
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -106,17 +192,23 @@ class AsyncRouter:
         sock = self.sock
         while sock.getsockopt(_EVENTS) & _POLLIN:
             try:
-                identity, body = sock.recv_multipart(_NOBLOCK, copy=True)
+                parts = sock.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            except ValueError:
+            if len(parts) < 2:
                 continue  # malformed frame count: ignore
             self.frames_in += 1
+            identity = parts[0].bytes
             try:
-                msg = m.decode(body)
-            except Exception:
+                items = m.unbatch(m.decode(parts[1].buffer))
+                if len(parts) > 2:
+                    attach_frames(items, [p.buffer for p in parts[2:]])
+            except Exception as err:
+                self.frames_undecodable += 1
+                if self._on_undecodable is not None:
+                    self._on_undecodable(identity, parts[1].bytes, err)
                 continue
-            for item in m.unbatch(msg):
+            for item in items:
                 self.messages_in += 1
                 self._on_message(identity, item)
         if self._outbox:
@@ -137,14 +229,22 @@ class AsyncRouter:
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, {}
         for identity, msgs in outbox.items():
+            frames_peer = identity in self.frames_peers
             try:
+                msgs, arrays = to_wire(msgs, frames_peer, self._segments)
                 frame = m.encode_many(msgs)
             except Exception:
-                frame = self._encode_sendable(identity, msgs)
-                if frame is None:
+                prepared = self._prepare_sendable(identity, msgs, frames_peer)
+                if prepared is None:
                     continue
+                msgs, arrays, frame = prepared
             try:
-                self.sock.send_multipart([identity, frame], _NOBLOCK)
+                if arrays:
+                    self.sock.send(identity, _NOBLOCK | _SNDMORE)
+                    self.sock.send(frame, _NOBLOCK | _SNDMORE)
+                    _send_frames(self.sock, arrays, _NOBLOCK)
+                else:
+                    self.sock.send_multipart([identity, frame], _NOBLOCK)
             except zmq.ZMQError:
                 continue  # the peer is gone (ROUTER_MANDATORY); its death is handled elsewhere
             self.frames_out += 1
@@ -153,18 +253,24 @@ class AsyncRouter:
         if self._loop is not None and self.sock.getsockopt(_EVENTS) & _POLLIN:
             self._loop.call_soon(self._on_readable)
 
-    def _encode_sendable(self, identity: bytes, msgs: list[m.Message]) -> bytes | None:
-        """The frame of `msgs` less those that cannot be encoded (each reported); None if none can."""
+    def _prepare_sendable(
+        self, identity: bytes, msgs: list[m.Message], frames_peer: bool
+    ) -> tuple[list[m.Message], list[Any], bytes] | None:
+        """`msgs` less those that cannot be sent (a value msgspec refuses, an array whose shared
+        memory is gone), each reported; None if none can."""
         good = []
         for msg in msgs:
             try:
-                m.encode_many([msg])
+                m.encode_many(to_wire([msg], frames_peer, self._segments)[0])
             except Exception as err:
                 if self._on_unsendable is not None:
                     self._on_unsendable(identity, msg, err)
                 continue
             good.append(msg)
-        return m.encode_many(good) if good else None
+        if not good:
+            return None
+        wire, arrays = to_wire(good, frames_peer, self._segments)
+        return wire, arrays, m.encode_many(wire)
 
     def close(self) -> None:
         if self._loop is not None:
@@ -175,12 +281,26 @@ class AsyncRouter:
         self.sock.close(0)
 
 
-class WorkerSocket:
-    """A worker's DEALER with a fixed identity; blocking calls, used from one thread."""
+def _send_frames(sock: zmq.Socket, frames: list[Any], flags: int) -> None:
+    """The array frames of one message, each sent without a copy (the last one ends the message)."""
+    last = len(frames) - 1
+    for i, buf in enumerate(frames):
+        sock.send(buf, flags if i == last else flags | _SNDMORE, copy=False)
 
-    def __init__(self, endpoint: str, identity: bytes) -> None:
+
+class WorkerSocket:
+    """A worker's DEALER with a fixed identity; blocking calls, used from one thread.
+
+    With `keys` it is a CURVE client (a tcp:// bus); arrays go as frames of their own (to_wire).
+    """
+
+    def __init__(self, endpoint: str, identity: bytes, keys: CurveKeys | None = None) -> None:
         self.ctx = zmq.Context(1)
         self.sock = self.ctx.socket(zmq.DEALER)
+        if keys is not None:
+            self.sock.curve_serverkey = keys.server_key.encode()
+            self.sock.curve_publickey = keys.public_key.encode()
+            self.sock.curve_secretkey = keys.secret_key.encode()
         self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM)
@@ -190,18 +310,28 @@ class WorkerSocket:
         self._poller.register(self.sock, zmq.POLLIN)
 
     def send(self, msgs: list[m.Message]) -> None:
-        if msgs:
-            self.sock.send(m.encode_many(msgs))
+        if not msgs:
+            return
+        msgs, arrays = to_wire(msgs)
+        body = m.encode_many(msgs)
+        if arrays:
+            self.sock.send(body, _SNDMORE)
+            _send_frames(self.sock, arrays, 0)
+        else:
+            self.sock.send(body)
 
     def recv_nowait(self) -> list[m.Message]:
         """Every message already waiting, without blocking."""
         out: list[m.Message] = []
         while True:
             try:
-                body = self.sock.recv(_NOBLOCK, copy=True)
+                parts = self.sock.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
                 return out
-            out.extend(m.unbatch(m.decode(body)))
+            items = m.unbatch(m.decode(parts[0].buffer))
+            if len(parts) > 1:
+                attach_frames(items, [p.buffer for p in parts[1:]])
+            out.extend(items)
 
     def wait(self, timeout_s: float) -> bool:
         """Block until a message arrives or the timeout passes; True if one is waiting."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,19 @@ from typing import Any
 import msgspec
 import yaml
 
+from omni_actors import logs
+from omni_actors.bus.shm import ARENA_BUDGET_BYTES
 from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names
 from omni_actors.errors import ConfigError
-from omni_actors.settings import detect_platform
+from omni_actors.settings import PLATFORMS, detect_platform
+
+log = logs.get(__name__)
+
+IGNORED_FIELDS = {
+    "connectors": "data between stages always travels on this runtime's bus (shared memory), "
+                  "so connector settings have no effect",
+}
+"""Top-level fields accepted for vLLM-Omni's files but without effect here: each warns at load."""
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -33,6 +44,18 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     """Longest wait for a request's body; a client slower than that (or one that declares more
     bytes than it sends) gets a 408 and the connection is closed."""
     request_timeout_s: float = 600.0
+    stream_buffer_mb: float = 16.0
+    """Most final output one request may hold that its client has not taken yet (the API reads
+    it as the client reads); past it the request is aborted in every stage (a stalled reader)."""
+    write_timeout_s: float = 30.0
+    """Longest a response (HTTP or WebSocket) may wait for its client to take more bytes; past it
+    the connection is closed, which aborts its request in every stage."""
+    header_timeout_s: float = 15.0
+    """Longest a connection may go without sending a complete request head (a new connection, or
+    an idle keep-alive one between requests); past it the connection is closed."""
+    max_connections: int = 1024
+    """Open client connections at most; at the cap a new one pushes out the oldest connection that
+    has not sent a complete request head, else it is answered 503."""
     max_realtime_sessions: int = 16
     realtime_idle_timeout_s: float = 300.0
     realtime_max_audio_s: float = 1800.0
@@ -55,6 +78,14 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     default_sampling_params: dict[str, Any] = {}
     engine_extras: dict[str, Any] = {}
     env: dict[str, str] = {}
+    shm_budget_mb: float = ARENA_BUDGET_BYTES / 2**20
+    """Bytes of shared memory (MiB) a worker of this stage may have leased to consumers; at the
+    budget its engine waits for them to give leases back."""
+    max_step_s: float = 1800.0
+    """Longest one engine step may run before the worker is presumed stuck, killed and restarted
+    (its requests fail). Heartbeats flow during steps, so a long step alone never kills a worker."""
+    resources: dict[str, float] = {}
+    """With `cluster.backend: ray`: Ray resources per replica (GPU, CPU, custom, "node:<ip>")."""
 
     def device_list(self) -> list[str]:
         if self.devices is None:
@@ -68,13 +99,34 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
         return self.max_queue if self.max_queue is not None else 8 * self.max_num_seqs
 
 
+CLUSTER_BACKENDS = ("local", "ray")
+ARRAY_PATHS = ("auto", "frames")
+
+
+class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Where workers run: `local` child processes (default) or Ray actors (`ray`)."""
+
+    backend: str = "local"
+    address: str = "auto"
+    """A Ray address; "auto" = the cluster this host belongs to; "local" = start one in-process."""
+    bus_host: str | None = None
+    """The address of this host where the orchestrator's TCP bus listens, or 0.0.0.0 (default:
+    this host's address in the cluster)."""
+    arrays: str = "auto"
+    """How arrays reach a worker: "auto" (shared memory on the orchestrator's node, message
+    frames elsewhere) or "frames" (always frames: the cross-node path, for tests and benchmarks)."""
+
+
 class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     pipeline: str
     model: str | None = None
     async_chunk: bool = True
     server: ServerConfig = ServerConfig()
+    cluster: ClusterConfig = ClusterConfig()
     stages: list[StageDeploy] = []
     connectors: dict[str, Any] = {}
+    """Accepted from vLLM-Omni files and ignored (with a warning naming it): data between stages
+    always travels on this runtime's bus."""
     platforms: dict[str, Any] = {}
     base_config: str | None = None
     source: str = "<deploy>"
@@ -202,6 +254,7 @@ def _did_you_mean(path: str, name: str) -> str:
     last = path.rpartition(".")[2]
     struct = (
         DeployConfig if not path else ServerConfig if last == "server"
+        else ClusterConfig if last == "cluster"
         else StageDeploy if last.startswith("stages[") else None
     )  # fmt: skip
     fields = [f for f in getattr(struct, "__struct_fields__", ()) if f != "source"]
@@ -225,14 +278,23 @@ def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | N
     """Validate a raw mapping (already merged) into a DeployConfig."""
     _check_topology_fields(source, raw)
     platforms, platform = raw.get("platforms"), detect_platform()
-    platform_over = platforms.get(platform) if isinstance(platforms, dict) else None
-    if isinstance(platform_over, dict):
-        raw = deep_merge(raw, platform_over)
-    elif platform_over is not None:
-        raise ConfigError(
-            f"{source}: platforms.{platform}: expected a mapping of deploy fields, "
-            f"got {type(platform_over).__name__}"
-        )
+    for name, over in (platforms.items() if isinstance(platforms, dict) else ()):
+        if name not in PLATFORMS:
+            raise ConfigError(f"{source}: platforms.{name}: unknown platform; expected one of {list(PLATFORMS)}")
+        if not isinstance(over, dict):
+            raise ConfigError(
+                f"{source}: platforms.{name}: expected a mapping of deploy fields, got {type(over).__name__}"
+            )
+        if name != platform:  # not applied on this machine, but checked now rather than on that one
+            other = {**deep_merge(raw, over), "source": source}
+            other.pop("base_config", None)
+            _check_topology_fields(f"{source}: platforms.{name}", other)
+            try:
+                msgspec.convert(other, DeployConfig)
+            except msgspec.ValidationError as err:
+                raise ConfigError(_format_validation(f"{source} (with platforms.{name})", err)) from None
+    if isinstance(platforms, dict) and platform in platforms:
+        raw = deep_merge(raw, platforms[platform])
     where = source
     if overrides:
         raw = deep_merge(raw, overrides)
@@ -245,6 +307,9 @@ def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | N
     except msgspec.ValidationError as err:
         raise ConfigError(_format_validation(where, err)) from None
     validate_against_pipeline(cfg, where)
+    for name, reason in IGNORED_FIELDS.items():
+        if raw.get(name):
+            log.warning("config.field_ignored", deploy=source, field=name, reason=reason)
     return cfg
 
 
@@ -288,6 +353,9 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
             raise ConfigError(
                 f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
             )
+        for name in ("max_step_s", "shm_budget_mb"):
+            if not getattr(st, name) > 0:  # (also refuses nan)
+                raise ConfigError(f"{where}.{name}: expected a number > 0, got {getattr(st, name)}")
         if st.dtype not in DTYPES:
             raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
         devices = st.device_list()
@@ -297,17 +365,54 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
                 f"{where}.devices: {len(devices)} device(s) {devices} but tensor_parallel_size "
                 f"x num_replicas = {st.tensor_parallel_size} x {st.num_replicas} = {need}"
             )
+    _validate_cluster(cfg, src)
     if not 0 < cfg.server.port < 65536:
         raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
     for name in ("max_body_mb", "body_timeout_s", "request_timeout_s", "realtime_idle_timeout_s",
-                 "realtime_max_audio_s"):
+                 "realtime_max_audio_s", "stream_buffer_mb", "write_timeout_s", "header_timeout_s"):
         if not getattr(cfg.server, name) > 0:  # (also refuses nan)
             raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
+    if cfg.server.max_connections < 1:
+        raise ConfigError(f"{src}: server.max_connections: expected an integer >= 1, got {cfg.server.max_connections}")
     if cfg.server.max_realtime_sessions < 0:
         raise ConfigError(
             f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
         )
     return pipe
+
+
+def _validate_cluster(cfg: DeployConfig, src: str) -> None:
+    """The `cluster` section and per-stage `resources` (reaching the cluster is checked at start)."""
+    cl = cfg.cluster
+    if cl.backend not in CLUSTER_BACKENDS:
+        raise ConfigError(f"{src}: cluster.backend: expected one of {list(CLUSTER_BACKENDS)}, got {cl.backend!r}")
+    if cl.arrays not in ARRAY_PATHS:
+        raise ConfigError(f"{src}: cluster.arrays: expected one of {list(ARRAY_PATHS)}, got {cl.arrays!r}")
+    if not cl.address.strip():
+        raise ConfigError(f"{src}: cluster.address: expected a Ray address, \"auto\" or \"local\"")
+    if cl.bus_host is not None and not cl.bus_host.strip():
+        raise ConfigError(f"{src}: cluster.bus_host: expected an address of this host")
+    for i, st in enumerate(cfg.stages):
+        where = f"{src}: stages[{i}]"
+        for name, amount in st.resources.items():
+            if not amount >= 0:  # (also refuses nan)
+                raise ConfigError(f"{where}.resources.{name}: expected a number >= 0, got {amount}")
+        if cl.backend != "ray" and st.resources:
+            raise ConfigError(f"{where}.resources: placement by resources needs `cluster: {{backend: ray}}`")
+        if cl.backend == "ray" and st.devices is not None:
+            raise ConfigError(
+                f"{where}.devices: with cluster.backend ray, Ray assigns devices; "
+                "ask for them with `resources: {GPU: n}` instead"
+            )
+    if cl.backend == "ray" and not _installed("ray"):
+        raise ConfigError(f"{src}: cluster.backend: ray is not installed (pip install 'ray==2.60.*')")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # (ValueError: blocked in sys.modules)
+        return False
 
 
 def parse_stage_overrides(text: str) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from omni_actors.config.speech import SpeechSpec
+
 
 class ExecutionType(enum.StrEnum):
     LLM_AR = "LLM_AR"
@@ -65,6 +67,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Folders this pipeline serves without a deploy file (`omni-run --model DIR`): entries
     "diffusers:<model_index.json _class_name>" or "transformers:<config.json model_type>";
     "diffusers:*" serves any diffusers folder no other pipeline claims. See models/detect.py."""
+    duplex: bool = False
+    """A full-duplex speech model: a realtime session is one long streaming request that is fed the
+    user's audio frame by frame while it speaks (api/realtime/duplex.py, workers/engines/duplex.py)."""
+    speech: SpeechSpec | None = None
+    """Voices and speech options, for pipelines that make speech (config/speech.py)."""
 
     def stage(self, stage_id: int) -> StageSpec:
         for spec in self.stages:
@@ -118,6 +125,9 @@ _BUILTIN_MODULES = (
     "omni_actors.models.diffusion",
     "omni_actors.models.video",
     "omni_actors.models.llm",
+    "omni_actors.models.moshi",
+    "omni_actors.models.csm",
+    "omni_actors.models.qwen3_asr",
 )
 
 

@@ -54,6 +54,13 @@ def detect_pipeline(folder: str | Path) -> str:
                 exact.append(name)
             elif entry == f"{kind}:{WILDCARD}":
                 wildcard.append(name)
+    if kind == "diffusers" and not exact and wildcard:
+        from omni_actors.models.diffusion.capabilities import folder_caps
+
+        try:  # the generic diffusion pipeline calls any class with a known call style: check it now
+            folder_caps(folder)
+        except ConfigError as err:
+            raise ConfigError(f"--model: {folder}: {err}") from None
     if exact or wildcard:
         return sorted(exact or wildcard)[0]
     raise ConfigError(

@@ -4,6 +4,7 @@
     synthetic_text   one text stage
     synthetic_image  one image (DIFFUSION) stage
     synthetic_fanin  0 -> 1, 0 -> 2, (1, 2) -> 3
+    synthetic_asr    one transcript stage: audio in, "N samples at R Hz" out
 """
 
 from __future__ import annotations
@@ -71,5 +72,19 @@ def synthetic_fanin() -> PipelineConfig:
             StageSpec(stage_id=2, model_stage="right", execution_type=AR, engine=ENGINE, input_sources=(0,), chunk_processor=PASS),
             StageSpec(stage_id=3, model_stage="join", execution_type=AR, engine=ENGINE,
                       input_sources=(1, 2), chunk_processor=PASS, final_output=True, final_output_type="text"),
+        ),
+    )
+
+
+@register_pipeline("synthetic_asr")
+def synthetic_asr() -> PipelineConfig:
+    return PipelineConfig(
+        name="synthetic_asr",
+        requires_model=False,
+        description="audio -> a transcript describing it, no weights",
+        stages=(
+            StageSpec(stage_id=0, model_stage="asr", execution_type=AR, engine=ENGINE,
+                      engine_defaults={"kind": "transcript", "chunks": 1},
+                      final_output=True, final_output_type="transcript"),
         ),
     )

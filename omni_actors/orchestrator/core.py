@@ -8,6 +8,7 @@ timers whose timeouts are named constants.
 Public API (used by the HTTP layer and tests):
     orch = Orchestrator(deploy); await orch.start(); ...; await orch.stop()
     stream = orch.submit(RequestSpec(...))   # raises AdmissionError / StageUnavailable
+    orch.feed(request_id, inputs, last)      # more input for a RequestSpec(streaming=True)
     async for chunk in stream: ...           # StageChunk; raises a RequestError once on failure
     orch.abort(request_id); orch.health(); orch.statistics(); await orch.wait_healthy()
 """
@@ -31,6 +32,7 @@ from omni_actors.config.deploy import DeployConfig, validate_against_pipeline
 from omni_actors.config.pipeline import PipelineConfig, resolve
 from omni_actors.errors import (
     AdmissionError,
+    ConfigError,
     RequestAborted,
     RequestError,
     RequestRejected,
@@ -39,13 +41,14 @@ from omni_actors.errors import (
     StageUnavailable,
     WorkerDied,
 )
-from omni_actors.orchestrator.launcher import Launcher, WorkerHandle
+from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, make_launcher
+from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
 from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
-    STARTUP_TIMEOUT_S,
+    RESTART_READY_TIMEOUT_S,
     Supervisor,
     sweep_stale_runtime_dirs,
     sweep_stale_segments,
@@ -66,8 +69,10 @@ class Orchestrator:
         pipeline: PipelineConfig | None = None,
         endpoint: str | None = None,
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-        restart_timeout_s: float = STARTUP_TIMEOUT_S,
+        restart_timeout_s: float = RESTART_READY_TIMEOUT_S,
+        **supervision: float,
     ) -> None:
+        """`supervision`: the Supervisor's other thresholds (unresponsive_after_s, ...), for tests."""
         self.deploy = deploy
         self.pipeline = pipeline or validate_against_pipeline(deploy)
         self.platform = detect_platform()
@@ -78,12 +83,13 @@ class Orchestrator:
         self.run_prefix = f"omni-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.runs: dict[str, Run] = {}
         self.supervisor = Supervisor(
-            deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s, restart_timeout_s
+            deploy, self.pipeline, self._on_worker_death, heartbeat_timeout_s, restart_timeout_s, **supervision
         )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
-        self.segments = SegmentCache()
-        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}")
+        self.segments = SegmentCache(SETTINGS.shm_idle_s)
+        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=SETTINGS.shm_idle_s)
+        self._trimmer: asyncio.TimerHandle | None = None
         self.codec = PayloadCodec(ORCH_PRODUCER, self.arena, self.segments)
         self._planner = resolve(self.pipeline.planner) if self.pipeline.planner else None
         # Stages fed chunk by chunk: async chunk is on and the stage has a chunk processor;
@@ -96,11 +102,14 @@ class Orchestrator:
         self._idle.set()
         self._started_at = time.monotonic()
         self._closing = False
-        self.counters = {"total": 0, "failed": 0, "aborted": 0}
+        self.counters = {"total": 0, "failed": 0, "aborted": 0, "stream_overflows": 0}
+        self.stream_max_bytes = int(deploy.server.stream_buffer_mb * 1024 * 1024)
+        self._stream_peak_bytes = 0
         self.runtime: RuntimeDir | None = None
         self.router: AsyncRouter | None = None
         self.launcher: Launcher | None = None
         self._zmq: zmq.Context | None = None
+        self._undecodable_peers: set[bytes] = set()
 
     # ---- lifecycle -----------------------------------------------------------
 
@@ -115,11 +124,24 @@ class Orchestrator:
         self.runtime = RuntimeDir()
         try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
             self._zmq = zmq.Context(1)
-            endpoint = self._endpoint_override or self.runtime.endpoint("bus.sock")
-            self.router = AsyncRouter(self._zmq, endpoint, self._on_message, self._on_unsendable)
+            self.launcher = launcher = make_launcher(self.deploy, self.pipeline, self.run_prefix, self.platform)
+            await launcher.open(self._zmq)  # (ray: reach the cluster, check resources, make the bus keys)
+            endpoint = self._endpoint_override or launcher.bus_endpoint(self.runtime)
+            try:
+                self.router = AsyncRouter(
+                    self._zmq, endpoint, self._on_message, self._on_unsendable, self._on_undecodable,
+                    auth=launcher.auth, segments=self.segments,
+                )
+            except zmq.ZMQError as err:
+                if self._endpoint_override is None and self.deploy.cluster.bus_host is not None:
+                    raise ConfigError(
+                        f"{self.deploy.source}: cluster.bus_host: cannot listen on {endpoint}: {err}"
+                    ) from None
+                raise
             self.router.start()
-            launcher = Launcher(self.deploy, self.pipeline, self.router.endpoint, self.run_prefix, self.platform)
+            launcher.set_bound(self.router.endpoint)
             await self.supervisor.start_all(launcher)
+            self._arm_trimmer()
         except BaseException:
             await self.stop(drain=False)
             raise
@@ -143,10 +165,14 @@ class Orchestrator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), DRAIN_TIMEOUT_S)
         self._closing = True
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         self.abort_all()
         await self.supervisor.stop_all(self.router)
         if self.router is not None:
             self.router.close()
+        if self.launcher is not None:
+            await self.launcher.close()
         if self._zmq is not None:
             self._zmq.term()
         self.segments.close()
@@ -160,6 +186,16 @@ class Orchestrator:
         for rid in list(self.runs):
             self._end(self.runs[rid], RequestAborted("server shutting down"))
 
+    def _arm_trimmer(self) -> None:
+        self._trimmer = asyncio.get_running_loop().call_later(SETTINGS.shm_idle_s / 2, self._trim_shm)
+
+    def _trim_shm(self) -> None:
+        """Give back this process's shared-memory segments and mappings idle past SETTINGS.shm_idle_s."""
+        self.arena.trim()
+        self.segments.trim()
+        if not self._closing:
+            self._arm_trimmer()
+
     # ---- health and statistics ----------------------------------------------------
 
     def health(self) -> dict[int, bool]:
@@ -172,8 +208,8 @@ class Orchestrator:
         stages = []
         for spec in self.pipeline.stages:
             reps = tuple(
-                ReplicaStats(h.replica, h.ready, h.pid, h.in_flight, h.engine_requests, h.leases_out,
-                             self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
+                ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
+                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
                 for h in self.workers[spec.stage_id]
             )
             stages.append(StageStats(
@@ -189,8 +225,11 @@ class Orchestrator:
             requests_failed=self.counters["failed"], requests_aborted=self.counters["aborted"],
             messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
             frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
-            loop_wakeups=r.wakeups if r else 0, leases_held=len(self.leases),
+            loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
+            leases_held=len(self.leases),
             arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
+            stream_bytes_queued=sum(run.stream.queued_bytes for run in self.runs.values()),
+            stream_bytes_peak=self._stream_peak_bytes, stream_overflows=self.counters["stream_overflows"],
             stages=tuple(stages),
         )
 
@@ -216,7 +255,7 @@ class Orchestrator:
         plan = self.plan(spec)
         chosen: dict[int, WorkerHandle] = {}
         for sid in plan:
-            ready = [h for h in self.workers[sid] if h.ready]
+            ready = [h for h in self.workers[sid] if self.supervisor.serving(h)]
             if not ready:
                 raise StageUnavailable(sid)
             best = min(ready, key=lambda h: h.in_flight)
@@ -230,7 +269,8 @@ class Orchestrator:
         finals = frozenset(s for s in plan if self.pipeline.stage(s).final_output)
         inputs = self.codec.encode(spec.inputs)
         run = Run(
-            spec=spec, stream=RequestStream(spec.request_id, self.abort), plan=plan, sources=sources,
+            spec=spec, stream=RequestStream(spec.request_id, self.abort, self.stream_max_bytes), plan=plan,
+            sources=sources,
             consumers=consumers, finals=finals or frozenset({plan[-1]}), replicas=chosen,
             request_plain=m.Payload(data=inputs.data),
         )
@@ -244,13 +284,32 @@ class Orchestrator:
         entries = [s for s in plan if not sources[s]]
         self.leases.hold(run, leases_of(inputs), users=len(entries))
         for sid in entries:
-            self._send(run, sid, m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid)))
+            if spec.streaming:
+                add = m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid), streaming=True,
+                                   sources=(m.CLIENT_SOURCE,))
+            else:
+                add = m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid))
+            self._send(run, sid, add)
             run.started.add(sid)
         if spec.deadline_s is not None:
             run.deadline = asyncio.get_running_loop().call_later(
                 spec.deadline_s, self._on_deadline, spec.request_id
             )
         return run.stream
+
+    def feed(self, request_id: str, inputs: dict, last: bool = False) -> bool:
+        """Send more input to a streaming request's entry stages; False if the request has ended."""
+        run = self.runs.get(request_id)
+        if run is None or not run.spec.streaming:
+            return False
+        payload = self.codec.encode(inputs)
+        entries = [s for s in run.plan if not run.sources[s] and s not in run.finished]
+        refs = leases_of(payload)
+        if refs:
+            self.leases.hold(run, refs, users=len(entries))
+        for sid in entries:
+            self._send(run, sid, m.Feed(request_id, m.CLIENT_SOURCE, payload, last))
+        return True
 
     def abort(self, request_id: str) -> None:
         run = self.runs.get(request_id)
@@ -320,16 +379,17 @@ class Orchestrator:
         h = self.supervisor.by_identity.get(identity)
         if h is None:
             return
-        h.last_seen = time.monotonic()
+        self.supervisor.on_seen(h)
         match msg:
             case m.StageOutput():
                 self._on_output(h, msg)
             case m.Release(leases=refs):
                 self._release([(r.producer, r.lease) for r in refs])
-            case m.Heartbeat(busy=busy, leased=leased):
-                h.engine_requests = busy
-                h.leases_out = leased
-            case m.Ready(pid=pid):
+            case m.Heartbeat():
+                self.supervisor.on_heartbeat(h, msg)
+            case m.Ready(pid=pid, info=info):
+                if info.get("arrays") == "frames" and self.router is not None:
+                    self.router.frames_peers.add(identity)
                 self.supervisor.on_ready(h, pid)
             case m.StartFailed(error=error):
                 self.supervisor.on_start_failed(h, error)
@@ -346,6 +406,24 @@ class Orchestrator:
             stage_id = h.stage_id if h is not None else -1
             self._end(run, RequestRejected(stage_id, f"a request value cannot be sent to the stage: {err}"))
 
+    def _on_undecodable(self, identity: bytes, body: bytes, err: Exception) -> None:
+        """A frame the bus cannot decode (a peer of another version, a value our types refuse):
+        its valid messages are still handled, and a request whose output it garbled fails now."""
+        h = self.supervisor.by_identity.get(identity)
+        if identity not in self._undecodable_peers:  # once per peer: a broken peer would flood the log
+            self._undecodable_peers.add(identity)
+            log.error("bus.undecodable", peer=identity.decode(errors="replace"), bytes=len(body),
+                      error=repr(err))
+        if h is None:
+            return
+        good, bad = m.salvage(body)
+        for msg in good:
+            self._on_message(identity, msg)
+        for rid in bad:
+            run = self.runs.get(rid)
+            if run is not None and rid in h.requests:
+                self._end(run, StageFailed(h.stage_id, f"its output could not be decoded: {err}"))
+
     def _on_output(self, h: WorkerHandle, out: m.StageOutput) -> None:
         run = self.runs.get(out.request_id)
         sid = out.stage_id
@@ -361,9 +439,17 @@ class Orchestrator:
         has_data = bool(payload.data or payload.arrays)
         if sid in run.finals and (has_data or out.finished):
             data = self.codec.decode(payload, copy=True) if has_data else {}
-            run.stream.put_nowait(
-                StageChunk(sid, self.pipeline.stage(sid).final_output_type, data, out.finished)
-            )
+            kind = self.pipeline.stage(sid).final_output_type
+            chunk = StageChunk(sid, kind, data, out.finished, to_final(kind, data))
+            if not run.stream.put_nowait(chunk):  # its reader stopped taking outputs
+                self._free_payload(payload)
+                self.counters["stream_overflows"] += 1
+                log.warning("request.stream_overflow", request_id=run.rid, max_bytes=self.stream_max_bytes)
+                self._end(run, RequestAborted(
+                    f"request {run.rid} aborted: its client left more than {self.stream_max_bytes} bytes of "
+                    "output unread (server.stream_buffer_mb)"))
+                return
+            self._stream_peak_bytes = max(self._stream_peak_bytes, run.stream.queued_bytes)
         refs = leases_of(payload)
         if consumers and refs:
             self.leases.hold(run, refs, users=len(consumers))
@@ -403,3 +489,5 @@ class Orchestrator:
             if run is not None and h.stage_id not in run.finished:
                 self._end(run, WorkerDied(h.stage_id, h.replica, detail))
         self.segments.forget(h.shm_prefix)
+        if self.router is not None:
+            self.router.frames_peers.discard(h.identity)

@@ -3,6 +3,10 @@
 Workers are fresh interpreters (`python -m omni_actors.workers.main`), so the
 device mask, thread counts and the stage's `env` are in place before torch is
 imported. Each carries its spec as JSON on the command line (no pickle).
+
+Where they run is a backend, picked by the deploy's `cluster.backend`:
+`Launcher` (local: child processes of this one, an ipc bus) or
+`ray_backend.RayLauncher` (Ray actors, a CURVE tcp bus), imported only then.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
+import zmq
 
+from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.workers.spec import WorkerSpec, identity_of
@@ -27,6 +34,18 @@ WORKER_EXIT_TIMEOUT_S = 10.0
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
+class WorkerProcess(Protocol):
+    """What the supervisor needs of a worker process: asyncio's Process, or a Ray actor's stand-in."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass(eq=False)
 class WorkerHandle:
     """The orchestrator's view of one worker process (one generation of a replica)."""
@@ -37,7 +56,7 @@ class WorkerHandle:
     identity: bytes
     producer: str
     shm_prefix: str
-    proc: asyncio.subprocess.Process | None = None
+    proc: WorkerProcess | None = None
     ready: bool = False
     dead: bool = False
     in_flight: int = 0
@@ -46,13 +65,30 @@ class WorkerHandle:
     last_seen: float = 0.0
     ready_future: asyncio.Future[None] | None = None
     requests: set[str] = field(default_factory=set)
+    ready_at: float = 0.0
+    responsive: bool = True
+    """False while a Ready worker has been silent past the supervisor's unresponsive threshold."""
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
 
+def make_launcher(deploy: DeployConfig, pipeline: PipelineConfig, run_prefix: str, platform: str) -> Launcher:
+    """The deploy's backend (Ray is imported only when `cluster.backend` is ray)."""
+    if deploy.cluster.backend == "ray":
+        from omni_actors.orchestrator.ray_backend import RayLauncher
+
+        return RayLauncher(deploy, pipeline, "", run_prefix, platform)
+    return Launcher(deploy, pipeline, "", run_prefix, platform)
+
+
 class Launcher:
+    """The local backend: each worker a child process on this host, on an ipc bus."""
+
+    auth: BusAuth | None = None
+    """The bus's CURVE keys (a tcp:// bus only)."""
+
     def __init__(
         self, deploy: DeployConfig, pipeline: PipelineConfig, endpoint: str, run_prefix: str, platform: str
     ) -> None:
@@ -62,6 +98,20 @@ class Launcher:
         self.run_prefix = run_prefix
         self.platform = platform
 
+    async def open(self, ctx: zmq.Context) -> None:
+        """Get ready to start workers (the ray backend connects to its cluster here)."""
+
+    def bus_endpoint(self, runtime: RuntimeDir) -> str:
+        """Where the orchestrator's ROUTER binds."""
+        return runtime.endpoint("bus.sock")
+
+    def set_bound(self, bound: str) -> None:
+        """The ROUTER's bound endpoint; workers connect to what this makes of it."""
+        self.endpoint = bound
+
+    async def close(self) -> None:
+        """After every worker has ended: let go of what `open` took."""
+
     def new_handle(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
         ident = identity_of(stage_id, replica, generation)
         return WorkerHandle(
@@ -70,24 +120,14 @@ class Launcher:
         )
 
     def _env(self, stage_id: int, replica: int) -> dict[str, str]:
-        dep = self.deploy.stage(stage_id)
         env = dict(os.environ)
-        for key in THREAD_ENV:
-            env[key] = "1"
-        env["TOKENIZERS_PARALLELISM"] = "false"
-        env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("HF_HUB_OFFLINE", "1")
-        devices = dep.device_list()
-        if devices:
-            tp = dep.tensor_parallel_size
-            mine = devices[replica * tp : (replica + 1) * tp]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
-        env.update({k: str(v) for k, v in dep.env.items()})
+        env.update(stage_env(self.deploy, stage_id, replica))
         return env
 
-    async def spawn(self, handle: WorkerHandle) -> None:
+    def worker_spec(self, handle: WorkerHandle) -> WorkerSpec:
         stage = self.pipeline.stage(handle.stage_id)
-        spec = WorkerSpec(
+        return WorkerSpec(
             endpoint=self.endpoint,
             identity=handle.identity.decode(),
             stage=stage,
@@ -98,7 +138,23 @@ class Launcher:
             shm_prefix=handle.shm_prefix,
             platform=self.platform,
             heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+            curve=self.auth is not None,
+            cuda_ipc=self.cuda_ipc_ok(handle.stage_id),
         )
+
+    def cuda_ipc_ok(self, stage_id: int) -> bool:
+        """May this stage's CUDA tensors cross as IPC handles? Only when every stage it feeds runs
+        on its one device, on this host, and the orchestrator reads none of its outputs."""
+        stage = self.pipeline.stage(stage_id)
+        consumers = [s.stage_id for s in self.pipeline.stages if stage_id in s.input_sources]
+        mine = self.deploy.stage(stage_id).device_list()
+        return (
+            self.platform == "cuda" and self.auth is None and not stage.final_output and bool(consumers)
+            and len(mine) == 1 and all(self.deploy.stage(c).device_list() == mine for c in consumers)
+        )
+
+    async def spawn(self, handle: WorkerHandle) -> None:
+        spec = self.worker_spec(handle)
         handle.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "omni_actors.workers.main", msgspec.json.encode(spec).decode(), str(os.getpid()),
             env=self._env(handle.stage_id, handle.replica),
@@ -109,8 +165,23 @@ class Launcher:
         )
 
 
+def stage_env(deploy: DeployConfig, stage_id: int, replica: int) -> dict[str, str]:
+    """What a stage's worker environment sets over its host's: threads, devices, the stage's `env`."""
+    dep = deploy.stage(stage_id)
+    env = dict.fromkeys(THREAD_ENV, "1")
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["PYTHONUNBUFFERED"] = "1"
+    devices = dep.device_list()
+    if devices:
+        tp = dep.tensor_parallel_size
+        mine = devices[replica * tp : (replica + 1) * tp]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    env.update({k: str(v) for k, v in dep.env.items()})
+    return env
+
+
 async def end_process(
-    proc: asyncio.subprocess.Process,
+    proc: WorkerProcess,
     timeout_s: float = WORKER_EXIT_TIMEOUT_S,
     first_signal: signal.Signals | None = None,
 ) -> None:

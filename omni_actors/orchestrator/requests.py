@@ -1,4 +1,11 @@
-"""What callers of the orchestrator see: request specs, stream events, handles."""
+"""What callers of the orchestrator see: request specs, stream events, handles.
+
+A request's RequestStream is bounded: it holds at most `max_bytes` of outputs
+its reader has not taken (`put_nowait` refuses past that, and the orchestrator
+then aborts the request in every stage). A reader that keeps up never sees the
+bound; one that stops reading costs at most `max_bytes`, and that memory is
+dropped the moment the stream ends with an error.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from omni_actors.errors import RequestError
+from omni_actors.orchestrator.outputs import FinalOutput
+
+CHUNK_OVERHEAD_BYTES = 256
+"""What a queued chunk costs besides its arrays and strings (the Python objects around them)."""
 
 
 def new_request_id(prefix: str = "req") -> str:
@@ -31,16 +44,32 @@ class RequestSpec:
     stages: tuple[int, ...] | None = None
     deadline_s: float | None = None
     request_id: str = field(default_factory=new_request_id)
+    streaming: bool = False
+    """Entry stages take more input after `inputs`, through `Orchestrator.feed` (a duplex session)."""
 
 
 @dataclass(frozen=True)
 class StageChunk:
-    """A delta of a final-output stage. Arrays are numpy copies owned by the reader."""
+    """A delta of a final-output stage. Arrays are numpy copies owned by the reader.
+
+    Routes read `output`, the typed final output (outputs.py); `data` is the stage's raw payload."""
 
     stage_id: int
     output_type: str | None
     data: dict[str, Any]
     finished: bool
+    output: FinalOutput | None = None
+
+
+def chunk_nbytes(chunk: StageChunk) -> int:
+    """About how much memory a queued chunk holds: its arrays, strings and a fixed overhead."""
+    n = CHUNK_OVERHEAD_BYTES
+    for value in chunk.data.values():
+        if isinstance(value, np.ndarray):
+            n += value.nbytes
+        elif isinstance(value, str | bytes):
+            n += len(value)
+    return n
 
 
 _END = object()
@@ -53,32 +82,52 @@ class RequestStream:
     raises the RequestError once. Exactly one terminal event either way.
     """
 
-    def __init__(self, request_id: str, on_abort: Callable[[str], None]) -> None:
+    def __init__(self, request_id: str, on_abort: Callable[[str], None], max_bytes: int | None = None) -> None:
         self.request_id = request_id
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._on_abort = on_abort
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
+        """Bytes of chunks put and not yet taken by the reader."""
         self._ended = False
         self.terminal: BaseException | None = None
         self.plan: tuple[int, ...] = ()
         """The stage ids this request runs through (set at submit)."""
 
     # -- producer side (orchestrator) --
-    def put_nowait(self, chunk: StageChunk) -> None:
-        if not self._ended:
-            self._queue.put_nowait(chunk)
+    def put_nowait(self, chunk: StageChunk) -> bool:
+        """Queue a chunk for the reader; False (and not queued) when that would take the unread
+        outputs past `max_bytes`. A chunk into an empty stream is always taken, whatever its size."""
+        if self._ended:
+            return True
+        size = chunk_nbytes(chunk)
+        if self.max_bytes is not None and self.queued_bytes and self.queued_bytes + size > self.max_bytes:
+            return False
+        self.queued_bytes += size
+        self._queue.put_nowait((chunk, size))
+        return True
 
     def finish_nowait(self, error: RequestError | None = None) -> bool:
-        """End the stream; returns False if it had already ended."""
+        """End the stream; returns False if it had already ended. An error drops every unread
+        chunk at once (nobody will read them: the reader gets the error next)."""
         if self._ended:
             return False
         self._ended = True
         self.terminal = error
+        if error is not None:
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            self.queued_bytes = 0
         self._queue.put_nowait(error if error is not None else _END)
         return True
 
     @property
     def ended(self) -> bool:
         return self._ended
+
+    def backlog(self) -> int:
+        """Chunks waiting to be read (a reader that falls behind can skip what it cannot use)."""
+        return self._queue.qsize()
 
     # -- consumer side (API) --
     def abort(self) -> None:
@@ -97,7 +146,9 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._queue.put_nowait(_END)
             raise item
-        return item
+        chunk, size = item
+        self.queued_bytes -= size
+        return chunk
 
     async def collect(self) -> list[StageChunk]:
         return [chunk async for chunk in self]

@@ -42,9 +42,17 @@ class Statistics:
     frames_in: int
     frames_out: int
     loop_wakeups: int
+    frames_undecodable: int
+    """Frames from workers the bus could not decode."""
     leases_held: int
     arena_segments: int
     worker_restarts: int
+    stream_bytes_queued: int
+    """Final outputs the orchestrator holds that their readers have not taken yet."""
+    stream_bytes_peak: int
+    """The most any one request's stream has held unread (bounded by server.stream_buffer_mb)."""
+    stream_overflows: int
+    """Requests aborted because their reader left more than that unread."""
     stages: tuple[StageStats, ...]
 
     def stage(self, stage_id: int) -> StageStats:

@@ -4,6 +4,14 @@ It starts workers and waits for their Ready, watches each process's exit and
 each worker's heartbeats, restarts dead workers with backoff, and keeps the
 health the API reports. Request bookkeeping stays in the orchestrator, which is
 told of each death through `on_death`.
+
+Liveness has three thresholds. Heartbeats leave a worker's I/O thread every
+HEARTBEAT_INTERVAL_S whatever its engine is doing. A Ready worker silent for
+`unresponsive_after_s` (a few intervals) is unresponsive: its stage turns
+unhealthy and takes no new requests, but nothing is killed, and its next
+message makes it responsive again. Silent for `heartbeat_timeout_s`, it is
+killed and restarted. Independently, a heartbeat saying the current engine
+step has run past the stage's `max_step_s` gets the worker killed as stuck.
 """
 
 from __future__ import annotations
@@ -25,16 +33,34 @@ from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import StartupError
-from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, end_process
+from omni_actors.orchestrator.launcher import (
+    HEARTBEAT_INTERVAL_S,
+    Launcher,
+    WorkerHandle,
+    end_process,
+)
 
 log = logs.get(__name__)
 
 STARTUP_TIMEOUT_S = 900.0
 """Longest wait for every worker's Ready at start (real models load slowly on CPU)."""
+RESTART_READY_TIMEOUT_S = STARTUP_TIMEOUT_S
+"""Longest wait for a restarted worker's Ready before it is killed and tried again (with backoff)."""
+STARTING_SILENCE_S = 120.0
+"""A worker that is not Ready yet and has sent nothing (its I/O thread heartbeats while the engine
+loads) for this long is hung, not loading: it is killed and, if a restart, tried again."""
 HEARTBEAT_TIMEOUT_S = 60.0
 """A worker silent this long is presumed hung and is killed (then restarted)."""
+UNRESPONSIVE_AFTER_S = 4 * HEARTBEAT_INTERVAL_S
+"""A Ready worker silent this long takes no new requests and its stage reports unhealthy
+(until it speaks again, or HEARTBEAT_TIMEOUT_S has it killed)."""
+WATCHDOG_PERIOD_S = HEARTBEAT_INTERVAL_S
+"""How often the supervisor looks for silent workers."""
 RESTART_BACKOFF_S = (0.0, 1.0, 5.0, 15.0)
 """Delay before restart attempts 1, 2, 3 and later ones of a worker that keeps dying."""
+BACKOFF_RESET_AFTER_S = 120.0
+"""A worker that served this long before it died is restarted at once again (the backoff
+counts deaths in a row, and a worker healthy this long ends the row)."""
 
 
 class Supervisor:
@@ -44,17 +70,26 @@ class Supervisor:
         pipeline: PipelineConfig,
         on_death: Callable[[WorkerHandle, str], None],
         heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-        restart_timeout_s: float = STARTUP_TIMEOUT_S,
+        restart_timeout_s: float = RESTART_READY_TIMEOUT_S,
+        unresponsive_after_s: float = UNRESPONSIVE_AFTER_S,
+        starting_silence_s: float = STARTING_SILENCE_S,
+        backoff_reset_after_s: float = BACKOFF_RESET_AFTER_S,
     ) -> None:
         self.deploy = deploy
         self.pipeline = pipeline
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.restart_timeout_s = restart_timeout_s
+        self.unresponsive_after_s = min(unresponsive_after_s, heartbeat_timeout_s)
+        self.backoff_reset_after_s = backoff_reset_after_s
+        self.starting_silence_s = starting_silence_s
         self._on_death_cb = on_death
         self.workers: dict[int, list[WorkerHandle]] = {s: [] for s in pipeline.stage_ids}
         self.by_identity: dict[bytes, WorkerHandle] = {}
         self.by_producer: dict[str, WorkerHandle] = {}
         self.restarts: dict[tuple[int, int], int] = {}
+        """Restarts of each (stage, replica) since start."""
+        self.deaths_in_row: dict[tuple[int, int], int] = {}
+        """Deaths of each (stage, replica) with no healthy period between: picks the backoff."""
         self.launcher: Launcher | None = None
         self.draining = False
         self.closing = False
@@ -67,6 +102,7 @@ class Supervisor:
     async def start_all(self, launcher: Launcher) -> None:
         """Start a worker per replica and wait for every Ready (StartupError names the stage)."""
         self.launcher = launcher
+        self._arm_watchdog()  # (a worker that hangs while starting is caught too)
         handles = []
         for sid in self.pipeline.stage_ids:
             for replica in range(self.deploy.stage(sid).num_replicas):
@@ -80,7 +116,6 @@ class Supervisor:
         if pending:
             h = waits[next(iter(pending))]
             raise StartupError(h.stage_id, f"no Ready within {STARTUP_TIMEOUT_S:.0f} s")
-        self._arm_watchdog()
 
     async def _wait_ready(self, h: WorkerHandle) -> None:
         assert h.ready_future is not None
@@ -139,10 +174,11 @@ class Supervisor:
     # ---- what workers say -------------------------------------------------------
 
     def on_ready(self, h: WorkerHandle, pid: int) -> None:
-        if h.proc is None or pid != h.proc.pid or h.dead:
+        if h.proc is None or h.proc.pid not in (pid, None) or h.dead:  # (None: a Ray worker not yet reported)
             log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead)
             return
         h.ready = True
+        h.ready_at = time.monotonic()
         if h.ready_future and not h.ready_future.done():
             h.ready_future.set_result(None)
         self.update_health()
@@ -152,10 +188,32 @@ class Supervisor:
             h.ready_future.set_exception(StartupError(h.stage_id, error))
         log.error("stage.start_failed", stage_id=h.stage_id, replica=h.replica, error=error)
 
+    def on_seen(self, h: WorkerHandle) -> None:
+        """Any message from a worker: it is alive now."""
+        h.last_seen = time.monotonic()
+        if not h.responsive:
+            h.responsive = True
+            log.info("worker.responsive", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+            self.update_health()
+
+    def on_heartbeat(self, h: WorkerHandle, beat: m.Heartbeat) -> None:
+        h.engine_requests = beat.busy
+        h.leases_out = beat.leased
+        limit = self.deploy.stage(h.stage_id).max_step_s
+        if beat.step_s > limit and h.ready and not h.dead:
+            log.error("worker.step_stuck", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                      step_s=round(beat.step_s, 1), max_step_s=limit, steps=beat.steps)
+            self._kill(h, f"an engine step ran {beat.step_s:.0f} s, past the stage's max_step_s of {limit:g} s")
+
     # ---- health ---------------------------------------------------------------------
 
+    @staticmethod
+    def serving(h: WorkerHandle) -> bool:
+        """Ready, and heard from lately: new requests may go here."""
+        return h.ready and h.responsive
+
     def health(self) -> dict[int, bool]:
-        return {sid: any(h.ready for h in hs) for sid, hs in self.workers.items()}
+        return {sid: any(self.serving(h) for h in hs) for sid, hs in self.workers.items()}
 
     def update_health(self) -> None:
         if all(self.health().values()) and not self.draining:
@@ -179,6 +237,9 @@ class Supervisor:
             return
         h.dead = True
         was_ready, h.ready = h.ready, False
+        key = (h.stage_id, h.replica)
+        if was_ready and time.monotonic() - h.ready_at >= self.backoff_reset_after_s:
+            self.deaths_in_row[key] = 0  # it served a healthy while: this death starts a new row
         log.error("worker.died", stage_id=h.stage_id, replica=h.replica, pid=h.pid, detail=detail)
         if h.ready_future and not h.ready_future.done():
             h.ready_future.set_exception(StartupError(h.stage_id, f"worker exited ({detail})"))
@@ -194,8 +255,9 @@ class Supervisor:
     async def _restart(self, h: WorkerHandle) -> None:
         key = (h.stage_id, h.replica)
         while not self.closing:
-            attempt = self.restarts.get(key, 0)
-            self.restarts[key] = attempt + 1
+            attempt = self.deaths_in_row.get(key, 0)
+            self.deaths_in_row[key] = attempt + 1
+            self.restarts[key] = self.restarts.get(key, 0) + 1
             await asyncio.sleep(RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
             if self.closing:
                 return
@@ -225,20 +287,41 @@ class Supervisor:
 
     def _arm_watchdog(self) -> None:
         loop = asyncio.get_running_loop()
-        self._watchdog = loop.call_later(self.heartbeat_timeout_s / 4, self._check_heartbeats)
+        period = min(WATCHDOG_PERIOD_S, self.unresponsive_after_s / 2)
+        self._watchdog = loop.call_later(period, self._check_heartbeats)
 
     def _check_heartbeats(self) -> None:
         now = time.monotonic()
+        changed = False
         for hs in self.workers.values():
             for h in hs:
-                if h.ready and not h.dead and now - h.last_seen > self.heartbeat_timeout_s:
+                if h.dead or h.proc is None:
+                    continue
+                silent = now - h.last_seen
+                if not h.ready:
+                    if silent > self.starting_silence_s and h.ready_future and not h.ready_future.done():
+                        log.error("worker.silent_starting", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                        self._kill(h, f"silent for {silent:.0f} s while starting")
+                    continue
+                if silent > self.heartbeat_timeout_s:
                     log.error("worker.silent", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
-                    if h.proc and h.proc.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            h.proc.kill()
-                    self._on_death(h, "missed heartbeats")
+                    self._kill(h, "missed heartbeats")
+                elif silent > self.unresponsive_after_s and h.responsive:
+                    h.responsive = False
+                    changed = True
+                    log.warning("worker.unresponsive", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                                silent_s=round(silent, 1))
+        if changed:
+            self.update_health()
         if not self.closing:
             self._arm_watchdog()
+
+    def _kill(self, h: WorkerHandle, detail: str) -> None:
+        """End a worker presumed hung or stuck; its requests fail with `detail` and it is restarted."""
+        if h.proc and h.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                h.proc.kill()
+        self._on_death(h, detail)
 
 
 def sweep_stale_segments() -> int:

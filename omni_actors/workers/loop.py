@@ -1,18 +1,21 @@
-"""The worker loop: drain messages, step the engine, send outputs, block when idle.
+"""The worker loop (the stepping thread): drain messages, step the engine, send outputs, block when idle.
 
-One thread does everything. Each turn takes every waiting message without
-blocking, runs one engine step if there is work, and sends all outputs of the
-turn in one frame. With nothing to do it blocks on the socket (waking at the
-heartbeat interval). Stage input processors run here, next to the engine.
-At every heartbeat it also checks that its main process is still its parent
-and that no SIGTERM set the stop flag: such a signal comes once, and one
-swallowed (say, inside a finalizer) must not leave the worker running.
+Each turn takes every waiting message without blocking, runs one engine step
+if there is work, and sends all outputs of the turn in one frame. With nothing
+to do it blocks until a message comes. Stage input processors run here, next
+to the engine. The bus socket, heartbeats and the checks for a gone main
+process or a swallowed SIGTERM belong to the I/O thread (`workers/io.py`):
+this thread only records its progress (`steps`, `step_started`), which the
+I/O thread reads into each heartbeat.
+
+Shared memory: while this worker's arena is over its byte budget the loop
+holds its engine back (for up to SHM_BUDGET_WAIT_S) until consumers give
+leases back, and it returns segments and mappings idle for the arena's
+`idle_s` (waking for that even when there is no other work).
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -20,13 +23,18 @@ from typing import Any
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
-from omni_actors.bus.codec import PayloadCodec, leases_of
-from omni_actors.bus.sockets import WorkerSocket
+from omni_actors.bus.codec import PayloadCodec, leases_of, to_wire
 from omni_actors.config.pipeline import StageSpec, resolve
 from omni_actors.models.processors import concat_upstream, pass_chunk
 from omni_actors.workers.engine import EngineOutput, StageEngine
+from omni_actors.workers.io import WorkerIO
 
 log = logs.get(__name__)
+
+SHM_BUDGET_WAIT_S = 10.0
+"""Longest the engine is held back while this worker's arena is over its byte budget. Past it,
+the engine steps on (until the arena is under its budget again): a consumer that keeps its leases
+until a request ends (a full-payload handoff buffers every chunk) would otherwise never free them."""
 
 
 @dataclass
@@ -41,54 +49,84 @@ class WorkerLoop:
         self,
         stage: StageSpec,
         engine: StageEngine,
-        sock: WorkerSocket,
+        sock: WorkerIO,
         codec: PayloadCodec,
-        heartbeat_interval_s: float,
-        parent_pid: int | None = None,
-        stop: threading.Event | None = None,
     ) -> None:
         self.stage = stage
         self.engine = engine
         self.sock = sock
         self.codec = codec
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.parent_pid = parent_pid
-        self.stop = stop
         self.processor = resolve(stage.processor) if stage.processor else concat_upstream
         self.chunk_processor = resolve(stage.chunk_processor) if stage.chunk_processor else pass_chunk
         self.requests: dict[str, _Request] = {}
         self._out: list[m.Message] = []
         self._released: list[m.LeaseId] = []
         self.stopping = False
+        self.steps = 0
+        """Engine steps completed (read by the I/O thread)."""
+        self.step_started: float | None = None
+        """time.monotonic() when the running step began; None between steps (read by the I/O thread)."""
+        self._held_since: float | None = None
+        """When the engine was first held back for the arena's budget (None: it is not)."""
+        self._overrun = False
+        """Held back for SHM_BUDGET_WAIT_S in vain: consumers keep their leases (say, buffered for a
+        full-payload handoff), so the engine steps on until the arena is under its budget again."""
 
     # ---- the loop ----------------------------------------------------------
 
     def run(self) -> None:
-        next_beat = time.monotonic() + self.heartbeat_interval_s
+        self.sock.heartbeat = self._heartbeat
         while not self.stopping:
             for msg in self.sock.recv_nowait():
                 self._handle(msg)
             if self.stopping:
                 break
-            if self.engine.has_work():
+            now = time.monotonic()
+            hold_s = self._hold_s(now) if self.engine.has_work() else None
+            if hold_s == 0.0:
                 self._step()
             elif not self._out and not self._released:
-                wait = max(0.0, next_beat - time.monotonic())
-                self.sock.wait(wait)
-            now = time.monotonic()
-            if now >= next_beat:
-                if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                    log.warning("worker.orphaned", parent=self.parent_pid)  # the main process is gone
-                    break
-                if self.stop is not None and self.stop.is_set():
-                    break  # asked to stop by a signal whose SystemExit was swallowed
-                self._out.append(self._heartbeat())
-                next_beat = now + self.heartbeat_interval_s
+                self.sock.wait(_earliest(hold_s, self._trim_s(now)))
+            self._trim()
             self._flush()
+        self._flush()
+
+    def _hold_s(self, now: float) -> float:
+        """0 when the engine may step; else how long to wait for leases to come back first."""
+        arena = self.codec.arena
+        if arena is None or not arena.over_budget:
+            self._held_since = None
+            self._overrun = False  # back under the budget: holding back works again
+            return 0.0
+        if self._overrun:
+            return 0.0  # holding back brought no lease back: step freely until the arena is under budget
+        if self._held_since is None:
+            self._held_since = now
+            log.debug("shm.backpressure", leased_bytes=arena.leased_bytes, budget_bytes=arena.budget_bytes)
+        left = self._held_since + SHM_BUDGET_WAIT_S - now
+        if left > 0:
+            return left
+        log.warning("shm.budget_overrun", leased_bytes=arena.leased_bytes, budget_bytes=arena.budget_bytes)
+        self._overrun = True
+        return 0.0
+
+    def _trim_s(self, now: float) -> float | None:
+        arena = self.codec.arena
+        return _earliest(arena.next_trim_s(now) if arena else None, self.codec.segments.next_trim_s(now))
+
+    def _trim(self) -> None:
+        """Give back segments and mappings idle for longer than the pools keep them."""
+        if self.codec.arena is not None:
+            self.codec.arena.trim()
+        self.codec.segments.trim()
 
     def _heartbeat(self) -> m.Heartbeat:
-        arena = self.codec.arena
-        return m.Heartbeat(busy=len(self.requests), leased=arena.leased if arena else 0)
+        """This worker's state now; called on the I/O thread too, so it only reads attributes."""
+        started = self.step_started
+        return m.Heartbeat(
+            busy=len(self.requests), leased=self.codec.leased, steps=self.steps,
+            step_s=0.0 if started is None else time.monotonic() - started,
+        )
 
     def _flush(self) -> None:
         if self._released:
@@ -96,7 +134,29 @@ class WorkerLoop:
             self._released = []
         if self._out:
             out, self._out = self._out, []
-            self.sock.send(out)
+            try:
+                self.sock.send(out)
+            except (TypeError, ValueError, OverflowError):  # a value msgpack cannot carry
+                self.sock.send(self._sendable(out))
+
+    def _sendable(self, out: list[m.Message]) -> list[m.Message]:
+        """`out` with each message that cannot be encoded replaced: an output fails its request only."""
+        good: list[m.Message] = []
+        for msg in out:
+            try:
+                m.encode(to_wire([msg])[0][0])  # (large arrays leave as frames: not copied to check)
+            except (TypeError, ValueError, OverflowError) as err:
+                log.warning("worker.unsendable", type=type(msg).__name__, error=repr(err))
+                if isinstance(msg, m.StageOutput):
+                    rid = msg.request_id
+                    if self.requests.pop(rid, None) is not None:
+                        self.engine.abort(rid)
+                    self.codec.free([ref.lease for ref in leases_of(msg.payload)])
+                    good.append(m.StageOutput(rid, self.stage.stage_id, m.Payload(), True,
+                                              f"its output could not be sent: {_describe(err)}"))
+                continue
+            good.append(msg)
+        return good
 
     # ---- messages ----------------------------------------------------------
 
@@ -112,8 +172,7 @@ class WorkerLoop:
                         self.engine.abort(rid)
                 self._out.append(self._heartbeat())
             case m.FreeLeases(leases=leases):
-                if self.codec.arena is not None:
-                    self.codec.arena.free(leases)
+                self.codec.free(leases)
             case m.Shutdown():
                 self.stopping = True
             case _:
@@ -170,6 +229,7 @@ class WorkerLoop:
     # ---- engine ------------------------------------------------------------
 
     def _step(self) -> None:
+        self.step_started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as err:
@@ -177,6 +237,9 @@ class WorkerLoop:
             outputs = [EngineOutput(rid, {}, True, _describe(err)) for rid in self.requests]
             for rid in list(self.requests):
                 self.engine.abort(rid)
+        finally:
+            self.step_started = None
+            self.steps += 1
         for out in outputs:
             self._emit(out)
 
@@ -195,6 +258,10 @@ class WorkerLoop:
             out.request_id, self.stage.stage_id, payload, out.finished or bool(out.error), out.error,
             out.rejected and bool(out.error),
         ))
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _describe(err: BaseException) -> str:

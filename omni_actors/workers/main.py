@@ -19,9 +19,11 @@ from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec
 from omni_actors.bus.shm import Arena, SegmentCache
-from omni_actors.bus.sockets import WorkerSocket
+from omni_actors.bus.sockets import read_curve_keys
 from omni_actors.config.pipeline import resolve
+from omni_actors.settings import SETTINGS
 from omni_actors.workers.engine import EngineContext, StageEngine
+from omni_actors.workers.io import WorkerIO
 from omni_actors.workers.loop import WorkerLoop
 from omni_actors.workers.spec import WorkerSpec
 
@@ -40,8 +42,8 @@ def _die_with_parent(parent: int) -> None:
 
 
 STOP = threading.Event()
-"""Set by the first SIGTERM; the worker loop also checks it, in case the SystemExit it raised
-was swallowed (a signal that lands inside a finalizer is only printed there)."""
+"""Set by the first SIGTERM; the I/O thread also checks it at each heartbeat, in case the SystemExit
+it raised was swallowed (a signal that lands inside a finalizer is only printed there)."""
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -49,6 +51,14 @@ def _on_sigterm(signum: int, frame: object) -> None:
         return  # a repeat: a parent dying with several threads sends its death signal once per thread
     STOP.set()
     raise SystemExit(0)
+
+
+def _should_stop(parent: int) -> bool:
+    """Asked at each heartbeat (on the I/O thread): the main process is gone, or a SIGTERM came."""
+    if os.getppid() != parent:
+        logs.get(__name__).warning("worker.orphaned", parent=parent)
+        return True
+    return STOP.is_set()
 
 
 def _limit_threads() -> None:
@@ -90,9 +100,15 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process leads shutdown
     logs.configure(component=spec.identity)
     log = logs.get(__name__)
-    sock = WorkerSocket(spec.endpoint, spec.identity.encode())
-    arena = Arena(spec.shm_prefix)
-    segments = SegmentCache()
+    # The I/O thread starts first: it heartbeats while the engine loads, and through every step.
+    keys = read_curve_keys() if spec.curve else None
+    sock = WorkerIO(spec.endpoint, spec.identity.encode(), spec.heartbeat_interval_s,
+                    should_stop=lambda: _should_stop(parent), keys=keys)
+    arena = (
+        Arena(spec.shm_prefix, int(spec.deploy.shm_budget_mb * 2**20), SETTINGS.shm_idle_s)
+        if spec.arrays == "shm" else None
+    )
+    segments = SegmentCache(SETTINGS.shm_idle_s)
     engine: StageEngine | None = None
     try:
         try:
@@ -103,9 +119,9 @@ def main(argv: list[str]) -> int:
             log.error("worker.start_failed", error=repr(err))
             sock.send([m.StartFailed(spec.stage.stage_id, spec.replica, f"{type(err).__name__}: {err}")])
             return 1
-        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid())])
-        codec = PayloadCodec(spec.identity, arena, segments)
-        WorkerLoop(spec.stage, engine, sock, codec, spec.heartbeat_interval_s, parent, STOP).run()
+        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays})])
+        codec = PayloadCodec(spec.identity, arena, segments, cuda_ipc=spec.cuda_ipc)
+        WorkerLoop(spec.stage, engine, sock, codec).run()
         return 0
     finally:
         # Once cleaning up, no signal may cut it short (e.g. the parent-death signal arriving
@@ -117,7 +133,8 @@ def main(argv: list[str]) -> int:
             except Exception as err:
                 log.warning("worker.close_failed", error=repr(err))
         segments.close()
-        arena.close()
+        if arena is not None:
+            arena.close()
         sock.close()
 
 

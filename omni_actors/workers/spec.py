@@ -22,6 +22,13 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Names of this worker's shared-memory segments start with this."""
     platform: str
     heartbeat_interval_s: float
+    arrays: str = "shm"
+    """How arrays cross to and from this worker: "shm" (it maps the orchestrator node's shared
+    memory) or "frames" (message frames: it runs on another node)."""
+    cuda_ipc: bool = False
+    """CUDA tensors this worker outputs go as IPC handles (every consumer shares its one GPU)."""
+    curve: bool = False
+    """The bus is CURVE-authenticated: the worker reads its keys from stdin (bus.sockets.read_curve_keys)."""
 
 
 def identity_of(stage_id: int, replica: int, generation: int) -> str:

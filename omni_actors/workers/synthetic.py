@@ -2,7 +2,8 @@
 
 Behaviour is set by the deploy's `engine_extras` (and a few request params):
 
-    kind            "text" | "audio" | "codes" | "image"   what each chunk carries
+    kind            "text" | "audio" | "codes" | "image" | "transcript"   what each chunk carries
+                    (a transcript's words say how many samples at what rate the input audio had)
     chunks          outputs per request (entry and full-payload stages)
     step_delay_ms   simulated compute per step (one step serves every active request)
     payload_bytes   an extra uint8 array "blob" of this size in every chunk
@@ -75,7 +76,10 @@ class SyntheticEngine(StageEngine):
         if params.get("fail"):
             raise ValueError("synthetic failure requested by the request")
         params = self.merged_sampling(params)
-        req = _Req(text=source_text(inputs), params=params)
+        text = source_text(inputs)
+        if self.kind == "transcript":
+            text = f"{np.size(inputs.get('audio', ()))} samples at {inputs.get('sample_rate')} Hz"
+        req = _Req(text=text, params=params)
         if streaming:
             req.input_done = False
         else:
@@ -131,7 +135,9 @@ class SyntheticEngine(StageEngine):
     def _chunk(self, req: _Req, text: str) -> dict[str, Any]:
         i = req.produced
         out: dict[str, Any]
-        if self.kind == "text":
+        if self.kind == "transcript":
+            out = {"text": text if i == 0 else ""}
+        elif self.kind == "text":
             words = text.split() or ["ok"]
             out = {"text": ("" if i == 0 else " ") + words[i % len(words)]}
         elif self.kind == "codes":

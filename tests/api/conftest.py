@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from openai import AsyncOpenAI
 
 from omni_actors.api.app import build_app
+from omni_actors.api.server import ApiServer, start_server
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.orchestrator.core import Orchestrator
 from tests.conftest import eventually, make_deploy, running  # noqa: F401 - re-exported
@@ -24,6 +24,7 @@ class Server:
     orch: Orchestrator
     url: str
     key: str | None
+    http: ApiServer | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -45,15 +46,11 @@ async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIt
 async def serve_deploy(deploy: DeployConfig, key: str | None) -> AsyncIterator[Server]:
     """Real workers and a real HTTP server on a free port for `deploy`; leak-checked on exit."""
     async with running(deploy) as orch:
-        runner = web.AppRunner(build_app(orch), handle_signals=False, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+        http = await start_server(build_app(orch), "127.0.0.1", 0, deploy.server)
         try:
-            yield Server(orch, f"http://{host}:{port}", key)
+            yield Server(orch, http.url, key, http)
         finally:
-            await runner.cleanup()
+            await http.close()
 
 
 async def post(srv: Server, path: str, body: Any = None, *, data: bytes | None = None,

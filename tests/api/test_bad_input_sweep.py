@@ -240,7 +240,8 @@ CASES = [
                  id="images-unknown-model"),
     pytest.param("GET", "/v1/models/synthetic%00", {}, 404, "model", "model_not_found", id="model-nul"),
     # -- unknown routes and wrong methods --
-    pytest.param("GET", "/", {}, 404, None, "not_found", id="root"),
+    pytest.param("GET", "/playground/missing.js", {}, 404, None, "not_found", id="playground-missing-file"),
+    pytest.param("POST", "/", {"json": {}}, 405, None, "method_not_allowed", id="post-root"),
     pytest.param("POST", "/v1/completions", _chat(), 404, None, "not_found", id="legacy-completions"),
     pytest.param("POST", "/v1/embeddings", {"json": {"input": "x"}}, 404, None, "not_found", id="embeddings"),
     pytest.param("GET", "/v1/models/a/b", {}, 404, None, "not_found", id="models-nested"),
@@ -274,7 +275,7 @@ CASES = [
     pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "", "stream": True}}, 400, "input",
                  "invalid_type", id="speech-stream-empty-input"),
     pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x", "stream_format": "sse",
-                                           "response_format": "aac"}}, 400, "response_format", "invalid_type",
+                                           "response_format": "wma"}}, 400, "response_format", "invalid_type",
                  id="speech-sse-format"),
     pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x", "stream_format": "websocket"}}, 400,
                  "stream_format", "invalid_type", id="speech-stream-format"),

@@ -51,7 +51,7 @@ async def test_diffusion_fields_at_top_level_and_in_extra_body(srv: Server) -> N
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": "x", "size": "big"}, "size"),
     ({"prompt": "x", "size": "0x10"}, "size"),
-    ({"prompt": "x", "response_format": "url"}, "response_format"),
+    ({"prompt": "x", "response_format": "link"}, "response_format"),
     ({"prompt": "x", "n": 11}, "n"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": "x", "extra_body": {"num_inference_steps": 0}}, "extra_body.num_inference_steps"),

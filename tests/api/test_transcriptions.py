@@ -58,3 +58,36 @@ async def test_form_mistakes_are_4xx_naming_the_field(
     got_status, err = await call(srv, **kwargs)
     assert (got_status, err["param"], err["code"]) == (status, param, code), err
     assert srv.orch.statistics().requests_total == before  # nothing reached a stage
+
+
+def _part(name: bytes, value: bytes, extra: bytes = b"") -> bytes:
+    return b"--XyZ\r\nContent-Disposition: form-data; name=\"" + name + b"\"\r\n" + extra + b"\r\n" + value + b"\r\n"
+
+
+@pytest.mark.parametrize(("content_type", "body", "code"), [
+    pytest.param("multipart/form-data", _part(b"model", b"synthetic") + b"--XyZ--\r\n", "invalid_multipart",
+                 id="no-boundary"),
+    pytest.param("multipart/form-data; boundary=" + "a" * 100, b"--" + b"a" * 100 + b"\r\n\r\nx\r\n",
+                 "invalid_multipart", id="boundary-over-70-chars"),
+    pytest.param("multipart/form-data; boundary=XyZ", _part(b"mo\x01del", b"synthetic") + b"--XyZ--\r\n",
+                 "invalid_multipart", id="control-char-in-disposition"),
+    pytest.param("multipart/form-data; boundary=XyZ", _part(b"model", b"synthetic", b"X-\x07: a\r\n") + b"--XyZ--\r\n",
+                 "invalid_multipart", id="control-char-in-header-name"),
+    pytest.param("multipart/form-data; boundary=XyZ", b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nRIFF",
+                 "invalid_multipart", id="truncated"),
+    pytest.param("multipart/form-data; boundary=XyZ", b"no boundary anywhere", "invalid_multipart",
+                 id="no-starting-boundary"),
+    pytest.param("multipart/form-data; boundary=XyZ",
+                 b"--XyZ\r\nContent-Type: multipart/mixed; boundary=Q\r\n\r\n--Q\r\n\r\nx\r\n--Q--\r\n--XyZ--\r\n",
+                 "invalid_multipart", id="nested-multipart"),
+    pytest.param("multipart/form-data; boundary=XyZ", b"--XyZ\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XyZ--\r\n",
+                 "invalid_multipart", id="part-without-name"),
+])
+async def test_unparseable_multipart_is_a_400(srv: Server, content_type: str, body: bytes, code: str) -> None:
+    before = srv.orch.statistics().requests_total
+    status, err = await call(srv, data=body, headers={"Content-Type": content_type})
+    assert (status, err["code"], err["type"]) == (400, code, "invalid_request_error"), err
+    assert srv.orch.statistics().requests_total == before
+    # the server is fine afterwards: a well-formed upload gets its ordinary answer
+    status, err = await call(srv, data=form(file=WAV, model="nope"))
+    assert (status, err["code"]) == (404, "model_not_found"), err

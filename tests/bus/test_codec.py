@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
@@ -69,6 +70,42 @@ def test_segments_are_reused_after_release(pair) -> None:
     producer.encode({"x": big})
     assert arena.segments == 2, "a freed segment of the same size class must be reused"
     assert arena.leased == 2
+
+
+def test_past_its_budget_an_arena_drops_free_segments_and_never_reuses_a_name() -> None:
+    prefix = f"omni-test-{uuid.uuid4().hex[:8]}"
+    arena = Arena(prefix, budget_bytes=3 << 20, idle_s=60.0)
+    cache = SegmentCache(idle_s=60.0)
+    producer = PayloadCodec("p", arena, cache)
+    try:
+        small = producer.encode({"x": np.ones(1 << 19, dtype=np.uint8)})  # a 512 KiB segment
+        big = producer.encode({"x": np.ones(1 << 21, dtype=np.uint8)})  # a 2 MiB segment: at 2.5 MiB
+        assert not arena.over_budget
+        arena.free([r.lease for r in leases_of(small)])
+        names = {small.arrays["x"].segment, big.arrays["x"].segment}
+        other = producer.encode({"x": np.ones(1 << 20, dtype=np.uint8)})  # 1 MiB more: the free 512 KiB goes
+        assert other.arrays["x"].segment not in names and arena.segments == 2
+        assert shm_files(small.arrays["x"].segment) == [] and arena.bytes == 3 << 20
+        assert arena.over_budget  # 3 MiB leased: its owner stops producing
+        t0 = time.monotonic()
+        arena.free([r.lease for p in (big, other) for r in leases_of(p)])
+        assert arena.trim(t0 + 30.0) == 0 and arena.segments == 2  # free, but not idle long enough
+        assert 0 < arena.next_trim_s() <= 60.0
+        assert arena.trim(t0 + 61.0) == 2 and arena.segments == 0 and arena.bytes == 0
+        assert arena.next_trim_s() is None and shm_files(prefix) == []
+    finally:
+        cache.close()
+        arena.close()
+
+
+def test_a_consumer_closes_mappings_it_has_not_used_for_its_idle_time(pair) -> None:
+    _, _, producer, consumer = pair
+    payload = producer.encode({"x": np.ones(1 << 20, dtype=np.uint8)})
+    consumer.decode(payload, copy=True)
+    t0 = time.monotonic()
+    assert len(consumer.segments) == 1 and consumer.segments.trim(t0) == 0
+    assert consumer.segments.trim(t0 + consumer.segments.idle_s + 1) == 1 and len(consumer.segments) == 0
+    assert consumer.decode(payload, copy=True)["x"].sum() == 1 << 20  # mapped again on demand
 
 
 def test_unsupported_value_is_rejected_by_the_encoder(pair) -> None:

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import structlog
 
 from omni_actors.config.deploy import load_deploy, parse_stage_overrides
 from omni_actors.errors import ConfigError
+from omni_actors.settings import detect_platform
 
 
 def write(tmp_path: Path, text: str, name: str = "deploy.yaml") -> Path:
@@ -42,6 +44,8 @@ def test_valid_file_loads_with_defaults(tmp_path: Path) -> None:
         ("pipeline: synthetic\nstages:\n  - stage_id: 9\n", "stages[0].stage_id: pipeline 'synthetic' has no stage 9"),
         ("pipeline: synthetic\nserver: {port: 70000}\n", "server.port: expected 1..65535"),
         ("pipeline: synthetic\nstages: [ {stage_id: 0, max_num_seqs: 0} ]\n", "stages[0].max_num_seqs: expected an integer >= 1"),
+        ("pipeline: synthetic\nstages: [ {stage_id: 0, max_step_s: 0} ]\n", "stages[0].max_step_s: expected a number > 0"),
+        ("pipeline: synthetic\nstages: [ {stage_id: 0, shm_budget_mb: -1} ]\n", "stages[0].shm_budget_mb: expected a number > 0"),
         ("pipeline: [unclosed\n", "not valid YAML"),
     ],
 )
@@ -98,3 +102,28 @@ def test_cli_missing_file_exits_2(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2 and "file not found" in proc.stderr
+
+
+def test_platform_overlays_are_all_checked_and_unknown_platforms_refused(tmp_path: Path) -> None:
+    other = "cuda" if detect_platform() == "cpu" else "cpu"  # an overlay this machine does not apply
+    cases = [
+        (f"platforms:\n  {other}: {{stages: [{{stage_id: 0, max_num_sqes: 2}}]}}\n",
+         f"(with platforms.{other}): stages[0]: unknown field `max_num_sqes`"),
+        (f"platforms:\n  {other}: {{stages: [{{stage_id: 0, engine: x}}]}}\n",
+         f"platforms.{other}: stages[0].engine: is a topology field"),
+        ("platforms:\n  rocm: {async_chunk: false}\n", "platforms.rocm: unknown platform; expected one of"),
+    ]
+    for text, expected in cases:
+        with pytest.raises(ConfigError) as err:
+            load_deploy(write(tmp_path, "pipeline: synthetic\n" + text))
+        assert expected in str(err.value), str(err.value)
+
+
+def test_connectors_load_with_a_warning_naming_the_field(tmp_path: Path) -> None:
+    with structlog.testing.capture_logs() as logs:
+        load_deploy(write(tmp_path, "pipeline: synthetic\nconnectors: {shm: {threshold: 1024}}\n"))
+    warned = [e for e in logs if e["event"] == "config.field_ignored"]
+    assert [e["field"] for e in warned] == ["connectors"] and "bus" in warned[0]["reason"]
+    with structlog.testing.capture_logs() as logs:
+        load_deploy(write(tmp_path, "pipeline: synthetic\n"))
+    assert not [e for e in logs if e["event"] == "config.field_ignored"]

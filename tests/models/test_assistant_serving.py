@@ -202,3 +202,25 @@ async def test_transcriptions_route_as_the_openai_sdk_calls_it(srv: Server, ques
         await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", b"not audio at all"))
     assert (bad.value.body["code"], bad.value.body["param"]) == ("invalid_audio", "file")
     await eventually(lambda: idle(srv.orch), timeout_s=10)
+
+
+async def test_speech_speed_voices_and_aac_on_the_piper_voice(srv: Server) -> None:
+    """/v1/audio/speech on the assistant: `speed` reaches Piper (0.25 is far longer than 4.0), OpenAI
+    voice names map onto its one voice, another name is a 400 listing the choices, aac decodes."""
+    sdk = client(srv)
+    slow, rate = read_wav((await sdk.audio.speech.create(model="assistant", voice="joe", input="Good morning.",
+                                                         response_format="wav", speed=0.25)).content)
+    fast, _ = read_wav((await sdk.audio.speech.create(model="assistant", voice="cedar", input="Good morning.",
+                                                      response_format="wav", speed=4.0)).content)
+    assert rate == 22050 and slow.size > 4 * fast.size
+    with pytest.raises(openai.BadRequestError) as bad:
+        await sdk.audio.speech.create(model="assistant", voice="nobody", input="hi")
+    assert bad.value.body["param"] == "voice" and "joe" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as bad:  # Piper cannot clone a custom voice
+        await sdk.audio.speech.create(model="assistant", voice={"id": "voice_abc"}, input="hi")
+    assert bad.value.body["code"] == "unsupported_voice"
+    aac = (await sdk.audio.speech.create(model="assistant", voice="alloy", input="hi", response_format="aac")).content
+    import av
+
+    with av.open(io.BytesIO(aac)) as box:
+        assert sum(f.samples for f in box.decode(audio=0)) > 0

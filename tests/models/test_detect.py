@@ -19,7 +19,7 @@ def _folder(tmp_path, name, body):
 
 
 def test_a_diffusers_folder_is_served_by_the_diffusion_pipeline(tmp_path):
-    d = _folder(tmp_path, "model_index.json", {"_class_name": "SomeNewPipeline"})
+    d = _folder(tmp_path, "model_index.json", {"_class_name": "QwenImagePipeline"})
     assert detect_pipeline(d) == "diffusion"
     deploy = load_from_args(parse_serve_args(["--model", str(d)]))
     assert (deploy.pipeline, deploy.server.served_model_name) == ("diffusion", "m")
@@ -37,3 +37,9 @@ def test_an_unsupported_folder_names_its_type_and_what_is_supported(tmp_path):
         detect_pipeline(d)
     with pytest.raises(ConfigError, match=r"neither model_index\.json"):
         detect_pipeline(tmp_path)
+
+
+def test_a_diffusers_class_it_cannot_serve_is_named_with_what_is_supported(tmp_path):
+    d = _folder(tmp_path, "model_index.json", {"_class_name": "SomeNewPipeline"})
+    with pytest.raises(ConfigError, match=r"SomeNewPipeline is not a pipeline class.*supported: .*QwenImagePipeline"):
+        detect_pipeline(d)

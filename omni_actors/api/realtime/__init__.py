@@ -6,7 +6,9 @@
     vad.py        silero server VAD
     responses.py  one response through the orchestrator, streamed as deltas
     handler.py    the WebSocket handler: one receive loop per connection
+    duplex.py     the session on a full-duplex model (audio in and out at once, one long request)
     stats.py      counters per app (app[STATS_KEY].statistics())
+    duplex_stats.py  duplex counters and their /metrics collector
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 
 from omni_actors import logs
 from omni_actors.api.realtime import handler, vad
+from omni_actors.api.realtime.duplex_stats import DuplexCollector
 from omni_actors.api.realtime.stats import RealtimeStats
 
 SESSIONS_KEY = web.AppKey("realtime_sessions", set)
@@ -28,6 +31,10 @@ def add_routes(app: web.Application) -> None:
     sessions: set = set()
     app[SESSIONS_KEY] = sessions
     app[STATS_KEY] = stats = RealtimeStats()
+    from omni_actors.api.metrics import METRICS_KEY  # app.py imports this package; look it up late
+
+    if METRICS_KEY in app:
+        app[METRICS_KEY].registry.register(DuplexCollector(stats.duplex))
 
     async def route(request: web.Request) -> web.StreamResponse:
         from omni_actors.api.app import ORCH_KEY  # app.py imports this package; look it up late

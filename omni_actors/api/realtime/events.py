@@ -11,13 +11,13 @@ lenient about fields we do not use. Server events carry their beta name; GA rena
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from omni_actors.api.schemas import Temperature, TokenCount
+from omni_actors.api.errors import validation_detail
+from omni_actors.api.schemas import Instructions, Name, Temperature, TokenCount, Tools
 
 Dialect = Literal["beta", "ga"]
 MaxTokens = TokenCount | Literal["inf"]
@@ -47,7 +47,7 @@ class AudioInputIn(msgspec.Struct, kw_only=True):
 
 class AudioOutputIn(msgspec.Struct, kw_only=True):
     format: FormatIn | str | UnsetType = UNSET
-    voice: str | UnsetType = UNSET
+    voice: Name | UnsetType = UNSET
     speed: float | UnsetType = UNSET
 
 
@@ -58,11 +58,11 @@ class AudioIn(msgspec.Struct, kw_only=True):
 
 class SessionIn(msgspec.Struct, kw_only=True):
     type: str | UnsetType = UNSET  # GA: "realtime"
-    model: str | UnsetType = UNSET
-    instructions: str | UnsetType = UNSET
+    model: Name | UnsetType = UNSET
+    instructions: Instructions | UnsetType = UNSET
     modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
     output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
-    voice: str | UnsetType = UNSET
+    voice: Name | UnsetType = UNSET
     input_audio_format: str | UnsetType = UNSET
     output_audio_format: str | UnsetType = UNSET
     input_audio_transcription: dict[str, Any] | UnsetType | None = UNSET
@@ -71,7 +71,7 @@ class SessionIn(msgspec.Struct, kw_only=True):
     temperature: Temperature | UnsetType = UNSET
     max_response_output_tokens: MaxTokens | UnsetType = UNSET
     max_output_tokens: MaxTokens | UnsetType = UNSET
-    tools: list[dict[str, Any]] | UnsetType = UNSET
+    tools: Tools | UnsetType = UNSET
     tool_choice: str | dict[str, Any] | UnsetType = UNSET
 
 
@@ -96,8 +96,8 @@ class ItemIn(msgspec.Struct, kw_only=True):
 class ResponseIn(msgspec.Struct, kw_only=True):
     modalities: list[Literal["text", "audio"]] | None = None
     output_modalities: list[Literal["text", "audio"]] | None = None
-    instructions: str | None = None
-    voice: str | None = None
+    instructions: Instructions | None = None
+    voice: Name | None = None
     output_audio_format: str | None = None
     temperature: Temperature | None = None
     max_response_output_tokens: MaxTokens | None = None
@@ -181,8 +181,6 @@ class BadEvent(Exception):
 
 _decoder = msgspec.json.Decoder(ClientEventT)
 _envelope = msgspec.json.Decoder(_Envelope)
-_MISSING = re.compile(r"missing required field `(\w+)`")
-_AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.S)
 
 
 def event_id_of(raw: str | bytes) -> str | None:
@@ -209,12 +207,8 @@ def decode_client(raw: str | bytes) -> ClientEventT:
         if env.type not in CLIENT_TYPES:
             raise BadEvent(f"unknown event type {env.type!r}", code="invalid_event", param="type",
                            event_id=event_id) from None
-        match = _AT.match(str(err))
-        msg, param = (match.group(1), match.group(2)) if match else (str(err), None)
-        missing = _MISSING.search(msg)
-        if missing:
-            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
-        raise BadEvent(f"{env.type}: {msg}", param=param or None, event_id=event_id) from None
+        msg, param, _code = validation_detail(err) if isinstance(err, msgspec.ValidationError) else (str(err), None, "")
+        raise BadEvent(f"{env.type}: {msg}", param=param, event_id=event_id) from None
 
 
 # ---- server events ---------------------------------------------------------------

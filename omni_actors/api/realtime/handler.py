@@ -20,6 +20,7 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from omni_actors import logs
+from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_wire, wire_rate
@@ -54,6 +55,9 @@ MIN_COMMIT_MS = 100
 """Shortest input buffer `input_audio_buffer.commit` accepts (as OpenAI's)."""
 INLINE_INGEST_SAMPLES = 4800
 """Appends up to this many wire samples (200 ms at 24 kHz) without VAD are handled on the loop."""
+INLINE_AUDIO_SAMPLES = 16000
+"""Conversation items with at most this much audio (base64 characters to decode, or 16 kHz samples
+to encode: about a second) are converted on the loop; bigger ones in the thread pool."""
 
 VAD_EXECUTOR = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="realtime-vad")
 """One thread for decoding, resampling and VAD of every session (onnxruntime releases the GIL)."""
@@ -64,8 +68,10 @@ class ClientGone(ConnectionError):
 
 
 class RealtimeSession:
-    def __init__(self, ws: web.WebSocketResponse, orch: Orchestrator, model: str, stats: RealtimeStats) -> None:
+    def __init__(self, ws: web.WebSocketResponse, app: web.Application, orch: Orchestrator, model: str,
+                 stats: RealtimeStats) -> None:
         self.ws = ws
+        self.app = app
         self.max_audio = int(orch.deploy.server.realtime_max_audio_s * VAD_RATE)
         self.orch = orch
         self.stats = stats
@@ -153,8 +159,7 @@ class RealtimeSession:
                 await self.send(ev.BufferCleared())
             case ev.ItemCreate(item=it, previous_item_id=prev):
                 try:
-                    item = item_from_client(it, self.cfg.input_audio_format)
-                    self._check_audio_room(sum(len(p.audio) for p in item.content if p.audio is not None))
+                    (item,) = await self._items_from_client([it])
                     prev = self.conversation.add(item, prev)
                 except ev.BadEvent as err:
                     err.event_id = eid
@@ -162,7 +167,10 @@ class RealtimeSession:
                 await self._announce_item(item, prev)
             case ev.ItemRetrieve(item_id=item_id):
                 item = self._item(item_id, eid)
-                await self.send(ev.ItemRetrieved(item=render_item(item, self.dialect, with_audio=True)))
+                held = sum(len(p.audio) for p in item.content if p.audio is not None)
+                rendered = (render_item(item, self.dialect, with_audio=True) if held <= INLINE_AUDIO_SAMPLES
+                            else await off_loop(render_item, item, self.dialect, True))  # (encodes its audio)
+                await self.send(ev.ItemRetrieved(item=rendered))
             case ev.ItemTruncate(item_id=item_id, content_index=ci, audio_end_ms=end):
                 await self._truncate(self._item(item_id, eid), ci, end, eid)
             case ev.ItemDelete(item_id=item_id):
@@ -201,6 +209,22 @@ class RealtimeSession:
         self._vad = VadDetector(td.vad_params(), origin=self.timeline) if td is not None else None
         self._speech_item = None
 
+    async def _items_from_client(self, items: list[ev.ItemIn]) -> list[Item]:
+        """Client items with their audio decoded: refused by size before any decoding (the
+        session's audio limit, from the base64 length), decoded off the loop when big."""
+        b64 = [len(c.audio) for it in items for c in it.content if c.type == "input_audio" and c.audio]
+        self._check_audio_room(sum(self._vad_samples(n) for n in b64))
+        fmt = self.cfg.input_audio_format
+        if sum(b64) <= INLINE_AUDIO_SAMPLES:
+            return [item_from_client(it, fmt) for it in items]
+        return await off_loop(lambda: [item_from_client(it, fmt) for it in items])
+
+    def _vad_samples(self, b64_chars: int) -> int:
+        """How many 16 kHz samples `b64_chars` of base64 audio in the session's format come to."""
+        fmt = self.cfg.input_audio_format
+        wire_samples = b64_chars * 3 // 4 // (2 if fmt == "pcm16" else 1)
+        return wire_samples * VAD_RATE // wire_rate(fmt)
+
     def _item(self, item_id: str, eid: str | None) -> Item:
         item = self.conversation.get(item_id)
         if item is None:
@@ -235,10 +259,8 @@ class RealtimeSession:
 
     async def _append(self, b64: str, eid: str | None) -> None:
         vad = self._vad
-        fmt = self.cfg.input_audio_format
-        wire_samples = len(b64) * 3 // 4 // (2 if fmt == "pcm16" else 1)
         try:  # checked before the VAD hears it: refused audio leaves no trace
-            self._check_audio_room(wire_samples * VAD_RATE // wire_rate(fmt))
+            self._check_audio_room(self._vad_samples(len(b64)))
         except ev.BadEvent as err:
             err.event_id = eid
             raise
@@ -288,6 +310,9 @@ class RealtimeSession:
             await self._create_response(None, None)
 
     async def _commit_manual(self, eid: str | None) -> None:
+        tail = self._in.flush()  # the resampler's delay: the last few ms appended belong to this item
+        self.buffer.append(tail)
+        self.timeline += len(tail)
         if ms(self.buffer.size) < MIN_COMMIT_MS:
             raise ev.BadEvent(f"buffer too small: {ms(self.buffer.size)} ms of audio, need {MIN_COMMIT_MS} ms",
                               code="input_audio_buffer_commit_empty", event_id=eid)
@@ -310,7 +335,7 @@ class RealtimeSession:
         try:
             context = None
             if r is not None and r.input is not None:
-                context = [item_from_client(it, self.cfg.input_audio_format) for it in r.input]
+                context = await self._items_from_client(list(r.input))
             opts = Options.build(self.cfg, r, context)
         except ev.BadEvent as err:
             err.event_id = eid
@@ -342,23 +367,9 @@ class RealtimeSession:
 # ---- the route --------------------------------------------------------------------
 
 
-def _authorized(request: web.Request, keys: list[str]) -> bool:
-    if not keys:
-        return True
-    auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer ") and auth[7:].strip() in keys:
-        return True
-    protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-    prefix = "openai-insecure-api-key."
-    return any(p.startswith(prefix) and p[len(prefix):] in keys for p in protocols)
-
-
 async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: set[Any],
                            stats: RealtimeStats) -> web.StreamResponse:
-    server = orch.deploy.server
-    if not _authorized(request, server.api_keys):
-        return web.json_response({"error": {"message": "invalid or missing API key", "type": "invalid_request_error",
-                                             "code": "invalid_api_key", "param": None}}, status=401)
+    server = orch.deploy.server  # (the API key was checked by the app's auth middleware, as for every route)
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, compress=False, heartbeat=HEARTBEAT_S,
                                protocols=("realtime",))
     if not ws.can_prepare(request).ok:
@@ -371,7 +382,12 @@ async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: s
         await ws.close(code=1013, message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode())
         return ws
     model = request.query.get("model") or server.served_model_name or orch.deploy.pipeline
-    session = RealtimeSession(ws, orch, model, stats)
+    if orch.pipeline.duplex:  # full-duplex model: one long streaming request per session
+        from omni_actors.api.realtime.duplex import DuplexSession  # imports this module
+
+        session: RealtimeSession = DuplexSession(ws, request.app, orch, model, stats)
+    else:
+        session = RealtimeSession(ws, request.app, orch, model, stats)
     sessions.add(session)
     stats.sessions_total += 1
     stats.sessions_open = len(sessions)

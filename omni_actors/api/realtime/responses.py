@@ -4,22 +4,27 @@
     run.cancel("turn_detected"); await run.task          # aborts every stage, ends with response.done
 
 `host` is the connection's session (handler.py): it supplies `orch`, `cfg`,
-`conversation`, `dialect` and `send(event)`. Text chunks become text deltas (or,
-in an audio response, transcript deltas); audio chunks are resampled to the
-wire rate and sent as they arrive; a "transcript" chunk is the pipeline's
-transcription of the user's audio and is stored on that user item.
+`conversation`, `dialect` and `send(event)`. The request goes through the REST
+routes' PipelineCall (deadline, metrics, abort on exit). Text outputs become
+text deltas (or, in an audio response, transcript deltas); audio outputs are
+resampled to the wire rate and sent as they arrive; a transcript output is the
+pipeline's transcription of the user's audio and is stored on that user item.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from aiohttp import web
 
 from omni_actors import logs
+from omni_actors.api.calls import PipelineCall
+from omni_actors.api.errors import ApiError, from_exception
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import FORMATS, Resampler, encode_wire, wire_rate
 from omni_actors.api.realtime.session import (
@@ -36,15 +41,19 @@ from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
-from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk
+from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, TranscriptOutput
+from omni_actors.orchestrator.requests import RequestStream, StageChunk
 
 log = logs.get(__name__)
 
+ROUTE = "/v1/realtime"
+"""The route a response's latencies are recorded under (/metrics)."""
 AUDIO_TOKENS_PER_S = 10
 """Usage estimate for audio: tokens per second (the pipeline reports no token counts)."""
 
 
 class Host(Protocol):
+    app: web.Application
     orch: Orchestrator
     cfg: SessionConfig
     conversation: Conversation
@@ -92,7 +101,19 @@ class Options:
         )
 
 
-def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> tuple[RequestSpec, Item | None]:
+@dataclass(frozen=True)
+class Turn:
+    """What a response asks of the pipeline (through the REST routes' PipelineCall)."""
+
+    inputs: dict[str, Any]
+    params: dict[str, Any]
+    wanted: frozenset[str]
+    """Output types the response needs: the stages run are the pipeline's for these."""
+    audio_item: Item | None
+    """The user item whose audio is `inputs["audio"]` (its transcript is stored on it)."""
+
+
+def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Turn:
     """The pipeline request for a response, and the user item whose audio is `inputs["audio"]`.
 
     The project's chat-input convention (api/chat_inputs.py): `messages` in
@@ -136,10 +157,11 @@ def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> tup
     if opts.max_output_tokens is not None:
         params["max_tokens"] = opts.max_output_tokens
     outputs = pipe.output_types()
-    stages = None
-    if pipe.planner is None and ("audio" not in opts.modalities or "audio" not in outputs) and "text" in outputs:
-        stages = pipe.stages_for_outputs({"text"})
-    return RequestSpec(inputs=inputs, params=params, stages=stages), audio_item
+    if ("audio" not in opts.modalities or "audio" not in outputs) and "text" in outputs:
+        wanted = frozenset({"text"})
+    else:
+        wanted = frozenset(set(opts.modalities) & outputs or outputs)
+    return Turn(inputs, params, wanted, audio_item)
 
 
 def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
@@ -149,9 +171,10 @@ def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
              "remaining": max(0, entry.queue_limit - entry.in_flight), "reset_seconds": 0.0}]
 
 
-def failed(code: str, message: str) -> dict[str, Any]:
-    """status_details of a failed response."""
-    return {"type": "failed", "error": {"type": "server_error", "code": code, "message": message}}
+def failed(code: str, message: str, kind: str = "server_error") -> dict[str, Any]:
+    """status_details of a failed response; `kind` is the OpenAI error type (the REST routes' for
+    the same error: a request a stage refused is the client's `invalid_request_error`)."""
+    return {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
 
 
 @dataclass
@@ -243,24 +266,29 @@ class ResponseRun:
         h = self.host
         await h.send(ev.ResponseCreated(response=self.render()))
         items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
-        spec, audio_item = build_request(h.orch.pipeline, self.opts, items)
-        self._count_input(spec)
-        try:
-            self.stream = h.orch.submit(spec)
-            plan = self.stream.plan
+        turn = build_request(h.orch.pipeline, self.opts, items)
+        self._count_input(turn.inputs)
+        async with contextlib.AsyncExitStack() as stack:  # (on exit: the request is aborted unless it ended)
+            try:  # the REST routes' request path: deadline, metrics, abort on exit
+                call = await stack.enter_async_context(
+                    PipelineCall(h.app, ROUTE, turn.inputs, turn.params, set(turn.wanted)))
+            except (AdmissionError, StageUnavailable, ApiError, ValueError) as err:
+                code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
+                return await self._finish("failed", failed(code, str(err), from_exception(err).type))
+            assert call.stream is not None
+            self.stream = call.stream
             self._submitted_at = time.perf_counter()
-        except (AdmissionError, StageUnavailable, ValueError) as err:
-            code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
-            return await self._finish("failed", failed(code, str(err)))
-        if self.cancel_reason:
-            self.stream.abort()
-        final = {h.orch.pipeline.stage(s).final_output_type for s in plan if h.orch.pipeline.stage(s).final_output}
-        await self._open_item()
-        error = await self._consume(audio_item, text_is_transcript="text" in final)
+            if self.cancel_reason:
+                self.stream.abort()
+            pipe = h.orch.pipeline
+            final = {pipe.stage(s).final_output_type for s in self.stream.plan if pipe.stage(s).final_output}
+            await self._open_item()
+            error = await self._consume(call, turn.audio_item, text_is_transcript="text" in final)
         if self.cancel_reason:
             return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
         if error is not None:
-            return await self._finish("failed", failed(type(error).__name__, str(error)))
+            return await self._finish("failed", failed(type(error).__name__, str(error),
+                                                       from_exception(error).type))
         limit = self.opts.max_output_tokens
         if limit is not None and self.usage.output_text >= limit:
             return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
@@ -277,10 +305,10 @@ class ResponseRun:
             await h.send(ev.ItemCreated(previous_item_id=prev, item={**rendered, "content": []}))
         await h.send(self._part_event(ev.ContentPartAdded, part=render_part(self.item.content[0], h.dialect)))
 
-    async def _consume(self, audio_item: Item | None, text_is_transcript: bool) -> RequestError | None:
-        assert self.stream is not None
+    async def _consume(self, call: PipelineCall, audio_item: Item | None,
+                       text_is_transcript: bool) -> RequestError | None:
         try:
-            async for chunk in self.stream:
+            async for chunk in call:
                 if self.cancel_reason:
                     break
                 await self._on_chunk(chunk, audio_item, text_is_transcript)
@@ -292,10 +320,8 @@ class ResponseRun:
 
     async def _on_chunk(self, chunk: StageChunk, audio_item: Item | None, text_is_transcript: bool) -> None:
         part = self.item.content[0]  # type: ignore[union-attr]
-        data = chunk.data
-        match chunk.output_type:
-            case "text":
-                delta = str(data.get("text") or "")
+        match chunk.output:
+            case TextOutput(text=delta):
                 if not delta:
                     return
                 self.usage.output_text += 1
@@ -305,23 +331,21 @@ class ResponseRun:
                 elif text_is_transcript:
                     part.transcript = (part.transcript or "") + delta
                     await self.host.send(self._part_event(ev.TranscriptDelta, delta=delta))
-            case "audio" if part.type == "audio":
-                await self._on_audio(part, data, text_is_transcript)
-            case "transcript":
-                await self._on_user_transcript(audio_item, str(data.get("text") or ""), chunk.finished)
+            case AudioOutput() as out if part.type == "audio":
+                await self._on_audio(part, out, text_is_transcript)
+            case TranscriptOutput(text=text):
+                await self._on_user_transcript(audio_item, text, chunk.finished)
 
-    async def _on_audio(self, part: Part, data: dict[str, Any], text_is_transcript: bool) -> None:
+    async def _on_audio(self, part: Part, out: AudioOutput, text_is_transcript: bool) -> None:
         start_ms = part.audio_ms
-        samples = data.get("audio")
-        if samples is not None and np.size(samples):
+        if len(out.audio):
             fmt = self.opts.output_audio_format
             if self._resampler is None:
                 self.first_audio_ms = (time.perf_counter() - self._submitted_at) * 1000
-                self._resampler = Resampler(int(data.get("sample_rate") or wire_rate(fmt)), wire_rate(fmt))
-            out = self._resampler.push(np.asarray(samples, np.float32).reshape(-1))
-            await self._send_audio(part, out)
-        piece = data.get("transcript")
-        if isinstance(piece, str) and piece:
+                self._resampler = Resampler(out.sample_rate, wire_rate(fmt))
+            await self._send_audio(part, self._resampler.push(out.audio))
+        piece = out.transcript
+        if piece:
             part.segments.append((start_ms, piece))
             if not text_is_transcript:
                 part.transcript = (part.transcript or "") + piece
@@ -356,13 +380,13 @@ class ResponseRun:
                 await self.host.send(ev.TranscriptionCompleted(
                     item_id=item.id, content_index=index, transcript=transcript))
 
-    def _count_input(self, spec: RequestSpec) -> None:
-        for m in spec.inputs["messages"]:
+    def _count_input(self, inputs: dict[str, Any]) -> None:
+        for m in inputs["messages"]:
             content = m["content"]
             texts = [content] if isinstance(content, str) else [p.get("text", "") for p in content]
             self.usage.input_text += sum(len(t.split()) for t in texts)
             if not isinstance(content, str):
-                samples = sum(len(spec.inputs[p["array"]]) for p in content if "array" in p)
+                samples = sum(len(inputs[p["array"]]) for p in content if "array" in p)
                 self.usage.input_audio += samples * AUDIO_TOKENS_PER_S // VAD_RATE
 
     async def _close_item(self, status: str) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from omni_actors.api.realtime.duplex_stats import DuplexStatistics, DuplexStats
+
 RECENT_RESPONSES = 4096
 """How many responses' pipeline first-audio times are kept (oldest dropped first)."""
 
@@ -21,6 +23,8 @@ class RealtimeStatistics:
     """Finished responses by status (completed, cancelled, incomplete, failed)."""
     pipeline_first_audio_ms: dict[str, float]
     """Recent responses: submit to the first audio chunk out of the orchestrator, by response id."""
+    duplex: DuplexStatistics
+    """Full-duplex sessions (duplex models only)."""
 
 
 @dataclass
@@ -30,6 +34,8 @@ class RealtimeStats:
     sessions_rejected: int = 0
     responses: Counter[str] = field(default_factory=Counter)
     first_audio: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=RECENT_RESPONSES))
+    duplex: DuplexStats = field(default_factory=DuplexStats)
+    """Full-duplex sessions (duplex models only)."""
 
     def response_done(self, response_id: str, status: str, first_audio_ms: float | None) -> None:
         self.responses[status] += 1
@@ -38,4 +44,4 @@ class RealtimeStats:
 
     def statistics(self) -> RealtimeStatistics:
         return RealtimeStatistics(self.sessions_open, self.sessions_total, self.sessions_rejected,
-                                  dict(self.responses), dict(self.first_audio))
+                                  dict(self.responses), dict(self.first_audio), self.duplex.statistics())

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.speech import SpeechSpec
 
 _PKG = "omni_actors.models.assistant"
 ASR, LLM, TTS, VOCODER = 0, 1, 2, 3
@@ -31,6 +32,8 @@ def assistant_pipeline() -> PipelineConfig:
         description="Speech assistant from small PyPI-shipped models: Whisper tiny.en, SmolLM2-135M, Piper.",
         planner=f"{_PKG}:plan",
         preparer=f"{_PKG}.prepare:prepare",
+        # One Piper voice; its acoustic stage scales its length by params["speed"].
+        speech=SpeechSpec(voices=("joe",), sample_rate=22050, native_speed=True),
         stages=(
             StageSpec(
                 stage_id=ASR,

@@ -21,23 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from omni_actors.audio import resample
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 
 WHISPER_RATE = 16000
 WINDOW_SAMPLES = 30 * WHISPER_RATE
 """Whisper's window: audio up to this long is transcribed in one batched pass."""
 INT16_SCALE = 32768.0
-
-
-def resample(audio: np.ndarray, rate: int, target: int = WHISPER_RATE) -> np.ndarray:
-    """Band-limited resampling by FFT (fine for whole utterances; numpy only)."""
-    if rate == target or audio.size == 0:
-        return audio
-    n_out = round(audio.size * target / rate)
-    spectrum = np.fft.rfft(audio)
-    keep = min(spectrum.size, n_out // 2 + 1)
-    out = np.fft.irfft(spectrum[:keep], n=n_out) * (n_out / audio.size)
-    return out.astype(np.float32)
 
 
 def as_float_audio(value: Any) -> np.ndarray:
@@ -55,7 +45,7 @@ class _Request:
 
     def audio(self) -> np.ndarray:
         joined = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
-        return resample(joined, self.rate)
+        return resample(joined, self.rate, WHISPER_RATE)
 
 
 class WhisperAsrEngine(StageEngine):

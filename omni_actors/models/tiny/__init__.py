@@ -9,18 +9,32 @@ without torch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
+
+IMAGE_FAMILIES = ("qwen_image", "z_image", "hunyuan_image")
+"""The diffusers image families built here (omni_actors.models.tiny.image_families: one builder each)."""
+PROCESSOR_FAMILIES = ("qwen_image_edit", "qwen_image_edit_plus", "qwen_image_layered", "flux2")
+"""Families whose processor (Qwen2VLProcessor, PixtralProcessor) needs torchvision (docs/media.md): offered only where it is installed."""
+if importlib.util.find_spec("torchvision") is not None:
+    IMAGE_FAMILIES += PROCESSOR_FAMILIES
 
 _BUILDERS: dict[str, str] = {
     "qwen2_5_omni": "omni_actors.models.tiny.qwen2_5_omni:make_tiny_qwen2_5_omni",
     "qwen3_omni_moe": "omni_actors.models.tiny.qwen3_omni_moe:make_tiny_qwen3_omni_moe",
     "llama": "omni_actors.models.tiny.llama:make_tiny_llama",
     "diffusion": "omni_actors.models.tiny.diffusion:make_tiny_diffusion",
+    "moshi": "omni_actors.models.tiny.moshi:make_tiny_moshi",
+    "sd_inpaint": "omni_actors.models.tiny.diffusion:make_tiny_sd_inpaint",
+    **{name: f"omni_actors.models.tiny.image_families:{name}" for name in IMAGE_FAMILIES},
     "wan2_2": "omni_actors.models.tiny.video:make_tiny_wan2_2",
     "wan2_2_i2v": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v",
     "stable_audio": "omni_actors.models.tiny.video:make_tiny_stable_audio",
     "ltx2": "omni_actors.models.tiny.video:make_tiny_ltx2",
     "hunyuan_video_1_5": "omni_actors.models.tiny.video:make_tiny_hunyuan_video_1_5",
+    "csm": "omni_actors.models.tiny.csm:make_tiny_csm",
+    "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
+    "qwen3_asr": "omni_actors.models.tiny.qwen3_asr:make_tiny_qwen3_asr",
 }
 
 

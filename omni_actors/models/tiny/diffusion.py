@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-KINDS = ("sd", "dit", "ddpm")
+KINDS = ("sd", "sd_inpaint", "dit", "ddpm")
 """What `make_tiny_diffusion` can build."""
 
 _WORDS = (
@@ -30,7 +30,7 @@ def make_tiny_diffusion(out_dir: str | Path, seed: int = 0, kind: str = "sd") ->
         raise ValueError(f"unknown tiny diffusion kind {kind!r}; expected one of {KINDS}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    builders = {"sd": _stable_diffusion, "dit": _dit, "ddpm": _ddpm}
+    builders = {"sd": _stable_diffusion, "sd_inpaint": _inpaint, "dit": _dit, "ddpm": _ddpm}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         pipe = builders[kind]()
@@ -55,7 +55,18 @@ def _vae() -> Any:
     )
 
 
-def _stable_diffusion() -> Any:
+def make_tiny_sd_inpaint(out_dir: str | Path, seed: int = 0) -> Path:
+    """A tiny Stable Diffusion inpainting pipeline (image + mask in, 32 px by default)."""
+    return make_tiny_diffusion(out_dir, seed, kind="sd_inpaint")
+
+
+def _inpaint() -> Any:
+    from diffusers import StableDiffusionInpaintPipeline
+
+    return StableDiffusionInpaintPipeline(**_stable_diffusion(unet_in=9).components)
+
+
+def _stable_diffusion(unet_in: int = 4) -> Any:
     from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -76,7 +87,7 @@ def _stable_diffusion() -> Any:
     )
     unet = UNet2DConditionModel(
         sample_size=16,
-        in_channels=4,
+        in_channels=unet_in,
         out_channels=4,
         block_out_channels=(32, 64),
         layers_per_block=1,

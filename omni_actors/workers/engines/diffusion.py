@@ -1,41 +1,33 @@
 """The DIFFUSION stage engine: any diffusers pipeline, compatible requests batched, one denoising step per `step()`.
 
 The pipeline is loaded from a local diffusers folder by its model_index.json
-`_class_name`. How it is called comes from its `__call__` signature, not from
-its name: text-to-image pipelines take `prompt`, class-conditional ones
-`class_labels`, unconditional ones `batch_size`.
+`_class_name`. What it can do and how it is called come from its `__call__`
+signature (models/diffusion/capabilities.py), not from its name: text-to-image
+pipelines take `prompt`, class-conditional ones `class_labels`, unconditional
+ones `batch_size`; edit pipelines take `image` (and `mask_image`).
 
-Stepping. A batch runs `pipe(...)` in its own thread. At the end of every
-denoising step (through `callback_on_step_end`, or a wrapper around
-`scheduler.step` for pipelines without that callback) the thread reports
-progress and blocks until the engine releases the next step, so each
-`engine.step()` advances exactly one denoising step and the worker thread is
-the only one that decides when work happens. After the last step the thread
-runs on through the VAE decode without blocking. Abort between steps: the
-blocked callback raises, the pipeline call unwinds, the thread ends.
+Stepping. A batch runs `pipe(...)` on the runner thread (diffusion_batch.py),
+free: at the end of every denoising step it queues a progress report and goes
+on; each `engine.step()` takes the next report, so the worker sees every step
+in order. After the last step the thread runs on through the VAE decode and the
+output conversion. Abort between steps: the step callback sees the stop flag
+and raises, the pipeline call unwinds.
 
-Request params (from `inputs` or `params`; `inputs` win for the prompt):
-    prompt, negative_prompt   text (text-to-image pipelines)
-    class_label               int (class-conditional pipelines)
-    n                         images for this request (num_images_per_prompt)
-    width, height | size      ints, or "WxH"
-    num_inference_steps, guidance_scale, seed
-
-Batching: queued requests with the same size, steps, guidance (and whether
-they carry a negative prompt) share a batch, up to `max_num_seqs` requests and
-engine_extras `max_batch_images` images; others wait for a later batch.
+Requests: see diffusion_request.py for the fields. Batching: queued requests
+with equal `batch_key` (size, steps, guidance, negative prompt or not, layers,
+kind extras; never one with input images) share a batch, up to `max_num_seqs`
+requests and engine_extras `max_batch_images` outputs.
 
 Outputs per request: {"progress", "step", "total", "batch_size"} after each
-step but the last; then, finished, {"images": uint8 [n, H, W, 3], "seed",
-"batch_size", "progress": 1.0, "step", "total"}.
+step but the last, with {"preview": uint8 [n, H, W, 3]} at the steps a request
+with `partial_images` gets one (diffusion_preview.py); then, finished, the output kind's arrays (diffusion_outputs.py;
+for images {"images": uint8 [n, H, W, 3]}, a layered pipeline's n x layers RGBA
+images flattened in order) with {"seed", "batch_size", "progress": 1.0, "step", "total"}.
 """
 
 from __future__ import annotations
 
-import enum
 import inspect
-import math
-import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -43,27 +35,17 @@ from typing import Any
 import numpy as np
 import structlog
 
-from omni_actors.errors import ConfigError
+from omni_actors.models.diffusion.capabilities import caps_from_params
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines.diffusion_batch import Batch, Runner
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
+from omni_actors.workers.engines.diffusion_outputs import converter
+from omni_actors.workers.engines.diffusion_request import DiffusionJob, int_in, parse_job
 
 log = structlog.get_logger(__name__)
 
-MAX_IMAGES_PER_REQUEST = 16
 DEFAULT_MAX_BATCH_IMAGES = 16
 """Images one batch may hold (engine_extras `max_batch_images`); a bigger request runs alone."""
-MAX_SIDE_PX = 4096
-MAX_INFERENCE_STEPS = 1000
-SIDE_MULTIPLE_PX = 8
-SEED_BITS = 63
-
-class CallStyle(enum.Enum):
-    """How a pipeline is asked for images, read from its `__call__` signature."""
-
-    PROMPT = "prompt"
-    CLASS = "class_labels"
-    UNCONDITIONAL = "batch_size"
 
 
 @dataclass(frozen=True)
@@ -78,33 +60,6 @@ class DiffusionStatistics:
     """Requests in the most recently started batch."""
 
 
-@dataclass(frozen=True)
-class _Job:
-    """One validated request."""
-
-    request_id: str
-    prompt: str | None
-    negative_prompt: str | None
-    class_label: int | None
-    n: int
-    width: int | None
-    height: int | None
-    steps: int
-    guidance: float | None
-    seed: int
-
-    @property
-    def batch_key(self) -> tuple[Any, ...]:
-        """Requests with equal keys can share one batch."""
-        return (
-            self.width,
-            self.height,
-            self.steps,
-            self.guidance,
-            self.negative_prompt is not None,
-        )
-
-
 class DiffusionEngine(StageEngine):
     """Runs one diffusers pipeline; see the module docstring."""
 
@@ -116,18 +71,21 @@ class DiffusionEngine(StageEngine):
             torch.set_num_threads(1)
         self.pipe = load_pipeline(ctx.model_path, ctx.device, ctx.dtype)
         sig = inspect.signature(type(self.pipe).__call__).parameters
-        self.style = _call_style(type(self.pipe).__name__, sig)
+        self.caps = caps_from_params(type(self.pipe).__name__, list(sig)[1:])
+        self._convert = converter(self.caps.output_kind)
         self._accepts = frozenset(sig)
-        self._default_steps = _default(sig, "num_inference_steps", 50)
-        self._default_guidance = _default(sig, "guidance_scale", None)
+        self._defaults = {
+            "num_inference_steps": _default(sig, "num_inference_steps", 50),
+            "guidance_scale": _default(sig, self.caps.guidance_param, None),
+        }
         self._max_batch = max(1, ctx.max_num_seqs)
-        self._max_batch_images = _int(
+        self._max_batch_images = int_in(
             ctx.engine_extras.get("max_batch_images", DEFAULT_MAX_BATCH_IMAGES),
             "engine_extras.max_batch_images",
             1,
             1 << 16,
         )
-        self._queue: deque[_Job] = deque()
+        self._queue: deque[DiffusionJob] = deque()
         self._runner = Runner()
         self._batch: Batch | None = None
         self._batches_started = 0
@@ -165,23 +123,25 @@ class DiffusionEngine(StageEngine):
             if not self._queue:
                 return []
             self._batch = self._start_batch()
-        else:
-            self._batch.release()
         batch = self._batch
         report = batch.wait_report()
         if report[0] == "progress":
-            _, done, total = report
+            _, done, total, preview = report
             payload = {
                 "progress": done / total,
                 "step": done,
                 "total": total,
                 "batch_size": len(batch.jobs),
             }
-            return [
-                EngineOutput(j.request_id, dict(payload))
-                for j in batch.jobs
-                if j.request_id in batch.live
-            ]
+            outs, row = [], 0
+            for j in batch.jobs:
+                mine = dict(payload)
+                if preview is not None and j.previews and done in _preview_steps(j):
+                    mine["preview"] = np.ascontiguousarray(preview[row : row + j.n])
+                row += j.n
+                if j.request_id in batch.live:
+                    outs.append(EngineOutput(j.request_id, mine))
+            return outs
         self._batch = None
         if report[0] != "timeout":
             batch.join()  # it has reported its end; let it finish freeing tensors first
@@ -215,58 +175,8 @@ class DiffusionEngine(StageEngine):
             return True
         return any(j.request_id == request_id for j in self._queue)
 
-    def _parse(self, request_id: str, inputs: dict[str, Any], p: dict[str, Any]) -> _Job:
-        prompt = inputs.get("prompt", p.get("prompt"))
-        negative = inputs.get("negative_prompt", p.get("negative_prompt"))
-        label = inputs.get("class_label", p.get("class_label"))
-        if self.style is CallStyle.PROMPT:
-            if not isinstance(prompt, str):
-                raise ValueError("prompt: a string is required")
-            if negative is not None and not isinstance(negative, str):
-                raise ValueError("negative_prompt: expected a string")
-            if negative is not None and "negative_prompt" not in self._accepts:
-                raise ValueError(f"negative_prompt: {type(self.pipe).__name__} does not take one")
-        else:
-            prompt = negative = None
-        if self.style is CallStyle.CLASS:
-            label = _int(label if label is not None else 0, "class_label", 0, 1 << 31)
-        else:
-            label = None
-        width, height = _size(p)
-        guidance = p.get("guidance_scale")
-        if guidance is not None:
-            if "guidance_scale" not in self._accepts:
-                raise ValueError(f"guidance_scale: {type(self.pipe).__name__} does not take one")
-            if (
-                isinstance(guidance, bool)
-                or not isinstance(guidance, int | float)
-                or not math.isfinite(guidance)
-                or guidance < 0
-            ):
-                raise ValueError(f"guidance_scale: expected a number >= 0, got {guidance!r}")
-            guidance = float(guidance)
-        else:
-            guidance = self._default_guidance
-        seed = p.get("seed")
-        return _Job(
-            request_id=request_id,
-            prompt=prompt,
-            negative_prompt=negative,
-            class_label=label,
-            n=_int(p.get("n", 1), "n", 1, MAX_IMAGES_PER_REQUEST),
-            width=width,
-            height=height,
-            steps=_int(
-                p.get("num_inference_steps", self._default_steps),
-                "num_inference_steps",
-                1,
-                MAX_INFERENCE_STEPS,
-            ),
-            guidance=guidance,
-            seed=secrets.randbits(SEED_BITS)
-            if seed is None
-            else _int(seed, "seed", 0, (1 << SEED_BITS) - 1),
-        )
+    def _parse(self, request_id: str, inputs: dict[str, Any], p: dict[str, Any]) -> DiffusionJob:
+        return parse_job(request_id, inputs, p, self.caps, self._accepts, self._defaults)
 
     def _start_batch(self) -> Batch:
         head = self._queue.popleft()
@@ -286,48 +196,73 @@ class DiffusionEngine(StageEngine):
         self._batches_started += 1
         self._last_batch_size = len(jobs)
         batch = Batch(
-            self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts
+            self.pipe,
+            jobs,
+            self._call_kwargs(jobs),
+            "callback_on_step_end" in self._accepts,
+            self._convert,
+            frozenset(s for j in jobs for s in _preview_steps(j)),
         )
         self._runner.submit(batch)
         return batch
 
-    def _call_kwargs(self, jobs: list[_Job]) -> dict[str, Any]:
+    def _call_kwargs(self, jobs: list[DiffusionJob]) -> dict[str, Any]:
         import torch
 
         head = jobs[0]
         generators = []
         for job in jobs:
             gen = torch.Generator("cpu").manual_seed(job.seed)
-            generators += [gen] * job.n  # one stream per request: image j is its j-th draw
+            generators += [gen] * job.n  # one stream per request: output j is its j-th draw
         kw: dict[str, Any] = {
             "num_inference_steps": head.steps,
             "generator": generators,
-            "output_type": "np",
+            "output_type": "np" if not self.caps.layered else "pil",
+            **head.extras,
         }
-        if self.style is CallStyle.PROMPT:
+        accepts = self._accepts
+        if "prompt" in accepts:
             kw["prompt"] = [j.prompt for j in jobs for _ in range(j.n)]
             if head.negative_prompt is not None:
                 kw["negative_prompt"] = [j.negative_prompt for j in jobs for _ in range(j.n)]
-            if "num_images_per_prompt" in self._accepts:
+            if "num_images_per_prompt" in accepts:
                 kw["num_images_per_prompt"] = 1
-        elif self.style is CallStyle.CLASS:
+        elif "class_labels" in accepts:
             kw["class_labels"] = [j.class_label for j in jobs for _ in range(j.n)]
         else:
             kw["batch_size"] = len(generators)
-        if head.width is not None and {"width", "height"} <= self._accepts:
+        if head.images:  # such a job runs alone (see batch_key)
+            kw["prompt"] = head.prompt  # one prompt; the pipeline repeats it num_images_per_prompt times
+            kw["num_images_per_prompt"] = head.n
+            kw["generator"] = generators[0]
+            pil = [_pil(im) for im in head.images]
+            kw["image"] = pil if self.caps.max_input_images > 1 else pil[0]
+            if head.negative_prompt is not None:
+                kw["negative_prompt"] = head.negative_prompt
+            if head.mask is not None:
+                kw["mask_image"] = _pil(head.mask)
+        if head.width is not None and {"width", "height"} <= accepts:
             kw["width"], kw["height"] = head.width, head.height
-        if head.guidance is not None and "guidance_scale" in self._accepts:
-            kw["guidance_scale"] = head.guidance
+        if head.guidance is not None and self.caps.guidance_param in accepts:
+            kw[self.caps.guidance_param] = head.guidance
+        if head.layers is not None:
+            kw["layers"] = head.layers
         return kw
 
-    def _final_outputs(self, batch: Batch, images: np.ndarray, total: int) -> list[EngineOutput]:
+    def _final_outputs(
+        self, batch: Batch, arrays: dict[str, np.ndarray], total: int
+    ) -> list[EngineOutput]:
         outs, row = [], 0
         for job in batch.jobs:
-            mine, row = images[row : row + job.n], row + job.n
+            mine = {k: a[row : row + job.n] for k, a in arrays.items()}
+            row += job.n
             if job.request_id not in batch.live:
                 continue
-            h, w = mine.shape[1:3]
-            if job.width is not None and (w, h) != (job.width, job.height):
+            images = mine.get("images")
+            if images is not None and images.ndim == 5:  # layered: n stacks of layers, one image each
+                images = mine["images"] = images.reshape(-1, *images.shape[2:])
+            h, w = images.shape[1:3] if images is not None else (None, None)
+            if images is not None and job.width is not None and (w, h) != (job.width, job.height):
                 error = (
                     f"{type(self.pipe).__name__} made {w}x{h} images; "
                     f"{job.width}x{job.height} was requested"
@@ -335,7 +270,7 @@ class DiffusionEngine(StageEngine):
                 outs.append(EngineOutput(job.request_id, {}, finished=True, error=error))
                 continue
             payload = {
-                "images": np.ascontiguousarray(mine),
+                **{k: np.ascontiguousarray(a) for k, a in mine.items()},
                 "seed": job.seed,
                 "batch_size": len(batch.jobs),
                 "progress": 1.0,
@@ -346,15 +281,6 @@ class DiffusionEngine(StageEngine):
         return outs
 
 
-def _call_style(class_name: str, sig: Any) -> CallStyle:
-    for style in CallStyle:
-        if style.value in sig:
-            return style
-    raise ConfigError(
-        f"{class_name}: not an image pipeline this engine can call (no prompt, class_labels or batch_size)"
-    )
-
-
 def _default(sig: Any, name: str, fallback: Any) -> Any:
     param = sig.get(name)
     if param is None or param.default is inspect.Parameter.empty or param.default is None:
@@ -362,28 +288,13 @@ def _default(sig: Any, name: str, fallback: Any) -> Any:
     return param.default
 
 
-def _int(value: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}")
-    return value
+def _preview_steps(job: DiffusionJob) -> set[int]:
+    """The steps after which `job` gets a preview: its `previews` spread evenly before the last step."""
+    k, total = job.previews, job.steps
+    return {round((i + 1) * total / (k + 1)) for i in range(k)} & set(range(1, total))
 
 
-def _size(p: dict[str, Any]) -> tuple[int | None, int | None]:
-    width, height = p.get("width"), p.get("height")
-    size = p.get("size")
-    if size is not None and (width is not None or height is not None):
-        raise ValueError("give either size or width/height, not both")
-    if size is not None:
-        parts = size.lower().split("x") if isinstance(size, str) else []
-        if len(parts) != 2 or not all(s.strip().isdigit() for s in parts):
-            raise ValueError(f"size: expected 'WxH', got {size!r}")
-        width, height = int(parts[0]), int(parts[1])
-    if width is None and height is None:
-        return None, None
-    if width is None or height is None:
-        raise ValueError("width and height go together")
-    for name, v in (("width", width), ("height", height)):
-        _int(v, name, SIDE_MULTIPLE_PX, MAX_SIDE_PX)
-        if v % SIDE_MULTIPLE_PX:
-            raise ValueError(f"{name}: must be a multiple of {SIDE_MULTIPLE_PX}, got {v}")
-    return width, height
+def _pil(arr: np.ndarray) -> Any:
+    from PIL import Image
+
+    return Image.fromarray(arr[..., 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)

@@ -1,7 +1,11 @@
-"""Running diffusers batches on one long-lived thread, paused after every denoising step.
+"""Running diffusers batches on one long-lived thread that reports after every denoising step.
 
-The engine's `step()` releases exactly one denoising step of the current batch
-and waits for its report; aborting raises from the pause, between steps.
+The batch runs free: after each step it queues a progress report and goes on,
+so the device never waits for the worker thread to come round (a lock-step
+handoff per step cost served requests about 10% on CPU and kept the GPU idle
+between steps). The engine's `step()` takes one report at a time, in order.
+Aborting sets a flag that the step callback checks: the pipeline call raises
+and unwinds between steps.
 """
 
 from __future__ import annotations
@@ -11,15 +15,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import structlog
 
 log = structlog.get_logger(__name__)
 
 STEP_REPORT_TIMEOUT_S = 3600.0
 """Longest the engine waits for one denoising step (or the decode) of a batch."""
-STEP_RELEASE_TIMEOUT_S = 3600.0
-"""Longest a paused batch thread waits to be released before it gives up."""
 BATCH_EXIT_TIMEOUT_S = 60.0
 """Longest `abort`/`close` waits for a cancelled batch thread to unwind."""
 
@@ -62,55 +63,63 @@ class Batch:
         jobs: list[Any],
         kwargs: dict[str, Any],
         use_callback: bool,
-        output: Callable[[Any], Any] | None = None,
+        convert: Callable[[Any], Any],
+        preview_at: frozenset[int] = frozenset(),
         report_decode: bool = False,
     ) -> None:
-        """`output` turns the pipeline's result into the "done" report's payload (default: its
-        images as uint8 [n, H, W, 3]); with `report_decode` the last step reports
-        ("decoding", total, total) before the thread runs on through the decode."""
+        """`convert` turns the pipeline's result into the "done" report's payload (images: the
+        converter dict of diffusion_outputs.py; video/audio: video.py's); with `report_decode`
+        the last step reports ("decoding", total, total) before the thread runs on through the decode."""
         self.pipe = pipe
-        self._output = output or _images_output
+        self._convert = convert
+        self._preview_at = preview_at
+        """Steps after which the latents are decoded into preview images (diffusion_preview.py)."""
         self._report_decode = report_decode
         self.jobs = jobs
         self.live = {j.request_id for j in jobs}
         self._kwargs = kwargs
         self._use_callback = use_callback
         self._reports: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._release: queue.Queue[bool] = queue.Queue()
+        self._stop = threading.Event()
         self.ended = threading.Event()
 
     def release(self) -> None:
-        """Let the paused thread run its next step."""
-        self._release.put(True)
+        """Kept for callers written for lock-step batches: a batch runs free, there is nothing to release."""
 
     def wait_report(self) -> tuple[Any, ...]:
-        """("progress" | "decoding", done, total) | ("done", output, total) | ("error" | "timeout", message)."""
+        """("progress", done, total, preview | None) | ("decoding", done, total)
+        | ("done", converted, total) | ("error" | "timeout", message).
+
+        `converted` is the converter's payload (see diffusion_outputs.py), rows in call order."""
         try:
             return self._reports.get(timeout=STEP_REPORT_TIMEOUT_S)
         except queue.Empty:
-            self._release.put(False)  # if it ever pauses again, it stops there
+            self._stop.set()  # if it ever reaches a step end again, it stops there
             return ("timeout", f"a diffusion step took longer than {STEP_REPORT_TIMEOUT_S} s")
 
     def cancel(self) -> None:
-        """Stop the paused thread between steps and wait for it to unwind."""
-        self._release.put(False)
+        """Stop the thread at its next step end and wait for it to unwind."""
+        self._stop.set()
         self.join()
 
     def join(self) -> None:
         """Wait until the runner is done with this batch (its tensors freed)."""
         self.ended.wait(BATCH_EXIT_TIMEOUT_S)
 
-    def _pause(self, done: int, total: int) -> None:
+    def _pause(self, done: int, total: int, latents: Any = None) -> None:
+        if self._stop.is_set():
+            raise _Cancelled
         if done >= total:
             if self._report_decode:
                 self._reports.put(("decoding", done, total))
             return  # after the last step, run on through the decode
-        self._reports.put(("progress", done, total))
-        try:
-            go = self._release.get(timeout=STEP_RELEASE_TIMEOUT_S)
-        except queue.Empty:
-            go = False
-        if not go:
+        preview = None
+        if latents is not None and done in self._preview_at:
+            from omni_actors.workers.engines.diffusion_preview import decode_preview
+
+            preview = decode_preview(self.pipe, latents, self._kwargs.get("height"), self._kwargs.get("width"))
+        self._reports.put(("progress", done, total, preview))
+        if self._stop.is_set():
             raise _Cancelled
 
     def run(self) -> None:
@@ -119,8 +128,8 @@ class Batch:
         kwargs = dict(self._kwargs)
         if self._use_callback:
 
-            def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict[str, Any]) -> dict[str, Any]:
-                self._pause(i + 1, len(scheduler.timesteps))
+            def on_step_end(_pipe: Any, i: int, _t: Any, kw: dict[str, Any]) -> dict[str, Any]:
+                self._pause(i + 1, len(scheduler.timesteps), kw.get("latents"))
                 return {}
 
             kwargs["callback_on_step_end"] = on_step_end
@@ -138,7 +147,7 @@ class Batch:
         report: tuple[Any, ...] | None = None
         try:
             result = pipe(**kwargs)
-            report = ("done", self._output(result), len(scheduler.timesteps))
+            report = ("done", self._convert(result), len(scheduler.timesteps))
         except _Cancelled:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
@@ -150,22 +159,3 @@ class Batch:
         # Report last: once it is read, the next batch may hook the scheduler.
         if report is not None:
             self._reports.put(report)
-
-
-def _images_output(result: Any) -> np.ndarray:
-    return _to_uint8(result.images)
-
-
-def _to_uint8(images: Any) -> np.ndarray:
-    """Pipeline images (float [0, 1] numpy or torch, or PIL) as uint8 [n, H, W, 3]."""
-    if isinstance(images, list):
-        images = np.stack([np.asarray(im) for im in images])
-    elif not isinstance(images, np.ndarray):
-        images = images.float().cpu().numpy()
-    if images.dtype != np.uint8:
-        images = (np.clip(images, 0.0, 1.0) * 255.0).round().astype(np.uint8)
-    if images.ndim == 3:
-        images = images[..., None]
-    if images.shape[-1] == 1:
-        images = np.repeat(images, 3, axis=-1)
-    return images

@@ -22,7 +22,8 @@ KV cache, engine_extras["kv_cache"]:
   decode step has fixed shapes per batch/length bucket and, with
   engine_extras["cuda_graphs"] (default on CUDA), replays a captured CUDA
   graph (hf_ar_graphs.py). Sized by engine_extras["max_model_len"]
-  (DEFAULT_STATIC_MAX_LEN when unset).
+  (DEFAULT_STATIC_MAX_LEN when unset). engine_extras["compile"] (CUDA, off by
+  default) runs the step through torch.compile first (hf_ar_compile.py).
 - "dynamic" (default on CPU): a DynamicCache per request; each decode step
   left-pads and stacks the requests' caches, then cuts each row back out.
   Cheapest for tiny CPU models.
@@ -52,6 +53,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
     prompt_ids,
 )
 from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F401
+from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_wanted, compiled_step
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_sampling import note_sampled, sample, sample_rows  # noqa: F401
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
@@ -89,7 +91,10 @@ class HfAREngine(StageEngine):
         if self.static:
             slots = max(1, ctx.max_num_seqs)
             self.slots = SlotKV(slots, self.max_len, self.adapter.position_axes, self.device)
-            self.graphs = DecodeGraphs(self._static_forward, cuda_graphs_wanted(ctx))
+            step, warmups = self._static_forward, 0
+            if compile_wanted(ctx):
+                step, warmups = compiled_step(step), COMPILE_WARMUPS
+            self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups)
 
     # ---- requests --------------------------------------------------------
 

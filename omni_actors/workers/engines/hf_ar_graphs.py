@@ -34,9 +34,12 @@ class DecodeGraphs:
     captured call's result, whose tensors the replay overwrote.
     """
 
-    def __init__(self, forward: Callable[[int, int], Any], enabled: bool) -> None:
+    def __init__(self, forward: Callable[[int, int], Any], enabled: bool, warmups: int = 0) -> None:
         self.forward = forward
         self.enabled = enabled
+        self.warmups = warmups
+        """Extra eager calls of a bucket before its capture (a compiled step may specialise again on
+        its second call; compiling inside a capture is not allowed)."""
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Any]] = {}
         self.pool = torch.cuda.graph_pool_handle() if enabled else None
 
@@ -53,6 +56,8 @@ class DecodeGraphs:
 
     def _capture(self, batch: int, length: int) -> None:
         try:
+            for _ in range(self.warmups):  # the step is idempotent: it rewrites the same KV position
+                self.forward(batch, length)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):

@@ -151,7 +151,7 @@ class VideoEngine(StageEngine):
         batch = self._batch
         report = batch.wait_report()
         if report[0] in ("progress", "decoding"):
-            _, done, total = report
+            done, total = report[1], report[2]
             payload = {"progress": done / total, "step": done, "total": total,
                        "phase": "denoise" if report[0] == "progress" else "decode"}
             return [EngineOutput(j.request_id, dict(payload)) for j in batch.jobs if j.request_id in batch.live]
@@ -250,7 +250,7 @@ class VideoEngine(StageEngine):
         self._queue = rest
         self.batches_started += 1
         batch = Batch(self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts,
-                      output=self._convert, report_decode=True)
+                      convert=self._convert, report_decode=True)
         self._runner.submit(batch)
         return batch
 

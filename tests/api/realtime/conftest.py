@@ -22,6 +22,7 @@ from omni_actors.api.app import build_app
 from omni_actors.api.realtime import SESSIONS_KEY, STATS_KEY
 from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
 from omni_actors.api.realtime.stats import RealtimeStatistics
+from omni_actors.api.server import start_server
 from omni_actors.config.deploy import DeployConfig
 from tests.api.conftest import API_KEY, Server
 from tests.conftest import make_deploy, running
@@ -142,15 +143,11 @@ async def serve_rt(pipeline: str = "synthetic", deploy: DeployConfig | None = No
         deploy = make_deploy(pipeline, server={"api_keys": [API_KEY], **raw.pop("server", {})}, **raw)
     async with running(deploy) as orch:
         app = build_app(orch)
-        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+        http = await start_server(app, "127.0.0.1", 0, deploy.server)
         try:
-            yield RtServer(orch, f"http://{host}:{port}", API_KEY, app)
+            yield RtServer(orch, http.url, API_KEY, http, app)
         finally:
-            await runner.cleanup()
+            await http.close()
 
 
 @pytest.fixture(scope="module")

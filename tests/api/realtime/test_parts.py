@@ -80,11 +80,11 @@ def test_request_carries_history_instructions_and_newest_audio() -> None:
         Item("d", "user", [Part("input_audio", audio=audio)]),
     ]
     opts = Options.build(SessionConfig(model="m", instructions="be brief", max_output_tokens=7), None, None)
-    spec, audio_item = build_request(pipe, opts, items)
+    turn = build_request(pipe, opts, items)
     # the chat-input convention: media parts name top-level arrays, "audio" for the last user message
-    assert audio_item is items[3] and spec.inputs["audio"] is audio and spec.inputs["sample_rate"] == 16_000
-    assert spec.inputs["audio_1"] is older
-    assert spec.inputs["messages"] == [
+    assert turn.audio_item is items[3] and turn.inputs["audio"] is audio and turn.inputs["sample_rate"] == 16_000
+    assert turn.inputs["audio_1"] is older
+    assert turn.inputs["messages"] == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "earlier words"},
         {"role": "assistant", "content": "an answer"},
@@ -92,10 +92,11 @@ def test_request_carries_history_instructions_and_newest_audio() -> None:
                                      {"type": "input_audio", "array": "audio_1", "sample_rate": 16_000}]},
         {"role": "user", "content": [{"type": "input_audio", "array": "audio", "sample_rate": 16_000}]},
     ]
-    assert spec.params["max_tokens"] == 7 and spec.stages is None
+    assert turn.params["max_tokens"] == 7 and turn.wanted == {"text", "audio"}
     text_only = Options.build(SessionConfig(model="m"), ev.ResponseIn(modalities=["text"]), None)
-    spec, audio_item = build_request(pipe, text_only, items[:2])
-    assert spec.stages == (0,) and audio_item is None and "max_tokens" not in spec.params
+    turn = build_request(pipe, text_only, items[:2])
+    assert turn.wanted == {"text"} and turn.audio_item is None and "max_tokens" not in turn.params
+    assert pipe.stages_for_outputs(turn.wanted) == (0,)
 
 
 def test_truncate_keeps_what_was_heard() -> None:

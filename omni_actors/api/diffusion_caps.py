@@ -1,0 +1,55 @@
+"""What the served diffusion stage can do, for the routes and `/v1/models` (read once, without torch).
+
+`served_caps(orch)` is None for a pipeline without a DIFFUSION stage; otherwise
+the capabilities of the diffusers folder that stage loads (see
+models/diffusion/capabilities.py). `require_task` is the one place a route asks
+"can this model do X?" and answers a 400 saying what the model does.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from omni_actors.api.errors import bad_request
+from omni_actors.config.pipeline import ExecutionType
+from omni_actors.errors import ConfigError
+from omni_actors.models.diffusion.capabilities import DiffusionCaps, folder_caps
+from omni_actors.orchestrator.core import Orchestrator
+
+ROUTE_FOR_TASK = {
+    "image-edit": "/v1/images/edits",
+    "image-to-layers": "/v1/images/edits",
+    "inpaint": "/v1/images/edits",
+    "text-to-video": "/v1/videos",
+    "image-to-video": "/v1/videos",
+    "text-to-audio": "/v1/audio/generations",
+}
+"""Where a task is served when it is not text-to-image."""
+
+
+def served_caps(orch: Orchestrator) -> DiffusionCaps | None:
+    for stage in orch.pipeline.stages:
+        if stage.execution_type is ExecutionType.DIFFUSION and orch.deploy.model:
+            root = Path(orch.deploy.model).expanduser()
+            return _caps(str(root / stage.subdir if stage.subdir else root))
+    return None
+
+
+@functools.cache
+def _caps(folder: str) -> DiffusionCaps | None:
+    try:
+        return folder_caps(folder)
+    except ConfigError:
+        return None  # the worker reports the folder's problem at start; routes then skip the check
+
+
+def require_task(orch: Orchestrator, caps: DiffusionCaps | None, tasks: set[str], route: str) -> None:
+    """400 unless the served pipeline does one of `tasks`, saying what it does and where."""
+    if caps is None or tasks & set(caps.tasks):
+        return
+    where = sorted({ROUTE_FOR_TASK.get(t, "/v1/images/generations") for t in caps.tasks})
+    raise bad_request(
+        f"model {orch.deploy.server.served_model_name or orch.pipeline.name!r} ({caps.pipeline_class}) "
+        f"cannot serve {route}: it does {', '.join(caps.tasks)} (use {', '.join(where)})",
+        "model", "unsupported_task")

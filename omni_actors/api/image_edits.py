@@ -1,0 +1,187 @@
+"""POST /v1/images/edits: OpenAI's image edit upload route (multipart/form-data) on edit, inpaint and layered pipelines.
+
+Form fields: `image` (one file, repeated, or `image[]` as the openai SDK sends a
+list), optional `mask`, `prompt`, and the generation fields of
+/v1/images/generations as text (`n`, `size`, `seed`, `num_inference_steps`,
+`guidance_scale`, `negative_prompt`, `response_format`, `output_format`,
+`stream`, `partial_images`; `layers` for a layered pipeline). Files are decoded
+here, in a thread, to uint8 arrays that cross the bus in shared memory:
+
+    inputs  {"prompt", "negative_prompt", "image": [uint8 [H, W, 3|4], ...], "mask": uint8 [H, W]}
+
+An OpenAI mask edits where it is transparent; a mask without alpha is taken as
+diffusers takes it (white = repaint). Bad files and fields are 400s naming the
+field; a model that cannot edit is a 400 saying what it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.calls import (
+    PipelineCall,
+    drop_none,
+    orchestrator,
+    require_model,
+    require_outputs,
+)
+from omni_actors.api.diffusion_caps import require_task, served_caps
+from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.images import answer_images, collect_images, parse_size
+
+ROUTE = "/v1/images/edits"
+EDIT_TASKS = {"image-edit", "inpaint", "image-to-layers"}
+MAX_INPUT_IMAGES = 16
+READ_CHUNK = 1 << 16
+TEXT_FIELDS = frozenset({
+    "prompt", "model", "n", "size", "response_format", "output_format", "seed", "num_inference_steps",
+    "guidance_scale", "negative_prompt", "stream", "partial_images", "quality", "background",
+    "input_fidelity", "user", "output_compression", "moderation", "layers",
+})  # fmt: skip
+FORMATS = ("png", "jpeg", "webp")
+
+
+async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], list[bytes], bytes | None]:
+    if request.content_type != "multipart/form-data":
+        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send multipart/form-data "
+                       "with an `image` file", None, "unsupported_media_type")
+    fields: dict[str, str] = {}
+    images: list[bytes] = []
+    mask: bytes | None = None
+    total = 0
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        name = part.name or ""
+        if name not in TEXT_FIELDS and name not in ("image", "image[]", "mask"):
+            raise bad_request(f"unknown form field `{name}`", name, "unknown_parameter")
+        if name in fields or (name == "mask" and mask is not None):
+            raise bad_request(f"form field `{name}` is given twice", name)
+        data = bytearray()
+        while chunk := await part.read_chunk(READ_CHUNK):
+            total += len(chunk)
+            if total > max_bytes:
+                raise ApiError(413, f"request body is over the limit of {max_bytes} bytes", None,
+                               "body_too_large", close=True)
+            data += chunk
+        if name in ("image", "image[]"):
+            if len(images) >= MAX_INPUT_IMAGES:
+                raise bad_request(f"at most {MAX_INPUT_IMAGES} images", "image")
+            images.append(bytes(data))
+        elif name == "mask":
+            mask = bytes(data)
+        else:
+            fields[name] = data.decode("utf-8", errors="replace").strip()
+    if not images:
+        raise bad_request("form field `image` is required (the image to edit)", "image", "missing_required_parameter")
+    return fields, images, mask
+
+
+def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], np.ndarray | None]:
+    from PIL import Image, UnidentifiedImageError
+
+    out = []
+    for i, blob in enumerate(blobs):
+        try:
+            img = Image.open(io.BytesIO(blob))
+            img.load()
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise bad_request(f"image {i} does not decode as an image: {err}", "image", "invalid_image") from None
+        out.append(np.asarray(img.convert("RGBA" if "A" in img.getbands() else "RGB")))
+    if mask is None:
+        return out, None
+    try:
+        m = Image.open(io.BytesIO(mask))
+        m.load()
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise bad_request(f"mask does not decode as an image: {err}", "mask", "invalid_image") from None
+    # OpenAI: transparent = edit here; without alpha, white = repaint (diffusers' convention)
+    arr = 255 - np.asarray(m.getchannel("A")) if "A" in m.getbands() else np.asarray(m.convert("L"))
+    if arr.shape[:2] != out[0].shape[:2]:
+        raise bad_request(f"mask is {arr.shape[1]}x{arr.shape[0]} but the image is "
+                          f"{out[0].shape[1]}x{out[0].shape[0]}; they must match", "mask", "invalid_mask")
+    return out, np.ascontiguousarray(arr, dtype=np.uint8)
+
+
+def _int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
+    raw = fields.get(name)
+    if raw is None:
+        return None
+    try:
+        v = int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer, got {raw!r}", name) from None
+    if not lo <= v <= hi:
+        raise bad_request(f"{name} must be in [{lo}, {hi}], got {v}", name)
+    return v
+
+
+def _params(fields: dict[str, str]) -> dict[str, Any]:
+    size = parse_size(fields.get("size"))
+    guidance = fields.get("guidance_scale")
+    g: float | None = None
+    if guidance is not None:
+        try:
+            g = float(guidance)
+        except ValueError:
+            raise bad_request(f"guidance_scale must be a number, got {guidance!r}", "guidance_scale") from None
+        if not 0.0 <= g < float("inf"):
+            raise bad_request("guidance_scale must be >= 0", "guidance_scale")
+    return drop_none({
+        "n": _int(fields, "n", 1, 10),
+        "width": size[0] if size else None,
+        "height": size[1] if size else None,
+        "num_inference_steps": _int(fields, "num_inference_steps", 1, 1000),
+        "guidance_scale": g,
+        "seed": _int(fields, "seed", 0, (1 << 63) - 1),
+        "layers": _int(fields, "layers", 1, 16),
+    })
+
+
+async def image_edits(request: web.Request) -> web.StreamResponse:
+    orch = orchestrator(request)
+    server = orch.deploy.server
+    max_bytes = int(server.max_body_mb * 1024 * 1024)
+    try:
+        fields, blobs, mask_blob = await asyncio.wait_for(_read_form(request, max_bytes), server.body_timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
+                       "body_timeout", close=True) from None
+    require_model(orch, fields.get("model") or None)
+    require_outputs(orch, {"image"}, "model")
+    caps = served_caps(orch)
+    require_task(orch, caps, EDIT_TASKS, ROUTE)
+    if not fields.get("prompt"):
+        raise bad_request("form field `prompt` is required", "prompt", "missing_required_parameter")
+    fmt = fields.get("output_format") or "png"
+    if fmt not in FORMATS:
+        raise bad_request(f"output_format must be one of {list(FORMATS)}, got {fmt!r}", "output_format")
+    response_format = fields.get("response_format") or "b64_json"
+    if response_format not in ("b64_json", "url"):
+        raise bad_request(f"response_format must be b64_json or url, got {response_format!r}", "response_format")
+    params = _params(fields)
+    if caps is not None and len(blobs) > max(caps.max_input_images, 1):
+        raise bad_request(f"{caps.pipeline_class} takes at most {caps.max_input_images} image(s), got {len(blobs)}",
+                          "image")
+    if caps is not None and mask_blob is not None and "mask" not in caps.inputs:
+        raise bad_request(f"{caps.pipeline_class} does not take a mask", "mask")
+    images, mask = await off_loop(_decode, blobs, mask_blob)
+    if "width" not in params and caps is not None and "size" in caps.inputs:
+        h, w = images[0].shape[:2]  # edit at the input's size when it is one the model can make
+        if w % caps.size_multiple == 0 and h % caps.size_multiple == 0:
+            params["width"], params["height"] = w, h
+    inputs = drop_none({"prompt": fields["prompt"], "negative_prompt": fields.get("negative_prompt"),
+                        "image": images, "mask": mask})
+    if fields.get("stream", "").lower() == "true":
+        from omni_actors.api.image_stream import stream_images
+
+        partial = _int(fields, "partial_images", 0, 3) or 0
+        return await stream_images(request, ROUTE, inputs, params, fmt, partial, "image_edit")
+    async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:
+        out = await collect_images(call)
+    return await answer_images(request, out, fmt, response_format)

@@ -1,0 +1,62 @@
+"""Streamed image answers (`stream: true`): OpenAI's `<prefix>.partial_image` events, then one `<prefix>.completed` per image.
+
+The prefix is `image_generation` for /v1/images/generations and `image_edit`
+for /v1/images/edits. Partial images are the engine's previews (params
+`partial_images`: how many, decoded from the latents mid-run; progress chunks
+carry them as {"preview": uint8 [n, H, W, C]}); the first image of each
+preview is sent, numbered from 0. Errors after the headers end the stream
+with an in-band error event.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.calls import PipelineCall
+from omni_actors.api.errors import from_exception
+from omni_actors.api.images import encode_image
+from omni_actors.api.schemas import ImageStreamEvent
+from omni_actors.api.sse import SSEWriter
+from omni_actors.errors import RequestError
+
+
+def _b64(img: np.ndarray, fmt: str) -> str:
+    return base64.b64encode(encode_image(img, fmt)).decode()
+
+
+async def stream_images(request: web.Request, route: str, inputs: dict[str, Any], params: dict[str, Any],
+                        fmt: str, partial_images: int, prefix: str) -> web.StreamResponse:
+    if partial_images:
+        params = {**params, "partial_images": partial_images}
+    async with PipelineCall(request, route, inputs, params, {"image"}) as call:
+        await call.started()  # an error before the first output keeps its HTTP status
+        async with SSEWriter(request) as sse:
+            index = 0
+            try:
+                async for chunk in call:
+                    if chunk.output_type != "image":
+                        continue
+                    preview = chunk.data.get("preview")
+                    if preview is not None and index < partial_images:
+                        img = np.asarray(preview)[0]
+                        await sse.send(ImageStreamEvent(
+                            type=f"{prefix}.partial_image", b64_json=await off_loop(_b64, img, fmt),
+                            created_at=int(time.time()), size=f"{img.shape[1]}x{img.shape[0]}",
+                            output_format=fmt, partial_image_index=index))
+                        index += 1
+                    if "images" in chunk.data:
+                        arr = np.asarray(chunk.data["images"])
+                        for img in arr if arr.ndim == 4 else [arr]:
+                            await sse.send(ImageStreamEvent(
+                                type=f"{prefix}.completed", b64_json=await off_loop(_b64, img, fmt),
+                                created_at=int(time.time()), size=f"{img.shape[1]}x{img.shape[0]}",
+                                output_format=fmt))
+            except RequestError as err:
+                return await sse.fail(from_exception(err))
+            return await sse.end()

@@ -1,0 +1,262 @@
+"""A realtime session on a full-duplex model: the user's audio streams in while the model's streams out.
+
+The whole session is one streaming request (RequestSpec(streaming=True)) to the
+duplex stage, started by the first `input_audio_buffer.append` or
+`response.create`; every later append is fed to it (Orchestrator.feed). The
+stage's frame clock, not the client, paces it: a client that stops sending is
+fed silence. Each frame that comes back is sent at once as
+`response.audio.delta` / `response.output_audio.delta` (and its text as the
+transcript delta) of one long-lived response. No commit, no VAD: the model
+decides when to speak. `response.cancel` ends the response (status cancelled)
+and mutes the model until the user speaks again (input louder than
+SPEECH_RMS), when a new response opens. The session's voice, instructions and
+temperature at the stream's start go to the model as request params (an adapter
+that takes a voice or prompt reads them; Moshi takes neither). Sessions past the duplex stage's slots
+get an `error` event (code `session_limit_reached`) and the socket closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from omni_actors import logs
+from omni_actors.api.realtime import events as ev
+from omni_actors.api.realtime.audio import (
+    AudioFormatError,
+    Resampler,
+    decode_wire,
+    encode_wire,
+    wire_rate,
+)
+from omni_actors.api.realtime.duplex_stats import DuplexStats
+from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
+from omni_actors.api.realtime.session import (
+    Item,
+    Part,
+    apply_update,
+    new_id,
+    render_item,
+    render_part,
+    render_session,
+)
+from omni_actors.api.realtime.stats import RealtimeStats
+from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.requests import RequestSpec, RequestStream, new_request_id
+
+log = logs.get(__name__)
+
+MODEL_RATE = 24_000
+"""Rate of the audio fed to and read from duplex stages (Moshi's Mimi)."""
+SPEECH_RMS = 0.02
+"""Input louder than this (RMS of one append, about -34 dBFS) counts as the user speaking: it unmutes."""
+MAX_SEND_BACKLOG_FRAMES = 25
+"""Frames (~2 s) a client may fall behind; past that, frames are skipped, not sent late (a slow reader
+gets gaps, the server does not buffer its audio without bound)."""
+LIMIT_CLOSE_CODE = 1013
+"""WebSocket close code after a session_limit_reached error ("try again later")."""
+
+
+def session_limit(orch: Orchestrator) -> int:
+    """Most duplex sessions at once: the duplex stage's batch slots over its replicas, and the server's cap."""
+    stage = orch.deploy.stage(orch.pipeline.stages[0].stage_id)
+    return min(stage.max_num_seqs * stage.num_replicas, orch.deploy.server.max_realtime_sessions)
+
+
+class DuplexSession(RealtimeSession):
+    def __init__(self, ws: web.WebSocketResponse, app: web.Application, orch: Orchestrator, model: str,
+                 stats: RealtimeStats) -> None:
+        super().__init__(ws, app, orch, model, stats)
+        self.cfg = replace(self.cfg, turn_detection=None)
+        self.dstats: DuplexStats = stats.duplex
+        self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
+        self._out: Resampler | None = None
+        self.stream: RequestStream | None = None
+        self._pump: asyncio.Task | None = None
+        self.live: dict[str, Any] | None = None  # the open response: id, item
+        self.muted = False
+
+    def _reset_vad(self) -> None:  # duplex sessions have no turns: never a VAD
+        self._vad = None
+        self._speech_item = None
+
+    # ---- the loop ----
+
+    async def serve(self, idle_timeout_s: float) -> None:
+        d = self.dstats
+        d.session_limit = limit = session_limit(self.orch)
+        if d.sessions_live >= limit:
+            d.sessions_rejected += 1
+            log.warning("realtime.duplex_session_limit", limit=limit)
+            await self.send(ev.Error(error={"type": "invalid_request_error", "code": "session_limit_reached",
+                                            "message": f"this duplex model serves {limit} sessions at once; "
+                                                       "try again later", "param": None, "event_id": None}))
+            await self.ws.close(code=LIMIT_CLOSE_CODE, message=b"session limit reached")
+            return
+        d.sessions_live += 1
+        d.sessions_total += 1
+        try:
+            await super().serve(idle_timeout_s)
+        finally:
+            d.sessions_live -= 1
+
+    async def _dispatch(self, event: ev.ClientEventT) -> None:
+        eid = event.event_id
+        match event:
+            case ev.BufferAppend(audio=b64):
+                await self._append_duplex(b64, eid)
+            case ev.ResponseCreate():
+                self.muted = False
+                await self._ensure_stream(None)
+            case ev.ResponseCancel(response_id=rid):
+                if self.live is None or (rid is not None and rid != self.live["id"]):
+                    raise ev.BadEvent("no active response to cancel", code="response_cancel_not_active",
+                                      param="response_id" if rid else None, event_id=eid)
+                self.muted = True
+                await self._close_live("cancelled", {"type": "cancelled", "reason": "client_cancelled"})
+            case ev.BufferCommit():
+                raise ev.BadEvent("a duplex session has no turns: stream input_audio_buffer.append without "
+                                  "committing", code="duplex_no_commit", event_id=eid)
+            case ev.BufferClear():
+                await self.send(ev.BufferCleared())
+            case _:
+                await super()._dispatch(event)
+
+    async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:
+        try:
+            cfg, dialect = apply_update(self.cfg, s)
+        except ev.BadEvent as err:
+            err.event_id = eid
+            raise
+        self.cfg = replace(cfg, turn_detection=None)  # the model decides when to speak: never a VAD
+        if dialect is not None:
+            self.dialect = dialect
+        self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
+        self._out = None
+        await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
+
+    # ---- input ----
+
+    async def _append_duplex(self, b64: str, eid: str | None) -> None:
+        try:
+            x, _rate = decode_wire(b64, self.cfg.input_audio_format)
+        except AudioFormatError as err:
+            raise ev.BadEvent(str(err), param="audio", event_id=eid) from None
+        x = self._in.push(x)
+        if self.muted and len(x) and float(np.sqrt(np.mean(np.square(x)))) > SPEECH_RMS:
+            self.muted = False
+        if self.stream is None:
+            await self._ensure_stream(x)
+        elif len(x):
+            self.orch.feed(self.stream.request_id, {"audio": x.astype(np.float32), "sample_rate": MODEL_RATE})
+
+    async def _ensure_stream(self, first: np.ndarray | None) -> None:
+        if self.stream is not None:
+            return
+        audio = first if first is not None else np.zeros(0, np.float32)
+        spec = RequestSpec(inputs={"audio": audio.astype(np.float32), "sample_rate": MODEL_RATE},
+                           params={"temperature": self.cfg.temperature, "voice": self.cfg.voice,
+                                   "instructions": self.cfg.instructions}, streaming=True,
+                           request_id=new_request_id("duplex"))
+        try:
+            self.stream = self.orch.submit(spec)
+        except (AdmissionError, StageUnavailable) as err:
+            code = "session_limit_reached" if isinstance(err, AdmissionError) else "server_error"
+            await self._fail(code, str(err))
+            return
+        self._pump = asyncio.ensure_future(self._run_pump(self.stream))
+
+    async def _fail(self, code: str, message: str) -> None:
+        await self.send(ev.Error(error={"type": "server_error", "code": code, "message": message, "param": None,
+                                        "event_id": None}))
+        await self.ws.close(code=LIMIT_CLOSE_CODE if code == "session_limit_reached" else 1011,
+                            message=code.encode())
+
+    # ---- output ----
+
+    async def _run_pump(self, stream: RequestStream) -> None:
+        try:
+            async for chunk in stream:
+                await self._on_frame(chunk.data, send=stream.backlog() <= MAX_SEND_BACKLOG_FRAMES)
+            await self._close_live("completed", None)
+        except ClientGone:
+            return
+        except RequestAborted:
+            return
+        except RequestError as err:
+            log.warning("realtime.duplex_failed", session_id=self.id, error=type(err).__name__)
+            code = "session_limit_reached" if "session_limit_reached" in str(err) else "server_error"
+            await self._close_live("failed", {"type": "failed", "error": {"code": code, "message": str(err)}})
+            await self._fail(code, str(err))
+
+    async def _on_frame(self, data: dict[str, Any], send: bool = True) -> None:
+        io = data.get("input_to_output_ms")
+        self.dstats.frame(float(data.get("frame_ms", 0.0)), float(data.get("start_lag_ms", 0.0)),
+                          int(data.get("late", 0)), None if io is None else float(io),
+                          float(data.get("dropped_input_s", 0.0)))
+        if not send:
+            self.dstats.unsent_frames += 1
+        if self.muted or not send:
+            return
+        live = self.live or await self._open_live()
+        audio, text = data.get("audio"), str(data.get("text") or "")
+        fmt = self.cfg.output_audio_format
+        if audio is not None and len(audio):
+            x = np.asarray(audio, np.float32)
+            rate = int(data.get("sample_rate", MODEL_RATE))
+            if rate != wire_rate(fmt):
+                if self._out is None:
+                    self._out = Resampler(rate, wire_rate(fmt))
+                x = self._out.push(x)
+            live["audio_ms"] += len(x) * 1000 // wire_rate(fmt)
+            await self.send(ev.AudioDelta(response_id=live["id"], item_id=live["item"].id,
+                                          delta=encode_wire(x, fmt)))
+        if text and self.live is live:  # (a cancel may have closed it while the audio was sent)
+            live["transcript"] += text
+            await self.send(ev.TranscriptDelta(response_id=live["id"], item_id=live["item"].id, delta=text))
+
+    def _render_response(self, live: dict[str, Any], status: str, details: dict[str, Any] | None) -> dict[str, Any]:
+        mods = "output_modalities" if self.dialect == "ga" else "modalities"
+        return {"object": "realtime.response", "id": live["id"], "status": status, "status_details": details,
+                "output": [render_item(live["item"], self.dialect)] if status != "in_progress" else [],
+                "conversation_id": self.conversation.id, mods: ["audio"], "voice": self.cfg.voice,
+                "output_audio_format": self.cfg.output_audio_format, "usage": None, "metadata": None}
+
+    async def _open_live(self) -> dict[str, Any]:
+        item = Item(id=new_id("item"), role="assistant", status="in_progress", content=[Part("audio", transcript="")])
+        live = self.live = {"id": new_id("resp"), "item": item, "transcript": "", "audio_ms": 0}
+        await self.send(ev.ResponseCreated(response=self._render_response(live, "in_progress", None)))
+        rendered = render_item(item, self.dialect)
+        await self.send(ev.OutputItemAdded(response_id=live["id"], output_index=0, item={**rendered, "content": []}))
+        await self.send(ev.ContentPartAdded(response_id=live["id"], item_id=item.id,
+                                            part=render_part(item.content[0], self.dialect)))
+        return live
+
+    async def _close_live(self, status: str, details: dict[str, Any] | None) -> None:
+        live, self.live = self.live, None
+        if live is None or self.ws.closed:
+            return
+        item = live["item"]
+        item.status = "completed" if status == "completed" else "incomplete"
+        part = item.content[0]
+        part.transcript, part.audio_ms = live["transcript"], live["audio_ms"]
+        rid, iid = live["id"], item.id
+        await self.send(ev.AudioDone(response_id=rid, item_id=iid))
+        await self.send(ev.TranscriptDone(response_id=rid, item_id=iid, transcript=live["transcript"]))
+        await self.send(ev.ContentPartDone(response_id=rid, item_id=iid, part=render_part(part, self.dialect)))
+        await self.send(ev.OutputItemDone(response_id=rid, output_index=0, item=render_item(item, self.dialect)))
+        await self.send(ev.ResponseDone(response=self._render_response(live, status, details)))
+        self.stats.response_done(rid, status, None)
+
+    async def _close_response(self) -> None:
+        """The connection ended: abort the session's request in the stage and stop the pump."""
+        if self.stream is not None and not self.stream.ended:
+            self.stream.abort()
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.wait({self._pump})

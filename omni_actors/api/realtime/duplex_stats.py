@@ -1,0 +1,118 @@
+"""Counters of full-duplex sessions, per app: live sessions, frame compute time, late frames; /metrics export.
+
+    omni_duplex_sessions_live                 duplex sessions connected now
+    omni_duplex_sessions_rejected_total       sessions refused at the session limit
+    omni_duplex_session_limit                 the limit (batch slots of the duplex stage)
+    omni_duplex_frames_total                  frames delivered to sessions
+    omni_duplex_late_frames_total             frames skipped because a step overran its deadline
+    omni_duplex_dropped_input_seconds_total   user audio dropped (skipped with late frames, or past the buffer)
+    omni_duplex_unsent_frames_total           frames not sent: the client read more than ~2 s behind
+    omni_duplex_frame_ms{quantile}            recent engine step compute time, p50 / p99
+    omni_duplex_start_lag_ms{quantile}        recent step start past its tick, p50 / p99
+    omni_duplex_input_to_output_ms{quantile}  recent user frames: last sample in to the engine's output, p50 / p99
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+RECENT_FRAMES = 4096
+"""How many recent frames' timings the percentiles are over."""
+
+
+@dataclass(frozen=True)
+class DuplexStatistics:
+    sessions_live: int
+    sessions_total: int
+    sessions_rejected: int
+    session_limit: int
+    frames: int
+    late_frames: int
+    dropped_input_s: float
+    unsent_frames: int
+    frame_ms_p50: float
+    frame_ms_p99: float
+    start_lag_ms_p50: float
+    start_lag_ms_p99: float
+    input_to_output_ms_p50: float
+    input_to_output_ms_p99: float
+
+
+def _pct(values: deque[float], q: float) -> float:
+    return float(np.percentile(np.fromiter(values, float), q)) if values else 0.0
+
+
+@dataclass
+class DuplexStats:
+    sessions_live: int = 0
+    sessions_total: int = 0
+    sessions_rejected: int = 0
+    session_limit: int = 0
+    frames: int = 0
+    late_frames: int = 0
+    dropped_input_s: float = 0.0
+    unsent_frames: int = 0
+    frame_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
+    start_lag_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
+    input_to_output_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
+
+    def frame(self, frame_ms: float, start_lag_ms: float, late: int, input_to_output_ms: float | None,
+              dropped_input_s: float = 0.0) -> None:
+        """One frame delivered to a session, and the session's input audio dropped since its last frame."""
+        self.frames += 1
+        self.dropped_input_s += dropped_input_s
+        self.late_frames += late
+        self.frame_ms.append(frame_ms)
+        self.start_lag_ms.append(start_lag_ms)
+        if input_to_output_ms is not None:
+            self.input_to_output_ms.append(input_to_output_ms)
+
+    def statistics(self) -> DuplexStatistics:
+        return DuplexStatistics(
+            self.sessions_live, self.sessions_total, self.sessions_rejected, self.session_limit, self.frames,
+            self.late_frames, self.dropped_input_s, self.unsent_frames, _pct(self.frame_ms, 50), _pct(self.frame_ms, 99),
+            _pct(self.start_lag_ms, 50), _pct(self.start_lag_ms, 99),
+            _pct(self.input_to_output_ms, 50), _pct(self.input_to_output_ms, 99),
+        )
+
+
+class DuplexCollector:
+    """Prometheus collector reading DuplexStats at scrape time."""
+
+    def __init__(self, stats: DuplexStats) -> None:
+        self.stats = stats
+
+    def collect(self):
+        s = self.stats.statistics()
+        live = GaugeMetricFamily("omni_duplex_sessions_live", "Duplex sessions connected now")
+        live.add_metric([], s.sessions_live)
+        limit = GaugeMetricFamily("omni_duplex_session_limit", "Most concurrent duplex sessions")
+        limit.add_metric([], s.session_limit)
+        rejected = CounterMetricFamily("omni_duplex_sessions_rejected", "Duplex sessions refused at the limit")
+        rejected.add_metric([], s.sessions_rejected)
+        frames = CounterMetricFamily("omni_duplex_frames", "Frames delivered to duplex sessions")
+        frames.add_metric([], s.frames)
+        late = CounterMetricFamily("omni_duplex_late_frames", "Frames skipped: a step overran its deadline")
+        late.add_metric([], s.late_frames)
+        dropped = CounterMetricFamily("omni_duplex_dropped_input_seconds",
+                                      "User audio dropped: with skipped frames or past the input buffer")
+        dropped.add_metric([], s.dropped_input_s)
+        unsent = CounterMetricFamily("omni_duplex_unsent_frames", "Frames not sent: the client read too slowly")
+        unsent.add_metric([], s.unsent_frames)
+        frame_ms = GaugeMetricFamily("omni_duplex_frame_ms", "Recent frame step compute time (ms)",
+                                     labels=["quantile"])
+        frame_ms.add_metric(["0.5"], s.frame_ms_p50)
+        frame_ms.add_metric(["0.99"], s.frame_ms_p99)
+        lag = GaugeMetricFamily("omni_duplex_start_lag_ms", "Recent frame step start past its tick (ms)",
+                                labels=["quantile"])
+        lag.add_metric(["0.5"], s.start_lag_ms_p50)
+        lag.add_metric(["0.99"], s.start_lag_ms_p99)
+        io = GaugeMetricFamily("omni_duplex_input_to_output_ms",
+                               "Recent user frames: last sample in to the engine's output (ms)", labels=["quantile"])
+        io.add_metric(["0.5"], s.input_to_output_ms_p50)
+        io.add_metric(["0.99"], s.input_to_output_ms_p99)
+        return [live, limit, rejected, frames, late, dropped, unsent, frame_ms, lag, io]

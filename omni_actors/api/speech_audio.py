@@ -1,0 +1,109 @@
+"""Speech output encoding: OpenAI's response formats (mp3, opus, aac, flac, wav, pcm) and `speed`.
+
+    enc = SpeechEncoder(fmt, sample_rate, speed)     speed 1.0: untouched
+    await enc.feed(audio) -> bytes                    bytes of `fmt` ready to send
+    await enc.finish() -> bytes                       the tail (flac: the whole file)
+
+mp3, opus, flac, wav and pcm go through api/audio_codec.py's StreamEncoder
+(libsndfile); aac is written here as an ADTS stream with PyAV's AAC encoder
+(frames leave as they complete). `speed` for pipelines whose stages have no
+speed knob is a streaming soxr resample of the audio by 1/speed played at the
+original rate: 2.0 halves the duration (and raises the pitch an octave).
+Codec work runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from omni_actors.api.audio_codec import CONTENT_TYPES, StreamEncoder, check_supported, off_loop
+
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+TYPES = {**{f: CONTENT_TYPES[f] for f in FORMATS if f in CONTENT_TYPES}, "aac": "audio/aac"}
+AAC_BITRATE = 64_000
+
+
+class _AacEncoder:
+    """ADTS AAC, mono, at the audio's own rate, frames out as they are encoded."""
+
+    def __init__(self, sample_rate: int) -> None:
+        import av
+
+        self.rate = sample_rate
+        self.buf = io.BytesIO()
+        self.container = av.open(self.buf, "w", format="adts")
+        self.stream = self.container.add_stream("aac", rate=sample_rate)
+        self.stream.layout = "mono"
+        self.stream.bit_rate = AAC_BITRATE
+        self.pts = 0
+        self.sent = 0
+
+    def _take(self) -> bytes:
+        data = self.buf.getvalue()[self.sent :]
+        self.sent += len(data)
+        return data
+
+    def feed(self, audio: np.ndarray) -> bytes:
+        import av
+
+        if not audio.size:
+            return b""
+        frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1), format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = self.rate, self.pts
+        self.pts += audio.size
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+        return self._take()
+
+    def finish(self) -> bytes:
+        for packet in self.stream.encode(None):
+            self.container.mux(packet)
+        self.container.close()
+        return self._take()
+
+
+class _Speed:
+    """Streaming resample by 1/speed (soxr), the result played at the original rate."""
+
+    def __init__(self, sample_rate: int, speed: float) -> None:
+        import soxr
+
+        self.stream = soxr.ResampleStream(float(sample_rate), sample_rate / speed, 1, dtype="float32")
+
+    def feed(self, audio: np.ndarray, last: bool = False) -> np.ndarray:
+        return self.stream.resample_chunk(audio, last=last)
+
+
+class SpeechEncoder:
+    """One response's audio: speed change, then encoding to `fmt`. Await calls in turn."""
+
+    def __init__(self, fmt: str, sample_rate: int, speed: float = 1.0) -> None:
+        if fmt != "aac":
+            check_supported(fmt)
+        self.fmt, self.rate = fmt, sample_rate
+        self.speed = _Speed(sample_rate, speed) if speed != 1.0 else None
+        self.inner: StreamEncoder | _AacEncoder = (
+            _AacEncoder(sample_rate) if fmt == "aac" else StreamEncoder(fmt, sample_rate)
+        )
+        self.samples = 0
+        """Samples encoded so far (after the speed change)."""
+
+    def _feed(self, audio: np.ndarray, last: bool) -> bytes:
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        if self.speed is not None:
+            audio = self.speed.feed(audio, last)
+        self.samples += audio.size
+        out = self.inner.feed(audio) if audio.size or last else b""
+        return out + (self.inner.finish() if last else b"")
+
+    async def feed(self, audio: np.ndarray) -> bytes:
+        if self.speed is None and isinstance(self.inner, StreamEncoder):
+            audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+            self.samples += audio.size
+            return await self.inner.feed_async(audio)
+        return await off_loop(self._feed, audio, False)
+
+    async def finish(self) -> bytes:
+        return await off_loop(self._feed, np.zeros(0, np.float32), True)

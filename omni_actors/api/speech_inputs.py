@@ -1,0 +1,113 @@
+"""A speech request's pipeline inputs and params: voice resolution, style prompt, speed, seed.
+
+Shared by POST /v1/audio/speech and the text-in WebSocket. Checked against the
+pipeline's `SpeechSpec` (config/speech.py); a pipeline without one (an omni model
+that also speaks) gets the fields passed through as they came.
+
+    voice  a built-in name                  -> inputs["voice"]
+           one of OpenAI's names            -> the built-in voice at its index (mod the count)
+           "voice_..." or {"id": "voice_..."} (cloning pipelines) -> the default voice plus
+                                               inputs "reference_audio" / "reference_text"
+           anything else                    -> 400 listing the choices
+    instructions  pipelines with `instructions` only; else 400 naming the field
+    speed  params["speed"] where the stages honour it; else the API resamples (speech_audio.py)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.errors import bad_request
+from omni_actors.api.schemas import VoiceRef
+from omni_actors.api.voices import voice_store
+from omni_actors.config.pipeline import PipelineConfig
+
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+    "marin", "cedar",
+)  # fmt: skip
+CUSTOM_PREFIX = "voice_"
+
+
+@dataclass
+class SpeechCall:
+    inputs: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    sample_rate: int | None = None
+    api_speed: float = 1.0
+    """Speed the API applies to the audio (1.0 where the stages apply it themselves)."""
+
+
+def voice_choices(pipe: PipelineConfig) -> list[str]:
+    spec = pipe.speech
+    return [*spec.voices, *OPENAI_VOICES] if spec else []
+
+
+def _builtin(pipe: PipelineConfig, name: str) -> str:
+    spec = pipe.speech
+    assert spec is not None
+    if name in spec.voices:
+        return name
+    if name.lower() in OPENAI_VOICES:
+        return spec.voices[OPENAI_VOICES.index(name.lower()) % len(spec.voices)]
+    custom = " or a custom voice id (voice_...)" if spec.cloning else ""
+    raise bad_request(f"unknown voice {name!r}; this model's voices are {voice_choices(pipe)}{custom}",
+                      "voice", "unknown_voice")
+
+
+def _resample(audio: np.ndarray, src: int, dst: int) -> np.ndarray:
+    if src == dst:
+        return audio
+    import soxr
+
+    return soxr.resample(audio, src, dst).astype(np.float32)
+
+
+async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voice: str | VoiceRef | None,
+                      instructions: str | None, speed: float, seed: int | None) -> SpeechCall:
+    """What the pipeline gets for one text; 400 naming the field the pipeline cannot honour."""
+    call = SpeechCall(inputs={"text": text})
+    if seed is not None:
+        call.params["seed"] = seed
+    spec = pipe.speech
+    if spec is None:  # a pipeline that speaks without declaring voices: pass through
+        if isinstance(voice, VoiceRef):
+            raise bad_request(f"model {pipe.name!r} cannot speak in a custom voice", "voice", "unsupported_voice")
+        call.inputs.update({k: v for k, v in (("voice", voice), ("instructions", instructions)) if v})
+        call.params["speed"] = speed
+        return call
+    call.sample_rate = spec.sample_rate
+    if instructions:
+        if not spec.instructions:
+            raise bad_request(f"model {pipe.name!r} takes no style instructions; leave `instructions` out",
+                              "instructions", "unsupported_parameter")
+        call.inputs["instructions"] = instructions
+    if spec.native_speed:
+        call.params["speed"] = speed
+    else:
+        call.api_speed = speed
+    vid = voice.id if isinstance(voice, VoiceRef) else voice
+    if vid is None:
+        call.inputs["voice"] = spec.voices[0]
+    elif vid.startswith(CUSTOM_PREFIX) and vid not in spec.voices:
+        if not spec.cloning:
+            raise bad_request(f"model {pipe.name!r} cannot speak in a custom voice; its voices are "
+                              f"{voice_choices(pipe)}", "voice", "unsupported_voice")
+        store = voice_store(request)
+        found = store.voice(vid)
+        if found is None:
+            raise bad_request(f"custom voice {vid!r} does not exist", "voice", "unknown_voice")
+        try:
+            audio, rate = await off_loop(store.clip, vid)
+        except (KeyError, OSError):
+            raise bad_request(f"custom voice {vid!r} has no readable sample", "voice", "unknown_voice") from None
+        call.inputs.update(voice=spec.voices[0], reference_text=found.transcript,
+                           reference_audio=await off_loop(_resample, audio, rate, spec.sample_rate))
+    else:
+        call.inputs["voice"] = _builtin(pipe, vid)
+    return call

@@ -1,0 +1,244 @@
+"""WebSocket /v1/audio/speech/stream: text streamed in (token by token is fine), speech streamed out.
+
+Client events (JSON text frames):
+
+    {"type": "session.update", "session": {"model", "voice", "response_format", "instructions",
+                                           "speed", "seed"}}      any subset; answered session.updated
+    {"type": "input_text.append", "text": "..."}
+    {"type": "input_text.flush"}      speak what is buffered now
+    {"type": "input_text.done"}       no more text for this utterance: finish it, then speech.audio.done
+
+Server events: session.created, session.updated, speech.audio.delta {"audio": base64 of
+`response_format` bytes}, speech.audio.done {"usage"}, error {"error": {...}} (the session
+lives on).
+
+The buffered text is cut at clause boundaries (CLAUSE; a clause grows to at most
+MAX_CLAUSE_CHARS) and each clause is one pipeline
+request, started as soon as its boundary arrives, long before input_text.done; up to
+MAX_AHEAD clauses run at once and their audio is sent strictly in text order, through
+one encoder per utterance (one wav header, one mp3 stream). After speech.audio.done the
+same session can speak the next text. Closing the socket aborts every request it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+from typing import Any
+
+import msgspec
+from aiohttp import WSMsgType, web
+
+from omni_actors.api.calls import PipelineCall, orchestrator, require_model, require_outputs
+from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.schemas import Instructions, SpeechFormat, SpeechUsage, VoiceRef
+from omni_actors.api.speech import Encoding, audio_of
+from omni_actors.api.speech_audio import FORMATS
+from omni_actors.api.speech_inputs import speech_call
+from omni_actors.errors import RequestError
+
+ROUTE = "/v1/audio/speech/stream"
+CLAUSE = re.compile(r"[.!?;:,](?=\s)|[\u3002\uff01\uff1f\uff0c\uff1b]|\n")
+"""A clause ends at Latin punctuation followed by white space, at CJK punctuation, or at a newline."""
+MAX_CLAUSE_CHARS = 240
+MAX_AHEAD = 2
+"""Clauses synthesized at once (the next one starts while the current one is sent)."""
+MAX_BUFFER_CHARS = 4096
+"""Text held waiting for a clause end; past it the text is spoken as it is."""
+HEARTBEAT_S = 30.0
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    model: str | None = None
+    voice: str | VoiceRef | None = None
+    response_format: SpeechFormat = "pcm"
+    instructions: Instructions | None = None
+    speed: float = 1.0
+    seed: int | None = None
+
+
+class ClientEvent(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    session: dict[str, Any] | None = None
+    text: str | None = None
+    event_id: str | None = None
+
+
+def split_clauses(buffer: str, final: bool) -> tuple[list[str], str]:
+    """Whole clauses at the front of `buffer`, and the rest (everything when `final`)."""
+    out: list[str] = []
+    start = 0
+    for m in CLAUSE.finditer(buffer):
+        out.append(buffer[start : m.end()])
+        start = m.end()
+    rest = buffer[start:]
+    while len(rest) > MAX_CLAUSE_CHARS:
+        cut = rest.rfind(" ", 0, MAX_CLAUSE_CHARS)
+        cut = cut if cut > 0 else MAX_CLAUSE_CHARS
+        out.append(rest[:cut])
+        rest = rest[cut:]
+    if final:
+        out.append(rest)
+        rest = ""
+    return [c for c in out if c.strip()], rest
+
+
+class Utterance:
+    """One text from its first clause to speech.audio.done: clause requests and their ordered sender."""
+
+    def __init__(self, session: Session, after: asyncio.Task | None) -> None:
+        self.session = session
+        self.clauses: asyncio.Queue[asyncio.Queue | None] = asyncio.Queue()
+        self.words = 0
+        self.runs: set[asyncio.Task] = set()
+        self.sender = asyncio.ensure_future(self._send(after))
+
+    def start(self, clause: str) -> None:
+        out: asyncio.Queue = asyncio.Queue()
+        self.words += len(clause.split())
+        run = asyncio.ensure_future(self._run(clause, out))
+        self.runs.add(run)
+        run.add_done_callback(self.runs.discard)
+        self.clauses.put_nowait(out)
+
+    def end(self) -> None:
+        self.clauses.put_nowait(None)
+
+    async def _run(self, clause: str, out: asyncio.Queue) -> None:
+        s = self.session
+        cfg = s.config
+        try:
+            async with s.ahead:
+                what = await speech_call(s.request, orchestrator(s.request).pipeline, clause, cfg.voice,
+                                         cfg.instructions, cfg.speed, cfg.seed)
+                async with PipelineCall(s.request, ROUTE, what.inputs, what.params, {"audio"}) as call:
+                    async for chunk in call:
+                        if (got := audio_of(chunk)) is not None:
+                            out.put_nowait(got)
+        except (ApiError, RequestError) as err:
+            out.put_nowait(err)
+        finally:
+            out.put_nowait(None)
+
+    async def _send(self, after: asyncio.Task | None) -> None:
+        """Audio of each clause in text order, then speech.audio.done (after the previous text's)."""
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)
+        s = self.session
+        enc = Encoding(s.config.response_format, s.api_speed, s.rate)
+        chunks = 0
+        while (queue := await self.clauses.get()) is not None:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    await s.error(item if isinstance(item, ApiError) else from_exception(item))
+                    continue
+                chunks += 1
+                if data := await enc.feed(*item):
+                    await s.send({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        if tail := await enc.finish():
+            await s.send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode()})
+        usage = SpeechUsage(self.words, chunks, self.words + chunks)
+        await s.send({"type": "speech.audio.done", "usage": msgspec.to_builtins(usage)})
+
+    def cancel(self) -> None:
+        self.sender.cancel()
+        for run in list(self.runs):
+            run.cancel()
+
+
+class Session:
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse) -> None:
+        self.request, self.ws = request, ws
+        self.config = SessionConfig(model=require_model(orchestrator(request), None))
+        self.api_speed, self.rate = 1.0, None
+        self.buffer = ""
+        self.ahead = asyncio.Semaphore(MAX_AHEAD)
+        self.current: Utterance | None = None
+        self.last: asyncio.Task | None = None
+        self.all: list[Utterance] = []
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.ws.send_str(msgspec.json.encode(event).decode())
+
+    async def error(self, err: ApiError) -> None:
+        await self.send({"type": "error", **err.body()})
+
+    def described(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self.config)
+
+    async def update(self, raw: dict[str, Any] | None) -> None:
+        if self.current is not None:
+            raise bad_request("session.update is not allowed in the middle of a text; send input_text.done "
+                              "first", "session")
+        try:
+            new = msgspec.convert({**self.described(), **(raw or {})}, SessionConfig)
+        except msgspec.ValidationError as err:
+            raise bad_request(f"session: {err}", "session") from None
+        orch = orchestrator(self.request)
+        require_model(orch, new.model, "session.model")
+        if not 0.25 <= new.speed <= 4.0:
+            raise bad_request("speed must be between 0.25 and 4.0", "session.speed")
+        if new.response_format not in FORMATS:
+            raise bad_request(f"response_format must be one of {list(FORMATS)}", "session.response_format")
+        what = await speech_call(self.request, orch.pipeline, "-", new.voice, new.instructions, new.speed, new.seed)
+        self.config, self.api_speed, self.rate = new, what.api_speed, what.sample_rate
+        await self.send({"type": "session.updated", "session": self.described()})
+
+    def take(self, text: str, final: bool, done: bool = False) -> None:
+        """Buffer `text`; start every whole clause (all of it when `final`); `done` ends the text."""
+        if len(self.buffer) + len(text) > MAX_BUFFER_CHARS:
+            final = True  # a text with no clause end for this long is spoken as it is
+        clauses, self.buffer = split_clauses(self.buffer + text, final)
+        for clause in clauses:
+            if self.current is None:
+                self.current = Utterance(self, self.last)
+                self.last = self.current.sender
+                self.all.append(self.current)
+            self.current.start(clause)
+        if done:
+            if self.current is None:  # an empty text still gets its speech.audio.done
+                self.current = Utterance(self, self.last)
+                self.last = self.current.sender
+                self.all.append(self.current)
+            self.current.end()
+            self.current = None
+
+    def close(self) -> None:
+        for utt in self.all:
+            utt.cancel()
+
+
+async def speech_stream(request: web.Request) -> web.StreamResponse:
+    orch = orchestrator(request)
+    require_outputs(orch, {"audio"}, "model")
+    ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES)
+    await ws.prepare(request)
+    session = Session(request, ws)
+    await session.send({"type": "session.created", "session": session.described()})
+    decoder = msgspec.json.Decoder(ClientEvent)
+    try:
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            try:
+                event = decoder.decode(msg.data)
+                match event.type:
+                    case "session.update":
+                        await session.update(event.session)
+                    case "input_text.append":
+                        session.take(event.text or "", final=False)
+                    case "input_text.flush":
+                        session.take("", final=True)
+                    case "input_text.done":
+                        session.take("", final=True, done=True)
+                    case other:
+                        raise bad_request(f"unknown event type {other!r}", "type", "unknown_event")
+            except msgspec.DecodeError as err:
+                await session.error(bad_request(f"invalid event: {err}", None, "invalid_event"))
+            except ApiError as err:
+                await session.error(err)
+    finally:
+        session.close()
+    return ws

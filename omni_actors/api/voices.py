@@ -1,0 +1,283 @@
+"""Custom voices, OpenAI's API as the SDK calls it: voice consents and voices made from audio samples.
+
+    POST   /v1/audio/voice_consents          multipart: recording, name, language
+    GET    /v1/audio/voice_consents          ?after=&limit= (1-100, default 20): a cursor page
+    GET    /v1/audio/voice_consents/{id}
+    POST   /v1/audio/voice_consents/{id}     JSON {"name"}: rename
+    DELETE /v1/audio/voice_consents/{id}     409 while a voice uses it
+    POST   /v1/audio/voices                  multipart: audio_sample, consent, name, [type
+                                             "audio_sample"], [transcript: what the sample says]
+    GET    /v1/audio/voices                  every voice (a list object)
+    GET    /v1/audio/voices/{id}
+    DELETE /v1/audio/voices/{id}
+
+A voice is its sample (stored as WAV) and the sample's transcript. Pipelines that
+clone (`SpeechSpec.cloning`) condition on both; the transcript is the form's
+`transcript` field when given, else empty (no recognizer runs here: a speech
+server need not have one), which cloning families accept with a weaker match.
+Rows live in SQLite (voice_store.py) and survive a restart. Upload parts are
+read with the server's body size and time limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal
+
+import msgspec
+from aiohttp import web
+from msgspec import Struct
+
+from omni_actors.api.audio_codec import decode_audio, off_loop
+from omni_actors.api.calls import orchestrator
+from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.schemas import read_body
+from omni_actors.api.voice_store import Consent, ConsentInUse, Voice, VoiceStore
+
+VOICES_KEY = web.AppKey("voice_store", VoiceStore)
+"""The app's voice store (set by tests to a private data dir; else the process's store)."""
+READ_CHUNK = 1 << 16
+MAX_NAME_CHARS = 256
+MAX_LANGUAGE_CHARS = 35
+MAX_TRANSCRIPT_CHARS = 4096
+MAX_SAMPLE_S = 60.0
+"""Longest voice sample kept (a cloning prompt longer than this only costs time)."""
+DEFAULT_PAGE, MAX_PAGE = 20, 100
+
+
+class ConsentObject(Struct):
+    id: str
+    created_at: int
+    language: str
+    name: str
+    object: Literal["audio.voice_consent"] = "audio.voice_consent"
+
+
+class ConsentDeleted(Struct):
+    id: str
+    deleted: bool = True
+    object: Literal["audio.voice_consent"] = "audio.voice_consent"
+
+
+class ConsentPage(Struct):
+    data: list[ConsentObject]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+    object: Literal["list"] = "list"
+
+
+class VoiceObject(Struct):
+    id: str
+    created_at: int
+    name: str
+    type: Literal["audio_sample"] = "audio_sample"
+    object: Literal["audio.voice"] = "audio.voice"
+
+
+class VoiceList(Struct):
+    data: list[VoiceObject]
+    object: Literal["list"] = "list"
+
+
+class VoiceDeleted(Struct):
+    id: str
+    deleted: bool = True
+    object: Literal["audio.voice.deleted"] = "audio.voice.deleted"
+
+
+class ConsentUpdate(Struct, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+_DEFAULT: list[VoiceStore] = []
+
+
+def voice_store(request: web.Request) -> VoiceStore:
+    """The app's store if it was given one, else the process's (opened on first use)."""
+    given = request.app.get(VOICES_KEY)
+    if given is not None:
+        return given
+    if not _DEFAULT:
+        _DEFAULT.append(VoiceStore())
+    return _DEFAULT[0]
+
+
+def _json(body: Struct) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+def _consent(c: Consent) -> ConsentObject:
+    return ConsentObject(c.id, c.created_at, c.language, c.name)
+
+
+def _voice(v: Voice) -> VoiceObject:
+    return VoiceObject(v.id, v.created_at, v.name)
+
+
+async def _form(request: web.Request, files: set[str], fields: set[str]) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Text fields and file parts of a multipart upload (400 naming an unknown or repeated one)."""
+    if request.content_type != "multipart/form-data":
+        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send multipart/form-data",
+                       None, "unsupported_media_type")
+    server = orchestrator(request).deploy.server
+    limit = int(server.max_body_mb * 1024 * 1024)
+
+    async def read() -> tuple[dict[str, str], dict[str, bytes]]:
+        texts: dict[str, str] = {}
+        blobs: dict[str, bytes] = {}
+        total = 0
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            name = part.name or ""
+            if name not in files | fields:
+                raise bad_request(f"unknown form field `{name}`; expected {sorted(files | fields)}", name,
+                                  "unknown_parameter")
+            if name in texts or name in blobs:
+                raise bad_request(f"form field `{name}` is given twice", name)
+            data = bytearray()
+            while chunk := await part.read_chunk(READ_CHUNK):
+                total += len(chunk)
+                if total > limit:
+                    raise ApiError(413, f"request body is over the limit of {limit} bytes", None,
+                                   "body_too_large", close=True)
+                data += chunk
+            if name in files:
+                blobs[name] = bytes(data)
+            else:
+                texts[name] = data.decode("utf-8", errors="replace").strip()
+        return texts, blobs
+
+    try:
+        return await asyncio.wait_for(read(), server.body_timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
+                       "body_timeout", close=True) from None
+
+
+def _text(fields: dict[str, str], name: str, limit: int, required: bool = True) -> str:
+    value = fields.get(name, "")
+    if required and not value:
+        raise bad_request(f"form field `{name}` is required", name, "missing_required_parameter")
+    if len(value) > limit:
+        raise bad_request(f"`{name}` is longer than {limit} characters", name)
+    return value
+
+
+# ---- consents ----------------------------------------------------------------------------
+
+
+async def create_consent(request: web.Request) -> web.Response:
+    fields, blobs = await _form(request, {"recording"}, {"name", "language"})
+    name = _text(fields, "name", MAX_NAME_CHARS)
+    language = _text(fields, "language", MAX_LANGUAGE_CHARS)
+    if not blobs.get("recording"):
+        raise bad_request("form field `recording` is required (the consent audio)", "recording",
+                          "missing_required_parameter")
+    await off_loop(decode_audio, blobs["recording"], None, "recording")  # 400 unless it is audio
+    store = voice_store(request)
+    return _json(_consent(await off_loop(store.add_consent, name, language, blobs["recording"])))
+
+
+def _consent_or_404(store: VoiceStore, cid: str) -> Consent:
+    found = store.consent(cid)
+    if found is None:
+        raise ApiError(404, f"voice consent {cid!r} does not exist", "consent_id", "not_found")
+    return found
+
+
+async def get_consent(request: web.Request) -> web.Response:
+    return _json(_consent(_consent_or_404(voice_store(request), request.match_info["consent_id"])))
+
+
+async def list_consents(request: web.Request) -> web.Response:
+    after = request.query.get("after") or None
+    try:
+        limit = int(request.query.get("limit", DEFAULT_PAGE))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_PAGE:
+        raise bad_request(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
+    page, more = voice_store(request).consents(after, limit)
+    data = [_consent(c) for c in page]
+    return _json(ConsentPage(data, more, data[0].id if data else None, data[-1].id if data else None))
+
+
+async def update_consent(request: web.Request) -> web.Response:
+    body = await read_body(request, ConsentUpdate)
+    cid = request.match_info["consent_id"]
+    found = voice_store(request).rename_consent(cid, body.name)
+    if found is None:
+        raise ApiError(404, f"voice consent {cid!r} does not exist", "consent_id", "not_found")
+    return _json(_consent(found))
+
+
+async def delete_consent(request: web.Request) -> web.Response:
+    cid = request.match_info["consent_id"]
+    try:
+        gone = voice_store(request).delete_consent(cid)
+    except ConsentInUse as err:
+        raise ApiError(409, str(err), "consent_id", "consent_in_use") from None
+    if not gone:
+        raise ApiError(404, f"voice consent {cid!r} does not exist", "consent_id", "not_found")
+    return _json(ConsentDeleted(cid))
+
+
+# ---- voices ------------------------------------------------------------------------------
+
+
+async def create_voice(request: web.Request) -> web.Response:
+    fields, blobs = await _form(request, {"audio_sample"}, {"name", "consent", "type", "transcript"})
+    name = _text(fields, "name", MAX_NAME_CHARS)
+    consent = _text(fields, "consent", MAX_NAME_CHARS)
+    transcript = _text(fields, "transcript", MAX_TRANSCRIPT_CHARS, required=False)
+    if fields.get("type", "audio_sample") != "audio_sample":
+        raise bad_request("only `audio_sample` voices can be made here (prompt voices are not supported)",
+                          "type", "unsupported_value")
+    if not blobs.get("audio_sample"):
+        raise bad_request("form field `audio_sample` is required", "audio_sample", "missing_required_parameter")
+    store = voice_store(request)
+    if store.consent(consent) is None:
+        raise bad_request(f"voice consent {consent!r} does not exist", "consent", "not_found")
+    audio, rate = await off_loop(decode_audio, blobs["audio_sample"], None, "audio_sample")
+    if not audio.size:
+        raise bad_request("the audio sample holds no samples", "audio_sample", "invalid_audio")
+    audio = audio[: int(MAX_SAMPLE_S * rate)]
+    try:
+        made = await off_loop(store.add_voice, name, consent, audio, rate, transcript)
+    except KeyError:
+        raise bad_request(f"voice consent {consent!r} does not exist", "consent", "not_found") from None
+    return _json(_voice(made))
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    return _json(VoiceList([_voice(v) for v in voice_store(request).voices()]))
+
+
+async def get_voice(request: web.Request) -> web.Response:
+    vid = request.match_info["voice_id"]
+    found = voice_store(request).voice(vid)
+    if found is None:
+        raise ApiError(404, f"voice {vid!r} does not exist", "voice_id", "not_found")
+    return _json(_voice(found))
+
+
+async def delete_voice(request: web.Request) -> web.Response:
+    vid = request.match_info["voice_id"]
+    if not voice_store(request).delete_voice(vid):
+        raise ApiError(404, f"voice {vid!r} does not exist", "voice_id", "not_found")
+    return _json(VoiceDeleted(vid))
+
+
+def add_routes(app: web.Application) -> None:
+    """Every custom-voice route (one line in app.py)."""
+    r = app.router
+    r.add_post("/v1/audio/voice_consents", create_consent)
+    r.add_get("/v1/audio/voice_consents", list_consents)
+    r.add_get("/v1/audio/voice_consents/{consent_id}", get_consent)
+    r.add_post("/v1/audio/voice_consents/{consent_id}", update_consent)
+    r.add_delete("/v1/audio/voice_consents/{consent_id}", delete_consent)
+    r.add_post("/v1/audio/voices", create_voice)
+    r.add_get("/v1/audio/voices", list_voices)
+    r.add_get("/v1/audio/voices/{voice_id}", get_voice)
+    r.add_delete("/v1/audio/voices/{voice_id}", delete_voice)

@@ -1,0 +1,24 @@
+"""What a speech-generating pipeline offers the speech API: voices, sample rate, cloning, style prompts.
+
+A pipeline that speaks declares one `SpeechSpec` next to its topology
+(`PipelineConfig.speech`); `/v1/models/{id}` lists its voices and
+`/v1/audio/speech` checks requests against it, so the API never names a family.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SpeechSpec(msgspec.Struct, frozen=True, kw_only=True):
+    voices: tuple[str, ...]
+    """Built-in voice names; the first is the default. OpenAI's names map onto these."""
+    sample_rate: int = 24000
+    cloning: bool = False
+    """True when the first stage conditions on a reference clip (custom voices): inputs
+    "reference_audio" (float32 mono at `sample_rate`) and "reference_text"."""
+    instructions: bool = False
+    """True when the first stage takes a style prompt (input "instructions")."""
+    native_speed: bool = False
+    """True when the stages honour params["speed"] themselves; otherwise the API
+    resamples the audio it sends (which also shifts its pitch)."""

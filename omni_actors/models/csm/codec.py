@@ -1,0 +1,50 @@
+"""Codec adapter for GenerationEngine: CSM's Mimi decoder (codes at 12.5 Hz -> 24 kHz audio).
+
+Mimi's decoder is causal (causal convolutions, a causal sliding-window
+transformer), so left context alone joins windows up: a window re-decodes
+`left_context` frames before its new ones. Windows are the engine's (small
+first, then growing). The weights are the `codec_model.*` part of the CSM
+folder, loaded alone in float32.
+
+Inputs: {"codes": int [n, num_codebooks]} (backbone frames).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.workers.engines.generation import GenerationAdapter
+
+
+class MimiCodecAdapter(GenerationAdapter):
+    sample_rate = 24000
+    chunk_size = 10
+    first_chunk_size = 3
+    """3 frames = 240 ms of audio in the first window."""
+    left_context = 25
+    right_context = 0
+    max_chunk_size = 50
+
+    def load(self) -> None:
+        from transformers import MimiModel
+
+        path = check_checkpoint(self.ctx.model_path, ("config.json",))
+        config = load_config(path).codec_config
+        self.model = load_part(MimiModel, path, config, "codec_model", self.ctx, float32=True)
+        self.groups = config.num_quantizers
+        self.sample_rate = int(config.sampling_rate)
+        self.samples_per_code = round(config.sampling_rate / config.frame_rate)
+
+    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        if "codes" not in inputs:
+            return None
+        return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
+        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        return list(self.model.decode(codes).audio_values.reshape(len(windows), -1))

@@ -1,0 +1,117 @@
+"""CSM's depth decoder as fixed-shape passes: one frame's codebooks 1..31 per call, a CUDA graph per batch bucket.
+
+For each backbone frame the depth decoder (a small Llama over `num_codebooks`
+positions: 0 the backbone's last hidden state, k the embedding of codebook k - 1
+at offset (k - 1) * vocab) draws codebooks 1..31, codebook k from the logits at
+position k through its own head (`codebooks_head.weight[k - 1]`). Here that is
+`num_codebooks` single-token passes over a static per-frame cache (the pass cache
+of qwen3_omni_moe/predictor.py), sampling inside the passes: temperature and top-k
+over sorted logits, then Gumbel-max with noise drawn before the passes from each
+request's own generator (a seeded request stays reproducible alone or batched);
+greedy rows take no noise. Ids past the codec's codebook (pad and spares) are
+never drawn. With all shapes fixed, a frame is one graph replay on CUDA
+(HfAREngine's DecodeGraphs); on CPU the same passes run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# The static per-frame cache is the same object the Qwen3 code predictor uses.
+from omni_actors.models.qwen3_omni_moe.predictor import _PassCache
+from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
+from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
+
+
+class DepthRunner:
+    """Draws a frame's codebooks 1.. for a batch of requests (see the module docstring)."""
+
+    def __init__(self, model: Any, ctx: Any, codes: int) -> None:
+        self.depth = model.depth_decoder
+        cfg = self.depth.config
+        self.groups, self.vocab, self.codes = cfg.num_codebooks, cfg.vocab_size, codes
+        self.device = torch.device(ctx.device)
+        self.slots = max(1, ctx.max_num_seqs)
+        self.sizes = buckets(self.slots, 1)
+        dt, dev, s, n = model.dtype, self.device, self.slots, self.groups
+        shape = (s, cfg.num_key_value_heads, n, cfg.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
+        self.values = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
+        self.hidden = torch.zeros(s, cfg.backbone_hidden_size, dtype=dt, device=dev)
+        self.code0 = torch.zeros(s, dtype=torch.long, device=dev)
+        self.uniform = torch.full((s, n - 1, self.vocab), 0.5, device=dev)
+        self.inv_temp = torch.ones(s, 1, device=dev)
+        self.top_k = torch.full((s, 1), self.vocab, dtype=torch.long, device=dev)
+        self.noise_on = torch.zeros(s, 1, 1, device=dev)
+        self.positions = torch.arange(n, device=dev)
+        self.ranks = torch.arange(self.vocab, device=dev)
+        self.caches: dict[int, _PassCache] = {}
+        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx))
+
+    @torch.inference_mode()
+    def run(
+        self, hidden: torch.Tensor, first: torch.Tensor, params: list[dict[str, Any]],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """[n, num_codebooks] codes (codebook 0 is `first`) for n rows of backbone states."""
+        n = hidden.shape[0]
+        batch = bucket_for(n, self.sizes)
+        self.hidden[:n].copy_(hidden)
+        self.code0[:n].copy_(first)
+        temps = [float(p.get("temperature") or 0.0) for p in params]
+        ks = [int(p.get("top_k") or 0) for p in params]
+        self.inv_temp[:n, 0].copy_(torch.tensor([1.0 / t if t > 0 else 1.0 for t in temps]))
+        self.top_k[:n, 0].copy_(torch.tensor([k if 0 < k < self.vocab else self.vocab for k in ks]))
+        self.noise_on[:n, 0, 0].copy_(torch.tensor([1.0 if t > 0 else 0.0 for t in temps]))
+        self.noise_on[n:batch] = 0.0
+        shape = self.uniform.shape[1:]
+        free = [i for i, (t, g) in enumerate(zip(temps, generators, strict=True)) if t > 0 and g is None]
+        if free:
+            self.uniform[free] = torch.rand(len(free), *shape, device=self.device)
+        for i, (t, g) in enumerate(zip(temps, generators, strict=True)):
+            if t > 0 and g is not None:
+                self.uniform[i].copy_(torch.rand(shape, generator=g, device=g.device))
+        codes = self.graphs.run(batch, 0)
+        return codes[:n].clone()
+
+    def _cache(self, batch: int) -> _PassCache:
+        cache = self.caches.get(batch)
+        if cache is None:
+            cache = _PassCache([k[:batch] for k in self.keys], [v[:batch] for v in self.values])
+            self.caches[batch] = cache
+        return cache
+
+    def _frame(self, batch: int) -> torch.Tensor:
+        model, head = self.depth.model, self.depth.codebooks_head.weight
+        cache = self._cache(batch)
+        dtype = self.hidden.dtype
+        gumbel = -torch.log(-torch.log(self.uniform[:batch].clamp(1e-10, 1.0 - 1e-7)))
+        gumbel = gumbel * self.noise_on[:batch]
+        code = self.code0[:batch]
+        codes = [code]
+        x = self.hidden[:batch, None]
+        for pos in range(self.groups - 1):
+            cache.pos = pos
+            mask = torch.zeros(self.groups, dtype=dtype, device=self.device)
+            mask = mask.masked_fill(self.positions > pos, torch.finfo(dtype).min).expand(batch, 1, 1, -1)
+            h = model(inputs_embeds=x, attention_mask=mask, past_key_values=cache, use_cache=True).last_hidden_state
+            if pos > 0:
+                code = self._draw((h[:, -1] @ head[pos - 1]).float(), gumbel[:, pos - 1], batch)
+                codes.append(code)
+            x = model.embed_tokens(code + pos * self.vocab)[:, None]
+        # the last position's logits: codebook groups - 1
+        cache.pos = self.groups - 1
+        mask = torch.zeros(self.groups, dtype=dtype, device=self.device).expand(batch, 1, 1, -1)
+        h = model(inputs_embeds=x, attention_mask=mask, past_key_values=cache, use_cache=True).last_hidden_state
+        codes.append(self._draw((h[:, -1] @ head[self.groups - 2]).float(), gumbel[:, self.groups - 2], batch))
+        return torch.stack(codes, dim=1)
+
+    def _draw(self, logits: torch.Tensor, gumbel: torch.Tensor, batch: int) -> torch.Tensor:
+        """Temperature, top-k, then Gumbel-max per row; codes past the codebook never win."""
+        logits = logits.masked_fill(self.ranks >= self.codes, float("-inf")) * self.inv_temp[:batch]
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        ordered = ordered.masked_fill(self.ranks >= self.top_k[:batch], float("-inf"))
+        pick = torch.argmax(ordered + gumbel, dim=-1)
+        return order.gather(1, pick[:, None])[:, 0]

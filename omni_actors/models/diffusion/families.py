@@ -1,0 +1,48 @@
+"""Per-class facts about diffusers pipelines that their `__call__` signature does not show.
+
+Every image family this server knows by name; a class missing here gets the
+defaults (image optional if its call takes one, sides a multiple of 8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FamilyFacts:
+    image_required: bool = False
+    """Its call fails without `image` (an edit-only pipeline)."""
+    max_input_images: int = 1
+    size_multiple: int = 8
+    """Latent side times patch size: width and height must be multiples of it."""
+    guidance_param: str = "guidance_scale"
+    """The call argument a request's `guidance_scale` sets (Qwen-Image's classifier-free
+    guidance is `true_cfg_scale`; its `guidance_scale` is for guidance-distilled weights)."""
+
+
+_DEFAULT = FamilyFacts()
+_FACTS: dict[str, FamilyFacts] = {
+    "QwenImagePipeline": FamilyFacts(guidance_param="true_cfg_scale", size_multiple=16),
+    "QwenImageEditPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
+    # Qwen-Image-Edit-2509 ("Plus") composes up to three reference images.
+    "QwenImageEditPlusPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, max_input_images=3, size_multiple=16),
+    "QwenImageLayeredPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
+    "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16),
+    "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16),
+    "ZImagePipeline": FamilyFacts(size_multiple=16),
+    "HunyuanImagePipeline": FamilyFacts(size_multiple=32),
+    "GlmImagePipeline": FamilyFacts(size_multiple=32),
+    "LongCatImagePipeline": FamilyFacts(size_multiple=16),
+    "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True),
+    "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),
+}
+
+
+def family_facts(class_name: str) -> FamilyFacts:
+    return _FACTS.get(class_name, _DEFAULT)
+
+
+def known_classes() -> list[str]:
+    """The pipeline classes this module has facts about (named in errors as examples)."""
+    return sorted(_FACTS)

@@ -1,0 +1,80 @@
+"""The Moshi duplex adapter: one 80 ms frame of every slot in, one frame of audio and text out.
+
+Per frame, for all slots as one batch: Mimi-encode the user's frame, one
+temporal step and the depth decoder (DuplexLM), Mimi-decode the model's frame.
+Loads a Hugging Face Moshi folder (`MoshiForConditionalGeneration`, its Mimi
+inside as `audio_encoder`, and the tokenizer) with transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_actors import logs
+from omni_actors.models.moshi.lm import DuplexLM, Sampling
+from omni_actors.models.moshi.mimi_stream import StreamingMimi
+from omni_actors.workers.engine import EngineContext
+from omni_actors.workers.engines.duplex import DuplexAdapter, SlotOutput
+
+log = logs.get(__name__)
+
+DETOKENIZE_CONTEXT = 8
+"""Previous text tokens decoded with each new one, so pieces join up (leading spaces, multi-byte)."""
+
+
+class MoshiDuplexAdapter(DuplexAdapter):
+    def __init__(self, ctx: EngineContext) -> None:
+        from transformers import AutoTokenizer, MoshiForConditionalGeneration
+
+        if ctx.model_path is None:
+            raise ValueError("the moshi stage needs a model folder")
+        dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}.get(ctx.dtype, torch.float32)
+        device = "cuda" if ctx.device == "cuda" else "cpu"
+        model = MoshiForConditionalGeneration.from_pretrained(ctx.model_path, dtype=dtype).to(device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
+        self.slots = ctx.max_num_seqs
+        cfg = model.config
+        self.mimi = StreamingMimi(model.audio_encoder, self.slots, cfg.num_codebooks)
+        self.lm = DuplexLM(model, self.slots, Sampling())
+        self.sample_rate = cfg.audio_encoder_config.sampling_rate
+        self.frame_samples = self.mimi.frame_samples
+        self.device = device
+        self._skip = set(self.tokenizer.all_special_ids)
+        self._history: list[list[int]] = [[] for _ in range(self.slots)]
+
+    def start(self, slot: int, params: dict[str, Any]) -> None:
+        self.mimi.reset(slot)
+        self.lm.start(slot, int(params["seed"]), params.get("text_temperature"), params.get("temperature"))
+        self._history[slot] = []
+
+    def stop(self, slot: int) -> None:
+        self.lm.stop(slot)
+        self.mimi.reset(slot)
+
+    @torch.no_grad()
+    def step(self, frames: np.ndarray) -> list[SlotOutput]:
+        audio = torch.from_numpy(frames).to(self.device)
+        user = self.mimi.encode(audio)
+        text, codes, ready = self.lm.step(user)
+        ready_rows = ready.to(codes.device)
+        out = self.mimi.decode(torch.where(ready_rows[:, None], codes, 0)).float()  # no "nothing yet" codes
+        out = torch.where(ready_rows[:, None], out, torch.zeros_like(out))
+        for s in torch.nonzero(~ready).flatten().tolist():
+            self.mimi.reset_decoder(s)  # the slot's first step decoded no real frame: forget it
+        audio_out = out.cpu().numpy()
+        tokens = text.tolist()
+        return [SlotOutput(audio_out[s], self._piece(s, tokens[s])) for s in range(self.slots)]
+
+    def _piece(self, slot: int, token: int) -> str:
+        if token in self._skip or not bool(self.lm.live[slot]):
+            return ""
+        hist = self._history[slot]
+        before = self.tokenizer.decode(hist, skip_special_tokens=True) if hist else ""
+        hist.append(token)
+        after = self.tokenizer.decode(hist, skip_special_tokens=True)
+        del hist[:-DETOKENIZE_CONTEXT]
+        return after[len(before):] if after.startswith(before) else after

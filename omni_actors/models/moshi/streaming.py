@@ -1,0 +1,126 @@
+"""Per-slot streaming state for batched frame steps: ring KV caches, conv padding, transposed-conv tails.
+
+A duplex engine steps every session of a worker as one batch of fixed size (one
+row per slot, free slots included), so each row's math is the same whatever the
+other rows hold: a session's output does not depend on who else is live.
+Sessions start at different times, so every row has its own position:
+
+- `RingKV` is a transformers `Cache` stand-in for one transformer: per slot a
+  ring of `window + extra` keys/values per layer, written at the row's own
+  absolute positions, plus the additive mask (a key is seen by a query at
+  absolute position a when a - window < its position <= a) and the position ids
+  (RoPE at absolute positions, so the ring's order does not matter).
+- `SlotPaddingCache` is transformers' `MimiConv1dPaddingCache` for a fixed batch
+  whose rows can be reset one at a time ("replicate" layers start from the row's
+  first sample, as the non-streaming convolution pads).
+- `TransposedTail` streams a causal transposed convolution by overlap-add.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.mimi.modeling_mimi import MimiConv1dPaddingCache
+
+
+class RingKV:
+    """Keys and values of one transformer for `slots` rows, each at its own position."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, head_dim: int, window: int, extra: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.window = window
+        self.capacity = window + extra
+        shape = (slots, kv_heads, self.capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.held = torch.full((slots, self.capacity), -1, dtype=torch.long, device=device)
+        """Absolute position of the token in each ring cell; -1: empty."""
+        self.length = torch.zeros(slots, dtype=torch.long, device=device)
+        self._index: torch.Tensor | None = None
+        self.dtype = dtype
+
+    def reset(self, slot: int) -> None:
+        self.length[slot] = 0
+        self.held[slot] = -1
+        for t in (*self.k, *self.v):
+            t[slot].zero_()
+
+    def begin(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Claim ring cells for `tokens` new tokens per row; (position ids [S,T], additive mask [S,1,T,C])."""
+        if tokens > self.capacity - self.window:
+            raise ValueError(f"a step of {tokens} tokens needs more than {self.capacity - self.window} spare cells")
+        steps = torch.arange(tokens, device=self.length.device)
+        positions = self.length[:, None] + steps[None, :]  # [S, T]
+        cells = positions % self.capacity
+        self.held.scatter_(1, cells, positions)
+        self._index = cells
+        held = self.held[:, None, :]  # [S, 1, C]
+        q = positions[:, :, None]  # [S, T, 1]
+        seen = (held >= 0) & (held <= q) & (held > q - self.window)
+        mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device)
+        mask.masked_fill_(~seen, torch.finfo(self.dtype).min)
+        return positions, mask[:, None]
+
+    def finish(self, tokens: int) -> None:
+        self.length += tokens
+        self._index = None
+
+    # the part of transformers' Cache interface the attention layers call
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        assert self._index is not None, "RingKV.begin() before the layers run"
+        idx = self._index[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
+        self.k[layer_idx].scatter_(2, idx, key.to(self.dtype))
+        self.v[layer_idx].scatter_(2, idx, value.to(self.dtype))
+        return self.k[layer_idx], self.v[layer_idx]
+
+
+class SlotPaddingCache(MimiConv1dPaddingCache):
+    """Conv padding states of a fixed batch of rows, each resettable on its own."""
+
+    def __init__(self, convs: list, slots: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        pads = [int(c.padding_total) for c in convs]  # a buffer tensor in transformers: plain ints are faster
+        super().__init__(len(convs), pads, [c.pad_mode for c in convs], [c.in_channels for c in convs])
+        self.padding_cache = [torch.zeros(slots, c.in_channels, pad, dtype=dtype, device=device)
+                              for c, pad in zip(convs, pads, strict=True)]
+        self.fresh = torch.ones(slots, dtype=torch.bool, device=device)
+
+    def reset(self, slot: int) -> None:
+        for t in self.padding_cache:
+            t[slot].zero_()
+        self.fresh[slot] = True
+
+    def update(self, hidden_states: torch.Tensor, layer_idx: int):
+        if self.per_layer_padding_mode[layer_idx] == "replicate" and bool(self.fresh.any()):
+            cur = self.padding_cache[layer_idx]
+            first = hidden_states[:, :, :1].expand(-1, -1, cur.shape[-1])
+            self.padding_cache[layer_idx] = torch.where(self.fresh[:, None, None], first, cur)
+        return super().update(hidden_states, layer_idx)
+
+    def finish(self) -> None:
+        self.fresh.zero_()
+
+
+class TransposedTail:
+    """Streams a causal (trim_right_ratio 1) transposed convolution: per frame T*stride samples out."""
+
+    def __init__(self, layer, slots: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        conv = layer.conv
+        if layer.padding_left != 0:
+            raise ValueError("streaming needs a causal transposed convolution with trim_right_ratio 1.0")
+        self.conv = conv
+        self.stride = conv.stride[0]
+        self.overlap = conv.kernel_size[0] - self.stride
+        self.tail = torch.zeros(slots, conv.out_channels, self.overlap, dtype=dtype, device=device)
+
+    def reset(self, slot: int) -> None:
+        self.tail[slot].zero_()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        n = x.shape[-1] * self.stride
+        if self.overlap:
+            y = torch.cat([y[..., :self.overlap] + self.tail, y[..., self.overlap:]], dim=-1)
+            rest = y[..., n:]
+            if self.conv.bias is not None:  # the next frame adds the bias to these samples again
+                rest = rest - self.conv.bias[None, :, None]
+            self.tail = rest.clone()
+        return y[..., :n]

@@ -1,0 +1,93 @@
+"""Typed final outputs: what the API reads from a final stage, converted once from the stage's payload.
+
+    TextOutput        text delta, finish_reason, token counts
+    AudioOutput       float32 mono samples, their rate, the transcript piece they speak
+    TranscriptOutput  a transcription delta of the user's audio
+    ImageOutput       uint8 images [n, H, W, 3] (None on a progress-only chunk), progress
+    VideoOutput       uint8 frames [T, H, W, 3] (None on a progress-only chunk), fps, progress
+
+Payloads between stages stay model-specific dicts; only a final stage's
+output, by its `final_output_type`, becomes one of these (`to_final`), in the
+orchestrator, so the routes never read string keys of a payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omni_actors.audio import DEFAULT_SAMPLE_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class TextOutput:
+    text: str
+    tokens: int
+    """Tokens this delta stands for (the stage's count, else one per non-empty delta)."""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AudioOutput:
+    audio: np.ndarray
+    """float32 mono; may be empty (a chunk that only ends the stream or carries a transcript)."""
+    sample_rate: int
+    transcript: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptOutput:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImageOutput:
+    images: np.ndarray | None
+    progress: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VideoOutput:
+    frames: np.ndarray | None
+    fps: float | None = None
+    progress: float | None = None
+
+
+FinalOutput = TextOutput | AudioOutput | TranscriptOutput | ImageOutput | VideoOutput
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | None:
+    """The typed output of a final stage's payload (None: a type no route reads)."""
+    match output_type:
+        case "text":
+            text = str(data.get("text") or "")
+            if "token_ids" in data:
+                tokens = len(data["token_ids"])
+            else:
+                tokens = int(data.get("num_tokens", 1 if text else 0))
+            prompt = data.get("prompt_tokens")
+            return TextOutput(text, tokens, data.get("finish_reason"), None if prompt is None else int(prompt))
+        case "audio":
+            audio = data.get("audio")
+            samples = (np.zeros(0, np.float32) if audio is None
+                       else np.asarray(audio, dtype=np.float32).reshape(-1))
+            transcript = data.get("transcript")
+            return AudioOutput(samples, int(data.get("sample_rate") or DEFAULT_SAMPLE_RATE),
+                               transcript if isinstance(transcript, str) else None)
+        case "transcript":
+            return TranscriptOutput(str(data.get("text") or ""))
+        case "image":
+            images = data.get("images")
+            return ImageOutput(None if images is None else np.asarray(images), _float(data.get("progress")))
+        case "video":
+            frames = data.get("frames")
+            return VideoOutput(None if frames is None else np.asarray(frames), _float(data.get("fps")),
+                               _float(data.get("progress")))
+    return None

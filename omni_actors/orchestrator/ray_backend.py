@@ -1,0 +1,279 @@
+"""The ray backend: each stage replica a Ray actor placed by its resources; the bus stays ours.
+
+Ray owns placement and process lifetime. Each actor (`WorkerActor`) starts the
+same worker process as the local backend (`python -m omni_actors.workers.main`)
+next to itself, so the device mask Ray gives the actor and the stage's env are
+in place before torch is imported, and tells its exit code. The worker connects
+to the orchestrator over `tcp://` with CURVE keys it reads from its stdin; the
+actor gets them, like everything else, as JSON text in its constructor (no
+pickled object of ours crosses into Ray). A worker on the orchestrator's node
+maps shared memory; elsewhere its arrays travel as message frames.
+
+On the orchestrator's side a `RayWorker` stands in for the process (pid,
+returncode, wait, signals), so the supervisor treats both backends alike: an
+actor or node that dies ends its `wait`, and the replica is restarted as a new
+actor wherever Ray can place it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import ray
+import zmq
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from omni_actors import logs
+from omni_actors.bus.sockets import BusAuth, RuntimeDir
+from omni_actors.config.deploy import DeployConfig, StageDeploy
+from omni_actors.errors import ConfigError
+from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, stage_env
+from omni_actors.workers.spec import WorkerSpec
+
+log = logs.get(__name__)
+
+NAMESPACE = "omni-actors"
+CLUSTER_CONNECT_TIMEOUT_S = 10.0
+"""Longest wait for a TCP connection to the Ray address given (Ray itself retries for minutes)."""
+ACTOR_CONCURRENCY = 4
+"""Calls an actor serves at once: `wait` blocks for its worker's life while `signal` still answers."""
+DEFAULT_CPUS = 1.0
+"""CPUs a replica asks for when its `resources` name none."""
+_ANY_HOST = ("0.0.0.0", "*", "::", "[::]")
+_users = 0
+"""Open RayLaunchers of this process: one Ray connection serves them all; the last one closes it."""
+_owned = False
+"""This module made the connection (one an embedding program made is left open)."""
+
+
+def replica_resources(dep: StageDeploy) -> dict[str, float]:
+    """What one replica of a stage asks Ray for."""
+    return {"CPU": DEFAULT_CPUS, **{k: float(v) for k, v in dep.resources.items()}}
+
+
+def _actor_options(need: dict[str, float]) -> dict[str, Any]:
+    custom = {k: v for k, v in need.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": need.get("CPU", 0.0), "num_gpus": need.get("GPU", 0.0), "resources": custom}
+
+
+class WorkerActor:
+    """Lives inside a Ray actor: starts one stage worker process next to itself and reports its exit."""
+
+    def __init__(self, spec_json: str, keys_json: str, env_json: str, orch_node: str, arrays: str) -> None:
+        self.node = ray.get_runtime_context().get_node_id()
+        path = "frames" if arrays == "frames" or self.node != orch_node else "shm"
+        spec = msgspec.structs.replace(msgspec.json.decode(spec_json, type=WorkerSpec), arrays=path)
+        env = {**os.environ, **msgspec.json.decode(env_json, type=dict[str, str])}
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        self.arrays = path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "omni_actors.workers.main", msgspec.json.encode(spec).decode(), str(os.getpid())],
+            env=env, stdin=subprocess.PIPE, start_new_session=True,
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(keys_json.encode() + b"\n")  # (never on a command line or on disk)
+        self.proc.stdin.close()
+
+    def info(self) -> str:
+        return msgspec.json.encode({"pid": self.proc.pid, "node": self.node, "arrays": self.arrays}).decode()
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def signal(self, sig: int) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+
+class RayWorker:
+    """The orchestrator's stand-in for a worker process that runs under a Ray actor."""
+
+    def __init__(self, actor: Any, pg: Any, on_exit: Callable[[], None]) -> None:
+        self.actor = actor
+        self.pg = pg
+        """The replica's placement group (a replica on several GPUs), removed when it exits."""
+        self._pg_held = pg is not None
+        self._on_exit = on_exit
+        self.pid: int | None = None
+        self.node = ""
+        self.returncode: int | None = None
+        self._ended_by_us = False
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        code = -1
+        try:
+            info = msgspec.json.decode(await self.actor.info.remote())
+            self.pid, self.node = info["pid"], info["node"]
+            code = await self.actor.wait.remote()
+        except ray.exceptions.RayError as err:  # the actor, or its node, died (or never started)
+            if self._ended_by_us:
+                log.info("ray.actor_ended", error=type(err).__name__)
+            else:
+                log.error("ray.actor_died", error=type(err).__name__, detail=str(err).splitlines()[0][:300])
+        finally:
+            self.returncode = code
+            self._release()
+            if not self._exited.done():
+                self._exited.set_result(code)
+
+    def _release(self) -> None:
+        self._on_exit()
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor, no_restart=True)
+        if self._pg_held:
+            self._pg_held = False
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.pg)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            return
+        if self.pid is None:  # not placed or not started yet: nothing to ask, end the actor
+            self._ended_by_us = True
+            with contextlib.suppress(Exception):
+                ray.kill(self.actor, no_restart=True)
+            return
+        self.actor.signal.remote(int(sig))
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class RayLauncher(Launcher):
+    """Starts workers as Ray actors on the cluster of `cluster.address`, on a CURVE tcp bus."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._connected = False
+        self._workers: set[RayWorker] = set()
+        self.node_id = ""
+        self.node_ip = ""
+
+    async def open(self, ctx: zmq.Context) -> None:
+        cl = self.deploy.cluster
+        src = self.deploy.source
+        global _users, _owned
+        if not ray.is_initialized():
+            _check_reachable(cl.address, src)
+            try:
+                ray.init(
+                    address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
+                    logging_level="WARNING", **({"include_dashboard": False} if cl.address == "local" else {}),
+                )
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise ConfigError(f"{src}: cluster.address: cannot connect to Ray at {cl.address!r}: {err}") from None
+            _owned = True
+        # else: this process is a Ray driver already (another orchestrator, or an embedding program)
+        _users += 1
+        self._connected = True
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
+        check_resources(self.deploy, self.pipeline.stage_ids, [n["Resources"] for n in ray.nodes() if n["Alive"]])
+        self.auth = BusAuth(ctx)
+        self.actor_cls = ray.remote(WorkerActor)
+        log.info("ray.connected", address=cl.address, node=self.node_id, node_ip=self.node_ip,
+                 nodes=sum(1 for n in ray.nodes() if n["Alive"]))
+
+    def bus_endpoint(self, runtime: RuntimeDir) -> str:
+        return f"tcp://{self.deploy.cluster.bus_host or self.node_ip}:0"
+
+    def set_bound(self, bound: str) -> None:
+        host, _, port = bound.removeprefix("tcp://").rpartition(":")
+        self.endpoint = f"tcp://{self.node_ip if host in _ANY_HOST else host}:{port}"
+
+    async def spawn(self, handle: WorkerHandle) -> None:
+        assert self.auth is not None
+        spec = self.worker_spec(handle)
+        keys = self.auth.issue()
+        need = replica_resources(self.deploy.stage(handle.stage_id))
+        options: dict[str, Any] = {**_actor_options(need), "max_concurrency": ACTOR_CONCURRENCY, "max_restarts": 0}
+        pg = None
+        if need.get("GPU", 0.0) > 1:  # a replica on several GPUs: reserve them together on one node
+            pg = placement_group([need], strategy="STRICT_PACK")
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+        env = stage_env(self.deploy, handle.stage_id, handle.replica)
+        actor = self.actor_cls.options(**options).remote(
+            msgspec.json.encode(spec).decode(), msgspec.json.encode(keys).decode(), msgspec.json.encode(env).decode(),
+            self.node_id, self.deploy.cluster.arrays,
+        )
+        worker = RayWorker(actor, pg, lambda: self._gone(keys))
+        self._workers.add(worker)
+        worker._exited.add_done_callback(lambda _: self._workers.discard(worker))
+        handle.proc = worker
+
+    def _gone(self, keys: Any) -> None:
+        if self.auth is not None:
+            self.auth.revoke(keys)  # a gone worker's keys open nothing
+
+    async def close(self) -> None:
+        for worker in list(self._workers):
+            worker._task.cancel()
+            worker._release()
+        if self.auth is not None:
+            self.auth.close()
+            self.auth = None
+        if self._connected:
+            global _users, _owned
+            self._connected = False
+            _users -= 1
+            if _users == 0 and _owned:
+                _owned = False
+                ray.shutdown()
+
+
+def _check_reachable(address: str, src: str) -> None:
+    """A `host:port` address must take a TCP connection now (ray.init would retry it for minutes)."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{src}: cluster.address: expected host:port, \"auto\" or \"local\", got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=CLUSTER_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConfigError(f"{src}: cluster.address: cannot reach Ray at {address}: {err.strerror or err}") from None
+
+
+def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: list[dict[str, float]]) -> None:
+    """Every stage's replica must fit on some node of the cluster, and all replicas together in the
+    cluster (else some would wait for placement forever)."""
+    total: dict[str, float] = {}
+    for sid in stage_ids:
+        dep = deploy.stage(sid)
+        for k, v in replica_resources(dep).items():
+            total[k] = total.get(k, 0.0) + v * dep.num_replicas
+        need = replica_resources(deploy.stage(sid))
+        if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+            continue
+        index = next((i for i, st in enumerate(deploy.stages) if st.stage_id == sid), None)
+        where = f"stages[{index}].resources" if index is not None else f"stage {sid} (default resources)"
+        offered = "; ".join(
+            ", ".join(f"{k}={v:g}" for k, v in sorted(n.items()) if not k.startswith(("node:", "memory", "object_store")))
+            for n in nodes
+        )
+        raise ConfigError(
+            f"{deploy.source}: {where}: no node of the Ray cluster has {need} (nodes offer: {offered or 'nothing'})"
+        )
+    for k, want in sorted(total.items()):
+        have = sum(node.get(k, 0.0) for node in nodes)
+        if want > have + 1e-9:
+            raise ConfigError(
+                f"{deploy.source}: stages: the replicas ask for {k}={want:g} in all, the Ray cluster has {have:g} "
+                f"(a replica asks for CPU=1 unless its `resources` say otherwise)"
+            )

@@ -1,0 +1,201 @@
+// The playground page: finds what the loaded pipeline can do, shows those panels, keeps the API key.
+import { bindPanels } from "./panels.js";
+import { Talk } from "./talk.js";
+
+const KEY_STORE = "omni-actors.api-key";
+const STATUS_REFRESH_MS = 2000;
+const $ = (id) => document.getElementById(id);
+
+export const state = { key: sessionStorage.getItem(KEY_STORE) || "", models: [], model: null, talk: null,
+                       routes: new Set() };
+window.__playground = state;  // read by the browser tests
+
+export function showError(message) {
+  const el = $("error");
+  el.textContent = message;
+  el.hidden = !message;
+}
+
+export async function api(path, options = {}) {
+  const headers = new Headers(options.headers || {});
+  if (state.key) headers.set("Authorization", `Bearer ${state.key}`);
+  const resp = await fetch(path, { ...options, headers });
+  if (resp.status === 401) {
+    $("key-form").hidden = false;
+    throw new Error("this server needs an API key");
+  }
+  if (!resp.ok) {
+    let message = `${resp.status} ${resp.statusText}`;
+    try { message = (await resp.json()).error?.message || message; } catch { /* not JSON */ }
+    throw new Error(message);
+  }
+  return resp;
+}
+
+function panelsFor(model) {
+  const out = new Set(model.output_types || []);
+  const panels = [];
+  if (out.has("audio") && out.has("text")) panels.push("talk");
+  if (out.has("text")) panels.push("chat");
+  if (out.has("audio")) panels.push("speak");
+  if (out.has("image")) panels.push("images");
+  if (out.has("video")) panels.push("videos");
+  panels.push("pipeline");
+  return panels;
+}
+
+function selectTab(name) {
+  for (const section of document.querySelectorAll("section[data-panel]")) section.hidden = section.dataset.panel !== name;
+  for (const b of document.querySelectorAll("#tabs button")) b.setAttribute("aria-selected", String(b.dataset.tab === name));
+  if (name === "pipeline") refreshStatus();
+}
+
+function showModel(name) {
+  state.model = state.models.find((m) => m.id === name);
+  const tabs = $("tabs");
+  tabs.replaceChildren();
+  const panels = panelsFor(state.model);
+  for (const p of panels) {
+    const b = document.createElement("button");
+    b.textContent = p[0].toUpperCase() + p.slice(1);
+    b.dataset.tab = p;
+    b.dataset.testid = `tab-${p}`;
+    b.setAttribute("data-testid", `tab-${p}`);
+    b.onclick = () => selectTab(p);
+    tabs.append(b);
+  }
+  selectTab(panels[0]);
+  document.dispatchEvent(new CustomEvent("model-changed", { detail: state.model }));
+}
+
+// ---- the pipeline view ------------------------------------------------------
+
+function svg(tag, attrs, text) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+export function drawPipeline(status) {
+  const W = 190, H = 96, GAP = 60;
+  const depth = new Map();
+  for (const s of status.stages) depth.set(s.stage_id, Math.max(0, ...s.inputs.map((i) => depth.get(i) + 1)));
+  const rows = new Map();
+  const pos = new Map();
+  for (const s of status.stages) {
+    const d = depth.get(s.stage_id);
+    const r = rows.get(d) || 0;
+    rows.set(d, r + 1);
+    pos.set(s.stage_id, { x: 10 + d * (W + GAP), y: 10 + r * (H + 20) });
+  }
+  const width = 20 + (Math.max(...depth.values()) + 1) * (W + GAP);
+  const height = 20 + Math.max(...rows.values()) * (H + 20);
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `pipeline ${status.pipeline}` });
+  const defs = svg("defs", {});
+  const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto" });
+  marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z", fill: "#9aa3b8" }));
+  defs.append(marker);
+  root.append(defs);
+  for (const s of status.stages) {
+    for (const src of s.inputs) {
+      const a = pos.get(src), b = pos.get(s.stage_id);
+      root.append(svg("path", { class: "edge", d: `M${a.x + W},${a.y + H / 2} L${b.x},${b.y + H / 2}` }));
+    }
+  }
+  for (const s of status.stages) {
+    const { x, y } = pos.get(s.stage_id);
+    const g = svg("g", { class: `stage ${s.healthy ? "healthy" : "unhealthy"}`, "data-stage": s.stage_id,
+                         "data-testid": `stage-${s.stage_id}` });
+    g.append(svg("rect", { x, y, width: W, height: H, rx: 8 }));
+    g.append(svg("text", { x: x + 10, y: y + 18, class: "title" }, `${s.stage_id} · ${s.name}`));
+    g.append(svg("text", { x: x + 10, y: y + 36 }, s.execution_type + (s.final_output_type ? ` → ${s.final_output_type}` : "")));
+    g.append(svg("text", { x: x + 10, y: y + 54 }, `in flight ${s.in_flight} / queue ${s.queue_limit}`));
+    g.append(svg("text", { x: x + 10, y: y + 72 }, `engine requests ${s.engine_requests}`));
+    s.replicas.forEach((r, i) => {
+      const dot = svg("circle", { cx: x + 14 + i * 16, cy: y + H - 10, r: 5, class: `replica ${r.ready ? "ready" : "down"}` });
+      dot.append(svg("title", {}, `replica ${r.replica}: ${r.ready ? "ready" : "not ready"}, pid ${r.pid}, ${r.in_flight} in flight, ${r.restarts} restarts`));
+      g.append(dot);
+    });
+    root.append(g);
+  }
+  $("pipeline-graph").replaceChildren(root);
+}
+
+let statusTimer = null;
+async function refreshStatus() {
+  clearTimeout(statusTimer);
+  try {
+    const status = await (await api("/v1/status")).json();
+    drawPipeline(status);
+    const pill = $("health");
+    pill.textContent = status.healthy ? "healthy" : "degraded";
+    pill.className = `pill ${status.healthy ? "ok" : "bad"}`;
+  } catch (err) {
+    showError(err.message);
+  }
+  if (!$("panel-pipeline").hidden) statusTimer = setTimeout(refreshStatus, STATUS_REFRESH_MS);
+}
+
+// ---- talk --------------------------------------------------------------------
+
+function bindTalk() {
+  const button = $("talk-button");
+  button.onclick = async () => {
+    if (state.talk) {
+      await state.talk.stop();
+      state.talk = null;
+      button.textContent = "Start talking";
+      return;
+    }
+    showError("");
+    const answer = $("talk-transcript");
+    state.talk = new Talk({
+      model: state.model.id, key: state.key,
+      onAnswer: (delta, fresh) => { if (fresh && answer.textContent) answer.textContent += "\n"; answer.textContent += delta; },
+      onUser: (text) => { $("talk-user").textContent += (text || "").trim() + "\n"; },
+      onState: (s) => { $("talk-state").textContent = s; },
+      onError: showError,
+    });
+    button.textContent = "Stop";
+    try {
+      await state.talk.start();
+    } catch (err) {
+      showError(err.message);
+      await state.talk.stop();
+      state.talk = null;
+      button.textContent = "Start talking";
+    }
+  };
+}
+
+// ---- start -------------------------------------------------------------------
+
+async function boot() {
+  $("key-form").onsubmit = (e) => {
+    e.preventDefault();
+    state.key = $("key-input").value.trim();
+    sessionStorage.setItem(KEY_STORE, state.key);
+    $("key-form").hidden = true;
+    boot();
+  };
+  try {
+    state.models = (await (await api("/v1/models")).json()).data;
+    // The routes this server serves (public): panels only call what is there.
+    state.routes = new Set(Object.keys((await (await fetch("/openapi.json")).json()).paths || {}));
+  } catch (err) {
+    showError(err.message);
+    return;
+  }
+  showError("");
+  const select = $("model");
+  select.replaceChildren(...state.models.map((m) => new Option(m.id, m.id)));
+  select.onchange = () => showModel(select.value);
+  showModel(state.models[0].id);
+  refreshStatus();
+  document.body.dataset.ready = "true";
+}
+
+bindTalk();
+bindPanels({ api, state, showError });
+boot();

@@ -1,0 +1,245 @@
+// The request panels: chat (text streamed, spoken answer), speak (streamed playback), images, videos.
+import { StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, wavBlob } from "./audio.js";
+
+const $ = (id) => document.getElementById(id);
+const VIDEO_REFRESH_MS = 1000;
+const WAV_HEADER_BYTES = 44;
+
+// Reads an SSE body, calling onEvent(parsed JSON) for each `data:` line until [DONE].
+async function readSse(resp, onEvent) {
+  const reader = resp.body.getReader();
+  const text = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += text.decode(value, { stream: true });
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      for (const line of block.split("\n")) {
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") return;
+        onEvent(JSON.parse(data));
+      }
+    }
+  }
+}
+
+function busy(button, on) { button.disabled = on; }
+
+function bindChat({ api, state, showError }) {
+  $("chat-send").onclick = async () => {
+    const button = $("chat-send");
+    const out = $("chat-output");
+    const audioEl = $("chat-audio");
+    const prompt = $("chat-input").value.trim();
+    const file = $("chat-file").files[0];
+    if (!prompt && !file) return;
+    busy(button, true);
+    showError("");
+    out.textContent = "";
+    audioEl.hidden = true;
+    const content = [];
+    if (prompt) content.push({ type: "text", text: prompt });
+    if (file) {
+      const format = file.name.toLowerCase().endsWith(".mp3") ? "mp3" : "wav";
+      content.push({ type: "input_audio", input_audio: { data: bytesToB64(new Uint8Array(await file.arrayBuffer())), format } });
+    }
+    const speak = $("chat-speak").checked;
+    const body = { model: state.model.id, stream: true, messages: [{ role: "user", content }] };
+    if (speak) Object.assign(body, { modalities: ["text", "audio"], audio: { voice: "alloy", format: "pcm16" } });
+    const pcm = [];
+    try {
+      const resp = await api("/v1/chat/completions", {
+        method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+      });
+      await readSse(resp, (chunk) => {
+        const delta = chunk.choices?.[0]?.delta || {};
+        if (delta.content) out.textContent += delta.content;
+        if (delta.audio?.transcript) out.textContent += delta.audio.transcript;
+        if (delta.audio?.data) pcm.push(b64ToBytes(delta.audio.data));
+      });
+      if (pcm.length) {
+        audioEl.src = URL.createObjectURL(wavBlob(pcm, WIRE_RATE));
+        audioEl.hidden = false;
+      }
+    } catch (err) {
+      showError(err.message);
+    } finally {
+      busy(button, false);
+    }
+  };
+}
+
+async function loadVoices({ api, state }) {
+  const select = $("speak-voice");
+  const names = new Set(state.model.voices || []);
+  if (state.routes.has("/v1/audio/voices")) {
+    try {
+      const custom = await (await api("/v1/audio/voices")).json();
+      for (const v of custom.data || []) select.append(new Option(`${v.name} (custom)`, JSON.stringify({ id: v.id })));
+    } catch { /* listed but refused: built-in voices only */ }
+  }
+  if (!names.size) names.add("alloy");
+  for (const n of names) select.append(new Option(n, n));
+}
+
+function bindSpeak({ api, state, showError }) {
+  document.addEventListener("model-changed", () => {
+    $("speak-voice").replaceChildren();
+    if ((state.model.output_types || []).includes("audio")) loadVoices({ api, state });
+  });
+  $("speak-button").onclick = async () => {
+    const button = $("speak-button");
+    const text = $("speak-input").value.trim();
+    if (!text) return;
+    busy(button, true);
+    showError("");
+    const raw = $("speak-voice").value || "alloy";
+    const voice = raw.startsWith("{") ? JSON.parse(raw) : raw;
+    let player = null;
+    const pcm = [];
+    let rate = WIRE_RATE;
+    try {
+      // A streamed WAV: the header gives the voice's own rate, the rest is pcm16 as it is made.
+      const resp = await api("/v1/audio/speech", {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: state.model.id, input: text, voice, response_format: "wav", stream_format: "audio" }),
+      });
+      const reader = resp.body.getReader();
+      let pending = new Uint8Array(0);
+      let headerDone = false;
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        const joined = new Uint8Array(pending.length + value.length);
+        joined.set(pending);
+        joined.set(value, pending.length);
+        pending = joined;
+        if (!headerDone) {
+          if (pending.length < WAV_HEADER_BYTES) continue;
+          rate = new DataView(pending.buffer, pending.byteOffset).getUint32(24, true);
+          player = new StreamPlayer(rate);
+          pending = pending.slice(WAV_HEADER_BYTES);
+          headerDone = true;
+        }
+        const even = pending.length - (pending.length % 2);
+        const part = pending.slice(0, even);
+        pending = pending.slice(even);
+        player.push(part);  // plays while the rest is still being made
+        pcm.push(part);
+      }
+      const el = $("speak-audio");
+      el.src = URL.createObjectURL(wavBlob(pcm, rate));
+      el.dataset.seconds = String(player ? player.playedSeconds : 0);
+    } catch (err) {
+      showError(err.message);
+    } finally {
+      busy(button, false);
+    }
+  };
+}
+
+function addImage(b64, format = "png") {
+  const img = document.createElement("img");
+  img.src = `data:image/${format};base64,${b64}`;
+  $("image-result").append(img);
+}
+
+function bindImages({ api, state, showError }) {
+  $("image-button").onclick = async () => {
+    const button = $("image-button");
+    const prompt = $("image-prompt").value.trim();
+    if (!prompt) return;
+    busy(button, true);
+    showError("");
+    $("image-result").replaceChildren();
+    const progress = $("image-progress");
+    progress.value = 0;
+    const file = $("image-file").files[0];
+    const size = $("image-size").value.trim();
+    const steps = Number($("image-steps").value) || undefined;
+    try {
+      let resp;
+      if (file) {
+        const form = new FormData();
+        form.append("model", state.model.id);
+        form.append("prompt", prompt);
+        form.append("size", size);
+        form.append("image", file);
+        resp = await api("/v1/images/edits", { method: "POST", body: form });
+      } else {
+        resp = await api("/v1/images/generations", {
+          method: "POST", headers: { "content-type": "application/json" },
+          body: JSON.stringify({ model: state.model.id, prompt, size, num_inference_steps: steps,
+                                 response_format: "b64_json", stream: true, partial_images: 2 }),
+        });
+      }
+      if ((resp.headers.get("content-type") || "").includes("text/event-stream")) {
+        await readSse(resp, (ev) => {
+          if (ev.type?.endsWith("partial_image")) {
+            progress.value = Math.min(0.95, progress.value + 0.3);
+            $("image-result").replaceChildren();
+            addImage(ev.b64_json, ev.output_format);
+          } else if (ev.type?.endsWith("completed")) {
+            $("image-result").replaceChildren();
+            addImage(ev.b64_json, ev.output_format);
+          }
+        });
+      } else {
+        for (const d of (await resp.json()).data) addImage(d.b64_json);
+      }
+      progress.value = 1;
+    } catch (err) {
+      showError(err.message);
+    } finally {
+      busy(button, false);
+    }
+  };
+}
+
+function bindVideos({ api, state, showError }) {
+  $("video-button").onclick = async () => {
+    const button = $("video-button");
+    const prompt = $("video-prompt").value.trim();
+    if (!prompt) return;
+    busy(button, true);
+    showError("");
+    const status = $("video-status");
+    const player = $("video-result");
+    player.hidden = true;
+    try {
+      let job = await (await api("/v1/videos", {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
+                               seconds: $("video-seconds").value.trim() }),
+      })).json();
+      while (job.status === "queued" || job.status === "in_progress") {
+        status.textContent = job.status;
+        $("video-progress").value = job.progress || 0;
+        await new Promise((r) => setTimeout(r, VIDEO_REFRESH_MS));
+        job = await (await api(`/v1/videos/${job.id}`)).json();
+      }
+      status.textContent = job.status;
+      if (job.status !== "completed") throw new Error(job.error?.message || `video ${job.status}`);
+      $("video-progress").value = 100;
+      const blob = await (await api(`/v1/videos/${job.id}/content`)).blob();
+      player.src = URL.createObjectURL(blob);
+      player.hidden = false;
+    } catch (err) {
+      showError(err.message);
+    } finally {
+      busy(button, false);
+    }
+  };
+}
+
+export function bindPanels(ctx) {
+  bindChat(ctx);
+  bindSpeak(ctx);
+  bindImages(ctx);
+  bindVideos(ctx);
+}

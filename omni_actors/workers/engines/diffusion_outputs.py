@@ -1,0 +1,62 @@
+"""What a finished diffusion batch's pipeline output becomes: one converter per output kind.
+
+A converter takes the pipeline's return value and gives arrays whose first
+axis is the batch's rows (one per generated item, in call order); the engine
+slices them per request and sends them as the request's final payload.
+
+    "image"  {"images": uint8 [rows, H, W, 3]}, or [rows, layers, H, W, 4] for a layered pipeline
+
+Other kinds (video, audio) register a "module:function" in `CONVERTERS`; each
+lives in its own module, imported only by a worker that serves that kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+Converter = Callable[[Any], dict[str, np.ndarray]]
+
+CONVERTERS: dict[str, str] = {
+    "image": "omni_actors.workers.engines.diffusion_outputs:image_arrays",
+}
+
+
+def converter(kind: str) -> Converter:
+    """The converter for `kind`; ValueError naming the kinds there are."""
+    ref = CONVERTERS.get(kind)
+    if ref is None:
+        raise ValueError(f"no output converter for {kind!r} outputs; known: {sorted(CONVERTERS)}")
+    module, _, fn = ref.partition(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def image_arrays(result: Any) -> dict[str, np.ndarray]:
+    """`result.images` (numpy float, torch, PIL, or per-row lists of PIL layers) as uint8 arrays."""
+    images = result.images
+    if isinstance(images, list) and images and isinstance(images[0], list | tuple):
+        return {"images": np.stack([np.stack([_rgba(im) for im in row]) for row in images])}
+    return {"images": to_uint8(images)}
+
+
+def _rgba(image: Any) -> np.ndarray:
+    arr = np.asarray(image.convert("RGBA") if hasattr(image, "convert") else image)
+    return to_uint8(arr[None])[0] if arr.dtype != np.uint8 else arr
+
+
+def to_uint8(images: Any) -> np.ndarray:
+    """Pipeline images (float [0, 1] numpy or torch, or PIL) as uint8 [n, H, W, 3]."""
+    if isinstance(images, list):
+        images = np.stack([np.asarray(im.convert("RGB") if hasattr(im, "convert") else im) for im in images])
+    elif not isinstance(images, np.ndarray):
+        images = images.float().cpu().numpy()
+    if images.dtype != np.uint8:
+        images = (np.clip(images, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.shape[-1] == 1:
+        images = np.repeat(images, 3, axis=-1)
+    return images

@@ -1,0 +1,233 @@
+"""The full-duplex stage engine: every live session steps one audio frame per tick, all in one batch.
+
+A session is one streaming request: `add` claims one of the adapter's slots
+(its batch rows; `max_num_seqs` of them), `feed` appends the user's audio to
+the session's input buffer, `abort` frees the slot. The engine owns the frame
+clock: ticks every frame (80 ms for Moshi) while any session is live, and each
+`step` waits for the next tick, then steps every slot at once:
+
+- a session takes one frame from its input buffer, or a frame of silence when
+  less than a frame is buffered (a client that stops sending is not waited for);
+  the buffer keeps at most MAX_INPUT_S of audio, dropping the oldest;
+- a step that ends after the next tick is late: the ticks it overran are skipped,
+  not made up (no frame is queued behind another), and so is the user audio of
+  those ticks, beyond JITTER_FRAMES still buffered; each output says how many
+  (`late`), with the step's compute time (`frame_ms`), how far past its tick it
+  started (`start_lag_ms`), the user audio dropped since the last output
+  (`dropped_input_s`) and, for a frame of the user's audio, the time from its last
+  sample's arrival to this output (`input_to_output_ms`);
+- each session gets one output per step: the model's frame of audio (float32
+  at `sample_rate`) and its text piece.
+
+Model-specific work (loading, slots' state, the batched frame step) is a
+`DuplexAdapter` named by engine_extras["adapter"]. Rows of free slots are
+stepped too: every step has the same shapes, so a session's numbers do not
+depend on which other sessions are live.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omni_actors import logs
+from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+
+log = logs.get(__name__)
+
+MAX_INPUT_S = 2.0
+"""Most user audio a session buffers ahead of the frame clock; older audio is dropped."""
+JITTER_FRAMES = 2
+"""User audio frames a session may keep buffered across a skipped tick; past that, the frames of the
+ticks the engine skipped are dropped with them (input skips ahead as output does)."""
+
+
+@dataclass
+class SlotOutput:
+    audio: np.ndarray
+    """One frame of the model's audio, float32 at the adapter's sample_rate."""
+    text: str
+
+
+class DuplexAdapter(abc.ABC):
+    """Model-specific half of DuplexEngine; `step` runs every slot (live or not) by one frame."""
+
+    slots: int
+    sample_rate: int
+    frame_samples: int
+
+    @abc.abstractmethod
+    def start(self, slot: int, params: dict[str, Any]) -> None:
+        """Give `slot` a fresh session (params: the request's merged with the deploy's, with an int `seed`;
+        a realtime session adds `temperature`, `voice` and `instructions`)."""
+
+    @abc.abstractmethod
+    def stop(self, slot: int) -> None:
+        """Forget `slot`'s session."""
+
+    @abc.abstractmethod
+    def step(self, frames: np.ndarray) -> list[SlotOutput]:
+        """frames [slots, frame_samples] float32 user audio -> one SlotOutput per slot."""
+
+
+@dataclass
+class _Session:
+    slot: int
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    frames: int = 0
+    dropped: int = 0
+    """Samples of user audio dropped (past MAX_INPUT_S, or with skipped ticks)."""
+    reported: int = 0
+    ending: bool = False
+    arrivals: deque[tuple[int, float]] = field(default_factory=deque)
+    """(samples appended so far, when) per append still in the buffer: when a frame's last sample came."""
+    taken: int = 0
+    """Samples taken from the buffer (or dropped) so far."""
+
+    def skip(self, frames: int, n: int) -> None:
+        """Drop the oldest `frames` frames of buffered input (the ticks they were for were skipped)."""
+        if frames > 0:
+            self.dropped += frames * n
+            self.taken += frames * n
+            self.buffer = self.buffer[frames * n:]
+
+    def take(self, n: int) -> float | None:
+        """Take one frame from the buffer; return when its last sample arrived."""
+        self.taken += n
+        self.buffer = self.buffer[n:]
+        while self.arrivals and self.arrivals[0][0] < self.taken:
+            self.arrivals.popleft()
+        return self.arrivals[0][1] if self.arrivals else None
+
+
+class DuplexEngine(StageEngine):
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        self.adapter: DuplexAdapter = self.make_adapter()
+        a = self.adapter
+        self.frame_s = a.frame_samples / a.sample_rate
+        self.max_input = int(MAX_INPUT_S * a.sample_rate)
+        self.sessions: dict[str, _Session] = {}
+        self.free = list(range(a.slots))[::-1]
+        self._next_tick: float | None = None
+        self._clock = threading.Event()  # never set: waiting on it until the next tick is the frame clock
+        self._silence = np.zeros((a.slots, a.frame_samples), np.float32)
+        t0 = time.monotonic()
+        a.step(self._silence)  # warm up kernels and allocations with a full batch
+        frame_ms = (time.monotonic() - t0) * 1000
+        for s in range(a.slots):
+            a.stop(s)
+        log.info("duplex.ready", slots=a.slots, frame_budget_ms=round(self.frame_s * 1000, 1),
+                 warmup_frame_ms=round(frame_ms, 1))
+
+    # ---- sessions ----
+
+    def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False) -> None:
+        if not self.free:
+            raise ValueError(f"session_limit_reached: all {self.adapter.slots} duplex session slots are busy")
+        p = self.merged_sampling(params)
+        seed = p.get("seed")
+        p["seed"] = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
+        audio = self._audio(inputs)
+        slot = self.free.pop()
+        self.adapter.start(slot, p)
+        session = self.sessions[request_id] = _Session(slot)
+        self._append(session, audio)
+        session.ending = not streaming
+        if self._next_tick is None:
+            self._next_tick = time.monotonic()
+
+    def feed(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
+        session = self.sessions.get(request_id)
+        if session is None:
+            return
+        self._append(session, self._audio(inputs))
+        session.ending = session.ending or last
+
+    def abort(self, request_id: str) -> None:
+        session = self.sessions.pop(request_id, None)
+        if session is not None:
+            self._release(session)
+
+    def _release(self, session: _Session) -> None:
+        self.adapter.stop(session.slot)
+        self.free.append(session.slot)
+        if not self.sessions:
+            self._next_tick = None
+
+    def _audio(self, inputs: dict[str, Any]) -> np.ndarray | None:
+        audio = inputs.get("audio")
+        if audio is None:
+            return None
+        rate = int(inputs.get("sample_rate", self.adapter.sample_rate))
+        if rate != self.adapter.sample_rate:
+            raise ValueError(f"audio: sample_rate {rate} Hz; this model takes {self.adapter.sample_rate} Hz")
+        x = np.asarray(audio)
+        if x.dtype == np.int16:
+            return x.astype(np.float32) / 32768.0
+        return x.astype(np.float32, copy=False).reshape(-1)
+
+    def _append(self, session: _Session, audio: np.ndarray | None) -> None:
+        if audio is None or not len(audio):
+            return
+        buf = np.concatenate([session.buffer, audio])
+        session.arrivals.append((session.taken + len(buf), time.monotonic()))
+        if len(buf) > self.max_input:
+            drop = len(buf) - self.max_input
+            session.dropped += drop
+            session.taken += drop
+            buf = buf[drop:]
+        session.buffer = buf
+
+    # ---- the frame clock ----
+
+    def has_work(self) -> bool:
+        return bool(self.sessions)
+
+    def step(self) -> list[EngineOutput]:
+        assert self._next_tick is not None
+        wait = self._next_tick - time.monotonic()
+        if wait > 0:
+            self._clock.wait(wait)
+        tick = self._next_tick
+        n = self.adapter.frame_samples
+        frames = self._silence.copy()
+        arrived: dict[int, float | None] = {}
+        for session in self.sessions.values():
+            if len(session.buffer) >= n:
+                frames[session.slot] = session.buffer[:n]
+                arrived[session.slot] = session.take(n)
+        started = time.monotonic()
+        outs = self.adapter.step(frames)
+        done = time.monotonic()
+        missed = int((done - tick) // self.frame_s)  # ticks that passed while this step ran
+        self._next_tick = tick + (missed + 1) * self.frame_s
+        if missed:
+            log.warning("duplex.late_frame", skipped=missed, sessions=len(self.sessions))
+            for session in self.sessions.values():
+                session.skip(min(missed, len(session.buffer) // n - JITTER_FRAMES), n)
+        frame_ms = (done - started) * 1000
+        lag_ms = (started - tick) * 1000
+        results = []
+        for rid, session in list(self.sessions.items()):
+            out = outs[session.slot]
+            payload = {"audio": out.audio, "sample_rate": self.adapter.sample_rate, "text": out.text,
+                       "frame": session.frames, "frame_ms": frame_ms, "start_lag_ms": lag_ms, "late": missed,
+                       "dropped_input_s": (session.dropped - session.reported) / self.adapter.sample_rate}
+            session.reported = session.dropped
+            when = arrived.get(session.slot)
+            if when is not None:  # a frame of the user's audio (not silence): its last sample to this output
+                payload["input_to_output_ms"] = (done - when) * 1000
+            session.frames += 1
+            results.append(EngineOutput(rid, payload, finished=session.ending))
+            if session.ending:
+                del self.sessions[rid]
+                self._release(session)
+        return results

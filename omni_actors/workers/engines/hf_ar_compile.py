@@ -1,0 +1,58 @@
+"""torch.compile of HfAREngine's static decode step (engine_extras["compile"], CUDA only).
+
+Inductor fuses the step's small elementwise kernels (RMSNorm, rotary, SiLU x up,
+residual adds, sampling prep) that otherwise dominate a batch-1 decode of a small
+model. Shapes are fixed per (batch, length) bucket, so the step is compiled with
+`dynamic=False`: one specialisation per bucket, each captured afterwards as a
+CUDA graph by hf_ar_graphs.py exactly as the eager step is (the first call of a
+bucket compiles and runs, the second is captured). Compiled code is cached on disk
+by inductor (TORCHINDUCTOR_CACHE_DIR), so a restart recompiles from the cache.
+A step that fails to compile falls back to eager for the engine (logged once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omni_actors import logs
+
+log = logs.get(__name__)
+
+COMPILE_WARMUPS = 2
+"""Compiled calls of a bucket before its CUDA-graph capture (no compiling may happen inside one)."""
+RECOMPILE_LIMIT = 64
+"""Specialisations dynamo keeps per function: one per (batch, length) bucket used."""
+COMPILE_MODE = "default"
+"""Inductor mode: fused kernels, no autotuning (it multiplies compile time per bucket); the
+CUDA graphs are ours (hf_ar_graphs.py), not inductor's."""
+
+
+def compile_wanted(ctx: Any) -> bool:
+    extras = ctx.engine_extras
+    return ctx.device == "cuda" and bool(extras.get("compile", False)) and not extras.get("enforce_eager")
+
+
+def compiled_step(step: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+    """`step(batch, length)` compiled per bucket; on a compile error, the eager step from then on."""
+    import torch._dynamo as dynamo
+
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, max(getattr(dynamo.config, name), RECOMPILE_LIMIT))
+    fast = torch.compile(step, dynamic=False, mode=COMPILE_MODE)
+    state = {"ok": True}
+
+    def run(batch: int, length: int) -> Any:
+        if state["ok"] and not torch.cuda.is_current_stream_capturing():
+            try:
+                return fast(batch, length)
+            except Exception as err:  # compilation is an optimisation: fall back, say why once
+                state["ok"] = False
+                log.warning("hf_ar.compile_off", batch=batch, length=length,
+                            reason=f"{type(err).__name__}: {err}"[:300])
+        return step(batch, length)
+
+    return run

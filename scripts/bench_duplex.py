@@ -1,0 +1,207 @@
+"""Full-duplex benchmark: N concurrent realtime sessions on a Moshi checkpoint, fed audio in real time.
+
+For each N (default 1, 4, 16) a server is started with N duplex slots
+(`max_num_seqs` = N); N WebSocket clients in a separate process each stream
+audio in 80 ms appends at real-time pace for --seconds and read everything
+that comes back. Reported per N:
+
+- frame_ms p50/p99: the engine's step compute time for one frame of all slots
+  (the server's duplex statistics); start_lag_ms p50/p99: how far past its tick
+  each step began; late_frames: ticks skipped because a step overran (per session);
+- audio_out_per_wall_s: seconds of model audio the clients received per wall
+  second, over all sessions (N x 1.0 when every frame is on time);
+- input_to_output_ms p50/p99: per frame of user audio, from its last sample reaching the
+  engine to the output of the step that took it (the serving path's added latency; the
+  model's own delay, one frame for Moshi's acoustic codebooks, comes on top);
+- first_audio_ms p50: first append sent to first audio delta received, per session.
+
+Baseline, same run: the adapter's frame step for N slots timed in this process
+without the server (`baseline_frame_ms_p50`): what serving adds to the model.
+
+    .venv/bin/python scripts/bench_duplex.py                        # tiny, CPU
+    .venv/bin/python scripts/bench_duplex.py --size 7b --device cuda --dtype bfloat16 --seconds 60
+
+`--size 7b` builds a random-weight checkpoint of Moshi-7B's real sizes (first run:
+minutes, ~15 GB in bf16 under --work-dir). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMNI_LOG_LEVEL", "warning")
+
+import numpy as np
+
+RATE = 24_000
+FRAME = 1920
+FRAME_S = FRAME / RATE
+BASELINE_STEPS = 30
+CLIENT_TIMEOUT_S = 120.0
+TARGET = {"frame_ms_p99_at_16": 40.0, "late_frames_at_16": 0, "input_to_output_ms_p50_at_1": 2 * FRAME_S * 1000}
+
+
+def p(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if values else None
+
+
+async def run_session(url: str, k: int, seconds: float) -> dict[str, Any]:
+    import aiohttp
+
+    audio = (np.random.default_rng(k).standard_normal(int(seconds * RATE)) * 0.1).clip(-1, 1)
+    pcm = (audio * 32767).astype("<i2").tobytes()
+    out = {"audio_s": 0.0, "first_audio_ms": None}
+    async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=0) as ws:
+        start = time.perf_counter()
+
+        async def reader() -> None:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    break
+                event = json.loads(msg.data)
+                if event["type"] in ("response.audio.delta", "response.output_audio.delta"):
+                    if out["first_audio_ms"] is None:
+                        out["first_audio_ms"] = (time.perf_counter() - start) * 1000
+                    out["audio_s"] += len(base64.b64decode(event["delta"])) / 2 / RATE
+
+        task = asyncio.ensure_future(reader())
+        step = FRAME * 2
+        for i, off in enumerate(range(0, len(pcm), step)):
+            await ws.send_str(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[off:off + step]).decode()}))
+            delay = start + (i + 1) * FRAME_S - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the microphone's pace
+        out["wall_s"] = time.perf_counter() - start
+        await ws.close()
+        await asyncio.wait({task}, timeout=CLIENT_TIMEOUT_S)
+    return out
+
+
+def client_main(url: str, sessions: int, seconds: float, conn: Any) -> None:
+    async def main() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(run_session(url, k, seconds) for k in range(sessions)))
+
+    conn.send(asyncio.run(main()))
+
+
+def baseline_frame_ms(model: Path, slots: int, device: str, dtype: str) -> float | None:
+    from omni_actors.models.moshi.model import MoshiDuplexAdapter
+    from omni_actors.workers.engine import EngineContext
+
+    ctx = EngineContext(stage_id=0, replica=0, model_stage="moshi", model_path=model, device=device,
+                        max_num_seqs=slots, dtype=dtype, gpu_memory_utilization=0.9, tensor_parallel_size=1)
+    adapter = MoshiDuplexAdapter(ctx)
+    for s in range(slots):
+        adapter.start(s, {"seed": s})
+    frames = (np.random.default_rng(0).standard_normal((slots, FRAME)) * 0.1).astype(np.float32)
+    adapter.step(frames)
+    times = []
+    for _ in range(BASELINE_STEPS):
+        t0 = time.perf_counter()
+        adapter.step(frames)
+        if device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1000)
+    del adapter
+    return p(times, 50)
+
+
+async def serve_level(model: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from aiohttp import web
+
+    from omni_actors.api.app import build_app
+    from omni_actors.api.realtime import STATS_KEY
+    from omni_actors.config.deploy import build_deploy
+    from omni_actors.orchestrator.core import Orchestrator
+
+    stage = {"stage_id": 0, "max_num_seqs": n, "dtype": args.dtype, "default_sampling_params": {"seed": 0}}
+    if args.device == "cuda":
+        stage["devices"] = "0"
+    deploy = build_deploy({"pipeline": "moshi", "model": str(model), "stages": [stage],
+                           "server": {"max_realtime_sessions": n}}, source="bench")
+    orch = Orchestrator(deploy)
+    await orch.start()
+    app = build_app(orch)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        parent, child = mp.Pipe()
+        proc = mp.get_context("spawn").Process(
+            target=client_main, args=(f"ws://{host}:{port}/v1/realtime?model=moshi", n, args.seconds, child))
+        proc.start()
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(None, parent.recv)
+        await loop.run_in_executor(None, proc.join)
+        d = app[STATS_KEY].statistics().duplex
+        wall = max(r["wall_s"] for r in results)
+        first = [r["first_audio_ms"] for r in results if r["first_audio_ms"] is not None]
+        return {
+            "sessions": n, "seconds": args.seconds, "frames": d.frames,
+            "frame_ms_p50": round(d.frame_ms_p50, 2), "frame_ms_p99": round(d.frame_ms_p99, 2),
+            "start_lag_ms_p50": round(d.start_lag_ms_p50, 2), "start_lag_ms_p99": round(d.start_lag_ms_p99, 2),
+            "late_frames": d.late_frames,
+            "input_to_output_ms_p50": round(d.input_to_output_ms_p50, 2),
+            "input_to_output_ms_p99": round(d.input_to_output_ms_p99, 2),
+            "audio_out_per_wall_s": round(sum(r["audio_s"] for r in results) / wall, 3),
+            "first_audio_ms_p50": p(first, 50),
+        }
+    finally:
+        await runner.cleanup()
+        await orch.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--seconds", type=float, default=8.0, help="audio each session streams")
+    ap.add_argument("--size", choices=["tiny", "7b"], default="tiny")
+    ap.add_argument("--model", help="an existing Moshi folder (default: build --size under --work-dir)")
+    ap.add_argument("--work-dir", help="where a built checkpoint is kept (default: a temporary folder)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    from omni_actors import logs
+    from omni_actors.models.tiny.moshi import make_sized_moshi
+
+    logs.configure()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(args.model) if args.model else Path(args.work_dir or tmp) / f"moshi-{args.size}"
+        if not args.model and not (model / "config.json").is_file():
+            make_sized_moshi(model, args.size, dtype=args.dtype if args.size != "tiny" else "float32")
+        rows = []
+        for n in args.sessions:
+            base = baseline_frame_ms(model, n, args.device, args.dtype)
+            row = asyncio.run(serve_level(model, n, args))
+            row["baseline_frame_ms_p50"] = base
+            rows.append(row)
+    at16 = next((r for r in rows if r["sessions"] == 16), None)
+    at1 = next((r for r in rows if r["sessions"] == 1), None)
+    print(json.dumps({
+        "bench": "duplex", "size": args.size, "device": args.device, "dtype": args.dtype, "cpus": os.cpu_count(),
+        "frame_ms_budget": FRAME_S * 1000, "results": rows, "target": TARGET,
+        "met": None if at16 is None or at1 is None else bool(
+            at16["frame_ms_p99"] <= TARGET["frame_ms_p99_at_16"] and at16["late_frames"] == TARGET["late_frames_at_16"]
+            and at1["input_to_output_ms_p50"] <= TARGET["input_to_output_ms_p50_at_1"]),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""TTS benchmark (csm): first audio and real-time factor at several concurrencies, async chunk on vs off.
+
+Two orchestrators serve the same CSM folder one after the other in one run, with
+`async_chunk` on (each backbone frame goes to the Mimi codec as it is sampled) and
+off (the codec gets the whole utterance at the end): the "off" numbers are the
+same-run baseline. Requests go straight to the orchestrator (no HTTP). Per request:
+first audio (submit -> first non-empty audio chunk) and RTF (end to end / seconds of
+audio). Closed loop at each `--concurrency` (every client sends its next request as
+its last one ends); with `--rate R`, also an open loop of Poisson arrivals at R
+requests/s for `--rate-seconds`.
+
+    .venv/bin/python scripts/bench_tts.py                          tiny csm on CPU (built in a temp dir)
+    .venv/bin/python scripts/bench_tts.py --model DIR --device cuda --rate 10
+    omni-run make-tiny csm-1b-sized DIR                            CSM-1B sizes, random weights (GPU;
+                                                                   its generation_config caps a request
+                                                                   at 125 frames, 10 s of audio)
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMNI_LOG_LEVEL", "warning")
+
+import numpy as np
+
+from omni_actors.config.deploy import build_deploy
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.requests import RequestSpec
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return round(float(np.percentile(xs, q)), 4) if xs else float("nan")
+
+
+async def _one(orch: Orchestrator, seed: int, frames: int | None) -> dict[str, float]:
+    params: dict[str, Any] = {"seed": seed}
+    if frames:
+        params["max_tokens"] = frames
+    t0 = time.perf_counter()
+    first = None
+    samples, rate = 0, 24000
+    async for chunk in orch.submit(RequestSpec(inputs={"text": TEXT, "voice": "0"}, params=params)):
+        audio = chunk.data.get("audio") if chunk.output_type == "audio" else None
+        if audio is not None and len(audio):
+            first = first if first is not None else time.perf_counter() - t0
+            samples += len(audio)
+            rate = int(chunk.data.get("sample_rate", rate))
+    total = time.perf_counter() - t0
+    seconds = samples / rate
+    return {"first_s": first if first is not None else total, "e2e_s": total, "audio_s": seconds,
+            "rtf": total / seconds if seconds else float("inf")}
+
+
+def _summary(rows: list[dict[str, float]], wall: float) -> dict[str, Any]:
+    if not rows:
+        return {"requests": 0}
+    first = [r["first_s"] for r in rows]
+    return {
+        "requests": len(rows), "first_audio_p50_s": _pct(first, 50), "first_audio_p95_s": _pct(first, 95),
+        "first_audio_p99_s": _pct(first, 99), "rtf_p50": _pct([r["rtf"] for r in rows], 50),
+        "audio_s_per_request": round(statistics.mean(r["audio_s"] for r in rows), 3),
+        "audio_s_per_wall_s": round(sum(r["audio_s"] for r in rows) / wall, 3),
+    }  # fmt: skip
+
+
+async def _closed(orch: Orchestrator, conc: int, per_client: int, frames: int | None) -> dict[str, Any]:
+    rows: list[dict[str, float]] = []
+
+    async def client(i: int) -> None:
+        for k in range(per_client):
+            rows.append(await _one(orch, 1000 * i + k, frames))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(conc)))
+    return {"concurrency": conc, **_summary(rows, time.perf_counter() - t0)}
+
+
+async def _open(orch: Orchestrator, rate: float, seconds: float, frames: int | None) -> dict[str, Any]:
+    rng = random.Random(0)
+    tasks = []
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        tasks.append(asyncio.ensure_future(_one(orch, n, frames)))
+        n += 1
+        await asyncio.sleep(rng.expovariate(rate))  # the arrival process itself, not a wait on work
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    rows = [r for r in done if isinstance(r, dict)]
+    failed = sorted({type(r).__name__ for r in done if not isinstance(r, dict)})
+    return {"rate_per_s": rate, "failed": len(done) - len(rows), "failures": failed,
+            **_summary(rows, time.perf_counter() - t0)}
+
+
+async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace) -> dict[str, Any]:
+    raw: dict[str, Any] = {"pipeline": "csm", "model": str(model), "async_chunk": async_chunk,
+                           "stages": [{"stage_id": 0, "max_num_seqs": max(args.concurrency)}]}
+    if args.device == "cuda":
+        raw["stages"][0]["devices"] = "0"
+        raw["stages"].append({"stage_id": 1, "devices": "0"})
+    orch = Orchestrator(build_deploy(raw, source="bench_tts"))
+    t0 = time.perf_counter()
+    await orch.start()
+    startup = time.perf_counter() - t0
+    try:
+        await _one(orch, 0, args.frames)  # warm-up
+        out: dict[str, Any] = {"startup_s": round(startup, 2), "closed": []}
+        for conc in args.concurrency:
+            out["closed"].append(await _closed(orch, conc, args.per_client, args.frames))
+        if args.rate:
+            out["open"] = await _open(orch, args.rate, args.rate_seconds, args.frames)
+        return out
+    finally:
+        await orch.stop()
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="a CSM folder (default: a tiny one built in a temp dir)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--per-client", type=int, default=2)
+    p.add_argument("--frames", type=int, default=None, help="frames per request (default: the checkpoint's)")
+    p.add_argument("--rate", type=float, default=0.0)
+    p.add_argument("--rate-seconds", type=float, default=20.0)
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-tts-") as tmp:
+        model = Path(args.model) if args.model else None
+        if model is None:
+            from omni_actors.models.tiny import make_tiny
+
+            model = make_tiny("csm", Path(tmp) / "tiny-csm")
+        result: dict[str, Any] = {"bench": "tts", "pipeline": "csm", "model": str(model) if args.model else "tiny",
+                                  "device": args.device, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
+        result["async"] = await _mode(model, True, args)
+        result["whole"] = await _mode(model, False, args)
+    result["async_first_audio_gain"] = [
+        round(w["first_audio_p50_s"] / a["first_audio_p50_s"], 2) if a["first_audio_p50_s"] else None
+        for a, w in zip(result["async"]["closed"], result["whole"]["closed"], strict=True)
+    ]
+    result["load_after"] = os.getloadavg()
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,192 @@
+"""Full-duplex realtime sessions on the tiny Moshi checkpoint: real workers, real server, real WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from omni_actors.api.realtime.audio import WIRE_RATE
+from omni_actors.models.tiny import make_tiny
+from omni_actors.workers.engines.duplex import JITTER_FRAMES
+from tests.api.conftest import idle
+from tests.api.realtime.conftest import Client, RtServer, b64, pcm, serve_rt
+from tests.conftest import eventually
+
+SLOTS = 4
+SEED = 1234
+FRAME = 1920
+"""Samples per 80 ms frame at 24 kHz (the wire rate is the model's)."""
+FRAMES = 6
+"""Frames compared per session."""
+INPUT_FRAMES = 2
+"""Frames of input each compared session sends, in one append; then it is fed silence. At most the
+engine's JITTER_FRAMES, so a skipped tick on a slow box never drops any of it: every frame's input is
+fixed whatever the timing."""
+CLOSE_TIMEOUT_S = 60.0
+AUDIO_EVENTS = ("response.audio.delta", "response.output_audio.delta")
+TEXT_EVENTS = ("response.audio_transcript.delta", "response.output_audio_transcript.delta")
+
+
+@pytest.fixture(scope="module")
+async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RtServer]:
+    model = make_tiny("moshi", tmp_path_factory.mktemp("moshi"))
+    stages = [{"stage_id": 0, "max_num_seqs": SLOTS, "default_sampling_params": {"seed": SEED}}]
+    async with serve_rt("moshi", model=str(model), stages=stages) as server:
+        yield server
+
+
+async def connect(srv: RtServer, http: aiohttp.ClientSession, dialect: str = "beta") -> Client:
+    path = "/v1/realtime?model=moshi"
+    ws = await http.ws_connect(srv.url + path, headers=srv.headers, max_msg_size=0, autoclose=False)
+    client = Client(ws)
+    assert (await client.recv())["type"] == "session.created"
+    assert (await client.recv())["type"] == "conversation.created"
+    if dialect == "ga":
+        await client.send("session.update", session={"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad"}}}})
+        updated = (await client.until("session.updated"))[-1]
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None  # duplex: no VAD, ever
+    return client
+
+
+def voice(seed: int, seconds: float) -> np.ndarray:
+    """A loud random signal (deterministic per seed), float32 at 24 kHz."""
+    return (np.random.default_rng(seed).standard_normal(int(seconds * WIRE_RATE)) * 0.2).astype(np.float32)
+
+
+async def frames(client: Client, n: int) -> tuple[list[np.ndarray], str, list[dict[str, Any]]]:
+    """The next `n` audio deltas, the transcript that came with them, and every event seen."""
+    audio: list[np.ndarray] = []
+    text, seen = "", []
+    while len(audio) < n:
+        event = await client.recv()
+        seen.append(event)
+        if event["type"] in AUDIO_EVENTS:
+            audio.append(pcm(event["delta"]))
+        elif event["type"] in TEXT_EVENTS:
+            text += event["delta"]
+    return audio, text, seen
+
+
+async def session_output(srv: RtServer, http: aiohttp.ClientSession, seed: int) -> tuple[np.ndarray, str]:
+    """One session fed all its input at once (so every frame's input is fixed): its first FRAMES frames."""
+    assert INPUT_FRAMES <= JITTER_FRAMES
+    client = await connect(srv, http)
+    await client.send("input_audio_buffer.append", audio=b64(voice(seed, INPUT_FRAMES * FRAME / WIRE_RATE)))
+    audio, text, _ = await frames(client, FRAMES)
+    await client.ws.close()
+    return np.concatenate(audio), text
+
+
+async def test_sessions_at_once_equal_each_alone_and_the_next_is_refused(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        alone = [await session_output(srv, http, seed) for seed in range(SLOTS)]
+        await eventually(lambda: idle(srv.orch), CLOSE_TIMEOUT_S)
+        blockers = [await connect(srv, http) for _ in range(SLOTS)]
+        extra = await connect_refused(srv, http)
+        for b in blockers:
+            await b.ws.close()
+        assert extra["error"]["code"] == "session_limit_reached"
+        await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+        together = await asyncio.gather(*(session_output(srv, http, seed) for seed in range(SLOTS)))
+    for (a_audio, a_text), (t_audio, t_text) in zip(alone, together, strict=True):
+        assert len(a_audio) == FRAMES * FRAME
+        assert np.array_equal(a_audio, t_audio)  # batch rows are independent and shapes are fixed
+        assert a_text == t_text
+    assert not np.array_equal(alone[0][0], alone[1][0]), "different input, same output"
+    stats = srv.stats().duplex
+    assert stats.sessions_rejected >= 1 and stats.frames >= 2 * SLOTS * FRAMES
+    assert stats.input_to_output_ms_p50 > 0  # frames of user audio were timed from arrival to output
+    async with aiohttp.ClientSession() as http, http.get(srv.url + "/metrics") as resp:
+        text = await resp.text()
+    for name in ("omni_duplex_sessions_live", "omni_duplex_late_frames_total", "omni_duplex_frame_ms",
+                 "omni_duplex_input_to_output_ms"):
+        assert name in text
+
+
+async def connect_refused(srv: RtServer, http: aiohttp.ClientSession) -> dict[str, Any]:
+    ws = await http.ws_connect(srv.url + "/v1/realtime?model=moshi", headers=srv.headers, autoclose=False)
+    client = Client(ws)
+    event = await client.recv()
+    closing = await ws.receive(timeout=CLOSE_TIMEOUT_S)
+    assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    await ws.close()
+    return event
+
+
+async def test_audio_streams_out_while_the_client_is_still_talking(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http, dialect="ga")
+        talk = voice(7, 30.0)
+        got: list[dict[str, Any]] = []
+        sent = 0
+        for i in range(0, len(talk), FRAME):  # one frame per append until 3 audio deltas came back
+            await client.send("input_audio_buffer.append", audio=b64(talk[i:i + FRAME]))
+            sent += 1
+            while True:
+                try:
+                    msg = await client.ws.receive(timeout=0.08)
+                except TimeoutError:
+                    break
+                got.append(msg.json())
+            if sum(e["type"] == "response.output_audio.delta" for e in got) >= 3:
+                break
+        assert sent * FRAME < len(talk), "no audio came back while the client was talking"
+        types = [e["type"] for e in got]
+        assert types[0] == "response.created" and "response.audio.delta" not in types  # GA names only
+        await client.ws.close()
+
+
+async def test_cancel_silences_until_the_user_speaks_and_close_leaves_nothing(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        await client.send("input_audio_buffer.append", audio=b64(voice(3, 0.2)))
+        await frames(client, 2)
+        await client.send("response.cancel")
+        before_done = 0
+        while (event := await client.recv())["type"] != "response.done":
+            before_done += event["type"] in AUDIO_EVENTS
+        assert event["response"]["status"] == "cancelled"
+        assert before_done <= 2
+        # muted: quiet input does not unmute; frames keep being stepped but none is sent
+        await client.send("input_audio_buffer.append", audio=b64(np.zeros(2 * FRAME, np.float32)))
+        frames_seen = srv.stats().duplex.frames
+        await eventually(lambda: srv.stats().duplex.frames >= frames_seen + 3, CLOSE_TIMEOUT_S)
+        await client.send("input_audio_buffer.append", audio=b64(voice(4, 0.2)))  # the user speaks: unmuted
+        resumed = await client.until("response.created")
+        assert not [e for e in resumed if e["type"] in AUDIO_EVENTS]
+        await frames(client, 1)
+        await client.ws.close()  # while frames are being stepped
+    await eventually(lambda: idle(srv.orch) and srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+
+
+async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -> None:
+    ws_url = srv.url.replace("http://", "ws://") + "/v1"
+    client = AsyncOpenAI(api_key=srv.key, base_url=f"{srv.url}/v1", websocket_base_url=ws_url, max_retries=0)
+    async with client.realtime.connect(model="moshi") as conn:
+        await conn.session.update(session={"type": "realtime"})
+        await conn.input_audio_buffer.append(audio=b64(voice(9, 0.16)))
+        audio, status = b"", None
+        async for event in conn:
+            if event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+                if len(audio) == 2 * 2 * FRAME:
+                    await conn.response.cancel()
+            elif event.type == "response.done":
+                status = event.response.status
+                break
+    assert status == "cancelled" and len(audio) >= 2 * 2 * FRAME
+
+
+def test_make_tiny_moshi_is_detected(tmp_path: Path) -> None:
+    from omni_actors.models.detect import detect_pipeline
+
+    assert detect_pipeline(make_tiny("moshi", tmp_path / "m")) == "moshi"

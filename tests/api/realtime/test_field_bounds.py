@@ -1,0 +1,69 @@
+"""Sizes a client may send are bounded, the same in REST and realtime, and a client's mistake is typed as one.
+
+One synthetic server: chat fields over REST (a 400 naming the field) and the same
+fields in realtime `session.update` / `response.create` (an `error` event naming
+it, the session kept); a response the stage refuses for the client's values
+(absurd `max_response_output_tokens`) fails as invalid_request_error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from omni_actors.api.schemas import MAX_INSTRUCTIONS_CHARS, MAX_NAME_CHARS, MAX_TOOLS
+from tests.api.conftest import post
+from tests.api.realtime.conftest import RtServer, connect
+
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "a b"}]
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    pytest.param({"audio": {"voice": "v" * (MAX_NAME_CHARS + 1)}}, "audio.voice", id="huge-voice"),
+    pytest.param({"user": "u" * 100_000}, "user", id="huge-user"),
+    pytest.param({"stop": ["a", "b", "c", "d", "e"]}, "stop", id="five-stops"),
+    pytest.param({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", id="17-metadata-pairs"),
+    pytest.param({"model": "m" * 10_000}, "model", id="huge-model"),
+    pytest.param({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", id="tools-not-served"),
+])
+async def test_chat_string_and_list_sizes_are_bounded(srv: RtServer, fields: dict[str, Any], param: str) -> None:
+    before = srv.orch.statistics().requests_total
+    status, body = await post(srv, CHAT, {"model": "synthetic", "messages": MSG, **fields})
+    assert status == 400 and body["error"]["param"] == param, body
+    assert srv.orch.statistics().requests_total == before
+
+
+@pytest.mark.parametrize(("session", "param"), [
+    pytest.param({"instructions": "x" * (MAX_INSTRUCTIONS_CHARS + 1)}, "session.instructions", id="instructions"),
+    pytest.param({"tools": [TOOL] * (MAX_TOOLS + 1)}, "session.tools", id="tools"),
+    pytest.param({"voice": "v" * (MAX_NAME_CHARS + 1)}, "session.voice", id="voice"),
+])
+async def test_realtime_session_sizes_are_bounded(srv: RtServer, session: dict[str, Any], param: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        eid = await c.send("session.update", session=session)
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["type"], err["param"], err["event_id"]) == ("invalid_request_error", param, eid), err
+        # at the limit is fine, and the session lives on
+        await c.send("session.update", session={"instructions": "x" * MAX_INSTRUCTIONS_CHARS})
+        assert (await c.until("session.updated"))[-1]["session"]["instructions"] == "x" * MAX_INSTRUCTIONS_CHARS
+        await c.ws.close()
+
+
+async def test_a_response_the_stage_refuses_is_the_clients_error(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+        await c.send("response.create", response={"modalities": ["text"], "max_response_output_tokens": 2**31 - 1})
+        done = (await c.until("response.done"))[-1]["response"]
+        assert done["status"] == "failed", done
+        assert done["status_details"]["error"]["type"] == "invalid_request_error", done
+        # the session still answers an ordinary response
+        await c.send("response.create", response={"modalities": ["text"], "max_response_output_tokens": 2})
+        assert (await c.until("response.done"))[-1]["response"]["status"] in ("completed", "incomplete")
+        await c.ws.close()

@@ -1,0 +1,90 @@
+"""The playground at `/`, in real headless Chromium against a real server (synthetic pipeline).
+
+The page asks for the API key once and keeps it for the tab; it shows the panels the
+pipeline can serve; chat streams text; speak plays the voice; the pipeline view draws
+every stage with its replicas. A screenshot of each panel lands in the test's temp dir.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.api.conftest import API_KEY, Server, eventually, idle, serve
+from tests.browser_support import browser_page
+
+PROMPT = "Tell me something"
+
+
+@pytest.fixture(scope="module")
+async def srv():
+    async with serve("synthetic") as server:
+        yield server
+
+
+async def test_status_route_describes_the_pipeline(srv: Server) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{srv.url}/v1/status") as resp:
+            assert resp.status == 401  # like every API route, it needs the key
+        async with session.get(f"{srv.url}/v1/status", headers=srv.headers) as resp:
+            status = await resp.json()
+        async with session.get(f"{srv.url}/") as resp:  # the page itself is public
+            assert resp.status == 200 and "text/html" in resp.headers["content-type"]
+        async with session.get(f"{srv.url}/playground/secrets.py") as resp:
+            assert resp.status == 404
+    assert status["pipeline"] == "synthetic" and status["healthy"] is True
+    assert [s["stage_id"] for s in status["stages"]] == [0, 1, 2]
+    assert [s["inputs"] for s in status["stages"]] == [[], [0], [1]]
+    assert all(r["ready"] for s in status["stages"] for r in s["replicas"])
+
+
+async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> None:
+    expected = await srv.client().chat.completions.create(
+        model="synthetic", messages=[{"role": "user", "content": PROMPT}])
+    async with browser_page(srv.url + "/") as bp:
+        page = bp.page
+        await page.get_by_test_id("key-form").wait_for()  # the API needs a key: the page asks once
+        await page.get_by_test_id("key-input").fill(API_KEY)
+        await page.get_by_test_id("key-save").click()
+        await page.locator("body[data-ready=true]").wait_for()
+        tabs = await page.locator("#tabs button").all_inner_texts()
+        assert tabs == ["Talk", "Chat", "Speak", "Pipeline"]  # text + audio: no images or videos
+
+        await page.get_by_test_id("tab-chat").click()
+        await page.get_by_test_id("chat-input").fill(PROMPT)
+        await page.get_by_test_id("chat-send").click()
+        await page.wait_for_function("document.getElementById('chat-send').disabled === false "
+                                     "&& document.getElementById('chat-output').textContent.length > 0")
+        assert await page.get_by_test_id("chat-output").inner_text() == expected.choices[0].message.content
+        await page.screenshot(path=str(tmp_path / "chat.png"))
+
+        await page.get_by_test_id("tab-speak").click()
+        await page.get_by_test_id("speak-input").fill("Hello from the playground.")
+        await page.get_by_test_id("speak-button").click()
+        await page.wait_for_function("Number(document.getElementById('speak-audio').dataset.seconds || 0) > 0")
+        duration = await page.evaluate(
+            "new Promise(r => { const a = document.getElementById('speak-audio');"
+            " if (a.readyState >= 1) r(a.duration); else a.onloadedmetadata = () => r(a.duration); })")
+        assert duration > 0  # the finished clip is a playable WAV
+        await page.screenshot(path=str(tmp_path / "speak.png"))
+
+        await page.get_by_test_id("tab-pipeline").click()
+        await page.locator("[data-testid=stage-2]").wait_for()
+        assert await page.locator("#pipeline-graph .stage.healthy").count() == 3
+        assert await page.locator("#pipeline-graph .replica.ready").count() == 3
+        assert await page.locator("#pipeline-graph .edge").count() == 2
+        await page.screenshot(path=str(tmp_path / "pipeline.png"))
+
+        await page.reload()  # the key is kept for the tab: no second ask
+        await page.locator("body[data-ready=true]").wait_for()
+        assert await page.get_by_test_id("key-form").is_hidden()
+        stored = await page.evaluate("sessionStorage.getItem('omni-actors.api-key')")
+        assert json.dumps(stored) == json.dumps(API_KEY)
+        # Only the first, key-less load may have logged errors (its 401 answers).
+        assert {path for status, path in bp.refused if status != 401} == set(), bp.refused
+        assert [e for e in bp.errors if "status of 401" not in e] == [], bp.errors
+    assert all(p.stat().st_size > 0 for p in tmp_path.glob("*.png")) and len(list(tmp_path.glob("*.png"))) == 3
+    await eventually(lambda: idle(srv.orch), timeout_s=10)

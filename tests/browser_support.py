@@ -1,0 +1,65 @@
+"""Headless Chromium (Debian's package) driven by Playwright, for the playground tests.
+
+`browser_page(url, fake_mic=None)` opens a fresh page and collects its console
+errors and uncaught exceptions; the browser and its profile are gone afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from playwright.async_api import Page, async_playwright
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+BASE_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-ui-for-media-stream",
+]
+PAGE_TIMEOUT_MS = 120_000
+"""Longest a page action or wait may take (the default assistant answers in seconds on 2 busy cores)."""
+
+
+@dataclass
+class BrowserPage:
+    page: Page
+    errors: list[str] = field(default_factory=list)
+    """Console errors and uncaught exceptions."""
+    refused: list[tuple[int, str]] = field(default_factory=list)
+    """(status, path) of every answer >= 400 the page got."""
+
+
+@contextlib.asynccontextmanager
+async def browser_page(url: str, fake_mic: Path | None = None,
+                       api_key: str | None = None) -> AsyncIterator[BrowserPage]:
+    """`api_key`: put in the tab's session storage before the page loads (as if entered earlier)."""
+    args = list(BASE_ARGS)
+    if fake_mic is not None:
+        args += ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={fake_mic}"]
+    with tempfile.TemporaryDirectory(prefix="omni-chromium-") as profile:
+        async with async_playwright() as pw:
+            ctx = await pw.chromium.launch_persistent_context(
+                profile, executable_path=CHROMIUM, headless=True, args=args,
+                permissions=["microphone"], bypass_csp=True,  # lets tests evaluate expressions
+            )
+            try:
+                if api_key is not None:
+                    await ctx.add_init_script(f"sessionStorage.setItem('omni-actors.api-key', {json.dumps(api_key)})")
+                page = ctx.pages[0] if ctx.pages else await ctx.new_page()
+                page.set_default_timeout(PAGE_TIMEOUT_MS)
+                out = BrowserPage(page)
+                page.on("console", lambda msg: out.errors.append(msg.text) if msg.type == "error" else None)
+                page.on("pageerror", lambda exc: out.errors.append(f"uncaught: {exc}"))
+                page.on("response", lambda r: out.refused.append((r.status, urlsplit(r.url).path))
+                        if r.status >= 400 else None)
+                await page.goto(url)
+                yield out
+            finally:
+                await ctx.close()

@@ -1,0 +1,75 @@
+"""CUDA IPC handoff: the descriptor on the wire, its leases, and when the launcher allows it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from omni_actors.bus import messages as m
+from omni_actors.bus.codec import INLINE_MAX_BYTES, PayloadCodec, leases_of
+from omni_actors.bus.shm import Arena, SegmentCache
+from omni_actors.config.pipeline import get_pipeline
+from omni_actors.orchestrator.launcher import Launcher
+from tests.conftest import make_deploy
+
+REF = m.CudaIpcRef(
+    device=0, handle=b"\x01" * 64, storage_size=1 << 26, storage_offset=512, ref_counter_handle=b"/torch_1_2",
+    ref_counter_offset=3, event_handle=b"\x02" * 64, event_sync=True, tensor_offset=8, stride=(4096, 1),
+    dtype="bfloat16",
+)
+
+
+def test_the_descriptor_crosses_the_bus_as_msgpack_and_carries_a_lease() -> None:
+    ref = m.ArrayRef(dtype="torch:cuda", shape=(8192, 4096), cuda=REF, lease=-1, producer="s0r0g0")
+    feed = m.decode(m.encode(m.Feed("r", 0, m.Payload(arrays={"hidden": ref}))))
+    assert isinstance(feed, m.Feed)
+    assert feed.payload.arrays["hidden"] == ref and feed.payload.arrays["hidden"].cuda == REF
+    assert leases_of(feed.payload) == [m.LeaseId("s0r0g0", -1)]
+    # Older refs (no `cuda`) still decode, and encode without it.
+    plain = m.ArrayRef(dtype="<f4", shape=(2,), inline=b"\0" * 8)
+    assert m.decode(m.encode(m.Feed("r", 0, m.Payload(arrays={"a": plain})))).payload.arrays["a"].cuda is None
+
+
+def test_cuda_and_shared_memory_leases_of_one_producer_are_freed_apart() -> None:
+    arena = Arena(f"omni-test-{uuid.uuid4().hex[:8]}")
+    codec = PayloadCodec("p", arena, SegmentCache(), cuda_ipc=True)
+    try:
+        shm_lease = codec.encode({"x": np.zeros(INLINE_MAX_BYTES + 1, np.uint8)}).arrays["x"].lease
+        held = torch.zeros(3)
+        cuda_lease = codec.cuda.hold(held)
+        assert shm_lease > 0 > cuda_lease and codec.leased == 2
+        codec.free([cuda_lease])
+        assert codec.leased == 1 and arena.leased == 1
+        codec.free([shm_lease])
+        assert codec.leased == 0
+        # A CPU tensor still goes through shared memory, not as a handle.
+        ref = codec.encode({"t": torch.ones(INLINE_MAX_BYTES)}).arrays["t"]
+        assert ref.cuda is None and ref.segment
+    finally:
+        arena.close()
+
+
+def test_the_launcher_allows_handles_only_between_stages_on_one_device() -> None:
+    same = make_deploy(stages=[{"stage_id": s, "devices": "0"} for s in (0, 1, 2)])
+    pipe = get_pipeline("synthetic")  # 0 (text, final) -> 1 (codes) -> 2 (audio, final)
+    gpu = Launcher(same, pipe, "", "p", "cuda")
+    assert [gpu.cuda_ipc_ok(s) for s in (0, 1, 2)] == [False, True, False]  # the orchestrator reads 0 and 2
+    assert not Launcher(same, pipe, "", "p", "cpu").cuda_ipc_ok(1)
+    apart = make_deploy(stages=[{"stage_id": 1, "devices": "0"}, {"stage_id": 2, "devices": "1"}])
+    assert not Launcher(apart, pipe, "", "p", "cuda").cuda_ipc_ok(1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_tensor_crosses_between_two_processes_by_handle() -> None:
+    script = Path(__file__).parents[2] / "scripts" / "bench_cuda_ipc.py"
+    out = subprocess.run([sys.executable, str(script), "--mib", "4", "--rounds", "3"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1])["equal"] is True
