@@ -41,6 +41,7 @@ from omni_actors.api.videos_store import JobRow, VideoStore
 from omni_actors.store import get_store
 from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
 
+
 class _Slot:
     """The app's video jobs, set at start-up when the served pipeline makes video."""
 
