@@ -27,7 +27,7 @@ from omni_actors.api.calls import (
 )
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
-from omni_actors.api.videos import capabilities
+from omni_actors.api.video_request import capabilities
 
 ROUTES = ("/v1/audio/generations", "/v1/audio/generate")
 FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "pcm": None}

@@ -133,7 +133,7 @@ class VideoJobs:
             else:  # deleted while it was being encoded
                 self.store.delete(job_id)
         except RequestAborted:
-            if self._closing:
+            if self._closing or self.orch.draining:
                 self.store.fail(job_id, "server_stopped", "the server stopped while this video was being made")
             else:
                 self.store.fail(job_id, "cancelled", "the job was cancelled")

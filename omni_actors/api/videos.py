@@ -19,24 +19,27 @@ inline threshold), never as base64.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import json
-import math
 import uuid
-from typing import Any
 
 import msgspec
-import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import drop_none, orchestrator, require_model, require_outputs
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.video_jobs import RANK, VideoJobs
+from omni_actors.api.video_request import (
+    DEFAULT_SECONDS,
+    capabilities,
+    opt_float,
+    opt_int,
+    parse_frames,
+    parse_reference,
+    parse_size,
+    read_fields,
+)
 from omni_actors.api.videos_store import JobRow, VideoStore
 from omni_actors.store import get_store
-from omni_actors.workers.engines.video import DEFAULTS, MAX_INFERENCE_STEPS
+from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
 
 
 class _Slot:
@@ -46,12 +49,6 @@ class _Slot:
 
 
 JOBS_KEY = web.AppKey("video_jobs", _Slot)
-FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
-                    "input_reference[file_id]", "num_frames", "num_inference_steps", "guidance_scale", "seed",
-                    "negative_prompt"})
-READ_CHUNK = 1 << 16
-MAX_SIDE_PX = 4096
-DEFAULT_SECONDS = "4"
 LIST_MAX = 100
 MAX_WAIT_S = 600.0
 POLL_AFTER_MS = 1000
@@ -146,27 +143,29 @@ def to_video(row: JobRow) -> Video:
 
 async def _submit(request: web.Request) -> str:
     orch = orchestrator(request)
-    fields, upload = await _read_fields(request)
+    fields, upload = await read_fields(request)
     model = require_model(orch, fields.get("model"))
     require_outputs(orch, {"video"}, "model")
     caps = capabilities(orch)
     prompt = fields.get("prompt")
     if not prompt:
         raise bad_request("prompt is required", "prompt", "missing_required_parameter")
-    width, height = _size(fields.get("size") or caps.get("default_size") or "832x480", caps)
+    width, height = parse_size(fields.get("size") or caps.get("default_size") or "832x480", caps)
     seconds = fields.get("seconds") or DEFAULT_SECONDS
-    num_frames = _frames(fields, seconds, caps)
-    image = _reference(fields, upload, caps)
+    num_frames = parse_frames(fields, seconds, caps)
+    if "seconds" not in fields and "num_frames" in fields:  # the clip's length is what was asked
+        seconds = f"{num_frames / float(caps['fps']):g}"
+    image = parse_reference(fields, upload, caps)
     params = drop_none({
         "width": width, "height": height, "num_frames": num_frames,
-        "num_inference_steps": _opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
-        "guidance_scale": _opt_float(fields, "guidance_scale", 0.0, 100.0),
-        "seed": _opt_int(fields, "seed", 0, (1 << 63) - 1),
+        "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
+        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
+        "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     })
     inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "image": image})
     job_id = f"video_{uuid.uuid4().hex}"
-    jobs_of(request).create(job_id, inputs, params, model=model, prompt=prompt,
-                                 size=f"{width}x{height}", seconds=seconds)
+    jobs_of(request).create(job_id, inputs, params, model=model, prompt=prompt, size=f"{width}x{height}",
+                            seconds=seconds)
     return job_id
 
 
@@ -188,162 +187,11 @@ async def create_sync(request: web.Request) -> web.StreamResponse:
     row = jobs.store.get(job_id)
     if row is None or row.status != "completed":
         message = row.error_message if row is not None else "the job was deleted"
-        raise ApiError(500, f"video generation failed: {message}", None,
-                       row.error_code if row is not None else "deleted")
+        code = row.error_code if row is not None else "deleted"
+        status = 400 if code == "RequestRejected" else 500  # a stage refused what was asked
+        raise ApiError(status, f"video generation failed: {message}", None, code)
     return web.FileResponse(jobs.store.path(job_id), headers={"Content-Type": "video/mp4",
                                                                "X-Video-Id": job_id})
-
-
-def capabilities(orch: Any) -> dict[str, Any]:
-    """What the served family declared it makes, with the deploy's engine_extras on top."""
-    spec = next(s for s in orch.pipeline.stages if s.final_output)
-    return {**DEFAULTS, "image_input": "none", **spec.engine_defaults,
-            **orch.deploy.stage(spec.stage_id).engine_extras}
-
-
-async def _read_fields(request: web.Request) -> tuple[dict[str, str], bytes | None]:
-    if request.content_type == "application/json":
-        try:
-            body = json.loads(await request.read())
-        except ValueError as err:
-            raise ApiError(400, f"request body is not valid JSON: {err}", None, "invalid_json") from None
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object", None)
-        ref = body.pop("input_reference", None)
-        if isinstance(ref, dict):
-            body.update({f"input_reference[{k}]": v for k, v in ref.items()})
-        elif ref is not None:
-            raise bad_request("input_reference: expected {\"image_url\": ...} in JSON; upload a file "
-                              "as multipart/form-data", "input_reference")
-        fields = {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items() if v is not None}
-        _known(fields)
-        return fields, None
-    if request.content_type != "multipart/form-data":
-        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send "
-                       "multipart/form-data or JSON", None, "unsupported_media_type")
-    fields: dict[str, str] = {}
-    upload: bytes | None = None
-    max_bytes, total = int(orchestrator(request).deploy.server.max_body_mb * 1024 * 1024), 0
-    reader = await request.multipart()
-    while (part := await reader.next()) is not None:
-        name = part.name or ""
-        _known({name: ""})
-        data = bytearray()
-        while chunk := await part.read_chunk(READ_CHUNK):
-            data += chunk
-            total += len(chunk)
-            if total > max_bytes:
-                raise ApiError(413, f"request body is over the limit of {max_bytes} bytes", None,
-                               "body_too_large", close=True)
-        if name == "input_reference":
-            upload = bytes(data)
-        else:
-            fields[name] = data.decode("utf-8", errors="replace").strip()
-    return fields, upload
-
-
-def _known(fields: dict[str, Any]) -> None:
-    for name in fields:
-        if name not in FIELDS:
-            raise bad_request(f"unknown field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
-
-
-def _size(size: str, caps: dict[str, Any]) -> tuple[int, int]:
-    parts = size.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise bad_request(f"size {size!r} is not WIDTHxHEIGHT (e.g. 1280x720)", "size")
-    width, height = int(parts[0]), int(parts[1])
-    m = int(caps["size_multiple"])
-    if not (m <= width <= MAX_SIDE_PX and m <= height <= MAX_SIDE_PX) or width % m or height % m:
-        raise bad_request(f"size {size!r}: this model makes sides that are multiples of {m}, "
-                          f"from {m} to {MAX_SIDE_PX}", "size", "unsupported_size")
-    return width, height
-
-
-def _frames(fields: dict[str, str], seconds: str, caps: dict[str, Any]) -> int:
-    """num_frames if given, else seconds x fps snapped to k * frame_multiple + 1."""
-    k, top, fps = int(caps["frame_multiple"]), int(caps["max_frames"]), float(caps["fps"])
-    try:
-        secs = float(seconds)
-    except ValueError:
-        secs = math.nan
-    if not (math.isfinite(secs) and secs > 0):
-        raise bad_request(f"seconds {seconds!r} is not a positive number", "seconds")
-    if "num_frames" in fields:
-        n = _opt_int(fields, "num_frames", 1, top)
-        assert n is not None
-        if k > 1 and n % k != 1:
-            raise bad_request(f"num_frames {n}: this model makes k * {k} + 1 frames", "num_frames",
-                              "unsupported_value")
-        return n
-    n = max(1, round(secs * fps))
-    if k > 1:
-        n = max(1, round((n - 1) / k)) * k + 1
-    if n > top:
-        raise bad_request(f"seconds {seconds}: {n} frames at {fps:g} fps; this model makes at most {top} "
-                          f"frames ({top / fps:.2f} s)", "seconds", "too_many_frames")
-    return n
-
-
-def _reference(fields: dict[str, str], upload: bytes | None, caps: dict[str, Any]) -> np.ndarray | None:
-    url = fields.get("input_reference[image_url]")
-    if fields.get("input_reference[file_id]"):
-        raise bad_request("input_reference.file_id: this server has no file store; upload the image",
-                          "input_reference", "unsupported_value")
-    if url is not None:
-        if not url.startswith("data:") or "," not in url:
-            raise bad_request("input_reference.image_url: only data: URLs are accepted (this server "
-                              "downloads nothing)", "input_reference", "unsupported_value")
-        try:
-            upload = base64.b64decode(url.split(",", 1)[1], validate=True)
-        except (binascii.Error, ValueError):
-            raise bad_request("input_reference.image_url: not valid base64", "input_reference") from None
-    mode = caps.get("image_input", "none")
-    if upload is None:
-        if mode == "required":
-            raise bad_request("input_reference is required: this model makes video from a first frame "
-                              "and a prompt", "input_reference", "missing_required_parameter")
-        return None
-    if mode == "none":
-        raise bad_request("input_reference: this model makes video from text only", "input_reference",
-                          "unsupported_value")
-    return decode_image(upload, "input_reference")
-
-
-def decode_image(data: bytes, param: str) -> np.ndarray:
-    """An uploaded image as uint8 [H, W, 3]; 400 naming `param` if it does not decode."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
-        raise bad_request(f"{param}: the upload is not an image this server decodes ({err})", param,
-                          "invalid_image") from None
-
-
-def _opt_int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
-    if name not in fields:
-        return None
-    try:
-        value = int(fields[name])
-    except ValueError:
-        value = None
-    if value is None or not lo <= value <= hi:
-        raise bad_request(f"{name} must be an integer in [{lo}, {hi}]", name)
-    return value
-
-
-def _opt_float(fields: dict[str, str], name: str, lo: float, hi: float) -> float | None:
-    if name not in fields:
-        return None
-    try:
-        value = float(fields[name])
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise bad_request(f"{name} must be a number in [{lo}, {hi}]", name)
-    return value
 
 
 # -- read, list, delete, download ---------------------------------------------------------------
@@ -362,7 +210,7 @@ async def retrieve(request: web.Request) -> web.Response:
     with `past` (a status; default in_progress): answer once the job's status is past it."""
     row = _job(request)
     if "wait_s" in request.query:
-        wait_s = _opt_float(dict(request.query), "wait_s", 0.0, MAX_WAIT_S) or 0.0
+        wait_s = opt_float(dict(request.query), "wait_s", 0.0, MAX_WAIT_S) or 0.0
         past = request.query.get("past", "in_progress")
         if past not in RANK:
             raise bad_request(f"past must be one of {sorted(RANK)}", "past")
@@ -379,7 +227,7 @@ async def list_videos(request: web.Request) -> web.Response:
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
         raise bad_request("order must be asc or desc", "order")
-    limit = _opt_int(dict(q), "limit", 1, LIST_MAX) or 20
+    limit = opt_int(dict(q), "limit", 1, LIST_MAX) or 20
     try:
         rows, more = jobs_of(request).store.page(q.get("after"), limit, order)
     except KeyError:

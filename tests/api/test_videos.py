@@ -87,14 +87,23 @@ def test_a_video_decodes_to_the_asked_size_and_frame_count(wan, tmp_path):
     assert job.id in listed
 
 
-def test_sync_returns_the_mp4(wan, tmp_path):
-    resp = requests.post(f"{wan.run.url}/v1/videos/sync", json={"model": wan.model.name, "prompt": "rain",
-                         "size": "32x32", "num_frames": 5, **FAST}, timeout=JOB_WAIT_S)
-    assert resp.status_code == 200, resp.text
-    assert resp.headers["Content-Type"] == "video/mp4"
-    (tmp_path / "sync.mp4").write_bytes(resp.content)
-    made = probe(tmp_path / "sync.mp4")
-    assert (made.width, made.height, made.frames) == (32, 32, 5)
+def test_sync_returns_the_mp4_and_the_same_seed_makes_the_same_video(wan, tmp_path):
+    def sync(seed: int) -> np.ndarray:
+        resp = requests.post(f"{wan.run.url}/v1/videos/sync", json={
+            "model": wan.model.name, "prompt": "rain", "size": "32x32", "num_frames": 5, "seed": seed, **FAST,
+        }, timeout=JOB_WAIT_S)
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["Content-Type"] == "video/mp4"
+        path = tmp_path / f"sync-{seed}-{resp.headers['X-Video-Id']}.mp4"
+        path.write_bytes(resp.content)
+        made = probe(path)
+        assert (made.width, made.height, made.frames) == (32, 32, 5)
+        with av.open(str(path)) as f:
+            return np.stack([frame.to_ndarray(format="rgb24") for frame in f.decode(video=0)])
+
+    first = sync(5)
+    assert np.array_equal(sync(5), first)
+    assert not np.array_equal(sync(6), first)
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -122,6 +131,10 @@ def test_unknown_video_and_model_are_404_and_audio_is_a_400_saying_what_the_mode
     resp = requests.post(f"{wan.run.url}/v1/audio/generations", json={"prompt": "drums"}, timeout=30)
     assert resp.status_code == 400
     assert "produces ['video']" in resp.json()["error"]["message"]
+    # JSON clients may name a reference by URL: only data: URLs (this server downloads nothing).
+    resp = requests.post(f"{wan.run.url}/v1/videos", timeout=30, json={
+        "prompt": "x", "input_reference": {"image_url": "https://example.com/a.png"}})
+    assert (resp.status_code, resp.json()["error"]["param"]) == (400, "input_reference")
 
 
 def test_deleting_a_running_job_stops_it_and_a_full_queue_is_429(wan):
@@ -175,6 +188,8 @@ def test_a_restarted_server_keeps_finished_jobs_and_fails_lost_ones(wan, tmp_pat
 
 def test_image_to_video_takes_a_first_frame(tmp_path):
     from PIL import Image
+
+    pytest.importorskip("ftfy", reason="WanImageToVideoPipeline imports ftfy unguarded (requirements/cpu.txt)")
 
     model = make_tiny("wan2_2_i2v", tmp_path / "tiny-wan-i2v", seed=0)
     run = ModelRun(tmp_path, model, tmp_path / "data")

@@ -6,7 +6,7 @@ detected by its exact `model_index.json` `_class_name` (so the generic image
 in `engine_defaults` the API reads too (so a bad request is a 400 before a job is
 queued) and the engine checks again:
 
-    fps, size_multiple, frame_multiple, max_frames, max_seconds   see the engine's docstring
+    fps, size_multiple, frame_multiple, max_frames, max_seconds, max_batch   see the engine's docstring
     image_input     "none" | "optional" | "required": a first frame (`input_reference`)
     default_size    "WxH" used when a request gives no size
 
@@ -76,8 +76,9 @@ def ltx2() -> PipelineConfig:
 
 @register_pipeline("hunyuan_video_1_5")
 def hunyuan_video_1_5() -> PipelineConfig:
-    # 16x spatial / 4x temporal VAE, 1x1 patches; 480p at 24 fps by default.
+    # 16x spatial / 4x temporal VAE, 1x1 patches; 480p at 24 fps by default. Its diffusers
+    # pipeline fails on batches of several prompts (0.42), so each request runs alone.
     return _one_stage("hunyuan_video_1_5", ("HunyuanVideo15Pipeline",), "video",
                       "HunyuanVideo-1.5 text-to-video (HunyuanVideo15Pipeline)",
                       {"fps": 24, "size_multiple": 16, "frame_multiple": 4, "max_frames": 241,
-                       "default_size": "848x480", "image_input": "none"})
+                       "default_size": "848x480", "image_input": "none", "max_batch": 1})

@@ -21,6 +21,7 @@ engine_extras (family defaults from the pipeline registration, deploy overrides)
     max_frames      largest num_frames (default 257)
     max_seconds     longest audio clip (default 47.0)
     audio_rate_hz   sample rate of the audio (default: the pipeline's vae/vocoder config)
+    max_batch       requests per pipeline call (default max_num_seqs; 1 for pipelines that cannot batch)
 
 Outputs: {"progress", "step", "total", "phase": "denoise"|"decode"} while running; then, finished,
 video {"frames": uint8 [F, H, W, 3], "fps", "seed", ["audio": float32 [C, S], "sample_rate"]}
@@ -110,7 +111,8 @@ class VideoEngine(StageEngine):
         self._audio_rate = extras.get("audio_rate_hz") or _audio_rate(self.pipe)
         self._default_steps = _default(sig, "num_inference_steps", 50)
         self._default_guidance = _default(sig, "guidance_scale", None)
-        self._max_batch = max(1, ctx.max_num_seqs)
+        self._max_batch = _int(extras.get("max_batch", max(1, ctx.max_num_seqs)), "engine_extras.max_batch",
+                               1, 1024)
         self._queue: deque[_Job] = deque()
         self._runner = Runner()
         self._batch: Batch | None = None

@@ -1,0 +1,181 @@
+"""Reading and checking a /v1/videos create request: form or JSON fields, size, frames, first frame.
+
+What a model accepts comes from its family's declared `engine_defaults`
+(`capabilities`, with the deploy's engine_extras on top), so a bad request is a 400
+naming the field before any job is queued.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import math
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from omni_actors.api.calls import orchestrator
+from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.workers.engines.video import DEFAULTS
+
+FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
+                    "input_reference[file_id]", "num_frames", "num_inference_steps", "guidance_scale", "seed",
+                    "negative_prompt"})
+READ_CHUNK = 1 << 16
+MAX_SIDE_PX = 4096
+DEFAULT_SECONDS = "4"
+
+
+def capabilities(orch: Any) -> dict[str, Any]:
+    """What the served family declared it makes, with the deploy's engine_extras on top."""
+    spec = next(s for s in orch.pipeline.stages if s.final_output)
+    return {**DEFAULTS, "image_input": "none", **spec.engine_defaults,
+            **orch.deploy.stage(spec.stage_id).engine_extras}
+
+
+async def read_fields(request: web.Request) -> tuple[dict[str, str], bytes | None]:
+    if request.content_type == "application/json":
+        try:
+            body = json.loads(await request.read())
+        except ValueError as err:
+            raise ApiError(400, f"request body is not valid JSON: {err}", None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise bad_request("the body must be a JSON object", None)
+        ref = body.pop("input_reference", None)
+        if isinstance(ref, dict):
+            body.update({f"input_reference[{k}]": v for k, v in ref.items()})
+        elif ref is not None:
+            raise bad_request("input_reference: expected {\"image_url\": ...} in JSON; upload a file "
+                              "as multipart/form-data", "input_reference")
+        fields = {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items() if v is not None}
+        check_known(fields)
+        return fields, None
+    if request.content_type != "multipart/form-data":
+        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send "
+                       "multipart/form-data or JSON", None, "unsupported_media_type")
+    fields: dict[str, str] = {}
+    upload: bytes | None = None
+    max_bytes, total = int(orchestrator(request).deploy.server.max_body_mb * 1024 * 1024), 0
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        name = part.name or ""
+        check_known({name: ""})
+        data = bytearray()
+        while chunk := await part.read_chunk(READ_CHUNK):
+            data += chunk
+            total += len(chunk)
+            if total > max_bytes:
+                raise ApiError(413, f"request body is over the limit of {max_bytes} bytes", None,
+                               "body_too_large", close=True)
+        if name == "input_reference":
+            upload = bytes(data)
+        else:
+            fields[name] = data.decode("utf-8", errors="replace").strip()
+    return fields, upload
+
+
+def check_known(fields: dict[str, Any]) -> None:
+    for name in fields:
+        if name not in FIELDS:
+            raise bad_request(f"unknown field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
+
+
+def parse_size(size: str, caps: dict[str, Any]) -> tuple[int, int]:
+    parts = size.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise bad_request(f"size {size!r} is not WIDTHxHEIGHT (e.g. 1280x720)", "size")
+    width, height = int(parts[0]), int(parts[1])
+    m = int(caps["size_multiple"])
+    if not (m <= width <= MAX_SIDE_PX and m <= height <= MAX_SIDE_PX) or width % m or height % m:
+        raise bad_request(f"size {size!r}: this model makes sides that are multiples of {m}, "
+                          f"from {m} to {MAX_SIDE_PX}", "size", "unsupported_size")
+    return width, height
+
+
+def parse_frames(fields: dict[str, str], seconds: str, caps: dict[str, Any]) -> int:
+    """num_frames if given, else seconds x fps snapped to k * frame_multiple + 1."""
+    k, top, fps = int(caps["frame_multiple"]), int(caps["max_frames"]), float(caps["fps"])
+    try:
+        secs = float(seconds)
+    except ValueError:
+        secs = math.nan
+    if not (math.isfinite(secs) and secs > 0):
+        raise bad_request(f"seconds {seconds!r} is not a positive number", "seconds")
+    if "num_frames" in fields:
+        n = opt_int(fields, "num_frames", 1, top)
+        assert n is not None
+        if k > 1 and n % k != 1:
+            raise bad_request(f"num_frames {n}: this model makes k * {k} + 1 frames", "num_frames",
+                              "unsupported_value")
+        return n
+    n = max(1, round(secs * fps))
+    if k > 1:
+        n = max(1, round((n - 1) / k)) * k + 1
+    if n > top:
+        raise bad_request(f"seconds {seconds}: {n} frames at {fps:g} fps; this model makes at most {top} "
+                          f"frames ({top / fps:.2f} s)", "seconds", "too_many_frames")
+    return n
+
+
+def parse_reference(fields: dict[str, str], upload: bytes | None, caps: dict[str, Any]) -> np.ndarray | None:
+    url = fields.get("input_reference[image_url]")
+    if fields.get("input_reference[file_id]"):
+        raise bad_request("input_reference.file_id: this server has no file store; upload the image",
+                          "input_reference", "unsupported_value")
+    if url is not None:
+        if not url.startswith("data:") or "," not in url:
+            raise bad_request("input_reference.image_url: only data: URLs are accepted (this server "
+                              "downloads nothing)", "input_reference", "unsupported_value")
+        try:
+            upload = base64.b64decode(url.split(",", 1)[1], validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request("input_reference.image_url: not valid base64", "input_reference") from None
+    mode = caps.get("image_input", "none")
+    if upload is None:
+        if mode == "required":
+            raise bad_request("input_reference is required: this model makes video from a first frame "
+                              "and a prompt", "input_reference", "missing_required_parameter")
+        return None
+    if mode == "none":
+        raise bad_request("input_reference: this model makes video from text only", "input_reference",
+                          "unsupported_value")
+    return decode_image(upload, "input_reference")
+
+
+def decode_image(data: bytes, param: str) -> np.ndarray:
+    """An uploaded image as uint8 [H, W, 3]; 400 naming `param` if it does not decode."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
+        raise bad_request(f"{param}: the upload is not an image this server decodes ({err})", param,
+                          "invalid_image") from None
+
+
+def opt_int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
+    if name not in fields:
+        return None
+    try:
+        value = int(fields[name])
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise bad_request(f"{name} must be an integer in [{lo}, {hi}]", name)
+    return value
+
+
+def opt_float(fields: dict[str, str], name: str, lo: float, hi: float) -> float | None:
+    if name not in fields:
+        return None
+    try:
+        value = float(fields[name])
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise bad_request(f"{name} must be a number in [{lo}, {hi}]", name)
+    return value
