@@ -69,6 +69,7 @@ from omni_actors.api.schemas import (
     Usage,
     read_body,
 )
+from omni_actors.api.tools import tools_refusal
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.outputs import AudioOutput, TextOutput
 from omni_actors.orchestrator.requests import StageChunk
@@ -141,6 +142,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"response_format {req.response_format.type!r} is not supported: answers are plain "
                           "text (response_format 'text')", "response_format.type", "unsupported_value")
     model = require_model(orch, req.model)
+    if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice)) is not None:
+        raise bad_request(*refusal, "unsupported_value")
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     require_outputs(orch, set(modalities), "modalities")
     want_audio = "audio" in modalities

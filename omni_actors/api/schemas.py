@@ -128,6 +128,10 @@ class ChatCompletionRequest(_Req):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    # Function calling: refused by name unless the pipeline's text stage can call tools (api/tools.py).
+    tools: Tools | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     user: Name | None = None
     # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
     store: bool | None = None

@@ -1,0 +1,90 @@
+"""Function calling where the model cannot call tools: refused by name, never silently ignored.
+
+The synthetic pipeline's text stage names no tool parser, so `tools` (or a
+`tool_choice` that demands a call) is a 400 naming the field over REST (the
+unmodified openai SDK) and an `error` event naming it in realtime, the session
+kept. Nothing reaches the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from omni_actors.api.tools import tool_parser
+from omni_actors.config.pipeline import get_pipeline, pipeline_names
+from tests.api.realtime.conftest import STAGES, RtServer, connect, serve_rt
+
+MSG = [{"role": "user", "content": "a b"}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+RT_WEATHER = {"type": "function", "name": "get_weather",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+@pytest.fixture(scope="module")
+async def srv() -> AsyncIterator[RtServer]:
+    async with serve_rt("synthetic", stages=STAGES) as server:
+        yield server
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    pytest.param({"tools": [WEATHER]}, "tools", id="tools"),
+    pytest.param({"tools": [WEATHER], "tool_choice": "auto", "stream": True}, "tools", id="tools-streamed"),
+    pytest.param({"tool_choice": "required"}, "tool_choice", id="required-without-tools"),
+    pytest.param({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+                 id="named-function"),
+])
+async def test_chat_tools_are_refused_by_name(srv: RtServer, fields: dict[str, Any], param: str) -> None:
+    before = srv.orch.statistics().requests_total
+    with pytest.raises(openai.BadRequestError) as info:
+        await srv.client().chat.completions.create(model="synthetic", messages=MSG, **fields)
+    err = info.value.body
+    assert info.value.status_code == 400 and err["param"] == param, err
+    assert "cannot call tools" in err["message"] and f"`{param}`" in err["message"], err
+    assert srv.orch.statistics().requests_total == before
+
+
+async def test_chat_without_a_call_still_answers(srv: RtServer) -> None:
+    """`tool_choice` "none" (or "auto" with no tools) asks for no call: an ordinary answer."""
+    client = srv.client()
+    for choice in ("none", "auto"):
+        out = await client.chat.completions.create(model="synthetic", messages=MSG, tool_choice=choice,
+                                                   max_tokens=2)
+        assert out.choices[0].message.tool_calls is None and out.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(("event", "fields", "param"), [
+    pytest.param("session.update", {"session": {"tools": [RT_WEATHER]}}, "session.tools", id="session-tools"),
+    pytest.param("session.update", {"session": {"tool_choice": "required"}}, "session.tool_choice",
+                 id="session-required"),
+    pytest.param("response.create", {"response": {"tools": [RT_WEATHER], "modalities": ["text"]}},
+                 "response.tools", id="response-tools"),
+])
+async def test_realtime_tools_are_refused_and_the_session_lives(srv: RtServer, event: str, fields: dict[str, Any],
+                                                                param: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        eid = await c.send(event, **fields)
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["type"], err["param"], err["event_id"]) == ("invalid_request_error", param, eid), err
+        assert "cannot call tools" in err["message"], err
+        # the session lives on, its tools unchanged, and answers
+        await c.send("session.update", session={"tools": [], "tool_choice": "auto", "instructions": "hi"})
+        session = (await c.until("session.updated"))[-1]["session"]
+        assert session["tools"] == [] and session["instructions"] == "hi", session
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+        await c.send("response.create", response={"modalities": ["text"], "max_response_output_tokens": 2})
+        assert (await c.until("response.done"))[-1]["response"]["status"] in ("completed", "incomplete")
+        await c.ws.close()
+
+
+def test_no_bundled_pipeline_claims_tools_it_cannot_serve() -> None:
+    """Until tool calls are served, no pipeline names a parser (so none is refused with a misleading reason)."""
+    assert {name: tool_parser(get_pipeline(name)) for name in pipeline_names()} == dict.fromkeys(pipeline_names())
