@@ -69,9 +69,9 @@ from omni_actors.api.schemas import (
     Usage,
     read_body,
 )
-from omni_actors.api.tools import tools_refusal
+from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
 from omni_actors.errors import RequestError
-from omni_actors.orchestrator.outputs import AudioOutput, TextOutput
+from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput
 from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/chat/completions"
@@ -105,6 +105,8 @@ class Tally:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
+    tool_calls: tuple[ToolCallOutput, ...] = ()
+    tool_content: str | None = None
 
     def add_text(self, out: TextOutput) -> str:
         self.text.append(out.text)
@@ -113,6 +115,8 @@ class Tally:
             self.prompt_tokens = out.prompt_tokens
         if out.finish_reason == "length":
             self.finish_reason = "length"
+        if out.tool_calls:  # (the answer's last delta; see api/tools.py)
+            self.tool_calls, self.tool_content, self.finish_reason = out.tool_calls, out.content, "tool_calls"
         return out.text
 
     def add_audio(self, out: AudioOutput, keep: bool = True) -> None:
@@ -153,6 +157,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     has_media = any(not isinstance(m.content, str | None) for m in req.messages)
     # Decoding media is real work (a thread); plain text is cheaper than the hop.
     inputs = await off_loop(build_chat_inputs, req.messages) if has_media else build_chat_inputs(req.messages)
+    if (tools := stage_tools(req.tools, req.tool_choice)) is not None:
+        inputs["tools"] = tools
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     params, n = chat_params(req, modalities), req.n or 1
     async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
@@ -162,7 +168,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await _stream(request, calls, cid, model, audio_format if want_audio else None,
-                                 include_usage)
+                                 include_usage, hold_text=tools is not None)
         return await _complete(calls, cid, model, audio_format if want_audio else None)
 
 
@@ -193,6 +199,9 @@ async def _message(tally: Tally, audio_format: str | None) -> ResponseMessage:
         audio = ChatAudio(id=f"audio_{uuid.uuid4().hex[:24]}", data=base64.b64encode(data).decode(),
                           expires_at=int(time.time()) + AUDIO_TTL_S,
                           transcript="".join(tally.transcript) or text)
+    if tally.tool_calls:
+        return ResponseMessage(role="assistant", content=tally.tool_content, audio=audio,
+                               tool_calls=message_tool_calls(tally.tool_calls))
     return ResponseMessage(role="assistant", content=text, audio=audio)
 
 
@@ -247,8 +256,9 @@ async def _merged(calls: list[PipelineCall]) -> AsyncIterator[tuple[int, StageCh
 class _ChoiceStream:
     """One choice of a streamed answer: its text and audio deltas as chat.completion.chunk events."""
 
-    def __init__(self, index: int, audio_format: str | None, event: Any) -> None:
+    def __init__(self, index: int, audio_format: str | None, event: Any, hold_text: bool = False) -> None:
         self.index = index
+        self.hold_text = hold_text  # tools were offered: the text is sent once the answer is read for calls
         self.audio_format = audio_format
         self.event = event  # (ChunkChoice) -> ChatCompletionChunk
         self.tally = Tally()
@@ -258,7 +268,7 @@ class _ChoiceStream:
     async def on_chunk(self, chunk: StageChunk) -> ChatCompletionChunk | None:
         if isinstance(chunk.output, TextOutput):
             delta = self.tally.add_text(chunk.output)
-            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta else None
+            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta and not self.hold_text else None
         if self.audio_format is not None and (audio := _audio(chunk)) is not None:
             self.tally.add_audio(audio, keep=False)
             if self.encoder is None:
@@ -271,6 +281,12 @@ class _ChoiceStream:
 
     async def finish(self) -> list[ChatCompletionChunk]:
         out = []
+        t = self.tally
+        if self.hold_text and t.tool_calls:
+            out.append(self.event(ChunkChoice(self.index, Delta(content=t.tool_content,
+                                                                tool_calls=delta_tool_calls(t.tool_calls)))))
+        elif self.hold_text and (text := "".join(t.text)):
+            out.append(self.event(ChunkChoice(self.index, Delta(content=text))))
         if self.audio_format is not None:
             tail = await off_loop(self.encoder.finish) if self.encoder is not None else b""
             out.append(self.event(ChunkChoice(self.index, Delta(audio=DeltaAudio(
@@ -281,13 +297,13 @@ class _ChoiceStream:
 
 
 async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, model: str,
-                  audio_format: str | None, include_usage: bool) -> web.StreamResponse:
+                  audio_format: str | None, include_usage: bool, hold_text: bool = False) -> web.StreamResponse:
     created = int(time.time())
 
     def event(choice: ChunkChoice) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice])
 
-    choices = [_ChoiceStream(i, audio_format, event) for i in range(len(calls))]
+    choices = [_ChoiceStream(i, audio_format, event, hold_text) for i in range(len(calls))]
     # An error before the first output keeps its HTTP status.
     await asyncio.gather(*(call.started() for call in calls))
 

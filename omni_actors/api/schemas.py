@@ -147,10 +147,22 @@ class ChatAudio(Struct):
     transcript: str
 
 
+class FunctionCall(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class ResponseMessage(Struct):
     role: Literal["assistant"]
     content: str | None
     audio: ChatAudio | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Usage(Struct):
@@ -162,7 +174,7 @@ class Usage(Struct):
 class Choice(Struct):
     index: int
     message: ResponseMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: None = None
 
 
@@ -182,16 +194,26 @@ class DeltaAudio(Struct, omit_defaults=True):
     expires_at: int | None = None
 
 
+class DeltaToolCall(Struct):
+    """A whole call in one delta (the answer is parsed when it ends)."""
+
+    index: int
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class Delta(Struct, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
     audio: DeltaAudio | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(Struct):
     index: int
     delta: Delta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     logprobs: None = None
 
 

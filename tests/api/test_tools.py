@@ -85,6 +85,11 @@ async def test_realtime_tools_are_refused_and_the_session_lives(srv: RtServer, e
         await c.ws.close()
 
 
-def test_no_bundled_pipeline_claims_tools_it_cannot_serve() -> None:
-    """Until tool calls are served, no pipeline names a parser (so none is refused with a misleading reason)."""
-    assert {name: tool_parser(get_pipeline(name)) for name in pipeline_names()} == dict.fromkeys(pipeline_names())
+def test_every_declared_tool_parser_is_one_vllm_has() -> None:
+    pytest.importorskip("vllm")
+    from vllm.tool_parsers import ToolParserManager
+
+    declared = {name: tool_parser(get_pipeline(name)) for name in pipeline_names()}
+    assert declared["llm"] == "hermes" and declared["synthetic"] is None
+    known = set(ToolParserManager.list_registered())
+    assert {p for p in declared.values() if p} <= known, declared

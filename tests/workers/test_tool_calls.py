@@ -60,5 +60,5 @@ def test_an_unknown_parser_is_named(tokenizer) -> None:
 
 def test_a_parser_the_tokenizer_cannot_serve_fails_at_start(tokenizer) -> None:
     """llama3_json needs Llama 3's `<|python_tag|>` token, which this tokenizer lacks."""
-    with pytest.raises(ValueError, match="llama3_json.*tokenizer"):
+    with pytest.raises(ValueError, match=r"llama3_json.*tokenizer"):
         ToolCallReader("llama3_json", tokenizer)
