@@ -85,12 +85,27 @@ class AudioRef(_Req):
     id: Name
 
 
+class CalledFunction(_Req):
+    name: Name
+    arguments: str
+    """JSON text, as the model wrote it."""
+
+
+class CalledTool(_Req):
+    """A call an earlier assistant turn made (sent back with the `tool` message answering it)."""
+
+    id: Name
+    function: CalledFunction
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(_Req):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: Name | None = None
     audio: AudioRef | None = None
     tool_call_id: Name | None = None
+    tool_calls: Annotated[list[CalledTool], Meta(max_length=MAX_TOOLS)] | None = None
 
 
 class ChatAudioOptions(_Req):

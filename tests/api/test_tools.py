@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import openai
 import pytest
 
@@ -93,3 +94,24 @@ def test_every_declared_tool_parser_is_one_vllm_has() -> None:
     assert declared["llm"] == "hermes" and declared["synthetic"] is None
     known = set(ToolParserManager.list_registered())
     assert {p for p in declared.values() if p} <= known, declared
+
+
+async def test_a_read_call_is_answered_in_openai_shapes() -> None:
+    """A stage's last output carrying calls becomes `message.tool_calls`, as the SDK's own model parses it."""
+    from openai.types.chat import ChatCompletion as SdkCompletion
+
+    from omni_actors.api.chat import Tally, _message
+    from omni_actors.api.schemas import ChatCompletion, Choice, Usage
+    from omni_actors.orchestrator.outputs import to_final
+
+    tally = Tally()
+    tally.add_text(to_final("text", {"text": "<tool_call>...", "token_ids": [1, 2], "finish_reason": "stop",
+                                     "tool_calls": [{"id": "call_7", "name": "get_weather",
+                                                     "arguments": '{"city": "Paris"}'}], "content": None}))
+    body = ChatCompletion(id="c", created=0, model="llm", usage=Usage(1, 2, 3),
+                          choices=[Choice(0, await _message(tally, None), tally.finish_reason)])
+    sdk = SdkCompletion.model_validate_json(msgspec.json.encode(body))
+    choice = sdk.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert (call.id, call.function.name, call.function.arguments) == ("call_7", "get_weather", '{"city": "Paris"}')

@@ -57,3 +57,16 @@ async def test_streamed_answer_with_tools_sends_its_text_once_read(srv: Server) 
     assert all(d.tool_calls is None for d in deltas)
     assert "".join(d.content or "" for d in deltas) == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+async def test_a_tool_result_goes_back_to_the_model(srv: Server) -> None:
+    """The SDK's second turn: the assistant's call and the tool's answer are accepted and reach the prompt."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    turn = [*MSG, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    client = srv.client()
+    without = await client.chat.completions.create(model="llm", messages=turn, tools=[WEATHER], **GREEDY)
+    answered = await client.chat.completions.create(
+        model="llm", messages=[*turn, {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees C"}],
+        tools=[WEATHER], **GREEDY)
+    assert answered.usage.prompt_tokens > without.usage.prompt_tokens
+    assert answered.choices[0].finish_reason in ("stop", "length", "tool_calls")
