@@ -124,6 +124,19 @@ class ResponseFormat(_Req):
     json_schema: dict[str, Any] | None = None
 
 
+class FunctionDef(_Req):
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
+    """OpenAI's rule: letters, digits, underscores and dashes, at most 64."""
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Req):
+    type: Literal["function"]
+    function: FunctionDef
+
+
 class ChatCompletionRequest(_Req):
     model: Name
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -144,7 +157,7 @@ class ChatCompletionRequest(_Req):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     # Function calling: refused by name unless the pipeline's text stage can call tools (api/tools.py).
-    tools: Tools | None = None
+    tools: Annotated[list[ChatTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     user: Name | None = None

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_actors.api.schemas import DeltaToolCall, FunctionCall, ToolCall
+import msgspec
+
+from omni_actors.api.schemas import ChatTool, DeltaToolCall, FunctionCall, ToolCall
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.orchestrator.outputs import ToolCallOutput
 
@@ -58,9 +60,9 @@ def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix
     return None
 
 
-def stage_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> list[dict[str, Any]] | None:
-    """The tools the text stage is shown (none for `tool_choice` "none")."""
-    return tools if tools and tool_choice != "none" else None
+def stage_tools(tools: list[ChatTool] | None, tool_choice: Any) -> list[dict[str, Any]] | None:
+    """The tools the text stage is shown, as OpenAI writes them (none for `tool_choice` "none")."""
+    return msgspec.to_builtins(tools) if tools and tool_choice != "none" else None
 
 
 def message_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[ToolCall]:

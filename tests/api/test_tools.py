@@ -18,6 +18,7 @@ import pytest
 
 from omni_actors.api.tools import tool_parser
 from omni_actors.config.pipeline import get_pipeline, pipeline_names
+from tests.api.conftest import post
 from tests.api.realtime.conftest import STAGES, RtServer, connect, serve_rt
 
 MSG = [{"role": "user", "content": "a b"}]
@@ -49,6 +50,16 @@ async def test_chat_tools_are_refused_by_name(srv: RtServer, fields: dict[str, A
     assert info.value.status_code == 400 and err["param"] == param, err
     assert "cannot call tools" in err["message"] and f"`{param}`" in err["message"], err
     assert srv.orch.statistics().requests_total == before
+
+
+@pytest.mark.parametrize(("tool", "param"), [
+    pytest.param({"type": "function"}, "tools[0].function", id="no-function"),
+    pytest.param({"type": "function", "function": {"name": "get weather!"}}, "tools[0].function.name", id="bad-name"),
+    pytest.param({"type": "retrieval", "function": {"name": "f"}}, "tools[0].type", id="not-a-function"),
+])
+async def test_a_malformed_tool_is_named(srv: RtServer, tool: dict[str, Any], param: str) -> None:
+    status, body = await post(srv, "/v1/chat/completions", {"model": "synthetic", "messages": MSG, "tools": [tool]})
+    assert status == 400 and body["error"]["param"] == param, body
 
 
 async def test_chat_without_a_call_still_answers(srv: RtServer) -> None:

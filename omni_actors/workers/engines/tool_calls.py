@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from omni_actors import logs
+
+log = logs.get(__name__)
+
 
 class ToolCallReader:
     """One vLLM tool parser class bound to a tokenizer; `read` is stateless per call."""
@@ -39,8 +43,12 @@ class ToolCallReader:
 
         # A fresh parser per answer: vLLM's parsers keep streaming state on the instance.
         parser = self._cls(self._tokenizer)
-        request = ChatCompletionRequest(messages=[], model="", tools=tools or None)
-        info = parser.extract_tool_calls(text, request)
+        try:
+            request = ChatCompletionRequest(messages=[], model="", tools=tools or None)
+            info = parser.extract_tool_calls(text, request)
+        except Exception as exc:  # a third-party parser on model text: one answer's problem, never the engine's
+            log.warning("tool_calls.unreadable", error=type(exc).__name__)
+            return text, []
         if not info.tools_called:
             return text, []
         calls = [{"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
