@@ -2,7 +2,8 @@
 
 What goes into the pipeline:
 
-    inputs  see chat_inputs.py: {"messages": [...], "audio"/"image"/...: arrays}
+    inputs  see chat_inputs.py: {"messages": [...], "audio"/"image"/...: arrays}, plus "tools" where the
+            pipeline can call them (api/tools.py says which, and the answer's `tool_calls` shapes)
     params  {temperature, top_p, top_k, max_tokens, seed, stop (list), frequency_penalty,
              presence_penalty, repetition_penalty, voice, audio_format, modalities}
             (only the fields the client sent; `max_completion_tokens` wins over `max_tokens`)
