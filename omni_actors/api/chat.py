@@ -2,7 +2,8 @@
 
 What goes into the pipeline:
 
-    inputs  see chat_inputs.py: {"messages": [...], "audio"/"image"/...: arrays}
+    inputs  see chat_inputs.py: {"messages": [...], "audio"/"image"/...: arrays}, plus "tools" where the
+            pipeline can call them (api/tools.py says which, and the answer's `tool_calls` shapes)
     params  {temperature, top_p, top_k, max_tokens, seed, stop (list), frequency_penalty,
              presence_penalty, repetition_penalty, voice, audio_format, modalities}
             (only the fields the client sent; `max_completion_tokens` wins over `max_tokens`)
@@ -69,8 +70,9 @@ from omni_actors.api.schemas import (
     Usage,
     read_body,
 )
+from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
 from omni_actors.errors import RequestError
-from omni_actors.orchestrator.outputs import AudioOutput, TextOutput
+from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput
 from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/chat/completions"
@@ -104,6 +106,8 @@ class Tally:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
+    tool_calls: tuple[ToolCallOutput, ...] = ()
+    tool_content: str | None = None
 
     def add_text(self, out: TextOutput) -> str:
         self.text.append(out.text)
@@ -112,6 +116,8 @@ class Tally:
             self.prompt_tokens = out.prompt_tokens
         if out.finish_reason == "length":
             self.finish_reason = "length"
+        if out.tool_calls:  # (the answer's last delta; see api/tools.py)
+            self.tool_calls, self.tool_content, self.finish_reason = out.tool_calls, out.content, "tool_calls"
         return out.text
 
     def add_audio(self, out: AudioOutput, keep: bool = True) -> None:
@@ -140,12 +146,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request(f"response_format {req.response_format.type!r} is not supported: answers are plain "
                           "text (response_format 'text')", "response_format.type", "unsupported_value")
-    if req.tools or req.tool_choice not in (None, "none"):
-        param = "tools" if req.tools else "tool_choice"
-        raise bad_request(f"function calling is not served: pipeline {orch.pipeline.name!r} has no stage that "
-                          "can call tools; send the request without `tools` / `tool_choice`", param,
-                          "unsupported_parameter")
     model = require_model(orch, req.model)
+    if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice)) is not None:
+        raise bad_request(*refusal, "unsupported_parameter")
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     require_outputs(orch, set(modalities), "modalities")
     want_audio = "audio" in modalities
@@ -155,6 +158,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     has_media = any(not isinstance(m.content, str | None) for m in req.messages)
     # Decoding media is real work (a thread); plain text is cheaper than the hop.
     inputs = await off_loop(build_chat_inputs, req.messages) if has_media else build_chat_inputs(req.messages)
+    if (tools := stage_tools(req.tools, req.tool_choice)) is not None:
+        inputs["tools"] = tools
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     params, n = chat_params(req, modalities), req.n or 1
     async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
@@ -164,7 +169,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await _stream(request, calls, cid, model, audio_format if want_audio else None,
-                                 include_usage)
+                                 include_usage, hold_text=tools is not None)
         return await _complete(calls, cid, model, audio_format if want_audio else None)
 
 
@@ -195,6 +200,9 @@ async def _message(tally: Tally, audio_format: str | None) -> ResponseMessage:
         audio = ChatAudio(id=f"audio_{uuid.uuid4().hex[:24]}", data=base64.b64encode(data).decode(),
                           expires_at=int(time.time()) + AUDIO_TTL_S,
                           transcript="".join(tally.transcript) or text)
+    if tally.tool_calls:
+        return ResponseMessage(role="assistant", content=tally.tool_content, audio=audio,
+                               tool_calls=message_tool_calls(tally.tool_calls))
     return ResponseMessage(role="assistant", content=text, audio=audio)
 
 
@@ -249,8 +257,9 @@ async def _merged(calls: list[PipelineCall]) -> AsyncIterator[tuple[int, StageCh
 class _ChoiceStream:
     """One choice of a streamed answer: its text and audio deltas as chat.completion.chunk events."""
 
-    def __init__(self, index: int, audio_format: str | None, event: Any) -> None:
+    def __init__(self, index: int, audio_format: str | None, event: Any, hold_text: bool = False) -> None:
         self.index = index
+        self.hold_text = hold_text  # tools were offered: the text is sent once the answer is read for calls
         self.audio_format = audio_format
         self.event = event  # (ChunkChoice) -> ChatCompletionChunk
         self.tally = Tally()
@@ -260,7 +269,7 @@ class _ChoiceStream:
     async def on_chunk(self, chunk: StageChunk) -> ChatCompletionChunk | None:
         if isinstance(chunk.output, TextOutput):
             delta = self.tally.add_text(chunk.output)
-            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta else None
+            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta and not self.hold_text else None
         if self.audio_format is not None and (audio := _audio(chunk)) is not None:
             self.tally.add_audio(audio, keep=False)
             if self.encoder is None:
@@ -273,6 +282,12 @@ class _ChoiceStream:
 
     async def finish(self) -> list[ChatCompletionChunk]:
         out = []
+        t = self.tally
+        if self.hold_text and t.tool_calls:
+            out.append(self.event(ChunkChoice(self.index, Delta(content=t.tool_content,
+                                                                tool_calls=delta_tool_calls(t.tool_calls)))))
+        elif self.hold_text and (text := "".join(t.text)):
+            out.append(self.event(ChunkChoice(self.index, Delta(content=text))))
         if self.audio_format is not None:
             tail = await off_loop(self.encoder.finish) if self.encoder is not None else b""
             out.append(self.event(ChunkChoice(self.index, Delta(audio=DeltaAudio(
@@ -283,13 +298,13 @@ class _ChoiceStream:
 
 
 async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, model: str,
-                  audio_format: str | None, include_usage: bool) -> web.StreamResponse:
+                  audio_format: str | None, include_usage: bool, hold_text: bool = False) -> web.StreamResponse:
     created = int(time.time())
 
     def event(choice: ChunkChoice) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice])
 
-    choices = [_ChoiceStream(i, audio_format, event) for i in range(len(calls))]
+    choices = [_ChoiceStream(i, audio_format, event, hold_text) for i in range(len(calls))]
     # An error before the first output keeps its HTTP status.
     await asyncio.gather(*(call.started() for call in calls))
 

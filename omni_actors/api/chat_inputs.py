@@ -16,6 +16,10 @@ The convention every pipeline's chat entry stage reads:
       "audio_1": ..., "image_1": ...                         # earlier ones, numbered in order
     }
 
+An assistant turn's earlier `tool_calls` and a tool message's `tool_call_id` stay on
+their message as OpenAI writes them; the request's `tools` (api/tools.py) are added
+by the chat route as `inputs["tools"]`.
+
 A media part names the top-level key holding its array ("array"): the bus
 carries arrays only as top-level payload values (shared memory or inline), so
 arrays are hoisted out of the message list instead of nested in it. A pipeline
@@ -92,6 +96,11 @@ def build_chat_inputs(messages: list[ChatMessage]) -> dict[str, Any]:
         entry: dict[str, Any] = {"role": msg.role}
         if msg.name is not None:
             entry["name"] = msg.name
+        if msg.tool_call_id is not None:
+            entry["tool_call_id"] = msg.tool_call_id
+        if msg.tool_calls:  # (chat templates read them as OpenAI writes them)
+            entry["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+                "name": c.function.name, "arguments": c.function.arguments}} for c in msg.tool_calls]
         if msg.content is None or isinstance(msg.content, str):
             entry["content"] = msg.content or ""
             out.append(entry)

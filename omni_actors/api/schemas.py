@@ -85,12 +85,27 @@ class AudioRef(_Req):
     id: Name
 
 
+class CalledFunction(_Req):
+    name: Name
+    arguments: str
+    """JSON text, as the model wrote it."""
+
+
+class CalledTool(_Req):
+    """A call an earlier assistant turn made (sent back with the `tool` message answering it)."""
+
+    id: Name
+    function: CalledFunction
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(_Req):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: Name | None = None
     audio: AudioRef | None = None
     tool_call_id: Name | None = None
+    tool_calls: Annotated[list[CalledTool], Meta(max_length=MAX_TOOLS)] | None = None
 
 
 class ChatAudioOptions(_Req):
@@ -107,6 +122,19 @@ class ResponseFormat(_Req):
 
     type: Name
     json_schema: dict[str, Any] | None = None
+
+
+class FunctionDef(_Req):
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
+    """OpenAI's rule: letters, digits, underscores and dashes, at most 64."""
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Req):
+    type: Literal["function"]
+    function: FunctionDef
 
 
 class ChatCompletionRequest(_Req):
@@ -128,8 +156,8 @@ class ChatCompletionRequest(_Req):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    tools: Tools | None = None
-    """Refused by name while no served stage can call tools (the handler says so)."""
+    # Function calling: refused by name unless the pipeline's text stage can call tools (api/tools.py).
+    tools: Annotated[list[ChatTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     user: Name | None = None
@@ -147,10 +175,22 @@ class ChatAudio(Struct):
     transcript: str
 
 
+class FunctionCall(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class ResponseMessage(Struct):
     role: Literal["assistant"]
     content: str | None
     audio: ChatAudio | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Usage(Struct):
@@ -162,7 +202,7 @@ class Usage(Struct):
 class Choice(Struct):
     index: int
     message: ResponseMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: None = None
 
 
@@ -182,16 +222,26 @@ class DeltaAudio(Struct, omit_defaults=True):
     expires_at: int | None = None
 
 
+class DeltaToolCall(Struct):
+    """A whole call in one delta (the answer is parsed when it ends)."""
+
+    index: int
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class Delta(Struct, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
     audio: DeltaAudio | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(Struct):
     index: int
     delta: Delta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     logprobs: None = None
 
 

@@ -49,6 +49,9 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Engine settings of this stage; the deploy's `engine_extras` override them."""
     subdir: str | None = None
     """Sub-folder of the deploy `model` path holding this stage's weights, if any."""
+    tool_parser: str | None = None
+    """For a stage writing a text answer: the tool parser (a vLLM tool-parser name, e.g. "hermes") that reads
+    function calls out of its text. None: this stage cannot call tools, and chat `tools` are refused (api/tools.py)."""
 
 
 class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):

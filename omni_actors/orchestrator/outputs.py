@@ -1,6 +1,6 @@
 """Typed final outputs: what the API reads from a final stage, converted once from the stage's payload.
 
-    TextOutput        text delta, finish_reason, token counts
+    TextOutput        text delta, finish_reason, token counts; on the last: tool calls, if any
     AudioOutput       float32 mono samples, their rate, the transcript piece they speak
     TranscriptOutput  a transcription delta of the user's audio
     ImageOutput       uint8 images [n, H, W, 3] (None on a progress-only chunk), progress
@@ -28,6 +28,18 @@ class TextOutput:
     """Tokens this delta stands for (the stage's count, else one per non-empty delta)."""
     finish_reason: str | None = None
     prompt_tokens: int | None = None
+    tool_calls: tuple[ToolCallOutput, ...] = ()
+    """On the last delta of an answer that called tools: the calls, read by the stage's tool parser."""
+    content: str | None = None
+    """With `tool_calls`: the answer's text outside the calls (None: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallOutput:
+    id: str
+    name: str
+    arguments: str
+    """JSON text, as OpenAI's `function.arguments`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +85,11 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
             else:
                 tokens = int(data.get("num_tokens", 1 if text else 0))
             prompt = data.get("prompt_tokens")
-            return TextOutput(text, tokens, data.get("finish_reason"), None if prompt is None else int(prompt))
+            calls = tuple(ToolCallOutput(str(c["id"]), str(c["name"]), str(c["arguments"]))
+                          for c in data.get("tool_calls") or ())
+            content = data.get("content")
+            return TextOutput(text, tokens, data.get("finish_reason"), None if prompt is None else int(prompt),
+                              calls, content if isinstance(content, str) else None)
         case "audio":
             audio = data.get("audio")
             samples = (np.zeros(0, np.float32) if audio is None

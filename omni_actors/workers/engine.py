@@ -47,6 +47,8 @@ class EngineContext:
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     sampling_constraints: dict[str, Any] = field(default_factory=dict)
     engine_extras: dict[str, Any] = field(default_factory=dict)
+    tool_parser: str | None = None
+    """The stage's `StageSpec.tool_parser` (LLM stages that read function calls out of their text)."""
 
 
 @dataclass

@@ -86,6 +86,7 @@ def build_context(spec: WorkerSpec) -> EngineContext:
         tensor_parallel_size=dep.tensor_parallel_size,
         default_sampling_params=dict(dep.default_sampling_params),
         sampling_constraints=dict(st.sampling_constraints),
+        tool_parser=st.tool_parser,
         engine_extras={**st.engine_defaults, **dep.engine_extras, **(
             {"max_model_len": dep.max_model_len} if dep.max_model_len else {}
         ), **({"enforce_eager": True} if dep.enforce_eager else {})},

@@ -105,6 +105,8 @@ class ResponseIn(msgspec.Struct, kw_only=True):
     conversation: str | None = None  # "auto" | "none"
     metadata: dict[str, Any] | None = None
     input: list[ItemIn] | None = None
+    tools: Tools | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class ClientEvent(msgspec.Struct, tag_field="type", kw_only=True):

@@ -43,6 +43,7 @@ from omni_actors.api.realtime.session import (
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.transcription import transcribe_turn, transcribes_only
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector, VadEvent
+from omni_actors.api.tools import tools_refusal
 from omni_actors.orchestrator.core import Orchestrator
 
 log = logs.get(__name__)
@@ -193,8 +194,13 @@ class RealtimeSession:
 
     # ---- session and items ----
 
+    def _refuse_tools(self, tools: Any, tool_choice: Any, prefix: str) -> None:
+        if (refusal := tools_refusal(self.orch.pipeline, tools, tool_choice, prefix, served=False)) is not None:
+            raise ev.BadEvent(refusal[0], code="unsupported_parameter", param=refusal[1])
+
     async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:
         try:
+            self._refuse_tools(s.tools, s.tool_choice, "session.")
             cfg, dialect = apply_update(self.cfg, s)
             if self.transcribes_only and s.type == "realtime":
                 raise ev.BadEvent(self._only_transcribes(), code="unsupported_session_type", param="session.type")
@@ -355,6 +361,8 @@ class RealtimeSession:
             raise ev.BadEvent(f"conversation already has an active response {self.response.id}",
                               code="conversation_already_has_active_response", event_id=eid)
         try:
+            if r is not None:
+                self._refuse_tools(r.tools, r.tool_choice, "response.")
             context = None
             if r is not None and r.input is not None:
                 context = await self._items_from_client(list(r.input))

@@ -14,6 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 CHAT_TEMPLATE = (
+    # Tools as Hermes-style templates show them (a system turn listing the function schemas).
+    "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
+    "</tools><|im_end|>\n{% endif %}"
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}"

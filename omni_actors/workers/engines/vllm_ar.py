@@ -19,8 +19,9 @@ only the new tokens and text of each request:
     {"text": delta, "token_ids": [new ids]}
     last one: finished=True, plus finish_reason, prompt_tokens, completion_tokens
 
-Inputs: {"messages": [...]} (the tokenizer's chat template with the generation
-prompt), {"prompt": str} or {"prompt_token_ids": [...]}, or {"prompt_embeds":
+Inputs: {"messages": [...], "tools"?: [...]} (the tokenizer's chat template with the generation
+prompt; "tools" are shown to it and read back only where the stage names a tool parser: the
+last output then carries "tool_calls" [{id, name, arguments}] and "content", see tool_calls.py), {"prompt": str} or {"prompt_token_ids": [...]}, or {"prompt_embeds":
 array} where vLLM has prompt embeds enabled; "multi_modal_data" and
 "mm_processor_kwargs" pass through to vLLM (arrays copied, as the inputs may
 be views of shared memory).
@@ -40,7 +41,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ import numpy as np
 from omni_actors import logs
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines import vllm_backend
+from omni_actors.workers.engines.tool_calls import ToolCallReader
 
 CORE_EXIT_TIMEOUT_S = 10.0
 
@@ -89,6 +91,9 @@ class _Run:
 
     prompt_tokens: int | None = None
     completion_tokens: int = 0
+    tools: list[dict[str, Any]] | None = None
+    """The request's tools, when this stage reads tool calls (then `text` collects the answer)."""
+    text: list[str] = field(default_factory=list)
 
 
 def _copy_arrays(value: Any) -> Any:
@@ -136,6 +141,7 @@ class VllmAREngine(StageEngine):
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._env = _EnvPatch()
         self._private_dir = Path(tempfile.mkdtemp(prefix="omni-vllm-"))
+        self._tool_reader: ToolCallReader | None = None
         try:
             (self._private_dir / "rpc").mkdir()
             self._env.apply(vllm_backend.backend_env(ctx, self._private_dir))
@@ -146,6 +152,7 @@ class VllmAREngine(StageEngine):
             # close can make sure they are gone and reaped.
             self._procs = [p for p in multiprocessing.active_children() if p.pid not in before]
             self._tokenizer = self._engine.get_tokenizer()
+            self._tool_reader = ToolCallReader(ctx.tool_parser, self._tokenizer) if ctx.tool_parser else None
         except BaseException:
             self.close()
             raise
@@ -194,7 +201,8 @@ class VllmAREngine(StageEngine):
             )
         except VLLMClientError as exc:
             raise ValueError(str(exc)) from exc
-        self._runs[request_id] = _Run()
+        tools = inputs.get("tools") if self._tool_reader is not None else None
+        self._runs[request_id] = _Run(tools=list(tools) if tools else None)
 
     def abort(self, request_id: str) -> None:
         if self._runs.pop(request_id, None) is not None:
@@ -215,6 +223,8 @@ class VllmAREngine(StageEngine):
             token_ids = list(completion.token_ids)
             run.completion_tokens += len(token_ids)
             payload: dict[str, Any] = {"text": completion.text, "token_ids": token_ids}
+            if run.tools is not None:
+                run.text.append(completion.text)
             error = None
             if ro.finished:
                 del self._runs[ro.request_id]
@@ -226,6 +236,10 @@ class VllmAREngine(StageEngine):
                 )
                 if reason == "error":
                     error = "vLLM reported an internal error for this request"
+                elif run.tools is not None and self._tool_reader is not None:
+                    content, calls = self._tool_reader.read("".join(run.text), run.tools)
+                    if calls:
+                        payload.update(tool_calls=calls, content=content)
             outputs.append(EngineOutput(ro.request_id, payload, ro.finished, error))
         return outputs
 
@@ -279,8 +293,10 @@ class VllmAREngine(StageEngine):
             ids = inputs["prompt_token_ids"]
             prompt = {"prompt_token_ids": [int(t) for t in np.asarray(ids).reshape(-1)]}
         elif "messages" in inputs:
+            # A stage that reads tool calls shows the request's tools to the model, as its template asks.
+            tools = list(inputs["tools"]) if inputs.get("tools") and self._tool_reader is not None else None
             text = self._tokenizer.apply_chat_template(
-                list(inputs["messages"]), tokenize=False, add_generation_prompt=True
+                list(inputs["messages"]), tools=tools, tokenize=False, add_generation_prompt=True
             )
             prompt = {"prompt": text}
             # The template already wrote any BOS it wants.

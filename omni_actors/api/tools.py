@@ -1,0 +1,73 @@
+"""Function calling: which pipelines can call tools, refusing `tools` where they cannot, and the calls' shapes.
+
+A pipeline can call tools when the stage that writes its text answer names a tool
+parser (`StageSpec.tool_parser`, one of vLLM's: "hermes", "pythonic", ...). That
+stage shows the request's tools to its chat template and reads the finished
+answer with the parser (workers/engines/tool_calls.py); the last TextOutput
+carries the calls, which chat answers as `message.tool_calls` (streamed: one
+`delta.tool_calls` chunk at the end, the text held back until the answer is read)
+with `finish_reason: "tool_calls"`.
+
+Refused with a 400 / realtime `error` naming the field, never silently ignored:
+- `tools` (non-empty) where the text stage names no parser, and in realtime
+  sessions (function_call items are not served yet);
+- a `tool_choice` that demands a call ("required" or a named function): there is
+  no guided decoding to force one. "none" and "auto" are accepted ("none" keeps
+  the tools from the model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from omni_actors.api.schemas import ChatTool, DeltaToolCall, FunctionCall, ToolCall
+from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.orchestrator.outputs import ToolCallOutput
+
+PASSIVE_TOOL_CHOICES = ("none", "auto")
+"""`tool_choice` values that never demand a call on their own."""
+
+
+def tool_parser(pipeline: PipelineConfig) -> str | None:
+    """The tool parser of the stage writing the pipeline's text answer; None: it cannot call tools."""
+    for spec in pipeline.stages:
+        if spec.final_output and spec.final_output_type == "text" and spec.tool_parser:
+            return spec.tool_parser
+    return None
+
+
+def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix: str = "",
+                  served: bool = True) -> tuple[str, str] | None:
+    """(message, param) when the request asks for tools this pipeline cannot call, else None.
+
+    `tools`/`tool_choice` are the client's values (None or msgspec UNSET when absent);
+    `prefix` goes before the field name in `param` (realtime: "session."); `served`
+    False where the route does not serve calls at all (realtime, today).
+    """
+    asks_tools = isinstance(tools, list | tuple) and len(tools) > 0
+    demands_call = isinstance(tool_choice, dict) or (
+        isinstance(tool_choice, str) and tool_choice not in PASSIVE_TOOL_CHOICES)
+    parser = tool_parser(pipeline) if served else None
+    if asks_tools and parser is None:
+        reason = "its text stage has no tool parser" if served else "function calls are not served in realtime"
+        return (f"model {pipeline.name!r} cannot call tools here ({reason}); send the request without `tools`",
+                prefix + "tools")
+    if demands_call:
+        return (f"model {pipeline.name!r} cannot call tools on demand (no guided decoding to force a call): "
+                "`tool_choice` must be 'auto' or 'none'", prefix + "tool_choice")
+    return None
+
+
+def stage_tools(tools: list[ChatTool] | None, tool_choice: Any) -> list[dict[str, Any]] | None:
+    """The tools the text stage is shown, as OpenAI writes them (none for `tool_choice` "none")."""
+    return msgspec.to_builtins(tools) if tools and tool_choice != "none" else None
+
+
+def message_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[ToolCall]:
+    return [ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls]
+
+
+def delta_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[DeltaToolCall]:
+    return [DeltaToolCall(i, c.id, FunctionCall(c.name, c.arguments)) for i, c in enumerate(calls)]

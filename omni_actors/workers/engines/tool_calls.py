@@ -1,0 +1,56 @@
+"""Reading function calls out of an LLM stage's finished text with one of vLLM's tool parsers.
+
+    parser = ToolCallReader("hermes", tokenizer)      # a name vLLM's ToolParserManager knows
+    content, calls = parser.read(text, tools)         # calls: [{"id", "name", "arguments"}]
+
+The parser name is the stage's `StageSpec.tool_parser` (the model's format: "hermes",
+"pythonic", "llama3_json", ...). It runs in the worker, next to the tokenizer the
+parsers need, once per finished request that declared tools. Calls leave as plain
+dicts (msgpack on the bus, no vLLM types); `arguments` is a JSON string, as in
+OpenAI's `tool_calls[].function.arguments`. Text the parser cannot read as a call
+is content: a model that writes no valid call gives `(text, [])`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_actors import logs
+
+log = logs.get(__name__)
+
+
+class ToolCallReader:
+    """One vLLM tool parser class bound to a tokenizer; `read` is stateless per call."""
+
+    def __init__(self, parser: str, tokenizer: Any) -> None:
+        from vllm.tool_parsers import ToolParserManager
+
+        try:
+            self._cls = ToolParserManager.get_tool_parser(parser)
+        except KeyError as exc:
+            raise ValueError(f"unknown tool parser {parser!r}; vLLM has {ToolParserManager.list_registered()}") \
+                from exc
+        self._tokenizer = tokenizer
+        try:  # a parser whose marker tokens this tokenizer lacks fails here, when the stage starts
+            self._cls(tokenizer)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(f"tool parser {parser!r} does not fit this model's tokenizer: {exc}") from exc
+
+    def read(self, text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, str]]]:
+        """(content outside the calls or None, the calls) of a finished answer to a request declaring `tools`."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        # A fresh parser per answer: vLLM's parsers keep streaming state on the instance.
+        parser = self._cls(self._tokenizer)
+        try:
+            request = ChatCompletionRequest(messages=[], model="", tools=tools or None)
+            info = parser.extract_tool_calls(text, request)
+        except Exception as exc:  # a third-party parser on model text: one answer's problem, never the engine's
+            log.warning("tool_calls.unreadable", error=type(exc).__name__)
+            return text, []
+        if not info.tools_called:
+            return text, []
+        calls = [{"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+                 for call in info.tool_calls]
+        return info.content, calls

@@ -1,0 +1,64 @@
+"""ToolCallReader: vLLM's tool parsers read function calls out of finished text, as plain dicts.
+
+Real parsers on a real (tiny) tokenizer, fed the texts a model of each format
+writes; the engine test (test_vllm_engine.py) shows the tools reach the template.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from omni_actors.models.tiny.llama import make_tiny_llama
+from omni_actors.workers.engines.tool_calls import ToolCallReader
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoTokenizer
+
+    path: Path = make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+    return AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.parametrize(("parser", "text", "content"), [
+    pytest.param("hermes", 'Let me look.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+                 "</tool_call>", "Let me look.", id="hermes"),
+    pytest.param("pythonic", '[get_weather(city="Paris")]', None, id="pythonic"),
+])
+def test_a_call_is_read_as_openai_function_call(tokenizer, parser: str, text: str, content: str | None) -> None:
+    got_content, calls = ToolCallReader(parser, tokenizer).read(text, TOOLS)
+    assert got_content == content
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert all(isinstance(c["id"], str) and c["id"] for c in calls)
+
+
+def test_two_calls_get_distinct_ids(tokenizer) -> None:
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
+    _, calls = ToolCallReader("hermes", tokenizer).read(call % "Paris" + call % "Oslo", TOOLS)
+    assert [json.loads(c["arguments"])["city"] for c in calls] == ["Paris", "Oslo"]
+    assert len({c["id"] for c in calls}) == 2
+
+
+@pytest.mark.parametrize("parser", ["hermes", "pythonic"])
+def test_text_without_a_valid_call_is_content(tokenizer, parser: str) -> None:
+    for text in ("It is sunny in Paris.", "<tool_call>{not json</tool_call>"):
+        assert ToolCallReader(parser, tokenizer).read(text, TOOLS) == (text, [])
+
+
+def test_an_unknown_parser_is_named(tokenizer) -> None:
+    with pytest.raises(ValueError, match="no_such_parser"):
+        ToolCallReader("no_such_parser", tokenizer)
+
+
+def test_a_parser_the_tokenizer_cannot_serve_fails_at_start(tokenizer) -> None:
+    """llama3_json needs Llama 3's `<|python_tag|>` token, which this tokenizer lacks."""
+    with pytest.raises(ValueError, match=r"llama3_json.*tokenizer"):
+        ToolCallReader("llama3_json", tokenizer)
