@@ -90,11 +90,28 @@ def _json_error(desc: str) -> dict[str, Any]:
 
 
 def _schema(ctype: str, struct: type | None) -> dict[str, Any]:
+    if ctype == SSE and struct is not None:
+        return _sse_event(struct)
     if struct is not None:
         return _ref(struct)
     if ctype.startswith("audio/"):
         return {"type": "string", "format": "binary"}
     return {"type": "object"} if ctype == "application/json" else {"type": "string"}
+
+
+def _sse_event(struct: type) -> dict[str, Any]:
+    """One server-sent event: its `data` line is the JSON of `struct` (the first event's kind; the
+    stream's last may be a `.done` / `[DONE]`), described as JSON Schema's encoded content."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": _ref(struct)},
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+    }
 
 
 def served_routes(outputs: Iterable[str]) -> list[_Route]:
