@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 from aiohttp import web
@@ -46,7 +46,7 @@ class _Route:
     path: str
     summary: str
     request: type | None
-    ok: dict[str, type | None]
+    ok: dict[str, Any]
     """Content type -> schema of the 200 answer (None: a string / binary body)."""
     needs: frozenset[str] = frozenset()
     """Output types the pipeline must produce for the route to be served."""
@@ -60,10 +60,10 @@ _ROUTES = (
            frozenset({"text"})),
     _Route("post", "/v1/audio/speech", "Text to speech: audio in response_format (speech.audio.* events "
            "when stream_format=sse)", s.SpeechRequest,
-           {**dict.fromkeys(_SPEECH_TYPES), SSE: s.SpeechAudioDelta}, frozenset({"audio"})),
+           {**dict.fromkeys(_SPEECH_TYPES), SSE: s.SpeechAudioDelta | s.SpeechAudioDone}, frozenset({"audio"})),
     _Route("post", "/v1/audio/transcriptions", "Speech to text (multipart/form-data upload; "
            "transcript.text.* events when stream=true)", s.TranscriptionForm,
-           {"application/json": s.Transcription, "text/plain": None, SSE: s.TranscriptTextDelta},
+           {"application/json": s.Transcription, "text/plain": None, SSE: s.TranscriptTextDelta | s.TranscriptTextDone},
            frozenset({"transcript"})),
     _Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
            {"application/json": s.ImagesResponse}, frozenset({"image"})),
@@ -99,14 +99,16 @@ def _schema(ctype: str, struct: type | None) -> dict[str, Any]:
     return {"type": "object"} if ctype == "application/json" else {"type": "string"}
 
 
-def _sse_event(struct: type) -> dict[str, Any]:
-    """One server-sent event: its `data` line is the JSON of `struct` (the first event's kind; the
-    stream's last may be a `.done` / `[DONE]`), described as JSON Schema's encoded content."""
+def _sse_event(struct: Any) -> dict[str, Any]:
+    """One server-sent event: its `data` line is the JSON of `struct` (a union: any of its events),
+    described as JSON Schema's encoded content."""
+    kinds = get_args(struct) or (struct,)
+    content = _ref(kinds[0]) if len(kinds) == 1 else {"anyOf": [_ref(k) for k in kinds]}
     return {
         "type": "object",
         "required": ["data"],
         "properties": {
-            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": _ref(struct)},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": content},
             "event": {"type": "string"},
             "id": {"type": "string"},
             "retry": {"type": "integer"},
@@ -148,7 +150,8 @@ def _operation(route: _Route, auth: bool) -> dict[str, Any]:
 def build_openapi(title: str, version: str, outputs: Iterable[str], auth: bool) -> dict[str, Any]:
     """The document for a pipeline producing `outputs`, with API keys required when `auth`."""
     routes = served_routes(outputs)
-    types = [t for r in routes for t in (r.request, *r.ok.values(), *(x[2] for x in r.extra)) if t is not None]
+    types = [k for r in routes for t in (r.request, *r.ok.values(), *(x[2] for x in r.extra)) if t is not None
+             for k in (get_args(t) or (t,))]
     _, components = msgspec.json.schema_components([*dict.fromkeys([*types, *_EXTRA])], ref_template=REF)
     paths: dict[str, Any] = {}
     for route in routes:
