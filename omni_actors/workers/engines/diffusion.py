@@ -36,8 +36,8 @@ import numpy as np
 import structlog
 
 from omni_actors.models.diffusion.capabilities import caps_from_params
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
-from omni_actors.workers.engines.diffusion_batch import Batch, Runner
+from omni_actors.workers.engine import EngineContext, EngineOutput
+from omni_actors.workers.engines.diffusion_batch import Batch, BatchedPipelineEngine
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
 from omni_actors.workers.engines.diffusion_outputs import converter
 from omni_actors.workers.engines.diffusion_request import DiffusionJob, int_in, parse_job
@@ -60,8 +60,10 @@ class DiffusionStatistics:
     """Requests in the most recently started batch."""
 
 
-class DiffusionEngine(StageEngine):
+class DiffusionEngine(BatchedPipelineEngine):
     """Runs one diffusers pipeline; see the module docstring."""
+
+    KIND = "diffusion"
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -85,38 +87,10 @@ class DiffusionEngine(StageEngine):
             1,
             1 << 16,
         )
-        self._queue: deque[DiffusionJob] = deque()
-        self._runner = Runner()
-        self._batch: Batch | None = None
         self._batches_started = 0
         self._last_batch_size = 0
 
     # -- StageEngine --
-
-    def add(
-        self,
-        request_id: str,
-        inputs: dict[str, Any],
-        params: dict[str, Any],
-        streaming: bool = False,
-    ) -> None:
-        if streaming:
-            raise ValueError("the diffusion engine does not take streamed input")
-        if self._knows(request_id):
-            raise ValueError(f"request {request_id} is already running")
-        self._queue.append(self._parse(request_id, inputs, self.merged_sampling(params)))
-
-    def abort(self, request_id: str) -> None:
-        self._queue = deque(j for j in self._queue if j.request_id != request_id)
-        batch = self._batch
-        if batch is not None and request_id in batch.live:
-            batch.live.discard(request_id)
-            if not batch.live:
-                batch.cancel()
-                self._batch = None
-
-    def has_work(self) -> bool:
-        return self._batch is not None or bool(self._queue)
 
     def step(self) -> list[EngineOutput]:
         if self._batch is None:
@@ -153,13 +127,6 @@ class DiffusionEngine(StageEngine):
             ]
         return self._final_outputs(batch, report[1], report[2])
 
-    def close(self) -> None:
-        if self._batch is not None:
-            self._batch.cancel()
-            self._batch = None
-        self._queue.clear()
-        self._runner.close()
-
     def statistics(self) -> DiffusionStatistics:
         return DiffusionStatistics(
             queued=len(self._queue),
@@ -169,11 +136,6 @@ class DiffusionEngine(StageEngine):
         )
 
     # -- internals --
-
-    def _knows(self, request_id: str) -> bool:
-        if self._batch is not None and request_id in self._batch.live:
-            return True
-        return any(j.request_id == request_id for j in self._queue)
 
     def _parse(self, request_id: str, inputs: dict[str, Any], p: dict[str, Any]) -> DiffusionJob:
         return parse_job(request_id, inputs, p, self.caps, self._accepts, self._defaults)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+
+from omni_actors.workers.engine import EngineContext, StageEngine
 
 log = structlog.get_logger(__name__)
 
@@ -159,3 +162,63 @@ class Batch:
         # Report last: once it is read, the next batch may hook the scheduler.
         if report is not None:
             self._reports.put(report)
+
+
+class BatchedPipelineEngine(StageEngine):
+    """What the diffusion and video engines share: a queue of parsed jobs, at most one running
+    Batch on one Runner thread, abort from the queue or between steps, close.
+
+    Subclasses set `KIND` (for messages), parse a request into a job with `.request_id`
+    (`_parse`), and start (`_start_batch`) and step batches themselves."""
+
+    KIND = "pipeline"
+
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        self._queue: deque[Any] = deque()
+        self._batch: Batch | None = None
+        self._runner_thread: Runner | None = None
+
+    @property
+    def _runner(self) -> Runner:
+        """Started with the first batch (not before the pipeline has loaded)."""
+        if self._runner_thread is None:
+            self._runner_thread = Runner()
+        return self._runner_thread
+
+    def _parse(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any],
+            streaming: bool = False) -> None:
+        if streaming:
+            raise ValueError(f"the {self.KIND} engine does not take streamed input")
+        if self._knows(request_id):
+            raise ValueError(f"request {request_id} is already running")
+        self._queue.append(self._parse(request_id, inputs, self.merged_sampling(params)))
+
+    def abort(self, request_id: str) -> None:
+        self._queue = deque(j for j in self._queue if j.request_id != request_id)
+        batch = self._batch
+        if batch is not None and request_id in batch.live:
+            batch.live.discard(request_id)
+            if not batch.live:
+                batch.cancel()
+                self._batch = None
+                log.info(f"{self.KIND}.batch_aborted", request_id=request_id)
+
+    def has_work(self) -> bool:
+        return self._batch is not None or bool(self._queue)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.cancel()
+            self._batch = None
+        self._queue.clear()
+        if self._runner_thread is not None:
+            self._runner_thread.close()
+
+    def _knows(self, request_id: str) -> bool:
+        if self._batch is not None and request_id in self._batch.live:
+            return True
+        return any(j.request_id == request_id for j in self._queue)

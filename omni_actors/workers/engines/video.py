@@ -41,8 +41,8 @@ import numpy as np
 
 from omni_actors import logs
 from omni_actors.errors import ConfigError
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
-from omni_actors.workers.engines.diffusion_batch import Batch, Runner
+from omni_actors.workers.engine import EngineContext, EngineOutput
+from omni_actors.workers.engines.diffusion_batch import Batch, BatchedPipelineEngine
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
 
 log = logs.get(__name__)
@@ -81,8 +81,10 @@ class _Job:
                 self.negative_prompt is not None, alone)
 
 
-class VideoEngine(StageEngine):
+class VideoEngine(BatchedPipelineEngine):
     """Runs one video or audio diffusers pipeline; see the module docstring."""
+
+    KIND = "video"
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -113,33 +115,9 @@ class VideoEngine(StageEngine):
         self._default_guidance = _default(sig, "guidance_scale", None)
         self._max_batch = _int(extras.get("max_batch", max(1, ctx.max_num_seqs)), "engine_extras.max_batch",
                                1, 1024)
-        self._queue: deque[_Job] = deque()
-        self._runner = Runner()
-        self._batch: Batch | None = None
         self.batches_started = 0
 
     # -- StageEngine --
-
-    def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any],
-            streaming: bool = False) -> None:
-        if streaming:
-            raise ValueError("the video engine does not take streamed input")
-        if request_id in self._live():
-            raise ValueError(f"request {request_id} is already running")
-        self._queue.append(self._parse(request_id, inputs, self.merged_sampling(params)))
-
-    def abort(self, request_id: str) -> None:
-        self._queue = deque(j for j in self._queue if j.request_id != request_id)
-        batch = self._batch
-        if batch is not None and request_id in batch.live:
-            batch.live.discard(request_id)
-            if not batch.live:
-                batch.cancel()
-                self._batch = None
-                log.info("video.batch_aborted", request_id=request_id)
-
-    def has_work(self) -> bool:
-        return self._batch is not None or bool(self._queue)
 
     def step(self) -> list[EngineOutput]:
         if self._batch is None:
@@ -163,18 +141,7 @@ class VideoEngine(StageEngine):
                     for j in batch.jobs if j.request_id in batch.live]
         return self._final_outputs(batch, report[1], report[2])
 
-    def close(self) -> None:
-        if self._batch is not None:
-            self._batch.cancel()
-            self._batch = None
-        self._queue.clear()
-        self._runner.close()
-
     # -- internals --
-
-    def _live(self) -> set[str]:
-        live = {j.request_id for j in self._queue}
-        return live | (self._batch.live if self._batch is not None else set())
 
     def _parse(self, request_id: str, inputs: dict[str, Any], p: dict[str, Any]) -> _Job:
         prompt = inputs.get("prompt", p.get("prompt"))
