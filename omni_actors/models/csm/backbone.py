@@ -28,7 +28,6 @@ import torch
 from omni_actors.models.csm import VOICES
 from omni_actors.models.csm.depth import DepthRunner
 from omni_actors.workers.engines.hf_ar_adapter import (
-    DTYPES,
     ARAdapter,
     ARSeq,
     ForwardOut,
@@ -49,7 +48,7 @@ class CsmBackboneAdapter(ARAdapter):
         from transformers import AutoTokenizer, CsmForConditionalGeneration
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
-        dtype = torch.float32 if self.ctx.device == "cpu" else DTYPES.get(self.ctx.dtype, torch.bfloat16)
+        dtype = self.load_dtype()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             model = CsmForConditionalGeneration.from_pretrained(path, dtype=dtype)

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from omni_actors.workers.engines.hf_ar_adapter import (
-    DTYPES,
     ARAdapter,
     ARSeq,
     ForwardOut,
@@ -43,7 +42,7 @@ class Qwen3AsrAdapter(ARAdapter):
         from transformers import AutoProcessor, Qwen3ASRForConditionalGeneration
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
-        dtype = torch.float32 if self.ctx.device == "cpu" else DTYPES.get(self.ctx.dtype, torch.bfloat16)
+        dtype = self.load_dtype()
         try:
             self.processor = AutoProcessor.from_pretrained(path)
             model = Qwen3ASRForConditionalGeneration.from_pretrained(path, dtype=dtype)

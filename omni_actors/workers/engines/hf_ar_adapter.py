@@ -102,6 +102,10 @@ class ARAdapter(abc.ABC):
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
 
+    def load_dtype(self) -> torch.dtype:
+        """float32 on CPU; else the deploy's dtype (bfloat16 for "auto")."""
+        return torch.float32 if self.ctx.device == "cpu" else DTYPES.get(self.ctx.dtype, torch.bfloat16)
+
     @abc.abstractmethod
     def load(self) -> torch.nn.Module:
         """Load weights from ctx.model_path; raise with the file's name on a bad checkpoint."""
