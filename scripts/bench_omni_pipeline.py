@@ -15,6 +15,14 @@ do the same work every time); talker sampling is the model's default.
 
     python scripts/bench_omni_pipeline.py --model DIR                   # CPU
     python scripts/bench_omni_pipeline.py --model DIR --devices 0 --dtype bfloat16
+    python scripts/bench_omni_pipeline.py --model DIR --placements "0,0,0;0,1,1" --dtype bfloat16
+
+`--placements` runs each mode once per placement (a device per stage, stages
+separated by commas, placements by semicolons), all in one run, so the first
+is the same-run baseline of the others. With more than one GPU placement it
+also times the cross-device handoff of one thinker step's payload (the
+"embeds" and "hidden" rows the thinker sends per token: device -> host numpy
+in the producer, message, host -> device in the consumer).
 
 Prints one JSON line.
 """
@@ -47,6 +55,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--pipeline", default="qwen2_5_omni")
     ap.add_argument("--devices", default=None, help='deploy "devices" for every stage, e.g. "0"')
+    ap.add_argument(
+        "--placements", default=None,
+        help='per-stage devices, placements separated by ";", e.g. "0,0,0;0,1,1"',
+    )  # fmt: skip
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--requests-c1", type=int, default=3)
@@ -61,19 +73,21 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def deploy_for(args: argparse.Namespace, async_chunk: bool) -> Any:
+def deploy_for(args: argparse.Namespace, async_chunk: bool, placement: list[str | None]) -> Any:
     stage = {"max_num_seqs": args.max_num_seqs, "max_queue": 256, "dtype": args.dtype}
-    if args.devices is not None:
-        stage["devices"] = args.devices
     raw = {
         "pipeline": args.pipeline,
         "model": str(args.model),
         "async_chunk": async_chunk,
         "stages": [
-            {"stage_id": s, **stage, **({"engine_extras": args.ar_extras} if s < 2 else {})}
+            {
+                "stage_id": s, **stage,
+                **({"devices": placement[s]} if placement[s] is not None else {}),
+                **({"engine_extras": args.ar_extras} if s < 2 else {}),
+            }
             for s in (0, 1, 2)
         ],
-    }
+    }  # fmt: skip
     return build_deploy(raw, source="bench_omni_pipeline")
 
 
@@ -159,8 +173,36 @@ def gpu_used_gb() -> float | None:
         return None
 
 
-async def run_mode(args: argparse.Namespace, async_chunk: bool) -> dict[str, Any]:
-    orch = Orchestrator(deploy_for(args, async_chunk))
+def placements(args: argparse.Namespace) -> list[list[str | None]]:
+    if args.placements:
+        return [[d.strip() for d in p.split(",")] for p in args.placements.split(";")]
+    return [[args.devices] * 3]
+
+
+def handoff_cost(width: int, dtype: str, src: str, dst: str, n: int = 200) -> dict[str, Any]:
+    """Per thinker step: two [1, width] rows made on `src`, read to host as float32 numpy (the
+    producer's `_np`), then put on `dst` (the consumer) — the host path every cross-device chunk
+    takes. Timed with device syncs on both sides, best of a few hundred, in microseconds."""
+    import torch
+
+    rows = [torch.randn(1, width, device=src, dtype=getattr(torch, dtype)) for _ in range(2)]
+    times = []
+    for i in range(n + 20):
+        torch.cuda.synchronize(src)
+        t0 = time.perf_counter()
+        host = [r.float().cpu().numpy() for r in rows]
+        back = [torch.tensor(h).to(dst) for h in host]
+        torch.cuda.synchronize(dst)
+        if i >= 20:
+            times.append(time.perf_counter() - t0)
+    del back
+    us = np.array(times) * 1e6
+    return {"path": "host", "src": src, "dst": dst, "bytes": 2 * width * 4,
+            "p50_us": round(float(np.percentile(us, 50)), 1), "p99_us": round(float(np.percentile(us, 99)), 1)}  # fmt: skip
+
+
+async def run_mode(args: argparse.Namespace, async_chunk: bool, placement: list[str | None]) -> dict[str, Any]:
+    orch = Orchestrator(deploy_for(args, async_chunk, placement))
     t0 = time.perf_counter()
     await orch.start()
     out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2)}
@@ -189,13 +231,17 @@ async def main() -> None:
     logs.configure("bench")  # logs to stderr; stdout carries only the JSON line
     modes = {"on": True, "off": False}
     results = {}
-    for name in args.modes.split(","):
-        results[f"async_chunk_{name}"] = await run_mode(args, modes[name])
+    places = placements(args)
+    for place in places:
+        tag = "" if len(places) == 1 else "@" + ",".join(str(d) for d in place)
+        for name in args.modes.split(","):
+            results[f"async_chunk_{name}{tag}"] = await run_mode(args, modes[name], place)
     line: dict[str, Any] = {
         "bench": "omni_pipeline",
         "pipeline": args.pipeline,
         "model": str(args.model),
         "devices": args.devices,
+        "placements": args.placements,
         "dtype": args.dtype,
         "text_tokens": args.text_tokens,
         "codes": args.codes,
@@ -216,6 +262,16 @@ async def main() -> None:
             line.setdefault("throughput_gain", {})[name] = round(
                 res[top]["audio_s_per_wall_s"] / res["c1"]["audio_s_per_wall_s"], 2
             )
+    gpus = sorted({d for p in places for d in p if d is not None})
+    import torch
+
+    if len(gpus) > 1 and torch.cuda.is_available():
+        width = int(json.loads((args.model / "config.json").read_text()).get("thinker_config", {})
+                    .get("text_config", {}).get("hidden_size", 2048))  # fmt: skip
+        line["handoff_per_step"] = {
+            "same_gpu": handoff_cost(width, "bfloat16", "cuda:0", "cuda:0"),
+            "cross_gpu": handoff_cost(width, "bfloat16", "cuda:0", f"cuda:{torch.cuda.device_count() - 1}"),
+        }
     print(json.dumps(line))
 
 

@@ -175,7 +175,8 @@ def build(out: Path, device: str, dtype: str, seed: int, scale: int, model: str)
     config = sized_config_qwen3(scale) if qwen3 else sized_config(scale)
     cls = Qwen3OmniMoeForConditionalGeneration if qwen3 else Qwen2_5OmniForConditionalGeneration
     with torch.device(device):
-        net = cls(config).eval()
+        # Built straight in `dtype`: a full-depth 30B-A3B in float32 would not fit one GPU.
+        net = cls._from_config(config, dtype=getattr(torch, dtype)).eval()
         if qwen3:
             with torch.no_grad():  # transformers leaves fused expert tensors uninitialised
                 for name, param in net.named_parameters():
