@@ -90,6 +90,11 @@ class StageEngine(abc.ABC):
     def has_work(self) -> bool:
         """True when `step` would make progress now."""
 
+    def gather_s(self, now: float) -> float:
+        """Seconds the engine would rather wait for more requests before its next step (0: step
+        now). The worker waits on its socket that long at most; a message ends the wait early."""
+        return 0.0
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources at worker exit."""
 

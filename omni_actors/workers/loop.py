@@ -82,7 +82,7 @@ class WorkerLoop:
             if self.stopping:
                 break
             now = time.monotonic()
-            hold_s = self._hold_s(now) if self.engine.has_work() else None
+            hold_s = max(self._hold_s(now), self.engine.gather_s(now)) if self.engine.has_work() else None
             if hold_s == 0.0:
                 self._step()
             elif not self._out and not self._released:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,12 @@ STEP_REPORT_TIMEOUT_S = 3600.0
 """Longest the engine waits for one denoising step (or the decode) of a batch."""
 BATCH_EXIT_TIMEOUT_S = 60.0
 """Longest `abort`/`close` waits for a cancelled batch thread to unwind."""
+BATCH_GATHER_S = 0.010
+"""Right after a batch ends, how long a part-full queue waits for more requests before the next
+batch starts. Clients whose images just came back send their next requests within milliseconds;
+starting at once ran the first arrival alone and the rest as a second batch (two replicas at
+concurrency 8 gave 1.15x one replica on two H200s, SD-1.5-sized at 512 px). An idle engine
+(no batch ended within the window) starts a lone request at once."""
 
 class _Cancelled(Exception):
     """Raised inside the pipeline call to stop a batch between steps."""
@@ -176,8 +183,28 @@ class BatchedPipelineEngine(StageEngine):
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
         self._queue: deque[Any] = deque()
-        self._batch: Batch | None = None
+        self._running: Batch | None = None
+        self._ended_at: float | None = None
+        """When the last batch ended (monotonic), for the gather window."""
         self._runner_thread: Runner | None = None
+
+    @property
+    def _batch(self) -> Batch | None:
+        return self._running
+
+    @_batch.setter
+    def _batch(self, batch: Batch | None) -> None:
+        if batch is None and self._running is not None:
+            self._ended_at = time.monotonic()
+        self._running = batch
+
+    def gather_s(self, now: float) -> float:
+        """Wait out the rest of the gather window while the queue is part full and a batch just ended."""
+        if self._running is not None or not self._queue or self._ended_at is None:
+            return 0.0
+        if len(self._queue) >= getattr(self, "_max_batch", 1):
+            return 0.0
+        return max(0.0, self._ended_at + BATCH_GATHER_S - now)
 
     @property
     def _runner(self) -> Runner:
