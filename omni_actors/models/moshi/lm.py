@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_actors.models.moshi.streaming import RingKV
+from omni_actors.models.moshi.streaming import RingKV, StepKV
 
 TEXT_TEMPERATURE = 0.7
 TEXT_TOP_K = 25
@@ -71,6 +71,10 @@ class DuplexLM:
         window = min(cfg.sliding_window, cfg.max_position_embeddings)
         self.ring = RingKV(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, cfg.head_dim, window, 1,
                            self.dtype, self.device)
+        dcfg = model.depth_decoder.config
+        self.depth_kv = StepKV(dcfg.num_hidden_layers, slots, dcfg.num_key_value_heads,
+                               dcfg.head_dim or dcfg.hidden_size // dcfg.num_attention_heads, self.k,
+                               dcfg.sliding_window, self.dtype, self.device)
         self.generators = [torch.Generator(device=self.device) for _ in range(slots)]
         self.live = torch.zeros(slots, dtype=torch.bool)
         self.text_temp = torch.full((slots,), self.sampling.text_temperature, device=self.device)
@@ -156,16 +160,15 @@ class DuplexLM:
         return text, frame, ready
 
     def _depth(self, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        from transformers import DynamicCache
-
         depth = self.model.depth_decoder
-        cache = DynamicCache(config=depth.config)
+        cache = self.depth_kv
         noise = self.audio_noise
         ids = text[:, None]
         out = []
         for i in range(self.k):
             # the embedding depth.forward would pick with a host sync (.item()) per call
             table = depth.text_embed_tokens if i == 0 else depth.embed_tokens[i - 1]
+            cache.pos = i
             logits = depth(input_ids=ids, inputs_embeds=table(ids), last_hidden_state=hidden, past_key_values=cache,
                            use_cache=True).logits
             code = _gumbel(logits[:, -1], noise[:, i], self.audio_temp, self.sampling.audio_top_k)

@@ -139,3 +139,30 @@ class TransposedTail:
                 rest = rest - self.conv.bias[None, :, None]
             self.tail.copy_(rest)
         return y[..., :n]
+
+
+class StepKV:
+    """A transformers `Cache` stand-in for a short fixed sequence run one token at a time (Moshi's depth
+    decoder: one position per codebook, every frame from position 0): static buffers [S, kv_heads,
+    positions, head_dim] per layer, position `pos` (a Python int, set before each pass) written in place.
+    A pass sees positions up to its own (the last `window` of them), as transformers' DynamicCache
+    (sliding-window layers) gives it; nothing later, so no mask is needed and no buffer is reallocated."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, head_dim: int, positions: int, window: int | None,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (slots, kv_heads, positions, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.window = window
+        self.pos = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.pos
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        p = self.pos
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        k[:, :, p : p + 1].copy_(key)
+        v[:, :, p : p + 1].copy_(value)
+        lo = max(0, p + 1 - self.window) if self.window else 0
+        return k[:, :, lo : p + 1], v[:, :, lo : p + 1]
