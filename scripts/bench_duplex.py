@@ -108,6 +108,14 @@ def client_main(url: str, sessions: int, seconds: float, conn: Any) -> None:
     conn.send(asyncio.run(main()))
 
 
+def _frame_step(frame: Any, audio: np.ndarray) -> None:
+    import torch
+
+    text, out = frame.step(torch.from_numpy(audio))
+    out.cpu().numpy()  # as the adapter does: the frame is done when its audio is on the host
+    text.tolist()
+
+
 def model_only(model_dir: Path, args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
     """Frame p50/p99 of MoshiFrame with N live slots, per graphs mode, one model load for all."""
     import gc
@@ -127,24 +135,18 @@ def model_only(model_dir: Path, args: argparse.Namespace) -> dict[str, dict[str,
                 frame.start(s, seed=s)
             rng = np.random.default_rng(n)
             inputs = [(rng.standard_normal((n, FRAME)) * 0.1).astype(np.float32) for _ in range(8)]
-
-            def step(i: int) -> None:
-                text, audio = frame.step(torch.from_numpy(inputs[i % len(inputs)]))
-                audio.cpu().numpy()  # as the adapter does: the frame is done when its audio is on the host
-                text.tolist()
-
             for i in range(WARM_FRAMES):
-                step(i)
+                _frame_step(frame, inputs[i % len(inputs)])
             times = []
             for i in range(args.frame_steps):
                 t0 = time.perf_counter()
-                step(i)
+                _frame_step(frame, inputs[i % len(inputs)])
                 times.append((time.perf_counter() - t0) * 1000)
             out.setdefault(f"graphs_{mode}", {})[str(n)] = {
                 "frame_ms_p50": p(times, 50), "frame_ms_p99": p(times, 99), "frame_ms_max": p(times, 100),
                 "graphs_on": frame.graphs_on,
             }
-            del frame, step
+            del frame
             gc.collect()
             if args.device == "cuda":
                 torch.cuda.empty_cache()

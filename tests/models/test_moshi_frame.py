@@ -4,7 +4,8 @@ On CPU the frame runs eagerly; what a CUDA graph needs of it is checked here: no
 host syncs inside the device half of a step, and every state buffer keeps its
 memory from step to step (a replay reads and writes the addresses captured). The
 greedy step equals transformers' whole-sequence temporal transformer and depth
-decoder. On CUDA, graph replay equals the eager frame.
+decoder. On CUDA, graph replay equals the eager frame (marked `gpu`, not in the default
+suite: `pytest -m gpu tests/models/test_moshi_frame.py`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def test_the_device_half_of_a_frame_has_no_host_syncs_and_writes_its_buffers_in_
             frame.audio_in.copy_(_audio(t))
             frame.lm.prepare()
             with _HostSyncs() as spy:
-                text, audio = frame._forward()
+                _text, audio = frame._forward()
             frame.lm.finish()
             assert spy.seen == [], f"host syncs in the captured region at frame {t}: {sorted(set(spy.seen))}"
             outputs.append(audio.clone())
@@ -129,6 +130,7 @@ def test_a_greedy_frame_equals_transformers_whole_sequence_forward(model) -> Non
     assert len(set(texts)) > 1 and len(torch.unique(torch.stack(codes))) > 1, "tokens should vary"
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_the_eager_frame_on_cuda(model) -> None:
     gpu = model.to("cuda")
