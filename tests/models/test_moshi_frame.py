@@ -1,8 +1,10 @@
 """MoshiFrame, the graph-ready frame step: sync-free, in-place state, equal to transformers' forward (tiny checkpoint).
 
 On CPU the frame runs eagerly; what a CUDA graph needs of it is checked here: no
-host syncs inside the device half of a step, and every state buffer keeps its
-memory from step to step (a replay reads and writes the addresses captured). The
+host syncs inside the device half of a step, every state buffer keeps its memory
+from step to step (a replay reads and writes the addresses captured), and a frame
+recorded once and replayed op by op over its own tensors (`_Tape`: what a graph
+replay does, on CPU) equals the eager frame while sessions come and go. The
 greedy step equals transformers' whole-sequence temporal transformer and depth
 decoder. On CUDA, graph replay equals the eager frame (marked `gpu`, not in the default
 suite: `pytest -m gpu tests/models/test_moshi_frame.py`).
@@ -66,6 +68,46 @@ def _buffers(obj, seen: set[int] | None = None) -> dict[str, torch.Tensor]:
     return out
 
 
+class _Tape(TorchDispatchMode):
+    """A CUDA graph's semantics on CPU: the first call runs and records every op with the very tensors it
+    read and made; each later call re-runs those ops over the same tensors, writing each result into the
+    tensor the recording made (fixed memory), with the Python decisions of the recording."""
+
+    def __init__(self, forward) -> None:
+        super().__init__()
+        self.forward = forward
+        self.ops: list = []
+        self.out = None
+        self.enabled = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+    def run(self, _batch: int, _length: int):
+        if self.out is None:
+            with self:
+                self.out = self.forward()
+            return self.out
+        for func, args, kwargs, out in self.ops:
+            if func.is_view:
+                continue  # a view of recorded memory sees the new values as they are written
+            new = func(*args, **kwargs)
+            if not func._schema.is_mutable:  # an in-place op has written its target already
+                _write(out, new)
+        return self.out
+
+
+def _write(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, list | tuple):
+        for d, s in zip(dst, src, strict=True):
+            _write(d, s)
+
+
 def _audio(t: int) -> torch.Tensor:
     return torch.randn(SLOTS, FRAME, generator=torch.Generator().manual_seed(t)) * 0.2
 
@@ -91,6 +133,27 @@ def test_the_device_half_of_a_frame_has_no_host_syncs_and_writes_its_buffers_in_
     moved = [k for k, v in _buffers(frame).items() if k in ptrs and v.data_ptr() != ptrs[k]]
     assert moved == [], f"state reallocated instead of written in place: {moved}"
     assert not torch.equal(outputs[-1], outputs[-2]), "the state should advance frame by frame"
+
+
+def test_a_frame_recorded_once_and_replayed_over_its_tensors_equals_the_eager_frame(model) -> None:
+    eager, taped = MoshiFrame(model, SLOTS, graphs=False), MoshiFrame(model, SLOTS, graphs=False)
+    taped.graphs = _Tape(taped._forward)
+    for f in (eager, taped):
+        f.start(0, seed=1)
+        f.start(2, seed=2)
+    texts = []
+    for t in range(FRAMES * 2):
+        if t == FRAMES:  # a session leaves, another joins: host-side resets between replays
+            for f in (eager, taped):
+                f.stop(0)
+                f.start(1, seed=3)
+        a_text, a_audio = eager.step(_audio(t))
+        b_text, b_audio = taped.step(_audio(t))
+        assert torch.equal(a_text, b_text), f"frame {t}"
+        assert torch.equal(a_audio, b_audio), f"frame {t}"
+        texts.append(b_text.clone())
+    assert len(taped.graphs.ops) > 500 and taped.graphs.out is not None
+    assert not torch.equal(texts[-1], texts[-2]) and b_audio[1].abs().sum() > 0, "replays should move on"
 
 
 def test_a_greedy_frame_equals_transformers_whole_sequence_forward(model) -> None:
