@@ -30,7 +30,8 @@ frame really replayed a graph (a failed capture falls back to eager and logs why
 
 `--size 7b` builds a random-weight checkpoint of Moshi-7B's real sizes (first run:
 minutes, ~15 GB in bf16 under --work-dir; `python -m omni_actors.models.tiny.moshi DIR
---size 7b --dtype bfloat16` builds it alone). `--no-serve`: model only. Prints one JSON line.
+--size 7b --dtype bfloat16` builds it alone). `--no-serve`: model only; `--no-model-only`: served
+levels only. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -217,6 +218,7 @@ def main() -> None:
     ap.add_argument("--graphs", nargs="+", choices=["off", "on"], help="CUDA graphs modes (default: off on on CUDA)")
     ap.add_argument("--frame-steps", type=int, default=FRAME_STEPS, help="model-only frames timed per level")
     ap.add_argument("--no-serve", action="store_true", help="model-only timings, no server")
+    ap.add_argument("--no-model-only", action="store_true", help="served levels only")
     args = ap.parse_args()
     if args.graphs is None:
         args.graphs = ["off", "on"] if args.device == "cuda" else ["off"]
@@ -228,7 +230,7 @@ def main() -> None:
         model = Path(args.model) if args.model else Path(args.work_dir or tmp) / f"moshi-{args.size}"
         if not args.model and not (model / "config.json").is_file():
             make_sized_moshi(model, args.size, dtype=args.dtype if args.size != "tiny" else "float32")
-        alone = model_only(model, args)
+        alone = {} if args.no_model_only else model_only(model, args)
         rows = [] if args.no_serve else [
             asyncio.run(serve_level(model, n, args, mode)) for mode in args.graphs for n in args.sessions]
     speedup = {}
