@@ -16,7 +16,6 @@ import torch
 
 from omni_actors import logs
 from omni_actors.models.moshi.frame import MoshiFrame
-from omni_actors.models.moshi.lm import DuplexLM, Sampling
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.duplex import DuplexAdapter, SlotOutput
 from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
@@ -40,7 +39,7 @@ class MoshiDuplexAdapter(DuplexAdapter):
         self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
         self.slots = ctx.max_num_seqs
         cfg = model.config
-        self.frame = MoshiFrame(model, self.slots, cuda_graphs_wanted(ctx), DuplexLM(model, self.slots, Sampling()))
+        self.frame = MoshiFrame(model, self.slots, cuda_graphs_wanted(ctx))
         self.lm = self.frame.lm
         self.sample_rate = cfg.audio_encoder_config.sampling_rate
         self.frame_samples = self.frame.frame_samples
