@@ -15,14 +15,23 @@ that comes back. Reported per N:
   model's own delay, one frame for Moshi's acoustic codebooks, comes on top);
 - first_audio_ms p50: first append sent to first audio delta received, per session.
 
-Baseline, same run: the adapter's frame step for N slots timed in this process
-without the server (`baseline_frame_ms_p50`): what serving adds to the model.
+Model only, same run (`model_only`): the frame step (MoshiFrame: Mimi encode, temporal +
+depth step, Mimi decode, outputs copied to the host) of N live slots timed in this process
+without the server, frame_ms p50/p99 over --frame-steps frames: what serving adds to the model.
+
+Both parts run with CUDA graphs on and off (`--graphs`, default both on CUDA; on CPU
+frames always run eagerly): served levels set the stage's engine_extras["cuda_graphs"];
+`graphs_speedup_p99` is off/on model-only frame p99 per N; `graphs_on` says whether the
+frame really replayed a graph (a failed capture falls back to eager and logs why).
 
     .venv/bin/python scripts/bench_duplex.py                        # tiny, CPU
-    .venv/bin/python scripts/bench_duplex.py --size 7b --device cuda --dtype bfloat16 --seconds 60
+    .venv/bin/python scripts/bench_duplex.py --size 7b --device cuda --dtype bfloat16 --work-dir /tmp/moshi7b \
+        --sessions 1 16 --seconds 20
 
 `--size 7b` builds a random-weight checkpoint of Moshi-7B's real sizes (first run:
-minutes, ~15 GB in bf16 under --work-dir). Prints one JSON line.
+minutes, ~15 GB in bf16 under --work-dir; `python -m omni_actors.models.tiny.moshi DIR
+--size 7b --dtype bfloat16` builds it alone). `--no-serve`: model only; `--no-model-only`: served
+levels only. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -48,7 +57,10 @@ import numpy as np
 RATE = 24_000
 FRAME = 1920
 FRAME_S = FRAME / RATE
-BASELINE_STEPS = 30
+FRAME_STEPS = 200
+WARM_FRAMES = 3
+"""Frames stepped before timing: the first runs eagerly and is captured, the rest replay."""
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "float32"}
 CLIENT_TIMEOUT_S = 120.0
 TARGET = {"frame_ms_p99_at_16": 40.0, "late_frames_at_16": 0, "input_to_output_ms_p50_at_1": 2 * FRAME_S * 1000}
 
@@ -97,31 +109,56 @@ def client_main(url: str, sessions: int, seconds: float, conn: Any) -> None:
     conn.send(asyncio.run(main()))
 
 
-def baseline_frame_ms(model: Path, slots: int, device: str, dtype: str) -> float | None:
-    from omni_actors.models.moshi.model import MoshiDuplexAdapter
-    from omni_actors.workers.engine import EngineContext
+def _frame_step(frame: Any, audio: np.ndarray) -> None:
+    import torch
 
-    ctx = EngineContext(stage_id=0, replica=0, model_stage="moshi", model_path=model, device=device,
-                        max_num_seqs=slots, dtype=dtype, gpu_memory_utilization=0.9, tensor_parallel_size=1)
-    adapter = MoshiDuplexAdapter(ctx)
-    for s in range(slots):
-        adapter.start(s, {"seed": s})
-    frames = (np.random.default_rng(0).standard_normal((slots, FRAME)) * 0.1).astype(np.float32)
-    adapter.step(frames)
-    times = []
-    for _ in range(BASELINE_STEPS):
-        t0 = time.perf_counter()
-        adapter.step(frames)
-        if device == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1000)
-    del adapter
-    return p(times, 50)
+    text, out = frame.step(torch.from_numpy(audio))
+    out.cpu().numpy()  # as the adapter does: the frame is done when its audio is on the host
+    text.tolist()
 
 
-async def serve_level(model: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+def model_only(model_dir: Path, args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """Frame p50/p99 of MoshiFrame with N live slots, per graphs mode, one model load for all."""
+    import gc
+
+    import torch
+    from transformers import MoshiForConditionalGeneration
+
+    from omni_actors.models.moshi.frame import MoshiFrame
+
+    dtype = getattr(torch, DTYPES[args.dtype])
+    model = MoshiForConditionalGeneration.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for mode in args.graphs:
+        for n in args.sessions:
+            frame = MoshiFrame(model, n, graphs=mode == "on")
+            for s in range(n):
+                frame.start(s, seed=s)
+            rng = np.random.default_rng(n)
+            inputs = [(rng.standard_normal((n, FRAME)) * 0.1).astype(np.float32) for _ in range(8)]
+            for i in range(WARM_FRAMES):
+                _frame_step(frame, inputs[i % len(inputs)])
+            times = []
+            for i in range(args.frame_steps):
+                t0 = time.perf_counter()
+                _frame_step(frame, inputs[i % len(inputs)])
+                times.append((time.perf_counter() - t0) * 1000)
+            out.setdefault(f"graphs_{mode}", {})[str(n)] = {
+                "frame_ms_p50": p(times, 50), "frame_ms_p99": p(times, 99), "frame_ms_max": p(times, 100),
+                "graphs_on": frame.graphs_on,
+            }
+            del frame
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+    del model
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+async def serve_level(model: Path, n: int, args: argparse.Namespace, graphs: str) -> dict[str, Any]:
     from aiohttp import web
 
     from omni_actors.api.app import build_app
@@ -129,7 +166,8 @@ async def serve_level(model: Path, n: int, args: argparse.Namespace) -> dict[str
     from omni_actors.config.deploy import build_deploy
     from omni_actors.orchestrator.core import Orchestrator
 
-    stage = {"stage_id": 0, "max_num_seqs": n, "dtype": args.dtype, "default_sampling_params": {"seed": 0}}
+    stage = {"stage_id": 0, "max_num_seqs": n, "dtype": args.dtype, "default_sampling_params": {"seed": 0},
+             "engine_extras": {"cuda_graphs": graphs == "on"}}
     if args.device == "cuda":
         stage["devices"] = "0"
     deploy = build_deploy({"pipeline": "moshi", "model": str(model), "stages": [stage],
@@ -154,7 +192,7 @@ async def serve_level(model: Path, n: int, args: argparse.Namespace) -> dict[str
         wall = max(r["wall_s"] for r in results)
         first = [r["first_audio_ms"] for r in results if r["first_audio_ms"] is not None]
         return {
-            "sessions": n, "seconds": args.seconds, "frames": d.frames,
+            "sessions": n, "graphs": graphs, "seconds": args.seconds, "frames": d.frames,
             "frame_ms_p50": round(d.frame_ms_p50, 2), "frame_ms_p99": round(d.frame_ms_p99, 2),
             "start_lag_ms_p50": round(d.start_lag_ms_p50, 2), "start_lag_ms_p99": round(d.start_lag_ms_p99, 2),
             "late_frames": d.late_frames,
@@ -177,7 +215,13 @@ def main() -> None:
     ap.add_argument("--work-dir", help="where a built checkpoint is kept (default: a temporary folder)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--graphs", nargs="+", choices=["off", "on"], help="CUDA graphs modes (default: off on on CUDA)")
+    ap.add_argument("--frame-steps", type=int, default=FRAME_STEPS, help="model-only frames timed per level")
+    ap.add_argument("--no-serve", action="store_true", help="model-only timings, no server")
+    ap.add_argument("--no-model-only", action="store_true", help="served levels only")
     args = ap.parse_args()
+    if args.graphs is None:
+        args.graphs = ["off", "on"] if args.device == "cuda" else ["off"]
     from omni_actors import logs
     from omni_actors.models.tiny.moshi import make_sized_moshi
 
@@ -186,17 +230,22 @@ def main() -> None:
         model = Path(args.model) if args.model else Path(args.work_dir or tmp) / f"moshi-{args.size}"
         if not args.model and not (model / "config.json").is_file():
             make_sized_moshi(model, args.size, dtype=args.dtype if args.size != "tiny" else "float32")
-        rows = []
-        for n in args.sessions:
-            base = baseline_frame_ms(model, n, args.device, args.dtype)
-            row = asyncio.run(serve_level(model, n, args))
-            row["baseline_frame_ms_p50"] = base
-            rows.append(row)
-    at16 = next((r for r in rows if r["sessions"] == 16), None)
-    at1 = next((r for r in rows if r["sessions"] == 1), None)
+        alone = {} if args.no_model_only else model_only(model, args)
+        rows = [] if args.no_serve else [
+            asyncio.run(serve_level(model, n, args, mode)) for mode in args.graphs for n in args.sessions]
+    speedup = {}
+    if "graphs_off" in alone and "graphs_on" in alone:
+        speedup = {n: round(alone["graphs_off"][n]["frame_ms_p99"] / alone["graphs_on"][n]["frame_ms_p99"], 2)
+                   for n in alone["graphs_on"]}
+    best = "on" if "on" in args.graphs else "off"
+    at16 = next((r for r in rows if r["sessions"] == 16 and r["graphs"] == best), None)
+    at1 = next((r for r in rows if r["sessions"] == 1 and r["graphs"] == best), None)
+    alone16 = alone.get(f"graphs_{best}", {}).get("16")
     print(json.dumps({
         "bench": "duplex", "size": args.size, "device": args.device, "dtype": args.dtype, "cpus": os.cpu_count(),
-        "frame_ms_budget": FRAME_S * 1000, "results": rows, "target": TARGET,
+        "frame_ms_budget": FRAME_S * 1000, "model_only": alone, "graphs_speedup_p99": speedup, "results": rows,
+        "target": TARGET, "judged_graphs": best,
+        "met_model_only": None if alone16 is None else bool(alone16["frame_ms_p99"] <= TARGET["frame_ms_p99_at_16"]),
         "met": None if at16 is None or at1 is None else bool(
             at16["frame_ms_p99"] <= TARGET["frame_ms_p99_at_16"] and at16["late_frames"] == TARGET["late_frames_at_16"]
             and at1["input_to_output_ms_p50"] <= TARGET["input_to_output_ms_p50_at_1"]),

@@ -13,6 +13,12 @@ frame t is complete one step later: step t returns the codes of frame t - 1.
 Sampling is temperature + top-k per stream (Moshi's defaults), drawn by the
 Gumbel-max trick with noise from each slot's own `torch.Generator`: a slot's
 tokens depend on its seed and inputs only, never on other slots.
+
+A step is split for CUDA graphs (frame.py): `prepare` (host side: draws each live
+slot's noise into static buffers, notes which slots are at their first step),
+`forward` (device only: reads and writes static buffers in place, no host syncs,
+so it can be captured once and replayed), `finish` (host side: counts the step).
+`step` is the three in order.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_actors.models.moshi.streaming import RingKV
+from omni_actors.models.moshi.streaming import RingKV, StepKV
 
 TEXT_TEMPERATURE = 0.7
 TEXT_TOP_K = 25
@@ -65,6 +71,10 @@ class DuplexLM:
         window = min(cfg.sliding_window, cfg.max_position_embeddings)
         self.ring = RingKV(cfg.num_hidden_layers, slots, cfg.num_key_value_heads, cfg.head_dim, window, 1,
                            self.dtype, self.device)
+        dcfg = model.depth_decoder.config
+        self.depth_kv = StepKV(dcfg.num_hidden_layers, slots, dcfg.num_key_value_heads,
+                               dcfg.head_dim or dcfg.hidden_size // dcfg.num_attention_heads, self.k,
+                               dcfg.sliding_window, self.dtype, self.device)
         self.generators = [torch.Generator(device=self.device) for _ in range(slots)]
         self.live = torch.zeros(slots, dtype=torch.bool)
         self.text_temp = torch.full((slots,), self.sampling.text_temperature, device=self.device)
@@ -72,6 +82,10 @@ class DuplexLM:
         self.prev_text = torch.empty(slots, dtype=torch.long, device=self.device)
         self.prev_model = torch.empty(slots, self.k, dtype=torch.long, device=self.device)
         self.prev_user = torch.empty(slots, self.k, dtype=torch.long, device=self.device)
+        self.text_noise = torch.full((slots, self.text_vocab), 0.5, device=self.device)
+        self.audio_noise = torch.full((slots, self.k, self.audio_vocab), 0.5, device=self.device)
+        self.stepped = torch.zeros(slots, dtype=torch.bool, device=self.device)
+        """Per slot: has it stepped since it was cleared (the device copy of `steps > 0`)."""
         self.steps = torch.zeros(slots, dtype=torch.long)
         for s in range(slots):
             self._clear(s)
@@ -81,6 +95,9 @@ class DuplexLM:
         self.prev_text[slot] = self.text_vocab  # the "nothing yet" row of the text embedding
         self.prev_model[slot] = self.audio_vocab  # ... and of every audio embedding
         self.prev_user[slot] = self.audio_vocab
+        self.text_noise[slot] = 0.5  # a free slot's rows: fixed noise, no generator drawn from
+        self.audio_noise[slot] = 0.5
+        self.stepped[slot] = False
         self.steps[slot] = 0
 
     def start(self, slot: int, seed: int, text_temperature: float | None = None,
@@ -95,16 +112,30 @@ class DuplexLM:
         self.live[slot] = False
         self._clear(slot)
 
-    def _noise(self, width: int, rows: int) -> torch.Tensor:
-        noise = torch.full((self.slots, rows, width), 0.5, device=self.device)
+    def prepare(self) -> torch.Tensor:
+        """Host side of a step: draw each live slot's noise (text, then every codebook, from its own
+        generator); return which slots are at their first step [S] (CPU bool)."""
         for s in torch.nonzero(self.live).flatten().tolist():
-            noise[s] = torch.rand((rows, width), generator=self.generators[s], device=self.device)
-        return noise
+            g = self.generators[s]
+            self.text_noise[s].uniform_(generator=g)
+            self.audio_noise[s].uniform_(generator=g)
+        return self.steps == 0
+
+    def finish(self) -> None:
+        self.steps += 1
 
     @torch.no_grad()
     def step(self, user_codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """user_codes [S, K] of this frame -> (text tokens [S], audio codes [S, K] of the previous frame,
         ready [S]: False for a slot's first step, whose previous frame does not exist)."""
+        first = self.prepare()
+        text, frame, _ready = self.forward(user_codes)
+        self.finish()
+        return text, frame, ~first
+
+    def forward(self, user_codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The device half of `step` (no host syncs, state written in place): (text, frame, ready [S] on
+        the device)."""
         m = self.model
         user = torch.cat([user_codes[:, :1], self.prev_user[:, 1:]], dim=1)  # acoustic codebooks one frame late
         emb = m.decoder.model.embed_tokens(self.prev_text[:, None])
@@ -118,28 +149,26 @@ class DuplexLM:
         self.ring.finish(1)
         h = m.decoder.model.norm(h)
         text_logits = m.decoder.lm_head(h)[:, -1]
-        text = _gumbel(text_logits, self._noise(text_logits.shape[-1], 1)[:, 0], self.text_temp,
-                       self.sampling.text_top_k)
+        text = _gumbel(text_logits, self.text_noise, self.text_temp, self.sampling.text_top_k)
         codes = self._depth(h, text)
         frame = torch.cat([self.prev_model[:, :1], codes[:, 1:]], dim=1)  # codebook 0 was made a step ago
-        ready = self.steps > 0
-        self.prev_text = text
-        self.prev_model = codes
-        self.prev_user = user_codes.clone()
-        self.steps += 1
+        ready = self.stepped.clone()
+        self.stepped.fill_(True)
+        self.prev_text.copy_(text)
+        self.prev_model.copy_(codes)
+        self.prev_user.copy_(user_codes)
         return text, frame, ready
 
     def _depth(self, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        from transformers import DynamicCache
-
         depth = self.model.depth_decoder
-        cache = DynamicCache(config=depth.config)
-        noise = self._noise(self.audio_vocab, self.k)
+        cache = self.depth_kv
+        noise = self.audio_noise
         ids = text[:, None]
         out = []
         for i in range(self.k):
             # the embedding depth.forward would pick with a host sync (.item()) per call
             table = depth.text_embed_tokens if i == 0 else depth.embed_tokens[i - 1]
+            cache.pos = i
             logits = depth(input_ids=ids, inputs_embeds=table(ids), last_hidden_state=hidden, past_key_values=cache,
                            use_cache=True).logits
             code = _gumbel(logits[:, -1], noise[:, i], self.audio_temp, self.sampling.audio_top_k)

@@ -29,7 +29,7 @@ def _transformer_step(tr, ring: RingKV, h: torch.Tensor) -> torch.Tensor:
 def _conv(layer: MimiConv1d, x: torch.Tensor, cache: SlotPaddingCache) -> torch.Tensor:
     """A causal MimiConv1d on one frame: what its padding-cache forward does, without its per-call
     length arithmetic (frames are whole multiples of every stride)."""
-    return layer.conv(torch.cat([cache.update(x, layer.layer_idx), x], dim=2))
+    return layer.conv(cache.pad(x, layer.layer_idx))
 
 
 def _walk(layers, x: torch.Tensor, cache: SlotPaddingCache, tails: dict[int, TransposedTail]) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The Moshi duplex adapter: one 80 ms frame of every slot in, one frame of audio and text out.
 
 Per frame, for all slots as one batch: Mimi-encode the user's frame, one
-temporal step and the depth decoder (DuplexLM), Mimi-decode the model's frame.
-Loads a Hugging Face Moshi folder (`MoshiForConditionalGeneration`, its Mimi
+temporal step and the depth decoder (DuplexLM), Mimi-decode the model's frame
+(MoshiFrame: one CUDA graph per frame on CUDA unless engine_extras["cuda_graphs"]
+is false, as HfAREngine's). Loads a Hugging Face Moshi folder (`MoshiForConditionalGeneration`, its Mimi
 inside as `audio_encoder`, and the tokenizer) with transformers.
 """
 
@@ -14,10 +15,10 @@ import numpy as np
 import torch
 
 from omni_actors import logs
-from omni_actors.models.moshi.lm import DuplexLM, Sampling
-from omni_actors.models.moshi.mimi_stream import StreamingMimi
+from omni_actors.models.moshi.frame import MoshiFrame
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.duplex import DuplexAdapter, SlotOutput
+from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 
 log = logs.get(__name__)
 
@@ -38,33 +39,24 @@ class MoshiDuplexAdapter(DuplexAdapter):
         self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
         self.slots = ctx.max_num_seqs
         cfg = model.config
-        self.mimi = StreamingMimi(model.audio_encoder, self.slots, cfg.num_codebooks)
-        self.lm = DuplexLM(model, self.slots, Sampling())
+        self.frame = MoshiFrame(model, self.slots, cuda_graphs_wanted(ctx))
+        self.lm = self.frame.lm
         self.sample_rate = cfg.audio_encoder_config.sampling_rate
-        self.frame_samples = self.mimi.frame_samples
+        self.frame_samples = self.frame.frame_samples
         self.device = device
         self._skip = set(self.tokenizer.all_special_ids)
         self._history: list[list[int]] = [[] for _ in range(self.slots)]
 
     def start(self, slot: int, params: dict[str, Any]) -> None:
-        self.mimi.reset(slot)
-        self.lm.start(slot, int(params["seed"]), params.get("text_temperature"), params.get("temperature"))
+        self.frame.start(slot, int(params["seed"]), params.get("text_temperature"), params.get("temperature"))
         self._history[slot] = []
 
     def stop(self, slot: int) -> None:
-        self.lm.stop(slot)
-        self.mimi.reset(slot)
+        self.frame.stop(slot)
 
     @torch.no_grad()
     def step(self, frames: np.ndarray) -> list[SlotOutput]:
-        audio = torch.from_numpy(frames).to(self.device)
-        user = self.mimi.encode(audio)
-        text, codes, ready = self.lm.step(user)
-        ready_rows = ready.to(codes.device)
-        out = self.mimi.decode(torch.where(ready_rows[:, None], codes, 0)).float()  # no "nothing yet" codes
-        out = torch.where(ready_rows[:, None], out, torch.zeros_like(out))
-        for s in torch.nonzero(~ready).flatten().tolist():
-            self.mimi.reset_decoder(s)  # the slot's first step decoded no real frame: forget it
+        text, out = self.frame.step(torch.from_numpy(frames))
         audio_out = out.cpu().numpy()
         tokens = text.tolist()
         return [SlotOutput(audio_out[s], self._piece(s, tokens[s])) for s in range(self.slots)]

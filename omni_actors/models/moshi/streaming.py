@@ -10,16 +10,19 @@ Sessions start at different times, so every row has its own position:
   absolute positions, plus the additive mask (a key is seen by a query at
   absolute position a when a - window < its position <= a) and the position ids
   (RoPE at absolute positions, so the ring's order does not matter).
-- `SlotPaddingCache` is transformers' `MimiConv1dPaddingCache` for a fixed batch
-  whose rows can be reset one at a time ("replicate" layers start from the row's
-  first sample, as the non-streaming convolution pads).
+- `SlotPaddingCache` keeps what transformers' `MimiConv1dPaddingCache` keeps, for a
+  fixed batch whose rows can be reset one at a time ("replicate" layers start from
+  the row's first sample, as the non-streaming convolution pads).
+
+Every buffer here is allocated once and written in place, and no method reads a
+tensor's value on the host: a frame step over them can be captured as a CUDA graph
+(frame.py) and replayed over the same memory.
 - `TransposedTail` streams a causal transposed convolution by overlap-add.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.models.mimi.modeling_mimi import MimiConv1dPaddingCache
 
 
 class RingKV:
@@ -73,12 +76,20 @@ class RingKV:
         return self.k[layer_idx], self.v[layer_idx]
 
 
-class SlotPaddingCache(MimiConv1dPaddingCache):
-    """Conv padding states of a fixed batch of rows, each resettable on its own."""
+class SlotPaddingCache:
+    """Left context of a list of causal convolutions for a fixed batch of rows, each resettable on its own.
+
+    What transformers' `MimiConv1dPaddingCache` keeps, in buffers written in place (a CUDA graph reads
+    and writes the same memory every replay) and without host syncs: a fresh row's "replicate" context
+    is its first sample, chosen per row with `torch.where`.
+    """
 
     def __init__(self, convs: list, slots: int, dtype: torch.dtype, device: torch.device | str) -> None:
         pads = [int(c.padding_total) for c in convs]  # a buffer tensor in transformers: plain ints are faster
-        super().__init__(len(convs), pads, [c.pad_mode for c in convs], [c.in_channels for c in convs])
+        self.replicate = [c.pad_mode == "replicate" for c in convs]
+        for c in convs:
+            if c.pad_mode not in ("replicate", "constant"):
+                raise NotImplementedError(f"padding mode {c.pad_mode} not supported")
         self.padding_cache = [torch.zeros(slots, c.in_channels, pad, dtype=dtype, device=device)
                               for c, pad in zip(convs, pads, strict=True)]
         self.fresh = torch.ones(slots, dtype=torch.bool, device=device)
@@ -88,12 +99,16 @@ class SlotPaddingCache(MimiConv1dPaddingCache):
             t[slot].zero_()
         self.fresh[slot] = True
 
-    def update(self, hidden_states: torch.Tensor, layer_idx: int):
-        if self.per_layer_padding_mode[layer_idx] == "replicate" and bool(self.fresh.any()):
-            cur = self.padding_cache[layer_idx]
-            first = hidden_states[:, :, :1].expand(-1, -1, cur.shape[-1])
-            self.padding_cache[layer_idx] = torch.where(self.fresh[:, None, None], first, cur)
-        return super().update(hidden_states, layer_idx)
+    def pad(self, x: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """`x` [S, C, T] with its left context before it; keeps the last samples for the next frame."""
+        cache = self.padding_cache[layer_idx]
+        left = cache
+        if self.replicate[layer_idx]:
+            left = torch.where(self.fresh[:, None, None], x[:, :, :1].expand_as(cache), cache)
+        padded = torch.cat([left, x], dim=2)
+        if cache.shape[-1]:
+            cache.copy_(padded[:, :, -cache.shape[-1]:])
+        return padded
 
     def finish(self) -> None:
         self.fresh.zero_()
@@ -122,5 +137,32 @@ class TransposedTail:
             rest = y[..., n:]
             if self.conv.bias is not None:  # the next frame adds the bias to these samples again
                 rest = rest - self.conv.bias[None, :, None]
-            self.tail = rest.clone()
+            self.tail.copy_(rest)
         return y[..., :n]
+
+
+class StepKV:
+    """A transformers `Cache` stand-in for a short fixed sequence run one token at a time (Moshi's depth
+    decoder: one position per codebook, every frame from position 0): static buffers [S, kv_heads,
+    positions, head_dim] per layer, position `pos` (a Python int, set before each pass) written in place.
+    A pass sees positions up to its own (the last `window` of them), as transformers' DynamicCache
+    (sliding-window layers) gives it; nothing later, so no mask is needed and no buffer is reallocated."""
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, head_dim: int, positions: int, window: int | None,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (slots, kv_heads, positions, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.window = window
+        self.pos = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.pos
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        p = self.pos
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        k[:, :, p : p + 1].copy_(key)
+        v[:, :, p : p + 1].copy_(value)
+        lo = max(0, p + 1 - self.window) if self.window else 0
+        return k[:, :, lo : p + 1], v[:, :, lo : p + 1]
