@@ -43,10 +43,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--images", type=int, default=32, help="images per measurement")
     ap.add_argument("--max-num-seqs", type=int, default=4, help="batch per replica")
+    ap.add_argument(
+        "--gather-ms", default=None,
+        help='engine_extras batch_gather_ms values to compare, e.g. "0,10" (default: the engine\'s own)',
+    )  # fmt: skip
     return ap.parse_args()
 
 
-async def measure(args: argparse.Namespace, replicas: int) -> dict[str, Any]:
+async def measure(args: argparse.Namespace, replicas: int, gather_ms: float | None) -> dict[str, Any]:
     devices = [d.strip() for d in args.devices.split(",")][:replicas]
     deploy = build_deploy(
         {
@@ -55,6 +59,7 @@ async def measure(args: argparse.Namespace, replicas: int) -> dict[str, Any]:
             "stages": [{
                 "stage_id": 0, "num_replicas": replicas, "devices": ",".join(devices),
                 "max_num_seqs": args.max_num_seqs, "max_queue": 256, "dtype": args.dtype,
+                "engine_extras": {} if gather_ms is None else {"batch_gather_ms": gather_ms},
             }],
         },
         source="bench_replicas",
@@ -101,8 +106,13 @@ async def main() -> None:
 
     logs.configure("bench")  # logs to stderr; stdout carries only the JSON line
     counts = [int(r) for r in args.replicas.split(",")]
-    results = {f"replicas{r}": await measure(args, r) for r in counts}
-    base = results[f"replicas{counts[0]}"]["images_per_s"]
+    gathers = [float(g) for g in args.gather_ms.split(",")] if args.gather_ms else [None]
+    results = {}
+    for g in gathers:
+        for r in counts:
+            tag = f"replicas{r}" + ("" if g is None else f"@gather{g:g}ms")
+            results[tag] = await measure(args, r, g)
+    base = next(iter(results.values()))["images_per_s"]
     line = {
         "bench": "replicas",
         "model": str(args.model),

@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from omni_actors.errors import ConfigError
 from omni_actors.workers.engine import EngineContext, StageEngine
 
 log = structlog.get_logger(__name__)
@@ -32,7 +33,8 @@ BATCH_GATHER_S = 0.010
 batch starts. Clients whose images just came back send their next requests within milliseconds;
 starting at once ran the first arrival alone and the rest as a second batch (two replicas at
 concurrency 8 gave 1.15x one replica on two H200s, SD-1.5-sized at 512 px). An idle engine
-(no batch ended within the window) starts a lone request at once."""
+(no batch ended within the window) starts a lone request at once. engine_extras
+`batch_gather_ms` overrides it (0: never wait)."""
 
 class _Cancelled(Exception):
     """Raised inside the pipeline call to stop a batch between steps."""
@@ -186,6 +188,10 @@ class BatchedPipelineEngine(StageEngine):
         self._running: Batch | None = None
         self._ended_at: float | None = None
         """When the last batch ended (monotonic), for the gather window."""
+        gather_ms = ctx.engine_extras.get("batch_gather_ms", BATCH_GATHER_S * 1000)
+        if isinstance(gather_ms, bool) or not isinstance(gather_ms, int | float) or not 0 <= gather_ms <= 1000:
+            raise ConfigError(f"engine_extras.batch_gather_ms must be a number of ms in [0, 1000], got {gather_ms!r}")
+        self._gather_s = gather_ms / 1000
         self._runner_thread: Runner | None = None
 
     @property
@@ -204,7 +210,7 @@ class BatchedPipelineEngine(StageEngine):
             return 0.0
         if len(self._queue) >= getattr(self, "_max_batch", 1):
             return 0.0
-        return max(0.0, self._ended_at + BATCH_GATHER_S - now)
+        return max(0.0, self._ended_at + self._gather_s - now)
 
     @property
     def _runner(self) -> Runner:
