@@ -125,6 +125,7 @@ class DiffusionEngine(BatchedPipelineEngine):
                 for j in batch.jobs
                 if j.request_id in batch.live
             ]
+        log.debug("diffusion.batch_done", size=len(batch.jobs))
         return self._final_outputs(batch, report[1], report[2])
 
     def statistics(self) -> DiffusionStatistics:
@@ -157,6 +158,7 @@ class DiffusionEngine(BatchedPipelineEngine):
         self._queue = rest
         self._batches_started += 1
         self._last_batch_size = len(jobs)
+        log.debug("diffusion.batch_started", size=len(jobs), queued=len(rest))
         batch = Batch(
             self.pipe,
             jobs,
