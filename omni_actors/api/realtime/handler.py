@@ -42,7 +42,11 @@ from omni_actors.api.realtime.session import (
     truncate,
 )
 from omni_actors.api.realtime.stats import RealtimeStats
-from omni_actors.api.realtime.transcription import TRANSCRIPTION_ERRORS, transcribe_turn, transcribes_only
+from omni_actors.api.realtime.transcription import (
+    TRANSCRIPTION_ERRORS,
+    transcribe_turn,
+    transcribes_only,
+)
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector, VadEvent
 from omni_actors.api.tools import tools_refusal
 from omni_actors.orchestrator.core import Orchestrator

@@ -38,7 +38,7 @@ def tekken_json() -> dict:
     specials = [{"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(names)]
     vocab = [{"rank": b, "token_bytes": base64.b64encode(bytes([b])).decode(), "token_str": chr(b) if 32 <= b < 127
               else None} for b in range(256)]  # fmt: skip
-    pattern = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"  # noqa: E501
+    pattern = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     config = {"pattern": pattern, "num_vocab_tokens": len(vocab), "default_vocab_size": NUM_SPECIAL + len(vocab),
               "default_num_special_tokens": NUM_SPECIAL, "version": "v13"}
     return {"config": config, "vocab": vocab, "special_tokens": specials, "audio": dict(AUDIO)}
@@ -47,7 +47,11 @@ def tekken_json() -> dict:
 def make_tiny_voxtral_realtime(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Voxtral Realtime checkpoint into `out_dir` and return its path."""
     import torch
-    from transformers import GenerationConfig, VoxtralRealtimeConfig, VoxtralRealtimeForConditionalGeneration
+    from transformers import (
+        GenerationConfig,
+        VoxtralRealtimeConfig,
+        VoxtralRealtimeForConditionalGeneration,
+    )
     from transformers.models.voxtral_realtime import VoxtralRealtimeFeatureExtractor
 
     out = Path(out_dir)
