@@ -40,6 +40,10 @@ from omni_actors.workers.engines.hf_ar_adapter import (
 )
 
 RATE = 16000
+ENCODE_CHUNK_TOKENS = 375
+"""Most positions (30 s of audio) one encoder forward takes: long audio given at once is encoded in
+chunks through the encoder's caches, which bounds the attention mask's memory and gives the same
+embeddings."""
 MAX_TOKENS = 1 << 24
 """Token budget of a request: the audio bounds a transcript (one token per 80 ms), not a count."""
 
@@ -146,10 +150,14 @@ class VoxtralRealtimeAdapter(ARAdapter):
     @torch.inference_mode()
     def _encode(self, a: _Audio) -> None:
         """Encode every whole position whose log-mel frames are complete."""
-        frames = (len(a.pending) - self.window) // self.hop + 1 if len(a.pending) >= self.window else 0
-        tokens = frames // self.mel_per_token
-        if tokens <= 0:
-            return
+        while True:
+            frames = (len(a.pending) - self.window) // self.hop + 1 if len(a.pending) >= self.window else 0
+            tokens = min(frames // self.mel_per_token, ENCODE_CHUNK_TOKENS)
+            if tokens <= 0:
+                return
+            self._encode_tokens(a, tokens)
+
+    def _encode_tokens(self, a: _Audio, tokens: int) -> None:
         n = tokens * self.mel_per_token
         # one extra hop of silence: the feature extractor drops its last STFT frame
         window = np.concatenate([a.pending[: (n - 1) * self.hop + self.window], np.zeros(self.hop, np.float32)])
