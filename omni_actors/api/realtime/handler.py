@@ -4,7 +4,8 @@ The loop decodes each client event and dispatches it with `match`. Audio is
 decoded, resampled to 16 kHz and run through the VAD off the event loop (one
 shared thread), in arrival order. Responses run as tasks (responses.py) that
 send their own deltas; a transcription session transcribes each committed
-turn instead (transcription.py). Any bad event is answered with an `error` event and
+turn instead (transcription.py), or, on a streaming recognizer, each turn while
+it is spoken (live_transcription.py). Any bad event is answered with an `error` event and
 the session goes on; a closed or vanished client aborts its response in every
 stage of the pipeline.
 """
