@@ -170,3 +170,33 @@ async def test_live_transcription_with_server_vad(srv: Server, tmp_path: Path) -
     assert done.item_id == started.item_id and {d.item_id for d in deltas} == {started.item_id}
     assert done.transcript and "".join(d.delta for d in deltas) == done.transcript
     await eventually(lambda: idle(srv.orch))
+
+
+async def _live_turn(srv: Server, spoken: np.ndarray, pieces: int) -> tuple[str, str]:
+    """One manual-commit session hearing `spoken` in `pieces` appends: (its transcript, REST's for it)."""
+    wire = pcm16_bytes(spoken)
+    async with _sdk(srv).realtime.connect(model="tiny-vox") as conn:
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "transcription": {"model": "tiny-vox"}, "turn_detection": None}}})
+        await _until(conn, "session.updated")
+        step = len(wire) // pieces // 2 * 2
+        for at in range(0, len(wire), step):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(wire[at : at + step]).decode())
+            await asyncio.sleep(0)  # let the other session's appends interleave
+        await conn.input_audio_buffer.commit()
+        done = (await _until(conn, COMPLETED))[-1]
+    resampler = Resampler(WIRE_RATE, VAD_RATE)
+    x = decode_bytes(wire, "pcm16")
+    at16k = np.concatenate([resampler.push(x), resampler.flush()])
+    rest = await srv.client().audio.transcriptions.create(model="tiny-vox", file=("a.wav", _wav(at16k, VAD_RATE)))
+    return done.transcript, rest.text
+
+
+async def test_concurrent_live_turns_batch_and_stay_apart(srv: Server) -> None:
+    """Two sessions heard at once (their streaming requests share decode steps at different positions)
+    each get the transcript of their own audio."""
+    a = Resampler(RATE, WIRE_RATE).push(_speechlike(1.5, seed=11))
+    b = Resampler(RATE, WIRE_RATE).push(0.5 * _speechlike(3.0, seed=12)[::-1].copy())
+    (got_a, want_a), (got_b, want_b) = await asyncio.gather(_live_turn(srv, a, 7), _live_turn(srv, b, 13))
+    assert got_a == want_a and got_b == want_b and got_a != got_b
+    await eventually(lambda: idle(srv.orch))
