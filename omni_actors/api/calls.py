@@ -68,12 +68,14 @@ class PipelineCall:
     """Submit on enter, abort on exit unless the stream ended; iterate StageChunks in between."""
 
     def __init__(self, request: web.Request | web.Application, route: str, inputs: dict[str, Any],
-                 params: dict[str, Any], wanted: set[str], request_id: str | None = None) -> None:
+                 params: dict[str, Any], wanted: set[str], request_id: str | None = None,
+                 streaming: bool = False) -> None:
         app = request.app if isinstance(request, web.Request) else request
         self.orch = app[ORCH_KEY]
         self.inputs = inputs
         self.params = params
         self.wanted = wanted
+        self.streaming = streaming
         self.request_id = request_id or new_request_id()
         self.timing = Timing(app[METRICS_KEY], route)
         self.stream: RequestStream | None = None
@@ -83,7 +85,8 @@ class PipelineCall:
         pipe = self.orch.pipeline
         stages = None if pipe.planner else pipe.stages_for_outputs(self.wanted)
         return RequestSpec(inputs=self.inputs, params=self.params, stages=stages,
-                           deadline_s=self.orch.deploy.server.request_timeout_s, request_id=self.request_id)
+                           deadline_s=self.orch.deploy.server.request_timeout_s, request_id=self.request_id,
+                           streaming=self.streaming)
 
     async def __aenter__(self) -> PipelineCall:
         try:
@@ -97,6 +100,10 @@ class PipelineCall:
             self.stream.abort()  # a no-op once the stream has ended
             if exc_type is None and self.stream.terminal is None:
                 self.timing.done()
+
+    def feed(self, inputs: dict[str, Any], last: bool = False) -> bool:
+        """More input for a `streaming` call's entry stages; False once the request has ended."""
+        return self.stream is not None and self.orch.feed(self.request_id, inputs, last)
 
     async def started(self) -> None:
         """Wait for the first output before a streamed response sends its headers, so that an

@@ -75,6 +75,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     user's audio frame by frame while it speaks (api/realtime/duplex.py, workers/engines/duplex.py)."""
     speech: SpeechSpec | None = None
     """Voices and speech options, for pipelines that make speech (config/speech.py)."""
+    live_transcription: bool = False
+    """A streaming recognizer: a realtime transcription session feeds each turn's audio to one streaming
+    request as it arrives, and its transcript deltas go out before the turn is committed
+    (api/realtime/live_transcription.py); otherwise a turn is transcribed once committed."""
 
     def stage(self, stage_id: int) -> StageSpec:
         for spec in self.stages:
@@ -131,6 +135,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.moshi",
     "omni_actors.models.csm",
     "omni_actors.models.qwen3_asr",
+    "omni_actors.models.voxtral_realtime",
 )
 
 

@@ -4,7 +4,8 @@ The loop decodes each client event and dispatches it with `match`. Audio is
 decoded, resampled to 16 kHz and run through the VAD off the event loop (one
 shared thread), in arrival order. Responses run as tasks (responses.py) that
 send their own deltas; a transcription session transcribes each committed
-turn instead (transcription.py). Any bad event is answered with an `error` event and
+turn instead (transcription.py), or, on a streaming recognizer, each turn while
+it is spoken (live_transcription.py). Any bad event is answered with an `error` event and
 the session goes on; a closed or vanished client aborts its response in every
 stage of the pipeline.
 """
@@ -25,6 +26,7 @@ from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_wire, wire_rate
+from omni_actors.api.realtime.live_transcription import LiveTurn
 from omni_actors.api.realtime.responses import Options, ResponseRun
 from omni_actors.api.realtime.session import (
     Conversation,
@@ -41,7 +43,11 @@ from omni_actors.api.realtime.session import (
     truncate,
 )
 from omni_actors.api.realtime.stats import RealtimeStats
-from omni_actors.api.realtime.transcription import transcribe_turn, transcribes_only
+from omni_actors.api.realtime.transcription import (
+    TRANSCRIPTION_ERRORS,
+    transcribe_turn,
+    transcribes_only,
+)
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector, VadEvent
 from omni_actors.api.tools import tools_refusal
 from omni_actors.orchestrator.core import Orchestrator
@@ -88,6 +94,7 @@ class RealtimeSession:
         self.response: ResponseRun | None = None
         self.transcribes_only = transcribes_only(orch.pipeline)
         self._transcriptions: set[asyncio.Task] = set()  # a transcription session's turns in flight
+        self._live: LiveTurn | None = None  # the turn a streaming recognizer is hearing now
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), VAD_RATE)
         self._vad: VadDetector | None = None
         self._speech_item: str | None = None
@@ -161,6 +168,7 @@ class RealtimeSession:
                 await self._commit_manual(eid)
             case ev.BufferClear():
                 self.buffer.clear()
+                self._drop_live()
                 await self.send(ev.BufferCleared())
             case ev.ItemCreate(item=it, previous_item_id=prev):
                 try:
@@ -227,6 +235,7 @@ class RealtimeSession:
         td = self.cfg.turn_detection
         self._vad = VadDetector(td.vad_params(), origin=self.timeline) if td is not None else None
         self._speech_item = None
+        self._drop_live()
 
     async def _items_from_client(self, items: list[ev.ItemIn]) -> list[Item]:
         """Client items with their audio decoded: refused by size before any decoding (the
@@ -298,6 +307,11 @@ class RealtimeSession:
                 await self._speech_started(turn.sample)
             else:
                 await self._speech_stopped(turn.sample)
+        if self._hears_live() and self._live is None and vad is None and self.buffer.size:
+            self._speech_item = new_id("item")  # manual commits: the turn starts with its first audio
+            await self._open_live(self._speech_item)
+        if self._live is not None:
+            self._live.catch_up(self.buffer)
         td = self.cfg.turn_detection
         if vad is not None and td is not None and not vad.speaking:
             self.buffer.drop_before(vad.position - td.prefix_padding_ms * VAD_RATE // 1000)
@@ -315,6 +329,8 @@ class RealtimeSession:
         self._speech_item = new_id("item")
         self.buffer.drop_before(pos)
         await self.send(ev.SpeechStarted(audio_start_ms=ms(pos), item_id=self._speech_item))
+        if self._hears_live():
+            await self._open_live(self._speech_item)
         td = self.cfg.turn_detection
         if self.response is not None and td is not None and td.interrupt_response:
             await self._cancel_response("turn_detected")
@@ -344,10 +360,35 @@ class RealtimeSession:
         prev = self.conversation.add(item)
         await self.send(ev.BufferCommitted(previous_item_id=prev, item_id=item_id))
         await self._announce_item(item, prev)
-        if self.cfg.type == "transcription":
+        live, self._live = self._live, None
+        if live is not None and live.item_id == item_id:
+            live.finish(audio, item)
+        elif self.cfg.type == "transcription":
+            if live is not None:
+                live.task.cancel()
             task = asyncio.ensure_future(transcribe_turn(self, item))
             self._transcriptions.add(task)
             task.add_done_callback(self._transcription_ended)
+
+    def _hears_live(self) -> bool:
+        """True when turns are transcribed while spoken (a streaming recognizer in a transcription session)."""
+        return self.cfg.type == "transcription" and self.orch.pipeline.live_transcription
+
+    async def _open_live(self, item_id: str) -> None:
+        self._drop_live()
+        try:
+            self._live = await LiveTurn.open(self, item_id, self.buffer.start)
+        except TRANSCRIPTION_ERRORS as err:  # refused now: the turn is transcribed once committed instead
+            log.warning("realtime.live_transcription_refused", session_id=self.id, error=type(err).__name__)
+            return
+        self._transcriptions.add(self._live.task)
+        self._live.task.add_done_callback(self._transcription_ended)
+
+    def _drop_live(self) -> None:
+        """Forget the turn being heard (its audio was cleared): abort its request."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.task.cancel()
 
     # ---- responses ----
 

@@ -369,6 +369,18 @@ class InputBuffer:
         self.chunks, self.start, self.size = [rest], self.start + cut, len(rest)
         return out
 
+    def since(self, pos: int) -> np.ndarray:
+        """The audio from timeline position `pos` to the end, read from the newest chunks back (no join)."""
+        need = self.end - max(pos, self.start)
+        parts: list[np.ndarray] = []
+        for chunk in reversed(self.chunks):
+            if need <= 0:
+                break
+            part = chunk[len(chunk) - need :] if len(chunk) > need else chunk
+            parts.append(part)
+            need -= len(part)
+        return np.concatenate(parts[::-1]) if parts else np.zeros(0, np.float32)
+
     def clear(self) -> None:
         self.take()
 

@@ -8,7 +8,9 @@ transcript-only route), so both give the same text for the same audio. The
 transcript streams as `conversation.item.input_audio_transcription.delta`
 events whose concatenation is the `.completed` transcript; a pipeline error
 becomes `.failed`. Turns are transcribed concurrently, each in its own task;
-a transcribed turn's audio is let go (the item keeps its transcript).
+a transcribed turn's audio is let go (the item keeps its transcript). A streaming
+recognizer (`PipelineConfig.live_transcription`) hears each turn while it is
+spoken instead (live_transcription.py), through the same delta and completion helpers.
 """
 
 from __future__ import annotations
@@ -53,29 +55,50 @@ def transcription_params(cfg: SessionConfig) -> dict[str, Any]:
     return {"modalities": ["transcript"], **{k: opts[k] for k in TRANSCRIPTION_OPTIONS if opts.get(k)}}
 
 
+TRANSCRIPTION_ERRORS = (AdmissionError, StageUnavailable, ApiError, RequestError, ValueError)
+"""What ends one turn's transcription with `.failed` (the session goes on)."""
+
+
+async def stream_transcript(host: Host, call: PipelineCall, item_id: str, index: int) -> str:
+    """Send the call's transcript as deltas as it comes; return the whole (stripped) transcript.
+
+    The deltas add up to the returned transcript exactly: trailing whitespace waits until more
+    text follows it."""
+    pieces: list[str] = []
+    sent = 0  # characters of the stripped transcript sent as deltas
+    async for chunk in call:
+        if chunk.output_type != "transcript":
+            continue
+        pieces.append(str(chunk.data.get("text") or ""))
+        text = "".join(pieces).strip()
+        if len(text) > sent:
+            delta, sent = text[sent:], len(text)
+            await host.send(ev.TranscriptionDelta(item_id=item_id, content_index=index, delta=delta))
+    return "".join(pieces).strip()
+
+
+async def send_failed(host: Host, item_id: str, index: int, err: Exception) -> None:
+    e = from_exception(err)
+    log.warning("realtime.transcription_failed", item_id=item_id, error=type(err).__name__)
+    await host.send(ev.TranscriptionFailed(item_id=item_id, content_index=index, error={
+        "type": e.type, "code": e.code or type(err).__name__, "message": e.message, "param": None}))
+
+
+async def send_completed(host: Host, item: Item, index: int, transcript: str) -> None:
+    part = item.content[index]
+    part.transcript = transcript
+    part.audio = None  # transcribed: a long dictation session does not run into realtime_max_audio_s
+    await host.send(ev.TranscriptionCompleted(item_id=item.id, content_index=index, transcript=transcript))
+
+
 async def transcribe_turn(host: Host, item: Item) -> None:
     """Transcribe `item`'s audio, sending deltas as they come, then the whole (or `.failed`)."""
     index = next(i for i, p in enumerate(item.content) if p.type == "input_audio")
-    part = item.content[index]
-    inputs = {"audio": part.audio, "sample_rate": VAD_RATE}
-    pieces: list[str] = []
-    sent = 0  # characters of the stripped transcript sent as deltas
+    inputs = {"audio": item.content[index].audio, "sample_rate": VAD_RATE}
     try:
         async with PipelineCall(host.app, ROUTE, inputs, transcription_params(host.cfg), {"transcript"}) as call:
-            async for chunk in call:
-                if chunk.output_type != "transcript":
-                    continue
-                pieces.append(str(chunk.data.get("text") or ""))
-                text = "".join(pieces).strip()  # trailing whitespace waits until more text follows it
-                if len(text) > sent:
-                    delta, sent = text[sent:], len(text)
-                    await host.send(ev.TranscriptionDelta(item_id=item.id, content_index=index, delta=delta))
-    except (AdmissionError, StageUnavailable, ApiError, RequestError, ValueError) as err:
-        e = from_exception(err)
-        log.warning("realtime.transcription_failed", item_id=item.id, error=type(err).__name__)
-        await host.send(ev.TranscriptionFailed(item_id=item.id, content_index=index, error={
-            "type": e.type, "code": e.code or type(err).__name__, "message": e.message, "param": None}))
+            transcript = await stream_transcript(host, call, item.id, index)
+    except TRANSCRIPTION_ERRORS as err:
+        await send_failed(host, item.id, index, err)
         return
-    part.transcript = "".join(pieces).strip()
-    part.audio = None  # transcribed: a long dictation session does not run into realtime_max_audio_s
-    await host.send(ev.TranscriptionCompleted(item_id=item.id, content_index=index, transcript=part.transcript))
+    await send_completed(host, item, index, transcript)

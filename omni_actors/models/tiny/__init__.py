@@ -35,6 +35,7 @@ _BUILDERS: dict[str, str] = {
     "csm": "omni_actors.models.tiny.csm:make_tiny_csm",
     "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
     "qwen3_asr": "omni_actors.models.tiny.qwen3_asr:make_tiny_qwen3_asr",
+    "voxtral_realtime": "omni_actors.models.tiny.voxtral_realtime:make_tiny_voxtral_realtime",
 }
 
 
