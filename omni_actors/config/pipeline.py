@@ -130,6 +130,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.llm",
     "omni_actors.models.moshi",
     "omni_actors.models.csm",
+    "omni_actors.models.dia",
     "omni_actors.models.qwen3_asr",
 )
 
