@@ -37,8 +37,8 @@ DIA_1_6B = {
     "dac_encoder": 64, "dac_decoder": 1536, "dac_codebook_dim": 8,
 }  # fmt: skip
 """nari-labs/Dia-1.6B's sizes (its config.json) and descript/dac_44khz's."""
-TINY_MAX_FRAMES = 40
-"""Frames the tiny checkpoint makes at most (generation_config max_length): 0.46 s of audio."""
+TINY_MAX_FRAMES = 64
+"""Frames the tiny checkpoint makes at most (generation_config max_length): 0.73 s of audio."""
 SIZED_MAX_FRAMES = 860
 """Frames (10 s) a request of the sized folder makes: random weights rarely say "end"."""
 
@@ -91,8 +91,13 @@ def _write(out_dir: str | Path, seed: int, sizes: dict[str, Any], max_frames: in
         torch.manual_seed(seed)
         model = DiaForConditionalGeneration(config)
         dac = _dac(s)
-        if std:  # peaked random logits: seed-dependent, varied codes, an end now and then
-            with torch.no_grad():
+        with torch.no_grad():
+            for name, p in dac.named_parameters():  # the default init is too small for the audio to
+                if name.endswith("codebook.weight"):  # depend on the codes: unit codebooks, fan-in scaled
+                    p.normal_(0.0, 1.0)
+                elif p.dim() > 1:  # 0.7: audio that varies with the codes and stays inside [-1, 1]
+                    p.normal_(0.0, 0.7 * p[0].numel() ** -0.5)
+            if std:  # peaked random logits: seed-dependent, varied codes
                 for p in model.parameters():
                     if p.dim() > 1:
                         p.normal_(0.0, std)
