@@ -24,7 +24,9 @@ def engine(tmp_path_factory):
     eng.close()
 
 
-def _run(engine, requests: list[tuple[str, str, dict]], inputs: dict | None = None) -> dict[str, np.ndarray]:
+def _run(
+    engine, requests: list[tuple[str, str, dict]], inputs: dict | None = None
+) -> dict[str, np.ndarray]:
     frames: dict[str, list[np.ndarray]] = {rid: [] for rid, _, _ in requests}
     for rid, text, params in requests:
         engine.add(rid, {"text": text, "voice": "S1", **(inputs or {})}, params)
@@ -61,8 +63,14 @@ def test_greedy_frames_equal_transformers_generate(engine) -> None:
 
 
 def test_batched_equals_alone_and_seeds_matter(engine) -> None:
-    together = _run(engine, [("x", TEXT, {"seed": 3}), ("y", "A longer, different text!", {"seed": 4}),
-                             ("z", "Hi.", {"temperature": 0.0})])
+    together = _run(
+        engine,
+        [
+            ("x", TEXT, {"seed": 3}),
+            ("y", "A longer, different text!", {"seed": 4}),
+            ("z", "Hi.", {"temperature": 0.0}),
+        ],
+    )
     assert np.array_equal(together["x"], _run(engine, [("x", TEXT, {"seed": 3})])["x"])
     assert np.array_equal(together["z"], _run(engine, [("z", "Hi.", {"temperature": 0.0})])["z"])
     other = _run(engine, [("w", TEXT, {"seed": 5})])["w"]
@@ -72,8 +80,11 @@ def test_batched_equals_alone_and_seeds_matter(engine) -> None:
 def test_reference_clip_fills_the_prompt(engine) -> None:
     clip = (0.3 * np.sin(np.arange(44100) / 44100 * 2 * np.pi * 220)).astype(np.float32)
     plain = _run(engine, [("p", TEXT, {"temperature": 0.0})])["p"]
-    cloned = _run(engine, [("c", TEXT, {"temperature": 0.0})],
-                  {"reference_audio": clip, "reference_text": "A low hum."})["c"]
+    cloned = _run(
+        engine,
+        [("c", TEXT, {"temperature": 0.0})],
+        {"reference_audio": clip, "reference_text": "A low hum."},
+    )["c"]
     assert len(cloned) and not np.array_equal(cloned[: len(plain)], plain[: len(cloned)])
     with pytest.raises(ValueError, match="voice"):
         engine.add("bad", {"text": TEXT, "voice": "S3"}, {})

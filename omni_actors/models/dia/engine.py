@@ -56,7 +56,9 @@ class DiaEngine(StageEngine):
         self.hop = int(np.prod(self.dac.config.downsampling_ratios))
         cfg = self.model.config
         dec = cfg.decoder_config
-        self.tok = Tokens(dec.bos_token_id, dec.eos_token_id, dec.pad_token_id, tuple(cfg.delay_pattern))
+        self.tok = Tokens(
+            dec.bos_token_id, dec.eos_token_id, dec.pad_token_id, tuple(cfg.delay_pattern)
+        )
         self.channels, self.vocab = dec.num_channels, dec.vocab_size
         self.max_text = cfg.encoder_config.max_position_embeddings
         gen = self.model.generation_config
@@ -70,9 +72,20 @@ class DiaEngine(StageEngine):
 
     # ---- requests --------------------------------------------------------
 
-    def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False) -> None:
+    def add(
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        streaming: bool = False,
+    ) -> None:
         own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
-        merged = {**self.defaults, **self.ctx.default_sampling_params, **own, **self.ctx.sampling_constraints}
+        merged = {
+            **self.defaults,
+            **self.ctx.default_sampling_params,
+            **own,
+            **self.ctx.sampling_constraints,
+        }
         text = inputs.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ValueError("dia: inputs need a non-empty 'text'")
@@ -89,7 +102,9 @@ class DiaEngine(StageEngine):
             text = _tagged(text, voice)
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > self.max_text:
-            raise ValueError(f"dia: the text is {len(ids)} bytes; the encoder takes at most {self.max_text}")
+            raise ValueError(
+                f"dia: the text is {len(ids)} bytes; the encoder takes at most {self.max_text}"
+            )
         gen = None
         if merged.get("seed") is not None:
             gen = torch.Generator(device=self.device).manual_seed(int(merged["seed"]))
@@ -127,7 +142,9 @@ class DiaEngine(StageEngine):
                 cond, uncond = self._prefill(req)
             except Exception as err:  # one prompt fails alone
                 self.requests.pop(req.request_id, None)
-                outputs.append(EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}"))
+                outputs.append(
+                    EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}")
+                )
                 continue
             outputs.extend(self._take([req], cond[None], uncond[None]))
         if running:
@@ -137,7 +154,9 @@ class DiaEngine(StageEngine):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, hidden] last decoder states -> [rows, channels, vocab]."""
-        return self.model.logits_dense(hidden).float().view(hidden.shape[0], self.channels, self.vocab)
+        return (
+            self.model.logits_dense(hidden).float().view(hidden.shape[0], self.channels, self.vocab)
+        )
 
     def _prefill(self, req: DiaRequest) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.tensor([req.text_ids], device=self.device)
@@ -162,10 +181,16 @@ class DiaEngine(StageEngine):
         widest = max(texts)
         own, cross = DynamicCache(), DynamicCache()
         for layer in range(len(reqs[0].self_kv)):
-            own.update(torch.cat([_pad(r.self_kv[layer][0], longest, left=True) for r in reqs]),
-                       torch.cat([_pad(r.self_kv[layer][1], longest, left=True) for r in reqs]), layer)
-            cross.update(torch.cat([_pad(r.cross_kv[layer][0], widest) for r in reqs]),
-                         torch.cat([_pad(r.cross_kv[layer][1], widest) for r in reqs]), layer)
+            own.update(
+                torch.cat([_pad(r.self_kv[layer][0], longest, left=True) for r in reqs]),
+                torch.cat([_pad(r.self_kv[layer][1], longest, left=True) for r in reqs]),
+                layer,
+            )
+            cross.update(
+                torch.cat([_pad(r.cross_kv[layer][0], widest) for r in reqs]),
+                torch.cat([_pad(r.cross_kv[layer][1], widest) for r in reqs]),
+                layer,
+            )
         rows = 2 * len(reqs)
         mask = torch.zeros(rows, longest + 1, dtype=torch.long, device=self.device)
         text_mask = torch.zeros(rows, widest, dtype=torch.long, device=self.device)
@@ -183,14 +208,23 @@ class DiaEngine(StageEngine):
         for i, (req, n) in enumerate(zip(reqs, lengths, strict=True)):
             cut = longest - n
             req.self_kv = [
-                (x.keys[2 * i : 2 * i + 2, :, cut:].clone(), x.values[2 * i : 2 * i + 2, :, cut:].clone())
+                (
+                    x.keys[2 * i : 2 * i + 2, :, cut:].clone(),
+                    x.values[2 * i : 2 * i + 2, :, cut:].clone(),
+                )
                 for x in own.layers
             ]
-        logits = self._logits(out.last_hidden_state[:, -1]).view(len(reqs), 2, self.channels, self.vocab)
+        logits = self._logits(out.last_hidden_state[:, -1]).view(
+            len(reqs), 2, self.channels, self.vocab
+        )
         return logits[:, 0], logits[:, 1]
 
-    def _take(self, reqs: list[DiaRequest], cond: torch.Tensor, uncond: torch.Tensor) -> list[EngineOutput]:
-        drawn = draw(cond, uncond, [r.params for r in reqs], [r.generator for r in reqs], self.tok.eos)
+    def _take(
+        self, reqs: list[DiaRequest], cond: torch.Tensor, uncond: torch.Tensor
+    ) -> list[EngineOutput]:
+        drawn = draw(
+            cond, uncond, [r.params for r in reqs], [r.generator for r in reqs], self.tok.eos
+        )
         host = drawn.cpu().numpy()
         outputs = []
         for req, row in zip(reqs, host, strict=True):

@@ -24,7 +24,9 @@ def dac_folder(model_path: Path) -> Path:
         try:
             name = json.loads(config.read_text())["audio_tokenizer"]["audio_tokenizer_name_or_path"]
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{config}: no audio_tokenizer.audio_tokenizer_name_or_path ({err!r})") from None
+            raise ValueError(
+                f"{config}: no audio_tokenizer.audio_tokenizer_name_or_path ({err!r})"
+            ) from None
     for folder in (model_path / name, Path(name)):
         if (folder / "config.json").is_file():
             return folder

@@ -99,6 +99,8 @@ class DiaRequest:
         j = s - tok.max_delay
         frame = None
         if j >= self.known and (self.end is None or j < self.end):
-            frame = np.array([self.positions[j + d][c] for c, d in enumerate(tok.delay)], dtype=np.int64)
+            frame = np.array(
+                [self.positions[j + d][c] for c, d in enumerate(tok.delay)], dtype=np.int64
+            )
         done = self.end is not None and j >= self.end - 1
         return frame, done

@@ -29,14 +29,19 @@ NEG = float("-inf")
 
 
 def draw(
-    cond: torch.Tensor, uncond: torch.Tensor, params: list[dict[str, Any]],
-    generators: list[torch.Generator | None], eos: int,
+    cond: torch.Tensor,
+    uncond: torch.Tensor,
+    params: list[dict[str, Any]],
+    generators: list[torch.Generator | None],
+    eos: int,
 ) -> torch.Tensor:
     """[n, channels, vocab] conditioned and unconditioned logits -> [n, channels] ids."""
     cond, uncond = cond.float(), uncond.float()
     rows = []
     for i, p in enumerate(params):
-        scores = _guided(cond[i], uncond[i], float(p.get("guidance_scale") or 1.0), int(p.get("top_k") or 0))
+        scores = _guided(
+            cond[i], uncond[i], float(p.get("guidance_scale") or 1.0), int(p.get("top_k") or 0)
+        )
         temp = float(p.get("temperature") or 0.0)
         greedy = temp <= 0.0
         if not greedy and temp > 1.0:
@@ -49,8 +54,11 @@ def draw(
         scores = _top_p(scores, float(p.get("top_p") or 1.0))
         probs = torch.softmax(scores, dim=-1)
         g = generators[i]
-        rows.append(torch.multinomial(probs, 1, generator=g)[:, 0] if g is not None
-                    else torch.multinomial(probs, 1)[:, 0])
+        rows.append(
+            torch.multinomial(probs, 1, generator=g)[:, 0]
+            if g is not None
+            else torch.multinomial(probs, 1)[:, 0]
+        )
     return torch.stack(rows)
 
 
