@@ -131,6 +131,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.moshi",
     "omni_actors.models.csm",
     "omni_actors.models.dia",
+    "omni_actors.models.vibevoice",
     "omni_actors.models.qwen3_asr",
 )
 

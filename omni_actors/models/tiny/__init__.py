@@ -36,6 +36,7 @@ _BUILDERS: dict[str, str] = {
     "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
     "dia": "omni_actors.models.tiny.dia:make_tiny_dia",
     "dia-1.6b-sized": "omni_actors.models.tiny.dia:make_dia_1_6b_sized",
+    "vibevoice": "omni_actors.models.tiny.vibevoice:make_tiny_vibevoice",
     "qwen3_asr": "omni_actors.models.tiny.qwen3_asr:make_tiny_qwen3_asr",
 }
 
