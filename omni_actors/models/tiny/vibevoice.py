@@ -100,7 +100,7 @@ def make_tiny_vibevoice(out_dir: str | Path, seed: int = 0) -> Path:
             m.semantic_connector.linear_2.bias[0] = 0.0
             model.lm_head.weight[ids["<|vision_pad|>"]] = 0.0
             model.lm_head.weight[ids["<|vision_pad|>"], 0] = 1.0
-            for name, p in m.diffusion_head.named_parameters():  # a head whose output varies with its noise
+            for p in m.diffusion_head.parameters():  # a head whose output varies with its noise
                 if p.dim() > 1:
                     p.normal_(0.0, p.shape[1] ** -0.5)
             for part in (m.audio_tower.decoder, m.semantic_tokenizer_encoder):

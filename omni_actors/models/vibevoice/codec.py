@@ -56,14 +56,22 @@ class AcousticCodecAdapter(GenerationAdapter):
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         if "latents" not in inputs:
             return None
-        return torch.tensor(np.asarray(inputs["latents"]), dtype=torch.float32).reshape(-1, self.latent)
+        return torch.tensor(np.asarray(inputs["latents"]), dtype=torch.float32).reshape(
+            -1, self.latent
+        )
 
-    def decode(self, windows: list[torch.Tensor], starts: list[int], data: list[Any]) -> list[torch.Tensor]:
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
         out = []
         for window, start, stream in zip(windows, starts, data, strict=True):
             if start != stream.done:
-                raise RuntimeError(f"acoustic decoder: window at latent {start}, stream at {stream.done}")
-            audio = self.model.decode(window[None].to(self.ctx.device), padding_cache=stream.cache, use_cache=True)
+                raise RuntimeError(
+                    f"acoustic decoder: window at latent {start}, stream at {stream.done}"
+                )
+            audio = self.model.decode(
+                window[None].to(self.ctx.device), padding_cache=stream.cache, use_cache=True
+            )
             stream.cache, stream.done = audio.padding_cache, start + window.shape[0]
             out.append(audio.audio.reshape(-1).float())
         return out

@@ -45,7 +45,11 @@ DEFAULT_DIFFUSION_STEPS = 10
 class VibeVoiceEngine(StageEngine):
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
-        from transformers import AutoFeatureExtractor, AutoTokenizer, VibeVoiceForConditionalGeneration
+        from transformers import (
+            AutoFeatureExtractor,
+            AutoTokenizer,
+            VibeVoiceForConditionalGeneration,
+        )
 
         if ctx.device == "cpu":
             torch.set_num_threads(1)
@@ -60,12 +64,19 @@ class VibeVoiceEngine(StageEngine):
         self.model = model.to(ctx.device).eval()
         self.parts = self.model.model
         cfg = self.model.config
-        self.ids = (cfg.audio_bos_token_id, cfg.audio_eos_token_id, cfg.audio_token_id, cfg.eos_token_id)
+        self.ids = (
+            cfg.audio_bos_token_id,
+            cfg.audio_eos_token_id,
+            cfg.audio_token_id,
+            cfg.eos_token_id,
+        )
         self.allowed = torch.full((cfg.text_config.vocab_size,), float("-inf"), device=ctx.device)
         self.allowed[list(self.ids)] = 0.0
         gen = self.model.generation_config
         ends = gen.eos_token_id if gen.eos_token_id is not None else [cfg.eos_token_id]
-        self.stops = {int(t) for t in (ends if isinstance(ends, list) else [ends])} | {cfg.audio_eos_token_id}
+        self.stops = {int(t) for t in (ends if isinstance(ends, list) else [ends])} | {
+            cfg.audio_eos_token_id
+        }
         self.scheduler = VibeVoiceForConditionalGeneration._build_default_noise_scheduler(gen)
         self.steps = int(getattr(gen, "num_diffusion_steps", None) or DEFAULT_DIFFUSION_STEPS)
         self.latent = cfg.audio_config.hidden_size
@@ -81,10 +92,19 @@ class VibeVoiceEngine(StageEngine):
     # ---- requests --------------------------------------------------------
 
     def add(
-        self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        streaming: bool = False,
     ) -> None:
         own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
-        merged = {**self.defaults, **self.ctx.default_sampling_params, **own, **self.ctx.sampling_constraints}
+        merged = {
+            **self.defaults,
+            **self.ctx.default_sampling_params,
+            **own,
+            **self.ctx.sampling_constraints,
+        }
         text = inputs.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ValueError("vibevoice: inputs need a non-empty 'text'")
@@ -95,12 +115,17 @@ class VibeVoiceEngine(StageEngine):
         prompt: dict[str, torch.Tensor] = {}
         latents = 0
         if ref is not None and len(ref):
-            feats = self.features([torch.as_tensor(ref, dtype=torch.float32).reshape(-1).numpy()],
-                                  sampling_rate=self.features.sampling_rate, return_tensors="pt")
+            feats = self.features(
+                [torch.as_tensor(ref, dtype=torch.float32).reshape(-1).numpy()],
+                sampling_rate=self.features.sampling_rate,
+                return_tensors="pt",
+            )
             prompt = {"input_values": feats["input_values"], "padding_mask": feats["padding_mask"]}
             latents = -(-int(feats["padding_mask"].sum()) // self.hop)
         bos, eos, pad = self.tokens
-        ids = self.tokenizer(prompt_text(text, voice, latents, bos, eos, pad), add_special_tokens=False)
+        ids = self.tokenizer(
+            prompt_text(text, voice, latents, bos, eos, pad), add_special_tokens=False
+        )
         prompt["input_ids"] = torch.tensor([ids.input_ids])
         max_frames = int(merged["max_tokens"])
         if max_frames < 1:
@@ -133,12 +158,16 @@ class VibeVoiceEngine(StageEngine):
                 self._prefill(req)
             except Exception as err:  # one prompt fails alone
                 self.requests.pop(req.request_id, None)
-                outputs.append(EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}"))
+                outputs.append(
+                    EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}")
+                )
                 continue
             moved.append((req, None))
         if running:
             consumed = [r.embed for r in running]
-            hidden, kvs = _step(self.parts.language_model, [r.kv for r in running], torch.stack(consumed))
+            hidden, kvs = _step(
+                self.parts.language_model, [r.kv for r in running], torch.stack(consumed)
+            )
             for req, h, kv, c in zip(running, hidden, kvs, consumed, strict=True):
                 req.kv, req.hidden = kv, h
                 moved.append((req, c))
@@ -155,7 +184,9 @@ class VibeVoiceEngine(StageEngine):
         req.kv = [(x.keys, x.values) for x in out.past_key_values.layers]
         req.hidden = out.last_hidden_state[0, -1]
 
-    def _advance(self, moved: list[tuple[VibeVoiceRequest, torch.Tensor | None]]) -> list[EngineOutput]:
+    def _advance(
+        self, moved: list[tuple[VibeVoiceRequest, torch.Tensor | None]]
+    ) -> list[EngineOutput]:
         reqs = [r for r, _ in moved]
         logits = self.model.lm_head(torch.stack([r.hidden for r in reqs])).float() + self.allowed
         tokens = logits.argmax(dim=-1).tolist()
@@ -172,11 +203,17 @@ class VibeVoiceEngine(StageEngine):
                 req.neg_kv = None  # a new audio segment: the guidance branch starts again
             req.embed = embed(torch.tensor(token, device=self.device))
             if token == audio:
-                neg_in = consumed if consumed is not None else embed(torch.tensor(bos, device=self.device))
+                neg_in = (
+                    consumed
+                    if consumed is not None
+                    else embed(torch.tensor(bos, device=self.device))
+                )
                 audio_rows.append((req, neg_in))
             results[req.request_id] = ({}, False)
         if audio_rows:
-            for req, latent in zip([r for r, _ in audio_rows], self._latents(audio_rows), strict=True):
+            for req, latent in zip(
+                [r for r, _ in audio_rows], self._latents(audio_rows), strict=True
+            ):
                 results[req.request_id] = ({"latents": latent[None].float().cpu().numpy()}, False)
         outputs = []
         for req in reqs:
@@ -193,29 +230,45 @@ class VibeVoiceEngine(StageEngine):
         """Guidance branch, diffusion, codec feedback for the requests making audio; their decoder-space latents."""
         reqs = [r for r, _ in rows]
         kvs = [r.neg_kv or [] for r in reqs]
-        neg_hidden, neg_kvs = _step(self.parts.language_model, kvs, torch.stack([e for _, e in rows]))
+        neg_hidden, neg_kvs = _step(
+            self.parts.language_model, kvs, torch.stack([e for _, e in rows])
+        )
         for req, kv in zip(reqs, neg_kvs, strict=True):
             req.neg_kv = kv
         pos = torch.stack([r.hidden for r in reqs])
-        scale = torch.tensor([float(r.params.get("guidance_scale") or 1.0) for r in reqs], device=self.device)
-        noise = [torch.randn(self.latent, generator=r.generator, device=self.device) if r.generator is not None
-                 else torch.randn(self.latent, device=self.device) for r in reqs]
-        latents = self._denoise(torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype))
+        scale = torch.tensor(
+            [float(r.params.get("guidance_scale") or 1.0) for r in reqs], device=self.device
+        )
+        noise = [
+            torch.randn(self.latent, generator=r.generator, device=self.device)
+            if r.generator is not None
+            else torch.randn(self.latent, device=self.device)
+            for r in reqs
+        ]
+        latents = self._denoise(
+            torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype)
+        )
         parts = self.parts
         scaled = latents / parts.latent_scaling_factor - parts.latent_bias_factor
         acoustic = parts.multi_modal_projector(latents[:, None])  # [n, 1, hidden]
         out = []
         for i, req in enumerate(reqs):
-            audio = parts.audio_tower.decode(scaled[i : i + 1, None], padding_cache=req.acoustic_cache, use_cache=True)
+            audio = parts.audio_tower.decode(
+                scaled[i : i + 1, None], padding_cache=req.acoustic_cache, use_cache=True
+            )
             req.acoustic_cache = audio.padding_cache
-            sem = parts.semantic_tokenizer_encoder(audio.audio, padding_cache=req.semantic_cache, use_cache=True)
+            sem = parts.semantic_tokenizer_encoder(
+                audio.audio, padding_cache=req.semantic_cache, use_cache=True
+            )
             req.semantic_cache = sem.padding_cache
             req.embed = (acoustic[i] + parts.semantic_connector(sem.latents[0]))[0]
             req.frames += 1
             out.append(scaled[i])
         return out
 
-    def _denoise(self, x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def _denoise(
+        self, x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, scale: torch.Tensor
+    ) -> torch.Tensor:
         head, sched = self.parts.diffusion_head, self.scheduler
         condition = torch.cat([pos, neg])
         sched.set_timesteps(num_inference_steps=self.steps)
@@ -236,8 +289,12 @@ def _step(lm: Any, kvs: list[list[tuple[torch.Tensor, torch.Tensor]]], embeds: t
     if longest:
         ref = next(kv for kv in kvs if kv)
         for layer in range(len(ref)):
-            keys = torch.cat([_left(kv[layer][0] if kv else None, ref[layer][0], longest) for kv in kvs])
-            values = torch.cat([_left(kv[layer][1] if kv else None, ref[layer][1], longest) for kv in kvs])
+            keys = torch.cat(
+                [_left(kv[layer][0] if kv else None, ref[layer][0], longest) for kv in kvs]
+            )
+            values = torch.cat(
+                [_left(kv[layer][1] if kv else None, ref[layer][1], longest) for kv in kvs]
+            )
             cache.update(keys, values, layer)
     rows = len(kvs)
     mask = torch.zeros(rows, longest + 1, dtype=torch.long, device=embeds.device)

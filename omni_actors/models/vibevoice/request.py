@@ -22,8 +22,14 @@ SYSTEM = (
 
 def prompt_text(text: str, speaker: str, clip_latents: int, bos: str, eos: str, pad: str) -> str:
     """VibeVoice's processor format: system line, an optional voice section, the script, the speech cue."""
-    voice = f" Voice input:\n Speaker {speaker}:{bos}{pad * clip_latents}{eos}\n" if clip_latents else ""
-    return f"{SYSTEM}{voice} Text input:\n Speaker {speaker}: {text.strip()}\n Speech output:\n{bos}"
+    voice = (
+        f" Voice input:\n Speaker {speaker}:{bos}{pad * clip_latents}{eos}\n"
+        if clip_latents
+        else ""
+    )
+    return (
+        f"{SYSTEM}{voice} Text input:\n Speaker {speaker}: {text.strip()}\n Speech output:\n{bos}"
+    )
 
 
 @dataclass
