@@ -1,4 +1,4 @@
-"""TTS benchmark (csm, dia): first audio and real-time factor at several concurrencies, async chunk on vs off.
+"""TTS benchmark (csm, dia, vibevoice): first audio and real-time factor at several concurrencies, async chunk on vs off.
 
 Two orchestrators serve the same folder (`--pipeline`, or the one `--model` is detected
 as) one after the other in one run, with `async_chunk` on (each AR frame goes to the
@@ -17,6 +17,7 @@ requests/s for `--rate-seconds`.
     .venv/bin/python scripts/bench_tts.py --pipeline dia           tiny dia on CPU
     omni-run make-tiny dia-1.6b-sized DIR                          Dia-1.6B sizes, random weights (GPU;
                                                                    860 frames, 10 s of audio, a request)
+    omni-run make-tiny vibevoice-1.5b-sized DIR                    VibeVoice-1.5B sizes (75 latents, 10 s)
 
 Prints one JSON line.
 """

@@ -37,6 +37,7 @@ _BUILDERS: dict[str, str] = {
     "dia": "omni_actors.models.tiny.dia:make_tiny_dia",
     "dia-1.6b-sized": "omni_actors.models.tiny.dia:make_dia_1_6b_sized",
     "vibevoice": "omni_actors.models.tiny.vibevoice:make_tiny_vibevoice",
+    "vibevoice-1.5b-sized": "omni_actors.models.tiny.vibevoice:make_vibevoice_1_5b_sized",
     "qwen3_asr": "omni_actors.models.tiny.qwen3_asr:make_tiny_qwen3_asr",
 }
 

@@ -5,7 +5,7 @@ and `VibeVoiceProcessor` read from vibevoice/VibeVoice-1.5B-hf: `config.json`
 (model_type "vibevoice" with `text_config` (qwen2), `audio_config` (the acoustic
 tokenizer), `semantic_model_config` and `diffusion_head_config`), `model.safetensors`,
 `generation_config.json` (guidance, diffusion steps, the DPM-Solver scheduler by name,
-a frame budget), a Qwen2 fast tokenizer whose `<|vision_start|>` / `<|vision_end|>` /
+a frame budget), a small Qwen2-style fast tokenizer whose `<|vision_start|>` / `<|vision_end|>` /
 `<|vision_pad|>` are the audio bos / eos / placeholder ids the config names, and the
 acoustic tokenizer's feature extractor (24 kHz, 3200 samples a latent).
 
@@ -15,6 +15,9 @@ the LM pick the audio placeholder (the `lm_head` row of `<|vision_pad|>` reads a
 constant feature the audio-bos embedding and the audio connectors put into the
 residual stream), so a request makes audio until its frame budget, and the diffusion
 head (its noise from the request's seed) decides what the audio is.
+
+`make_vibevoice_1_5b_sized` writes VibeVoice-1.5B's sizes with the same steering (random
+weights, GPU benchmarks only; the tokenizer stays small, its ids below the real vocabulary).
 """
 
 from __future__ import annotations
@@ -54,15 +57,29 @@ def _tokenizer():
     )  # fmt: skip
 
 
-def _tokenizer_config(hidden: int, filters: int, depth: int) -> dict[str, Any]:
+TINY = {
+    "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": TEXT_VOCAB,
+    "latent": 8, "acoustic_filters": 4, "acoustic_depth": [1] * 7, "semantic": 16, "semantic_filters": 4,
+    "semantic_depth": [1] * 7, "head_layers": 2, "head_intermediate": 128,
+}  # fmt: skip
+VIBEVOICE_1_5B = {
+    "hidden": 1536, "layers": 28, "heads": 12, "kv_heads": 2, "intermediate": 8960, "vocab": 151936,
+    "latent": 64, "acoustic_filters": 32, "acoustic_depth": [3, 3, 3, 3, 3, 3, 8], "semantic": 128,
+    "semantic_filters": 32, "semantic_depth": [3, 3, 3, 3, 3, 3, 8], "head_layers": 4, "head_intermediate": 4608,
+}  # fmt: skip
+"""VibeVoice-1.5B's sizes (Qwen2.5-1.5B LM, 64-dim acoustic and 128-dim semantic tokenizers, 4-layer head)."""
+SIZED_MAX_FRAMES = 75
+"""Latents (10 s) a request of the sized folder makes."""
+
+
+def _tokenizer_config(hidden: int, filters: int, depths: list[int]) -> dict[str, Any]:
     return {
         "hidden_size": hidden, "num_filters": filters, "kernel_size": 7,
-        "downsampling_ratios": [2, 2, 4, 5, 5, 8], "depths": [depth] * 7,
+        "downsampling_ratios": [2, 2, 4, 5, 5, 8], "depths": depths,
     }  # fmt: skip
 
 
-def make_tiny_vibevoice(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write a tiny VibeVoice checkpoint into `out_dir` and return its path."""
+def _write(out_dir: str | Path, seed: int, s: dict[str, Any], max_frames: int) -> Path:
     import torch
     from transformers import (
         GenerationConfig,
@@ -75,17 +92,19 @@ def make_tiny_vibevoice(out_dir: str | Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer()
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
-    hidden, latent = 64, 8
     config = VibeVoiceConfig(
         text_config={
-            "model_type": "qwen2", "vocab_size": max(TEXT_VOCAB, len(tok)), "hidden_size": hidden,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+            "model_type": "qwen2", "vocab_size": max(s["vocab"], len(tok)), "hidden_size": s["hidden"],
+            "intermediate_size": s["intermediate"], "num_hidden_layers": s["layers"],
+            "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"],
+            "max_position_embeddings": 65536, "tie_word_embeddings": False,
         },
-        audio_config={"model_type": "vibevoice_acoustic_tokenizer", **_tokenizer_config(latent, 4, 1)},
-        semantic_model_config={"model_type": "vibevoice_acoustic_tokenizer_encoder", **_tokenizer_config(16, 4, 1)},
-        diffusion_head_config={"hidden_size": hidden, "latent_size": latent, "num_hidden_layers": 2,
-                               "intermediate_size": 128},
+        audio_config={"model_type": "vibevoice_acoustic_tokenizer",
+                      **_tokenizer_config(s["latent"], s["acoustic_filters"], s["acoustic_depth"])},
+        semantic_model_config={"model_type": "vibevoice_acoustic_tokenizer_encoder",
+                               **_tokenizer_config(s["semantic"], s["semantic_filters"], s["semantic_depth"])},
+        diffusion_head_config={"hidden_size": s["hidden"], "latent_size": s["latent"],
+                               "num_hidden_layers": s["head_layers"], "intermediate_size": s["head_intermediate"]},
         pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|endoftext|>"],
         audio_bos_token_id=ids["<|vision_start|>"], audio_eos_token_id=ids["<|vision_end|>"],
         audio_token_id=ids["<|vision_pad|>"], dtype="float32",
@@ -108,7 +127,7 @@ def make_tiny_vibevoice(out_dir: str | Path, seed: int = 0) -> Path:
                     if p.dim() > 1:
                         p.normal_(0.0, 0.7 * p[0].numel() ** -0.5)
     model.generation_config = GenerationConfig(
-        max_new_tokens=TINY_MAX_FRAMES, guidance_scale=1.3, num_diffusion_steps=10,
+        max_new_tokens=max_frames, guidance_scale=1.3, num_diffusion_steps=10,
         noise_scheduler_class="DPMSolverMultistepScheduler",
         noise_scheduler_config={"beta_schedule": "squaredcos_cap_v2", "prediction_type": "v_prediction"},
         bos_token_id=None, eos_token_id=[ids["<|endoftext|>"], ids["<|vision_end|>"]],
@@ -118,6 +137,16 @@ def make_tiny_vibevoice(out_dir: str | Path, seed: int = 0) -> Path:
     tok.save_pretrained(out)
     VibeVoiceAcousticTokenizerFeatureExtractor(sampling_rate=24000, pad_to_multiple_of=3200).save_pretrained(out)
     return out
+
+
+def make_tiny_vibevoice(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny VibeVoice checkpoint into `out_dir` and return its path."""
+    return _write(out_dir, seed, TINY, TINY_MAX_FRAMES)
+
+
+def make_vibevoice_1_5b_sized(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a random-weight checkpoint of VibeVoice-1.5B's sizes (benchmarks on a GPU)."""
+    return _write(out_dir, seed, VIBEVOICE_1_5B, SIZED_MAX_FRAMES)
 
 
 if __name__ == "__main__":
