@@ -88,3 +88,22 @@ def test_reference_clip_fills_the_prompt(engine) -> None:
     assert len(cloned) and not np.array_equal(cloned[: len(plain)], plain[: len(cloned)])
     with pytest.raises(ValueError, match="voice"):
         engine.add("bad", {"text": TEXT, "voice": "S3"}, {})
+
+
+def test_greedy_cloned_frames_equal_transformers_generate(engine) -> None:
+    """A reference clip is Dia's audio prompt: its DAC codes prefill the decoder after bos."""
+    from transformers import DiaFeatureExtractor, DiaProcessor
+
+    clip = (0.3 * np.sin(np.arange(22050) / 44100 * 2 * np.pi * 220)).astype(np.float32)
+    ours = _run(
+        engine,
+        [("r", TEXT, {"temperature": 0.0})],
+        {"reference_audio": clip, "reference_text": "A low hum."},
+    )["r"]
+    fe = DiaFeatureExtractor(sampling_rate=44100, hop_length=512)
+    processor = DiaProcessor(fe, engine.tokenizer, engine.dac)
+    inputs = processor(text=[f"[S1] A low hum. [S1] {TEXT}"], audio=[clip], return_tensors="pt")
+    start = processor.get_audio_prompt_len(inputs["decoder_attention_mask"])
+    theirs = engine.model.generate(**inputs, do_sample=False)[0]
+    frames = _undelayed(theirs, engine.tok.delay, engine.tok.pad)
+    assert len(ours) > 8 and np.array_equal(ours, frames[start - 1 :])
