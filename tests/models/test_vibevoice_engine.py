@@ -16,7 +16,9 @@ TEXT = "Hello there."
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    return Path(make_tiny("vibevoice", tmp_path_factory.mktemp("models") / "tiny-vibevoice", seed=0))
+    return Path(
+        make_tiny("vibevoice", tmp_path_factory.mktemp("models") / "tiny-vibevoice", seed=0)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,9 @@ def engine(folder):
     eng.close()
 
 
-def _run(engine, requests: list[tuple[str, str, dict]], inputs: dict | None = None) -> dict[str, np.ndarray]:
+def _run(
+    engine, requests: list[tuple[str, str, dict]], inputs: dict | None = None
+) -> dict[str, np.ndarray]:
     latents: dict[str, list[np.ndarray]] = {rid: [] for rid, _, _ in requests}
     for rid, text, params in requests:
         engine.add(rid, {"text": text, "voice": "0", **(inputs or {})}, params)
@@ -72,9 +76,29 @@ def test_streamed_windows_equal_one_decode(engine, folder) -> None:
     codec = AcousticCodecAdapter(EngineContext(1, 0, "codec", folder, "cpu", 4, "auto", 0.9, 1))
     codec.load()
     stream = codec.start({}, {})
-    parts = [codec.decode([latents[a:b]], [a], [stream])[0] for a, b in ((0, 1), (1, 3), (3, len(latents)))]
+    parts = [
+        codec.decode([latents[a:b]], [a], [stream])[0]
+        for a, b in ((0, 1), (1, 3), (3, len(latents)))
+    ]
     whole = codec.decode([latents], [0], [codec.start({}, {})])[0]
     assert whole.shape[0] == len(latents) * 3200
     assert torch.allclose(torch.cat(parts), whole, atol=1e-5)
     with pytest.raises(RuntimeError, match="window"):
         codec.decode([latents[:1]], [0], [stream])  # the stream is past latent 0
+
+
+def test_unseeded_latents_equal_transformers_generate(engine) -> None:
+    """One request drawing noise from the global generator as `generate` does: the same audio."""
+    from omni_actors.models.vibevoice.request import prompt_text
+
+    assert not engine.requests  # nothing left over from the other tests
+    torch.manual_seed(0)
+    latents = torch.tensor(_run(engine, [("g", TEXT, {})])["g"])
+    bos, eos, pad = engine.tokens
+    ids = engine.tokenizer(
+        prompt_text(TEXT, "0", 0, bos, eos, pad), return_tensors="pt", add_special_tokens=False
+    )
+    torch.manual_seed(0)
+    audio = engine.model.generate(**ids)[0]
+    ours = engine.parts.audio_tower.decode(latents[None]).audio.reshape(-1)
+    assert audio.shape[-1] == ours.shape[0] and torch.allclose(audio.reshape(-1), ours, atol=1e-4)

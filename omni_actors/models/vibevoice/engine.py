@@ -239,12 +239,7 @@ class VibeVoiceEngine(StageEngine):
         scale = torch.tensor(
             [float(r.params.get("guidance_scale") or 1.0) for r in reqs], device=self.device
         )
-        noise = [
-            torch.randn(self.latent, generator=r.generator, device=self.device)
-            if r.generator is not None
-            else torch.randn(self.latent, device=self.device)
-            for r in reqs
-        ]
+        noise = [self._noise(r) for r in reqs]
         latents = self._denoise(
             torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype)
         )
@@ -265,6 +260,13 @@ class VibeVoiceEngine(StageEngine):
             req.frames += 1
             out.append(scaled[i])
         return out
+
+    def _noise(self, req: VibeVoiceRequest) -> torch.Tensor:
+        """A latent's starting noise: from the request's generator, else as `generate` draws it for a
+        batch of one (two rows from the global generator, the first used)."""
+        if req.generator is not None:
+            return torch.randn(self.latent, generator=req.generator, device=self.device)
+        return torch.randn(2, self.latent)[0].to(self.device)
 
     def _denoise(
         self, x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, scale: torch.Tensor
