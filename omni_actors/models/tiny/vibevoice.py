@@ -67,7 +67,9 @@ VIBEVOICE_1_5B = {
     "latent": 64, "acoustic_filters": 32, "acoustic_depth": [3, 3, 3, 3, 3, 3, 8], "semantic": 128,
     "semantic_filters": 32, "semantic_depth": [3, 3, 3, 3, 3, 3, 8], "head_layers": 4, "head_intermediate": 4608,
 }  # fmt: skip
-"""VibeVoice-1.5B's sizes (Qwen2.5-1.5B LM, 64-dim acoustic and 128-dim semantic tokenizers, 4-layer head)."""
+"""VibeVoice-1.5B's sizes (Qwen2.5-1.5B LM, 64-dim acoustic and 128-dim semantic tokenizers, 4-layer head).
+The LM head stays untied from the embeddings (the steering needs its own row), so the folder has 2.94 B
+parameters where the real one has 2.70 B; per-step compute is the same."""
 SIZED_MAX_FRAMES = 75
 """Latents (10 s) a request of the sized folder makes."""
 
