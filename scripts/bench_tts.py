@@ -1,8 +1,8 @@
-"""TTS benchmark (csm): first audio and real-time factor at several concurrencies, async chunk on vs off.
+"""TTS benchmark (csm, dia, vibevoice): first audio and real-time factor at several concurrencies, async chunk on vs off.
 
-Two orchestrators serve the same CSM folder one after the other in one run, with
-`async_chunk` on (each backbone frame goes to the Mimi codec as it is sampled) and
-off (the codec gets the whole utterance at the end): the "off" numbers are the
+Two orchestrators serve the same folder (`--pipeline`, or the one `--model` is detected
+as) one after the other in one run, with `async_chunk` on (each AR frame goes to the
+codec as it is made) and off (the codec gets the whole utterance at the end): the "off" numbers are the
 same-run baseline. Requests go straight to the orchestrator (no HTTP). Per request:
 first audio (submit -> first non-empty audio chunk) and RTF (end to end / seconds of
 audio). Closed loop at each `--concurrency` (every client sends its next request as
@@ -14,6 +14,10 @@ requests/s for `--rate-seconds`.
     omni-run make-tiny csm-1b-sized DIR                            CSM-1B sizes, random weights (GPU;
                                                                    its generation_config caps a request
                                                                    at 125 frames, 10 s of audio)
+    .venv/bin/python scripts/bench_tts.py --pipeline dia           tiny dia on CPU
+    omni-run make-tiny dia-1.6b-sized DIR                          Dia-1.6B sizes, random weights (GPU;
+                                                                   860 frames, 10 s of audio, a request)
+    omni-run make-tiny vibevoice-1.5b-sized DIR                    VibeVoice-1.5B sizes (75 latents, 10 s)
 
 Prints one JSON line.
 """
@@ -50,13 +54,14 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 async def _one(orch: Orchestrator, seed: int, frames: int | None) -> dict[str, float]:
+    voice = orch.pipeline.speech.voices[0] if orch.pipeline.speech else None
     params: dict[str, Any] = {"seed": seed}
     if frames:
         params["max_tokens"] = frames
     t0 = time.perf_counter()
     first = None
     samples, rate = 0, 24000
-    async for chunk in orch.submit(RequestSpec(inputs={"text": TEXT, "voice": "0"}, params=params)):
+    async for chunk in orch.submit(RequestSpec(inputs={"text": TEXT, "voice": voice}, params=params)):
         audio = chunk.data.get("audio") if chunk.output_type == "audio" else None
         if audio is not None and len(audio):
             first = first if first is not None else time.perf_counter() - t0
@@ -109,7 +114,7 @@ async def _open(orch: Orchestrator, rate: float, seconds: float, frames: int | N
 
 
 async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace) -> dict[str, Any]:
-    raw: dict[str, Any] = {"pipeline": "csm", "model": str(model), "async_chunk": async_chunk,
+    raw: dict[str, Any] = {"pipeline": args.pipeline, "model": str(model), "async_chunk": async_chunk,
                            "stages": [{"stage_id": 0, "max_num_seqs": max(args.concurrency)}]}
     if args.device == "cuda":
         raw["stages"][0]["devices"] = "0"
@@ -132,7 +137,8 @@ async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace) -> dic
 
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="a CSM folder (default: a tiny one built in a temp dir)")
+    p.add_argument("--model", help="a TTS folder (default: a tiny one built in a temp dir)")
+    p.add_argument("--pipeline", default="csm", help="the family of the tiny folder (with --model: detected)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--per-client", type=int, default=2)
@@ -146,8 +152,12 @@ async def main() -> None:
         if model is None:
             from omni_actors.models.tiny import make_tiny
 
-            model = make_tiny("csm", Path(tmp) / "tiny-csm")
-        result: dict[str, Any] = {"bench": "tts", "pipeline": "csm", "model": str(model) if args.model else "tiny",
+            model = make_tiny(args.pipeline, Path(tmp) / f"tiny-{args.pipeline}")
+        else:
+            from omni_actors.models.detect import detect_pipeline
+
+            args.pipeline = detect_pipeline(model)
+        result: dict[str, Any] = {"bench": "tts", "pipeline": args.pipeline, "model": str(model) if args.model else "tiny",
                                   "device": args.device, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
         result["async"] = await _mode(model, True, args)
         result["whole"] = await _mode(model, False, args)

@@ -34,6 +34,10 @@ _BUILDERS: dict[str, str] = {
     "hunyuan_video_1_5": "omni_actors.models.tiny.video:make_tiny_hunyuan_video_1_5",
     "csm": "omni_actors.models.tiny.csm:make_tiny_csm",
     "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
+    "dia": "omni_actors.models.tiny.dia:make_tiny_dia",
+    "dia-1.6b-sized": "omni_actors.models.tiny.dia:make_dia_1_6b_sized",
+    "vibevoice": "omni_actors.models.tiny.vibevoice:make_tiny_vibevoice",
+    "vibevoice-1.5b-sized": "omni_actors.models.tiny.vibevoice:make_vibevoice_1_5b_sized",
     "qwen3_asr": "omni_actors.models.tiny.qwen3_asr:make_tiny_qwen3_asr",
     "voxtral_realtime": "omni_actors.models.tiny.voxtral_realtime:make_tiny_voxtral_realtime",
 }

@@ -1,0 +1,53 @@
+"""Codec adapter for GenerationEngine: Dia's DAC decoder (9 codebooks at ~86 Hz -> 44.1 kHz audio).
+
+DAC's decoder is not causal (centred convolutions), so a window re-decodes
+`left_context` frames before its new ones and holds back the audio of its last
+`right_context` frames until the frames after them arrive (or the input ends). Its
+receptive field is about ten frames each side; the contexts cover it. The weights
+are the DAC folder Dia's processor names (loading.py), decoded in float32.
+
+Inputs: {"codes": int [n, 9]} (undelayed frames from the decoder stage).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_actors.models.dia.loading import load_dac
+from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
+
+
+class DacCodecAdapter(GenerationAdapter):
+    sample_rate = 44100
+    samples_per_code = 512
+    first_chunk_size = 8
+    """8 frames = 93 ms of audio in the first window (after right_context more frames)."""
+    chunk_size = 16
+    left_context = 16
+    right_context = 8
+    max_chunk_size = 128
+
+    def load(self) -> None:
+        path = check_checkpoint(self.ctx.model_path, ("config.json",))
+        self.model = load_dac(path, self.ctx.device)
+        cfg = self.model.config
+        self.groups = cfg.n_codebooks
+        self.sample_rate = int(cfg.sampling_rate)
+        self.samples_per_code = int(np.prod(cfg.downsampling_ratios))
+
+    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        if "codes" not in inputs:
+            return None
+        return torch.tensor(np.asarray(inputs["codes"]), dtype=torch.long).reshape(-1, self.groups)
+
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
+        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        with torch.inference_mode():
+            audio = self.model.decode(audio_codes=codes).audio_values
+        return list(audio.reshape(len(windows), -1).float())

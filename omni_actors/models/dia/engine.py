@@ -1,0 +1,254 @@
+"""The Dia decoder stage: an encoder-decoder with classifier-free guidance, continuously batched.
+
+Dia does not fit HfAREngine's one-KV-row-per-request decoder: each request has a
+text encoder pass, cross-attention KV, and two decoder rows (the text, and an
+all-pad text for guidance) that are fed the same audio ids. This engine keeps, per
+request, both rows' self-attention KV and the cross-attention KV its first forward
+made (request.py), and steps every running request in ONE decoder forward: the rows'
+self KV left-padded to the longest, their cross KV right-padded, with the masks that
+say so (as HfAREngine's dynamic cache does; no static KV or CUDA graphs here yet).
+New requests run their prompt (encoder + decoder prompt positions) one by one.
+
+Inputs: {"text": str, "voice": "S1" | "S2", optional "reference_audio" float32 at
+44.1 kHz and "reference_text"}. The text gets the voice's speaker tag unless it starts
+with one ("[S1] ..."); a reference clip's transcript goes before it and the clip's DAC
+codes fill the decoder's prompt (Dia's audio-prompt cloning). Outputs: {"codes": int64
+[1, channels]} per completed audio frame, the last with "finish_reason".
+Sampling: generation_config (guidance_scale, temperature, top_k, top_p, max_length)
+< deploy defaults < request (seed, temperature, top_k, top_p, guidance_scale,
+max_tokens: frames of audio).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_actors.models.dia import VOICES
+from omni_actors.models.dia.loading import load_dac
+from omni_actors.models.dia.request import DiaRequest, Tokens
+from omni_actors.models.dia.sampling import draw
+from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engines.hf_ar_adapter import DTYPES, check_checkpoint
+
+SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "guidance_scale", "max_tokens")
+TAGS = ("[S1]", "[S2]")
+
+
+class DiaEngine(StageEngine):
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        from transformers import AutoTokenizer, DiaForConditionalGeneration
+
+        if ctx.device == "cpu":
+            torch.set_num_threads(1)
+        path = check_checkpoint(ctx.model_path, ("config.json", "tokenizer_config.json"))
+        dtype = torch.float32 if ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            model = DiaForConditionalGeneration.from_pretrained(path, dtype=dtype)
+        except Exception as err:
+            raise ValueError(f"{path}: cannot load the Dia checkpoint ({err})") from err
+        self.model = model.to(ctx.device).eval()
+        self.dac = load_dac(path, ctx.device)  # encodes reference clips
+        self.hop = int(np.prod(self.dac.config.downsampling_ratios))
+        cfg = self.model.config
+        dec = cfg.decoder_config
+        self.tok = Tokens(
+            dec.bos_token_id, dec.eos_token_id, dec.pad_token_id, tuple(cfg.delay_pattern)
+        )
+        self.channels, self.vocab = dec.num_channels, dec.vocab_size
+        self.max_text = cfg.encoder_config.max_position_embeddings
+        gen = self.model.generation_config
+        self.defaults = {
+            "temperature": (gen.temperature or 1.0) if gen.do_sample else 0.0,
+            "top_k": gen.top_k, "top_p": gen.top_p, "guidance_scale": gen.guidance_scale,
+            "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or dec.max_position_embeddings) - 1),
+        }  # fmt: skip
+        self.device = torch.device(ctx.device)
+        self.requests: dict[str, DiaRequest] = {}
+
+    # ---- requests --------------------------------------------------------
+
+    def add(
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        streaming: bool = False,
+    ) -> None:
+        own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
+        merged = {
+            **self.defaults,
+            **self.ctx.default_sampling_params,
+            **own,
+            **self.ctx.sampling_constraints,
+        }
+        text = inputs.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("dia: inputs need a non-empty 'text'")
+        voice = str(inputs.get("voice") or VOICES[0])
+        if voice not in VOICES:
+            raise ValueError(f"dia: unknown voice {voice!r}; known: {list(VOICES)}")
+        ref = inputs.get("reference_audio")
+        codes = np.zeros((0, self.channels), dtype=np.int64)
+        if ref is not None and np.asarray(ref).size:
+            said = _tagged(str(inputs.get("reference_text") or ""), voice)
+            text = f"{said} {_tagged(text, voice)}" if said else _tagged(text, voice)
+            codes = self._encode(np.array(ref, dtype=np.float32).reshape(-1))
+        else:
+            text = _tagged(text, voice)
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) > self.max_text:
+            raise ValueError(
+                f"dia: the text is {len(ids)} bytes; the encoder takes at most {self.max_text}"
+            )
+        gen = None
+        if merged.get("seed") is not None:
+            gen = torch.Generator(device=self.device).manual_seed(int(merged["seed"]))
+        max_frames = int(merged["max_tokens"])
+        if max_frames < 1:
+            raise ValueError(f"dia: max_tokens must be positive, got {max_frames}")
+        self.requests[request_id] = DiaRequest(request_id, merged, ids, codes, max_frames, gen)
+
+    @torch.inference_mode()
+    def _encode(self, audio: np.ndarray) -> np.ndarray:
+        """[P, channels] DAC codes of a clip at 44.1 kHz (padded to whole hops, as DiaProcessor does)."""
+        pad = -audio.size % self.hop
+        wav = torch.from_numpy(np.pad(audio, (0, pad)))[None, None].to(self.device)
+        return self.dac.encode(wav).audio_codes[0].T.cpu().numpy().astype(np.int64)
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    def close(self) -> None:
+        self.requests.clear()
+
+    # ---- stepping --------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[EngineOutput]:
+        limit = max(1, self.ctx.max_num_seqs)
+        running = [r for r in self.requests.values() if r.prefilled][:limit]
+        new = [r for r in self.requests.values() if not r.prefilled][: max(0, limit - len(running))]
+        outputs: list[EngineOutput] = []
+        for req in new:
+            try:
+                cond, uncond = self._prefill(req)
+            except Exception as err:  # one prompt fails alone
+                self.requests.pop(req.request_id, None)
+                outputs.append(
+                    EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}")
+                )
+                continue
+            outputs.extend(self._take([req], cond[None], uncond[None]))
+        if running:
+            cond, uncond = self._decode(running)
+            outputs.extend(self._take(running, cond, uncond))
+        return outputs
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, hidden] last decoder states -> [rows, channels, vocab]."""
+        return (
+            self.model.logits_dense(hidden).float().view(hidden.shape[0], self.channels, self.vocab)
+        )
+
+    def _prefill(self, req: DiaRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor([req.text_ids], device=self.device)
+        text = torch.cat([ids, torch.zeros_like(ids)])  # conditioned, unconditioned
+        prompt = torch.from_numpy(req.prompt(self.tok)).to(self.device)
+        out = self.model.model(
+            input_ids=text, attention_mask=torch.ones_like(text),
+            decoder_input_ids=prompt[None].expand(2, -1, -1), use_cache=True,
+        )  # fmt: skip
+        cache = out.past_key_values
+        req.self_kv = [(x.keys, x.values) for x in cache.self_attention_cache.layers]
+        req.cross_kv = [(x.keys, x.values) for x in cache.cross_attention_cache.layers]
+        req.encoded = out.encoder_last_hidden_state
+        logits = self._logits(out.last_hidden_state[:, -1])
+        return logits[0], logits[1]
+
+    def _decode(self, reqs: list[DiaRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        lengths = [r.self_kv[0][0].shape[2] for r in reqs]  # positions fed so far
+        longest, texts = max(lengths), [r.encoded.shape[1] for r in reqs]
+        widest = max(texts)
+        own, cross = DynamicCache(), DynamicCache()
+        for layer in range(len(reqs[0].self_kv)):
+            own.update(
+                torch.cat([_pad(r.self_kv[layer][0], longest, left=True) for r in reqs]),
+                torch.cat([_pad(r.self_kv[layer][1], longest, left=True) for r in reqs]),
+                layer,
+            )
+            cross.update(
+                torch.cat([_pad(r.cross_kv[layer][0], widest) for r in reqs]),
+                torch.cat([_pad(r.cross_kv[layer][1], widest) for r in reqs]),
+                layer,
+            )
+        rows = 2 * len(reqs)
+        mask = torch.zeros(rows, longest + 1, dtype=torch.long, device=self.device)
+        text_mask = torch.zeros(rows, widest, dtype=torch.long, device=self.device)
+        for i, (n, t) in enumerate(zip(lengths, texts, strict=True)):
+            mask[2 * i : 2 * i + 2, longest - n :] = 1
+            text_mask[2 * i : 2 * i + 2, :t] = 1
+        last = torch.from_numpy(np.stack([r.last() for r in reqs])).to(self.device)
+        ids = last.repeat_interleave(2, dim=0)[:, None]  # [rows, 1, channels]
+        pos = torch.tensor(lengths, device=self.device).repeat_interleave(2)[:, None]
+        encoded = torch.cat([_pad(r.encoded, widest, dim=1) for r in reqs])
+        out = self.model.model.decoder(
+            input_ids=ids, position_ids=pos, attention_mask=mask, encoder_hidden_states=encoded,
+            encoder_attention_mask=text_mask, past_key_values=EncoderDecoderCache(own, cross), use_cache=True,
+        )  # fmt: skip
+        for i, (req, n) in enumerate(zip(reqs, lengths, strict=True)):
+            cut = longest - n
+            req.self_kv = [
+                (
+                    x.keys[2 * i : 2 * i + 2, :, cut:].clone(),
+                    x.values[2 * i : 2 * i + 2, :, cut:].clone(),
+                )
+                for x in own.layers
+            ]
+        logits = self._logits(out.last_hidden_state[:, -1]).view(
+            len(reqs), 2, self.channels, self.vocab
+        )
+        return logits[:, 0], logits[:, 1]
+
+    def _take(
+        self, reqs: list[DiaRequest], cond: torch.Tensor, uncond: torch.Tensor
+    ) -> list[EngineOutput]:
+        drawn = draw(
+            cond, uncond, [r.params for r in reqs], [r.generator for r in reqs], self.tok.eos
+        )
+        host = drawn.cpu().numpy()
+        outputs = []
+        for req, row in zip(reqs, host, strict=True):
+            frame, done = req.take(row, self.tok)
+            payload: dict[str, Any] = {} if frame is None else {"codes": frame[None]}
+            if done:
+                self.requests.pop(req.request_id, None)
+                forced = req.end is not None and req.end - req.known >= req.max_frames
+                payload["finish_reason"] = "length" if forced else "stop"
+            if payload:
+                outputs.append(EngineOutput(req.request_id, payload, done))
+        return outputs
+
+
+def _tagged(text: str, voice: str) -> str:
+    text = text.strip()
+    return text if text.startswith(TAGS) or not text else f"[{voice}] {text}"
+
+
+def _pad(x: torch.Tensor, length: int, left: bool = False, dim: int = 2) -> torch.Tensor:
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    zeros = x.new_zeros(shape)
+    return torch.cat([zeros, x] if left else [x, zeros], dim=dim)

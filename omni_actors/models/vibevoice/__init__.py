@@ -1,0 +1,46 @@
+"""The vibevoice pipeline (Microsoft VibeVoice): Qwen2 LM + diffusion head (LLM_AR) -> acoustic decoder (LLM_GENERATION).
+
+    0 lm     text (+ a reference clip to clone) -> one acoustic latent per step (7.5 a second)
+    1 codec  latents -> 24 kHz audio deltas       (final output "audio")
+
+The LM stage is VibeVoice's own engine (engine.py: a guidance branch per request and
+a diffusion head per step; it also decodes each latent, since the LM reads its audio
+back through the semantic encoder). With async chunk on, each latent goes to the
+codec stage as it is made; the acoustic decoder is causal and keeps a streaming cache
+per request, so windows need no context. Both stages load from one
+`VibeVoiceForConditionalGeneration` folder (model_type "vibevoice"). Topology only:
+imports without torch.
+"""
+
+from __future__ import annotations
+
+from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.speech import SpeechSpec
+
+_PKG = "omni_actors.models.vibevoice"
+VOICES = ("0", "1", "2", "3")
+"""The script's speakers ("Speaker 0:" .. "Speaker 3:"); VibeVoice's voices come from reference clips."""
+
+
+@register_pipeline("vibevoice")
+def vibevoice() -> PipelineConfig:
+    return PipelineConfig(
+        name="vibevoice",
+        detect=("transformers:vibevoice",),
+        description="Microsoft VibeVoice text to speech (Qwen2 LM + diffusion head, acoustic tokenizer); clones a reference clip",
+        speech=SpeechSpec(voices=VOICES, sample_rate=24000, cloning=True),
+        stages=(
+            StageSpec(
+                stage_id=0, model_stage="lm", execution_type=ExecutionType.LLM_AR,
+                engine=f"{_PKG}.engine:VibeVoiceEngine", owns_tokenizer=True,
+            ),
+            StageSpec(
+                stage_id=1, model_stage="codec", execution_type=ExecutionType.LLM_GENERATION,
+                engine="omni_actors.workers.engines.generation:GenerationEngine",
+                engine_defaults={"adapter": f"{_PKG}.codec:AcousticCodecAdapter"},
+                input_sources=(0,), processor="omni_actors.models.processors:concat_upstream",
+                chunk_processor="omni_actors.models.processors:pass_chunk",
+                final_output=True, final_output_type="audio",
+            ),
+        ),
+    )  # fmt: skip

@@ -1,0 +1,322 @@
+"""The VibeVoice LM stage: a Qwen2 LM that picks "audio next", a diffusion head that makes each latent.
+
+Per step, as transformers' VibeVoice generation does, for every running request:
+
+1. the conditioned branch (the prompt and everything since) runs one position; the
+   next token is the argmax over the four ids the LM may say (audio bos, audio eos,
+   the audio placeholder, end of text);
+2. on the placeholder, the guidance branch (audio bos, then the same audio inputs,
+   no text) runs one position too, and the diffusion head denoises a latent from the
+   request's own noise with the scheduler named by generation_config
+   (DPM-Solver, `num_diffusion_steps`), guided by both branches' states
+   (`guidance_scale`);
+3. the latent goes downstream, and comes back as the next input: the acoustic
+   decoder turns it into 3200 samples, the semantic encoder reads those, and the
+   two connectors' sum is the next embedding (so this stage decodes audio too,
+   with per-request streaming caches; the codec stage decodes the same latents for
+   the audio it sends);
+4. an end token (generation_config `eos_token_id`) or the frame budget ends the request.
+
+Every running request's conditioned branch steps in one LM forward, and the
+guidance branches of the requests making audio in another (dynamic KV, left-padded
+and stacked as HfAREngine's CPU cache); the diffusion head runs on all of them at
+once; the two small codec passes run per request (their caches are per request).
+
+Inputs: {"text", "voice": "0".."3" (the script's speaker), optional "reference_audio"
+float32 at 24 kHz (the voice section of the prompt: Dia-style cloning)}.
+Outputs: {"latents": float32 [1, latent]} per audio step, the last with "finish_reason".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.models.vibevoice import VOICES
+from omni_actors.models.vibevoice.request import VibeVoiceRequest, prompt_text
+from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engines.hf_ar_adapter import DTYPES, check_checkpoint
+
+SHARED_KEYS = ("seed", "guidance_scale", "max_tokens")
+DEFAULT_DIFFUSION_STEPS = 10
+
+
+class VibeVoiceEngine(StageEngine):
+    def __init__(self, ctx: EngineContext) -> None:
+        super().__init__(ctx)
+        from transformers import (
+            AutoFeatureExtractor,
+            AutoTokenizer,
+            VibeVoiceForConditionalGeneration,
+        )
+
+        if ctx.device == "cpu":
+            torch.set_num_threads(1)
+        path = check_checkpoint(ctx.model_path, ("config.json",))
+        dtype = torch.float32 if ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.features = AutoFeatureExtractor.from_pretrained(path)
+            model = VibeVoiceForConditionalGeneration.from_pretrained(path, dtype=dtype)
+        except Exception as err:
+            raise ValueError(f"{path}: cannot load the VibeVoice checkpoint ({err})") from err
+        self.model = model.to(ctx.device).eval()
+        self.parts = self.model.model
+        cfg = self.model.config
+        self.ids = (
+            cfg.audio_bos_token_id,
+            cfg.audio_eos_token_id,
+            cfg.audio_token_id,
+            cfg.eos_token_id,
+        )
+        self.allowed = torch.full((cfg.text_config.vocab_size,), float("-inf"), device=ctx.device)
+        self.allowed[list(self.ids)] = 0.0
+        gen = self.model.generation_config
+        ends = gen.eos_token_id if gen.eos_token_id is not None else [cfg.eos_token_id]
+        self.stops = {int(t) for t in (ends if isinstance(ends, list) else [ends])} | {
+            cfg.audio_eos_token_id
+        }
+        self.scheduler = VibeVoiceForConditionalGeneration._build_default_noise_scheduler(gen)
+        self.steps = int(getattr(gen, "num_diffusion_steps", None) or DEFAULT_DIFFUSION_STEPS)
+        self.latent = cfg.audio_config.hidden_size
+        self.hop = cfg.audio_config.hop_length
+        self.defaults = {
+            "guidance_scale": gen.guidance_scale or 1.0,
+            "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or 4096) - 1),
+        }  # fmt: skip
+        self.tokens = [self.tokenizer.convert_ids_to_tokens(i) for i in self.ids[:3]]
+        self.device = torch.device(ctx.device)
+        self.requests: dict[str, VibeVoiceRequest] = {}
+
+    # ---- requests --------------------------------------------------------
+
+    def add(
+        self,
+        request_id: str,
+        inputs: dict[str, Any],
+        params: dict[str, Any],
+        streaming: bool = False,
+    ) -> None:
+        own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
+        merged = {
+            **self.defaults,
+            **self.ctx.default_sampling_params,
+            **own,
+            **self.ctx.sampling_constraints,
+        }
+        text = inputs.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("vibevoice: inputs need a non-empty 'text'")
+        voice = str(inputs.get("voice") or VOICES[0])
+        if voice not in VOICES:
+            raise ValueError(f"vibevoice: unknown voice {voice!r}; known: {list(VOICES)}")
+        ref = inputs.get("reference_audio")
+        prompt: dict[str, torch.Tensor] = {}
+        latents = 0
+        if ref is not None and len(ref):
+            feats = self.features(
+                [torch.as_tensor(ref, dtype=torch.float32).reshape(-1).numpy()],
+                sampling_rate=self.features.sampling_rate,
+                return_tensors="pt",
+            )
+            prompt = {"input_values": feats["input_values"], "padding_mask": feats["padding_mask"]}
+            latents = -(-int(feats["padding_mask"].sum()) // self.hop)
+        bos, eos, pad = self.tokens
+        ids = self.tokenizer(
+            prompt_text(text, voice, latents, bos, eos, pad), add_special_tokens=False
+        )
+        prompt["input_ids"] = torch.tensor([ids.input_ids])
+        max_frames = int(merged["max_tokens"])
+        if max_frames < 1:
+            raise ValueError(f"vibevoice: max_tokens must be positive, got {max_frames}")
+        gen = None
+        if merged.get("seed") is not None:
+            gen = torch.Generator(device=self.device).manual_seed(int(merged["seed"]))
+        self.requests[request_id] = VibeVoiceRequest(request_id, merged, prompt, max_frames, gen)
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    def close(self) -> None:
+        self.requests.clear()
+
+    # ---- stepping --------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[EngineOutput]:
+        limit = max(1, self.ctx.max_num_seqs)
+        running = [r for r in self.requests.values() if r.prefilled][:limit]
+        new = [r for r in self.requests.values() if not r.prefilled][: max(0, limit - len(running))]
+        moved: list[tuple[VibeVoiceRequest, torch.Tensor | None]] = []
+        outputs: list[EngineOutput] = []
+        for req in new:
+            try:
+                self._prefill(req)
+            except Exception as err:  # one prompt fails alone
+                self.requests.pop(req.request_id, None)
+                outputs.append(
+                    EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}")
+                )
+                continue
+            moved.append((req, None))
+        if running:
+            consumed = [r.embed for r in running]
+            hidden, kvs = _step(
+                self.parts.language_model, [r.kv for r in running], torch.stack(consumed)
+            )
+            for req, h, kv, c in zip(running, hidden, kvs, consumed, strict=True):
+                req.kv, req.hidden = kv, h
+                moved.append((req, c))
+        if moved:
+            outputs.extend(self._advance(moved))
+        return outputs
+
+    def _prefill(self, req: VibeVoiceRequest) -> None:
+        inputs = {k: v.to(self.device) for k, v in req.prompt.items()}
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            if req.generator is not None:  # the clip's VAE sample draws from the global generator
+                torch.manual_seed(int(req.params["seed"]))
+            out = self.parts(**inputs, use_cache=True)
+        req.kv = [(x.keys, x.values) for x in out.past_key_values.layers]
+        req.hidden = out.last_hidden_state[0, -1]
+
+    def _advance(
+        self, moved: list[tuple[VibeVoiceRequest, torch.Tensor | None]]
+    ) -> list[EngineOutput]:
+        reqs = [r for r, _ in moved]
+        logits = self.model.lm_head(torch.stack([r.hidden for r in reqs])).float() + self.allowed
+        tokens = logits.argmax(dim=-1).tolist()
+        bos, _, audio, _ = self.ids
+        embed = self.parts.get_input_embeddings()
+        audio_rows = []
+        results: dict[str, tuple[dict[str, Any], bool]] = {}
+        for (req, consumed), token in zip(moved, tokens, strict=True):
+            req.tokens.append(token)
+            if token in self.stops:
+                results[req.request_id] = ({"finish_reason": "stop"}, True)
+                continue
+            if token == bos:
+                req.neg_kv = None  # a new audio segment: the guidance branch starts again
+            req.embed = embed(torch.tensor(token, device=self.device))
+            if token == audio:
+                neg_in = (
+                    consumed
+                    if consumed is not None
+                    else embed(torch.tensor(bos, device=self.device))
+                )
+                audio_rows.append((req, neg_in))
+            results[req.request_id] = ({}, False)
+        if audio_rows:
+            for req, latent in zip(
+                [r for r, _ in audio_rows], self._latents(audio_rows), strict=True
+            ):
+                results[req.request_id] = ({"latents": latent[None].float().cpu().numpy()}, False)
+        outputs = []
+        for req in reqs:
+            payload, done = results[req.request_id]
+            if not done and len(req.tokens) >= req.max_frames:
+                payload, done = {**payload, "finish_reason": "length"}, True
+            if done:
+                self.requests.pop(req.request_id, None)
+            if payload or done:
+                outputs.append(EngineOutput(req.request_id, payload, done))
+        return outputs
+
+    def _latents(self, rows: list[tuple[VibeVoiceRequest, torch.Tensor]]) -> list[torch.Tensor]:
+        """Guidance branch, diffusion, codec feedback for the requests making audio; their decoder-space latents."""
+        reqs = [r for r, _ in rows]
+        kvs = [r.neg_kv or [] for r in reqs]
+        neg_hidden, neg_kvs = _step(
+            self.parts.language_model, kvs, torch.stack([e for _, e in rows])
+        )
+        for req, kv in zip(reqs, neg_kvs, strict=True):
+            req.neg_kv = kv
+        pos = torch.stack([r.hidden for r in reqs])
+        scale = torch.tensor(
+            [float(r.params.get("guidance_scale") or 1.0) for r in reqs], device=self.device
+        )
+        noise = [self._noise(r) for r in reqs]
+        latents = self._denoise(
+            torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype)
+        )
+        parts = self.parts
+        scaled = latents / parts.latent_scaling_factor - parts.latent_bias_factor
+        acoustic = parts.multi_modal_projector(latents[:, None])  # [n, 1, hidden]
+        out = []
+        for i, req in enumerate(reqs):
+            audio = parts.audio_tower.decode(
+                scaled[i : i + 1, None], padding_cache=req.acoustic_cache, use_cache=True
+            )
+            req.acoustic_cache = audio.padding_cache
+            sem = parts.semantic_tokenizer_encoder(
+                audio.audio, padding_cache=req.semantic_cache, use_cache=True
+            )
+            req.semantic_cache = sem.padding_cache
+            req.embed = (acoustic[i] + parts.semantic_connector(sem.latents[0]))[0]
+            req.frames += 1
+            out.append(scaled[i])
+        return out
+
+    def _noise(self, req: VibeVoiceRequest) -> torch.Tensor:
+        """A latent's starting noise: from the request's generator, else as `generate` draws it for a
+        batch of one (two rows from the global generator, the first used)."""
+        if req.generator is not None:
+            return torch.randn(self.latent, generator=req.generator, device=self.device)
+        return torch.randn(2, self.latent)[0].to(self.device)
+
+    def _denoise(
+        self, x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, scale: torch.Tensor
+    ) -> torch.Tensor:
+        head, sched = self.parts.diffusion_head, self.scheduler
+        condition = torch.cat([pos, neg])
+        sched.set_timesteps(num_inference_steps=self.steps)
+        for t in sched.timesteps:
+            eps = head(torch.cat([x, x]), t.repeat(2 * x.shape[0]).to(x), condition=condition)
+            cond, uncond = eps.chunk(2)
+            x = sched.step(uncond + scale * (cond - uncond), t, x).prev_sample
+        return x
+
+
+def _step(lm: Any, kvs: list[list[tuple[torch.Tensor, torch.Tensor]]], embeds: torch.Tensor):
+    """One position for rows with their own KV (left-padded and stacked); their last states and new KV."""
+    from transformers import DynamicCache
+
+    lengths = [kv[0][0].shape[2] if kv else 0 for kv in kvs]
+    longest = max(lengths)
+    cache = DynamicCache()
+    if longest:
+        ref = next(kv for kv in kvs if kv)
+        for layer in range(len(ref)):
+            keys = torch.cat(
+                [_left(kv[layer][0] if kv else None, ref[layer][0], longest) for kv in kvs]
+            )
+            values = torch.cat(
+                [_left(kv[layer][1] if kv else None, ref[layer][1], longest) for kv in kvs]
+            )
+            cache.update(keys, values, layer)
+    rows = len(kvs)
+    mask = torch.zeros(rows, longest + 1, dtype=torch.long, device=embeds.device)
+    for row, n in enumerate(lengths):
+        mask[row, longest - n :] = 1
+    pos = torch.tensor(lengths, device=embeds.device)[:, None]
+    out = lm(inputs_embeds=embeds[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
+             use_cache=True)  # fmt: skip
+    new = [
+        [(x.keys[r : r + 1, :, longest - n :].clone(), x.values[r : r + 1, :, longest - n :].clone())
+         for x in cache.layers]
+        for r, n in enumerate(lengths)
+    ]  # fmt: skip
+    return out.last_hidden_state[:, -1], new
+
+
+def _left(x: torch.Tensor | None, like: torch.Tensor, length: int) -> torch.Tensor:
+    if x is None:
+        return like.new_zeros(1, like.shape[1], length, like.shape[3])
+    pad = length - x.shape[2]
+    if pad == 0:
+        return x
+    return torch.cat([x.new_zeros(x.shape[0], x.shape[1], pad, x.shape[3]), x], dim=2)
