@@ -32,6 +32,11 @@ from omni_actors.bus.shm import Arena, SegmentCache
 INLINE_MAX_BYTES = 64 * 1024
 """Arrays up to this size are sent inside the message instead of shared memory."""
 
+FRAME_CHUNK_BYTES = 1 << 20
+"""An array sent as frames is cut into frames of at most this size. CURVE encrypts each frame
+through two scratch buffers of its size on one I/O thread; at this size they stay in cache (one
+64 MiB frame ran at half the speed: docs/benchmarks.md, "Cluster bus")."""
+
 _TORCH = "torch:"
 NESTED_KEY = "__omni_array__"
 """Placeholder key for an array that was nested inside a list or dict."""
@@ -237,12 +242,23 @@ def _wire_payload(p: Payload, frames: list[Any], frames_peer: bool, segments: Se
             data = segments.view(ref.segment, ref.offset, ref.nbytes)
         else:
             continue
-        frames.append(data)
+        first = len(frames) + 1
+        chunks = _chunks(data)
+        frames.extend(chunks)
         if arrays is None:
             arrays = dict(p.arrays)
         arrays[key] = ArrayRef(dtype=ref.dtype, shape=ref.shape, nbytes=_nbytes(data), lease=ref.lease,
-                               producer=ref.producer, frame=len(frames))
+                               producer=ref.producer, frame=first, frames=len(chunks) if len(chunks) > 1 else 0)
     return p if arrays is None else Payload(data=p.data, arrays=arrays)
+
+
+def _chunks(data: Any) -> list[Any]:
+    """`data` as views of at most FRAME_CHUNK_BYTES each (no copy)."""
+    n = _nbytes(data)
+    if n <= FRAME_CHUNK_BYTES:
+        return [data]
+    view = memoryview(data).cast("B")
+    return [view[i : i + FRAME_CHUNK_BYTES] for i in range(0, n, FRAME_CHUNK_BYTES)]
 
 
 def attach_frames(msgs: list[m.Message], frames: list[memoryview]) -> None:
@@ -257,6 +273,22 @@ def attach_frames(msgs: list[m.Message], frames: list[memoryview]) -> None:
         for p in payloads:
             for ref in p.arrays.values():
                 if ref.frame:
-                    if not 0 < ref.frame <= len(frames) or _nbytes(frames[ref.frame - 1]) != ref.nbytes:
-                        raise ValueError(f"array names frame {ref.frame} of {len(frames)}")
-                    ref.inline, ref.frame = frames[ref.frame - 1], 0
+                    ref.inline = _joined(frames, ref.frame, max(ref.frames, 1), ref.nbytes)
+                    ref.frame = ref.frames = 0
+
+
+def _joined(frames: list[memoryview], first: int, count: int, nbytes: int) -> Any:
+    """The array in frames first..first+count-1 (1-based): the frame itself, or the chunks joined
+    (one copy: an array is contiguous). ValueError: they are not there or their sizes differ."""
+    parts = frames[first - 1 : first - 1 + count]
+    if first < 1 or len(parts) != count or sum(_nbytes(f) for f in parts) != nbytes:
+        raise ValueError(f"array names frames {first}..{first + count - 1} of {len(frames)} ({nbytes} bytes)")
+    if count == 1:
+        return parts[0]
+    out = np.empty(nbytes, np.uint8)  # (numpy asks for huge pages: ~5x fewer page faults than bytes.join)
+    pos = 0
+    for part in parts:
+        n = _nbytes(part)
+        out[pos : pos + n] = np.frombuffer(part, np.uint8)
+        pos += n
+    return memoryview(out).toreadonly()  # read-only, like a received frame

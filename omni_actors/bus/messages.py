@@ -38,7 +38,8 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     shared-memory arena at (`segment`, `offset`) under `lease`, owned by
     `producer` until released. To and from a worker that does not share the
     orchestrator's memory (another node), a large array travels as message
-    frame number `frame` (1-based, after the body; bus.codec.to_wire / attach_frames).
+    frame number `frame` (1-based, after the body; bus.codec.to_wire / attach_frames), or as
+    `frames` consecutive frames from there when it is larger than one frame (codec.FRAME_CHUNK_BYTES).
     Between stages on one GPU a CUDA tensor travels as `cuda`, an IPC handle (leased).
     """
 
@@ -52,6 +53,8 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     producer: str = ""
     frame: int = 0
     cuda: CudaIpcRef | None = None
+    frames: int = 0
+    """How many frames the array spans from `frame` (0: one)."""
 
 
 class Payload(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
