@@ -13,7 +13,9 @@ shared memory) also reads leased arrays out of shared memory into frames.
 `attach_frames` puts received frames back under their refs.
 
 With `cuda_ipc` (stages that share one GPU) a CUDA tensor is not copied to the
-host at all: it travels as an IPC handle under a lease (bus.cuda_ipc).
+host at all: it travels as an IPC handle under a lease (bus.cuda_ipc). A tensor
+that came by its allocation's handle gives its lease back when it ends
+(`cuda_released`), not when its message is read (`leases_released_on_receipt`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from msgspec.structs import replace as msgspec_replace
 
 from omni_actors.bus import messages as m
-from omni_actors.bus.cuda_ipc import CudaLeases, open_tensor, share
+from omni_actors.bus.cuda_ipc import CudaExporter, CudaImporter, CudaLeases, open_tensor, share
 from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
 from omni_actors.bus.shm import Arena, SegmentCache
 
@@ -74,6 +76,37 @@ class PayloadCodec:
         self.arena = arena
         self.segments = segments
         self.cuda = CudaLeases() if cuda_ipc else None
+        self.cuda_export = CudaExporter() if cuda_ipc else None
+        """None: CUDA tensors go by torch's reduction only."""
+        self._cuda_import: CudaImporter | None = None
+
+    @property
+    def cuda_import(self) -> CudaImporter:
+        if self._cuda_import is None:
+            self._cuda_import = CudaImporter()
+        return self._cuda_import
+
+    def cuda_released(self) -> list[LeaseId]:
+        """Leases of received CUDA tensors that have ended (to give back in a Release)."""
+        return self._cuda_import.released() if self._cuda_import is not None else []
+
+    def cuda_trim(self) -> None:
+        if self._cuda_import is not None:
+            self._cuda_import.trim()
+
+    def cuda_next_trim_s(self, now: float) -> float | None:
+        return self._cuda_import.next_trim_s(now) if self._cuda_import is not None else None
+
+    @property
+    def cuda_pending(self) -> bool:
+        """Received CUDA tensors have ended whose leases have not gone back yet."""
+        return self._cuda_import is not None and bool(self._cuda_import.done)
+
+    def close(self) -> None:
+        if self._cuda_import is not None:
+            self._cuda_import.close()
+        if self.cuda is not None:
+            self.cuda.close()
 
     def free(self, leases: list[int]) -> None:
         """The producer side of FreeLeases: arena leases are positive, CUDA ones negative."""
@@ -106,6 +139,10 @@ class PayloadCodec:
             return self._encode_array(np.ascontiguousarray(value), value.dtype.str)
         if self.cuda is not None and value.device.type == "cuda":
             t = value.detach()
+            seg = self.cuda_export.share(t) if self.cuda_export is not None else None
+            if seg is not None:
+                return ArrayRef(dtype=_TORCH + "cuda", shape=tuple(t.shape), cuda_segment=seg,
+                                lease=self.cuda.hold(t), producer=self.producer)
             return ArrayRef(dtype=_TORCH + "cuda", shape=tuple(t.shape), cuda=share(t),
                             lease=self.cuda.hold(t), producer=self.producer)
         arr, dtype = _torch_to_numpy(value)
@@ -152,6 +189,9 @@ class PayloadCodec:
         return out
 
     def decode_array(self, ref: ArrayRef, copy: bool = False) -> Any:
+        if ref.cuda_segment is not None:
+            lease = LeaseId(ref.producer, ref.lease) if ref.lease else None
+            return self.cuda_import.open(ref.cuda_segment, ref.shape, lease)
         if ref.cuda is not None:
             return open_tensor(ref.cuda, ref.shape)
         if ref.dtype == _TORCH + "bfloat16":
@@ -188,6 +228,12 @@ def _restore(value: Any, nested: dict[str, Any]) -> Any:
 
 def leases_of(payload: Payload) -> list[LeaseId]:
     return [LeaseId(r.producer, r.lease) for r in payload.arrays.values() if r.lease]
+
+
+def leases_released_on_receipt(payload: Payload) -> list[LeaseId]:
+    """The leases a consumer gives back once it has decoded the payload: all but those of CUDA
+    tensors sent by allocation handle, which go back when the tensors end (`cuda_released`)."""
+    return [LeaseId(r.producer, r.lease) for r in payload.arrays.values() if r.lease and r.cuda_segment is None]
 
 
 # ---- the per-peer array path -------------------------------------------------------

@@ -11,7 +11,14 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from omni_actors.bus import messages as m
-from omni_actors.bus.codec import FRAME_CHUNK_BYTES, INLINE_MAX_BYTES, PayloadCodec, attach_frames, leases_of, to_wire
+from omni_actors.bus.codec import (
+    FRAME_CHUNK_BYTES,
+    INLINE_MAX_BYTES,
+    PayloadCodec,
+    attach_frames,
+    leases_of,
+    to_wire,
+)
 from omni_actors.bus.shm import Arena, SegmentCache
 from omni_actors.bus.sockets import AsyncRouter, BusAuth, WorkerSocket
 from tests.conftest import shm_files
@@ -116,6 +123,7 @@ def test_an_array_larger_than_a_frame_crosses_in_chunks_and_is_reassembled_exact
         assert all(np.shares_memory(np.frombuffer(f, np.uint8), up) for f in frames)
         remote.send([m.StageOutput("r", 0, out)])
         ident, msg = bus.receive()
+        assert ident == b"s0r0g0" and isinstance(msg, m.StageOutput)
         got = orch.decode(msg.payload)
         np.testing.assert_array_equal(got["up"], up)
         assert got["up"].dtype == up.dtype and not got["up"].flags.writeable  # like a single received frame
@@ -144,7 +152,7 @@ def test_frames_that_do_not_add_up_to_the_array_are_refused() -> None:
     big = np.arange(FRAME_CHUNK_BYTES // 2, dtype=np.int32)  # two frames
     wire, frames = to_wire([m.StageOutput("r", 0, PayloadCodec("p", None, SegmentCache()).encode({"x": big}))])
     for bad in (frames[:1], [frames[0], frames[1][:-4]]):
-        with pytest.raises(ValueError, match="frames 1..2"):
+        with pytest.raises(ValueError, match=r"frames 1\.\.2"):
             attach_frames([m.decode(m.encode(wire[0]))], list(bad))
     good = [m.decode(m.encode(wire[0]))]
     attach_frames(good, [memoryview(bytes(f)) for f in frames])
