@@ -13,6 +13,7 @@ from typing import Any
 
 IPC_HANDLE_BYTES = 64
 _LAZY_ENABLE_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+_POINTER_ATTRIBUTE_BUFFER_ID = 7  # CU_POINTER_ATTRIBUTE_BUFFER_ID
 
 
 class CudaDriverError(RuntimeError):
@@ -24,7 +25,7 @@ class _IpcHandle(ctypes.Structure):
 
 
 class Driver:
-    """cuMemGetAddressRange, cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle."""
+    """cuMemGetAddressRange, cuPointerGetAttribute, cuIpc{Get,Open,Close}MemHandle."""
 
     def __init__(self) -> None:
         try:
@@ -33,6 +34,7 @@ class Driver:
             raise CudaDriverError(f"libcuda.so.1 not loadable: {err}") from err
         u64, ptr = ctypes.c_uint64, ctypes.POINTER
         self._range = _fn(lib, ("cuMemGetAddressRange_v2",), [ptr(u64), ptr(ctypes.c_size_t), u64])
+        self._attr = _fn(lib, ("cuPointerGetAttribute",), [ctypes.c_void_p, ctypes.c_int, u64])
         self._get = _fn(lib, ("cuIpcGetMemHandle",), [ptr(_IpcHandle), u64])
         self._open = _fn(lib, ("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"), [ptr(u64), _IpcHandle, ctypes.c_uint])
         self._close = _fn(lib, ("cuIpcCloseMemHandle",), [u64])
@@ -57,6 +59,13 @@ class Driver:
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
         self._check("cuMemGetAddressRange", self._range(ctypes.byref(base), ctypes.byref(size), ptr))
         return int(base.value), int(size.value)
+
+    def buffer_id(self, ptr: int) -> int:
+        """The process-wide unique id of the allocation holding ptr (never given to another allocation)."""
+        value = ctypes.c_ulonglong()
+        self._check("cuPointerGetAttribute(BUFFER_ID)",
+                    self._attr(ctypes.byref(value), _POINTER_ATTRIBUTE_BUFFER_ID, ptr))
+        return int(value.value)
 
     def ipc_handle(self, base: int) -> bytes:
         """The IPC handle of the allocation starting at base (the same bytes for as long as it lives)."""

@@ -5,7 +5,7 @@ stays alive, so its memory is not reused) until the consumer gives it back.
 
 Allocation handles (the fast path, `CudaExporter` / `CudaImporter`). The
 producer sends the IPC handle of the allocation (caching-allocator segment)
-that holds the tensor, the tensor's byte offset in it, and an IPC event from a
+that holds the tensor with the allocation's never-reused id, the tensor's byte offset in it, and an IPC event from a
 small ring, recorded on its stream after the tensor was written. A handle
 names an allocation for as long as it lives, and the caching allocator reuses
 its blocks, so handles repeat: the consumer maps each allocation once
@@ -50,6 +50,8 @@ MAPPING_IDLE_S = 30.0
 """An allocation no tensor has used for this long is unmapped (its producer may have freed it)."""
 EVENTS_MAX = 1024
 """Opened producer events a consumer keeps."""
+HANDLES_MAX = 1024
+"""Allocation handles a producer remembers (by allocation id)."""
 
 _TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8", 16: "<c16"}
 """A tensor is wrapped as integers of its element size, then viewed as its dtype (any dtype fits)."""
@@ -64,6 +66,8 @@ class CudaExporter:
     def __init__(self) -> None:
         self._ring: dict[int, list[tuple[Any, bytes]]] = {}
         self._recorded: dict[int, int] = {}
+        self._handles: dict[int, bytes] = {}
+        """IPC handles by allocation id (an id is never reused, so neither is a stale handle)."""
         self.unavailable: str | None = None
         """Why the fast path is off in this process (the first driver failure), or None."""
 
@@ -79,7 +83,12 @@ class CudaExporter:
             d = driver()
             with torch.cuda.device(device):
                 base, size = d.allocation(ptr)
-                handle = d.ipc_handle(base)
+                buffer = d.buffer_id(ptr)
+                handle = self._handles.get(buffer)
+                if handle is None:
+                    if len(self._handles) >= HANDLES_MAX:
+                        self._handles.clear()
+                    handle = self._handles[buffer] = d.ipc_handle(base)
         except CudaDriverError as err:
             self.unavailable = str(err)
             log.warning("cuda_ipc.segment_path_off", error=self.unavailable)
@@ -89,8 +98,8 @@ class CudaExporter:
         end = ptr - base + (last + 1) * tensor.element_size()
         if end > size:  # (not one allocation: never seen from the caching allocator, but never send it)
             return None
-        return CudaSegmentRef(device=device, handle=handle, offset=ptr - base, stride=stride, dtype=dtype,
-                              event=self._record(device))
+        return CudaSegmentRef(device=device, handle=handle, buffer=buffer, offset=ptr - base, stride=stride,
+                              dtype=dtype, event=self._record(device))
 
     def _record(self, device: int) -> bytes:
         """Record the ring's next event on the device's current stream; its IPC handle."""
@@ -138,7 +147,8 @@ class CudaImporter:
     """The consumer's side: allocations mapped once, events opened once; tensors on that memory."""
 
     def __init__(self) -> None:
-        self._maps: OrderedDict[bytes, _Mapping] = OrderedDict()
+        self._maps: OrderedDict[tuple[bytes, int], _Mapping] = OrderedDict()
+        """By (handle, allocation id), least recently used first."""
         self._events: OrderedDict[bytes, Any] = OrderedDict()
         self.done: deque[tuple[LeaseId, int]] = deque()
         """Leases whose tensors have ended, with their device (appended by _View.__del__)."""
@@ -148,14 +158,15 @@ class CudaImporter:
     def open(self, ref: CudaSegmentRef, shape: tuple[int, ...], lease: LeaseId | None) -> Any:
         import torch
 
-        mapping = self._maps.pop(ref.handle, None)
+        key = (ref.handle, ref.buffer)
+        mapping = self._maps.pop(key, None)
         if mapping is None:
             mapping = _Mapping(self._map(ref), ref.device)
             self.opens += 1
         else:
             self.reuses += 1
         mapping.used = time.monotonic()
-        self._maps[ref.handle] = mapping  # most recently used last
+        self._maps[key] = mapping  # most recently used last
         self._evict()
         stream = torch.cuda.current_stream(ref.device)
         stream.wait_event(self._event(ref))
@@ -169,11 +180,22 @@ class CudaImporter:
     def _map(self, ref: CudaSegmentRef) -> int:
         import torch
 
+        torch.cuda.init()  # (the driver too: cuInit)
         d = driver()
         with torch.cuda.device(ref.device):
             if not d.has_context():
                 torch.cuda.synchronize(ref.device)  # (makes the device's primary context current here)
-            return d.open(ref.handle)
+            try:
+                return d.open(ref.handle)
+            except CudaDriverError:
+                # The same handle bytes still mapped for a gone allocation (were they ever reused):
+                # unmap that one if nothing uses it, and try once more.
+                stale = [k for k, mp in self._maps.items() if k[0] == ref.handle and mp.live == 0]
+                if not stale:
+                    raise
+                for k in stale:
+                    self._close(self._maps.pop(k))
+                return d.open(ref.handle)
 
     def _event(self, ref: CudaSegmentRef) -> Any:
         import torch

@@ -41,6 +41,9 @@ class CudaSegmentRef(msgspec.Struct, array_like=True, gc=False):
     device: int
     handle: bytes
     """The allocation's cudaIpcMemHandle."""
+    buffer: int
+    """The allocation's id in the producer (CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused), so a
+    consumer never takes a mapping it keeps for a later allocation."""
     offset: int
     """Bytes from the allocation's base to the tensor's first element."""
     stride: tuple[int, ...]

@@ -44,7 +44,7 @@ def test_the_descriptor_crosses_the_bus_as_msgpack_and_carries_a_lease() -> None
     assert m.decode(m.encode(m.Feed("r", 0, m.Payload(arrays={"a": plain})))).payload.arrays["a"].cuda is None
 
 
-SEGMENT = m.CudaSegmentRef(device=0, handle=b"\x03" * 64, offset=1 << 21, stride=(4096, 1), dtype="bfloat16",
+SEGMENT = m.CudaSegmentRef(device=0, handle=b"\x03" * 64, buffer=17, offset=1 << 21, stride=(4096, 1), dtype="bfloat16",
                            event=b"\x04" * 64)
 
 
