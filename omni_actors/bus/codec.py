@@ -30,6 +30,7 @@ from omni_actors.bus import messages as m
 from omni_actors.bus.cuda_ipc import CudaExporter, CudaImporter, CudaLeases, open_tensor, share
 from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
 from omni_actors.bus.shm import Arena, SegmentCache
+from omni_actors.settings import SETTINGS
 
 INLINE_MAX_BYTES = 64 * 1024
 """Arrays up to this size are sent inside the message instead of shared memory."""
@@ -76,8 +77,8 @@ class PayloadCodec:
         self.arena = arena
         self.segments = segments
         self.cuda = CudaLeases() if cuda_ipc else None
-        self.cuda_export = CudaExporter() if cuda_ipc else None
-        """None: CUDA tensors go by torch's reduction only."""
+        self.cuda_export = CudaExporter() if cuda_ipc and SETTINGS.cuda_ipc_path == "allocation" else None
+        """None: CUDA tensors go by torch's reduction only (OMNI_CUDA_IPC=torch)."""
         self._cuda_import: CudaImporter | None = None
 
     @property

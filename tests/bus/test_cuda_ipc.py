@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -83,6 +84,17 @@ def test_without_a_cuda_driver_the_handle_path_says_so() -> None:
         assert "libcuda.so.1" in str(err)
     else:
         pytest.skip("libcuda loads here")
+
+
+def test_omni_cuda_ipc_picks_the_path_and_refuses_anything_else() -> None:
+    probe = ("from omni_actors.bus.codec import PayloadCodec; from omni_actors.bus.shm import SegmentCache; "
+             "print(PayloadCodec('p', None, SegmentCache(), cuda_ipc=True).cuda_export is None)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    runs = {v: subprocess.run([sys.executable, "-c", probe], env={**env, "OMNI_CUDA_IPC": v},
+                              capture_output=True, text=True, timeout=60) for v in ("", "torch", "handles")}
+    assert runs[""].stdout.strip() == "False"  # (default: the allocation handle, torch's where it cannot)
+    assert runs["torch"].stdout.strip() == "True"
+    assert runs["handles"].returncode != 0 and "OMNI_CUDA_IPC: expected one of" in runs["handles"].stderr
 
 
 def test_cuda_and_shared_memory_leases_of_one_producer_are_freed_apart() -> None:
