@@ -35,10 +35,11 @@ from omni_actors.settings import SETTINGS
 INLINE_MAX_BYTES = 64 * 1024
 """Arrays up to this size are sent inside the message instead of shared memory."""
 
-FRAME_CHUNK_BYTES = 1 << 20
+FRAME_CHUNK_BYTES = 256 * 1024
 """An array sent as frames is cut into frames of at most this size. CURVE encrypts each frame
-through two scratch buffers of its size on one I/O thread; at this size they stay in cache (one
-64 MiB frame ran at half the speed: docs/benchmarks.md, "Cluster bus")."""
+through two scratch buffers of its size on one I/O thread; at this size the frame, its buffers and
+the result stay in a core's cache (one 64 MiB frame ran at half the speed, 1 MiB frames at ~2/3 of
+this size's: docs/benchmarks.md, "Cluster bus")."""
 
 _TORCH = "torch:"
 NESTED_KEY = "__omni_array__"
