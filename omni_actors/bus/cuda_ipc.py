@@ -14,7 +14,9 @@ its blocks, so handles repeat: the consumer maps each allocation once
 wait on the event and wraps the memory as a tensor. A tensor made this way
 gives its lease back when it ends (not when the message is read): the consumer
 synchronizes its stream, so its own reads are done, and the lease leaves with
-the next Release (`cuda_released`). A producer that frees an allocation which a
+the next Release (`cuda_released`). The orchestrator still frees every lease of a
+request that ends, so a consumer that keeps such a tensor past its request must
+clone it (torch's path pinned the block instead). A producer that frees an allocation which a
 consumer still maps leaves that memory to the consumer's mapping until it is
 unmapped (evicted, idle, or the consumer exits); a new allocation has a new
 handle, so a stale mapping is never read.
