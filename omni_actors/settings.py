@@ -12,6 +12,7 @@ from omni_actors.bus.shm import SHM_IDLE_S
 from omni_actors.errors import ConfigError
 
 PLATFORMS = ("cpu", "cuda")
+CUDA_IPC_PATHS = ("allocation", "torch")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Settings:
     1 Hz would otherwise resample to 16,000 times its sample count."""
     input_audio_max_rate_hz: int = 192_000
     """Highest client audio sample rate accepted (OMNI_INPUT_AUDIO_MAX_RATE_HZ)."""
+    cuda_ipc_path: str = "allocation"
+    """How CUDA tensors cross between stages on one GPU (OMNI_CUDA_IPC): "allocation" (the
+    allocation's IPC handle, mapped once; torch's reduction where it cannot) or "torch" (torch's
+    per-tensor reduction only)."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float, kind: type = float):
@@ -62,7 +67,16 @@ def _read() -> Settings:
         max_input_audio_s=_number(env, "OMNI_MAX_INPUT_AUDIO_S", 3600.0),
         input_audio_min_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MIN_RATE_HZ", 8000, int),
         input_audio_max_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MAX_RATE_HZ", 192_000, int),
+        cuda_ipc_path=_choice(env, "OMNI_CUDA_IPC", CUDA_IPC_PATHS),
     )
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` from the environment, the first when unset."""
+    raw = env.get(name) or choices[0]
+    if raw not in choices:
+        raise ConfigError(f"{name}: expected one of {list(choices)}, got {raw!r}")
+    return raw
 
 
 

@@ -2,18 +2,24 @@
 
 Two real processes (this script started twice more, as `--role producer` and
 `--role consumer`) talk over a ZeroMQ ipc PAIR socket with the bus's own
-messages and codec. Each round the producer makes a fresh tensor, encodes it
-with `PayloadCodec(cuda_ipc=True)` (an IPC handle under a lease, no host copy)
-and sends a Feed; the consumer decodes it (maps the allocation), synchronizes
-and answers with a Release, which frees the producer's lease. Handoff time is
-the producer's send stamp to the consumer's mapped-and-synced stamp
+messages and codec. Each round the producer makes a fresh tensor (the caching
+allocator hands back the block the last round freed, as in a stage that steps),
+encodes it with `PayloadCodec(cuda_ipc=True)` and sends a Feed; the consumer
+decodes it, synchronizes its stream and answers with a Release once the tensor
+has ended, which frees the producer's lease. Handoff time is the producer's
+send stamp (taken before encoding) to the consumer's decoded-and-synced stamp
 (CLOCK_MONOTONIC, shared by both processes).
+
+Paths, same run: "segment" (the allocation's handle, mapped once by the
+consumer, an IPC event per handoff: bus.cuda_ipc's fast path) and "torch"
+(torch's per-storage reduction: open and close per handoff; run first, so the
+two never map one allocation in the consumer at once). "message": the same Feed
+without the tensor, what the bus itself costs per handoff.
 
 Baseline, same run, in the producer: `dst.copy_(src)` of the same tensor on the
 same device (device-to-device copy), synchronized. Target: handoff speed >= 0.5x
-the copy's (`speed_vs_d2d_copy` = copy time / handoff time).
-
-The first round checks the bytes (the consumer's checksum equals the producer's).
+the copy's (`speed_vs_d2d_copy` = copy p50 / segment handoff p50; the message-less
+ratio is reported beside it). Every round checks the bytes (checksum on both sides).
 
     .venv/bin/python scripts/bench_cuda_ipc.py [--mib 64] [--rounds 50]
 
@@ -35,11 +41,12 @@ import msgspec
 import zmq
 
 from omni_actors.bus import messages as m
-from omni_actors.bus.codec import PayloadCodec, leases_of
+from omni_actors.bus.codec import PayloadCodec, leases_released_on_receipt
 from omni_actors.bus.shm import SegmentCache
 
 EXIT_TIMEOUT_S = 60.0
 RECV_TIMEOUT_MS = 60_000
+PATHS = ("torch", "segment")
 
 
 def _sock(endpoint: str, bind: bool) -> tuple[zmq.Context, zmq.Socket]:
@@ -51,33 +58,46 @@ def _sock(endpoint: str, bind: bool) -> tuple[zmq.Context, zmq.Socket]:
     return ctx, sock
 
 
+def _checksum(t: object) -> float:
+    return float(t.float().sum().item())  # type: ignore[attr-defined]
+
+
 def producer(endpoint: str, mib: int, rounds: int) -> None:
     import torch
 
     torch.manual_seed(0)
     ctx, sock = _sock(endpoint, bind=False)
-    codec = PayloadCodec("producer", None, SegmentCache(), cuda_ipc=True)
+    codecs = {path: PayloadCodec("producer", None, SegmentCache(), cuda_ipc=True) for path in PATHS}
+    codecs["torch"].cuda_export = None  # torch's reduction only
     n = mib * (1 << 20) // 2
-    copies = []
-    for i in range(rounds):
-        src = torch.randn(n, device="cuda", dtype=torch.float32).to(torch.bfloat16)
-        checksum = float(src.float().sum().item()) if i == 0 else 0.0
-        dst = torch.empty_like(src)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        copies.append(time.perf_counter() - t0)
-        del dst
-        sent = time.perf_counter()
-        payload = codec.encode({"x": src, "sent": sent, "checksum": checksum})
-        sock.send(m.encode(m.Feed("bench", 0, payload)))
-        reply = m.decode(sock.recv())
-        assert isinstance(reply, m.Release)
-        codec.free([ref.lease for ref in reply.leases])
-        del src
-    assert codec.leased == 0
-    sock.send(msgspec.json.encode({"copy_s": copies}))
+    copies: list[float] = []
+    for path in PATHS:
+        codec = codecs[path]
+        for _ in range(rounds):
+            src = torch.randn(n, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+            checksum = _checksum(src)
+            if path == PATHS[0]:
+                dst = torch.empty_like(src)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                torch.cuda.synchronize()
+                copies.append(time.perf_counter() - t0)
+                del dst
+            torch.cuda.synchronize()
+            sent = time.perf_counter()
+            payload = codec.encode({"x": src, "sent": sent, "checksum": checksum, "path": path})
+            sock.send(m.encode(m.Feed("bench", 0, payload)))
+            reply = m.decode(sock.recv())
+            assert isinstance(reply, m.Release)
+            codec.free([ref.lease for ref in reply.leases])
+            del src
+            sent = time.perf_counter()
+            sock.send(m.encode(m.Feed("bench", 0, m.Payload(data={"sent": sent, "path": "message"}))))
+            assert isinstance(m.decode(sock.recv()), m.Release)
+        assert codec.leased == 0, f"{path}: {codec.leased} leases never came back"
+    exporter = codecs["segment"].cuda_export
+    sock.send(msgspec.json.encode({"copy_s": copies, "segment_path_off": exporter.unavailable if exporter else None}))
     sock.close(0)
     ctx.term()
 
@@ -88,23 +108,46 @@ def consumer(endpoint: str, rounds: int) -> None:
     torch.cuda.init()
     ctx, sock = _sock(endpoint, bind=True)
     codec = PayloadCodec("consumer", None, SegmentCache())
-    times, ok = [], True
-    for i in range(rounds):
+    times: dict[str, list[float]] = {"torch": [], "segment": [], "message": []}
+    paths_seen: dict[str, set[str]] = {"torch": set(), "segment": set()}
+    bad = 0
+    for _ in range(2 * len(PATHS) * rounds):
         msg = m.decode(sock.recv())
         assert isinstance(msg, m.Feed)
         data = codec.decode(msg.payload)
+        path = data["path"]
+        if path == "message":
+            times[path].append(time.perf_counter() - data["sent"])
+            sock.send(m.encode(m.Release([])))
+            continue
         x = data["x"]
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - data["sent"])
-        assert x.is_cuda and x.dtype == torch.bfloat16
-        if i == 0:
-            ok = abs(float(x.float().sum().item()) - data["checksum"]) < 1e-3 * max(1.0, abs(data["checksum"]))
+        torch.cuda.current_stream().synchronize()
+        times[path].append(time.perf_counter() - data["sent"])
+        ref = msg.payload.arrays["x"]
+        paths_seen[path].add("segment" if ref.cuda_segment else "torch" if ref.cuda else "host")
+        if not (x.is_cuda and x.dtype == torch.bfloat16) or abs(_checksum(x) - data["checksum"]) > 1e-3 * max(
+            1.0, abs(data["checksum"])
+        ):
+            bad += 1
         del x, data
-        sock.send(m.encode(m.Release(leases_of(msg.payload))))
+        if path == "segment" and len(times[path]) == rounds:
+            codec.cuda_import.close()  # (nothing mapped is left behind)
+        released = leases_released_on_receipt(msg.payload) + codec.cuda_released()
+        sock.send(m.encode(m.Release(released)))
     result = msgspec.json.decode(sock.recv())
-    print(json.dumps({"handoff_s": times, "copy_s": result["copy_s"], "equal": ok}), flush=True)
+    imp = codec.cuda_import
+    print(json.dumps({
+        "times": times, "copy_s": result["copy_s"], "bad_rounds": bad, "segment_path_off": result["segment_path_off"],
+        "paths_seen": {k: sorted(v) for k, v in paths_seen.items()}, "opens": imp.opens, "reuses": imp.reuses,
+        "mapped_after": imp.mapped,
+    }), flush=True)
+    codec.close()
     sock.close(0)
     ctx.term()
+
+
+def _p50(xs: list[float]) -> float:
+    return statistics.median(xs[1:] or xs)  # the first round warms up
 
 
 def main() -> int:
@@ -123,22 +166,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="omni-ipc-") as tmp:
         endpoint = f"ipc://{tmp}/bench.sock"
         me = [sys.executable, os.path.abspath(__file__), "--endpoint", endpoint]
-        cons = subprocess.Popen([*me, "--role", "consumer", "--rounds", str(a.rounds)], stdout=subprocess.PIPE, text=True)
+        cons = subprocess.Popen([*me, "--role", "consumer", "--rounds", str(a.rounds)],
+                                stdout=subprocess.PIPE, text=True)
         prod = subprocess.Popen([*me, "--role", "producer", "--mib", str(a.mib), "--rounds", str(a.rounds)])
-        out, _ = cons.communicate(timeout=EXIT_TIMEOUT_S + a.rounds)
+        out, _ = cons.communicate(timeout=EXIT_TIMEOUT_S + 2 * a.rounds)
         prod.wait(EXIT_TIMEOUT_S)
         if cons.returncode or prod.returncode:
             print(json.dumps({"error": f"consumer exit {cons.returncode}, producer exit {prod.returncode}"}))
             return 1
     r = json.loads(out.strip().splitlines()[-1])
-    hand, copy = r["handoff_s"][1:] or r["handoff_s"], r["copy_s"][1:] or r["copy_s"]  # round 0 warms up
-    p50_hand, p50_copy = statistics.median(hand), statistics.median(copy)
+    t = r["times"]
+    seg, tor, msg, copy = _p50(t["segment"]), _p50(t["torch"]), _p50(t["message"]), _p50(r["copy_s"])
     print(json.dumps({
-        "bench": "cuda_ipc", "mib": a.mib, "rounds": a.rounds, "equal": r["equal"],
-        "handoff_first_ms": round(r["handoff_s"][0] * 1e3, 3),
-        "handoff_p50_ms": round(p50_hand * 1e3, 3), "d2d_copy_p50_ms": round(p50_copy * 1e3, 3),
-        "handoff_gbps": round(a.mib / 1024 / p50_hand, 1), "d2d_copy_gbps": round(a.mib / 1024 / p50_copy, 1),
-        "speed_vs_d2d_copy": round(p50_copy / p50_hand, 2), "target": 0.5,
+        "bench": "cuda_ipc", "mib": a.mib, "rounds": a.rounds, "equal": r["bad_rounds"] == 0,
+        "bad_rounds": r["bad_rounds"], "paths_seen": r["paths_seen"], "segment_path_off": r["segment_path_off"],
+        "consumer_maps_opened": r["opens"], "consumer_maps_reused": r["reuses"], "mapped_after": r["mapped_after"],
+        "handoff_first_ms": round(t["segment"][0] * 1e3, 3), "handoff_p50_ms": round(seg * 1e3, 3),
+        "torch_path_first_ms": round(t["torch"][0] * 1e3, 3), "torch_path_p50_ms": round(tor * 1e3, 3),
+        "message_p50_ms": round(msg * 1e3, 3), "d2d_copy_p50_ms": round(copy * 1e3, 3),
+        "handoff_gbps": round(a.mib / 1024 / seg, 1), "d2d_copy_gbps": round(a.mib / 1024 / copy, 1),
+        "speed_vs_d2d_copy": round(copy / seg, 2),
+        "speed_vs_d2d_copy_without_message": round(copy / max(seg - msg, 1e-9), 2),
+        "torch_path_speed_vs_d2d_copy": round(copy / tor, 2), "target": 0.5,
     }))
     return 0
 

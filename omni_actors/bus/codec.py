@@ -13,7 +13,9 @@ shared memory) also reads leased arrays out of shared memory into frames.
 `attach_frames` puts received frames back under their refs.
 
 With `cuda_ipc` (stages that share one GPU) a CUDA tensor is not copied to the
-host at all: it travels as an IPC handle under a lease (bus.cuda_ipc).
+host at all: it travels as an IPC handle under a lease (bus.cuda_ipc). A tensor
+that came by its allocation's handle gives its lease back when it ends
+(`cuda_released`), not when its message is read (`leases_released_on_receipt`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,19 @@ import numpy as np
 from msgspec.structs import replace as msgspec_replace
 
 from omni_actors.bus import messages as m
-from omni_actors.bus.cuda_ipc import CudaLeases, open_tensor, share
+from omni_actors.bus.cuda_ipc import CudaExporter, CudaImporter, CudaLeases, open_tensor, share
 from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
 from omni_actors.bus.shm import Arena, SegmentCache
+from omni_actors.settings import SETTINGS
 
 INLINE_MAX_BYTES = 64 * 1024
 """Arrays up to this size are sent inside the message instead of shared memory."""
+
+FRAME_CHUNK_BYTES = 256 * 1024
+"""An array sent as frames is cut into frames of at most this size. CURVE encrypts each frame
+through two scratch buffers of its size on one I/O thread; at this size the frame, its buffers and
+the result stay in a core's cache (one 64 MiB frame ran at half the speed, 1 MiB frames at ~2/3 of
+this size's: docs/benchmarks.md, "Cluster bus")."""
 
 _TORCH = "torch:"
 NESTED_KEY = "__omni_array__"
@@ -69,6 +78,37 @@ class PayloadCodec:
         self.arena = arena
         self.segments = segments
         self.cuda = CudaLeases() if cuda_ipc else None
+        self.cuda_export = CudaExporter() if cuda_ipc and SETTINGS.cuda_ipc_path == "allocation" else None
+        """None: CUDA tensors go by torch's reduction only (OMNI_CUDA_IPC=torch)."""
+        self._cuda_import: CudaImporter | None = None
+
+    @property
+    def cuda_import(self) -> CudaImporter:
+        if self._cuda_import is None:
+            self._cuda_import = CudaImporter()
+        return self._cuda_import
+
+    def cuda_released(self) -> list[LeaseId]:
+        """Leases of received CUDA tensors that have ended (to give back in a Release)."""
+        return self._cuda_import.released() if self._cuda_import is not None else []
+
+    def cuda_trim(self) -> None:
+        if self._cuda_import is not None:
+            self._cuda_import.trim()
+
+    def cuda_next_trim_s(self, now: float) -> float | None:
+        return self._cuda_import.next_trim_s(now) if self._cuda_import is not None else None
+
+    @property
+    def cuda_pending(self) -> bool:
+        """Received CUDA tensors have ended whose leases have not gone back yet."""
+        return self._cuda_import is not None and bool(self._cuda_import.done)
+
+    def close(self) -> None:
+        if self._cuda_import is not None:
+            self._cuda_import.close()
+        if self.cuda is not None:
+            self.cuda.close()
 
     def free(self, leases: list[int]) -> None:
         """The producer side of FreeLeases: arena leases are positive, CUDA ones negative."""
@@ -101,6 +141,10 @@ class PayloadCodec:
             return self._encode_array(np.ascontiguousarray(value), value.dtype.str)
         if self.cuda is not None and value.device.type == "cuda":
             t = value.detach()
+            seg = self.cuda_export.share(t) if self.cuda_export is not None else None
+            if seg is not None:
+                return ArrayRef(dtype=_TORCH + "cuda", shape=tuple(t.shape), cuda_segment=seg,
+                                lease=self.cuda.hold(t), producer=self.producer)
             return ArrayRef(dtype=_TORCH + "cuda", shape=tuple(t.shape), cuda=share(t),
                             lease=self.cuda.hold(t), producer=self.producer)
         arr, dtype = _torch_to_numpy(value)
@@ -147,6 +191,9 @@ class PayloadCodec:
         return out
 
     def decode_array(self, ref: ArrayRef, copy: bool = False) -> Any:
+        if ref.cuda_segment is not None:
+            lease = LeaseId(ref.producer, ref.lease) if ref.lease else None
+            return self.cuda_import.open(ref.cuda_segment, ref.shape, lease)
         if ref.cuda is not None:
             return open_tensor(ref.cuda, ref.shape)
         if ref.dtype == _TORCH + "bfloat16":
@@ -183,6 +230,12 @@ def _restore(value: Any, nested: dict[str, Any]) -> Any:
 
 def leases_of(payload: Payload) -> list[LeaseId]:
     return [LeaseId(r.producer, r.lease) for r in payload.arrays.values() if r.lease]
+
+
+def leases_released_on_receipt(payload: Payload) -> list[LeaseId]:
+    """The leases a consumer gives back once it has decoded the payload: all but those of CUDA
+    tensors sent by allocation handle, which go back when the tensors end (`cuda_released`)."""
+    return [LeaseId(r.producer, r.lease) for r in payload.arrays.values() if r.lease and r.cuda_segment is None]
 
 
 # ---- the per-peer array path -------------------------------------------------------
@@ -237,12 +290,23 @@ def _wire_payload(p: Payload, frames: list[Any], frames_peer: bool, segments: Se
             data = segments.view(ref.segment, ref.offset, ref.nbytes)
         else:
             continue
-        frames.append(data)
+        first = len(frames) + 1
+        chunks = _chunks(data)
+        frames.extend(chunks)
         if arrays is None:
             arrays = dict(p.arrays)
         arrays[key] = ArrayRef(dtype=ref.dtype, shape=ref.shape, nbytes=_nbytes(data), lease=ref.lease,
-                               producer=ref.producer, frame=len(frames))
+                               producer=ref.producer, frame=first, frames=len(chunks) if len(chunks) > 1 else 0)
     return p if arrays is None else Payload(data=p.data, arrays=arrays)
+
+
+def _chunks(data: Any) -> list[Any]:
+    """`data` as views of at most FRAME_CHUNK_BYTES each (no copy)."""
+    n = _nbytes(data)
+    if n <= FRAME_CHUNK_BYTES:
+        return [data]
+    view = memoryview(data).cast("B")
+    return [view[i : i + FRAME_CHUNK_BYTES] for i in range(0, n, FRAME_CHUNK_BYTES)]
 
 
 def attach_frames(msgs: list[m.Message], frames: list[memoryview]) -> None:
@@ -257,6 +321,22 @@ def attach_frames(msgs: list[m.Message], frames: list[memoryview]) -> None:
         for p in payloads:
             for ref in p.arrays.values():
                 if ref.frame:
-                    if not 0 < ref.frame <= len(frames) or _nbytes(frames[ref.frame - 1]) != ref.nbytes:
-                        raise ValueError(f"array names frame {ref.frame} of {len(frames)}")
-                    ref.inline, ref.frame = frames[ref.frame - 1], 0
+                    ref.inline = _joined(frames, ref.frame, max(ref.frames, 1), ref.nbytes)
+                    ref.frame = ref.frames = 0
+
+
+def _joined(frames: list[memoryview], first: int, count: int, nbytes: int) -> Any:
+    """The array in frames first..first+count-1 (1-based): the frame itself, or the chunks joined
+    (one copy: an array is contiguous). ValueError: they are not there or their sizes differ."""
+    parts = frames[first - 1 : first - 1 + count]
+    if first < 1 or len(parts) != count or sum(_nbytes(f) for f in parts) != nbytes:
+        raise ValueError(f"array names frames {first}..{first + count - 1} of {len(frames)} ({nbytes} bytes)")
+    if count == 1:
+        return parts[0]
+    out = np.empty(nbytes, np.uint8)  # (numpy asks for huge pages: ~5x fewer page faults than bytes.join)
+    pos = 0
+    for part in parts:
+        n = _nbytes(part)
+        out[pos : pos + n] = np.frombuffer(part, np.uint8)
+        pos += n
+    return memoryview(out).toreadonly()  # read-only, like a received frame

@@ -31,6 +31,29 @@ class CudaIpcRef(msgspec.Struct, array_like=True, gc=False):
     """torch dtype name, e.g. "bfloat16"."""
 
 
+class CudaSegmentRef(msgspec.Struct, array_like=True, gc=False):
+    """A CUDA tensor by the IPC handle of the allocation that holds it (bus.cuda_ipc, the fast path).
+
+    The handle is the same for every tensor in one allocation (a caching-allocator segment), so
+    a consumer maps each allocation once and keeps it mapped.
+    """
+
+    device: int
+    handle: bytes
+    """The allocation's cudaIpcMemHandle."""
+    buffer: int
+    """The allocation's id in the producer (CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused), so a
+    consumer never takes a mapping it keeps for a later allocation."""
+    offset: int
+    """Bytes from the allocation's base to the tensor's first element."""
+    stride: tuple[int, ...]
+    """In elements."""
+    dtype: str
+    """torch dtype name, e.g. "bfloat16"."""
+    event: bytes
+    """A cudaIpcEventHandle recorded on the producer's stream after it wrote the tensor."""
+
+
 class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """An array that crossed a process boundary.
 
@@ -38,8 +61,10 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     shared-memory arena at (`segment`, `offset`) under `lease`, owned by
     `producer` until released. To and from a worker that does not share the
     orchestrator's memory (another node), a large array travels as message
-    frame number `frame` (1-based, after the body; bus.codec.to_wire / attach_frames).
-    Between stages on one GPU a CUDA tensor travels as `cuda`, an IPC handle (leased).
+    frame number `frame` (1-based, after the body; bus.codec.to_wire / attach_frames), or as
+    `frames` consecutive frames from there when it is larger than one frame (codec.FRAME_CHUNK_BYTES).
+    Between stages on one GPU a CUDA tensor travels as `cuda_segment` (its allocation's IPC
+    handle) or `cuda` (torch's per-storage IPC reduction), leased either way.
     """
 
     dtype: str
@@ -52,6 +77,9 @@ class ArrayRef(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     producer: str = ""
     frame: int = 0
     cuda: CudaIpcRef | None = None
+    frames: int = 0
+    """How many frames the array spans from `frame` (0: one)."""
+    cuda_segment: CudaSegmentRef | None = None
 
 
 class Payload(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -39,6 +39,11 @@ _SNDMORE = int(zmq.SNDMORE)
 SEND_HWM = 0
 """No high-water mark: admission control bounds the traffic, not dropped frames."""
 
+TCP_IO_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
+"""I/O threads of the orchestrator's context when its bus is tcp:// + CURVE. libzmq encrypts and
+decrypts each connection on the one I/O thread it was given, so with one thread every remote
+worker's traffic shares one core; with more, connections spread over them (one each, up to this)."""
+
 
 class RuntimeDir:
     """A private (0700) directory for ipc endpoints, removed by `close`.

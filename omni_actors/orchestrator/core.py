@@ -27,7 +27,7 @@ from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec, leases_of
 from omni_actors.bus.shm import Arena, SegmentCache, unlink_prefix
-from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
+from omni_actors.bus.sockets import TCP_IO_THREADS, AsyncRouter, RuntimeDir
 from omni_actors.config.deploy import DeployConfig, validate_against_pipeline
 from omni_actors.config.pipeline import PipelineConfig, resolve
 from omni_actors.errors import (
@@ -123,7 +123,7 @@ class Orchestrator:
             log.info("runtime.swept_stale", dirs=swept)
         self.runtime = RuntimeDir()
         try:  # whatever fails from here (a bus endpoint that cannot be bound, a stage), nothing is left
-            self._zmq = zmq.Context(1)
+            self._zmq = zmq.Context(TCP_IO_THREADS if self.deploy.cluster.backend == "ray" else 1)
             self.launcher = launcher = make_launcher(self.deploy, self.pipeline, self.run_prefix, self.platform)
             await launcher.open(self._zmq)  # (ray: reach the cluster, check resources, make the bus keys)
             endpoint = self._endpoint_override or launcher.bus_endpoint(self.runtime)

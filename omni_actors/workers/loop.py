@@ -23,7 +23,7 @@ from typing import Any
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
-from omni_actors.bus.codec import PayloadCodec, leases_of, to_wire
+from omni_actors.bus.codec import PayloadCodec, leases_of, leases_released_on_receipt, to_wire
 from omni_actors.config.pipeline import StageSpec, resolve
 from omni_actors.models.processors import concat_upstream, pass_chunk
 from omni_actors.workers.engine import EngineOutput, StageEngine
@@ -85,7 +85,7 @@ class WorkerLoop:
             hold_s = max(self._hold_s(now), self.engine.gather_s(now)) if self.engine.has_work() else None
             if hold_s == 0.0:
                 self._step()
-            elif not self._out and not self._released:
+            elif not self._out and not self._released and not self.codec.cuda_pending:
                 self.sock.wait(_earliest(hold_s, self._trim_s(now)))
             self._trim()
             self._flush()
@@ -112,13 +112,15 @@ class WorkerLoop:
 
     def _trim_s(self, now: float) -> float | None:
         arena = self.codec.arena
-        return _earliest(arena.next_trim_s(now) if arena else None, self.codec.segments.next_trim_s(now))
+        return _earliest(_earliest(arena.next_trim_s(now) if arena else None, self.codec.segments.next_trim_s(now)),
+                         self.codec.cuda_next_trim_s(now))
 
     def _trim(self) -> None:
         """Give back segments and mappings idle for longer than the pools keep them."""
         if self.codec.arena is not None:
             self.codec.arena.trim()
         self.codec.segments.trim()
+        self.codec.cuda_trim()
 
     def _heartbeat(self) -> m.Heartbeat:
         """This worker's state now; called on the I/O thread too, so it only reads attributes."""
@@ -129,6 +131,7 @@ class WorkerLoop:
         )
 
     def _flush(self) -> None:
+        self._released.extend(self.codec.cuda_released())
         if self._released:
             self._out.append(m.Release(leases=self._released))
             self._released = []
@@ -197,7 +200,7 @@ class WorkerLoop:
     def _add(self, msg: m.AddRequest) -> None:
         rid = msg.request_id
         request = self.codec.decode(msg.inputs)
-        self._released.extend(leases_of(msg.inputs))
+        self._released.extend(leases_released_on_receipt(msg.inputs))
         if msg.streaming:
             self.requests[rid] = _Request(request, pending_sources=set(msg.sources))
             self.engine.add(rid, request, msg.params, streaming=True)
@@ -208,16 +211,17 @@ class WorkerLoop:
             inputs = self.processor(upstream, request)
             for chunks in msg.upstream.values():
                 for p in chunks:
-                    self._released.extend(leases_of(p))
+                    self._released.extend(leases_released_on_receipt(p))
         else:
             inputs = request
         self.engine.add(rid, inputs, msg.params, streaming=False)
 
     def _feed(self, msg: m.Feed) -> None:
         req = self.requests.get(msg.request_id)
-        self._released.extend(leases_of(msg.payload))
         if req is None:
+            self._released.extend(leases_of(msg.payload))
             return  # aborted or failed earlier
+        self._released.extend(leases_released_on_receipt(msg.payload))
         if msg.last:
             req.pending_sources.discard(msg.source)
         done = not req.pending_sources

@@ -111,6 +111,7 @@ def main(argv: list[str]) -> int:
     )
     segments = SegmentCache(SETTINGS.shm_idle_s)
     engine: StageEngine | None = None
+    codec: PayloadCodec | None = None
     try:
         try:
             engine_cls = resolve(spec.stage.engine)
@@ -133,6 +134,8 @@ def main(argv: list[str]) -> int:
                 engine.close()
             except Exception as err:
                 log.warning("worker.close_failed", error=repr(err))
+        if codec is not None:
+            codec.close()
         segments.close()
         if arena is not None:
             arena.close()

@@ -11,7 +11,14 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from omni_actors.bus import messages as m
-from omni_actors.bus.codec import INLINE_MAX_BYTES, PayloadCodec, leases_of
+from omni_actors.bus.codec import (
+    FRAME_CHUNK_BYTES,
+    INLINE_MAX_BYTES,
+    PayloadCodec,
+    attach_frames,
+    leases_of,
+    to_wire,
+)
 from omni_actors.bus.shm import Arena, SegmentCache
 from omni_actors.bus.sockets import AsyncRouter, BusAuth, WorkerSocket
 from tests.conftest import shm_files
@@ -99,6 +106,57 @@ def test_arrays_cross_as_frames_and_shared_memory_only_to_peers_that_map_it(bus:
         local.close()
         arena.close()
     assert shm_files(prefix) == []
+
+
+def test_an_array_larger_than_a_frame_crosses_in_chunks_and_is_reassembled_exactly(bus: Bus) -> None:
+    prefix = f"omni-test-{uuid.uuid4().hex[:8]}"
+    arena = Arena(prefix)
+    orch = PayloadCodec("orch", arena, bus.segments)
+    remote = WorkerSocket(bus.router.endpoint, b"s0r0g0", bus.auth.issue())
+    rng = np.random.default_rng(0)
+    up = rng.standard_normal((3 * FRAME_CHUNK_BYTES + 12_345) // 8)  # not a whole number of frames
+    down = rng.integers(0, 1 << 30, (2 * FRAME_CHUNK_BYTES) // 4, dtype=np.int32)  # exactly two
+    try:
+        out = PayloadCodec("s0r0g0", None, SegmentCache()).encode({"up": up, "small": np.ones(3)})
+        wire, frames = to_wire([m.StageOutput("r", 0, out)])
+        assert wire[0].payload.arrays["up"].frames == len(frames) == 4  # zero-copy views of `up`
+        assert all(np.shares_memory(np.frombuffer(f, np.uint8), up) for f in frames)
+        remote.send([m.StageOutput("r", 0, out)])
+        ident, msg = bus.receive()
+        assert ident == b"s0r0g0" and isinstance(msg, m.StageOutput)
+        got = orch.decode(msg.payload)
+        np.testing.assert_array_equal(got["up"], up)
+        assert got["up"].dtype == up.dtype and not got["up"].flags.writeable  # like a single received frame
+        np.testing.assert_array_equal(got["small"], np.ones(3))
+
+        # The orchestrator's leased array to a frames peer: read out of shared memory in chunks.
+        bus.router.frames_peers.add(b"s0r0g0")
+        payload = orch.encode({"down": down})
+        bus.router.send_nowait(b"s0r0g0", m.Feed("r", 0, payload))
+        bus.router.send_nowait(b"s0r0g0", m.Feed("r2", 0, msg.payload))  # forwarded as it came
+        bus.router.flush()
+        feeds: list[m.Message] = []
+        while len(feeds) < 2 and remote.wait(WAIT_MS / 1000):
+            feeds += remote.recv_nowait()
+        consumer = PayloadCodec("c", None, SegmentCache())
+        np.testing.assert_array_equal(consumer.decode(feeds[0].payload)["down"], down)
+        np.testing.assert_array_equal(consumer.decode(feeds[1].payload)["up"], up)
+        assert leases_of(feeds[0].payload) == leases_of(payload)
+    finally:
+        remote.close()
+        arena.close()
+    assert shm_files(prefix) == []
+
+
+def test_frames_that_do_not_add_up_to_the_array_are_refused() -> None:
+    big = np.arange(FRAME_CHUNK_BYTES // 2, dtype=np.int32)  # two frames
+    wire, frames = to_wire([m.StageOutput("r", 0, PayloadCodec("p", None, SegmentCache()).encode({"x": big}))])
+    for bad in (frames[:1], [frames[0], frames[1][:-4]]):
+        with pytest.raises(ValueError, match=r"frames 1\.\.2"):
+            attach_frames([m.decode(m.encode(wire[0]))], list(bad))
+    good = [m.decode(m.encode(wire[0]))]
+    attach_frames(good, [memoryview(bytes(f)) for f in frames])
+    np.testing.assert_array_equal(np.frombuffer(good[0].payload.arrays["x"].inline, np.int32), big)
 
 
 def _handshake(endpoint: str, keys: tuple[str, str, str] | None, pid: int) -> list[int]:
