@@ -261,22 +261,36 @@ def test_missing_weights_fail_the_load(sd_dir: Path, tmp_path: Path) -> None:
 
 
 def test_part_full_queue_waits_briefly_after_a_batch(engine: DiffusionEngine) -> None:
-    """Right after a batch ends, a lone queued request waits out the gather window (its peers are
-    usually milliseconds behind); a full queue, an idle engine or a closed window step at once."""
+    """A request queued soon after a batch ended waits out the gather window (its peers are usually
+    milliseconds behind); a full queue, or the window's end, starts the batch at once."""
     from time import monotonic
 
     from omni_actors.workers.engines.diffusion_batch import BATCH_GATHER_S
 
     params = {"width": 32, "height": 32, "num_inference_steps": 2, "seed": 1}
     engine.add("g0", {"prompt": "a lamp"}, params)
-    before_end = monotonic()
     _drain(engine)
-    after_end = monotonic()
+    before_add = monotonic()
     engine.add("g1", {"prompt": "a lamp"}, params)
-    assert engine.gather_s(before_end) >= BATCH_GATHER_S  # the batch ended after `before_end`
-    assert engine.gather_s(after_end + BATCH_GATHER_S) == 0.0  # window over
+    after_add = monotonic()
+    assert engine.gather_s(before_add) >= BATCH_GATHER_S  # queued after `before_add`
+    assert engine.gather_s(after_add + BATCH_GATHER_S) == 0.0  # window over
     for i in range(2, 5):  # max_num_seqs 4: a full batch starts at once
         engine.add(f"g{i}", {"prompt": "a lamp"}, params)
-    assert engine.gather_s(before_end) == 0.0
+    assert engine.gather_s(before_add) == 0.0
     outs, _ = _drain(engine)
     assert all(outs[f"g{i}"][-1].payload["batch_size"] == 4 for i in range(1, 5))
+
+
+def test_an_engine_that_ran_no_batch_yet_starts_a_lone_request_at_once(sd_dir: Path) -> None:
+    from time import monotonic
+
+    eng = DiffusionEngine(_ctx(sd_dir))
+    try:
+        before = monotonic()
+        eng.add("first", {"prompt": "a lamp"}, {"num_inference_steps": 1})
+        assert eng.gather_s(before) == 0.0
+        outs, _ = _drain(eng)
+        assert outs["first"][-1].finished
+    finally:
+        eng.close()
