@@ -206,10 +206,12 @@ class Orchestrator:
 
     def statistics(self) -> Statistics:
         stages = []
+        now = time.monotonic()
         for spec in self.pipeline.stages:
             reps = tuple(
                 ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
-                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
+                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0),
+                             h.steps, h.step_running_s(now))
                 for h in self.workers[spec.stage_id]
             )
             stages.append(StageStats(
