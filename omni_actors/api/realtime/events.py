@@ -63,7 +63,7 @@ class AudioIn(msgspec.Struct, kw_only=True):
     output: AudioOutputIn | UnsetType = UNSET
 
 
-class FunctionTool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+class FunctionTool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A session's or response's function tool, as Realtime writes it (flat: no `function` wrapper)."""
 
     type: Literal["function"] = "function"

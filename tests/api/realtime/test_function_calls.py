@@ -76,6 +76,8 @@ async def test_a_call_is_a_function_call_item_and_its_output_reaches_the_model(s
         await conn.response.create()
         events = await until_done(conn)
         kinds = [e.type for e in events]
+        (tool,) = next(e for e in events if e.type == "session.updated").session.tools
+        assert (tool.type, tool.name, tool.parameters) == ("function", "get_weather", WEATHER["parameters"])
         added = next(e for e in events if e.type == "response.output_item.added")
         assert (added.item.type, added.item.name, added.item.arguments) == ("function_call", "get_weather", "")
         call_id = added.item.call_id
