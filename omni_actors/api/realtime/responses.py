@@ -133,6 +133,8 @@ def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Tur
     text; user audio nobody transcribed yet is a part `{"type": "input_audio",
     "array": key, "sample_rate": 16000}` whose samples are the top-level
     `inputs[key]`: "audio" for the last user message, "audio_1", ... for earlier ones.
+    Function items are written as chat writes them (function_calls.py), and the
+    response's tools, unless its `tool_choice` is "none", are `inputs["tools"]`.
     """
     messages: list[dict[str, Any]] = []
     if opts.instructions:
