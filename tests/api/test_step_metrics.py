@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from omni_actors.orchestrator.launcher import HEARTBEAT_INTERVAL_S
 from tests.api.conftest import Server, serve
 
-STEP_MS = 3000
+STEP_MS = 4000
 """One synthetic step per request (one chunk): long enough for heartbeats to see it running."""
-SCRAPE_AFTER_S = 2 * HEARTBEAT_INTERVAL_S
+SCRAPE_AFTER_S = 2.5 * HEARTBEAT_INTERVAL_S
 """Into the second request's step: at least one heartbeat has reported it by then."""
 MSG = [{"role": "user", "content": "slow"}]
 
