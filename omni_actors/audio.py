@@ -7,7 +7,7 @@ Pipelines, the API and the realtime session all carry audio as float32 mono in
     resample(x, src, dst)        whole clip, band-limited (soxr, "HQ")
     Resampler(src, dst)          .push(x) / .flush(): a stream, chunk-seamless (same output as one push)
     check_input(frames, rate, param)
-                                 client audio within SETTINGS' limits, checked from the header or the
+                                 client audio within the settings' limits, checked from the header or the
                                  byte count BEFORE anything is decoded or resampled (AudioLimitError)
 
 It imports no web framework, so stage engines resample with it too.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
-from omni_actors.settings import SETTINGS
+from omni_actors.settings import settings
 
 DEFAULT_SAMPLE_RATE = 24_000
 """Rate of audio whose producer names none, and of raw `pcm16` on the wire (OpenAI's convention,
@@ -29,7 +29,7 @@ RESAMPLE_QUALITY = "HQ"
 
 
 class AudioLimitError(ValueError):
-    """Client audio over a limit in SETTINGS (duration, sample rate) or not usable (no samples, NaN)."""
+    """Client audio over a limit in the settings (duration, sample rate) or not usable (no samples, NaN)."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -83,14 +83,14 @@ class Resampler:
 
 
 def check_input(frames: int, rate: int, param: str) -> None:
-    """Refuse client audio of `frames` samples at `rate` Hz over SETTINGS' limits, naming the limit
+    """Refuse client audio of `frames` samples at `rate` Hz over the settings' limits, naming the limit
     (its setting) and `param`; called before decoding (from a header, or a byte count)."""
-    lo, hi = SETTINGS.input_audio_min_rate_hz, SETTINGS.input_audio_max_rate_hz
+    lo, hi = settings().input_audio_min_rate_hz, settings().input_audio_max_rate_hz
     if not lo <= rate <= hi:
         raise AudioLimitError(
             f"audio sample rate {rate} Hz is outside the allowed range {lo}-{hi} Hz "
             f"(input_audio_min_rate_hz / input_audio_max_rate_hz; field `{param}`)", "audio_rate_out_of_range")
-    limit = SETTINGS.max_input_audio_s
+    limit = settings().max_input_audio_s
     if frames > limit * rate:
         raise AudioLimitError(
             f"audio of {frames / rate:.1f} s is over the limit of {limit:g} s "

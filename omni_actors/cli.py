@@ -27,7 +27,7 @@ import uvloop
 from omni_actors import logs
 from omni_actors.config.deploy import DeployConfig, load_deploy, parse_stage_overrides
 from omni_actors.errors import ConfigError, StartupError
-from omni_actors.settings import detect_platform
+from omni_actors.settings import detect_platform, settings
 
 DEFAULT_DEPLOY = "assistant.yaml"
 """The bundled deploy file `omni-run` serves with no --deploy (in omni_actors/deploy/)."""
@@ -265,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = _log_flags(argv)
     except SystemExit as exit_:  # a bad choice: argparse printed the usage line
         return int(exit_.code or 2)
+    try:  # every OMNI_* variable, before anything reads one
+        settings()
+    except ConfigError as err:
+        print(f"omni-run: config error: {err}", file=sys.stderr)
+        return 2
     logs.configure()
     try:
         if argv and argv[0] in TOOLS:

@@ -15,12 +15,12 @@ import sys
 
 import structlog
 
-from omni_actors.settings import SETTINGS
+from omni_actors.settings import LOG_LEVELS, settings
 
 _configured = False
 
 
-LEVELS = ("debug", "info", "warning", "error")
+LEVELS = LOG_LEVELS
 FORMATS = ("console", "json")
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error"}
 """Third-party log levels set (unless already set) when ours is not debug."""
@@ -35,11 +35,11 @@ def apply_cli_flags(level: str | None, fmt: str | None) -> None:
 
 
 def json_logs() -> bool:
-    return os.environ.get("OMNI_LOG_JSON", "1" if SETTINGS.log_json else "0") == "1"
+    return os.environ.get("OMNI_LOG_JSON", "1" if settings().log_json else "0") == "1"
 
 
 def level_name() -> str:
-    return os.environ.get("OMNI_LOG_LEVEL", SETTINGS.log_level).lower()
+    return os.environ.get("OMNI_LOG_LEVEL", settings().log_level).lower()
 
 
 def configure(component: str = "main") -> None:

@@ -1,4 +1,10 @@
-"""Process-wide settings that are not per deployment, read from the environment once."""
+"""Process-wide settings that are not per deployment, read from the environment once.
+
+    settings() -> Settings      (read on first use; ConfigError naming the variable and its form)
+
+Read on first use, not at import: `omni-run` checks them before anything else and
+answers a bad value with one line and exit status 2 (cli.py), never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from omni_actors.errors import ConfigError
 
 PLATFORMS = ("cpu", "cuda")
 CUDA_IPC_PATHS = ("allocation", "torch")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
@@ -46,47 +53,56 @@ def _number(env: Mapping[str, str], name: str, default: float, kind: type = floa
     raw = env.get(name)
     if not raw:
         return default
+    form = "a positive integer" if kind is int else "a positive number"
     try:
         value = kind(raw)
     except ValueError:
-        raise ConfigError(f"{name}: expected a positive {kind.__name__}, got {raw!r}") from None
+        raise ConfigError(f"{name}: expected {form}, got {raw!r}") from None
     if not value > 0:  # (nan too)
-        raise ConfigError(f"{name}: expected a positive {kind.__name__}, got {raw!r}")
+        raise ConfigError(f"{name}: expected {form}, got {raw!r}")
     return value
 
 
-def _read() -> Settings:
-    env = os.environ
-    return Settings(
+def _choice(env: Mapping[str, str], name: str, default: str | None, choices: tuple[str, ...]) -> str | None:
+    raw = env.get(name)
+    if not raw:
+        return default
+    if raw.lower() not in choices:
+        raise ConfigError(f"{name}: expected one of {list(choices)}, got {raw!r}")
+    return raw.lower()
+
+
+def read(env: Mapping[str, str]) -> Settings:
+    """Settings from `env`; a bad value is a ConfigError naming the variable and the expected form."""
+    out = Settings(
         data_dir=Path(env.get("OMNI_DATA_DIR") or Path.home() / ".cache" / "omni-actors"),
         runtime_parent=Path(env.get("OMNI_RUNTIME_DIR") or tempfile.gettempdir()),
-        log_level=env.get("OMNI_LOG_LEVEL", "info").lower(),
-        log_json=env.get("OMNI_LOG_JSON", "0") == "1",
-        platform=env.get("OMNI_PLATFORM") or None,
+        log_level=_choice(env, "OMNI_LOG_LEVEL", "info", LOG_LEVELS) or "info",
+        log_json=_choice(env, "OMNI_LOG_JSON", "0", ("0", "1")) == "1",
+        platform=_choice(env, "OMNI_PLATFORM", None, PLATFORMS),
         shm_idle_s=_number(env, "OMNI_SHM_IDLE_S", SHM_IDLE_S),
         max_input_audio_s=_number(env, "OMNI_MAX_INPUT_AUDIO_S", 3600.0),
         input_audio_min_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MIN_RATE_HZ", 8000, int),
         input_audio_max_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MAX_RATE_HZ", 192_000, int),
-        cuda_ipc_path=_choice(env, "OMNI_CUDA_IPC", CUDA_IPC_PATHS),
+        cuda_ipc_path=_choice(env, "OMNI_CUDA_IPC", CUDA_IPC_PATHS[0], CUDA_IPC_PATHS),
     )
+    if out.input_audio_min_rate_hz > out.input_audio_max_rate_hz:
+        raise ConfigError(f"OMNI_INPUT_AUDIO_MIN_RATE_HZ: expected at most OMNI_INPUT_AUDIO_MAX_RATE_HZ "
+                          f"({out.input_audio_max_rate_hz}), got {out.input_audio_min_rate_hz}")
+    return out
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
-    """One of `choices` from the environment, the first when unset."""
-    raw = env.get(name) or choices[0]
-    if raw not in choices:
-        raise ConfigError(f"{name}: expected one of {list(choices)}, got {raw!r}")
-    return raw
+_settings: Settings | None = None
 
 
-
-SETTINGS = _read()
+def settings() -> Settings:
+    """This process's settings, read from the environment on first use."""
+    global _settings
+    if _settings is None:
+        _settings = read(os.environ)
+    return _settings
 
 
 def detect_platform() -> str:
     """"cuda" when an NVIDIA device node exists, else "cpu" (no torch import)."""
-    if SETTINGS.platform:
-        if SETTINGS.platform not in PLATFORMS:
-            raise ConfigError(f"OMNI_PLATFORM: expected one of {list(PLATFORMS)}, got {SETTINGS.platform!r}")
-        return SETTINGS.platform
-    return "cuda" if Path("/dev/nvidia0").exists() else "cpu"
+    return settings().platform or ("cuda" if Path("/dev/nvidia0").exists() else "cpu")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors import logs
-from omni_actors.settings import SETTINGS
+from omni_actors.settings import settings
 
 log = logs.get(__name__)
 
@@ -97,7 +97,7 @@ def get_store() -> Store:
     global _STORE
     with _STORE_LOCK:
         if _STORE is None:
-            _STORE = Store(SETTINGS.data_dir / "state")
+            _STORE = Store(settings().data_dir / "state")
             log.info("store.opened", path=str(_STORE.path))
         return _STORE
 

@@ -204,3 +204,26 @@ def test_an_unknown_forced_platform_is_a_config_error(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "OMNI_PLATFORM: expected one of ['cpu', 'cuda'], got 'tpu'" in one_line(proc)
+
+
+@pytest.mark.parametrize(("var", "value", "expected"), [
+    pytest.param("OMNI_SHM_IDLE_S", "soon", "OMNI_SHM_IDLE_S: expected a positive number, got 'soon'", id="not-a-number"),
+    pytest.param("OMNI_MAX_INPUT_AUDIO_S", "-5", "OMNI_MAX_INPUT_AUDIO_S: expected a positive number", id="negative"),
+    pytest.param("OMNI_INPUT_AUDIO_MIN_RATE_HZ", "8000.5", "expected a positive integer", id="not-an-integer"),
+    pytest.param("OMNI_INPUT_AUDIO_MIN_RATE_HZ", "500000", "expected at most OMNI_INPUT_AUDIO_MAX_RATE_HZ",
+                 id="min-over-max"),
+    pytest.param("OMNI_LOG_LEVEL", "loud", "OMNI_LOG_LEVEL: expected one of ['debug', 'info', 'warning', 'error']",
+                 id="log-level"),
+    pytest.param("OMNI_LOG_JSON", "yes", "OMNI_LOG_JSON: expected one of ['0', '1'], got 'yes'", id="log-json"),
+])
+def test_a_bad_environment_setting_is_one_line_and_exit_2(tmp_path: Path, var: str, value: str,
+                                                           expected: str) -> None:
+    """The installed `omni-run` script (it imports the whole CLI first) names the variable and its form."""
+    deploy = tmp_path / "d.yaml"
+    deploy.write_text("pipeline: synthetic\n")
+    script = Path(sys.executable).with_name("omni-run")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "omni_actors.cli"]
+    proc = subprocess.run([*cmd, "--deploy", str(deploy)], capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                          env={**os.environ, var: value})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert one_line(proc).startswith("omni-run: config error: ") and expected in one_line(proc), proc.stderr

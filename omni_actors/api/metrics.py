@@ -10,6 +10,9 @@
     omni_stage_healthy{stage_id,model_stage}          1 when a replica is ready
     omni_stage_engine_requests{stage_id,model_stage}  requests the workers report holding
     omni_worker_restarts_total{stage_id,model_stage}  worker restarts
+    omni_worker_step_seconds{stage_id,model_stage,replica}  how long the running engine step has run (0: idle)
+    omni_worker_steps_total{stage_id,model_stage,replica}   engine steps done (a counter: rate() is steps/s;
+                                                      a restarted worker starts again from 0)
     omni_orchestrator_requests_in_flight              runs the orchestrator holds
     omni_orchestrator_leases_held                     shared-memory leases not yet freed
     omni_bus_frames_undecodable_total                 frames from workers the bus could not decode
@@ -51,6 +54,10 @@ class _StageCollector:
         healthy = GaugeMetricFamily("omni_stage_healthy", "1 when the stage has a ready replica", labels=labels)
         engine = GaugeMetricFamily("omni_stage_engine_requests", "Requests the stage's workers report holding", labels=labels)
         restarts = CounterMetricFamily("omni_worker_restarts", "Worker restarts of the stage", labels=labels)
+        replica_labels = [*labels, "replica"]
+        step_s = GaugeMetricFamily("omni_worker_step_seconds", "How long the replica's running engine step has "
+                                   "run (0: between steps), as of its last heartbeat", labels=replica_labels)
+        steps = CounterMetricFamily("omni_worker_steps", "Engine steps the replica has done", labels=replica_labels)
         for st in stats.stages:
             key = [str(st.stage_id), st.model_stage]
             depth.add_metric(key, st.in_flight)
@@ -58,6 +65,9 @@ class _StageCollector:
             healthy.add_metric(key, 1.0 if st.healthy else 0.0)
             engine.add_metric(key, st.engine_requests)
             restarts.add_metric(key, sum(r.restarts for r in st.replicas))
+            for r in st.replicas:
+                step_s.add_metric([*key, str(r.replica)], r.step_s)
+                steps.add_metric([*key, str(r.replica)], r.steps)
         runs = GaugeMetricFamily("omni_orchestrator_requests_in_flight", "Runs the orchestrator holds")
         runs.add_metric([], stats.requests_in_flight)
         leases = GaugeMetricFamily("omni_orchestrator_leases_held", "Shared-memory leases not yet freed")
@@ -68,7 +78,7 @@ class _StageCollector:
         queued.add_metric([], stats.stream_bytes_queued)
         overflows = CounterMetricFamily("omni_stream_overflows", "Requests aborted for a reader that stopped reading")
         overflows.add_metric([], stats.stream_overflows)
-        return [depth, limit, healthy, engine, restarts, runs, leases, undecodable, queued, overflows]
+        return [depth, limit, healthy, engine, restarts, step_s, steps, runs, leases, undecodable, queued, overflows]
 
 
 class ApiMetrics:

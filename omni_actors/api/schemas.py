@@ -36,7 +36,6 @@ MAX_INSTRUCTIONS_CHARS = 65_536
 Instructions = Annotated[str, Meta(max_length=MAX_INSTRUCTIONS_CHARS)]
 MAX_TOOLS = 128
 """Most function tools one request or session may declare (OpenAI's own limit)."""
-Tools = Annotated[list[dict[str, Any]], Meta(max_length=MAX_TOOLS)]
 MAX_STOP = 4
 """Most stop sequences (OpenAI's limit)."""
 MAX_METADATA = 16
@@ -124,9 +123,12 @@ class ResponseFormat(_Req):
     json_schema: dict[str, Any] | None = None
 
 
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
+"""OpenAI's rule for a function's name: letters, digits, underscores and dashes, at most 64."""
+
+
 class FunctionDef(_Req):
-    name: Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
-    """OpenAI's rule: letters, digits, underscores and dashes, at most 64."""
+    name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

@@ -7,9 +7,10 @@ What goes into the pipeline (speech_inputs.py resolves voice, instructions, spee
     params  {["speed"] where the stages honour it, ["seed"]}
     stages  planner's choice, else pipeline.stages_for_outputs({"audio"})
 
-Audio chunks come back as StageChunk(output_type="audio", data={"audio": float32
-mono, "sample_rate": int}); anything else the stages emit is skipped. Where the
-stages have no speed knob, the API changes the speed itself (speech_audio.py).
+Audio comes back as typed AudioOutput chunks (float32 mono, its rate;
+orchestrator/outputs.py); anything else the stages emit, and chunks without
+samples, are skipped. Where the stages have no speed knob, the API changes the
+speed itself (speech_audio.py).
 
 Response modes (every `response_format`: mp3, opus, aac, flac, wav, pcm):
     default                  the whole file, with Content-Length
@@ -22,12 +23,14 @@ Response modes (every `response_format`: mp3, opus, aac, flac, wav, pcm):
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import PipelineCall, orchestrator, require_model, require_outputs
-from omni_actors.api.errors import RESPONSE_STARTED, from_exception
+from omni_actors.api.errors import RESPONSE_STARTED
 from omni_actors.api.schemas import (
     SpeechAudioDelta,
     SpeechAudioDone,
@@ -37,26 +40,27 @@ from omni_actors.api.schemas import (
 )
 from omni_actors.api.speech_audio import TYPES, SpeechEncoder
 from omni_actors.api.speech_inputs import speech_call
-from omni_actors.api.sse import SSEWriter
-from omni_actors.errors import RequestError
+from omni_actors.api.sse import respond
+from omni_actors.audio import DEFAULT_SAMPLE_RATE
+from omni_actors.orchestrator.outputs import AudioOutput
+from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/audio/speech"
-DEFAULT_RATE = 24000
 
 
-def audio_of(chunk) -> tuple[np.ndarray, int] | None:
-    """(float32 mono, rate) of an audio StageChunk; None for anything else."""
-    if chunk.output_type != "audio" or "audio" not in chunk.data:
+def audio_of(chunk: StageChunk) -> tuple[np.ndarray, int] | None:
+    """(float32 mono, rate) of a chunk carrying audio samples; None for anything else."""
+    out = chunk.output
+    if not isinstance(out, AudioOutput) or not len(out.audio):
         return None
-    audio = np.asarray(chunk.data["audio"], dtype=np.float32).reshape(-1)
-    return audio, int(chunk.data.get("sample_rate", DEFAULT_RATE))
+    return out.audio, out.sample_rate
 
 
 class Encoding:
     """A response's encoder, made at the first chunk (its rate is the audio's)."""
 
     def __init__(self, fmt: str, speed: float, rate: int | None) -> None:
-        self.fmt, self.speed, self.rate = fmt, speed, rate or DEFAULT_RATE
+        self.fmt, self.speed, self.rate = fmt, speed, rate or DEFAULT_SAMPLE_RATE
         self.encoder: SpeechEncoder | None = None
 
     async def feed(self, audio: np.ndarray, rate: int) -> bytes:
@@ -114,21 +118,20 @@ async def _chunked(request: web.Request, call: PipelineCall, enc: Encoding) -> w
 
 
 async def _sse(request: web.Request, call: PipelineCall, req: SpeechRequest, enc: Encoding) -> web.StreamResponse:
-    chunks = 0
+    """`speech.audio.delta` events as the audio is encoded, then `speech.audio.done` (no `[DONE]`)."""
     await call.started()  # an error before the first output keeps its HTTP status
-    async with SSEWriter(request) as sse:
-        try:
-            async for chunk in call:
-                got = audio_of(chunk)
-                if got is None:
-                    continue
-                chunks += 1
-                if data := await enc.feed(*got):
-                    await sse.send(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
-        except RequestError as err:
-            return await sse.fail(from_exception(err))
+
+    async def events() -> AsyncGenerator[Any, None]:
+        chunks = 0
+        async for chunk in call:
+            if (got := audio_of(chunk)) is None:
+                continue
+            chunks += 1
+            if data := await enc.feed(*got):
+                yield SpeechAudioDelta(audio=base64.b64encode(data).decode())
         if tail := await enc.finish():
-            await sse.send(SpeechAudioDelta(audio=base64.b64encode(tail).decode()))
+            yield SpeechAudioDelta(audio=base64.b64encode(tail).decode())
         words = len(req.input.split())
-        await sse.send(SpeechAudioDone(usage=SpeechUsage(words, chunks, words + chunks)))
-        return await sse.end()
+        yield SpeechAudioDone(usage=SpeechUsage(words, chunks, words + chunks))
+
+    return await respond(request, events(), done=False)

@@ -6,11 +6,11 @@ stage shows the request's tools to its chat template and reads the finished
 answer with the parser (workers/engines/tool_calls.py); the last TextOutput
 carries the calls, which chat answers as `message.tool_calls` (streamed: one
 `delta.tool_calls` chunk at the end, the text held back until the answer is read)
-with `finish_reason: "tool_calls"`.
+with `finish_reason: "tool_calls"`; realtime answers them as `function_call`
+output items (api/realtime/function_calls.py).
 
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
-- `tools` (non-empty) where the text stage names no parser, and in realtime
-  sessions (function_call items are not served yet);
+- `tools` (non-empty) where the text stage names no parser;
 - a `tool_choice` that demands a call ("required" or a named function): there is
   no guided decoding to force one. "none" and "auto" are accepted ("none" keeps
   the tools from the model).
@@ -38,22 +38,18 @@ def tool_parser(pipeline: PipelineConfig) -> str | None:
     return None
 
 
-def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix: str = "",
-                  served: bool = True) -> tuple[str, str] | None:
+def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix: str = "") -> tuple[str, str] | None:
     """(message, param) when the request asks for tools this pipeline cannot call, else None.
 
     `tools`/`tool_choice` are the client's values (None or msgspec UNSET when absent);
-    `prefix` goes before the field name in `param` (realtime: "session."); `served`
-    False where the route does not serve calls at all (realtime, today).
+    `prefix` goes before the field name in `param` (realtime: "session.").
     """
     asks_tools = isinstance(tools, list | tuple) and len(tools) > 0
     demands_call = isinstance(tool_choice, dict) or (
         isinstance(tool_choice, str) and tool_choice not in PASSIVE_TOOL_CHOICES)
-    parser = tool_parser(pipeline) if served else None
-    if asks_tools and parser is None:
-        reason = "its text stage has no tool parser" if served else "function calls are not served in realtime"
-        return (f"model {pipeline.name!r} cannot call tools here ({reason}); send the request without `tools`",
-                prefix + "tools")
+    if asks_tools and tool_parser(pipeline) is None:
+        return (f"model {pipeline.name!r} cannot call tools here (its text stage has no tool parser); "
+                "send the request without `tools`", prefix + "tools")
     if demands_call:
         return (f"model {pipeline.name!r} cannot call tools on demand (no guided decoding to force a call): "
                 "`tool_choice` must be 'auto' or 'none'", prefix + "tool_choice")

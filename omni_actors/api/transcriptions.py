@@ -16,7 +16,7 @@ What goes into the pipeline:
     inputs  {"audio": float32 mono, "sample_rate": int}
     params  {"modalities": ["transcript"], "language", "prompt", "temperature"}  (those sent)
 
-The pipeline must produce "transcript" chunks ({"text": ...}). The body is read
+The pipeline must produce transcript outputs (typed TranscriptOutput, orchestrator/outputs.py). The body is read
 here, not by the body middleware (a multipart upload is parsed as it streams):
 with the same size limit (413) and time limit (408).
 """
@@ -24,6 +24,7 @@ with the same size limit (413) and time limit (408).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
@@ -39,7 +40,7 @@ from omni_actors.api.calls import (
     require_model,
     require_outputs,
 )
-from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import (
     MAX_INSTRUCTIONS_CHARS,
     MAX_NAME_CHARS,
@@ -48,8 +49,8 @@ from omni_actors.api.schemas import (
     TranscriptTextDelta,
     TranscriptTextDone,
 )
-from omni_actors.api.sse import SSEWriter
-from omni_actors.errors import RequestError
+from omni_actors.api.sse import respond
+from omni_actors.orchestrator.outputs import TranscriptOutput
 
 ROUTE = "/v1/audio/transcriptions"
 FORMATS = ("json", "text")
@@ -154,7 +155,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     async with PipelineCall(request, ROUTE, {"audio": audio, "sample_rate": rate}, params, {"transcript"}) as call:
         if stream:
             return await _stream(request, call)
-        text = "".join([str(c.data.get("text") or "") async for c in call if c.output_type == "transcript"])
+        text = "".join([piece async for piece in _pieces(call)])
     text = text.strip()
     if fmt == "text":
         return web.Response(text=text, content_type="text/plain")
@@ -162,19 +163,24 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
+async def _pieces(call: PipelineCall) -> AsyncIterator[str]:
+    """The transcript's non-empty deltas."""
+    async for chunk in call:
+        if isinstance(chunk.output, TranscriptOutput) and chunk.output.text:
+            yield chunk.output.text
+
+
 async def _stream(request: web.Request, call: PipelineCall) -> web.StreamResponse:
+    """`transcript.text.delta` events as the text comes, then `transcript.text.done` (no `[DONE]`)."""
     await call.started()  # an error before the first output keeps its HTTP status
-    parts: list[str] = []
-    async with SSEWriter(request) as sse:
-        try:
-            async for chunk in call:
-                piece = str(chunk.data.get("text") or "") if chunk.output_type == "transcript" else ""
-                if piece:
-                    if not parts:
-                        piece = piece.lstrip()
-                    parts.append(piece)
-                    await sse.send(TranscriptTextDelta(delta=piece))
-        except RequestError as err:
-            return await sse.fail(from_exception(err))
-        await sse.send(TranscriptTextDone(text="".join(parts).strip()))
-        return await sse.end()
+
+    async def events() -> AsyncGenerator[Any, None]:
+        parts: list[str] = []
+        async for piece in _pieces(call):
+            if not parts:
+                piece = piece.lstrip()
+            parts.append(piece)
+            yield TranscriptTextDelta(delta=piece)
+        yield TranscriptTextDone(text="".join(parts).strip())
+
+    return await respond(request, events(), done=False)

@@ -30,7 +30,7 @@ from omni_actors.bus import messages as m
 from omni_actors.bus.cuda_ipc import CudaExporter, CudaImporter, CudaLeases, open_tensor, share
 from omni_actors.bus.messages import ArrayRef, LeaseId, Payload
 from omni_actors.bus.shm import Arena, SegmentCache
-from omni_actors.settings import SETTINGS
+from omni_actors.settings import settings
 
 INLINE_MAX_BYTES = 64 * 1024
 """Arrays up to this size are sent inside the message instead of shared memory."""
@@ -78,7 +78,7 @@ class PayloadCodec:
         self.arena = arena
         self.segments = segments
         self.cuda = CudaLeases() if cuda_ipc else None
-        self.cuda_export = CudaExporter() if cuda_ipc and SETTINGS.cuda_ipc_path == "allocation" else None
+        self.cuda_export = CudaExporter() if cuda_ipc and settings().cuda_ipc_path == "allocation" else None
         """None: CUDA tensors go by torch's reduction only (OMNI_CUDA_IPC=torch)."""
         self._cuda_import: CudaImporter | None = None
 

@@ -28,7 +28,7 @@ import zmq
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import attach_frames, to_wire
 from omni_actors.bus.shm import SegmentCache
-from omni_actors.settings import SETTINGS
+from omni_actors.settings import settings
 
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
@@ -56,8 +56,8 @@ class RuntimeDir:
     OWNER_FILE = "main.pid"
 
     def __init__(self) -> None:
-        SETTINGS.runtime_parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=self.PREFIX, dir=SETTINGS.runtime_parent))
+        settings().runtime_parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=self.PREFIX, dir=settings().runtime_parent))
         self.path.chmod(0o700)
         (self.path / self.OWNER_FILE).write_text(str(os.getpid()))
 

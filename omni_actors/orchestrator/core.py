@@ -53,7 +53,7 @@ from omni_actors.orchestrator.supervisor import (
     sweep_stale_runtime_dirs,
     sweep_stale_segments,
 )
-from omni_actors.settings import SETTINGS, detect_platform
+from omni_actors.settings import detect_platform, settings
 
 log = logs.get(__name__)
 
@@ -87,8 +87,8 @@ class Orchestrator:
         )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
-        self.segments = SegmentCache(SETTINGS.shm_idle_s)
-        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=SETTINGS.shm_idle_s)
+        self.segments = SegmentCache(settings().shm_idle_s)
+        self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=settings().shm_idle_s)
         self._trimmer: asyncio.TimerHandle | None = None
         self.codec = PayloadCodec(ORCH_PRODUCER, self.arena, self.segments)
         self._planner = resolve(self.pipeline.planner) if self.pipeline.planner else None
@@ -118,7 +118,7 @@ class Orchestrator:
         swept = sweep_stale_segments()
         if swept:
             log.info("shm.swept_stale", segments=swept)
-        swept = sweep_stale_runtime_dirs(SETTINGS.runtime_parent)
+        swept = sweep_stale_runtime_dirs(settings().runtime_parent)
         if swept:
             log.info("runtime.swept_stale", dirs=swept)
         self.runtime = RuntimeDir()
@@ -187,10 +187,10 @@ class Orchestrator:
             self._end(self.runs[rid], RequestAborted("server shutting down"))
 
     def _arm_trimmer(self) -> None:
-        self._trimmer = asyncio.get_running_loop().call_later(SETTINGS.shm_idle_s / 2, self._trim_shm)
+        self._trimmer = asyncio.get_running_loop().call_later(settings().shm_idle_s / 2, self._trim_shm)
 
     def _trim_shm(self) -> None:
-        """Give back this process's shared-memory segments and mappings idle past SETTINGS.shm_idle_s."""
+        """Give back this process's shared-memory segments and mappings idle past settings().shm_idle_s."""
         self.arena.trim()
         self.segments.trim()
         if not self._closing:
@@ -206,10 +206,12 @@ class Orchestrator:
 
     def statistics(self) -> Statistics:
         stages = []
+        now = time.monotonic()
         for spec in self.pipeline.stages:
             reps = tuple(
                 ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
-                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0))
+                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0),
+                             h.steps, h.step_running_s(now))
                 for h in self.workers[spec.stage_id]
             )
             stages.append(StageStats(

@@ -68,6 +68,17 @@ class WorkerHandle:
     ready_at: float = 0.0
     responsive: bool = True
     """False while a Ready worker has been silent past the supervisor's unresponsive threshold."""
+    steps: int = 0
+    """Engine steps the worker reported done (last heartbeat)."""
+    step_s: float = 0.0
+    """How long its running step had run at the last heartbeat (0: none was running)."""
+    beat_at: float = 0.0
+    """time.monotonic() when that heartbeat arrived."""
+
+    def step_running_s(self, now: float) -> float:
+        """How long the running step has run by `now`: the last heartbeat's report plus its age
+        (0 when that heartbeat saw no step; a step that ended since counts until the next beat)."""
+        return self.step_s + max(0.0, now - self.beat_at) if self.step_s > 0 else 0.0
 
     @property
     def pid(self) -> int | None:

@@ -17,6 +17,10 @@ class ReplicaStats:
     leases_out: int
     """Shared-memory leases of the worker's arena not yet given back (last report)."""
     restarts: int
+    steps: int = 0
+    """Engine steps the worker reported done (its last heartbeat; a restarted worker counts from 0)."""
+    step_s: float = 0.0
+    """How long the running step has run (0: none), from the last heartbeat (at most one interval old)."""
 
 
 @dataclass(frozen=True)

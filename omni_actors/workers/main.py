@@ -21,7 +21,7 @@ from omni_actors.bus.codec import PayloadCodec
 from omni_actors.bus.shm import Arena, SegmentCache
 from omni_actors.bus.sockets import read_curve_keys
 from omni_actors.config.pipeline import resolve
-from omni_actors.settings import SETTINGS
+from omni_actors.settings import settings
 from omni_actors.workers.engine import EngineContext, StageEngine
 from omni_actors.workers.io import WorkerIO
 from omni_actors.workers.loop import WorkerLoop
@@ -106,10 +106,10 @@ def main(argv: list[str]) -> int:
     sock = WorkerIO(spec.endpoint, spec.identity.encode(), spec.heartbeat_interval_s,
                     should_stop=lambda: _should_stop(parent), keys=keys)
     arena = (
-        Arena(spec.shm_prefix, int(spec.deploy.shm_budget_mb * 2**20), SETTINGS.shm_idle_s)
+        Arena(spec.shm_prefix, int(spec.deploy.shm_budget_mb * 2**20), settings().shm_idle_s)
         if spec.arrays == "shm" else None
     )
-    segments = SegmentCache(SETTINGS.shm_idle_s)
+    segments = SegmentCache(settings().shm_idle_s)
     engine: StageEngine | None = None
     codec: PayloadCodec | None = None
     try:

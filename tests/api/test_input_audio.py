@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omni_actors import audio as audio_mod
+from omni_actors import settings as settings_mod
 from omni_actors.audio import Resampler, resample
 from tests.api.conftest import Server, post, serve
 
@@ -101,7 +101,7 @@ async def test_bad_audio_is_the_same_400_in_chat_and_transcription(
 
 async def test_duration_limit_names_its_setting(chat_srv: Server, asr_srv: Server,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(audio_mod, "SETTINGS", dataclasses.replace(audio_mod.SETTINGS, max_input_audio_s=0.05))
+    monkeypatch.setattr(settings_mod, "_settings", dataclasses.replace(settings_mod.settings(), max_input_audio_s=0.05))
     status, body = await transcribe(asr_srv, GOOD)  # 0.1 s
     assert (status, body["error"]["code"], body["error"]["param"]) == (400, "audio_too_long", "file"), body
     assert "max_input_audio_s" in body["error"]["message"]

@@ -5,7 +5,9 @@
     audio.py      pcm16 / G.711, streaming resampler
     vad.py        silero server VAD
     responses.py  one response through the orchestrator, streamed as deltas
+    function_calls.py  tools shown to the model, its calls as function_call items
     handler.py    the WebSocket handler: one receive loop per connection
+    transcription.py  a transcription session: each committed turn transcribed, no response
     duplex.py     the session on a full-duplex model (audio in and out at once, one long request)
     stats.py      counters per app (app[STATS_KEY].statistics())
     duplex_stats.py  duplex counters and their /metrics collector

@@ -11,13 +11,20 @@ lenient about fields we do not use. Server events carry their beta name; GA rena
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
 from omni_actors.api.errors import validation_detail
-from omni_actors.api.schemas import Instructions, Name, Temperature, TokenCount, Tools
+from omni_actors.api.schemas import (
+    MAX_TOOLS,
+    FunctionName,
+    Instructions,
+    Name,
+    Temperature,
+    TokenCount,
+)
 
 Dialect = Literal["beta", "ga"]
 MaxTokens = TokenCount | Literal["inf"]
@@ -56,6 +63,19 @@ class AudioIn(msgspec.Struct, kw_only=True):
     output: AudioOutputIn | UnsetType = UNSET
 
 
+class FunctionTool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A session's or response's function tool, as Realtime writes it (flat: no `function` wrapper)."""
+
+    type: Literal["function"] = "function"
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+Tools = Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)]
+ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
+
+
 class SessionIn(msgspec.Struct, kw_only=True):
     type: str | UnsetType = UNSET  # GA: "realtime" | "transcription"
     model: Name | UnsetType = UNSET
@@ -72,7 +92,7 @@ class SessionIn(msgspec.Struct, kw_only=True):
     max_response_output_tokens: MaxTokens | UnsetType = UNSET
     max_output_tokens: MaxTokens | UnsetType = UNSET
     tools: Tools | UnsetType = UNSET
-    tool_choice: str | dict[str, Any] | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
 
 
 class ContentIn(msgspec.Struct, kw_only=True):
@@ -106,7 +126,7 @@ class ResponseIn(msgspec.Struct, kw_only=True):
     metadata: dict[str, Any] | None = None
     input: list[ItemIn] | None = None
     tools: Tools | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 class ClientEvent(msgspec.Struct, tag_field="type", kw_only=True):
@@ -388,6 +408,25 @@ class TranscriptDelta(_PartEvent, kw_only=True):
 class TranscriptDone(_PartEvent, kw_only=True):
     NAME = "response.audio_transcript.done"
     transcript: str
+
+
+class FunctionCallArgumentsDelta(ServerEvent, kw_only=True):
+    NAME = "response.function_call_arguments.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+class FunctionCallArgumentsDone(ServerEvent, kw_only=True):
+    NAME = "response.function_call_arguments.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
 
 
 class RateLimitsUpdated(ServerEvent, kw_only=True):

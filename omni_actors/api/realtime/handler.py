@@ -203,7 +203,7 @@ class RealtimeSession:
     # ---- session and items ----
 
     def _refuse_tools(self, tools: Any, tool_choice: Any, prefix: str) -> None:
-        if (refusal := tools_refusal(self.orch.pipeline, tools, tool_choice, prefix, served=False)) is not None:
+        if (refusal := tools_refusal(self.orch.pipeline, tools, tool_choice, prefix)) is not None:
             raise ev.BadEvent(refusal[0], code="unsupported_parameter", param=refusal[1])
 
     async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:

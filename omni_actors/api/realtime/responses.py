@@ -9,6 +9,8 @@ routes' PipelineCall (deadline, metrics, abort on exit). Text outputs become
 text deltas (or, in an audio response, transcript deltas); audio outputs are
 resampled to the wire rate and sent as they arrive; a transcript output is the
 pipeline's transcription of the user's audio and is stored on that user item.
+A response that offers tools holds its text until the answer was read for calls
+(function_calls.py): then it sends the text, or the calls as `function_call` items.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from omni_actors.api.calls import PipelineCall
 from omni_actors.api.errors import ApiError, from_exception
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import FORMATS, Resampler, encode_wire, wire_rate
+from omni_actors.api.realtime.function_calls import add_function_item, send_call, shown_tools
 from omni_actors.api.realtime.session import (
     Conversation,
     Item,
@@ -41,7 +44,12 @@ from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
-from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, TranscriptOutput
+from omni_actors.orchestrator.outputs import (
+    AudioOutput,
+    TextOutput,
+    ToolCallOutput,
+    TranscriptOutput,
+)
 from omni_actors.orchestrator.requests import RequestStream, StageChunk
 
 log = logs.get(__name__)
@@ -78,6 +86,8 @@ class Options:
     metadata: dict[str, Any] | None = None
     context: list[Item] | None = None
     """Out-of-band input items (response.input); None: the conversation."""
+    tools: tuple[ev.FunctionTool, ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
 
     @classmethod
     def build(cls, cfg: SessionConfig, r: ev.ResponseIn | None, context: list[Item] | None) -> Options:
@@ -98,6 +108,8 @@ class Options:
             in_conversation=r.conversation != "none",
             metadata=r.metadata,
             context=context,
+            tools=cfg.tools if r.tools is None else tuple(r.tools),
+            tool_choice=cfg.tool_choice if r.tool_choice is None else r.tool_choice,
         )
 
 
@@ -121,6 +133,8 @@ def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Tur
     text; user audio nobody transcribed yet is a part `{"type": "input_audio",
     "array": key, "sample_rate": 16000}` whose samples are the top-level
     `inputs[key]`: "audio" for the last user message, "audio_1", ... for earlier ones.
+    Function items are written as chat writes them (function_calls.py), and the
+    response's tools, unless its `tool_choice` is "none", are `inputs["tools"]`.
     """
     messages: list[dict[str, Any]] = []
     if opts.instructions:
@@ -130,10 +144,8 @@ def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Tur
     audio_item = last_user if last_user is not None and last_user.pending_audio() is not None else None
     earlier = 0
     for item in items:
-        if item.type == "function_call_output":
-            messages.append({"role": "tool", "content": item.output or ""})
-        elif item.type != "message":
-            continue
+        if item.type != "message":
+            add_function_item(messages, item)
         elif item.pending_audio() is None:
             if item.text():
                 messages.append({"role": item.role, "content": item.text()})
@@ -153,6 +165,8 @@ def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Tur
                     parts.append({"type": "text", "text": part.text or part.transcript})
             messages.append({"role": item.role, "content": parts})
     inputs["messages"] = messages
+    if (tools := shown_tools(opts.tools, opts.tool_choice)) is not None:
+        inputs["tools"] = tools
     params: dict[str, Any] = {"temperature": opts.temperature, "voice": opts.voice, "modalities": list(opts.modalities)}
     if opts.max_output_tokens is not None:
         params["max_tokens"] = opts.max_output_tokens
@@ -183,11 +197,17 @@ class Usage:
     input_audio: int = 0
     output_text: int = 0
     output_audio: int = 0
+    prompt_tokens: int | None = None
+    """The text stage's own count of its prompt, when it reports one: it replaces the estimate."""
 
     def render(self) -> dict[str, Any]:
-        i, o = self.input_text + self.input_audio, self.output_text + self.output_audio
+        text_in, audio_in = self.input_text, self.input_audio
+        if self.prompt_tokens is not None:
+            audio_in = min(audio_in, self.prompt_tokens)
+            text_in = self.prompt_tokens - audio_in
+        i, o = text_in + audio_in, self.output_text + self.output_audio
         return {"total_tokens": i + o, "input_tokens": i, "output_tokens": o,
-                "input_token_details": {"text_tokens": self.input_text, "audio_tokens": self.input_audio,
+                "input_token_details": {"text_tokens": text_in, "audio_tokens": audio_in,
                                         "cached_tokens": 0},
                 "output_token_details": {"text_tokens": self.output_text, "audio_tokens": self.output_audio}}
 
@@ -201,6 +221,9 @@ class ResponseRun:
     details: dict[str, Any] | None = None
     usage: Usage = field(default_factory=Usage)
     item: Item | None = None
+    """The message item (output 0), opened when the first output is sent."""
+    calls: list[Item] = field(default_factory=list)
+    """The function_call items that follow it."""
     stream: RequestStream | None = None
     task: asyncio.Task | None = None
     cancel_reason: str | None = None
@@ -209,6 +232,10 @@ class ResponseRun:
     _transcript_sent: int = 0  # characters of the stripped transcript sent as deltas
     _submitted_at: float = 0.0
     _done_sent: bool = False
+    _held: list[str] | None = None
+    """While tools are offered: text deltas not sent yet (None: text is sent as it comes)."""
+    _read: TextOutput | None = None
+    """The answer's last text output when the tool parser read calls in it."""
     first_audio_ms: float | None = None
     """Submit to first audio chunk out of the orchestrator: the pipeline's share of first-audio latency."""
 
@@ -231,7 +258,7 @@ class ResponseRun:
 
     def render(self) -> dict[str, Any]:
         mods = "output_modalities" if self.host.dialect == "ga" else "modalities"
-        out = [render_item(self.item, self.host.dialect)] if self.item else []
+        out = [render_item(i, self.host.dialect) for i in ([self.item] if self.item else []) + self.calls]
         return {"object": "realtime.response", "id": self.id, "status": self.status,
                 "status_details": self.details, "output": out, "usage": self.usage.render(),
                 "conversation_id": self.host.conversation.id if self.opts.in_conversation else None,
@@ -282,8 +309,12 @@ class ResponseRun:
                 self.stream.abort()
             pipe = h.orch.pipeline
             final = {pipe.stage(s).final_output_type for s in self.stream.plan if pipe.stage(s).final_output}
-            await self._open_item()
+            if "tools" in turn.inputs:
+                self._held = []
+            else:
+                await self._open_item()
             error = await self._consume(call, turn.audio_item, text_is_transcript="text" in final)
+        await self._release("text" in final, complete=error is None and not self.cancel_reason)
         if self.cancel_reason:
             return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
         if error is not None:
@@ -319,22 +350,55 @@ class ResponseRun:
         return None
 
     async def _on_chunk(self, chunk: StageChunk, audio_item: Item | None, text_is_transcript: bool) -> None:
-        part = self.item.content[0]  # type: ignore[union-attr]
         match chunk.output:
-            case TextOutput(text=delta):
+            case TextOutput(text=delta) as out:
+                if out.prompt_tokens is not None:
+                    self.usage.prompt_tokens = out.prompt_tokens
+                if out.tool_calls:
+                    self._read = out
                 if not delta:
                     return
                 self.usage.output_text += 1
-                if part.type == "text":
-                    part.text = (part.text or "") + delta
-                    await self.host.send(self._part_event(ev.TextDelta, delta=delta))
-                elif text_is_transcript:
-                    part.transcript = (part.transcript or "") + delta
-                    await self.host.send(self._part_event(ev.TranscriptDelta, delta=delta))
-            case AudioOutput() as out if part.type == "audio":
-                await self._on_audio(part, out, text_is_transcript)
+                if self._held is not None:
+                    self._held.append(delta)
+                else:
+                    await self._send_text(delta, text_is_transcript)
+            case AudioOutput() as out if self.audio:
+                if self.item is None:  # (tools offered: the text waits, the audio does not)
+                    await self._open_item()
+                await self._on_audio(self.item.content[0], out, text_is_transcript)  # type: ignore[union-attr]
             case TranscriptOutput(text=text):
                 await self._on_user_transcript(audio_item, text, chunk.finished)
+
+    async def _send_text(self, delta: str, text_is_transcript: bool) -> None:
+        part = self.item.content[0]  # type: ignore[union-attr]
+        if part.type == "text":
+            part.text = (part.text or "") + delta
+            await self.host.send(self._part_event(ev.TextDelta, delta=delta))
+        elif text_is_transcript:
+            part.transcript = (part.transcript or "") + delta
+            await self.host.send(self._part_event(ev.TranscriptDelta, delta=delta))
+
+    async def _release(self, text_is_transcript: bool, complete: bool) -> None:
+        """Tools were offered and the answer ended: send it as the calls the parser read in it (a
+        complete answer only), with any text outside them first, else as the text it held."""
+        if self._held is None:
+            return
+        held, self._held = self._held, None
+        calls: tuple[ToolCallOutput, ...] = self._read.tool_calls if complete and self._read else ()
+        if calls:
+            content = self._read.content if self._read else None
+            held = [content] if content and content.strip() else []
+        if held or not calls:
+            if self.item is None:
+                await self._open_item()
+            for delta in held:
+                await self._send_text(delta, text_is_transcript)
+        if calls and self.item is not None:
+            await self._close_item("completed")
+        for c in calls:
+            index = len(self.calls) + (self.item is not None)
+            self.calls.append(await send_call(self.host, self.id, index, c, self.opts.in_conversation))
 
     async def _on_audio(self, part: Part, out: AudioOutput, text_is_transcript: bool) -> None:
         start_ms = part.audio_ms

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 import numpy as np
 from msgspec import UNSET
 
@@ -65,8 +66,9 @@ class SessionConfig:
     temperature: float = 0.8
     max_output_tokens: int | None = None
     """None means "inf"."""
-    tools: tuple[dict[str, Any], ...] = ()
-    tool_choice: Any = "auto"
+    tools: tuple[ev.FunctionTool, ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
+    """Only "auto" and "none" are accepted (api/tools.py: nothing can force a call)."""
 
 
 def _format(value: Any, param: str) -> str:
@@ -182,14 +184,14 @@ def render_session(cfg: SessionConfig, session_id: str, dialect: ev.Dialect) -> 
                           "turn_detection": _render_td(cfg.turn_detection), "noise_reduction": None},
                 "output": {"format": fmt(cfg.output_audio_format), "voice": cfg.voice, "speed": 1.0},
             },
-            "tools": list(cfg.tools), "tool_choice": cfg.tool_choice, "max_output_tokens": tokens,
+            "tools": msgspec.to_builtins(cfg.tools), "tool_choice": cfg.tool_choice, "max_output_tokens": tokens,
         }
     return {
         "id": session_id, "object": "realtime.session", "model": cfg.model,
         "modalities": list(cfg.modalities), "instructions": cfg.instructions, "voice": cfg.voice,
         "input_audio_format": cfg.input_audio_format, "output_audio_format": cfg.output_audio_format,
         "input_audio_transcription": cfg.input_audio_transcription,
-        "turn_detection": _render_td(cfg.turn_detection), "tools": list(cfg.tools),
+        "turn_detection": _render_td(cfg.turn_detection), "tools": msgspec.to_builtins(cfg.tools),
         "tool_choice": cfg.tool_choice, "temperature": cfg.temperature,
         "max_response_output_tokens": tokens,
     }
@@ -267,6 +269,11 @@ def item_from_client(it: ev.ItemIn, input_format: str) -> Item:
     """A client-created item; its audio parts are decoded to VAD_RATE float32."""
     if it.type == "message" and it.role is None:
         raise ev.BadEvent("a message item needs a role", param="item.role")
+    if it.type != "message":
+        needed = ("call_id", "name", "arguments") if it.type == "function_call" else ("call_id", "output")
+        for key in needed:
+            if getattr(it, key) is None:
+                raise ev.BadEvent(f"a {it.type} item needs `{key}`", param=f"item.{key}")
     parts = []
     for i, c in enumerate(it.content):
         if c.type in ("input_text", "text", "output_text"):

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from omni_actors.settings import SETTINGS
+from omni_actors.settings import settings
 
 PREPARE_VERSION = 1
 """Bump when the prepared layout changes; older folders are rebuilt."""
@@ -46,7 +46,7 @@ Progress = Callable[[str], None]
 
 
 def default_data_dir() -> Path:
-    return SETTINGS.data_dir / "assistant"
+    return settings().data_dir / "assistant"
 
 
 def _package_dir(name: str) -> Path:

@@ -7,6 +7,13 @@ The tokenizer is a byte-level BPE trained in milliseconds on a few sentences,
 so any text round-trips. Weights are drawn from a seeded generator: the same
 seed writes the same bytes. head_dim is 32 because vLLM's CPU attention only
 supports a fixed list of head sizes (32 and 64 are the small ones).
+
+`reply=TEXT` writes a scripted checkpoint instead: TEXT is one added token and the
+weights make greedy decoding answer any chat prompt with exactly TEXT, then the
+end token (tests use it for an answer a random model never writes, e.g. a Hermes
+tool call). Its layers add nothing to the residual stream, so each next token
+depends on the last token only: after the generation prompt's closing newline
+comes TEXT, after TEXT the end token.
 """
 
 from __future__ import annotations
@@ -71,14 +78,17 @@ def _build_tokenizer(out_dir: Path):
     return fast
 
 
-def make_tiny_llama(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write a tiny LlamaForCausalLM checkpoint into `out_dir` and return its path."""
+def make_tiny_llama(out_dir: str | Path, seed: int = 0, reply: str | None = None) -> Path:
+    """Write a tiny LlamaForCausalLM checkpoint into `out_dir` and return its path (`reply`: see above)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(out)
+    if reply is not None:
+        tokenizer.add_tokens([reply])
+        tokenizer.save_pretrained(out)
     vocab = len(tokenizer)
     # Round the embedding table up so every token id the tokenizer emits has a row.
     vocab_size = max(VOCAB_SIZE, (vocab + 63) // 64 * 64)
@@ -111,11 +121,34 @@ def make_tiny_llama(out_dir: str | Path, seed: int = 0) -> Path:
             for p in model.parameters():
                 if p.dim() > 1:
                     p.normal_(0.0, 0.2)
+            if reply is not None:
+                _script(model, tokenizer, reply, eos_id)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=bos_id).save_pretrained(
         out
     )
     return out
+
+
+REPLY_LOGIT = 50.0
+"""How far the scripted next token's logit stands above the random ones (about 0.2 * 8 each)."""
+
+
+def _script(model, tokenizer, reply: str, eos_id: int) -> None:
+    """Weights for `reply`: the prompt's last token ("\\n") leads to the reply token, it to the end."""
+    newline = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("\n"))
+    (nl_id,) = newline  # (the byte-level BPE keeps a lone newline as one token)
+    reply_id = tokenizer.convert_tokens_to_ids(reply)
+    for layer in model.model.layers:  # nothing written to the residual stream: it stays the embedding
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    model.model.norm.weight.fill_(1.0)
+    emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+    for token, nxt, axis in ((nl_id, reply_id, 0), (reply_id, eos_id, 1)):
+        emb[token] = 0.0
+        emb[token, axis] = 1.0  # after RMSNorm: sqrt(hidden) on `axis`, 0 elsewhere
+        head[:, axis] = 0.0
+        head[nxt, axis] = REPLY_LOGIT / HIDDEN_SIZE ** 0.5
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from omni_actors import audio as audio_mod
+from omni_actors import settings as settings_mod
 from omni_actors.api.realtime.audio import WIRE_RATE
 from omni_actors.api.schemas import MAX_INSTRUCTIONS_CHARS, MAX_NAME_CHARS, MAX_TOOLS
 from tests.api.conftest import post
@@ -90,7 +90,7 @@ async def test_a_response_the_stage_refuses_is_the_clients_error(srv: RtServer) 
 
 async def test_realtime_audio_item_over_the_input_limit_is_refused_before_decoding(
         srv: RtServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(audio_mod, "SETTINGS", dataclasses.replace(audio_mod.SETTINGS, max_input_audio_s=0.5))
+    monkeypatch.setattr(settings_mod, "_settings", dataclasses.replace(settings_mod.settings(), max_input_audio_s=0.5))
     one_second = base64.b64encode(bytes(2 * WIRE_RATE)).decode()
     async with aiohttp.ClientSession() as http:
         c = await connect(srv, http, turn_detection=None)

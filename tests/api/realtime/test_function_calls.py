@@ -1,0 +1,132 @@
+"""Realtime function calling on the `llm` pipeline (vLLM, Hermes parser), through the openai SDK's GA client.
+
+A random tiny model never writes a call, so the checkpoint is the tiny llama
+scripted to answer every chat prompt with one Hermes call (models/tiny/llama.py,
+`reply`): the real template, engine, parser and WebSocket carry it. The model's
+own prompt-token count (usage) shows what reached its context: the tools, the
+call and the client's `function_call_output`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+
+pytest.importorskip("vllm")
+
+from omni_actors.models.tiny.llama import make_tiny_llama
+from tests.api.realtime.conftest import RtServer, connect, serve_rt
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+QUESTION = "What is the weather in Paris?"
+RESULT = "Sunny, 21 degrees C"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tool-llama"), seed=0, reply=CALL)
+
+
+@pytest.fixture(scope="module")
+async def srv(model: Path) -> AsyncIterator[RtServer]:
+    stages = [{"stage_id": 0, "max_num_seqs": 2, "dtype": "float32",
+               "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1}}]
+    async with serve_rt("llm", model=str(model), stages=stages) as server:
+        yield server
+
+
+def prompt_tokens(model: Path, messages: list[dict[str, Any]], tools: bool) -> int:
+    """What the text stage's prompt comes to for `messages` (the template, as vLLM tokenizes it)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    shown = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}] if tools else None
+    text = tok.apply_chat_template(messages, tools=shown, tokenize=False, add_generation_prompt=True)
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def sdk(srv: RtServer) -> AsyncOpenAI:
+    return AsyncOpenAI(api_key=srv.key, base_url=f"{srv.url}/v1", max_retries=0,
+                       websocket_base_url=srv.url.replace("http://", "ws://") + "/v1")
+
+
+async def until_done(conn: Any) -> list[Any]:
+    events = []
+    async for event in conn:
+        events.append(event)
+        if event.type == "response.done":
+            return events
+    raise AssertionError("the connection closed before response.done")
+
+
+async def test_a_call_is_a_function_call_item_and_its_output_reaches_the_model(srv: RtServer, model: Path) -> None:
+    async with sdk(srv).realtime.connect(model="llm") as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                           "tools": [WEATHER], "tool_choice": "auto"})
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+        await conn.response.create()
+        events = await until_done(conn)
+        kinds = [e.type for e in events]
+        (tool,) = next(e for e in events if e.type == "session.updated").session.tools
+        assert (tool.type, tool.name, tool.parameters) == ("function", "get_weather", WEATHER["parameters"])
+        added = next(e for e in events if e.type == "response.output_item.added")
+        assert (added.item.type, added.item.name, added.item.arguments) == ("function_call", "get_weather", "")
+        call_id = added.item.call_id
+        assert call_id and "response.output_text.delta" not in kinds, kinds
+        deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+        done = next(e for e in events if e.type == "response.function_call_arguments.done")
+        assert json.loads("".join(d.delta for d in deltas)) == json.loads(done.arguments) == {"city": "Paris"}
+        assert (done.call_id, done.name, done.item_id) == (call_id, "get_weather", added.item.id)
+        assert kinds.index("response.function_call_arguments.done") < kinds.index("response.output_item.done")
+        response = events[-1].response
+        assert response.status == "completed", response
+        (item,) = response.output
+        assert (item.type, item.call_id, item.name, item.status) == ("function_call", call_id, "get_weather",
+                                                                     "completed")
+        asked = [{"role": "user", "content": QUESTION}]
+        assert response.usage.input_tokens == prompt_tokens(model, asked, tools=True)
+
+        # the client runs the function and answers the call; the next response sees the result
+        await conn.conversation.item.create(item={"type": "function_call_output", "call_id": call_id,
+                                                  "output": RESULT})
+        await conn.response.create(response={"tool_choice": "none"})
+        events = await until_done(conn)
+        response = events[-1].response
+        (item,) = response.output
+        assert (response.status, item.type, item.role) == ("completed", "message", "assistant"), response
+        answered = [*asked, {"role": "assistant", "content": ""}, {"role": "tool", "content": RESULT}]
+        assert response.usage.input_tokens == prompt_tokens(model, answered, tools=False)
+        assert "response.function_call_arguments.done" not in [e.type for e in events]
+
+
+async def test_response_tools_and_a_bad_function_item_are_answered(srv: RtServer, model: Path) -> None:
+    """Tools given on response.create alone are offered to that response; a function_call_output
+    without its call_id is an error naming it, and the session lives on (raw beta client)."""
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None, modalities=["text"])
+        eid = await c.send("conversation.item.create", item={"type": "function_call_output", "output": RESULT})
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"]) == ("item.call_id", eid), err
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+        await c.send("response.create", response={"tools": [WEATHER]})
+        events = await c.until("response.done")
+        (item,) = events[-1]["response"]["output"]
+        assert (item["type"], item["name"], json.loads(item["arguments"])) == ("function_call", "get_weather",
+                                                                                {"city": "Paris"})
+        assert [e["type"] for e in events if "function_call_arguments" in e["type"]] == [
+            "response.function_call_arguments.delta", "response.function_call_arguments.done"]
+        # the session itself offers no tools: the next response answers in text
+        await c.send("response.create")
+        (item,) = (await c.until("response.done"))[-1]["response"]["output"]
+        assert item["type"] == "message" and item["content"][0]["text"] == CALL, item
+        await c.ws.close()

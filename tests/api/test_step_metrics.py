@@ -1,0 +1,42 @@
+"""/metrics shows each stage replica's engine progress from its heartbeats: the running step's age, steps done."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from omni_actors.orchestrator.launcher import HEARTBEAT_INTERVAL_S
+from tests.api.conftest import Server, serve
+
+STEP_MS = 4000
+"""One synthetic step per request (one chunk): long enough for heartbeats to see it running."""
+SCRAPE_AFTER_S = 2.5 * HEARTBEAT_INTERVAL_S
+"""Into the second request's step: at least one heartbeat has reported it by then."""
+MSG = [{"role": "user", "content": "slow"}]
+
+
+async def scrape(srv: Server) -> dict[tuple[str, str], float]:
+    """(sample name, replica) -> value of stage 0's worker samples."""
+    async with aiohttp.ClientSession() as http, http.get(f"{srv.url}/metrics") as resp:
+        text = await resp.text()
+    return {(s.name, s.labels["replica"]): s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name.startswith("omni_worker_step") and s.labels["stage_id"] == "0"}
+
+
+async def test_a_running_step_and_the_steps_done_are_exported_per_replica() -> None:
+    stages = [{"stage_id": 0, "engine_extras": {"chunks": 1, "step_delay_ms": STEP_MS}}]
+    async with serve("synthetic_text", stages=stages) as srv:
+        client = srv.client()
+        idle = await scrape(srv)
+        assert idle[("omni_worker_step_seconds", "0")] == 0.0 and idle[("omni_worker_steps_total", "0")] == 0.0
+        first = await client.chat.completions.create(model="synthetic_text", messages=MSG)
+        assert first.choices[0].message.content
+        second = asyncio.ensure_future(client.chat.completions.create(model="synthetic_text", messages=MSG))
+        await asyncio.sleep(SCRAPE_AFTER_S)  # (one scrape at a known point of the step; nothing to wait on)
+        busy = await scrape(srv)
+        assert (await second).choices[0].message.content
+    # the second request's step is running, about SCRAPE_AFTER_S old; the first one's step is done
+    assert HEARTBEAT_INTERVAL_S / 2 < busy[("omni_worker_step_seconds", "0")] < STEP_MS / 1000 * 3, busy
+    assert busy[("omni_worker_steps_total", "0")] >= 1, busy
