@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors.errors import ConfigError
+from omni_actors.models.diffusion.processors import torchvision_free_components
 
 _DTYPES = {
     "float32": "float32",
@@ -17,7 +18,6 @@ _DTYPES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
 }
-
 
 
 def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
@@ -53,8 +53,9 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     torch_dtype = _torch_dtype(dtype, device, torch)
     diffusers.utils.logging.disable_progress_bar()
     try:
+        parts = torchvision_free_components(root, index)
         pipe = diffusers.DiffusionPipeline.from_pretrained(
-            root, local_files_only=True, dtype=torch_dtype
+            root, local_files_only=True, dtype=torch_dtype, **parts
         )
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
