@@ -172,6 +172,10 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     if caps is not None and mask_blob is not None and "mask" not in caps.inputs:
         raise bad_request(f"{caps.pipeline_class} does not take a mask", "mask")
     images, mask = await off_loop(_decode, blobs, mask_blob)
+    if caps is not None and any(min(im.shape[:2]) < caps.min_image_side for im in images):
+        side = caps.min_image_side
+        raise bad_request(f"{caps.pipeline_class} needs input images of at least {side}x{side} pixels",
+                          "image", "invalid_image")
     if "width" not in params and caps is not None and "size" in caps.inputs:
         h, w = images[0].shape[:2]  # edit at the input's size when it is one the model can make
         if w % caps.size_multiple == 0 and h % caps.size_multiple == 0:

@@ -51,6 +51,8 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     image_input: str = "none"
     """"none", "optional" or "required"."""
     max_input_images: int = 0
+    min_image_side: int = 0
+    """Input images smaller than this on either side are refused (FLUX.2: 64)."""
     size_multiple: int = 8
     """Width and height must be multiples of this."""
     layered: bool = False
@@ -103,6 +105,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         inputs=tuple(inputs),
         image_input=image_input,
         max_input_images=(facts.max_input_images if takes_image else 0),
+        min_image_side=facts.min_image_side if takes_image else 0,
         size_multiple=facts.size_multiple,
         layered=layered,
         guidance_param=facts.guidance_param if facts.guidance_param in names else "guidance_scale",

@@ -54,9 +54,12 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     diffusers.utils.logging.disable_progress_bar()
     try:
         parts = torchvision_free_components(root, index)
+        # diffusers checks a passed component against its named class, which may be a torchvision
+        # placeholder here: load without those components, then set them.
         pipe = diffusers.DiffusionPipeline.from_pretrained(
-            root, local_files_only=True, dtype=torch_dtype, **parts
+            root, local_files_only=True, dtype=torch_dtype, **dict.fromkeys(parts)
         )
+        pipe.register_modules(**parts)
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
