@@ -81,15 +81,27 @@ _LOADERS: dict[str, Callable[[Path], Any]] = {
 }
 
 
-def torchvision_free_components(root: Path, index: dict[str, Any]) -> dict[str, Any]:
-    """Components of the pipeline in `root` (its model_index.json `index`) to pass to `from_pretrained`."""
+def torchvision_free_components(root: Path, index: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Components of the pipeline in `root` (its model_index.json `index`) built without torchvision.
+
+    Returns (passed to `from_pretrained`, set after it): diffusers checks a passed
+    component against the class the index names, and where that class is
+    transformers' torchvision placeholder (PixtralProcessor) the check cannot
+    pass, so that one loads as None and is set on the pipeline afterwards.
+    """
     if torchvision_available():
-        return {}
-    out: dict[str, Any] = {}
+        return {}, {}
+    import transformers
+    from transformers import ProcessorMixin
+
+    now: dict[str, Any] = {}
+    later: dict[str, Any] = {}
     for name, spec in index.items():
         if name.startswith("_") or not isinstance(spec, list) or len(spec) != 2:
             continue
         library, class_name = spec
         if library == "transformers" and class_name in _LOADERS:
-            out[name] = _LOADERS[class_name](root / name)
-    return out
+            named = getattr(transformers, class_name)
+            real = isinstance(named, type) and issubclass(named, ProcessorMixin)
+            (now if real else later)[name] = _LOADERS[class_name](root / name)
+    return now, later

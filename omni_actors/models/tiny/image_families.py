@@ -35,6 +35,18 @@ def qwen_image_layered(out_dir: str | Path, seed: int = 0) -> Path:
     return make_tiny_qwen_image(out_dir, seed, "qwen_image_layered")
 
 
+def longcat_image(out_dir: str | Path, seed: int = 0) -> Path:
+    from omni_actors.models.tiny.longcat_image import make_tiny_longcat_image
+
+    return make_tiny_longcat_image(out_dir, seed, "longcat_image")
+
+
+def longcat_image_edit(out_dir: str | Path, seed: int = 0) -> Path:
+    from omni_actors.models.tiny.longcat_image import make_tiny_longcat_image
+
+    return make_tiny_longcat_image(out_dir, seed, "longcat_image_edit")
+
+
 def z_image(out_dir: str | Path, seed: int = 0) -> Path:
     """Z-Image: ZImageTransformer2DModel, AutoencoderKL (16 latent channels), a Qwen3 text encoder."""
     import torch

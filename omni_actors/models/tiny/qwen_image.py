@@ -53,6 +53,17 @@ QWEN_VL_PIXELS = {"min_pixels": 4 * 28 * 28, "max_pixels": 16 * 28 * 28}
 """Small pixel bounds: few vision tokens per image."""
 
 
+def qwen_vl_image_processor() -> Any:
+    """Qwen2-VL's image processor (PIL backend) with QWEN_VL_PIXELS bounds."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(size=_qwen_vl_size(), **QWEN_VL_PIXELS)
+
+
+def _qwen_vl_size() -> dict[str, int]:
+    return {"shortest_edge": QWEN_VL_PIXELS["min_pixels"], "longest_edge": QWEN_VL_PIXELS["max_pixels"]}
+
+
 def write_qwen_vl_processor(folder: Path, tokenizer: Any) -> None:
     """Write a Qwen2VLProcessor folder as Qwen-Image-Edit ships it, without constructing one.
 
@@ -60,12 +71,10 @@ def write_qwen_vl_processor(folder: Path, tokenizer: Any) -> None:
     processor); the files are the real ones: tokenizer, preprocessor_config.json
     (Qwen2VLImageProcessor), video_preprocessor_config.json, chat_template.jinja.
     """
-    from transformers import Qwen2VLImageProcessorPil
-
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(folder)
-    size = {"shortest_edge": QWEN_VL_PIXELS["min_pixels"], "longest_edge": QWEN_VL_PIXELS["max_pixels"]}
-    image = Qwen2VLImageProcessorPil(size=size, **QWEN_VL_PIXELS)
+    image = qwen_vl_image_processor()
+    size = _qwen_vl_size()
     config = {**image.to_dict(), "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}
     (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2))
     video = {key: config[key] for key in ("do_resize", "do_rescale", "rescale_factor", "do_normalize", "image_mean",

@@ -53,13 +53,11 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     torch_dtype = _torch_dtype(dtype, device, torch)
     diffusers.utils.logging.disable_progress_bar()
     try:
-        parts = torchvision_free_components(root, index)
-        # diffusers checks a passed component against its named class, which may be a torchvision
-        # placeholder here: load without those components, then set them.
+        parts, later = torchvision_free_components(root, index)
         pipe = diffusers.DiffusionPipeline.from_pretrained(
-            root, local_files_only=True, dtype=torch_dtype, **dict.fromkeys(parts)
+            root, local_files_only=True, dtype=torch_dtype, **parts, **dict.fromkeys(later)
         )
-        pipe.register_modules(**parts)
+        pipe.register_modules(**later)
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
