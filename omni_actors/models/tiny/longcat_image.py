@@ -29,7 +29,11 @@ def make_tiny_longcat_image(out_dir: str | Path, seed: int = 0, variant: str = "
     """Write a tiny LongCat-Image pipeline of `variant` (see VARIANTS) to `out_dir`; return the folder."""
     import diffusers
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, LongCatImageTransformer2DModel
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        LongCatImageTransformer2DModel,
+    )
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown LongCat-Image variant {variant!r}; expected one of {sorted(VARIANTS)}")
