@@ -59,6 +59,8 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     """Each output is a stack of RGBA layers, returned as separate images."""
     guidance_param: str = "guidance_scale"
     """The call argument a request's `guidance_scale` sets."""
+    one_prompt: bool = False
+    """Each request runs alone with one prompt and one generator (GLM-Image's AR prior)."""
 
 
 def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
@@ -71,7 +73,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
             f"{', '.join(CONDITIONING)}); {SUPPORTED}"
         )
     kind = "video" if names & VIDEO_PARAMS else "audio" if names & AUDIO_PARAMS else "image"
-    takes_image = "image" in names
+    takes_image = "image" in names and facts.image_input
     image_input = "none"
     if takes_image:
         image_input = "required" if facts.image_required else "optional"
@@ -109,6 +111,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         size_multiple=facts.size_multiple,
         layered=layered,
         guidance_param=facts.guidance_param if facts.guidance_param in names else "guidance_scale",
+        one_prompt=facts.one_prompt,
     )
 
 

@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 
 IMAGE_FAMILIES = ("qwen_image", "z_image", "hunyuan_image", "qwen_image_edit", "qwen_image_edit_plus", "flux2",
-                  "longcat_image", "longcat_image_edit")
+                  "longcat_image", "longcat_image_edit", "glm_image")
 """The diffusers image families built here (omni_actors.models.tiny.image_families: one builder each)."""
 PROCESSOR_FAMILIES = ("qwen_image_layered",)
 """Builders written but not yet served here (docs/media.md says why): offered only where torchvision is installed."""

@@ -47,6 +47,12 @@ def longcat_image_edit(out_dir: str | Path, seed: int = 0) -> Path:
     return make_tiny_longcat_image(out_dir, seed, "longcat_image_edit")
 
 
+def glm_image(out_dir: str | Path, seed: int = 0) -> Path:
+    from omni_actors.models.tiny.glm_image import make_tiny_glm_image
+
+    return make_tiny_glm_image(out_dir, seed)
+
+
 def z_image(out_dir: str | Path, seed: int = 0) -> Path:
     """Z-Image: ZImageTransformer2DModel, AutoencoderKL (16 latent channels), a Qwen3 text encoder."""
     import torch
