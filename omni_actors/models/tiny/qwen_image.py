@@ -135,7 +135,7 @@ def make_tiny_qwen_image(out_dir: str | Path, seed: int = 0, variant: str = "qwe
     layered = variant == "qwen_image_layered"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        z_dim = 4
+        z_dim = 8 if layered else 4  # the layered pipeline takes a 4-channel input for latents when z_dim is 4
         # The edit pipelines resize every input image to about a megapixel before the VAE encodes it: give
         # them the real 8x VAE (three downsamples, so its mid-block attention sees 128x128, not 256x256), narrower.
         levels, base_dim = (2, z_dim * 6) if variant == "qwen_image" else (3, 8)
