@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from omni_actors import logs
 from omni_actors.errors import ConfigError
 from omni_actors.models.diffusion.processors import torchvision_free_components
+
+log = logs.get(__name__)
 
 _DTYPES = {
     "float32": "float32",
@@ -58,6 +61,8 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
             root, local_files_only=True, dtype=torch_dtype, **parts, **dict.fromkeys(later)
         )
         pipe.register_modules(**later)
+        if parts or later:
+            log.info("diffusion.torchvision_free_components", components=sorted([*parts, *later]))
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
