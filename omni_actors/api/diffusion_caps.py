@@ -53,3 +53,13 @@ def require_task(orch: Orchestrator, caps: DiffusionCaps | None, tasks: set[str]
         f"model {orch.deploy.server.served_model_name or orch.pipeline.name!r} ({caps.pipeline_class}) "
         f"cannot serve {route}: it does {', '.join(caps.tasks)} (use {', '.join(where)})",
         "model", "unsupported_task")
+
+
+def require_size(caps: DiffusionCaps | None, width: int | None, height: int | None) -> None:
+    """400 naming `size` when the served pipeline cannot make sides of this length."""
+    if caps is None or width is None or height is None:
+        return
+    m = caps.size_multiple
+    if width % m or height % m:
+        raise bad_request(f"size {width}x{height}: {caps.pipeline_class} makes sides that are multiples of {m}",
+                          "size", "invalid_size")

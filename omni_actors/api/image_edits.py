@@ -31,7 +31,7 @@ from omni_actors.api.calls import (
     require_model,
     require_outputs,
 )
-from omni_actors.api.diffusion_caps import require_task, served_caps
+from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.images import answer_images, collect_images, parse_size
 
@@ -165,12 +165,17 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     if response_format not in ("b64_json", "url"):
         raise bad_request(f"response_format must be b64_json or url, got {response_format!r}", "response_format")
     params = _params(fields)
+    require_size(caps, params.get("width"), params.get("height"))
     if caps is not None and len(blobs) > max(caps.max_input_images, 1):
         raise bad_request(f"{caps.pipeline_class} takes at most {caps.max_input_images} image(s), got {len(blobs)}",
                           "image")
     if caps is not None and mask_blob is not None and "mask" not in caps.inputs:
         raise bad_request(f"{caps.pipeline_class} does not take a mask", "mask")
     images, mask = await off_loop(_decode, blobs, mask_blob)
+    if caps is not None and any(min(im.shape[:2]) < caps.min_image_side for im in images):
+        side = caps.min_image_side
+        raise bad_request(f"{caps.pipeline_class} needs input images of at least {side}x{side} pixels",
+                          "image", "invalid_image")
     if "width" not in params and caps is not None and "size" in caps.inputs:
         h, w = images[0].shape[:2]  # edit at the input's size when it is one the model can make
         if w % caps.size_multiple == 0 and h % caps.size_multiple == 0:

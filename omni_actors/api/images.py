@@ -35,7 +35,7 @@ from omni_actors.api.calls import (
     require_model,
     require_outputs,
 )
-from omni_actors.api.diffusion_caps import require_task, served_caps
+from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
 from omni_actors.api.errors import bad_request
 from omni_actors.api.image_files import FILES_KEY
 from omni_actors.api.schemas import ImageData, ImageRequest, ImagesResponse, read_body
@@ -130,6 +130,7 @@ async def generations(request: web.Request) -> web.StreamResponse:
     caps = served_caps(orch)
     require_task(orch, caps, GENERATION_TASKS, ROUTE)
     size = parse_size(req.size)
+    require_size(caps, *(size or (None, None)))
     params = diffusion_params(req, size)
     negative = req.negative_prompt if req.negative_prompt is not None else (
         req.extra_body.negative_prompt if req.extra_body else None)

@@ -51,12 +51,16 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     image_input: str = "none"
     """"none", "optional" or "required"."""
     max_input_images: int = 0
+    min_image_side: int = 0
+    """Input images smaller than this on either side are refused (FLUX.2: 64)."""
     size_multiple: int = 8
     """Width and height must be multiples of this."""
     layered: bool = False
     """Each output is a stack of RGBA layers, returned as separate images."""
     guidance_param: str = "guidance_scale"
     """The call argument a request's `guidance_scale` sets."""
+    one_prompt: bool = False
+    """Each request runs alone with one prompt and one generator (GLM-Image's AR prior)."""
 
 
 def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
@@ -69,7 +73,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
             f"{', '.join(CONDITIONING)}); {SUPPORTED}"
         )
     kind = "video" if names & VIDEO_PARAMS else "audio" if names & AUDIO_PARAMS else "image"
-    takes_image = "image" in names
+    takes_image = "image" in names and facts.image_input
     image_input = "none"
     if takes_image:
         image_input = "required" if facts.image_required else "optional"
@@ -103,9 +107,11 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         inputs=tuple(inputs),
         image_input=image_input,
         max_input_images=(facts.max_input_images if takes_image else 0),
+        min_image_side=facts.min_image_side if takes_image else 0,
         size_multiple=facts.size_multiple,
         layered=layered,
         guidance_param=facts.guidance_param if facts.guidance_param in names else "guidance_scale",
+        one_prompt=facts.one_prompt,
     )
 
 

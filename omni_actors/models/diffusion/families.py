@@ -14,6 +14,12 @@ class FamilyFacts:
     image_required: bool = False
     """Its call fails without `image` (an edit-only pipeline)."""
     max_input_images: int = 1
+    min_image_side: int = 0
+    """Input images need at least this many pixels on each side."""
+    image_input: bool = True
+    """False where the call takes `image` but that path fails with the installed libraries (not offered)."""
+    one_prompt: bool = False
+    """Its call takes one prompt and one generator (an AR prior seeded from it): each request runs alone."""
     size_multiple: int = 8
     """Latent side times patch size: width and height must be multiples of it."""
     guidance_param: str = "guidance_scale"
@@ -28,11 +34,13 @@ _FACTS: dict[str, FamilyFacts] = {
     # Qwen-Image-Edit-2509 ("Plus") composes up to three reference images.
     "QwenImageEditPlusPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, max_input_images=3, size_multiple=16),
     "QwenImageLayeredPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
-    "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16),
-    "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16),
+    "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64),
+    "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64),
     "ZImagePipeline": FamilyFacts(size_multiple=16),
     "HunyuanImagePipeline": FamilyFacts(size_multiple=32),
-    "GlmImagePipeline": FamilyFacts(size_multiple=32),
+    # Its image-to-image path fails in diffusers 0.42.1 with transformers 5.19: the pipeline concatenates the
+    # per-image [C, h, w] features that get_image_tokens then iterates one image at a time (docs/media.md).
+    "GlmImagePipeline": FamilyFacts(size_multiple=32, image_input=False, one_prompt=True),
     "LongCatImagePipeline": FamilyFacts(size_multiple=16),
     "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True),
     "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),

@@ -9,15 +9,11 @@ without torch.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from pathlib import Path
 
-IMAGE_FAMILIES = ("qwen_image", "z_image", "hunyuan_image")
+IMAGE_FAMILIES = ("qwen_image", "z_image", "hunyuan_image", "qwen_image_edit", "qwen_image_edit_plus",
+                  "qwen_image_layered", "flux2", "longcat_image", "longcat_image_edit", "glm_image")
 """The diffusers image families built here (omni_actors.models.tiny.image_families: one builder each)."""
-PROCESSOR_FAMILIES = ("qwen_image_edit", "qwen_image_edit_plus", "qwen_image_layered", "flux2")
-"""Families whose processor (Qwen2VLProcessor, PixtralProcessor) needs torchvision (docs/media.md): offered only where it is installed."""
-if importlib.util.find_spec("torchvision") is not None:
-    IMAGE_FAMILIES += PROCESSOR_FAMILIES
 
 _BUILDERS: dict[str, str] = {
     "qwen2_5_omni": "omni_actors.models.tiny.qwen2_5_omni:make_tiny_qwen2_5_omni",

@@ -8,6 +8,7 @@ transformer, VAE, scheduler, text encoder and tokenizer classes at tiny widths
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 def qwen_image(out_dir: str | Path, seed: int = 0) -> Path:
@@ -32,6 +33,24 @@ def qwen_image_layered(out_dir: str | Path, seed: int = 0) -> Path:
     from omni_actors.models.tiny.qwen_image import make_tiny_qwen_image
 
     return make_tiny_qwen_image(out_dir, seed, "qwen_image_layered")
+
+
+def longcat_image(out_dir: str | Path, seed: int = 0) -> Path:
+    from omni_actors.models.tiny.longcat_image import make_tiny_longcat_image
+
+    return make_tiny_longcat_image(out_dir, seed, "longcat_image")
+
+
+def longcat_image_edit(out_dir: str | Path, seed: int = 0) -> Path:
+    from omni_actors.models.tiny.longcat_image import make_tiny_longcat_image
+
+    return make_tiny_longcat_image(out_dir, seed, "longcat_image_edit")
+
+
+def glm_image(out_dir: str | Path, seed: int = 0) -> Path:
+    from omni_actors.models.tiny.glm_image import make_tiny_glm_image
+
+    return make_tiny_glm_image(out_dir, seed)
 
 
 def z_image(out_dir: str | Path, seed: int = 0) -> Path:
@@ -137,10 +156,10 @@ _FLUX2_TEMPLATE = (
 """Mistral's chat layout ([SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]) over content lists."""
 
 
-def _flux2_processor(seed: int) -> object:
-    """A PixtralProcessor (Mistral-Small-3.x's) over a byte-level BPE trained offline, PIL image backend."""
+def _flux2_tokenizer() -> Any:
+    """Mistral-Small-3.x's tokenizer layout over a byte-level BPE trained offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PixtralImageProcessorPil, PixtralProcessor, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -149,15 +168,37 @@ def _flux2_processor(seed: int) -> object:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(["a photo of a red cube on a table", "a dog is dancing in the garden at night"] * 8,
                             trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                    unk_token="<unk>", model_max_length=4096, chat_template=_FLUX2_TEMPLATE)
-    image = PixtralImageProcessorPil(patch_size=8, size={"longest_edge": 64})
-    return PixtralProcessor(image_processor=image, tokenizer=fast, patch_size=8, spatial_merge_size=1,
-                            chat_template=_FLUX2_TEMPLATE)
+
+
+def _write_pixtral_processor(folder: Path, tokenizer: Any) -> None:
+    """A PixtralProcessor folder as FLUX.2 ships its `tokenizer`, written without constructing one.
+
+    transformers 5.19 builds a PixtralProcessor only with torchvision; the files
+    are the real ones: tokenizer, preprocessor_config.json (PixtralImageProcessor),
+    processor_config.json, chat_template.jinja.
+    """
+    import json
+
+    from transformers import PixtralImageProcessorPil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    image = PixtralImageProcessorPil(patch_size=8, size={"longest_edge": 64}).to_dict()
+    image.update(image_processor_type="PixtralImageProcessor", processor_class="PixtralProcessor")
+    (folder / "preprocessor_config.json").write_text(json.dumps(image, indent=2))
+    processor = {"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 1,
+                 "image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    (folder / "chat_template.jinja").write_text(_FLUX2_TEMPLATE)
 
 
 def flux2(out_dir: str | Path, seed: int = 0) -> Path:
     """FLUX.2 [dev]: Flux2Transformer2DModel, AutoencoderKLFlux2, a Mistral3 text encoder and its Pixtral processor.
+
+    The processor folder is written by hand (see _write_pixtral_processor); served
+    here, it loads as its tokenizer (models/diffusion/processors.py).
 
     The text encoder has 30 layers (tiny ones) because the pipeline reads hidden states 10, 20 and 30.
     """
@@ -170,16 +211,18 @@ def flux2(out_dir: str | Path, seed: int = 0) -> Path:
     )
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
+    from omni_actors.models.tiny.qwen_image import name_component
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        processor = _flux2_processor(seed)
-        ids = processor.tokenizer.convert_tokens_to_ids
+        tokenizer = _flux2_tokenizer()
+        ids = tokenizer.convert_tokens_to_ids
         hidden = 16
         text_encoder = Mistral3ForConditionalGeneration(Mistral3Config(
             text_config={
-                "model_type": "mistral", "vocab_size": len(processor.tokenizer), "hidden_size": hidden,
+                "model_type": "mistral", "vocab_size": len(tokenizer), "hidden_size": hidden,
                 "intermediate_size": 32, "max_position_embeddings": 4096, "num_attention_heads": 2,
                 "num_hidden_layers": 30, "num_key_value_heads": 1, "head_dim": 8, "sliding_window": None,
                 "bos_token_id": ids("<s>"), "eos_token_id": ids("</s>"), "pad_token_id": ids("<pad>"),
@@ -200,6 +243,8 @@ def flux2(out_dir: str | Path, seed: int = 0) -> Path:
             latent_channels=4, norm_num_groups=16, use_quant_conv=False, use_post_quant_conv=False,
         )  # fmt: skip
         pipe = Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
-                             tokenizer=processor, transformer=transformer)
+                             tokenizer=None, transformer=transformer)
     pipe.save_pretrained(out, safe_serialization=True)
+    _write_pixtral_processor(out / "tokenizer", tokenizer)
+    name_component(out, "tokenizer", "transformers", "PixtralProcessor")
     return out

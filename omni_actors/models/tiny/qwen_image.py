@@ -10,6 +10,7 @@ Also home of the Qwen2.5-VL parts that LongCat-Image and HunyuanImage share.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,49 @@ def qwen_vl_tokenizer(seed: int = 0) -> Any:
     )
 
 
-def qwen_vl_processor(tokenizer: Any) -> Any:
-    """A Qwen2VLProcessor over `tokenizer` with small pixel bounds (few vision tokens per image)."""
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+QWEN_VL_PIXELS = {"min_pixels": 4 * 28 * 28, "max_pixels": 16 * 28 * 28}
+"""Small pixel bounds: few vision tokens per image."""
 
-    pixels = {"min_pixels": 4 * 28 * 28, "max_pixels": 16 * 28 * 28}
-    image = Qwen2VLImageProcessor(
-        size={"shortest_edge": pixels["min_pixels"], "longest_edge": pixels["max_pixels"]}, **pixels
-    )
-    return Qwen2VLProcessor(image_processor=image, tokenizer=tokenizer, video_processor=None,
-                            chat_template=tokenizer.chat_template)
+
+def qwen_vl_image_processor() -> Any:
+    """Qwen2-VL's image processor (PIL backend) with QWEN_VL_PIXELS bounds."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(size=_qwen_vl_size(), **QWEN_VL_PIXELS)
+
+
+def _qwen_vl_size() -> dict[str, int]:
+    return {"shortest_edge": QWEN_VL_PIXELS["min_pixels"], "longest_edge": QWEN_VL_PIXELS["max_pixels"]}
+
+
+def write_qwen_vl_processor(folder: Path, tokenizer: Any) -> None:
+    """Write a Qwen2VLProcessor folder as Qwen-Image-Edit ships it, without constructing one.
+
+    transformers 5.19 builds a Qwen2VLProcessor only with torchvision (its video
+    processor); the files are the real ones: tokenizer, preprocessor_config.json
+    (Qwen2VLImageProcessor), video_preprocessor_config.json, chat_template.jinja.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    image = qwen_vl_image_processor()
+    size = _qwen_vl_size()
+    config = {**image.to_dict(), "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}
+    (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2))
+    video = {key: config[key] for key in ("do_resize", "do_rescale", "rescale_factor", "do_normalize", "image_mean",
+                                          "image_std", "do_convert_rgb", "patch_size", "temporal_patch_size",
+                                          "merge_size")}  # fmt: skip
+    video.update(size=size, **QWEN_VL_PIXELS, video_processor_type="Qwen2VLVideoProcessor",
+                 processor_class="Qwen2VLProcessor")  # fmt: skip
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    (folder / "chat_template.jinja").write_text(tokenizer.chat_template)
+
+
+def name_component(out: Path, name: str, library: str, class_name: str) -> None:
+    """Record component `name` in out/model_index.json as `[library, class_name]` (one written by hand)."""
+    index_file = out / "model_index.json"
+    index = json.loads(index_file.read_text())
+    index[name] = [library, class_name]
+    index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def qwen_vl_text_encoder(hidden: int = TEXT_HIDDEN) -> Any:
@@ -101,15 +135,18 @@ def make_tiny_qwen_image(out_dir: str | Path, seed: int = 0, variant: str = "qwe
     layered = variant == "qwen_image_layered"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        z_dim = 4
+        z_dim = 8 if layered else 4  # the layered pipeline takes a 4-channel input for latents when z_dim is 4
+        # The edit pipelines resize every input image to about a megapixel before the VAE encodes it: give
+        # them the real 8x VAE (three downsamples, so its mid-block attention sees 128x128, not 256x256), narrower.
+        levels, base_dim = (2, z_dim * 6) if variant == "qwen_image" else (3, 8)
         transformer = QwenImageTransformer2DModel(
             patch_size=2, in_channels=z_dim * 4, out_channels=z_dim, num_layers=2, attention_head_dim=16,
             num_attention_heads=2, joint_attention_dim=TEXT_HIDDEN, guidance_embeds=False,
             axes_dims_rope=(8, 4, 4), use_layer3d_rope=layered, use_additional_t_cond=layered,
         )  # fmt: skip
         vae = AutoencoderKLQwenImage(
-            base_dim=z_dim * 6, z_dim=z_dim, dim_mult=[1, 2, 4], num_res_blocks=1,
-            temperal_downsample=[False, True], latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
+            base_dim=base_dim, z_dim=z_dim, dim_mult=[1, 2, 4, 4][: levels + 1],
+            num_res_blocks=1, temperal_downsample=[False, True, True][:levels], latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim,
             input_channels=4 if layered else 3,
         )  # fmt: skip
         tokenizer = qwen_vl_tokenizer(seed)
@@ -121,7 +158,10 @@ def make_tiny_qwen_image(out_dir: str | Path, seed: int = 0, variant: str = "qwe
             "tokenizer": tokenizer,
         }
         if variant != "qwen_image":
-            parts["processor"] = qwen_vl_processor(tokenizer)
+            parts["processor"] = None  # written by hand below
         pipe = getattr(diffusers, VARIANTS[variant])(**parts)
     pipe.save_pretrained(out, safe_serialization=True)
+    if variant != "qwen_image":
+        write_qwen_vl_processor(out / "processor", tokenizer)
+        name_component(out, "processor", "transformers", "Qwen2VLProcessor")
     return out

@@ -147,7 +147,8 @@ class DiffusionEngine(BatchedPipelineEngine):
         while self._queue:
             job = self._queue.popleft()
             if (
-                job.batch_key == head.batch_key
+                not self.caps.one_prompt
+                and job.batch_key == head.batch_key
                 and len(jobs) < self._max_batch
                 and images + job.n <= self._max_batch_images
             ):
@@ -195,14 +196,15 @@ class DiffusionEngine(BatchedPipelineEngine):
             kw["class_labels"] = [j.class_label for j in jobs for _ in range(j.n)]
         else:
             kw["batch_size"] = len(generators)
-        if head.images:  # such a job runs alone (see batch_key)
+        if head.images or self.caps.one_prompt:  # such a job runs alone (see batch_key, _start_batch)
             kw["prompt"] = head.prompt  # one prompt; the pipeline repeats it num_images_per_prompt times
             kw["num_images_per_prompt"] = head.n
             kw["generator"] = generators[0]
-            pil = [_pil(im) for im in head.images]
-            kw["image"] = pil if self.caps.max_input_images > 1 else pil[0]
             if head.negative_prompt is not None:
                 kw["negative_prompt"] = head.negative_prompt
+        if head.images:
+            pil = [_pil(im) for im in head.images]
+            kw["image"] = pil if self.caps.max_input_images > 1 else pil[0]
             if head.mask is not None:
                 kw["mask_image"] = _pil(head.mask)
         if head.width is not None and {"width", "height"} <= accepts:

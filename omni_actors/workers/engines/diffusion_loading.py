@@ -6,7 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from omni_actors import logs
 from omni_actors.errors import ConfigError
+from omni_actors.models.diffusion.processors import torchvision_free_components
+
+log = logs.get(__name__)
 
 _DTYPES = {
     "float32": "float32",
@@ -17,7 +21,6 @@ _DTYPES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
 }
-
 
 
 def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
@@ -53,9 +56,13 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     torch_dtype = _torch_dtype(dtype, device, torch)
     diffusers.utils.logging.disable_progress_bar()
     try:
+        parts, later = torchvision_free_components(root, index)
         pipe = diffusers.DiffusionPipeline.from_pretrained(
-            root, local_files_only=True, dtype=torch_dtype
+            root, local_files_only=True, dtype=torch_dtype, **parts, **dict.fromkeys(later)
         )
+        pipe.register_modules(**later)
+        if parts or later:
+            log.info("diffusion.torchvision_free_components", components=sorted([*parts, *later]))
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)

@@ -1,0 +1,53 @@
+"""GLM-Image (an AR prior then a DiT) served from its tiny folder through the openai SDK.
+
+Each request runs alone with one prompt and one generator (the AR prior is seeded
+from it); its image-to-image path is not offered (docs/media.md says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import openai
+import pytest
+
+pytest.importorskip("diffusers")
+
+from tests.api.conftest import eventually, idle
+from tests.api.image_family_support import decode, png, serve_family
+
+MODEL = "glm_image"
+
+
+@pytest.fixture(scope="module")
+async def srv(tmp_path_factory):
+    async with serve_family(MODEL, tmp_path_factory.mktemp("glm")) as s:
+        yield s
+
+
+async def test_generates_at_the_asked_size_and_same_seed_same_image(srv) -> None:
+    client = srv.client()
+    kw = {"model": MODEL, "prompt": "a sign that reads 'open'", "n": 2, "size": "64x32",
+          "extra_body": {"num_inference_steps": 2, "seed": 3}}
+    first, again, other = await asyncio.gather(  # concurrent requests each run alone
+        client.images.generate(**kw), client.images.generate(**kw),
+        client.images.generate(**{**kw, "extra_body": {"num_inference_steps": 2, "seed": 4}}),
+    )
+    images = [decode(d.b64_json) for d in first.data]
+    assert [im.shape for im in images] == [(32, 64, 3)] * 2
+    assert all(np.array_equal(a, decode(b.b64_json)) for a, b in zip(images, again.data, strict=True))
+    assert not np.array_equal(images[0], decode(other.data[0].b64_json))
+    await eventually(lambda: idle(srv.orch))
+
+
+async def test_models_say_text_to_image_only_and_edits_are_400s(srv) -> None:
+    client = srv.client()
+    caps = (await client.models.retrieve(MODEL)).model_extra["capabilities"]
+    assert caps["tasks"] == ["text-to-image"] and caps["size_multiple"] == 32 and "image" not in caps["inputs"]
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.images.edit(model=MODEL, image=("a.png", png(np.zeros((32, 32, 3), np.uint8))), prompt="x")
+    assert "/v1/images/generations" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.images.generate(model=MODEL, prompt="x", size="48x32")
+    assert err.value.body["param"] == "size"
