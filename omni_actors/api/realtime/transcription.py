@@ -25,6 +25,7 @@ from omni_actors.api.realtime.session import Item, SessionConfig
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
+from omni_actors.orchestrator.core import Orchestrator
 
 log = logs.get(__name__)
 
@@ -37,6 +38,7 @@ TRANSCRIPTION_OPTIONS = ("language", "prompt")
 
 class Host(Protocol):
     app: web.Application
+    orch: Orchestrator
     cfg: SessionConfig
 
     async def send(self, event: ev.ServerEvent) -> None: ...
@@ -61,7 +63,8 @@ async def transcribe_turn(host: Host, item: Item) -> None:
     pieces: list[str] = []
     sent = 0  # characters of the stripped transcript sent as deltas
     try:
-        async with PipelineCall(host.app, ROUTE, inputs, transcription_params(host.cfg), {"transcript"}) as call:
+        async with PipelineCall(host.app, ROUTE, inputs, transcription_params(host.cfg), {"transcript"},
+                                orch=host.orch) as call:
             async for chunk in call:
                 if chunk.output_type != "transcript":
                     continue
