@@ -23,7 +23,7 @@ from aiohttp import web
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.orchestrator.core import Orchestrator
 
-ROUTED = "omni_actors.orchestrator"
+ROUTED = web.RequestKey("orchestrator", Orchestrator)
 """The request's key for the orchestrator `route_model` chose."""
 
 
