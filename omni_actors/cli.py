@@ -143,16 +143,18 @@ def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
         return deploys
     if len(names) > 1:
         raise ConfigError("--served-model-name: given more than once for one pipeline")
-    if names:
-        overlay["server"] = {**overlay.get("server", {}), "served_model_name": names[0]}
-    if models:
-        overlay["model"] = models[0]
     path = Path(args.deploy) if args.deploy else bundled_deploy()
-    deploys = load_deploys(path, overlay or None)
-    if len(deploys) > 1 and (models or names or args.stage_overrides):
-        raise ConfigError(f"{path}: lists {len(deploys)} pipelines: --model, --served-model-name and "
-                          "--stage-overrides apply to one; set them in the file's `pipelines` entries")
-    return deploys
+    if models or names or args.stage_overrides:  # flags for one pipeline
+        if names:
+            overlay["server"] = {**overlay.get("server", {}), "served_model_name": names[0]}
+        if models:
+            overlay["model"] = models[0]
+        shared = {k: v for k, v in overlay.items() if k not in ("model", "stages")}
+        shared["server"] = {k: v for k, v in overlay.get("server", {}).items() if k != "served_model_name"}
+        if len(several := load_deploys(path, shared)) > 1:
+            raise ConfigError(f"{path}: lists {len(several)} pipelines: --model, --served-model-name and "
+                              "--stage-overrides apply to one; set them in the file's `pipelines` entries")
+    return load_deploys(path, overlay or None)
 
 
 def _servable(model: str, pipelines: list[str]) -> bool:
