@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import uvloop
 
-from omni_actors import logs
+from omni_actors import logs, progress
 from omni_actors.config.deploy import (
     DeployConfig,
     check_distinct,
@@ -331,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # a bad choice: argparse printed the usage line
         return int(exit_.code or 2)
     logs.configure()
+    progress.main_process()
     try:
         if argv and argv[0] in TOOLS:
             return _tool(argv)
