@@ -3,6 +3,7 @@ anything starts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,16 @@ def test_flags_for_one_pipeline_refuse_a_file_of_several(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="lists 2 pipelines"):
         load_from_args(parse_serve_args(["--deploy", path, "--served-model-name", "x"]))
     assert len(load_from_args(parse_serve_args(["--deploy", path, "--port", "9002"]))) == 2
+
+
+def test_the_serving_guide_deploy_file_loads(tmp_path: Path) -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
+    [block] = re.findall(r"```yaml\n(.*?)```", guide, re.S)
+    voice, pics = load_deploys(_file(tmp_path, block))
+    assert (voice.server.served_model_name, pics.server.served_model_name) == ("voice", "pics")
+    assert voice.stage(0).max_num_seqs == 4 and voice.server.port == pics.server.port == 8000
+    lines = re.findall(r"^    omni-run (--model .*)$", guide, re.M)
+    assert len(lines) == 3
+    argv = next(line.split() for line in lines if "./" not in line)  # (the others need real folders)
+    assert [d.pipeline for d in load_from_args(parse_serve_args(argv))] == [
+        "synthetic", "synthetic_image", "synthetic_asr"]
