@@ -40,8 +40,12 @@ def add_routes(app: web.Application) -> None:
         from omni_actors.api.pipelines import PIPELINES_KEY  # (look it up late, as app.py does)
 
         pipelines, name = request.app[PIPELINES_KEY], request.query.get("model")
-        # The session's pipeline: its `model` query (404 if unknown), else the first that writes text.
-        orch = pipelines.find(name, set())[0] if name else pipelines.first_making({"text"})
+        # The session's pipeline: its `model` query (404 if unknown), else the first that writes text. With
+        # one pipeline any name reaches it, as it always has (realtime clients often send their own).
+        if len(pipelines.all) == 1 or not name:
+            orch = pipelines.first_making({"text"})
+        else:
+            orch = pipelines.find(name, set())[0]
         return await handler.realtime_handler(request, orch, sessions, stats)
 
     async def warm_up(_app: web.Application) -> None:
