@@ -3,8 +3,9 @@
     async with PipelineCall(request, "/v1/chat/completions", inputs, params, {"text"}) as call:
         async for chunk in call: ...
 
-Every request into the pipeline goes through it: the REST routes (given their
-request) and each realtime response (given the app).
+Every request into a pipeline goes through it: the REST routes (given their
+request, it calls the pipeline `route_model` chose for it, pipelines.py) and each
+realtime response (given the app and its session's orchestrator).
 
 - The route says which output types it wants; the pipeline says which it can
   produce (`pipeline.output_types()`): a mismatch is a 400 naming `param`.
