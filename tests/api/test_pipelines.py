@@ -1,5 +1,5 @@
-"""One server, several pipelines: a real `omni-run --model A --model B --model C` routes each request by its
-`model` on every route, lists every model, and reports health, status and metrics per pipeline."""
+"""One server, several pipelines: a real `omni-run --model A --model B --model C --model DIR` routes each
+request by its `model` on every route, lists every model, and reports health, status and metrics per pipeline."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +27,12 @@ import requests
 from tests.conftest import free_port
 from tests.shutdown_support import OmniRun, runtime_dirs
 
-MODELS = ("synthetic", "synthetic_image", "synthetic_asr")
-"""Speech and text, images, transcripts: three weightless pipelines, each its own orchestrator."""
+MODELS = ("synthetic", "synthetic_image", "synthetic_asr", "tiny-sd")
+"""Speech and text, images, transcripts: three weightless pipelines by name; and a tiny random-weight
+Stable Diffusion folder (`make-tiny diffusion`), detected from its model_index.json. Each its own orchestrator."""
 SDK_TIMEOUT_S = 30.0
+RESTART_TIMEOUT_S = 30.0
+"""Longest wait for a killed worker's replacement to be Ready (test side; the supervisor restarts it at once)."""
 
 
 class MultiRun(OmniRun):
@@ -54,8 +59,6 @@ class MultiRun(OmniRun):
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=SDK_TIMEOUT_S, max_retries=0)
 
     def stop(self) -> None:
-        import signal
-
         self.signal(signal.SIGTERM)
         assert self.wait() == 0, self.output
         self.assert_clean(workers_timeout_s=15.0)
@@ -63,8 +66,12 @@ class MultiRun(OmniRun):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiRun]:
-    args = [a for m in MODELS for a in ("--model", m)]
-    r = MultiRun(tmp_path_factory.mktemp("multi"), *args)
+    from omni_actors.models.tiny import make_tiny
+
+    tmp = tmp_path_factory.mktemp("multi")
+    folder = make_tiny("diffusion", tmp / "tiny-sd")
+    args = [a for m in MODELS for a in ("--model", str(folder) if m == "tiny-sd" else m)]
+    r = MultiRun(tmp, *args)
     try:
         r.wait_ready()
         yield r
@@ -91,6 +98,9 @@ def test_models_lists_every_pipeline_with_what_it_makes(run: MultiRun) -> None:
     assert set(models["synthetic"].model_extra["output_types"]) == {"text", "audio"}
     assert models["synthetic_image"].model_extra["output_types"] == ["image"]
     assert models["synthetic_asr"].model_extra["output_types"] == ["transcript"]
+    tiny = models["tiny-sd"].model_extra
+    assert tiny["pipeline"] == "diffusion" and tiny["output_types"] == ["image"]
+    assert "text-to-image" in tiny["capabilities"]["tasks"]
     assert run.client().models.retrieve("synthetic_asr").model_extra["pipeline"] == "synthetic_asr"
 
 
@@ -103,6 +113,9 @@ def test_each_rest_route_reaches_its_model(run: MultiRun) -> None:
     image = c.images.generate(model="synthetic_image", prompt="a cube", size="64x48", response_format="b64_json")
     assert base64.b64decode(image.data[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"
     png = base64.b64decode(image.data[0].b64_json)
+    sd = c.images.generate(model="tiny-sd", prompt="a cube", size="32x32", response_format="b64_json",
+                           extra_body={"num_inference_steps": 1, "seed": 1})
+    assert base64.b64decode(sd.data[0].b64_json)[:4] == b"\x89PNG"
     edit = c.images.edit(model="synthetic_image", image=("in.png", png), prompt="x", response_format="b64_json")
     assert base64.b64decode(edit.data[0].b64_json)[:4] == b"\x89PNG"
     text = c.audio.transcriptions.create(model="synthetic_asr", file=("a.wav", _wav()))
@@ -163,15 +176,38 @@ async def test_realtime_and_speech_stream_sockets_route_by_model(run: MultiRun) 
 def test_health_status_and_metrics_are_per_pipeline(run: MultiRun) -> None:
     assert requests.get(f"{run.url}/health", timeout=SDK_TIMEOUT_S).json() == {"status": "ok"}
     status = requests.get(f"{run.url}/v1/status", timeout=SDK_TIMEOUT_S).json()
-    assert [p["models"] for p in status["pipelines"]] == [[m] for m in MODELS]
-    assert [len(p["stages"]) for p in status["pipelines"]] == [3, 1, 1]
+    assert [p["models"] for p in status["pipelines"]] == [[m] for m in MODELS[:3]] + [["tiny-sd", "diffusion"]]
+    assert [len(p["stages"]) for p in status["pipelines"]] == [3, 1, 1, 1]
     assert status["pipeline"] == "synthetic" and all(p["healthy"] for p in status["pipelines"])
     text = requests.get(f"{run.url}/metrics", timeout=SDK_TIMEOUT_S).text
     for model in MODELS:
         assert re.search(rf'^omni_stage_healthy{{model_stage="\w+",pipeline="{model}",stage_id="0"}} 1.0$', text, re.M)
     assert 'omni_orchestrator_requests_in_flight{pipeline="synthetic_image"}' in text
     pids = {r["pid"] for p in status["pipelines"] for s in p["stages"] for r in s["replicas"]}
-    assert len(pids) == 5  # every stage of every pipeline is its own worker process
+    assert len(pids) == 6  # every stage of every pipeline is its own worker process
+
+
+def test_a_dead_worker_is_restarted_in_its_own_pipeline(run: MultiRun) -> None:
+    status = requests.get(f"{run.url}/v1/status", timeout=SDK_TIMEOUT_S).json()
+    asr = status["pipelines"][MODELS.index("synthetic_asr")]
+    os.kill(asr["stages"][0]["replicas"][0]["pid"], signal.SIGKILL)
+    chat = run.client().chat.completions.create(model="synthetic", messages=[{"role": "user", "content": "hi"}])
+    assert chat.choices[0].message.content  # the other pipelines serve on
+
+    def restarted() -> dict:
+        now = requests.get(f"{run.url}/v1/status", timeout=SDK_TIMEOUT_S).json()
+        return now if now["pipelines"][MODELS.index("synthetic_asr")]["healthy"] and \
+            now["pipelines"][MODELS.index("synthetic_asr")]["worker_restarts"] == 1 else {}
+
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while not (now := restarted()):
+        assert time.monotonic() < deadline, "the worker was not restarted"
+        time.sleep(0.1)
+    assert [p["worker_restarts"] for p in now["pipelines"]] == [0, 0, 1, 0]
+    text = requests.get(f"{run.url}/metrics", timeout=SDK_TIMEOUT_S).text
+    assert 'omni_worker_restarts_total{model_stage="asr",pipeline="synthetic_asr",stage_id="0"} 1.0' in text
+    assert "samples at" in run.client().audio.transcriptions.create(model="synthetic_asr", file=("a.wav", _wav())).text
+    run.note_workers()
 
 
 DEPLOY = """
