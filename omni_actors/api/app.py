@@ -7,7 +7,7 @@
     GET  /metrics                   Prometheus text (metrics.py)
     GET  /openapi.json              OpenAPI 3.1 from the msgspec structs (openapi.py)
     GET  /                          the browser playground (playground.py, static files)
-    GET  /v1/status                 the pipeline's stages, replicas and load (status.py)
+    GET  /v1/status                 each pipeline's stages, replicas and load (status.py)
     GET  /v1/models[/{model}]       models.py
     POST /v1/chat/completions       chat.py
     POST /v1/audio/speech           speech.py

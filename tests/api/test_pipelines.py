@@ -241,3 +241,28 @@ def test_a_deploy_file_lists_two_pipelines(tmp_path: Path) -> None:
         r.stop()
     finally:
         r.kill()
+
+
+async def test_the_playground_offers_each_models_panels_from_one_page(run: MultiRun, tmp_path: Path) -> None:
+    from tests.browser_support import browser_page
+
+    async with browser_page(run.url + "/") as bp:
+        page = bp.page
+        await page.locator("body[data-ready=true]").wait_for()
+        options = await page.locator("#model option").all_inner_texts()
+        assert set(MODELS) <= set(options)
+        await page.get_by_test_id("model-select").select_option("synthetic_image")
+        assert await page.locator("#tabs button").all_inner_texts() == ["Images", "Pipeline"]
+        await page.get_by_test_id("image-prompt").fill("a red cube")
+        await page.get_by_test_id("image-button").click()
+        await page.locator("[data-testid=image-result] img").first.wait_for()
+        await page.get_by_test_id("tab-pipeline").click()
+        await page.locator("[data-testid=stage-0]").wait_for()
+        assert await page.locator("#pipeline-graph .stage").count() == 1  # the chosen model's pipeline
+        await page.screenshot(path=str(tmp_path / "images-pipeline.png"))
+        await page.get_by_test_id("model-select").select_option("synthetic")
+        assert await page.locator("#tabs button").all_inner_texts() == ["Talk", "Chat", "Speak", "Pipeline"]
+        await page.get_by_test_id("tab-pipeline").click()
+        await page.locator("[data-testid=stage-2]").wait_for()
+        assert await page.locator("#pipeline-graph .stage").count() == 3
+        assert bp.errors == [] and bp.refused == []
