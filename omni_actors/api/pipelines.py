@@ -1,7 +1,7 @@
 """The pipelines one server holds, and how a request's `model` picks one of them.
 
     pipelines = Pipelines([orch_a, orch_b])               # app[PIPELINES_KEY], in deploy order
-    orch, model = route_model(request, req.model, {"image"})     # 404 model_not_found / 400 unsupported_modality
+    orch, model = route_model(request, req.model, {"image"})  # 404 model_not_found / 400 unsupported_modality
 
 Each pipeline is its own Orchestrator (own workers, bus, supervisor, shared-memory
 prefix), so stage ids and bus identities of two pipelines never meet. A pipeline
@@ -100,7 +100,7 @@ def require_outputs(orch: Orchestrator, wanted: set[str] | frozenset[str], param
 
 
 def route_model(request: web.Request, name: str | None, wanted: set[str] | frozenset[str], param: str = "model",
-         outputs_param: str = "model") -> tuple[Orchestrator, str]:
+                outputs_param: str = "model") -> tuple[Orchestrator, str]:
     """Route `request` to the pipeline serving `name` (see Pipelines.find) and remember the choice."""
     orch, model = request.app[PIPELINES_KEY].find(name, wanted, param, outputs_param)
     request[ROUTED] = orch
