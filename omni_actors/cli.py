@@ -1,7 +1,7 @@
-"""omni-run: serve a pipeline from a deploy file, and the tool subcommands.
+"""omni-run: serve a pipeline (or several) from a deploy file, and the tool subcommands.
 
     omni-run [--deploy deploy.yaml] [--stage-overrides JSON] [--async-chunk | --no-async-chunk]
-             [--host H] [--port P] [--model PATH]
+             [--host H] [--port P] [--model PATH|PIPELINE]... [--served-model-name NAME]...
     omni-run prepare <pipeline>              prepare a bundled pipeline's model files
     omni-run make-tiny <pipeline> <dir>      write a tiny random-weight checkpoint
     omni-run export-thinker <omni dir> <dir> write a Qwen2.5-Omni thinker's LM as a Qwen2
@@ -24,8 +24,13 @@ from typing import Any
 import msgspec
 import uvloop
 
-from omni_actors import logs
-from omni_actors.config.deploy import DeployConfig, load_deploy, parse_stage_overrides
+from omni_actors import logs, progress
+from omni_actors.config.deploy import (
+    DeployConfig,
+    check_distinct,
+    load_deploys,
+    parse_stage_overrides,
+)
 from omni_actors.errors import ConfigError, StartupError
 from omni_actors.settings import detect_platform, settings
 
@@ -56,11 +61,14 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument(
-        "--model",
-        help="model folder; without --deploy, the pipeline is detected from the folder "
-        "(model_index.json / config.json); with --deploy, it overrides the file's `model`",
+        "--model", action="append",
+        help="model folder (or a registered pipeline's name); without --deploy, the pipeline is detected "
+        "from the folder (model_index.json / config.json); repeat it to serve several pipelines from one "
+        "server; with --deploy, it overrides the file's `model`",
     )
-    p.add_argument("--served-model-name", help="the `model` name clients use (default: the pipeline's)")
+    p.add_argument("--served-model-name", action="append",
+                   help="the `model` name clients use (default: the folder's or the pipeline's name); "
+                   "with several --model, one per --model, in the same order")
     p.add_argument("--log-format", choices=logs.FORMATS, help="console (default) or json lines")
     p.add_argument("--log-level", choices=logs.LEVELS, help="default info; debug also shows vLLM's own logs")
     return p
@@ -107,27 +115,65 @@ def warn_ignored_devices(deploy: DeployConfig) -> None:
         )
 
 
-def load_from_args(args: argparse.Namespace) -> DeployConfig:
+def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
+    """The deploys to serve (one per pipeline) from the command line."""
+    from omni_actors.config.pipeline import pipeline_names
+
+    models, names = args.model or [], args.served_model_name or []
     overlay: dict[str, Any] = {}
     if args.stage_overrides:
+        if len(models) > 1:
+            raise ConfigError("--stage-overrides: applies to one pipeline; with several --model, "
+                              "write a deploy file with `pipelines` (docs/serving.md)")
         overlay.update(parse_stage_overrides(args.stage_overrides))
     if args.async_chunk is not None:
         overlay["async_chunk"] = args.async_chunk
-    server = {
-        k: v
-        for k, v in (
-            ("host", args.host), ("port", args.port), ("served_model_name", args.served_model_name),
-        )
-        if v is not None
-    }
+    server = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if server:
         overlay["server"] = server
-    if args.model:
-        overlay["model"] = args.model
-    if args.model and not args.deploy and Path(args.model).expanduser().exists():
-        return served_folder(args.model, overlay)
+    if args.deploy and len(models) > 1:
+        raise ConfigError("--model: with --deploy, give at most one --model (it overrides the file's `model`); "
+                          "list several pipelines in the deploy file's `pipelines` instead")
+    if not args.deploy and (len(models) > 1 or (models and _servable(models[0], pipeline_names()))):
+        if names and len(names) != len(models):
+            raise ConfigError(f"--served-model-name: given {len(names)} time(s) for {len(models)} --model; "
+                              "give one per --model, in the same order, or none")
+        deploys = [served_model(m, overlay, names[i] if names else None) for i, m in enumerate(models)]
+        check_distinct(deploys)
+        return deploys
+    if len(names) > 1:
+        raise ConfigError("--served-model-name: given more than once for one pipeline")
     path = Path(args.deploy) if args.deploy else bundled_deploy()
-    return load_deploy(path, overlay or None)
+    if models or names or args.stage_overrides:  # flags for one pipeline
+        if names:
+            overlay["server"] = {**overlay.get("server", {}), "served_model_name": names[0]}
+        if models:
+            overlay["model"] = models[0]
+        shared = {k: v for k, v in overlay.items() if k not in ("model", "stages")}
+        shared["server"] = {k: v for k, v in overlay.get("server", {}).items() if k != "served_model_name"}
+        if len(several := load_deploys(path, shared)) > 1:
+            raise ConfigError(f"{path}: lists {len(several)} pipelines: --model, --served-model-name and "
+                              "--stage-overrides apply to one; set them in the file's `pipelines` entries")
+    return load_deploys(path, overlay or None)
+
+
+def _servable(model: str, pipelines: list[str]) -> bool:
+    return Path(model).expanduser().exists() or model in pipelines
+
+
+def served_model(model: str, overlay: dict[str, Any], name: str | None) -> DeployConfig:
+    """One `--model`: a folder (its pipeline detected), else a registered pipeline's name (served with
+    its bundled deploy file if there is one, else default placement)."""
+    from omni_actors.config.deploy import build_deploy
+    from omni_actors.config.pipeline import pipeline_names
+
+    over = {**overlay, "server": {**overlay.get("server", {}), **({"served_model_name": name} if name else {})}}
+    if Path(model).expanduser().exists() or model not in pipeline_names():
+        return served_folder(model, {**over, "model": model})
+    bundled = bundled_deploy(f"{model}.yaml")
+    if bundled.is_file():
+        return load_deploys(bundled, over)[0]
+    return build_deploy({"pipeline": model}, f"--model {model}", over)
 
 
 def served_folder(model: str, overlay: dict[str, Any]) -> DeployConfig:
@@ -155,59 +201,78 @@ def with_prepared_model(deploy: DeployConfig) -> DeployConfig:
     return msgspec.structs.replace(deploy, model=str(prepare(pipe.name)))
 
 
-async def serve(deploy: DeployConfig) -> None:
+async def serve(deploys: list[DeployConfig]) -> None:
+    """Serve every deploy's pipeline (each its own Orchestrator) behind one API server until a signal."""
     from omni_actors.api.app import build_app
     from omni_actors.api.server import start_server
     from omni_actors.orchestrator.core import Orchestrator
 
     log = logs.get("omni_actors.cli")
-    deploy = await asyncio.to_thread(with_prepared_model, deploy)
-    orch = Orchestrator(deploy)
+    deploys = list(await asyncio.gather(*(asyncio.to_thread(with_prepared_model, d) for d in deploys)))
+    first = deploys[0]
+    orchs = [Orchestrator(d) for d in deploys]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("server.starting", pipeline=deploy.pipeline, deploy=deploy.source,
-             stages=len(orch.pipeline.stages), async_chunk=deploy.async_chunk)
-    starting = asyncio.ensure_future(orch.start())
+    for deploy, orch in zip(deploys, orchs, strict=True):
+        log.info("server.starting", pipeline=deploy.pipeline, deploy=deploy.source,
+                 stages=len(orch.pipeline.stages), async_chunk=deploy.async_chunk)
+    starting = asyncio.ensure_future(_start_all(orchs))
     waiter = asyncio.ensure_future(stop.wait())
     await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
-        await orch.stop(drain=False)
+        await asyncio.gather(*(o.stop(drain=False) for o in orchs))
         return
     waiter.cancel()
     starting.result()
     try:
-        http = await start_server(build_app(orch), deploy.server.host, deploy.server.port, deploy.server)
+        http = await start_server(build_app(orchs), first.server.host, first.server.port, first.server)
     except OSError as err:  # taken since check_listen ran
-        await orch.stop(drain=False)
+        await asyncio.gather(*(o.stop(drain=False) for o in orchs))
         raise ConfigError(
-            f"{deploy.source}: server.port: cannot listen on {deploy.server.host}:{deploy.server.port}: "
+            f"{first.source}: server.port: cannot listen on {first.server.host}:{first.server.port}: "
             f"{_bind_reason(err)}"
         ) from None
-    assert orch.runtime is not None
-    log.info("server.ready", url=f"http://{deploy.server.host}:{deploy.server.port}",
-             shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
+    for orch in orchs if len(orchs) > 1 else ():
+        assert orch.runtime is not None
+        log.info("pipeline.ready", pipeline=orch.pipeline.name, model=orch.deploy.server.served_model_name,
+                 shm_prefix=orch.run_prefix, runtime_dir=str(orch.runtime.path))
+    assert orchs[0].runtime is not None
+    log.info("server.ready", url=f"http://{first.server.host}:{first.server.port}",
+             shm_prefix=orchs[0].run_prefix, runtime_dir=str(orchs[0].runtime.path))
     if not logs.json_logs():
         from omni_actors.summary import startup_summary
 
-        print(startup_summary(deploy, orch.pipeline), file=sys.stderr, flush=True)
+        for i, (deploy, orch) in enumerate(zip(deploys, orchs, strict=True)):
+            print(startup_summary(deploy, orch.pipeline, urls=i == len(orchs) - 1), file=sys.stderr, flush=True)
     await stop.wait()
     log.info("server.stopping")
     stop.clear()
-    orch.draining = True
-    stopping = asyncio.ensure_future(orch.stop(drain=True))
+    for orch in orchs:
+        orch.draining = True
+    stopping = asyncio.ensure_future(asyncio.gather(*(o.stop(drain=True) for o in orchs)))
     waiter = asyncio.ensure_future(stop.wait())
     await asyncio.wait({stopping, waiter}, return_when=asyncio.FIRST_COMPLETED)
     if not stopping.done():  # a second signal: end in-flight requests instead of draining them
-        log.info("server.hurrying", requests=len(orch.runs))
-        orch.abort_all()
+        log.info("server.hurrying", requests=sum(len(o.runs) for o in orchs))
+        for orch in orchs:
+            orch.abort_all()
     waiter.cancel()
     await stopping
     await http.close()
     log.info("server.stopped")
+
+
+async def _start_all(orchs: list) -> None:
+    """Start every pipeline's workers together; if one fails, stop the others and raise its error."""
+    results = await asyncio.gather(*(o.start() for o in orchs), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        await asyncio.gather(*(o.stop(drain=False) for o in orchs))
+        raise errors[0]
 
 
 def _tool(argv: list[str]) -> int:
@@ -271,13 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omni-run: config error: {err}", file=sys.stderr)
         return 2
     logs.configure()
+    progress.main_process()
     try:
         if argv and argv[0] in TOOLS:
             return _tool(argv)
-        deploy = load_from_args(parse_serve_args(argv))
-        check_listen(deploy)
-        warn_ignored_devices(deploy)
-        uvloop.run(serve(deploy))
+        deploys = load_from_args(parse_serve_args(argv))
+        check_listen(deploys[0])
+        for deploy in deploys:
+            warn_ignored_devices(deploy)
+        uvloop.run(serve(deploys))
         return 0
     except ConfigError as err:
         print(f"omni-run: config error: {err}", file=sys.stderr)

@@ -10,8 +10,9 @@ def _host_for_url(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
 
 
-def startup_summary(deploy: DeployConfig, pipe: PipelineConfig) -> str:
-    """A few readable lines; the same facts are in the `server.ready` log event and /v1/status."""
+def startup_summary(deploy: DeployConfig, pipe: PipelineConfig, urls: bool = True) -> str:
+    """A few readable lines; the same facts are in the `server.ready` log event and /v1/status.
+    A server of several pipelines prints one per pipeline, the last with `urls`."""
     host = _host_for_url(deploy.server.host)
     base = f"http://{host}:{deploy.server.port}"
     name = deploy.server.served_model_name or pipe.name
@@ -30,6 +31,8 @@ def startup_summary(deploy: DeployConfig, pipe: PipelineConfig) -> str:
             f"    {spec.stage_id}  {spec.model_stage:<12} {spec.execution_type.value:<15} "
             f"replicas {st.num_replicas}  devices {devices:<12} from {src}{out}"
         )
+    if not urls:
+        return "\n".join(lines)
     lines += [
         f"  API        {base}/v1      (OpenAI-compatible; realtime at ws://{host}:{deploy.server.port}/v1/realtime)",
         f"  playground {base}/",

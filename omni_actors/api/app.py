@@ -1,12 +1,13 @@
 """The aiohttp application, on the orchestrator's event loop: routes and middleware wired together.
 
     build_app(orchestrator) -> web.Application
+    build_app([orch_a, orch_b]) -> web.Application    several pipelines, routed by `model` (pipelines.py)
 
-    GET  /health                    200 when every stage has a ready worker, else 503 naming them
+    GET  /health                    200 when every stage of every pipeline has a ready worker, else 503 naming them
     GET  /metrics                   Prometheus text (metrics.py)
     GET  /openapi.json              OpenAPI 3.1 from the msgspec structs (openapi.py)
     GET  /                          the browser playground (playground.py, static files)
-    GET  /v1/status                 the pipeline's stages, replicas and load (status.py)
+    GET  /v1/status                 each pipeline's stages, replicas and load (status.py)
     GET  /v1/models[/{model}]       models.py
     POST /v1/chat/completions       chat.py
     POST /v1/audio/speech           speech.py
@@ -26,6 +27,7 @@ dropped connection aborts its request in every stage.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import msgspec
 from aiohttp import web
@@ -41,6 +43,7 @@ from omni_actors.api.metrics import METRICS_KEY, ApiMetrics, metrics_middleware,
 from omni_actors.api.middleware import auth_middleware, body_limit_middleware
 from omni_actors.api.models import STARTED_KEY, get_model, list_models
 from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route
+from omni_actors.api.pipelines import PIPELINES_KEY, Pipelines, model_id
 from omni_actors.api.schemas import Health, UnhealthyStage
 from omni_actors.api.speech import speech
 from omni_actors.api.speech_stream import speech_stream
@@ -53,17 +56,23 @@ __all__ = ["ORCH_KEY", "build_app"]
 
 
 async def health(request: web.Request) -> web.Response:
-    orch = request.app[ORCH_KEY]
-    bad = [sid for sid, ok in orch.health().items() if not ok]
-    if bad or orch.draining:
+    pipelines = request.app[PIPELINES_KEY]
+    bad, draining = [], False
+    for orch in pipelines.all:
+        draining = draining or orch.draining
         names = {s.stage_id: s.model_stage for s in orch.pipeline.stages}
-        body = Health(status="unavailable", draining=orch.draining,
-                      unhealthy_stages=[UnhealthyStage(s, names[s]) for s in bad])
+        name = model_id(orch) if len(pipelines.all) > 1 else None
+        bad += [UnhealthyStage(s, names[s], name) for s, ok in orch.health().items() if not ok]
+    if bad or draining:
+        body = Health(status="unavailable", draining=draining, unhealthy_stages=bad)
         return web.Response(body=msgspec.json.encode(body), status=503, content_type="application/json")
     return web.Response(body=msgspec.json.encode(Health(status="ok")), content_type="application/json")
 
 
-def build_app(orch: Orchestrator) -> web.Application:
+def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
+    """The app for one pipeline, or for several (each its own orchestrator; the first is the default)."""
+    pipelines = Pipelines([orch] if isinstance(orch, Orchestrator) else orch)
+    orch = pipelines.default
     server = orch.deploy.server
     max_bytes = int(server.max_body_mb * 1024 * 1024)
     app = web.Application(
@@ -77,9 +86,11 @@ def build_app(orch: Orchestrator) -> web.Application:
         ],
     )
     app[ORCH_KEY] = orch
-    app[METRICS_KEY] = ApiMetrics(orch)
+    app[PIPELINES_KEY] = pipelines
+    app[METRICS_KEY] = ApiMetrics(pipelines)
     app[STARTED_KEY] = time.time()
-    app[OPENAPI_KEY] = msgspec.json.encode(build_openapi("omni-actors", __version__, orch.pipeline.output_types(),
+    outputs = frozenset().union(*(o.pipeline.output_types() for o in pipelines.all))
+    app[OPENAPI_KEY] = msgspec.json.encode(build_openapi("omni-actors", __version__, outputs,
                                                          auth=bool(server.api_keys)))
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_route)

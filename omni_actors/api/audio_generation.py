@@ -21,9 +21,7 @@ from omni_actors.api.audio_codec import CONTENT_TYPES, off_loop, pcm16
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
-    orchestrator,
-    require_model,
-    require_outputs,
+    route_model,
 )
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
@@ -65,10 +63,8 @@ def encode(audio: np.ndarray, rate: int, fmt: str) -> bytes:
 
 
 async def generations(request: web.Request) -> web.Response:
-    orch = orchestrator(request)
     req = await read_body(request, AudioGenerationRequest)
-    require_model(orch, req.model)
-    require_outputs(orch, {"audio"}, "model")
+    orch, _ = route_model(request, req.model, {"audio"})
     if req.response_format not in FORMATS:
         raise bad_request(f"response_format {req.response_format!r} is not supported; expected one of "
                           f"{sorted(FORMATS)}", "response_format", "unsupported_value")

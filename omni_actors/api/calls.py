@@ -3,8 +3,9 @@
     async with PipelineCall(request, "/v1/chat/completions", inputs, params, {"text"}) as call:
         async for chunk in call: ...
 
-Every request into the pipeline goes through it: the REST routes (given their
-request) and each realtime response (given the app).
+Every request into a pipeline goes through it: the REST routes (given their
+request, it calls the pipeline `route_model` chose for it, pipelines.py) and each
+realtime response (given the app and its session's orchestrator).
 
 - The route says which output types it wants; the pipeline says which it can
   produce (`pipeline.output_types()`): a mismatch is a 400 naming `param`.
@@ -24,24 +25,23 @@ from aiohttp import web
 
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.metrics import METRICS_KEY, Timing
+from omni_actors.api.pipelines import (  # noqa: F401 - re-exported for the routes
+    PIPELINES_KEY,
+    model_id,
+    orchestrator,
+    require_outputs,
+    route_model,
+    served_model_names,
+)
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk, new_request_id
 
 ORCH_KEY = web.AppKey("orchestrator", Orchestrator)
-
-
-def orchestrator(request: web.Request) -> Orchestrator:
-    return request.app[ORCH_KEY]
-
-
-def served_model_names(orch: Orchestrator) -> list[str]:
-    """Names a request's `model` may carry: the served name (if set) and the pipeline's name."""
-    names = [orch.deploy.server.served_model_name] if orch.deploy.server.served_model_name else []
-    return [*names, orch.pipeline.name] if orch.pipeline.name not in names else names
+"""The server's first (default) pipeline; every pipeline is in app[PIPELINES_KEY]."""
 
 
 def require_model(orch: Orchestrator, name: str | None, param: str = "model") -> str:
-    """The model name to echo back; 404 for a model this server does not serve (None: default)."""
+    """The model name to echo back; 404 for a name `orch` does not answer to (None: its own name)."""
     names = served_model_names(orch)
     if name is None or name == "":
         return names[0]
@@ -49,15 +49,6 @@ def require_model(orch: Orchestrator, name: str | None, param: str = "model") ->
         raise ApiError(404, f"model {name!r} does not exist; this server serves {names}", param,
                        "model_not_found")
     return name
-
-
-def require_outputs(orch: Orchestrator, wanted: set[str], param: str) -> None:
-    have = orch.pipeline.output_types()
-    missing = sorted(set(wanted) - have)
-    if missing:
-        raise bad_request(
-            f"pipeline {orch.pipeline.name!r} cannot produce {missing}; it produces {sorted(have)}",
-            param, "unsupported_modality")
 
 
 def drop_none(values: dict[str, Any]) -> dict[str, Any]:
@@ -69,15 +60,18 @@ class PipelineCall:
 
     def __init__(self, request: web.Request | web.Application, route: str, inputs: dict[str, Any],
                  params: dict[str, Any], wanted: set[str], request_id: str | None = None,
-                 streaming: bool = False) -> None:
+                 streaming: bool = False, orch: Orchestrator | None = None) -> None:
+        """`orch`: the pipeline to call (default: the one `route_model` chose for `request`, else the first)."""
         app = request.app if isinstance(request, web.Request) else request
-        self.orch = app[ORCH_KEY]
+        if orch is None:
+            orch = orchestrator(request) if isinstance(request, web.Request) else app[PIPELINES_KEY].default
+        self.orch = orch
         self.inputs = inputs
         self.params = params
         self.wanted = wanted
         self.streaming = streaming
         self.request_id = request_id or new_request_id()
-        self.timing = Timing(app[METRICS_KEY], route)
+        self.timing = Timing(app[METRICS_KEY], route, model_id(orch))
         self.stream: RequestStream | None = None
         self._first: StageChunk | None = None
 

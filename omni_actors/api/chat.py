@@ -51,9 +51,7 @@ from omni_actors.api.audio_codec import (
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
-    orchestrator,
-    require_model,
-    require_outputs,
+    route_model,
 )
 from omni_actors.api.chat_inputs import build_chat_inputs
 from omni_actors.api.errors import bad_request
@@ -139,18 +137,16 @@ def _audio(chunk: StageChunk) -> AudioOutput | None:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    orch = orchestrator(request)
     req = await read_body(request, ChatCompletionRequest)
     if req.stream_options is not None and not req.stream:
         raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request(f"response_format {req.response_format.type!r} is not supported: answers are plain "
                           "text (response_format 'text')", "response_format.type", "unsupported_value")
-    model = require_model(orch, req.model)
+    modalities = list(dict.fromkeys(req.modalities or ["text"]))
+    orch, model = route_model(request, req.model, set(modalities), outputs_param="modalities")
     if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
-    modalities = list(dict.fromkeys(req.modalities or ["text"]))
-    require_outputs(orch, set(modalities), "modalities")
     want_audio = "audio" in modalities
     audio_format = req.audio.format if req.audio else "wav"
     if want_audio:

@@ -28,8 +28,7 @@ from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
     orchestrator,
-    require_model,
-    require_outputs,
+    route_model,
 )
 from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
@@ -144,16 +143,14 @@ def _params(fields: dict[str, str]) -> dict[str, Any]:
 
 
 async def image_edits(request: web.Request) -> web.StreamResponse:
-    orch = orchestrator(request)
-    server = orch.deploy.server
+    server = orchestrator(request).deploy.server  # (the same for every pipeline)
     max_bytes = int(server.max_body_mb * 1024 * 1024)
     try:
         fields, blobs, mask_blob = await asyncio.wait_for(_read_form(request, max_bytes), server.body_timeout_s)
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
                        "body_timeout", close=True) from None
-    require_model(orch, fields.get("model") or None)
-    require_outputs(orch, {"image"}, "model")
+    orch, _ = route_model(request, fields.get("model") or None, {"image"})
     caps = served_caps(orch)
     require_task(orch, caps, EDIT_TASKS, ROUTE)
     if not fields.get("prompt"):

@@ -31,9 +31,7 @@ from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
-    orchestrator,
-    require_model,
-    require_outputs,
+    route_model,
 )
 from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
 from omni_actors.api.errors import bad_request
@@ -123,10 +121,8 @@ def diffusion_params(req: Any, size: tuple[int, int] | None) -> dict[str, Any]:
 
 
 async def generations(request: web.Request) -> web.StreamResponse:
-    orch = orchestrator(request)
     req = await read_body(request, ImageRequest)
-    require_model(orch, req.model)
-    require_outputs(orch, {"image"}, "model")
+    orch, _ = route_model(request, req.model, {"image"})
     caps = served_caps(orch)
     require_task(orch, caps, GENERATION_TASKS, ROUTE)
     size = parse_size(req.size)

@@ -2,29 +2,32 @@
 
     omni_http_requests_total{route,method,status}     answered requests
     omni_http_requests_in_flight{route}               requests being served now
-    omni_time_to_first_token_seconds{route}           submit -> first text delta
-    omni_time_to_first_audio_seconds{route}           submit -> first audio chunk
-    omni_request_duration_seconds{route}              submit -> last output (successful requests)
-    omni_stage_queue_depth{stage_id,model_stage}      requests routed to a stage and not finished
-    omni_stage_queue_limit{stage_id,model_stage}      admission bound per replica
-    omni_stage_healthy{stage_id,model_stage}          1 when a replica is ready
-    omni_stage_engine_requests{stage_id,model_stage}  requests the workers report holding
-    omni_worker_restarts_total{stage_id,model_stage}  worker restarts
-    omni_worker_step_seconds{stage_id,model_stage,replica}  how long the running engine step has run (0: idle)
-    omni_worker_steps_total{stage_id,model_stage,replica}   engine steps done (a counter: rate() is steps/s;
-                                                      a restarted worker starts again from 0)
-    omni_orchestrator_requests_in_flight              runs the orchestrator holds
-    omni_orchestrator_leases_held                     shared-memory leases not yet freed
-    omni_bus_frames_undecodable_total                 frames from workers the bus could not decode
-    omni_stream_bytes_queued                          final outputs held that their readers have not taken
-    omni_stream_overflows_total                       requests aborted for leaving server.stream_buffer_mb unread
+    omni_time_to_first_token_seconds{route,pipeline}  submit -> first text delta
+    omni_time_to_first_audio_seconds{route,pipeline}  submit -> first audio chunk
+    omni_request_duration_seconds{route,pipeline}     submit -> last output (successful requests)
+    omni_stage_queue_depth{pipeline,stage_id,model_stage}      requests routed to a stage and not finished
+    omni_stage_queue_limit{pipeline,stage_id,model_stage}      admission bound per replica
+    omni_stage_healthy{pipeline,stage_id,model_stage}          1 when a replica is ready
+    omni_stage_engine_requests{pipeline,stage_id,model_stage}  requests the workers report holding
+    omni_worker_restarts_total{pipeline,stage_id,model_stage}  worker restarts
+    omni_worker_step_seconds{pipeline,stage_id,model_stage,replica}  how long the running engine step has run (0: idle)
+    omni_worker_steps_total{pipeline,stage_id,model_stage,replica}   engine steps done (a counter: rate() is
+                                                      steps/s; a restarted worker starts again from 0)
+    omni_orchestrator_requests_in_flight{pipeline}    runs the orchestrator holds
+    omni_orchestrator_leases_held{pipeline}           shared-memory leases not yet freed
+    omni_bus_frames_undecodable_total{pipeline}       frames from workers the bus could not decode
+    omni_stream_bytes_queued{pipeline}                final outputs held that their readers have not taken
+    omni_stream_overflows_total{pipeline}             requests aborted for leaving server.stream_buffer_mb unread
 
-Stage values are read from `orchestrator.statistics()` at scrape time.
+`pipeline` is the pipeline's model id in this server (its served name, else its
+pipeline's name). Stage values are read from each `orchestrator.statistics()` at
+scrape time.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import (
@@ -37,18 +40,20 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from omni_actors.orchestrator.core import Orchestrator
+if TYPE_CHECKING:
+    from omni_actors.api.pipelines import Pipelines
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class _StageCollector:
-    def __init__(self, orch: Orchestrator) -> None:
-        self.orch = orch
+    def __init__(self, pipelines: Pipelines) -> None:
+        self.pipelines = pipelines
 
     def collect(self):
-        stats = self.orch.statistics()
-        labels = ["stage_id", "model_stage"]
+        from omni_actors.api.pipelines import model_id  # (pipelines.py imports the API's errors)
+
+        labels = ["pipeline", "stage_id", "model_stage"]
         depth = GaugeMetricFamily("omni_stage_queue_depth", "Requests routed to the stage and not finished", labels=labels)
         limit = GaugeMetricFamily("omni_stage_queue_limit", "Admitted requests per replica before 429", labels=labels)
         healthy = GaugeMetricFamily("omni_stage_healthy", "1 when the stage has a ready replica", labels=labels)
@@ -58,45 +63,51 @@ class _StageCollector:
         step_s = GaugeMetricFamily("omni_worker_step_seconds", "How long the replica's running engine step has "
                                    "run (0: between steps), as of its last heartbeat", labels=replica_labels)
         steps = CounterMetricFamily("omni_worker_steps", "Engine steps the replica has done", labels=replica_labels)
-        for st in stats.stages:
-            key = [str(st.stage_id), st.model_stage]
-            depth.add_metric(key, st.in_flight)
-            limit.add_metric(key, st.queue_limit)
-            healthy.add_metric(key, 1.0 if st.healthy else 0.0)
-            engine.add_metric(key, st.engine_requests)
-            restarts.add_metric(key, sum(r.restarts for r in st.replicas))
-            for r in st.replicas:
-                step_s.add_metric([*key, str(r.replica)], r.step_s)
-                steps.add_metric([*key, str(r.replica)], r.steps)
-        runs = GaugeMetricFamily("omni_orchestrator_requests_in_flight", "Runs the orchestrator holds")
-        runs.add_metric([], stats.requests_in_flight)
-        leases = GaugeMetricFamily("omni_orchestrator_leases_held", "Shared-memory leases not yet freed")
-        leases.add_metric([], stats.leases_held)
-        undecodable = CounterMetricFamily("omni_bus_frames_undecodable", "Frames from workers the bus could not decode")
-        undecodable.add_metric([], stats.frames_undecodable)
-        queued = GaugeMetricFamily("omni_stream_bytes_queued", "Final outputs held that their readers have not taken")
-        queued.add_metric([], stats.stream_bytes_queued)
-        overflows = CounterMetricFamily("omni_stream_overflows", "Requests aborted for a reader that stopped reading")
-        overflows.add_metric([], stats.stream_overflows)
+        one = ["pipeline"]
+        runs = GaugeMetricFamily("omni_orchestrator_requests_in_flight", "Runs the orchestrator holds", labels=one)
+        leases = GaugeMetricFamily("omni_orchestrator_leases_held", "Shared-memory leases not yet freed", labels=one)
+        undecodable = CounterMetricFamily("omni_bus_frames_undecodable", "Frames from workers the bus could not decode",
+                                          labels=one)
+        queued = GaugeMetricFamily("omni_stream_bytes_queued", "Final outputs held that their readers have not taken",
+                                   labels=one)
+        overflows = CounterMetricFamily("omni_stream_overflows", "Requests aborted for a reader that stopped reading",
+                                        labels=one)
+        for orch in self.pipelines.all:
+            stats, name = orch.statistics(), model_id(orch)
+            for st in stats.stages:
+                key = [name, str(st.stage_id), st.model_stage]
+                depth.add_metric(key, st.in_flight)
+                limit.add_metric(key, st.queue_limit)
+                healthy.add_metric(key, 1.0 if st.healthy else 0.0)
+                engine.add_metric(key, st.engine_requests)
+                restarts.add_metric(key, sum(r.restarts for r in st.replicas))
+                for r in st.replicas:
+                    step_s.add_metric([*key, str(r.replica)], r.step_s)
+                    steps.add_metric([*key, str(r.replica)], r.steps)
+            runs.add_metric([name], stats.requests_in_flight)
+            leases.add_metric([name], stats.leases_held)
+            undecodable.add_metric([name], stats.frames_undecodable)
+            queued.add_metric([name], stats.stream_bytes_queued)
+            overflows.add_metric([name], stats.stream_overflows)
         return [depth, limit, healthy, engine, restarts, step_s, steps, runs, leases, undecodable, queued, overflows]
 
 
 class ApiMetrics:
     """The app's metrics; routes record latencies through `observe_*`."""
 
-    def __init__(self, orch: Orchestrator) -> None:
+    def __init__(self, pipelines: Pipelines) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("omni_http_requests", "Answered HTTP requests",
                                 ["route", "method", "status"], registry=r)
         self.in_flight = Gauge("omni_http_requests_in_flight", "HTTP requests being served", ["route"], registry=r)
         self.ttft = Histogram("omni_time_to_first_token_seconds", "Submit to first text delta",
-                              ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+                              ["route", "pipeline"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.ttfa = Histogram("omni_time_to_first_audio_seconds", "Submit to first audio chunk",
-                              ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+                              ["route", "pipeline"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.e2e = Histogram("omni_request_duration_seconds", "Submit to last output of successful requests",
-                             ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
-        r.register(_StageCollector(orch))
+                             ["route", "pipeline"], buckets=LATENCY_BUCKETS_S, registry=r)
+        r.register(_StageCollector(pipelines))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -144,9 +155,10 @@ async def metrics_route(request: web.Request) -> web.Response:
 class Timing:
     """Latency marks of one pipeline call, recorded into the app's histograms."""
 
-    def __init__(self, metrics: ApiMetrics, route: str) -> None:
+    def __init__(self, metrics: ApiMetrics, route: str, pipeline: str) -> None:
         self.metrics = metrics
         self.route = route
+        self.pipeline = pipeline
         self.t0 = time.perf_counter()
         self.first_text: float | None = None
         self.first_audio: float | None = None
@@ -155,12 +167,12 @@ class Timing:
         now = time.perf_counter()
         if output_type == "text" and self.first_text is None:
             self.first_text = now - self.t0
-            self.metrics.ttft.labels(self.route).observe(self.first_text)
+            self.metrics.ttft.labels(self.route, self.pipeline).observe(self.first_text)
         elif output_type == "audio" and self.first_audio is None:
             self.first_audio = now - self.t0
-            self.metrics.ttfa.labels(self.route).observe(self.first_audio)
+            self.metrics.ttfa.labels(self.route, self.pipeline).observe(self.first_audio)
 
     def done(self) -> float:
         e2e = time.perf_counter() - self.t0
-        self.metrics.e2e.labels(self.route).observe(e2e)
+        self.metrics.e2e.labels(self.route, self.pipeline).observe(e2e)
         return e2e

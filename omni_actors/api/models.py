@@ -1,8 +1,8 @@
-"""GET /v1/models and /v1/models/{model}: the served model name(s), the pipeline behind them, its outputs,
+"""GET /v1/models and /v1/models/{model}: each served model name, the pipeline behind it, its outputs,
 and for a diffusion pipeline its `capabilities` (tasks, accepted inputs, output kind).
 
-A request's `model` may be the deploy's `server.served_model_name` or the
-pipeline's name; anything else is a 404 (`code` "model_not_found").
+A request's `model` may be any pipeline's `server.served_model_name` (or folder
+name) or its pipeline's name (pipelines.py); anything else is a 404 (`code` "model_not_found").
 """
 
 from __future__ import annotations
@@ -10,28 +10,29 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from omni_actors.api.calls import orchestrator, require_model, served_model_names
 from omni_actors.api.diffusion_caps import served_caps
+from omni_actors.api.pipelines import PIPELINES_KEY
 from omni_actors.api.schemas import Model, ModelList
+from omni_actors.orchestrator.core import Orchestrator
 
 OWNER = "omni-actors"
 STARTED_KEY = web.AppKey("started_at", float)
 """Unix time the app was built; reported as the models' `created`."""
 
 
-def _model(request: web.Request, name: str) -> Model:
-    pipe = orchestrator(request).pipeline
+def _model(request: web.Request, name: str, orch: Orchestrator) -> Model:
+    pipe = orch.pipeline
     return Model(id=name, created=int(request.app[STARTED_KEY]), owned_by=OWNER, pipeline=pipe.name,
-                 output_types=sorted(pipe.output_types()), capabilities=served_caps(orchestrator(request)),
+                 output_types=sorted(pipe.output_types()), capabilities=served_caps(orch),
                  voices=list(pipe.speech.voices) if pipe.speech else None)
 
 
 async def list_models(request: web.Request) -> web.Response:
-    names = served_model_names(orchestrator(request))
-    body = ModelList(data=[_model(request, n) for n in names])
+    pipelines = request.app[PIPELINES_KEY]
+    body = ModelList(data=[_model(request, n, o) for n, o in pipelines.by_name.items()])
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
 async def get_model(request: web.Request) -> web.Response:
-    name = require_model(orchestrator(request), request.match_info["model"])
-    return web.Response(body=msgspec.json.encode(_model(request, name)), content_type="application/json")
+    orch, name = request.app[PIPELINES_KEY].find(request.match_info["model"], set())
+    return web.Response(body=msgspec.json.encode(_model(request, name, orch)), content_type="application/json")

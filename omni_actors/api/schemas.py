@@ -426,9 +426,11 @@ class ErrorResponse(Struct):
     error: ErrorDetail
 
 
-class UnhealthyStage(Struct):
+class UnhealthyStage(Struct, omit_defaults=True):
     stage_id: int
     model_stage: str
+    pipeline: str | None = None
+    """The model id of the stage's pipeline (a server with several pipelines)."""
 
 
 class Health(Struct, omit_defaults=True):

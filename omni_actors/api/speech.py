@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from omni_actors.api.calls import PipelineCall, orchestrator, require_model, require_outputs
+from omni_actors.api.calls import PipelineCall, route_model
 from omni_actors.api.errors import RESPONSE_STARTED
 from omni_actors.api.schemas import (
     SpeechAudioDelta,
@@ -75,10 +75,8 @@ class Encoding:
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
-    orch = orchestrator(request)
     req = await read_body(request, SpeechRequest)
-    require_model(orch, req.model)
-    require_outputs(orch, {"audio"}, "model")
+    orch, _ = route_model(request, req.model, {"audio"})
     what = await speech_call(request, orch.pipeline, req.input, req.voice, req.instructions, req.speed, req.seed)
     enc = Encoding(req.response_format, what.api_speed, what.sample_rate)
     async with PipelineCall(request, ROUTE, what.inputs, what.params, {"audio"}) as call:

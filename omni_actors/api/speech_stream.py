@@ -30,8 +30,9 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from omni_actors.api.calls import PipelineCall, orchestrator, require_model, require_outputs
+from omni_actors.api.calls import PipelineCall, orchestrator, require_model, route_model
 from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.pipelines import PIPELINES_KEY, ROUTED
 from omni_actors.api.schemas import Instructions, SpeechFormat, SpeechUsage, VoiceRef
 from omni_actors.api.speech import Encoding, audio_of
 from omni_actors.api.speech_audio import FORMATS
@@ -176,14 +177,14 @@ class Session:
             new = msgspec.convert({**self.described(), **(raw or {})}, SessionConfig)
         except msgspec.ValidationError as err:
             raise bad_request(f"session: {err}", "session") from None
-        orch = orchestrator(self.request)
-        require_model(orch, new.model, "session.model")
+        orch, _ = self.request.app[PIPELINES_KEY].find(new.model, {"audio"}, "session.model")
         if not 0.25 <= new.speed <= 4.0:
             raise bad_request("speed must be between 0.25 and 4.0", "session.speed")
         if new.response_format not in FORMATS:
             raise bad_request(f"response_format must be one of {list(FORMATS)}", "session.response_format")
         what = await speech_call(self.request, orch.pipeline, "-", new.voice, new.instructions, new.speed, new.seed)
         self.config, self.api_speed, self.rate = new, what.api_speed, what.sample_rate
+        self.request[ROUTED] = orch  # this session's next texts go to the model it named
         await self.send({"type": "session.updated", "session": self.described()})
 
     def take(self, text: str, final: bool, done: bool = False) -> None:
@@ -211,8 +212,7 @@ class Session:
 
 
 async def speech_stream(request: web.Request) -> web.StreamResponse:
-    orch = orchestrator(request)
-    require_outputs(orch, {"audio"}, "model")
+    route_model(request, request.query.get("model"), {"audio"})
     ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
     session = Session(request, ws)

@@ -1,4 +1,7 @@
-"""GET /v1/status: the loaded pipeline as the playground draws it: stages, edges, replicas, load.
+"""GET /v1/status: the loaded pipelines as the playground draws them: stages, edges, replicas, load.
+
+The top level is the server's first pipeline (as with one pipeline); `pipelines`
+lists every pipeline of the server, each in the same shape, in deploy order.
 
 One JSON snapshot built from the orchestrator's `statistics()` and the pipeline's
 topology; the playground polls nothing: it refetches when the user looks (and on a
@@ -10,7 +13,8 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from omni_actors.api.calls import orchestrator, served_model_names
+from omni_actors.api.pipelines import PIPELINES_KEY, Pipelines
+from omni_actors.orchestrator.core import Orchestrator
 
 
 class ReplicaStatus(msgspec.Struct, kw_only=True):
@@ -48,8 +52,12 @@ class PipelineStatus(msgspec.Struct, kw_only=True):
     stages: list[StageStatus]
 
 
-async def status_route(request: web.Request) -> web.Response:
-    orch = orchestrator(request)
+class ServerStatus(PipelineStatus, kw_only=True):
+    pipelines: list[PipelineStatus]
+    """Every pipeline of the server (the top level repeats the first)."""
+
+
+def pipeline_status(pipelines: Pipelines, orch: Orchestrator) -> PipelineStatus:
     stats = orch.statistics()
     pipe = orch.pipeline
     stages = []
@@ -64,11 +72,17 @@ async def status_route(request: web.Request) -> web.Response:
             replicas=[ReplicaStatus(replica=r.replica, ready=r.ready, pid=r.pid, in_flight=r.in_flight,
                                     restarts=r.restarts) for r in st.replicas],
         ))
-    body = PipelineStatus(
-        pipeline=pipe.name, models=served_model_names(orch),
+    return PipelineStatus(
+        pipeline=pipe.name, models=pipelines.names_of(orch),
         healthy=all(s.healthy for s in stages) and not orch.draining, draining=orch.draining,
         uptime_s=round(stats.uptime_s, 3), requests_in_flight=stats.requests_in_flight,
         requests_total=stats.requests_total, requests_failed=stats.requests_failed,
         worker_restarts=stats.worker_restarts, stages=stages,
     )
+
+
+async def status_route(request: web.Request) -> web.Response:
+    pipelines = request.app[PIPELINES_KEY]
+    each = [pipeline_status(pipelines, o) for o in pipelines.all]
+    body = ServerStatus(**msgspec.structs.asdict(each[0]), pipelines=each)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")

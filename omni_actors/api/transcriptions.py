@@ -37,8 +37,7 @@ from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
     orchestrator,
-    require_model,
-    require_outputs,
+    route_model,
 )
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import (
@@ -147,8 +146,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
                        "body_timeout", close=True) from None
     if "model" not in fields:
         raise bad_request("form field `model` is required", "model", "missing_required_parameter")
-    require_model(orch, fields["model"])
-    require_outputs(orch, {"transcript"}, "model")
+    route_model(request, fields["model"], {"transcript"})
     fmt, stream, params = _options(fields)
     audio, rate = await off_loop(decode_audio, upload, None, "file")
     seconds = audio.size / rate

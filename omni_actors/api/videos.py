@@ -24,7 +24,14 @@ import uuid
 import msgspec
 from aiohttp import web
 
-from omni_actors.api.calls import drop_none, orchestrator, require_model, require_outputs
+from omni_actors.api.calls import (
+    PIPELINES_KEY,
+    drop_none,
+    model_id,
+    orchestrator,
+    require_outputs,
+    route_model,
+)
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.video_jobs import RANK, VideoJobs
 from omni_actors.api.video_request import (
@@ -95,10 +102,9 @@ def add_routes(app: web.Application) -> None:
     slot = app[JOBS_KEY] = _Slot()
 
     async def start(app: web.Application) -> None:
-        from omni_actors.api.app import ORCH_KEY  # app.py imports this module; look it up late
-
-        orch = app[ORCH_KEY]
-        if "video" in orch.pipeline.output_types():  # others never open the data directory for this
+        # The first pipeline that makes video runs the jobs; others never open the data directory for this.
+        orch = next((o for o in app[PIPELINES_KEY].all if "video" in o.pipeline.output_types()), None)
+        if orch is not None:
             slot.jobs = VideoJobs(orch, VideoStore(get_store()))
             slot.jobs.recover()
 
@@ -142,10 +148,11 @@ def to_video(row: JobRow) -> Video:
 
 
 async def _submit(request: web.Request) -> str:
-    orch = orchestrator(request)
     fields, upload = await read_fields(request)
-    model = require_model(orch, fields.get("model"))
-    require_outputs(orch, {"video"}, "model")
+    orch, model = route_model(request, fields.get("model"), {"video"})
+    if orch is not jobs_of(request).orch:
+        raise bad_request(f"video jobs run on model {model_id(jobs_of(request).orch)!r} only", "model",
+                          "unsupported_modality")
     caps = capabilities(orch)
     prompt = fields.get("prompt")
     if not prompt:

@@ -1,6 +1,12 @@
 """Deploy YAML: placement and sizing of a pipeline, loaded and validated before anything starts.
 
     load_deploy(path, cli_overrides) -> DeployConfig   (raises ConfigError)
+    load_deploys(path, cli_overrides) -> list[DeployConfig]   a file with `pipelines:` gives several
+
+A file may hold several pipelines served by one server: a `pipelines` list whose
+entries are each a deploy of one pipeline (`pipeline`, `model`, `stages`,
+`async_chunk`, ... and `served_model_name`), and top-level fields (`server`,
+`cluster`, defaults such as `async_chunk`) shared by all of them.
 
 Field names follow vLLM-Omni's deploy files where they overlap, so its users'
 files mostly load. Topology (sources, processors, execution types) is owned by
@@ -314,10 +320,70 @@ def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | N
 
 
 def load_deploy(path: str | Path, overrides: dict[str, Any] | None = None) -> DeployConfig:
-    """Read, merge (base_config, platforms, CLI overrides) and validate a deploy file."""
+    """Read, merge (base_config, platforms, CLI overrides) and validate a deploy file of one pipeline."""
+    deploys = load_deploys(path, overrides)
+    if len(deploys) != 1:
+        raise ConfigError(f"{path}: pipelines: expected one pipeline here, the file lists {len(deploys)}")
+    return deploys[0]
+
+
+def load_deploys(path: str | Path, overrides: dict[str, Any] | None = None) -> list[DeployConfig]:
+    """Read and validate a deploy file: one DeployConfig per pipeline it lists (see the module doc)."""
     path = Path(path)
     raw = _load_raw(path)
-    return build_deploy(raw, str(path), overrides)
+    if "pipelines" not in raw:
+        return [build_deploy(raw, str(path), overrides)]
+    return split_pipelines(raw, str(path), overrides)
+
+
+PIPELINE_ONLY = ("pipeline", "model", "stages")
+"""Fields that belong to one pipeline: with `pipelines`, in each entry, not at the top level."""
+SHARED_ONLY = ("server", "cluster")
+"""Fields one server shares: with `pipelines`, at the top level only."""
+
+
+def split_pipelines(raw: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> list[DeployConfig]:
+    """A mapping with a `pipelines` list -> one validated DeployConfig per entry (top-level fields shared)."""
+    entries = raw.get("pipelines")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{source}: pipelines: expected a non-empty list of pipeline deploys")
+    common = {k: v for k, v in raw.items() if k != "pipelines"}
+    for key in PIPELINE_ONLY:
+        if key in common:
+            raise ConfigError(f"{source}: {key}: with `pipelines`, each entry names its own {key}; "
+                              "move it into the entries")
+    deploys = []
+    for i, entry in enumerate(entries):
+        where = f"{source}: pipelines[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping (pipeline, model, stages, ...), got {type(entry).__name__}")
+        for key in SHARED_ONLY:
+            if key in entry:
+                raise ConfigError(f"{where}.{key}: one server serves every pipeline; set `{key}` at the top level "
+                                  "(per pipeline: served_model_name)")
+        own = {k: v for k, v in entry.items() if k != "served_model_name"}
+        merged = deep_merge(common, own)
+        if entry.get("served_model_name") is not None:
+            merged["server"] = {**merged.get("server", {}), "served_model_name": entry["served_model_name"]}
+        deploys.append(build_deploy(merged, where, overrides))
+    check_distinct(deploys)
+    return deploys
+
+
+def model_id(deploy: DeployConfig) -> str:
+    """The name a pipeline answers to first: its served name, else its pipeline's name."""
+    return deploy.server.served_model_name or deploy.pipeline
+
+
+def check_distinct(deploys: list[DeployConfig]) -> None:
+    """Pipelines of one server must answer to different names (ConfigError naming both)."""
+    seen: dict[str, DeployConfig] = {}
+    for dep in deploys:
+        name = model_id(dep)
+        if name in seen:
+            raise ConfigError(f"{dep.source}: served_model_name: {name!r} is also the name of {seen[name].source}; "
+                              "give each pipeline its own served_model_name")
+        seen[name] = dep
 
 
 def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> PipelineConfig:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from omni_actors import logs
+from omni_actors import logs, progress
 from omni_actors.bus import messages as m
 from omni_actors.bus.shm import SHM_DIR, unlink_prefix, unlink_segment
 from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
@@ -107,7 +107,9 @@ class Supervisor:
         for sid in self.pipeline.stage_ids:
             for replica in range(self.deploy.stage(sid).num_replicas):
                 handles.append(await self.spawn(sid, replica, generation=0))
-        waits = {asyncio.ensure_future(self._wait_ready(h)): h for h in handles}
+        # Weights load in the workers; each Ready is a loaded stage replica (omni_actors/progress.py).
+        loading = progress.start("stages.loading", len(handles), pipeline=self.pipeline.name)
+        waits = {asyncio.ensure_future(self._wait_ready(h, loading)): h for h in handles}
         done, pending = await asyncio.wait(waits, timeout=STARTUP_TIMEOUT_S, return_when=asyncio.FIRST_EXCEPTION)
         for fut in pending:
             fut.cancel()
@@ -117,11 +119,12 @@ class Supervisor:
             h = waits[next(iter(pending))]
             raise StartupError(h.stage_id, f"no Ready within {STARTUP_TIMEOUT_S:.0f} s")
 
-    async def _wait_ready(self, h: WorkerHandle) -> None:
+    async def _wait_ready(self, h: WorkerHandle, loading: progress.Progress) -> None:
         assert h.ready_future is not None
         await h.ready_future
-        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
-                 model_stage=self.pipeline.stage(h.stage_id).model_stage)
+        model_stage = self.pipeline.stage(h.stage_id).model_stage
+        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid, model_stage=model_stage)
+        loading.advance(stage=model_stage)
 
     async def spawn(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
         assert self.launcher is not None

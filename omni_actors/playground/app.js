@@ -1,4 +1,5 @@
-// The playground page: finds what the loaded pipeline can do, shows those panels, keeps the API key.
+// The playground page: finds what each loaded pipeline can do (the model picker switches between them),
+// shows those panels, keeps the API key.
 import { bindPanels } from "./panels.js";
 import { Talk } from "./talk.js";
 
@@ -127,10 +128,13 @@ async function refreshStatus() {
   clearTimeout(statusTimer);
   try {
     const status = await (await api("/v1/status")).json();
-    drawPipeline(status);
+    // A server of several pipelines lists each; draw the one behind the chosen model.
+    const all = status.pipelines || [status];
+    drawPipeline(all.find((p) => p.models.includes(state.model?.id)) || status);
+    const healthy = all.every((p) => p.healthy);
     const pill = $("health");
-    pill.textContent = status.healthy ? "healthy" : "degraded";
-    pill.className = `pill ${status.healthy ? "ok" : "bad"}`;
+    pill.textContent = healthy ? "healthy" : "degraded";
+    pill.className = `pill ${healthy ? "ok" : "bad"}`;
   } catch (err) {
     showError(err.message);
   }

@@ -83,7 +83,7 @@ async def test_503_while_a_worker_is_down_then_recovery(srv: Server) -> None:
     assert orch.statistics().worker_restarts == restarts + 1
     async with aiohttp.ClientSession() as session, session.get(srv.url + "/metrics") as resp:
         text = await resp.text()
-    assert f'omni_worker_restarts_total{{model_stage="llm",stage_id="0"}} {restarts + 1}.0' in text
+    assert f'omni_worker_restarts_total{{model_stage="llm",pipeline="synthetic_text",stage_id="0"}} {restarts + 1}.0' in text
     assert 'omni_http_requests_total{method="POST",route="/v1/chat/completions",status="503"}' in text
     status, out = await post(srv, CHAT, _chat(1))
     assert status == 200 and out["choices"][0]["message"]["content"] == "a"

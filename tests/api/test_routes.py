@@ -197,6 +197,6 @@ async def test_metrics_and_openapi(srv: Server) -> None:
             spec = await resp.json()
     assert 'omni_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text
     assert "omni_time_to_first_token_seconds_count" in text
-    assert 'omni_stage_queue_depth{model_stage="vocoder",stage_id="2"} 0.0' in text
+    assert 'omni_stage_queue_depth{model_stage="vocoder",pipeline="omni-test",stage_id="2"} 0.0' in text
     validate(spec)
     assert {"/v1/chat/completions", "/v1/audio/speech", "/v1/models"} <= set(spec["paths"])

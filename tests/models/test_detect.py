@@ -21,9 +21,9 @@ def _folder(tmp_path, name, body):
 def test_a_diffusers_folder_is_served_by_the_diffusion_pipeline(tmp_path):
     d = _folder(tmp_path, "model_index.json", {"_class_name": "QwenImagePipeline"})
     assert detect_pipeline(d) == "diffusion"
-    deploy = load_from_args(parse_serve_args(["--model", str(d)]))
+    [deploy] = load_from_args(parse_serve_args(["--model", str(d)]))
     assert (deploy.pipeline, deploy.server.served_model_name) == ("diffusion", "m")
-    named = load_from_args(parse_serve_args(["--model", str(d), "--served-model-name", "x"]))
+    [named] = load_from_args(parse_serve_args(["--model", str(d), "--served-model-name", "x"]))
     assert named.server.served_model_name == "x"
 
 

@@ -39,9 +39,16 @@ def add_routes(app: web.Application) -> None:
         app[METRICS_KEY].registry.register(DuplexCollector(stats.duplex))
 
     async def route(request: web.Request) -> web.StreamResponse:
-        from omni_actors.api.app import ORCH_KEY  # app.py imports this package; look it up late
+        from omni_actors.api.pipelines import PIPELINES_KEY  # (look it up late, as app.py does)
 
-        return await handler.realtime_handler(request, request.app[ORCH_KEY], sessions, stats)
+        pipelines, name = request.app[PIPELINES_KEY], request.query.get("model")
+        # The session's pipeline: its `model` query (404 if unknown), else the first that writes text. With
+        # one pipeline any name reaches it, as it always has (realtime clients often send their own).
+        if len(pipelines.all) == 1 or not name:
+            orch = pipelines.first_making({"text"})
+        else:
+            orch = pipelines.find(name, set())[0]
+        return await handler.realtime_handler(request, orch, sessions, stats)
 
     async def warm_up(_app: web.Application) -> None:
         # Load the VAD model (seconds, once per process) on the VAD thread without holding up

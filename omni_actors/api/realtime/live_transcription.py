@@ -54,7 +54,7 @@ class LiveTurn:
     async def open(cls, host: Host, item_id: str, start: int) -> LiveTurn:
         """Submit the turn's streaming request (AdmissionError / StageUnavailable / ApiError if refused)."""
         call = PipelineCall(host.app, ROUTE, {"audio": np.zeros(0, np.float32), "sample_rate": VAD_RATE},
-                            transcription_params(host.cfg), {"transcript"}, streaming=True)
+                            transcription_params(host.cfg), {"transcript"}, streaming=True, orch=host.orch)
         await call.__aenter__()
         return cls(host, item_id, start, call)
 

@@ -298,7 +298,7 @@ class ResponseRun:
         async with contextlib.AsyncExitStack() as stack:  # (on exit: the request is aborted unless it ended)
             try:  # the REST routes' request path: deadline, metrics, abort on exit
                 call = await stack.enter_async_context(
-                    PipelineCall(h.app, ROUTE, turn.inputs, turn.params, set(turn.wanted)))
+                    PipelineCall(h.app, ROUTE, turn.inputs, turn.params, set(turn.wanted), orch=h.orch))
             except (AdmissionError, StageUnavailable, ApiError, ValueError) as err:
                 code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
                 return await self._finish("failed", failed(code, str(err), from_exception(err).type))

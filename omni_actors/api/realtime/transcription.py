@@ -27,6 +27,7 @@ from omni_actors.api.realtime.session import Item, SessionConfig
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
+from omni_actors.orchestrator.core import Orchestrator
 
 log = logs.get(__name__)
 
@@ -39,6 +40,7 @@ TRANSCRIPTION_OPTIONS = ("language", "prompt")
 
 class Host(Protocol):
     app: web.Application
+    orch: Orchestrator
     cfg: SessionConfig
 
     async def send(self, event: ev.ServerEvent) -> None: ...
@@ -96,7 +98,8 @@ async def transcribe_turn(host: Host, item: Item) -> None:
     index = next(i for i, p in enumerate(item.content) if p.type == "input_audio")
     inputs = {"audio": item.content[index].audio, "sample_rate": VAD_RATE}
     try:
-        async with PipelineCall(host.app, ROUTE, inputs, transcription_params(host.cfg), {"transcript"}) as call:
+        async with PipelineCall(host.app, ROUTE, inputs, transcription_params(host.cfg), {"transcript"},
+                                orch=host.orch) as call:
             transcript = await stream_transcript(host, call, item.id, index)
     except TRANSCRIPTION_ERRORS as err:
         await send_failed(host, item.id, index, err)

@@ -150,13 +150,20 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def prepare(data_dir: Path | str | None = None, *, force: bool = False, progress: Progress | None = _stderr) -> Path:
-    """Build whatever part is missing under `data_dir`; return the folder. Idempotent."""
+def prepare(data_dir: Path | str | None = None, *, force: bool = False, progress: Progress | None = None) -> Path:
+    """Build whatever part is missing under `data_dir`; return the folder. Idempotent.
+
+    The parts being built are reported as `model.prepare` progress (omni_actors/progress.py: a bar
+    on a terminal, log lines otherwise); `progress`, if given, also gets one line per part."""
+    from omni_actors import progress as bars
+
     data_dir = Path(data_dir) if data_dir else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _line: None)
     with _locked(data_dir):
         total = len(PARTS)
+        missing = [name for name in PARTS if force or not _part_ok(data_dir / name)]
+        bar = bars.start("model.prepare", len(missing), pipeline="assistant") if missing else None
         for i, (name, build) in enumerate(PARTS.items(), 1):
             target = data_dir / name
             if not force and _part_ok(target):
@@ -178,6 +185,8 @@ def prepare(data_dir: Path | str | None = None, *, force: bool = False, progress
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             say(f"[{i}/{total}] {name}: done in {time.monotonic() - t0:.1f} s")
+            if bar is not None:
+                bar.advance(part=name)
     return data_dir
 
 
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild every part")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    out = prepare(args.data_dir, force=args.force)
+    out = prepare(args.data_dir, force=args.force, progress=_stderr)
     _stderr(f"assistant prepared in {out} ({time.monotonic() - t0:.1f} s)")
     return 0
 

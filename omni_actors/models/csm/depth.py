@@ -48,7 +48,7 @@ class DepthRunner:
         self.positions = torch.arange(n, device=dev)
         self.ranks = torch.arange(self.vocab, device=dev)
         self.caches: dict[int, _PassCache] = {}
-        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx))
+        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes))
 
     @torch.inference_mode()
     def run(

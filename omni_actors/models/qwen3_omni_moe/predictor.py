@@ -85,7 +85,7 @@ class CodePredictorRunner:
         self.sampled = torch.zeros(s, dtype=torch.float32, device=dev)
         self.positions = torch.arange(n, device=dev)
         self.caches: dict[int, _PassCache] = {}
-        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx))
+        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes))
 
     @torch.inference_mode()
     def run(

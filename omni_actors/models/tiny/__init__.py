@@ -52,6 +52,14 @@ def make_tiny(pipeline: str, out_dir: str | Path, seed: int = 0) -> Path:
         raise ValueError(
             f"no tiny builder for {pipeline!r}; known: {', '.join(tiny_names())}"
         ) from None
+    from omni_actors import progress
+
     module, _, fn = ref.partition(":")
+    # Two steps, each of seconds: importing the builder (torch, transformers/diffusers), then building
+    # and writing the checkpoint.
+    bar = progress.start("model.make_tiny", 2, pipeline=pipeline)
     builder = getattr(importlib.import_module(module), fn)
-    return Path(builder(out_dir, seed=seed))
+    bar.advance(step="imported")
+    out = Path(builder(out_dir, seed=seed))
+    bar.advance(step="written")
+    return out

@@ -94,7 +94,8 @@ class HfAREngine(StageEngine):
             step, warmups = self._static_forward, 0
             if compile_wanted(ctx):
                 step, warmups = compiled_step(step), COMPILE_WARMUPS
-            self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups)
+            self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
+                                       len(self.slots.batch_sizes) * len(self.slots.length_sizes))
 
     # ---- requests --------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omni_actors import logs
+from omni_actors import logs, progress
 
 log = logs.get(__name__)
 
@@ -34,8 +34,11 @@ class DecodeGraphs:
     captured call's result, whose tensors the replay overwrote.
     """
 
-    def __init__(self, forward: Callable[[int, int], Any], enabled: bool, warmups: int = 0) -> None:
+    def __init__(self, forward: Callable[[int, int], Any], enabled: bool, warmups: int = 0, buckets: int = 0) -> None:
+        """`buckets`: how many (batch, length) buckets there are, for `hf_ar.cuda_graphs` progress lines."""
         self.forward = forward
+        self.buckets = buckets
+        self._progress: progress.Progress | None = None
         self.enabled = enabled
         self.warmups = warmups
         """Extra eager calls of a bucket before its capture (a compiled step may specialise again on
@@ -72,3 +75,7 @@ class DecodeGraphs:
             return
         self.graphs[(batch, length)] = (graph, out)
         log.info("hf_ar.cuda_graph_captured", batch=batch, length=length)
+        if self.buckets:  # captured as buckets are first used: done = buckets captured so far
+            if self._progress is None:
+                self._progress = progress.Progress("hf_ar.cuda_graphs", self.buckets)
+            self._progress.update(len(self.graphs), batch=batch, length=length)

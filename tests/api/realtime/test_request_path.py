@@ -32,8 +32,8 @@ async def test_realtime_response_has_the_rest_deadline_and_metrics() -> None:
         assert done["status"] == "completed"
         async with http.get(srv.url + "/metrics", headers=srv.headers) as resp:
             metrics = await resp.text()
-        assert 'omni_time_to_first_token_seconds_count{route="/v1/realtime"} 2.0' in metrics
-        assert 'omni_request_duration_seconds_count{route="/v1/realtime"} 1.0' in metrics
+        assert 'omni_time_to_first_token_seconds_count{pipeline="synthetic",route="/v1/realtime"} 2.0' in metrics
+        assert 'omni_request_duration_seconds_count{pipeline="synthetic",route="/v1/realtime"} 1.0' in metrics
         await c.ws.close()
 
 
