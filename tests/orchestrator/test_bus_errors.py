@@ -59,5 +59,5 @@ async def test_an_undecodable_output_fails_its_request_at_once_and_is_counted() 
                 text = await resp.text()
         finally:
             await runner.cleanup()
-        counted = [ln for ln in text.splitlines() if ln.startswith("omni_bus_frames_undecodable_total ")]
+        counted = [ln for ln in text.splitlines() if ln.startswith("omni_bus_frames_undecodable_total{")]
         assert counted and float(counted[0].split()[1]) >= 1, counted
