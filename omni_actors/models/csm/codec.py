@@ -39,9 +39,7 @@ class MimiCodecAdapter(GenerationAdapter):
         self.samples_per_code = round(config.sampling_rate / config.frame_rate)
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "codes" not in inputs:
-            return None
-        return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+        return self.frames_of(inputs, "codes", self.groups)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]

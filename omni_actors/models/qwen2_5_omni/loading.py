@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors.workers.engines.hf_ar import DTYPES, check_checkpoint
+from omni_actors.workers.engines.torch_setup import load_dtype
 
 __all__ = ["DTYPES", "check_checkpoint", "load_config", "load_part", "load_tensor"]
 
@@ -35,9 +36,7 @@ def load_part(
     import torch
     from transformers.utils import logging as hf_logging
 
-    dtype = (
-        torch.float32 if float32 or ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
-    )
+    dtype = torch.float32 if float32 else load_dtype(ctx)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the other parts' weights are "unexpected" by design
     try:

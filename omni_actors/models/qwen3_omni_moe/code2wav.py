@@ -38,9 +38,7 @@ class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
         self.samples_per_code = int(self.model.total_upsample)
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "codes" not in inputs:
-            return None
-        return torch.as_tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+        return self.frames_of(inputs, "codes", self.groups)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]

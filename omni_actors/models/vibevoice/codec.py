@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
@@ -54,11 +53,7 @@ class AcousticCodecAdapter(GenerationAdapter):
         return _Stream()
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "latents" not in inputs:
-            return None
-        return torch.tensor(np.asarray(inputs["latents"]), dtype=torch.float32).reshape(
-            -1, self.latent
-        )
+        return self.frames_of(inputs, "latents", self.latent, torch.float32)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
