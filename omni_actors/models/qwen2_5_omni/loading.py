@@ -50,6 +50,14 @@ def load_part(
     return model.to(ctx.device).eval()
 
 
+def load_codec(ctx: Any, cls: Any, sub: str, prefix: str) -> tuple[Any, Any]:
+    """(model, sub-config) of a codec decoder: `cls` from the folder's `sub` config and its
+    `prefix.` weights, in float32 (decoders that need it), the folder checked first."""
+    path = check_checkpoint(ctx.model_path, ("config.json",))
+    config = getattr(load_config(path), sub)
+    return load_part(cls, path, config, prefix, ctx, float32=True), config
+
+
 def load_tensor(path: Path, name: str) -> Any:
     """One tensor of the folder's safetensors weights (sharded or not), read alone."""
     from safetensors import safe_open

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engines.generation import GenerationAdapter
 
 
@@ -29,11 +29,7 @@ class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
     def load(self) -> None:
         from transformers import Qwen3OmniMoeCode2Wav
 
-        path = check_checkpoint(self.ctx.model_path, ("config.json",))
-        config = load_config(path).code2wav_config
-        self.model = load_part(
-            Qwen3OmniMoeCode2Wav, path, config, "code2wav", self.ctx, float32=True
-        )
+        self.model, config = load_codec(self.ctx, Qwen3OmniMoeCode2Wav, "code2wav_config", "code2wav")
         self.groups = config.num_quantizers
         self.samples_per_code = int(self.model.total_upsample)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engines.generation import GenerationAdapter
 
 
@@ -41,10 +41,7 @@ class AcousticCodecAdapter(GenerationAdapter):
     def load(self) -> None:
         from transformers import VibeVoiceAcousticTokenizerModel
 
-        path = check_checkpoint(self.ctx.model_path, ("config.json",))
-        config = load_config(path).audio_config
-        self.model = load_part(VibeVoiceAcousticTokenizerModel, path, config, "model.audio_tower", self.ctx,
-                               float32=True)  # fmt: skip
+        self.model, config = load_codec(self.ctx, VibeVoiceAcousticTokenizerModel, "audio_config", "model.audio_tower")
         self.latent = config.hidden_size
         self.sample_rate = 24000
         self.samples_per_code = config.hop_length
