@@ -1,4 +1,4 @@
-"""Stage shapes several model families share: an adapter over HfAREngine, a streaming codec stage, a TTS pair.
+"""Stage shapes several model families share: an entry stage, a streaming codec stage, a TTS pair.
 
 Topology only: imports without torch.
 """
@@ -14,14 +14,15 @@ HF_AR_ENGINE = "omni_actors.workers.engines.hf_ar:HfAREngine"
 GENERATION_ENGINE = "omni_actors.workers.engines.generation:GenerationEngine"
 
 
-def adapter_stage(
-    model_stage: str, adapter: str, engine: str = HF_AR_ENGINE,
+def entry_stage(
+    model_stage: str, engine: str = HF_AR_ENGINE, adapter: str | None = None,
     execution_type: ExecutionType = ExecutionType.LLM_AR, **spec: Any,
 ) -> StageSpec:  # fmt: skip
-    """Stage 0, the request's first stage: `engine` (HfAREngine) over the model's `adapter` ("module:Class")."""
+    """Stage 0, the request's first: `engine` (HfAREngine, or the model's own) over the model's
+    `adapter` ("module:Class") when it takes one; it owns the tokenizer."""
     return StageSpec(
         stage_id=0, model_stage=model_stage, execution_type=execution_type, engine=engine,
-        engine_defaults={"adapter": adapter}, owns_tokenizer=True, **spec,
+        engine_defaults={"adapter": adapter} if adapter else {}, owns_tokenizer=True, **spec,
     )  # fmt: skip
 
 

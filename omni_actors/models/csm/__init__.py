@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from omni_actors.config.pipeline import PipelineConfig, register_pipeline
 from omni_actors.config.speech import SpeechSpec
-from omni_actors.models.stages import adapter_stage, tts_pipeline
+from omni_actors.models.stages import entry_stage, tts_pipeline
 
 _PKG = "omni_actors.models.csm"
 VOICES = ("0", "1")
@@ -26,6 +26,6 @@ def csm() -> PipelineConfig:
         "csm",
         "Sesame CSM text to speech (Llama backbone + depth decoder, Mimi codec); clones a reference clip",
         SpeechSpec(voices=VOICES, sample_rate=24000, cloning=True),
-        adapter_stage("backbone", f"{_PKG}.backbone:CsmBackboneAdapter"),
+        entry_stage("backbone", adapter=f"{_PKG}.backbone:CsmBackboneAdapter"),
         f"{_PKG}.codec:MimiCodecAdapter",
     )

@@ -13,9 +13,9 @@ the DAC folder its processor names. Topology only: imports without torch.
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import PipelineConfig, register_pipeline
 from omni_actors.config.speech import SpeechSpec
-from omni_actors.models.stages import tts_pipeline
+from omni_actors.models.stages import entry_stage, tts_pipeline
 
 _PKG = "omni_actors.models.dia"
 VOICES = ("S1", "S2")
@@ -28,9 +28,6 @@ def dia() -> PipelineConfig:
         "dia",
         "Nari Labs Dia text to speech (encoder-decoder with guidance, DAC codec); clones a reference clip",
         SpeechSpec(voices=VOICES, sample_rate=44100, cloning=True),
-        StageSpec(
-            stage_id=0, model_stage="decoder", execution_type=ExecutionType.LLM_AR,
-            engine=f"{_PKG}.engine:DiaEngine", owns_tokenizer=True,
-        ),
+        entry_stage("decoder", engine=f"{_PKG}.engine:DiaEngine"),
         f"{_PKG}.codec:DacCodecAdapter",
-    )  # fmt: skip
+    )

@@ -10,7 +10,7 @@ stage runs on the duplex engine (workers/engines/duplex.py), batch size
 from __future__ import annotations
 
 from omni_actors.config.pipeline import ExecutionType, PipelineConfig, register_pipeline
-from omni_actors.models.stages import adapter_stage
+from omni_actors.models.stages import entry_stage
 
 
 @register_pipeline("moshi")
@@ -21,9 +21,9 @@ def moshi() -> PipelineConfig:
         detect=("transformers:moshi",),
         duplex=True,
         stages=(
-            adapter_stage("moshi", "omni_actors.models.moshi.model:MoshiDuplexAdapter",
-                          engine="omni_actors.workers.engines.duplex:DuplexEngine",
-                          execution_type=ExecutionType.LLM_GENERATION,
-                          final_output=True, final_output_type="audio"),
+            entry_stage("moshi", adapter="omni_actors.models.moshi.model:MoshiDuplexAdapter",
+                        engine="omni_actors.workers.engines.duplex:DuplexEngine",
+                        execution_type=ExecutionType.LLM_GENERATION,
+                        final_output=True, final_output_type="audio"),
         ),
     )  # fmt: skip

@@ -9,7 +9,7 @@ Serves `/v1/audio/transcriptions` for a `Qwen3ASRForConditionalGeneration` folde
 from __future__ import annotations
 
 from omni_actors.config.pipeline import PipelineConfig, register_pipeline
-from omni_actors.models.stages import adapter_stage
+from omni_actors.models.stages import entry_stage
 
 
 @register_pipeline("qwen3_asr")
@@ -19,7 +19,7 @@ def qwen3_asr() -> PipelineConfig:
         detect=("transformers:qwen3_asr",),
         description="Qwen3-ASR speech recognition (streamed transcript)",
         stages=(
-            adapter_stage("asr", "omni_actors.models.qwen3_asr.asr:Qwen3AsrAdapter",
-                          final_output=True, final_output_type="transcript"),
+            entry_stage("asr", adapter="omni_actors.models.qwen3_asr.asr:Qwen3AsrAdapter",
+                        final_output=True, final_output_type="transcript"),
         ),
     )  # fmt: skip

@@ -14,9 +14,9 @@ imports without torch.
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import PipelineConfig, register_pipeline
 from omni_actors.config.speech import SpeechSpec
-from omni_actors.models.stages import tts_pipeline
+from omni_actors.models.stages import entry_stage, tts_pipeline
 
 _PKG = "omni_actors.models.vibevoice"
 VOICES = ("0", "1", "2", "3")
@@ -29,9 +29,6 @@ def vibevoice() -> PipelineConfig:
         "vibevoice",
         "Microsoft VibeVoice text to speech (Qwen2 LM + diffusion head, acoustic tokenizer); clones a reference clip",
         SpeechSpec(voices=VOICES, sample_rate=24000, cloning=True),
-        StageSpec(
-            stage_id=0, model_stage="lm", execution_type=ExecutionType.LLM_AR,
-            engine=f"{_PKG}.engine:VibeVoiceEngine", owns_tokenizer=True,
-        ),
+        entry_stage("lm", engine=f"{_PKG}.engine:VibeVoiceEngine"),
         f"{_PKG}.codec:AcousticCodecAdapter",
-    )  # fmt: skip
+    )

@@ -11,7 +11,7 @@ transcript deltas go out while the user is still speaking. Topology only: import
 from __future__ import annotations
 
 from omni_actors.config.pipeline import PipelineConfig, register_pipeline
-from omni_actors.models.stages import adapter_stage
+from omni_actors.models.stages import entry_stage
 
 
 @register_pipeline("voxtral_realtime")
@@ -22,7 +22,7 @@ def voxtral_realtime() -> PipelineConfig:
         description="Voxtral Realtime streaming speech recognition (transcript streamed as audio arrives)",
         live_transcription=True,
         stages=(
-            adapter_stage("asr", "omni_actors.models.voxtral_realtime.asr:VoxtralRealtimeAdapter",
-                          final_output=True, final_output_type="transcript"),
+            entry_stage("asr", adapter="omni_actors.models.voxtral_realtime.asr:VoxtralRealtimeAdapter",
+                        final_output=True, final_output_type="transcript"),
         ),
     )  # fmt: skip
