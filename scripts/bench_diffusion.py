@@ -104,14 +104,10 @@ def bench_served(model: Path, args: argparse.Namespace) -> dict[str, float] | No
 
     "Served" here is the runtime without HTTP: the in-process orchestrator and
     a real DIFFUSION worker process (the `diffusion` pipeline on `model`,
-    max_num_seqs 4), requests through `Orchestrator.submit`. An HTTP variant
-    would swap `_served_round` for concurrent POSTs to the images route.
+    max_num_seqs 4), requests through `Orchestrator.submit` (served_rates.py).
     """
-    import asyncio
-
     from omni_actors.config.deploy import build_deploy
-    from omni_actors.orchestrator.core import Orchestrator
-    from omni_actors.orchestrator.requests import RequestSpec
+    from scripts.served_rates import served_rates
 
     params = {"num_inference_steps": args.steps, "width": args.size, "height": args.size}
     deploy = build_deploy(
@@ -122,36 +118,7 @@ def bench_served(model: Path, args: argparse.Namespace) -> dict[str, float] | No
         },
         source="bench_diffusion",
     )
-
-    async def _served_round(orch: Orchestrator, concurrency: int, seed: int) -> None:
-        specs = [
-            RequestSpec(inputs={"prompt": PROMPT}, params={**params, "seed": seed + i})
-            for i in range(concurrency)
-        ]
-        results = await asyncio.gather(*(orch.submit(s).collect() for s in specs))
-        assert all(r and "images" in r[-1].data for r in results)
-
-    async def run() -> dict[str, float]:
-        orch = Orchestrator(deploy)
-        t0 = time.perf_counter()
-        await orch.start()
-        out = {"startup_s": time.perf_counter() - t0}
-        try:
-            for c in (1, 4):
-                await _served_round(orch, c, 0)  # warm-up
-                rounds = max(1, args.images // c)
-                best = 0.0
-                for _ in range(args.repeats):
-                    start = time.perf_counter()
-                    for r in range(rounds):
-                        await _served_round(orch, c, r * c)
-                    best = max(best, rounds * c / (time.perf_counter() - start))
-                out[f"c{c}"] = best
-        finally:
-            await orch.stop()
-        return out
-
-    return asyncio.run(run())
+    return served_rates(deploy, {"prompt": PROMPT}, params, "images", args.images, args.repeats)
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ Each number is the best of --repeats runs (the box may be shared). Prints one JS
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -69,42 +68,14 @@ def bench_direct(pipe: Any, args: argparse.Namespace, batch: int) -> float:
 def bench_served(model: Path, args: argparse.Namespace) -> dict[str, float]:
     from omni_actors.config.deploy import build_deploy
     from omni_actors.models.detect import detect_pipeline
-    from omni_actors.orchestrator.core import Orchestrator
-    from omni_actors.orchestrator.requests import RequestSpec
+    from scripts.served_rates import served_rates
 
     width, height = (int(v) for v in args.size.split("x"))
     params = {"num_inference_steps": args.steps, "width": width, "height": height, "num_frames": args.frames}
     deploy = build_deploy({"pipeline": detect_pipeline(model), "model": str(model),
                            "stages": [{"stage_id": 0, "max_num_seqs": 4, "dtype": args.dtype}]},
                           source="bench_video")
-
-    async def round_(orch: Orchestrator, concurrency: int, seed: int) -> None:
-        specs = [RequestSpec(inputs={"prompt": PROMPT}, params={**params, "seed": seed + i})
-                 for i in range(concurrency)]
-        results = await asyncio.gather(*(orch.submit(s).collect() for s in specs))
-        assert all(r and "frames" in r[-1].data for r in results)
-
-    async def run() -> dict[str, float]:
-        orch = Orchestrator(deploy)
-        t0 = time.perf_counter()
-        await orch.start()
-        out = {"startup_s": time.perf_counter() - t0}
-        try:
-            for c in (1, 4):
-                await round_(orch, c, 0)
-                rounds = max(1, args.videos // c)
-                best = 0.0
-                for _ in range(args.repeats):
-                    start = time.perf_counter()
-                    for r in range(rounds):
-                        await round_(orch, c, r * c)
-                    best = max(best, rounds * c / (time.perf_counter() - start))
-                out[f"c{c}"] = best
-        finally:
-            await orch.stop()
-        return out
-
-    return asyncio.run(run())
+    return served_rates(deploy, {"prompt": PROMPT}, params, "frames", args.videos, args.repeats)
 
 
 def main() -> None:

@@ -54,8 +54,7 @@ from omni_actors.api.calls import (
     route_model,
 )
 from omni_actors.api.chat_inputs import build_chat_inputs
-from omni_actors.api.errors import bad_request
-from omni_actors.api.schemas import (
+from omni_actors.api.chat_schemas import (
     ChatAudio,
     ChatCompletion,
     ChatCompletionChunk,
@@ -66,8 +65,9 @@ from omni_actors.api.schemas import (
     DeltaAudio,
     ResponseMessage,
     Usage,
-    read_body,
 )
+from omni_actors.api.errors import bad_request
+from omni_actors.api.schemas import read_body
 from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput

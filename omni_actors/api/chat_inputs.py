@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from omni_actors.api.audio_codec import decode_audio
+from omni_actors.api.chat_schemas import ChatMessage, ImageUrlPart, InputAudioPart, TextPart
 from omni_actors.api.errors import bad_request
-from omni_actors.api.schemas import ChatMessage, ImageUrlPart, InputAudioPart, TextPart
 
 MAX_IMAGE_PIXELS = 40_000_000
 """Largest input image (width x height) decoded; past it a 400 before any pixel is decoded

@@ -33,11 +33,11 @@ from omni_actors.api.calls import (
 from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.images import answer_images, collect_images, parse_size
+from omni_actors.api.multipart import BodyBudget
 
 ROUTE = "/v1/images/edits"
 EDIT_TASKS = {"image-edit", "inpaint", "image-to-layers"}
 MAX_INPUT_IMAGES = 16
-READ_CHUNK = 1 << 16
 TEXT_FIELDS = frozenset({
     "prompt", "model", "n", "size", "response_format", "output_format", "seed", "num_inference_steps",
     "guidance_scale", "negative_prompt", "stream", "partial_images", "quality", "background",
@@ -53,7 +53,7 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
     fields: dict[str, str] = {}
     images: list[bytes] = []
     mask: bytes | None = None
-    total = 0
+    budget = BodyBudget(max_bytes)
     reader = await request.multipart()
     while (part := await reader.next()) is not None:
         name = part.name or ""
@@ -61,13 +61,7 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
             raise bad_request(f"unknown form field `{name}`", name, "unknown_parameter")
         if name in fields or (name == "mask" and mask is not None):
             raise bad_request(f"form field `{name}` is given twice", name)
-        data = bytearray()
-        while chunk := await part.read_chunk(READ_CHUNK):
-            total += len(chunk)
-            if total > max_bytes:
-                raise ApiError(413, f"request body is over the limit of {max_bytes} bytes", None,
-                               "body_too_large", close=True)
-            data += chunk
+        data = await budget.read(part)
         if name in ("image", "image[]"):
             if len(images) >= MAX_INPUT_IMAGES:
                 raise bad_request(f"at most {MAX_INPUT_IMAGES} images", "image")

@@ -1,4 +1,6 @@
-"""GET /openapi.json: an OpenAPI 3.1 document of what this server answers, from the msgspec structs in schemas.py.
+"""GET /openapi.json: an OpenAPI 3.1 document of what this server answers, from the msgspec structs.
+
+The structs: schemas.py and chat_schemas.py.
 
 Built once per app for the loaded pipeline, so it agrees with the server:
 
@@ -20,6 +22,7 @@ from typing import Any, get_args
 import msgspec
 from aiohttp import web
 
+from omni_actors.api import chat_schemas as cs
 from omni_actors.api import schemas as s
 from omni_actors.api.audio_codec import CONTENT_TYPES
 from omni_actors.api.middleware import PUBLIC_PATHS
@@ -56,7 +59,7 @@ class _Route:
 
 _ROUTES = (
     _Route("post", "/v1/chat/completions", "Chat completion (chat.completion.chunk events when stream=true)",
-           s.ChatCompletionRequest, {"application/json": s.ChatCompletion, SSE: s.ChatCompletionChunk},
+           cs.ChatCompletionRequest, {"application/json": cs.ChatCompletion, SSE: cs.ChatCompletionChunk},
            frozenset({"text"})),
     _Route("post", "/v1/audio/speech", "Text to speech: audio in response_format (speech.audio.* events "
            "when stream_format=sse)", s.SpeechRequest,

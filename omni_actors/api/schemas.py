@@ -7,7 +7,7 @@ being silently ignored; ranges are `Meta` constraints, so they appear in
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from aiohttp import hdrs, web
@@ -46,214 +46,12 @@ MAX_CHOICES = 8
 """Most choices (`n`) one chat request may ask for; each runs as its own pipeline request."""
 
 
-class _Req(Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
-    pass
-
-
-# ---- chat ----------------------------------------------------------------------
-
-
-class TextPart(_Req, tag_field="type", tag="text"):
-    text: str
-
-
-class ImageUrl(_Req):
-    url: str
-    """A data URL (`data:image/png;base64,...`); remote URLs are not fetched."""
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class ImageUrlPart(_Req, tag_field="type", tag="image_url"):
-    image_url: ImageUrl
-
-
-class InputAudio(_Req):
-    data: str
-    """Base64 audio. `pcm16` is raw little-endian 16-bit mono at 24 kHz."""
-    format: Literal["wav", "pcm16", "mp3", "flac"]
-
-
-class InputAudioPart(_Req, tag_field="type", tag="input_audio"):
-    input_audio: InputAudio
-
-
-ContentPart = TextPart | ImageUrlPart | InputAudioPart
-
-
-class AudioRef(_Req):
-    id: Name
-
-
-class CalledFunction(_Req):
-    name: Name
-    arguments: str
-    """JSON text, as the model wrote it."""
-
-
-class CalledTool(_Req):
-    """A call an earlier assistant turn made (sent back with the `tool` message answering it)."""
-
-    id: Name
-    function: CalledFunction
-    type: Literal["function"] = "function"
-
-
-class ChatMessage(_Req):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: Name | None = None
-    audio: AudioRef | None = None
-    tool_call_id: Name | None = None
-    tool_calls: Annotated[list[CalledTool], Meta(max_length=MAX_TOOLS)] | None = None
-
-
-class ChatAudioOptions(_Req):
-    voice: Name | None = None
-    format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
-
-
-class StreamOptions(_Req):
-    include_usage: bool = False
-
-
-class ResponseFormat(_Req):
-    """Only "text" is served; the handler refuses JSON modes by name (no guided decoding here)."""
-
-    type: Name
-    json_schema: dict[str, Any] | None = None
-
-
 FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
 """OpenAI's rule for a function's name: letters, digits, underscores and dashes, at most 64."""
 
 
-class FunctionDef(_Req):
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ChatTool(_Req):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class ChatCompletionRequest(_Req):
-    model: Name
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    modalities: list[Literal["text", "audio"]] | None = None
-    audio: ChatAudioOptions | None = None
-    temperature: Temperature | None = None
-    top_p: Probability | None = None
-    top_k: TopK | None = None
-    max_tokens: TokenCount | None = None
-    max_completion_tokens: TokenCount | None = None
-    seed: Seed | None = None
-    stop: Name | Annotated[list[Name], Meta(max_length=MAX_STOP)] | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
-    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    response_format: ResponseFormat | None = None
-    # Function calling: refused by name unless the pipeline's text stage can call tools (api/tools.py).
-    tools: Annotated[list[ChatTool], Meta(max_length=MAX_TOOLS)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    user: Name | None = None
-    # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
-    store: bool | None = None
-    metadata: Metadata | None = None
-    service_tier: Name | None = None
-    logprobs: Literal[False] | None = None
-
-
-class ChatAudio(Struct):
-    id: str
-    data: str
-    expires_at: int
-    transcript: str
-
-
-class FunctionCall(Struct):
-    name: str
-    arguments: str
-
-
-class ToolCall(Struct):
-    id: str
-    function: FunctionCall
-    type: Literal["function"] = "function"
-
-
-class ResponseMessage(Struct):
-    role: Literal["assistant"]
-    content: str | None
-    audio: ChatAudio | None = None
-    tool_calls: list[ToolCall] | None = None
-
-
-class Usage(Struct):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class Choice(Struct):
-    index: int
-    message: ResponseMessage
-    finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: None = None
-
-
-class ChatCompletion(Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: Usage
-    object: Literal["chat.completion"] = "chat.completion"
-
-
-class DeltaAudio(Struct, omit_defaults=True):
-    id: str
-    data: str | None = None
-    transcript: str | None = None
-    expires_at: int | None = None
-
-
-class DeltaToolCall(Struct):
-    """A whole call in one delta (the answer is parsed when it ends)."""
-
-    index: int
-    id: str
-    function: FunctionCall
-    type: Literal["function"] = "function"
-
-
-class Delta(Struct, omit_defaults=True):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    audio: DeltaAudio | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
-class ChunkChoice(Struct):
-    index: int
-    delta: Delta
-    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: None = None
-
-
-class ChatCompletionChunk(Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+class RequestStruct(Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    pass
 
 
 # ---- speech --------------------------------------------------------------------
@@ -268,7 +66,7 @@ class VoiceRef(Struct, forbid_unknown_fields=True):
     id: Annotated[str, Meta(min_length=1, max_length=MAX_VOICE_CHARS)]
 
 
-class SpeechRequest(_Req):
+class SpeechRequest(RequestStruct):
     model: str
     input: Annotated[str, Meta(min_length=1, max_length=16384)]
     voice: Annotated[str, Meta(min_length=1, max_length=MAX_VOICE_CHARS)] | VoiceRef | None = None
@@ -331,7 +129,7 @@ class TranscriptTextDone(Struct, tag_field="type", tag="transcript.text.done"):
 # ---- images --------------------------------------------------------------------
 
 
-class DiffusionFields(_Req):
+class DiffusionFields(RequestStruct):
     """Diffusion fields; also accepted at the top level of an image request."""
 
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
@@ -340,7 +138,7 @@ class DiffusionFields(_Req):
     seed: Seed | None = None
 
 
-class ImageRequest(_Req):
+class ImageRequest(RequestStruct):
     prompt: NonEmptyStr
     model: Name | None = None
     n: Annotated[int, Meta(ge=1, le=10)] = 1

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from omni_actors.api.schemas import ChatTool, DeltaToolCall, FunctionCall, ToolCall
+from omni_actors.api.chat_schemas import ChatTool, DeltaToolCall, FunctionCall, ToolCall
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.orchestrator.outputs import ToolCallOutput
 

@@ -40,6 +40,7 @@ from omni_actors.api.calls import (
     route_model,
 )
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.multipart import BodyBudget
 from omni_actors.api.schemas import (
     MAX_INSTRUCTIONS_CHARS,
     MAX_NAME_CHARS,
@@ -54,7 +55,6 @@ from omni_actors.orchestrator.outputs import TranscriptOutput
 ROUTE = "/v1/audio/transcriptions"
 FORMATS = ("json", "text")
 FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature"})
-READ_CHUNK = 1 << 16
 
 
 MULTIPART_ERRORS = (ValueError, AssertionError, LookupError, HttpProcessingError, web.RequestPayloadError)
@@ -79,7 +79,7 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
 async def _parse_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
     fields: dict[str, str] = {}
     upload: bytes | None = None
-    total = 0
+    budget = BodyBudget(max_bytes)
     reader = await request.multipart()
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
@@ -93,13 +93,7 @@ async def _parse_form(request: web.Request, max_bytes: int) -> tuple[dict[str, s
             raise bad_request(f"unknown form field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
         if name in fields or (name == "file" and upload is not None):
             raise bad_request(f"form field `{name}` is given twice", name)
-        data = bytearray()
-        while chunk := await part.read_chunk(READ_CHUNK):
-            total += len(chunk)
-            if total > max_bytes:
-                raise ApiError(413, f"request body is over the limit of {max_bytes} bytes", None,
-                               "body_too_large", close=True)
-            data += chunk
+        data = await budget.read(part)
         if name == "file":
             upload = bytes(data)
         else:

@@ -19,12 +19,12 @@ from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.multipart import BodyBudget
 from omni_actors.workers.engines.video import DEFAULTS
 
 FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
                     "input_reference[file_id]", "num_frames", "num_inference_steps", "guidance_scale", "seed",
                     "negative_prompt"})
-READ_CHUNK = 1 << 16
 MAX_SIDE_PX = 4096
 DEFAULT_SECONDS = "4"
 
@@ -58,18 +58,12 @@ async def read_fields(request: web.Request) -> tuple[dict[str, str], bytes | Non
                        "multipart/form-data or JSON", None, "unsupported_media_type")
     fields: dict[str, str] = {}
     upload: bytes | None = None
-    max_bytes, total = int(orchestrator(request).deploy.server.max_body_mb * 1024 * 1024), 0
+    budget = BodyBudget(int(orchestrator(request).deploy.server.max_body_mb * 1024 * 1024))
     reader = await request.multipart()
     while (part := await reader.next()) is not None:
         name = part.name or ""
         check_known({name: ""})
-        data = bytearray()
-        while chunk := await part.read_chunk(READ_CHUNK):
-            data += chunk
-            total += len(chunk)
-            if total > max_bytes:
-                raise ApiError(413, f"request body is over the limit of {max_bytes} bytes", None,
-                               "body_too_large", close=True)
+        data = await budget.read(part)
         if name == "input_reference":
             upload = bytes(data)
         else:

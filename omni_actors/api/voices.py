@@ -31,12 +31,12 @@ from msgspec import Struct
 from omni_actors.api.audio_codec import decode_audio, off_loop
 from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.multipart import BodyBudget
 from omni_actors.api.schemas import read_body
 from omni_actors.api.voice_store import Consent, ConsentInUse, Voice, VoiceStore
 
 VOICES_KEY = web.AppKey("voice_store", VoiceStore)
 """The app's voice store (set by tests to a private data dir; else the process's store)."""
-READ_CHUNK = 1 << 16
 MAX_NAME_CHARS = 256
 MAX_LANGUAGE_CHARS = 35
 MAX_TRANSCRIPT_CHARS = 4096
@@ -126,7 +126,7 @@ async def _form(request: web.Request, files: set[str], fields: set[str]) -> tupl
     async def read() -> tuple[dict[str, str], dict[str, bytes]]:
         texts: dict[str, str] = {}
         blobs: dict[str, bytes] = {}
-        total = 0
+        budget = BodyBudget(limit)
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             name = part.name or ""
@@ -135,13 +135,7 @@ async def _form(request: web.Request, files: set[str], fields: set[str]) -> tupl
                                   "unknown_parameter")
             if name in texts or name in blobs:
                 raise bad_request(f"form field `{name}` is given twice", name)
-            data = bytearray()
-            while chunk := await part.read_chunk(READ_CHUNK):
-                total += len(chunk)
-                if total > limit:
-                    raise ApiError(413, f"request body is over the limit of {limit} bytes", None,
-                                   "body_too_large", close=True)
-                data += chunk
+            data = await budget.read(part)
             if name in files:
                 blobs[name] = bytes(data)
             else:

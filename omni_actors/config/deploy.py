@@ -10,24 +10,23 @@ entries are each a deploy of one pipeline (`pipeline`, `model`, `stages`,
 
 Field names follow vLLM-Omni's deploy files where they overlap, so its users'
 files mostly load. Topology (sources, processors, execution types) is owned by
-the pipeline in code; naming it here is an error.
+the pipeline in code; naming it here is an error. Reading the YAML (base_config
+chains): deploy_yaml.py; the checks against the pipeline: deploy_checks.py.
 """
 
 from __future__ import annotations
 
-import copy
 import difflib
-import importlib.util
 import re
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from omni_actors import logs
 from omni_actors.bus.shm import ARENA_BUDGET_BYTES
-from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names
+from omni_actors.config.deploy_checks import validate_against_pipeline
+from omni_actors.config.deploy_yaml import deep_merge, load_raw
 from omni_actors.errors import ConfigError
 from omni_actors.settings import PLATFORMS, detect_platform
 
@@ -105,8 +104,6 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
         return self.max_queue if self.max_queue is not None else 8 * self.max_num_seqs
 
 
-CLUSTER_BACKENDS = ("local", "ray")
-ARRAY_PATHS = ("auto", "frames")
 
 
 class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -145,9 +142,6 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
         return StageDeploy(stage_id=stage_id)
 
 
-DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
-"""`dtype` values the stage engines accept (vLLM's names and their short forms)."""
-
 TOPOLOGY_FIELDS = frozenset(
     {
         "input_sources", "execution_type", "model_stage", "final_output", "final_output_type",
@@ -155,88 +149,6 @@ TOPOLOGY_FIELDS = frozenset(
         "chunk_processor", "custom_process_input_func", "engine", "worker_type", "engine_input_source",
     }
 )
-
-
-def deep_merge(base: Any, over: Any) -> Any:
-    """Merge `over` into `base`: dicts key by key, `stages` lists by stage_id, else replace."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for key, val in over.items():
-            if key == "stages" and isinstance(val, list) and isinstance(out.get(key), list):
-                out[key] = _merge_stages(out[key], val)
-            else:
-                out[key] = deep_merge(out[key], val) if key in out else copy.deepcopy(val)
-        return out
-    return copy.deepcopy(over)
-
-
-def _merge_stages(base: list[Any], over: list[Any]) -> list[Any]:
-    if not all(isinstance(s, dict) for s in (*base, *over)):
-        return [*base, *copy.deepcopy(over)]  # not mergeable by id; validation names the bad entry
-    by_id = {s.get("stage_id"): s for s in base}
-    order = [s.get("stage_id") for s in base]
-    for st in over:
-        sid = st.get("stage_id")
-        if sid in by_id:
-            by_id[sid] = deep_merge(by_id[sid], st)
-        else:
-            by_id[sid] = st
-            order.append(sid)
-    return [by_id[sid] for sid in order]
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML would keep the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[str] = set()
-        for key, _ in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                if key.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key.value!r} is given twice in one mapping", key.start_mark
-                    )
-                seen.add(key.value)
-        return super().construct_mapping(node, deep)
-
-
-def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
-    mark = getattr(err, "problem_mark", None)
-    if not isinstance(err, yaml.MarkedYAMLError) or mark is None:
-        return f"{path}: not valid YAML: {err}".replace("\n", " ")
-    msg = f"{path}: line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {err.problem}"
-    if err.context and err.context_mark is not None:
-        msg += f" ({err.context} at line {err.context_mark.line + 1})"
-    return msg
-
-
-def _read_yaml(path: Path, where: str) -> dict[str, Any]:
-    if path.is_dir():
-        raise ConfigError(f"{where}: {path} is a directory; expected a YAML file")
-    if not path.is_file():
-        raise ConfigError(f"{where}: file not found: {path}")
-    try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_YamlLoader) or {}
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read the file as UTF-8 text: {err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(_yaml_error(path, err)) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    return raw
-
-
-def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    raw = _read_yaml(path, f"{seen[-1]}: base_config" if seen else "deploy")
-    base = raw.get("base_config")
-    if base is not None and not isinstance(base, str):
-        raise ConfigError(f"{path}: base_config: expected a file path, got {type(base).__name__}")
-    if base:
-        base_path = (path.parent / str(base)).resolve()
-        if base_path in seen or base_path == path.resolve():
-            raise ConfigError(f"{path}: base_config: circular reference to {base_path}")
-        raw = deep_merge(_load_raw(base_path, (*seen, path.resolve())), raw)
-    return raw
 
 
 _AT = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.S)
@@ -330,7 +242,7 @@ def load_deploy(path: str | Path, overrides: dict[str, Any] | None = None) -> De
 def load_deploys(path: str | Path, overrides: dict[str, Any] | None = None) -> list[DeployConfig]:
     """Read and validate a deploy file: one DeployConfig per pipeline it lists (see the module doc)."""
     path = Path(path)
-    raw = _load_raw(path)
+    raw = load_raw(path)
     if "pipelines" not in raw:
         return [build_deploy(raw, str(path), overrides)]
     return split_pipelines(raw, str(path), overrides)
@@ -384,101 +296,6 @@ def check_distinct(deploys: list[DeployConfig]) -> None:
             raise ConfigError(f"{dep.source}: served_model_name: {name!r} is also the name of {seen[name].source}; "
                               "give each pipeline its own served_model_name")
         seen[name] = dep
-
-
-def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> PipelineConfig:
-    """Check the deploy against its pipeline; messages start with `where` (default: its file)."""
-    src = where or cfg.source
-    try:
-        pipe = get_pipeline(cfg.pipeline)
-    except KeyError:
-        raise ConfigError(
-            f"{src}: pipeline: unknown pipeline {cfg.pipeline!r}; expected one of {pipeline_names()}"
-        ) from None
-    if cfg.model and not Path(cfg.model).expanduser().exists():
-        raise ConfigError(f"{src}: model: path does not exist: {cfg.model}")
-    if pipe.requires_model and not cfg.model and not pipe.preparer:
-        # (with a preparer, `omni-run` prepares the pipeline's own default model folder)
-        raise ConfigError(f"{src}: model: pipeline {pipe.name!r} needs a model path")
-    seen: set[int] = set()
-    for i, st in enumerate(cfg.stages):
-        where = f"{src}: stages[{i}]"
-        if st.stage_id not in pipe.stage_ids:
-            raise ConfigError(
-                f"{where}.stage_id: pipeline {pipe.name!r} has no stage {st.stage_id}; "
-                f"expected one of {list(pipe.stage_ids)}"
-            )
-        if st.stage_id in seen:
-            raise ConfigError(f"{where}.stage_id: stage {st.stage_id} is listed twice")
-        seen.add(st.stage_id)
-        for name in ("num_replicas", "max_num_seqs", "tensor_parallel_size", "max_queue", "max_model_len"):
-            value = getattr(st, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{where}.{name}: expected an integer >= 1, got {value}")
-        if not 0.0 < st.gpu_memory_utilization <= 1.0:
-            raise ConfigError(
-                f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
-            )
-        for name in ("max_step_s", "shm_budget_mb"):
-            if not getattr(st, name) > 0:  # (also refuses nan)
-                raise ConfigError(f"{where}.{name}: expected a number > 0, got {getattr(st, name)}")
-        if st.dtype not in DTYPES:
-            raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
-        devices = st.device_list()
-        need = st.tensor_parallel_size * st.num_replicas
-        if devices and len(devices) != need:
-            raise ConfigError(
-                f"{where}.devices: {len(devices)} device(s) {devices} but tensor_parallel_size "
-                f"x num_replicas = {st.tensor_parallel_size} x {st.num_replicas} = {need}"
-            )
-    _validate_cluster(cfg, src)
-    if not 0 < cfg.server.port < 65536:
-        raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
-    for name in ("max_body_mb", "body_timeout_s", "request_timeout_s", "realtime_idle_timeout_s",
-                 "realtime_max_audio_s", "stream_buffer_mb", "write_timeout_s", "header_timeout_s"):
-        if not getattr(cfg.server, name) > 0:  # (also refuses nan)
-            raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
-    if cfg.server.max_connections < 1:
-        raise ConfigError(f"{src}: server.max_connections: expected an integer >= 1, got {cfg.server.max_connections}")
-    if cfg.server.max_realtime_sessions < 0:
-        raise ConfigError(
-            f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
-        )
-    return pipe
-
-
-def _validate_cluster(cfg: DeployConfig, src: str) -> None:
-    """The `cluster` section and per-stage `resources` (reaching the cluster is checked at start)."""
-    cl = cfg.cluster
-    if cl.backend not in CLUSTER_BACKENDS:
-        raise ConfigError(f"{src}: cluster.backend: expected one of {list(CLUSTER_BACKENDS)}, got {cl.backend!r}")
-    if cl.arrays not in ARRAY_PATHS:
-        raise ConfigError(f"{src}: cluster.arrays: expected one of {list(ARRAY_PATHS)}, got {cl.arrays!r}")
-    if not cl.address.strip():
-        raise ConfigError(f"{src}: cluster.address: expected a Ray address, \"auto\" or \"local\"")
-    if cl.bus_host is not None and not cl.bus_host.strip():
-        raise ConfigError(f"{src}: cluster.bus_host: expected an address of this host")
-    for i, st in enumerate(cfg.stages):
-        where = f"{src}: stages[{i}]"
-        for name, amount in st.resources.items():
-            if not amount >= 0:  # (also refuses nan)
-                raise ConfigError(f"{where}.resources.{name}: expected a number >= 0, got {amount}")
-        if cl.backend != "ray" and st.resources:
-            raise ConfigError(f"{where}.resources: placement by resources needs `cluster: {{backend: ray}}`")
-        if cl.backend == "ray" and st.devices is not None:
-            raise ConfigError(
-                f"{where}.devices: with cluster.backend ray, Ray assigns devices; "
-                "ask for them with `resources: {GPU: n}` instead"
-            )
-    if cl.backend == "ray" and not _installed("ray"):
-        raise ConfigError(f"{src}: cluster.backend: ray is not installed (pip install 'ray==2.60.*')")
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # (ValueError: blocked in sys.modules)
-        return False
 
 
 def parse_stage_overrides(text: str) -> dict[str, Any]:

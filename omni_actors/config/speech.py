@@ -22,3 +22,14 @@ class SpeechSpec(msgspec.Struct, frozen=True, kw_only=True):
     native_speed: bool = False
     """True when the stages honour params["speed"] themselves; otherwise the API
     resamples the audio it sends (which also shifts its pitch)."""
+
+
+def text_and_voice(inputs: dict, family: str, voices: tuple[str, ...]) -> tuple[str, str]:
+    """A speech request's text (non-empty) and voice (the first of `voices` when unset); ValueError otherwise."""
+    text = inputs.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{family}: inputs need a non-empty 'text'")
+    voice = str(inputs.get("voice") or voices[0])
+    if voice not in voices:
+        raise ValueError(f"{family}: unknown voice {voice!r}; known: {list(voices)}")
+    return text, voice

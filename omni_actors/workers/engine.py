@@ -109,4 +109,20 @@ class StageEngine(abc.ABC):
 
     def merged_sampling(self, params: dict[str, Any]) -> dict[str, Any]:
         """Deploy defaults < request params < pipeline constraints."""
-        return {**self.ctx.default_sampling_params, **params, **self.ctx.sampling_constraints}
+        return merge_params(self.ctx, params)
+
+
+def merge_params(
+    ctx: EngineContext,
+    params: dict[str, Any],
+    keys: tuple[str, ...] | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Model `defaults` < deploy defaults < request params < pipeline constraints.
+
+    With `keys`, only those request params count, and only the ones set (not None):
+    a request's params reach every stage, and each stage takes its own.
+    """
+    if keys is not None:
+        params = {k: params[k] for k in keys if params.get(k) is not None}
+    return {**(defaults or {}), **ctx.default_sampling_params, **params, **ctx.sampling_constraints}

@@ -112,7 +112,7 @@ async def test_a_read_call_is_answered_in_openai_shapes() -> None:
     from openai.types.chat import ChatCompletion as SdkCompletion
 
     from omni_actors.api.chat import Tally, _message
-    from omni_actors.api.schemas import ChatCompletion, Choice, Usage
+    from omni_actors.api.chat_schemas import ChatCompletion, Choice, Usage
     from omni_actors.orchestrator.outputs import to_final
 
     tally = Tally()

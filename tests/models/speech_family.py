@@ -2,8 +2,9 @@
 
 A family's test module (test_<family>_speech.py) defines the fixtures `fam` (a `Family`),
 `model_dir` (its tiny folder), `data_dir` and `srv` (`serve_family` for the module: the
-folder served as `omni-run --model DIR` serves it, with a private voice store), and imports
-the `test_*` functions below. Custom voices are checked across a server restart.
+folder served as `omni-run --model DIR` serves it, with a private voice store), most simply
+as `fam, model_dir, data_dir, srv = family_fixtures(FAMILY)`, and imports the `test_*`
+functions below. Custom voices are checked across a server restart.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from omni_actors.api.app import build_app
 from omni_actors.api.voice_store import VoiceStore
 from omni_actors.api.voices import VOICES_KEY
 from omni_actors.cli import served_folder
+from omni_actors.models.tiny import make_tiny
 from omni_actors.store import Store
 from tests.api.conftest import Server, eventually, idle, running
 
@@ -66,6 +68,29 @@ async def serve_family(folder: Path, data: Path) -> AsyncIterator[Server]:
         finally:
             await runner.cleanup()
             store.close()
+
+
+def family_fixtures(family: Family) -> tuple:
+    """The module-scoped fixtures `fam`, `model_dir` (the tiny folder), `data_dir` and `srv` of a family."""
+
+    @pytest.fixture(scope="module")
+    def fam() -> Family:
+        return family
+
+    @pytest.fixture(scope="module")
+    def model_dir(tmp_path_factory) -> Path:
+        return make_tiny(family.pipeline, tmp_path_factory.mktemp("models") / family.model, seed=0)
+
+    @pytest.fixture(scope="module")
+    def data_dir(tmp_path_factory) -> Path:
+        return tmp_path_factory.mktemp("data")
+
+    @pytest.fixture(scope="module")
+    async def srv(model_dir, data_dir) -> AsyncIterator[Server]:
+        async with serve_family(model_dir, data_dir) as server:
+            yield server
+
+    return fam, model_dir, data_dir, srv
 
 
 def _decode(data: bytes, fmt: str, rate: int) -> tuple[np.ndarray, int]:

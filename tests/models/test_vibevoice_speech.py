@@ -5,16 +5,9 @@ The checks are the shared ones (speech_family.py), driven by the openai SDK; one
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-
-from omni_actors.models.tiny import make_tiny
-from tests.api.conftest import Server
 from tests.models.speech_family import (  # noqa: F401 - the shared tests, collected here
     Family,
-    serve_family,
+    family_fixtures,
     test_audio_at_the_family_rate_deterministic_for_a_seed,
     test_bad_voice_instructions_and_sizes_are_400s,
     test_custom_voices_clone_and_survive_a_restart,
@@ -28,24 +21,4 @@ from tests.models.speech_family import (  # noqa: F401 - the shared tests, colle
 )
 
 FAMILY = Family("vibevoice", rate=24000, frame=3200, voices=("0", "1", "2", "3"))
-
-
-@pytest.fixture(scope="module")
-def fam() -> Family:
-    return FAMILY
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_tiny(FAMILY.pipeline, tmp_path_factory.mktemp("models") / FAMILY.model, seed=0)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("data")
-
-
-@pytest.fixture(scope="module")
-async def srv(model_dir, data_dir) -> AsyncIterator[Server]:
-    async with serve_family(model_dir, data_dir) as server:
-        yield server
+fam, model_dir, data_dir, srv = family_fixtures(FAMILY)

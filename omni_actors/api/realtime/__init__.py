@@ -1,12 +1,17 @@
 """The OpenAI-Realtime-compatible WebSocket endpoint (/v1/realtime).
 
-    events.py     client/server events (beta and GA names), decode and encode
-    session.py    session config, conversation items, input audio buffer
+    client_events.py  client events (beta and GA shapes), decoded in one pass
+    events.py     server events (beta and GA names), encoded
+    session.py    session config: session.update applied, the session rendered
+    conversation.py  conversation items, the input audio buffer
     audio.py      pcm16 / G.711, streaming resampler
     vad.py        silero server VAD
+    response_request.py  a response's options and the pipeline request built from the conversation
     responses.py  one response through the orchestrator, streamed as deltas
     function_calls.py  tools shown to the model, its calls as function_call items
-    handler.py    the WebSocket handler: one receive loop per connection
+    route.py      the /v1/realtime route: upgrade, session limit, one session per connection
+    handler.py    the session: one receive loop per connection, events dispatched
+    input_audio.py  the session's input audio: appends, VAD turns, commits, live transcription
     transcription.py  a transcription session: each committed turn transcribed, no response
     duplex.py     the session on a full-duplex model (audio in and out at once, one long request)
     stats.py      counters per app (app[STATS_KEY].statistics())
@@ -20,8 +25,10 @@ import asyncio
 from aiohttp import web
 
 from omni_actors import logs
-from omni_actors.api.realtime import handler, vad
+from omni_actors.api.realtime import vad
 from omni_actors.api.realtime.duplex_stats import DuplexCollector
+from omni_actors.api.realtime.input_audio import VAD_EXECUTOR
+from omni_actors.api.realtime.route import realtime_handler
 from omni_actors.api.realtime.stats import RealtimeStats
 
 SESSIONS_KEY = web.AppKey("realtime_sessions", set)
@@ -48,12 +55,12 @@ def add_routes(app: web.Application) -> None:
             orch = pipelines.first_making({"text"})
         else:
             orch = pipelines.find(name, set())[0]
-        return await handler.realtime_handler(request, orch, sessions, stats)
+        return await realtime_handler(request, orch, sessions, stats)
 
     async def warm_up(_app: web.Application) -> None:
         # Load the VAD model (seconds, once per process) on the VAD thread without holding up
         # startup; the first session's audio queues behind it on that same thread.
-        fut = asyncio.get_running_loop().run_in_executor(handler.VAD_EXECUTOR, vad.warm_up)
+        fut = asyncio.get_running_loop().run_in_executor(VAD_EXECUTOR, vad.warm_up)
         fut.add_done_callback(_log_warm_up)
 
     async def close_all(_app: web.Application) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors import logs
+from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import (
     AudioFormatError,
@@ -33,17 +34,10 @@ from omni_actors.api.realtime.audio import (
     encode_wire,
     wire_rate,
 )
+from omni_actors.api.realtime.conversation import Item, Part, new_id, render_item, render_part
 from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
-from omni_actors.api.realtime.session import (
-    Item,
-    Part,
-    apply_update,
-    new_id,
-    render_item,
-    render_part,
-    render_session,
-)
+from omni_actors.api.realtime.session import apply_update, render_session
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
@@ -105,32 +99,32 @@ class DuplexSession(RealtimeSession):
         finally:
             d.sessions_live -= 1
 
-    async def _dispatch(self, event: ev.ClientEventT) -> None:
+    async def _dispatch(self, event: ce.ClientEventT) -> None:
         eid = event.event_id
         match event:
-            case ev.BufferAppend(audio=b64):
+            case ce.BufferAppend(audio=b64):
                 await self._append_duplex(b64, eid)
-            case ev.ResponseCreate():
+            case ce.ResponseCreate():
                 self.muted = False
                 await self._ensure_stream(None)
-            case ev.ResponseCancel(response_id=rid):
+            case ce.ResponseCancel(response_id=rid):
                 if self.live is None or (rid is not None and rid != self.live["id"]):
-                    raise ev.BadEvent("no active response to cancel", code="response_cancel_not_active",
+                    raise ce.BadEvent("no active response to cancel", code="response_cancel_not_active",
                                       param="response_id" if rid else None, event_id=eid)
                 self.muted = True
                 await self._close_live("cancelled", {"type": "cancelled", "reason": "client_cancelled"})
-            case ev.BufferCommit():
-                raise ev.BadEvent("a duplex session has no turns: stream input_audio_buffer.append without "
+            case ce.BufferCommit():
+                raise ce.BadEvent("a duplex session has no turns: stream input_audio_buffer.append without "
                                   "committing", code="duplex_no_commit", event_id=eid)
-            case ev.BufferClear():
+            case ce.BufferClear():
                 await self.send(ev.BufferCleared())
             case _:
                 await super()._dispatch(event)
 
-    async def _session_update(self, s: ev.SessionIn, eid: str | None) -> None:
+    async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
         try:
             cfg, dialect = apply_update(self.cfg, s)
-        except ev.BadEvent as err:
+        except ce.BadEvent as err:
             err.event_id = eid
             raise
         self.cfg = replace(cfg, turn_detection=None)  # the model decides when to speak: never a VAD
@@ -146,7 +140,7 @@ class DuplexSession(RealtimeSession):
         try:
             x, _rate = decode_wire(b64, self.cfg.input_audio_format)
         except AudioFormatError as err:
-            raise ev.BadEvent(str(err), param="audio", event_id=eid) from None
+            raise ce.BadEvent(str(err), param="audio", event_id=eid) from None
         x = self._in.push(x)
         if self.muted and len(x) and float(np.sqrt(np.mean(np.square(x)))) > SPEECH_RMS:
             self.muted = False

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from omni_actors.api.chat_schemas import ChatTool, FunctionDef
+from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.session import Conversation, Item, new_id, render_item
-from omni_actors.api.schemas import ChatTool, FunctionDef
+from omni_actors.api.realtime.conversation import Conversation, Item, new_id, render_item
 from omni_actors.api.tools import stage_tools
 from omni_actors.orchestrator.outputs import ToolCallOutput
 
@@ -33,7 +34,7 @@ class Host(Protocol):
     async def send(self, event: ev.ServerEvent) -> None: ...
 
 
-def shown_tools(tools: tuple[ev.FunctionTool, ...], tool_choice: Any) -> list[dict[str, Any]] | None:
+def shown_tools(tools: tuple[ce.FunctionTool, ...], tool_choice: Any) -> list[dict[str, Any]] | None:
     """The tools the text stage is shown, in chat's shape (api/tools.py; none for "none")."""
     chat = [ChatTool(type="function", function=FunctionDef(name=t.name, description=t.description,
                                                             parameters=t.parameters)) for t in tools]

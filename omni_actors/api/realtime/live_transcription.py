@@ -23,7 +23,7 @@ import asyncio
 import numpy as np
 
 from omni_actors.api.calls import PipelineCall
-from omni_actors.api.realtime.session import InputBuffer, Item
+from omni_actors.api.realtime.conversation import InputBuffer, Item
 from omni_actors.api.realtime.transcription import (
     ROUTE,
     TRANSCRIPTION_ERRORS,

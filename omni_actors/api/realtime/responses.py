@@ -28,20 +28,20 @@ from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
 from omni_actors.api.errors import ApiError, from_exception
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.audio import FORMATS, Resampler, encode_wire, wire_rate
-from omni_actors.api.realtime.function_calls import add_function_item, send_call, shown_tools
-from omni_actors.api.realtime.session import (
+from omni_actors.api.realtime.audio import Resampler, encode_wire, wire_rate
+from omni_actors.api.realtime.conversation import (
     Conversation,
     Item,
     Part,
-    SessionConfig,
     new_id,
     render_item,
     render_part,
 )
+from omni_actors.api.realtime.function_calls import send_call
+from omni_actors.api.realtime.response_request import Options, build_request
+from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.vad import VAD_RATE
-from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.outputs import (
@@ -70,112 +70,6 @@ class Host(Protocol):
     stats: RealtimeStats
 
     async def send(self, event: ev.ServerEvent) -> None: ...
-
-
-@dataclass
-class Options:
-    """A response.create's settings, defaults filled from the session."""
-
-    modalities: tuple[str, ...]
-    instructions: str
-    voice: str
-    output_audio_format: str
-    temperature: float
-    max_output_tokens: int | None
-    in_conversation: bool = True
-    metadata: dict[str, Any] | None = None
-    context: list[Item] | None = None
-    """Out-of-band input items (response.input); None: the conversation."""
-    tools: tuple[ev.FunctionTool, ...] = ()
-    tool_choice: str | dict[str, Any] = "auto"
-
-    @classmethod
-    def build(cls, cfg: SessionConfig, r: ev.ResponseIn | None, context: list[Item] | None) -> Options:
-        r = r or ev.ResponseIn()
-        tokens = r.max_output_tokens if r.max_output_tokens is not None else r.max_response_output_tokens
-        if r.conversation not in (None, "auto", "none"):
-            raise ev.BadEvent("conversation must be 'auto' or 'none'", param="response.conversation")
-        if r.output_audio_format not in (None, *FORMATS):
-            raise ev.BadEvent(f"unsupported audio format {r.output_audio_format!r}; expected one of {list(FORMATS)}",
-                              param="response.output_audio_format")
-        return cls(
-            modalities=tuple(r.output_modalities or r.modalities or cfg.modalities),
-            instructions=cfg.instructions if r.instructions is None else r.instructions,
-            voice=r.voice or cfg.voice,
-            output_audio_format=r.output_audio_format or cfg.output_audio_format,
-            temperature=cfg.temperature if r.temperature is None else r.temperature,
-            max_output_tokens=cfg.max_output_tokens if tokens is None else (None if tokens == "inf" else tokens),
-            in_conversation=r.conversation != "none",
-            metadata=r.metadata,
-            context=context,
-            tools=cfg.tools if r.tools is None else tuple(r.tools),
-            tool_choice=cfg.tool_choice if r.tool_choice is None else r.tool_choice,
-        )
-
-
-@dataclass(frozen=True)
-class Turn:
-    """What a response asks of the pipeline (through the REST routes' PipelineCall)."""
-
-    inputs: dict[str, Any]
-    params: dict[str, Any]
-    wanted: frozenset[str]
-    """Output types the response needs: the stages run are the pipeline's for these."""
-    audio_item: Item | None
-    """The user item whose audio is `inputs["audio"]` (its transcript is stored on it)."""
-
-
-def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Turn:
-    """The pipeline request for a response, and the user item whose audio is `inputs["audio"]`.
-
-    The project's chat-input convention (api/chat_inputs.py): `messages` in
-    order, system instructions first; an item with text (or a transcript) is
-    text; user audio nobody transcribed yet is a part `{"type": "input_audio",
-    "array": key, "sample_rate": 16000}` whose samples are the top-level
-    `inputs[key]`: "audio" for the last user message, "audio_1", ... for earlier ones.
-    Function items are written as chat writes them (function_calls.py), and the
-    response's tools, unless its `tool_choice` is "none", are `inputs["tools"]`.
-    """
-    messages: list[dict[str, Any]] = []
-    if opts.instructions:
-        messages.append({"role": "system", "content": opts.instructions})
-    inputs: dict[str, Any] = {}
-    last_user = next((it for it in reversed(items) if it.role == "user"), None)
-    audio_item = last_user if last_user is not None and last_user.pending_audio() is not None else None
-    earlier = 0
-    for item in items:
-        if item.type != "message":
-            add_function_item(messages, item)
-        elif item.pending_audio() is None:
-            if item.text():
-                messages.append({"role": item.role, "content": item.text()})
-        else:
-            parts: list[dict[str, Any]] = []
-            for part in item.content:
-                if part.type == "input_audio" and part.audio is not None and not part.transcript:
-                    if item is audio_item and "audio" not in inputs:
-                        key = "audio"
-                        inputs["sample_rate"] = VAD_RATE
-                    else:
-                        earlier += 1
-                        key = f"audio_{earlier}"
-                    inputs[key] = part.audio
-                    parts.append({"type": "input_audio", "array": key, "sample_rate": VAD_RATE})
-                elif part.text or part.transcript:
-                    parts.append({"type": "text", "text": part.text or part.transcript})
-            messages.append({"role": item.role, "content": parts})
-    inputs["messages"] = messages
-    if (tools := shown_tools(opts.tools, opts.tool_choice)) is not None:
-        inputs["tools"] = tools
-    params: dict[str, Any] = {"temperature": opts.temperature, "voice": opts.voice, "modalities": list(opts.modalities)}
-    if opts.max_output_tokens is not None:
-        params["max_tokens"] = opts.max_output_tokens
-    outputs = pipe.output_types()
-    if ("audio" not in opts.modalities or "audio" not in outputs) and "text" in outputs:
-        wanted = frozenset({"text"})
-    else:
-        wanted = frozenset(set(opts.modalities) & outputs or outputs)
-    return Turn(inputs, params, wanted, audio_item)
 
 
 def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:

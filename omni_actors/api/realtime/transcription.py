@@ -23,7 +23,8 @@ from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
 from omni_actors.api.errors import ApiError, from_exception
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.session import Item, SessionConfig
+from omni_actors.api.realtime.conversation import Item
+from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestError, StageUnavailable

@@ -11,8 +11,9 @@ folder (model_type "csm"). Topology only: imports without torch.
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import PipelineConfig, register_pipeline
 from omni_actors.config.speech import SpeechSpec
+from omni_actors.models.stages import entry_stage, tts_pipeline
 
 _PKG = "omni_actors.models.csm"
 VOICES = ("0", "1")
@@ -21,25 +22,10 @@ VOICES = ("0", "1")
 
 @register_pipeline("csm")
 def csm() -> PipelineConfig:
-    return PipelineConfig(
-        name="csm",
-        detect=("transformers:csm",),
-        description="Sesame CSM text to speech (Llama backbone + depth decoder, Mimi codec); clones a reference clip",
-        speech=SpeechSpec(voices=VOICES, sample_rate=24000, cloning=True),
-        stages=(
-            StageSpec(
-                stage_id=0, model_stage="backbone", execution_type=ExecutionType.LLM_AR,
-                engine="omni_actors.workers.engines.hf_ar:HfAREngine",
-                engine_defaults={"adapter": f"{_PKG}.backbone:CsmBackboneAdapter"},
-                owns_tokenizer=True,
-            ),
-            StageSpec(
-                stage_id=1, model_stage="codec", execution_type=ExecutionType.LLM_GENERATION,
-                engine="omni_actors.workers.engines.generation:GenerationEngine",
-                engine_defaults={"adapter": f"{_PKG}.codec:MimiCodecAdapter"},
-                input_sources=(0,), processor="omni_actors.models.processors:concat_upstream",
-                chunk_processor="omni_actors.models.processors:pass_chunk",
-                final_output=True, final_output_type="audio",
-            ),
-        ),
-    )  # fmt: skip
+    return tts_pipeline(
+        "csm",
+        "Sesame CSM text to speech (Llama backbone + depth decoder, Mimi codec); clones a reference clip",
+        SpeechSpec(voices=VOICES, sample_rate=24000, cloning=True),
+        entry_stage("backbone", adapter=f"{_PKG}.backbone:CsmBackboneAdapter"),
+        f"{_PKG}.codec:MimiCodecAdapter",
+    )

@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni_actors.config.speech import text_and_voice
 from omni_actors.models.csm import VOICES
 from omni_actors.models.csm.depth import DepthRunner
+from omni_actors.workers.engine import merge_params
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,
     ARSeq,
@@ -75,19 +77,12 @@ class CsmBackboneAdapter(ARAdapter):
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         # A request's params reach every stage; the backbone takes the sampling keys and seed.
-        own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
-        ctx = self.ctx
-        return {**self.defaults, **ctx.default_sampling_params, **own, **ctx.sampling_constraints}
+        return merge_params(self.ctx, params, SHARED_KEYS, self.defaults)
 
     # ---- prompt ----------------------------------------------------------------
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
-        text = inputs.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("csm: inputs need a non-empty 'text'")
-        voice = str(inputs.get("voice") or VOICES[0])
-        if voice not in VOICES:
-            raise ValueError(f"csm: unknown voice {voice!r}; known: {list(VOICES)}")
+        text, voice = text_and_voice(inputs, "csm", VOICES)
         ref = inputs.get("reference_audio")
         seq.data = {
             "text": text, "voice": voice, "frame": None,

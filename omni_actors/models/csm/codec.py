@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engines.generation import GenerationAdapter
 
 
@@ -31,17 +31,13 @@ class MimiCodecAdapter(GenerationAdapter):
     def load(self) -> None:
         from transformers import MimiModel
 
-        path = check_checkpoint(self.ctx.model_path, ("config.json",))
-        config = load_config(path).codec_config
-        self.model = load_part(MimiModel, path, config, "codec_model", self.ctx, float32=True)
+        self.model, config = load_codec(self.ctx, MimiModel, "codec_config", "codec_model")
         self.groups = config.num_quantizers
         self.sample_rate = int(config.sampling_rate)
         self.samples_per_code = round(config.sampling_rate / config.frame_rate)
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "codes" not in inputs:
-            return None
-        return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+        return self.frames_of(inputs, "codes", self.groups)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]

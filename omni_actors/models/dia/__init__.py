@@ -13,8 +13,9 @@ the DAC folder its processor names. Topology only: imports without torch.
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import PipelineConfig, register_pipeline
 from omni_actors.config.speech import SpeechSpec
+from omni_actors.models.stages import entry_stage, tts_pipeline
 
 _PKG = "omni_actors.models.dia"
 VOICES = ("S1", "S2")
@@ -23,23 +24,10 @@ VOICES = ("S1", "S2")
 
 @register_pipeline("dia")
 def dia() -> PipelineConfig:
-    return PipelineConfig(
-        name="dia",
-        detect=("transformers:dia",),
-        description="Nari Labs Dia text to speech (encoder-decoder with guidance, DAC codec); clones a reference clip",
-        speech=SpeechSpec(voices=VOICES, sample_rate=44100, cloning=True),
-        stages=(
-            StageSpec(
-                stage_id=0, model_stage="decoder", execution_type=ExecutionType.LLM_AR,
-                engine=f"{_PKG}.engine:DiaEngine", owns_tokenizer=True,
-            ),
-            StageSpec(
-                stage_id=1, model_stage="codec", execution_type=ExecutionType.LLM_GENERATION,
-                engine="omni_actors.workers.engines.generation:GenerationEngine",
-                engine_defaults={"adapter": f"{_PKG}.codec:DacCodecAdapter"},
-                input_sources=(0,), processor="omni_actors.models.processors:concat_upstream",
-                chunk_processor="omni_actors.models.processors:pass_chunk",
-                final_output=True, final_output_type="audio",
-            ),
-        ),
-    )  # fmt: skip
+    return tts_pipeline(
+        "dia",
+        "Nari Labs Dia text to speech (encoder-decoder with guidance, DAC codec); clones a reference clip",
+        SpeechSpec(voices=VOICES, sample_rate=44100, cloning=True),
+        entry_stage("decoder", engine=f"{_PKG}.engine:DiaEngine"),
+        f"{_PKG}.codec:DacCodecAdapter",
+    )

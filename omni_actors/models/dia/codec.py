@@ -40,9 +40,7 @@ class DacCodecAdapter(GenerationAdapter):
         self.samples_per_code = int(np.prod(cfg.downsampling_ratios))
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "codes" not in inputs:
-            return None
-        return torch.tensor(np.asarray(inputs["codes"]), dtype=torch.long).reshape(-1, self.groups)
+        return self.frames_of(inputs, "codes", self.groups)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]

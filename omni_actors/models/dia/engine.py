@@ -26,26 +26,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni_actors.config.speech import text_and_voice
 from omni_actors.models.dia import VOICES
 from omni_actors.models.dia.loading import load_dac
 from omni_actors.models.dia.request import DiaRequest, Tokens
 from omni_actors.models.dia.sampling import draw
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
-from omni_actors.workers.engines.hf_ar_adapter import DTYPES, check_checkpoint
+from omni_actors.workers.engine import EngineContext, EngineOutput, merge_params
+from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
+from omni_actors.workers.engines.own_engine import OwnEngine
+from omni_actors.workers.engines.torch_setup import load_dtype, seeded
 
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "guidance_scale", "max_tokens")
 TAGS = ("[S1]", "[S2]")
 
 
-class DiaEngine(StageEngine):
+class DiaEngine(OwnEngine[DiaRequest]):
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
         from transformers import AutoTokenizer, DiaForConditionalGeneration
 
-        if ctx.device == "cpu":
-            torch.set_num_threads(1)
         path = check_checkpoint(ctx.model_path, ("config.json", "tokenizer_config.json"))
-        dtype = torch.float32 if ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
+        dtype = load_dtype(ctx)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             model = DiaForConditionalGeneration.from_pretrained(path, dtype=dtype)
@@ -67,8 +68,6 @@ class DiaEngine(StageEngine):
             "top_k": gen.top_k, "top_p": gen.top_p, "guidance_scale": gen.guidance_scale,
             "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or dec.max_position_embeddings) - 1),
         }  # fmt: skip
-        self.device = torch.device(ctx.device)
-        self.requests: dict[str, DiaRequest] = {}
 
     # ---- requests --------------------------------------------------------
 
@@ -79,19 +78,8 @@ class DiaEngine(StageEngine):
         params: dict[str, Any],
         streaming: bool = False,
     ) -> None:
-        own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
-        merged = {
-            **self.defaults,
-            **self.ctx.default_sampling_params,
-            **own,
-            **self.ctx.sampling_constraints,
-        }
-        text = inputs.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("dia: inputs need a non-empty 'text'")
-        voice = str(inputs.get("voice") or VOICES[0])
-        if voice not in VOICES:
-            raise ValueError(f"dia: unknown voice {voice!r}; known: {list(VOICES)}")
+        merged = merge_params(self.ctx, params, SHARED_KEYS, self.defaults)
+        text, voice = text_and_voice(inputs, "dia", VOICES)
         ref = inputs.get("reference_audio")
         codes = np.zeros((0, self.channels), dtype=np.int64)
         if ref is not None and np.asarray(ref).size:
@@ -105,9 +93,7 @@ class DiaEngine(StageEngine):
             raise ValueError(
                 f"dia: the text is {len(ids)} bytes; the encoder takes at most {self.max_text}"
             )
-        gen = None
-        if merged.get("seed") is not None:
-            gen = torch.Generator(device=self.device).manual_seed(int(merged["seed"]))
+        gen = seeded(merged.get("seed"), self.device)
         max_frames = int(merged["max_tokens"])
         if max_frames < 1:
             raise ValueError(f"dia: max_tokens must be positive, got {max_frames}")
@@ -120,31 +106,17 @@ class DiaEngine(StageEngine):
         wav = torch.from_numpy(np.pad(audio, (0, pad)))[None, None].to(self.device)
         return self.dac.encode(wav).audio_codes[0].T.cpu().numpy().astype(np.int64)
 
-    def abort(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
-
-    def has_work(self) -> bool:
-        return bool(self.requests)
-
-    def close(self) -> None:
-        self.requests.clear()
-
     # ---- stepping --------------------------------------------------------
 
     @torch.inference_mode()
     def step(self) -> list[EngineOutput]:
-        limit = max(1, self.ctx.max_num_seqs)
-        running = [r for r in self.requests.values() if r.prefilled][:limit]
-        new = [r for r in self.requests.values() if not r.prefilled][: max(0, limit - len(running))]
+        running, new = self.admit()
         outputs: list[EngineOutput] = []
         for req in new:
             try:
                 cond, uncond = self._prefill(req)
             except Exception as err:  # one prompt fails alone
-                self.requests.pop(req.request_id, None)
-                outputs.append(
-                    EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}")
-                )
+                outputs.append(self.failed(req.request_id, err))
                 continue
             outputs.extend(self._take([req], cond[None], uncond[None]))
         if running:

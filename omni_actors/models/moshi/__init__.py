@@ -9,7 +9,8 @@ stage runs on the duplex engine (workers/engines/duplex.py), batch size
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import ExecutionType, PipelineConfig, register_pipeline
+from omni_actors.models.stages import entry_stage
 
 
 @register_pipeline("moshi")
@@ -20,11 +21,9 @@ def moshi() -> PipelineConfig:
         detect=("transformers:moshi",),
         duplex=True,
         stages=(
-            StageSpec(
-                stage_id=0, model_stage="moshi", execution_type=ExecutionType.LLM_GENERATION,
-                engine="omni_actors.workers.engines.duplex:DuplexEngine",
-                engine_defaults={"adapter": "omni_actors.models.moshi.model:MoshiDuplexAdapter"},
-                final_output=True, final_output_type="audio", owns_tokenizer=True,
-            ),
+            entry_stage("moshi", adapter="omni_actors.models.moshi.model:MoshiDuplexAdapter",
+                        engine="omni_actors.workers.engines.duplex:DuplexEngine",
+                        execution_type=ExecutionType.LLM_GENERATION,
+                        final_output=True, final_output_type="audio"),
         ),
     )  # fmt: skip

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors.workers.engines.hf_ar import DTYPES, check_checkpoint
+from omni_actors.workers.engines.torch_setup import load_dtype
 
 __all__ = ["DTYPES", "check_checkpoint", "load_config", "load_part", "load_tensor"]
 
@@ -35,9 +36,7 @@ def load_part(
     import torch
     from transformers.utils import logging as hf_logging
 
-    dtype = (
-        torch.float32 if float32 or ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
-    )
+    dtype = torch.float32 if float32 else load_dtype(ctx)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the other parts' weights are "unexpected" by design
     try:
@@ -49,6 +48,14 @@ def load_part(
     finally:
         hf_logging.set_verbosity(level)
     return model.to(ctx.device).eval()
+
+
+def load_codec(ctx: Any, cls: Any, sub: str, prefix: str) -> tuple[Any, Any]:
+    """(model, sub-config) of a codec decoder: `cls` from the folder's `sub` config and its
+    `prefix.` weights, in float32 (decoders that need it), the folder checked first."""
+    path = check_checkpoint(ctx.model_path, ("config.json",))
+    config = getattr(load_config(path), sub)
+    return load_part(cls, path, config, prefix, ctx, float32=True), config
 
 
 def load_tensor(path: Path, name: str) -> Any:

@@ -8,7 +8,8 @@ Serves `/v1/audio/transcriptions` for a `Qwen3ASRForConditionalGeneration` folde
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import PipelineConfig, register_pipeline
+from omni_actors.models.stages import entry_stage
 
 
 @register_pipeline("qwen3_asr")
@@ -18,11 +19,7 @@ def qwen3_asr() -> PipelineConfig:
         detect=("transformers:qwen3_asr",),
         description="Qwen3-ASR speech recognition (streamed transcript)",
         stages=(
-            StageSpec(
-                stage_id=0, model_stage="asr", execution_type=ExecutionType.LLM_AR,
-                engine="omni_actors.workers.engines.hf_ar:HfAREngine",
-                engine_defaults={"adapter": "omni_actors.models.qwen3_asr.asr:Qwen3AsrAdapter"},
-                final_output=True, final_output_type="transcript", owns_tokenizer=True,
-            ),
+            entry_stage("asr", adapter="omni_actors.models.qwen3_asr.asr:Qwen3AsrAdapter",
+                        final_output=True, final_output_type="transcript"),
         ),
     )  # fmt: skip

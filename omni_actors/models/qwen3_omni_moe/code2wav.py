@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engines.generation import GenerationAdapter
 
 
@@ -29,18 +29,12 @@ class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
     def load(self) -> None:
         from transformers import Qwen3OmniMoeCode2Wav
 
-        path = check_checkpoint(self.ctx.model_path, ("config.json",))
-        config = load_config(path).code2wav_config
-        self.model = load_part(
-            Qwen3OmniMoeCode2Wav, path, config, "code2wav", self.ctx, float32=True
-        )
+        self.model, config = load_codec(self.ctx, Qwen3OmniMoeCode2Wav, "code2wav_config", "code2wav")
         self.groups = config.num_quantizers
         self.samples_per_code = int(self.model.total_upsample)
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "codes" not in inputs:
-            return None
-        return torch.as_tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+        return self.frames_of(inputs, "codes", self.groups)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]

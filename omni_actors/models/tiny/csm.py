@@ -22,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omni_actors.models.tiny.common import byte_bpe
+
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|AUDIO|>", "<|audio_eos|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -44,17 +46,10 @@ TINY_MAX_FRAMES = 20
 
 
 def _tokenizer(out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TEXT_VOCAB - 8, special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    tok = byte_bpe(_CORPUS, TEXT_VOCAB - 8, SPECIALS)
     bos, eos = tok.token_to_id(SPECIALS[0]), tok.token_to_id(SPECIALS[1])
     tok.post_processor = processors.TemplateProcessing(
         single=f"{SPECIALS[0]} $A {SPECIALS[1]}",

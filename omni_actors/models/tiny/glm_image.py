@@ -19,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omni_actors.models.tiny.common import byte_bpe
+
 _SPECIALS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|image|>",
              "<|begin_of_image|>", "<|end_of_image|>", "<|grid_start|>", "<|grid_end|>"]  # fmt: skip
 _TEMPLATE = (
@@ -34,16 +36,9 @@ VISION_VOCAB = 128
 
 
 def _tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(["a photo of a red cube on a table", "a sign that reads 'open' at night"] * 8,
-                            trainer=trainer)
+    tok = byte_bpe(["a photo of a red cube on a table", "a sign that reads 'open' at night"] * 8, 600)
     # Specials after the text vocabulary, above the vision tokens the AR head emits (as in GLM-Image), so a
     # random prior never emits the image-end token and stops early.
     tok.add_special_tokens(_SPECIALS)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omni_actors.models.tiny.common import byte_bpe
+
 
 def qwen_image(out_dir: str | Path, seed: int = 0) -> Path:
     from omni_actors.models.tiny.qwen_image import make_tiny_qwen_image
@@ -158,16 +160,10 @@ _FLUX2_TEMPLATE = (
 
 def _flux2_tokenizer() -> Any:
     """Mistral-Small-3.x's tokenizer layout over a byte-level BPE trained offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=_FLUX2_SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(["a photo of a red cube on a table", "a dog is dancing in the garden at night"] * 8,
-                            trainer=trainer)
+    tok = byte_bpe(["a photo of a red cube on a table", "a dog is dancing in the garden at night"] * 8, 600,
+                   _FLUX2_SPECIALS)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                    unk_token="<unk>", model_max_length=4096, chat_template=_FLUX2_TEMPLATE)
 

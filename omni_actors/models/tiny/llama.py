@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omni_actors.models.tiny.common import byte_bpe, peak
+
 CHAT_TEMPLATE = (
     # Tools as Hermes-style templates show them (a system turn listing the function schemas).
     "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
@@ -51,20 +53,11 @@ MAX_POSITIONS = 1024
 
 
 def _build_tokenizer(out_dir: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    tok = byte_bpe(_CORPUS, VOCAB_SIZE, SPECIAL_TOKENS)
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|endoftext|>",
@@ -115,13 +108,9 @@ def make_tiny_llama(out_dir: str | Path, seed: int = 0, reply: str | None = None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-        # Larger-than-default init so the random logits are peaked enough to give
-        # varied, seed-dependent text rather than a near-uniform distribution.
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() > 1:
-                    p.normal_(0.0, 0.2)
-            if reply is not None:
+        peak(model, 0.2)
+        if reply is not None:
+            with torch.no_grad():
                 _script(model, tokenizer, reply, eos_id)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=bos_id).save_pretrained(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omni_actors.models.tiny.common import peak
 from omni_actors.models.tiny.qwen2_5_omni import build_qwen_tokenizer
 
 _BASE = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -74,10 +75,7 @@ def make_tiny_qwen3_asr(out_dir: str | Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ASRForConditionalGeneration(config)
-        with torch.no_grad():  # peaked random logits: seed-dependent, varied text
-            for name, p in model.named_parameters():
-                if p.dim() > 1 and "audio_tower" not in name:
-                    p.normal_(0.0, 0.2)
+        peak(model, 0.2, skip="audio_tower")
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, max_new_tokens=16, do_sample=False
     )

@@ -25,6 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omni_actors.models.tiny.common import byte_bpe
+
 SPECIALS = ["<|endoftext|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
 _CORPUS = [
     " Transform the text provided by various speakers into speech output, utilizing the distinct "
@@ -40,17 +42,9 @@ CONSTANT = 8.0
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TEXT_VOCAB - 8, special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    tok = byte_bpe(_CORPUS, TEXT_VOCAB - 8, SPECIALS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[0], unk_token=None,
         model_max_length=32768,

@@ -19,6 +19,8 @@ import base64
 import json
 from pathlib import Path
 
+from omni_actors.models.tiny.common import peak
+
 NUM_SPECIAL = 64
 """Special-token ranks of the tiny Tekken vocabulary (the real one reserves 1000)."""
 AUDIO = {
@@ -76,10 +78,8 @@ def make_tiny_voxtral_realtime(out_dir: str | Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = VoxtralRealtimeForConditionalGeneration(config)
-        with torch.no_grad():  # peaked random logits: seed-dependent, varied text
-            for name, p in model.named_parameters():
-                if p.dim() > 1 and "audio_tower" not in name:
-                    p.normal_(0.0, 0.2)
+        peak(model, 0.2, skip="audio_tower")
+        with torch.no_grad():
             # the output head is the (tied) embedding: shrink the rows of tokens that make no readable
             # text (control specials, bytes outside printable ASCII) so the transcripts are plain text
             rows = model.get_input_embeddings().weight

@@ -14,8 +14,9 @@ imports without torch.
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import PipelineConfig, register_pipeline
 from omni_actors.config.speech import SpeechSpec
+from omni_actors.models.stages import entry_stage, tts_pipeline
 
 _PKG = "omni_actors.models.vibevoice"
 VOICES = ("0", "1", "2", "3")
@@ -24,23 +25,10 @@ VOICES = ("0", "1", "2", "3")
 
 @register_pipeline("vibevoice")
 def vibevoice() -> PipelineConfig:
-    return PipelineConfig(
-        name="vibevoice",
-        detect=("transformers:vibevoice",),
-        description="Microsoft VibeVoice text to speech (Qwen2 LM + diffusion head, acoustic tokenizer); clones a reference clip",
-        speech=SpeechSpec(voices=VOICES, sample_rate=24000, cloning=True),
-        stages=(
-            StageSpec(
-                stage_id=0, model_stage="lm", execution_type=ExecutionType.LLM_AR,
-                engine=f"{_PKG}.engine:VibeVoiceEngine", owns_tokenizer=True,
-            ),
-            StageSpec(
-                stage_id=1, model_stage="codec", execution_type=ExecutionType.LLM_GENERATION,
-                engine="omni_actors.workers.engines.generation:GenerationEngine",
-                engine_defaults={"adapter": f"{_PKG}.codec:AcousticCodecAdapter"},
-                input_sources=(0,), processor="omni_actors.models.processors:concat_upstream",
-                chunk_processor="omni_actors.models.processors:pass_chunk",
-                final_output=True, final_output_type="audio",
-            ),
-        ),
-    )  # fmt: skip
+    return tts_pipeline(
+        "vibevoice",
+        "Microsoft VibeVoice text to speech (Qwen2 LM + diffusion head, acoustic tokenizer); clones a reference clip",
+        SpeechSpec(voices=VOICES, sample_rate=24000, cloning=True),
+        entry_stage("lm", engine=f"{_PKG}.engine:VibeVoiceEngine"),
+        f"{_PKG}.codec:AcousticCodecAdapter",
+    )

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engines.generation import GenerationAdapter
 
 
@@ -42,10 +41,7 @@ class AcousticCodecAdapter(GenerationAdapter):
     def load(self) -> None:
         from transformers import VibeVoiceAcousticTokenizerModel
 
-        path = check_checkpoint(self.ctx.model_path, ("config.json",))
-        config = load_config(path).audio_config
-        self.model = load_part(VibeVoiceAcousticTokenizerModel, path, config, "model.audio_tower", self.ctx,
-                               float32=True)  # fmt: skip
+        self.model, config = load_codec(self.ctx, VibeVoiceAcousticTokenizerModel, "audio_config", "model.audio_tower")
         self.latent = config.hidden_size
         self.sample_rate = 24000
         self.samples_per_code = config.hop_length
@@ -54,11 +50,7 @@ class AcousticCodecAdapter(GenerationAdapter):
         return _Stream()
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "latents" not in inputs:
-            return None
-        return torch.tensor(np.asarray(inputs["latents"]), dtype=torch.float32).reshape(
-            -1, self.latent
-        )
+        return self.frames_of(inputs, "latents", self.latent, torch.float32)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]

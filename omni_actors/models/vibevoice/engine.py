@@ -33,16 +33,19 @@ from typing import Any
 
 import torch
 
+from omni_actors.config.speech import text_and_voice
 from omni_actors.models.vibevoice import VOICES
 from omni_actors.models.vibevoice.request import VibeVoiceRequest, prompt_text
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
-from omni_actors.workers.engines.hf_ar_adapter import DTYPES, check_checkpoint
+from omni_actors.workers.engine import EngineContext, EngineOutput, merge_params
+from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
+from omni_actors.workers.engines.own_engine import OwnEngine
+from omni_actors.workers.engines.torch_setup import load_dtype, seeded
 
 SHARED_KEYS = ("seed", "guidance_scale", "max_tokens")
 DEFAULT_DIFFUSION_STEPS = 10
 
 
-class VibeVoiceEngine(StageEngine):
+class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
         from transformers import (
@@ -51,10 +54,8 @@ class VibeVoiceEngine(StageEngine):
             VibeVoiceForConditionalGeneration,
         )
 
-        if ctx.device == "cpu":
-            torch.set_num_threads(1)
         path = check_checkpoint(ctx.model_path, ("config.json",))
-        dtype = torch.float32 if ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
+        dtype = load_dtype(ctx)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.features = AutoFeatureExtractor.from_pretrained(path)
@@ -86,8 +87,6 @@ class VibeVoiceEngine(StageEngine):
             "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or 4096) - 1),
         }  # fmt: skip
         self.tokens = [self.tokenizer.convert_ids_to_tokens(i) for i in self.ids[:3]]
-        self.device = torch.device(ctx.device)
-        self.requests: dict[str, VibeVoiceRequest] = {}
 
     # ---- requests --------------------------------------------------------
 
@@ -98,19 +97,8 @@ class VibeVoiceEngine(StageEngine):
         params: dict[str, Any],
         streaming: bool = False,
     ) -> None:
-        own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
-        merged = {
-            **self.defaults,
-            **self.ctx.default_sampling_params,
-            **own,
-            **self.ctx.sampling_constraints,
-        }
-        text = inputs.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("vibevoice: inputs need a non-empty 'text'")
-        voice = str(inputs.get("voice") or VOICES[0])
-        if voice not in VOICES:
-            raise ValueError(f"vibevoice: unknown voice {voice!r}; known: {list(VOICES)}")
+        merged = merge_params(self.ctx, params, SHARED_KEYS, self.defaults)
+        text, voice = text_and_voice(inputs, "vibevoice", VOICES)
         ref = inputs.get("reference_audio")
         prompt: dict[str, torch.Tensor] = {}
         latents = 0
@@ -130,37 +118,21 @@ class VibeVoiceEngine(StageEngine):
         max_frames = int(merged["max_tokens"])
         if max_frames < 1:
             raise ValueError(f"vibevoice: max_tokens must be positive, got {max_frames}")
-        gen = None
-        if merged.get("seed") is not None:
-            gen = torch.Generator(device=self.device).manual_seed(int(merged["seed"]))
+        gen = seeded(merged.get("seed"), self.device)
         self.requests[request_id] = VibeVoiceRequest(request_id, merged, prompt, max_frames, gen)
-
-    def abort(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
-
-    def has_work(self) -> bool:
-        return bool(self.requests)
-
-    def close(self) -> None:
-        self.requests.clear()
 
     # ---- stepping --------------------------------------------------------
 
     @torch.inference_mode()
     def step(self) -> list[EngineOutput]:
-        limit = max(1, self.ctx.max_num_seqs)
-        running = [r for r in self.requests.values() if r.prefilled][:limit]
-        new = [r for r in self.requests.values() if not r.prefilled][: max(0, limit - len(running))]
+        running, new = self.admit()
         moved: list[tuple[VibeVoiceRequest, torch.Tensor | None]] = []
         outputs: list[EngineOutput] = []
         for req in new:
             try:
                 self._prefill(req)
             except Exception as err:  # one prompt fails alone
-                self.requests.pop(req.request_id, None)
-                outputs.append(
-                    EngineOutput(req.request_id, {}, True, f"{type(err).__name__}: {err}")
-                )
+                outputs.append(self.failed(req.request_id, err))
                 continue
             moved.append((req, None))
         if running:

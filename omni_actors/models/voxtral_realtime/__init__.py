@@ -10,7 +10,8 @@ transcript deltas go out while the user is still speaking. Topology only: import
 
 from __future__ import annotations
 
-from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec, register_pipeline
+from omni_actors.config.pipeline import PipelineConfig, register_pipeline
+from omni_actors.models.stages import entry_stage
 
 
 @register_pipeline("voxtral_realtime")
@@ -21,11 +22,7 @@ def voxtral_realtime() -> PipelineConfig:
         description="Voxtral Realtime streaming speech recognition (transcript streamed as audio arrives)",
         live_transcription=True,
         stages=(
-            StageSpec(
-                stage_id=0, model_stage="asr", execution_type=ExecutionType.LLM_AR,
-                engine="omni_actors.workers.engines.hf_ar:HfAREngine",
-                engine_defaults={"adapter": "omni_actors.models.voxtral_realtime.asr:VoxtralRealtimeAdapter"},
-                final_output=True, final_output_type="transcript", owns_tokenizer=True,
-            ),
+            entry_stage("asr", adapter="omni_actors.models.voxtral_realtime.asr:VoxtralRealtimeAdapter",
+                        final_output=True, final_output_type="transcript"),
         ),
     )  # fmt: skip

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engines.torch_setup import one_cpu_thread
 
 FINAL_WINDOW_SLACK = 1.5
 """A streaming request's rest (input ended) goes in one window up to this x max_chunk_size."""
@@ -96,6 +97,14 @@ class GenerationAdapter(abc.ABC):
     @abc.abstractmethod
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         """Codes in one input payload, time on axis 0; None when it carries none."""
+
+    def frames_of(
+        self, inputs: dict[str, Any], key: str, width: int, dtype: torch.dtype = torch.long
+    ) -> torch.Tensor | None:
+        """inputs[key] as [time, width] `dtype` (a `codes_of` for frames of `width` values); None without it."""
+        if key not in inputs:
+            return None
+        return torch.as_tensor(np.asarray(inputs[key]), dtype=dtype).reshape(-1, width)
 
     @abc.abstractmethod
     def decode(
@@ -204,8 +213,7 @@ class GenerationEngine(StageEngine):
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
-        if ctx.device == "cpu":
-            torch.set_num_threads(1)
+        one_cpu_thread(ctx)
         self.adapter: GenerationAdapter = self.make_adapter()
         self.adapter.load()
         extras = ctx.engine_extras

@@ -57,6 +57,7 @@ from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_w
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_sampling import note_sampled, sample, sample_rows  # noqa: F401
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
+from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded
 
 DEFAULT_MAX_TOKENS = 4096
 """Tokens a request may generate when its params name no max_tokens."""
@@ -70,8 +71,7 @@ class HfAREngine(StageEngine):
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
-        if ctx.device == "cpu":
-            torch.set_num_threads(1)
+        one_cpu_thread(ctx)
         extras = ctx.engine_extras
         cuda = ctx.device == "cuda"
         kind = extras.get("kv_cache") or ("static" if cuda else "dynamic")
@@ -108,9 +108,7 @@ class HfAREngine(StageEngine):
     ) -> None:
         params = self.adapter.sampling_params(params)
         seq = ARSeq(request_id, params, streaming, input_done=not streaming)
-        seed = params.get("seed")
-        if seed is not None:
-            seq.generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        seq.generator = seeded(params.get("seed"), self.device)
         self.adapter.start(seq, inputs)
         self.seqs[request_id] = seq
 

@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from omni_actors.workers.engine import EngineContext
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from omni_actors.workers.engines.torch_setup import DTYPES, load_dtype  # noqa: F401 - DTYPES: the public name
 
 
 @dataclass
@@ -104,7 +103,7 @@ class ARAdapter(abc.ABC):
 
     def load_dtype(self) -> torch.dtype:
         """float32 on CPU; else the deploy's dtype (bfloat16 for "auto")."""
-        return torch.float32 if self.ctx.device == "cpu" else DTYPES.get(self.ctx.dtype, torch.bfloat16)
+        return load_dtype(self.ctx)
 
     @abc.abstractmethod
     def load(self) -> torch.nn.Module:

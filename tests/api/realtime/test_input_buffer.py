@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omni_actors.api.realtime.session import InputBuffer
+from omni_actors.api.realtime.conversation import InputBuffer
 
 
 def test_since_reads_across_chunks_after_drops_and_takes() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omni_actors.api.realtime import events as ev
+from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime.audio import (
     AudioFormatError,
     Resampler,
@@ -13,8 +13,9 @@ from omni_actors.api.realtime.audio import (
     encode_wire,
     resample,
 )
-from omni_actors.api.realtime.responses import Options, build_request
-from omni_actors.api.realtime.session import Item, Part, SessionConfig, apply_update, truncate
+from omni_actors.api.realtime.conversation import Item, Part, truncate
+from omni_actors.api.realtime.response_request import Options, build_request
+from omni_actors.api.realtime.session import SessionConfig, apply_update
 from omni_actors.api.realtime.vad import VadDetector, VadParams
 from omni_actors.config.pipeline import get_pipeline
 from tests.api.realtime.conftest import silence
@@ -52,18 +53,18 @@ def test_vad_finds_the_spoken_span(speech: dict[str, np.ndarray]) -> None:
 
 def test_session_update_dialects_and_errors() -> None:
     cfg = SessionConfig(model="m")
-    beta, dialect = apply_update(cfg, ev.decode_client(
+    beta, dialect = apply_update(cfg, ce.decode_client(
         b'{"type":"session.update","session":{"input_audio_format":"g711_ulaw","turn_detection":{"silence_duration_ms":200}}}'
     ).session)
     assert dialect is None and beta.input_audio_format == "g711_ulaw"
     assert beta.turn_detection is not None and beta.turn_detection.silence_duration_ms == 200
-    ga, dialect = apply_update(cfg, ev.decode_client(
+    ga, dialect = apply_update(cfg, ce.decode_client(
         b'{"type":"session.update","session":{"type":"realtime","output_modalities":["text"],'
         b'"audio":{"input":{"format":{"type":"audio/pcma"},"turn_detection":null}}}}').session)
     assert dialect == "ga" and ga.modalities == ("text",) and ga.turn_detection is None
     assert ga.input_audio_format == "g711_alaw"
-    with pytest.raises(ev.BadEvent) as err:
-        apply_update(cfg, ev.decode_client(
+    with pytest.raises(ce.BadEvent) as err:
+        apply_update(cfg, ce.decode_client(
             b'{"type":"session.update","session":{"audio":{"input":{"format":{"type":"audio/pcm","rate":16000}}}}}'
         ).session)
     assert err.value.param == "session.audio.input.format.rate"
@@ -93,7 +94,7 @@ def test_request_carries_history_instructions_and_newest_audio() -> None:
         {"role": "user", "content": [{"type": "input_audio", "array": "audio", "sample_rate": 16_000}]},
     ]
     assert turn.params["max_tokens"] == 7 and turn.wanted == {"text", "audio"}
-    text_only = Options.build(SessionConfig(model="m"), ev.ResponseIn(modalities=["text"]), None)
+    text_only = Options.build(SessionConfig(model="m"), ce.ResponseIn(modalities=["text"]), None)
     turn = build_request(pipe, text_only, items[:2])
     assert turn.wanted == {"text"} and turn.audio_item is None and "max_tokens" not in turn.params
     assert pipe.stages_for_outputs(turn.wanted) == (0,)

@@ -1,0 +1,227 @@
+"""Chat completions request and response bodies as msgspec structs (part of the OpenAPI source).
+
+The request forbids unknown fields and constrains its ranges as every request in
+schemas.py does; responses and stream chunks are OpenAI's shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+from omni_actors.api.schemas import (
+    MAX_CHOICES,
+    MAX_STOP,
+    MAX_TOOLS,
+    FunctionName,
+    Metadata,
+    Name,
+    Penalty,
+    Probability,
+    RequestStruct,
+    Seed,
+    Temperature,
+    TokenCount,
+    TopK,
+)
+
+
+class TextPart(RequestStruct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageUrl(RequestStruct):
+    url: str
+    """A data URL (`data:image/png;base64,...`); remote URLs are not fetched."""
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(RequestStruct, tag_field="type", tag="image_url"):
+    image_url: ImageUrl
+
+
+class InputAudio(RequestStruct):
+    data: str
+    """Base64 audio. `pcm16` is raw little-endian 16-bit mono at 24 kHz."""
+    format: Literal["wav", "pcm16", "mp3", "flac"]
+
+
+class InputAudioPart(RequestStruct, tag_field="type", tag="input_audio"):
+    input_audio: InputAudio
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart
+
+
+class AudioRef(RequestStruct):
+    id: Name
+
+
+class CalledFunction(RequestStruct):
+    name: Name
+    arguments: str
+    """JSON text, as the model wrote it."""
+
+
+class CalledTool(RequestStruct):
+    """A call an earlier assistant turn made (sent back with the `tool` message answering it)."""
+
+    id: Name
+    function: CalledFunction
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(RequestStruct):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: Name | None = None
+    audio: AudioRef | None = None
+    tool_call_id: Name | None = None
+    tool_calls: Annotated[list[CalledTool], Meta(max_length=MAX_TOOLS)] | None = None
+
+
+class ChatAudioOptions(RequestStruct):
+    voice: Name | None = None
+    format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
+
+
+class StreamOptions(RequestStruct):
+    include_usage: bool = False
+
+
+class ResponseFormat(RequestStruct):
+    """Only "text" is served; the handler refuses JSON modes by name (no guided decoding here)."""
+
+    type: Name
+    json_schema: dict[str, Any] | None = None
+
+
+
+class FunctionDef(RequestStruct):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(RequestStruct):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChatCompletionRequest(RequestStruct):
+    model: Name
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: ChatAudioOptions | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: TopK | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    seed: Seed | None = None
+    stop: Name | Annotated[list[Name], Meta(max_length=MAX_STOP)] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    # Function calling: refused by name unless the pipeline's text stage can call tools (api/tools.py).
+    tools: Annotated[list[ChatTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    user: Name | None = None
+    # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
+    store: bool | None = None
+    metadata: Metadata | None = None
+    service_tier: Name | None = None
+    logprobs: Literal[False] | None = None
+
+
+class ChatAudio(Struct):
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class FunctionCall(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class ResponseMessage(Struct):
+    role: Literal["assistant"]
+    content: str | None
+    audio: ChatAudio | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Choice(Struct):
+    index: int
+    message: ResponseMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: None = None
+
+
+class ChatCompletion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+class DeltaAudio(Struct, omit_defaults=True):
+    id: str
+    data: str | None = None
+    transcript: str | None = None
+    expires_at: int | None = None
+
+
+class DeltaToolCall(Struct):
+    """A whole call in one delta (the answer is parsed when it ends)."""
+
+    index: int
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class Delta(Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    audio: DeltaAudio | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChunkChoice(Struct):
+    index: int
+    delta: Delta
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"

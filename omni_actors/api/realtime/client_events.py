@@ -1,0 +1,231 @@
+"""Realtime client events: the msgspec structs a client sends, beta and GA shapes, decoded in one pass.
+
+    decode_client(raw) -> ClientEvent          (raises BadEvent naming event_id and param)
+
+Client events are one tagged union; `session.update` accepts the beta shape (flat
+`input_audio_format`, `turn_detection`...) and the GA one (`type: "realtime"` or
+`"transcription"`, `audio.input.*`, `audio.output.*`, `output_modalities`), lenient
+about fields we do not use. Server events: events.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from omni_actors.api.errors import validation_detail
+from omni_actors.api.schemas import (
+    MAX_TOOLS,
+    FunctionName,
+    Instructions,
+    Name,
+    Temperature,
+    TokenCount,
+)
+
+MaxTokens = TokenCount | Literal["inf"]
+
+
+class TurnDetectionIn(msgspec.Struct, kw_only=True):
+    type: str = "server_vad"
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+class FormatIn(msgspec.Struct, kw_only=True):
+    type: str
+    rate: int | None = None
+
+
+class AudioInputIn(msgspec.Struct, kw_only=True):
+    format: FormatIn | str | UnsetType = UNSET
+    turn_detection: TurnDetectionIn | UnsetType | None = UNSET
+    transcription: dict[str, Any] | UnsetType | None = UNSET
+
+
+class AudioOutputIn(msgspec.Struct, kw_only=True):
+    format: FormatIn | str | UnsetType = UNSET
+    voice: Name | UnsetType = UNSET
+    speed: float | UnsetType = UNSET
+
+
+class AudioIn(msgspec.Struct, kw_only=True):
+    input: AudioInputIn | UnsetType = UNSET
+    output: AudioOutputIn | UnsetType = UNSET
+
+
+class FunctionTool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A session's or response's function tool, as Realtime writes it (flat: no `function` wrapper)."""
+
+    type: Literal["function"] = "function"
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+Tools = Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)]
+ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
+
+
+class SessionIn(msgspec.Struct, kw_only=True):
+    type: str | UnsetType = UNSET  # GA: "realtime" | "transcription"
+    model: Name | UnsetType = UNSET
+    instructions: Instructions | UnsetType = UNSET
+    modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
+    output_modalities: list[Literal["text", "audio"]] | UnsetType = UNSET
+    voice: Name | UnsetType = UNSET
+    input_audio_format: str | UnsetType = UNSET
+    output_audio_format: str | UnsetType = UNSET
+    input_audio_transcription: dict[str, Any] | UnsetType | None = UNSET
+    turn_detection: TurnDetectionIn | UnsetType | None = UNSET
+    audio: AudioIn | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
+    max_response_output_tokens: MaxTokens | UnsetType = UNSET
+    max_output_tokens: MaxTokens | UnsetType = UNSET
+    tools: Tools | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
+
+
+class ContentIn(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+    audio: str | None = None
+    transcript: str | None = None
+
+
+class ItemIn(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[ContentIn] = []
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class ResponseIn(msgspec.Struct, kw_only=True):
+    modalities: list[Literal["text", "audio"]] | None = None
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    instructions: Instructions | None = None
+    voice: Name | None = None
+    output_audio_format: str | None = None
+    temperature: Temperature | None = None
+    max_response_output_tokens: MaxTokens | None = None
+    max_output_tokens: MaxTokens | None = None
+    conversation: str | None = None  # "auto" | "none"
+    metadata: dict[str, Any] | None = None
+    input: list[ItemIn] | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+
+
+class ClientEvent(msgspec.Struct, tag_field="type", kw_only=True):
+    event_id: str | None = None
+
+
+class SessionUpdate(ClientEvent, tag="session.update"):
+    session: SessionIn
+
+
+class BufferAppend(ClientEvent, tag="input_audio_buffer.append"):
+    audio: str
+
+
+class BufferCommit(ClientEvent, tag="input_audio_buffer.commit"):
+    pass
+
+
+class BufferClear(ClientEvent, tag="input_audio_buffer.clear"):
+    pass
+
+
+class ItemCreate(ClientEvent, tag="conversation.item.create"):
+    item: ItemIn
+    previous_item_id: str | None = None
+
+
+class ItemRetrieve(ClientEvent, tag="conversation.item.retrieve"):
+    item_id: str
+
+
+class ItemTruncate(ClientEvent, tag="conversation.item.truncate"):
+    item_id: str
+    audio_end_ms: int
+    content_index: int = 0
+
+
+class ItemDelete(ClientEvent, tag="conversation.item.delete"):
+    item_id: str
+
+
+class ResponseCreate(ClientEvent, tag="response.create"):
+    response: ResponseIn | None = None
+
+
+class ResponseCancel(ClientEvent, tag="response.cancel"):
+    response_id: str | None = None
+
+
+class OutputAudioClear(ClientEvent, tag="output_audio_buffer.clear"):
+    """GA (WebRTC/SIP) event; over a WebSocket the client owns playback, so this only acknowledges."""
+
+
+ClientEventT = (
+    SessionUpdate | BufferAppend | BufferCommit | BufferClear | ItemCreate | ItemRetrieve
+    | ItemTruncate | ItemDelete | ResponseCreate | ResponseCancel | OutputAudioClear
+)
+CLIENT_TYPES = frozenset(c.__struct_config__.tag for c in ClientEventT.__args__)  # type: ignore[attr-defined]
+
+
+class _Envelope(msgspec.Struct):
+    type: Any = None
+    event_id: Any = None
+
+
+class BadEvent(Exception):
+    """A client event we cannot act on; becomes an `error` event, never a closed session."""
+
+    def __init__(self, message: str, *, code: str = "invalid_value", param: str | None = None,
+                 event_id: str | None = None, type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.code, self.param, self.event_id, self.type = message, code, param, event_id, type
+
+
+_decoder = msgspec.json.Decoder(ClientEventT)
+_envelope = msgspec.json.Decoder(_Envelope)
+
+
+def event_id_of(raw: str | bytes) -> str | None:
+    """The `event_id` of an event we will not decode in full (best effort)."""
+    try:
+        env = _envelope.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return env.event_id if isinstance(env.event_id, str) else None
+
+
+def decode_client(raw: str | bytes) -> ClientEventT:
+    try:
+        return _decoder.decode(raw)
+    except msgspec.DecodeError as err:
+        try:
+            env = _envelope.decode(raw)
+        except msgspec.DecodeError:
+            raise BadEvent(f"event is not a JSON object: {err}", code="invalid_json") from None
+        event_id = env.event_id if isinstance(env.event_id, str) else None
+        if not isinstance(env.type, str):
+            raise BadEvent("event has no string `type`", code="invalid_event", param="type",
+                           event_id=event_id) from None
+        if env.type not in CLIENT_TYPES:
+            raise BadEvent(f"unknown event type {env.type!r}", code="invalid_event", param="type",
+                           event_id=event_id) from None
+        msg, param, _code = validation_detail(err) if isinstance(err, msgspec.ValidationError) else (str(err), None, "")
+        raise BadEvent(f"{env.type}: {msg}", param=param, event_id=event_id) from None
+
+

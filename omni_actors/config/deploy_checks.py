@@ -1,0 +1,116 @@
+"""A deploy checked against its pipeline: stage ids, sizes, devices, dtype, cluster and server limits.
+
+    validate_against_pipeline(cfg, where) -> PipelineConfig   (raises ConfigError naming the field)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names
+from omni_actors.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omni_actors.config.deploy import DeployConfig
+
+CLUSTER_BACKENDS = ("local", "ray")
+ARRAY_PATHS = ("auto", "frames")
+DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
+"""`dtype` values the stage engines accept (vLLM's names and their short forms)."""
+
+
+def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> PipelineConfig:
+    """Check the deploy against its pipeline; messages start with `where` (default: its file)."""
+    src = where or cfg.source
+    try:
+        pipe = get_pipeline(cfg.pipeline)
+    except KeyError:
+        raise ConfigError(
+            f"{src}: pipeline: unknown pipeline {cfg.pipeline!r}; expected one of {pipeline_names()}"
+        ) from None
+    if cfg.model and not Path(cfg.model).expanduser().exists():
+        raise ConfigError(f"{src}: model: path does not exist: {cfg.model}")
+    if pipe.requires_model and not cfg.model and not pipe.preparer:
+        # (with a preparer, `omni-run` prepares the pipeline's own default model folder)
+        raise ConfigError(f"{src}: model: pipeline {pipe.name!r} needs a model path")
+    seen: set[int] = set()
+    for i, st in enumerate(cfg.stages):
+        where = f"{src}: stages[{i}]"
+        if st.stage_id not in pipe.stage_ids:
+            raise ConfigError(
+                f"{where}.stage_id: pipeline {pipe.name!r} has no stage {st.stage_id}; "
+                f"expected one of {list(pipe.stage_ids)}"
+            )
+        if st.stage_id in seen:
+            raise ConfigError(f"{where}.stage_id: stage {st.stage_id} is listed twice")
+        seen.add(st.stage_id)
+        for name in ("num_replicas", "max_num_seqs", "tensor_parallel_size", "max_queue", "max_model_len"):
+            value = getattr(st, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{where}.{name}: expected an integer >= 1, got {value}")
+        if not 0.0 < st.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
+            )
+        for name in ("max_step_s", "shm_budget_mb"):
+            if not getattr(st, name) > 0:  # (also refuses nan)
+                raise ConfigError(f"{where}.{name}: expected a number > 0, got {getattr(st, name)}")
+        if st.dtype not in DTYPES:
+            raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
+        devices = st.device_list()
+        need = st.tensor_parallel_size * st.num_replicas
+        if devices and len(devices) != need:
+            raise ConfigError(
+                f"{where}.devices: {len(devices)} device(s) {devices} but tensor_parallel_size "
+                f"x num_replicas = {st.tensor_parallel_size} x {st.num_replicas} = {need}"
+            )
+    _validate_cluster(cfg, src)
+    if not 0 < cfg.server.port < 65536:
+        raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
+    for name in ("max_body_mb", "body_timeout_s", "request_timeout_s", "realtime_idle_timeout_s",
+                 "realtime_max_audio_s", "stream_buffer_mb", "write_timeout_s", "header_timeout_s"):
+        if not getattr(cfg.server, name) > 0:  # (also refuses nan)
+            raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
+    if cfg.server.max_connections < 1:
+        raise ConfigError(f"{src}: server.max_connections: expected an integer >= 1, got {cfg.server.max_connections}")
+    if cfg.server.max_realtime_sessions < 0:
+        raise ConfigError(
+            f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
+        )
+    return pipe
+
+
+def _validate_cluster(cfg: DeployConfig, src: str) -> None:
+    """The `cluster` section and per-stage `resources` (reaching the cluster is checked at start)."""
+    cl = cfg.cluster
+    if cl.backend not in CLUSTER_BACKENDS:
+        raise ConfigError(f"{src}: cluster.backend: expected one of {list(CLUSTER_BACKENDS)}, got {cl.backend!r}")
+    if cl.arrays not in ARRAY_PATHS:
+        raise ConfigError(f"{src}: cluster.arrays: expected one of {list(ARRAY_PATHS)}, got {cl.arrays!r}")
+    if not cl.address.strip():
+        raise ConfigError(f"{src}: cluster.address: expected a Ray address, \"auto\" or \"local\"")
+    if cl.bus_host is not None and not cl.bus_host.strip():
+        raise ConfigError(f"{src}: cluster.bus_host: expected an address of this host")
+    for i, st in enumerate(cfg.stages):
+        where = f"{src}: stages[{i}]"
+        for name, amount in st.resources.items():
+            if not amount >= 0:  # (also refuses nan)
+                raise ConfigError(f"{where}.resources.{name}: expected a number >= 0, got {amount}")
+        if cl.backend != "ray" and st.resources:
+            raise ConfigError(f"{where}.resources: placement by resources needs `cluster: {{backend: ray}}`")
+        if cl.backend == "ray" and st.devices is not None:
+            raise ConfigError(
+                f"{where}.devices: with cluster.backend ray, Ray assigns devices; "
+                "ask for them with `resources: {GPU: n}` instead"
+            )
+    if cl.backend == "ray" and not _installed("ray"):
+        raise ConfigError(f"{src}: cluster.backend: ray is not installed (pip install 'ray==2.60.*')")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # (ValueError: blocked in sys.modules)
+        return False

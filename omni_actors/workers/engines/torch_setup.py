@@ -1,0 +1,27 @@
+"""The torch setup stage engines share: dtype names, the load dtype, CPU threads, seeded generators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.workers.engine import EngineContext
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_dtype(ctx: EngineContext) -> torch.dtype:
+    """float32 on CPU; else the deploy's dtype (bfloat16 for "auto")."""
+    return torch.float32 if ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
+
+
+def one_cpu_thread(ctx: EngineContext) -> None:
+    """Stages on CPU share the box: one intra-op thread each."""
+    if ctx.device == "cpu":
+        torch.set_num_threads(1)
+
+
+def seeded(seed: Any, device: torch.device) -> torch.Generator | None:
+    """A generator seeded with `seed` on `device`; None when the request names no seed."""
+    return None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
