@@ -5,7 +5,8 @@ transformer), so left context alone joins windows up: a window re-decodes
 `left_context` frames before its new ones (25, as the original's chunked
 decode). Its output for n frames is a fixed number of samples short of
 n * 1920 (the transposed convolutions trim their tail), which the engine's
-sample counting absorbs. Weights: `speech_tokenizer/` `decoder.*`, float32
+sample counting absorbs; the last window is padded with silence to whole frames
+(n * 1920 samples, the length the original reports). Weights: `speech_tokenizer/` `decoder.*`, float32
 (codec_model.py).
 
 Inputs: {"codes": int [n, num_quantizers]} (talker frames).
@@ -40,9 +41,16 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         if "codes" not in inputs:
             return None
-        return torch.as_tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+        return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
 
     @torch.inference_mode()
     def decode(self, windows: list[torch.Tensor], starts: list[int], data: list[Any]) -> list[torch.Tensor]:
         codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
         return list(self.model(codes).reshape(len(windows), -1))
+
+    def decode_part(self, windows, starts, data, keep):
+        out = []
+        for window, wav in zip(windows, self.decode(windows, starts, data), strict=True):
+            full = window.shape[0] * self.samples_per_code
+            out.append((torch.nn.functional.pad(wav, (0, max(0, full - wav.shape[-1]))), 0))
+        return out

@@ -27,6 +27,8 @@ TTS_SPECIALS = ("<|tts_pad|>", "<|tts_text_bos|>", "<|tts_text_eod|>")
 GROUPS = 4
 CODEBOOK = 64
 TINY_MAX_FRAMES = 20
+CODEC_GAIN = 0.7
+"""Weight std times sqrt(fan-in) in the tiny codec decoder: distinct codes give distinct, unclipped audio."""
 
 
 def _config(tok: Any) -> dict[str, Any]:
@@ -128,6 +130,8 @@ def make_tiny_qwen3_tts(out_dir: str | Path, seed: int = 0) -> Path:
             for name, p in decoder.named_parameters():
                 if name.endswith("embedding_sum"):
                     p.normal_(0.0, 1.0)
+                elif p.dim() > 1:  # default init leaves the deep conv stack near-silent; this gain is audible
+                    p.normal_(0.0, CODEC_GAIN / p[0].numel() ** 0.5)
             for name, buf in encoder.named_buffers():
                 if name.endswith("codebook.embed_sum"):
                     buf.normal_(0.0, 1.0)
