@@ -21,7 +21,9 @@ Inputs: {"text": str, "voice": a speaker name (CustomVoice), optional
 "instructions": str}. Outputs per step: {"codes": int64 [1, num_code_groups]};
 the stop code ends the request and is not emitted. Sampling: generation_config.json
 (temperature, top_k, top_p, repetition_penalty, max_new_tokens) < deploy
-defaults < request params.
+defaults < request params; the code predictor takes the file's subtalker_top_k /
+top_p / temperature, and samples when the talker samples (a greedy request is
+greedy throughout, where the original would still sample the predictor).
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ DEFAULT_MAX_FRAMES = 4096
 class _Runner(CodePredictorRunner):
     """The Omni predictor passes; the talker state row is the talker's width (the predictor projects it)."""
 
-    def __init__(self, talker: Any, ctx: Any, groups: int, width: int) -> None:
-        super().__init__(talker, ctx, groups)
+    def __init__(self, talker: Any, ctx: Any, groups: int, width: int, gen: dict[str, Any]) -> None:
+        super().__init__(
+            talker, ctx, groups, top_k=int(gen.get("subtalker_top_k", 50)),
+            top_p=float(gen.get("subtalker_top_p", 1.0)), temperature=float(gen.get("subtalker_temperature", 0.9)),
+        )  # fmt: skip
         self.hidden = torch.zeros(self.slots, width, dtype=talker.dtype, device=self.device)
 
 
@@ -82,7 +87,8 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             "repetition_penalty": gen.get("repetition_penalty", 1.05),
             "max_tokens": gen.get("max_new_tokens") or DEFAULT_MAX_FRAMES,
         }  # fmt: skip
-        self.predictor = _Runner(self.model, self.ctx, self.groups, tc["hidden_size"])
+        self.predictor = _Runner(self.model, self.ctx, self.groups, tc["hidden_size"], gen)
+        self.sub_sample = bool(gen.get("subtalker_dosample", True))
         return self.model
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +163,8 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         live = [i for i, t in enumerate(tokens) if t != self.eos]
         results: list[tuple[dict[str, Any], bool]] = [({}, True) for _ in seqs]
         if live:
-            sampled = [float(seqs[i].params.get("temperature") or 0.0) > 0 for i in live]
+            # The predictor samples (subtalker_* of generation_config.json) when the talker does.
+            sampled = [self.sub_sample and float(seqs[i].params.get("temperature") or 0.0) > 0 for i in live]
             first = torch.tensor([tokens[i] for i in live], device=self.ctx.device)
             frames, codes = self.predictor.run(out.hidden[live], first, sampled, [seqs[i].generator for i in live])
             host = codes.cpu().numpy().astype(np.int64)
