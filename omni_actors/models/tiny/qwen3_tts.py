@@ -1,6 +1,7 @@
 """Tiny random-weight Qwen3-TTS (CustomVoice) checkpoints in the public on-disk layout.
 
-`make_tiny_qwen3_tts` writes what a Qwen3-TTS-12Hz CustomVoice folder holds:
+`make_tiny_qwen3_tts` writes what a Qwen3-TTS-12Hz CustomVoice folder holds
+(`make_tiny_qwen3_tts_voice_design` the VoiceDesign variant: no named speakers):
 `config.json` (model_type "qwen3_tts", tts_model_type "custom_voice", a
 `talker_config` with its `code_predictor_config`, the codec control ids, the
 named speakers `spk_id` / `spk_is_dialect` and `codec_language_id`, a
@@ -31,10 +32,10 @@ CODEC_GAIN = 0.7
 """Weight std times sqrt(fan-in) in the tiny codec decoder: distinct codes give distinct, unclipped audio."""
 
 
-def _config(tok: Any) -> dict[str, Any]:
+def _config(tok: Any, speakers: tuple[str, ...]) -> dict[str, Any]:
     ids = iter(range(CODEBOOK, 10_000))
     codec = {name: next(ids) for name in ("pad", "bos", "eos", "think", "nothink", "think_bos", "think_eos")}
-    spk = {name: next(ids) for name in SPEAKERS}
+    spk = {name: next(ids) for name in speakers}
     lang = {name: next(ids) for name in LANGUAGES}
     vocab = next(ids) + 3
     special = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", *TTS_SPECIALS)}
@@ -47,7 +48,7 @@ def _config(tok: Any) -> dict[str, Any]:
         "codec_pad_id": codec["pad"], "codec_bos_id": codec["bos"], "codec_eos_token_id": codec["eos"],
         "codec_think_id": codec["think"], "codec_nothink_id": codec["nothink"],
         "codec_think_bos_id": codec["think_bos"], "codec_think_eos_id": codec["think_eos"],
-        "spk_id": spk, "spk_is_dialect": {s: DIALECTS.get(s, False) for s in SPEAKERS}, "codec_language_id": lang,
+        "spk_id": spk, "spk_is_dialect": {s: DIALECTS.get(s, False) for s in speakers}, "codec_language_id": lang,
         "code_predictor_config": {
             "vocab_size": CODEBOOK, "hidden_size": 24, "intermediate_size": 48, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 12, "hidden_act": "silu",
@@ -58,7 +59,7 @@ def _config(tok: Any) -> dict[str, Any]:
     }  # fmt: skip
     return {
         "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-        "tts_model_type": "custom_voice", "tts_model_size": "tiny", "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "tts_model_type": "custom_voice" if speakers else "voice_design", "tts_model_size": "tiny", "tokenizer_type": "qwen3_tts_tokenizer_12hz",
         "im_start_token_id": special["<|im_start|>"], "im_end_token_id": special["<|im_end|>"],
         "tts_pad_token_id": special[TTS_SPECIALS[0]], "tts_bos_token_id": special[TTS_SPECIALS[1]],
         "tts_eos_token_id": special[TTS_SPECIALS[2]],
@@ -104,17 +105,25 @@ def _tokenizer() -> Any:
 
 def make_tiny_qwen3_tts(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Qwen3-TTS CustomVoice checkpoint into `out_dir` and return its path."""
+    return _write(Path(out_dir), seed, SPEAKERS)
+
+
+def make_tiny_qwen3_tts_voice_design(out_dir: str | Path, seed: int = 0) -> Path:
+    """The VoiceDesign variant: no named speakers (`spk_id` empty); the voice comes from the instructions."""
+    return _write(Path(out_dir), seed, ())
+
+
+def _write(out: Path, seed: int, speakers: tuple[str, ...]) -> Path:
     import torch
     from safetensors.torch import save_file
 
     from omni_actors.models.qwen3_tts.codec_model import CodecDecoder, mimi_encoder
     from omni_actors.models.qwen3_tts.modules import Talker, talker_state
 
-    out = Path(out_dir)
     (out / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     tok = _tokenizer()
     tok.save_pretrained(out)
-    config, codec = _config(tok), _codec_config()
+    config, codec = _config(tok, speakers), _codec_config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         talker = Talker(config["talker_config"])
