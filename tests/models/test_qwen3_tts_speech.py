@@ -57,11 +57,17 @@ async def srv(model_dir, data_dir) -> AsyncIterator[Server]:
         yield server
 
 
-async def test_instructions_are_the_style_prompt_and_speakers_differ(srv: Server, fam: Family) -> None:
+async def test_instructions_are_the_style_prompt_and_speakers_differ(
+    srv: Server, fam: Family
+) -> None:
     plain, _ = await _wav(srv, fam, voice="ryan", extra_body={"seed": 5})
-    styled, _ = await _wav(srv, fam, voice="ryan", instructions="Speak slowly and warmly.", extra_body={"seed": 5})
+    styled, _ = await _wav(
+        srv, fam, voice="ryan", instructions="Speak slowly and warmly.", extra_body={"seed": 5}
+    )
     other, _ = await _wav(srv, fam, voice="vivian", extra_body={"seed": 5})
-    again, _ = await _wav(srv, fam, voice="ryan", instructions="Speak slowly and warmly.", extra_body={"seed": 5})
+    again, _ = await _wav(
+        srv, fam, voice="ryan", instructions="Speak slowly and warmly.", extra_body={"seed": 5}
+    )
     assert styled.size == again.size and (styled == again).all()
     for audio in (styled, other):
         assert audio.size != plain.size or not (audio == plain).all()
@@ -76,5 +82,7 @@ async def test_custom_voices_and_bad_voices_are_400s(srv: Server, fam: Family) -
         await client.audio.speech.create(model=fam.model, input=TEXT, voice="nobody")
     assert err.value.body["param"] == "voice" and "'vivian'" in err.value.body["message"]
     with pytest.raises(openai.BadRequestError) as err:
-        await client.audio.speech.create(model=fam.model, input=TEXT, voice="ryan", instructions="x" * 70_000)
+        await client.audio.speech.create(
+            model=fam.model, input=TEXT, voice="ryan", instructions="x" * 70_000
+        )
     assert err.value.body["param"] == "instructions"

@@ -90,7 +90,9 @@ class CodePredictorRunner:
         self.sampled = torch.zeros(s, dtype=torch.float32, device=dev)
         self.positions = torch.arange(n, device=dev)
         self.caches: dict[int, _PassCache] = {}
-        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes))
+        self.graphs = DecodeGraphs(
+            lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes)
+        )
 
     @torch.inference_mode()
     def run(
@@ -161,7 +163,9 @@ class CodePredictorRunner:
         return frame, torch.stack(codes, dim=1)
 
 
-def _draw(logits: torch.Tensor, gumbel: torch.Tensor, top_k: int = TOP_K, top_p: float = TOP_P) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor, gumbel: torch.Tensor, top_k: int = TOP_K, top_p: float = TOP_P
+) -> torch.Tensor:
     """Top-k / top-p filtered Gumbel-max per row; a row with zero noise takes its argmax."""
     vocab = logits.shape[-1]
     ordered, order = torch.sort(logits, dim=-1, descending=True)

@@ -10,8 +10,8 @@ Qwen3-Omni-MoE code2wav blocks plus our own quantizer and projections, read
 from the public layout (config.json model_type "qwen3_tts", `talker.*`
 weights, the codec in `speech_tokenizer/`). With async chunk on, every frame
 goes to the codec stage as it is sampled. Base (voice cloning) checkpoints are
-refused at load: their speaker encoder is not implemented. Topology only:
-imports without torch.
+refused by the talker stage: their weights load, the cloning prompt is not written.
+Topology only: imports without torch.
 """
 
 from __future__ import annotations

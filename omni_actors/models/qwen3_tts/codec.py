@@ -32,7 +32,9 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
     right_context = 0
 
     def load(self) -> None:
-        path = check_checkpoint(self.ctx.model_path, ("config.json", "speech_tokenizer/config.json"))
+        path = check_checkpoint(
+            self.ctx.model_path, ("config.json", "speech_tokenizer/config.json")
+        )
         self.model, _, config = load_codec(path, self.ctx.device)
         self.groups = self.model.groups
         self.sample_rate = int(config.get("output_sample_rate", 24000))
@@ -44,7 +46,9 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
         return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
 
     @torch.inference_mode()
-    def decode(self, windows: list[torch.Tensor], starts: list[int], data: list[Any]) -> list[torch.Tensor]:
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
         codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
         return list(self.model(codes).reshape(len(windows), -1))
 

@@ -76,7 +76,9 @@ class SplitRVQ(nn.Module):
 
 def omni_config(dc: dict[str, Any], width: int) -> Any:
     """A Qwen3OmniMoeCode2WavConfig for transformers' blocks, `width` wide."""
-    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+        Qwen3OmniMoeCode2WavConfig,
+    )
 
     return Qwen3OmniMoeCode2WavConfig(
         codebook_size=dc["codebook_size"], hidden_size=width,
@@ -101,21 +103,33 @@ class CodecDecoder(nn.Module):
         super().__init__()
         latent, dim = dc["latent_dim"], dc["codebook_dim"]
         self.groups = dc["num_quantizers"]
-        self.total_upsample = int(np.prod(list(dc["upsample_rates"]) + list(dc["upsampling_ratios"])))
+        self.total_upsample = int(
+            np.prod(list(dc["upsample_rates"]) + list(dc["upsampling_ratios"]))
+        )
         self.quantizer = SplitRVQ(self.groups, dc["codebook_size"], dim)
         self.pre_conv = m.Qwen3OmniMoeCausalConvNet(dim, latent, 3)
-        self.pre_transformer = m.Qwen3OmniMoeCode2WavTransformerModel(omni_config(dc, dc["hidden_size"]))
+        self.pre_transformer = m.Qwen3OmniMoeCode2WavTransformerModel(
+            omni_config(dc, dc["hidden_size"])
+        )
         self.pre_transformer.input_proj = nn.Linear(latent, dc["hidden_size"])
         self.pre_transformer.output_proj = nn.Linear(dc["hidden_size"], latent)
         blocks = omni_config(dc, latent)
         self.upsample = nn.ModuleList(
-            nn.ModuleList([m.Qwen3OmniMoeCausalTransConvNet(latent, latent, r, r), m.Qwen3OmniMoeConvNeXtBlock(latent)])
+            nn.ModuleList(
+                [
+                    m.Qwen3OmniMoeCausalTransConvNet(latent, latent, r, r),
+                    m.Qwen3OmniMoeConvNeXtBlock(latent),
+                ]
+            )
             for r in dc["upsampling_ratios"]
         )
         out = dc["decoder_dim"] // 2 ** len(dc["upsample_rates"])
         self.decoder = nn.ModuleList(
             [m.Qwen3OmniMoeCausalConvNet(latent, dc["decoder_dim"], 7)]
-            + [m.Qwen3OmniMoeCode2WavDecoderBlock(blocks, i) for i in range(len(dc["upsample_rates"]))]
+            + [
+                m.Qwen3OmniMoeCode2WavDecoderBlock(blocks, i)
+                for i in range(len(dc["upsample_rates"]))
+            ]
             + [m.Qwen3OmniMoeSnakeBeta(out), m.Qwen3OmniMoeCausalConvNet(out, 1, 7)]
         )
 
@@ -150,11 +164,15 @@ def read_codec_config(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise ValueError(f"{folder / 'config.json'}: cannot read ({err})") from err
     if config.get("model_type") != "qwen3_tts_tokenizer_12hz":
-        raise ValueError(f"{folder}: model_type {config.get('model_type')!r} is not 'qwen3_tts_tokenizer_12hz'")
+        raise ValueError(
+            f"{folder}: model_type {config.get('model_type')!r} is not 'qwen3_tts_tokenizer_12hz'"
+        )
     return config
 
 
-def load_codec(path: Path, device: Any, encoder: bool = False) -> tuple[CodecDecoder, nn.Module | None, dict[str, Any]]:
+def load_codec(
+    path: Path, device: Any, encoder: bool = False
+) -> tuple[CodecDecoder, nn.Module | None, dict[str, Any]]:
     """The codec decoder (and with `encoder`, the Mimi encoder) of a qwen3_tts folder, float32, weights checked.
 
     Without `encoder` the `encoder.*` weights are left unread, but must be all that is left.
@@ -168,7 +186,9 @@ def load_codec(path: Path, device: Any, encoder: bool = False) -> tuple[CodecDec
         if head not in parts:
             raise ValueError(f"{path / 'speech_tokenizer'}: unexpected weight {name}")
         parts[head][rest] = t
-    _load_strict(decoder, {k: v.float() for k, v in parts["decoder"].items()}, f"{path}: codec decoder")
+    _load_strict(
+        decoder, {k: v.float() for k, v in parts["decoder"].items()}, f"{path}: codec decoder"
+    )
     enc = None
     if encoder:
         enc = mimi_encoder(config["encoder_config"])

@@ -23,8 +23,9 @@ architecture the public checkpoint layout describes (config.json model_type
   then the upsampler and SnakeBeta decoder blocks, which are Qwen3-Omni-MoE's
   code2wav blocks (transformers' classes are used for those and the transformer
   layers).
-- codec encoder (`encoder.*`): transformers' Mimi encoder half; loaded and checked,
-  only needed for voice cloning, which is not served.
+- speaker encoder (`speaker_encoder.*`, Base checkpoints only): an ECAPA-TDNN, transformers'
+  Qwen2.5-Omni `ECAPA_TimeDelayNet` (the same blocks and names); loaded and checked, only needed
+  for voice cloning, which is not served (the codec's Mimi encoder likewise, codec_model.py).
 
 Every loader checks the state dict both ways: a weight the modules lack or a
 module weight the folder lacks is a ValueError naming it.
@@ -91,7 +92,9 @@ class CodePredictor(nn.Module):
         groups = pc["num_code_groups"]
         self.config = _qwen3(pc, pc["vocab_size"])
         self.model = Qwen3Model(self.config)
-        self.model.embed_tokens = None  # inputs are embeddings; the tables below are the talker's width
+        self.model.embed_tokens = (
+            None  # inputs are embeddings; the tables below are the talker's width
+        )
         self.model.codec_embedding = nn.ModuleList(
             nn.Embedding(pc["vocab_size"], talker_width) for _ in range(groups - 1)
         )
@@ -121,7 +124,9 @@ class Talker(nn.Module):
         self.config = _qwen3(tc, tc["vocab_size"])
         self.model = Qwen3Model(self.config)  # embed_tokens is the codec table
         self.model.text_embedding = nn.Embedding(tc["text_vocab_size"], tc["text_hidden_size"])
-        self.text_projection = TextProjection(tc["text_hidden_size"], tc["hidden_size"], tc.get("hidden_act", "silu"))
+        self.text_projection = TextProjection(
+            tc["text_hidden_size"], tc["hidden_size"], tc.get("hidden_act", "silu")
+        )
         self.codec_head = nn.Linear(tc["hidden_size"], tc["vocab_size"], bias=False)
         pc = {"num_code_groups": tc["num_code_groups"], **tc["code_predictor_config"]}
         self.code_predictor = CodePredictor(pc, tc["hidden_size"])
@@ -174,43 +179,47 @@ def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], where: str) 
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
-        raise ValueError(f"{where}: weights do not match (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise ValueError(
+            f"{where}: weights do not match (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     for name, t in state.items():
         if t.shape != own[name].shape:
-            raise ValueError(f"{where}: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}")
+            raise ValueError(
+                f"{where}: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}"
+            )
     module.load_state_dict(state, strict=True)
 
 
-def load_talker(path: Path, device: Any, dtype: torch.dtype) -> tuple[Talker, dict[str, Any]]:
-    """The talker (with its code predictor) of a qwen3_tts folder, every `talker.*` weight checked."""
+def speaker_encoder(sc: dict[str, Any]) -> nn.Module:
+    """`speaker_encoder.*` (Base checkpoints): an ECAPA-TDNN, transformers' Qwen2.5-Omni one (same blocks)."""
+    from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniDiTConfig
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import ECAPA_TimeDelayNet
+
+    keys = ("mel_dim", "enc_dim", "enc_channels", "enc_kernel_sizes", "enc_dilations", "enc_attention_channels",
+            "enc_res2net_scale", "enc_se_channels")  # fmt: skip
+    return ECAPA_TimeDelayNet(Qwen2_5OmniDiTConfig(**{k: sc[k] for k in keys if k in sc}))
+
+
+def load_talker(
+    path: Path, device: Any, dtype: torch.dtype
+) -> tuple[Talker, nn.Module | None, dict[str, Any]]:
+    """The talker (with its code predictor) of a qwen3_tts folder, and its speaker encoder where the
+    folder has one (Base checkpoints); every weight checked."""
     config = read_config(path)
-    if config.get("tts_model_type") == "base" or any(k.startswith("speaker_encoder.") for k in _names(path)):
-        raise ValueError(
-            f"{path}: a Base (voice cloning) Qwen3-TTS checkpoint; its speaker encoder is not implemented here "
-            "(CustomVoice and VoiceDesign checkpoints are served)"
-        )
-    tc = config["talker_config"]
-    talker = Talker(tc)
-    state = {}
+    talker = Talker(config["talker_config"])
+    state: dict[str, dict[str, torch.Tensor]] = {"talker": {}, "speaker_encoder": {}}
     for name, t in _read_weights(path).items():
-        if not name.startswith("talker."):
-            raise ValueError(f"{path}: unexpected weight {name}")
-        name = name[len("talker.") :]
-        for ckpt, ours in TALKER_RENAMES:
+        head, _, name = name.partition(".")
+        if head not in state:
+            raise ValueError(f"{path}: unexpected weight {head}.{name}")
+        for ckpt, ours in TALKER_RENAMES if head == "talker" else ():
             if name.startswith(ckpt):
                 name = ours + name[len(ckpt) :]
-        state[name] = t
-    _load_strict(talker, state, f"{path}: talker")
-    return talker.to(device=device, dtype=dtype).eval(), config
-
-
-def _names(path: Path) -> list[str]:
-    from safetensors import safe_open
-
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return list(json.loads(index.read_text())["weight_map"])
-    if not (path / "model.safetensors").is_file():
-        raise ValueError(f"{path / 'model.safetensors'}: missing")
-    with safe_open(path / "model.safetensors", "pt") as f:
-        return list(f.keys())
+        state[head][name] = t
+    _load_strict(talker, state["talker"], f"{path}: talker")
+    encoder = None
+    if state["speaker_encoder"] or config.get("tts_model_type") == "base":
+        encoder = speaker_encoder(config["speaker_encoder_config"])
+        _load_strict(encoder, state["speaker_encoder"], f"{path}: speaker encoder")
+        encoder = encoder.to(device=device, dtype=dtype).eval()
+    return talker.to(device=device, dtype=dtype).eval(), encoder, config

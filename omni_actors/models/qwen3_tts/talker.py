@@ -36,7 +36,13 @@ import torch
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.models.qwen3_tts import VOICES
 from omni_actors.models.qwen3_tts.modules import load_talker
-from omni_actors.workers.engines.hf_ar_adapter import ARAdapter, ARSeq, ForwardOut, StepInputs, check_checkpoint
+from omni_actors.workers.engines.hf_ar_adapter import (
+    ARAdapter,
+    ARSeq,
+    ForwardOut,
+    StepInputs,
+    check_checkpoint,
+)
 
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens", "repetition_penalty")
 DEFAULT_MAX_FRAMES = 4096
@@ -60,7 +66,13 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         from transformers import AutoTokenizer
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
-        self.model, config = load_talker(path, self.ctx.device, self.load_dtype())
+        self.model, spk_encoder, config = load_talker(path, self.ctx.device, self.load_dtype())
+        if spk_encoder is not None:
+            raise ValueError(
+                f"{path}: a Base (voice cloning) Qwen3-TTS checkpoint; its weights load, but the cloning "
+                "prompt (speaker embedding + reference codes) is not implemented here: serve a CustomVoice "
+                "or VoiceDesign checkpoint"
+            )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as err:
@@ -68,17 +80,23 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         self.tc = tc = config["talker_config"]
         self.speakers = {k.lower(): _one(v) for k, v in (tc.get("spk_id") or {}).items()}
         self.dialects = {k.lower(): v for k, v in (tc.get("spk_is_dialect") or {}).items()}
-        self.languages = {k.lower(): _one(v) for k, v in (tc.get("codec_language_id") or {}).items()}
+        self.languages = {
+            k.lower(): _one(v) for k, v in (tc.get("codec_language_id") or {}).items()
+        }
         self.groups = tc["num_code_groups"]
         self.codes = tc["code_predictor_config"]["vocab_size"]
         self.eos = tc["codec_eos_token_id"]
         dev = self.ctx.device
-        special = torch.tensor([config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]])
+        special = torch.tensor(
+            [config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]]
+        )
         with torch.inference_mode():
             self.tts_bos, self.tts_eos, self.tts_pad = self.model.text(special.to(dev)).unbind(0)
         vocab = tc["vocab_size"]
         # The original suppresses the top 1024 ids (control codes) but the stop code: the ids past the codebook.
-        self.suppress = torch.tensor([i for i in range(self.codes, vocab) if i != self.eos], device=dev)
+        self.suppress = torch.tensor(
+            [i for i in range(self.codes, vocab) if i != self.eos], device=dev
+        )
         gen_file = path / "generation_config.json"
         gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
         self.defaults = {
@@ -102,7 +120,9 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         text = inputs.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ValueError("qwen3_tts: inputs need a non-empty 'text'")
-        voice = str(inputs.get("voice") or (next(iter(self.speakers), "") if self.speakers else "")).lower()
+        voice = str(
+            inputs.get("voice") or (next(iter(self.speakers), "") if self.speakers else "")
+        ).lower()
         if self.speakers and voice not in self.speakers:
             raise ValueError(f"qwen3_tts: unknown voice {voice!r}; known: {sorted(self.speakers)}")
         instructions = inputs.get("instructions")
@@ -112,7 +132,9 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         }  # fmt: skip
 
     def _ids(self, text: str) -> torch.Tensor:
-        return torch.tensor(self.tokenizer(text, add_special_tokens=False).input_ids, device=self.ctx.device)
+        return torch.tensor(
+            self.tokenizer(text, add_special_tokens=False).input_ids, device=self.ctx.device
+        )
 
     def prefill(self, seq: ARSeq) -> StepInputs:
         d, tc, m = seq.data, self.tc, self.model
@@ -126,10 +148,17 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         language = self.languages.get(self.dialects.get(d["voice"]) or "") if d["voice"] else None
         head = [tc["codec_nothink_id"], tc["codec_think_bos_id"], tc["codec_think_eos_id"]]
         if language is not None:
-            head = [tc["codec_think_id"], tc["codec_think_bos_id"], language, tc["codec_think_eos_id"]]
+            head = [
+                tc["codec_think_id"],
+                tc["codec_think_bos_id"],
+                language,
+                tc["codec_think_eos_id"],
+            ]
         if d["voice"]:
             head.append(self.speakers[d["voice"]])
-        codec = m.get_input_embeddings()(torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=self.ctx.device))
+        codec = m.get_input_embeddings()(
+            torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=self.ctx.device)
+        )
         pads = self.tts_pad.expand(codec.shape[0] - 2, -1)
         parts.append(torch.cat([pads, self.tts_bos[None]]) + codec[:-1])
         rows = m.text(text)
@@ -164,9 +193,14 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         results: list[tuple[dict[str, Any], bool]] = [({}, True) for _ in seqs]
         if live:
             # The predictor samples (subtalker_* of generation_config.json) when the talker does.
-            sampled = [self.sub_sample and float(seqs[i].params.get("temperature") or 0.0) > 0 for i in live]
+            sampled = [
+                self.sub_sample and float(seqs[i].params.get("temperature") or 0.0) > 0
+                for i in live
+            ]
             first = torch.tensor([tokens[i] for i in live], device=self.ctx.device)
-            frames, codes = self.predictor.run(out.hidden[live], first, sampled, [seqs[i].generator for i in live])
+            frames, codes = self.predictor.run(
+                out.hidden[live], first, sampled, [seqs[i].generator for i in live]
+            )
             host = codes.cpu().numpy().astype(np.int64)
             for j, i in enumerate(live):
                 seqs[i].data["frame"] = frames[j]

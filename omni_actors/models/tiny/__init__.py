@@ -31,6 +31,7 @@ _BUILDERS: dict[str, str] = {
     "csm": "omni_actors.models.tiny.csm:make_tiny_csm",
     "qwen3_tts": "omni_actors.models.tiny.qwen3_tts:make_tiny_qwen3_tts",
     "qwen3_tts-voice-design": "omni_actors.models.tiny.qwen3_tts:make_tiny_qwen3_tts_voice_design",
+    "qwen3_tts-base": "omni_actors.models.tiny.qwen3_tts:make_tiny_qwen3_tts_base",
     "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
     "dia": "omni_actors.models.tiny.dia:make_tiny_dia",
     "dia-1.6b-sized": "omni_actors.models.tiny.dia:make_dia_1_6b_sized",

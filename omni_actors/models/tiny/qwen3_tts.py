@@ -1,7 +1,8 @@
 """Tiny random-weight Qwen3-TTS (CustomVoice) checkpoints in the public on-disk layout.
 
 `make_tiny_qwen3_tts` writes what a Qwen3-TTS-12Hz CustomVoice folder holds
-(`make_tiny_qwen3_tts_voice_design` the VoiceDesign variant: no named speakers):
+(`make_tiny_qwen3_tts_voice_design` the VoiceDesign variant: no named speakers;
+`make_tiny_qwen3_tts_base` the Base variant: no speakers, `speaker_encoder.*` weights):
 `config.json` (model_type "qwen3_tts", tts_model_type "custom_voice", a
 `talker_config` with its `code_predictor_config`, the codec control ids, the
 named speakers `spk_id` / `spk_is_dialect` and `codec_language_id`, a
@@ -32,13 +33,18 @@ CODEC_GAIN = 0.7
 """Weight std times sqrt(fan-in) in the tiny codec decoder: distinct codes give distinct, unclipped audio."""
 
 
-def _config(tok: Any, speakers: tuple[str, ...]) -> dict[str, Any]:
+def _config(tok: Any, speakers: tuple[str, ...], kind: str) -> dict[str, Any]:
     ids = iter(range(CODEBOOK, 10_000))
-    codec = {name: next(ids) for name in ("pad", "bos", "eos", "think", "nothink", "think_bos", "think_eos")}
+    codec = {
+        name: next(ids)
+        for name in ("pad", "bos", "eos", "think", "nothink", "think_bos", "think_eos")
+    }
     spk = {name: next(ids) for name in speakers}
     lang = {name: next(ids) for name in LANGUAGES}
     vocab = next(ids) + 3
-    special = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", *TTS_SPECIALS)}
+    special = {
+        t: tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", *TTS_SPECIALS)
+    }
     talker = {
         "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "hidden_act": "silu",
@@ -59,7 +65,7 @@ def _config(tok: Any, speakers: tuple[str, ...]) -> dict[str, Any]:
     }  # fmt: skip
     return {
         "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-        "tts_model_type": "custom_voice" if speakers else "voice_design", "tts_model_size": "tiny", "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "tts_model_type": kind, "tts_model_size": "tiny", "tokenizer_type": "qwen3_tts_tokenizer_12hz",
         "im_start_token_id": special["<|im_start|>"], "im_end_token_id": special["<|im_end|>"],
         "tts_pad_token_id": special[TTS_SPECIALS[0]], "tts_bos_token_id": special[TTS_SPECIALS[1]],
         "tts_eos_token_id": special[TTS_SPECIALS[2]],
@@ -99,38 +105,46 @@ def _tokenizer() -> Any:
     from omni_actors.models.tiny.video import qwen2_tokenizer
 
     tok = qwen2_tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", *TTS_SPECIALS]})
+    tok.add_special_tokens(
+        {"additional_special_tokens": ["<|im_start|>", "<|im_end|>", *TTS_SPECIALS]}
+    )
     return tok
 
 
 def make_tiny_qwen3_tts(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Qwen3-TTS CustomVoice checkpoint into `out_dir` and return its path."""
-    return _write(Path(out_dir), seed, SPEAKERS)
+    return _write(Path(out_dir), seed, SPEAKERS, "custom_voice")
 
 
 def make_tiny_qwen3_tts_voice_design(out_dir: str | Path, seed: int = 0) -> Path:
     """The VoiceDesign variant: no named speakers (`spk_id` empty); the voice comes from the instructions."""
-    return _write(Path(out_dir), seed, ())
+    return _write(Path(out_dir), seed, (), "voice_design")
 
 
-def _write(out: Path, seed: int, speakers: tuple[str, ...]) -> Path:
+def make_tiny_qwen3_tts_base(out_dir: str | Path, seed: int = 0) -> Path:
+    """The Base (voice cloning) variant: no named speakers, plus the `speaker_encoder.*` ECAPA-TDNN weights."""
+    return _write(Path(out_dir), seed, (), "base")
+
+
+def _write(out: Path, seed: int, speakers: tuple[str, ...], kind: str) -> Path:
     import torch
     from safetensors.torch import save_file
 
     from omni_actors.models.qwen3_tts.codec_model import CodecDecoder, mimi_encoder
-    from omni_actors.models.qwen3_tts.modules import Talker, talker_state
+    from omni_actors.models.qwen3_tts.modules import Talker, speaker_encoder, talker_state
 
     (out / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     tok = _tokenizer()
     tok.save_pretrained(out)
-    config, codec = _config(tok, speakers), _codec_config()
+    config, codec = _config(tok, speakers, kind), _codec_config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         talker = Talker(config["talker_config"])
         decoder = CodecDecoder(codec["decoder_config"])
         encoder = mimi_encoder(codec["encoder_config"])
+        spk = speaker_encoder(config["speaker_encoder_config"]) if kind == "base" else None
         with torch.no_grad():
-            for name, p in talker.named_parameters():
+            for _name, p in talker.named_parameters():
                 if p.dim() > 1:  # peaked random logits: seed-dependent, varied codes
                     p.normal_(0.0, 0.2)
             # Spread code logits, the stop code's at 0: a tiny utterance rarely stops in its first frames.
@@ -139,14 +153,22 @@ def _write(out: Path, seed: int, speakers: tuple[str, ...]) -> Path:
             for name, p in decoder.named_parameters():
                 if name.endswith("embedding_sum"):
                     p.normal_(0.0, 1.0)
-                elif p.dim() > 1:  # default init leaves the deep conv stack near-silent; this gain is audible
+                elif (
+                    p.dim() > 1
+                ):  # default init leaves the deep conv stack near-silent; this gain is audible
                     p.normal_(0.0, CODEC_GAIN / p[0].numel() ** 0.5)
             for name, buf in encoder.named_buffers():
                 if name.endswith("codebook.embed_sum"):
                     buf.normal_(0.0, 1.0)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: v.contiguous() for k, v in talker_state(talker).items()}, out / "model.safetensors",
-              metadata={"format": "pt"})  # fmt: skip
+    weights = talker_state(talker)
+    if spk is not None:
+        weights.update({f"speaker_encoder.{k}": v for k, v in spk.state_dict().items()})
+    save_file(
+        {k: v.contiguous() for k, v in weights.items()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     gen = {
         "do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
         "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0, "subtalker_temperature": 0.9,
