@@ -1,4 +1,5 @@
-"""The qwen3_tts family end to end: a tiny Qwen3-TTS CustomVoice folder (talker + codec workers) served as `omni-run --model DIR` serves it.
+"""The qwen3_tts family end to end: a tiny Qwen3-TTS CustomVoice folder (talker + codec workers), served
+as `omni-run --model DIR` serves it.
 
 The shared checks (speech_family.py) driven by the openai SDK, one server for the
 module; plus what is this family's own: named speakers, `instructions` as the style

@@ -80,7 +80,11 @@ def omni_config(dc: dict[str, Any], width: int) -> Any:
         Qwen3OmniMoeCode2WavConfig,
     )
 
+    extra = (
+        {"head_dim": dc["head_dim"]} if dc.get("head_dim") else {}
+    )  # may differ from hidden / heads
     return Qwen3OmniMoeCode2WavConfig(
+        **extra,
         codebook_size=dc["codebook_size"], hidden_size=width,
         max_position_embeddings=dc.get("max_position_embeddings", 8000),
         rope_parameters={"rope_type": "default", "rope_theta": dc.get("rope_theta", 10000)},

@@ -89,7 +89,8 @@ def _codec_config() -> dict[str, Any]:
     decoder = {
         "codebook_size": CODEBOOK, "codebook_dim": 16, "hidden_size": 32, "latent_dim": 32,
         "max_position_embeddings": 8000, "rope_theta": 10000, "num_attention_heads": 2, "num_key_value_heads": 2,
-        "attention_bias": False, "sliding_window": 72, "intermediate_size": 64, "hidden_act": "silu",
+        "head_dim": 8, "num_semantic_quantizers": 1, "attention_bias": False, "sliding_window": 72,
+        "intermediate_size": 64, "hidden_act": "silu",
         "layer_scale_initial_scale": 0.01, "rms_norm_eps": 1e-5, "num_hidden_layers": 1, "num_quantizers": GROUPS,
         "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "decoder_dim": 32, "attention_dropout": 0.0,
     }  # fmt: skip
