@@ -21,9 +21,9 @@ Inputs: {"text": str, "voice": a speaker name (CustomVoice), optional
 "instructions": str}. Outputs per step: {"codes": int64 [1, num_code_groups]};
 the stop code ends the request and is not emitted. Sampling: generation_config.json
 (temperature, top_k, top_p, repetition_penalty, max_new_tokens) < deploy
-defaults < request params; the code predictor takes the file's subtalker_top_k /
-top_p / temperature, and samples when the talker samples (a greedy request is
-greedy throughout, where the original would still sample the predictor).
+defaults < request params; the code predictor takes the file's subtalker_dosample /
+top_k / top_p / temperature (a request's temperature is the talker's only, as in
+the original), drawing from the request's seeded generator.
 """
 
 from __future__ import annotations
@@ -192,11 +192,8 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         live = [i for i, t in enumerate(tokens) if t != self.eos]
         results: list[tuple[dict[str, Any], bool]] = [({}, True) for _ in seqs]
         if live:
-            # The predictor samples (subtalker_* of generation_config.json) when the talker does.
-            sampled = [
-                self.sub_sample and float(seqs[i].params.get("temperature") or 0.0) > 0
-                for i in live
-            ]
+            # As the original: the predictor samples by subtalker_dosample, whatever the talker's temperature.
+            sampled = [self.sub_sample] * len(live)
             first = torch.tensor([tokens[i] for i in live], device=self.ctx.device)
             frames, codes = self.predictor.run(
                 out.hidden[live], first, sampled, [seqs[i].generator for i in live]
