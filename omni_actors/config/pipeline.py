@@ -134,6 +134,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.llm",
     "omni_actors.models.moshi",
     "omni_actors.models.csm",
+    "omni_actors.models.qwen3_tts",
     "omni_actors.models.dia",
     "omni_actors.models.vibevoice",
     "omni_actors.models.qwen3_asr",

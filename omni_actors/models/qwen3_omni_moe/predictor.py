@@ -23,7 +23,8 @@ from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 TOP_K = 50
 TOP_P = 0.8
-"""The predictor's sampling when the talker samples (as in transformers); temperature 1."""
+"""The predictor's sampling when the talker samples (as in transformers); temperature 1.
+Other models' predictors (qwen3_tts) pass their own."""
 
 
 class _PassLayer(CacheLayerMixin):
@@ -64,8 +65,12 @@ class _PassCache(Cache):
 class CodePredictorRunner:
     """Draws a frame's remaining code groups for a batch of requests (see module docstring)."""
 
-    def __init__(self, talker: Any, ctx: Any, groups: int) -> None:
+    def __init__(
+        self, talker: Any, ctx: Any, groups: int,
+        top_k: int = TOP_K, top_p: float = TOP_P, temperature: float = 1.0,
+    ) -> None:  # fmt: skip
         self.talker, self.groups = talker, groups
+        self.top_k, self.top_p, self.inv_temp = top_k, top_p, 1.0 / temperature
         self.device = torch.device(ctx.device)
         self.slots = max(1, ctx.max_num_seqs)
         self.sizes = buckets(self.slots, 1)
@@ -85,7 +90,9 @@ class CodePredictorRunner:
         self.sampled = torch.zeros(s, dtype=torch.float32, device=dev)
         self.positions = torch.arange(n, device=dev)
         self.caches: dict[int, _PassCache] = {}
-        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes))
+        self.graphs = DecodeGraphs(
+            lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes)
+        )
 
     @torch.inference_mode()
     def run(
@@ -147,7 +154,8 @@ class CodePredictorRunner:
                 x = frame[:, None]
                 continue
             g = pos - 1
-            code = _draw(pred.lm_head[g](h[:, -1]).float(), gumbel[:, g])
+            logits = pred.lm_head[g](h[:, -1]).float() * self.inv_temp
+            code = _draw(logits, gumbel[:, g], self.top_k, self.top_p)
             codes.append(code)
             emb = tables[g](code)
             frame = frame + emb
@@ -155,13 +163,15 @@ class CodePredictorRunner:
         return frame, torch.stack(codes, dim=1)
 
 
-def _draw(logits: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor, gumbel: torch.Tensor, top_k: int = TOP_K, top_p: float = TOP_P
+) -> torch.Tensor:
     """Top-k / top-p filtered Gumbel-max per row; a row with zero noise takes its argmax."""
     vocab = logits.shape[-1]
     ordered, order = torch.sort(logits, dim=-1, descending=True)
     ranks = torch.arange(vocab, device=logits.device)
-    ordered = ordered.masked_fill(ranks >= TOP_K, float("-inf"))
+    ordered = ordered.masked_fill(ranks >= top_k, float("-inf"))
     probs = torch.softmax(ordered, dim=-1)
-    ordered = ordered.masked_fill(probs.cumsum(-1) - probs > TOP_P, float("-inf"))
+    ordered = ordered.masked_fill(probs.cumsum(-1) - probs > top_p, float("-inf"))
     pick = torch.argmax(ordered + gumbel, dim=-1)
     return order.gather(1, pick[:, None])[:, 0]

@@ -1,0 +1,60 @@
+"""Codec adapter for GenerationEngine: Qwen3-TTS's 12 Hz codec decoder (codes -> 24 kHz audio).
+
+The decoder is causal (causal convolutions, a sliding-window causal
+transformer), so left context alone joins windows up: a window re-decodes
+`left_context` frames before its new ones (25, as the original's chunked
+decode). Its output for n frames is a fixed number of samples short of
+n * 1920 (the transposed convolutions trim their tail), which the engine's
+sample counting absorbs; the last window is padded with silence to whole frames
+(n * 1920 samples, the length the original reports). Weights: `speech_tokenizer/` `decoder.*`, float32
+(codec_model.py).
+
+Inputs: {"codes": int [n, num_quantizers]} (talker frames).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.models.qwen3_tts.codec_model import load_codec
+from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
+
+
+class Qwen3TTSCodecAdapter(GenerationAdapter):
+    sample_rate = 24000
+    chunk_size = 25
+    first_chunk_size = 5
+    """5 frames = 400 ms of audio in the first window."""
+    left_context = 25
+    right_context = 0
+
+    def load(self) -> None:
+        path = check_checkpoint(
+            self.ctx.model_path, ("config.json", "speech_tokenizer/config.json")
+        )
+        self.model, _, config = load_codec(path, self.ctx.device)
+        self.groups = self.model.groups
+        self.sample_rate = int(config.get("output_sample_rate", 24000))
+        self.samples_per_code = self.model.total_upsample
+
+    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        if "codes" not in inputs:
+            return None
+        return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+
+    @torch.inference_mode()
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
+        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        return list(self.model(codes).reshape(len(windows), -1))
+
+    def decode_part(self, windows, starts, data, keep):
+        out = []
+        for window, wav in zip(windows, self.decode(windows, starts, data), strict=True):
+            full = window.shape[0] * self.samples_per_code
+            out.append((torch.nn.functional.pad(wav, (0, max(0, full - wav.shape[-1]))), 0))
+        return out

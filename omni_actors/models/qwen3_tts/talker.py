@@ -1,0 +1,213 @@
+"""Talker adapter for HfAREngine: Qwen3-TTS's talker and code predictor (modules.py), one codec frame per step.
+
+Each engine step the talker's `codec_head` gives code group 0 of the next frame;
+the code predictor draws the other groups, batched over the step's requests
+(qwen3_omni_moe/predictor.py's fixed-shape passes, a CUDA graph on CUDA). The
+next talker input is the sum of the frame's code embeddings plus the next text
+row (below), then tts-eos, then tts-pad.
+
+Prompt, as the checkpoint was trained (text embedded by the talker's own table
+and projected, `T(.)`; codec ids embedded by its codec table, `C(.)`):
+  [T(<|im_start|>user\\n{instructions}<|im_end|>\\n)]          (a style prompt, optional)
+  T(<|im_start|>assistant\\n)
+  tts-pad rows + tts-bos, each added to C(control codes): (nothink | think, language),
+      think-bos, think-eos, the speaker's id (CustomVoice), pad
+  T(first text token) + C(bos)
+and the remaining text tokens are fed one per step while the frames come.
+A named speaker with a dialect (`spk_is_dialect`) selects that dialect's
+language code, as the original does when the language is automatic.
+
+Inputs: {"text": str, "voice": a speaker name (CustomVoice), optional
+"instructions": str}. Outputs per step: {"codes": int64 [1, num_code_groups]};
+the stop code ends the request and is not emitted. Sampling: generation_config.json
+(temperature, top_k, top_p, repetition_penalty, max_new_tokens) < deploy
+defaults < request params; the code predictor takes the file's subtalker_dosample /
+top_k / top_p / temperature (a request's temperature is the talker's only, as in
+the original), drawing from the request's seeded generator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
+from omni_actors.models.qwen3_tts import VOICES
+from omni_actors.models.qwen3_tts.modules import load_talker
+from omni_actors.workers.engines.hf_ar_adapter import (
+    ARAdapter,
+    ARSeq,
+    ForwardOut,
+    StepInputs,
+    check_checkpoint,
+)
+
+SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens", "repetition_penalty")
+DEFAULT_MAX_FRAMES = 4096
+
+
+class _Runner(CodePredictorRunner):
+    """The Omni predictor passes; the talker state row is the talker's width (the predictor projects it)."""
+
+    def __init__(self, talker: Any, ctx: Any, groups: int, width: int, gen: dict[str, Any]) -> None:
+        super().__init__(
+            talker, ctx, groups, top_k=int(gen.get("subtalker_top_k", 50)),
+            top_p=float(gen.get("subtalker_top_p", 1.0)), temperature=float(gen.get("subtalker_temperature", 0.9)),
+        )  # fmt: skip
+        self.hidden = torch.zeros(self.slots, width, dtype=talker.dtype, device=self.device)
+
+
+class Qwen3TTSTalkerAdapter(ARAdapter):
+    def load(self) -> torch.nn.Module:
+        import json
+
+        from transformers import AutoTokenizer
+
+        path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
+        self.model, spk_encoder, config = load_talker(path, self.ctx.device, self.load_dtype())
+        if spk_encoder is not None:
+            raise ValueError(
+                f"{path}: a Base (voice cloning) Qwen3-TTS checkpoint; its weights load, but the cloning "
+                "prompt (speaker embedding + reference codes) is not implemented here: serve a CustomVoice "
+                "or VoiceDesign checkpoint"
+            )
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as err:
+            raise ValueError(f"{path}: cannot load the tokenizer ({err})") from err
+        self.tc = tc = config["talker_config"]
+        self.speakers = {k.lower(): _one(v) for k, v in (tc.get("spk_id") or {}).items()}
+        self.dialects = {k.lower(): v for k, v in (tc.get("spk_is_dialect") or {}).items()}
+        self.languages = {
+            k.lower(): _one(v) for k, v in (tc.get("codec_language_id") or {}).items()
+        }
+        self.groups = tc["num_code_groups"]
+        self.codes = tc["code_predictor_config"]["vocab_size"]
+        self.eos = tc["codec_eos_token_id"]
+        dev = self.ctx.device
+        special = torch.tensor(
+            [config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]]
+        )
+        with torch.inference_mode():
+            self.tts_bos, self.tts_eos, self.tts_pad = self.model.text(special.to(dev)).unbind(0)
+        vocab = tc["vocab_size"]
+        # The original suppresses the top 1024 ids (control codes) but the stop code: the ids past the codebook.
+        self.suppress = torch.tensor(
+            [i for i in range(self.codes, vocab) if i != self.eos], device=dev
+        )
+        gen_file = path / "generation_config.json"
+        gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+        self.defaults = {
+            "temperature": gen.get("temperature", 0.9) if gen.get("do_sample", True) else 0.0,
+            "top_k": gen.get("top_k", 50), "top_p": gen.get("top_p", 1.0),
+            "repetition_penalty": gen.get("repetition_penalty", 1.05),
+            "max_tokens": gen.get("max_new_tokens") or DEFAULT_MAX_FRAMES,
+        }  # fmt: skip
+        self.predictor = _Runner(self.model, self.ctx, self.groups, tc["hidden_size"], gen)
+        self.sub_sample = bool(gen.get("subtalker_dosample", True))
+        return self.model
+
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        own = {k: params[k] for k in SHARED_KEYS if params.get(k) is not None}
+        ctx = self.ctx
+        return {**self.defaults, **ctx.default_sampling_params, **own, **ctx.sampling_constraints}
+
+    # ---- prompt ----------------------------------------------------------------
+
+    def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
+        text = inputs.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("qwen3_tts: inputs need a non-empty 'text'")
+        voice = str(
+            inputs.get("voice") or (next(iter(self.speakers), "") if self.speakers else "")
+        ).lower()
+        if self.speakers and voice not in self.speakers:
+            raise ValueError(f"qwen3_tts: unknown voice {voice!r}; known: {sorted(self.speakers)}")
+        instructions = inputs.get("instructions")
+        seq.data = {
+            "text": text, "voice": voice if self.speakers else "", "frame": None,
+            "instructions": str(instructions) if instructions else None, "trailing": None,
+        }  # fmt: skip
+
+    def _ids(self, text: str) -> torch.Tensor:
+        return torch.tensor(
+            self.tokenizer(text, add_special_tokens=False).input_ids, device=self.ctx.device
+        )
+
+    def prefill(self, seq: ARSeq) -> StepInputs:
+        d, tc, m = seq.data, self.tc, self.model
+        parts = []
+        if d["instructions"]:
+            parts.append(m.text(self._ids(f"<|im_start|>user\n{d['instructions']}<|im_end|>\n")))
+        parts.append(m.text(self._ids("<|im_start|>assistant\n")))
+        text = self._ids(d["text"])
+        if text.numel() == 0:
+            raise ValueError("qwen3_tts: the text has no tokens")
+        language = self.languages.get(self.dialects.get(d["voice"]) or "") if d["voice"] else None
+        head = [tc["codec_nothink_id"], tc["codec_think_bos_id"], tc["codec_think_eos_id"]]
+        if language is not None:
+            head = [
+                tc["codec_think_id"],
+                tc["codec_think_bos_id"],
+                language,
+                tc["codec_think_eos_id"],
+            ]
+        if d["voice"]:
+            head.append(self.speakers[d["voice"]])
+        codec = m.get_input_embeddings()(
+            torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=self.ctx.device)
+        )
+        pads = self.tts_pad.expand(codec.shape[0] - 2, -1)
+        parts.append(torch.cat([pads, self.tts_bos[None]]) + codec[:-1])
+        rows = m.text(text)
+        parts.append(rows[:1] + codec[-1:])
+        d["trailing"] = torch.cat([rows[1:], self.tts_eos[None]])
+        return StepInputs(torch.cat(parts).to(m.dtype))
+
+    def _trailing(self, seq: ARSeq) -> torch.Tensor:
+        rows, k = seq.data["trailing"], len(seq.tokens) - 1
+        return rows[k] if k < rows.shape[0] else self.tts_pad
+
+    def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
+        return torch.stack([s.data["frame"] + self._trailing(s) for s in seqs])[:, None]
+
+    def forward(self, embeds, positions, mask, cache, extra) -> ForwardOut:
+        out = self.model.model(
+            inputs_embeds=embeds, position_ids=positions[0], attention_mask=mask,
+            past_key_values=cache, use_cache=True,
+        )  # fmt: skip
+        last = out.last_hidden_state[:, -1]
+        return ForwardOut(self.model.codec_head(last).float(), last)
+
+    def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone()
+        logits[:, self.suppress] = float("-inf")
+        return logits
+
+    # ---- code predictor ----------------------------------------------------------
+
+    def on_tokens(self, seqs, tokens, out, prefill):
+        live = [i for i, t in enumerate(tokens) if t != self.eos]
+        results: list[tuple[dict[str, Any], bool]] = [({}, True) for _ in seqs]
+        if live:
+            # As the original: the predictor samples by subtalker_dosample, whatever the talker's temperature.
+            sampled = [self.sub_sample] * len(live)
+            first = torch.tensor([tokens[i] for i in live], device=self.ctx.device)
+            frames, codes = self.predictor.run(
+                out.hidden[live], first, sampled, [seqs[i].generator for i in live]
+            )
+            host = codes.cpu().numpy().astype(np.int64)
+            for j, i in enumerate(live):
+                seqs[i].data["frame"] = frames[j]
+                results[i] = ({"codes": host[j : j + 1]}, False)
+        return results
+
+
+def _one(value: Any) -> int:
+    """Config ids are ints, or one-element lists in some checkpoints."""
+    return int(value[0] if isinstance(value, list) else value)
+
+
+__all__ = ["VOICES", "Qwen3TTSTalkerAdapter"]

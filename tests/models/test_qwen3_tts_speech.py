@@ -1,0 +1,89 @@
+"""The qwen3_tts family end to end: a tiny Qwen3-TTS CustomVoice folder (talker + codec workers), served
+as `omni-run --model DIR` serves it.
+
+The shared checks (speech_family.py) driven by the openai SDK, one server for the
+module; plus what is this family's own: named speakers, `instructions` as the style
+prompt, and custom voices refused (no cloning here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from omni_actors.models.tiny import make_tiny
+from tests.api.conftest import Server
+from tests.models.speech_family import (  # noqa: F401 - the shared tests, collected here
+    TEXT,
+    Family,
+    _wav,
+    serve_family,
+    test_audio_at_the_family_rate_deterministic_for_a_seed,
+    test_detected_served_and_voices_listed,
+    test_every_format_decodes,
+    test_plain_streaming_sends_encoded_bytes,
+    test_speed_changes_duration,
+    test_sse_deltas_arrive_before_done,
+    test_text_in_socket_closed_mid_text_leaves_nothing_running,
+    test_text_in_socket_speaks_before_done_in_order,
+)
+
+FAMILY = Family(
+    "qwen3_tts", rate=24000, frame=1920,
+    voices=("vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee"),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fam() -> Family:
+    return FAMILY
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_tiny(FAMILY.pipeline, tmp_path_factory.mktemp("models") / FAMILY.model, seed=0)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+async def srv(model_dir, data_dir) -> AsyncIterator[Server]:
+    async with serve_family(model_dir, data_dir) as server:
+        yield server
+
+
+async def test_instructions_are_the_style_prompt_and_speakers_differ(
+    srv: Server, fam: Family
+) -> None:
+    plain, _ = await _wav(srv, fam, voice="ryan", extra_body={"seed": 5})
+    styled, _ = await _wav(
+        srv, fam, voice="ryan", instructions="Speak slowly and warmly.", extra_body={"seed": 5}
+    )
+    other, _ = await _wav(srv, fam, voice="vivian", extra_body={"seed": 5})
+    again, _ = await _wav(
+        srv, fam, voice="ryan", instructions="Speak slowly and warmly.", extra_body={"seed": 5}
+    )
+    assert styled.size == again.size and (styled == again).all()
+    for audio in (styled, other):
+        assert audio.size != plain.size or not (audio == plain).all()
+
+
+async def test_custom_voices_and_bad_voices_are_400s(srv: Server, fam: Family) -> None:
+    client = srv.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.audio.speech.create(model=fam.model, input=TEXT, voice={"id": "voice_abc"})
+    assert err.value.body["param"] == "voice"
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.audio.speech.create(model=fam.model, input=TEXT, voice="nobody")
+    assert err.value.body["param"] == "voice" and "'vivian'" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.audio.speech.create(
+            model=fam.model, input=TEXT, voice="ryan", instructions="x" * 70_000
+        )
+    assert err.value.body["param"] == "instructions"
