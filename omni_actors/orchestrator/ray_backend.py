@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -171,6 +172,9 @@ class RayLauncher(Launcher):
         global _users, _owned
         if not ray.is_initialized():
             _check_reachable(cl.address, src)
+            # ray.init installs its own SIGTERM handler (it prints and aborts the process): keep ours,
+            # so a SIGTERM still leads omni-run's orderly shutdown.
+            handlers = _signal_handlers()
             try:
                 ray.init(
                     address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
@@ -178,6 +182,8 @@ class RayLauncher(Launcher):
                 )
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise ConfigError(f"{src}: cluster.address: cannot connect to Ray at {cl.address!r}: {err}") from None
+            finally:
+                _restore_signal_handlers(handlers)
             _owned = True
         # else: this process is a Ray driver already (another orchestrator, or an embedding program)
         _users += 1
@@ -235,6 +241,19 @@ class RayLauncher(Launcher):
             if _users == 0 and _owned:
                 _owned = False
                 ray.shutdown()
+
+
+def _signal_handlers() -> dict[int, Any]:
+    """SIGINT/SIGTERM handlers now (empty off the main thread, where they cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 def _check_reachable(address: str, src: str) -> None:

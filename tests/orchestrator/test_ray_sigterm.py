@@ -1,0 +1,61 @@
+"""`omni-run` on a Ray cluster it started itself (`address: local`) still shuts down in order on SIGTERM.
+
+ray.init installs its own SIGTERM handler (it aborts the process); the Ray backend puts omni-run's back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+
+pytest.importorskip("ray")
+
+READY_TIMEOUT_S = 120.0
+"""Ray's own start (a local cluster) plus three workers."""
+EXIT_TIMEOUT_S = 60.0
+
+
+async def test_sigterm_stops_omni_run_in_order_after_ray_started_in_process(tmp_path: Path) -> None:
+    port = free_port()
+    deploy = {
+        "pipeline": "synthetic",
+        "cluster": {"backend": "ray", "address": "local"},
+        "server": {"host": "127.0.0.1", "port": port},
+        "stages": [{"stage_id": s, "resources": {"CPU": 0.5}} for s in range(3)],
+    }
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump(deploy))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "omni_actors.cli", "--deploy", str(path),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+
+        async def until(text: str) -> None:
+            while True:
+                line = (await proc.stderr.readline()).decode(errors="replace")
+                if not line:
+                    raise AssertionError(f"omni-run ended before {text!r}:\n{''.join(seen)}")
+                seen.append(line)
+                if text in line:
+                    return
+
+        await asyncio.wait_for(until("server.ready"), READY_TIMEOUT_S)
+        proc.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(proc.communicate(), EXIT_TIMEOUT_S)
+        seen.append((rest or b"").decode(errors="replace"))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    out = "".join(seen)
+    assert proc.returncode == 0, out
+    assert "server.stopped" in out, out
