@@ -18,6 +18,7 @@ Each fenced block on a page follows a marker comment, invisible when the page is
 only in the slow test. A page's blocks run in order in one temporary folder with `omni-run` on
 PATH; `localhost:8000` and `127.0.0.1:8000` in a block mean the page's server; paths under
 `/models/` (real checkpoints the page names) become empty folders under the page's folder.
+`omni-run make-tiny NAME DIR` runs once per NAME in the module; later pages get a copy of that folder.
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ class GuideServer(OmniRun):
 class PageRun:
     """Runs one page's blocks in order in `folder`."""
 
-    def __init__(self, page: Path, folder: Path) -> None:
-        self.page, self.folder = page, folder
+    def __init__(self, page: Path, folder: Path, tiny: Path) -> None:
+        self.page, self.folder, self.tiny = page, folder, tiny
         self.server: GuideServer | None = None
         bindir = Path(sys.executable).parent
         assert (bindir / "omni-run").exists(), "omni-run is not installed beside this Python"
@@ -186,6 +187,13 @@ class PageRun:
         assert deploys and all(d.pipeline for d in deploys), cmd
 
     def shell(self, block: Block, cmd: str, status: int) -> str:
+        argv = shlex.split(cmd)
+        if argv[:2] == ["omni-run", "make-tiny"] and len(argv) == 4 and status == 0:
+            made = self.tiny / argv[2]
+            if not made.exists():
+                self.proc(block, [*argv[:3], str(made)], 0)
+            shutil.copytree(made, self.folder / argv[3])
+            return ""
         return self.proc(block, ["bash", "-e", "-c", cmd], status, stderr=True)
 
     def proc(self, block: Block, argv: list[str], status: int, stderr: bool = False) -> str:
@@ -220,8 +228,14 @@ class PageRun:
             self.server.kill()
 
 
-def run_page(page: Path, folder: Path, slow: bool) -> None:
-    run = PageRun(page, folder)
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's tiny folders, one per make-tiny name (each page copies them)."""
+    return tmp_path_factory.mktemp("tiny")
+
+
+def run_page(page: Path, folder: Path, tiny: Path, slow: bool) -> None:
+    run = PageRun(page, folder, tiny)
     try:
         for block in blocks(page):
             if slow or not block.slow:
@@ -232,14 +246,14 @@ def run_page(page: Path, folder: Path, slow: bool) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_guide_page_runs(page: Path, tmp_path: Path) -> None:
-    run_page(page, tmp_path, slow=False)
+def test_guide_page_runs(page: Path, tmp_path: Path, tiny: Path) -> None:
+    run_page(page, tmp_path, tiny, slow=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if any(b.slow for b in blocks(p))], ids=lambda p: p.name)
-def test_guide_page_runs_with_its_slow_blocks(page: Path, tmp_path: Path) -> None:
-    run_page(page, tmp_path, slow=True)
+def test_guide_page_runs_with_its_slow_blocks(page: Path, tmp_path: Path, tiny: Path) -> None:
+    run_page(page, tmp_path, tiny, slow=True)
 
 
 def test_every_block_is_marked_and_every_page_listed() -> None:
