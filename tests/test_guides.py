@@ -6,7 +6,7 @@ Each fenced block on a page follows a marker comment, invisible when the page is
 
     serve   bash: every line but the last runs to completion; the last, an `omni-run`, is started
             with `--host 127.0.0.1 --port P` added and serves the page's later blocks until the
-            page ends (then SIGTERM, exit 0, nothing left behind)
+            page ends (then Ctrl-C: SIGINT, exit 0, nothing left behind)
     shell   bash, run to completion: exit status `exit` (default 0); each file a `-o FILE` names
             must be written and not empty
     python  run as its own Python process (the unmodified `openai` SDK as client)
@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,7 @@ class GuideServer(OmniRun):
         self.seen_workers = set()
 
     def stop(self) -> None:
-        self.signal(signal.SIGTERM)
+        self.signal(signal.SIGINT)  # Ctrl-C, as the pages say
         assert self.wait(STOP_TIMEOUT_S) == 0, self.output
         self.assert_clean(workers_timeout_s=15.0)
 
@@ -124,6 +125,7 @@ class PageRun:
 
     def __init__(self, page: Path, folder: Path, tiny: Path) -> None:
         self.page, self.folder, self.tiny = page, folder, tiny
+        self.ray_tmp = tempfile.mkdtemp(prefix="omni-guide-ray-", dir="/tmp")  # (short: Ray's socket paths)
         self.server: GuideServer | None = None
         bindir = Path(sys.executable).parent
         assert (bindir / "omni-run").exists(), "omni-run is not installed beside this Python"
@@ -133,6 +135,7 @@ class PageRun:
             "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
             "CURL_HOME": str(folder), "OMNI_DATA_DIR": str(folder / "data"),
             "OMNI_RUNTIME_DIR": str(folder / "runtime"), "OMNI_LOG_JSON": "0", "OMP_NUM_THREADS": "1",
+            "RAY_TMPDIR": self.ray_tmp,  # a Ray cluster that a page starts keeps its files here
         }
         for path in set(MODELS.findall(page.read_text())):
             (folder / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
@@ -226,6 +229,7 @@ class PageRun:
     def kill(self) -> None:
         if self.server is not None:
             self.server.kill()
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
