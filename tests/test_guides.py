@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from omni_actors.cli import load_from_args, parse_serve_args
-from omni_actors.config.deploy import load_deploys
+from omni_actors.config.deploy import DeployConfig, load_deploys
 from tests.conftest import free_port
 from tests.shutdown_support import OmniRun, runtime_dirs
 
@@ -94,6 +94,17 @@ def commands(code: str) -> list[str]:
     """Shell commands of a bash block: comment lines dropped, continuation lines joined."""
     joined = re.sub(r"\\\n", " ", re.sub(r"(?m)^\s*#.*\n", "", code))
     return [c.strip() for c in joined.split("\n") if c.strip()]
+
+
+def check_vllm_extras(deploy: DeployConfig) -> None:
+    """A vLLM stage's engine_extras are keys the vLLM engine takes (it refuses others only at start)."""
+    from omni_actors.config.pipeline import get_pipeline
+    from omni_actors.workers.engines.vllm_backend import KNOWN_EXTRAS
+
+    for stage in get_pipeline(deploy.pipeline).stages:
+        if stage.engine.endswith(":VllmAREngine"):
+            unknown = set(deploy.stage(stage.stage_id).engine_extras) - KNOWN_EXTRAS
+            assert not unknown, f"{deploy.source}: stage {stage.stage_id}: engine_extras {sorted(unknown)}"
 
 
 class GuideServer(OmniRun):
@@ -154,7 +165,8 @@ class PageRun:
                 assert block.name, f"{block}: a file block needs a NAME"
                 (self.folder / block.name).write_text(code)
                 if block.name.endswith((".yaml", ".yml")):
-                    assert load_deploys(self.folder / block.name), block
+                    for deploy in load_deploys(self.folder / block.name):
+                        check_vllm_extras(deploy)
             case "check":
                 for cmd in commands(code):
                     self.check(block, cmd)
@@ -187,7 +199,9 @@ class PageRun:
             pytest.fail(f"{block}: {cmd!r} does not parse (exit {exit_.code})")
         finally:
             os.chdir(cwd)
-        assert deploys and all(d.pipeline for d in deploys), cmd
+        assert deploys, cmd
+        for deploy in deploys:
+            check_vllm_extras(deploy)
 
     def shell(self, block: Block, cmd: str, status: int) -> str:
         argv = shlex.split(cmd)
