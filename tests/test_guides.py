@@ -285,3 +285,15 @@ def test_every_block_is_marked_and_every_page_listed() -> None:
         assert all(b.kind in KINDS for b in found), page.name
         assert f"({page.name})" in index, f"{page.name} is not listed in docs/guides/README.md"
     assert "docs/guides/" in (ROOT / "README.md").read_text()
+
+
+def test_the_field_lists_in_deploy_file_md_are_the_deploy_schema() -> None:
+    """Every stage and server field is listed, and every name listed is a field."""
+    from omni_actors.config.deploy import ServerConfig, StageDeploy
+
+    text = (GUIDES / "deploy-file.md").read_text()
+    for lead, struct, skip in (("Stage fields", StageDeploy, {"stage_id"}), ("Server fields", ServerConfig, set())):
+        paragraph = re.search(rf"^{lead} .*?\n\n", text, re.S | re.M)
+        assert paragraph, lead
+        listed = set(re.findall(r"`(\w+)`", paragraph.group(0))) - {"stages", "server"} - skip
+        assert listed == set(struct.__struct_fields__) - skip, (lead, listed ^ (set(struct.__struct_fields__) - skip))
