@@ -8,19 +8,15 @@ prompt, and custom voices refused (no cloning here).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import openai
 import pytest
 
-from omni_actors.models.tiny import make_tiny
 from tests.api.conftest import Server
 from tests.models.speech_family import (  # noqa: F401 - the shared tests, collected here
     TEXT,
     Family,
     _wav,
-    serve_family,
+    family_fixtures,
     test_audio_at_the_family_rate_deterministic_for_a_seed,
     test_detected_served_and_voices_listed,
     test_every_format_decodes,
@@ -37,25 +33,7 @@ FAMILY = Family(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def fam() -> Family:
-    return FAMILY
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_tiny(FAMILY.pipeline, tmp_path_factory.mktemp("models") / FAMILY.model, seed=0)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("data")
-
-
-@pytest.fixture(scope="module")
-async def srv(model_dir, data_dir) -> AsyncIterator[Server]:
-    async with serve_family(model_dir, data_dir) as server:
-        yield server
+fam, model_dir, data_dir, srv = family_fixtures(FAMILY)
 
 
 async def test_instructions_are_the_style_prompt_and_speakers_differ(
