@@ -183,6 +183,8 @@ class BatchedPipelineEngine(StageEngine):
     (`_parse`), and start (`_start_batch`) and step batches themselves."""
 
     KIND = "pipeline"
+    _max_batch = 1
+    """Requests one batch may hold; subclasses set it from the deploy."""
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -213,7 +215,7 @@ class BatchedPipelineEngine(StageEngine):
         came in a busy spell (soon after a batch ended)."""
         if self._running is not None or not self._queue or self._ended_at is None or self._queued_at is None:
             return 0.0
-        if len(self._queue) >= getattr(self, "_max_batch", 1):
+        if len(self._queue) >= self._max_batch:
             return 0.0
         if self._queued_at - self._ended_at > BUSY_AFTER_BATCH_S:
             return 0.0
