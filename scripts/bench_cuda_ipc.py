@@ -16,6 +16,17 @@ consumer, an IPC event per handoff: bus.cuda_ipc's fast path) and "torch"
 two never map one allocation in the consumer at once). "message": the same Feed
 without the tensor, what the bus itself costs per handoff.
 
+Phases (p50 each, so a run says where the time goes): the producer's encode
+and send, the consumer's wait for the message, decode, and stream sync.
+
+Streamed ("stream_*"): what a stage that streams chunks sees. The producer
+sends `rounds` handoffs back to back from a pool of POOL tensors (each mapped
+by the consumer in a warm-up pass, as a stepping stage's blocks are), without
+waiting for each Release; the consumer decodes and syncs each. Bandwidth is
+rounds x size over the producer's first send stamp to the consumer's last
+synced stamp; its baseline is `rounds` back-to-back device-to-device copies of
+the same tensors, synchronized at the end.
+
 Baseline, same run, in the producer: `dst.copy_(src)` of the same tensor on the
 same device (device-to-device copy), synchronized. Target: handoff speed >= 0.5x
 the copy's (`speed_vs_d2d_copy` = copy p50 / segment handoff p50; the message-less
@@ -47,6 +58,8 @@ from omni_actors.bus.shm import SegmentCache
 EXIT_TIMEOUT_S = 60.0
 RECV_TIMEOUT_MS = 60_000
 PATHS = ("torch", "segment")
+POOL = 8
+"""Tensors the streamed phase cycles through."""
 
 
 def _sock(endpoint: str, bind: bool) -> tuple[zmq.Context, zmq.Socket]:
@@ -71,6 +84,7 @@ def producer(endpoint: str, mib: int, rounds: int) -> None:
     codecs["torch"].cuda_export = None  # torch's reduction only
     n = mib * (1 << 20) // 2
     copies: list[float] = []
+    phases: dict[str, list[float]] = {"encode": [], "send": []}
     for path in PATHS:
         codec = codecs[path]
         for _ in range(rounds):
@@ -87,7 +101,11 @@ def producer(endpoint: str, mib: int, rounds: int) -> None:
             torch.cuda.synchronize()
             sent = time.perf_counter()
             payload = codec.encode({"x": src, "sent": sent, "checksum": checksum, "path": path})
+            encoded = time.perf_counter()
             sock.send(m.encode(m.Feed("bench", 0, payload)))
+            if path == "segment":
+                phases["encode"].append(encoded - sent)
+                phases["send"].append(time.perf_counter() - encoded)
             reply = m.decode(sock.recv())
             assert isinstance(reply, m.Release)
             codec.free([ref.lease for ref in reply.leases])
@@ -96,10 +114,38 @@ def producer(endpoint: str, mib: int, rounds: int) -> None:
             sock.send(m.encode(m.Feed("bench", 0, m.Payload(data={"sent": sent, "path": "message"}))))
             assert isinstance(m.decode(sock.recv()), m.Release)
         assert codec.leased == 0, f"{path}: {codec.leased} leases never came back"
+    stream = _stream(sock, codecs["segment"], n, rounds)
     exporter = codecs["segment"].cuda_export
-    sock.send(msgspec.json.encode({"copy_s": copies, "segment_path_off": exporter.unavailable if exporter else None}))
+    sock.send(msgspec.json.encode({"copy_s": copies, "segment_path_off": exporter.unavailable if exporter else None,
+                                   "phases": phases, **stream}))
     sock.close(0)
     ctx.term()
+
+
+def _stream(sock: zmq.Socket, codec: PayloadCodec, n: int, rounds: int) -> dict[str, float]:
+    """Streamed handoffs from a pool (mapped in a warm-up pass), then the same copies back to back."""
+    import torch
+
+    pool = [torch.randn(n, device="cuda", dtype=torch.float32).to(torch.bfloat16) for _ in range(POOL)]
+    sums = [_checksum(t) for t in pool]
+    torch.cuda.synchronize()
+    for warm, count in ((True, POOL), (False, rounds)):
+        t0 = time.perf_counter()
+        for i in range(count):
+            k = i % POOL
+            payload = codec.encode({"x": pool[k], "sent": t0, "checksum": sums[k], "path": "warm" if warm else "stream"})
+            sock.send(m.encode(m.Feed("bench", 0, payload)))
+        for _ in range(count):
+            reply = m.decode(sock.recv())
+            assert isinstance(reply, m.Release)
+            codec.free([ref.lease for ref in reply.leases])
+    dst = torch.empty_like(pool[0])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(rounds):
+        dst.copy_(pool[i % POOL])
+    torch.cuda.synchronize()
+    return {"stream_copy_s": time.perf_counter() - t0}
 
 
 def consumer(endpoint: str, rounds: int) -> None:
@@ -108,13 +154,16 @@ def consumer(endpoint: str, rounds: int) -> None:
     torch.cuda.init()
     ctx, sock = _sock(endpoint, bind=True)
     codec = PayloadCodec("consumer", None, SegmentCache())
-    times: dict[str, list[float]] = {"torch": [], "segment": [], "message": []}
-    paths_seen: dict[str, set[str]] = {"torch": set(), "segment": set()}
+    times: dict[str, list[float]] = {"torch": [], "segment": [], "message": [], "stream": [], "warm": []}
+    phases: dict[str, list[float]] = {"wait": [], "decode": [], "sync": []}
+    paths_seen: dict[str, set[str]] = {}
     bad = 0
-    for _ in range(2 * len(PATHS) * rounds):
+    for _ in range(2 * len(PATHS) * rounds + POOL + rounds):
         msg = m.decode(sock.recv())
+        received = time.perf_counter()
         assert isinstance(msg, m.Feed)
         data = codec.decode(msg.payload)
+        decoded = time.perf_counter()
         path = data["path"]
         if path == "message":
             times[path].append(time.perf_counter() - data["sent"])
@@ -122,16 +171,24 @@ def consumer(endpoint: str, rounds: int) -> None:
             continue
         x = data["x"]
         torch.cuda.current_stream().synchronize()
-        times[path].append(time.perf_counter() - data["sent"])
+        synced = time.perf_counter()
+        times[path].append(synced - data["sent"])
+        if path == "segment":
+            phases["wait"].append(received - data["sent"])
+            phases["decode"].append(decoded - received)
+            phases["sync"].append(synced - decoded)
         ref = msg.payload.arrays["x"]
-        paths_seen[path].add("segment" if ref.cuda_segment else "torch" if ref.cuda else "host")
-        if not (x.is_cuda and x.dtype == torch.bfloat16) or abs(_checksum(x) - data["checksum"]) > 1e-3 * max(
+        paths_seen.setdefault(path, set()).add("segment" if ref.cuda_segment else "torch" if ref.cuda else "host")
+        checked = path != "stream"  # (the streamed pool's bytes are checked in its warm-up pass)
+        if not (x.is_cuda and x.dtype == torch.bfloat16) or (checked and abs(_checksum(x) - data["checksum"]) > 1e-3 * max(
             1.0, abs(data["checksum"])
-        ):
+        )):
             bad += 1
         del x, data
         if path == "segment" and len(times[path]) == rounds:
             codec.cuda_import.close()  # (nothing mapped is left behind)
+        if path == "stream" and len(times[path]) == rounds:
+            codec.cuda_import.close()
         released = leases_released_on_receipt(msg.payload) + codec.cuda_released()
         sock.send(m.encode(m.Release(released)))
     result = msgspec.json.decode(sock.recv())
@@ -139,7 +196,7 @@ def consumer(endpoint: str, rounds: int) -> None:
     print(json.dumps({
         "times": times, "copy_s": result["copy_s"], "bad_rounds": bad, "segment_path_off": result["segment_path_off"],
         "paths_seen": {k: sorted(v) for k, v in paths_seen.items()}, "opens": imp.opens, "reuses": imp.reuses,
-        "mapped_after": imp.mapped,
+        "mapped_after": imp.mapped, "phases": {**result["phases"], **phases}, "stream_copy_s": result["stream_copy_s"],
     }), flush=True)
     codec.close()
     sock.close(0)
@@ -187,7 +244,11 @@ def main() -> int:
         "handoff_gbps": round(a.mib / 1024 / seg, 1), "d2d_copy_gbps": round(a.mib / 1024 / copy, 1),
         "speed_vs_d2d_copy": round(copy / seg, 2),
         "speed_vs_d2d_copy_without_message": round(copy / max(seg - msg, 1e-9), 2),
-        "torch_path_speed_vs_d2d_copy": round(copy / tor, 2), "target": 0.5,
+        "torch_path_speed_vs_d2d_copy": round(copy / tor, 2),
+        "phases_p50_us": {k: round(_p50(v) * 1e6, 1) for k, v in r["phases"].items()},
+        "stream_gbps": round(a.rounds * a.mib / 1024 / max(t["stream"]), 1),
+        "stream_copy_gbps": round(a.rounds * a.mib / 1024 / r["stream_copy_s"], 1),
+        "stream_speed_vs_d2d_copy": round(r["stream_copy_s"] / max(t["stream"]), 2), "target": 0.5,
     }))
     return 0
 
