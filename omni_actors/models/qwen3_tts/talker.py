@@ -35,6 +35,7 @@ import torch
 
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.models.qwen3_tts import VOICES
+from omni_actors.models.qwen3_tts.clone import CloneEncoder
 from omni_actors.models.qwen3_tts.modules import load_talker
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,
@@ -67,12 +68,7 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
         self.model, spk_encoder, config = load_talker(path, self.ctx.device, self.load_dtype())
-        if spk_encoder is not None:
-            raise ValueError(
-                f"{path}: a Base (voice cloning) Qwen3-TTS checkpoint; its weights load, but the cloning "
-                "prompt (speaker embedding + reference codes) is not implemented here: serve a CustomVoice "
-                "or VoiceDesign checkpoint"
-            )
+        self.clone = None if spk_encoder is None else CloneEncoder(path, spk_encoder, self.ctx.device)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as err:
@@ -120,6 +116,20 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         text = inputs.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ValueError("qwen3_tts: inputs need a non-empty 'text'")
+        ref = inputs.get("reference_audio")
+        if self.clone is not None:
+            if ref is None:
+                raise ValueError("qwen3_tts: a Base checkpoint speaks only in a custom voice (reference_audio)")
+            if inputs.get("instructions"):
+                raise ValueError("qwen3_tts: a Base checkpoint takes no instructions")
+            seq.data = {
+                "text": text, "voice": "", "instructions": None, "frame": None, "trailing": None,
+                "ref_audio": np.array(ref, dtype=np.float32).reshape(-1),
+                "ref_text": str(inputs.get("reference_text") or "").strip(), "context": None,
+            }  # fmt: skip
+            return
+        if ref is not None:
+            raise ValueError("qwen3_tts: only Base checkpoints speak in a custom voice")
         voice = str(
             inputs.get("voice") or (next(iter(self.speakers), "") if self.speakers else "")
         ).lower()
@@ -129,6 +139,7 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         seq.data = {
             "text": text, "voice": voice if self.speakers else "", "frame": None,
             "instructions": str(instructions) if instructions else None, "trailing": None,
+            "ref_audio": None, "context": None,
         }  # fmt: skip
 
     def _ids(self, text: str) -> torch.Tensor:
@@ -156,15 +167,42 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             ]
         if d["voice"]:
             head.append(self.speakers[d["voice"]])
-        codec = m.get_input_embeddings()(
-            torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=self.ctx.device)
-        )
+        embed = m.get_input_embeddings()
+        dev = self.ctx.device
+        codec = embed(torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=dev))
+        if d["ref_audio"] is not None:  # the clip's speaker embedding in the speaker's place
+            row = self.clone.speaker_row(d["ref_audio"], m.dtype).to(codec.dtype)
+            codec = torch.cat([codec[: len(head)], row[None], codec[len(head) :]])
         pads = self.tts_pad.expand(codec.shape[0] - 2, -1)
         parts.append(torch.cat([pads, self.tts_bos[None]]) + codec[:-1])
-        rows = m.text(text)
-        parts.append(rows[:1] + codec[-1:])
-        d["trailing"] = torch.cat([rows[1:], self.tts_eos[None]])
+        if d["ref_audio"] is not None and d["ref_text"]:
+            rows, d["trailing"] = self._in_context(d, text, codec[-1:])
+            parts.append(rows)
+        else:
+            rows = m.text(text)
+            parts.append(rows[:1] + codec[-1:])
+            d["trailing"] = torch.cat([rows[1:], self.tts_eos[None]])
         return StepInputs(torch.cat(parts).to(m.dtype))
+
+    def _in_context(self, d: dict[str, Any], text: torch.Tensor, bos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """In-context cloning: the clip's transcript then the text, over codec-bos and the clip's frames.
+
+        Text rows (transcript + text + tts-eos) and codec rows (bos + one summed row per clip frame)
+        are added position by position; the longer text's rest is fed one row per step, a shorter
+        one is padded with tts-pad. The clip's codes go to the codec stage as left context."""
+        m = self.model
+        ref = self.clone.codes(d["ref_audio"])  # [frames, groups]
+        d["context"] = ref.cpu().numpy().astype(np.int64)
+        ref = ref.to(self.ctx.device)
+        tables = [m.get_input_embeddings(), *m.code_predictor.get_input_embeddings()]
+        frames = sum(tables[g](ref[:, g]) for g in range(self.groups))
+        codec = torch.cat([bos, frames])
+        texts = torch.cat([m.text(torch.cat([self._ids(d["ref_text"]), text])), self.tts_eos[None]])
+        n = codec.shape[0]
+        if texts.shape[0] > n:
+            return texts[:n] + codec, texts[n:]
+        pad = self.tts_pad.expand(n - texts.shape[0], -1)
+        return torch.cat([texts, pad]) + codec, texts[:0]
 
     def _trailing(self, seq: ARSeq) -> torch.Tensor:
         rows, k = seq.data["trailing"], len(seq.tokens) - 1
@@ -200,8 +238,11 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             )
             host = codes.cpu().numpy().astype(np.int64)
             for j, i in enumerate(live):
-                seqs[i].data["frame"] = frames[j]
+                d = seqs[i].data
+                d["frame"] = frames[j]
                 results[i] = ({"codes": host[j : j + 1]}, False)
+                if d["context"] is not None:  # with the first frame: the clip the talker continues
+                    results[i][0]["context_codes"], d["context"] = d["context"], None
         return results
 
 
