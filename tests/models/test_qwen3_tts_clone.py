@@ -14,7 +14,11 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+import torch
 
+from omni_actors.models.qwen3_tts.talker import Qwen3TTSTalkerAdapter
+from omni_actors.workers.engine import EngineContext
+from omni_actors.workers.engines.hf_ar_adapter import ARSeq
 from tests.api.conftest import Server, eventually, idle
 from tests.models.speech_family import TEXT, Family, _wav, family_fixtures
 
@@ -37,14 +41,15 @@ def _tone(hz: float, seconds: float = CLIP_S, rate: int = 16000) -> bytes:
 
 @pytest.fixture(scope="module")
 async def voices(srv: Server) -> dict[str, str]:
-    """Three custom voices under one consent: a low tone with and without its transcript, and a high tone."""
+    """Custom voices under one consent: a low tone with and without its transcript, a high tone, a 20 ms blip."""
     client = srv.client()
     consent = await client.audio.voice_consents.create(recording=("consent.wav", _tone(200, 1.0), "audio/wav"),
                                                        language="en-US", name="me")
     made = {}
-    for name, hz, transcript in (("low", 180, "A low hum."), ("low_untold", 180, None), ("high", 700, "A whistle.")):
+    for name, hz, transcript, seconds in (("low", 180, "A low hum.", CLIP_S), ("low_untold", 180, None, CLIP_S),
+                                          ("high", 700, "A whistle.", CLIP_S), ("blip", 500, None, 0.02)):
         extra = {"transcript": transcript} if transcript else {}
-        voice = await client.audio.voices.create(audio_sample=(f"{name}.wav", _tone(hz), "audio/wav"),
+        voice = await client.audio.voices.create(audio_sample=(f"{name}.wav", _tone(hz, seconds), "audio/wav"),
                                                  consent=consent.id, name=name, extra_body=extra)
         made[name] = voice.id
     return made
@@ -105,3 +110,44 @@ async def test_base_refuses_builtin_voices_no_voice_and_instructions(srv: Server
     with pytest.raises(openai.BadRequestError) as err:
         await client.audio.speech.create(model=FAMILY.model, input=TEXT, voice={"id": "voice_missing"})
     assert err.value.body["param"] == "voice"
+    with pytest.raises(openai.BadRequestError) as err:  # too short for a speaker embedding
+        await client.audio.speech.create(model=FAMILY.model, input=TEXT, voice={"id": voices["blip"]})
+    assert "too short" in err.value.body["message"]
+    await eventually(lambda: idle(srv.orch))
+
+
+def test_the_clone_prompt_layout(model_dir) -> None:
+    """In process: the speaker embedding takes the speaker's row; with a transcript the clip's frames follow
+    codec-bos under transcript + text; without one only the speaker row clones."""
+    ctx = EngineContext(stage_id=0, replica=0, model_stage="talker", model_path=model_dir, device="cpu",
+                        max_num_seqs=2, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
+                        engine_extras={})  # fmt: skip
+    talker = Qwen3TTSTalkerAdapter(ctx)
+    model = talker.load()
+    clip, _ = sf.read(io.BytesIO(_tone(180, rate=24000)), dtype="float32")
+    spk = talker.clone.speaker_row(clip, torch.float32)
+    tc, ids = talker.tc, (lambda t: talker.tokenizer(t, add_special_tokens=False).input_ids)
+    codec = model.get_input_embeddings()
+    role = len(ids("<|im_start|>assistant\n"))  # (3 tokens in Qwen's vocabulary, more in the tiny one)
+    head = 3  # nothink, think-bos, think-eos (the language is automatic)
+    for transcript in ("A low hum.", None):
+        seq = ARSeq("r", {}, False)
+        talker.start(seq, {"text": TEXT, "reference_audio": clip, "reference_text": transcript})
+        with torch.inference_mode():
+            rows = talker.prefill(seq).embeds
+            torch.testing.assert_close(rows[role + head], talker.tts_pad + spk)
+            bos = codec(torch.tensor(tc["codec_bos_id"]))
+            text = (ids(transcript) if transcript else []) + ids(TEXT)  # each tokenized alone, as the original
+            first = model.text(torch.tensor(text[:1]))[0]
+            torch.testing.assert_close(rows[role + head + 2], first + bos)
+        d = seq.data
+        if transcript is None:
+            assert rows.shape[0] == role + head + 3 and d["context"] is None
+            assert d["trailing"].shape[0] == len(text)  # the text's rest, then tts-eos
+        else:
+            frames = -(-clip.size // 1920)
+            assert d["context"].shape == (frames, tc["num_code_groups"])
+            assert rows.shape[0] == role + head + 2 + 1 + frames
+            assert d["trailing"].shape[0] == max(0, len(text) + 1 - (1 + frames))
+    with pytest.raises(ValueError, match="custom voice"):
+        talker.start(ARSeq("r", {}, False), {"text": TEXT, "voice": "vivian"})

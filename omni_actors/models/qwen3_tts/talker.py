@@ -17,8 +17,25 @@ and the remaining text tokens are fed one per step while the frames come.
 A named speaker with a dialect (`spk_is_dialect`) selects that dialect's
 language code, as the original does when the language is automatic.
 
+Base checkpoints (a `speaker_encoder`) clone a custom voice's clip (clone.py), as
+the original's voice-clone prompt in its streaming text mode:
+  - the clip's speaker embedding is the speaker row (where a named speaker's code goes);
+  - with the clip's transcript (in-context mode), the rows after the tts-bos row add
+    T(transcript tokens, text tokens, tts-eos) to C(bos), then one row per clip frame
+    (the sum of its code groups' embeddings: the talker's codec table for group 0, the
+    code predictor's `codec_embedding` for the others), position by position; text
+    rows left over are fed one per step, a shorter text is padded with tts-pad. The
+    clip's codes go with the first frame to the codec stage ("context_codes"), which
+    decodes them as left context and sends none of their audio;
+  - without a transcript only the speaker row clones (the original's x-vector-only mode)
+    and the text follows as for a named speaker.
+A Base checkpoint speaks only in a custom voice and takes no instructions (the
+original's voice-clone call has neither a speaker nor an instruct text).
+
 Inputs: {"text": str, "voice": a speaker name (CustomVoice), optional
-"instructions": str}. Outputs per step: {"codes": int64 [1, num_code_groups]};
+"instructions": str; Base: "reference_audio" float32 [samples] at 24 kHz and
+"reference_text": str or None}. Outputs per step: {"codes": int64 [1, num_code_groups]},
+the first also {"context_codes": int64 [clip frames, groups]} in in-context mode;
 the stop code ends the request and is not emitted. Sampling: generation_config.json
 (temperature, top_k, top_p, repetition_penalty, max_new_tokens) < deploy
 defaults < request params; the code predictor takes the file's subtalker_dosample /
@@ -35,7 +52,7 @@ import torch
 
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.models.qwen3_tts import VOICES
-from omni_actors.models.qwen3_tts.clone import CloneEncoder
+from omni_actors.models.qwen3_tts.clone import MIN_SAMPLES, CloneEncoder
 from omni_actors.models.qwen3_tts.modules import load_talker
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,
@@ -122,9 +139,12 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
                 raise ValueError("qwen3_tts: a Base checkpoint speaks only in a custom voice (reference_audio)")
             if inputs.get("instructions"):
                 raise ValueError("qwen3_tts: a Base checkpoint takes no instructions")
+            audio = np.array(ref, dtype=np.float32).reshape(-1)
+            if audio.size < MIN_SAMPLES:
+                raise ValueError(f"qwen3_tts: the custom voice's clip is too short ({audio.size} samples at 24 kHz)")
             seq.data = {
                 "text": text, "voice": "", "instructions": None, "frame": None, "trailing": None,
-                "ref_audio": np.array(ref, dtype=np.float32).reshape(-1),
+                "ref_audio": audio,
                 "ref_text": str(inputs.get("reference_text") or "").strip(), "context": None,
             }  # fmt: skip
             return
