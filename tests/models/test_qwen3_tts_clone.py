@@ -7,7 +7,9 @@ the clip's codes in context); built-in names, no voice and `instructions` are 40
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 
 import aiohttp
 import numpy as np
@@ -83,9 +85,6 @@ async def test_sse_stream_of_a_cloned_voice_matches_the_whole_answer(srv: Server
                                                                         json=body) as resp:
         assert resp.status == 200
         data = [line async for line in resp.content if line.startswith(b"data: ")]
-    import base64
-    import json
-
     events = [json.loads(line[6:]) for line in data]
     pcm = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
     streamed = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
@@ -151,3 +150,27 @@ def test_the_clone_prompt_layout(model_dir) -> None:
             assert d["trailing"].shape[0] == max(0, len(text) + 1 - (1 + frames))
     with pytest.raises(ValueError, match="custom voice"):
         talker.start(ARSeq("r", {}, False), {"text": TEXT, "voice": "vivian"})
+
+
+async def test_text_in_socket_speaks_in_a_cloned_voice(srv: Server, voices) -> None:
+    """The text-in socket: without a voice a Base model's text is an `error` (the session lives on);
+    with a custom voice the first clause speaks before input_text.done."""
+    async with aiohttp.ClientSession(headers=srv.headers) as s, s.ws_connect(
+            srv.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+        await ws.send_json({"type": "session.update", "session": {"voice": "alloy"}})
+        err = await ws.receive_json()
+        assert err["type"] == "error" and err["error"]["param"] == "voice"
+        await ws.send_json({"type": "session.update", "session": {"voice": {"id": voices["low"]}, "seed": 3}})
+        assert (await ws.receive_json())["type"] == "session.updated"
+        await ws.send_json({"type": "input_text.append", "text": "Hello there, friend. And"})
+        first = await ws.receive_json()
+        assert first["type"] == "speech.audio.delta"
+        await ws.send_json({"type": "input_text.append", "text": " goodbye."})
+        await ws.send_json({"type": "input_text.done"})
+        events = [first]
+        while events[-1]["type"] != "speech.audio.done":
+            events.append(await ws.receive_json())
+        pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert len(pcm) % (2 * FAMILY.frame) == 0 and len(pcm) >= 3 * 2 * FAMILY.frame
+    await eventually(lambda: idle(srv.orch), timeout_s=10)
