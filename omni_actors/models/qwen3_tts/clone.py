@@ -12,7 +12,9 @@
   `encoder_valid_num_quantizers` code groups, ceil(samples / 1920) frames.
 
 The mel filters come from transformers' `mel_filter_bank`, which builds the same
-Slaney filters as librosa (not installed here).
+Slaney filters as librosa's `filters.mel` (the original's; librosa is not installed
+here): checked once against librosa-built Whisper filters (16 kHz, 201 bins, 80 and
+128 bands), equal to 1e-9.
 """
 
 from __future__ import annotations
