@@ -174,3 +174,20 @@ async def test_text_in_socket_speaks_in_a_cloned_voice(srv: Server, voices) -> N
         pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
         assert len(pcm) % (2 * FAMILY.frame) == 0 and len(pcm) >= 3 * 2 * FAMILY.frame
     await eventually(lambda: idle(srv.orch), timeout_s=10)
+
+
+def test_the_speaker_mel_of_a_tone_peaks_at_its_band(model_dir) -> None:
+    """128 log-mel bands, frames every 256 samples after (1024 - 256) / 2 reflect padding a side; a
+    1 kHz tone is loudest in the band whose filter peaks nearest 1 kHz."""
+    from omni_actors.models.qwen3_tts.clone import CloneEncoder
+    from omni_actors.models.qwen3_tts.modules import load_talker
+
+    _talker, spk, _ = load_talker(model_dir, "cpu", torch.float32)
+    enc = CloneEncoder(model_dir, spk, "cpu")
+    n = 24000
+    mel = enc.mel((0.5 * np.sin(2 * np.pi * 1000 * np.arange(n) / 24000)).astype(np.float32))
+    assert mel.shape == (1, (n + 768 - 1024) // 256 + 1, 128)
+    peaks = enc.filters.argmax(dim=1).float() * 24000 / 1024  # each band's peak frequency
+    loudest = int(mel[0].mean(0).argmax())
+    assert abs(float(peaks[loudest]) - 1000) < 60
+    assert float(mel.min()) >= np.log(1e-5) - 1e-4
