@@ -206,6 +206,9 @@ class Model(Struct, omit_defaults=True):
     object: Literal["model"] = "model"
     voices: list[str] | None = None
     """Built-in speech voices, for pipelines that speak (extra to OpenAI's fields)."""
+    custom_voices: bool | None = None
+    """For pipelines that speak: whether they speak in a custom voice (`voice={"id": "voice_..."}`);
+    a model with no built-in `voices` speaks only in one (extra to OpenAI's fields)."""
 
 
 class ModelList(Struct):

@@ -6,9 +6,11 @@ that also speaks) gets the fields passed through as they came.
 
     voice  a built-in name                  -> inputs["voice"]
            one of OpenAI's names            -> the built-in voice at its index (mod the count)
-           "voice_..." or {"id": "voice_..."} (cloning pipelines) -> the default voice plus
+           "voice_..." or {"id": "voice_..."} (cloning pipelines) -> the default voice (if any) plus
                                                inputs "reference_audio" / "reference_text"
            anything else                    -> 400 listing the choices
+           A pipeline with no built-in voices (it only clones) needs a custom voice: anything else,
+           or no voice, is a 400 naming `voice`.
     instructions  pipelines with `instructions` only; else 400 naming the field
     speed  params["speed"] where the stages honour it; else the API resamples (speech_audio.py)
 """
@@ -22,7 +24,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.audio_codec import off_loop
-from omni_actors.api.errors import bad_request
+from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import VoiceRef
 from omni_actors.api.voices import voice_store
 from omni_actors.config.pipeline import PipelineConfig
@@ -48,9 +50,18 @@ def voice_choices(pipe: PipelineConfig) -> list[str]:
     return [*spec.voices, *OPENAI_VOICES] if spec else []
 
 
+def _needs_custom(pipe: PipelineConfig, given: str | None) -> ApiError:
+    what = f"voice {given!r}" if given else "a request without a voice"
+    return bad_request(f"model {pipe.name!r} has no built-in voices, it speaks only in a custom voice "
+                       f"(voice={{\"id\": \"voice_...\"}}, see /v1/audio/voices); {what} cannot be spoken",
+                       "voice", "custom_voice_required")
+
+
 def _builtin(pipe: PipelineConfig, name: str) -> str:
     spec = pipe.speech
     assert spec is not None
+    if not spec.voices:
+        raise _needs_custom(pipe, name)
     if name in spec.voices:
         return name
     if name.lower() in OPENAI_VOICES:
@@ -93,6 +104,8 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
         call.api_speed = speed
     vid = voice.id if isinstance(voice, VoiceRef) else voice
     if vid is None:
+        if not spec.voices:
+            raise _needs_custom(pipe, None)
         call.inputs["voice"] = spec.voices[0]
     elif vid.startswith(CUSTOM_PREFIX) and vid not in spec.voices:
         if not spec.cloning:
@@ -106,7 +119,9 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
             audio, rate = await off_loop(store.clip, vid)
         except (KeyError, OSError):
             raise bad_request(f"custom voice {vid!r} has no readable sample", "voice", "unknown_voice") from None
-        call.inputs.update(voice=spec.voices[0], reference_text=found.transcript,
+        if spec.voices:
+            call.inputs["voice"] = spec.voices[0]
+        call.inputs.update(reference_text=found.transcript,
                            reference_audio=await off_loop(_resample, audio, rate, spec.sample_rate))
     else:
         call.inputs["voice"] = _builtin(pipe, vid)

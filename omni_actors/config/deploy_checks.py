@@ -1,6 +1,7 @@
 """A deploy checked against its pipeline: stage ids, sizes, devices, dtype, cluster and server limits.
 
-    validate_against_pipeline(cfg, where) -> PipelineConfig   (raises ConfigError naming the field)
+    validate_against_pipeline(cfg, where) -> PipelineConfig   (raises ConfigError naming the field; its
+        `speech` read from the model folder where the pipeline names a `speech_of` hook)
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names
+import msgspec
+
+from omni_actors.config.pipeline import PipelineConfig, get_pipeline, pipeline_names, resolve
 from omni_actors.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -79,7 +82,14 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
         raise ConfigError(
             f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
         )
-    return pipe
+    return with_folder_speech(pipe, cfg.model)
+
+
+def with_folder_speech(pipe: PipelineConfig, model: str | None) -> PipelineConfig:
+    """The pipeline with its `speech` read from the model folder, where the pipeline says it differs per folder."""
+    if not pipe.speech_of or not model:
+        return pipe
+    return msgspec.structs.replace(pipe, speech=resolve(pipe.speech_of)(Path(model).expanduser()))
 
 
 def _validate_cluster(cfg: DeployConfig, src: str) -> None:

@@ -75,6 +75,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     user's audio frame by frame while it speaks (api/realtime/duplex.py, workers/engines/duplex.py)."""
     speech: SpeechSpec | None = None
     """Voices and speech options, for pipelines that make speech (config/speech.py)."""
+    speech_of: str | None = None
+    """"module:function" (model folder: Path) -> SpeechSpec, for a pipeline whose checkpoints differ in
+    what they offer the speech API (voices, cloning); it replaces `speech` once the deploy's model folder
+    is known (config/deploy_checks.py). Reads files only, without torch."""
     live_transcription: bool = False
     """A streaming recognizer: a realtime transcription session feeds each turn's audio to one streaming
     request as it arrives, and its transcript deltas go out before the turn is committed

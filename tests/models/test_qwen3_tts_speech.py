@@ -3,7 +3,8 @@ as `omni-run --model DIR` serves it.
 
 The shared checks (speech_family.py) driven by the openai SDK, one server for the
 module; plus what is this family's own: named speakers, `instructions` as the style
-prompt, and custom voices refused (no cloning here).
+prompt, and custom voices refused (a CustomVoice folder does not clone; Base folders do,
+test_qwen3_tts_clone.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tests.api.conftest import Server
 from tests.models.speech_family import (  # noqa: F401 - the shared tests, collected here
     TEXT,
     Family,
+    _clip,
     _wav,
     family_fixtures,
     test_audio_at_the_family_rate_deterministic_for_a_seed,
@@ -54,9 +56,16 @@ async def test_instructions_are_the_style_prompt_and_speakers_differ(
 
 async def test_custom_voices_and_bad_voices_are_400s(srv: Server, fam: Family) -> None:
     client = srv.client()
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.audio.speech.create(model=fam.model, input=TEXT, voice={"id": "voice_abc"})
-    assert err.value.body["param"] == "voice"
+    model = await client.models.retrieve(fam.model)
+    assert model.model_extra["custom_voices"] is False  # a CustomVoice folder: only its speakers
+    consent = await client.audio.voice_consents.create(recording=("c.wav", _clip(), "audio/wav"),
+                                                       language="en-US", name="me")
+    voice = await client.audio.voices.create(audio_sample=("v.wav", _clip(2.0), "audio/wav"),
+                                             consent=consent.id, name="mine", extra_body={"transcript": "A hum."})
+    for vid in (voice.id, "voice_abc"):  # an existing custom voice and a missing one
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.audio.speech.create(model=fam.model, input=TEXT, voice={"id": vid})
+        assert err.value.body["param"] == "voice" and "custom voice" in err.value.body["message"]
     with pytest.raises(openai.BadRequestError) as err:
         await client.audio.speech.create(model=fam.model, input=TEXT, voice="nobody")
     assert err.value.body["param"] == "voice" and "'vivian'" in err.value.body["message"]

@@ -330,3 +330,35 @@ def test_qwen3_code2wav_concurrent_equals_alone(qwen3_dir):
         _drain(engine, together)
     for rid in all_codes:
         np.testing.assert_allclose(_audio(together[rid]), _audio(alone[rid]), atol=1e-4)
+
+
+class ContextToyAdapter(ToyAdapter):
+    """ToyAdapter whose first payload may carry context codes (a clip the model continued)."""
+
+    def context_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        return torch.as_tensor(inputs["context"], dtype=torch.float32) if "context" in inputs else None
+
+
+@pytest.mark.parametrize("sizes", [[17], [1] * 17, [4, 9, 4]])
+def test_context_codes_are_left_context_and_never_sent(sizes):
+    """The audio after context codes is the whole decode's from their end on: nothing of theirs is sent."""
+    engine = GenerationEngine(_ctx(f"{__name__}:ContextToyAdapter"))
+    rng = np.random.default_rng(5)
+    context, codes = (rng.integers(1, 100, n).astype(np.float32) for n in (6, 17))
+    got: dict[str, list] = {}
+    engine.add("whole", {"codes": np.concatenate([context, codes])}, {})
+    engine.add("added", {"context": context, "codes": codes}, {})
+    _drain(engine, got)
+    tail = _audio(got["whole"])[6 * 4 :]
+    np.testing.assert_array_equal(_audio(got["added"]), tail)
+    engine.add("fed", {}, {}, streaming=True)
+    pos = 0
+    for i, size in enumerate(sizes):
+        first = {"context": context} if i == 0 else {}
+        engine.feed("fed", {**first, "codes": codes[pos : pos + size]}, last=i == len(sizes) - 1)
+        pos += size
+        _drain(engine, got)
+    np.testing.assert_array_equal(_audio(got["fed"]), tail)
+    engine.add("late", {"codes": codes[:2]}, {}, streaming=True)
+    with pytest.raises(ValueError, match="context codes"):
+        engine.feed("late", {"context": context}, last=True)

@@ -9,7 +9,10 @@ sample counting absorbs; the last window is padded with silence to whole frames
 (n * 1920 samples, the length the original reports). Weights: `speech_tokenizer/` `decoder.*`, float32
 (codec_model.py).
 
-Inputs: {"codes": int [n, num_quantizers]} (talker frames).
+Inputs: {"codes": int [n, num_quantizers]} (talker frames); a cloned voice's
+first payload also has "context_codes" (the reference clip's codes, which the
+talker continued): the decoder runs over them as left context and their audio
+is not sent, as the original decodes clip + new codes and cuts the clip's part off.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
         if "codes" not in inputs:
             return None
         return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+
+    def context_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        return self.frames_of(inputs, "context_codes", self.groups)
 
     @torch.inference_mode()
     def decode(

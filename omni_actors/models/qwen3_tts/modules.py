@@ -24,8 +24,8 @@ architecture the public checkpoint layout describes (config.json model_type
   code2wav blocks (transformers' classes are used for those and the transformer
   layers).
 - speaker encoder (`speaker_encoder.*`, Base checkpoints only): an ECAPA-TDNN, transformers'
-  Qwen2.5-Omni `ECAPA_TimeDelayNet` (the same blocks and names); loaded and checked, only needed
-  for voice cloning, which is not served (the codec's Mimi encoder likewise, codec_model.py).
+  Qwen2.5-Omni `ECAPA_TimeDelayNet` (the same blocks and names): a clip's speaker embedding for
+  voice cloning (clone.py, with the codec's Mimi encoder from codec_model.py).
 
 Every loader checks the state dict both ways: a weight the modules lack or a
 module weight the folder lacks is a ValueError naming it.

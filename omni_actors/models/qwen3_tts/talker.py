@@ -17,8 +17,25 @@ and the remaining text tokens are fed one per step while the frames come.
 A named speaker with a dialect (`spk_is_dialect`) selects that dialect's
 language code, as the original does when the language is automatic.
 
+Base checkpoints (a `speaker_encoder`) clone a custom voice's clip (clone.py), as
+the original's voice-clone prompt in its streaming text mode:
+  - the clip's speaker embedding is the speaker row (where a named speaker's code goes);
+  - with the clip's transcript (in-context mode), the rows after the tts-bos row add
+    T(transcript tokens, text tokens, tts-eos) to C(bos), then one row per clip frame
+    (the sum of its code groups' embeddings: the talker's codec table for group 0, the
+    code predictor's `codec_embedding` for the others), position by position; text
+    rows left over are fed one per step, a shorter text is padded with tts-pad. The
+    clip's codes go with the first frame to the codec stage ("context_codes"), which
+    decodes them as left context and sends none of their audio;
+  - without a transcript only the speaker row clones (the original's x-vector-only mode)
+    and the text follows as for a named speaker.
+A Base checkpoint speaks only in a custom voice and takes no instructions (the
+original's voice-clone call has neither a speaker nor an instruct text).
+
 Inputs: {"text": str, "voice": a speaker name (CustomVoice), optional
-"instructions": str}. Outputs per step: {"codes": int64 [1, num_code_groups]};
+"instructions": str; Base: "reference_audio" float32 [samples] at 24 kHz and
+"reference_text": str or None}. Outputs per step: {"codes": int64 [1, num_code_groups]},
+the first also {"context_codes": int64 [clip frames, groups]} in in-context mode;
 the stop code ends the request and is not emitted. Sampling: generation_config.json
 (temperature, top_k, top_p, repetition_penalty, max_new_tokens) < deploy
 defaults < request params; the code predictor takes the file's subtalker_dosample /
@@ -35,6 +52,7 @@ import torch
 
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.models.qwen3_tts import VOICES
+from omni_actors.models.qwen3_tts.clone import MIN_SAMPLES, CloneEncoder
 from omni_actors.models.qwen3_tts.modules import load_talker
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,
@@ -67,12 +85,7 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
         self.model, spk_encoder, config = load_talker(path, self.ctx.device, self.load_dtype())
-        if spk_encoder is not None:
-            raise ValueError(
-                f"{path}: a Base (voice cloning) Qwen3-TTS checkpoint; its weights load, but the cloning "
-                "prompt (speaker embedding + reference codes) is not implemented here: serve a CustomVoice "
-                "or VoiceDesign checkpoint"
-            )
+        self.clone = None if spk_encoder is None else CloneEncoder(path, spk_encoder, self.ctx.device)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as err:
@@ -120,6 +133,23 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         text = inputs.get("text")
         if not isinstance(text, str) or not text.strip():
             raise ValueError("qwen3_tts: inputs need a non-empty 'text'")
+        ref = inputs.get("reference_audio")
+        if self.clone is not None:
+            if ref is None:
+                raise ValueError("qwen3_tts: a Base checkpoint speaks only in a custom voice (reference_audio)")
+            if inputs.get("instructions"):
+                raise ValueError("qwen3_tts: a Base checkpoint takes no instructions")
+            audio = np.array(ref, dtype=np.float32).reshape(-1)
+            if audio.size < MIN_SAMPLES:
+                raise ValueError(f"qwen3_tts: the custom voice's clip is too short ({audio.size} samples at 24 kHz)")
+            seq.data = {
+                "text": text, "voice": "", "instructions": None, "frame": None, "trailing": None,
+                "ref_audio": audio,
+                "ref_text": str(inputs.get("reference_text") or "").strip(), "context": None,
+            }  # fmt: skip
+            return
+        if ref is not None:
+            raise ValueError("qwen3_tts: only Base checkpoints speak in a custom voice")
         voice = str(
             inputs.get("voice") or (next(iter(self.speakers), "") if self.speakers else "")
         ).lower()
@@ -129,6 +159,7 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         seq.data = {
             "text": text, "voice": voice if self.speakers else "", "frame": None,
             "instructions": str(instructions) if instructions else None, "trailing": None,
+            "ref_audio": None, "context": None,
         }  # fmt: skip
 
     def _ids(self, text: str) -> torch.Tensor:
@@ -156,15 +187,42 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             ]
         if d["voice"]:
             head.append(self.speakers[d["voice"]])
-        codec = m.get_input_embeddings()(
-            torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=self.ctx.device)
-        )
+        embed = m.get_input_embeddings()
+        dev = self.ctx.device
+        codec = embed(torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=dev))
+        if d["ref_audio"] is not None:  # the clip's speaker embedding in the speaker's place
+            row = self.clone.speaker_row(d["ref_audio"], m.dtype).to(codec.dtype)
+            codec = torch.cat([codec[: len(head)], row[None], codec[len(head) :]])
         pads = self.tts_pad.expand(codec.shape[0] - 2, -1)
         parts.append(torch.cat([pads, self.tts_bos[None]]) + codec[:-1])
-        rows = m.text(text)
-        parts.append(rows[:1] + codec[-1:])
-        d["trailing"] = torch.cat([rows[1:], self.tts_eos[None]])
+        if d["ref_audio"] is not None and d["ref_text"]:
+            rows, d["trailing"] = self._in_context(d, text, codec[-1:])
+            parts.append(rows)
+        else:
+            rows = m.text(text)
+            parts.append(rows[:1] + codec[-1:])
+            d["trailing"] = torch.cat([rows[1:], self.tts_eos[None]])
         return StepInputs(torch.cat(parts).to(m.dtype))
+
+    def _in_context(self, d: dict[str, Any], text: torch.Tensor, bos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """In-context cloning: the clip's transcript then the text, over codec-bos and the clip's frames.
+
+        Text rows (transcript + text + tts-eos) and codec rows (bos + one summed row per clip frame)
+        are added position by position; the longer text's rest is fed one row per step, a shorter
+        one is padded with tts-pad. The clip's codes go to the codec stage as left context."""
+        m = self.model
+        ref = self.clone.codes(d["ref_audio"])  # [frames, groups]
+        d["context"] = ref.cpu().numpy().astype(np.int64)
+        ref = ref.to(self.ctx.device)
+        tables = [m.get_input_embeddings(), *m.code_predictor.get_input_embeddings()]
+        frames = sum(tables[g](ref[:, g]) for g in range(self.groups))
+        codec = torch.cat([bos, frames])
+        texts = torch.cat([m.text(torch.cat([self._ids(d["ref_text"]), text])), self.tts_eos[None]])
+        n = codec.shape[0]
+        if texts.shape[0] > n:
+            return texts[:n] + codec, texts[n:]
+        pad = self.tts_pad.expand(n - texts.shape[0], -1)
+        return torch.cat([texts, pad]) + codec, texts[:0]
 
     def _trailing(self, seq: ARSeq) -> torch.Tensor:
         rows, k = seq.data["trailing"], len(seq.tokens) - 1
@@ -200,8 +258,11 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             )
             host = codes.cpu().numpy().astype(np.int64)
             for j, i in enumerate(live):
-                seqs[i].data["frame"] = frames[j]
+                d = seqs[i].data
+                d["frame"] = frames[j]
                 results[i] = ({"codes": host[j : j + 1]}, False)
+                if d["context"] is not None:  # with the first frame: the clip the talker continues
+                    results[i][0]["context_codes"], d["context"] = d["context"], None
         return results
 
 

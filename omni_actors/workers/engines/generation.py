@@ -5,7 +5,9 @@ the engine picks, per request, the next window of codes worth decoding:
 
     [first needed code - left_context, last new code + right_context)
 
-and emits only the samples it has not sent before (an audio delta). Left
+and emits only the samples it has not sent before (an audio delta). A request
+may start with context codes (`context_of`: a reference clip the model
+continues) that are decoded as left context and never sent. Left
 context makes chunk boundaries seamless; right context (lookahead) is for
 decoders that are not causal: samples that depend on codes not yet seen are
 held back until they arrive or the input ends. Progress is counted in samples,
@@ -97,6 +99,11 @@ class GenerationAdapter(abc.ABC):
     @abc.abstractmethod
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         """Codes in one input payload, time on axis 0; None when it carries none."""
+
+    def context_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        """Codes to put before a request's own (a reference clip's, when the model continues it): decoded
+        as left context, their audio never sent. Only in a request's first payload; None without."""
+        return None
 
     def frames_of(
         self, inputs: dict[str, Any], key: str, width: int, dtype: torch.dtype = torch.long
@@ -246,6 +253,13 @@ class GenerationEngine(StageEngine):
         req.input_done = req.input_done or last
 
     def _append(self, req: _Req, inputs: dict[str, Any]) -> None:
+        context = self.adapter.context_of(inputs)
+        if context is not None and context.shape[0]:
+            if req.total:
+                raise ValueError("context codes came after the request's first codes")
+            req.codes.append(torch.as_tensor(context).clone())
+            req.total = req.decoded_codes = context.shape[0]
+            req.emitted = req.total * self.adapter.samples_per_code  # as if sent: never audio of its own
         codes = self.adapter.codes_of(inputs)
         if codes is not None and codes.shape[0]:
             req.codes.append(torch.as_tensor(codes).clone())

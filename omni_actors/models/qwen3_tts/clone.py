@@ -1,0 +1,83 @@
+"""Qwen3-TTS Base checkpoints: what a reference clip gives the voice-clone prompt (speaker row, clip codes).
+
+- Speaker row (the x-vector): the talker-wide output of the folder's ECAPA-TDNN
+  (`speaker_encoder.*`, modules.py) over a log-mel spectrogram of the clip at 24 kHz:
+  1024-point STFT (Hann window of 1024, hop 256, no centring: the clip is
+  reflect-padded by (1024 - 256) / 2 on each side), magnitudes sqrt(re^2 + im^2 + 1e-9),
+  128 Slaney-normalised mel bands (Slaney mel scale) from 0 to 12 kHz, then
+  log(max(x, 1e-5)); frames on the time axis. It takes the place of a named speaker's
+  code in the prompt.
+- Clip codes (in-context mode, when the clip's transcript is known): the codec's
+  Mimi encoder (`speech_tokenizer/` `encoder.*`) over the clip, its first
+  `encoder_valid_num_quantizers` code groups, ceil(samples / 1920) frames.
+
+The mel filters come from transformers' `mel_filter_bank`, which builds the same
+Slaney filters as librosa's `filters.mel` (the original's; librosa is not installed
+here): checked once against librosa-built Whisper filters (16 kHz, 201 bins, 80 and
+128 bands), equal to 1e-9.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 24000
+N_FFT = 1024
+HOP = 256
+WINDOW = 1024
+MELS = 128
+FMIN = 0.0
+FMAX = 12000.0
+MAG_EPS = 1e-9
+LOG_FLOOR = 1e-5
+MIN_SAMPLES = N_FFT
+"""A clip shorter than one STFT window (about 43 ms) gives no speaker embedding."""
+
+
+class CloneEncoder:
+    """The speaker encoder and the codec encoder of one Base folder, on the talker's device."""
+
+    def __init__(self, path: Path, speaker_encoder: torch.nn.Module, device: Any) -> None:
+        from transformers.audio_utils import mel_filter_bank
+
+        from omni_actors.models.qwen3_tts.codec_model import load_codec
+
+        _decoder, codec, config = load_codec(path, device, encoder=True)
+        del _decoder  # the codec stage decodes; here only the encoder is needed
+        self.codec, self.speaker, self.device = codec, speaker_encoder, device
+        self.groups = int(config.get("encoder_valid_num_quantizers") or config["encoder_config"]["num_quantizers"])
+        self.frame = int(config.get("encode_downsample_rate", 1920))
+        bank = mel_filter_bank(
+            num_frequency_bins=N_FFT // 2 + 1, num_mel_filters=MELS, min_frequency=FMIN, max_frequency=FMAX,
+            sampling_rate=SAMPLE_RATE, norm="slaney", mel_scale="slaney",
+        )  # fmt: skip
+        self.filters = torch.from_numpy(np.ascontiguousarray(bank.T)).float().to(device)  # [mels, bins]
+        self.window = torch.hann_window(WINDOW, device=device)
+
+    def mel(self, audio: np.ndarray) -> torch.Tensor:
+        """[1, frames, 128] log-mel of a 24 kHz clip (module docstring)."""
+        if audio.size < MIN_SAMPLES:
+            raise ValueError(f"qwen3_tts: the custom voice's clip is too short ({audio.size} samples at 24 kHz)")
+        y = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)).to(self.device)[None, None]
+        pad = (N_FFT - HOP) // 2
+        y = torch.nn.functional.pad(y, (pad, pad), mode="reflect")[:, 0]
+        spec = torch.stft(y, N_FFT, hop_length=HOP, win_length=WINDOW, window=self.window, center=False,
+                          normalized=False, onesided=True, return_complex=True)  # fmt: skip
+        mag = torch.sqrt(spec.real.square() + spec.imag.square() + MAG_EPS)
+        return torch.log((self.filters @ mag).clamp(min=LOG_FLOOR)).transpose(1, 2)
+
+    @torch.inference_mode()
+    def speaker_row(self, audio: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        """The clip's speaker embedding: one talker-wide row."""
+        return self.speaker(self.mel(audio).to(dtype))[0]
+
+    @torch.inference_mode()
+    def codes(self, audio: np.ndarray) -> torch.Tensor:
+        """[frames, groups] int64 codes of a 24 kHz clip."""
+        x = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)).to(self.device)[None, None]
+        out = self.codec.encode(x, return_dict=True).audio_codes[0, : self.groups]
+        return out[:, : -(-audio.size // self.frame)].T.long()
