@@ -60,6 +60,31 @@ RECV_TIMEOUT_MS = 60_000
 PATHS = ("torch", "segment")
 POOL = 8
 """Tensors the streamed phase cycles through."""
+PROFILE = os.environ.get("OMNI_BENCH_PROFILE") == "1"
+"""cProfile the segment path's encode (producer) and decode + sync (consumer); stats go to stderr."""
+
+
+class _Prof:
+    def __init__(self) -> None:
+        import cProfile
+
+        self.p = cProfile.Profile() if PROFILE else None
+
+    def on(self, path: str) -> None:
+        if self.p is not None and path == "segment":
+            self.p.enable()
+
+    def off(self) -> None:
+        if self.p is not None:
+            self.p.disable()
+
+    def report(self, who: str) -> None:
+        if self.p is not None:
+            import pstats
+
+            print(f"---- {who}", file=sys.stderr)
+            pstats.Stats(self.p, stream=sys.stderr).sort_stats("tottime").print_stats(14)
+"""Tensors the streamed phase cycles through."""
 
 
 def _sock(endpoint: str, bind: bool) -> tuple[zmq.Context, zmq.Socket]:
@@ -85,6 +110,7 @@ def producer(endpoint: str, mib: int, rounds: int) -> None:
     n = mib * (1 << 20) // 2
     copies: list[float] = []
     phases: dict[str, list[float]] = {"encode": [], "send": []}
+    prof = _Prof()
     for path in PATHS:
         codec = codecs[path]
         for _ in range(rounds):
@@ -100,8 +126,10 @@ def producer(endpoint: str, mib: int, rounds: int) -> None:
                 del dst
             torch.cuda.synchronize()
             sent = time.perf_counter()
+            prof.on(path)
             payload = codec.encode({"x": src, "sent": sent, "checksum": checksum, "path": path})
             encoded = time.perf_counter()
+            prof.off()
             sock.send(m.encode(m.Feed("bench", 0, payload)))
             if path == "segment":
                 phases["encode"].append(encoded - sent)
@@ -114,6 +142,7 @@ def producer(endpoint: str, mib: int, rounds: int) -> None:
             sock.send(m.encode(m.Feed("bench", 0, m.Payload(data={"sent": sent, "path": "message"}))))
             assert isinstance(m.decode(sock.recv()), m.Release)
         assert codec.leased == 0, f"{path}: {codec.leased} leases never came back"
+    prof.report("producer: encode")
     stream = _stream(sock, codecs["segment"], n, rounds)
     exporter = codecs["segment"].cuda_export
     sock.send(msgspec.json.encode({"copy_s": copies, "segment_path_off": exporter.unavailable if exporter else None,
@@ -157,14 +186,16 @@ def consumer(endpoint: str, rounds: int) -> None:
     times: dict[str, list[float]] = {"torch": [], "segment": [], "message": [], "stream": [], "warm": []}
     phases: dict[str, list[float]] = {"wait": [], "decode": [], "sync": []}
     paths_seen: dict[str, set[str]] = {}
+    prof = _Prof()
     bad = 0
     for _ in range(2 * len(PATHS) * rounds + POOL + rounds):
         msg = m.decode(sock.recv())
         received = time.perf_counter()
         assert isinstance(msg, m.Feed)
+        path = msg.payload.data.get("path", "")
+        prof.on(path)
         data = codec.decode(msg.payload)
         decoded = time.perf_counter()
-        path = data["path"]
         if path == "message":
             times[path].append(time.perf_counter() - data["sent"])
             sock.send(m.encode(m.Release([])))
@@ -172,6 +203,7 @@ def consumer(endpoint: str, rounds: int) -> None:
         x = data["x"]
         torch.cuda.current_stream().synchronize()
         synced = time.perf_counter()
+        prof.off()
         times[path].append(synced - data["sent"])
         if path == "segment":
             phases["wait"].append(received - data["sent"])
@@ -191,6 +223,7 @@ def consumer(endpoint: str, rounds: int) -> None:
             codec.cuda_import.close()
         released = leases_released_on_receipt(msg.payload) + codec.cuda_released()
         sock.send(m.encode(m.Release(released)))
+    prof.report("consumer: decode + sync")
     result = msgspec.json.decode(sock.recv())
     imp = codec.cuda_import
     print(json.dumps({

@@ -134,5 +134,5 @@ def test_a_cuda_tensor_crosses_between_two_processes_by_handle() -> None:
                          capture_output=True, text=True, timeout=300, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["equal"] is True and r["bad_rounds"] == 0
-    assert r["paths_seen"] == {"segment": ["segment"], "torch": ["torch"]}
+    assert r["paths_seen"] == {"segment": ["segment"], "torch": ["torch"], "warm": ["segment"], "stream": ["segment"]}
     assert r["consumer_maps_reused"] >= 1 and r["mapped_after"] == 0  # mapped once, then unmapped
