@@ -99,11 +99,17 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _engine(folder: Path, device: str = "cpu", double: bool = False, **extras) -> Recording:
-    engine = Recording(EngineContext(0, 0, "decoder", folder, device, SLOTS, "float32", 0.9, 1, engine_extras=extras))
+    engine = Recording(
+        EngineContext(
+            0, 0, "decoder", folder, device, SLOTS, "float32", 0.9, 1, engine_extras=extras
+        )
+    )
     if double:  # float64 takes the paths' own rounding out of the logits (the tiny model's weights amplify it)
         engine.model.double()
         if engine.static is not None:
-            engine.static = StaticDecoder(engine.model, SLOTS, engine.static.max_len, False, engine.device)
+            engine.static = StaticDecoder(
+                engine.model, SLOTS, engine.static.max_len, False, engine.device
+            )
     return engine
 
 
@@ -136,11 +142,18 @@ def test_static_equals_dynamic_as_requests_join_end_early_and_abort(folder, doub
     In float32 the logits of either path move by ~1e-4 (of ~10) with the batch a request
     shares (the dynamic path alone vs batched: 4.6e-4), so 1e-5 is asked of float64 only.
     """
-    dynamic, static = _engine(folder, double=double, kv_cache="dynamic"), _engine(folder, double=double, kv_cache="static")
+    dynamic, static = (
+        _engine(folder, double=double, kv_cache="dynamic"),
+        _engine(folder, double=double, kv_cache="static"),
+    )
     assert dynamic.static is None and static.static is not None
     want, want_reasons = _run(dynamic)
     got, got_reasons = _run(static)
-    assert got_reasons == want_reasons and want_reasons["b"] == "length" and want_reasons["a"] == "aborted"
+    assert (
+        got_reasons == want_reasons
+        and want_reasons["b"] == "length"
+        and want_reasons["a"] == "aborted"
+    )
     for rid in want:
         assert np.array_equal(got[rid], want[rid]), rid
     assert len(want["b"]) == 5 and len(want["c"]) > 20 and len(want["e"]) > 8
@@ -168,8 +181,12 @@ def test_the_step_has_no_host_syncs_and_replays_per_bucket_like_a_graph(folder) 
     with torch.inference_mode(), _HostSyncs() as spy:
         logits = static._forward(SLOTS, static.self_sizes[0], static.text_sizes[0])
     assert spy.seen == [], f"host syncs in the step: {sorted(set(spy.seen))}"
-    assert logits.shape == (2 * SLOTS, static.channels, static.vocab) and torch.isfinite(logits).all()
-    assert ptrs == [t.data_ptr() for t in (*static.keys, *static.cross_keys, static.ids, static.lengths)]
+    assert (
+        logits.shape == (2 * SLOTS, static.channels, static.vocab) and torch.isfinite(logits).all()
+    )
+    assert ptrs == [
+        t.data_ptr() for t in (*static.keys, *static.cross_keys, static.ids, static.lengths)
+    ]
 
 
 def test_kv_cache_choice_and_the_frame_budget_that_fits(folder) -> None:
@@ -194,10 +211,25 @@ def test_graph_replay_equals_the_eager_step_on_cuda(folder) -> None:
     assert graphed.static.graphs.enabled
     want, want_reasons = _run(eager)
     got, got_reasons = _run(graphed)
-    assert graphed.static.graphs.enabled and len(graphed.static.graphs.graphs) >= 3, "graphs should replay"
+    assert graphed.static.graphs.enabled and len(graphed.static.graphs.graphs) >= 3, (
+        "graphs should replay"
+    )
     assert got_reasons == want_reasons
     for rid in want:
         assert np.array_equal(got[rid], want[rid]), rid
     for key, (cond, uncond) in eager.seen.items():
         torch.testing.assert_close(graphed.seen[key][0], cond, rtol=1e-5, atol=1e-5, msg=str(key))
         torch.testing.assert_close(graphed.seen[key][1], uncond, rtol=1e-5, atol=1e-5, msg=str(key))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graphs_speak_what_the_dynamic_cache_speaks(folder) -> None:
+    """float32 on CUDA: the graphed static step and transformers' dynamic-cache decoder draw the same frames."""
+    dynamic, graphed = _engine(folder, "cuda", kv_cache="dynamic"), _engine(folder, "cuda")
+    want, want_reasons = _run(dynamic)
+    got, got_reasons = _run(graphed)
+    assert graphed.static.graphs.enabled and graphed.static.graphs.graphs
+    assert got_reasons == want_reasons
+    for rid in want:
+        assert np.array_equal(got[rid], want[rid]), rid

@@ -23,7 +23,9 @@ TEXTS = ("Hello there, how are you?", "Hi.", "A rather longer sentence, spoken t
 
 def _deploy(folder: Path, kind: str):
     stage = {"stage_id": 0, "max_num_seqs": 2, "engine_extras": {"kv_cache": kind}}
-    return served_folder(str(folder), {"model": str(folder), "server": {"api_keys": [KEY]}, "stages": [stage]})
+    return served_folder(
+        str(folder), {"model": str(folder), "server": {"api_keys": [KEY]}, "stages": [stage]}
+    )
 
 
 async def _speak(folder: Path, kind: str) -> list[np.ndarray]:

@@ -58,7 +58,10 @@ class StaticDecoder:
         self.owners: list[DiaRequest] = []
         """owners[i] holds slot i (compact)."""
         rows, dt = 2 * slots, model.dtype
-        self_attn, cross_attn = self.decoder.layers[0].self_attention, self.decoder.layers[0].cross_attention
+        self_attn, cross_attn = (
+            self.decoder.layers[0].self_attention,
+            self.decoder.layers[0].cross_attention,
+        )
         self.head_dim, self.cross_dim = self_attn.head_dim, cross_attn.head_dim
         own = (rows, self_attn.num_key_value_heads, max_len, self.head_dim)
         cross = (rows, cross_attn.num_key_value_heads, self.max_text, self.cross_dim)
@@ -73,7 +76,9 @@ class StaticDecoder:
         """Positions each row has fed so far: the new position's id and where its K/V goes."""
         self.texts = torch.ones(rows, dtype=torch.long, device=device)
         """Text positions each row's cross-attention reads."""
-        self.host = torch.zeros(rows, self.channels + 2, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.host = torch.zeros(
+            rows, self.channels + 2, dtype=torch.long, pin_memory=device.type == "cuda"
+        )
         self.batch_sizes = buckets(slots, 1)
         self.self_sizes = buckets(max_len, min(MIN_SELF_WINDOW, max_len))
         self.text_sizes = buckets(self.max_text, min(MIN_TEXT_WINDOW, self.max_text))
@@ -175,7 +180,10 @@ class StaticDecoder:
             cross = layer.cross_attention
             x = layer.pre_ca_norm(hidden)
             q = cross.q_proj(x).view(rows, 1, -1, self.cross_dim).transpose(1, 2)
-            keys, values = self.cross_keys[i][:rows, :, :width], self.cross_values[i][:rows, :, :width]
+            keys, values = (
+                self.cross_keys[i][:rows, :, :width],
+                self.cross_values[i][:rows, :, :width],
+            )
             hidden = hidden + cross.o_proj(_attend(q, keys, values, text_mask))
             hidden = hidden + layer.mlp(layer.pre_mlp_norm(hidden))
         hidden = dec.norm(hidden)[:, 0]
@@ -188,7 +196,9 @@ def _mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return zeros.masked_fill(blocked, torch.finfo(dtype).min)[:, None, None, :]
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """One query position: q [rows, heads, 1, dim] over [rows, kv_heads, n, dim] -> [rows, 1, heads * dim].
 
     Query head h reads kv head h // (heads / kv_heads) (transformers' repeat_kv); with one
