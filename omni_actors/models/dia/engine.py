@@ -164,8 +164,10 @@ class DiaEngine(OwnEngine[DiaRequest]):
                 self.static.store(req)
             outputs.extend(self._take([req], cond[None], uncond[None]))
         if running:
-            static = self.static
-            cond, uncond = static.decode(running) if static is not None else self._decode(running)
+            if self.static is not None:
+                running, cond, uncond = self.static.decode(running)
+            else:
+                cond, uncond = self._decode(running)
             outputs.extend(self._take(running, cond, uncond))
         return outputs
 

@@ -71,14 +71,16 @@ class StaticDecoder:
         self.values = [torch.zeros(own, **kw) for _ in layers]
         self.cross_keys = [torch.zeros(cross, **kw) for _ in layers]
         self.cross_values = [torch.zeros(cross, **kw) for _ in layers]
-        self.ids = torch.zeros(rows, 1, self.channels, dtype=torch.long, device=device)
-        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
-        """Positions each row has fed so far: the new position's id and where its K/V goes."""
-        self.texts = torch.ones(rows, dtype=torch.long, device=device)
-        """Text positions each row's cross-attention reads."""
-        self.host = torch.zeros(
-            rows, self.channels + 2, dtype=torch.long, pin_memory=device.type == "cuda"
+        c = self.channels
+        self.inputs = torch.zeros(rows, c + 2, dtype=torch.long, device=device)
+        """Per row: the ids fed (c), positions fed so far (the new position's id and where its K/V
+        goes), text positions its cross-attention reads; written by one copy a step."""
+        self.ids, self.lengths, self.texts = (
+            self.inputs[:, None, :c],
+            self.inputs[:, c],
+            self.inputs[:, c + 1],
         )
+        self.host = torch.zeros(rows, c + 2, dtype=torch.long, pin_memory=device.type == "cuda")
         self.batch_sizes = buckets(slots, 1)
         self.self_sizes = buckets(max_len, min(MIN_SELF_WINDOW, max_len))
         self.text_sizes = buckets(self.max_text, min(MIN_TEXT_WINDOW, self.max_text))
@@ -131,8 +133,9 @@ class StaticDecoder:
     # ---- decode ------------------------------------------------------------
 
     @torch.inference_mode()
-    def decode(self, reqs: list[DiaRequest]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One position for every slot in use: (cond, uncond) [len(reqs), channels, vocab] float32 logits."""
+    def decode(self, reqs: list[DiaRequest]) -> tuple[list[DiaRequest], torch.Tensor, torch.Tensor]:
+        """One position for every slot in use: reqs in slot order, and their (cond, uncond)
+        [len(reqs), channels, vocab] float32 logits."""
         batch = bucket_for(len(self.owners), self.batch_sizes)
         host = self.host
         host[: 2 * batch, :-2] = 0
@@ -145,16 +148,17 @@ class StaticDecoder:
             host[rows, -1] = req.text_len
         longest = int(host[: 2 * batch, -2].max())
         widest = int(host[: 2 * batch, -1].max())
-        device = self.device
-        self.ids[: 2 * batch, 0].copy_(host[: 2 * batch, :-2], non_blocking=True)
-        self.lengths[: 2 * batch].copy_(host[: 2 * batch, -2], non_blocking=True)
-        self.texts[: 2 * batch].copy_(host[: 2 * batch, -1], non_blocking=True)
+        self.inputs[: 2 * batch].copy_(host[: 2 * batch], non_blocking=True)
         window = self.windows.index(
             (bucket_for(longest + 1, self.self_sizes), bucket_for(widest, self.text_sizes))
         )
         logits = self.graphs.run(batch, window)
-        index = torch.tensor([2 * r.slot for r in reqs], device=device)
-        return logits.index_select(0, index), logits.index_select(0, index + 1)
+        reqs = sorted(reqs, key=lambda r: r.slot)
+        n = len(reqs)
+        if reqs[-1].slot == n - 1:  # slots 0 .. n - 1: strided views, no index to upload
+            return reqs, logits[0 : 2 * n : 2], logits[1 : 2 * n : 2]
+        index = torch.tensor([2 * r.slot for r in reqs], device=self.device)
+        return reqs, logits.index_select(0, index), logits.index_select(0, index + 1)
 
     def _forward(self, batch: int, span: int, width: int) -> torch.Tensor:
         """The fixed-shape step of rows 0 .. 2 * batch - 1 over `span` self and `width` text positions."""
