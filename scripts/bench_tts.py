@@ -19,7 +19,7 @@ requests/s for `--rate-seconds`.
                                                                    860 frames, 10 s of audio, a request)
     omni-run make-tiny vibevoice-1.5b-sized DIR                    VibeVoice-1.5B sizes (75 latents, 10 s)
     .venv/bin/python scripts/bench_tts.py --model DIR --device cuda \
-        --decoder-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
+        --ar-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
                                                                    the first stage's engine_extras: the
                                                                    first set runs async on and off, each
                                                                    other one async on ("variants"), all
@@ -153,7 +153,7 @@ async def main() -> None:
     p.add_argument("--frames", type=int, default=None, help="frames per request (default: the checkpoint's)")
     p.add_argument("--rate", type=float, default=0.0)
     p.add_argument("--rate-seconds", type=float, default=20.0)
-    p.add_argument("--decoder-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
+    p.add_argument("--ar-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
                    help="engine_extras of the first stage, one JSON object per variant (the first one is "
                         "also run with async chunk off)")
     p.add_argument("--no-whole", action="store_true", help="skip the async-chunk-off run (device time)")
@@ -171,7 +171,7 @@ async def main() -> None:
             args.pipeline = detect_pipeline(model)
         result: dict[str, Any] = {"bench": "tts", "pipeline": args.pipeline, "model": str(model) if args.model else "tiny",
                                   "device": args.device, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
-        main_extras, *others = args.decoder_extras
+        main_extras, *others = args.ar_extras
         result["engine_extras"] = main_extras
         result["async"] = await _mode(model, True, args, main_extras)
         if not args.no_whole:
