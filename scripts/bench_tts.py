@@ -18,6 +18,12 @@ requests/s for `--rate-seconds`.
     omni-run make-tiny dia-1.6b-sized DIR                          Dia-1.6B sizes, random weights (GPU;
                                                                    860 frames, 10 s of audio, a request)
     omni-run make-tiny vibevoice-1.5b-sized DIR                    VibeVoice-1.5B sizes (75 latents, 10 s)
+    .venv/bin/python scripts/bench_tts.py --model DIR --device cuda \
+        --ar-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
+                                                                   the first stage's engine_extras: the
+                                                                   first set runs async on and off, each
+                                                                   other one async on ("variants"), all
+                                                                   in the same run
 
 Prints one JSON line.
 """
@@ -113,9 +119,11 @@ async def _open(orch: Orchestrator, rate: float, seconds: float, frames: int | N
             **_summary(rows, time.perf_counter() - t0)}
 
 
-async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace) -> dict[str, Any]:
+async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace,
+                extras: dict[str, Any] | None = None) -> dict[str, Any]:
+    first = {"stage_id": 0, "max_num_seqs": max(args.concurrency), "engine_extras": extras or {}}
     raw: dict[str, Any] = {"pipeline": args.pipeline, "model": str(model), "async_chunk": async_chunk,
-                           "stages": [{"stage_id": 0, "max_num_seqs": max(args.concurrency)}]}
+                           "stages": [first]}
     if args.device == "cuda":
         raw["stages"][0]["devices"] = "0"
         raw["stages"].append({"stage_id": 1, "devices": "0"})
@@ -145,6 +153,10 @@ async def main() -> None:
     p.add_argument("--frames", type=int, default=None, help="frames per request (default: the checkpoint's)")
     p.add_argument("--rate", type=float, default=0.0)
     p.add_argument("--rate-seconds", type=float, default=20.0)
+    p.add_argument("--ar-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
+                   help="engine_extras of the first stage, one JSON object per variant (the first one is "
+                        "also run with async chunk off)")
+    p.add_argument("--no-whole", action="store_true", help="skip the async-chunk-off run (device time)")
     args = p.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-tts-") as tmp:
@@ -159,12 +171,18 @@ async def main() -> None:
             args.pipeline = detect_pipeline(model)
         result: dict[str, Any] = {"bench": "tts", "pipeline": args.pipeline, "model": str(model) if args.model else "tiny",
                                   "device": args.device, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
-        result["async"] = await _mode(model, True, args)
-        result["whole"] = await _mode(model, False, args)
-    result["async_first_audio_gain"] = [
-        round(w["first_audio_p50_s"] / a["first_audio_p50_s"], 2) if a["first_audio_p50_s"] else None
-        for a, w in zip(result["async"]["closed"], result["whole"]["closed"], strict=True)
-    ]
+        main_extras, *others = args.ar_extras
+        result["engine_extras"] = main_extras
+        result["async"] = await _mode(model, True, args, main_extras)
+        if not args.no_whole:
+            result["whole"] = await _mode(model, False, args, main_extras)
+        if others:
+            result["variants"] = [{"engine_extras": x, "async": await _mode(model, True, args, x)} for x in others]
+    if "whole" in result:
+        result["async_first_audio_gain"] = [
+            round(w["first_audio_p50_s"] / a["first_audio_p50_s"], 2) if a["first_audio_p50_s"] else None
+            for a, w in zip(result["async"]["closed"], result["whole"]["closed"], strict=True)
+        ]
     result["load_after"] = os.getloadavg()
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result))

@@ -4,10 +4,18 @@ Dia does not fit HfAREngine's one-KV-row-per-request decoder: each request has a
 text encoder pass, cross-attention KV, and two decoder rows (the text, and an
 all-pad text for guidance) that are fed the same audio ids. This engine keeps, per
 request, both rows' self-attention KV and the cross-attention KV its first forward
-made (request.py), and steps every running request in ONE decoder forward: the rows'
-self KV left-padded to the longest, their cross KV right-padded, with the masks that
-say so (as HfAREngine's dynamic cache does; no static KV or CUDA graphs here yet).
-New requests run their prompt (encoder + decoder prompt positions) one by one.
+made, and steps every running request in ONE decoder forward. New requests run their
+prompt (encoder + decoder prompt positions) one by one, through transformers' model.
+
+KV cache, engine_extras["kv_cache"] (HfAREngine's convention):
+- "static" (default on CUDA): a slot per request in preallocated buffers and a
+  fixed-shape decode step, replayed as a CUDA graph per bucket unless
+  engine_extras["cuda_graphs"] is false (static_decode.py). Sized by
+  engine_extras["max_model_len"] (default: the decoder's max_position_embeddings); a
+  request's frame budget is cut to what fits (finish_reason "length").
+- "dynamic" (default on CPU): per request DynamicCache tensors (request.py); a step
+  left-pads the rows' self KV to the longest and right-pads their cross KV, with the
+  masks that say so, through transformers' decoder, then cuts each row back out.
 
 Inputs: {"text": str, "voice": "S1" | "S2", optional "reference_audio" float32 at
 44.1 kHz and "reference_text"}. The text gets the voice's speaker tag unless it starts
@@ -31,13 +39,16 @@ from omni_actors.models.dia import VOICES
 from omni_actors.models.dia.loading import load_dac
 from omni_actors.models.dia.request import DiaRequest, Tokens
 from omni_actors.models.dia.sampling import draw
+from omni_actors.models.dia.static_decode import StaticDecoder
 from omni_actors.workers.engine import EngineContext, EngineOutput, merge_params
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
+from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 from omni_actors.workers.engines.own_engine import OwnEngine
 from omni_actors.workers.engines.torch_setup import load_dtype, seeded
 
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "guidance_scale", "max_tokens")
 TAGS = ("[S1]", "[S2]")
+KV_CACHES = ("static", "dynamic")
 
 
 class DiaEngine(OwnEngine[DiaRequest]):
@@ -68,6 +79,20 @@ class DiaEngine(OwnEngine[DiaRequest]):
             "top_k": gen.top_k, "top_p": gen.top_p, "guidance_scale": gen.guidance_scale,
             "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or dec.max_position_embeddings) - 1),
         }  # fmt: skip
+        self.static = self._static_decoder(ctx, dec.max_position_embeddings)
+
+    def _static_decoder(self, ctx: EngineContext, positions: int) -> StaticDecoder | None:
+        extras = ctx.engine_extras
+        kind = extras.get("kv_cache") or ("static" if ctx.device == "cuda" else "dynamic")
+        if kind not in KV_CACHES:
+            raise ValueError(f"engine_extras.kv_cache: expected one of {KV_CACHES}, got {kind!r}")
+        limit = extras.get("max_model_len") or positions
+        if int(limit) < 1:
+            raise ValueError(f"engine_extras.max_model_len: expected a positive int, got {limit!r}")
+        if kind == "dynamic":
+            return None
+        slots = max(1, ctx.max_num_seqs)
+        return StaticDecoder(self.model, slots, int(limit), cuda_graphs_wanted(ctx), self.device)
 
     # ---- requests --------------------------------------------------------
 
@@ -97,7 +122,24 @@ class DiaEngine(OwnEngine[DiaRequest]):
         max_frames = int(merged["max_tokens"])
         if max_frames < 1:
             raise ValueError(f"dia: max_tokens must be positive, got {max_frames}")
+        if self.static is not None:  # positions fed: the prompt's, then all but the last drawn
+            room = self.static.max_len - (1 + len(codes)) - self.tok.max_delay + 1
+            if room < 1:
+                raise ValueError(
+                    f"dia: the reference clip takes {len(codes)} of the stage's "
+                    f"{self.static.max_len} decoder positions; no room is left to speak"
+                )
+            max_frames = min(max_frames, room)
         self.requests[request_id] = DiaRequest(request_id, merged, ids, codes, max_frames, gen)
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None and self.static is not None:
+            self.static.release(req)
+
+    def close(self) -> None:
+        for request_id in list(self.requests):
+            self.abort(request_id)
 
     @torch.inference_mode()
     def _encode(self, audio: np.ndarray) -> np.ndarray:
@@ -118,9 +160,14 @@ class DiaEngine(OwnEngine[DiaRequest]):
             except Exception as err:  # one prompt fails alone
                 outputs.append(self.failed(req.request_id, err))
                 continue
+            if self.static is not None:
+                self.static.store(req)
             outputs.extend(self._take([req], cond[None], uncond[None]))
         if running:
-            cond, uncond = self._decode(running)
+            if self.static is not None:
+                running, cond, uncond = self.static.decode(running)
+            else:
+                cond, uncond = self._decode(running)
             outputs.extend(self._take(running, cond, uncond))
         return outputs
 
@@ -203,7 +250,7 @@ class DiaEngine(OwnEngine[DiaRequest]):
             frame, done = req.take(row, self.tok)
             payload: dict[str, Any] = {} if frame is None else {"codes": frame[None]}
             if done:
-                self.requests.pop(req.request_id, None)
+                self.abort(req.request_id)
                 forced = req.end is not None and req.end - req.known >= req.max_frames
                 payload["finish_reason"] = "length" if forced else "stop"
             if payload:

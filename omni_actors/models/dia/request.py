@@ -1,4 +1,4 @@
-"""One Dia request: its prompt, its KV, and the delay pattern that turns decoder positions into audio frames.
+"""One Dia request: its prompt, its KV (or its static slot), and the delay pattern that turns decoder positions into audio frames.
 
 Dia's decoder reads and writes `channels` DAC codebooks per position, channel c
 delayed by `delay[c]` positions: position s, channel c holds audio frame s - delay[c].
@@ -48,6 +48,10 @@ class DiaRequest:
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     encoded: torch.Tensor | None = None
     """[2, text length, hidden] encoder output (its shape sizes the cross-attention mask)."""
+    slot: int | None = None
+    """With the static cache: the slot holding this request's KV (static_decode.py); the three above are then None."""
+    text_len: int = 0
+    """Text positions the cross-attention reads (static cache)."""
     positions: list[np.ndarray] = field(default_factory=list)
     """Row per decoder position (prompt positions included): the delayed grid so far."""
     end: int | None = None
@@ -55,7 +59,7 @@ class DiaRequest:
 
     @property
     def prefilled(self) -> bool:
-        return self.self_kv is not None
+        return self.self_kv is not None or self.slot is not None
 
     @property
     def known(self) -> int:

@@ -15,6 +15,9 @@ Dia generation applies them:
 5. a draw per channel: argmax when greedy, else a multinomial draw from the
    request's own generator (a seeded request gives the same audio alone or batched).
 
+Steps 1-4 run batched over the requests (their settings as per-request columns);
+only step 5's draws go one request at a time.
+
 Forcing the other channels' end after channel 0's (the delay pattern) is the
 request's business (request.py), as are the prompt positions the delay fixes.
 """
@@ -35,68 +38,89 @@ def draw(
     generators: list[torch.Generator | None],
     eos: int,
 ) -> torch.Tensor:
-    """[n, channels, vocab] conditioned and unconditioned logits -> [n, channels] ids."""
+    """[n, channels, vocab] conditioned and unconditioned logits -> [n, channels] ids.
+
+    The rules run on all n requests at once, each with its own settings as a column of
+    per-request values (no host sync: a batch of any size is a fixed number of kernels);
+    only the draws go request by request, each from its own generator.
+    """
     cond, uncond = cond.float(), uncond.float()
-    rows = []
-    for i, p in enumerate(params):
-        scores = _guided(
-            cond[i], uncond[i], float(p.get("guidance_scale") or 1.0), int(p.get("top_k") or 0)
-        )
-        temp = float(p.get("temperature") or 0.0)
-        greedy = temp <= 0.0
-        if not greedy and temp > 1.0:
-            scores = scores / temp
-        scores = _end_rule(scores, eos)
-        if greedy:
-            rows.append(scores.argmax(dim=-1))
-            continue
-        scores = _top_k(scores, int(p.get("top_k") or 0))
-        scores = _top_p(scores, float(p.get("top_p") or 1.0))
-        probs = torch.softmax(scores, dim=-1)
+    n, _, vocab = cond.shape
+    dev = cond.device
+
+    def column(values: list[float] | list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True).view(n, 1, 1)
+
+    scales = [float(p.get("guidance_scale") or 1.0) for p in params]
+    top_ks = [int(p.get("top_k") or 0) for p in params]
+    temps = [float(p.get("temperature") or 0.0) for p in params]
+    top_ps = [float(p.get("top_p") or 1.0) for p in params]
+    scores = _guided(cond, uncond, scales, top_ks, column)
+    if any(t > 1.0 for t in temps):
+        scores = scores / column([t if t > 1.0 else 1.0 for t in temps])
+    scores = _end_rule(scores, eos)
+    sampled = [i for i, t in enumerate(temps) if t > 0.0]
+    ids = scores.argmax(dim=-1)
+    if not sampled:
+        return ids
+    ks = [k if 0 < k < vocab else vocab for k in top_ks]
+    if min(ks) < vocab:
+        scores = _top_k(scores, column(ks, torch.long))
+    if min(top_ps) < 1.0:
+        floors = column([1.0 - p for p in top_ps])  # in double first, as a Python float would be
+        scores = _top_p(scores, floors, column([p < 1.0 for p in top_ps], torch.bool))
+    probs = torch.softmax(scores, dim=-1)
+    for i in sampled:
         g = generators[i]
-        rows.append(
-            torch.multinomial(probs, 1, generator=g)[:, 0]
+        ids[i] = (
+            torch.multinomial(probs[i], 1, generator=g)[:, 0]
             if g is not None
-            else torch.multinomial(probs, 1)[:, 0]
+            else torch.multinomial(probs[i], 1)[:, 0]
         )
-    return torch.stack(rows)
+    return ids
 
 
-def _guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float, top_k: int) -> torch.Tensor:
-    if scale <= 1.0:
+def _guided(cond, uncond, scales, top_ks, column) -> torch.Tensor:
+    """Per request: cond (scale <= 1), the guided logits (no top_k), or cond on the guided top_k."""
+    guided_rows = [s > 1.0 for s in scales]
+    if not any(guided_rows):
         return cond
-    guided = cond + (cond - uncond) * scale
-    if top_k <= 0:
-        return guided
+    guided = cond + (cond - uncond) * column(scales)
+    vocab = cond.shape[-1]
+    ks = [min(k, vocab) if g and k > 0 else 0 for g, k in zip(guided_rows, top_ks, strict=True)]
+    widest = max(ks)
+    out = torch.where(column(guided_rows, torch.bool), guided, cond)
+    if widest == 0:
+        return out
+    index = guided.topk(widest, dim=-1).indices
     keep = torch.zeros_like(guided, dtype=torch.bool)
-    keep.scatter_(-1, guided.topk(min(top_k, guided.shape[-1]), dim=-1).indices, True)
-    return cond.masked_fill(~keep, NEG)
+    ranks = torch.arange(widest, device=cond.device) < column(ks, torch.long)  # [n, 1, widest]
+    keep.scatter_(-1, index, ranks.expand(index.shape))
+    on_top = cond.masked_fill(~keep, NEG)
+    return torch.where(column([k > 0 for k in ks], torch.bool), on_top, out)
 
 
 def _end_rule(scores: torch.Tensor, eos: int) -> torch.Tensor:
     scores = scores.clone()
-    scores[1:, eos:] = NEG
-    scores[0, eos + 1 :] = NEG
-    best = scores.argmax(dim=-1)
-    ends = best == eos
-    scores[ends, :eos] = NEG
-    scores[~ends, eos] = NEG
-    return scores
+    scores[:, 1:, eos:] = NEG
+    scores[:, 0, eos + 1 :] = NEG
+    ends = (scores.argmax(dim=-1) == eos)[..., None]  # [n, channels, 1]
+    ids = torch.arange(scores.shape[-1], device=scores.device)
+    scores = scores.masked_fill(ends & (ids < eos), NEG)
+    return scores.masked_fill(~ends & (ids == eos), NEG)
 
 
-def _top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
-    if k <= 0 or k >= scores.shape[-1]:
-        return scores
-    floor = scores.topk(k, dim=-1).values[:, -1:]
+def _top_k(scores: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
+    """Keep each request's ks best ids (ks = vocab: all); ties with the k-th are kept."""
+    ordered = scores.sort(dim=-1, descending=True).values
+    floor = ordered.gather(-1, (ks - 1).expand(*scores.shape[:-1], 1))
     return scores.masked_fill(scores < floor, NEG)
 
 
-def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of best ids whose probability reaches top_p (at least one)."""
-    if top_p >= 1.0:
-        return scores
+def _top_p(scores: torch.Tensor, floors: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of best ids whose probability reaches top_p = 1 - floors (at least one), on `rows`."""
     ordered, order = scores.sort(dim=-1, descending=False)
     mass = ordered.softmax(dim=-1).cumsum(dim=-1)
-    drop = mass <= (1.0 - top_p)
-    drop[:, -1] = False
+    drop = (mass <= floors) & rows
+    drop[..., -1] = False
     return scores.masked_fill(drop.scatter(-1, order, drop), NEG)

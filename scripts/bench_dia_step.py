@@ -1,0 +1,128 @@
+"""Dia decoder step benchmark: one engine step (decode + guidance + sampling) at several batch sizes, per KV variant.
+
+The dia decoder engine (models/dia/engine.py) in this process, no workers: for each
+`--ar-extras` variant (engine_extras; the first is the same-run baseline of the others)
+and each `--batch` size B, B seeded requests are added and prefilled, `--warmup` steps
+run (CUDA graphs are captured then), and `--steps` steps are timed one by one (device
+synchronised). Each step decodes one position for all B requests (2 B rows with the
+guidance rows) and draws their ids. Dia's audio runs at 86 positions a second, so a
+step under 11.6 ms keeps B streams real time and the RTF of a stream is about
+step_ms / 11.6.
+
+    .venv/bin/python scripts/bench_dia_step.py                       tiny dia on CPU (temp dir)
+    omni-run make-tiny dia-1.6b-sized DIR
+    .venv/bin/python scripts/bench_dia_step.py --model DIR --device cuda \\
+        --ar-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMNI_LOG_LEVEL", "warning")
+
+import numpy as np
+import torch
+
+from omni_actors.workers.engine import EngineContext
+
+TEXT = "[S1] The quick brown fox jumps over the lazy dog, and then it runs away."
+FRAME_S = 512 / 44100
+"""Seconds of audio one decoder position makes (DAC hop at 44.1 kHz)."""
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    from omni_actors.models.dia.engine import DiaEngine
+
+    ctx = EngineContext(0, 0, "decoder", model, args.device, max(args.batch), args.dtype, 0.9, 1,
+                        engine_extras=extras)  # fmt: skip
+    t0 = time.perf_counter()
+    engine = DiaEngine(ctx)
+    out: dict[str, Any] = {"engine_extras": extras, "load_s": round(time.perf_counter() - t0, 2), "batches": []}
+    frames = args.warmup + args.steps + 32
+    try:
+        for b in args.batch:
+            for i in range(b):
+                engine.add(f"r{i}", {"text": TEXT, "voice": "S1"}, {"seed": i, "max_tokens": frames})
+            _sync(args.device)
+            t0 = time.perf_counter()
+            engine.step()  # prefills all b, one by one
+            _sync(args.device)
+            prefill_ms = (time.perf_counter() - t0) * 1000
+            for _ in range(args.warmup):
+                engine.step()
+            times = []
+            for _ in range(args.steps):
+                _sync(args.device)
+                t0 = time.perf_counter()
+                engine.step()
+                _sync(args.device)
+                times.append((time.perf_counter() - t0) * 1000)
+            running = len(engine.requests)
+            for rid in list(engine.requests):
+                engine.abort(rid)
+            p50 = statistics.median(times)
+            out["batches"].append({
+                "batch": b, "running_at_end": running, "prefill_ms_per_request": round(prefill_ms / b, 2),
+                "step_ms_p50": round(p50, 3), "step_ms_p99": round(float(np.percentile(times, 99)), 3),
+                "rtf_per_stream": round(p50 / 1000 / FRAME_S, 3),
+            })  # fmt: skip
+    finally:
+        engine.close()
+        del engine
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="a dia folder (default: a tiny one built in a temp dir)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", default="auto", help="bfloat16 on CUDA for auto; CPU is float32")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--ar-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
+                   help="engine_extras per variant; the first is the same-run baseline")
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-dia-step-") as tmp:
+        model = Path(args.model) if args.model else None
+        if model is None:
+            from omni_actors.models.tiny import make_tiny
+
+            model = make_tiny("dia", Path(tmp) / "tiny-dia")
+        result: dict[str, Any] = {
+            "bench": "dia_step", "model": str(model) if args.model else "tiny", "device": args.device,
+            "dtype": args.dtype, "steps": args.steps, "budget_ms_real_time": round(FRAME_S * 1000, 2),
+            "variants": [_variant(model, x, args) for x in args.ar_extras],
+        }  # fmt: skip
+    base = result["variants"][0]["batches"]
+    for v in result["variants"][1:]:
+        v["step_ms_vs_first"] = [round(b["step_ms_p50"] / a["step_ms_p50"], 2) for a, b in zip(base, v["batches"], strict=True)]
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
