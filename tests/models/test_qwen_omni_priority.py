@@ -104,6 +104,11 @@ def test_ten_requests_at_once_have_first_audio_in_the_round_one_alone_has(q3_dir
     assert set(first.values()) == {alone_first["alone"]}  # the 10th waits no longer than the 1st
     assert rounds.prefills == [10]  # ten talker prompts, one forward
     assert np.array_equal(codes["r9"], alone_codes["alone"])
+    one_by_one = Rounds(q3_dir, batch_prefill=False)  # the baseline: a forward per prompt
+    first_1, codes_1 = one_by_one.run({f"r{i}": (0, p) for i, p in enumerate(PROMPTS)})
+    assert one_by_one.prefills == [1] * 10 and first_1 == first
+    for rid, c in codes.items():
+        assert np.array_equal(c, codes_1[rid])
 
 
 def test_a_request_arriving_while_nine_stream_has_first_audio_as_fast_as_alone(q3_dir):

@@ -10,7 +10,8 @@ One `step()`:
 
 1. prefills every request that became ready (as many as there are free
    slots), samples its first token: prompts of plain embeddings share one
-   left-padded forward when the adapter allows it (`batch_prefill`), prompts
+   left-padded forward when the adapter allows it (`batch_prefill`;
+   engine_extras["batch_prefill"] false turns it off, a baseline), prompts
    with extra inputs (media) run one by one;
 2. runs ONE batched decode forward for all other active requests;
 3. samples one token per request (hf_ar_sampling.py) and returns the
@@ -94,6 +95,10 @@ class HfAREngine(StageEngine):
         self.model = self.adapter.load()
         self.seqs: dict[str, ARSeq] = {}
         self.first_priority = first_chunk_priority(extras)
+        batch = extras.get("batch_prefill", True)
+        if not isinstance(batch, bool):
+            raise ValueError(f"engine_extras.batch_prefill: expected true or false, got {batch!r}")
+        self.batch_prefill = batch and self.adapter.batch_prefill
         self._prefill_only = False
         """The last step ran only a prefill (so this one decodes)."""
         self.static = kind == "static"
@@ -207,7 +212,7 @@ class HfAREngine(StageEngine):
             except Exception as err:
                 outputs.append(self._failed(seq, err))
                 continue
-            if self.adapter.batch_prefill and not inp.extra:
+            if self.batch_prefill and not inp.extra:
                 batch.append((seq, inp))
             else:
                 outputs.extend(self._guarded([seq], lambda s, inp=inp: self._prefill(s, [inp])))
