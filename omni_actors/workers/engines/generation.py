@@ -47,9 +47,9 @@ decodes only first windows (they fill `max_batch_codes` first); the bulk goes
 the next step, so a first window waits for at most the one decode already
 running. Bulk is not starved: after MAX_FIRST_ONLY_STEPS first-only steps in a
 row while bulk waited, one step goes by deadline alone. Priority changes the
-order of decodes, never their content (each window's codes and context are the
-same), so the audio is identical either way; off, the order is pure
-earliest-deadline-first.
+order of decodes, not what is decoded: a delayed later window may take more
+ready codes, and chunked decoding joins up the same whatever the boundaries
+(see above). Off, the order is pure earliest-deadline-first.
 
 Everything model-specific (loading, how codes are read from a payload, the
 decode itself, per-request conditioning) sits in a `GenerationAdapter` named by
