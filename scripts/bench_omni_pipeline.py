@@ -73,8 +73,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--codes", type=int, default=256)
     ap.add_argument("--modes", default="on,off", help="async chunk modes to run")
     ap.add_argument("--max-num-seqs", type=int, default=8)
-    ap.add_argument("--priority", default="on", help='first-chunk priority modes to run, e.g. "on,off"')
-    ap.add_argument("--stagger-ms", type=float, default=0.0, help="gap between request starts (levels > 1)")
+    ap.add_argument("--priority", default="on", help='first-chunk priority modes, e.g. "on,off"')
+    ap.add_argument("--stagger-ms", type=float, default=0.0, help="gap between starts (levels > 1)")
     ap.add_argument(
         "--ar-extras", type=json.loads, default={},
         help='engine_extras for the two AR stages, e.g. \'{"kv_cache": "dynamic"}\'',
@@ -124,7 +124,9 @@ def spec(orch: Orchestrator, args: argparse.Namespace, seed: int) -> RequestSpec
     )
 
 
-async def one(orch: Orchestrator, args: argparse.Namespace, seed: int, delay_s: float = 0.0) -> dict[str, Any]:
+async def one(
+    orch: Orchestrator, args: argparse.Namespace, seed: int, delay_s: float = 0.0
+) -> dict[str, Any]:
     if delay_s:
         await asyncio.sleep(delay_s)  # a staggered arrival
     t0 = time.perf_counter()
@@ -239,7 +241,8 @@ async def run_mode(
                 samples = [await one(orch, args, 1000 + i) for i in range(args.requests_c1)]
             else:
                 gap = args.stagger_ms / 1000
-                samples = list(await asyncio.gather(*(one(orch, args, 2000 + i, i * gap) for i in range(c))))
+                runs = (one(orch, args, 2000 + i, i * gap) for i in range(c))
+                samples = list(await asyncio.gather(*runs))
             out[f"c{c}"] = summarize(samples, time.perf_counter() - t1)
         out["workers_rss_gb"] = worker_rss_gb()
         out["gpu_used_gb"] = gpu_used_gb()
@@ -280,7 +283,8 @@ async def main() -> None:
         "results": results,
     }
     for name in args.modes.split(","):
-        on, off = results.get(f"async_chunk_{name}_priority_on"), results.get(f"async_chunk_{name}_priority_off")
+        on = results.get(f"async_chunk_{name}_priority_on")
+        off = results.get(f"async_chunk_{name}_priority_off")
         if on and off:  # first audio, priority off / on (> 1: priority gives it sooner)
             line.setdefault("ttfa_priority_off_over_on", {})[name] = {
                 f"{k}_{q}": round(off[k][f"ttfa_{q}_ms"] / on[k][f"ttfa_{q}_ms"], 2)

@@ -133,5 +133,7 @@ def first_chunk_priority(extras: dict[str, Any]) -> bool:
     ahead of other requests' later work in this stage (each engine's docstring says how)."""
     value = extras.get("first_chunk_priority", True)
     if not isinstance(value, bool):
-        raise ValueError(f"engine_extras.first_chunk_priority: expected true or false, got {value!r}")
+        raise ValueError(
+            f"engine_extras.first_chunk_priority: expected true or false, got {value!r}"
+        )
     return value

@@ -34,20 +34,23 @@ def q3_dir(tmp_path_factory) -> Path:
     return make_tiny("qwen3_omni_moe", tmp_path_factory.mktemp("q3"), seed=0)
 
 
+def _ctx(spec, path: Path, extras: dict) -> EngineContext:
+    return EngineContext(
+        stage_id=spec.stage_id, replica=0, model_stage=spec.model_stage, model_path=path,
+        device="cpu", max_num_seqs=10, dtype="float32", gpu_memory_utilization=0.5,
+        tensor_parallel_size=1, engine_extras={**spec.engine_defaults, **extras},
+    )  # fmt: skip
+
+
 class Rounds:
     """The pipeline's three engines stepped in rounds; requests arrive at given rounds."""
 
     def __init__(self, path: Path, **extras) -> None:
         pipe = get_pipeline("qwen3_omni_moe")
-        self.engines = [
-            resolve(s.engine)(EngineContext(
-                stage_id=s.stage_id, replica=0, model_stage=s.model_stage, model_path=path,
-                device="cpu", max_num_seqs=10, dtype="float32", gpu_memory_utilization=0.5,
-                tensor_parallel_size=1, engine_extras={**s.engine_defaults, **extras},
-            ))  # fmt: skip
-            for s in pipe.stages
+        self.engines = [resolve(s.engine)(_ctx(s, path, extras)) for s in pipe.stages]
+        self.chunk = [
+            resolve(s.chunk_processor) if s.chunk_processor else None for s in pipe.stages
         ]
-        self.chunk = [resolve(s.chunk_processor) if s.chunk_processor else None for s in pipe.stages]
         self.prefills: list[int] = []
         self.vocoder_steps: list[list[str]] = []
         """Request ids of each code2wav step's outputs."""
@@ -60,15 +63,21 @@ class Rounds:
         if embeds.shape[1] > 1:
             self.prefills.append(embeds.shape[0])
 
-    def run(self, arrivals: dict[str, tuple[int, str]]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    def run(
+        self, arrivals: dict[str, tuple[int, str]]
+    ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """arrivals: request id -> (round, prompt). Returns each request's first-audio round
         (counted from its arrival) and its talker codes."""
-        reqs = {rid: {"messages": [{"role": "user", "content": p}]} for rid, (_, p) in arrivals.items()}
+        reqs = {
+            rid: {"messages": [{"role": "user", "content": p}]} for rid, (_, p) in arrivals.items()
+        }
         states: dict[str, list[dict]] = {rid: [{}, {}, {}] for rid in reqs}
         first: dict[str, int] = {}
         codes: dict[str, list] = {rid: [] for rid in reqs}
         rnd = 0
-        while rnd <= max(r for r, _ in arrivals.values()) or any(e.has_work() for e in self.engines):
+        while rnd <= max(r for r, _ in arrivals.values()) or any(
+            e.has_work() for e in self.engines
+        ):
             for rid, (at, _) in arrivals.items():
                 if at == rnd:
                     for stage, eng in enumerate(self.engines):
@@ -87,7 +96,9 @@ class Rounds:
                     if stage == 2 and len(out.payload["audio"]) and rid not in first:
                         first[rid] = rnd - arrivals[rid][0]
                     if stage < 2:
-                        nxt = self.chunk[stage + 1](stage, out.payload, out.finished, reqs[rid], states[rid][stage + 1])
+                        nxt = self.chunk[stage + 1](
+                            stage, out.payload, out.finished, reqs[rid], states[rid][stage + 1]
+                        )
                         if nxt is not None or out.finished:
                             self.engines[stage + 1].feed(rid, nxt or {}, out.finished)
             rnd += 1

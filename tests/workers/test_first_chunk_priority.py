@@ -82,7 +82,9 @@ def _mid_stream(engine: GenerationEngine, rids: list[str], got: dict[str, list])
         engine.feed(rid, {"codes": _codes(rid, 40)[2:22]}, last=False)
 
 
-def _run(engine: GenerationEngine, got: dict[str, list], steps: int | None = None) -> list[list[str]]:
+def _run(
+    engine: GenerationEngine, got: dict[str, list], steps: int | None = None
+) -> list[list[str]]:
     """Step until idle (or `steps` times); each step's request ids."""
     order = []
     while engine.has_work() and (steps is None or len(order) < steps):

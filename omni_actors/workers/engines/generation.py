@@ -70,7 +70,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine, first_chunk_priority
+from omni_actors.workers.engine import (
+    EngineContext,
+    EngineOutput,
+    StageEngine,
+    first_chunk_priority,
+)
 from omni_actors.workers.engines.torch_setup import one_cpu_thread
 
 FINAL_WINDOW_SLACK = 1.5

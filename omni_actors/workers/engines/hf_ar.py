@@ -51,7 +51,12 @@ from typing import Any
 
 import torch
 
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine, first_chunk_priority
+from omni_actors.workers.engine import (
+    EngineContext,
+    EngineOutput,
+    StageEngine,
+    first_chunk_priority,
+)
 from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the public names
     DTYPES,
     ARAdapter,
