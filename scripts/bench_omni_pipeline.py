@@ -17,6 +17,13 @@ do the same work every time); talker sampling is the model's default.
     python scripts/bench_omni_pipeline.py --model DIR --devices 0 --dtype bfloat16
     python scripts/bench_omni_pipeline.py --model DIR --placements "0,0,0;0,1,1" --dtype bfloat16
 
+`--priority on,off` runs each mode with first-chunk priority on, then off
+(engine_extras `first_chunk_priority` on every stage; off also turns off the
+talker's batched prefill, `batch_prefill: false`, i.e. the scheduling before
+priority), in one run: the same-run baseline. `--stagger-ms N` starts the
+requests of each level above 1 N ms apart instead of all at once (arrivals
+while others stream); first audio is counted from each request's own start.
+
 `--placements` runs each mode once per placement (a device per stage, stages
 separated by commas, placements by semicolons), all in one run, so the first
 is the same-run baseline of the others. With more than one GPU placement it
@@ -66,6 +73,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--codes", type=int, default=256)
     ap.add_argument("--modes", default="on,off", help="async chunk modes to run")
     ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--priority", default="on", help='first-chunk priority modes, e.g. "on,off"')
+    ap.add_argument("--stagger-ms", type=float, default=0.0, help="gap between starts (levels > 1)")
     ap.add_argument(
         "--ar-extras", type=json.loads, default={},
         help='engine_extras for the two AR stages, e.g. \'{"kv_cache": "dynamic"}\'',
@@ -73,7 +82,17 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def deploy_for(args: argparse.Namespace, async_chunk: bool, placement: list[str | None]) -> Any:
+def stage_extras(args: argparse.Namespace, stage: int, priority: bool) -> dict[str, Any]:
+    extras: dict[str, Any] = dict(args.ar_extras) if stage < 2 else {}
+    extras["first_chunk_priority"] = priority
+    if stage == 1 and not priority:
+        extras["batch_prefill"] = False  # talker prompts one by one, as before priority
+    return extras
+
+
+def deploy_for(
+    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True
+) -> Any:
     stage = {"max_num_seqs": args.max_num_seqs, "max_queue": 256, "dtype": args.dtype}
     raw = {
         "pipeline": args.pipeline,
@@ -83,7 +102,7 @@ def deploy_for(args: argparse.Namespace, async_chunk: bool, placement: list[str 
             {
                 "stage_id": s, **stage,
                 **({"devices": placement[s]} if placement[s] is not None else {}),
-                **({"engine_extras": args.ar_extras} if s < 2 else {}),
+                "engine_extras": stage_extras(args, s, priority),
             }
             for s in (0, 1, 2)
         ],
@@ -105,7 +124,11 @@ def spec(orch: Orchestrator, args: argparse.Namespace, seed: int) -> RequestSpec
     )
 
 
-async def one(orch: Orchestrator, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+async def one(
+    orch: Orchestrator, args: argparse.Namespace, seed: int, delay_s: float = 0.0
+) -> dict[str, Any]:
+    if delay_s:
+        await asyncio.sleep(delay_s)  # a staggered arrival
     t0 = time.perf_counter()
     ttft = ttfa = None
     chunks = 0
@@ -201,8 +224,10 @@ def handoff_cost(width: int, dtype: str, src: str, dst: str, n: int = 200) -> di
             "p50_us": round(float(np.percentile(us, 50)), 1), "p99_us": round(float(np.percentile(us, 99)), 1)}  # fmt: skip
 
 
-async def run_mode(args: argparse.Namespace, async_chunk: bool, placement: list[str | None]) -> dict[str, Any]:
-    orch = Orchestrator(deploy_for(args, async_chunk, placement))
+async def run_mode(
+    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True
+) -> dict[str, Any]:
+    orch = Orchestrator(deploy_for(args, async_chunk, placement, priority))
     t0 = time.perf_counter()
     await orch.start()
     out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2)}
@@ -215,7 +240,9 @@ async def run_mode(args: argparse.Namespace, async_chunk: bool, placement: list[
             if c == 1:
                 samples = [await one(orch, args, 1000 + i) for i in range(args.requests_c1)]
             else:
-                samples = list(await asyncio.gather(*(one(orch, args, 2000 + i) for i in range(c))))
+                gap = args.stagger_ms / 1000
+                runs = (one(orch, args, 2000 + i, i * gap) for i in range(c))
+                samples = list(await asyncio.gather(*runs))
             out[f"c{c}"] = summarize(samples, time.perf_counter() - t1)
         out["workers_rss_gb"] = worker_rss_gb()
         out["gpu_used_gb"] = gpu_used_gb()
@@ -232,10 +259,15 @@ async def main() -> None:
     modes = {"on": True, "off": False}
     results = {}
     places = placements(args)
+    prios = args.priority.split(",")
     for place in places:
         tag = "" if len(places) == 1 else "@" + ",".join(str(d) for d in place)
         for name in args.modes.split(","):
-            results[f"async_chunk_{name}{tag}"] = await run_mode(args, modes[name], place)
+            for prio in prios:
+                ptag = "" if prios == ["on"] else f"_priority_{prio}"
+                results[f"async_chunk_{name}{ptag}{tag}"] = await run_mode(
+                    args, modes[name], place, prio == "on"
+                )
     line: dict[str, Any] = {
         "bench": "omni_pipeline",
         "pipeline": args.pipeline,
@@ -246,8 +278,20 @@ async def main() -> None:
         "text_tokens": args.text_tokens,
         "codes": args.codes,
         "ar_extras": args.ar_extras,
+        "priority": args.priority,
+        "stagger_ms": args.stagger_ms,
         "results": results,
     }
+    for name in args.modes.split(","):
+        on = results.get(f"async_chunk_{name}_priority_on")
+        off = results.get(f"async_chunk_{name}_priority_off")
+        if on and off:  # first audio, priority off / on (> 1: priority gives it sooner)
+            line.setdefault("ttfa_priority_off_over_on", {})[name] = {
+                f"{k}_{q}": round(off[k][f"ttfa_{q}_ms"] / on[k][f"ttfa_{q}_ms"], 2)
+                for k in on
+                for q in ("p50", "max")
+                if k.startswith("c") and on[k][f"ttfa_{q}_ms"] and off[k][f"ttfa_{q}_ms"]
+            }
     on, off = results.get("async_chunk_on"), results.get("async_chunk_off")
     if on and off:
         line["ttfa_off_over_on"] = {

@@ -126,3 +126,14 @@ def merge_params(
     if keys is not None:
         params = {k: params[k] for k in keys if params.get(k) is not None}
     return {**(defaults or {}), **ctx.default_sampling_params, **params, **ctx.sampling_constraints}
+
+
+def first_chunk_priority(extras: dict[str, Any]) -> bool:
+    """engine_extras["first_chunk_priority"] (default True): whether a request's first output goes
+    ahead of other requests' later work in this stage (each engine's docstring says how)."""
+    value = extras.get("first_chunk_priority", True)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"engine_extras.first_chunk_priority: expected true or false, got {value!r}"
+        )
+    return value

@@ -211,7 +211,7 @@ def test_codes_arriving_faster_than_decoded_make_larger_windows():
 
 
 def test_one_batch_per_step_most_urgent_first():
-    engine = GenerationEngine(_ctx(TOY))
+    engine = GenerationEngine(_ctx(TOY, first_chunk_priority=False))  # deadlines alone
     engine.add("a", {"codes": np.arange(10, dtype=np.float32)}, {})
     engine.add("b", {"codes": np.arange(6, dtype=np.float32)}, {})
     assert [o.request_id for o in engine.step()] == ["a"]  # arrived first

@@ -89,6 +89,11 @@ class ThinkerFeed:
 class ThinkerFedTalker(ARAdapter):
     """Feeding and readiness shared by the Qwen-Omni talkers: both consume a ThinkerFeed."""
 
+    batch_prefill = True
+    """Talker prompts are plain embeddings (media only shape their positions), and `on_tokens`
+    reads the last position only: requests that start together share one prefill forward, so
+    the last of ten simultaneous requests does not wait for nine prompts before its own."""
+
     def feed(self, seq: ARSeq, inputs: dict[str, Any], last: bool) -> None:
         seq.data["feed"].take(inputs)
         seq.data["feed"].done = seq.data["feed"].done or last

@@ -41,12 +41,24 @@ size that fits the CPU caches a batched decode is slower than the same windows
 a few at a time). A request cannot be starved: new arrivals are due no earlier
 than their arrival.
 
+First-chunk priority (`engine_extras["first_chunk_priority"]`, default on): a
+window of a request that has sent no audio yet (its first window, small) goes
+before every later window, whatever the deadlines say, so a new request's first
+audio never waits behind other requests' bulk. A step that has first windows
+decodes only first windows (they fill `max_batch_codes` first); the bulk goes
+the next step, so a first window waits for at most the one decode already
+running. Bulk is not starved: after MAX_FIRST_ONLY_STEPS first-only steps in a
+row while bulk waited, one step goes by deadline alone. Priority changes the
+order of decodes, not what is decoded: a delayed later window may take more
+ready codes, and chunked decoding joins up the same whatever the boundaries
+(see above). Off, the order is pure earliest-deadline-first.
+
 Everything model-specific (loading, how codes are read from a payload, the
 decode itself, per-request conditioning) sits in a `GenerationAdapter` named by
 `engine_extras["adapter"]`. `engine_extras` may override `chunk_size`,
 `first_chunk_size`, `left_context`, `right_context`, `chunk_growth`,
 `max_chunk_size` and `max_batch_codes`; the adapter's class attributes are the
-defaults.
+defaults. `first_chunk_priority` (bool) is the engine's own.
 """
 
 from __future__ import annotations
@@ -60,11 +72,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engine import (
+    EngineContext,
+    EngineOutput,
+    StageEngine,
+    first_chunk_priority,
+)
 from omni_actors.workers.engines.torch_setup import one_cpu_thread
 
 FINAL_WINDOW_SLACK = 1.5
 """A streaming request's rest (input ended) goes in one window up to this x max_chunk_size."""
+MAX_FIRST_ONLY_STEPS = 8
+"""First-only steps in a row (bulk windows waiting) before one step is chosen by deadline alone."""
 
 
 class GenerationAdapter(abc.ABC):
@@ -213,6 +232,8 @@ class _Req:
 
 _Window = tuple[int, int, int, bool]
 """(start, new_end, end, final) of one decode, in codes."""
+_Due = tuple[float, int, str, _Req, _Window]
+"""(deadline, arrival order, request id, request, window) of a window that may be decoded now."""
 
 
 class GenerationEngine(StageEngine):
@@ -227,6 +248,9 @@ class GenerationEngine(StageEngine):
         self.policy = ChunkPolicy.of(self.adapter, extras)
         cap = extras.get("max_batch_codes", self.adapter.max_batch_codes)
         self.max_batch_codes = int(cap) if cap else None
+        self.first_priority = first_chunk_priority(extras)
+        self._first_only_run = 0
+        """First-only steps in a row that left bulk windows waiting."""
         self.reqs: dict[str, _Req] = {}
         self._order = itertools.count()
 
@@ -302,7 +326,7 @@ class GenerationEngine(StageEngine):
     @torch.inference_mode()
     def step(self) -> list[EngineOutput]:
         outputs: list[EngineOutput] = []
-        due: list[tuple[float, int, str, _Req, _Window]] = []
+        due: list[_Due] = []
         for rid, req in self.reqs.items():
             win = self._window(req)
             if win is None:
@@ -312,19 +336,31 @@ class GenerationEngine(StageEngine):
                 continue
             due.append((self._deadline(req), req.order, rid, req, win))
         if due:
-            due.sort(key=lambda d: (d[0], d[1]))
-            outputs.extend(self._decode_group(self._batch(due)))
+            outputs.extend(self._decode_group(self._batch(self._by_priority(due))))
         for out in outputs:
             if out.finished:
                 self.reqs.pop(out.request_id, None)
         return outputs
 
-    def _batch(
-        self, due: list[tuple[float, int, str, _Req, _Window]]
-    ) -> list[tuple[str, _Req, _Window]]:
+    def _by_priority(self, due: list[_Due]) -> list[_Due]:
+        """`due` most urgent first: first windows, then by deadline (module docstring)."""
+        due.sort(key=lambda d: (d[0], d[1]))
+        if not self.first_priority:
+            return due
+        first = [d for d in due if d[3].first_audio is None]
+        if not first or len(first) == len(due):
+            self._first_only_run = 0
+            return due
+        if self._first_only_run >= MAX_FIRST_ONLY_STEPS:  # bulk has waited long enough
+            self._first_only_run = 0
+            return due
+        self._first_only_run += 1
+        return first  # this step decodes first windows only; the bulk goes next step
+
+    def _batch(self, due: list[_Due]) -> list[tuple[str, _Req, _Window]]:
         """The most urgent window and the next most urgent ones of the same length and key."""
 
-        def key(d: tuple[float, int, str, _Req, _Window]) -> tuple[int, Any]:
+        def key(d: _Due) -> tuple[int, Any]:
             return d[4][2] - d[4][0], self.adapter.batch_key(d[3].data)
 
         head = key(due[0])

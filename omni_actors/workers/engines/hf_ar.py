@@ -8,13 +8,23 @@ names in `engine_extras["adapter"]` ("module:Class").
 
 One `step()`:
 
-1. prefills every request that became ready, samples its first token: prompts
-   of plain embeddings share one left-padded forward when the adapter allows it
-   (`batch_prefill`), prompts with extra inputs (media) run one by one;
+1. prefills every request that became ready (as many as there are free
+   slots), samples its first token: prompts of plain embeddings share one
+   left-padded forward when the adapter allows it (`batch_prefill`;
+   engine_extras["batch_prefill"] false turns it off, a baseline), prompts
+   with extra inputs (media) run one by one;
 2. runs ONE batched decode forward for all other active requests;
 3. samples one token per request (hf_ar_sampling.py) and returns the
    adapter's payload for each; the last one carries finish_reason "stop"
    (a stop token) or "length" (max_tokens, DEFAULT_MAX_TOKENS if unset).
+
+First-token priority (`engine_extras["first_chunk_priority"]`, default on): a
+step that has requests to prefill while others are decoding runs only the
+prefill (1) and returns, so the new requests' first tokens leave one decode
+forward sooner; the running requests decode in the next step, which also takes
+the just-prefilled ones. Their tokens come no later than they would have (the
+decode waited for the prefill either way). The next step always decodes, so a
+stream of arrivals cannot starve running requests. Off: (1) and (2) in one step.
 
 KV cache, engine_extras["kv_cache"]:
 
@@ -41,7 +51,12 @@ from typing import Any
 
 import torch
 
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engine import (
+    EngineContext,
+    EngineOutput,
+    StageEngine,
+    first_chunk_priority,
+)
 from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the public names
     DTYPES,
     ARAdapter,
@@ -84,6 +99,13 @@ class HfAREngine(StageEngine):
         self.device = torch.device(ctx.device)
         self.model = self.adapter.load()
         self.seqs: dict[str, ARSeq] = {}
+        self.first_priority = first_chunk_priority(extras)
+        batch = extras.get("batch_prefill", True)
+        if not isinstance(batch, bool):
+            raise ValueError(f"engine_extras.batch_prefill: expected true or false, got {batch!r}")
+        self.batch_prefill = batch and self.adapter.batch_prefill
+        self._prefill_only = False
+        """The last step ran only a prefill (so this one decodes)."""
         self.static = kind == "static"
         self.max_len = int(limit) if limit else (DEFAULT_STATIC_MAX_LEN if self.static else None)
         self.slots: SlotKV | None = None
@@ -153,6 +175,10 @@ class HfAREngine(StageEngine):
         outputs: list[EngineOutput] = []
         if new:
             outputs.extend(self._prefill_all(new))
+        first_only = self.first_priority and bool(new and running) and not self._prefill_only
+        self._prefill_only = first_only
+        if first_only:
+            return outputs  # the new requests' first tokens leave now; the decode is the next step
         if self.max_len is not None:  # a full cache can take no next input, ready or not
             full = [s for s in self.seqs.values() if s.prefilled and s.cached >= self.max_len]
             for seq in full:
@@ -191,7 +217,7 @@ class HfAREngine(StageEngine):
             except Exception as err:
                 outputs.append(self._failed(seq, err))
                 continue
-            if self.adapter.batch_prefill and not inp.extra:
+            if self.batch_prefill and not inp.extra:
                 batch.append((seq, inp))
             else:
                 outputs.extend(self._guarded([seq], lambda s, inp=inp: self._prefill(s, [inp])))
