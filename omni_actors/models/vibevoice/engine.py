@@ -205,7 +205,8 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         return outputs
 
     def _prefill(self, req: VibeVoiceRequest) -> None:
-        inputs = {k: v.to(self.device) for k, v in req.prompt.items()}
+        dt = self.model.dtype  # the clip's samples in the model's dtype (bfloat16 on CUDA)
+        inputs = {k: v.to(self.device, dt if v.is_floating_point() else v.dtype) for k, v in req.prompt.items()}
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             if req.generator is not None:  # the clip's VAE sample draws from the global generator
                 torch.manual_seed(int(req.params["seed"]))
