@@ -3,8 +3,8 @@
 Two engines over one tiny checkpoint (CPU), `kv_cache: static` and `kv_cache: dynamic`,
 run the same schedule: requests join mid-stream (one with a reference clip, so a longer
 prompt; one unseeded, drawing from the global generator; one without guidance), one ends
-early and one is aborted (their slots are reused, the last slot's request moves into the
-hole). Every position's conditioned LM state and every latent agree, and so does the
+early, one says the end token, two start a new audio segment, and one is aborted (their
+slots are reused, the last slot's request moves into the hole). Every position's conditioned LM state and every latent agree, and so does the
 audio the codec stage makes of them. The denoising table is the scheduler itself: fed the
 same inputs, the fixed-shape loop gives the scheduler's latents bit for bit. What a CUDA
 graph needs of the three steps is checked on CPU (no host syncs; each step recorded once
@@ -42,8 +42,13 @@ SCHEDULE: dict[int, list[tuple[str, str, dict, dict]]] = {
 ABORT = {9: "a"}
 
 
+FORCED = {("d", 5): "bos", ("e", 4): "bos", ("c", 8): "end"}
+"""Tokens the tiny LM never picks (it is steered to audio), forced at these (request, position): a new
+audio segment (the guidance branch starts over; no latent that step) and an early end."""
+
+
 class Recording(VibeVoiceEngine):
-    """The real engine, keeping each request's conditioned LM state at every position."""
+    """The real engine, keeping each request's conditioned LM state at every position (and saying FORCED's tokens)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -53,7 +58,9 @@ class Recording(VibeVoiceEngine):
         for req in reqs:
             state = req.hidden if self.static is None else self.static.states[COND, req.slot]
             self.seen[(req.request_id, len(req.tokens))] = state.clone()
-        return super()._tokens(reqs)
+        named = {"bos": self.ids[0], "end": self.ids[1]}
+        tokens = super()._tokens(reqs)
+        return [named.get(FORCED.get((r.request_id, len(r.tokens))), t) for r, t in zip(reqs, tokens, strict=True)]
 
 
 class _Tapes:
@@ -118,9 +125,9 @@ def test_static_equals_dynamic_as_requests_join_end_early_and_abort(folder, doub
     want, want_reasons = _run(dynamic)
     got, got_reasons = _run(static)
     assert got_reasons == want_reasons == {
-        "a": "aborted", "b": "length", "c": "length", "d": "length", "e": "length"
+        "a": "aborted", "b": "length", "c": "stop", "d": "length", "e": "length"
     }  # fmt: skip
-    assert [len(got[r]) for r in "bcde"] == [3, 14, 12, 13] and 0 < len(got["a"]) < 20
+    assert [len(got[r]) for r in "bcde"] == [3, 8, 11, 12] and 0 < len(got["a"]) < 20
     tol = 1e-6 if double else 1e-5
     for rid in want:
         np.testing.assert_allclose(got[rid], want[rid], rtol=tol, atol=tol, err_msg=rid)
@@ -148,15 +155,14 @@ def test_static_audio_equals_dynamic_audio(folder) -> None:
 def test_the_denoising_table_is_the_scheduler(folder) -> None:
     """Same noise, states and scales: the fixed-shape loop's latents are the scheduler's, bit for bit."""
     engine = _engine(folder, kv_cache="static")
-    head, gen = engine.head, torch.Generator().manual_seed(7)
-    assert head.orders == [1, *[2] * (engine.steps - 2), 1]
-    states, noise = torch.randn(2, SLOTS, engine.static.states.shape[2], generator=gen), torch.randn(SLOTS, engine.latent, generator=gen)
-    engine.static.states.copy_(states)
-    head.noise.copy_(noise)
-    head.scale.copy_(torch.tensor([[1.3], [1.0], [2.0], [1.3]]))
+    denoise, gen = engine.head.denoise, torch.Generator().manual_seed(7)
+    assert denoise.orders == [1, *[2] * (engine.steps - 2), 1]
+    pos, neg = torch.randn(2, SLOTS, engine.static.states.shape[2], generator=gen)
+    noise = torch.randn(SLOTS, engine.latent, generator=gen)
+    scale = torch.tensor([[1.3], [1.0], [2.0], [1.3]])
     with torch.inference_mode():
-        got = head.run(SLOTS)
-        want = engine._denoise(noise, states[0], states[1], head.scale)
+        got = denoise(noise, torch.cat([pos, neg]), scale)
+        want = engine._denoise(noise, pos, neg, scale)
     assert torch.equal(got, want)
 
 
@@ -173,14 +179,18 @@ def test_the_steps_have_no_host_syncs_and_replay_per_bucket_like_a_graph(folder)
     assert all(len(r) >= 3 for r in recorded), f"several buckets: {recorded}"
     lm, head = eager.static, eager.head
     lm.lengths.copy_(torch.arange(2 * SLOTS).view(2, SLOTS))
-    ptrs = [t.data_ptr() for t in (*lm.keys, *lm.values, lm.states, lm.embeds, head.noise)]
+    held = (*lm.keys, *lm.values, lm.states, lm.embeds, head.noise, *head.acoustic.buffers.values(),
+            *head.semantic.buffers.values())  # fmt: skip
+    ptrs = [t.data_ptr() for t in held]
+    before = [t.clone() for t in head.acoustic.buffers.values()]
     with torch.inference_mode(), _HostSyncs() as spy:
         lm._forward(COND, SLOTS, lm.windows[0])
         lm._forward(GUIDE, SLOTS, lm.windows[0])
         latents = head._forward(SLOTS)
     assert spy.seen == [], f"host syncs in the steps: {sorted(set(spy.seen))}"
     assert latents.shape == (SLOTS, eager.latent) and torch.isfinite(latents).all()
-    assert ptrs == [t.data_ptr() for t in (*lm.keys, *lm.values, lm.states, lm.embeds, head.noise)]
+    assert ptrs == [t.data_ptr() for t in held]
+    assert not all(torch.equal(a, b) for a, b in zip(before, head.acoustic.buffers.values())), "caches advance"
 
 
 def test_kv_cache_choice_and_the_frame_budget_that_fits(folder) -> None:

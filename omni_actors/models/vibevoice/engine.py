@@ -47,7 +47,7 @@ import torch
 from omni_actors.config.speech import text_and_voice
 from omni_actors.models.vibevoice import VOICES
 from omni_actors.models.vibevoice.request import VibeVoiceRequest, prompt_text
-from omni_actors.models.vibevoice.static_head import StaticHead
+from omni_actors.models.vibevoice.static_audio import StaticAudio
 from omni_actors.models.vibevoice.static_lm import COND, GUIDE, StaticLM
 from omni_actors.workers.engine import EngineContext, EngineOutput, merge_params
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
@@ -105,7 +105,7 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         }  # fmt: skip
         self.tokens = [self.tokenizer.convert_ids_to_tokens(i) for i in self.ids[:3]]
         self.static: StaticLM | None = None
-        self.head: StaticHead | None = None
+        self.head: StaticAudio | None = None
         extras = ctx.engine_extras
         kind = extras.get("kv_cache") or ("static" if ctx.device == "cuda" else "dynamic")
         if kind not in KV_CACHES:
@@ -120,8 +120,8 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         """Static slot buffers for the LM and the diffusion head, in the model's current dtype."""
         slots = max(1, self.ctx.max_num_seqs)
         self.static = StaticLM(self.parts.language_model, slots, max_len, graphs, self.device)
-        self.head = StaticHead(
-            self.parts.diffusion_head, self.scheduler, self.steps, self.static.states,
+        self.head = StaticAudio(
+            self.parts, self.scheduler, self.steps, self.static.states, self.static.embeds,
             self.static.batch_sizes, graphs, self.device,
         )  # fmt: skip
 
@@ -169,7 +169,9 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
         if req is not None and self.static is not None:
-            self.static.release(req)
+            moved = self.static.release(req)
+            if moved is not None:
+                self.head.move(*moved)
 
     def close(self) -> None:
         for request_id in list(self.requests):
@@ -198,6 +200,8 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
                 continue
             if self.static is not None:
                 self.static.store(req, self._embed(self.ids[0]))
+                self.head.start(req.slot)
+                self.head.scale[req.slot] = self._scale(req)
             moved.append((req, None))
         moved.extend(zip(running, consumed, strict=True))
         if moved:
@@ -269,38 +273,41 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         latents (float32, on the host)."""
         reqs = [r for r, _ in rows]
         noise = [self._noise(r) for r in reqs]
+        for req in reqs:
+            req.frames += 1
         if self.static is not None:
-            self.static.step(GUIDE, reqs)
-            for req, x in zip(reqs, noise, strict=True):
-                self.head.noise[req.slot] = x
-                self.head.scale[req.slot] = self._scale(req)
-            denoised = self.head.run(self.static.batch())
-            latents = torch.stack([denoised[r.slot] for r in reqs])
-        else:
-            kvs = [r.neg_kv or [] for r in reqs]
-            neg_hidden, neg_kvs = _step(self.parts.language_model, kvs, torch.stack([e for _, e in rows]))
-            for req, kv in zip(reqs, neg_kvs, strict=True):
-                req.neg_kv = kv
-            pos = torch.stack([r.hidden for r in reqs])
-            scale = torch.tensor([self._scale(r) for r in reqs], device=self.device)
-            latents = self._denoise(
-                torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype)
-            )
+            return self._static_latents(reqs, noise)
+        kvs = [r.neg_kv or [] for r in reqs]
+        neg_hidden, neg_kvs = _step(self.parts.language_model, kvs, torch.stack([e for _, e in rows]))
+        for req, kv in zip(reqs, neg_kvs, strict=True):
+            req.neg_kv = kv
+        pos = torch.stack([r.hidden for r in reqs])
+        scale = torch.tensor([self._scale(r) for r in reqs], device=self.device)
+        latents = self._denoise(torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype))
         parts = self.parts
         scaled = latents / parts.latent_scaling_factor - parts.latent_bias_factor
         acoustic = parts.multi_modal_projector(latents[:, None])  # [n, 1, hidden]
         for i, req in enumerate(reqs):
-            audio = parts.audio_tower.decode(
-                scaled[i : i + 1, None], padding_cache=req.acoustic_cache, use_cache=True
-            )
+            audio = parts.audio_tower.decode(scaled[i : i + 1, None], padding_cache=req.acoustic_cache, use_cache=True)
             req.acoustic_cache = audio.padding_cache
-            sem = parts.semantic_tokenizer_encoder(
-                audio.audio, padding_cache=req.semantic_cache, use_cache=True
-            )
+            sem = parts.semantic_tokenizer_encoder(audio.audio, padding_cache=req.semantic_cache, use_cache=True)
             req.semantic_cache = sem.padding_cache
-            self._set_embed(req, (acoustic[i] + parts.semantic_connector(sem.latents[0]))[0])
-            req.frames += 1
+            req.embed = (acoustic[i] + parts.semantic_connector(sem.latents[0]))[0]
         return list(scaled.float().cpu().numpy())
+
+    def _static_latents(self, reqs: list[VibeVoiceRequest], noise: list[torch.Tensor]) -> list[np.ndarray]:
+        """The guidance step and the audio step over every slot; slots not making audio get back what it
+        overwrote (their codec caches, their next input)."""
+        lm, audio = self.static, self.head
+        lm.step(GUIDE, reqs)
+        for req, x in zip(reqs, noise, strict=True):
+            audio.noise[req.slot] = x
+        making = {r.slot for r in reqs}
+        kept = [(r.slot, audio.keep(r.slot)) for r in lm.owners if r.slot not in making]
+        scaled = audio.run(lm.batch())
+        for slot, saved in kept:
+            audio.put_back(slot, saved)
+        return list(torch.stack([scaled[r.slot] for r in reqs]).float().cpu().numpy())
 
     def _scale(self, req: VibeVoiceRequest) -> float:
         return float(req.params.get("guidance_scale") or 1.0)

@@ -1,4 +1,4 @@
-"""VibeVoice's diffusion head as fixed-shape work: every denoising step of a batch in one call, a CUDA graph per bucket.
+"""VibeVoice's diffusion head as fixed-shape work: every denoising step of a batch in one call, no host syncs.
 
 The engine's scheduler (generation_config: DPMSolverMultistepScheduler, DPM-Solver++,
 v-prediction) keeps its state in Python between steps; here its arithmetic is unrolled
@@ -6,11 +6,9 @@ over a table made once from the scheduler itself: per step, the timestep, the so
 order it picks (first order at the start and, with `lower_order_final`, at the end),
 and its scalar coefficients, computed with the scheduler's own sigmas and the same
 torch operations, so that on CPU the latents are the ones the scheduler makes (same
-values, same operation order, the same float32 upcast of the sample). One call reads
-the static buffers (`noise`, `scale` per slot, the conditioned and guidance states of
-StaticLM) of rows 0 .. B - 1 and runs all the head's passes (guided: both branches in
-one pass each step) with no host sync; on CUDA each batch bucket B is captured once
-and replayed. Rows without a request making audio compute too and are not read.
+values, same operation order, the same float32 upcast of the sample). One call runs
+all the head's passes for a batch (guided: both branches in one pass each step) with
+no host sync; static_audio.py runs it over the slot buffers, as a CUDA graph per bucket.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ import copy
 from typing import Any
 
 import torch
-
-from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
 
 SOLVERS = ("midpoint", "heun")
 
@@ -78,36 +74,21 @@ def solver_table(scheduler: Any, steps: int) -> tuple[torch.Tensor, list[int], t
     return sched.timesteps.clone(), orders, torch.stack(rows)
 
 
-class StaticHead:
-    """The guided denoising loop of rows 0 .. B - 1 over static buffers (module docstring)."""
+class Denoiser:
+    """The guided denoising loop as fixed-shape work over the table (module docstring)."""
 
-    def __init__(
-        self, head: Any, scheduler: Any, steps: int, states: torch.Tensor, batch_sizes: list[int],
-        graphs: bool, device: torch.device,
-    ) -> None:  # fmt: skip
+    def __init__(self, head: Any, scheduler: Any, steps: int, dtype: torch.dtype, device: torch.device) -> None:
         timesteps, self.orders, coefs = solver_table(scheduler, steps)
-        dt = states.dtype
-        self.head, self.states = head, states
-        self.timesteps = timesteps.to(device=device, dtype=dt)
+        self.head = head
+        self.timesteps = timesteps.to(device=device, dtype=dtype)
         self.coefs = coefs.to(device)
-        slots, latent = states.shape[1], head.noisy_images_proj.in_features
-        self.noise = torch.zeros(slots, latent, dtype=dt, device=device)
-        """Per slot: this latent's starting noise."""
-        self.scale = torch.ones(slots, 1, dtype=dt, device=device)
-        """Per slot: the request's guidance scale."""
-        self.graphs = DecodeGraphs(lambda batch, _: self._forward(batch), graphs, buckets=len(batch_sizes))
 
-    def run(self, batch: int) -> torch.Tensor:
-        """[batch, latent] denoised latents of rows 0 .. batch - 1 (a graph's output: read before the next run)."""
-        return self.graphs.run(batch, 0)
-
-    def _forward(self, batch: int) -> torch.Tensor:
-        x, scale = self.noise[:batch], self.scale[:batch]
-        condition = torch.cat([self.states[0, :batch], self.states[1, :batch]])
+    def __call__(self, x: torch.Tensor, condition: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """x [n, latent] noise, condition [2 n, hidden] (conditioned rows, then guidance rows), scale [n, 1]."""
         previous = None
         for i, order in enumerate(self.orders):
             c = self.coefs[i]
-            eps = self.head(torch.cat([x, x]), self.timesteps[i].expand(2 * batch), condition=condition)
+            eps = self.head(torch.cat([x, x]), self.timesteps[i].expand(2 * x.shape[0]), condition=condition)
             cond, uncond = eps.chunk(2)
             v = uncond + scale * (cond - uncond)
             x0 = c[0] * x - c[1] * v

@@ -97,15 +97,15 @@ class StaticLM:
         self.owners.append(req)
 
     @torch.inference_mode()
-    def release(self, req: VibeVoiceRequest) -> None:
-        """Give req's slot back; the last slot's request moves into it."""
+    def release(self, req: VibeVoiceRequest) -> tuple[int, int] | None:
+        """Give req's slot back; the last slot's request moves into it: (to, from), None if none moved."""
         if req.slot is None:
-            return
+            return None
         hole, last = req.slot, len(self.owners) - 1
         moved = self.owners.pop()
         req.slot = None
         if hole == last:
-            return
+            return None
         for src, dst, n in ((last, hole, moved.length), (self.slots + last, self.slots + hole, moved.neg_length)):
             for buf in (*self.keys, *self.values):
                 buf[dst, :, :n] = buf[src, :, :n]
@@ -113,6 +113,7 @@ class StaticLM:
         self.states[:, hole] = self.states[:, last]
         moved.slot = hole
         self.owners[hole] = moved
+        return hole, last
 
     # ---- steps -------------------------------------------------------------
 
