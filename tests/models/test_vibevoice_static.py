@@ -60,7 +60,10 @@ class Recording(VibeVoiceEngine):
             self.seen[(req.request_id, len(req.tokens))] = state.clone()
         named = {"bos": self.ids[0], "end": self.ids[1]}
         tokens = super()._tokens(reqs)
-        return [named.get(FORCED.get((r.request_id, len(r.tokens))), t) for r, t in zip(reqs, tokens, strict=True)]
+        return [
+            named.get(FORCED.get((r.request_id, len(r.tokens))), t)
+            for r, t in zip(reqs, tokens, strict=True)
+        ]
 
 
 class _Tapes:
@@ -147,7 +150,9 @@ def test_static_audio_equals_dynamic_audio(folder) -> None:
     want, _ = _run(_engine(folder, kv_cache="dynamic"))
     got, _ = _run(_engine(folder, kv_cache="static"))
     for rid in want:
-        a, b = (codec.decode([torch.tensor(x[rid])], [0], [codec.start({}, {})])[0] for x in (want, got))
+        a, b = (
+            codec.decode([torch.tensor(x[rid])], [0], [codec.start({}, {})])[0] for x in (want, got)
+        )
         assert a.shape == b.shape == (len(want[rid]) * 3200,)
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=rid)
 
@@ -169,7 +174,9 @@ def test_the_denoising_table_is_the_scheduler(folder) -> None:
 def test_the_steps_have_no_host_syncs_and_replay_per_bucket_like_a_graph(folder) -> None:
     eager, taped = _engine(folder, kv_cache="static"), _engine(folder, kv_cache="static")
     lm, head = taped.static, taped.head
-    lm.graphs = [_Tapes(lambda b, w, br=br: lm._forward(br, b, lm.windows[w])) for br in (COND, GUIDE)]
+    lm.graphs = [
+        _Tapes(lambda b, w, br=br: lm._forward(br, b, lm.windows[w])) for br in (COND, GUIDE)
+    ]
     head.graphs = _Tapes(lambda b, _: head._forward(b))
     want, _ = _run(eager)
     got, _ = _run(taped)
@@ -190,7 +197,9 @@ def test_the_steps_have_no_host_syncs_and_replay_per_bucket_like_a_graph(folder)
     assert spy.seen == [], f"host syncs in the steps: {sorted(set(spy.seen))}"
     assert latents.shape == (SLOTS, eager.latent) and torch.isfinite(latents).all()
     assert ptrs == [t.data_ptr() for t in held]
-    assert not all(torch.equal(a, b) for a, b in zip(before, head.acoustic.buffers.values())), "caches advance"
+    assert not all(
+        torch.equal(a, b) for a, b in zip(before, head.acoustic.buffers.values(), strict=True)
+    ), "caches"
 
 
 def test_kv_cache_choice_and_the_frame_budget_that_fits(folder) -> None:
@@ -221,7 +230,9 @@ def test_graph_replay_equals_the_eager_steps_on_cuda(folder) -> None:
     assert eager.static is not None and not eager.static.graphs[COND].enabled
     want, want_reasons = _run(eager)
     got, got_reasons = _run(graphed)
-    assert all(g.enabled and len(g.graphs) >= 3 for g in (*graphed.static.graphs, graphed.head.graphs))
+    assert all(
+        g.enabled and len(g.graphs) >= 3 for g in (*graphed.static.graphs, graphed.head.graphs)
+    )
     assert got_reasons == want_reasons
     for rid in want:
         np.testing.assert_allclose(got[rid], want[rid], rtol=1e-5, atol=1e-5, err_msg=rid)

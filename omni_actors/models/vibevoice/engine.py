@@ -46,6 +46,7 @@ import torch
 
 from omni_actors.config.speech import text_and_voice
 from omni_actors.models.vibevoice import VOICES
+from omni_actors.models.vibevoice.dynamic_lm import step_rows
 from omni_actors.models.vibevoice.request import VibeVoiceRequest, prompt_text
 from omni_actors.models.vibevoice.static_audio import StaticAudio
 from omni_actors.models.vibevoice.static_lm import COND, GUIDE, StaticLM
@@ -110,7 +111,9 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         kind = extras.get("kv_cache") or ("static" if ctx.device == "cuda" else "dynamic")
         if kind not in KV_CACHES:
             raise ValueError(f"engine_extras.kv_cache: expected one of {KV_CACHES}, got {kind!r}")
-        limit = extras.get("max_model_len") or min(cfg.text_config.max_position_embeddings, DEFAULT_MAX_LEN)
+        limit = extras.get("max_model_len") or min(
+            cfg.text_config.max_position_embeddings, DEFAULT_MAX_LEN
+        )
         if int(limit) < 1:
             raise ValueError(f"engine_extras.max_model_len: expected a positive int, got {limit!r}")
         if kind == "static":
@@ -188,7 +191,9 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
             self.static.step(COND, running)
         elif running:
             consumed = [r.embed for r in running]
-            hidden, kvs = _step(self.parts.language_model, [r.kv for r in running], torch.stack(consumed))
+            hidden, kvs = step_rows(
+                self.parts.language_model, [r.kv for r in running], torch.stack(consumed)
+            )
             for req, h, kv in zip(running, hidden, kvs, strict=True):
                 req.kv, req.hidden = kv, h
         moved: list[tuple[VibeVoiceRequest, torch.Tensor | None]] = []
@@ -210,7 +215,10 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
 
     def _prefill(self, req: VibeVoiceRequest) -> None:
         dt = self.model.dtype  # the clip's samples in the model's dtype (bfloat16 on CUDA)
-        inputs = {k: v.to(self.device, dt if v.is_floating_point() else v.dtype) for k, v in req.prompt.items()}
+        inputs = {
+            k: v.to(self.device, dt if v.is_floating_point() else v.dtype)
+            for k, v in req.prompt.items()
+        }
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             if req.generator is not None:  # the clip's VAE sample draws from the global generator
                 torch.manual_seed(int(req.params["seed"]))
@@ -249,7 +257,9 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
                     req.neg_kv, req.neg_length = None, 0
                 self._set_embed(req, self._embed(token))
         if audio_rows:
-            for req, latent in zip([r for r, _ in audio_rows], self._latents(audio_rows), strict=True):
+            for req, latent in zip(
+                [r for r, _ in audio_rows], self._latents(audio_rows), strict=True
+            ):
                 results[req.request_id] = ({"latents": latent[None]}, False)
         outputs = []
         for req in reqs:
@@ -278,24 +288,34 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         if self.static is not None:
             return self._static_latents(reqs, noise)
         kvs = [r.neg_kv or [] for r in reqs]
-        neg_hidden, neg_kvs = _step(self.parts.language_model, kvs, torch.stack([e for _, e in rows]))
+        neg_hidden, neg_kvs = step_rows(
+            self.parts.language_model, kvs, torch.stack([e for _, e in rows])
+        )
         for req, kv in zip(reqs, neg_kvs, strict=True):
             req.neg_kv = kv
         pos = torch.stack([r.hidden for r in reqs])
         scale = torch.tensor([self._scale(r) for r in reqs], device=self.device)
-        latents = self._denoise(torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype))
+        latents = self._denoise(
+            torch.stack(noise).to(pos.dtype), pos, neg_hidden, scale[:, None].to(pos.dtype)
+        )
         parts = self.parts
         scaled = latents / parts.latent_scaling_factor - parts.latent_bias_factor
         acoustic = parts.multi_modal_projector(latents[:, None])  # [n, 1, hidden]
         for i, req in enumerate(reqs):
-            audio = parts.audio_tower.decode(scaled[i : i + 1, None], padding_cache=req.acoustic_cache, use_cache=True)
+            audio = parts.audio_tower.decode(
+                scaled[i : i + 1, None], padding_cache=req.acoustic_cache, use_cache=True
+            )
             req.acoustic_cache = audio.padding_cache
-            sem = parts.semantic_tokenizer_encoder(audio.audio, padding_cache=req.semantic_cache, use_cache=True)
+            sem = parts.semantic_tokenizer_encoder(
+                audio.audio, padding_cache=req.semantic_cache, use_cache=True
+            )
             req.semantic_cache = sem.padding_cache
             req.embed = (acoustic[i] + parts.semantic_connector(sem.latents[0]))[0]
         return list(scaled.float().cpu().numpy())
 
-    def _static_latents(self, reqs: list[VibeVoiceRequest], noise: list[torch.Tensor]) -> list[np.ndarray]:
+    def _static_latents(
+        self, reqs: list[VibeVoiceRequest], noise: list[torch.Tensor]
+    ) -> list[np.ndarray]:
         """The guidance step and the audio step over every slot; slots not making audio get back what it
         overwrote (their codec caches, their next input)."""
         lm, audio = self.static, self.head
@@ -330,44 +350,3 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
             cond, uncond = eps.chunk(2)
             x = sched.step(uncond + scale * (cond - uncond), t, x).prev_sample
         return x
-
-
-def _step(lm: Any, kvs: list[list[tuple[torch.Tensor, torch.Tensor]]], embeds: torch.Tensor):
-    """One position for rows with their own KV (left-padded and stacked); their last states and new KV."""
-    from transformers import DynamicCache
-
-    lengths = [kv[0][0].shape[2] if kv else 0 for kv in kvs]
-    longest = max(lengths)
-    cache = DynamicCache()
-    if longest:
-        ref = next(kv for kv in kvs if kv)
-        for layer in range(len(ref)):
-            keys = torch.cat(
-                [_left(kv[layer][0] if kv else None, ref[layer][0], longest) for kv in kvs]
-            )
-            values = torch.cat(
-                [_left(kv[layer][1] if kv else None, ref[layer][1], longest) for kv in kvs]
-            )
-            cache.update(keys, values, layer)
-    rows = len(kvs)
-    mask = torch.zeros(rows, longest + 1, dtype=torch.long, device=embeds.device)
-    for row, n in enumerate(lengths):
-        mask[row, longest - n :] = 1
-    pos = torch.tensor(lengths, device=embeds.device)[:, None]
-    out = lm(inputs_embeds=embeds[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-             use_cache=True)  # fmt: skip
-    new = [
-        [(x.keys[r : r + 1, :, longest - n :].clone(), x.values[r : r + 1, :, longest - n :].clone())
-         for x in cache.layers]
-        for r, n in enumerate(lengths)
-    ]  # fmt: skip
-    return out.last_hidden_state[:, -1], new
-
-
-def _left(x: torch.Tensor | None, like: torch.Tensor, length: int) -> torch.Tensor:
-    if x is None:
-        return like.new_zeros(1, like.shape[1], length, like.shape[3])
-    pad = length - x.shape[2]
-    if pad == 0:
-        return x
-    return torch.cat([x.new_zeros(x.shape[0], x.shape[1], pad, x.shape[3]), x], dim=2)

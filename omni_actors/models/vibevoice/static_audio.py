@@ -44,6 +44,8 @@ class SlotCaches:
         """A transformers padding cache over rows 0 .. batch - 1 (made once per batch)."""
         from transformers.models.vibevoice_acoustic_tokenizer.modeling_vibevoice_acoustic_tokenizer import (
             VibeVoiceAcousticTokenizerConv1dCacheLayer as Layer,
+        )
+        from transformers.models.vibevoice_acoustic_tokenizer.modeling_vibevoice_acoustic_tokenizer import (
             VibeVoiceAcousticTokenizerConv1dPaddingCache as Cache,
         )
 
@@ -51,7 +53,11 @@ class SlotCaches:
             cache = Cache()
             for key, buf in self.buffers.items():
                 layer = cache.layers[key] = Layer()
-                layer.cache, layer.left_pad, layer.in_channels = buf[:batch], buf.shape[2], buf.shape[1]
+                layer.cache, layer.left_pad, layer.in_channels = (
+                    buf[:batch],
+                    buf.shape[2],
+                    buf.shape[1],
+                )
                 layer.is_initialized = True
             self.views[batch] = cache
         return self.views[batch]
@@ -89,7 +95,9 @@ class StaticAudio:
         """Per slot: the request's guidance scale."""
         self.acoustic = SlotCaches(parts.audio_tower.decoder, slots, dt, device)
         self.semantic = SlotCaches(parts.semantic_tokenizer_encoder, slots, dt, device)
-        self.graphs = DecodeGraphs(lambda batch, _: self._forward(batch), graphs, buckets=len(batch_sizes))
+        self.graphs = DecodeGraphs(
+            lambda batch, _: self._forward(batch), graphs, buckets=len(batch_sizes)
+        )
 
     def run(self, batch: int) -> torch.Tensor:
         """Rows 0 .. batch - 1: [batch, latent] decoder-space latents (a graph's output: read it before the
@@ -110,7 +118,9 @@ class StaticAudio:
         """What a run overwrites of a slot that makes no audio this step; `put_back` restores it."""
         return self.acoustic.save(slot), self.semantic.save(slot), self.embeds[slot].clone()
 
-    def put_back(self, slot: int, kept: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]) -> None:
+    def put_back(
+        self, slot: int, kept: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]
+    ) -> None:
         self.acoustic.restore(slot, kept[0])
         self.semantic.restore(slot, kept[1])
         self.embeds[slot] = kept[2]
@@ -121,7 +131,11 @@ class StaticAudio:
         latents = self.denoise(self.noise[:batch], condition, self.scale[:batch])
         scaled = latents / parts.latent_scaling_factor - parts.latent_bias_factor
         acoustic = parts.multi_modal_projector(latents[:, None])  # [batch, 1, hidden]
-        audio = parts.audio_tower.decode(scaled[:, None], padding_cache=self.acoustic.view(batch), use_cache=True)
-        sem = parts.semantic_tokenizer_encoder(audio.audio, padding_cache=self.semantic.view(batch), use_cache=True)
+        audio = parts.audio_tower.decode(
+            scaled[:, None], padding_cache=self.acoustic.view(batch), use_cache=True
+        )
+        sem = parts.semantic_tokenizer_encoder(
+            audio.audio, padding_cache=self.semantic.view(batch), use_cache=True
+        )
         self.embeds[:batch].copy_((acoustic + parts.semantic_connector(sem.latents))[:, 0])
         return scaled

@@ -48,7 +48,9 @@ def solver_table(scheduler: Any, steps: int) -> tuple[torch.Tensor, list[int], t
     orders, rows = [], []
     for i in range(n):
         final = i == n - 1 and (
-            cfg.euler_at_final or (cfg.lower_order_final and n < 15) or cfg.final_sigmas_type == "zero"
+            cfg.euler_at_final
+            or (cfg.lower_order_final and n < 15)
+            or cfg.final_sigmas_type == "zero"
         )
         second_final = i == n - 2 and cfg.lower_order_final and n < 15
         if cfg.solver_order == 1 or i < 1 or final:
@@ -56,7 +58,9 @@ def solver_table(scheduler: Any, steps: int) -> tuple[torch.Tensor, list[int], t
         elif cfg.solver_order == 2 or i < 2 or second_final:
             order = 2
         else:
-            raise ValueError("vibevoice static decoding: third-order DPM-Solver steps are not supported")
+            raise ValueError(
+                "vibevoice static decoding: third-order DPM-Solver steps are not supported"
+            )
         alpha_t, sigma_t = alpha_sigma(sigmas[i + 1])
         alpha_s, sigma_s = alpha_sigma(sigmas[i])
         lambda_t = torch.log(alpha_t) - torch.log(sigma_t)
@@ -68,7 +72,11 @@ def solver_table(scheduler: Any, steps: int) -> tuple[torch.Tensor, list[int], t
             alpha_p, sigma_p = alpha_sigma(sigmas[i - 1])
             r0 = (lambda_s - (torch.log(alpha_p) - torch.log(sigma_p))) / h
             c5 = 1.0 / r0
-            c4 = -(0.5 * c3) if cfg.solver_type == "midpoint" else alpha_t * ((torch.exp(-h) - 1.0) / h + 1.0)
+            c4 = (
+                -(0.5 * c3)
+                if cfg.solver_type == "midpoint"
+                else alpha_t * ((torch.exp(-h) - 1.0) / h + 1.0)
+            )
         orders.append(order)
         rows.append(torch.stack([alpha_s, sigma_s, sigma_t / sigma_s, c3, c4, c5]).float())
     return sched.timesteps.clone(), orders, torch.stack(rows)
@@ -77,18 +85,24 @@ def solver_table(scheduler: Any, steps: int) -> tuple[torch.Tensor, list[int], t
 class Denoiser:
     """The guided denoising loop as fixed-shape work over the table (module docstring)."""
 
-    def __init__(self, head: Any, scheduler: Any, steps: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, head: Any, scheduler: Any, steps: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         timesteps, self.orders, coefs = solver_table(scheduler, steps)
         self.head = head
         self.timesteps = timesteps.to(device=device, dtype=dtype)
         self.coefs = coefs.to(device)
 
-    def __call__(self, x: torch.Tensor, condition: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, condition: torch.Tensor, scale: torch.Tensor
+    ) -> torch.Tensor:
         """x [n, latent] noise, condition [2 n, hidden] (conditioned rows, then guidance rows), scale [n, 1]."""
         previous = None
         for i, order in enumerate(self.orders):
             c = self.coefs[i]
-            eps = self.head(torch.cat([x, x]), self.timesteps[i].expand(2 * x.shape[0]), condition=condition)
+            eps = self.head(
+                torch.cat([x, x]), self.timesteps[i].expand(2 * x.shape[0]), condition=condition
+            )
             cond, uncond = eps.chunk(2)
             v = uncond + scale * (cond - uncond)
             x0 = c[0] * x - c[1] * v

@@ -44,13 +44,17 @@ COND, GUIDE = 0, 1
 class StaticLM:
     """Slot buffers, slot assignment and the fixed-shape LM step of both branches (module docstring)."""
 
-    def __init__(self, lm: Any, slots: int, max_len: int, graphs: bool, device: torch.device) -> None:
+    def __init__(
+        self, lm: Any, slots: int, max_len: int, graphs: bool, device: torch.device
+    ) -> None:
         from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
         cfg = lm.config
         kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         if kinds != {"full_attention"}:
-            raise ValueError(f"vibevoice static KV: only full attention layers, the LM has {sorted(kinds)}")
+            raise ValueError(
+                f"vibevoice static KV: only full attention layers, the LM has {sorted(kinds)}"
+            )
         self.rotate, self.lm = apply_rotary_pos_emb, lm
         self.slots, self.max_len, self.device = slots, max_len, device
         attn = lm.layers[0].self_attn
@@ -106,7 +110,10 @@ class StaticLM:
         req.slot = None
         if hole == last:
             return None
-        for src, dst, n in ((last, hole, moved.length), (self.slots + last, self.slots + hole, moved.neg_length)):
+        for src, dst, n in (
+            (last, hole, moved.length),
+            (self.slots + last, self.slots + hole, moved.neg_length),
+        ):
             for buf in (*self.keys, *self.values):
                 buf[dst, :, :n] = buf[src, :, :n]
         self.embeds[hole] = self.embeds[last]
