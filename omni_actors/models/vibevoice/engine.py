@@ -106,7 +106,7 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         }  # fmt: skip
         self.tokens = [self.tokenizer.convert_ids_to_tokens(i) for i in self.ids[:3]]
         self.static: StaticLM | None = None
-        self.head: StaticAudio | None = None
+        self.audio: StaticAudio | None = None
         extras = ctx.engine_extras
         kind = extras.get("kv_cache") or ("static" if ctx.device == "cuda" else "dynamic")
         if kind not in KV_CACHES:
@@ -120,10 +120,10 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
             self.build_static(int(limit), cuda_graphs_wanted(ctx))
 
     def build_static(self, max_len: int, graphs: bool) -> None:
-        """Static slot buffers for the LM and the diffusion head, in the model's current dtype."""
+        """Static slot buffers for the LM and the audio step, in the model's current dtype."""
         slots = max(1, self.ctx.max_num_seqs)
         self.static = StaticLM(self.parts.language_model, slots, max_len, graphs, self.device)
-        self.head = StaticAudio(
+        self.audio = StaticAudio(
             self.parts, self.scheduler, self.steps, self.static.states, self.static.embeds,
             self.static.batch_sizes, graphs, self.device,
         )  # fmt: skip
@@ -174,7 +174,7 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         if req is not None and self.static is not None:
             moved = self.static.release(req)
             if moved is not None:
-                self.head.move(*moved)
+                self.audio.move(*moved)
 
     def close(self) -> None:
         for request_id in list(self.requests):
@@ -205,8 +205,8 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
                 continue
             if self.static is not None:
                 self.static.store(req, self._embed(self.ids[0]))
-                self.head.start(req.slot)
-                self.head.scale[req.slot] = self._scale(req)
+                self.audio.start(req.slot)
+                self.audio.scale[req.slot] = self._scale(req)
             moved.append((req, None))
         moved.extend(zip(running, consumed, strict=True))
         if moved:
@@ -318,7 +318,7 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
     ) -> list[np.ndarray]:
         """The guidance step and the audio step over every slot; slots not making audio get back what it
         overwrote (their codec caches, their next input)."""
-        lm, audio = self.static, self.head
+        lm, audio = self.static, self.audio
         lm.step(GUIDE, reqs)
         for req, x in zip(reqs, noise, strict=True):
             audio.noise[req.slot] = x
