@@ -19,18 +19,19 @@ Per step, as transformers' VibeVoice generation does, for every running request:
 
 Every running request's conditioned branch steps in one LM forward, and the
 guidance branches of the requests making audio in another; the diffusion head runs
-on all of them at once; the two small codec passes run per request (their caches
-are per request). New requests prefill one by one through transformers' model.
+on all of them at once. New requests prefill one by one through transformers' model.
 
 KV cache, engine_extras["kv_cache"] (HfAREngine's convention):
 - "static" (default on CUDA): a slot per request (both branches) in preallocated
-  buffers, a fixed-shape LM step per branch (static_lm.py) and all the head's
-  denoising steps of a batch in one fixed-shape call (static_head.py), each replayed
-  as a CUDA graph per bucket unless engine_extras["cuda_graphs"] is false. Sized by
+  buffers, a fixed-shape LM step per branch (static_lm.py), and one fixed-shape audio
+  step (static_audio.py): all the head's denoising steps (static_head.py) and the
+  codec feedback of every slot, with per-slot codec caches; each replayed as a CUDA
+  graph per bucket unless engine_extras["cuda_graphs"] is false. Sized by
   engine_extras["max_model_len"] (default: the LM's positions, at most
   DEFAULT_MAX_LEN); a request's frame budget is cut to what fits.
 - "dynamic" (default on CPU): per request DynamicCache tensors, left-padded and
-  stacked per step as HfAREngine's CPU cache, the scheduler stepped in Python.
+  stacked per step as HfAREngine's CPU cache (dynamic_lm.py), the scheduler stepped
+  in Python, the two codec passes per request (their caches per request).
 
 Inputs: {"text", "voice": "0".."3" (the script's speaker), optional "reference_audio"
 float32 at 24 kHz (the voice section of the prompt: Dia-style cloning)}.
