@@ -1,17 +1,23 @@
-"""Dia decoder step benchmark: one engine step (decode + guidance + sampling) at several batch sizes, per KV variant.
+"""Speech decoder step benchmark (dia, vibevoice): one engine step at several batch sizes, per engine_extras variant.
 
-The dia decoder engine (models/dia/engine.py) in this process, no workers: for each
-`--ar-extras` variant (engine_extras; the first is the same-run baseline of the others)
-and each `--batch` size B, B seeded requests are added and prefilled, `--warmup` steps
-run (CUDA graphs are captured then), and `--steps` steps are timed one by one (device
-synchronised). Each step decodes one position for all B requests (2 B rows with the
-guidance rows) and draws their ids. Dia's audio runs at 86 positions a second, so a
-step under 11.6 ms keeps B streams real time and the RTF of a stream is about
-step_ms / 11.6.
+The family's own stage engine in this process, no workers: for each `--ar-extras`
+variant (engine_extras; the first is the same-run baseline of the others) and each
+`--batch` size B, B seeded requests are added and prefilled, `--warmup` steps run (CUDA
+graphs are captured then), and `--steps` steps are timed one by one (device
+synchronised). The RTF of a stream is about step_ms / the audio one step makes.
+
+- dia (default): a step decodes one position for all B requests (2 B rows with the
+  guidance rows) and draws their ids; 86 positions a second (11.6 ms of audio each).
+- vibevoice: a step runs the conditioned LM branch, picks the tokens, runs the guidance
+  branch and all the diffusion head's denoising passes, and decodes + re-encodes each
+  latent for the LM's feedback (per request); 7.5 latents a second (133 ms each).
 
     .venv/bin/python scripts/bench_dia_step.py                       tiny dia on CPU (temp dir)
     omni-run make-tiny dia-1.6b-sized DIR
     .venv/bin/python scripts/bench_dia_step.py --model DIR --device cuda \\
+        --ar-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
+    omni-run make-tiny vibevoice-1.5b-sized DIR
+    .venv/bin/python scripts/bench_dia_step.py --family vibevoice --model DIR --device cuda \\
         --ar-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
 
 Prints one JSON line.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import statistics
@@ -39,9 +46,14 @@ import torch
 
 from omni_actors.workers.engine import EngineContext
 
-TEXT = "[S1] The quick brown fox jumps over the lazy dog, and then it runs away."
-FRAME_S = 512 / 44100
-"""Seconds of audio one decoder position makes (DAC hop at 44.1 kHz)."""
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
+FAMILIES: dict[str, dict[str, Any]] = {
+    "dia": {"engine": "omni_actors.models.dia.engine:DiaEngine", "stage": "decoder",
+            "inputs": {"text": f"[S1] {TEXT}", "voice": "S1"}, "frame_s": 512 / 44100},
+    "vibevoice": {"engine": "omni_actors.models.vibevoice.engine:VibeVoiceEngine", "stage": "lm",
+                  "inputs": {"text": TEXT, "voice": "0"}, "frame_s": 3200 / 24000},
+}  # fmt: skip
+"""Per family: its engine, stage name, one request's inputs, and the seconds of audio one step makes."""
 
 
 def _sync(device: str) -> None:
@@ -50,18 +62,19 @@ def _sync(device: str) -> None:
 
 
 def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    from omni_actors.models.dia.engine import DiaEngine
-
-    ctx = EngineContext(0, 0, "decoder", model, args.device, max(args.batch), args.dtype, 0.9, 1,
+    fam = FAMILIES[args.family]
+    module, name = fam["engine"].split(":")
+    engine_cls = getattr(importlib.import_module(module), name)
+    ctx = EngineContext(0, 0, fam["stage"], model, args.device, max(args.batch), args.dtype, 0.9, 1,
                         engine_extras=extras)  # fmt: skip
     t0 = time.perf_counter()
-    engine = DiaEngine(ctx)
+    engine = engine_cls(ctx)
     out: dict[str, Any] = {"engine_extras": extras, "load_s": round(time.perf_counter() - t0, 2), "batches": []}
     frames = args.warmup + args.steps + 32
     try:
         for b in args.batch:
             for i in range(b):
-                engine.add(f"r{i}", {"text": TEXT, "voice": "S1"}, {"seed": i, "max_tokens": frames})
+                engine.add(f"r{i}", dict(fam["inputs"]), {"seed": i, "max_tokens": frames})
             _sync(args.device)
             t0 = time.perf_counter()
             engine.step()  # prefills all b, one by one
@@ -83,7 +96,7 @@ def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> d
             out["batches"].append({
                 "batch": b, "running_at_end": running, "prefill_ms_per_request": round(prefill_ms / b, 2),
                 "step_ms_p50": round(p50, 3), "step_ms_p99": round(float(np.percentile(times, 99)), 3),
-                "rtf_per_stream": round(p50 / 1000 / FRAME_S, 3),
+                "rtf_per_stream": round(p50 / 1000 / fam["frame_s"], 3),
             })  # fmt: skip
     finally:
         engine.close()
@@ -96,7 +109,8 @@ def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> d
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="a dia folder (default: a tiny one built in a temp dir)")
+    p.add_argument("--family", choices=sorted(FAMILIES), default="dia")
+    p.add_argument("--model", help="a folder of the family (default: a tiny one built in a temp dir)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", default="auto", help="bfloat16 on CUDA for auto; CPU is float32")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
@@ -106,15 +120,16 @@ def main() -> None:
                    help="engine_extras per variant; the first is the same-run baseline")
     args = p.parse_args()
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-dia-step-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"bench-{args.family}-step-") as tmp:
         model = Path(args.model) if args.model else None
         if model is None:
             from omni_actors.models.tiny import make_tiny
 
-            model = make_tiny("dia", Path(tmp) / "tiny-dia")
+            model = make_tiny(args.family, Path(tmp) / f"tiny-{args.family}")
         result: dict[str, Any] = {
-            "bench": "dia_step", "model": str(model) if args.model else "tiny", "device": args.device,
-            "dtype": args.dtype, "steps": args.steps, "budget_ms_real_time": round(FRAME_S * 1000, 2),
+            "bench": f"{args.family}_step", "model": str(model) if args.model else "tiny", "device": args.device,
+            "dtype": args.dtype, "steps": args.steps,
+            "budget_ms_real_time": round(FAMILIES[args.family]["frame_s"] * 1000, 2),
             "variants": [_variant(model, x, args) for x in args.ar_extras],
         }  # fmt: skip
     base = result["variants"][0]["batches"]

@@ -4,7 +4,9 @@ Per request: the conditioned LM branch (the whole prompt) and the guidance branc
 (an audio-bos token, then the same audio inputs: no text), each with its own KV; the
 next input embedding of each; the acoustic decoder's and the semantic encoder's
 streaming convolution caches (the LM reads every latent back as audio); its noise
-generator and frame budget.
+generator and frame budget. With the static KV cache (static_lm.py) both branches
+live in a slot of the engine's buffers instead, and `kv` / `hidden` only carry the
+prefill to it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,12 @@ class VibeVoiceRequest:
     acoustic_cache: Any = None
     semantic_cache: Any = None
     tokens: list[int] = field(default_factory=list)
+    slot: int | None = None
+    """With the static KV cache (static_lm.py): the slot holding both branches, and the
+    positions each has been fed (conditioned: `length`, guidance: `neg_length`)."""
+    length: int = 0
+    neg_length: int = 0
 
     @property
     def prefilled(self) -> bool:
-        return self.kv is not None
+        return self.kv is not None or self.slot is not None
