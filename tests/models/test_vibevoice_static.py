@@ -207,7 +207,7 @@ def test_kv_cache_choice_and_the_frame_budget_that_fits(folder) -> None:
 
     with pytest.raises(ValueError, match="kv_cache"):
         _engine(folder, kv_cache="paged")
-    assert _engine(folder).static is None, "dynamic by default on CPU"
+    assert _engine(folder).static is None, "dynamic by default"
     small = _engine(folder, kv_cache="static", max_model_len=60)
     assert small.static.max_len == 60 and small.static.windows == [60]
     small.add("x", {"text": "Hello.", "voice": "2"}, {"seed": 1, "max_tokens": 100})
@@ -225,8 +225,8 @@ def test_kv_cache_choice_and_the_frame_budget_that_fits(folder) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_the_eager_steps_on_cuda(folder) -> None:
-    eager = _engine(folder, "cuda", cuda_graphs=False)
-    graphed = _engine(folder, "cuda")
+    eager = _engine(folder, "cuda", kv_cache="static", cuda_graphs=False)
+    graphed = _engine(folder, "cuda", kv_cache="static")
     assert eager.static is not None and not eager.static.graphs[COND].enabled
     want, want_reasons = _run(eager)
     got, got_reasons = _run(graphed)
@@ -243,7 +243,7 @@ def test_graph_replay_equals_the_eager_steps_on_cuda(folder) -> None:
 def test_cuda_graphs_speak_what_the_dynamic_cache_speaks(folder) -> None:
     """float32 on CUDA: the graphed static steps and transformers' dynamic-cache LM + scheduler agree
     (TF32 convolutions off: the codec feedback's batch differs between the paths)."""
-    dynamic, graphed = _engine(folder, "cuda", kv_cache="dynamic"), _engine(folder, "cuda")
+    dynamic, graphed = _engine(folder, "cuda", kv_cache="dynamic"), _engine(folder, "cuda", kv_cache="static")
     tf32 = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
