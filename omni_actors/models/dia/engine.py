@@ -6,7 +6,8 @@ all-pad text for guidance) that are fed the same audio ids. This engine keeps, p
 request, both rows' self-attention KV and the cross-attention KV its first forward
 made, and steps every running request in ONE decoder forward. The new requests of a step
 run their prompts (encoder + decoder prompt positions) together in ONE right-padded
-forward through transformers' model (prefill.py).
+forward through transformers' model (prefill.py), then join that step's decode forward:
+a new request draws two positions in its first step.
 
 Warm-up (engine_extras["warmup"], default on CUDA), part of start-up: one short request,
 then the static step's buckets a server will use (their CUDA graphs captured now); see
@@ -212,6 +213,9 @@ class DiaEngine(OwnEngine[DiaRequest]):
                     self.static.store(req)
             if ready:
                 outputs.extend(self._take(ready, cond, uncond))
+            # and their next position in this step's decode (one step sooner to first audio; the
+            # static step computed it anyway): ids and position are the ones the next step would feed
+            running = running + [r for r in ready if r.request_id in self.requests]
         if running:
             if self.static is not None:
                 running, cond, uncond = self.static.decode(running)

@@ -20,9 +20,9 @@ eagerly, as on CPU, over the same buffers). Slots stay compact: a request that e
 or is aborted gives its slot back and the last slot's request moves into it, so a
 step runs rows 0 .. 2 * B - 1 with B the smallest batch bucket holding every slot.
 Rows of the bucket without a request still compute (length 0, one text position) and
-are never read; a request prefilled in the same engine step is stepped too, unread: it
-writes the K/V its next step writes again (same ids, same position). Attention is grouped-query without copying K/V: a single query
-position lets a kv head's query heads stand in for query positions.
+are never read; a request prefilled in the same engine step is stepped (and read) too.
+Attention is grouped-query without copying K/V: a single query position lets a kv
+head's query heads stand in for query positions.
 """
 
 from __future__ import annotations
