@@ -263,18 +263,20 @@ def test_batched_prefill_equals_prompts_one_by_one(folder) -> None:
             torch.testing.assert_close(v, v1, rtol=0, atol=1e-5)
     engine.close()
 
-    calls: list[int] = []
-    together = _engine(folder, kv_cache="static")
-    together.model.model.encoder.register_forward_hook(lambda *_: calls.append(1))
-    for rid, text, extra in requests:
-        together.add(rid, {"text": text, "voice": "S1", **extra}, {"seed": 7})
-    got = _frames(together)
-    assert len(calls) == 1, "one encoder forward for the three prompts"
-    for rid, text, extra in requests:  # the same requests, each prefilled (and run) alone
-        one = _engine(folder, kv_cache="static")
-        one.add(rid, {"text": text, "voice": "S1", **extra}, {"seed": 7})
-        want = _frames(one)[rid]
-        assert len(want) > 8 and np.array_equal(got[rid], want), rid
+    frames, calls = {}, {}
+    for batch in (True, False):  # the same requests, prefilled together and one by one
+        engine = _engine(folder, kv_cache="static", batch_prefill=batch)
+        calls[batch] = []
+        engine.model.model.encoder.register_forward_hook(lambda *_, c=calls[batch]: c.append(1))
+        for rid, text, extra in requests:
+            engine.add(rid, {"text": text, "voice": "S1", **extra}, {"seed": 7})
+        frames[batch] = _frames(engine)
+    assert (len(calls[True]), len(calls[False])) == (1, 3), "one encoder forward for the three prompts"
+    for rid, _, _ in requests:
+        got, want = frames[True][rid], frames[False][rid]
+        assert len(want) > 8 and np.array_equal(got, want), rid
+    with pytest.raises(ValueError, match="batch_prefill"):
+        _engine(folder, kv_cache="static", batch_prefill="yes")
 
 
 def _frames(engine: DiaEngine) -> dict[str, np.ndarray]:

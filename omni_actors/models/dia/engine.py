@@ -6,7 +6,8 @@ all-pad text for guidance) that are fed the same audio ids. This engine keeps, p
 request, both rows' self-attention KV and the cross-attention KV its first forward
 made, and steps every running request in ONE decoder forward. The new requests of a step
 run their prompts (encoder + decoder prompt positions) together in ONE right-padded
-forward through transformers' model (prefill.py), then join that step's decode forward:
+forward through transformers' model (prefill.py; engine_extras["batch_prefill"] false:
+one by one), then join that step's decode forward:
 a new request draws two positions in its first step.
 
 Warm-up (engine_extras["warmup"], default on CUDA), part of start-up: one short request,
@@ -97,6 +98,11 @@ class DiaEngine(OwnEngine[DiaRequest]):
             "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or dec.max_position_embeddings) - 1),
         }  # fmt: skip
         self.static = self._static_decoder(ctx, dec.max_position_embeddings)
+        self.batch_prefill = ctx.engine_extras.get("batch_prefill", True)
+        if not isinstance(self.batch_prefill, bool):
+            raise ValueError(
+                f"engine_extras.batch_prefill: expected true or false, got {self.batch_prefill!r}"
+            )
         if ctx.engine_extras.get("warmup", ctx.device == "cuda"):
             self.warm_up()
 
@@ -206,13 +212,13 @@ class DiaEngine(OwnEngine[DiaRequest]):
         running, new = self.admit()
         outputs: list[EngineOutput] = []
         if new:
-            ready, cond, uncond, failed = self._prefill(new)
+            ready, logits, failed = self._prefill(new)
             outputs.extend(failed)
             if self.static is not None:
                 for req in ready:
                     self.static.store(req)
-            if ready:
-                outputs.extend(self._take(ready, cond, uncond))
+            if logits is not None:
+                outputs.extend(self._take(ready, logits[0::2], logits[1::2]))
             # and their next position in this step's decode (one step sooner to first audio; the
             # static step computed it anyway): ids and position are the ones the next step would feed
             running = running + [r for r in ready if r.request_id in self.requests]
@@ -232,26 +238,21 @@ class DiaEngine(OwnEngine[DiaRequest]):
 
     def _prefill(
         self, reqs: list[DiaRequest]
-    ) -> tuple[list[DiaRequest], torch.Tensor, torch.Tensor, list[EngineOutput]]:
-        """Every new prompt in one forward (prefill.py): (the ready requests, their cond and uncond
-        logits [n, channels, vocab], failed requests' final outputs). When the batched forward
-        fails, each prompt runs alone, so one bad prompt fails alone."""
-        try:
-            logits = self._logits(prefill(self.model, reqs, self.tok, self.device))
-            return reqs, logits[0::2], logits[1::2], []
-        except Exception as err:  # one prompt fails alone (a batch: each runs alone, below)
-            if len(reqs) == 1:
-                return [], torch.empty(0), torch.empty(0), [self.failed(reqs[0].request_id, err)]
-        ready, rows, failed = [], [], []
-        for req in reqs:
-            got, cond, uncond, bad = self._prefill([req])
-            ready.extend(got)
-            failed.extend(bad)
-            if got:
-                rows.append((cond, uncond))
-        if not ready:
-            return [], torch.empty(0), torch.empty(0), failed
-        return ready, torch.cat([c for c, _ in rows]), torch.cat([u for _, u in rows]), failed
+    ) -> tuple[list[DiaRequest], torch.Tensor | None, list[EngineOutput]]:
+        """Every new prompt in one forward (prefill.py): (the ready requests, their logits
+        [2 * n, channels, vocab] (rows 2i, 2i + 1: cond, uncond), failed requests' final outputs).
+        When the batched forward fails (or engine_extras["batch_prefill"] is false), each prompt
+        runs alone, so one bad prompt fails alone."""
+        if len(reqs) == 1 or self.batch_prefill:
+            try:
+                return reqs, self._logits(prefill(self.model, reqs, self.tok, self.device)), []
+            except Exception as err:  # one prompt fails alone (a batch: each runs alone, below)
+                if len(reqs) == 1:
+                    return [], None, [self.failed(reqs[0].request_id, err)]
+        parts = [self._prefill([req]) for req in reqs]
+        rows = [logits for _, logits, _ in parts if logits is not None]
+        ready = [req for got, _, _ in parts for req in got]
+        return ready, torch.cat(rows) if rows else None, [out for *_, bad in parts for out in bad]
 
     def _decode(self, reqs: list[DiaRequest]) -> tuple[torch.Tensor, torch.Tensor]:
         from transformers import DynamicCache, EncoderDecoderCache
