@@ -54,8 +54,11 @@ def test_the_first_frame_comes_out_of_the_max_delay_th_step(folder, kv_cache: st
     engine.close()
 
 
-def test_streamed_codec_audio_starts_after_the_first_chunk_and_joins_up(folder) -> None:
-    codec = GenerationEngine(_ctx(folder, "codec", adapter="omni_actors.models.dia.codec:DacCodecAdapter"))
+@pytest.mark.parametrize("warmup", [False, True])
+def test_streamed_codec_audio_starts_after_the_first_chunk_and_joins_up(folder, warmup: bool) -> None:
+    """warmup (default on CUDA only) decodes one first window at load and changes nothing after."""
+    adapter_name = "omni_actors.models.dia.codec:DacCodecAdapter"
+    codec = GenerationEngine(_ctx(folder, "codec", adapter=adapter_name, warmup=warmup))
     adapter = codec.adapter
     assert isinstance(adapter, DacCodecAdapter)
     frames = torch.randint(0, 1024, (60, adapter.groups), generator=torch.Generator().manual_seed(0))

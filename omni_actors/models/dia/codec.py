@@ -10,19 +10,26 @@ after, a frame's audio equals one whole decode to float rounding; with 8 it is o
 audio is the whole decode's; left_context (16) covers the 9 frames before. The weights
 are the DAC folder Dia's processor names (loading.py), decoded in float32.
 
+Warm-up (engine_extras["warmup"], default on CUDA): one first-sized window decoded at
+load, logged as "dia.codec_warmed_up".
+
 Inputs: {"codes": int [n, 9]} (undelayed frames from the decoder stage).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from omni_actors import logs
 from omni_actors.models.dia.loading import load_dac
 from omni_actors.workers.engines.generation import GenerationAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
+
+log = logs.get(__name__)
 
 
 class DacCodecAdapter(GenerationAdapter):
@@ -46,6 +53,17 @@ class DacCodecAdapter(GenerationAdapter):
         self.groups = cfg.n_codebooks
         self.sample_rate = int(cfg.sampling_rate)
         self.samples_per_code = int(np.prod(cfg.downsampling_ratios))
+        extras = self.ctx.engine_extras
+        if extras.get("warmup", self.ctx.device == "cuda"):
+            # one first window now (CUDA kernels, cuDNN plans), not in a first request's audio
+            started = time.monotonic()
+            n = int(extras.get("first_chunk_size", self.first_chunk_size)) + int(
+                extras.get("right_context", self.right_context)
+            )
+            self.decode([torch.zeros(n, self.groups, dtype=torch.long)], [0], [None])
+            log.info(
+                "dia.codec_warmed_up", frames=n, ms=round((time.monotonic() - started) * 1000, 1)
+            )
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         return self.frames_of(inputs, "codes", self.groups)

@@ -60,6 +60,8 @@ log = logs.get(__name__)
 
 WARMUP_ID = "dia.warmup"
 WARMUP_TEXT = "Warm up."
+WARMUP_CLIP_FRAMES = 4
+"""A silent reference clip of this many DAC frames takes the warm-up request through the clip path."""
 WARMUP_POSITIONS = 256
 """Self-attention positions the warm-up covers: the first two windows (~3 s of audio at 86 frames/s)."""
 WARMUP_TEXT_BYTES = 256
@@ -120,8 +122,8 @@ class DiaEngine(OwnEngine[DiaRequest]):
         return StaticDecoder(self.model, slots, int(limit), cuda_graphs_wanted(ctx), self.device)
 
     def warm_up(self) -> None:
-        """One short greedy request through every path (prefill, draw, decode, slot release), then
-        the static step's warm-up buckets (StaticDecoder.warm_up: on CUDA their graphs are captured
+        """One short greedy request through every path (clip encode, prefill, draw, decode, slot
+        release), then the static step's warm-up buckets (StaticDecoder.warm_up: on CUDA their graphs are captured
         now, in start-up, not by the first requests to need them). Which buckets: every batch
         bucket (any load reaches them) x the self windows up to `warmup_positions` (default
         WARMUP_POSITIONS; a request's first audio comes within its first ~30 positions after its
@@ -130,9 +132,10 @@ class DiaEngine(OwnEngine[DiaRequest]):
         buffers, the global RNG untouched (greedy)."""
         started = time.monotonic()
         extras = self.ctx.engine_extras
+        clip = np.zeros(WARMUP_CLIP_FRAMES * self.hop, dtype=np.float32)  # the DAC encoder too
         self.add(
             WARMUP_ID,
-            {"text": WARMUP_TEXT, "voice": VOICES[0]},
+            {"text": WARMUP_TEXT, "voice": VOICES[0], "reference_audio": clip},
             {"temperature": 0.0, "max_tokens": 1},
         )
         while self.has_work():
