@@ -18,6 +18,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from omni_actors.models.qwen3_tts.clone import ClonePrompts
 from omni_actors.models.qwen3_tts.talker import Qwen3TTSTalkerAdapter
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq
@@ -240,3 +241,9 @@ def test_a_repeated_voice_skips_both_encoders_and_speaks_the_same(model_dir) -> 
     _speak(cached, "d", {**low, "reference_audio": other})
     _speak(cached, "e", {**low, "reference_text": None})
     assert talker.clone_prompts.statistics().misses == 3 and talker.clone_prompts.statistics().entries == 3
+    # bounded: a third voice in a cache of two drops the least recently used
+    small = ClonePrompts(talker.clone, 2)
+    keys = [ClonePrompts.key(f"voice_{i}", clip * (1 + i), "") for i in range(3)]
+    for key in (keys[0], keys[1], keys[0], keys[2]):
+        small.parts(key, clip, torch.float32, codes=False)
+    assert set(small.entries) == {keys[0], keys[2]} and small.statistics().hits == 1
