@@ -7,8 +7,8 @@ request, both rows' self-attention KV and the cross-attention KV its first forwa
 made, and steps every running request in ONE decoder forward. The new requests of a step
 run their prompts (encoder + decoder prompt positions) together in ONE right-padded
 forward through transformers' model (prefill.py; engine_extras["batch_prefill"] false:
-one by one), then join that step's decode forward:
-a new request draws two positions in its first step.
+one by one), then join that step's decode forward: a new request draws two positions in
+its first step.
 
 Warm-up (engine_extras["warmup"], default on CUDA), part of start-up: one short request,
 then the static step's buckets a server will use (their CUDA graphs captured now); see
@@ -122,14 +122,14 @@ class DiaEngine(OwnEngine[DiaRequest]):
         return StaticDecoder(self.model, slots, int(limit), cuda_graphs_wanted(ctx), self.device)
 
     def warm_up(self) -> None:
-        """One short greedy request through every path (clip encode, prefill, draw, decode, slot
-        release), then the static step's warm-up buckets (StaticDecoder.warm_up: on CUDA their graphs are captured
-        now, in start-up, not by the first requests to need them). Which buckets: every batch
-        bucket (any load reaches them) x the self windows up to `warmup_positions` (default
-        WARMUP_POSITIONS; a request's first audio comes within its first ~30 positions after its
-        prompt) x the text windows up to `warmup_text_bytes` (default WARMUP_TEXT_BYTES). Longer
-        windows are captured when first used. Leaves nothing behind: no request, no slot, zeroed
-        buffers, the global RNG untouched (greedy)."""
+        """One short greedy request through every path (clip encode, prefill, draw, decode,
+        slot release), then the static step's warm-up buckets (StaticDecoder.warm_up: on CUDA
+        their graphs are captured now, in start-up, not by the first requests to need them).
+        Which buckets: every batch bucket (any load reaches them) x the self windows up to
+        `warmup_positions` (default WARMUP_POSITIONS; a request's first audio comes within its
+        first ~30 positions after its prompt) x the text windows up to `warmup_text_bytes`
+        (default WARMUP_TEXT_BYTES). Longer windows are captured when first used. Leaves
+        nothing behind: no request, no slot, zeroed buffers, the global RNG untouched (greedy)."""
         started = time.monotonic()
         extras = self.ctx.engine_extras
         clip = np.zeros(WARMUP_CLIP_FRAMES * self.hop, dtype=np.float32)  # the DAC encoder too
