@@ -2,9 +2,13 @@
 
 The family's own stage engine in this process, no workers: for each `--ar-extras`
 variant (engine_extras; the first is the same-run baseline of the others) and each
-`--batch` size B, B seeded requests are added and prefilled, `--warmup` steps run (CUDA
-graphs are captured then), and `--steps` steps are timed one by one (device
-synchronised). The RTF of a stream is about step_ms / the audio one step makes.
+`--batch` size B, B seeded requests are added at once and prefilled, `--warmup` steps
+run, and `--steps` steps are timed one by one (device synchronised). The RTF of a
+stream is about step_ms / the audio one step makes. `first_frame_ms_max`: from the
+burst's arrival to the last of its B requests' first output (dia: its first audio
+frame, 15 steps after its prompt by Dia's delay pattern; dia's start-up warm-up,
+engine_extras "warmup", on by default on CUDA, captures the graphs at load, in
+`load_s`, so the first burst pays no captures).
 
 - dia (default): a step decodes one position for all B requests (2 B rows with the
   guidance rows) and draws their ids; 86 positions a second (11.6 ms of audio each).
@@ -19,6 +23,8 @@ synchronised). The RTF of a stream is about step_ms / the audio one step makes.
     omni-run make-tiny vibevoice-1.5b-sized DIR
     .venv/bin/python scripts/bench_dia_step.py --family vibevoice --model DIR --device cuda \\
         --ar-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
+    .venv/bin/python scripts/bench_dia_step.py --model DIR --device cuda --batch 10 1 16 \\
+        --ar-extras '{"warmup": false, "batch_prefill": false}' '{}'     first audio of a burst
 
 Prints one JSON line.
 """
@@ -49,9 +55,9 @@ from omni_actors.workers.engine import EngineContext
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
 FAMILIES: dict[str, dict[str, Any]] = {
     "dia": {"engine": "omni_actors.models.dia.engine:DiaEngine", "stage": "decoder",
-            "inputs": {"text": f"[S1] {TEXT}", "voice": "S1"}, "frame_s": 512 / 44100},
+            "inputs": {"text": f"[S1] {TEXT}", "voice": "S1"}, "frame_s": 512 / 44100, "first": "codes"},
     "vibevoice": {"engine": "omni_actors.models.vibevoice.engine:VibeVoiceEngine", "stage": "lm",
-                  "inputs": {"text": TEXT, "voice": "0"}, "frame_s": 3200 / 24000},
+                  "inputs": {"text": TEXT, "voice": "0"}, "frame_s": 3200 / 24000, "first": "latents"},
 }  # fmt: skip
 """Per family: its engine, stage name, one request's inputs, and the seconds of audio one step makes."""
 
@@ -59,6 +65,16 @@ FAMILIES: dict[str, dict[str, Any]] = {
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def _step(engine: Any, first: dict[str, float], since: float, device: str, key: str) -> None:
+    """One engine step (device synchronised); notes each request's first audio frame (ms since `since`)."""
+    outputs = engine.step()
+    _sync(device)
+    now = time.perf_counter()
+    for out in outputs:
+        if key in out.payload:
+            first.setdefault(out.request_id, (now - since) * 1000)
 
 
 def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -76,18 +92,17 @@ def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> d
             for i in range(b):
                 engine.add(f"r{i}", dict(fam["inputs"]), {"seed": i, "max_tokens": frames})
             _sync(args.device)
-            t0 = time.perf_counter()
-            engine.step()  # prefills all b, one by one
-            _sync(args.device)
+            first: dict[str, float] = {}
+            burst = t0 = time.perf_counter()
+            _step(engine, first, burst, args.device, fam["first"])  # prefills all b in one forward
             prefill_ms = (time.perf_counter() - t0) * 1000
             for _ in range(args.warmup):
-                engine.step()
+                _step(engine, first, burst, args.device, fam["first"])
             times = []
             for _ in range(args.steps):
                 _sync(args.device)
                 t0 = time.perf_counter()
-                engine.step()
-                _sync(args.device)
+                _step(engine, first, burst, args.device, fam["first"])
                 times.append((time.perf_counter() - t0) * 1000)
             running = len(engine.requests)
             for rid in list(engine.requests):
@@ -97,6 +112,7 @@ def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> d
                 "batch": b, "running_at_end": running, "prefill_ms_per_request": round(prefill_ms / b, 2),
                 "step_ms_p50": round(p50, 3), "step_ms_p99": round(float(np.percentile(times, 99)), 3),
                 "rtf_per_stream": round(p50 / 1000 / fam["frame_s"], 3),
+                "first_frame_ms_max": round(max(first.values()), 1) if len(first) == b else None,
             })  # fmt: skip
     finally:
         engine.close()

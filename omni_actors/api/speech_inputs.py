@@ -7,7 +7,8 @@ that also speaks) gets the fields passed through as they came.
     voice  a built-in name                  -> inputs["voice"]
            one of OpenAI's names            -> the built-in voice at its index (mod the count)
            "voice_..." or {"id": "voice_..."} (cloning pipelines) -> the default voice (if any) plus
-                                               inputs "reference_audio" / "reference_text"
+                                               inputs "reference_audio" / "reference_text" /
+                                               "reference_id" (the voice's id)
            anything else                    -> 400 listing the choices
            A pipeline with no built-in voices (it only clones) needs a custom voice: anything else,
            or no voice, is a 400 naming `voice`.
@@ -121,7 +122,7 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
             raise bad_request(f"custom voice {vid!r} has no readable sample", "voice", "unknown_voice") from None
         if spec.voices:
             call.inputs["voice"] = spec.voices[0]
-        call.inputs.update(reference_text=found.transcript,
+        call.inputs.update(reference_text=found.transcript, reference_id=vid,
                            reference_audio=await off_loop(_resample, audio, rate, spec.sample_rate))
     else:
         call.inputs["voice"] = _builtin(pipe, vid)

@@ -16,7 +16,8 @@ class SpeechSpec(msgspec.Struct, frozen=True, kw_only=True):
     sample_rate: int = 24000
     cloning: bool = False
     """True when the first stage conditions on a reference clip (custom voices): inputs
-    "reference_audio" (float32 mono at `sample_rate`) and "reference_text"."""
+    "reference_audio" (float32 mono at `sample_rate`), "reference_text" and "reference_id"
+    (the custom voice's id: a stage may key what it derives from the clip on it)."""
     instructions: bool = False
     """True when the first stage takes a style prompt (input "instructions")."""
     native_speed: bool = False

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from omni_actors.models.dia.engine import DiaEngine
+from omni_actors.models.dia.prefill import prefill
 from omni_actors.models.dia.static_decode import StaticDecoder
 from omni_actors.models.tiny import make_tiny
 from omni_actors.workers.engine import EngineContext
@@ -44,8 +45,9 @@ class Recording(DiaEngine):
     """The real engine, keeping every position's (cond, uncond) logits per request."""
 
     def __init__(self, ctx: EngineContext) -> None:
-        super().__init__(ctx)
         self.seen: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        super().__init__(ctx)
+        self.seen.clear()  # not the warm-up's
 
     def _take(self, reqs, cond, uncond):
         for i, req in enumerate(reqs):
@@ -79,6 +81,8 @@ def _aliases(out, args) -> bool:
 
 class _Tapes:
     """DecodeGraphs' interface with a `_CopyTape` per bucket: capture on first use, then replay (on CPU)."""
+
+    enabled = False  # no CUDA graph
 
     def __init__(self, static) -> None:
         self.static = static
@@ -233,3 +237,99 @@ def test_cuda_graphs_speak_what_the_dynamic_cache_speaks(folder) -> None:
     assert got_reasons == want_reasons
     for rid in want:
         assert np.array_equal(got[rid], want[rid]), rid
+
+
+def test_batched_prefill_equals_prompts_one_by_one(folder) -> None:
+    """Texts of three lengths and prompts of two (one request clones a clip) in one forward: each
+    request's cache cut, encoder states and last hidden state equal its own forward's, and an
+    engine step prefills them all with one encoder call."""
+    engine = _engine(folder, kv_cache="static")
+    requests = [("p", "Hi.", {}), ("q", "A longer, different text!", {"reference_audio": CLIP, "reference_text": "A hum."}),
+                ("r", "Hello there.", {})]  # fmt: skip
+    for rid, text, extra in requests:
+        engine.add(rid, {"text": text, "voice": "S1", **extra}, {"temperature": 0.0})
+    reqs = list(engine.requests.values())
+    assert len({len(r.text_ids) for r in reqs}) == 3 and len(reqs[1].prompt_codes) > 0
+    with torch.inference_mode():
+        together = prefill(engine.model, reqs, engine.tok, engine.device)
+        cuts = [(r.self_kv, r.cross_kv, r.encoded) for r in reqs]
+        alone = torch.cat([prefill(engine.model, [r], engine.tok, engine.device) for r in reqs])
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
+    for req, (own, cross, encoded) in zip(reqs, cuts, strict=True):
+        assert encoded.shape == req.encoded.shape and own[0][0].shape == req.self_kv[0][0].shape
+        torch.testing.assert_close(encoded, req.encoded, rtol=0, atol=1e-5)
+        for (k, v), (k1, v1) in zip([*own, *cross], [*req.self_kv, *req.cross_kv], strict=True):
+            torch.testing.assert_close(k, k1, rtol=0, atol=1e-5)
+            torch.testing.assert_close(v, v1, rtol=0, atol=1e-5)
+    engine.close()
+
+    frames, calls = {}, {}
+    for batch in (True, False):  # the same requests, prefilled together and one by one
+        engine = _engine(folder, kv_cache="static", batch_prefill=batch)
+        calls[batch] = []
+        engine.model.model.encoder.register_forward_hook(lambda *_, c=calls[batch]: c.append(1))
+        for rid, text, extra in requests:
+            engine.add(rid, {"text": text, "voice": "S1", **extra}, {"seed": 7})
+        frames[batch] = _frames(engine)
+    assert (len(calls[True]), len(calls[False])) == (1, 3), "one encoder forward for the three prompts"
+    for rid, _, _ in requests:
+        got, want = frames[True][rid], frames[False][rid]
+        assert len(want) > 8 and np.array_equal(got, want), rid
+    with pytest.raises(ValueError, match="batch_prefill"):
+        _engine(folder, kv_cache="static", batch_prefill="yes")
+
+
+def _frames(engine: DiaEngine) -> dict[str, np.ndarray]:
+    frames: dict[str, list[np.ndarray]] = {rid: [] for rid in engine.requests}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            if "codes" in out.payload:
+                frames[out.request_id].append(out.payload["codes"][0])
+    return {rid: np.array(f) for rid, f in frames.items()}
+
+
+def test_warm_up_runs_every_bucket_it_names_and_leaves_nothing_behind(folder) -> None:
+    """engine_extras.warmup (default on CUDA only): the same frames after as without, no request, no
+    slot, buffers zero; the buckets stepped (captured, on CUDA) are every batch bucket x the self
+    and text windows up to warmup_positions / warmup_text_bytes."""
+    cold = _engine(folder, kv_cache="static")
+    warm = _engine(folder, kv_cache="static", warmup=True)
+    assert not warm.requests and not warm.static.owners
+    buffers = (
+        *warm.static.keys,
+        *warm.static.values,
+        *warm.static.cross_keys,
+        *warm.static.cross_values,
+    )
+    assert all(not b.any() for b in buffers) and not warm.static.inputs.any()
+    want, want_reasons = _run(cold)
+    got, got_reasons = _run(warm)
+    assert got_reasons == want_reasons
+    for rid in want:
+        assert np.array_equal(got[rid], want[rid]), rid
+
+    taped = _engine(folder, kv_cache="static")
+    taped.static.graphs = _Tapes(taped.static)
+    taped.ctx.engine_extras.update(warmup_positions=200, warmup_text_bytes=65)
+    taped.warm_up()
+    static = taped.static
+    spans, widths = static.self_sizes[:2], static.text_sizes[:2]  # 200 -> 128, 256; 65 -> 64, 128
+    expected = {
+        (b, static.windows.index((s, t))) for b in static.batch_sizes for s in spans for t in widths
+    }
+    assert set(taped.static.graphs.tapes) == expected and len(expected) == 3 * 2 * 2
+    assert not taped.requests and not static.owners
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_warm_up_captures_the_graphs_a_first_request_uses(folder) -> None:
+    """On CUDA the warm-up is on by default: a first request (batch 1, short text) captures nothing new."""
+    engine = _engine(folder, "cuda")
+    static = engine.static
+    captured = set(static.graphs.graphs)
+    assert static.graphs.enabled and len(captured) == len(static.batch_sizes) * 2 * 3
+    engine.add("a", {"text": "Hello there.", "voice": "S1"}, {"seed": 1, "max_tokens": 20})
+    assert 0 < len(_frames(engine)["a"]) <= 20
+    assert set(static.graphs.graphs) == captured

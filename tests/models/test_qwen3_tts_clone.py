@@ -18,6 +18,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from omni_actors.models.qwen3_tts.clone import ClonePrompts
 from omni_actors.models.qwen3_tts.talker import Qwen3TTSTalkerAdapter
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq
@@ -191,3 +192,58 @@ def test_the_speaker_mel_of_a_tone_peaks_at_its_band(model_dir) -> None:
     loudest = int(mel[0].mean(0).argmax())
     assert abs(float(peaks[loudest]) - 1000) < 60
     assert float(mel.min()) >= np.log(1e-5) - 1e-4
+
+
+def _talker_engine(model_dir, **extras):
+    from omni_actors.workers.engines.hf_ar import HfAREngine
+
+    adapter = "omni_actors.models.qwen3_tts.talker:Qwen3TTSTalkerAdapter"
+    return HfAREngine(EngineContext(stage_id=0, replica=0, model_stage="talker", model_path=model_dir,
+                                    device="cpu", max_num_seqs=2, dtype="float32", gpu_memory_utilization=0.5,
+                                    tensor_parallel_size=1, engine_extras={"adapter": adapter, **extras}))
+
+
+def _speak(engine, rid: str, inputs: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    """(every frame's codes, the context codes sent with the first) of one request run to its end."""
+    engine.add(rid, {"text": TEXT, **inputs}, {"seed": 5})
+    codes, context = [], None
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None and out.request_id == rid
+            codes.extend(out.payload.get("codes", []))
+            context = out.payload.get("context_codes", context)
+    return np.array(codes), context
+
+
+def test_a_repeated_voice_skips_both_encoders_and_speaks_the_same(model_dir) -> None:
+    """Through the real talker engine: the second request of a voice hits the clone cache (no encoder
+    runs: hooks on both count) and its frames and clip codes equal the first's and an uncached engine's."""
+    clip, _ = sf.read(io.BytesIO(_tone(180, rate=24000)), dtype="float32")
+    other, _ = sf.read(io.BytesIO(_tone(700, rate=24000)), dtype="float32")
+    low = {"reference_audio": clip, "reference_text": "A low hum.", "reference_id": "voice_low"}
+    cached, uncached = _talker_engine(model_dir), _talker_engine(model_dir, clone_cache_size=0)
+    talker = cached.adapter
+    runs: list[str] = []
+    talker.clone.speaker.register_forward_hook(lambda *_: runs.append("speaker"))
+    talker.clone.codec.encoder.register_forward_hook(lambda *_: runs.append("codec"))  # Mimi's conv encoder
+    first = _speak(cached, "a", low)
+    assert sorted(set(runs)) == ["codec", "speaker"] and talker.clone_prompts.statistics().misses == 1
+    runs.clear()
+    again = _speak(cached, "b", low)
+    stats = talker.clone_prompts.statistics()
+    assert runs == [] and (stats.hits, stats.misses, stats.entries) == (1, 1, 1)
+    fresh = _speak(uncached, "c", low)
+    assert uncached.adapter.clone_prompts.statistics().entries == 0
+    for got in (again, fresh):
+        assert np.array_equal(got[0], first[0]) and np.array_equal(got[1], first[1])
+    assert len(first[0]) > 0 and first[1] is not None and first[1].shape[0] > 0
+    # the same id with another clip, or without the transcript, is another entry (no stale hit)
+    _speak(cached, "d", {**low, "reference_audio": other})
+    _speak(cached, "e", {**low, "reference_text": None})
+    assert talker.clone_prompts.statistics().misses == 3 and talker.clone_prompts.statistics().entries == 3
+    # bounded: a third voice in a cache of two drops the least recently used
+    small = ClonePrompts(talker.clone, 2)
+    keys = [ClonePrompts.key(f"voice_{i}", clip * (1 + i), "") for i in range(3)]
+    for key in (keys[0], keys[1], keys[0], keys[2]):
+        small.parts(key, clip, torch.float32, codes=False)
+    assert set(small.entries) == {keys[0], keys[2]} and small.statistics().hits == 1

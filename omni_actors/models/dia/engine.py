@@ -4,8 +4,15 @@ Dia does not fit HfAREngine's one-KV-row-per-request decoder: each request has a
 text encoder pass, cross-attention KV, and two decoder rows (the text, and an
 all-pad text for guidance) that are fed the same audio ids. This engine keeps, per
 request, both rows' self-attention KV and the cross-attention KV its first forward
-made, and steps every running request in ONE decoder forward. New requests run their
-prompt (encoder + decoder prompt positions) one by one, through transformers' model.
+made, and steps every running request in ONE decoder forward. The new requests of a step
+run their prompts (encoder + decoder prompt positions) together in ONE right-padded
+forward through transformers' model (prefill.py; engine_extras["batch_prefill"] false:
+one by one), then join that step's decode forward: a new request draws two positions in
+its first step.
+
+Warm-up (engine_extras["warmup"], default on CUDA), part of start-up: one short request,
+then the static step's buckets a server will use (their CUDA graphs captured now); see
+`warm_up`. Logged as "dia.warmed_up".
 
 KV cache, engine_extras["kv_cache"] (HfAREngine's convention):
 - "static" (default on CUDA): a slot per request in preallocated buffers and a
@@ -29,14 +36,17 @@ max_tokens: frames of audio).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from omni_actors import logs
 from omni_actors.config.speech import text_and_voice
 from omni_actors.models.dia import VOICES
 from omni_actors.models.dia.loading import load_dac
+from omni_actors.models.dia.prefill import prefill
 from omni_actors.models.dia.request import DiaRequest, Tokens
 from omni_actors.models.dia.sampling import draw
 from omni_actors.models.dia.static_decode import StaticDecoder
@@ -46,6 +56,16 @@ from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 from omni_actors.workers.engines.own_engine import OwnEngine
 from omni_actors.workers.engines.torch_setup import load_dtype, seeded
 
+log = logs.get(__name__)
+
+WARMUP_ID = "dia.warmup"
+WARMUP_TEXT = "Warm up."
+WARMUP_CLIP_FRAMES = 4
+"""A silent reference clip of this many DAC frames takes the warm-up request through the clip path."""
+WARMUP_POSITIONS = 256
+"""Self-attention positions the warm-up covers: the first two windows (~3 s of audio at 86 frames/s)."""
+WARMUP_TEXT_BYTES = 256
+"""Text the warm-up covers: windows of 64, 128 and 256 bytes (a few sentences)."""
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "guidance_scale", "max_tokens")
 TAGS = ("[S1]", "[S2]")
 KV_CACHES = ("static", "dynamic")
@@ -80,6 +100,13 @@ class DiaEngine(OwnEngine[DiaRequest]):
             "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or dec.max_position_embeddings) - 1),
         }  # fmt: skip
         self.static = self._static_decoder(ctx, dec.max_position_embeddings)
+        self.batch_prefill = ctx.engine_extras.get("batch_prefill", True)
+        if not isinstance(self.batch_prefill, bool):
+            raise ValueError(
+                f"engine_extras.batch_prefill: expected true or false, got {self.batch_prefill!r}"
+            )
+        if ctx.engine_extras.get("warmup", ctx.device == "cuda"):
+            self.warm_up()
 
     def _static_decoder(self, ctx: EngineContext, positions: int) -> StaticDecoder | None:
         extras = ctx.engine_extras
@@ -93,6 +120,39 @@ class DiaEngine(OwnEngine[DiaRequest]):
             return None
         slots = max(1, ctx.max_num_seqs)
         return StaticDecoder(self.model, slots, int(limit), cuda_graphs_wanted(ctx), self.device)
+
+    def warm_up(self) -> None:
+        """One short greedy request through every path (clip encode, prefill, draw, decode,
+        slot release), then the static step's warm-up buckets (StaticDecoder.warm_up: on CUDA
+        their graphs are captured now, in start-up, not by the first requests to need them).
+        Which buckets: every batch bucket (any load reaches them) x the self windows up to
+        `warmup_positions` (default WARMUP_POSITIONS; a request's first audio comes within its
+        first ~30 positions after its prompt) x the text windows up to `warmup_text_bytes`
+        (default WARMUP_TEXT_BYTES). Longer windows are captured when first used. Leaves
+        nothing behind: no request, no slot, zeroed buffers, the global RNG untouched (greedy)."""
+        started = time.monotonic()
+        extras = self.ctx.engine_extras
+        clip = np.zeros(WARMUP_CLIP_FRAMES * self.hop, dtype=np.float32)  # the DAC encoder too
+        self.add(
+            WARMUP_ID,
+            {"text": WARMUP_TEXT, "voice": VOICES[0], "reference_audio": clip},
+            {"temperature": 0.0, "max_tokens": 1},
+        )
+        while self.has_work():
+            for out in self.step():
+                if out.error is not None:
+                    raise RuntimeError(f"dia: the warm-up request failed ({out.error})")
+        buckets = []
+        if self.static is not None:
+            buckets = self.static.warm_up(
+                int(extras.get("warmup_positions", WARMUP_POSITIONS)),
+                int(extras.get("warmup_text_bytes", WARMUP_TEXT_BYTES)),
+            )
+        graphs = self.static is not None and self.static.graphs.enabled
+        log.info(
+            "dia.warmed_up", buckets=len(buckets), cuda_graphs=graphs,
+            ms=round((time.monotonic() - started) * 1000, 1),
+        )  # fmt: skip
 
     # ---- requests --------------------------------------------------------
 
@@ -154,15 +214,17 @@ class DiaEngine(OwnEngine[DiaRequest]):
     def step(self) -> list[EngineOutput]:
         running, new = self.admit()
         outputs: list[EngineOutput] = []
-        for req in new:
-            try:
-                cond, uncond = self._prefill(req)
-            except Exception as err:  # one prompt fails alone
-                outputs.append(self.failed(req.request_id, err))
-                continue
+        if new:
+            ready, logits, failed = self._prefill(new)
+            outputs.extend(failed)
             if self.static is not None:
-                self.static.store(req)
-            outputs.extend(self._take([req], cond[None], uncond[None]))
+                for req in ready:
+                    self.static.store(req)
+            if logits is not None:
+                outputs.extend(self._take(ready, logits[0::2], logits[1::2]))
+            # and their next position in this step's decode (one step sooner to first audio; the
+            # static step computed it anyway): ids and position are the ones the next step would feed
+            running = running + [r for r in ready if r.request_id in self.requests]
         if running:
             if self.static is not None:
                 running, cond, uncond = self.static.decode(running)
@@ -177,20 +239,23 @@ class DiaEngine(OwnEngine[DiaRequest]):
             self.model.logits_dense(hidden).float().view(hidden.shape[0], self.channels, self.vocab)
         )
 
-    def _prefill(self, req: DiaRequest) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.tensor([req.text_ids], device=self.device)
-        text = torch.cat([ids, torch.zeros_like(ids)])  # conditioned, unconditioned
-        prompt = torch.from_numpy(req.prompt(self.tok)).to(self.device)
-        out = self.model.model(
-            input_ids=text, attention_mask=torch.ones_like(text),
-            decoder_input_ids=prompt[None].expand(2, -1, -1), use_cache=True,
-        )  # fmt: skip
-        cache = out.past_key_values
-        req.self_kv = [(x.keys, x.values) for x in cache.self_attention_cache.layers]
-        req.cross_kv = [(x.keys, x.values) for x in cache.cross_attention_cache.layers]
-        req.encoded = out.encoder_last_hidden_state
-        logits = self._logits(out.last_hidden_state[:, -1])
-        return logits[0], logits[1]
+    def _prefill(
+        self, reqs: list[DiaRequest]
+    ) -> tuple[list[DiaRequest], torch.Tensor | None, list[EngineOutput]]:
+        """Every new prompt in one forward (prefill.py): (the ready requests, their logits
+        [2 * n, channels, vocab] (rows 2i, 2i + 1: cond, uncond), failed requests' final outputs).
+        When the batched forward fails (or engine_extras["batch_prefill"] is false), each prompt
+        runs alone, so one bad prompt fails alone."""
+        if len(reqs) == 1 or self.batch_prefill:
+            try:
+                return reqs, self._logits(prefill(self.model, reqs, self.tok, self.device)), []
+            except Exception as err:  # one prompt fails alone (a batch: each runs alone, below)
+                if len(reqs) == 1:
+                    return [], None, [self.failed(reqs[0].request_id, err)]
+        parts = [self._prefill([req]) for req in reqs]
+        rows = [logits for _, logits, _ in parts if logits is not None]
+        ready = [req for got, _, _ in parts for req in got]
+        return ready, torch.cat(rows) if rows else None, [out for *_, bad in parts for out in bad]
 
     def _decode(self, reqs: list[DiaRequest]) -> tuple[torch.Tensor, torch.Tensor]:
         from transformers import DynamicCache, EncoderDecoderCache

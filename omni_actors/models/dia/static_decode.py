@@ -20,9 +20,9 @@ eagerly, as on CPU, over the same buffers). Slots stay compact: a request that e
 or is aborted gives its slot back and the last slot's request moves into it, so a
 step runs rows 0 .. 2 * B - 1 with B the smallest batch bucket holding every slot.
 Rows of the bucket without a request still compute (length 0, one text position) and
-are never read; a request prefilled in the same engine step is stepped too, unread: it
-writes the K/V its next step writes again (same ids, same position). Attention is grouped-query without copying K/V: a single query
-position lets a kv head's query heads stand in for query positions.
+are never read; a request prefilled in the same engine step is stepped (and read) too.
+Attention is grouped-query without copying K/V: a single query position lets a kv
+head's query heads stand in for query positions.
 """
 
 from __future__ import annotations
@@ -131,6 +131,31 @@ class StaticDecoder:
         moved.slot = hole
         self.owners[hole] = moved
 
+    # ---- warm-up -----------------------------------------------------------
+
+    @torch.inference_mode()
+    def warm_up(self, positions: int, text: int) -> list[tuple[int, int, int]]:
+        """Run (on CUDA: capture) the step of every batch bucket x every self window up to the one
+        holding `positions` x every text window up to the one holding `text` bytes, with no slot in
+        use; returns those (batch, self, text) buckets. Leaves nothing behind: the rows' inputs
+        and every K/V buffer are zeroed again, as they were allocated."""
+        assert not self.owners, "warm up before any request holds a slot"
+        spans, widths = _upto(self.self_sizes, positions), _upto(self.text_sizes, text)
+        self.inputs.zero_()
+        self.texts.fill_(1)  # as a step's unused rows: one text position (zeros), nothing else
+        done = []
+        for batch in self.batch_sizes:
+            for span in spans:
+                for width in widths:
+                    self.graphs.run(batch, self.windows.index((span, width)))
+                    done.append((batch, span, width))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.inputs.zero_()
+        for buf in (*self.keys, *self.values, *self.cross_keys, *self.cross_values):
+            buf.zero_()
+        return done
+
     # ---- decode ------------------------------------------------------------
 
     @torch.inference_mode()
@@ -193,6 +218,11 @@ class StaticDecoder:
             hidden = hidden + layer.mlp(layer.pre_mlp_norm(hidden))
         hidden = dec.norm(hidden)[:, 0]
         return self.model.logits_dense(hidden).float().view(rows, self.channels, self.vocab)
+
+
+def _upto(sizes: list[int], value: int) -> list[int]:
+    """The buckets of `sizes` up to (and including) the one holding `value` (all of them past the last)."""
+    return sizes[: sizes.index(bucket_for(min(value, sizes[-1]), sizes)) + 1]
 
 
 def _mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -11,6 +11,11 @@
   Mimi encoder (`speech_tokenizer/` `encoder.*`) over the clip, its first
   `encoder_valid_num_quantizers` code groups, ceil(samples / 1920) frames.
 
+Both encoders run once per voice: `ClonePrompts` keeps a voice's parts (speaker row, and
+clip codes in in-context mode) in a bounded LRU keyed by the custom voice's id and a hash
+of the clip's samples and transcript, so a repeated voice skips both encoders. The
+encoders are deterministic, so a hit gives exactly what a fresh encode would.
+
 The mel filters come from transformers' `mel_filter_bank`, which builds the same
 Slaney filters as librosa's `filters.mel` (the original's; librosa is not installed
 here): checked once against librosa-built Whisper filters (16 kHz, 201 bins, 80 and
@@ -19,9 +24,12 @@ here): checked once against librosa-built Whisper filters (16 kHz, 201 bins, 80 
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
@@ -36,6 +44,8 @@ MAG_EPS = 1e-9
 LOG_FLOOR = 1e-5
 MIN_SAMPLES = N_FFT
 """A clip shorter than one STFT window (about 43 ms) gives no speaker embedding."""
+CLONE_CACHE_SIZE = 32
+"""Voices whose clone prompt parts a talker worker keeps (engine_extras["clone_cache_size"]; 0: none)."""
 
 
 class CloneEncoder:
@@ -81,3 +91,50 @@ class CloneEncoder:
         x = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)).to(self.device)[None, None]
         out = self.codec.encode(x, return_dict=True).audio_codes[0, : self.groups]
         return out[:, : -(-audio.size // self.frame)].T.long()
+
+
+class CloneCacheStats(msgspec.Struct, frozen=True):
+    hits: int
+    misses: int
+    entries: int
+
+
+class ClonePrompts:
+    """A voice's clone prompt parts, encoded once: bounded LRU of `size` voices (module docstring)."""
+
+    def __init__(self, encoder: CloneEncoder, size: int = CLONE_CACHE_SIZE) -> None:
+        if size < 0:
+            raise ValueError(f"engine_extras.clone_cache_size: expected 0 or more, got {size}")
+        self.encoder, self.size = encoder, size
+        self.entries: OrderedDict[tuple[str, bytes], tuple[torch.Tensor, torch.Tensor | None]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(voice_id: str, audio: np.ndarray, transcript: str) -> tuple[str, bytes]:
+        """(the custom voice's id, a digest of its clip's samples and transcript)."""
+        digest = hashlib.blake2b(np.ascontiguousarray(audio, dtype=np.float32).tobytes(), digest_size=16)
+        digest.update(b"\0" + transcript.encode())
+        return voice_id, digest.digest()
+
+    def parts(
+        self, key: tuple[str, bytes], audio: np.ndarray, dtype: torch.dtype, codes: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(speaker row, clip codes [frames, groups] when `codes`, else None) of one voice. The tensors
+        are shared between the voice's requests: read them, never write them."""
+        hit = self.entries.get(key)
+        if hit is not None and (hit[1] is not None or not codes):
+            self.hits += 1
+            self.entries.move_to_end(key)
+            return hit[0], hit[1] if codes else None
+        self.misses += 1
+        row = hit[0] if hit is not None else self.encoder.speaker_row(audio, dtype)
+        clip = self.encoder.codes(audio) if codes else None
+        if self.size:
+            self.entries[key] = (row, clip)
+            self.entries.move_to_end(key)
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return row, clip
+
+    def statistics(self) -> CloneCacheStats:
+        return CloneCacheStats(self.hits, self.misses, len(self.entries))

@@ -33,8 +33,9 @@ A Base checkpoint speaks only in a custom voice and takes no instructions (the
 original's voice-clone call has neither a speaker nor an instruct text).
 
 Inputs: {"text": str, "voice": a speaker name (CustomVoice), optional
-"instructions": str; Base: "reference_audio" float32 [samples] at 24 kHz and
-"reference_text": str or None}. Outputs per step: {"codes": int64 [1, num_code_groups]},
+"instructions": str; Base: "reference_audio" float32 [samples] at 24 kHz,
+"reference_text": str or None, and "reference_id" (the custom voice's id, part of the
+key under which clone.py's ClonePrompts keeps the voice's encoded clip)}. Outputs per step: {"codes": int64 [1, num_code_groups]},
 the first also {"context_codes": int64 [clip frames, groups]} in in-context mode;
 the stop code ends the request and is not emitted. Sampling: generation_config.json
 (temperature, top_k, top_p, repetition_penalty, max_new_tokens) < deploy
@@ -52,7 +53,12 @@ import torch
 
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.models.qwen3_tts import VOICES
-from omni_actors.models.qwen3_tts.clone import MIN_SAMPLES, CloneEncoder
+from omni_actors.models.qwen3_tts.clone import (
+    CLONE_CACHE_SIZE,
+    MIN_SAMPLES,
+    CloneEncoder,
+    ClonePrompts,
+)
 from omni_actors.models.qwen3_tts.modules import load_talker
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,
@@ -86,6 +92,8 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
         self.model, spk_encoder, config = load_talker(path, self.ctx.device, self.load_dtype())
         self.clone = None if spk_encoder is None else CloneEncoder(path, spk_encoder, self.ctx.device)
+        size = int(self.ctx.engine_extras.get("clone_cache_size", CLONE_CACHE_SIZE))
+        self.clone_prompts = None if self.clone is None else ClonePrompts(self.clone, size)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as err:
@@ -142,10 +150,11 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             audio = np.array(ref, dtype=np.float32).reshape(-1)
             if audio.size < MIN_SAMPLES:
                 raise ValueError(f"qwen3_tts: the custom voice's clip is too short ({audio.size} samples at 24 kHz)")
+            said = str(inputs.get("reference_text") or "").strip()
             seq.data = {
                 "text": text, "voice": "", "instructions": None, "frame": None, "trailing": None,
-                "ref_audio": audio,
-                "ref_text": str(inputs.get("reference_text") or "").strip(), "context": None,
+                "ref_audio": audio, "ref_text": said, "context": None,
+                "ref_key": ClonePrompts.key(str(inputs.get("reference_id") or ""), audio, said),
             }  # fmt: skip
             return
         if ref is not None:
@@ -190,13 +199,15 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         embed = m.get_input_embeddings()
         dev = self.ctx.device
         codec = embed(torch.tensor([*head, tc["codec_pad_id"], tc["codec_bos_id"]], device=dev))
+        ref = None
         if d["ref_audio"] is not None:  # the clip's speaker embedding in the speaker's place
-            row = self.clone.speaker_row(d["ref_audio"], m.dtype).to(codec.dtype)
-            codec = torch.cat([codec[: len(head)], row[None], codec[len(head) :]])
+            cached = self.clone_prompts
+            row, ref = cached.parts(d["ref_key"], d["ref_audio"], m.dtype, bool(d["ref_text"]))
+            codec = torch.cat([codec[: len(head)], row.to(codec.dtype)[None], codec[len(head) :]])
         pads = self.tts_pad.expand(codec.shape[0] - 2, -1)
         parts.append(torch.cat([pads, self.tts_bos[None]]) + codec[:-1])
         if d["ref_audio"] is not None and d["ref_text"]:
-            rows, d["trailing"] = self._in_context(d, text, codec[-1:])
+            rows, d["trailing"] = self._in_context(d, text, codec[-1:], ref)
             parts.append(rows)
         else:
             rows = m.text(text)
@@ -204,14 +215,16 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             d["trailing"] = torch.cat([rows[1:], self.tts_eos[None]])
         return StepInputs(torch.cat(parts).to(m.dtype))
 
-    def _in_context(self, d: dict[str, Any], text: torch.Tensor, bos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _in_context(
+        self, d: dict[str, Any], text: torch.Tensor, bos: torch.Tensor, ref: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         """In-context cloning: the clip's transcript then the text, over codec-bos and the clip's frames.
 
         Text rows (transcript + text + tts-eos) and codec rows (bos + one summed row per clip frame)
         are added position by position; the longer text's rest is fed one row per step, a shorter
-        one is padded with tts-pad. The clip's codes go to the codec stage as left context."""
+        one is padded with tts-pad. The clip's codes (ref [frames, groups]) go to the codec stage as
+        left context."""
         m = self.model
-        ref = self.clone.codes(d["ref_audio"])  # [frames, groups]
         d["context"] = ref.cpu().numpy().astype(np.int64)
         ref = ref.to(self.ctx.device)
         tables = [m.get_input_embeddings(), *m.code_predictor.get_input_embeddings()]
