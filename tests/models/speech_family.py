@@ -230,6 +230,15 @@ async def test_custom_voices_clone_and_survive_a_restart(srv: Server, fam: Famil
             await c2.audio.voice_consents.retrieve(consent.id)
 
 
+async def speech_until_done(ws, events: list[dict] | None = None) -> tuple[list[dict], bytes]:
+    """The text-in socket's events up to `speech.audio.done` (after `events`, already read) and the
+    PCM of their deltas."""
+    events = list(events or [])
+    while not events or events[-1]["type"] != "speech.audio.done":
+        events.append(await ws.receive_json())
+    return events, b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+
+
 async def test_text_in_socket_speaks_before_done_in_order(srv: Server, fam: Family) -> None:
     """WebSocket /v1/audio/speech/stream: text token by token; the first audio arrives before
     input_text.done is sent; a bad update is an `error` and the session lives on; two texts in a row."""
@@ -248,18 +257,12 @@ async def test_text_in_socket_speaks_before_done_in_order(srv: Server, fam: Fami
         assert first["type"] == "speech.audio.delta"
         await ws.send_json({"type": "input_text.append", "text": " goodbye."})
         await ws.send_json({"type": "input_text.done"})
-        events = [first]
-        while events[-1]["type"] != "speech.audio.done":
-            events.append(await ws.receive_json())
-        pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        events, pcm = await speech_until_done(ws, [first])
         assert events[-1]["usage"]["input_tokens"] == 6
         # the same text again in the same session gives the same audio (clauses in text order)
         await ws.send_json({"type": "input_text.append", "text": "Hello there, friend. And then goodbye."})
         await ws.send_json({"type": "input_text.done"})
-        again = []
-        while not again or again[-1]["type"] != "speech.audio.done":
-            again.append(await ws.receive_json())
-        pcm2 = b"".join(base64.b64decode(e["audio"]) for e in again[:-1])
+        _, pcm2 = await speech_until_done(ws)
         assert len(pcm) == len(pcm2) and len(pcm) >= 3 * 2 * fam.frame
         a, b = (np.frombuffer(x, "<i2").astype(np.int32) for x in (pcm, pcm2))
         assert np.abs(a - b).max() <= 4

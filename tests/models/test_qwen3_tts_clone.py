@@ -23,7 +23,7 @@ from omni_actors.models.qwen3_tts.talker import Qwen3TTSTalkerAdapter
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq
 from tests.api.conftest import Server, eventually, idle
-from tests.models.speech_family import TEXT, Family, _wav, family_fixtures
+from tests.models.speech_family import TEXT, Family, _wav, family_fixtures, speech_until_done
 
 FAMILY = Family("qwen3_tts-base", rate=24000, frame=1920, voices=())
 MAX_FRAMES = 20
@@ -169,10 +169,7 @@ async def test_text_in_socket_speaks_in_a_cloned_voice(srv: Server, voices) -> N
         assert first["type"] == "speech.audio.delta"
         await ws.send_json({"type": "input_text.append", "text": " goodbye."})
         await ws.send_json({"type": "input_text.done"})
-        events = [first]
-        while events[-1]["type"] != "speech.audio.done":
-            events.append(await ws.receive_json())
-        pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        _, pcm = await speech_until_done(ws, [first])
         assert len(pcm) % (2 * FAMILY.frame) == 0 and len(pcm) >= 3 * 2 * FAMILY.frame
     await eventually(lambda: idle(srv.orch), timeout_s=10)
 

@@ -1,10 +1,10 @@
-"""The vibevoice folder served with `engine_extras.kv_cache: static` speaks what the dynamic cache speaks (openai SDK).
+"""A speech folder served with `engine_extras.kv_cache: static` speaks what the dynamic cache speaks (openai SDK).
 
-Two real servers, one after the other, over one tiny folder as `omni-run --model DIR`
-serves it, with the LM stage's KV cache static (slots for both guidance branches, the
-fixed-shape LM step and denoising loop) and dynamic. Three seeded requests at once on
-two slots, so requests share steps and the third takes a slot another gave back: the
-same audio from both.
+Per family (dia: the decoder stage's slots and fixed-shape step; vibevoice: the LM stage's
+slots for both guidance branches, the fixed-shape LM step and denoising loop), two real
+servers one after the other over one tiny folder as `omni-run --model DIR` serves it, the
+stage's KV cache static then dynamic. Three seeded requests at once on two slots, so
+requests share steps and the third takes a slot another gave back: the same audio from both.
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from omni_actors.cli import served_folder
 from omni_actors.models.tiny import make_tiny
 from tests.api.conftest import eventually, idle, serve_deploy
 
-KEY = "vibevoice-static-key"
+KEY = "static-kv-key"
 TEXTS = ("Hello there, how are you?", "Hi.", "A rather longer sentence, spoken third of all.")
+MIN_SAMPLES = {"dia": 1, "vibevoice": 6 * 3200}
+"""Samples each answer has at least (vibevoice: six latents of 3,200)."""
 
 
 def _deploy(folder: Path, kind: str):
@@ -41,11 +44,12 @@ async def _speak(folder: Path, kind: str) -> list[np.ndarray]:
         return [np.frombuffer(r.content, "<i2").astype(np.float32) / 32768 for r in replies]
 
 
-async def test_static_and_dynamic_servers_speak_the_same_audio(tmp_path: Path) -> None:
-    folder = make_tiny("vibevoice", tmp_path / "tiny-vibevoice", seed=0)
+@pytest.mark.parametrize("family", sorted(MIN_SAMPLES))
+async def test_static_and_dynamic_servers_speak_the_same_audio(tmp_path: Path, family: str) -> None:
+    folder = make_tiny(family, tmp_path / f"tiny-{family}", seed=0)
     static = await _speak(folder, "static")
     dynamic = await _speak(folder, "dynamic")
     assert len({a.tobytes() for a in static}) == len(TEXTS), "the requests should differ"
     for a, b in zip(static, dynamic, strict=True):
-        assert a.size == b.size and a.size >= 6 * 3200
+        assert a.size == b.size and a.size >= MIN_SAMPLES[family]
         assert np.allclose(a, b, atol=1e-4)
