@@ -100,6 +100,8 @@ class Batch:
         self._reports: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._stop = threading.Event()
         self.ended = threading.Event()
+        self._marks: dict[str, float] = {}
+        """time.perf_counter() at "start", "denoised" (last step), "decoded" (the call returned), "converted"."""
 
     def release(self) -> None:
         """Kept for callers written for lock-step batches: a batch runs free, there is nothing to release."""
@@ -124,10 +126,22 @@ class Batch:
         """Wait until the runner is done with this batch (its tensors freed)."""
         self.ended.wait(BATCH_EXIT_TIMEOUT_S)
 
+    def timings_ms(self) -> dict[str, float]:
+        """Where the batch's time went, for the debug log: denoising, the decode and postprocess
+        after the last step, the output conversion, and the handoff until now (the worker has it)."""
+        t = self._marks
+        names = (("denoise_ms", "start", "denoised"), ("decode_ms", "denoised", "decoded"),
+                 ("convert_ms", "decoded", "converted"))
+        out = {name: round(1000 * (t[b] - t[a]), 2) for name, a, b in names if a in t and b in t}
+        if "converted" in t:
+            out["handoff_ms"] = round(1000 * (time.perf_counter() - t["converted"]), 2)
+        return out
+
     def _pause(self, done: int, total: int, latents: Any = None) -> None:
         if self._stop.is_set():
             raise _Cancelled
         if done >= total:
+            self._marks["denoised"] = time.perf_counter()
             if self._report_decode:
                 self._reports.put(("decoding", done, total))
             return  # after the last step, run on through the decode
@@ -164,8 +178,11 @@ class Batch:
             scheduler.step = step_and_pause
         report: tuple[Any, ...] | None = None
         try:
+            self._marks["start"] = time.perf_counter()
             result = pipe(**kwargs)
+            self._marks["decoded"] = time.perf_counter()
             report = ("done", self._convert(result), len(scheduler.timesteps))
+            self._marks["converted"] = time.perf_counter()
         except _Cancelled:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
