@@ -14,7 +14,7 @@ pytest.importorskip("diffusers")
 from omni_actors.models.tiny import make_tiny
 from omni_actors.models.tiny.diffusion import make_tiny_diffusion
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
-from omni_actors.workers.engines.diffusion_outputs import image_arrays
+from omni_actors.workers.engines.diffusion_outputs import image_arrays, rounded_uint8
 
 CALLS: dict[str, dict[str, Any]] = {
     "sd": {"prompt": ["a cat", "a dog"], "width": 32, "height": 48, "num_inference_steps": 2},
@@ -43,9 +43,12 @@ def test_pt_output_rounded_on_the_device_equals_the_numpy_path(kind: str, tmp_pa
         return pipe(**CALLS[kind], generator=gens, output_type=output_type)
 
     want = np.asarray(call("np").images)
-    got = image_arrays(call("pt"))["images"]
+    pt = call("pt")
+    got = image_arrays(pt)["images"]
     assert got.dtype == np.uint8 and got.shape[0] == 2 and got.shape[-1] == 3
     if want.dtype != np.uint8:
         want = _numpy_rounding(want)
     assert np.array_equal(got, want)
+    if isinstance(pt.images, torch.Tensor):  # what a GPU batch goes through (here on the CPU)
+        assert np.array_equal(rounded_uint8(pt.images).numpy(), want)
     assert not np.array_equal(got[0], got[1])  # two seeds: the rows are not one image twice

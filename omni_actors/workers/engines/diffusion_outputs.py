@@ -65,13 +65,21 @@ def to_uint8(images: Any) -> np.ndarray:
 
 def _tensor_to_numpy(images: Any) -> np.ndarray:
     """A torch batch on the host. output_type "pt" gives float [0, 1] NCHW on the pipeline's device:
-    it is rounded to uint8 NHWC there, so a quarter of the bytes cross to the host and no float
-    work is left for one CPU thread; the values are those numpy's rounding gives for "np" (float32
-    clip, x255, round half to even). Other tensors are taken as NHWC."""
-    import torch
-
+    on a GPU it is rounded to uint8 NHWC there, so a quarter of the bytes cross to the host and no
+    float work is left for one CPU thread; the values are those numpy's rounding (to_uint8) gives
+    for "np" (float32 clip, x255, round half to even), which still does it for a CPU batch.
+    Other tensors are taken as NHWC."""
     if images.ndim == 4 and images.shape[1] in (1, 3, 4) and images.is_floating_point():
-        images = images.float().clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
+        if images.device.type == "cpu":  # numpy rounds a CPU batch ~3x faster than torch on one thread
+            return images.detach().permute(0, 2, 3, 1).float().numpy()
+        images = rounded_uint8(images)
     elif images.is_floating_point():
         images = images.float()
     return images.contiguous().cpu().numpy()
+
+
+def rounded_uint8(images: Any) -> Any:
+    """Float [0, 1] NCHW torch images as uint8 NHWC on their own device, rounded as to_uint8 rounds."""
+    import torch
+
+    return images.float().clamp(0.0, 1.0).mul(255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
