@@ -46,3 +46,30 @@ def test_noise_is_stored_and_smooth_images_compress() -> None:
 def test_what_it_cannot_write_is_a_value_error(bad: np.ndarray) -> None:
     with pytest.raises(ValueError, match="uint8"):
         encode_png(bad)
+
+
+def test_a_large_image_compressed_in_bands_is_one_valid_zlib_stream() -> None:
+    """Bands joined pigz-style: zlib itself (which checks the Adler-32) inflates the whole stream."""
+    import zlib
+
+    from omni_actors.api import png
+
+    y, x = np.mgrid[0:512, 0:384]
+    img = np.stack([x % 256, y % 256, (x * y) % 251], -1).astype(np.uint8)
+    out = encode_png(img)
+    idat = _chunks(out)[b"IDAT"]
+    assert idat[:2] == b"\x78\x01"
+    rows = zlib.decompress(idat)
+    assert len(rows) == 512 * (384 * 3 + 1) and len(idat) < len(rows) // 2
+    assert np.array_equal(_read(out)[0], img)
+    if png.BANDS > 1:  # several bands: a full flush (00 00 ff ff) ends every band but the last
+        assert b"\x00\x00\xff\xff" in idat
+
+
+def _chunks(png: bytes) -> dict[bytes, bytes]:
+    found, pos = {}, 8
+    while pos < len(png):
+        length, kind = int.from_bytes(png[pos:pos + 4], "big"), png[pos + 4:pos + 8]
+        found[kind] = png[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return found
