@@ -10,7 +10,6 @@ with an in-band error event.
 
 from __future__ import annotations
 
-import base64
 import time
 from typing import Any
 
@@ -20,14 +19,10 @@ from aiohttp import web
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import PipelineCall
 from omni_actors.api.errors import from_exception
-from omni_actors.api.images import encode_image
+from omni_actors.api.images import encode_b64
 from omni_actors.api.schemas import ImageStreamEvent
 from omni_actors.api.sse import SSEWriter
 from omni_actors.errors import RequestError
-
-
-def _b64(img: np.ndarray, fmt: str) -> str:
-    return base64.b64encode(encode_image(img, fmt)).decode()
 
 
 async def stream_images(request: web.Request, route: str, inputs: dict[str, Any], params: dict[str, Any],
@@ -46,7 +41,7 @@ async def stream_images(request: web.Request, route: str, inputs: dict[str, Any]
                     if preview is not None and index < partial_images:
                         img = np.asarray(preview)[0]
                         await sse.send(ImageStreamEvent(
-                            type=f"{prefix}.partial_image", b64_json=await off_loop(_b64, img, fmt),
+                            type=f"{prefix}.partial_image", b64_json=await off_loop(encode_b64, img, fmt),
                             created_at=int(time.time()), size=f"{img.shape[1]}x{img.shape[0]}",
                             output_format=fmt, partial_image_index=index))
                         index += 1
@@ -54,7 +49,7 @@ async def stream_images(request: web.Request, route: str, inputs: dict[str, Any]
                         arr = np.asarray(chunk.data["images"])
                         for img in arr if arr.ndim == 4 else [arr]:
                             await sse.send(ImageStreamEvent(
-                                type=f"{prefix}.completed", b64_json=await off_loop(_b64, img, fmt),
+                                type=f"{prefix}.completed", b64_json=await off_loop(encode_b64, img, fmt),
                                 created_at=int(time.time()), size=f"{img.shape[1]}x{img.shape[0]}",
                                 output_format=fmt))
             except RequestError as err:

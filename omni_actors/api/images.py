@@ -11,12 +11,14 @@ What goes into the pipeline:
 Image chunks come back as StageChunk(output_type="image", data={"images": uint8
 [n, H, W, C] (or one [H, W, C])}); progress chunks without "images" are skipped.
 A diffusion model that only edits is a 400 pointing at /v1/images/edits.
-Images are encoded in a thread; `response_format: "url"` links go to image_files.py.
+Images are encoded in the thread pool, each on its own (PNG by png.py, 2-3x faster than PIL);
+`response_format: "url"` links go to image_files.py.
 `answer_images` is shared with the edits route (image_edits.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import re
@@ -36,6 +38,7 @@ from omni_actors.api.calls import (
 from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
 from omni_actors.api.errors import bad_request
 from omni_actors.api.image_files import FILES_KEY
+from omni_actors.api.png import encode_png
 from omni_actors.api.schemas import ImageData, ImageRequest, ImagesResponse, read_body
 
 ROUTE = "/v1/images/generations"
@@ -61,6 +64,8 @@ def encode_image(img: np.ndarray, fmt: str) -> bytes:
     from PIL import Image
 
     arr = np.ascontiguousarray(img, dtype=np.uint8)
+    if fmt == "png" and (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (1, 3, 4))):
+        return encode_png(arr)
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[..., 0]
     pil = Image.fromarray(arr)
@@ -71,8 +76,15 @@ def encode_image(img: np.ndarray, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def encode_images(images: list[np.ndarray], fmt: str) -> list[bytes]:
-    return [encode_image(img, fmt) for img in images]
+def encode_b64(img: np.ndarray, fmt: str) -> str:
+    return base64.b64encode(encode_image(img, fmt)).decode()
+
+
+async def encode_images(images: list[np.ndarray], fmt: str, b64: bool = False) -> list[Any]:
+    """Each image encoded (as base64 text with `b64`) in the loop's thread pool, all at once:
+    the codecs release the GIL, so n images take about as long as one."""
+    fn = encode_b64 if b64 else encode_image
+    return list(await asyncio.gather(*(off_loop(fn, img, fmt) for img in images)))
 
 
 async def collect_images(call: PipelineCall) -> list[np.ndarray]:
@@ -87,17 +99,16 @@ async def collect_images(call: PipelineCall) -> list[np.ndarray]:
 async def answer_images(request: web.Request, images: list[np.ndarray], fmt: str,
                         response_format: str | None) -> web.Response:
     """The OpenAI images answer: base64 data, or links served by this server for a while."""
-    encoded = await off_loop(encode_images, images, fmt)
     h, w = (images[0].shape[0], images[0].shape[1]) if images else (0, 0)
     expires: int | None = None
     if response_format == "url":
         files = request.app[FILES_KEY]
         data = []
-        for blob in encoded:
+        for blob in await encode_images(images, fmt):
             name, expires = files.put(blob, fmt)
             data.append(ImageData(url=f"{request.scheme}://{request.host}/v1/files/images/{name}"))
     else:
-        data = [ImageData(b64_json=base64.b64encode(b).decode()) for b in encoded]
+        data = [ImageData(b64_json=text) for text in await encode_images(images, fmt, b64=True)]
     body = ImagesResponse(created=int(time.time()), data=data, output_format=fmt, size=f"{w}x{h}",
                           expires_at=expires)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")

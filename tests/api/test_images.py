@@ -65,3 +65,35 @@ async def test_chat_on_an_image_pipeline_is_a_clear_400(srv: Server) -> None:
     status, out = await post(srv, "/v1/chat/completions",
                              {"model": "synthetic_image", "messages": [{"role": "user", "content": "hi"}]})
     assert status == 400 and out["error"]["param"] == "modalities"
+
+
+def _zlib_header(png: bytes) -> bytes:
+    """The first two bytes of a PNG's image data stream (zlib's CMF and FLG: FLG names the level)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos = 8
+    while pos < len(png):
+        length, kind = int.from_bytes(png[pos:pos + 4], "big"), png[pos + 4:pos + 8]
+        if kind == b"IDAT":
+            return png[pos + 8:pos + 10]
+        pos += 12 + length
+    raise AssertionError("no IDAT chunk")
+
+
+async def test_png_answers_use_the_fast_zlib_level_and_keep_their_order(srv: Server) -> None:
+    """Each image is encoded on its own thread at zlib level 1 (FLG 0x01, "fastest"); the answers
+    still decode, in request order, the same as base64 and as links, and the same for one seed."""
+    client = srv.client()
+    kw = {"model": "synthetic_image", "prompt": "a green cone", "n": 3, "size": "40x24",
+          "response_format": "b64_json", "extra_body": {"num_inference_steps": 2, "seed": 11}}
+    out = await client.images.generate(**kw)
+    blobs = [base64.b64decode(d.b64_json) for d in out.data]
+    assert [_zlib_header(b) for b in blobs] == [b"\x78\x01"] * 3
+    images = [_decode(d.b64_json) for d in out.data]
+    assert all(img.shape == (24, 40, 3) for img in images)
+    assert not np.array_equal(images[0], images[1]) or not np.array_equal(images[1], images[2])
+    linked = await client.images.generate(**{**kw, "response_format": "url"})
+    for d, want in zip(linked.data, images, strict=True):
+        resp = await client._client.get(d.url, headers=srv.headers)
+        assert resp.status_code == 200
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(resp.content))), want)
+    assert idle(srv.orch)

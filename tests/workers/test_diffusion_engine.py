@@ -261,25 +261,68 @@ def test_missing_weights_fail_the_load(sd_dir: Path, tmp_path: Path) -> None:
 
 
 def test_part_full_queue_waits_briefly_after_a_batch(engine: DiffusionEngine) -> None:
-    """A request queued soon after a batch ended waits out the gather window (its peers are usually
-    milliseconds behind); a full queue, or the window's end, starts the batch at once."""
+    """After a batch of two, one request back waits out the gather window (its peer is usually
+    milliseconds behind); as many as the batch had, or the window's end, start the batch at once."""
     from time import monotonic
 
     from omni_actors.workers.engines.diffusion_batch import BATCH_GATHER_S
 
     params = {"width": 32, "height": 32, "num_inference_steps": 2, "seed": 1}
     engine.add("g0", {"prompt": "a lamp"}, params)
-    _drain(engine)
+    engine.add("g0b", {"prompt": "a lamp"}, params)
+    outs, _ = _drain(engine)
+    assert outs["g0"][-1].payload["batch_size"] == 2
     before_add = monotonic()
     engine.add("g1", {"prompt": "a lamp"}, params)
     after_add = monotonic()
     assert engine.gather_s(before_add) >= BATCH_GATHER_S  # queued after `before_add`
     assert engine.gather_s(after_add + BATCH_GATHER_S) == 0.0  # window over
-    for i in range(2, 5):  # max_num_seqs 4: a full batch starts at once
-        engine.add(f"g{i}", {"prompt": "a lamp"}, params)
+    engine.add("g2", {"prompt": "a lamp"}, params)  # both back: start now
     assert engine.gather_s(before_add) == 0.0
     outs, _ = _drain(engine)
-    assert all(outs[f"g{i}"][-1].payload["batch_size"] == 4 for i in range(1, 5))
+    assert all(outs[f"g{i}"][-1].payload["batch_size"] == 2 for i in (1, 2))
+
+
+def test_a_lone_client_is_not_held_by_the_gather_window(engine: DiffusionEngine) -> None:
+    """Concurrency 1: the last batch ran alone and nothing queued behind it, so the next request
+    starts at once (waiting cannot bring company), and its image is the same as without a wait."""
+    from time import monotonic
+
+    params = {"width": 32, "height": 32, "num_inference_steps": 2, "seed": 5}
+    engine.add("solo0", {"prompt": "a lamp"}, params)
+    first, _ = _drain(engine)
+    before_add = monotonic()
+    engine.add("solo1", {"prompt": "a lamp"}, params)
+    assert engine.gather_s(before_add) == 0.0
+    again, _ = _drain(engine)
+    assert again["solo1"][-1].payload["batch_size"] == 1
+    assert np.array_equal(_image(first, "solo0"), _image(again, "solo1"))
+
+
+def test_requests_queued_behind_a_lone_batch_wait_for_its_client(engine: DiffusionEngine) -> None:
+    """Two requests queue while one runs alone (concurrency going from 1 to 3): when it ends, they
+    wait for its client's next request, and the three run as one batch."""
+    from time import monotonic
+
+    from omni_actors.workers.engines.diffusion_batch import BATCH_GATHER_S
+
+    params = {"width": 32, "height": 32, "num_inference_steps": 3, "seed": 2}
+    engine.add("q0", {"prompt": "a lamp"}, params)
+    engine.step()  # q0 starts alone
+    engine.add("q1", {"prompt": "a lamp"}, params)
+    engine.add("q2", {"prompt": "a lamp"}, params)
+    done = False
+    for _ in range(MAX_STEPS):
+        before_end = monotonic()
+        if any(o.request_id == "q0" and o.finished for o in engine.step()):
+            done = True
+            break
+    assert done and engine.statistics().last_batch_size == 1
+    assert engine.gather_s(before_end) >= BATCH_GATHER_S  # two queued, three were held
+    engine.add("q3", {"prompt": "a lamp"}, params)
+    assert engine.gather_s(before_end) == 0.0
+    outs, _ = _drain(engine)
+    assert all(outs[f"q{i}"][-1].payload["batch_size"] == 3 for i in (1, 2, 3))
 
 
 def test_an_engine_that_ran_no_batch_yet_starts_a_lone_request_at_once(sd_dir: Path) -> None:

@@ -125,8 +125,9 @@ class DiffusionEngine(BatchedPipelineEngine):
                 for j in batch.jobs
                 if j.request_id in batch.live
             ]
-        log.debug("diffusion.batch_done", size=len(batch.jobs))
-        return self._final_outputs(batch, report[1], report[2])
+        outs = self._final_outputs(batch, report[1], report[2])
+        log.debug("diffusion.batch_done", size=len(batch.jobs), **batch.timings_ms())
+        return outs
 
     def statistics(self) -> DiffusionStatistics:
         return DiffusionStatistics(
@@ -182,7 +183,7 @@ class DiffusionEngine(BatchedPipelineEngine):
         kw: dict[str, Any] = {
             "num_inference_steps": head.steps,
             "generator": generators,
-            "output_type": "np" if not self.caps.layered else "pil",
+            "output_type": "pt" if not self.caps.layered else "pil",  # "pt": to uint8 on the device
             **head.extras,
         }
         accepts = self._accepts

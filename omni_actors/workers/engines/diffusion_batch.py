@@ -29,14 +29,18 @@ STEP_REPORT_TIMEOUT_S = 3600.0
 BATCH_EXIT_TIMEOUT_S = 60.0
 """Longest `abort`/`close` waits for a cancelled batch thread to unwind."""
 BATCH_GATHER_S = 0.010
-"""How long a part-full queue waits, from its first request, for more before a batch starts, when
-that request came soon after a batch ended (BUSY_AFTER_BATCH_S). Clients whose images just came
-back send their next requests a few milliseconds apart; starting at once ran the first arrival
-alone and the rest as the next batch (an H200, SD-1.5-sized at 512 px, concurrency 4: batches of
-1 and 3 alternating, and two replicas at concurrency 8 gave 1.15x one). engine_extras
-`batch_gather_ms` overrides it (0: never wait)."""
+"""How long a part-full queue waits for more requests before a batch starts, when the requests held
+while the last batch ran were more than are queued now (its peers are coming back) and the queue
+started soon after that batch ended (BUSY_AFTER_BATCH_S). Clients whose images just came back send
+their next requests a few milliseconds apart; starting at once ran the first arrival alone and the
+rest as the next batch (an H200, SD-1.5-sized at 512 px, concurrency 4: batches of 1 and 3
+alternating, and two replicas at concurrency 8 gave 1.15x one). A lone client (the last batch ran
+alone and nothing queued behind it) never waits: no one else is coming, and the window cost it
+10 ms a request. The window runs from the later of the batch's end and the queue's start.
+engine_extras `batch_gather_ms` overrides it (0: never wait)."""
 BUSY_AFTER_BATCH_S = 0.5
 """A request queued longer than this after the last batch ended finds an idle engine: it starts at once."""
+
 
 class _Cancelled(Exception):
     """Raised inside the pipeline call to stop a batch between steps."""
@@ -96,6 +100,8 @@ class Batch:
         self._reports: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._stop = threading.Event()
         self.ended = threading.Event()
+        self._marks: dict[str, float] = {}
+        """time.perf_counter() at "start", "denoised" (last step), "decoded" (the call returned), "converted"."""
 
     def release(self) -> None:
         """Kept for callers written for lock-step batches: a batch runs free, there is nothing to release."""
@@ -120,10 +126,22 @@ class Batch:
         """Wait until the runner is done with this batch (its tensors freed)."""
         self.ended.wait(BATCH_EXIT_TIMEOUT_S)
 
+    def timings_ms(self) -> dict[str, float]:
+        """Where the batch's time went, for the debug log: denoising, the decode and postprocess
+        after the last step, the output conversion, and the handoff until now (the worker has it)."""
+        t = self._marks
+        names = (("denoise_ms", "start", "denoised"), ("decode_ms", "denoised", "decoded"),
+                 ("convert_ms", "decoded", "converted"))
+        out = {name: round(1000 * (t[b] - t[a]), 2) for name, a, b in names if a in t and b in t}
+        if "converted" in t:
+            out["handoff_ms"] = round(1000 * (time.perf_counter() - t["converted"]), 2)
+        return out
+
     def _pause(self, done: int, total: int, latents: Any = None) -> None:
         if self._stop.is_set():
             raise _Cancelled
         if done >= total:
+            self._marks["denoised"] = time.perf_counter()
             if self._report_decode:
                 self._reports.put(("decoding", done, total))
             return  # after the last step, run on through the decode
@@ -160,8 +178,11 @@ class Batch:
             scheduler.step = step_and_pause
         report: tuple[Any, ...] | None = None
         try:
+            self._marks["start"] = time.perf_counter()
             result = pipe(**kwargs)
+            self._marks["decoded"] = time.perf_counter()
             report = ("done", self._convert(result), len(scheduler.timesteps))
+            self._marks["converted"] = time.perf_counter()
         except _Cancelled:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
@@ -194,6 +215,10 @@ class BatchedPipelineEngine(StageEngine):
         """When the last batch ended (monotonic), for the gather window."""
         self._queued_at: float | None = None
         """When the queue last went from empty to not (monotonic)."""
+        self._held = 0
+        """Most requests held at once (running and queued) since the running batch started."""
+        self._held_last = 0
+        """`_held` of the last batch that ended: how many requests are likely to come back together."""
         gather_ms = ctx.engine_extras.get("batch_gather_ms", BATCH_GATHER_S * 1000)
         if isinstance(gather_ms, bool) or not isinstance(gather_ms, int | float) or not 0 <= gather_ms <= 1000:
             raise ConfigError(f"engine_extras.batch_gather_ms must be a number of ms in [0, 1000], got {gather_ms!r}")
@@ -208,18 +233,22 @@ class BatchedPipelineEngine(StageEngine):
     def _batch(self, batch: Batch | None) -> None:
         if batch is None and self._running is not None:
             self._ended_at = time.monotonic()
+            self._held_last = self._held
+        elif batch is not None:
+            self._held = len(batch.live) + len(self._queue)
         self._running = batch
 
     def gather_s(self, now: float) -> float:
-        """Wait out the rest of the gather window while the queue is part full and its first request
-        came in a busy spell (soon after a batch ended)."""
+        """Wait out the rest of the gather window while fewer requests are queued than were held
+        while the last batch ran, and the queue started in a busy spell (soon after that batch ended).
+        0 for a lone client: its next request comes alone and starts at once."""
         if self._running is not None or not self._queue or self._ended_at is None or self._queued_at is None:
             return 0.0
-        if len(self._queue) >= self._max_batch:
-            return 0.0
+        if len(self._queue) >= min(self._max_batch, self._held_last):
+            return 0.0  # as many as last time (or a full batch): waiting cannot make the batch bigger
         if self._queued_at - self._ended_at > BUSY_AFTER_BATCH_S:
             return 0.0
-        return max(0.0, self._queued_at + self._gather_s - now)
+        return max(0.0, max(self._queued_at, self._ended_at) + self._gather_s - now)
 
     @property
     def _runner(self) -> Runner:
@@ -241,6 +270,8 @@ class BatchedPipelineEngine(StageEngine):
         if not self._queue:
             self._queued_at = time.monotonic()
         self._queue.append(job)
+        if self._running is not None:
+            self._held = max(self._held, len(self._running.live) + len(self._queue))
 
     def abort(self, request_id: str) -> None:
         self._queue = deque(j for j in self._queue if j.request_id != request_id)

@@ -44,4 +44,4 @@ def decode_preview(pipe: Any, latents: Any, height: int | None, width: int | Non
             image = vae.decode(lat * std + mean, return_dict=False)[0][:, :, 0]
         else:
             return None
-    return to_uint8(((image.float() / 2 + 0.5).clamp(0, 1)).permute(0, 2, 3, 1))
+    return to_uint8((image.float() / 2 + 0.5).clamp(0, 1))  # NCHW: rounded to uint8 on the device
