@@ -30,11 +30,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from omni_actors.models.dia.request import DiaRequest
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
-from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
+from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one, bucket_for, buckets
 
 MIN_SELF_WINDOW = 128
 """Shortest self-attention window a step reads; windows double up to max_len."""
@@ -193,8 +192,8 @@ class StaticDecoder:
         hidden = dec.embeddings(self.ids[:rows])  # [rows, 1, hidden]
         cos, sin = dec.rotary_emb(hidden, position_ids=lengths[:, None])
         dt = hidden.dtype
-        own_mask = _mask(torch.arange(span, device=self.device)[None] > lengths[:, None], dt)
-        text_mask = _mask(torch.arange(width, device=self.device)[None] >= texts[:, None], dt)
+        own_mask = additive_mask(torch.arange(span, device=self.device)[None] > lengths[:, None], dt)
+        text_mask = additive_mask(torch.arange(width, device=self.device)[None] >= texts[:, None], dt)
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attention
             x = layer.pre_sa_norm(hidden)
@@ -206,7 +205,7 @@ class StaticDecoder:
             where = lengths.view(-1, 1, 1, 1).expand(k.shape)
             keys.scatter_(2, where, k)
             values.scatter_(2, where, v)
-            hidden = hidden + attn.o_proj(_attend(q, keys, values, own_mask))
+            hidden = hidden + attn.o_proj(attend_one(q, keys, values, own_mask, 1.0))  # Dia: unscaled scores
             cross = layer.cross_attention
             x = layer.pre_ca_norm(hidden)
             q = cross.q_proj(x).view(rows, 1, -1, self.cross_dim).transpose(1, 2)
@@ -214,7 +213,7 @@ class StaticDecoder:
                 self.cross_keys[i][:rows, :, :width],
                 self.cross_values[i][:rows, :, :width],
             )
-            hidden = hidden + cross.o_proj(_attend(q, keys, values, text_mask))
+            hidden = hidden + cross.o_proj(attend_one(q, keys, values, text_mask, 1.0))
             hidden = hidden + layer.mlp(layer.pre_mlp_norm(hidden))
         hidden = dec.norm(hidden)[:, 0]
         return self.model.logits_dense(hidden).float().view(rows, self.channels, self.vocab)
@@ -223,25 +222,3 @@ class StaticDecoder:
 def _upto(sizes: list[int], value: int) -> list[int]:
     """The buckets of `sizes` up to (and including) the one holding `value` (all of them past the last)."""
     return sizes[: sizes.index(bucket_for(min(value, sizes[-1]), sizes)) + 1]
-
-
-def _mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[rows, n] True where a row may not look -> [rows, 1, 1, n] additive mask."""
-    zeros = torch.zeros(blocked.shape, dtype=dtype, device=blocked.device)
-    return zeros.masked_fill(blocked, torch.finfo(dtype).min)[:, None, None, :]
-
-
-def _attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """One query position: q [rows, heads, 1, dim] over [rows, kv_heads, n, dim] -> [rows, 1, heads * dim].
-
-    Query head h reads kv head h // (heads / kv_heads) (transformers' repeat_kv); with one
-    position the heads of a kv head are its queries, so K/V are read as they are. Dia
-    does not scale the scores (scaling 1).
-    """
-    rows, heads, _, dim = q.shape
-    kv_heads = keys.shape[1]
-    grouped = q.reshape(rows, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=1.0)
-    return out.reshape(rows, 1, heads * dim)

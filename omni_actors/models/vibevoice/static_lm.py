@@ -29,11 +29,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from omni_actors.models.vibevoice.request import VibeVoiceRequest
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
-from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
+from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one, bucket_for, buckets
 
 MIN_WINDOW = 128
 """Shortest K/V window a step reads; windows double up to max_len."""
@@ -151,7 +150,7 @@ class StaticLM:
         lengths = self.lengths[branch, :batch]
         hidden = self.embeds[:batch, None]  # [batch, 1, hidden]
         cos, sin = lm.rotary_emb(hidden, position_ids=lengths[:, None])
-        mask = _mask(torch.arange(span, device=self.device)[None] > lengths[:, None], hidden.dtype)
+        mask = additive_mask(torch.arange(span, device=self.device)[None] > lengths[:, None], hidden.dtype)
         where = lengths.view(-1, 1, 1, 1)
         for i, layer in enumerate(lm.layers):
             attn = layer.self_attn
@@ -164,27 +163,6 @@ class StaticLM:
             values = self.values[i][base : base + batch, :, :span]
             keys.scatter_(2, where.expand(k.shape), k)
             values.scatter_(2, where.expand(v.shape), v)
-            hidden = hidden + attn.o_proj(_attend(q, keys, values, mask, attn.scaling))
+            hidden = hidden + attn.o_proj(attend_one(q, keys, values, mask, attn.scaling))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.states[branch, :batch].copy_(lm.norm(hidden)[:, 0])
-
-
-def _mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[rows, n] True where a row may not look -> [rows, 1, 1, n] additive mask."""
-    zeros = torch.zeros(blocked.shape, dtype=dtype, device=blocked.device)
-    return zeros.masked_fill(blocked, torch.finfo(dtype).min)[:, None, None, :]
-
-
-def _attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """One query position: q [rows, heads, 1, dim] over [rows, kv_heads, n, dim] -> [rows, 1, heads * dim].
-
-    Query head h reads kv head h // (heads / kv_heads) (transformers' repeat_kv); with one
-    position the heads of a kv head are its queries, so K/V are read as they are.
-    """
-    rows, heads, _, dim = q.shape
-    kv_heads = keys.shape[1]
-    grouped = q.reshape(rows, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
-    return out.reshape(rows, 1, heads * dim)

@@ -196,3 +196,25 @@ class SlotKV:
             ]
             cache = self.views[(batch, length)] = SlotCache(layers)
         return self.embeds[:batch], self.positions[:, :batch], mask[:, None, None, :], cache
+
+
+def additive_mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, n] True where a row may not look -> [rows, 1, 1, n] additive mask."""
+    zeros = torch.zeros(blocked.shape, dtype=dtype, device=blocked.device)
+    return zeros.masked_fill(blocked, torch.finfo(dtype).min)[:, None, None, :]
+
+
+def attend_one(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query position over slot K/V: q [rows, heads, 1, dim], keys/values [rows, kv_heads, n, dim]
+    -> [rows, 1, heads * dim].
+
+    Query head h reads kv head h // (heads / kv_heads) (transformers' repeat_kv); with one
+    position the heads of a kv head are its queries, so K/V are read as they are.
+    """
+    rows, heads, _, dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.reshape(rows, kv_heads, heads // kv_heads, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(rows, 1, heads * dim)
