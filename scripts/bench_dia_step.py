@@ -90,7 +90,7 @@ def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> d
     try:
         for b in args.batch:
             for i in range(b):
-                engine.add(f"r{i}", dict(fam["inputs"]), {"seed": i, "max_tokens": frames})
+                engine.add(f"r{i}", dict(fam["inputs"]), {"seed": i, "max_tokens": frames, "ignore_eos": True})
             _sync(args.device)
             first: dict[str, float] = {}
             burst = t0 = time.perf_counter()

@@ -102,3 +102,18 @@ def test_unseeded_latents_equal_transformers_generate(engine) -> None:
     audio = engine.model.generate(**ids)[0]
     ours = engine.parts.audio_tower.decode(latents[None]).audio.reshape(-1)
     assert audio.shape[-1] == ours.shape[0] and torch.allclose(audio.reshape(-1), ours, atol=1e-4)
+
+
+def test_ignore_eos_runs_to_max_tokens(folder) -> None:
+    """An LM that always says "end" stops a request at once, but not one that asks for ignore_eos."""
+    from omni_actors.models.vibevoice.engine import VibeVoiceEngine
+
+    eng = VibeVoiceEngine(EngineContext(0, 0, "lm", folder, "cpu", 4, "auto", 0.9, 1))
+    try:
+        eng.allowed[eng.model.config.audio_eos_token_id] = 1e30  # the end token always wins
+        stopped = _run(eng, [("s", TEXT, {"seed": 1, "max_tokens": 6})])["s"]
+        endless = _run(eng, [("e", TEXT, {"seed": 1, "max_tokens": 6, "ignore_eos": True})])["e"]
+    finally:
+        eng.close()
+    assert len(stopped) < 6
+    assert endless.shape[0] == 6

@@ -57,7 +57,7 @@ from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 from omni_actors.workers.engines.own_engine import OwnEngine
 from omni_actors.workers.engines.torch_setup import load_dtype, seeded
 
-SHARED_KEYS = ("seed", "guidance_scale", "max_tokens")
+SHARED_KEYS = ("seed", "guidance_scale", "max_tokens", "ignore_eos")
 DEFAULT_DIFFUSION_STEPS = 10
 KV_CACHES = ("static", "dynamic")
 DEFAULT_KV_CACHE = "dynamic"
@@ -234,13 +234,20 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
         return self.parts.get_input_embeddings()(torch.tensor(token, device=self.device))
 
     def _tokens(self, reqs: list[VibeVoiceRequest]) -> list[int]:
-        """Each request's next token: the argmax over the ids the LM may say."""
+        """Each request's next token: the argmax over the ids the LM may say (a request with
+        `ignore_eos` may not say an end token: it runs to max_tokens, as benchmarks need)."""
         if self.static is not None:  # every slot at once, in slot order
             states = self.static.states[COND, : len(self.static.owners)]
-            by_slot = (self.model.lm_head(states).float() + self.allowed).argmax(dim=-1).tolist()
-            return [by_slot[r.slot] for r in reqs]
-        logits = self.model.lm_head(torch.stack([r.hidden for r in reqs])).float() + self.allowed
-        return logits.argmax(dim=-1).tolist()
+            rows = [r.slot for r in reqs]
+        else:
+            states = torch.stack([r.hidden for r in reqs])
+            rows = list(range(len(reqs)))
+        logits = self.model.lm_head(states).float() + self.allowed
+        endless = [row for row, r in zip(rows, reqs, strict=True) if r.params.get("ignore_eos")]
+        if endless:
+            logits[torch.tensor(endless)[:, None], torch.tensor(sorted(self.stops))[None]] = float("-inf")
+        picked = logits.argmax(dim=-1).tolist()
+        return [picked[row] for row in rows]
 
     def _advance(
         self, moved: list[tuple[VibeVoiceRequest, torch.Tensor | None]]
