@@ -11,7 +11,9 @@ and open fds of the server process and of each of its children (the workers),
 and the server's shared-memory segments (/dev/shm/omni-<pid>-*). At the end it
 fits slopes (per minute) and prints one JSON line (stdout). The baseline is
 the same run's first interval: `p99_drift_pct` compares the last interval's p99
-with it. Before the measured minutes the rate ramps up over `--warmup-s`
+with it; `p99_thirds_drift_pct` compares the median per-interval p99 of the last
+third of the run with that of the first third (one spiky minute moves it less),
+and `p99_slope_ms_per_min` is the least-squares slope of the per-interval p99. Before the measured minutes the rate ramps up over `--warmup-s`
 (first requests, lazy imports, a backlog of arrivals), which is not measured.
 
     .venv/bin/python scripts/soak.py --minutes 5 --rate 20            # starts omni-run (synthetic)
@@ -65,6 +67,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--url", default=None, help="an already running server (else omni-run is started)")
     ap.add_argument("--pid", type=int, default=None, help="that server's main pid (for RSS, fds, shm)")
     ap.add_argument("--key", default=None, help="API key for --url")
+    ap.add_argument("--connections", type=int, default=MAX_IN_FLIGHT,
+                    help="most open HTTP connections of the load generator (its keep-alive pool)")
     return ap.parse_args()
 
 
@@ -194,7 +198,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace, headers: dic
     errors: dict[str, int] = defaultdict(int)
     counts = {"sent": 0, "shed": 0, "realtime_busy": 0, "warmup_errors": 0}
     in_flight: set[asyncio.Task] = set()
-    conn = aiohttp.TCPConnector(limit=MAX_IN_FLIGHT)
+    conn = aiohttp.TCPConnector(limit=args.connections)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     intervals: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(connector=conn, timeout=timeout, headers=headers) as session:
@@ -266,6 +270,8 @@ def summarize(intervals: list[dict[str, Any]], counts: dict[str, int], args: arg
     shm = [r.get("shm_segments", 0) for r in intervals]
     p99 = [r["all_p99_ms"] for r in intervals if r["all_p99_ms"] is not None]
     base = p99[0] if p99 else None
+    third = len(p99) // 3
+    early, late = (float(np.median(p99[:third])), float(np.median(p99[-third:]))) if third else (None, None)
     return {
         "bench": "soak", "minutes": args.minutes, "rate": args.rate, "mix": args.mix, "tokens": args.tokens,
         "step_ms": args.step_ms, "warmup_s": args.warmup_s, "sent": counts["sent"], "shed": counts["shed"],
@@ -273,6 +279,10 @@ def summarize(intervals: list[dict[str, Any]], counts: dict[str, int], args: arg
         "errors": sum(sum(r["errors"].values()) for r in intervals), "intervals": len(intervals),
         "p99_ms_baseline": base, "p99_ms_last": p99[-1] if p99 else None,
         "p99_drift_pct": round((p99[-1] - base) / base * 100, 1) if base else None,
+        "p99_median_first_third_ms": early, "p99_median_last_third_ms": late,
+        "p99_thirds_drift_pct": round((late - early) / early * 100, 1) if early else None,
+        "p99_slope_ms_per_min": slope_per_min([r["t_min"] for r in intervals if r["all_p99_ms"] is not None], p99),
+        "connections": args.connections,
         "shm_segments_first": shm[0] if shm else None, "shm_segments_last": shm[-1] if shm else None,
         "shm_slope_per_min": slope_per_min(t, shm), "procs": slopes,
     }
