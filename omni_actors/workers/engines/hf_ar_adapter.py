@@ -72,10 +72,15 @@ class ForwardOut:
     pads: list[int] | None = None
     """Set by the engine after a batched prefill: each row's left padding (per-position outputs
     of row i start at pads[i])."""
+    tokens: torch.Tensor | None = None
+    """[batch] argmax of each row's logits, when the step computed it (the static decode step
+    does, inside its graph): the engine's sampling uses it for steps whose rows are all greedy
+    with unprocessed logits, so only B ids come back to the host."""
 
     def rows(self, index: torch.Tensor | slice) -> ForwardOut:
         """The same output for the rows `index` (dim 0 of every tensor)."""
-        return ForwardOut(self.logits[index], _rows(self.hidden, index))
+        tokens = None if self.tokens is None else self.tokens[index]
+        return ForwardOut(self.logits[index], _rows(self.hidden, index), tokens=tokens)
 
 
 def _rows(x: Any, index: torch.Tensor | slice) -> Any:
