@@ -2,7 +2,7 @@
 
 Real engines load tiny random-weight checkpoints in the Hugging Face format
 (llama: GQA, no bias; qwen2: q/k/v bias, tied embeddings; qwen3: q_norm/k_norm;
-llama with linear rope scaling). The fused step's logits must equal
+llama with linear, qwen2 with yarn rope scaling). The fused step's logits must equal
 transformers' own full forward over the same tokens, step after step, with rows
 of different lengths joining and leaving one batch; greedy and seeded token
 streams must be the same with the fused step on and off; a model it cannot
@@ -66,6 +66,8 @@ MODELS = {
     "qwen3": ("qwen3", {}),
     "llama_linear_rope": ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                                         "rope_theta": 10000.0}}),
+    "qwen2_yarn": ("qwen2", {"max_position_embeddings": 128, "rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32}}),
 }  # fmt: skip
 
 

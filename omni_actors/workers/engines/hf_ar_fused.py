@@ -9,8 +9,8 @@ on values: torch.compile traces it as ONE graph (inductor fuses the
 elementwise work between the GEMMs) and DecodeGraphs captures it as it is.
 
 Per layer: RMSNorm, one q/k/v GEMM (q_norm/k_norm for qwen3), rotary from a
-cos/sin table indexed by position, the new K/V scattered into the slot
-buffers at each row's length, `attend_one` over the slot K/V under the same
+cos/sin table indexed by position, the new K/V written into the slot
+buffers at each row's length (an index_put: no host sync, graph-capturable), `attend_one` over the slot K/V under the same
 additive mask the transformers path gets, o proj, residual, RMSNorm, one
 gate/up GEMM, SiLU x up, down proj, residual; then the final norm, lm_head
 and the greedy argmax of every row (so an all-greedy step brings back B ints,
@@ -126,6 +126,7 @@ class FusedDecoder:
         config = model.config
         inner = model.model
         self.slots = slots
+        self.rows = torch.arange(slots.slots, device=slots.device)
         self.eps = float(config.rms_norm_eps)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
@@ -174,11 +175,10 @@ class FusedDecoder:
         mask = additive_mask(blocked, self.dtype)
         pos = slots.positions[0, :batch, 0].clamp(0, self.cos.shape[0] - 1)
         cos, sin = self.cos[pos][:, None, None, :], self.sin[pos][:, None, None, :]  # [B,1,1,d]
-        where = lengths.view(-1, 1, 1, 1).expand(batch, self.kv_heads, 1, self.head_dim)
+        where = (self.rows[:batch], slice(None), lengths)  # row b's new K/V goes at lengths[b]
         h = slots.embeds[:batch].to(self.dtype)  # [B, 1, hidden]
         for layer, keys, values in zip(self.layers, slots.keys, slots.values, strict=True):
-            h = h + self._attention(layer, h, cos, sin, where, mask,
-                                    keys[:batch, :, :length], values[:batch, :, :length])  # fmt: skip
+            h = h + self._attention(layer, h, cos, sin, where, mask, keys, values, length)
             x = rms_norm(h, layer.norm2, self.eps)
             gate, up = F.linear(x, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
@@ -186,7 +186,9 @@ class FusedDecoder:
         logits = F.linear(h, self.head_w, self.head_b)
         return ForwardOut(logits, tokens=logits.argmax(-1))
 
-    def _attention(self, layer: FusedLayer, h, cos, sin, where, mask, keys, values) -> torch.Tensor:
+    def _attention(self, layer: FusedLayer, h, cos, sin, where, mask, keys, values, length: int):
+        """Attention of one layer; `keys`/`values` are the whole slot buffers (the new K/V is
+        written into them in place, an index_put inductor keeps in place, as gpt-fast's cache)."""
         rows = h.shape[0]
         x = rms_norm(h, layer.norm1, self.eps)
         q, k, v = F.linear(x, layer.qkv_w, layer.qkv_b).split(self.split, dim=-1)
@@ -200,7 +202,7 @@ class FusedDecoder:
         v = v.view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        keys.scatter_(2, where, k)
-        values.scatter_(2, where, v)
-        out = attend_one(q, keys, values, mask, self.scale)
+        keys[where] = k[:, :, 0]
+        values[where] = v[:, :, 0]
+        out = attend_one(q, keys[:rows, :, :length], values[:rows, :, :length], mask, self.scale)
         return F.linear(out, layer.o_w, layer.o_b)
