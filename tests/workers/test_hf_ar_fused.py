@@ -161,6 +161,28 @@ def test_seeded_sampling_same_with_fused_on_and_off(llama_dir):
     assert on == off
 
 
+def test_mixed_greedy_penalised_and_seeded_rows_in_one_batch(llama_dir):
+    """Rows that are not plain greedy take the full sampling path whatever the others do."""
+    per_request = [{}, {"repetition_penalty": 3.0}, {"temperature": 0.8, "seed": 5}, {}]
+
+    def run(engine: HfAREngine, per_request=per_request) -> dict[str, list[int]]:
+        for i, p in enumerate(per_request):
+            engine.add(f"m{i}", {"prompt_token_ids": _prompt(4 + 3 * i, i)},
+                       {"max_tokens": 24, "ignore_eos": True, **p})  # fmt: skip
+        ids: dict[str, list[int]] = {}
+        while engine.has_work():
+            for out in engine.step():
+                ids.setdefault(out.request_id, []).extend(out.payload["token_ids"])
+        return ids
+
+    on = run(HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True)))
+    assert on == run(HfAREngine(_ctx(llama_dir, kv_cache="static")))
+    assert on == run(HfAREngine(_ctx(llama_dir)))
+    plain = run(HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True)), [{}] * 4)
+    assert on["m0"] == plain["m0"] and on["m3"] == plain["m3"]  # greedy rows: as if alone
+    assert on["m1"] != plain["m1"] and on["m2"] != plain["m2"]  # the others did sample
+
+
 def test_packed_weights_are_shared_not_copied(llama_dir):
     engine = HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True))
     attn = engine.model.model.layers[0].self_attn

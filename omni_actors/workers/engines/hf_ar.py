@@ -76,7 +76,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
     check_checkpoint,
     prompt_ids,
 )
-from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F401
+from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter
 from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_wanted, compiled_step
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
