@@ -6,7 +6,9 @@ llama with linear, qwen2 with yarn rope scaling). The fused step's logits must e
 transformers' own full forward over the same tokens, step after step, with rows
 of different lengths joining and leaving one batch; greedy and seeded token
 streams must be the same with the fused step on and off; a model it cannot
-fuse keeps the normal step and says so once.
+fuse keeps the normal step and says so once. The `gpu` tests (not in the default
+suite: `pytest -m gpu tests/workers/test_hf_ar_fused.py`) run the fused step under CUDA
+graphs, with and without torch.compile.
 """
 
 from __future__ import annotations
@@ -82,9 +84,9 @@ def llama_dir(tmp_path_factory) -> Path:
     return _build(tmp_path_factory.mktemp("llama_plain"), "llama")
 
 
-def _ctx(path: Path, slots: int = 4, **extras) -> EngineContext:
+def _ctx(path: Path, slots: int = 4, device: str = "cpu", **extras) -> EngineContext:
     return EngineContext(
-        stage_id=0, replica=0, model_stage="llm", model_path=path, device="cpu",
+        stage_id=0, replica=0, model_stage="llm", model_path=path, device=device,
         max_num_seqs=slots, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
         engine_extras={"adapter": ADAPTER, "max_model_len": 48, **extras},
     )  # fmt: skip
@@ -241,3 +243,29 @@ def test_fused_needs_the_static_cache_and_a_bool(llama_dir):
     assert engine.fused is None and "static" in warned[0]["reason"]
     with pytest.raises(ValueError, match="fused_decode"):
         HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode="yes"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compiled", [False, True], ids=["graphs", "compiled_graphs"])
+def test_fused_step_under_cuda_graphs(tmp_path, compiled):
+    """float32 on CUDA: the captured (compiled) fused step decodes the tokens of the eager
+    transformers step, and its logits match that step's on the same inputs."""
+    path = _build(tmp_path / "qwen2", "qwen2", rope_theta=1000000.0)
+    engine = HfAREngine(_ctx(path, device="cuda", fused_decode=True, compile=compiled))
+    assert engine.fused is not None and engine.graphs.enabled
+    first, again = _run(engine), _run(engine)  # the second run replays every bucket
+    assert engine.graphs.enabled and len(engine.graphs.graphs) >= 2
+    plain = _run(HfAREngine(_ctx(path, device="cuda", cuda_graphs=False)))
+    assert first == plain and again == plain
+    for i in range(3):
+        engine.add(f"g{i}", {"prompt_token_ids": _prompt(5 + 4 * i, i)}, {"max_tokens": 9})
+    engine.step()
+    engine.step()  # one replayed decode
+    seqs = list(engine.seqs.values())
+    with torch.inference_mode():
+        batch, length = engine.slots.shape_for()
+        rows = engine.slots.load_inputs(batch, seqs, engine.adapter.decode_embeds(seqs))
+        eager = engine._static_forward(batch, length).logits[rows].clone()
+        graph = engine.graphs.run(batch, length).logits[rows].clone()
+    torch.testing.assert_close(graph, eager, atol=1e-4, rtol=1e-4)
