@@ -122,7 +122,8 @@ def test_fused_logits_equal_transformers_forward(model_dir):
     from transformers import AutoModelForCausalLM
 
     engine = HfAREngine(_ctx(model_dir, kv_cache="static", fused_decode=True))
-    assert isinstance(engine.fused, FusedDecoder)
+    assert isinstance(engine.fused, FusedDecoder) and engine.fused.from_ids
+    from_embeds = FusedDecoder(engine.model, engine.slots, 48, from_ids=False)
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     checked = {"steps": 0, "rows": 0, "mixed": 0}
 
@@ -133,10 +134,12 @@ def test_fused_logits_equal_transformers_forward(model_dir):
             embeds = engine.adapter.decode_embeds(seqs)
             rows = engine.slots.load_inputs(batch, seqs, embeds)
             got = engine.fused.forward(batch, length).rows(rows)
+            alt = from_embeds.forward(batch, length).rows(rows)  # the adapter's embeddings
             want = torch.cat([
                 ref(torch.tensor([s.data["ids"] + s.tokens])).logits[:, -1] for s in seqs
             ])  # fmt: skip
         torch.testing.assert_close(got.logits, want, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(alt.logits, got.logits, atol=0, rtol=0)
         assert got.tokens.tolist() == want.argmax(-1).tolist()
         checked["steps"] += 1
         checked["rows"] += len(seqs)

@@ -150,9 +150,11 @@ class HfAREngine(StageEngine):
     def _fused(self) -> FusedDecoder | None:
         """The fused decode step, or None (logged) when this stage cannot take it."""
         try:
-            if type(self.adapter).forward is not CausalLMAdapter.forward:
-                raise FusedUnsupported(f"{type(self.adapter).__name__} has its own forward")
-            return FusedDecoder(self.model, self.slots, self.max_len)
+            kind = type(self.adapter)
+            if kind.forward is not CausalLMAdapter.forward:
+                raise FusedUnsupported(f"{kind.__name__} has its own forward")
+            from_ids = kind.decode_embeds is CausalLMAdapter.decode_embeds  # embedding of the last token
+            return FusedDecoder(self.model, self.slots, self.max_len, from_ids)
         except FusedUnsupported as err:
             log.warning("hf_ar.fused_off", reason=str(err))
             return None
@@ -303,9 +305,11 @@ class HfAREngine(StageEngine):
     def _decode_static(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         slots, graphs = self.slots, self.graphs
         assert slots is not None and graphs is not None
-        embeds = self.adapter.decode_embeds(seqs).to(self.device)
         batch, length = slots.shape_for()
-        rows = slots.load_inputs(batch, seqs, embeds)
+        if self.fused is not None and self.fused.from_ids:
+            rows = slots.load_inputs(batch, seqs, None)  # the fused step embeds the last tokens
+        else:
+            rows = slots.load_inputs(batch, seqs, self.adapter.decode_embeds(seqs).to(self.device))
         out = graphs.run(batch, length).rows(rows)
         for seq in seqs:
             seq.cached += 1

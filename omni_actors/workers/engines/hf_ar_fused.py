@@ -14,7 +14,8 @@ buffers at each row's length (an index_put: no host sync, graph-capturable), `at
 additive mask the transformers path gets, o proj, residual, RMSNorm, one
 gate/up GEMM, SiLU x up, down proj, residual; then the final norm, lm_head
 and the greedy argmax of every row (so an all-greedy step brings back B ints,
-not B x vocab logits).
+not B x vocab logits). For CausalLMAdapter the step also embeds each row's last
+token itself (`from_ids`), so no embedding lookup or embeds copy runs outside it.
 
 Weights are read once at load: q/k/v (and their biases) are concatenated
 into one tensor per layer, gate/up into another, and the transformers
@@ -121,11 +122,17 @@ def _pack(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
 class FusedDecoder:
     """The fused decode step over an engine's SlotKV (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, slots: SlotKV, max_len: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, slots: SlotKV, max_len: int, from_ids: bool = False
+    ) -> None:
+        """`from_ids`: the step embeds each row's last token (`slots.ids`) itself, inside the
+        graph, instead of reading `slots.embeds` (the adapter's decode embeddings)."""
         check_fusable(model, max_len)
         config = model.config
         inner = model.model
         self.slots = slots
+        self.from_ids = from_ids
+        self.embed_w = model.get_input_embeddings().weight
         self.rows = torch.arange(slots.slots, device=slots.device)
         self.eps = float(config.rms_norm_eps)
         self.heads = int(config.num_attention_heads)
@@ -176,7 +183,10 @@ class FusedDecoder:
         pos = slots.positions[0, :batch, 0].clamp(0, self.cos.shape[0] - 1)
         cos, sin = self.cos[pos][:, None, None, :], self.sin[pos][:, None, None, :]  # [B,1,1,d]
         where = (self.rows[:batch], slice(None), lengths)  # row b's new K/V goes at lengths[b]
-        h = slots.embeds[:batch].to(self.dtype)  # [B, 1, hidden]
+        if self.from_ids:
+            h = F.embedding(slots.ids[:batch, None], self.embed_w)  # [B, 1, hidden]
+        else:
+            h = slots.embeds[:batch].to(self.dtype)
         for layer, keys, values in zip(self.layers, slots.keys, slots.values, strict=True):
             h = h + self._attention(layer, h, cos, sin, where, mask, keys, values, length)
             x = rms_norm(h, layer.norm2, self.eps)
