@@ -188,6 +188,21 @@ def test_mixed_greedy_penalised_and_seeded_rows_in_one_batch(llama_dir):
     assert on["m1"] != plain["m1"] and on["m2"] != plain["m2"]  # the others did sample
 
 
+def test_text_stream_deltas_join_to_the_tokenizers_decode(llama_dir):
+    """TextStream's shortcut past transformers' decode wrapper gives decode's text."""
+    from transformers import AutoTokenizer
+
+    from omni_actors.workers.engines.hf_ar_adapter import TextStream
+
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    ids = tok("héllo wörld ✓ 日本語 <|im_end|> x").input_ids + _prompt(40, 3)
+    stream = TextStream(tok)
+    assert stream.decode != tok.decode  # the shortcut is taken for this tokenizer
+    deltas = [stream.push(t, final=i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
+    assert "日本語" in "".join(deltas) and "<|im_end|>" not in "".join(deltas)
+
+
 def test_packed_weights_are_shared_not_copied(llama_dir):
     engine = HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True))
     attn = engine.model.model.layers[0].self_attn
