@@ -9,7 +9,16 @@ generation config, an offline Qwen tokenizer), then measures in the same run:
   call per batch (batch rows share the prompt length, so no padding);
 - engine modes: HfAREngine with CausalLMAdapter loading the same folder,
   `kv_cache` static + `cuda_graphs` on, static eager, and dynamic; a batch of
-  B is B requests added at once, stepped until all finish.
+  B is B requests added at once, stepped until all finish. `static_fused`
+  (+ graphs), `static_fused_compiled` (+ compile + graphs) and
+  `static_fused_eager` run our own decode step (`fused_decode`,
+  hf_ar_fused.py); on CPU graphs and compile are off, so `static_fused` runs
+  the fused step eagerly.
+
+`graph_vs_eager` (modes with graphs or the fused step): one decode step's
+logits from the mode's step against the transformers step run eagerly on the
+same inputs. `same_ids_as_static_eager`: each mode's greedy ids against
+static eager's.
 
 Per batch size: decode tokens/s (B x new tokens / wall time, prefill
 included), TTFT p50 (add -> first token) and ITL p50 (gap between a
@@ -18,6 +27,7 @@ request's tokens). Every request: --prompt-len random prompt ids, exactly
 
     python scripts/bench_gpu_ar.py --device cuda --dtype bfloat16
     python scripts/bench_gpu_ar.py --device cpu --dtype float32 --tiny     # smoke run
+    python scripts/bench_gpu_ar.py --device cpu --dtype float32 --tiny --modes static_eager,static_fused
 
 Prints one JSON line.
 """
@@ -44,6 +54,10 @@ SIZES = {
 TOKENS: dict[str, dict[str, list[list[int]]]] = {}
 """Greedy ids of each engine mode's measured runs, to check the modes agree."""
 MODES = {
+    "static_fused_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
+                              "fused_decode": True},
+    "static_fused": {"kv_cache": "static", "cuda_graphs": True, "fused_decode": True},
+    "static_fused_eager": {"kv_cache": "static", "cuda_graphs": False, "fused_decode": True},
     "static_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True},
     "static_graphs": {"kv_cache": "static", "cuda_graphs": True},
     "static_eager": {"kv_cache": "static", "cuda_graphs": False},
@@ -189,7 +203,8 @@ def run_batch(engine, args: argparse.Namespace, b: int, seed: int) -> dict:
 
 
 def check_graph(engine, args: argparse.Namespace, b: int) -> dict:
-    """One decode step's logits from the captured graph against the same step run eagerly."""
+    """One decode step's logits from the mode's step (captured graph, fused step) against the
+    transformers step run eagerly on the same inputs (both write the same KV position)."""
     import torch
 
     for i, ids in enumerate(prompts(b, args.prompt_len, 3)):
@@ -200,9 +215,9 @@ def check_graph(engine, args: argparse.Namespace, b: int) -> dict:
     with torch.inference_mode():
         batch, length = engine.slots.shape_for()
         embeds = engine.adapter.decode_embeds(seqs).to(engine.device)
-        engine.slots.load_inputs(batch, seqs, embeds)
-        eager = engine._static_forward(batch, length).logits.float().clone()
-        graph = engine.graphs.run(batch, length).logits.float().clone()
+        rows = engine.slots.load_inputs(batch, seqs, embeds)
+        eager = engine._static_forward(batch, length).logits[rows].float().clone()
+        graph = engine.graphs.run(batch, length).logits[rows].float().clone()
     for seq in seqs:
         engine.abort(seq.request_id)
     return {
@@ -234,7 +249,8 @@ def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> 
             print(table.table(sort_by="cuda_time_total", row_limit=20), file=sys.stderr)
         print(table.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr)
     res["cuda_graphs_on"] = bool(engine.graphs and engine.graphs.enabled)
-    if res["cuda_graphs_on"]:
+    res["fused_on"] = engine.fused is not None
+    if res["cuda_graphs_on"] or res["fused_on"]:
         res["graph_vs_eager"] = check_graph(engine, args, max(batches))
     TOKENS[json.dumps(extras)] = {k: v.pop("ids") for k, v in res.items() if k.startswith("b")}
     engine.close()

@@ -34,6 +34,14 @@ KV cache, engine_extras["kv_cache"]:
   graph (hf_ar_graphs.py). Sized by engine_extras["max_model_len"]
   (DEFAULT_STATIC_MAX_LEN when unset). engine_extras["compile"] (CUDA, off by
   default) runs the step through torch.compile first (hf_ar_compile.py).
+  engine_extras["fused_decode"] (off by default) replaces the transformers
+  layers in that step with our own straight-line decode step for Llama-family
+  models (hf_ar_fused.py: packed q/k/v and gate/up GEMMs, one graph under
+  torch.compile); a model it cannot fuse, or a stage with a dynamic cache or
+  another adapter's forward, logs `hf_ar.fused_off` and keeps the normal step.
+  Every static step also takes the greedy argmax of its logits inside the
+  step, so a step whose rows are all greedy (no penalty, no logits processing)
+  brings back B ids instead of sampling over the vocabulary on the host.
 - "dynamic" (default on CPU): a DynamicCache per request; each decode step
   left-pads and stacks the requests' caches, then cuts each row back out.
   Cheapest for tiny CPU models.
@@ -51,6 +59,7 @@ from typing import Any
 
 import torch
 
+from omni_actors import logs
 from omni_actors.workers.engine import (
     EngineContext,
     EngineOutput,
@@ -67,10 +76,16 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
     check_checkpoint,
     prompt_ids,
 )
-from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F401
+from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter
 from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_wanted, compiled_step
+from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
-from omni_actors.workers.engines.hf_ar_sampling import note_sampled, sample, sample_rows  # noqa: F401
+from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
+    all_greedy,
+    note_sampled,
+    sample,
+    sample_rows,
+)
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
 from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded
 
@@ -79,6 +94,8 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_STATIC_MAX_LEN = 4096
 """KV positions per slot of the static cache when the stage sets no max_model_len."""
 KV_CACHES = ("static", "dynamic")
+
+log = logs.get(__name__)
 
 
 class HfAREngine(StageEngine):
@@ -110,14 +127,37 @@ class HfAREngine(StageEngine):
         self.max_len = int(limit) if limit else (DEFAULT_STATIC_MAX_LEN if self.static else None)
         self.slots: SlotKV | None = None
         self.graphs: DecodeGraphs | None = None
+        self.fused: FusedDecoder | None = None
+        self._raw_logits = type(self.adapter).process_logits is ARAdapter.process_logits
+        """The adapter leaves logits as they are (so a greedy row's token is their argmax)."""
+        fused = extras.get("fused_decode", False)
+        if not isinstance(fused, bool):
+            raise ValueError(f"engine_extras.fused_decode: expected true or false, got {fused!r}")
+        if fused and not self.static:
+            log.warning("hf_ar.fused_off", reason="fused_decode needs kv_cache static")
         if self.static:
             slots = max(1, ctx.max_num_seqs)
             self.slots = SlotKV(slots, self.max_len, self.adapter.position_axes, self.device)
+            self.fused = self._fused() if fused else None
             step, warmups = self._static_forward, 0
+            if self.fused is not None:
+                step = self.fused.forward
             if compile_wanted(ctx):
                 step, warmups = compiled_step(step), COMPILE_WARMUPS
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
+
+    def _fused(self) -> FusedDecoder | None:
+        """The fused decode step, or None (logged) when this stage cannot take it."""
+        try:
+            kind = type(self.adapter)
+            if kind.forward is not CausalLMAdapter.forward:
+                raise FusedUnsupported(f"{kind.__name__} has its own forward")
+            from_ids = kind.decode_embeds is CausalLMAdapter.decode_embeds  # embedding of the last token
+            return FusedDecoder(self.model, self.slots, self.max_len, from_ids)
+        except FusedUnsupported as err:
+            log.warning("hf_ar.fused_off", reason=str(err))
+            return None
 
     # ---- requests --------------------------------------------------------
 
@@ -265,9 +305,11 @@ class HfAREngine(StageEngine):
     def _decode_static(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         slots, graphs = self.slots, self.graphs
         assert slots is not None and graphs is not None
-        embeds = self.adapter.decode_embeds(seqs).to(self.device)
         batch, length = slots.shape_for()
-        rows = slots.load_inputs(batch, seqs, embeds)
+        if self.fused is not None and self.fused.from_ids:
+            rows = slots.load_inputs(batch, seqs, None)  # the fused step embeds the last tokens
+        else:
+            rows = slots.load_inputs(batch, seqs, self.adapter.decode_embeds(seqs).to(self.device))
         out = graphs.run(batch, length).rows(rows)
         for seq in seqs:
             seq.cached += 1
@@ -275,9 +317,14 @@ class HfAREngine(StageEngine):
         return self._sample(seqs, out, prefill=False)
 
     def _static_forward(self, batch: int, length: int) -> ForwardOut:
+        """The transformers decode step (the adapter's forward over the slot cache), plus each
+        row's argmax when the logits are [batch, vocab]."""
         assert self.slots is not None
         embeds, positions, mask, cache = self.slots.inputs(batch, length)
-        return self.adapter.forward(embeds, positions, mask, cache, {})
+        out = self.adapter.forward(embeds, positions, mask, cache, {})
+        if out.tokens is None and out.logits.dim() == 2:
+            out = ForwardOut(out.logits, out.hidden, tokens=out.logits.argmax(-1))
+        return out
 
     def _decode_dynamic(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         from transformers import DynamicCache
@@ -317,9 +364,12 @@ class HfAREngine(StageEngine):
         return pos[:1].expand(axes, *pos.shape[1:])
 
     def _sample(self, seqs: list[ARSeq], out: ForwardOut, prefill: bool) -> list[EngineOutput]:
-        logits = self.adapter.process_logits(seqs, out.logits.float())
-        tokens = sample_rows(logits, seqs)
-        note_sampled(seqs, tokens, logits.shape[1], logits.device)
+        if out.tokens is not None and self._raw_logits and all_greedy(seqs):
+            tokens = out.tokens.tolist()  # the argmax the step took: B ids to the host, no vocab pass
+        else:
+            logits = self.adapter.process_logits(seqs, out.logits.float())
+            tokens = sample_rows(logits, seqs)
+            note_sampled(seqs, tokens, logits.shape[1], logits.device)
         results = self.adapter.on_tokens(seqs, tokens, out, prefill)
         outputs = []
         for seq, tok, (payload, finished) in zip(seqs, tokens, results, strict=True):

@@ -72,10 +72,15 @@ class ForwardOut:
     pads: list[int] | None = None
     """Set by the engine after a batched prefill: each row's left padding (per-position outputs
     of row i start at pads[i])."""
+    tokens: torch.Tensor | None = None
+    """[batch] argmax of each row's logits, when the step computed it (the static decode step
+    does, inside its graph): the engine's sampling uses it for steps whose rows are all greedy
+    with unprocessed logits, so only B ids come back to the host."""
 
     def rows(self, index: torch.Tensor | slice) -> ForwardOut:
         """The same output for the rows `index` (dim 0 of every tensor)."""
-        return ForwardOut(self.logits[index], _rows(self.hidden, index))
+        tokens = None if self.tokens is None else self.tokens[index]
+        return ForwardOut(self.logits[index], _rows(self.hidden, index), tokens=tokens)
 
 
 def _rows(x: Any, index: torch.Tensor | slice) -> Any:
@@ -172,17 +177,31 @@ class TextStream:
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.decode = _list_decoder(tokenizer)
         self.skip = skip_special_tokens
         self.ids: list[int] = []
         self.sent = 0
 
     def push(self, token: int, final: bool = False) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        text = self.decode(self.ids, skip_special_tokens=self.skip)
         if text.endswith("\ufffd") and not final:
             return ""  # an incomplete UTF-8 sequence: wait for its next byte
         delta, self.sent = text[self.sent :], len(text)
         return delta
+
+
+def _list_decoder(tokenizer: Any) -> Any:
+    """`tokenizer.decode`, or the `_decode` it calls when that decode is transformers' own: it
+    only type-checks and copies the ids into a list first (a Python pass over every id, each
+    token of every stream; ours are a list of ints already), so the text is the same."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    except ImportError:
+        return tokenizer.decode
+    if type(tokenizer).decode is PreTrainedTokenizerBase.decode and hasattr(tokenizer, "_decode"):
+        return tokenizer._decode
+    return tokenizer.decode
 
 
 def check_checkpoint(path: Any, required: tuple[str, ...]) -> Path:

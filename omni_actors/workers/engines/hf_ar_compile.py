@@ -5,9 +5,14 @@ residual adds, sampling prep) that otherwise dominate a batch-1 decode of a smal
 model. Shapes are fixed per (batch, length) bucket, so the step is compiled with
 `dynamic=False`: one specialisation per bucket, each captured afterwards as a
 CUDA graph by hf_ar_graphs.py exactly as the eager step is (the first call of a
-bucket compiles and runs, the second is captured). Compiled code is cached on disk
-by inductor (TORCHINDUCTOR_CACHE_DIR), so a restart recompiles from the cache.
-A step that fails to compile falls back to eager for the engine (logged once).
+bucket compiles and runs, COMPILE_WARMUPS more calls settle it, then it is
+captured). The capture runs the compiled code under the "eager_on_recompile"
+stance: the kernels inductor made for the bucket go into the graph, and a frame
+that would need compiling (never inside a capture) runs eagerly instead. (Until
+issue 16's fused step, the capture ran the eager step, so a graphed compiled
+step replayed the eager kernels.) Compiled code is cached on disk by inductor
+(TORCHINDUCTOR_CACHE_DIR), so a restart recompiles from the cache. A step that
+fails to compile falls back to eager for the engine (logged once).
 """
 
 from __future__ import annotations
@@ -46,7 +51,10 @@ def compiled_step(step: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
     state = {"ok": True}
 
     def run(batch: int, length: int) -> Any:
-        if state["ok"] and not torch.cuda.is_current_stream_capturing():
+        if state["ok"] and torch.cuda.is_current_stream_capturing():
+            with torch.compiler.set_stance("eager_on_recompile"):  # replay compiled code only
+                return fast(batch, length)
+        if state["ok"]:
             try:
                 return fast(batch, length)
             except Exception as err:  # compilation is an optimisation: fall back, say why once

@@ -25,6 +25,12 @@ def _penalty(params: dict[str, Any]) -> float:
     return float(params.get("repetition_penalty") or 1.0)
 
 
+def all_greedy(seqs: list[ARSeq]) -> bool:
+    """True when every row's token is the argmax of its logits (temperature 0, no repetition
+    penalty): then `sample_rows` would return exactly the rows' argmax."""
+    return all(_temperature(s.params) <= 0.0 and _penalty(s.params) == 1.0 for s in seqs)
+
+
 def sample_rows(logits: torch.Tensor, seqs: list[ARSeq]) -> list[int]:
     """One token per row of [batch, vocab] float32 logits, row i for seqs[i] (its own params)."""
     params = [s.params for s in seqs]

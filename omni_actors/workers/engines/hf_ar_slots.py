@@ -104,8 +104,12 @@ class SlotKV:
         self.length_sizes = buckets(max_len, min(MIN_LENGTH_BUCKET, max_len))
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.zeros(axes, slots, 1, dtype=torch.long, device=device)
+        self.ids = torch.zeros(slots, dtype=torch.long, device=device)
+        """Each row's last sampled token (a step that embeds its inputs itself reads these)."""
         pin = device.type == "cuda"
-        self.host = torch.zeros(1 + axes, slots, dtype=torch.long, pin_memory=pin)
+        self.host = torch.zeros(2 + axes, slots, dtype=torch.long, pin_memory=pin)
+        """Staging rows: lengths, positions (axes rows), last token ids."""
+        self._host = self.host.numpy()  # the same memory: element writes cost no torch call
         self.embeds: torch.Tensor | None = None
         self.views: dict[tuple[int, int], SlotCache] = {}
 
@@ -159,19 +163,27 @@ class SlotKV:
             bucket_for(longest + 1, self.length_sizes),
         )
 
-    def load_inputs(self, batch: int, ready: list[ARSeq], embeds: torch.Tensor) -> torch.Tensor:
-        """Write one step's inputs into the static buffers; return the ready rows' indices."""
-        host = self.host
+    def load_inputs(
+        self, batch: int, ready: list[ARSeq], embeds: torch.Tensor | None
+    ) -> torch.Tensor | slice:
+        """Write one step's inputs into the static buffers; return the ready rows' indices.
+        `embeds` None: the step embeds `ids` itself (only lengths, positions and ids are written)."""
+        host = self._host
         host[:, :batch] = 0
         for seq in self.owners:
             host[0, seq.slot] = seq.cached
-            host[1:, seq.slot] = seq.next_pos
-        self.lengths[:batch].copy_(host[0, :batch], non_blocking=True)
-        self.positions[:, :batch, 0].copy_(host[1:, :batch], non_blocking=True)
+            host[1:-1, seq.slot] = seq.next_pos
+            host[-1, seq.slot] = seq.tokens[-1] if seq.tokens else 0
+        self.lengths[:batch].copy_(self.host[0, :batch], non_blocking=True)
+        self.positions[:, :batch, 0].copy_(self.host[1:-1, :batch], non_blocking=True)
+        self.ids[:batch].copy_(self.host[-1, :batch], non_blocking=True)
+        rows = [s.slot for s in ready]
+        if embeds is None:
+            n = len(rows)
+            return slice(0, n) if rows == list(range(n)) else torch.tensor(rows, device=self.device)
         if self.embeds is None:
             shape = (self.slots, 1, embeds.shape[-1])
             self.embeds = torch.zeros(shape, dtype=embeds.dtype, device=self.device)
-        rows = [s.slot for s in ready]
         if rows == list(range(len(rows))):
             self.embeds[: len(rows)].copy_(embeds)
             return slice(0, len(rows))

@@ -1,0 +1,218 @@
+"""Our own static decode step for Llama-architecture causal LMs (engine_extras["fused_decode"]).
+
+HfAREngine's static decode normally calls the transformers model with a
+SlotCache; its layers graph-break around the cache, so torch.compile cannot
+fuse their small elementwise kernels and every RMSNorm, rotary, SiLU x up and
+residual add is its own launch. `FusedDecoder` runs the same maths for one
+position per row, written as straight-line tensor code with no Python branch
+on values: torch.compile traces it as ONE graph (inductor fuses the
+elementwise work between the GEMMs) and DecodeGraphs captures it as it is.
+
+Per layer: RMSNorm, one q/k/v GEMM (q_norm/k_norm for qwen3), rotary from a
+cos/sin table indexed by position, the new K/V written into the slot
+buffers at each row's length (an index_put: no host sync, graph-capturable), `attend_one` over the slot K/V under the same
+additive mask the transformers path gets, o proj, residual, RMSNorm, one
+gate/up GEMM, SiLU x up, down proj, residual; then the final norm, lm_head
+and the greedy argmax of every row (so an all-greedy step brings back B ints,
+not B x vocab logits). For CausalLMAdapter the step also embeds each row's last
+token itself (`from_ids`), so no embedding lookup or embeds copy runs outside it.
+
+Weights are read once at load: q/k/v (and their biases) are concatenated
+into one tensor per layer, gate/up into another, and the transformers
+modules' parameters become views into them, so memory is not doubled and
+the transformers prefill keeps working on the same storage.
+
+Fusable: model_type llama, mistral, qwen2, qwen3 with SiLU MLPs and a rope
+type whose frequencies do not change with the sequence length (default,
+linear, llama3, yarn: the loaded rotary module's inv_freq and attention
+scaling are used as they are). Anything else raises `FusedUnsupported`
+naming why; the engine then logs `hf_ar.fused_off` and keeps the normal step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from omni_actors.workers.engines.hf_ar_adapter import ForwardOut
+from omni_actors.workers.engines.hf_ar_slots import SlotKV, additive_mask, attend_one
+
+FUSABLE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""model_type values whose decoder layer is the Llama layer (qwen3: plus per-head q/k RMSNorm)."""
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+"""Rope types whose inv_freq is fixed at load (dynamic and longrope change with the length)."""
+
+
+class FusedUnsupported(ValueError):
+    """The model cannot take the fused decode step; the message says why."""
+
+
+@dataclass
+class FusedLayer:
+    """One decoder layer's weights, as the fused step reads them."""
+
+    norm1: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    norm2: torch.Tensor
+    gate_up_w: torch.Tensor
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: float32 statistics, scaled back in the input dtype."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def check_fusable(model: torch.nn.Module, max_len: int) -> None:
+    """Raise FusedUnsupported unless `model` (an *ForCausalLM) can take the fused step."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind not in FUSABLE_TYPES:
+        raise FusedUnsupported(f"model_type {kind!r} is not one of {FUSABLE_TYPES}")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise FusedUnsupported(f"hidden_act {config.hidden_act!r}: the fused MLP is SiLU x up")
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rope = getattr(rotary, "rope_type", None)
+    if rope not in STATIC_ROPE_TYPES:
+        raise FusedUnsupported(f"rope type {rope!r} is not one of {STATIC_ROPE_TYPES}")
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    windowed = kind == "mistral" or "sliding_attention" in layer_types
+    window = getattr(config, "sliding_window", None) if windowed else None
+    if window is not None and window < max_len:
+        raise FusedUnsupported(f"sliding_window {window} < max_model_len {max_len}")
+    if any(t != "full_attention" for t in layer_types if t != "sliding_attention"):
+        raise FusedUnsupported(f"layer types {sorted(set(layer_types))}")
+
+
+def _pack(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the Linears' weights (and biases) along dim 0 into one tensor each; the
+    Linears' parameters become views into it (the old storage is freed)."""
+    weight = torch.cat([m.weight for m in modules])
+    has_bias = [m.bias is not None for m in modules]
+    if any(has_bias) and not all(has_bias):
+        raise FusedUnsupported("some of the fused projections have a bias and some do not")
+    bias = torch.cat([m.bias for m in modules]) if all(has_bias) else None
+    start = 0
+    for m in modules:
+        rows = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            m.bias = torch.nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
+class FusedDecoder:
+    """The fused decode step over an engine's SlotKV (see the module docstring)."""
+
+    def __init__(
+        self, model: torch.nn.Module, slots: SlotKV, max_len: int, from_ids: bool = False
+    ) -> None:
+        """`from_ids`: the step embeds each row's last token (`slots.ids`) itself, inside the
+        graph, instead of reading `slots.embeds` (the adapter's decode embeddings)."""
+        check_fusable(model, max_len)
+        config = model.config
+        inner = model.model
+        self.slots = slots
+        self.from_ids = from_ids
+        self.embed_w = model.get_input_embeddings().weight
+        self.rows = torch.arange(slots.slots, device=slots.device)
+        self.eps = float(config.rms_norm_eps)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        attn0 = inner.layers[0].self_attn
+        self.head_dim = int(attn0.head_dim)
+        self.scale = float(attn0.scaling)
+        self.split = [self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2]
+        self.layers: list[FusedLayer] = []
+        with torch.no_grad():
+            for layer in inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv_w, qkv_b = _pack([attn.q_proj, attn.k_proj, attn.v_proj])
+                gate_up_w, gate_up_b = _pack([mlp.gate_proj, mlp.up_proj])
+                q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+                self.layers.append(FusedLayer(
+                    norm1=layer.input_layernorm.weight, qkv_w=qkv_w, qkv_b=qkv_b,
+                    q_norm=None if q_norm is None else q_norm.weight,
+                    k_norm=None if k_norm is None else k_norm.weight,
+                    o_w=attn.o_proj.weight, o_b=attn.o_proj.bias,
+                    norm2=layer.post_attention_layernorm.weight,
+                    gate_up_w=gate_up_w, gate_up_b=gate_up_b,
+                    down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
+                ))  # fmt: skip
+            self.norm = inner.norm.weight
+            self.head_w, self.head_b = model.lm_head.weight, model.lm_head.bias
+            self.dtype = self.norm.dtype
+            self.cos, self.sin = self._rope_table(inner.rotary_emb, max_len)
+
+    def _rope_table(self, rotary: torch.nn.Module, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[max_len, head_dim] cos and sin in the model dtype, computed as transformers' rotary
+        module computes them per step (float32 position x inv_freq, then scaled and cast)."""
+        inv_freq = rotary.inv_freq.to(torch.float32)
+        positions = torch.arange(max_len, device=inv_freq.device, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = rotary.attention_scaling
+        return (emb.cos() * scaling).to(self.dtype), (emb.sin() * scaling).to(self.dtype)
+
+    def forward(self, batch: int, length: int) -> ForwardOut:
+        """One decode position for rows 0..batch-1 of the slot cache, attending to `length`
+        positions; writes each row's new K/V at its length. Logits [batch, vocab] and the
+        greedy ids [batch] (`tokens`)."""
+        slots = self.slots
+        lengths = slots.lengths[:batch]
+        blocked = torch.arange(length, device=lengths.device)[None] > lengths[:, None]
+        mask = additive_mask(blocked, self.dtype)
+        pos = slots.positions[0, :batch, 0].clamp(0, self.cos.shape[0] - 1)
+        cos, sin = self.cos[pos][:, None, None, :], self.sin[pos][:, None, None, :]  # [B,1,1,d]
+        where = (self.rows[:batch], slice(None), lengths)  # row b's new K/V goes at lengths[b]
+        if self.from_ids:
+            h = F.embedding(slots.ids[:batch, None], self.embed_w)  # [B, 1, hidden]
+        else:
+            h = slots.embeds[:batch].to(self.dtype)
+        for layer, keys, values in zip(self.layers, slots.keys, slots.values, strict=True):
+            h = h + self._attention(layer, h, cos, sin, where, mask, keys, values, length)
+            x = rms_norm(h, layer.norm2, self.eps)
+            gate, up = F.linear(x, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
+        h = rms_norm(h[:, -1], self.norm, self.eps)
+        logits = F.linear(h, self.head_w, self.head_b)
+        return ForwardOut(logits, tokens=logits.argmax(-1))
+
+    def _attention(self, layer: FusedLayer, h, cos, sin, where, mask, keys, values, length: int):
+        """Attention of one layer; `keys`/`values` are the whole slot buffers (the new K/V is
+        written into them in place, an index_put inductor keeps in place, as gpt-fast's cache)."""
+        rows = h.shape[0]
+        x = rms_norm(h, layer.norm1, self.eps)
+        q, k, v = F.linear(x, layer.qkv_w, layer.qkv_b).split(self.split, dim=-1)
+        q = q.view(rows, 1, self.heads, self.head_dim)
+        k = k.view(rows, 1, self.kv_heads, self.head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, self.eps)
+        if layer.k_norm is not None:
+            k = rms_norm(k, layer.k_norm, self.eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, 1, d]
+        v = v.view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys[where] = k[:, :, 0]
+        values[where] = v[:, :, 0]
+        out = attend_one(q, keys[:rows, :, :length], values[:rows, :, :length], mask, self.scale)
+        return F.linear(out, layer.o_w, layer.o_b)
