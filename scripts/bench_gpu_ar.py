@@ -56,6 +56,8 @@ TOKENS: dict[str, dict[str, list[list[int]]]] = {}
 MODES = {
     "static_fused_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
                               "fused_decode": True},
+    "static_fused_autotuned": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
+                               "compile_mode": "max-autotune-no-cudagraphs", "fused_decode": True},
     "static_fused": {"kv_cache": "static", "cuda_graphs": True, "fused_decode": True},
     "static_fused_eager": {"kv_cache": "static", "cuda_graphs": False, "fused_decode": True},
     "static_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True},

@@ -261,6 +261,8 @@ def test_fused_needs_the_static_cache_and_a_bool(llama_dir):
     assert engine.fused is None and "static" in warned[0]["reason"]
     with pytest.raises(ValueError, match="fused_decode"):
         HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode="yes"))
+    with pytest.raises(ValueError, match="compile_mode"):
+        HfAREngine(_ctx(llama_dir, kv_cache="static", compile=True, compile_mode="fastest"))
 
 
 @pytest.mark.gpu
@@ -273,7 +275,7 @@ def test_fused_step_under_cuda_graphs(tmp_path, compiled):
     engine = HfAREngine(_ctx(path, device="cuda", fused_decode=True, compile=compiled))
     assert engine.fused is not None and engine.graphs.enabled
     first, again = _run(engine), _run(engine)  # the second run replays every bucket
-    assert engine.graphs.enabled and len(engine.graphs.graphs) >= 2
+    assert engine.graphs.enabled and len(engine.graphs.graphs) >= 1
     plain = _run(HfAREngine(_ctx(path, device="cuda", cuda_graphs=False)))
     assert first == plain and again == plain
     for i in range(3):

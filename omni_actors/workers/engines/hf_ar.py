@@ -77,7 +77,12 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
     prompt_ids,
 )
 from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter
-from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_wanted, compiled_step
+from omni_actors.workers.engines.hf_ar_compile import (
+    COMPILE_WARMUPS,
+    compile_mode,
+    compile_wanted,
+    compiled_step,
+)
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
@@ -123,6 +128,7 @@ class HfAREngine(StageEngine):
         self.batch_prefill = batch and self.adapter.batch_prefill
         self._prefill_only = False
         """The last step ran only a prefill (so this one decodes)."""
+        mode = compile_mode(ctx)  # checked on every device
         self.static = kind == "static"
         self.max_len = int(limit) if limit else (DEFAULT_STATIC_MAX_LEN if self.static else None)
         self.slots: SlotKV | None = None
@@ -143,7 +149,7 @@ class HfAREngine(StageEngine):
             if self.fused is not None:
                 step = self.fused.forward
             if compile_wanted(ctx):
-                step, warmups = compiled_step(step), COMPILE_WARMUPS
+                step, warmups = compiled_step(step, mode), COMPILE_WARMUPS
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
 

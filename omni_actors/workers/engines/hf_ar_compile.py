@@ -32,7 +32,9 @@ RECOMPILE_LIMIT = 64
 """Specialisations dynamo keeps per function: one per (batch, length) bucket used."""
 COMPILE_MODE = "default"
 """Inductor mode: fused kernels, no autotuning (it multiplies compile time per bucket); the
-CUDA graphs are ours (hf_ar_graphs.py), not inductor's."""
+CUDA graphs are ours (hf_ar_graphs.py), not inductor's. engine_extras["compile_mode"] picks
+another of COMPILE_MODES ("max-autotune-no-cudagraphs": autotuned GEMMs, minutes per bucket)."""
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 def compile_wanted(ctx: Any) -> bool:
@@ -40,14 +42,22 @@ def compile_wanted(ctx: Any) -> bool:
     return ctx.device == "cuda" and bool(extras.get("compile", False)) and not extras.get("enforce_eager")
 
 
-def compiled_step(step: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+def compile_mode(ctx: Any) -> str:
+    """engine_extras["compile_mode"], checked (COMPILE_MODE when unset)."""
+    mode = ctx.engine_extras.get("compile_mode", COMPILE_MODE)
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"engine_extras.compile_mode: expected one of {COMPILE_MODES}, got {mode!r}")
+    return mode
+
+
+def compiled_step(step: Callable[[int, int], Any], mode: str = COMPILE_MODE) -> Callable[[int, int], Any]:
     """`step(batch, length)` compiled per bucket; on a compile error, the eager step from then on."""
     import torch._dynamo as dynamo
 
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(dynamo.config, name):
             setattr(dynamo.config, name, max(getattr(dynamo.config, name), RECOMPILE_LIMIT))
-    fast = torch.compile(step, dynamic=False, mode=COMPILE_MODE)
+    fast = torch.compile(step, dynamic=False, mode=mode)
     state = {"ok": True}
 
     def run(batch: int, length: int) -> Any:
