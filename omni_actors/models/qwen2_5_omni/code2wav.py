@@ -81,7 +81,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         from transformers import Qwen2_5OmniToken2WavModel
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "spk_dict.pt"))
-        config = load_config(path).token2wav_config
+        config = load_config(path, self.ctx).token2wav_config
         self.model = load_part(
             Qwen2_5OmniToken2WavModel, path, config, "token2wav", self.ctx, float32=True
         )

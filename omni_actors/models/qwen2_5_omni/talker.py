@@ -114,13 +114,13 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
         from transformers import Qwen2_5OmniTalkerForConditionalGeneration
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "spk_dict.pt"))
-        config = load_config(path)
+        config = load_config(path, self.ctx)
         self.tc = config.talker_config
         self.mm_ids = {self.tc.audio_token_id, self.tc.image_token_id, self.tc.video_token_id}
         self.model = load_part(
             Qwen2_5OmniTalkerForConditionalGeneration, path, self.tc, "talker", self.ctx
         )
-        table = load_tensor(path, "thinker.model.embed_tokens.weight").to(self.model.dtype)
+        table = load_tensor(path, "thinker.model.embed_tokens.weight", self.ctx).to(self.model.dtype)
         self.thinker_embed = torch.nn.Embedding.from_pretrained(table).to(self.ctx.device)
         try:
             self.speakers = torch.load(path / "spk_dict.pt", weights_only=True)

@@ -61,7 +61,7 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
             overwrite=True,
         )
         path = check_checkpoint(self.ctx.model_path, ("config.json",))
-        self.config = config = load_config(path)
+        self.config = config = load_config(path, self.ctx)
         self.tc = tc = config.talker_config
         self.model = load_part(
             Qwen3OmniMoeTalkerForConditionalGeneration, path, tc, "talker", self.ctx
@@ -69,7 +69,7 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         # Multimodal positions read `config.audio_config.n_window`; the talker config need not
         # carry a (typed) audio config, the thinker's always does.
         self.model.config.audio_config = config.thinker_config.audio_config
-        table = load_tensor(path, "thinker.model.embed_tokens.weight").to(self.model.dtype)
+        table = load_tensor(path, "thinker.model.embed_tokens.weight", self.ctx).to(self.model.dtype)
         self.thinker_embed = torch.nn.Embedding.from_pretrained(table).to(self.ctx.device)
         self.mm_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
         special = torch.tensor(
