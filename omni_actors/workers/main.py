@@ -132,8 +132,11 @@ def main(argv: list[str]) -> int:
     try:
         try:
             engine_cls = resolve(spec.stage.engine)
-            t_imported = time.perf_counter()
             ctx = build_context(spec)
+            adapter = ctx.engine_extras.get("adapter")
+            if isinstance(adapter, str):
+                resolve(adapter)  # (its module's imports count as imports, not as the engine's start)
+            t_imported = time.perf_counter()
             engine = engine_cls(ctx)
             _limit_threads()
             t_engine = time.perf_counter()

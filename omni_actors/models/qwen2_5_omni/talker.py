@@ -31,6 +31,7 @@ from omni_actors.models.qwen2_5_omni.loading import (
     load_part,
     load_tensor,
 )
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar import ARAdapter, ARSeq, ForwardOut, StepInputs
 
 DEFAULT_SPEAKER = "Chelsie"
@@ -111,7 +112,8 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
     position_axes = 3
 
     def load(self) -> torch.nn.Module:
-        from transformers import Qwen2_5OmniTalkerForConditionalGeneration
+        with timed(self.ctx, "imports"):
+            from transformers import Qwen2_5OmniTalkerForConditionalGeneration
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "spk_dict.pt"))
         config = load_config(path, self.ctx)

@@ -66,12 +66,14 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
     # ---- loading -----------------------------------------------------------
 
     def load(self) -> torch.nn.Module:
-        from transformers import AutoTokenizer, WhisperFeatureExtractor
+        with timed(self.ctx, "imports"):
+            from transformers import AutoTokenizer, WhisperFeatureExtractor
 
+            part_class = self.part_class()
         path = check_checkpoint(self.ctx.model_path, REQUIRED)
         self.full_config = config = load_config(path, self.ctx)
         self.config = config.thinker_config
-        self.model = load_part(self.part_class(), path, self.config, self.part, self.ctx)
+        self.model = load_part(part_class, path, self.config, self.part, self.ctx)
         self.model.lm_head = _LastPositionHead(self.model.lm_head)
         with timed(self.ctx, "processors"):
             self.tokenizer = AutoTokenizer.from_pretrained(path)

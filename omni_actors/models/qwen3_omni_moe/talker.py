@@ -30,6 +30,7 @@ from omni_actors.models.qwen2_5_omni.loading import (
 )
 from omni_actors.models.qwen2_5_omni.talker import ThinkerFedTalker, ThinkerFeed, talker_sampling
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq, ForwardOut, StepInputs
 
 DEFAULT_SPEAKER = "ethan"
@@ -47,11 +48,12 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
     position_axes = 3
 
     def load(self) -> torch.nn.Module:
-        from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
-        from transformers.conversion_mapping import (
-            get_checkpoint_conversion_mapping,
-            register_checkpoint_conversion_mapping,
-        )
+        with timed(self.ctx, "imports"):
+            from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
+            from transformers.conversion_mapping import (
+                get_checkpoint_conversion_mapping,
+                register_checkpoint_conversion_mapping,
+            )
 
         # transformers maps per-expert MoE weights onto fused tensors by model type, and
         # the talker has none of its own: give its class the Qwen2-MoE mapping.
