@@ -56,7 +56,8 @@ def load_part(
             raise ValueError(f"{path}: cannot load the {prefix} weights ({err})") from err
         finally:
             hf_logging.set_verbosity(level)
-        return (model if placement else model.to(ctx.device)).eval()
+        # (after a device_map load a no-op that would catch anything left behind)
+        return model.to(ctx.device).eval()
 
 
 def load_codec(ctx: Any, cls: Any, sub: str, prefix: str) -> tuple[Any, Any]:

@@ -43,11 +43,9 @@ class CausalLMAdapter(ARAdapter):
             DTYPES.get(self.ctx.dtype, torch.float32) if self.ctx.device != "cpu" else torch.float32
         )
         placement = weights_device_map(self.ctx)
+        where = {} if placement is None else {"device_map": placement}
         with timed(self.ctx, "weights"):
-            if placement is None:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.ctx.device)
-            else:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=placement)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where).to(self.ctx.device)
         self.model = model.eval()
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.workers.engine import EngineContext
+from omni_actors.workers.engine import EngineContext, timed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,12 +20,16 @@ def load_dtype(ctx: EngineContext) -> torch.dtype:
 def weights_device_map(ctx: EngineContext) -> dict[str, torch.device] | None:
     """`device_map` for `from_pretrained`: on CUDA the weights load straight from safetensors onto
     the stage's device (no copy of the whole model in host memory, no `.to(device)` pass; MoE
-    experts are merged there too); None on CPU, which loads as it always has."""
+    experts are merged there too); None on CPU, which loads as it always has. The first call on
+    CUDA makes the process's CUDA context (start-up phase "cuda_init")."""
     if ctx.device == "cpu":
         return None
-    if ctx.device == "cuda":
-        return {"": torch.device("cuda", torch.cuda.current_device())}
-    return {"": torch.device(ctx.device)}
+    if ctx.device != "cuda":
+        return {"": torch.device(ctx.device)}
+    with timed(ctx, "cuda_init"):
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.synchronize(device)  # (the context is made on the first call that needs it)
+    return {"": device}
 
 
 def one_cpu_thread(ctx: EngineContext) -> None:
