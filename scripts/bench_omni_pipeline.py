@@ -32,7 +32,9 @@ code), "engine" (the engine's construction) and inside it "engine.weights"
 (disk -> device), "engine.config", "engine.processors", "engine.warmup" where
 the engine has them. `--startup-only` starts and stops the runtime `--starts`
 times (the first run fills the page cache, later ones show warm restarts) and
-skips the requests.
+skips the requests. `--direct-load on,off` runs each mode with weights loaded
+straight onto the device, then the old way (host memory, then `.to(device)`;
+engine_extras `direct_load: false` on every stage): the same-run baseline.
 
 `--placements` runs each mode once per placement (a device per stage, stages
 separated by commas, placements by semicolons), all in one run, so the first
@@ -87,6 +89,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--stagger-ms", type=float, default=0.0, help="gap between starts (levels > 1)")
     ap.add_argument("--startup-only", action="store_true", help="time start-up only (no requests)")
     ap.add_argument("--starts", type=int, default=2, help="start-ups per mode with --startup-only")
+    ap.add_argument("--direct-load", default="on", help='weights straight onto the device: "on", "off" or "on,off"')
     ap.add_argument(
         "--ar-extras", type=json.loads, default={},
         help='engine_extras for the two AR stages, e.g. \'{"kv_cache": "dynamic"}\'',
@@ -94,16 +97,18 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def stage_extras(args: argparse.Namespace, stage: int, priority: bool) -> dict[str, Any]:
+def stage_extras(args: argparse.Namespace, stage: int, priority: bool, direct: bool = True) -> dict[str, Any]:
     extras: dict[str, Any] = dict(args.ar_extras) if stage < 2 else {}
     extras["first_chunk_priority"] = priority
+    extras["direct_load"] = direct
     if stage == 1 and not priority:
         extras["batch_prefill"] = False  # talker prompts one by one, as before priority
     return extras
 
 
 def deploy_for(
-    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True
+    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True,
+    direct: bool = True,
 ) -> Any:
     stage = {"max_num_seqs": args.max_num_seqs, "max_queue": 256, "dtype": args.dtype}
     raw = {
@@ -114,7 +119,7 @@ def deploy_for(
             {
                 "stage_id": s, **stage,
                 **({"devices": placement[s]} if placement[s] is not None else {}),
-                "engine_extras": stage_extras(args, s, priority),
+                "engine_extras": stage_extras(args, s, priority, direct),
             }
             for s in (0, 1, 2)
         ],
@@ -237,9 +242,10 @@ def handoff_cost(width: int, dtype: str, src: str, dst: str, n: int = 200) -> di
 
 
 async def run_mode(
-    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True
+    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True,
+    direct: bool = True,
 ) -> dict[str, Any]:
-    orch = Orchestrator(deploy_for(args, async_chunk, placement, priority))
+    orch = Orchestrator(deploy_for(args, async_chunk, placement, priority, direct))
     t0 = time.perf_counter()
     await orch.start()
     out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2), "startup_phases": startup_phases(orch)}
@@ -287,15 +293,18 @@ async def main() -> None:
     results = {}
     places = placements(args)
     prios = args.priority.split(",")
+    directs = args.direct_load.split(",")
     for place in places:
         tag = "" if len(places) == 1 else "@" + ",".join(str(d) for d in place)
         for name in args.modes.split(","):
             for prio in prios:
                 ptag = "" if prios == ["on"] else f"_priority_{prio}"
-                measure = startup_runs if args.startup_only else run_mode
-                results[f"async_chunk_{name}{ptag}{tag}"] = await measure(
-                    args, modes[name], place, prio == "on"
-                )
+                for direct in directs:
+                    dtag = "" if directs == ["on"] else f"_direct_{direct}"
+                    measure = startup_runs if args.startup_only else run_mode
+                    results[f"async_chunk_{name}{ptag}{dtag}{tag}"] = await measure(
+                        args, modes[name], place, prio == "on", direct == "on"
+                    )
     line: dict[str, Any] = {
         "bench": "omni_pipeline",
         "pipeline": args.pipeline,
@@ -308,6 +317,8 @@ async def main() -> None:
         "ar_extras": args.ar_extras,
         "priority": args.priority,
         "stagger_ms": args.stagger_ms,
+        "direct_load": args.direct_load,
+        "startup_only": args.startup_only,
         "results": results,
     }
     for name in args.modes.split(","):

@@ -165,6 +165,15 @@ def timed(ctx: Any, phase: str) -> contextlib.AbstractContextManager[None]:
     return clock.phase(phase) if isinstance(clock, StartupClock) else contextlib.nullcontext()
 
 
+def direct_load(ctx: EngineContext) -> bool:
+    """engine_extras["direct_load"] (default True): on an accelerator, load weights straight onto
+    it rather than into host memory first and then `.to(device)` (false: the old way, a baseline)."""
+    value = ctx.engine_extras.get("direct_load", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"engine_extras.direct_load: expected true or false, got {value!r}")
+    return value
+
+
 def first_chunk_priority(extras: dict[str, Any]) -> bool:
     """engine_extras["first_chunk_priority"] (default True): whether a request's first output goes
     ahead of other requests' later work in this stage (each engine's docstring says how)."""

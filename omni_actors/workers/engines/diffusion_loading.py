@@ -28,8 +28,9 @@ _DTYPES = {
 }
 
 
-def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
-    """Load the diffusers pipeline in `model_path`; ConfigError naming the file when it is broken."""
+def load_pipeline(model_path: Path | None, device: str, dtype: str, direct: bool = True) -> Any:
+    """Load the diffusers pipeline in `model_path`; ConfigError naming the file when it is broken.
+    `direct`: off the CPU, load the weights straight onto `device` (torch_setup.direct_load)."""
     if model_path is None:
         raise ConfigError("diffusion stage: no model path given")
     root = Path(model_path)
@@ -59,7 +60,7 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
         for cfg in sorted(folder.glob("*.json")):
             _read_json(cfg)
     torch_dtype = _torch_dtype(dtype, device, torch)
-    where = {} if device == "cpu" else {"device_map": device}
+    where = {"device_map": device} if direct and device != "cpu" else {}
     diffusers.utils.logging.disable_progress_bar()
     try:
         parts, later = torchvision_free_components(root, index)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.workers.engine import EngineContext, timed
+from omni_actors.workers.engine import EngineContext, direct_load, timed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,9 +20,10 @@ def load_dtype(ctx: EngineContext) -> torch.dtype:
 def weights_device_map(ctx: EngineContext) -> dict[str, torch.device] | None:
     """`device_map` for `from_pretrained`: on CUDA the weights load straight from safetensors onto
     the stage's device (no copy of the whole model in host memory, no `.to(device)` pass; MoE
-    experts are merged there too); None on CPU, which loads as it always has. The first call on
-    CUDA makes the process's CUDA context (start-up phase "cuda_init")."""
-    if ctx.device == "cpu":
+    experts are merged there too); None on CPU, which loads as it always has, and where
+    `direct_load` is off. The first call on CUDA makes the process's CUDA context (start-up phase
+    "cuda_init")."""
+    if ctx.device == "cpu" or not direct_load(ctx):
         return None
     if ctx.device != "cuda":
         return {"": torch.device(ctx.device)}
