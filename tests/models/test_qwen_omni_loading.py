@@ -5,6 +5,7 @@ the device, `weights_device_map`; the CPU path is the one a CPU box can check.)"
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ pytest.importorskip("transformers")
 
 from omni_actors.models.qwen2_5_omni.loading import load_codec, load_config, load_part, load_tensor  # noqa: E402
 from omni_actors.models.tiny import make_tiny  # noqa: E402
-from omni_actors.workers.engine import EngineContext  # noqa: E402
+from omni_actors.workers.engine import EngineContext, direct_load  # noqa: E402
 from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: E402
 from omni_actors.workers.engines.torch_setup import weights_device_map  # noqa: E402
 
@@ -46,6 +47,9 @@ def _stored(path: Path) -> dict[str, torch.Tensor]:
 
 def test_cpu_loads_where_it_always_did(omni_dir: Path) -> None:
     assert weights_device_map(_ctx(omni_dir)) is None  # no device_map on CPU: from_pretrained as before
+    assert direct_load(_ctx(omni_dir)) is True  # (on by default; it only changes an accelerator's load)
+    with pytest.raises(ValueError, match="direct_load"):
+        direct_load(replace(_ctx(omni_dir), engine_extras={"direct_load": "yes"}))
 
 
 def test_a_codec_loads_every_stored_weight_unchanged_in_float32(omni_dir: Path) -> None:
