@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omni_actors.workers.engine import timed
+from omni_actors.workers.engine import direct_load, timed
 from omni_actors.workers.engines.hf_ar import DTYPES, check_checkpoint
 from omni_actors.workers.engines.torch_setup import load_dtype, weights_device_map
 
@@ -70,9 +70,10 @@ def load_codec(ctx: Any, cls: Any, sub: str, prefix: str) -> tuple[Any, Any]:
 
 def load_tensor(path: Path, name: str, ctx: Any = None) -> Any:
     """One tensor of the folder's safetensors weights (sharded or not), read alone: onto the CPU,
-    or with `ctx` straight onto ctx.device (timed as its start-up phase "weights")."""
+    or with `ctx` straight onto ctx.device (unless its `direct_load` is off; timed as its start-up
+    phase "weights")."""
     with timed(ctx, "weights"):
-        return _read_tensor(path, name, "cpu" if ctx is None else ctx.device)
+        return _read_tensor(path, name, ctx.device if ctx is not None and direct_load(ctx) else "cpu")
 
 
 def _read_tensor(path: Path, name: str, device: str) -> Any:
