@@ -3,15 +3,21 @@ one `stage.ready` log line per replica, the replica's statistics, and /metrics."
 
 from __future__ import annotations
 
+import os
+import signal
+
 import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.conftest import serve
+from tests.conftest import eventually, make_deploy, running
 
 LOAD_MS = 300
 """Stage 0's simulated weight loading (synthetic engine `load_ms`, timed as phase "weights")."""
 WORKER_PHASES = ("boot", "imports", "engine", "total")
+RESTART_WAIT_S = 30.0
+"""Longest wait for the killed worker's replacement to be Ready (a fresh interpreter on a busy box)."""
 
 
 async def test_every_replica_reports_its_start_up_phases() -> None:
@@ -53,3 +59,19 @@ async def test_every_replica_reports_its_start_up_phases() -> None:
     for (stage_id, replica), phases in replicas.items():
         for phase, seconds in phases.items():
             assert exported[(str(stage_id), str(replica), phase)] == seconds
+
+
+async def test_a_restarted_worker_reports_its_own_start_up() -> None:
+    stages = [{"stage_id": 0, "engine_extras": {"load_ms": LOAD_MS}}]
+    with structlog.testing.capture_logs() as logs:
+        async with running(make_deploy("synthetic_text", stages=stages)) as orch:
+            first = orch.workers[0][0]
+            before = orch.statistics().stage(0).replicas[0].startup
+            os.kill(first.pid, signal.SIGKILL)
+            await eventually(lambda: orch.workers[0][0] is not first, 10.0)
+            await orch.wait_healthy(RESTART_WAIT_S)
+            after = orch.statistics().stage(0).replicas[0].startup
+    assert after["engine.weights"] >= LOAD_MS / 1000 and after["total"] > 0, after
+    assert after != before  # the new process's own account, not the first one's
+    restarted = [e for e in logs if e["event"] == "worker.restarted"]
+    assert len(restarted) == 1 and restarted[0]["total_s"] == after["total"], restarted
