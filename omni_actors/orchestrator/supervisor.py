@@ -178,8 +178,13 @@ class Supervisor:
     # ---- what workers say -------------------------------------------------------
 
     def on_ready(self, h: WorkerHandle, pid: int, startup: m.StartupPhases | None = None) -> None:
-        if h.proc is None or h.proc.pid not in (pid, None) or h.dead:  # (None: a Ray worker not yet reported)
-            log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead)
+        # The bus identity is this generation's own, so its Ready is this process's even when it
+        # comes before `spawn` has returned (h.proc still None: a loaded host can take longer to
+        # hand back a started process than a light worker takes to load), which once left start-up
+        # waiting for a Ready it had dropped. (pid None: a Ray worker not yet reported.)
+        if h.dead or (h.proc is not None and h.proc.pid not in (pid, None)):
+            log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead,
+                        proc_pid=h.pid)
             return
         h.ready = True
         h.ready_at = time.monotonic()
