@@ -24,6 +24,18 @@ priority), in one run: the same-run baseline. `--stagger-ms N` starts the
 requests of each level above 1 N ms apart instead of all at once (arrivals
 while others stream); first audio is counted from each request's own start.
 
+Start-up: `startup_s` is Orchestrator.start() (every worker spawned at once, all
+Ready); `startup_phases` next to it gives each stage replica's own account
+(bus.messages.StartupPhases): "ready" (spawn -> Ready, seen by the orchestrator),
+"boot" (process start -> worker main), "imports" (torch, transformers, the model
+code), "engine" (the engine's construction) and inside it "engine.weights"
+(disk -> device), "engine.config", "engine.processors", "engine.warmup" where
+the engine has them. `--startup-only` starts and stops the runtime `--starts`
+times (the first run fills the page cache, later ones show warm restarts) and
+skips the requests. `--direct-load on,off` runs each mode with weights loaded
+straight onto the device, then the old way (host memory, then `.to(device)`;
+engine_extras `direct_load: false` on every stage): the same-run baseline.
+
 `--placements` runs each mode once per placement (a device per stage, stages
 separated by commas, placements by semicolons), all in one run, so the first
 is the same-run baseline of the others. With more than one GPU placement it
@@ -75,6 +87,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--priority", default="on", help='first-chunk priority modes, e.g. "on,off"')
     ap.add_argument("--stagger-ms", type=float, default=0.0, help="gap between starts (levels > 1)")
+    ap.add_argument("--startup-only", action="store_true", help="time start-up only (no requests)")
+    ap.add_argument("--starts", type=int, default=2, help="start-ups per mode with --startup-only")
+    ap.add_argument("--direct-load", default="on", help='weights straight onto the device: "on", "off" or "on,off"')
     ap.add_argument(
         "--ar-extras", type=json.loads, default={},
         help='engine_extras for the two AR stages, e.g. \'{"kv_cache": "dynamic"}\'',
@@ -82,16 +97,18 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def stage_extras(args: argparse.Namespace, stage: int, priority: bool) -> dict[str, Any]:
+def stage_extras(args: argparse.Namespace, stage: int, priority: bool, direct: bool = True) -> dict[str, Any]:
     extras: dict[str, Any] = dict(args.ar_extras) if stage < 2 else {}
     extras["first_chunk_priority"] = priority
+    extras["direct_load"] = direct
     if stage == 1 and not priority:
         extras["batch_prefill"] = False  # talker prompts one by one, as before priority
     return extras
 
 
 def deploy_for(
-    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True
+    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True,
+    direct: bool = True,
 ) -> Any:
     stage = {"max_num_seqs": args.max_num_seqs, "max_queue": 256, "dtype": args.dtype}
     raw = {
@@ -102,7 +119,7 @@ def deploy_for(
             {
                 "stage_id": s, **stage,
                 **({"devices": placement[s]} if placement[s] is not None else {}),
-                "engine_extras": stage_extras(args, s, priority),
+                "engine_extras": stage_extras(args, s, priority, direct),
             }
             for s in (0, 1, 2)
         ],
@@ -225,12 +242,16 @@ def handoff_cost(width: int, dtype: str, src: str, dst: str, n: int = 200) -> di
 
 
 async def run_mode(
-    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True
+    args: argparse.Namespace, async_chunk: bool, placement: list[str | None], priority: bool = True,
+    direct: bool = True,
 ) -> dict[str, Any]:
-    orch = Orchestrator(deploy_for(args, async_chunk, placement, priority))
+    orch = Orchestrator(deploy_for(args, async_chunk, placement, priority, direct))
     t0 = time.perf_counter()
     await orch.start()
-    out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2)}
+    out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2), "startup_phases": startup_phases(orch)}
+    if args.startup_only:
+        await orch.stop()
+        return out
     levels = [int(c) for c in args.concurrency.split(",")]
     try:
         await one(orch, args, 0)  # warm-up: one alone, then one batch at the top level
@@ -251,6 +272,18 @@ async def run_mode(
     return out
 
 
+def startup_phases(orch: Orchestrator) -> dict[str, dict[str, float]]:
+    """Each stage replica's start-up phases, seconds ("thinker/0": {"ready": ..., "engine.weights": ...})."""
+    return {f"{st.model_stage}/{r.replica}": r.startup for st in orch.statistics().stages for r in st.replicas}
+
+
+async def startup_runs(args: argparse.Namespace, *mode: Any) -> dict[str, Any]:
+    """--startup-only: `--starts` start-ups in a row; the first one's phases and every total."""
+    runs = [await run_mode(args, *mode) for _ in range(max(1, args.starts))]
+    return {**runs[0], "startup_s_runs": [r["startup_s"] for r in runs],
+            "startup_phases_last": runs[-1]["startup_phases"]}
+
+
 async def main() -> None:
     args = parse_args()
     from omni_actors import logs
@@ -260,14 +293,18 @@ async def main() -> None:
     results = {}
     places = placements(args)
     prios = args.priority.split(",")
+    directs = args.direct_load.split(",")
     for place in places:
         tag = "" if len(places) == 1 else "@" + ",".join(str(d) for d in place)
         for name in args.modes.split(","):
             for prio in prios:
                 ptag = "" if prios == ["on"] else f"_priority_{prio}"
-                results[f"async_chunk_{name}{ptag}{tag}"] = await run_mode(
-                    args, modes[name], place, prio == "on"
-                )
+                for direct in directs:
+                    dtag = "" if directs == ["on"] else f"_direct_{direct}"
+                    measure = startup_runs if args.startup_only else run_mode
+                    results[f"async_chunk_{name}{ptag}{dtag}{tag}"] = await measure(
+                        args, modes[name], place, prio == "on", direct == "on"
+                    )
     line: dict[str, Any] = {
         "bench": "omni_pipeline",
         "pipeline": args.pipeline,
@@ -280,6 +317,8 @@ async def main() -> None:
         "ar_extras": args.ar_extras,
         "priority": args.priority,
         "stagger_ms": args.stagger_ms,
+        "direct_load": args.direct_load,
+        "startup_only": args.startup_only,
         "results": results,
     }
     for name in args.modes.split(","):

@@ -13,6 +13,9 @@
     omni_worker_step_seconds{pipeline,stage_id,model_stage,replica}  how long the running engine step has run (0: idle)
     omni_worker_steps_total{pipeline,stage_id,model_stage,replica}   engine steps done (a counter: rate() is
                                                       steps/s; a restarted worker starts again from 0)
+    omni_worker_startup_seconds{pipeline,stage_id,model_stage,replica,phase}  the worker's last start-up, per
+                                                      phase: ready (spawn -> Ready), boot, imports, engine,
+                                                      total, engine.weights, ... (orchestrator/stats.py)
     omni_orchestrator_requests_in_flight{pipeline}    runs the orchestrator holds
     omni_orchestrator_leases_held{pipeline}           shared-memory leases not yet freed
     omni_bus_frames_undecodable_total{pipeline}       frames from workers the bus could not decode
@@ -63,6 +66,8 @@ class _StageCollector:
         step_s = GaugeMetricFamily("omni_worker_step_seconds", "How long the replica's running engine step has "
                                    "run (0: between steps), as of its last heartbeat", labels=replica_labels)
         steps = CounterMetricFamily("omni_worker_steps", "Engine steps the replica has done", labels=replica_labels)
+        startup = GaugeMetricFamily("omni_worker_startup_seconds", "Seconds per phase of the replica's worker "
+                                    "start-up (its last one)", labels=[*replica_labels, "phase"])
         one = ["pipeline"]
         runs = GaugeMetricFamily("omni_orchestrator_requests_in_flight", "Runs the orchestrator holds", labels=one)
         leases = GaugeMetricFamily("omni_orchestrator_leases_held", "Shared-memory leases not yet freed", labels=one)
@@ -84,12 +89,15 @@ class _StageCollector:
                 for r in st.replicas:
                     step_s.add_metric([*key, str(r.replica)], r.step_s)
                     steps.add_metric([*key, str(r.replica)], r.steps)
+                    for phase, seconds in r.startup.items():
+                        startup.add_metric([*key, str(r.replica), phase], seconds)
             runs.add_metric([name], stats.requests_in_flight)
             leases.add_metric([name], stats.leases_held)
             undecodable.add_metric([name], stats.frames_undecodable)
             queued.add_metric([name], stats.stream_bytes_queued)
             overflows.add_metric([name], stats.stream_overflows)
-        return [depth, limit, healthy, engine, restarts, step_s, steps, runs, leases, undecodable, queued, overflows]
+        return [depth, limit, healthy, engine, restarts, step_s, steps, startup, runs, leases, undecodable, queued,
+                overflows]
 
 
 class ApiMetrics:

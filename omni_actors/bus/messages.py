@@ -97,6 +97,27 @@ class LeaseId(msgspec.Struct, array_like=True, gc=False):
 # ---- worker -> orchestrator -------------------------------------------------
 
 
+class StartupPhases(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Where a worker's start-up went, in seconds (measured by the worker; workers/main.py).
+
+    `boot_s + imports_s + engine_s <= total_s`, and the `engine` phases (disjoint, each timed by
+    engine or model code with `workers.engine.timed`) add up to at most `engine_s`.
+    """
+
+    boot_s: float = 0.0
+    """Process start (fork) -> the worker's main() runs: interpreter start and the bus modules."""
+    imports_s: float = 0.0
+    """-> the stage's engine class imported (torch, transformers, the model's code), bus set up."""
+    engine_s: float = 0.0
+    """The engine's construction: config, weights, tokenizers, KV buffers, any warm-up at start."""
+    total_s: float = 0.0
+    """Process start -> Ready sent."""
+    engine: dict[str, float] = {}
+    """Phases inside `engine_s` the engine timed itself: "weights" (disk -> device), "config",
+    "processors" (tokenizers, feature extractors), "warmup" (warm-up, graph capture or compile
+    at start), ..."""
+
+
 class Ready(msgspec.Struct, tag=1, array_like=True, gc=False):
     """First message of a worker: its engine is loaded.
 
@@ -108,6 +129,8 @@ class Ready(msgspec.Struct, tag=1, array_like=True, gc=False):
     replica: int
     pid: int
     info: dict[str, Any] = {}
+    startup: StartupPhases | None = None
+    """How long the worker took to get here, phase by phase (None: a worker that did not say)."""
 
 
 class StartFailed(msgspec.Struct, tag=2, array_like=True, gc=False):

@@ -21,6 +21,7 @@ from typing import Protocol
 import msgspec
 import zmq
 
+from omni_actors.bus import messages as m
 from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
@@ -74,6 +75,10 @@ class WorkerHandle:
     """How long its running step had run at the last heartbeat (0: none was running)."""
     beat_at: float = 0.0
     """time.monotonic() when that heartbeat arrived."""
+    spawned_at: float = 0.0
+    """time.monotonic() when the supervisor asked for the process."""
+    startup: m.StartupPhases | None = None
+    """The worker's own account of its start-up (its Ready)."""
 
     def step_running_s(self, now: float) -> float:
         """How long the running step has run by `now`: the last heartbeat's report plus its age
@@ -83,6 +88,20 @@ class WorkerHandle:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def startup_seconds(self) -> dict[str, float]:
+        """Seconds per start-up phase, rounded to ms ({} before Ready): "ready" (spawn -> Ready,
+        seen from here), the worker's "boot", "imports", "engine" and "total", and inside "engine"
+        the phases the engine timed, as "engine.<name>" (bus.messages.StartupPhases)."""
+        if not self.ready_at:
+            return {}
+        out = {"ready": round(self.ready_at - self.spawned_at, 3)}
+        st = self.startup
+        if st is not None:
+            out.update(boot=round(st.boot_s, 3), imports=round(st.imports_s, 3), engine=round(st.engine_s, 3),
+                       total=round(st.total_s, 3))
+            out.update({f"engine.{k}": round(v, 3) for k, v in st.engine.items()})
+        return out
 
 
 def make_launcher(deploy: DeployConfig, pipeline: PipelineConfig, run_prefix: str, platform: str) -> Launcher:

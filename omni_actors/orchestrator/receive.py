@@ -99,10 +99,10 @@ class ReceivePath:
                 self._release([(r.producer, r.lease) for r in refs])
             case m.Heartbeat():
                 self.supervisor.on_heartbeat(h, msg)
-            case m.Ready(pid=pid, info=info):
+            case m.Ready(pid=pid, info=info, startup=startup):
                 if info.get("arrays") == "frames" and self.router is not None:
                     self.router.frames_peers.add(identity)
-                self.supervisor.on_ready(h, pid)
+                self.supervisor.on_ready(h, pid, startup)
             case m.StartFailed(error=error):
                 self.supervisor.on_start_failed(h, error)
             case _:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,10 @@ class ReplicaStats:
     """Engine steps the worker reported done (its last heartbeat; a restarted worker counts from 0)."""
     step_s: float = 0.0
     """How long the running step has run (0: none), from the last heartbeat (at most one interval old)."""
+    startup: dict[str, float] = field(default_factory=dict)
+    """Seconds per start-up phase of this replica's worker ({} before its Ready): "ready" (spawn ->
+    Ready, seen by the orchestrator), "boot", "imports", "engine", "total" and "engine.<name>"
+    (launcher.WorkerHandle.startup_seconds)."""
 
 
 @dataclass(frozen=True)

@@ -123,14 +123,15 @@ class Supervisor:
         assert h.ready_future is not None
         await h.ready_future
         model_stage = self.pipeline.stage(h.stage_id).model_stage
-        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid, model_stage=model_stage)
+        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid, model_stage=model_stage,
+                 **startup_log_keys(h))
         loading.advance(stage=model_stage)
 
     async def spawn(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
         assert self.launcher is not None
         h = self.launcher.new_handle(stage_id, replica, generation)
         h.ready_future = asyncio.get_running_loop().create_future()
-        h.last_seen = time.monotonic()
+        h.last_seen = h.spawned_at = time.monotonic()
         self.by_identity[h.identity] = h
         self.by_producer[h.producer] = h
         slots = self.workers[stage_id]
@@ -176,12 +177,18 @@ class Supervisor:
 
     # ---- what workers say -------------------------------------------------------
 
-    def on_ready(self, h: WorkerHandle, pid: int) -> None:
-        if h.proc is None or h.proc.pid not in (pid, None) or h.dead:  # (None: a Ray worker not yet reported)
-            log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead)
+    def on_ready(self, h: WorkerHandle, pid: int, startup: m.StartupPhases | None = None) -> None:
+        # The bus identity is this generation's own, so its Ready is this process's even when it
+        # comes before `spawn` has returned (h.proc still None: a loaded host can take longer to
+        # hand back a started process than a light worker takes to load), which once left start-up
+        # waiting for a Ready it had dropped. (pid None: a Ray worker not yet reported.)
+        if h.dead or (h.proc is not None and h.proc.pid not in (pid, None)):
+            log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead,
+                        proc_pid=h.pid)
             return
         h.ready = True
         h.ready_at = time.monotonic()
+        h.startup = startup
         if h.ready_future and not h.ready_future.done():
             h.ready_future.set_result(None)
         self.update_health()
@@ -275,7 +282,8 @@ class Supervisor:
                      generation=h.generation, attempt=attempt + 1)
             try:
                 await asyncio.wait_for(asyncio.shield(h.ready_future), self.restart_timeout_s)
-                log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                         **startup_log_keys(h))
                 return
             except (StartupError, TimeoutError) as err:
                 detail = str(err) or f"no Ready within {self.restart_timeout_s:.0f} s"
@@ -326,6 +334,11 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 h.proc.kill()
         self._on_death(h, detail)
+
+
+def startup_log_keys(h: WorkerHandle) -> dict[str, float]:
+    """A Ready worker's start-up phases as log keys: `ready_s`, `boot_s`, ..., `engine_weights_s`."""
+    return {k.replace(".", "_") + "_s": v for k, v in h.startup_seconds().items()}
 
 
 def sweep_stale_segments() -> int:

@@ -24,9 +24,37 @@ knows which request failed inside `step` reports it as an EngineOutput with
 from __future__ import annotations
 
 import abc
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+class StartupClock:
+    """Seconds per start-up phase that engine and model code time with `timed` (sent in Ready).
+
+    Phases are disjoint: a `timed` block inside another one counts toward the outer phase only,
+    so the phases never add up to more than the time they span.
+    """
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._open = 0
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self._open:
+            yield
+            return
+        self._open += 1
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._open -= 1
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
 
 
 @dataclass(frozen=True)
@@ -49,6 +77,8 @@ class EngineContext:
     engine_extras: dict[str, Any] = field(default_factory=dict)
     tool_parser: str | None = None
     """The stage's `StageSpec.tool_parser` (LLM stages that read function calls out of their text)."""
+    startup: StartupClock = field(default_factory=StartupClock, compare=False, repr=False)
+    """Start-up phases the engine times (`timed`); the worker reports them in its Ready."""
 
 
 @dataclass
@@ -126,6 +156,22 @@ def merge_params(
     if keys is not None:
         params = {k: params[k] for k in keys if params.get(k) is not None}
     return {**(defaults or {}), **ctx.default_sampling_params, **params, **ctx.sampling_constraints}
+
+
+def timed(ctx: Any, phase: str) -> contextlib.AbstractContextManager[None]:
+    """Count the block's seconds toward start-up phase `phase` ("weights", "config", "processors",
+    "warmup", ...) of the engine's context; a context without a clock (a bare stand-in) times nothing."""
+    clock = getattr(ctx, "startup", None)
+    return clock.phase(phase) if isinstance(clock, StartupClock) else contextlib.nullcontext()
+
+
+def direct_load(ctx: EngineContext) -> bool:
+    """engine_extras["direct_load"] (default True): on an accelerator, load weights straight onto
+    it rather than into host memory first and then `.to(device)` (false: the old way, a baseline)."""
+    value = ctx.engine_extras.get("direct_load", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"engine_extras.direct_load: expected true or false, got {value!r}")
+    return value
 
 
 def first_chunk_priority(extras: dict[str, Any]) -> bool:

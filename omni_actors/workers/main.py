@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -28,6 +29,20 @@ from omni_actors.workers.loop import WorkerLoop
 from omni_actors.workers.spec import WorkerSpec
 
 PR_SET_PDEATHSIG = 1
+
+
+def process_age_s() -> float:
+    """Seconds since this process was forked (Linux /proc; 0.0 where that cannot be read).
+
+    The kernel counts a process's start in clock ticks since boot, as CLOCK_BOOTTIME does in
+    seconds, so the difference spans the interpreter's own start-up too (10 ms resolution).
+    """
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime (after comm's ')')
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 def _die_with_parent(parent: int) -> None:
@@ -94,6 +109,8 @@ def build_context(spec: WorkerSpec) -> EngineContext:
 
 
 def main(argv: list[str]) -> int:
+    t_main = time.perf_counter()
+    boot_s = process_age_s()
     spec = msgspec.json.decode(argv[1], type=WorkerSpec)
     parent = int(argv[2])
     _die_with_parent(parent)
@@ -115,13 +132,23 @@ def main(argv: list[str]) -> int:
     try:
         try:
             engine_cls = resolve(spec.stage.engine)
-            engine = engine_cls(build_context(spec))
+            ctx = build_context(spec)
+            adapter = ctx.engine_extras.get("adapter")
+            if isinstance(adapter, str):
+                resolve(adapter)  # (its module's imports count as imports, not as the engine's start)
+            t_imported = time.perf_counter()
+            engine = engine_cls(ctx)
             _limit_threads()
+            t_engine = time.perf_counter()
         except Exception as err:
             log.error("worker.start_failed", error=repr(err))
             sock.send([m.StartFailed(spec.stage.stage_id, spec.replica, f"{type(err).__name__}: {err}")])
             return 1
-        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays})])
+        startup = m.StartupPhases(
+            boot_s=boot_s, imports_s=t_imported - t_main, engine_s=t_engine - t_imported,
+            total_s=boot_s + time.perf_counter() - t_main, engine=dict(ctx.startup.phases),
+        )
+        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays}, startup)])
         codec = PayloadCodec(spec.identity, arena, segments, cuda_ipc=spec.cuda_ipc)
         WorkerLoop(spec.stage, engine, sock, codec).run()
         return 0

@@ -6,6 +6,7 @@ Behaviour is set by the deploy's `engine_extras` (and a few request params):
                     (a transcript's words say how many samples at what rate the input audio had)
     chunks          outputs per request (entry and full-payload stages)
     step_delay_ms   simulated compute per step (one step serves every active request)
+    load_ms         simulated weight loading at start (start-up phase "weights", reported in Ready)
     payload_bytes   an extra uint8 array "blob" of this size in every chunk
     samples         audio samples per chunk; sample_rate (omni_actors.audio.DEFAULT_SAMPLE_RATE)
     fail_on_chunk   fail each request when it reaches this chunk (-1: never)
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from omni_actors.audio import DEFAULT_SAMPLE_RATE
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine, timed
 
 
 def source_text(inputs: dict[str, Any]) -> str:
@@ -69,6 +70,8 @@ class SyntheticEngine(StageEngine):
         self.max_chunks = int(x.get("max_chunks", 100_000))
         if x.get("fail_start"):
             raise RuntimeError("synthetic engine configured to fail at start")
+        with timed(ctx, "weights"):
+            time.sleep(float(x.get("load_ms", 0)) / 1000.0)
         self.reqs: dict[str, _Req] = {}
         self.steps = 0
         self._blob = np.arange(self.payload_bytes, dtype=np.uint64).astype(np.uint8)

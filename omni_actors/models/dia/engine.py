@@ -50,7 +50,7 @@ from omni_actors.models.dia.prefill import prefill
 from omni_actors.models.dia.request import DiaRequest, Tokens
 from omni_actors.models.dia.sampling import draw
 from omni_actors.models.dia.static_decode import StaticDecoder
-from omni_actors.workers.engine import EngineContext, EngineOutput, merge_params
+from omni_actors.workers.engine import EngineContext, EngineOutput, merge_params, timed
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 from omni_actors.workers.engines.own_engine import OwnEngine
@@ -78,13 +78,14 @@ class DiaEngine(OwnEngine[DiaRequest]):
 
         path = check_checkpoint(ctx.model_path, ("config.json", "tokenizer_config.json"))
         dtype = load_dtype(ctx)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            model = DiaForConditionalGeneration.from_pretrained(path, dtype=dtype)
-        except Exception as err:
-            raise ValueError(f"{path}: cannot load the Dia checkpoint ({err})") from err
-        self.model = model.to(ctx.device).eval()
-        self.dac = load_dac(path, ctx.device)  # encodes reference clips
+        with timed(ctx, "weights"):
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(path)
+                model = DiaForConditionalGeneration.from_pretrained(path, dtype=dtype)
+            except Exception as err:
+                raise ValueError(f"{path}: cannot load the Dia checkpoint ({err})") from err
+            self.model = model.to(ctx.device).eval()
+            self.dac = load_dac(path, ctx.device)  # encodes reference clips
         self.hop = int(np.prod(self.dac.config.downsampling_ratios))
         cfg = self.model.config
         dec = cfg.decoder_config
@@ -106,7 +107,8 @@ class DiaEngine(OwnEngine[DiaRequest]):
                 f"engine_extras.batch_prefill: expected true or false, got {self.batch_prefill!r}"
             )
         if ctx.engine_extras.get("warmup", ctx.device == "cuda"):
-            self.warm_up()
+            with timed(ctx, "warmup"):
+                self.warm_up()
 
     def _static_decoder(self, ctx: EngineContext, positions: int) -> StaticDecoder | None:
         extras = ctx.engine_extras

@@ -27,6 +27,7 @@ from omni_actors.models.qwen2_5_omni.fast_token2wav import (
     receptive_radius,
 )
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.generation import GenerationAdapter
 
 DEFAULT_SPEAKER = "Chelsie"
@@ -78,10 +79,11 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
     """Measured on CPU: 1.7-2.2 ms per window code at 4-8 windows a batch, no gain past ~250."""
 
     def load(self) -> None:
-        from transformers import Qwen2_5OmniToken2WavModel
+        with timed(self.ctx, "imports"):
+            from transformers import Qwen2_5OmniToken2WavModel
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "spk_dict.pt"))
-        config = load_config(path).token2wav_config
+        config = load_config(path, self.ctx).token2wav_config
         self.model = load_part(
             Qwen2_5OmniToken2WavModel, path, config, "token2wav", self.ctx, float32=True
         )

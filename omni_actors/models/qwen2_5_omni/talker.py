@@ -31,6 +31,7 @@ from omni_actors.models.qwen2_5_omni.loading import (
     load_part,
     load_tensor,
 )
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar import ARAdapter, ARSeq, ForwardOut, StepInputs
 
 DEFAULT_SPEAKER = "Chelsie"
@@ -111,16 +112,17 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
     position_axes = 3
 
     def load(self) -> torch.nn.Module:
-        from transformers import Qwen2_5OmniTalkerForConditionalGeneration
+        with timed(self.ctx, "imports"):
+            from transformers import Qwen2_5OmniTalkerForConditionalGeneration
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "spk_dict.pt"))
-        config = load_config(path)
+        config = load_config(path, self.ctx)
         self.tc = config.talker_config
         self.mm_ids = {self.tc.audio_token_id, self.tc.image_token_id, self.tc.video_token_id}
         self.model = load_part(
             Qwen2_5OmniTalkerForConditionalGeneration, path, self.tc, "talker", self.ctx
         )
-        table = load_tensor(path, "thinker.model.embed_tokens.weight").to(self.model.dtype)
+        table = load_tensor(path, "thinker.model.embed_tokens.weight", self.ctx).to(self.model.dtype)
         self.thinker_embed = torch.nn.Embedding.from_pretrained(table).to(self.ctx.device)
         try:
             self.speakers = torch.load(path / "spk_dict.pt", weights_only=True)

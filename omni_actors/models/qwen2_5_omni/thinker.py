@@ -31,6 +31,7 @@ import torch
 
 from omni_actors.audio import resample
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar import (
     ARAdapter,
     ARSeq,
@@ -65,15 +66,18 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
     # ---- loading -----------------------------------------------------------
 
     def load(self) -> torch.nn.Module:
-        from transformers import AutoTokenizer, WhisperFeatureExtractor
+        with timed(self.ctx, "imports"):
+            from transformers import AutoTokenizer, WhisperFeatureExtractor
 
+            part_class = self.part_class()
         path = check_checkpoint(self.ctx.model_path, REQUIRED)
-        config = load_config(path)
+        self.full_config = config = load_config(path, self.ctx)
         self.config = config.thinker_config
-        self.model = load_part(self.part_class(), path, self.config, self.part, self.ctx)
+        self.model = load_part(part_class, path, self.config, self.part, self.ctx)
         self.model.lm_head = _LastPositionHead(self.model.lm_head)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.features = WhisperFeatureExtractor.from_pretrained(path)
+        with timed(self.ctx, "processors"):
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.features = WhisperFeatureExtractor.from_pretrained(path)
         self.path = path
         self._images: Any = None
         eos = self.model.generation_config.eos_token_id

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from omni_actors.models.qwen2_5_omni.loading import load_codec
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.generation import GenerationAdapter
 
 
@@ -27,7 +28,8 @@ class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
     right_context = 0
 
     def load(self) -> None:
-        from transformers import Qwen3OmniMoeCode2Wav
+        with timed(self.ctx, "imports"):
+            from transformers import Qwen3OmniMoeCode2Wav
 
         self.model, config = load_codec(self.ctx, Qwen3OmniMoeCode2Wav, "code2wav_config", "code2wav")
         self.groups = config.num_quantizers

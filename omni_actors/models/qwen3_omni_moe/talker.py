@@ -30,6 +30,7 @@ from omni_actors.models.qwen2_5_omni.loading import (
 )
 from omni_actors.models.qwen2_5_omni.talker import ThinkerFedTalker, ThinkerFeed, talker_sampling
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq, ForwardOut, StepInputs
 
 DEFAULT_SPEAKER = "ethan"
@@ -47,11 +48,12 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
     position_axes = 3
 
     def load(self) -> torch.nn.Module:
-        from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
-        from transformers.conversion_mapping import (
-            get_checkpoint_conversion_mapping,
-            register_checkpoint_conversion_mapping,
-        )
+        with timed(self.ctx, "imports"):
+            from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
+            from transformers.conversion_mapping import (
+                get_checkpoint_conversion_mapping,
+                register_checkpoint_conversion_mapping,
+            )
 
         # transformers maps per-expert MoE weights onto fused tensors by model type, and
         # the talker has none of its own: give its class the Qwen2-MoE mapping.
@@ -61,7 +63,7 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
             overwrite=True,
         )
         path = check_checkpoint(self.ctx.model_path, ("config.json",))
-        self.config = config = load_config(path)
+        self.config = config = load_config(path, self.ctx)
         self.tc = tc = config.talker_config
         self.model = load_part(
             Qwen3OmniMoeTalkerForConditionalGeneration, path, tc, "talker", self.ctx
@@ -69,7 +71,7 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         # Multimodal positions read `config.audio_config.n_window`; the talker config need not
         # carry a (typed) audio config, the thinker's always does.
         self.model.config.audio_config = config.thinker_config.audio_config
-        table = load_tensor(path, "thinker.model.embed_tokens.weight").to(self.model.dtype)
+        table = load_tensor(path, "thinker.model.embed_tokens.weight", self.ctx).to(self.model.dtype)
         self.thinker_embed = torch.nn.Embedding.from_pretrained(table).to(self.ctx.device)
         self.mm_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
         special = torch.tensor(

@@ -21,10 +21,8 @@ class Qwen3OmniMoeThinkerAdapter(Qwen2_5OmniThinkerAdapter):
         return Qwen3OmniMoeThinkerForConditionalGeneration
 
     def load(self) -> torch.nn.Module:
-        from omni_actors.models.qwen2_5_omni.loading import load_config
-
         model = super().load()
-        self.talker_layer = load_config(self.path).talker_config.accept_hidden_layer
+        self.talker_layer = self.full_config.talker_config.accept_hidden_layer
         return model
 
     def audio_tokens(self, lengths: torch.Tensor) -> torch.Tensor:

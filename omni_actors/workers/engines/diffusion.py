@@ -36,7 +36,7 @@ import numpy as np
 import structlog
 
 from omni_actors.models.diffusion.capabilities import caps_from_params
-from omni_actors.workers.engine import EngineContext, EngineOutput
+from omni_actors.workers.engine import EngineContext, EngineOutput, direct_load, timed
 from omni_actors.workers.engines.diffusion_batch import Batch, BatchedPipelineEngine
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
 from omni_actors.workers.engines.diffusion_outputs import converter
@@ -71,7 +71,8 @@ class DiffusionEngine(BatchedPipelineEngine):
 
         if ctx.device == "cpu":
             torch.set_num_threads(1)
-        self.pipe = load_pipeline(ctx.model_path, ctx.device, ctx.dtype)
+        with timed(ctx, "weights"):
+            self.pipe = load_pipeline(ctx.model_path, ctx.device, ctx.dtype, direct_load(ctx))
         sig = inspect.signature(type(self.pipe).__call__).parameters
         self.caps = caps_from_params(type(self.pipe).__name__, list(sig)[1:])
         self._convert = converter(self.caps.output_kind)

@@ -1,4 +1,9 @@
-"""Loading a diffusers pipeline from a local folder, with errors that name the broken file."""
+"""Loading a diffusers pipeline from a local folder, with errors that name the broken file.
+
+On CUDA each component's weights load straight onto the device (diffusers' `device_map`
+with a device name: every model component on that one device, no hooks, `.to()` still
+allowed); on CPU the pipeline loads as it always has.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ _DTYPES = {
 }
 
 
-def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
-    """Load the diffusers pipeline in `model_path`; ConfigError naming the file when it is broken."""
+def load_pipeline(model_path: Path | None, device: str, dtype: str, direct: bool = True) -> Any:
+    """Load the diffusers pipeline in `model_path`; ConfigError naming the file when it is broken.
+    `direct`: off the CPU, load the weights straight onto `device` (torch_setup.direct_load)."""
     if model_path is None:
         raise ConfigError("diffusion stage: no model path given")
     root = Path(model_path)
@@ -54,11 +60,12 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
         for cfg in sorted(folder.glob("*.json")):
             _read_json(cfg)
     torch_dtype = _torch_dtype(dtype, device, torch)
+    where = {"device_map": device} if direct and device != "cpu" else {}
     diffusers.utils.logging.disable_progress_bar()
     try:
         parts, later = torchvision_free_components(root, index)
         pipe = diffusers.DiffusionPipeline.from_pretrained(
-            root, local_files_only=True, dtype=torch_dtype, **parts, **dict.fromkeys(later)
+            root, local_files_only=True, dtype=torch_dtype, **parts, **dict.fromkeys(later), **where
         )
         pipe.register_modules(**later)
         if parts or later:
@@ -66,7 +73,7 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str) -> Any:
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
+    return pipe.to(device)  # (after a device_map load: only what was passed in, e.g. processors)
 
 
 def _read_json(path: Path) -> Any:

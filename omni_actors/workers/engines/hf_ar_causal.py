@@ -1,4 +1,7 @@
-"""CausalLMAdapter: HfAREngine's adapter for any transformers `AutoModelForCausalLM` folder."""
+"""CausalLMAdapter: HfAREngine's adapter for any transformers `AutoModelForCausalLM` folder.
+
+On CUDA the weights load straight onto the device (torch_setup.weights_device_map).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from typing import Any
 
 import torch
 
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar_adapter import (
     DTYPES,
     ARAdapter,
@@ -16,6 +20,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     check_checkpoint,
     prompt_ids,
 )
+from omni_actors.workers.engines.torch_setup import weights_device_map
 
 
 class CausalLMAdapter(ARAdapter):
@@ -32,13 +37,16 @@ class CausalLMAdapter(ARAdapter):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        with timed(self.ctx, "processors"):
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
         dtype = (
             DTYPES.get(self.ctx.dtype, torch.float32) if self.ctx.device != "cpu" else torch.float32
         )
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.ctx.device).eval()
-        )
+        placement = weights_device_map(self.ctx)
+        where = {} if placement is None else {"device_map": placement}
+        with timed(self.ctx, "weights"):
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where).to(self.ctx.device)
+        self.model = model.eval()
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         return self.model

@@ -1,4 +1,5 @@
-"""The torch setup stage engines share: dtype names, the load dtype, CPU threads, seeded generators."""
+"""The torch setup stage engines share: dtype names, the load dtype, where weights load, CPU threads,
+seeded generators."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import torch
 
-from omni_actors.workers.engine import EngineContext
+from omni_actors.workers.engine import EngineContext, direct_load, timed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -14,6 +15,22 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def load_dtype(ctx: EngineContext) -> torch.dtype:
     """float32 on CPU; else the deploy's dtype (bfloat16 for "auto")."""
     return torch.float32 if ctx.device == "cpu" else DTYPES.get(ctx.dtype, torch.bfloat16)
+
+
+def weights_device_map(ctx: EngineContext) -> dict[str, torch.device] | None:
+    """`device_map` for `from_pretrained`: on CUDA the weights load straight from safetensors onto
+    the stage's device (no copy of the whole model in host memory, no `.to(device)` pass; MoE
+    experts are merged there too); None on CPU, which loads as it always has, and where
+    `direct_load` is off. The first call on CUDA makes the process's CUDA context (start-up phase
+    "cuda_init")."""
+    if ctx.device == "cpu" or not direct_load(ctx):
+        return None
+    if ctx.device != "cuda":
+        return {"": torch.device(ctx.device)}
+    with timed(ctx, "cuda_init"):
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.synchronize(device)  # (the context is made on the first call that needs it)
+    return {"": device}
 
 
 def one_cpu_thread(ctx: EngineContext) -> None:

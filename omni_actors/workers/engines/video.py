@@ -41,7 +41,7 @@ import numpy as np
 
 from omni_actors import logs
 from omni_actors.errors import ConfigError
-from omni_actors.workers.engine import EngineContext, EngineOutput
+from omni_actors.workers.engine import EngineContext, EngineOutput, direct_load, timed
 from omni_actors.workers.engines.diffusion_batch import Batch, BatchedPipelineEngine
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
 
@@ -92,7 +92,8 @@ class VideoEngine(BatchedPipelineEngine):
 
         if ctx.device == "cpu":
             torch.set_num_threads(1)
-        self.pipe = load_pipeline(ctx.model_path, ctx.device, ctx.dtype)
+        with timed(ctx, "weights"):
+            self.pipe = load_pipeline(ctx.model_path, ctx.device, ctx.dtype, direct_load(ctx))
         name = type(self.pipe).__name__
         sig = inspect.signature(type(self.pipe).__call__).parameters
         self._accepts = frozenset(sig)
