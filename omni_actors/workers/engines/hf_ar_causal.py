@@ -11,7 +11,6 @@ import torch
 
 from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar_adapter import (
-    DTYPES,
     ARAdapter,
     ARSeq,
     ForwardOut,
@@ -20,7 +19,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     check_checkpoint,
     prompt_ids,
 )
-from omni_actors.workers.engines.torch_setup import weights_device_map
+from omni_actors.workers.engines.torch_setup import load_dtype, weights_device_map
 
 
 class CausalLMAdapter(ARAdapter):
@@ -39,9 +38,7 @@ class CausalLMAdapter(ARAdapter):
         path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
         with timed(self.ctx, "processors"):
             self.tokenizer = AutoTokenizer.from_pretrained(path)
-        dtype = (
-            DTYPES.get(self.ctx.dtype, torch.float32) if self.ctx.device != "cpu" else torch.float32
-        )
+        dtype = load_dtype(self.ctx)  # float32 on CPU, bfloat16 for "auto" elsewhere (as every engine)
         placement = weights_device_map(self.ctx)
         where = {} if placement is None else {"device_map": placement}
         with timed(self.ctx, "weights"):
