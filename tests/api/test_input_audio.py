@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 from omni_actors import settings as settings_mod
-from omni_actors.audio import Resampler, resample
+from omni_actors.audio import Resampler, pcm16, resample
 from tests.api.conftest import Server, post, serve
 
 CHAT = "/v1/chat/completions"
@@ -136,3 +136,12 @@ async def test_transcription_text_fields_are_bounded(asr_srv: Server, field: str
                                                                                 data=form) as resp:
         body = await resp.json()
     assert (resp.status, body["error"]["param"]) == (400, field), body
+
+
+def test_pcm16_clips_and_writes_nan_as_silence_without_touching_its_input() -> None:
+    x = np.array([0.5, -0.25, np.nan, np.inf, -np.inf, 1.5, -2.0, 0.0], np.float32)
+    before = x.copy()
+    out = np.frombuffer(pcm16(x), dtype="<i2")
+    assert out.tolist() == [16383, -8191, 0, 32767, -32767, 32767, -32767, 0]
+    assert np.array_equal(x, before, equal_nan=True)
+    assert pcm16(x.astype(np.float64)) == pcm16(x)
