@@ -203,6 +203,29 @@ def test_text_stream_deltas_join_to_the_tokenizers_decode(llama_dir):
     assert "日本語" in "".join(deltas) and "<|im_end|>" not in "".join(deltas)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_text_stream_windows_join_to_the_whole_decode_on_random_ids(llama_dir, seed):
+    """Random ids over the whole vocabulary (special tokens, half characters, spaces): after every
+    push the deltas so far are the decode of the ids so far, minus at most the held-back tail."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from omni_actors.workers.engines.hf_ar_adapter import TextStream
+
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    rng = random.Random(seed)
+    text = "Grüße, 世界! ✓ naïve café — 🙂 " * 3
+    ids = tok(text).input_ids + [rng.randrange(len(tok)) for _ in range(150)]
+    rng.shuffle(ids)
+    stream, out = TextStream(tok), ""
+    for i, t in enumerate(ids):
+        out += stream.push(t, final=i == len(ids) - 1)
+        whole = tok.decode(ids[: i + 1], skip_special_tokens=True)
+        assert whole.startswith(out) or out == whole
+    assert out == tok.decode(ids, skip_special_tokens=True)
+
+
 def test_packed_weights_are_shared_not_copied(llama_dir):
     engine = HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True))
     attn = engine.model.model.layers[0].self_attn

@@ -173,22 +173,32 @@ class ARAdapter(abc.ABC):
 
 
 class TextStream:
-    """Incremental detokenisation: the text delta of each new token, holding back split characters."""
+    """Incremental detokenisation: the text delta of each new token, holding back split characters.
+
+    A push decodes a short window, not the whole text so far (which made a token's cost grow with
+    the answer's length): the ids from `prefix` on, against the same window up to `read` (the ids
+    already sent). The window starts a step before the unsent ids, for context: SentencePiece
+    drops a word's leading space at the start of a decode, and byte-level pieces may complete a
+    character begun before. A token that adds no text yet (half a character, a skipped special
+    token) is held until one does; the deltas join to the tokenizer's decode of all the ids.
+    """
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.decode = _list_decoder(tokenizer)
         self.skip = skip_special_tokens
         self.ids: list[int] = []
-        self.sent = 0
+        self.prefix = 0
+        self.read = 0
 
     def push(self, token: int, final: bool = False) -> str:
         self.ids.append(token)
-        text = self.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd") and not final:
-            return ""  # an incomplete UTF-8 sequence: wait for its next byte
-        delta, self.sent = text[self.sent :], len(text)
-        return delta
+        sent = self.decode(self.ids[self.prefix : self.read], skip_special_tokens=self.skip)
+        text = self.decode(self.ids[self.prefix :], skip_special_tokens=self.skip)
+        if not final and (len(text) <= len(sent) or text.endswith("\ufffd")):
+            return ""  # nothing new yet, or an incomplete UTF-8 sequence: wait for the next token
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(sent) :]
 
 
 def _list_decoder(tokenizer: Any) -> Any:
