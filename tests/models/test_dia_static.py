@@ -28,6 +28,7 @@ from omni_actors.models.dia.prefill import prefill
 from omni_actors.models.dia.static_decode import StaticDecoder
 from omni_actors.models.tiny import make_tiny
 from omni_actors.workers.engine import EngineContext
+from tests.models.engine_schedule import drive
 from tests.models.test_moshi_frame import _HostSyncs, _Tape, _write
 
 SLOTS = 4
@@ -118,25 +119,7 @@ def _engine(folder: Path, device: str = "cpu", double: bool = False, **extras) -
 
 
 def _run(engine: DiaEngine) -> tuple[dict[str, np.ndarray], dict[str, str | None]]:
-    frames: dict[str, list[np.ndarray]] = {}
-    reasons: dict[str, str | None] = {}
-    step = 0
-    while step <= max(SCHEDULE) or engine.has_work():
-        for rid, text, params, extra in SCHEDULE.get(step, []):
-            frames[rid] = []
-            engine.add(rid, {"text": text, "voice": "S1", **extra}, params)
-        if step in ABORT:
-            engine.abort(ABORT[step])
-            reasons[ABORT[step]] = "aborted"
-        for out in engine.step():
-            assert out.error is None
-            if "codes" in out.payload:
-                frames[out.request_id].append(out.payload["codes"][0])
-            if out.finished:
-                reasons[out.request_id] = out.payload.get("finish_reason")
-        step += 1
-    assert not engine.requests
-    return {rid: np.array(f) for rid, f in frames.items()}, reasons
+    return drive(engine, SCHEDULE, ABORT, "S1", "codes")
 
 
 @pytest.mark.parametrize("double", [False, True], ids=["float32", "float64"])

@@ -28,6 +28,7 @@ from omni_actors.models.tiny import make_tiny
 from omni_actors.models.vibevoice.engine import VibeVoiceEngine
 from omni_actors.models.vibevoice.static_lm import COND, GUIDE
 from omni_actors.workers.engine import EngineContext
+from tests.models.engine_schedule import drive
 from tests.models.test_dia_static import _CopyTape
 from tests.models.test_moshi_frame import _HostSyncs
 
@@ -97,25 +98,7 @@ def _engine(folder: Path, device: str = "cpu", double: bool = False, **extras) -
 
 def _run(engine: VibeVoiceEngine) -> tuple[dict[str, np.ndarray], dict[str, str | None]]:
     torch.manual_seed(123)  # the unseeded request's noise
-    latents: dict[str, list[np.ndarray]] = {}
-    reasons: dict[str, str | None] = {}
-    step = 0
-    while step <= max(SCHEDULE) or engine.has_work():
-        for rid, text, params, extra in SCHEDULE.get(step, []):
-            latents[rid] = []
-            engine.add(rid, {"text": text, "voice": "1", **extra}, params)
-        if step in ABORT:
-            engine.abort(ABORT[step])
-            reasons[ABORT[step]] = "aborted"
-        for out in engine.step():
-            assert out.error is None
-            if "latents" in out.payload:
-                latents[out.request_id].append(out.payload["latents"][0])
-            if out.finished:
-                reasons[out.request_id] = out.payload.get("finish_reason")
-        step += 1
-    assert not engine.requests
-    return {rid: np.array(x) for rid, x in latents.items()}, reasons
+    return drive(engine, SCHEDULE, ABORT, "1", "latents")
 
 
 @pytest.mark.parametrize("double", [False, True], ids=["float32", "float64"])

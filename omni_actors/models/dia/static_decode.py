@@ -33,7 +33,14 @@ import torch
 
 from omni_actors.models.dia.request import DiaRequest
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
-from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one, bucket_for, buckets
+from omni_actors.workers.engines.hf_ar_slots import (
+    additive_mask,
+    attend_one,
+    bucket_for,
+    buckets,
+    project_one,
+    write_one,
+)
 
 MIN_SELF_WINDOW = 128
 """Shortest self-attention window a step reads; windows double up to max_len."""
@@ -196,15 +203,10 @@ class StaticDecoder:
         text_mask = additive_mask(torch.arange(width, device=self.device)[None] >= texts[:, None], dt)
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attention
-            x = layer.pre_sa_norm(hidden)
-            q = attn.q_proj(x).view(rows, 1, -1, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(rows, 1, -1, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(rows, 1, -1, self.head_dim).transpose(1, 2)
+            q, k, v = project_one(attn, layer.pre_sa_norm(hidden), self.head_dim)
             q, k = self.rotate(q, k, cos, sin)
             keys, values = self.keys[i][:rows, :, :span], self.values[i][:rows, :, :span]
-            where = lengths.view(-1, 1, 1, 1).expand(k.shape)
-            keys.scatter_(2, where, k)
-            values.scatter_(2, where, v)
+            write_one(keys, values, lengths, k, v)
             hidden = hidden + attn.o_proj(attend_one(q, keys, values, own_mask, 1.0))  # Dia: unscaled scores
             cross = layer.cross_attention
             x = layer.pre_ca_norm(hidden)

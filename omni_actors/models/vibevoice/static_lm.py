@@ -32,7 +32,14 @@ import torch
 
 from omni_actors.models.vibevoice.request import VibeVoiceRequest
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
-from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one, bucket_for, buckets
+from omni_actors.workers.engines.hf_ar_slots import (
+    additive_mask,
+    attend_one,
+    bucket_for,
+    buckets,
+    project_one,
+    write_one,
+)
 
 MIN_WINDOW = 128
 """Shortest K/V window a step reads; windows double up to max_len."""
@@ -151,18 +158,13 @@ class StaticLM:
         hidden = self.embeds[:batch, None]  # [batch, 1, hidden]
         cos, sin = lm.rotary_emb(hidden, position_ids=lengths[:, None])
         mask = additive_mask(torch.arange(span, device=self.device)[None] > lengths[:, None], hidden.dtype)
-        where = lengths.view(-1, 1, 1, 1)
         for i, layer in enumerate(lm.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
+            q, k, v = project_one(attn, layer.input_layernorm(hidden), self.head_dim)
             q, k = self.rotate(q, k, cos, sin)
             keys = self.keys[i][base : base + batch, :, :span]
             values = self.values[i][base : base + batch, :, :span]
-            keys.scatter_(2, where.expand(k.shape), k)
-            values.scatter_(2, where.expand(v.shape), v)
+            write_one(keys, values, lengths, k, v)
             hidden = hidden + attn.o_proj(attend_one(q, keys, values, mask, attn.scaling))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.states[branch, :batch].copy_(lm.norm(hidden)[:, 0])

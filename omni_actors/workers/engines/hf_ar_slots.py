@@ -59,19 +59,15 @@ class SlotLayer(CacheLayerMixin):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> None:
         super().__init__()
-        batch, heads, _, dim = keys.shape
         self.keys, self.values = keys, values  # views [batch, heads, length, dim] of the buffers
         self.lengths = lengths
-        self.index = (batch, heads, 1, dim)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:  # buffers exist already
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        where = self.lengths.view(-1, 1, 1, 1).expand(self.index)
-        self.keys.scatter_(2, where, key_states)
-        self.values.scatter_(2, where, value_states)
+        write_one(self.keys, self.values, self.lengths, key_states, value_states)
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -214,6 +210,25 @@ def additive_mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[rows, n] True where a row may not look -> [rows, 1, 1, n] additive mask."""
     zeros = torch.zeros(blocked.shape, dtype=dtype, device=blocked.device)
     return zeros.masked_fill(blocked, torch.finfo(dtype).min)[:, None, None, :]
+
+
+def project_one(attn: torch.nn.Module, x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, ...]:
+    """One position's q, k, v [rows, heads, 1, head_dim] from an attention module's q/k/v_proj;
+    x [rows, 1, hidden]."""
+    rows = x.shape[0]
+    return tuple(
+        proj(x).view(rows, 1, -1, head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+    )
+
+
+def write_one(
+    keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Each row's new K/V [rows, kv_heads, 1, dim] into its slot at position lengths[row] (a scatter:
+    no host sync, graph-capturable)."""
+    where = lengths.view(-1, 1, 1, 1).expand(k.shape)
+    keys.scatter_(2, where, k)
+    values.scatter_(2, where, v)
 
 
 def attend_one(
