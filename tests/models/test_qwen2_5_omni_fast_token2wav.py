@@ -110,7 +110,7 @@ def test_dit_velocity_equals_the_dit_forward(tiny_dir, token2wav):
         frames = codes_n * dit.repeats
         cond = spk["cond"].float().reshape(1, 1, -1).repeat(batch, frames, 1)
         ref = spk["ref_mel"].float().reshape(1, -1, 80).repeat(batch, 1, 1)
-        velocity = DiTVelocity(dit, codes, cond, ref, 0.5)
+        velocity = DiTVelocity.for_codes(dit, codes, cond, ref, 0.5)
         for t in (0.0, 0.37, 1.0):
             x = torch.randn(batch, frames, 80, generator=gen)
             out = dit(
@@ -127,7 +127,6 @@ def test_adapter_decode_equals_transformers_modules(tiny_dir):
     """The adapter (fast DiT velocity, fast vocoder, one window at a time) against a decode of
     the same windows with transformers' DiT forward and its batched BigVGAN."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
-
 
     adapter = _loaded_adapter(tiny_dir)
     ref_model = _token2wav(tiny_dir)

@@ -21,14 +21,19 @@ from typing import Any
 
 import torch
 
+from omni_actors import logs
 from omni_actors.models.qwen2_5_omni.fast_token2wav import (
     DiTVelocity,
     install_fast_vocoder,
     receptive_radius,
 )
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
+from omni_actors.models.qwen2_5_omni.token2wav_graphs import WindowGraphs
 from omni_actors.workers.engine import timed
-from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.generation import ChunkPolicy, GenerationAdapter
+from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
+
+log = logs.get(__name__)
 
 DEFAULT_SPEAKER = "Chelsie"
 NUM_STEPS = 10
@@ -38,6 +43,8 @@ VOCODER_BATCH_FRAMES = 256
 """Most mel frames in one vocoder call. Measured on one CPU thread (tiny BigVGAN): batching
 beats one window at a time up to ~300 frames in all (8 x 24 frames: 116 vs 181 ms) and loses
 past ~500, where the activations leave the caches (8 x 128 frames: 624 vs 535 ms)."""
+GPU_MAX_BATCH_CODES = 512
+"""max_batch_codes under CUDA graphs: a replay costs about the same at any batch this small."""
 
 
 class _LastCallCache(torch.nn.Module):
@@ -103,6 +110,37 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         self.samples_per_code = self.repeats * self.hop
         self.vocoder_margin = receptive_radius(self.model.code2wav_bigvgan_model, self.mel_dim) + 1
         """Mel frames decoded beyond the kept ones on each side: no kept sample depends on more."""
+        times = torch.linspace(0, 1, NUM_STEPS, device=self.ctx.device)
+        self.times = times + SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
+        self.windows: WindowGraphs | None = None
+        if cuda_graphs_wanted(self.ctx):
+            self._graphs_on()
+
+    def _graphs_on(self) -> None:
+        """Token2Wav windows as CUDA graph replays, the standard window lengths captured now."""
+        extras = self.ctx.engine_extras
+        if extras.get("tf32"):
+            torch.backends.cuda.matmul.allow_tf32 = True
+        self.max_batch_codes = int(extras.get("max_batch_codes", GPU_MAX_BATCH_CODES))
+        self.windows = WindowGraphs(
+            self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model, self.times,
+            GUIDANCE_SCALE, enabled=True,
+        )  # fmt: skip
+        policy = ChunkPolicy.of(self, extras)
+        lengths = [policy.first_chunk_size + policy.right_context]
+        lengths += [
+            policy.left_context + k * policy.chunk_size + policy.right_context
+            for k in range(1, policy.cap // policy.chunk_size + 1)
+        ]
+        speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
+        with timed(self.ctx, "cuda_graphs"), torch.inference_mode():
+            for batch in extras.get("graph_warmup_batches", [1]):
+                for n in lengths:
+                    windows = [torch.zeros(n, dtype=torch.long)] * int(batch)
+                    data = [{"speaker": speaker, "seed": 0}] * int(batch)
+                    self.windows.run(*self._inputs(windows, [0] * int(batch), data), warm=True)
+        log.info("code2wav.graphs_ready", lengths=lengths, graphs=len(self.windows.slots),
+                 enabled=self.windows.enabled)  # fmt: skip
 
     def start(self, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
         speaker = params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER
@@ -140,9 +178,37 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         keep: list[tuple[int, int | None]],
     ) -> list[tuple[torch.Tensor, int]]:
         """The DiT on whole windows (its attention needs them), the vocoder only on the kept
-        codes and its receptive field: the rest of a window's audio is never sent."""
+        codes and its receptive field: the rest of a window's audio is never sent. Under CUDA
+        graphs (token2wav_graphs) the whole window is decoded and the same samples kept."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
+        codes, cond, ref, noise = self._inputs(windows, starts, data)
+        frames = noise.shape[1]
+        spans = []
+        for lo, hi in keep:
+            first = max(0, lo * self.repeats - self.vocoder_margin)
+            last = frames if hi is None else min(frames, hi * self.repeats + self.vocoder_margin)
+            spans.append((first, last))
+        if self.windows is not None:  # whole windows, replayed: on a GPU the extra samples are free
+            _, wav = self.windows.run(codes, cond, ref, noise)
+            wavs = [
+                w[first * self.hop : last * self.hop]
+                for w, (first, last) in zip(wav, spans, strict=True)
+            ]
+        else:
+            velocity = DiTVelocity.for_codes(
+                self.model.code2wav_dit_model, codes, cond, ref, GUIDANCE_SCALE
+            )
+            mel = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(
+                self.times
+            )[-1]
+            wavs = self._vocode(mel, spans)
+        return [(wav, first * self.hop) for wav, (first, _) in zip(wavs, spans, strict=True)]
+
+    def _inputs(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """codes [B, n], speaker vector per frame, reference mel, starting noise: on the device."""
         dev = self.ctx.device
         spk = [self.speakers[d["speaker"]] for d in data]
         codes = torch.stack(windows).to(dev)
@@ -154,19 +220,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
                 for d, s, w in zip(data, starts, windows, strict=True)
             ]
         ).to(dev)
-        frames = noise.shape[1]
-        cond = cond[:, None].repeat(1, frames, 1)
-        velocity = DiTVelocity(self.model.code2wav_dit_model, codes, cond, ref, GUIDANCE_SCALE)
-        times = torch.linspace(0, 1, NUM_STEPS, device=dev)
-        times = times + SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
-        mel = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)[-1]
-        spans = []
-        for lo, hi in keep:
-            first = max(0, lo * self.repeats - self.vocoder_margin)
-            last = frames if hi is None else min(frames, hi * self.repeats + self.vocoder_margin)
-            spans.append((first, last))
-        wavs = self._vocode(mel, spans)
-        return [(wav, first * self.hop) for wav, (first, _) in zip(wavs, spans, strict=True)]
+        return codes, cond[:, None].repeat(1, noise.shape[1], 1), ref, noise
 
     def _vocode(self, mel: torch.Tensor, spans: list[tuple[int, int]]) -> list[torch.Tensor]:
         """BigVGAN on mel[i, first:last] for each span; equal spans batched up to a frame budget."""

@@ -132,35 +132,48 @@ def receptive_radius(vocoder: nn.Module, mel_dim: int, frames: int = 128) -> int
     return frames if radius >= mid - 1 else radius
 
 
+def dit_conditioning(
+    dit: nn.Module, codes: torch.Tensor, cond: torch.Tensor, ref: torch.Tensor
+) -> torch.Tensor:
+    """The constant part of the DiT input projection's operand for a decode, guided rows first:
+    cat(speaker-encoder output, code embeddings, speaker vector) for [guided; unconditioned]."""
+    code_embed = torch.cat(
+        [dit.text_embed(codes, drop_code=False), dit.text_embed(codes, drop_code=True)], dim=0
+    )
+    frames = code_embed.shape[1]
+    speaker = torch.cat([cond, torch.zeros_like(cond)], dim=0)
+    ref2 = torch.cat([ref, torch.zeros_like(ref)], dim=0)
+    enc = dit.input_embed.spk_encoder(ref2).unsqueeze(1).repeat(1, frames, 1)
+    return torch.cat((enc, code_embed, speaker), dim=-1)
+
+
 class DiTVelocity:
     """Guided velocity of Qwen2_5OmniToken2WavDiTModel for fixed codes and speaker conditioning.
 
     Equal to `dit(x, condition_vector=ref, speaker_embedding=cond, quantized_code=codes,
     time_step=t, apply_cfg=True)` followed by the guidance mix, for every (t, x).
+    `static` is `dit_conditioning(...)` (a tensor a CUDA graph may refill in place);
+    `for_codes` builds both.
     """
 
-    def __init__(
-        self,
+    @classmethod
+    def for_codes(
+        cls,
         dit: nn.Module,
         codes: torch.Tensor,
         cond: torch.Tensor,
         ref: torch.Tensor,
         guidance_scale: float,
-    ) -> None:
+    ) -> DiTVelocity:
+        return cls(dit, dit_conditioning(dit, codes, cond, ref), guidance_scale)
+
+    def __init__(self, dit: nn.Module, static: torch.Tensor, guidance_scale: float) -> None:
         self.dit, self.guidance_scale = dit, guidance_scale
-        embed = dit.input_embed
-        code_embed = torch.cat(
-            [dit.text_embed(codes, drop_code=False), dit.text_embed(codes, drop_code=True)], dim=0
-        )
-        frames = code_embed.shape[1]
-        speaker = torch.cat([cond, torch.zeros_like(cond)], dim=0)
-        ref2 = torch.cat([ref, torch.zeros_like(ref)], dim=0)
-        enc = embed.spk_encoder(ref2).unsqueeze(1).repeat(1, frames, 1)
         # The input projection's operand is cat(x, enc, code_embed, speaker): all but x is constant.
-        self.static = torch.cat((enc, code_embed, speaker), dim=-1)
-        batch2 = self.static.shape[0]
-        like = self.static.new_empty(batch2, frames, 1)
-        position_ids = torch.arange(frames, device=codes.device)[None, :].repeat(batch2, 1)
+        self.static = static
+        batch2, frames = static.shape[0], static.shape[1]
+        like = static.new_empty(batch2, frames, 1)
+        position_ids = torch.arange(frames, device=static.device)[None, :].repeat(batch2, 1)
         self.position_embeddings = dit.rotary_embed(like, position_ids)
         # Each layer's block mask as one additive [1, 1, n, n] float mask (0 / -inf): what SDPA
         # turns transformers' bool [2B, heads, n, n] mask into at every call, made once.
