@@ -126,6 +126,5 @@ def test_replays_equal_eager_decodes_on_cuda(tiny_dir):
             assert go == wo and g.shape == w.shape
             torch.testing.assert_close(g, w, atol=2e-4, rtol=0)
     assert graphed.windows.enabled
-    assert (4, 60) in graphed.windows.slots or (4, 60) not in graphed.windows.seen
     assert (2, 37) in graphed.windows.slots  # a length seen a second time got its graph
     assert len(graphed.windows.slots) > warmed

@@ -17,6 +17,7 @@ Inputs: {"codes": int [n]} (talker codes), optional "speaker".
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ VOCODER_BATCH_FRAMES = 256
 """Most mel frames in one vocoder call. Measured on one CPU thread (tiny BigVGAN): batching
 beats one window at a time up to ~300 frames in all (8 x 24 frames: 116 vs 181 ms) and loses
 past ~500, where the activations leave the caches (8 x 128 frames: 624 vs 535 ms)."""
+PRECISIONS = ("tf32", "float32", "bfloat16")
 GPU_MAX_BATCH_CODES = 512
 """max_batch_codes under CUDA graphs: a replay costs about the same at any batch this small."""
 
@@ -113,18 +115,35 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         times = torch.linspace(0, 1, NUM_STEPS, device=self.ctx.device)
         self.times = times + SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
         self.windows: WindowGraphs | None = None
+        self.precision = "float32"
+        if str(self.ctx.device).startswith("cuda"):
+            self._set_precision(self.ctx.engine_extras.get("precision", "tf32"))
         if cuda_graphs_wanted(self.ctx):
             self._graphs_on()
+
+    def _set_precision(self, precision: str) -> None:
+        """On CUDA: "tf32" (default: float32 weights and activations, matmuls on TF32 tensor
+        cores), "float32" (no TF32) or "bfloat16" (the DiT's matmuls under bfloat16 autocast;
+        the ODE state, norms and the vocoder stay float32). TF32 is set for the worker process."""
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"engine_extras.precision must be one of {PRECISIONS}, got {precision!r}"
+            )
+        self.precision = precision
+        torch.backends.cuda.matmul.allow_tf32 = precision != "float32"
+
+    def _dit_autocast(self) -> Any:
+        if self.precision == "bfloat16":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _graphs_on(self) -> None:
         """Token2Wav windows as CUDA graph replays, the standard window lengths captured now."""
         extras = self.ctx.engine_extras
-        if extras.get("tf32"):
-            torch.backends.cuda.matmul.allow_tf32 = True
         self.max_batch_codes = int(extras.get("max_batch_codes", GPU_MAX_BATCH_CODES))
         self.windows = WindowGraphs(
             self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model, self.times,
-            GUIDANCE_SCALE, enabled=True,
+            GUIDANCE_SCALE, enabled=True, autocast=self._dit_autocast,
         )  # fmt: skip
         policy = ChunkPolicy.of(self, extras)
         lengths = [policy.first_chunk_size + policy.right_context]
@@ -133,12 +152,14 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
             for k in range(1, policy.cap // policy.chunk_size + 1)
         ]
         speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
+        first, rest = lengths[0], lengths[1:]
+        shapes = [(int(b), first) for b in extras.get("graph_first_batches", (1, 2, 4, 8))]
+        shapes += [(1, n) for n in rest]
         with timed(self.ctx, "cuda_graphs"), torch.inference_mode():
-            for batch in extras.get("graph_warmup_batches", [1]):
-                for n in lengths:
-                    windows = [torch.zeros(n, dtype=torch.long)] * int(batch)
-                    data = [{"speaker": speaker, "seed": 0}] * int(batch)
-                    self.windows.run(*self._inputs(windows, [0] * int(batch), data), warm=True)
+            for batch, n in shapes:
+                windows = [torch.zeros(n, dtype=torch.long)] * batch
+                data = [{"speaker": speaker, "seed": 0}] * batch
+                self.windows.run(*self._inputs(windows, [0] * batch, data))
         log.info("code2wav.graphs_ready", lengths=lengths, graphs=len(self.windows.slots),
                  enabled=self.windows.enabled)  # fmt: skip
 
@@ -190,18 +211,18 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
             last = frames if hi is None else min(frames, hi * self.repeats + self.vocoder_margin)
             spans.append((first, last))
         if self.windows is not None:  # whole windows, replayed: on a GPU the extra samples are free
-            _, wav = self.windows.run(codes, cond, ref, noise)
+            wav = self.windows.run(codes, cond, ref, noise)[1].cpu()
             wavs = [
                 w[first * self.hop : last * self.hop]
                 for w, (first, last) in zip(wav, spans, strict=True)
             ]
         else:
-            velocity = DiTVelocity.for_codes(
-                self.model.code2wav_dit_model, codes, cond, ref, GUIDANCE_SCALE
-            )
-            mel = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(
-                self.times
-            )[-1]
+            with self._dit_autocast():
+                velocity = DiTVelocity.for_codes(
+                    self.model.code2wav_dit_model, codes, cond, ref, GUIDANCE_SCALE
+                )
+                solver = RungeKutta4ODESolver(function=velocity, initial_value=noise)
+                mel = solver.integrate(self.times)[-1].float()
             wavs = self._vocode(mel, spans)
         return [(wav, first * self.hop) for wav, (first, _) in zip(wavs, spans, strict=True)]
 

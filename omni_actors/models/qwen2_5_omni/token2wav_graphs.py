@@ -11,11 +11,13 @@ not capturable and its cost is small). A replay refills them and returns the
 mel and the waveform of the whole window; the caller keeps the samples it sends.
 
 Shapes: batches are padded up to a power of two by repeating the first row (rows
-are independent), so a graph serves several batch sizes. A (batch, codes) shape
-is captured on its second use (a one-off length, such as the rest of an
-utterance, runs eagerly through the same function, once); `warm` captures the
-standard window lengths at load. Windows longer than `max_codes`, and shapes
-past `max_graphs`, run eagerly.
+are independent), so a graph serves several batch sizes. A new (batch, codes)
+shape is captured and replayed at once: recording a capture costs about what an
+eager decode costs (both are the Python side of ~20k launches), so even a
+one-off length, such as the rest of an utterance, loses nothing by it. The
+process's first shape runs eagerly before its capture (lazy CUDA/cuBLAS set-up).
+The adapter captures the standard window lengths at load. Windows longer than
+`max_codes`, and shapes past `max_graphs`, run eagerly.
 
 The arithmetic is transformers' (RungeKutta4ODESolver's steps, BigVGAN's
 forward) written without its host syncs (the solver's interpolation checks, the
@@ -25,6 +27,7 @@ computation as an eager decode of the window (tests: equal on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -39,7 +42,7 @@ log = logs.get(__name__)
 
 MAX_GRAPH_CODES = 160
 """Longest window (in codes) that gets a graph: streaming windows are at most 24 + 96 + 12."""
-MAX_GRAPHS = 48
+MAX_GRAPHS = 128
 """Most captured shapes; later new shapes run eagerly."""
 
 
@@ -107,13 +110,15 @@ class WindowGraphs:
         enabled: bool,
         max_codes: int = MAX_GRAPH_CODES,
         max_graphs: int = MAX_GRAPHS,
+        autocast: Any = contextlib.nullcontext,
     ) -> None:
+        """`autocast()`: the context the DiT runs in (captured with it), e.g. bfloat16 autocast."""
         self.dit, self.times, self.scale = dit, times, guidance_scale
+        self.autocast = autocast
         self.vocoder = Vocoder(bigvgan)
         self.max_codes, self.max_graphs = max_codes, max_graphs
         self.slots: dict[tuple[int, int], _Slot] = {}
-        self.seen: dict[tuple[int, int], int] = {}
-        self.graphs = DecodeGraphs(self._replayable, enabled)
+        self.graphs = DecodeGraphs(self._replayable, enabled, eager_first=False)
 
     @property
     def enabled(self) -> bool:
@@ -124,7 +129,8 @@ class WindowGraphs:
         return self._decode(slot.velocity, slot.x0)
 
     def _decode(self, velocity: DiTVelocity, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mel = integrate_rk4(velocity, x0, self.times)
+        with self.autocast():
+            mel = integrate_rk4(velocity, x0, self.times).float()
         return mel, self.vocoder(mel)
 
     def run(
@@ -133,17 +139,17 @@ class WindowGraphs:
         cond: torch.Tensor,
         ref: torch.Tensor,
         noise: torch.Tensor,
-        warm: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """codes [B, n], cond [B, frames, dim], ref [B, ref_frames, mel_dim], noise [B, frames, mel_dim]."""
         batch, length = codes.shape
         padded = padded_batch(batch)
         if padded != batch:
             codes, cond, ref, noise = (_pad_rows(t, padded) for t in (codes, cond, ref, noise))
-        static = dit_conditioning(self.dit, codes, cond, ref)
+        with self.autocast():
+            static = dit_conditioning(self.dit, codes, cond, ref)
         key = (padded, length)
         slot = self.slots.get(key) if self.enabled else None
-        if slot is None and self.enabled and self._wants_graph(key, warm):
+        if slot is None and self.enabled and self._wants_graph(key):
             slot = self.slots[key] = _Slot(self.dit, noise, static, self.scale)
         if slot is None:
             mel, wav = self._decode(DiTVelocity(self.dit, static, self.scale), noise)
@@ -156,12 +162,8 @@ class WindowGraphs:
             mel, wav = mel.clone(), wav.clone()  # the next replay overwrites the graph's outputs
         return mel[:batch], wav[:batch]
 
-    def _wants_graph(self, key: tuple[int, int], warm: bool) -> bool:
-        if key[1] > self.max_codes or len(self.slots) >= self.max_graphs:
-            return False
-        seen = self.seen.get(key, 0) + 1
-        self.seen[key] = seen
-        return warm or seen >= 2
+    def _wants_graph(self, key: tuple[int, int]) -> bool:
+        return key[1] <= self.max_codes and len(self.slots) < self.max_graphs
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:

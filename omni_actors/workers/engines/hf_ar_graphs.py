@@ -34,9 +34,19 @@ class DecodeGraphs:
     captured call's result, whose tensors the replay overwrote.
     """
 
-    def __init__(self, forward: Callable[[int, int], Any], enabled: bool, warmups: int = 0, buckets: int = 0) -> None:
-        """`buckets`: how many (batch, length) buckets there are, for `hf_ar.cuda_graphs` progress lines."""
+    def __init__(
+        self,
+        forward: Callable[[int, int], Any],
+        enabled: bool,
+        warmups: int = 0,
+        buckets: int = 0,
+        eager_first: bool = True,
+    ) -> None:
+        """`buckets`: how many (batch, length) buckets there are, for `hf_ar.cuda_graphs` progress lines.
+        `eager_first` False: a new bucket (after the first) is captured and replayed at once, not
+        run eagerly first (for a `forward` whose calls cost more than its capture)."""
         self.forward = forward
+        self.eager_first = eager_first
         self.buckets = buckets
         self._progress: progress.Progress | None = None
         self.enabled = enabled
@@ -50,6 +60,11 @@ class DecodeGraphs:
         if not self.enabled:
             return self.forward(batch, length)
         hit = self.graphs.get((batch, length))
+        if hit is None and not self.eager_first and self.graphs:
+            self._capture(batch, length)  # lazy initialisation was done by the first bucket's eager run
+            hit = self.graphs.get((batch, length))
+            if hit is None:  # the capture failed: graphs are off
+                return self.forward(batch, length)
         if hit is not None:
             hit[0].replay()
             return hit[1]
