@@ -10,7 +10,7 @@ largest concurrency, no HTTP).
 
     .venv/bin/python scripts/bench_diffusion.py                 # tiny SD checkpoint, CPU
     .venv/bin/python scripts/bench_diffusion.py --family qwen_image --size 64 --steps 4   # a tiny image family
-    .venv/bin/python scripts/bench_diffusion.py --model DIR --device cuda --dtype bfloat16 --size 1024 --steps 8 \
+    .venv/bin/python scripts/bench_diffusion.py --model DIR --device cuda --dtype bfloat16 --size 1024 --steps 6 \
         --images 4 --repeats 1                                  # Qwen-Image-sized (make_sized_qwen_image.py)
 
 Each rate is the best of --repeats runs (the box may be shared). Prints one JSON line; besides the
