@@ -1,17 +1,31 @@
-"""Diffusion benchmark: images/s of the DiffusionEngine (and later the served runtime) vs diffusers called directly.
+"""Diffusion benchmark: images/s of the DiffusionEngine and the served runtime vs diffusers called directly.
 
 Baseline, measured in the same run: the diffusers pipeline called directly in
-one process, one image per call (batch 1) and four prompts per call (batch 4).
-Against it: the DiffusionEngine driven in-process at concurrency 1 and 4 (four
-compatible requests in flight are one batch), which isolates the engine's
-stepping overhead; and the served path (`bench_served`: orchestrator plus a
-real worker process, no HTTP).
+one process with each --concurrency value as its batch size (default one image
+per call and four prompts per call). Against it: the DiffusionEngine driven
+in-process at each concurrency (that many compatible requests in flight are one
+batch), which isolates the engine's stepping overhead; and the served path
+(`served_rates`: orchestrator plus a real worker process, max_num_seqs = the
+largest concurrency, no HTTP).
 
     .venv/bin/python scripts/bench_diffusion.py                 # tiny SD checkpoint, CPU
     .venv/bin/python scripts/bench_diffusion.py --family qwen_image --size 64 --steps 4   # a tiny image family
-    .venv/bin/python scripts/bench_diffusion.py --model DIR --device cuda --size 512 --steps 20
+    .venv/bin/python scripts/bench_diffusion.py --model DIR --device cuda --dtype bfloat16 --size 1024 --steps 6 \
+        --images 4 --repeats 1                                  # Qwen-Image-sized (make_sized_qwen_image.py)
 
-Each number is the best of --repeats runs (the box may be shared). Prints one JSON line.
+Each rate is the best of --repeats runs (the box may be shared). Prints one JSON line; besides the
+rates it carries, per batch size / concurrency:
+    direct_step_ms          median denoising step of the direct calls (device-synchronised step callback),
+                            each call's first step left out
+    direct_call_overhead_ms a call's wall time minus its steps: text encoding, VAE decode, postprocess
+    direct_peak_gb          torch.cuda.max_memory_allocated over the direct measurement (null off CUDA)
+    engine_peak_gb          the same for the in-process engine
+    served_s_per_image      1 / served images/s at concurrency 1
+    served_step_ms          median gap between the served c1 requests' per-step progress outputs at the
+                            orchestrator (no device sync in the worker: the pace steps are issued at)
+    served_gpu_used_gb      nvidia-smi used memory of the whole device after the served run, workers up
+                            (every process: this one's CUDA context too); served_gpu_used_before_gb is the
+                            same reading before the workers started (null without nvidia-smi)
 """
 
 from __future__ import annotations
@@ -27,6 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scripts.gpu_mem import free_cached, peak_gb, reset_peak
+from scripts.served_rates import concurrency_list
+
 PROMPT = "a photo of a cat sitting on the red chair in the garden"
 
 
@@ -40,6 +57,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--size", type=int, default=32, help="image side in pixels")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--images", type=int, default=16, help="images per measurement")
+    ap.add_argument("--concurrency", type=concurrency_list, default=[1, 4],
+                    help="comma list of served/engine concurrencies; the direct batch sizes (default 1,4)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
     ap.add_argument("--repeats", type=int, default=3, help="best of N for each number (shared box)")
     ap.add_argument(
@@ -48,35 +67,21 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def bench_direct(pipe: Any, args: argparse.Namespace, batch: int) -> float:
-    """Images/s calling `pipe(...)` directly with `batch` prompts per call."""
+def direct_kwargs(args: argparse.Namespace) -> Any:
     import torch
 
-    def call(seed: int) -> None:
-        gens = [torch.Generator("cpu").manual_seed(seed + i) for i in range(batch)]
-        pipe(
-            prompt=[PROMPT] * batch,
-            num_inference_steps=args.steps,
-            width=args.size,
-            height=args.size,
-            generator=gens,
-            output_type="np",
-        )
+    def kwargs(batch: int, seed: int) -> dict[str, Any]:
+        return {
+            "prompt": [PROMPT] * batch, "num_inference_steps": args.steps, "width": args.size,
+            "height": args.size, "output_type": "np",
+            "generator": [torch.Generator("cpu").manual_seed(seed + i) for i in range(batch)],
+        }  # fmt: skip
 
-    call(0)  # warm-up
-    calls = max(1, args.images // batch)
-
-    def once() -> float:
-        start = time.perf_counter()
-        for c in range(calls):
-            call(c * batch)
-        return calls * batch / (time.perf_counter() - start)
-
-    return max(once() for _ in range(args.repeats))
+    return kwargs
 
 
-def bench_engine(engine: Any, args: argparse.Namespace, concurrency: int) -> float:
-    """Images/s of the DiffusionEngine with `concurrency` one-image requests in flight."""
+def bench_engine(engine: Any, args: argparse.Namespace, concurrency: int) -> tuple[float, float | None]:
+    """(images/s, peak GiB) of the DiffusionEngine with `concurrency` one-image requests in flight."""
     params = {"num_inference_steps": args.steps, "width": args.size, "height": args.size}
 
     def round_(tag: str) -> None:
@@ -96,15 +101,17 @@ def bench_engine(engine: Any, args: argparse.Namespace, concurrency: int) -> flo
             round_(f"{k}-{r}")
         return rounds * concurrency / (time.perf_counter() - start)
 
-    return max(once(k) for k in range(args.repeats))
+    reset_peak(args.device)
+    best = max(once(k) for k in range(args.repeats))
+    return best, peak_gb(args.device)
 
 
-def bench_served(model: Path, args: argparse.Namespace) -> dict[str, float] | None:
-    """Served images/s at concurrency 1 and 4, plus start-up seconds.
+def bench_served(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Served images/s at each concurrency, plus start-up seconds, step pace and GPU memory.
 
     "Served" here is the runtime without HTTP: the in-process orchestrator and
     a real DIFFUSION worker process (the `diffusion` pipeline on `model`,
-    max_num_seqs 4), requests through `Orchestrator.submit` (served_rates.py).
+    max_num_seqs = the largest concurrency), requests through `Orchestrator.submit` (served_rates.py).
     """
     from omni_actors.config.deploy import build_deploy
     from scripts.served_rates import served_rates
@@ -114,11 +121,13 @@ def bench_served(model: Path, args: argparse.Namespace) -> dict[str, float] | No
         {
             "pipeline": "diffusion",
             "model": str(model),
-            "stages": [{"stage_id": 0, "max_num_seqs": 4, "dtype": args.dtype}],
+            "stages": [{"stage_id": 0, "max_num_seqs": max(args.concurrency), "dtype": args.dtype}],
         },
         source="bench_diffusion",
     )
-    return served_rates(deploy, {"prompt": PROMPT}, params, "images", args.images, args.repeats)
+    return served_rates(
+        deploy, {"prompt": PROMPT}, params, "images", args.images, args.repeats, args.concurrency
+    )
 
 
 def main() -> None:
@@ -131,7 +140,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from omni_actors.workers.engine import EngineContext
     from omni_actors.workers.engines.diffusion import DiffusionEngine, load_pipeline
+    from scripts.direct_rates import direct_rates
 
+    conc = args.concurrency
     with tempfile.TemporaryDirectory(prefix="bench-diffusion-") as tmp:
         model = args.model
         if model is None:
@@ -143,15 +154,16 @@ def main() -> None:
             else:
                 model = make_tiny_diffusion(Path(tmp) / "tiny", seed=0, kind=args.kind)
         pipe = load_pipeline(model, args.device, args.dtype)
-        direct = {b: bench_direct(pipe, args, b) for b in (1, 4)}
+        direct = direct_rates(pipe, direct_kwargs(args), conc, args.images, args.repeats, args.device)
         del pipe
+        free_cached(args.device)
         ctx = EngineContext(
             stage_id=0,
             replica=0,
             model_stage="diffusion",
             model_path=Path(model),
             device=args.device,
-            max_num_seqs=4,
+            max_num_seqs=max(conc),
             dtype=args.dtype,
             gpu_memory_utilization=0.9,
             tensor_parallel_size=1,
@@ -159,33 +171,46 @@ def main() -> None:
         engine = DiffusionEngine(ctx)
         if args.device == "cpu":
             torch.set_num_threads(args.threads)  # the engine sets one thread; keep the baseline's
-        engine_ips = {c: bench_engine(engine, args, c) for c in (1, 4)}
+        engine_runs = {c: bench_engine(engine, args, c) for c in conc}
         engine.close()
         del engine
+        free_cached(args.device)  # the worker process below needs the memory; nvidia-smi then reads it alone
         served = bench_served(Path(model), args) if args.served else None
 
     def r(x: float | None) -> float | None:
         return None if x is None else round(x, 3)
 
+    lo, hi = conc[0], conc[-1]
+    engine_ips = {c: v[0] for c, v in engine_runs.items()}
     result = {
         "bench": "diffusion",
         "model": str(args.model) if args.model else f"tiny-{args.family or args.kind}",
         "device": args.device,
+        "dtype": args.dtype,
         "size": args.size,
         "steps": args.steps,
         "threads": args.threads if args.device == "cpu" else None,
         "images_per_measurement": args.images,
         "repeats": args.repeats,
-        "direct_images_per_s": {f"batch{b}": r(v) for b, v in direct.items()},
+        "concurrency": conc,
+        "direct_images_per_s": {f"batch{b}": r(v["rate"]) for b, v in direct.items()},
         "engine_images_per_s": {f"c{c}": r(v) for c, v in engine_ips.items()},
-        "served_images_per_s": {f"c{c}": r(served[f"c{c}"]) for c in (1, 4)} if served else None,
-        "served_vs_direct": {f"c{c}": r(served[f"c{c}"] / direct[c]) for c in (1, 4)}
+        "served_images_per_s": {f"c{c}": r(served[f"c{c}"]) for c in conc} if served else None,
+        "served_vs_direct": {f"c{c}": r(served[f"c{c}"] / direct[c]["rate"]) for c in conc}
         if served
         else None,
         "served_startup_s": r(served["startup_s"]) if served else None,
-        "engine_vs_direct": {f"c{c}": r(engine_ips[c] / direct[c]) for c in (1, 4)},
-        "engine_batching_gain": r(engine_ips[4] / engine_ips[1]),
-        "direct_batching_gain": r(direct[4] / direct[1]),
+        "engine_vs_direct": {f"c{c}": r(engine_ips[c] / direct[c]["rate"]) for c in conc},
+        "engine_batching_gain": r(engine_ips[hi] / engine_ips[lo]),
+        "direct_batching_gain": r(direct[hi]["rate"] / direct[lo]["rate"]),
+        "direct_step_ms": {f"batch{b}": r(v["step_ms"]) for b, v in direct.items()},
+        "direct_call_overhead_ms": {f"batch{b}": r(v["call_overhead_ms"]) for b, v in direct.items()},
+        "direct_peak_gb": {f"batch{b}": v["peak_gb"] for b, v in direct.items()},
+        "engine_peak_gb": {f"c{c}": v[1] for c, v in engine_runs.items()},
+        "served_s_per_image": r(1 / served["c1"]) if served and "c1" in served else None,
+        "served_step_ms": r(served["step_ms"]) if served else None,
+        "served_gpu_used_before_gb": served["gpu_used_before_gb"] if served else None,
+        "served_gpu_used_gb": served["gpu_used_gb"] if served else None,
     }
     print(json.dumps(result))
 

@@ -52,7 +52,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +64,7 @@ import numpy as np
 from omni_actors.config.deploy import build_deploy
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
+from scripts.gpu_mem import gpu_used_gb
 
 PROMPT = "Hello! Please tell me a short story about a small boat at sea, in two sentences."
 
@@ -200,17 +200,6 @@ def worker_rss_gb() -> float:
         except (OSError, ValueError, IndexError):
             continue
     return round(total / 1e9, 2)
-
-
-def gpu_used_gb() -> float | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout  # fmt: skip
-        return round(sum(float(x) for x in out.split()) / 1024, 2)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
 
 
 def placements(args: argparse.Namespace) -> list[list[str | None]]:

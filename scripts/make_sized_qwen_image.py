@@ -11,7 +11,8 @@ offline Qwen tokenizer of the tiny builder. Weights are made on --device in
     python scripts/make_sized_qwen_image.py OUT_DIR --device cuda [--dtype bfloat16] [--text-layers 28]
 
 Serve it with `omni-run --model OUT_DIR` and time it with
-`scripts/bench_diffusion.py --model OUT_DIR --device cuda --size 1024 --steps 20`.
+`scripts/bench_diffusion.py --model OUT_DIR --device cuda --dtype bfloat16 --size 1024 --steps 6 --images 4
+--repeats 1` (docs/benchmarks.md, end of "Video: tiny Wan2.2 served vs direct").
 Prints one JSON line with the parameter counts.
 """
 
