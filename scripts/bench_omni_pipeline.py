@@ -246,6 +246,8 @@ async def run_mode(
         await one(orch, args, 0)  # warm-up: one alone, then one batch at the top level
         await asyncio.gather(*(one(orch, args, 100 + i) for i in range(max(levels))))
         for c in levels:
+            if os.environ.get("OMNI_BENCH_PHASE_DIR"):  # a profiler outside waits for this file
+                (Path(os.environ["OMNI_BENCH_PHASE_DIR"]) / f"c{c}.start").touch()
             t1 = time.perf_counter()
             if c == 1:
                 samples = [await one(orch, args, 1000 + i) for i in range(args.requests_c1)]
