@@ -31,7 +31,11 @@ from omni_actors.models.qwen2_5_omni.fast_token2wav import (
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
 from omni_actors.models.qwen2_5_omni.token2wav_graphs import WindowGraphs
 from omni_actors.workers.engine import timed
-from omni_actors.workers.engines.generation import ChunkPolicy, GenerationAdapter
+from omni_actors.workers.engines.generation import (
+    FINAL_WINDOW_SLACK,
+    ChunkPolicy,
+    GenerationAdapter,
+)
 from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 
 log = logs.get(__name__)
@@ -141,11 +145,12 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         """Token2Wav windows as CUDA graph replays, the standard window lengths captured now."""
         extras = self.ctx.engine_extras
         self.max_batch_codes = int(extras.get("max_batch_codes", GPU_MAX_BATCH_CODES))
+        policy = ChunkPolicy.of(self, extras)
+        longest = policy.left_context + int(FINAL_WINDOW_SLACK * policy.cap) + policy.right_context
         self.windows = WindowGraphs(
             self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model, self.times,
-            GUIDANCE_SCALE, enabled=True, autocast=self._dit_autocast,
+            GUIDANCE_SCALE, enabled=True, autocast=self._dit_autocast, max_codes=longest,
         )  # fmt: skip
-        policy = ChunkPolicy.of(self, extras)
         lengths = [policy.first_chunk_size + policy.right_context]
         lengths += [
             policy.left_context + k * policy.chunk_size + policy.right_context

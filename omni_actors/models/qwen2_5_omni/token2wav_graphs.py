@@ -40,8 +40,9 @@ from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
 
 log = logs.get(__name__)
 
-MAX_GRAPH_CODES = 160
-"""Longest window (in codes) that gets a graph: streaming windows are at most 24 + 96 + 12."""
+MAX_GRAPH_CODES = 192
+"""Longest window (in codes) that gets a graph by default; the adapter passes its policy's longest
+streaming window (left context + FINAL_WINDOW_SLACK x max_chunk_size + right context: 24 + 144 + 12)."""
 MAX_GRAPHS = 128
 """Most captured shapes; later new shapes run eagerly."""
 
