@@ -5,7 +5,8 @@ Greedy rows (temperature 0) take one batched argmax; sampled rows are filtered
 seed draws from its own generator (so a seeded request is reproducible on
 its own), the others draw together. The repetition penalty reads each
 request's `seen` mask. `pick` returns ids on the device (no host sync, for
-adapters that feed them straight back); `sample_rows` syncs once, in `.tolist()`.
+adapters that feed them straight back; its small host lists go to a GPU from pinned memory,
+asynchronously); `sample_rows` syncs once, in `.tolist()`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ from typing import Any
 import torch
 
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq
+
+
+def _small(values: list[Any], dev: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A short host list as a tensor on `dev`. On CUDA it goes from pinned memory without
+    blocking: a copy from pageable memory first waits for the stream's queued work (the step's
+    forward), which would stall the host before it has queued the sampling kernels."""
+    t = torch.tensor(values, dtype=dtype)
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 def _temperature(params: dict[str, Any]) -> float:
@@ -51,13 +62,13 @@ def pick(
     ):
         none = torch.zeros(logits.shape[1], dtype=torch.bool, device=dev)
         mask = torch.stack([m if m is not None else none for m in seen])
-        pen = torch.tensor(penalties, device=dev, dtype=logits.dtype)[:, None]
+        pen = _small(penalties, dev, logits.dtype)[:, None]
         logits = torch.where(mask, torch.where(logits > 0, logits / pen, logits * pen), logits)
     temps = [_temperature(p) for p in params]
     picked = torch.argmax(logits, dim=-1)
     rows = [i for i, t in enumerate(temps) if t > 0.0]
     if rows:
-        index = torch.tensor(rows, device=dev)
+        index = _small(rows, dev)
         drawn = _draw(
             logits[index], [params[i] for i in rows], [generators[i] for i in rows],
             [temps[i] for i in rows],
@@ -74,23 +85,23 @@ def _draw(
 ) -> torch.Tensor:
     """Sampled ids for rows that all have a temperature."""
     dev, vocab = logits.device, logits.shape[1]
-    logits = logits / torch.tensor(temps, device=dev, dtype=logits.dtype)[:, None]
+    logits = logits / _small(temps, dev, logits.dtype)[:, None]
     top_k = [int(p.get("top_k") or 0) for p in params]
     top_p = [float(p.get("top_p") or 1.0) for p in params]
     order = None
     if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         logits, order = torch.sort(logits, dim=-1, descending=True)
-        ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=dev)
+        ks = _small([k if 0 < k < vocab else vocab for k in top_k], dev)
         ranks = torch.arange(vocab, device=dev)[None]
         logits = logits.masked_fill(ranks >= ks[:, None], float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        ps = torch.tensor(top_p, device=dev, dtype=probs.dtype)[:, None]
+        ps = _small(top_p, dev, probs.dtype)[:, None]
         logits = logits.masked_fill(probs.cumsum(-1) - probs > ps, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     free = [i for i, g in enumerate(generators) if g is None]
     out = torch.empty(len(params), dtype=torch.long, device=dev)
     if free:
-        index = torch.tensor(free, device=dev)
+        index = _small(free, dev)
         out[index] = torch.multinomial(probs[index], 1)[:, 0]
     for i, g in enumerate(generators):
         if g is not None:
