@@ -50,6 +50,8 @@ log = logs.get(__name__)
 MAX_SIDE_PX = 4096
 MAX_INFERENCE_STEPS = 1000
 SEED_BITS = 63
+CONVERT_BLOCK_VALUES = 1 << 18
+"""Float frame values converted to uint8 per block (1 MiB of float32: stays in a core's cache)."""
 DEFAULTS: dict[str, Any] = {
     "fps": 16,
     "size_multiple": 16,
@@ -295,10 +297,31 @@ def _video_uint8(frames: Any) -> np.ndarray:
     elif not isinstance(frames, np.ndarray):
         frames = frames.float().cpu().numpy()
     if frames.dtype != np.uint8:
-        frames = (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        frames = _float_to_uint8(frames)
     if frames.shape[-1] == 1:
         frames = np.repeat(frames, 3, axis=-1)
     return frames
+
+
+def _float_to_uint8(frames: np.ndarray) -> np.ndarray:
+    """`(clip(frames, 0, 1) * 255).round()` as uint8, bit for bit, a cache-sized block at a time.
+
+    The one-line form makes three temporaries of the float video (a 720p, 49-frame one is 530 MB
+    of float32 each, freshly mapped and page-faulted every time) and read it four times: 0.3-1.4 s
+    on CPU for what this does in one pass through a reused scratch block."""
+    out = np.empty(frames.shape, np.uint8)
+    src, dst = np.ascontiguousarray(frames).reshape(-1), out.reshape(-1)
+    # The scratch takes the result type of the one-line form (float32 stays float32; float16 goes to float32
+    # only where numpy would promote it).
+    scratch = np.empty(min(CONVERT_BLOCK_VALUES, src.size), np.result_type(src.dtype, 255.0))
+    for start in range(0, src.size, CONVERT_BLOCK_VALUES):
+        block = src[start : start + CONVERT_BLOCK_VALUES]
+        buf = scratch[: block.size]
+        np.clip(block, 0.0, 1.0, out=buf)
+        np.multiply(buf, 255.0, out=buf)
+        np.rint(buf, out=buf)
+        np.copyto(dst[start : start + block.size], buf, casting="unsafe")
+    return out
 
 
 def _float_audio(audio: Any) -> np.ndarray:
