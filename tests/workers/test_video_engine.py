@@ -91,19 +91,20 @@ def _reference_uint8(frames: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 def test_float_frames_to_uint8_bit_for_bit(dtype):
-    # More values than two blocks, with a tail; exact halves (k + 0.5) / 255, and values outside [0, 1].
-    n = 21 * (2 * CONVERT_BLOCK_VALUES // 21 + 1)  # [1, F, 7, 1, 3]
+    # Rows of 256 x 3 values: a frame of 700 rows is cut into blocks with a short tail.
+    h, w = 700, 256
+    assert CONVERT_BLOCK_VALUES // (w * 3) < h and h % (CONVERT_BLOCK_VALUES // (w * 3))
     rng = np.random.default_rng(0)
-    values = rng.random(n) * 1.4 - 0.2
-    values[:511] = (np.arange(511) + 0.5) / 255.0
+    values = rng.random(2 * 3 * 3 * h * w) * 1.4 - 0.2  # outside [0, 1] too
+    values[:511] = (np.arange(511) + 0.5) / 255.0  # exact halves after * 255
     values[511:515] = [-1.0, 0.0, 1.0, 2.0]
-    frames = values.astype(dtype).reshape(1, -1, 7, 1, 3)
+    # Laid out as Wan's frames are: [B, F, H, W, C] over [B, C, F, H, W] memory.
+    frames = values.astype(dtype).reshape(2, 3, 3, h, w).transpose(0, 2, 3, 4, 1)
     got = _video_uint8(frames)
-    assert got.dtype == np.uint8 and got.shape == frames.shape
+    assert got.dtype == np.uint8 and got.shape == frames.shape and got.flags.c_contiguous
     assert np.array_equal(got, _reference_uint8(frames))
-    # A non-contiguous view (frames and rows swapped) converts as its values, not its memory.
-    view = frames.transpose(0, 2, 1, 3, 4)
-    assert np.array_equal(_video_uint8(view), _reference_uint8(view))
+    contiguous = np.ascontiguousarray(frames)
+    assert np.array_equal(_video_uint8(contiguous), _reference_uint8(contiguous))
 
 
 def test_torch_frames_to_uint8_bit_for_bit():
