@@ -308,10 +308,10 @@ def _float_to_uint8(frames: np.ndarray) -> np.ndarray:
 
     The one-line form makes three temporaries of the float video and reads it four times; diffusers'
     frames are also not contiguous (Wan's are [B, F, H, W, C] views of [B, C, F, H, W] memory), and
-    `np.ascontiguousarray` of them is a full transposing copy. On CPU, for a 720p 49-frame video
-    (530 MB of float32), that cost 0.6-3.4 s, on the worker's thread, after the pipeline returned.
-    Here each block of rows of a frame goes through one reused scratch buffer (strided reads are
-    fine: a row of a channel is contiguous), and only the uint8 result is allocated."""
+    `astype` keeps that layout, so the outputs then made a transposing copy. On CPU, for a 720p
+    49-frame video (530 MB of float32), that cost 0.4-2.7 s after the pipeline returned, this 0.13 s
+    (scripts/bench_video_handoff.py). Here each block of rows of a frame goes through one reused
+    scratch buffer laid out as the frames are, and only the uint8 result is allocated."""
     *lead, h, w, c = frames.shape
     out = np.empty(frames.shape, np.uint8)
     if out.size == 0:
