@@ -11,7 +11,7 @@ pytest.importorskip("diffusers")
 
 from omni_actors.models.tiny import make_tiny
 from omni_actors.workers.engine import EngineContext, EngineOutput
-from omni_actors.workers.engines.video import VideoEngine
+from omni_actors.workers.engines.video import CONVERT_BLOCK_VALUES, VideoEngine, _video_uint8
 
 MAX_STEPS = 100
 
@@ -82,6 +82,36 @@ def test_refusals_name_the_field(hunyuan, params, field):
     with pytest.raises(ValueError, match="image"):
         hunyuan.add("bad", {"prompt": "x", "image": np.zeros((8, 8, 3), np.uint8)}, {})
     assert not hunyuan.has_work()
+
+
+def _reference_uint8(frames: np.ndarray) -> np.ndarray:
+    """The conversion as first written: what the frames must stay, bit for bit."""
+    return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_float_frames_to_uint8_bit_for_bit(dtype):
+    # Rows of 256 x 3 values: a frame of 700 rows is cut into blocks with a short tail.
+    h, w = 700, 256
+    assert CONVERT_BLOCK_VALUES // (w * 3) < h and h % (CONVERT_BLOCK_VALUES // (w * 3))
+    rng = np.random.default_rng(0)
+    values = rng.random(2 * 3 * 3 * h * w) * 1.4 - 0.2  # outside [0, 1] too
+    values[:511] = (np.arange(511) + 0.5) / 255.0  # exact halves after * 255
+    values[511:515] = [-1.0, 0.0, 1.0, 2.0]
+    # Laid out as Wan's frames are: [B, F, H, W, C] over [B, C, F, H, W] memory.
+    frames = values.astype(dtype).reshape(2, 3, 3, h, w).transpose(0, 2, 3, 4, 1)
+    got = _video_uint8(frames)
+    assert got.dtype == np.uint8 and got.shape == frames.shape and got.flags.c_contiguous
+    assert np.array_equal(got, _reference_uint8(frames))
+    contiguous = np.ascontiguousarray(frames)
+    assert np.array_equal(_video_uint8(contiguous), _reference_uint8(contiguous))
+
+
+def test_torch_frames_to_uint8_bit_for_bit():
+    import torch
+
+    frames = torch.rand(1, 3, 8, 8, 3, generator=torch.Generator().manual_seed(0), dtype=torch.bfloat16)
+    assert np.array_equal(_video_uint8(frames), _reference_uint8(frames.float().numpy()))
 
 
 def test_compatible_requests_share_a_batch_and_a_seed_repeats(tmp_path):
