@@ -128,3 +128,22 @@ def test_replays_equal_eager_decodes_on_cuda(tiny_dir):
     assert graphed.windows.enabled
     assert (2, 37) in graphed.windows.slots  # a length seen a second time got its graph
     assert len(graphed.windows.slots) > warmed
+
+
+@pytest.mark.parametrize(
+    ("extras", "field"),
+    [
+        ({"precision": "fp8"}, "engine_extras.precision"),
+        ({"graph_first_batches": [1, 0]}, "engine_extras.graph_first_batches"),
+        ({"graph_first_batches": "1,2"}, "engine_extras.graph_first_batches"),
+    ],
+)
+def test_bad_code2wav_extras_name_the_field_on_any_device(tiny_dir, extras, field):
+    with pytest.raises(ValueError, match=field):
+        _adapter(tiny_dir, **extras)
+
+
+def test_cpu_decodes_in_float32_whatever_precision_says(tiny_dir):
+    adapter = _adapter(tiny_dir, precision="bfloat16", graph_first_batches=[1, 2])
+    assert adapter.precision == "float32" and adapter.windows is None
+    assert adapter.first_batches == [1, 2]

@@ -119,22 +119,35 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         times = torch.linspace(0, 1, NUM_STEPS, device=self.ctx.device)
         self.times = times + SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
         self.windows: WindowGraphs | None = None
-        self.precision = "float32"
+        self.precision, self.first_batches = self._check_extras(self.ctx.engine_extras)
         if str(self.ctx.device).startswith("cuda"):
-            self._set_precision(self.ctx.engine_extras.get("precision", "tf32"))
+            torch.backends.cuda.matmul.allow_tf32 = self.precision != "float32"  # the worker's
+        else:
+            self.precision = "float32"
         if cuda_graphs_wanted(self.ctx):
             self._graphs_on()
 
-    def _set_precision(self, precision: str) -> None:
-        """On CUDA: "tf32" (default: float32 weights and activations, matmuls on TF32 tensor
-        cores), "float32" (no TF32) or "bfloat16" (the DiT's matmuls under bfloat16 autocast;
-        the ODE state, norms and the vocoder stay float32). TF32 is set for the worker process."""
+    @staticmethod
+    def _check_extras(extras: dict[str, Any]) -> tuple[str, list[int]]:
+        """engine_extras.precision (on CUDA): "tf32" (default: float32 weights and activations,
+        matmuls on TF32 tensor cores), "float32" (no TF32) or "bfloat16" (the DiT's matmuls under
+        bfloat16 autocast; the ODE state, norms and the vocoder stay float32).
+        engine_extras.graph_first_batches: batch sizes whose first-window graphs are captured at
+        load (default 1, 2, 4, 8). Checked on every device, so a deploy's mistake shows anywhere."""
+        precision = extras.get("precision", "tf32")
         if precision not in PRECISIONS:
             raise ValueError(
                 f"engine_extras.precision must be one of {PRECISIONS}, got {precision!r}"
             )
-        self.precision = precision
-        torch.backends.cuda.matmul.allow_tf32 = precision != "float32"
+        batches = extras.get("graph_first_batches", [1, 2, 4, 8])
+        ok = isinstance(batches, (list, tuple)) and all(
+            isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 256 for b in batches
+        )
+        if not ok:
+            raise ValueError(
+                f"engine_extras.graph_first_batches must be a list of batch sizes 1-256, got {batches!r}"
+            )
+        return precision, [int(b) for b in batches]
 
     def _dit_autocast(self) -> Any:
         if self.precision == "bfloat16":
@@ -158,7 +171,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         ]
         speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
         first, rest = lengths[0], lengths[1:]
-        shapes = [(int(b), first) for b in extras.get("graph_first_batches", (1, 2, 4, 8))]
+        shapes = [(b, first) for b in self.first_batches]
         shapes += [(1, n) for n in rest]
         with timed(self.ctx, "cuda_graphs"), torch.inference_mode():
             for batch, n in shapes:
