@@ -6,7 +6,9 @@ HTTP). For each mode (async chunk on, then off) it starts the runtime
 (start-up seconds), warms up, then runs concurrency 1 (--requests-c1 requests,
 one at a time) and each other level (all of its requests in flight at once).
 Per level: time to first text and first audio (p50/max), audio chunks per
-request, end-to-end p50, requests/s and audio seconds per wall second.
+request, end-to-end p50, requests/s and audio seconds per wall second, and
+"stages": per stage the engine steps, seconds in steps, mean step (ms) and the
+busy fraction of the level's wall time, from the workers' heartbeats.
 Workers' resident memory and GPU memory (nvidia-smi) are read after each mode.
 
 Requests: one chat message; the thinker decodes --text-tokens tokens and the
@@ -63,6 +65,7 @@ import numpy as np
 
 from omni_actors.config.deploy import build_deploy
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.launcher import HEARTBEAT_INTERVAL_S
 from omni_actors.orchestrator.requests import RequestSpec
 from scripts.gpu_mem import gpu_used_gb
 
@@ -246,6 +249,7 @@ async def run_mode(
         await one(orch, args, 0)  # warm-up: one alone, then one batch at the top level
         await asyncio.gather(*(one(orch, args, 100 + i) for i in range(max(levels))))
         for c in levels:
+            before = await stage_work(orch)
             if os.environ.get("OMNI_BENCH_PHASE_DIR"):  # a profiler outside waits for this file
                 (Path(os.environ["OMNI_BENCH_PHASE_DIR"]) / f"c{c}.start").touch()
             t1 = time.perf_counter()
@@ -255,11 +259,36 @@ async def run_mode(
                 gap = args.stagger_ms / 1000
                 runs = (one(orch, args, 2000 + i, i * gap) for i in range(c))
                 samples = list(await asyncio.gather(*runs))
-            out[f"c{c}"] = summarize(samples, time.perf_counter() - t1)
+            wall = time.perf_counter() - t1
+            out[f"c{c}"] = summarize(samples, wall)
+            out[f"c{c}"]["stages"] = stage_deltas(before, await stage_work(orch), wall)
         out["workers_rss_gb"] = worker_rss_gb()
         out["gpu_used_gb"] = gpu_used_gb()
     finally:
         await orch.stop()
+    return out
+
+
+async def stage_work(orch: Orchestrator) -> dict[str, tuple[int, float]]:
+    """Each stage's (engine steps, seconds in steps), summed over replicas, as the workers' heartbeats
+    report them: read one heartbeat interval after the last activity, so nothing done is missing."""
+    await asyncio.sleep(HEARTBEAT_INTERVAL_S * 1.2)
+    return {
+        st.model_stage: (sum(r.steps for r in st.replicas), sum(r.busy_s for r in st.replicas))
+        for st in orch.statistics().stages
+    }
+
+
+def stage_deltas(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]], wall: float
+) -> dict[str, dict[str, float]]:
+    """Per stage over one level: engine steps, seconds in steps, the mean step and the busy fraction of
+    the level's wall time (the stage's worker was stepping, not waiting for input)."""
+    out = {}
+    for stage, (steps, busy) in after.items():
+        n, s = steps - before[stage][0], busy - before[stage][1]
+        out[stage] = {"steps": n, "busy_s": round(s, 3), "step_ms": round(1000 * s / n, 2) if n else None,
+                      "busy_frac": round(s / wall, 3) if wall > 0 else None}
     return out
 
 

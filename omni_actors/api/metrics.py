@@ -13,6 +13,8 @@
     omni_worker_step_seconds{pipeline,stage_id,model_stage,replica}  how long the running engine step has run (0: idle)
     omni_worker_steps_total{pipeline,stage_id,model_stage,replica}   engine steps done (a counter: rate() is
                                                       steps/s; a restarted worker starts again from 0)
+    omni_worker_busy_seconds_total{pipeline,stage_id,model_stage,replica}  seconds in engine steps (rate(): the
+                                                      replica's busy fraction; over rate(steps): the mean step time)
     omni_worker_startup_seconds{pipeline,stage_id,model_stage,replica,phase}  the worker's last start-up, per
                                                       phase: ready (spawn -> Ready), boot, imports, engine,
                                                       total, engine.weights, ... (orchestrator/stats.py)
@@ -66,6 +68,8 @@ class _StageCollector:
         step_s = GaugeMetricFamily("omni_worker_step_seconds", "How long the replica's running engine step has "
                                    "run (0: between steps), as of its last heartbeat", labels=replica_labels)
         steps = CounterMetricFamily("omni_worker_steps", "Engine steps the replica has done", labels=replica_labels)
+        busy = CounterMetricFamily("omni_worker_busy_seconds", "Seconds the replica spent in engine steps "
+                                   "(over omni_worker_steps_total: the mean step time)", labels=replica_labels)
         startup = GaugeMetricFamily("omni_worker_startup_seconds", "Seconds per phase of the replica's worker "
                                     "start-up (its last one)", labels=[*replica_labels, "phase"])
         one = ["pipeline"]
@@ -89,6 +93,7 @@ class _StageCollector:
                 for r in st.replicas:
                     step_s.add_metric([*key, str(r.replica)], r.step_s)
                     steps.add_metric([*key, str(r.replica)], r.steps)
+                    busy.add_metric([*key, str(r.replica)], r.busy_s)
                     for phase, seconds in r.startup.items():
                         startup.add_metric([*key, str(r.replica), phase], seconds)
             runs.add_metric([name], stats.requests_in_flight)
@@ -96,8 +101,8 @@ class _StageCollector:
             undecodable.add_metric([name], stats.frames_undecodable)
             queued.add_metric([name], stats.stream_bytes_queued)
             overflows.add_metric([name], stats.stream_overflows)
-        return [depth, limit, healthy, engine, restarts, step_s, steps, startup, runs, leases, undecodable, queued,
-                overflows]
+        return [depth, limit, healthy, engine, restarts, step_s, steps, busy, startup, runs, leases, undecodable,
+                queued, overflows]
 
 
 class ApiMetrics:

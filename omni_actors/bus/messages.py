@@ -151,6 +151,8 @@ class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
     step_s: float = 0.0
     """How long the step now running has run (0: none is running). Heartbeats leave from the
     worker's I/O thread during a step, so the supervisor can tell a long step from a stuck one."""
+    busy_s: float = 0.0
+    """Seconds the worker has spent in completed engine steps (with `steps`: the mean step time)."""
 
 
 class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc=False):

@@ -73,6 +73,8 @@ class WorkerHandle:
     """Engine steps the worker reported done (last heartbeat)."""
     step_s: float = 0.0
     """How long its running step had run at the last heartbeat (0: none was running)."""
+    busy_s: float = 0.0
+    """Seconds the worker reported spending in completed engine steps (last heartbeat)."""
     beat_at: float = 0.0
     """time.monotonic() when that heartbeat arrived."""
     spawned_at: float = 0.0

@@ -25,6 +25,8 @@ class ReplicaStats:
     """Seconds per start-up phase of this replica's worker ({} before its Ready): "ready" (spawn ->
     Ready, seen by the orchestrator), "boot", "imports", "engine", "total" and "engine.<name>"
     (launcher.WorkerHandle.startup_seconds)."""
+    busy_s: float = 0.0
+    """Seconds in completed engine steps (last heartbeat; a restarted worker counts from 0)."""
 
 
 @dataclass(frozen=True)

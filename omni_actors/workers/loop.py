@@ -64,6 +64,8 @@ class WorkerLoop:
         self.stopping = False
         self.steps = 0
         """Engine steps completed (read by the I/O thread)."""
+        self.busy_s = 0.0
+        """Seconds spent in completed engine steps (read by the I/O thread)."""
         self.step_started: float | None = None
         """time.monotonic() when the running step began; None between steps (read by the I/O thread)."""
         self._held_since: float | None = None
@@ -127,7 +129,7 @@ class WorkerLoop:
         started = self.step_started
         return m.Heartbeat(
             busy=len(self.requests), leased=self.codec.leased, steps=self.steps,
-            step_s=0.0 if started is None else time.monotonic() - started,
+            step_s=0.0 if started is None else time.monotonic() - started, busy_s=self.busy_s,
         )
 
     def _flush(self) -> None:
@@ -233,7 +235,7 @@ class WorkerLoop:
     # ---- engine ------------------------------------------------------------
 
     def _step(self) -> None:
-        self.step_started = time.monotonic()
+        self.step_started = started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as err:
@@ -243,6 +245,7 @@ class WorkerLoop:
                 self.engine.abort(rid)
         finally:
             self.step_started = None
+            self.busy_s += time.monotonic() - started
             self.steps += 1
         for out in outputs:
             self._emit(out)

@@ -1,4 +1,5 @@
-"""/metrics shows each stage replica's engine progress from its heartbeats: the running step's age, steps done."""
+"""/metrics shows each stage replica's engine progress from its heartbeats: the running step's age, steps done,
+seconds spent in steps."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ async def scrape(srv: Server) -> dict[tuple[str, str], float]:
     async with aiohttp.ClientSession() as http, http.get(f"{srv.url}/metrics") as resp:
         text = await resp.text()
     return {(s.name, s.labels["replica"]): s.value for fam in text_string_to_metric_families(text)
-            for s in fam.samples if s.name.startswith("omni_worker_step") and s.labels["stage_id"] == "0"}
+            for s in fam.samples if s.name.startswith(("omni_worker_step", "omni_worker_busy"))
+            and s.labels["stage_id"] == "0"}
 
 
 async def test_a_running_step_and_the_steps_done_are_exported_per_replica() -> None:
@@ -31,6 +33,7 @@ async def test_a_running_step_and_the_steps_done_are_exported_per_replica() -> N
         client = srv.client()
         idle = await scrape(srv)
         assert idle[("omni_worker_step_seconds", "0")] == 0.0 and idle[("omni_worker_steps_total", "0")] == 0.0
+        assert idle[("omni_worker_busy_seconds_total", "0")] == 0.0
         first = await client.chat.completions.create(model="synthetic_text", messages=MSG)
         assert first.choices[0].message.content
         second = asyncio.ensure_future(client.chat.completions.create(model="synthetic_text", messages=MSG))
@@ -40,3 +43,5 @@ async def test_a_running_step_and_the_steps_done_are_exported_per_replica() -> N
     # the second request's step is running, about SCRAPE_AFTER_S old; the first one's step is done
     assert HEARTBEAT_INTERVAL_S / 2 < busy[("omni_worker_step_seconds", "0")] < STEP_MS / 1000 * 3, busy
     assert busy[("omni_worker_steps_total", "0")] >= 1, busy
+    # the first request's step (STEP_MS) is done and reported; the running one is not counted yet
+    assert 0.9 * STEP_MS / 1000 <= busy[("omni_worker_busy_seconds_total", "0")] < 2 * STEP_MS / 1000, busy
