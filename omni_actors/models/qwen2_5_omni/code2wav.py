@@ -157,7 +157,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
     def _graphs_on(self) -> None:
         """Token2Wav windows as CUDA graph replays, the standard window lengths captured now."""
         extras = self.ctx.engine_extras
-        self.max_batch_codes = int(extras.get("max_batch_codes", GPU_MAX_BATCH_CODES))
+        self.max_batch_codes = GPU_MAX_BATCH_CODES  # the default; the engine applies engine_extras' own
         policy = ChunkPolicy.of(self, extras)
         longest = policy.left_context + int(FINAL_WINDOW_SLACK * policy.cap) + policy.right_context
         self.windows = WindowGraphs(
