@@ -117,6 +117,8 @@ def test_replays_equal_eager_decodes_on_cuda(tiny_dir):
     assert eager.windows is None and graphed.windows.enabled
     warmed = len(graphed.windows.slots)
     assert warmed >= 4  # the standard window lengths, captured at load
+    assert graphed.window_lengths() == (24, 60, 84, 132)  # a last window widens to one of them
+    assert eager.window_lengths() == ()
     for n, count in ((24, 1), (60, 1), (60, 3), (37, 2), (37, 2), (37, 2)):
         windows, starts, data = _windows(n, count, seed=n + count)
         keep = [(0, None)] * count
@@ -146,4 +148,5 @@ def test_bad_code2wav_extras_name_the_field_on_any_device(tiny_dir, extras, fiel
 def test_cpu_decodes_in_float32_whatever_precision_says(tiny_dir):
     adapter = _adapter(tiny_dir, precision="bfloat16", graph_first_batches=[1, 2])
     assert adapter.precision == "float32" and adapter.windows is None
+    assert adapter.window_lengths() == ()  # on a CPU a wider window only costs more
     assert adapter.first_batches == [1, 2]

@@ -210,6 +210,41 @@ def test_codes_arriving_faster_than_decoded_make_larger_windows():
     assert ToyAdapter.lengths == [3, 1 + 9 + 1, 1 + 9 + 1, 1 + 9 + 1, 1 + 3 + 1, 1 + 8]
 
 
+class LengthsToyAdapter(ToyAdapter):
+    """ToyAdapter that decodes windows of 5 and 9 codes cheapest (as if captured as graphs)."""
+
+    def window_lengths(self) -> tuple[int, ...]:
+        return (5, 9)
+
+
+def test_last_window_is_widened_to_a_preferred_length_with_more_left_context():
+    engine = GenerationEngine(_ctx(f"{__name__}:LengthsToyAdapter", chunk_growth=1))
+    codes = np.arange(1, 14, dtype=np.float32)
+    got: dict[str, list] = {}
+    engine.add("whole", {"codes": codes}, {})
+    _drain(engine, got)
+    # 13 codes whole: longer than every preferred length, so decoded as it is.
+    assert ToyAdapter.lengths == [13]
+    ToyAdapter.lengths = []
+    _stream(engine, "s", codes, [3, 3, 3, 3, 1], got)
+    # Windows 2+1, 1+3+1 (x3), then the rest: 2 codes + 1 left = 3, widened to 5; and the
+    # audio is the whole decode's, as with any chunking.
+    assert ToyAdapter.lengths == [3, 5, 5, 5, 5]
+    np.testing.assert_array_equal(_audio(got["s"]), _audio(got["whole"]))
+    ToyAdapter.lengths = []
+    _stream(engine, "short", codes[:4], [3, 1], got)
+    # 4 codes: the rest (2 new + 1 left) cannot widen to 5, there are not 5 codes.
+    assert ToyAdapter.lengths == [3, 3]
+    np.testing.assert_array_equal(_audio(got["short"]), _audio(_decode_whole(engine, codes[:4])))
+
+
+def _decode_whole(engine: GenerationEngine, codes: np.ndarray) -> list:
+    got: dict[str, list] = {}
+    engine.add("ref", {"codes": codes}, {})
+    _drain(engine, got)
+    return got["ref"]
+
+
 def test_one_batch_per_step_most_urgent_first():
     engine = GenerationEngine(_ctx(TOY, first_chunk_priority=False))  # deadlines alone
     engine.add("a", {"codes": np.arange(10, dtype=np.float32)}, {})

@@ -119,6 +119,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         times = torch.linspace(0, 1, NUM_STEPS, device=self.ctx.device)
         self.times = times + SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
         self.windows: WindowGraphs | None = None
+        self._lengths: tuple[int, ...] = ()
         self.precision, self.first_batches = self._check_extras(self.ctx.engine_extras)
         if str(self.ctx.device).startswith("cuda"):
             torch.backends.cuda.matmul.allow_tf32 = self.precision != "float32"  # the worker's
@@ -169,6 +170,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
             policy.left_context + k * policy.chunk_size + policy.right_context
             for k in range(1, policy.cap // policy.chunk_size + 1)
         ]
+        self._lengths = tuple(sorted(set(lengths)))
         speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
         first, rest = lengths[0], lengths[1:]
         shapes = [(b, first) for b in self.first_batches]
@@ -180,6 +182,12 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
                 self.windows.run(*self._inputs(windows, [0] * batch, data))
         log.info("code2wav.graphs_ready", lengths=lengths, graphs=len(self.windows.slots),
                  enabled=self.windows.enabled)  # fmt: skip
+
+    def window_lengths(self) -> tuple[int, ...]:
+        """Under CUDA graphs, the lengths captured at load: an utterance's last window is widened
+        to one (more left context) rather than captured anew at its own length, which would cost
+        about an eager decode. On a CPU every extra code costs: no preference."""
+        return self._lengths if self.windows is not None and self.windows.enabled else ()
 
     def start(self, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
         speaker = params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER

@@ -25,7 +25,10 @@ Chunk policy (a streaming request; every size in codes):
   themselves, so the re-decoded left and right context is paid once per larger
   window;
 - once the input has ended the rest is decoded in one window (a streaming
-  request's rest in windows of at most 1.5 x max_chunk_size).
+  request's rest in windows of at most 1.5 x max_chunk_size); an adapter that
+  decodes some lengths cheapest (`window_lengths`: CUDA graphs captured at load)
+  has that last window widened to one of them with more left context, so an
+  utterance's odd length does not cost a new graph capture.
 A request added whole (not streaming) is decoded in one window. Sizes that are
 multiples of chunk_size keep windows aligned to a decoder's blocks (Qwen2.5-Omni's
 DiT attends in blocks of 12 codes).
@@ -156,6 +159,13 @@ class GenerationAdapter(abc.ABC):
     def batch_key(self, data: Any) -> Any:
         """Requests whose keys differ are never decoded in one batch."""
         return None
+
+    def window_lengths(self) -> tuple[int, ...]:
+        """Window lengths (codes, ascending) this adapter decodes cheapest, say as captured CUDA
+        graphs; empty (the default): no preference. A request's last window, shorter than one of
+        them, is widened to the shortest that fits by taking more left context (earlier codes,
+        whose audio is not sent again), when the request has that many codes."""
+        return ()
 
 
 @dataclass(frozen=True)
@@ -315,7 +325,16 @@ class GenerationEngine(StageEngine):
         first = req.emitted // self.adapter.samples_per_code
         start = max(0, first - pol.left_context)
         end = req.total if final else min(req.total, new_end + pol.right_context)
+        if final:
+            start = self._widen(start, end)
         return start, new_end, end, final
+
+    def _widen(self, start: int, end: int) -> int:
+        """`start`, moved back so [start, end) is one of the adapter's window lengths, if it can be."""
+        for n in self.adapter.window_lengths():
+            if n >= end - start:
+                return end - n if end >= n else start
+        return start
 
     def _deadline(self, req: _Req) -> float:
         """When the request's listener runs out of audio (its arrival if it has none yet)."""
