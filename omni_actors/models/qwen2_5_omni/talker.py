@@ -33,6 +33,7 @@ from omni_actors.models.qwen2_5_omni.loading import (
 )
 from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar import ARAdapter, ARSeq, ForwardOut, StepInputs
+from omni_actors.workers.engines.hf_ar_sampling import small_tensor
 
 DEFAULT_SPEAKER = "Chelsie"
 SAMPLING = {
@@ -178,7 +179,7 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
 
     def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
         dev = self.ctx.device
-        codes = torch.tensor([s.tokens[-1] for s in seqs], device=dev)
+        codes = small_tensor([s.tokens[-1] for s in seqs], dev)  # no host wait for the GPU
         # Decode step k (k = tokens sampled so far - 1) adds reply row k + 1.
         reply = torch.stack([self._reply(s.data["feed"], len(s.tokens)) for s in seqs])
         return (self.model.get_input_embeddings()(codes) + reply)[:, None]

@@ -87,7 +87,6 @@ from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupport
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     all_greedy,
-    note_sampled,
     sample,
     sample_rows,
 )
@@ -375,7 +374,6 @@ class HfAREngine(StageEngine):
         else:
             logits = self.adapter.process_logits(seqs, out.logits.float())
             tokens = sample_rows(logits, seqs)
-            note_sampled(seqs, tokens, logits.shape[1], logits.device)
         results = self.adapter.on_tokens(seqs, tokens, out, prefill)
         outputs = []
         for seq, tok, (payload, finished) in zip(seqs, tokens, results, strict=True):

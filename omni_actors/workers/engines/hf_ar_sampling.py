@@ -18,12 +18,12 @@ import torch
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq
 
 
-def _small(values: list[Any], dev: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+def small_tensor(values: list[Any], dev: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A short host list as a tensor on `dev`. On CUDA it goes from pinned memory without
     blocking: a copy from pageable memory first waits for the stream's queued work (the step's
     forward), which would stall the host before it has queued the sampling kernels."""
     t = torch.tensor(values, dtype=dtype)
-    if dev.type != "cuda":
+    if torch.device(dev).type != "cuda":
         return t.to(dev)
     return t.pin_memory().to(dev, non_blocking=True)
 
@@ -43,9 +43,12 @@ def all_greedy(seqs: list[ARSeq]) -> bool:
 
 
 def sample_rows(logits: torch.Tensor, seqs: list[ARSeq]) -> list[int]:
-    """One token per row of [batch, vocab] float32 logits, row i for seqs[i] (its own params)."""
+    """One token per row of [batch, vocab] float32 logits, row i for seqs[i] (its own params);
+    each sampled id is marked in `seen` of requests that use a repetition penalty."""
     params = [s.params for s in seqs]
-    return pick(logits, params, [s.generator for s in seqs], [s.seen for s in seqs]).tolist()
+    picked = pick(logits, params, [s.generator for s in seqs], [s.seen for s in seqs])
+    _note_sampled(seqs, picked, logits.shape[1])
+    return picked.tolist()
 
 
 def pick(
@@ -62,13 +65,13 @@ def pick(
     ):
         none = torch.zeros(logits.shape[1], dtype=torch.bool, device=dev)
         mask = torch.stack([m if m is not None else none for m in seen])
-        pen = _small(penalties, dev, logits.dtype)[:, None]
+        pen = small_tensor(penalties, dev, logits.dtype)[:, None]
         logits = torch.where(mask, torch.where(logits > 0, logits / pen, logits * pen), logits)
     temps = [_temperature(p) for p in params]
     picked = torch.argmax(logits, dim=-1)
     rows = [i for i, t in enumerate(temps) if t > 0.0]
     if rows:
-        index = _small(rows, dev)
+        index = small_tensor(rows, dev)
         drawn = _draw(
             logits[index], [params[i] for i in rows], [generators[i] for i in rows],
             [temps[i] for i in rows],
@@ -85,23 +88,23 @@ def _draw(
 ) -> torch.Tensor:
     """Sampled ids for rows that all have a temperature."""
     dev, vocab = logits.device, logits.shape[1]
-    logits = logits / _small(temps, dev, logits.dtype)[:, None]
+    logits = logits / small_tensor(temps, dev, logits.dtype)[:, None]
     top_k = [int(p.get("top_k") or 0) for p in params]
     top_p = [float(p.get("top_p") or 1.0) for p in params]
     order = None
     if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         logits, order = torch.sort(logits, dim=-1, descending=True)
-        ks = _small([k if 0 < k < vocab else vocab for k in top_k], dev)
+        ks = small_tensor([k if 0 < k < vocab else vocab for k in top_k], dev)
         ranks = torch.arange(vocab, device=dev)[None]
         logits = logits.masked_fill(ranks >= ks[:, None], float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        ps = _small(top_p, dev, probs.dtype)[:, None]
+        ps = small_tensor(top_p, dev, probs.dtype)[:, None]
         logits = logits.masked_fill(probs.cumsum(-1) - probs > ps, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     free = [i for i, g in enumerate(generators) if g is None]
     out = torch.empty(len(params), dtype=torch.long, device=dev)
     if free:
-        index = _small(free, dev)
+        index = small_tensor(free, dev)
         out[index] = torch.multinomial(probs[index], 1)[:, 0]
     for i, g in enumerate(generators):
         if g is not None:
@@ -110,13 +113,14 @@ def _draw(
     return out if order is None else order.gather(1, out[:, None])[:, 0]
 
 
-def note_sampled(seqs: list[ARSeq], tokens: list[int], vocab: int, device: Any) -> None:
-    """Mark sampled ids in `seen` of requests that use a repetition penalty."""
-    for seq, tok in zip(seqs, tokens, strict=True):
+def _note_sampled(seqs: list[ARSeq], picked: torch.Tensor, vocab: int) -> None:
+    """Mark sampled ids in `seen` (penalised requests), on the device: a host index would be
+    one more transfer, which on a GPU shared with other processes waits for its time slice."""
+    for i, seq in enumerate(seqs):
         if _penalty(seq.params) != 1.0:
             if seq.seen is None:
-                seq.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
-            seq.seen[tok] = True
+                seq.seen = torch.zeros(vocab, dtype=torch.bool, device=picked.device)
+            seq.seen.index_fill_(0, picked[i : i + 1], True)
 
 
 def sample(
