@@ -2,7 +2,11 @@
 
 One server for the whole module (it loads vLLM). Speech the tests send is made
 by the server's own TTS path; speech it returns is checked by the server's own
-ASR stage (a transcript-only request straight to the orchestrator).
+ASR stage (a transcript-only request straight to the orchestrator). The last
+test talks to it in the playground, for real: Chromium's fake microphone plays
+the question (`--use-file-for-fake-audio-capture`), the page streams it to
+/v1/realtime through its AudioWorklet, the server's VAD ends the turn, and the
+answer's words appear in `talk-transcript` while its audio plays.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from omni_actors.models.assistant import ASR, LLM, TTS, VOCODER
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
 from tests.api.conftest import Server, eventually, idle, serve_deploy
+from tests.browser_support import browser_page
 
 __all__ = ["assistant_dir"]  # the fixture, imported for pytest
 
@@ -262,3 +267,34 @@ async def test_speech_speed_voices_and_aac_on_the_piper_voice(srv: Server) -> No
 
     with av.open(io.BytesIO(aac)) as box:
         assert sum(f.samples for f in box.decode(audio=0)) > 0
+
+
+LEAD_S, TAIL_S = 0.5, 40.0
+"""Silence around the playground's question: the tail ends the turn and keeps the looping fake mic quiet."""
+
+
+@pytest.mark.timeout(600)  # a spoken turn through Chromium on 2 cores
+async def test_playground_talk_hears_the_question_and_speaks_the_answer(
+    srv: Server, question_wav: bytes, tmp_path
+) -> None:
+    wave, rate = read_wav(question_wav)
+    wave = resample(wave, rate, WIRE_RATE)
+    pad = lambda s: np.zeros(int(s * WIRE_RATE), np.float32)  # noqa: E731
+    mic = tmp_path / "question.wav"
+    sf.write(mic, np.concatenate([pad(LEAD_S), wave, pad(TAIL_S)]), WIRE_RATE, subtype="PCM_16")
+    async with browser_page(srv.url + "/", fake_mic=mic, api_key=KEY) as bp:
+        page = bp.page
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.get_by_test_id("talk-button").click()
+        await page.wait_for_function("document.getElementById('talk-transcript').textContent.length > 0 "
+                                     "&& window.__playground.talk.playedSeconds > 0.5")
+        await page.wait_for_function("/paris/i.test(document.getElementById('talk-transcript').textContent)")
+        heard = await page.get_by_test_id("talk-user").inner_text()
+        await page.screenshot(path=str(tmp_path / "talk.png"))
+        await page.get_by_test_id("talk-button").click()  # stop: the socket closes
+        await page.wait_for_function("window.__playground.talk === null")
+        assert bp.errors == [] and bp.refused == []
+    assert normalize(heard)[:len(normalize(QUESTION))] == normalize(QUESTION), heard
+    assert (tmp_path / "talk.png").stat().st_size > 0
+    await eventually(lambda: srv.orch.statistics().requests_in_flight == 0, timeout_s=30)
+    await eventually(lambda: idle(srv.orch), timeout_s=10)
