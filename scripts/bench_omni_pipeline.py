@@ -97,11 +97,17 @@ def parse_args() -> argparse.Namespace:
         "--ar-extras", type=json.loads, default={},
         help='engine_extras for the two AR stages, e.g. \'{"kv_cache": "dynamic"}\'',
     )  # fmt: skip
+    ap.add_argument(
+        "--talker-extras", type=json.loads, default={},
+        help='engine_extras for the talker only, over --ar-extras, e.g. \'{"fused_decode": true}\'',
+    )  # fmt: skip
     return ap.parse_args()
 
 
 def stage_extras(args: argparse.Namespace, stage: int, priority: bool, direct: bool = True) -> dict[str, Any]:
     extras: dict[str, Any] = dict(args.ar_extras) if stage < 2 else {}
+    if stage == 1:
+        extras.update(args.talker_extras)
     extras["first_chunk_priority"] = priority
     extras["direct_load"] = direct
     if stage == 1 and not priority:
@@ -335,6 +341,7 @@ async def main() -> None:
         "text_tokens": args.text_tokens,
         "codes": args.codes,
         "ar_extras": args.ar_extras,
+        "talker_extras": args.talker_extras,
         "priority": args.priority,
         "stagger_ms": args.stagger_ms,
         "direct_load": args.direct_load,

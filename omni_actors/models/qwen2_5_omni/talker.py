@@ -191,6 +191,15 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
         )  # fmt: skip
         return ForwardOut(self.model.codec_head(out.last_hidden_state[:, -1]).float())
 
+    def fused_model(self) -> Any:
+        """The talker's decoder is Qwen2's layer stack between the thinker-to-talker projection
+        and the codec head; its multimodal rotary is the plain one at decode (the three position
+        axes are equal past the prompt), so engine_extras.fused_decode applies."""
+        from omni_actors.workers.engines.hf_ar_fused import FusedModel
+
+        m = self.model
+        return FusedModel(self.tc, m.model, None, m.codec_head, m.thinker_to_talker_proj, "qwen2")
+
     def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
         logits = logits.clone()
         logits[:, self.tc.tts_codec_start_token_id] = float("-inf")

@@ -156,10 +156,11 @@ class HfAREngine(StageEngine):
         """The fused decode step, or None (logged) when this stage cannot take it."""
         try:
             kind = type(self.adapter)
-            if kind.forward is not CausalLMAdapter.forward:
-                raise FusedUnsupported(f"{kind.__name__} has its own forward")
+            parts = self.adapter.fused_model()
+            if parts is None:
+                raise FusedUnsupported(f"{kind.__name__} has its own forward and no fused step")
             from_ids = kind.decode_embeds is CausalLMAdapter.decode_embeds  # embedding of the last token
-            return FusedDecoder(self.model, self.slots, self.max_len, from_ids)
+            return FusedDecoder(parts, self.slots, self.max_len, from_ids)
         except FusedUnsupported as err:
             log.warning("hf_ar.fused_off", reason=str(err))
             return None

@@ -171,6 +171,11 @@ class ARAdapter(abc.ABC):
     def stop_ids(self, seq: ARSeq) -> set[int]:
         return set()
 
+    def fused_model(self) -> Any:
+        """The `hf_ar_fused.FusedModel` engine_extras.fused_decode runs in place of this
+        adapter's decode `forward` (it must compute the same logits); None: no fused step."""
+        return None
+
 
 class TextStream:
     """Incremental detokenisation: the text delta of each new token, holding back split characters.

@@ -66,6 +66,11 @@ class CausalLMAdapter(ARAdapter):
         )  # fmt: skip
         return ForwardOut(self.model.lm_head(out.last_hidden_state[:, -1]))
 
+    def fused_model(self) -> Any:
+        from omni_actors.workers.engines.hf_ar_fused import FusedModel
+
+        return FusedModel.causal_lm(self.model)
+
     def on_tokens(self, seqs, tokens, out, prefill):
         return [
             ({"text": s.data["text"].push(t), "token_ids": [t]}, False)

@@ -27,11 +27,18 @@ type whose frequencies do not change with the sequence length (default,
 linear, llama3, yarn: the loaded rotary module's inv_freq and attention
 scaling are used as they are). Anything else raises `FusedUnsupported`
 naming why; the engine then logs `hf_ar.fused_off` and keeps the normal step.
+
+The step reads its model through `FusedModel` (decoder stack, head, optional
+input projection), which an adapter with its own forward may give
+(`ARAdapter.fused_model`): Qwen2.5-Omni's talker is a Qwen2 decoder between a
+thinker-to-talker projection and a codec head, and its multimodal rotary is the
+plain rotary at decode, where all three position axes are equal.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +74,25 @@ class FusedLayer:
     down_b: torch.Tensor | None
 
 
+@dataclass
+class FusedModel:
+    """What the fused step reads of a model: `decoder` has `layers`, `norm` and `rotary_emb`;
+    `kind` is the layer family (one of FUSABLE_TYPES) when the config's model_type is the
+    model's own name; `in_proj` maps the adapter's decode embeddings to the hidden size."""
+
+    config: Any
+    decoder: torch.nn.Module
+    embed: torch.nn.Module | None
+    head: torch.nn.Linear
+    in_proj: torch.nn.Linear | None = None
+    kind: str | None = None
+
+    @classmethod
+    def causal_lm(cls, model: torch.nn.Module) -> FusedModel:
+        """An *ForCausalLM: `model.model` and `lm_head`."""
+        return cls(model.config, model.model, model.get_input_embeddings(), model.lm_head)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm: float32 statistics, scaled back in the input dtype."""
     dtype = x.dtype
@@ -80,15 +106,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def check_fusable(model: torch.nn.Module, max_len: int) -> None:
-    """Raise FusedUnsupported unless `model` (an *ForCausalLM) can take the fused step."""
-    config = model.config
-    kind = getattr(config, "model_type", None)
+def check_fusable(parts: FusedModel, max_len: int) -> None:
+    """Raise FusedUnsupported unless the model can take the fused step."""
+    config = parts.config
+    kind = parts.kind or getattr(config, "model_type", None)
     if kind not in FUSABLE_TYPES:
         raise FusedUnsupported(f"model_type {kind!r} is not one of {FUSABLE_TYPES}")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise FusedUnsupported(f"hidden_act {config.hidden_act!r}: the fused MLP is SiLU x up")
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rotary = getattr(parts.decoder, "rotary_emb", None)
     rope = getattr(rotary, "rope_type", None)
     if rope not in STATIC_ROPE_TYPES:
         raise FusedUnsupported(f"rope type {rope!r} is not one of {STATIC_ROPE_TYPES}")
@@ -123,16 +149,22 @@ class FusedDecoder:
     """The fused decode step over an engine's SlotKV (see the module docstring)."""
 
     def __init__(
-        self, model: torch.nn.Module, slots: SlotKV, max_len: int, from_ids: bool = False
+        self, model: torch.nn.Module | FusedModel, slots: SlotKV, max_len: int, from_ids: bool = False
     ) -> None:
-        """`from_ids`: the step embeds each row's last token (`slots.ids`) itself, inside the
-        graph, instead of reading `slots.embeds` (the adapter's decode embeddings)."""
-        check_fusable(model, max_len)
-        config = model.config
-        inner = model.model
+        """`model`: an *ForCausalLM, or the FusedModel an adapter gave. `from_ids`: the step
+        embeds each row's last token (`slots.ids`) itself, inside the graph, instead of reading
+        `slots.embeds` (the adapter's decode embeddings)."""
+        parts = model if isinstance(model, FusedModel) else FusedModel.causal_lm(model)
+        check_fusable(parts, max_len)
+        if from_ids and parts.embed is None:
+            raise FusedUnsupported("the step embeds ids, but the model gave no embedding table")
+        config = parts.config
+        inner = parts.decoder
         self.slots = slots
         self.from_ids = from_ids
-        self.embed_w = model.get_input_embeddings().weight
+        self.embed_w = None if parts.embed is None else parts.embed.weight
+        proj = parts.in_proj
+        self.in_w, self.in_b = (None, None) if proj is None else (proj.weight, proj.bias)
         self.rows = torch.arange(slots.slots, device=slots.device)
         self.eps = float(config.rms_norm_eps)
         self.heads = int(config.num_attention_heads)
@@ -158,7 +190,7 @@ class FusedDecoder:
                     down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
                 ))  # fmt: skip
             self.norm = inner.norm.weight
-            self.head_w, self.head_b = model.lm_head.weight, model.lm_head.bias
+            self.head_w, self.head_b = parts.head.weight, parts.head.bias
             self.dtype = self.norm.dtype
             self.cos, self.sin = self._rope_table(inner.rotary_emb, max_len)
 
@@ -187,6 +219,8 @@ class FusedDecoder:
             h = F.embedding(slots.ids[:batch, None], self.embed_w)  # [B, 1, hidden]
         else:
             h = slots.embeds[:batch].to(self.dtype)
+            if self.in_w is not None:
+                h = F.linear(h, self.in_w, self.in_b)
         for layer, keys, values in zip(self.layers, slots.keys, slots.values, strict=True):
             h = h + self._attention(layer, h, cos, sin, where, mask, keys, values, length)
             x = rms_norm(h, layer.norm2, self.eps)

@@ -1,0 +1,92 @@
+"""Qwen2.5-Omni's talker under engine_extras.fused_decode: the fused step's logits are the
+talker's own forward's, and greedy codes are the same with the fused step on and off.
+
+The fused step reads the talker through its adapter's `fused_model` (thinker-to-talker
+projection, Qwen2 layers, codec head); the talker's multimodal rotary is the plain rotary at
+decode, which this checks on the tiny checkpoint's real classes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
+from omni_actors.models.tiny import make_tiny  # noqa: E402
+from omni_actors.workers.engine import EngineContext  # noqa: E402
+from omni_actors.workers.engines.hf_ar import HfAREngine  # noqa: E402
+from omni_actors.workers.engines.hf_ar_fused import FusedDecoder  # noqa: E402
+
+PARAMS = {"max_tokens": 6, "ignore_eos": True, "talker_max_tokens": 20, "talker_temperature": 0.0,
+          "talker_ignore_eos": True}
+PROMPTS = ([{"role": "user", "content": "Hello! How are you?"}],
+           [{"role": "user", "content": "Say something longer, please."}])
+
+
+def _ctx(stage: int, path: Path, **extras) -> EngineContext:
+    spec = get_pipeline("qwen2_5_omni").stages[stage]
+    return EngineContext(
+        stage_id=stage, replica=0, model_stage=spec.model_stage, model_path=path, device="cpu",
+        max_num_seqs=4, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
+        engine_extras={**spec.engine_defaults, **extras},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def talker_inputs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """The tiny checkpoint and, per request, the talker's inputs from the real thinker."""
+    path = make_tiny("qwen2_5_omni", tmp_path_factory.mktemp("q25"), seed=0)
+    thinker = HfAREngine(_ctx(0, path))
+    got: dict[str, list] = {}
+    for i, messages in enumerate(PROMPTS):
+        thinker.add(f"r{i}", {"messages": messages}, PARAMS)
+    while thinker.has_work():
+        for out in thinker.step():
+            assert out.error is None, out.error
+            got.setdefault(out.request_id, []).append(out.payload)
+    thinker.close()
+    processor = resolve(get_pipeline("qwen2_5_omni").stages[1].processor)
+    return path, {rid: processor({0: outs}, {}) for rid, outs in got.items()}
+
+
+def _codes(engine: HfAREngine, inputs: dict[str, dict], peek=None) -> dict[str, list[int]]:
+    codes: dict[str, list[int]] = {}
+    for rid, inp in inputs.items():
+        engine.add(rid, inp, PARAMS)
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None, out.error
+            codes.setdefault(out.request_id, []).extend(np.asarray(out.payload.get("codes", [])).tolist())
+        if peek is not None and any(s.prefilled and not s.finished for s in engine.seqs.values()):
+            peek(engine)
+    return codes
+
+
+def test_fused_talker_step_equals_its_own_forward(talker_inputs):
+    path, inputs = talker_inputs
+    plain = HfAREngine(_ctx(1, path, kv_cache="static"))
+    fused = HfAREngine(_ctx(1, path, kv_cache="static", fused_decode=True))
+    assert plain.fused is None
+    assert isinstance(fused.fused, FusedDecoder) and not fused.fused.from_ids
+    checked = {"steps": 0}
+
+    def peek(engine: HfAREngine) -> None:
+        """The next decode step both ways: the fused step and the talker's forward over the slots."""
+        seqs = [s for s in engine.seqs.values() if s.prefilled and not s.finished]
+        with torch.inference_mode():
+            batch, length = engine.slots.shape_for()
+            rows = engine.slots.load_inputs(batch, seqs, engine.adapter.decode_embeds(seqs))
+            want = engine._static_forward(batch, length).rows(rows).logits.float()
+            got = engine.fused.forward(batch, length).rows(rows).logits.float()
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        checked["steps"] += 1
+
+    want = _codes(plain, inputs)
+    got = _codes(fused, inputs, peek)
+    assert checked["steps"] >= 10
+    assert got == want and all(len(c) == PARAMS["talker_max_tokens"] for c in got.values())
