@@ -61,6 +61,8 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     """The call argument a request's `guidance_scale` sets."""
     one_prompt: bool = False
     """Each request runs alone with one prompt and one generator (GLM-Image's AR prior)."""
+    image_list: bool = False
+    """The call takes `image` as a list even for one image (GLM-Image)."""
 
 
 def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
@@ -112,6 +114,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         layered=layered,
         guidance_param=facts.guidance_param if facts.guidance_param in names else "guidance_scale",
         one_prompt=facts.one_prompt,
+        image_list=facts.image_list and takes_image,
     )
 
 

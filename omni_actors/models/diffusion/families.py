@@ -20,6 +20,8 @@ class FamilyFacts:
     """False where the call takes `image` but that path fails with the installed libraries (not offered)."""
     one_prompt: bool = False
     """Its call takes one prompt and one generator (an AR prior seeded from it): each request runs alone."""
+    image_list: bool = False
+    """Its call takes `image` as a list even when it holds one image."""
     size_multiple: int = 8
     """Latent side times patch size: width and height must be multiples of it."""
     guidance_param: str = "guidance_scale"
@@ -38,9 +40,9 @@ _FACTS: dict[str, FamilyFacts] = {
     "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64),
     "ZImagePipeline": FamilyFacts(size_multiple=16),
     "HunyuanImagePipeline": FamilyFacts(size_multiple=32),
-    # Its image-to-image path fails in diffusers 0.42.1 with transformers 5.19: the pipeline concatenates the
-    # per-image [C, h, w] features that get_image_tokens then iterates one image at a time (docs/media.md).
-    "GlmImagePipeline": FamilyFacts(size_multiple=32, image_input=False, one_prompt=True),
+    # Image-to-image takes one condition image (diffusers concatenates the images' prior features, so
+    # several would have to share a size); it needs fixes.py's work-around for diffusers 0.42.1.
+    "GlmImagePipeline": FamilyFacts(size_multiple=32, one_prompt=True, image_list=True),
     "LongCatImagePipeline": FamilyFacts(size_multiple=16),
     "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True),
     "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),

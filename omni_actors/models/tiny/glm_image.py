@@ -75,8 +75,11 @@ def make_tiny_glm_image(out_dir: str | Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         tokenizer = _tokenizer()
         ids = tokenizer.convert_tokens_to_ids
-        image = GlmImageImageProcessorPil(patch_size=8, temporal_patch_size=1, merge_size=1,
-                                          min_pixels=16 * 16, max_pixels=64 * 64)  # fmt: skip
+        # Patch 16 on the half-size image the processor makes: one vision token per 32 px, as the
+        # prior's target grid (its fixed factor 32), so a condition image's tokens, upsampled 2x,
+        # line up with its latents in the DiT.
+        image = GlmImageImageProcessorPil(patch_size=16, temporal_patch_size=1, merge_size=1,
+                                          min_pixels=32 * 32, max_pixels=512 * 512)  # fmt: skip
         processor = GlmImageProcessor(image_processor=image, tokenizer=tokenizer, chat_template=_TEMPLATE)
         prior = GlmImageForConditionalGeneration(GlmImageConfig(
             text_config={
@@ -85,7 +88,7 @@ def make_tiny_glm_image(out_dir: str | Path, seed: int = 0) -> Path:
                 "vision_vocab_size": VISION_VOCAB, "rope_parameters": {"mrope_section": (4, 2, 2)},
                 "pad_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|end_of_image|>"),
             },
-            vision_config={"depth": 2, "hidden_size": 32, "num_heads": 2, "image_size": 32, "patch_size": 8,
+            vision_config={"depth": 2, "hidden_size": 32, "num_heads": 2, "image_size": 64, "patch_size": 16,
                            "intermediate_size": 32},
             vq_config={"embed_dim": 32, "num_embeddings": VISION_VOCAB, "latent_channels": 32},
             image_token_id=ids("<|image|>"), image_start_token_id=ids("<|begin_of_image|>"),

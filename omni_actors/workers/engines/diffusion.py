@@ -206,7 +206,7 @@ class DiffusionEngine(BatchedPipelineEngine):
                 kw["negative_prompt"] = head.negative_prompt
         if head.images:
             pil = [_pil(im) for im in head.images]
-            kw["image"] = pil if self.caps.max_input_images > 1 else pil[0]
+            kw["image"] = pil if self.caps.max_input_images > 1 or self.caps.image_list else pil[0]
             if head.mask is not None:
                 kw["mask_image"] = _pil(head.mask)
         if head.width is not None and {"width", "height"} <= accepts:

@@ -13,6 +13,7 @@ from typing import Any
 
 from omni_actors import logs
 from omni_actors.errors import ConfigError
+from omni_actors.models.diffusion.fixes import apply_fixes
 from omni_actors.models.diffusion.processors import torchvision_free_components
 
 log = logs.get(__name__)
@@ -70,6 +71,9 @@ def load_pipeline(model_path: Path | None, device: str, dtype: str, direct: bool
         pipe.register_modules(**later)
         if parts or later:
             log.info("diffusion.torchvision_free_components", components=sorted([*parts, *later]))
+        fixed = apply_fixes(pipe)
+        if fixed:
+            log.info("diffusion.library_fixes", fixes=fixed)
     except Exception as err:  # loading is the stage-start boundary: name the folder, keep the cause
         raise ConfigError(f"{root}: cannot load {class_name}: {type(err).__name__}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
