@@ -40,6 +40,7 @@ from omni_actors.workers.engines.hf_ar import (
     TextStream,
     prompt_ids,
 )
+from omni_actors.workers.engines.hf_ar_sampling import small_tensor
 
 AUDIO_RATE = 16000
 REQUIRED = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
@@ -163,8 +164,20 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
         return StepInputs(embeds, positions[:, 0], next_pos, extra)
 
     def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
-        ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.ctx.device)
+        ids = small_tensor([[s.tokens[-1]] for s in seqs], self.ctx.device)  # no host wait for the GPU
         return self.model.get_input_embeddings()(ids)
+
+    def fused_model(self) -> Any:
+        """Qwen2's layer stack and LM head; the talker's inputs (input embedding, last normed
+        hidden state) come back with the logits. The multimodal rotary is the plain one at
+        decode (the three position axes are equal past the prompt)."""
+        if self.talker_layer != -1:
+            return None
+        from omni_actors.workers.engines.hf_ar_fused import FusedModel
+
+        m = self.model
+        return FusedModel(self.config.text_config, m.model, m.get_input_embeddings(), m.lm_head.head,
+                          kind="qwen2", hidden=True)  # fmt: skip
 
     def forward(self, embeds, positions, mask, cache, extra) -> ForwardOut:
         args = {**extra} if "input_ids" in extra else {"inputs_embeds": embeds}

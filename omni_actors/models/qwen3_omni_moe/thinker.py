@@ -25,6 +25,9 @@ class Qwen3OmniMoeThinkerAdapter(Qwen2_5OmniThinkerAdapter):
         self.talker_layer = self.full_config.talker_config.accept_hidden_layer
         return model
 
+    def fused_model(self) -> Any:
+        return None  # mixture-of-experts layers: not the fused step's
+
     def audio_tokens(self, lengths: torch.Tensor) -> torch.Tensor:
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             _get_feat_extract_output_lengths,

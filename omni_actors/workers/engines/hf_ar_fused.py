@@ -86,6 +86,9 @@ class FusedModel:
     head: torch.nn.Linear
     in_proj: torch.nn.Linear | None = None
     kind: str | None = None
+    hidden: bool = False
+    """Also return each row's (input embedding, final normed hidden state) as ForwardOut.hidden:
+    transformers' hidden_states[0] and [-1] (the Qwen2.5-Omni thinker hands them to its talker)."""
 
     @classmethod
     def causal_lm(cls, model: torch.nn.Module) -> FusedModel:
@@ -165,6 +168,7 @@ class FusedDecoder:
         self.embed_w = None if parts.embed is None else parts.embed.weight
         proj = parts.in_proj
         self.in_w, self.in_b = (None, None) if proj is None else (proj.weight, proj.bias)
+        self.hidden = parts.hidden
         self.rows = torch.arange(slots.slots, device=slots.device)
         self.eps = float(config.rms_norm_eps)
         self.heads = int(config.num_attention_heads)
@@ -221,14 +225,15 @@ class FusedDecoder:
             h = slots.embeds[:batch].to(self.dtype)
             if self.in_w is not None:
                 h = F.linear(h, self.in_w, self.in_b)
+        h_in = h
         for layer, keys, values in zip(self.layers, slots.keys, slots.values, strict=True):
             h = h + self._attention(layer, h, cos, sin, where, mask, keys, values, length)
             x = rms_norm(h, layer.norm2, self.eps)
             gate, up = F.linear(x, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
-        h = rms_norm(h[:, -1], self.norm, self.eps)
-        logits = F.linear(h, self.head_w, self.head_b)
-        return ForwardOut(logits, tokens=logits.argmax(-1))
+        h = rms_norm(h, self.norm, self.eps)  # [B, 1, hidden]
+        logits = F.linear(h[:, -1], self.head_w, self.head_b)
+        return ForwardOut(logits, (h_in, h) if self.hidden else None, tokens=logits.argmax(-1))
 
     def _attention(self, layer: FusedLayer, h, cos, sin, where, mask, keys, values, length: int):
         """Attention of one layer; `keys`/`values` are the whole slot buffers (the new K/V is

@@ -1,9 +1,11 @@
-"""Qwen2.5-Omni's talker under engine_extras.fused_decode: the fused step's logits are the
-talker's own forward's, and greedy codes are the same with the fused step on and off.
+"""Qwen2.5-Omni's thinker and talker under engine_extras.fused_decode: the fused step's
+logits (and, for the thinker, the hidden states its talker reads) are the stage's own
+forward's, and greedy outputs are the same with the fused step on and off.
 
-The fused step reads the talker through its adapter's `fused_model` (thinker-to-talker
-projection, Qwen2 layers, codec head); the talker's multimodal rotary is the plain rotary at
-decode, which this checks on the tiny checkpoint's real classes.
+The fused step reads each stage through its adapter's `fused_model` (the thinker: Qwen2 layers
+and LM head, returning the input embedding and the last normed state; the talker: the
+thinker-to-talker projection, Qwen2 layers, codec head); both use the multimodal rotary, the
+plain rotary at decode, which this checks on the tiny checkpoint's real classes.
 """
 
 from __future__ import annotations
@@ -65,6 +67,48 @@ def _codes(engine: HfAREngine, inputs: dict[str, dict], peek=None) -> dict[str, 
         if peek is not None and any(s.prefilled and not s.finished for s in engine.seqs.values()):
             peek(engine)
     return codes
+
+
+def _thinker_outputs(engine: HfAREngine, peek=None) -> dict[str, list]:
+    got: dict[str, list] = {}
+    for i, messages in enumerate(PROMPTS):
+        engine.add(f"r{i}", {"messages": messages}, PARAMS)
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None, out.error
+            got.setdefault(out.request_id, []).append(out.payload)
+        if peek is not None and any(s.prefilled and not s.finished for s in engine.seqs.values()):
+            peek(engine)
+    return got
+
+
+def test_fused_thinker_step_equals_its_own_forward(talker_inputs):
+    path, _ = talker_inputs
+    plain = HfAREngine(_ctx(0, path, kv_cache="static"))
+    fused = HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=True))
+    assert isinstance(fused.fused, FusedDecoder) and fused.fused.hidden and not fused.fused.from_ids
+    checked = {"steps": 0}
+
+    def peek(engine: HfAREngine) -> None:
+        seqs = [s for s in engine.seqs.values() if s.prefilled and not s.finished]
+        with torch.inference_mode():
+            batch, length = engine.slots.shape_for()
+            rows = engine.slots.load_inputs(batch, seqs, engine.adapter.decode_embeds(seqs))
+            want = engine._static_forward(batch, length).rows(rows)
+            got = engine.fused.forward(batch, length).rows(rows)
+        torch.testing.assert_close(got.logits.float(), want.logits.float(), atol=1e-4, rtol=1e-4)
+        for g, w in zip(got.hidden, want.hidden, strict=True):  # what the talker is sent
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+        checked["steps"] += 1
+
+    want = _thinker_outputs(plain)
+    got = _thinker_outputs(fused, peek)
+    assert checked["steps"] >= 4
+    for rid, outs in want.items():
+        assert [o["token_ids"] for o in got[rid]] == [o["token_ids"] for o in outs]
+        for g, w in zip(got[rid][1:], outs[1:], strict=True):
+            np.testing.assert_allclose(g["hidden"], w["hidden"], atol=1e-4)
+            np.testing.assert_allclose(g["embeds"], w["embeds"], atol=1e-6)
 
 
 def test_fused_talker_step_equals_its_own_forward(talker_inputs):
