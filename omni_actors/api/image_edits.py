@@ -167,6 +167,9 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
         side = caps.min_image_side
         raise bad_request(f"{caps.pipeline_class} needs input images of at least {side}x{side} pixels",
                           "image", "invalid_image")
+    for im in images if caps is not None else ():
+        if (why := caps.elongation_error(im.shape[1], im.shape[0])) is not None:
+            raise bad_request(f"image: {why}", "image", "invalid_image")
     if "width" not in params and caps is not None and "size" in caps.inputs:
         h, w = images[0].shape[:2]  # edit at the input's size when it is one the model can make
         if w % caps.size_multiple == 0 and h % caps.size_multiple == 0:

@@ -53,6 +53,7 @@ function selectTab(name) {
 
 function showModel(name) {
   state.model = state.models.find((m) => m.id === name);
+  $("pipeline-graph").replaceChildren();  // the last model's graph is not this one's: redrawn on its next status
   const tabs = $("tabs");
   tabs.replaceChildren();
   const panels = panelsFor(state.model);

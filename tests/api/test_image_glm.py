@@ -59,6 +59,26 @@ async def test_edits_one_image_at_its_size_and_the_image_conditions_it(srv) -> N
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_edit_inputs_of_any_size_are_taken_at_multiples_of_32_and_bad_ones_are_400s(srv) -> None:
+    client = srv.client()
+    odd = ("odd.png", png(np.full((40, 50, 3), 90, np.uint8)))  # sides not multiples of 32
+    kw = {"model": MODEL, "image": odd, "prompt": "x", "extra_body": {"num_inference_steps": 1}}
+    out = await client.images.edit(**kw, n=2)
+    assert [decode(d.b64_json).shape for d in out.data] == [(32, 64, 3)] * 2  # the input, rounded
+    assert decode((await client.images.edit(**kw, size="64x64")).data[0].b64_json).shape == (64, 64, 3)
+    caps = (await client.models.retrieve(MODEL)).model_extra["capabilities"]
+    assert caps["image_multiple"] == 32 and caps["max_image_aspect"] == 4.0
+    for image, param in (
+        (("long.png", png(np.zeros((40, 150, 3), np.uint8))), "image"),  # 160x32 once rounded: over 4:1
+        (odd, "mask"),
+    ):
+        extra = {"mask": ("m.png", png(np.zeros((40, 50, 4), np.uint8)))} if param == "mask" else {}
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.images.edit(**{**kw, "image": image}, **extra)
+        assert err.value.body["param"] == param, err.value.body
+    await eventually(lambda: idle(srv.orch))
+
+
 async def test_models_say_it_generates_and_edits(srv) -> None:
     client = srv.client()
     caps = (await client.models.retrieve(MODEL)).model_extra["capabilities"]

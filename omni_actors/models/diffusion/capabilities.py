@@ -63,6 +63,27 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     """Each request runs alone with one prompt and one generator (GLM-Image's AR prior)."""
     image_list: bool = False
     """The call takes `image` as a list even for one image (GLM-Image)."""
+    image_multiple: int = 0
+    """Input images are resized to sides that are multiples of this (0: as they are); without a
+    size, the output takes the resized input's."""
+    max_image_aspect: float = 0.0
+    """Input images more elongated than this (long side / short side) are refused (0: any)."""
+
+    def taken_size(self, width: int, height: int) -> tuple[int, int]:
+        """The size an input image of width x height goes to the pipeline at (see image_multiple)."""
+        m = self.image_multiple
+        if not m:
+            return width, height
+        return max(m, round(width / m) * m), max(m, round(height / m) * m)
+
+    def elongation_error(self, width: int, height: int) -> str | None:
+        """Why an input image of this size is refused (max_image_aspect, at its taken size); None: it is not."""
+        w, h = self.taken_size(width, height)
+        if not self.max_image_aspect or max(w, h) <= self.max_image_aspect * min(w, h):
+            return None
+        m = f" once its sides are rounded to multiples of {self.image_multiple} px" if self.image_multiple else ""
+        return (f"{width}x{height} is more elongated than {self.pipeline_class} takes{m} "
+                f"(its long side may be at most {self.max_image_aspect:g} x the short one)")  # fmt: skip
 
 
 def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
@@ -115,6 +136,8 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         guidance_param=facts.guidance_param if facts.guidance_param in names else "guidance_scale",
         one_prompt=facts.one_prompt,
         image_list=facts.image_list and takes_image,
+        image_multiple=facts.image_multiple if takes_image else 0,
+        max_image_aspect=facts.max_image_aspect if takes_image else 0.0,
     )
 
 

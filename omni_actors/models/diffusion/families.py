@@ -22,6 +22,13 @@ class FamilyFacts:
     """Its call takes one prompt and one generator (an AR prior seeded from it): each request runs alone."""
     image_list: bool = False
     """Its call takes `image` as a list even when it holds one image."""
+    image_multiple: int = 0
+    """Input images are resized to the nearest sides that are multiples of this, and a request with
+    no size gets the resized input's (GLM-Image: its prior and its DiT read a condition image at
+    scales that agree only then, and its call needs the size before it looks at the image); 0:
+    input images are taken as they are."""
+    max_image_aspect: float = 0.0
+    """Input images whose long side is more than this many times the short one are refused; 0: any."""
     size_multiple: int = 8
     """Latent side times patch size: width and height must be multiples of it."""
     guidance_param: str = "guidance_scale"
@@ -42,7 +49,8 @@ _FACTS: dict[str, FamilyFacts] = {
     "HunyuanImagePipeline": FamilyFacts(size_multiple=32),
     # Image-to-image takes one condition image (diffusers concatenates the images' prior features, so
     # several would have to share a size); it needs fixes.py's work-around for diffusers 0.42.1.
-    "GlmImagePipeline": FamilyFacts(size_multiple=32, one_prompt=True, image_list=True),
+    "GlmImagePipeline": FamilyFacts(size_multiple=32, one_prompt=True, image_list=True, image_multiple=32,
+                                    max_image_aspect=4.0),
     "LongCatImagePipeline": FamilyFacts(size_multiple=16),
     "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True),
     "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),

@@ -99,6 +99,10 @@ def parse_job(
     images = _images(inputs.get("image"), caps)
     mask = _mask(inputs.get("mask"), images, cls, accepts)
     width, height = _size(p, caps.size_multiple)
+    if caps.image_multiple and images:
+        images = tuple(_to_multiple(im, caps, i) for i, im in enumerate(images))
+        if width is None and {"width", "height"} <= accepts:
+            height, width = images[0].shape[:2]  # the resized input's size
     if width is not None and "width" not in accepts:
         raise ValueError(f"size: {cls} does not take a size (it makes one size, or the input image's)")
     layers = p.get("layers")
@@ -159,8 +163,27 @@ def _images(value: Any, caps: DiffusionCaps) -> tuple[np.ndarray, ...]:
         arr = np.asarray(img)
         if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] not in (1, 3, 4) or 0 in arr.shape:
             raise ValueError(f"image[{i}]: expected uint8 [H, W, 1|3|4], got {arr.dtype} {list(arr.shape)}")
+        h, w = arr.shape[:2]
+        if (why := caps.elongation_error(w, h)) is not None:
+            raise ValueError(f"image[{i}]: {why}")
         out.append(np.array(arr))  # our copy: the shared-memory lease goes back after add
     return tuple(out)
+
+
+def _to_multiple(arr: np.ndarray, caps: DiffusionCaps, i: int) -> np.ndarray:
+    """`arr` resized (bicubic) to the size the pipeline takes it at (caps.taken_size)."""
+    from PIL import Image
+
+    h, w = arr.shape[:2]
+    size = caps.taken_size(w, h)
+    if max(size) > MAX_SIDE_PX:
+        raise ValueError(f"image[{i}]: {w}x{h} is larger than {MAX_SIDE_PX} px a side")
+    if size == (w, h):
+        return arr
+    squeeze = arr.shape[2] == 1
+    image = Image.fromarray(arr[:, :, 0] if squeeze else arr).resize(size, Image.Resampling.BICUBIC)
+    out = np.asarray(image)
+    return out[:, :, None] if squeeze else out
 
 
 def _mask(value: Any, images: tuple[np.ndarray, ...], cls: str, accepts: frozenset[str]) -> np.ndarray | None:
