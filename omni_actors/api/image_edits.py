@@ -162,6 +162,9 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
                           "image")
     if caps is not None and mask_blob is not None and "mask" not in caps.inputs:
         raise bad_request(f"{caps.pipeline_class} does not take a mask", "mask")
+    if caps is not None and mask_blob is None and caps.mask_required:
+        raise bad_request(f"{caps.pipeline_class} needs a mask (white where the image is to be painted)",
+                          "mask", "missing_required_parameter")
     images, mask = await off_loop(_decode, blobs, mask_blob)
     if caps is not None and any(min(im.shape[:2]) < caps.min_image_side for im in images):
         side = caps.min_image_side

@@ -43,6 +43,15 @@ async def test_edit_at_the_input_size_and_same_seed_same_image(srv) -> None:
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_rgba_and_grayscale_files_edit_as_rgb(srv) -> None:
+    """The pipelines read RGB; an RGBA file went in as it was and failed inside (a 500)."""
+    rng = np.random.default_rng(2)
+    for shape in ((32, 48, 4), (32, 48)):
+        image = ("in.png", png(rng.integers(0, 255, shape, dtype=np.uint8)))
+        out = await srv.client().images.edit(model=srv.family, image=image, prompt="x", extra_body=STEPS)
+        assert decode(out.data[0].b64_json).shape == (32, 48, 3)
+
+
 async def test_models_say_it_edits_and_how_many_images(srv) -> None:
     caps = (await srv.client().models.retrieve(srv.family)).model_extra["capabilities"]
     assert caps["tasks"] == ["image-edit"] and caps["image_input"] == "required"

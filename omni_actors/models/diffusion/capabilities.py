@@ -63,6 +63,10 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     """Each request runs alone with one prompt and one generator (GLM-Image's AR prior)."""
     image_list: bool = False
     """The call takes `image` as a list even for one image (GLM-Image)."""
+    image_mode: str = "RGB"
+    """The PIL mode input images are converted to before the call."""
+    mask_required: bool = False
+    """An edit without a mask is refused (inpainting)."""
     image_multiple: int = 0
     """Input images are resized to sides that are multiples of this (0: as they are); without a
     size, the output takes the resized input's."""
@@ -136,6 +140,8 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         guidance_param=facts.guidance_param if facts.guidance_param in names else "guidance_scale",
         one_prompt=facts.one_prompt,
         image_list=facts.image_list and takes_image,
+        image_mode=facts.image_mode,
+        mask_required=facts.mask_required and "mask_image" in names,
         image_multiple=facts.image_multiple if takes_image else 0,
         max_image_aspect=facts.max_image_aspect if takes_image else 0.0,
     )

@@ -22,6 +22,11 @@ class FamilyFacts:
     """Its call takes one prompt and one generator (an AR prior seeded from it): each request runs alone."""
     image_list: bool = False
     """Its call takes `image` as a list even when it holds one image."""
+    image_mode: str = "RGB"
+    """The PIL mode input images are converted to (Qwen-Image-Layered's VAE reads RGBA; the others
+    take RGB, and some fail on an RGBA or grayscale file as it is)."""
+    mask_required: bool = False
+    """Its call fails without `mask_image` (an inpainting pipeline)."""
     image_multiple: int = 0
     """Input images are resized to the nearest sides that are multiples of this, and a request with
     no size gets the resized input's (GLM-Image: its prior and its DiT read a condition image at
@@ -42,7 +47,8 @@ _FACTS: dict[str, FamilyFacts] = {
     "QwenImageEditPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
     # Qwen-Image-Edit-2509 ("Plus") composes up to three reference images.
     "QwenImageEditPlusPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, max_input_images=3, size_multiple=16),
-    "QwenImageLayeredPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
+    "QwenImageLayeredPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16,
+                                            image_mode="RGBA"),
     "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64),
     "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64),
     "ZImagePipeline": FamilyFacts(size_multiple=16),
@@ -52,7 +58,7 @@ _FACTS: dict[str, FamilyFacts] = {
     "GlmImagePipeline": FamilyFacts(size_multiple=32, one_prompt=True, image_list=True, image_multiple=32,
                                     max_image_aspect=4.0),
     "LongCatImagePipeline": FamilyFacts(size_multiple=16),
-    "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True),
+    "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True, mask_required=True),
     "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),
 }
 

@@ -205,7 +205,7 @@ class DiffusionEngine(BatchedPipelineEngine):
             if head.negative_prompt is not None:
                 kw["negative_prompt"] = head.negative_prompt
         if head.images:
-            pil = [_pil(im) for im in head.images]
+            pil = [_pil(im).convert(self.caps.image_mode) for im in head.images]
             kw["image"] = pil if self.caps.max_input_images > 1 or self.caps.image_list else pil[0]
             if head.mask is not None:
                 kw["mask_image"] = _pil(head.mask)

@@ -39,7 +39,14 @@ def image_arrays(result: Any) -> dict[str, np.ndarray]:
     """`result.images` (numpy float, torch, PIL, or per-row lists of PIL layers) as uint8 arrays."""
     images = result.images
     if isinstance(images, list) and images and isinstance(images[0], list | tuple):
-        return {"images": np.stack([np.stack([_rgba(im) for im in row]) for row in images])}
+        # Rows of layers. diffusers 0.42.1's QwenImageLayeredPipeline cuts its flat list of
+        # layers into rows one layer too long (it counts the input frame it dropped), so at
+        # n > 1 the rows come back uneven; the flat order is right: cut it into equal rows.
+        flat = [_rgba(im) for row in images for im in row]
+        if len(flat) % len(images):
+            raise ValueError(f"{len(flat)} layers do not split into {len(images)} images")
+        per = len(flat) // len(images)
+        return {"images": np.stack([np.stack(flat[i : i + per]) for i in range(0, len(flat), per)])}
     return {"images": to_uint8(images)}
 
 

@@ -98,6 +98,8 @@ def parse_job(
         label = None
     images = _images(inputs.get("image"), caps)
     mask = _mask(inputs.get("mask"), images, cls, accepts)
+    if mask is None and caps.mask_required and images:
+        raise ValueError(f"mask: {cls} needs a mask (white where the image is to be painted)")
     width, height = _size(p, caps.size_multiple)
     if caps.image_multiple and images:
         images = tuple(_to_multiple(im, caps, i) for i, im in enumerate(images))
