@@ -63,3 +63,9 @@ def require_size(caps: DiffusionCaps | None, width: int | None, height: int | No
     if width % m or height % m:
         raise bad_request(f"size {width}x{height}: {caps.pipeline_class} makes sides that are multiples of {m}",
                           "size", "invalid_size")
+
+
+def require_input(caps: DiffusionCaps | None, name: str, value: object) -> None:
+    """400 naming `name` when a request gives an input (say negative_prompt) the pipeline does not take."""
+    if caps is not None and value is not None and name not in caps.inputs:
+        raise bad_request(f"{name}: {caps.pipeline_class} does not take one", name, "unsupported_parameter")

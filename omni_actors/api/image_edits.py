@@ -30,7 +30,7 @@ from omni_actors.api.calls import (
     orchestrator,
     route_model,
 )
-from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
+from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.images import answer_images, collect_images, parse_size
 from omni_actors.api.multipart import BodyBudget
@@ -157,6 +157,7 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"response_format must be b64_json or url, got {response_format!r}", "response_format")
     params = _params(fields)
     require_size(caps, params.get("width"), params.get("height"))
+    require_input(caps, "negative_prompt", fields.get("negative_prompt"))
     if caps is not None and len(blobs) > max(caps.max_input_images, 1):
         raise bad_request(f"{caps.pipeline_class} takes at most {caps.max_input_images} image(s), got {len(blobs)}",
                           "image")

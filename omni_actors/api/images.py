@@ -35,7 +35,7 @@ from omni_actors.api.calls import (
     drop_none,
     route_model,
 )
-from omni_actors.api.diffusion_caps import require_size, require_task, served_caps
+from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import bad_request
 from omni_actors.api.image_files import FILES_KEY
 from omni_actors.api.png import encode_png
@@ -141,6 +141,7 @@ async def generations(request: web.Request) -> web.StreamResponse:
     params = diffusion_params(req, size)
     negative = req.negative_prompt if req.negative_prompt is not None else (
         req.extra_body.negative_prompt if req.extra_body else None)
+    require_input(caps, "negative_prompt", negative)
     inputs = drop_none({"prompt": req.prompt, "negative_prompt": negative})
     fmt = req.output_format or "png"
     if req.stream:

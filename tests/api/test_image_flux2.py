@@ -67,4 +67,8 @@ async def test_bad_inputs_are_400s(srv) -> None:
     with pytest.raises(openai.BadRequestError) as err:  # FLUX.2 needs references of 64 px or more
         await client.images.edit(model=MODEL, image=_image(0, 32, 32), prompt="x", extra_body=STEPS)
     assert err.value.body["param"] == "image" and "64x64" in err.value.message, err.value.body
+    with pytest.raises(openai.BadRequestError) as err:  # its call takes no negative prompt
+        await client.images.generate(model=MODEL, prompt="x", size="32x32",
+                                     extra_body={**STEPS, "negative_prompt": "blurry"})
+    assert err.value.body["param"] == "negative_prompt", err.value.body
     await eventually(lambda: idle(srv.orch))
