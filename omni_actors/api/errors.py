@@ -144,7 +144,7 @@ def from_exception(exc: BaseException) -> ApiError:
         case RequestAborted():
             return ApiError(503, f"request aborted: {exc}", None, "request_aborted")
         case RequestRejected():
-            return ApiError(400, f"invalid request: {exc}", None, "rejected_by_stage")
+            return ApiError(400, f"invalid request: {exc}", _stage_param(str(exc)), "rejected_by_stage")
         case StageFailed():
             return ApiError(500, f"generation failed: {exc}", None, "stage_failed")
         case msgspec.ValidationError() | msgspec.DecodeError():
@@ -154,6 +154,24 @@ def from_exception(exc: BaseException) -> ApiError:
         case OmniError():
             return ApiError(500, str(exc), None, "internal_error")
     return ApiError(500, "internal server error", None, "internal_error")
+
+
+REQUEST_FIELDS = frozenset({
+    "input", "prompt", "negative_prompt", "image", "mask", "size", "n", "voice", "instructions", "speed",
+    "seconds", "seed", "layers", "num_inference_steps", "guidance_scale", "input_reference", "file",
+    "messages", "max_tokens", "temperature", "top_p", "tools", "tool_choice", "response_format",
+})
+"""Request fields a stage's refusal may name first ("image[0]: ..."), as engines write them."""
+_STAGE_FIELD = re.compile(r"(?:^|: )([a-z_]+)(?:\[\d+\])?: ")
+
+
+def _stage_param(message: str) -> str | None:
+    """The request field a stage's refusal names, if its message (after "stage N failed: Error: ")
+    starts with one; None otherwise."""
+    for match in _STAGE_FIELD.finditer(message):
+        if match.group(1) in REQUEST_FIELDS:
+            return match.group(1)
+    return None
 
 
 def _from_http(exc: web.HTTPException) -> ApiError:

@@ -30,7 +30,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import PipelineCall, route_model
-from omni_actors.api.errors import RESPONSE_STARTED
+from omni_actors.api.errors import RESPONSE_STARTED, bad_request
 from omni_actors.api.schemas import (
     SpeechAudioDelta,
     SpeechAudioDone,
@@ -77,6 +77,8 @@ class Encoding:
 async def speech(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, SpeechRequest)
     orch, _ = route_model(request, req.model, {"audio"})
+    if not req.input.strip():
+        raise bad_request("input: there is nothing to say (only whitespace)", "input")
     what = await speech_call(request, orch.pipeline, req.input, req.voice, req.instructions, req.speed, req.seed)
     enc = Encoding(req.response_format, what.api_speed, what.sample_rate)
     async with PipelineCall(request, ROUTE, what.inputs, what.params, {"audio"}) as call:

@@ -188,6 +188,9 @@ async def test_bad_voice_instructions_and_sizes_are_400s(srv: Server, fam: Famil
     with pytest.raises(openai.BadRequestError) as err:
         await client.audio.speech.create(model=fam.model, input=TEXT, voice={"id": "voice_missing"})
     assert err.value.body["param"] == "voice"
+    with pytest.raises(openai.BadRequestError) as err:  # was the stage's rejection, naming no field
+        await client.audio.speech.create(model=fam.model, input=" \n\t ", voice=fam.voices[0])
+    assert err.value.body["param"] == "input"
 
 
 def _clip(seconds: float = 1.0, rate: int = 16000) -> bytes:

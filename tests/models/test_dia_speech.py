@@ -5,6 +5,9 @@ The checks are the shared ones (speech_family.py), driven by the openai SDK; one
 
 from __future__ import annotations
 
+import openai
+import pytest
+
 from tests.models.speech_family import (  # noqa: F401 - the shared tests, collected here
     Family,
     family_fixtures,
@@ -22,3 +25,10 @@ from tests.models.speech_family import (  # noqa: F401 - the shared tests, colle
 
 FAMILY = Family("dia", rate=44100, frame=512, voices=("S1", "S2"))
 fam, model_dir, data_dir, srv = family_fixtures(FAMILY)
+
+
+async def test_text_past_the_encoder_is_a_400_naming_input(srv) -> None:
+    """Dia's encoder has a fixed length; the stage refuses longer text, and the refusal names `input`."""
+    with pytest.raises(openai.BadRequestError) as err:
+        await srv.client().audio.speech.create(model=FAMILY.model, input="word " * 1000, voice="S1")
+    assert err.value.body["param"] == "input" and "at most" in err.value.message, err.value.body

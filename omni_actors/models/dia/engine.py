@@ -178,7 +178,8 @@ class DiaEngine(OwnEngine[DiaRequest]):
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > self.max_text:
             raise ValueError(
-                f"dia: the text is {len(ids)} bytes; the encoder takes at most {self.max_text}"
+                f"input: the text is {len(ids)} bytes (with the speaker tags); Dia's encoder takes at "
+                f"most {self.max_text}"
             )
         gen = seeded(merged.get("seed"), self.device)
         max_frames = int(merged["max_tokens"])
