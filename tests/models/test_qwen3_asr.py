@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 from openai import AsyncOpenAI
@@ -78,6 +79,9 @@ async def test_transcribes_like_transformers_and_streams(srv: Server, asr_dir: P
     # without a language the model names it itself; only text after <asr_text> is sent
     auto = await client.audio.transcriptions.create(model="tiny-asr", file=("a.wav", wav), response_format="text")
     assert isinstance(auto, str) and "<asr_text>" not in auto and "language" not in auto.split(" ")[:1]
+    with pytest.raises(openai.BadRequestError) as err:  # the processor's refusal, naming the field
+        await client.audio.transcriptions.create(model="tiny-asr", file=("a.wav", wav), language="klingon")
+    assert err.value.body["param"] == "language" and "klingon" in err.value.message, err.value.body
     await eventually(lambda: idle(srv.orch))
 
 

@@ -74,7 +74,7 @@ class Qwen3AsrAdapter(ARAdapter):
             batch = self.processor.apply_transcription_request(
                 audio=audio, language=language, prompt=seq.params.get("prompt") or None)
         except ValueError as err:  # an unknown language name or code
-            raise ValueError(f"qwen3_asr: {err}") from None
+            raise ValueError(f"language: {err} (qwen3_asr)") from None
         seq.data = {"batch": batch, "ids": [], "sent": 0, "open": language is not None}
 
     def prefill(self, seq: ARSeq) -> StepInputs:
