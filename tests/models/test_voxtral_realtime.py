@@ -88,7 +88,7 @@ async def test_transcribes_like_transformers_and_streams(srv: Server, vox_dir: P
     assert isinstance(other, str) and other.strip()
     with pytest.raises(openai.BadRequestError) as err:  # the model takes no context prompt
         await client.audio.transcriptions.create(model="tiny-vox", file=("a.wav", _wav(audio)), prompt="names")
-    assert "prompt" in str(err.value)
+    assert err.value.body["param"] == "prompt", err.value.body
     await eventually(lambda: idle(srv.orch))
 
 

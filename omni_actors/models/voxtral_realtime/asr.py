@@ -111,7 +111,7 @@ class VoxtralRealtimeAdapter(ARAdapter):
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         if seq.params.get("prompt"):
-            raise ValueError("voxtral_realtime takes no prompt: leave out 'prompt'")
+            raise ValueError("prompt: voxtral_realtime takes no prompt; leave it out")
         audio = np.asarray(inputs.get("audio", np.zeros(0, np.float32)), dtype=np.float32).reshape(-1)
         if not seq.streaming and not audio.size:
             raise ValueError("voxtral_realtime: inputs need non-empty 'audio'")
