@@ -29,11 +29,8 @@ from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import VoiceRef
 from omni_actors.api.voices import voice_store
 from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.config.speech import OPENAI_VOICES
 
-OPENAI_VOICES = (
-    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
-    "marin", "cedar",
-)  # fmt: skip
 CUSTOM_PREFIX = "voice_"
 
 

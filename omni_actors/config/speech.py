@@ -34,3 +34,28 @@ def text_and_voice(inputs: dict, family: str, voices: tuple[str, ...]) -> tuple[
     if voice not in voices:
         raise ValueError(f"{family}: unknown voice {voice!r}; known: {list(voices)}")
     return text, voice
+
+
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+    "marin", "cedar",
+)  # fmt: skip
+"""OpenAI's voice names: each maps onto a model's built-in voices (by position, wrapping), so SDK
+code written for OpenAI speaks unchanged."""
+
+
+def pick_voice(params: dict, inputs: dict, voices: list[str], default: str) -> str:
+    """The built-in voice a request asks for, of `voices`: its "speaker" (a stage's own name for it)
+    or "voice" (the API's: chat's `audio.voice`), matched without case, or an OpenAI name; `default`
+    without either. ValueError naming `voice` (a 400 for the client) for any other name."""
+    asked = params.get("speaker") or inputs.get("speaker") or params.get("voice") or inputs.get("voice")
+    if not asked:
+        return default
+    name = str(asked)
+    by_lower = {v.lower(): v for v in voices}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    if name.lower() in OPENAI_VOICES:
+        return sorted(voices)[OPENAI_VOICES.index(name.lower()) % len(voices)]
+    raise ValueError(f"voice: unknown voice {name!r}; this model's voices are {sorted(voices)} "
+                     f"(or one of OpenAI's: {', '.join(OPENAI_VOICES)})")  # fmt: skip

@@ -334,8 +334,40 @@ def test_abort_mid_stream_leaves_others_running(stages):
 
 
 def test_unknown_speaker_fails_that_request(stages):
-    with pytest.raises(ValueError, match="speaker"):
+    with pytest.raises(ValueError, match=r"^voice: unknown voice 'nobody'"):
         stages.engines[1].add("x", {"speaker": "nobody"}, {}, streaming=True)
+    with pytest.raises(ValueError, match=r"^voice: unknown voice 'Nobody'"):  # chat's audio.voice
+        stages.engines[1].add("y", {}, {"voice": "Nobody"}, streaming=True)
+
+
+def test_the_last_text_output_counts_the_prompt(stages):
+    """usage.prompt_tokens: the thinker's last output says how long the prompt was (it said nothing,
+    so every transformers-engine answer reported 0 prompt tokens)."""
+    thinker = stages.engines[0]
+    thinker.add("u", {"messages": MSGS}, {**THINKER, "max_tokens": 2})
+    outs = []
+    while thinker.has_work():
+        outs.extend(o.payload for o in thinker.step())
+    prompt = prompt_ids(thinker.adapter.tokenizer, {"messages": MSGS})
+    assert outs[-1]["prompt_tokens"] == len(prompt) and "prompt_tokens" not in outs[0]
+
+
+def test_voice_names_pick_the_speaker_in_talker_and_vocoder(stages):
+    """A speaker's name in any case, or an OpenAI voice name, picks one of the model's speakers;
+    the talker and (Qwen2.5-Omni) the vocoder pick the same one."""
+    talker = stages.engines[1].adapter
+    names = sorted(talker.speakers) if stages.name == "qwen2_5_omni" else sorted(talker.tc.speaker_id)
+    for i, voice in enumerate((names[-1].upper(), "alloy", "ash")):
+        rid = f"v{i}"
+        stages.engines[1].add(rid, {}, {"voice": voice}, streaming=True)
+        got = stages.engines[1].seqs[rid].data["speaker"]
+        want = names[-1] if i == 0 else names[i - 1]  # alloy, ash: the first and second, in order
+        if stages.name == "qwen2_5_omni":
+            assert got == want
+            assert stages.engines[2].adapter.start({}, {"voice": voice})["speaker"] == want
+        else:
+            assert got == talker.tc.speaker_id[want]
+        stages.engines[1].abort(rid)
 
 
 @pytest.mark.parametrize("damage", ["weights", "config", "speakers"])

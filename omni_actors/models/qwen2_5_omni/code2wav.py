@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from omni_actors import logs
+from omni_actors.config.speech import pick_voice
 from omni_actors.models.qwen2_5_omni.fast_token2wav import (
     DiTVelocity,
     install_fast_vocoder,
@@ -190,9 +191,8 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
         return self._lengths if self.windows is not None and self.windows.enabled else ()
 
     def start(self, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
-        speaker = params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER
-        if speaker not in self.speakers:
-            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(self.speakers)}")
+        default = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
+        speaker = pick_voice(params, inputs, list(self.speakers), default)  # as the talker picks it
         return {"speaker": speaker, "seed": int(params.get("seed") or 0)}
 
     def batch_key(self, data: Any) -> Any:

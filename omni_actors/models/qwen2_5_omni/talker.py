@@ -9,7 +9,8 @@ is `Qwen2_5OmniForConditionalGeneration.generate`, split into steps.
 
 Inputs (full payload, or streamed in deltas through `feed`): the thinker
 stage's outputs, "prompt_token_ids", "prompt_embeds", "prompt_hidden",
-"token_ids", "embeds", "hidden" (see thinker.py), optional "speaker".
+"token_ids", "embeds", "hidden" (see thinker.py), optional "speaker" (or the API's "voice": a
+speaker's name or an OpenAI voice name, config/speech.py's pick_voice).
 The thinker's token-embedding table is read from the checkpoint (one tensor),
 so special embeddings need no thinker in this worker.
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni_actors.config.speech import pick_voice
 from omni_actors.models.qwen2_5_omni.loading import (
     check_checkpoint,
     load_config,
@@ -44,7 +46,7 @@ SAMPLING = {
     "max_tokens": 4096,
 }
 """The talker's sampling defaults (transformers' `generate` defaults for this model)."""
-SHARED_KEYS = ("seed", "speaker")
+SHARED_KEYS = ("seed", "speaker", "voice")
 
 
 def talker_sampling(ctx: Any, params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -138,9 +140,8 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
         return talker_sampling(self.ctx, params, SAMPLING)
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
-        speaker = seq.params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER
-        if speaker not in self.speakers:
-            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(self.speakers)}")
+        default = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
+        speaker = pick_voice(seq.params, inputs, list(self.speakers), default)
         feed = ThinkerFeed()
         feed.take(inputs)
         feed.done = not seq.streaming

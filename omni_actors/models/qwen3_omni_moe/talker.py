@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omni_actors.config.speech import pick_voice
 from omni_actors.models.qwen2_5_omni.loading import (
     check_checkpoint,
     load_config,
@@ -94,9 +95,9 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         return talker_sampling(self.ctx, params, SAMPLING)
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
-        speaker = str(seq.params.get("speaker") or inputs.get("speaker") or DEFAULT_SPEAKER).lower()
-        if speaker not in self.tc.speaker_id:
-            raise ValueError(f"unknown speaker {speaker!r}; known: {sorted(self.tc.speaker_id)}")
+        names = list(self.tc.speaker_id)
+        default = DEFAULT_SPEAKER.lower() if DEFAULT_SPEAKER.lower() in names else sorted(names)[0]
+        speaker = pick_voice(seq.params, inputs, names, default)
         feed = ThinkerFeed()
         feed.take(inputs)
         feed.done = not seq.streaming

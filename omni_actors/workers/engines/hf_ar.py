@@ -303,7 +303,7 @@ class HfAREngine(StageEngine):
                 self.slots.store(seq, kv)
             else:
                 seq.kv = kv if len(seqs) == 1 else [(k.clone(), v.clone()) for k, v in kv]
-            seq.cached = n
+            seq.cached = seq.prompt_len = n
             seq.prefilled = True
             seq.next_pos = inp.next_pos if inp.next_pos is not None else int(pos[:, row].max()) + 1
         return self._sample(seqs, out, prefill=True)
@@ -388,7 +388,8 @@ class HfAREngine(StageEngine):
                 finished = True
                 seq.finished = True
                 self._drop(seq)
-                payload = {**payload, "finish_reason": payload.get("finish_reason", reason)}
+                payload = {**payload, "finish_reason": payload.get("finish_reason", reason),
+                           "prompt_tokens": seq.prompt_len}
             outputs.append(EngineOutput(seq.request_id, payload, finished))
         return outputs
 

@@ -36,6 +36,8 @@ class ARSeq:
     """Static KV only: the row of the slot cache this request owns."""
     cached: int = 0
     """Positions in the KV cache (prompt + fed tokens)."""
+    prompt_len: int = 0
+    """Positions the prompt's forward took (the usage's prompt_tokens)."""
     next_pos: int = 0
     """Rotary position of the next input (mrope: the same on every axis once decoding)."""
     tokens: list[int] = field(default_factory=list)
