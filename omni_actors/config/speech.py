@@ -30,10 +30,7 @@ def text_and_voice(inputs: dict, family: str, voices: tuple[str, ...]) -> tuple[
     text = inputs.get("text")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{family}: inputs need a non-empty 'text'")
-    voice = str(inputs.get("voice") or voices[0])
-    if voice not in voices:
-        raise ValueError(f"{family}: unknown voice {voice!r}; known: {list(voices)}")
-    return text, voice
+    return text, pick_voice({}, inputs, list(voices), voices[0])
 
 
 OPENAI_VOICES = (
@@ -46,8 +43,9 @@ code written for OpenAI speaks unchanged."""
 
 def pick_voice(params: dict, inputs: dict, voices: list[str], default: str) -> str:
     """The built-in voice a request asks for, of `voices`: its "speaker" (a stage's own name for it)
-    or "voice" (the API's: chat's `audio.voice`), matched without case, or an OpenAI name; `default`
-    without either. ValueError naming `voice` (a 400 for the client) for any other name."""
+    or "voice" (the API's: chat's `audio.voice`), matched without case, or an OpenAI name (by
+    position in `voices`, as /v1/audio/speech maps them); `default` without either. ValueError
+    naming `voice` (a 400 for the client) for any other name."""
     asked = params.get("speaker") or inputs.get("speaker") or params.get("voice") or inputs.get("voice")
     if not asked:
         return default
@@ -56,6 +54,6 @@ def pick_voice(params: dict, inputs: dict, voices: list[str], default: str) -> s
     if name.lower() in by_lower:
         return by_lower[name.lower()]
     if name.lower() in OPENAI_VOICES:
-        return sorted(voices)[OPENAI_VOICES.index(name.lower()) % len(voices)]
-    raise ValueError(f"voice: unknown voice {name!r}; this model's voices are {sorted(voices)} "
+        return voices[OPENAI_VOICES.index(name.lower()) % len(voices)]
+    raise ValueError(f"voice: unknown voice {name!r}; this model's voices are {list(voices)} "
                      f"(or one of OpenAI's: {', '.join(OPENAI_VOICES)})")  # fmt: skip

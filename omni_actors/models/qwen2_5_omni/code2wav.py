@@ -192,7 +192,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
 
     def start(self, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
         default = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
-        speaker = pick_voice(params, inputs, list(self.speakers), default)  # as the talker picks it
+        speaker = pick_voice(params, inputs, sorted(self.speakers), default)  # as the talker picks it
         return {"speaker": speaker, "seed": int(params.get("seed") or 0)}
 
     def batch_key(self, data: Any) -> Any:

@@ -141,7 +141,7 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
 
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         default = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
-        speaker = pick_voice(seq.params, inputs, list(self.speakers), default)
+        speaker = pick_voice(seq.params, inputs, sorted(self.speakers), default)
         feed = ThinkerFeed()
         feed.take(inputs)
         feed.done = not seq.streaming

@@ -97,7 +97,7 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         names = list(self.tc.speaker_id)
         default = DEFAULT_SPEAKER.lower() if DEFAULT_SPEAKER.lower() in names else sorted(names)[0]
-        speaker = pick_voice(seq.params, inputs, names, default)
+        speaker = pick_voice(seq.params, inputs, sorted(names), default)
         feed = ThinkerFeed()
         feed.take(inputs)
         feed.done = not seq.streaming
