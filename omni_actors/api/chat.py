@@ -143,6 +143,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request(f"response_format {req.response_format.type!r} is not supported: answers are plain "
                           "text (response_format 'text')", "response_format.type", "unsupported_value")
+    if req.logprobs:
+        raise bad_request("logprobs are not returned by this server; leave `logprobs` out or false", "logprobs",
+                          "unsupported_parameter")
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     orch, model = route_model(request, req.model, set(modalities), outputs_param="modalities")
     if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice)) is not None:

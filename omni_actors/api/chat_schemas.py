@@ -138,7 +138,8 @@ class ChatCompletionRequest(RequestStruct):
     store: bool | None = None
     metadata: Metadata | None = None
     service_tier: Name | None = None
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    """Only false: log-probabilities are not returned (true is a 400 naming the field)."""
 
 
 class ChatAudio(Struct):

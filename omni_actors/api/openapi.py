@@ -66,7 +66,8 @@ _ROUTES = (
            {**dict.fromkeys(_SPEECH_TYPES), SSE: s.SpeechAudioDelta | s.SpeechAudioDone}, frozenset({"audio"})),
     _Route("post", "/v1/audio/transcriptions", "Speech to text (multipart/form-data upload; "
            "transcript.text.* events when stream=true)", s.TranscriptionForm,
-           {"application/json": s.Transcription, "text/plain": None, SSE: s.TranscriptTextDelta | s.TranscriptTextDone},
+           {"application/json": s.Transcription | s.TranscriptionVerbose, "text/plain": None,
+            "application/x-subrip": None, "text/vtt": None, SSE: s.TranscriptTextDelta | s.TranscriptTextDone},
            frozenset({"transcript"})),
     _Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
            {"application/json": s.ImagesResponse}, frozenset({"image"})),
@@ -88,6 +89,12 @@ def _ref(t: type) -> dict[str, str]:
     return {"$ref": REF.format(name=t.__name__)}
 
 
+def _one_of(struct: Any) -> dict[str, Any]:
+    """A struct's reference, or for a union of structs, any of theirs."""
+    kinds = get_args(struct) or (struct,)
+    return _ref(kinds[0]) if len(kinds) == 1 else {"anyOf": [_ref(k) for k in kinds]}
+
+
 def _json_error(desc: str) -> dict[str, Any]:
     return {"description": desc, "content": {"application/json": {"schema": _ref(s.ErrorResponse)}}}
 
@@ -96,7 +103,7 @@ def _schema(ctype: str, struct: type | None) -> dict[str, Any]:
     if ctype == SSE and struct is not None:
         return _sse_event(struct)
     if struct is not None:
-        return _ref(struct)
+        return _one_of(struct)
     if ctype.startswith("audio/"):
         return {"type": "string", "format": "binary"}
     return {"type": "object"} if ctype == "application/json" else {"type": "string"}
@@ -105,8 +112,7 @@ def _schema(ctype: str, struct: type | None) -> dict[str, Any]:
 def _sse_event(struct: Any) -> dict[str, Any]:
     """One server-sent event: its `data` line is the JSON of `struct` (a union: any of its events),
     described as JSON Schema's encoded content."""
-    kinds = get_args(struct) or (struct,)
-    content = _ref(kinds[0]) if len(kinds) == 1 else {"anyOf": [_ref(k) for k in kinds]}
+    content = _one_of(struct)
     return {
         "type": "object",
         "required": ["data"],

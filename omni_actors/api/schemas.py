@@ -101,11 +101,14 @@ class TranscriptionForm(Struct, kw_only=True):
 
     file: bytes
     model: str
-    response_format: Literal["json", "text"] = "json"
+    response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
     stream: bool = False
     language: Name | None = None
     prompt: Instructions | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    timestamp_granularities: list[Literal["segment", "word"]] | None = msgspec.field(
+        default=None, name="timestamp_granularities[]")
+    """With verbose_json: "word" adds `words` (models that time words), "segment" (the default) `segments`."""
 
 
 class TranscriptionUsage(Struct):
@@ -116,6 +119,37 @@ class TranscriptionUsage(Struct):
 class Transcription(Struct):
     text: str
     usage: TranscriptionUsage
+
+
+class TranscriptionSegment(Struct):
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+class TranscriptionWord(Struct):
+    word: str
+    start: float
+    end: float
+
+
+class TranscriptionVerbose(Struct, omit_defaults=True):
+    """response_format "verbose_json"."""
+
+    task: Literal["transcribe"]
+    language: str
+    duration: float
+    text: str
+    segments: list[TranscriptionSegment]
+    usage: TranscriptionUsage
+    words: list[TranscriptionWord] | None = None
 
 
 class TranscriptTextDelta(Struct, tag_field="type", tag="transcript.text.delta"):

@@ -5,8 +5,13 @@ Form fields:
     file             required: an audio file libsndfile reads (wav, flac, mp3, ogg), any
                      rate, mixed to mono
     model            required: a served model name
-    response_format  "json" (default: {"text", "usage"}) | "text" (text/plain)
+    response_format  "json" (default: {"text", "usage"}) | "text" (text/plain) | "srt" | "vtt" |
+                     "verbose_json" (segments with start/end; api/transcript_formats.py)
+    timestamp_granularities[]
+                     with verbose_json, repeatable: "segment" (default), "word" (adds `words`,
+                     for pipelines whose recognizer times words: `PipelineConfig.transcript_words`)
     stream           "true": SSE `transcript.text.delta` events, then `transcript.text.done`
+                     (response_format json or text)
     language         ISO-639-1; a stage that transcribes one language refuses others (400)
     prompt, temperature
                      accepted for client compatibility, passed on as params
@@ -14,7 +19,8 @@ Form fields:
 What goes into the pipeline:
 
     inputs  {"audio": float32 mono, "sample_rate": int}
-    params  {"modalities": ["transcript"], "language", "prompt", "temperature"}  (those sent)
+    params  {"modalities": ["transcript"], "language", "prompt", "temperature", "timestamps"}  (those sent;
+            "timestamps": "segment" | "word" for the timed formats)
 
 The pipeline must produce transcript outputs (typed TranscriptOutput, orchestrator/outputs.py). The body is read
 here, not by the body middleware (a multipart upload is parsed as it streams):
@@ -50,11 +56,15 @@ from omni_actors.api.schemas import (
     TranscriptTextDone,
 )
 from omni_actors.api.sse import respond
+from omni_actors.api.transcript_formats import CONTENT_TYPES, TIMED_FORMATS, render
 from omni_actors.orchestrator.outputs import TranscriptOutput
 
 ROUTE = "/v1/audio/transcriptions"
-FORMATS = ("json", "text")
-FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature"})
+FORMATS = ("json", "text", *TIMED_FORMATS)
+GRANULARITIES = "timestamp_granularities"
+LIST_FIELDS = frozenset({GRANULARITIES + "[]", GRANULARITIES})
+"""Fields a form may repeat (the SDK sends a list as `name[]` parts, one per item); joined by ","."""
+FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature", *LIST_FIELDS})
 
 
 MULTIPART_ERRORS = (ValueError, AssertionError, LookupError, HttpProcessingError, web.RequestPayloadError)
@@ -91,20 +101,23 @@ async def _parse_form(request: web.Request, max_bytes: int) -> tuple[dict[str, s
                               "invalid_multipart")
         if name not in FIELDS:
             raise bad_request(f"unknown form field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
-        if name in fields or (name == "file" and upload is not None):
+        if name in LIST_FIELDS:
+            name = GRANULARITIES
+        elif name in fields or (name == "file" and upload is not None):
             raise bad_request(f"form field `{name}` is given twice", name)
         data = await budget.read(part)
         if name == "file":
             upload = bytes(data)
         else:
-            fields[name] = data.decode("utf-8", errors="replace").strip()
+            value = data.decode("utf-8", errors="replace").strip()
+            fields[name] = f"{fields[name]},{value}" if name in fields else value
     if upload is None:
         raise bad_request("form field `file` is required (the audio to transcribe)", "file",
                           "missing_required_parameter")
     return fields, upload
 
 
-def _options(fields: dict[str, str]) -> tuple[str, bool, dict[str, Any]]:
+def _options(fields: dict[str, str], words_ok: bool) -> tuple[str, bool, dict[str, Any]]:
     """(response_format, stream, params) from the text fields; 400 naming a bad one."""
     fmt = fields.get("response_format", "json")
     if fmt not in FORMATS:
@@ -113,6 +126,10 @@ def _options(fields: dict[str, str]) -> tuple[str, bool, dict[str, Any]]:
     stream = fields.get("stream", "false").lower()
     if stream not in ("true", "false"):
         raise bad_request("stream must be true or false", "stream")
+    if stream == "true" and fmt in TIMED_FORMATS:
+        raise bad_request(f"stream=true sends transcript.text events; response_format {fmt!r} is not streamed "
+                          "(use json or text, or leave stream out)", "stream")
+    timestamps = _timestamps(fields, fmt, words_ok)
     temperature = None
     if "temperature" in fields:
         try:
@@ -125,8 +142,25 @@ def _options(fields: dict[str, str]) -> tuple[str, bool, dict[str, Any]]:
         if len(fields.get(name, "")) > limit:
             raise bad_request(f"{name} is longer than {limit} characters", name)
     params = drop_none({"modalities": ["transcript"], "language": fields.get("language") or None,
-                        "prompt": fields.get("prompt") or None, "temperature": temperature})
+                        "prompt": fields.get("prompt") or None, "temperature": temperature,
+                        "timestamps": timestamps})
     return fmt, stream == "true", params
+
+
+def _timestamps(fields: dict[str, str], fmt: str, words_ok: bool) -> str | None:
+    """What the stage is asked to time: None, "segment" or "word"."""
+    asked = {g.strip() for g in fields.get(GRANULARITIES, "").split(",") if g.strip()}
+    if asked - {"segment", "word"}:
+        raise bad_request(f"timestamp_granularities takes segment and/or word, not {sorted(asked)}",
+                          GRANULARITIES, "unsupported_value")
+    if asked and fmt != "verbose_json":
+        raise bad_request("timestamp_granularities needs response_format verbose_json", GRANULARITIES)
+    if "word" in asked:
+        if not words_ok:
+            raise bad_request("this model's recognizer does not time words; ask for segment timestamps",
+                              GRANULARITIES, "unsupported_value")
+        return "word"
+    return "segment" if fmt in TIMED_FORMATS else None
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
@@ -140,26 +174,35 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
                        "body_timeout", close=True) from None
     if "model" not in fields:
         raise bad_request("form field `model` is required", "model", "missing_required_parameter")
-    route_model(request, fields["model"], {"transcript"})
-    fmt, stream, params = _options(fields)
+    orch, _ = route_model(request, fields["model"], {"transcript"})
+    fmt, stream, params = _options(fields, orch.pipeline.transcript_words)
     audio, rate = await off_loop(decode_audio, upload, None, "file")
     seconds = audio.size / rate
     async with PipelineCall(request, ROUTE, {"audio": audio, "sample_rate": rate}, params, {"transcript"}) as call:
         if stream:
             return await _stream(request, call)
-        text = "".join([piece async for piece in _pieces(call)])
-    text = text.strip()
+        outputs = [out async for out in _outputs(call)]
+    text = "".join(out.text for out in outputs).strip()
+    if fmt in TIMED_FORMATS:
+        body = render(fmt, text, outputs, seconds, params.get("language"), params.get("timestamps") == "word")
+        return web.Response(body=body, content_type=CONTENT_TYPES[fmt], charset="utf-8")
     if fmt == "text":
         return web.Response(text=text, content_type="text/plain")
     body = Transcription(text, TranscriptionUsage("duration", int(np.ceil(seconds))))
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
+async def _outputs(call: PipelineCall) -> AsyncIterator[TranscriptOutput]:
+    async for chunk in call:
+        if isinstance(chunk.output, TranscriptOutput):
+            yield chunk.output
+
+
 async def _pieces(call: PipelineCall) -> AsyncIterator[str]:
     """The transcript's non-empty deltas."""
-    async for chunk in call:
-        if isinstance(chunk.output, TranscriptOutput) and chunk.output.text:
-            yield chunk.output.text
+    async for out in _outputs(call):
+        if out.text:
+            yield out.text
 
 
 async def _stream(request: web.Request, call: PipelineCall) -> web.StreamResponse:

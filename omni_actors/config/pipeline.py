@@ -79,6 +79,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """"module:function" (model folder: Path) -> SpeechSpec, for a pipeline whose checkpoints differ in
     what they offer the speech API (voices, cloning); it replaces `speech` once the deploy's model folder
     is known (config/deploy_checks.py). Reads files only, without torch."""
+    transcript_words: bool = False
+    """The recognizer times each word when params["timestamps"] is "word" (a transcript payload's
+    "words"); /v1/audio/transcriptions refuses word timestamps for other pipelines. Segment timing
+    needs no flag: a stage that does not send "segments" is one segment over the audio."""
     live_transcription: bool = False
     """A streaming recognizer: a realtime transcription session feeds each turn's audio to one streaming
     request as it arrives, and its transcript deltas go out before the turn is committed

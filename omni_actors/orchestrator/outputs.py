@@ -2,7 +2,7 @@
 
     TextOutput        text delta, finish_reason, token counts; on the last: tool calls, if any
     AudioOutput       float32 mono samples, their rate, the transcript piece they speak
-    TranscriptOutput  a transcription delta of the user's audio
+    TranscriptOutput  a transcription delta of the user's audio; with timestamps asked, its segments/words
     ImageOutput       uint8 images [n, H, W, 3] (None on a progress-only chunk), progress
     VideoOutput       uint8 frames [T, H, W, 3] (None on a progress-only chunk), fps, progress
 
@@ -51,8 +51,33 @@ class AudioOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class TranscriptSegment:
+    start: float
+    end: float
+    text: str
+    seek: int = 0
+    tokens: tuple[int, ...] = ()
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    """The statistics after `text` are Whisper's; a stage that does not make one leaves it 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptWord:
+    word: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
 class TranscriptOutput:
     text: str
+    segments: tuple[TranscriptSegment, ...] = ()
+    """Timed pieces of the transcript (stages that time it, when params["timestamps"] asks)."""
+    words: tuple[TranscriptWord, ...] = ()
+    language: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +123,7 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
             return AudioOutput(samples, int(data.get("sample_rate") or DEFAULT_SAMPLE_RATE),
                                transcript if isinstance(transcript, str) else None)
         case "transcript":
-            return TranscriptOutput(str(data.get("text") or ""))
+            return _transcript(data)
         case "image":
             images = data.get("images")
             return ImageOutput(None if images is None else np.asarray(images), _float(data.get("progress")))
@@ -107,3 +132,18 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
             return VideoOutput(None if frames is None else np.asarray(frames), _float(data.get("fps")),
                                _float(data.get("progress")))
     return None
+
+
+def _transcript(data: dict[str, Any]) -> TranscriptOutput:
+    segments = tuple(
+        TranscriptSegment(float(s["start"]), float(s["end"]), str(s["text"]), int(s.get("seek", 0)),
+                          tuple(int(t) for t in s.get("tokens", ())),
+                          *(float(s.get(k, 0.0)) for k in _SEGMENT_STATS))
+        for s in data.get("segments") or ())
+    words = tuple(TranscriptWord(str(w["word"]), float(w["start"]), float(w["end"])) for w in data.get("words") or ())
+    language = data.get("language")
+    return TranscriptOutput(str(data.get("text") or ""), segments, words,
+                            language if isinstance(language, str) else None)
+
+
+_SEGMENT_STATS = ("temperature", "avg_logprob", "compression_ratio", "no_speech_prob")

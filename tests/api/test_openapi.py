@@ -83,7 +83,11 @@ async def test_document_without_keys_declares_no_auth_and_other_pipelines_their_
     ops = [op for item in spec["paths"].values() for op in item.values()]
     assert all("security" not in op and "401" not in op["responses"] for op in ops)
     upload = spec["paths"]["/v1/audio/transcriptions"]["post"]["responses"]["200"]["content"]
-    assert set(upload) == {"application/json", "text/plain", "text/event-stream"}
+    assert set(upload) == {"application/json", "text/plain", "application/x-subrip", "text/vtt", "text/event-stream"}
+    assert {r["$ref"].rsplit("/", 1)[1] for r in upload["application/json"]["schema"]["anyOf"]} == {
+        "Transcription", "TranscriptionVerbose"}
+    form = spec["components"]["schemas"]["TranscriptionForm"]["properties"]
+    assert "timestamp_granularities[]" in form and "verbose_json" in form["response_format"]["enum"]
 
 
 @pytest.mark.parametrize(("method", "path", "allow"), [

@@ -1,15 +1,21 @@
-"""/v1/audio/transcriptions refusals that need no speech model: form mistakes and a pipeline without ASR.
+"""/v1/audio/transcriptions without a speech model: form mistakes, a pipeline without ASR, and the timed
+formats (verbose_json, srt, vtt) of synthetic_asr, a recognizer that does not time its text (one segment
+over the audio).
 
-(A real transcription, in every response format, is tested with the assistant's Whisper in
+(Whisper's own segment and word timestamps are tested with the assistant in
 tests/models/test_assistant_serving.py.)
 """
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import aiohttp
+import numpy as np
+import openai
 import pytest
+import soundfile as sf
 
 from tests.api.conftest import Server, serve
 
@@ -20,6 +26,12 @@ WAV = b"RIFF" + b"\x00" * 40
 @pytest.fixture(scope="module")
 async def srv():
     async with serve("synthetic", server={"max_body_mb": 0.05}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+async def asr_srv():
+    async with serve("synthetic_asr") as s:
         yield s
 
 
@@ -91,3 +103,56 @@ async def test_unparseable_multipart_is_a_400(srv: Server, content_type: str, bo
     # the server is fine afterwards: a well-formed upload gets its ordinary answer
     status, err = await call(srv, data=form(file=WAV, model="nope"))
     assert (status, err["code"]) == (404, "model_not_found"), err
+
+
+SECONDS = 2.5
+
+
+def _tone() -> bytes:
+    buf = io.BytesIO()
+    t = np.arange(int(SECONDS * 16_000)) / 16_000
+    sf.write(buf, (0.1 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16_000, format="WAV")
+    return buf.getvalue()
+
+
+TONE = _tone()
+SAID = f"{int(SECONDS * 16_000)} samples at 16000 Hz"
+"""What synthetic_asr hears in TONE."""
+
+
+async def test_timed_formats_of_an_untimed_recognizer(asr_srv: Server) -> None:
+    """verbose_json, srt and vtt through the SDK: the transcript is one segment spanning the audio."""
+    client = asr_srv.client()
+    verbose = await client.audio.transcriptions.create(model="synthetic_asr", file=("a.wav", TONE),
+                                                       response_format="verbose_json")
+    assert (verbose.text, verbose.duration, verbose.task) == (SAID, SECONDS, "transcribe")
+    assert [(s.id, s.start, s.end, s.text) for s in verbose.segments] == [(0, 0.0, SECONDS, SAID)]
+    assert verbose.words is None and verbose.usage.seconds == 3
+    srt = await client.audio.transcriptions.create(model="synthetic_asr", file=("a.wav", TONE), response_format="srt")
+    assert srt == f"1\n00:00:00,000 --> 00:00:02,500\n{SAID}\n"
+    vtt = await client.audio.transcriptions.create(model="synthetic_asr", file=("a.wav", TONE), response_format="vtt")
+    assert vtt == f"WEBVTT\n\n00:00:00.000 --> 00:00:02.500\n{SAID}\n"
+    segment = await client.audio.transcriptions.create(model="synthetic_asr", file=("a.wav", TONE),
+                                                       response_format="verbose_json",
+                                                       timestamp_granularities=["segment"])
+    assert segment.segments[0].end == SECONDS
+
+
+@pytest.mark.parametrize(("fields", "param", "says"), [
+    pytest.param({"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                 "timestamp_granularities", "does not time words", id="words-from-an-untimed-recognizer"),
+    pytest.param({"timestamp_granularities[]": "segment"}, "timestamp_granularities", "needs response_format",
+                 id="granularity-without-verbose-json"),
+    pytest.param({"response_format": "verbose_json", "timestamp_granularities[]": "sentence"},
+                 "timestamp_granularities", "segment and/or word", id="unknown-granularity"),
+    pytest.param({"response_format": "srt", "stream": "true"}, "stream", "not streamed", id="streamed-srt"),
+    pytest.param({"response_format": "tsv"}, "response_format", "verbose_json", id="unknown-format"),
+])
+async def test_timed_format_mistakes_are_400s(asr_srv: Server, fields: dict, param: str, says: str) -> None:
+    before = asr_srv.orch.statistics().requests_total
+    status, err = await call(asr_srv, data=form(file=TONE, model="synthetic_asr", **fields))
+    assert (status, err["param"]) == (400, param) and says in err["message"], err
+    assert asr_srv.orch.statistics().requests_total == before
+    with pytest.raises(openai.BadRequestError):  # the SDK's list form, too
+        await asr_srv.client().audio.transcriptions.create(
+            model="synthetic_asr", file=("a.wav", TONE), response_format="json", timestamp_granularities=["word"])

@@ -247,6 +247,34 @@ async def test_transcriptions_route_as_the_openai_sdk_calls_it(srv: Server, ques
     await eventually(lambda: idle(srv.orch), timeout_s=10)
 
 
+async def test_whisper_times_segments_and_words(srv: Server, question_wav: bytes) -> None:
+    """verbose_json with word timestamps, srt and vtt from Whisper's own timing: ordered, inside the audio,
+    and the words spell the transcript."""
+    sdk = client(srv)
+    wave, rate = read_wav(question_wav)
+    seconds = wave.size / rate
+    got = await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", question_wav),
+                                                response_format="verbose_json",
+                                                timestamp_granularities=["word", "segment"])
+    assert normalize(got.text) == normalize(QUESTION) and abs(got.duration - seconds) < 0.01
+    assert got.segments and normalize(" ".join(s.text for s in got.segments)) == normalize(QUESTION)
+    spans = [(s.start, s.end) for s in got.segments]
+    assert all(0 <= a < b <= seconds + 0.5 for a, b in spans) and spans == sorted(spans), spans
+    assert got.segments[0].tokens and got.segments[0].avg_logprob < 0  # Whisper's own statistics
+    words = got.words or []
+    assert normalize(" ".join(w.word for w in words)) == normalize(QUESTION), words
+    starts = [w.start for w in words]
+    assert starts == sorted(starts) and all(w.start <= w.end <= seconds + 0.5 for w in words), words
+    srt = await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", question_wav),
+                                                response_format="srt")
+    cues = srt.strip().split("\n\n")
+    assert len(cues) == len(got.segments) and cues[0].startswith("1\n00:00:0"), srt
+    assert normalize(" ".join(c.split("\n", 2)[2] for c in cues)) == normalize(QUESTION)
+    vtt = await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", question_wav),
+                                                response_format="vtt")
+    assert vtt.startswith("WEBVTT\n\n00:00:0") and vtt.count(" --> ") == len(cues), vtt
+
+
 async def test_speech_speed_voices_and_aac_on_the_piper_voice(srv: Server) -> None:
     """/v1/audio/speech on the assistant: `speed` reaches Piper (0.25 is far longer than 4.0), OpenAI
     voice names map onto its one voice, another name is a 400 listing the choices, aac decodes."""

@@ -89,6 +89,9 @@ async def test_transcribes_like_transformers_and_streams(srv: Server, vox_dir: P
     with pytest.raises(openai.BadRequestError) as err:  # the model takes no context prompt
         await client.audio.transcriptions.create(model="tiny-vox", file=("a.wav", _wav(audio)), prompt="names")
     assert err.value.body["param"] == "prompt", err.value.body
+    with pytest.raises(openai.BadRequestError) as err:  # a language the model was not trained on
+        await client.audio.transcriptions.create(model="tiny-vox", file=("a.wav", _wav(audio)), language="sw")
+    assert err.value.body["param"] == "language" and "en, es" in err.value.body["message"], err.value.body
     await eventually(lambda: idle(srv.orch))
 
 

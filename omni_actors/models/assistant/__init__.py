@@ -34,6 +34,7 @@ def assistant_pipeline() -> PipelineConfig:
         preparer=f"{_PKG}.prepare:prepare",
         # One Piper voice; its acoustic stage scales its length by params["speed"].
         speech=SpeechSpec(voices=("joe",), sample_rate=22050, native_speed=True),
+        transcript_words=True,  # faster-whisper's word timestamps
         stages=(
             StageSpec(
                 stage_id=ASR,

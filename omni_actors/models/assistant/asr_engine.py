@@ -3,10 +3,12 @@
 Inputs: {"audio": float32 or int16 samples, "sample_rate": int (16000 if absent)}.
 Streaming requests (live microphone) send more audio through `feed`; the
 transcript is made once the input ended. Audio not at 16 kHz is resampled.
-Output, once per request: {"text": transcript, "language": "en"}.
+Output, once per request: {"text": transcript, "language": "en"}, and with
+params["timestamps"] ("segment" or "word") also "segments" (start, end, text and
+Whisper's statistics each) and, for "word", "words" ({"word", "start", "end"}).
 
-Requests up to 30 s long are batched: one step encodes and decodes up to
-`max_batch` of them together, without timestamps. Longer ones go through
+Requests up to 30 s long without timestamps are batched: one step encodes and
+decodes up to `max_batch` of them together. Longer or timed ones go through
 faster-whisper's own long-form `transcribe`, one per step.
 
 engine_extras: `compute_type` ("int8" on cpu, "float16" on cuda), `beam_size` (1),
@@ -42,6 +44,8 @@ class _Request:
     rate: int
     chunks: list[np.ndarray] = field(default_factory=list)
     input_done: bool = False
+    timestamps: str | None = None
+    """None, "segment" or "word" (params["timestamps"])."""
 
     def audio(self) -> np.ndarray:
         joined = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
@@ -82,7 +86,11 @@ class WhisperAsrEngine(StageEngine):
         language = params.get("language")
         if language and language != self.language:  # the caller's to fix: a 400
             raise ValueError(f"this model transcribes {self.language!r} only; language {language!r} was asked")
-        self.requests[request_id] = _Request(rate=int(inputs.get("sample_rate", WHISPER_RATE)))
+        timestamps = params.get("timestamps")
+        if timestamps not in (None, "segment", "word"):
+            raise ValueError(f"timestamp_granularities: {timestamps!r} is not one of segment, word")
+        rate = int(inputs.get("sample_rate", WHISPER_RATE))
+        self.requests[request_id] = _Request(rate=rate, timestamps=timestamps)
         self._take(request_id, inputs, last=not streaming)
 
     def feed(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
@@ -106,19 +114,17 @@ class WhisperAsrEngine(StageEngine):
 
     # -- work --
     def step(self) -> list[EngineOutput]:
-        ready = [rid for rid, r in self.requests.items() if r.input_done]
-        audios = {rid: self.requests.pop(rid).audio() for rid in ready[: self.max_batch]}
-        short = {rid: a for rid, a in audios.items() if a.size <= WINDOW_SAMPLES}
-        long = [(rid, a) for rid, a in audios.items() if a.size > WINDOW_SAMPLES]
-        texts = self._transcribe_batch(short) if short else {}
-        for rid, audio in long[:1]:
-            texts[rid] = self._transcribe_long(audio)
-        for rid, audio in long[1:]:  # one long-form request per step: put the rest back
-            self.requests[rid] = _Request(rate=WHISPER_RATE, chunks=[audio], input_done=True)
-        return [
-            EngineOutput(rid, {"text": text, "language": self.language}, finished=True)
-            for rid, text in texts.items()
-        ]
+        ready = [rid for rid, r in self.requests.items() if r.input_done][: self.max_batch]
+        reqs = {rid: self.requests.pop(rid) for rid in ready}
+        audios = {rid: req.audio() for rid, req in reqs.items()}
+        short = {rid: a for rid, a in audios.items() if a.size <= WINDOW_SAMPLES and not reqs[rid].timestamps}
+        whole = [rid for rid in audios if rid not in short]
+        outs = {rid: {"text": text} for rid, text in (self._transcribe_batch(short) if short else {}).items()}
+        for rid in whole[:1]:
+            outs[rid] = self._transcribe_whole(audios[rid], reqs[rid].timestamps)
+        for rid in whole[1:]:  # one long-form request per step: put the rest back
+            self.requests[rid] = _Request(WHISPER_RATE, [audios[rid]], True, reqs[rid].timestamps)
+        return [EngineOutput(rid, {**out, "language": self.language}, finished=True) for rid, out in outs.items()]
 
     def _transcribe_batch(self, audios: dict[str, np.ndarray]) -> dict[str, str]:
         from faster_whisper.audio import pad_or_trim
@@ -138,8 +144,22 @@ class WhisperAsrEngine(StageEngine):
             for rid, result in zip(audios, results, strict=True)
         }
 
-    def _transcribe_long(self, audio: np.ndarray) -> str:
-        segments, _ = self.model.transcribe(
-            audio, language=self.language, beam_size=self.beam_size, condition_on_previous_text=False
-        )
-        return " ".join(s.text.strip() for s in segments).strip()
+    def _transcribe_whole(self, audio: np.ndarray, timestamps: str | None) -> dict[str, Any]:
+        """faster-whisper's long-form transcription: the text, and the segments (and words) when timed."""
+        words = timestamps == "word"
+        segments = list(self.model.transcribe(
+            audio, language=self.language, beam_size=self.beam_size, condition_on_previous_text=False,
+            word_timestamps=words,
+        )[0])
+        out: dict[str, Any] = {"text": " ".join(s.text.strip() for s in segments).strip()}
+        if timestamps:
+            out["segments"] = [
+                {"start": s.start, "end": s.end, "text": s.text, "seek": s.seek, "tokens": list(s.tokens),
+                 "temperature": s.temperature, "avg_logprob": s.avg_logprob,
+                 "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob}
+                for s in segments
+            ]
+        if words:
+            out["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end}
+                            for s in segments for w in s.words or ()]
+        return out

@@ -18,8 +18,9 @@ padding (the delay plus a margin, as mistral-common pads offline audio) flushes
 the last words; the request ends when the audio does (or at EOS).
 
 Inputs: {"audio": float32 mono, "sample_rate": int}; fed chunks the same.
-Params: "language" is accepted and not needed (the model finds the language
-itself); "prompt" is refused (the model takes none). Greedy by default.
+Params: "language" is checked against the languages the model was trained on
+(LANGUAGES) and otherwise not needed (the model finds the language itself);
+"prompt" is refused (the model takes none). Greedy by default.
 Outputs per step: {"text": transcript delta}.
 """
 
@@ -38,6 +39,9 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     TextStream,
     check_checkpoint,
 )
+
+LANGUAGES = frozenset({"ar", "de", "en", "es", "fr", "hi", "it", "ja", "ko", "nl", "pt", "ru", "zh"})
+"""ISO-639-1 codes of the 13 languages Voxtral Mini Realtime was trained on (its model card)."""
 
 RATE = 16000
 ENCODE_CHUNK_TOKENS = 375
@@ -112,6 +116,10 @@ class VoxtralRealtimeAdapter(ARAdapter):
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         if seq.params.get("prompt"):
             raise ValueError("prompt: voxtral_realtime takes no prompt; leave it out")
+        language = seq.params.get("language")
+        if language and str(language).lower() not in LANGUAGES:
+            raise ValueError(f"language: voxtral_realtime transcribes {', '.join(sorted(LANGUAGES))} "
+                             f"(and finds which itself); {language!r} is not one of them")
         audio = np.asarray(inputs.get("audio", np.zeros(0, np.float32)), dtype=np.float32).reshape(-1)
         if not seq.streaming and not audio.size:
             raise ValueError("voxtral_realtime: inputs need non-empty 'audio'")

@@ -1,0 +1,67 @@
+"""The timed response formats of /v1/audio/transcriptions: verbose_json, srt and vtt.
+
+A stage that times its transcript sends segments (and words, when asked); for one that does
+not, the whole transcript is one segment spanning the audio, so every format has an answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+
+from omni_actors.api.schemas import (
+    TranscriptionSegment,
+    TranscriptionUsage,
+    TranscriptionVerbose,
+    TranscriptionWord,
+)
+from omni_actors.orchestrator.outputs import TranscriptOutput, TranscriptSegment
+
+TIMED_FORMATS = ("srt", "vtt", "verbose_json")
+CONTENT_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt", "verbose_json": "application/json"}
+
+
+def timed_segments(text: str, outputs: Sequence[TranscriptOutput], seconds: float) -> list[TranscriptSegment]:
+    """The stage's segments, else (a stage that does not time its text) one over the whole audio."""
+    segments = [s for out in outputs for s in out.segments if s.text.strip()]
+    if segments or not text:
+        return segments
+    return [TranscriptSegment(0.0, round(seconds, 3), text)]
+
+
+def render(fmt: str, text: str, outputs: Sequence[TranscriptOutput], seconds: float, language: str | None,
+           words: bool) -> bytes:
+    """The body of a timed response format `fmt` (one of TIMED_FORMATS)."""
+    segments = timed_segments(text, outputs, seconds)
+    if fmt == "srt":
+        return _cues(segments, ",", numbered=True).encode()
+    if fmt == "vtt":
+        return ("WEBVTT\n\n" + _cues(segments, ".", numbered=False)).encode()
+    stage_language = next((o.language for o in outputs if o.language), None)
+    body = TranscriptionVerbose(
+        task="transcribe", language=stage_language or language or "", duration=round(seconds, 3), text=text,
+        segments=[TranscriptionSegment(i, s.seek, s.start, s.end, s.text, list(s.tokens), s.temperature,
+                                       s.avg_logprob, s.compression_ratio, s.no_speech_prob)
+                  for i, s in enumerate(segments)],
+        usage=TranscriptionUsage("duration", math.ceil(seconds)),
+        words=[TranscriptionWord(w.word, w.start, w.end) for o in outputs for w in o.words] if words else None)
+    return msgspec.json.encode(body)
+
+
+def _cues(segments: Sequence[TranscriptSegment], decimal: str, *, numbered: bool) -> str:
+    cues = []
+    for i, s in enumerate(segments, 1):
+        head = f"{i}\n" if numbered else ""
+        cues.append(f"{head}{_clock(s.start, decimal)} --> {_clock(s.end, decimal)}\n{s.text.strip()}\n")
+    return "\n".join(cues)
+
+
+def _clock(seconds: float, decimal: str) -> str:
+    """HH:MM:SS,mmm (SubRip) or HH:MM:SS.mmm (WebVTT)."""
+    ms = max(0, round(seconds * 1000))
+    hours, ms = divmod(ms, 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    secs, ms = divmod(ms, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal}{ms:03d}"
