@@ -68,6 +68,7 @@ from omni_actors.api.chat_schemas import (
 )
 from omni_actors.api.errors import bad_request
 from omni_actors.api.schemas import read_body
+from omni_actors.api.structured import structured_outputs
 from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput
@@ -140,9 +141,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ChatCompletionRequest)
     if req.stream_options is not None and not req.stream:
         raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request(f"response_format {req.response_format.type!r} is not supported: answers are plain "
-                          "text (response_format 'text')", "response_format.type", "unsupported_value")
     if req.logprobs:
         raise bad_request("logprobs are not returned by this server; leave `logprobs` out or false", "logprobs",
                           "unsupported_parameter")
@@ -150,6 +148,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     orch, model = route_model(request, req.model, set(modalities), outputs_param="modalities")
     if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
+    structured = structured_outputs(orch.pipeline, req.response_format)
     want_audio = "audio" in modalities
     audio_format = req.audio.format if req.audio else "wav"
     if want_audio:
@@ -161,6 +160,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         inputs["tools"] = tools
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     params, n = chat_params(req, modalities), req.n or 1
+    if structured is not None:
+        params["structured_outputs"] = structured
     async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
         calls = [await calls_open.enter_async_context(PipelineCall(
             request, ROUTE, inputs, choice_params(params, i), set(modalities), cid if n == 1 else f"{cid}-{i}"

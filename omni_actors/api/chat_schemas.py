@@ -90,11 +90,19 @@ class StreamOptions(RequestStruct):
     include_usage: bool = False
 
 
-class ResponseFormat(RequestStruct):
-    """Only "text" is served; the handler refuses JSON modes by name (no guided decoding here)."""
+class JsonSchemaFormat(RequestStruct):
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+    """Accepted; the schema is always enforced where it is served (guided decoding)."""
 
-    type: Name
-    json_schema: dict[str, Any] | None = None
+
+class ResponseFormat(RequestStruct):
+    """"text", or JSON by guided decoding where the text stage can (api/structured.py)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 

@@ -11,8 +11,8 @@ output items (api/realtime/function_calls.py).
 
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
 - `tools` (non-empty) where the text stage names no parser;
-- a `tool_choice` that demands a call ("required" or a named function): there is
-  no guided decoding to force one. "none" and "auto" are accepted ("none" keeps
+- a `tool_choice` that demands a call ("required" or a named function): forcing a
+  call is not offered (guided decoding serves `response_format`, api/structured.py). "none" and "auto" are accepted ("none" keeps
   the tools from the model).
 """
 
@@ -51,7 +51,7 @@ def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix
         return (f"model {pipeline.name!r} cannot call tools here (its text stage has no tool parser); "
                 "send the request without `tools`", prefix + "tools")
     if demands_call:
-        return (f"model {pipeline.name!r} cannot call tools on demand (no guided decoding to force a call): "
+        return (f"model {pipeline.name!r} cannot call tools on demand (forcing a call is not offered): "
                 "`tool_choice` must be 'auto' or 'none'", prefix + "tool_choice")
     return None
 

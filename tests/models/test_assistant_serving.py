@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import numpy as np
 import openai
@@ -22,6 +24,7 @@ import pytest
 import soundfile as sf
 from assistant_support import assistant_dir, normalize
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
 from omni_actors.cli import bundled_deploy
@@ -273,6 +276,31 @@ async def test_whisper_times_segments_and_words(srv: Server, question_wav: bytes
     vtt = await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", question_wav),
                                                 response_format="vtt")
     assert vtt.startswith("WEBVTT\n\n00:00:0") and vtt.count(" --> ") == len(cues), vtt
+
+
+class Capital(BaseModel):
+    city: Literal["Paris", "London", "Rome"]
+
+
+async def test_json_answers_by_guided_decoding(srv: Server) -> None:
+    """response_format on the vLLM text stage: the SDK's parse() gets an answer in its schema (also
+    streamed), json_object an object, and a schema the decoder cannot compile is a 400 naming the field."""
+    sdk = client(srv)
+    ask = {"model": "assistant", "modalities": ["text"], "max_tokens": MAX_TOKENS, "temperature": 0.0,
+           "messages": [{"role": "user", "content": QUESTION + " Answer in JSON."}]}
+    parsed = await sdk.chat.completions.parse(**ask, response_format=Capital)
+    assert isinstance(parsed.choices[0].message.parsed, Capital), parsed
+    schema = {"type": "json_schema", "json_schema": {"name": "capital", "schema": Capital.model_json_schema()}}
+    stream = await sdk.chat.completions.create(**ask, response_format=schema, stream=True)
+    streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert Capital.model_validate_json(streamed) == parsed.choices[0].message.parsed
+    loose = await sdk.chat.completions.create(**{**ask, "max_tokens": 60}, response_format={"type": "json_object"})
+    assert loose.choices[0].finish_reason == "stop" and isinstance(json.loads(loose.choices[0].message.content), dict)
+    with pytest.raises(openai.BadRequestError) as bad:
+        await sdk.chat.completions.create(**ask, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
+    assert bad.value.body["param"] == "response_format", bad.value.body
+    await eventually(lambda: idle(srv.orch), timeout_s=10)
 
 
 async def test_speech_speed_voices_and_aac_on_the_piper_voice(srv: Server) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -83,6 +84,10 @@ SAMPLING_KEYS = frozenset(
         "bad_words",
     }
 )
+
+
+_GRAMMAR_ERROR = re.compile(r"grammar|schema|json", re.I)
+"""A refusal of vLLM's structured-output backends (a schema they cannot compile)."""
 
 
 @dataclass
@@ -200,6 +205,8 @@ class VllmAREngine(StageEngine):
                 request_id, prompt, sampling, tokenization_kwargs=tokenization_kwargs
             )
         except VLLMClientError as exc:
+            if sampling.structured_outputs is not None and _GRAMMAR_ERROR.search(str(exc)):
+                raise ValueError(f"response_format: the decoder cannot follow this JSON schema: {exc}") from exc
             raise ValueError(str(exc)) from exc
         tools = inputs.get("tools") if self._tool_reader is not None else None
         self._runs[request_id] = _Run(tools=list(tools) if tools else None)
@@ -274,6 +281,10 @@ class VllmAREngine(StageEngine):
         kwargs = {k: v for k, v in merged.items() if k in SAMPLING_KEYS}
         if kwargs.get("n", 1) != 1:
             raise ValueError("n must be 1: one stage request streams one sequence")
+        if structured := merged.get("structured_outputs"):  # chat response_format (api/structured.py)
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
         try:
             return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
         except (TypeError, ValueError, VLLMClientError) as exc:
