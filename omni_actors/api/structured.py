@@ -1,4 +1,4 @@
-"""Chat `response_format`: JSON answers by guided decoding, where the stage writing the answer can.
+"""Guided decoding for chat: JSON answers (`response_format`) and forced tool calls (`tool_choice`).
 
 "text" (or none) is a plain answer. "json_object" (any JSON object) and "json_schema" (an object
 that `json_schema.schema` describes) need the final text stage to constrain its decoding
@@ -7,6 +7,12 @@ that `json_schema.schema` describes) need the final text stage to constrain its 
 the answer parses, as the SDK's `chat.completions.parse` expects. Elsewhere the request is a 400
 naming `response_format.type`; a schema the decoder cannot compile is a 400 naming
 `response_format` (the stage's refusal).
+
+`tool_choice` "required" or {"type": "function", "function": {"name"}} on a stage that both calls
+tools (a tool parser) and guides decoding: the answer is constrained to a JSON list of
+{"name", "parameters"} objects (one for a named function or `parallel_tool_calls: false`), each
+`parameters` in that tool's schema; the stage (params["tool_calls_forced"]) answers it as
+`tool_calls` (workers/engines/tool_calls.py `forced_calls`). Elsewhere api/tools.py refuses them.
 """
 
 from __future__ import annotations
@@ -18,13 +24,18 @@ from omni_actors.api.errors import bad_request
 from omni_actors.config.pipeline import PipelineConfig
 
 
+def guided(pipeline: PipelineConfig) -> bool:
+    """The stage writing the pipeline's text answer constrains its decoding."""
+    return any(s.final_output and s.final_output_type == "text" and s.guided_decoding for s in pipeline.stages)
+
+
 def structured_outputs(pipeline: PipelineConfig, fmt: ResponseFormat | None) -> dict[str, Any] | None:
     """The `structured_outputs` param for the text stage (None: a plain answer); 400 where it cannot be served."""
     if fmt is None or fmt.type == "text":
         if fmt is not None and fmt.json_schema is not None:
             raise bad_request("response_format.json_schema goes with type 'json_schema'", "response_format.json_schema")
         return None
-    if not any(s.final_output and s.final_output_type == "text" and s.guided_decoding for s in pipeline.stages):
+    if not guided(pipeline):
         raise bad_request(f"model {pipeline.name!r} cannot constrain its answers to JSON (its text stage has no "
                           "guided decoding); response_format.type must be 'text'", "response_format.type",
                           "unsupported_value")
@@ -37,3 +48,34 @@ def structured_outputs(pipeline: PipelineConfig, fmt: ResponseFormat | None) -> 
         raise bad_request("response_format type 'json_schema' needs `json_schema` ({name, schema})",
                           "response_format.json_schema", "missing_required_parameter")
     return {"json": fmt.json_schema.schema or {"type": "object"}}
+
+
+def forced_tool_calls(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> dict[str, Any] | None:
+    """The `structured_outputs` that force a call (None: `tool_choice` demands none); 400 for a choice
+    no offered tool meets. Only for pipelines api/tools.py lets force calls."""
+    if not isinstance(tool_choice, dict) and tool_choice != "required":
+        return None
+    offered = {t.function.name: t.function.parameters for t in tools or ()}
+    if not offered:
+        raise bad_request("a `tool_choice` that demands a call needs `tools` to call", "tool_choice")
+    if isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if tool_choice.get("type") != "function" or not isinstance(name, str):
+            raise bad_request("tool_choice must be 'none', 'auto', 'required' or "
+                              '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        if name not in offered:
+            raise bad_request(f"tool_choice names {name!r}, which is not among `tools` ({sorted(offered)})",
+                              "tool_choice.function.name")
+        offered, most = {name: offered[name]}, 1
+    else:
+        most = 1 if parallel is False else None
+    items = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+              "properties": {"name": {"type": "string", "enum": [name]},
+                             "parameters": schema or {"type": "object"}}}
+             for name, schema in offered.items()]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": items[0] if len(items) == 1 else {"anyOf": items}}
+    if most is not None:
+        schema["maxItems"] = most
+    return {"json": schema}

@@ -11,8 +11,9 @@ output items (api/realtime/function_calls.py).
 
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
 - `tools` (non-empty) where the text stage names no parser;
-- a `tool_choice` that demands a call ("required" or a named function): forcing a
-  call is not offered (guided decoding serves `response_format`, api/structured.py). "none" and "auto" are accepted ("none" keeps
+- a `tool_choice` that demands a call ("required" or a named function), unless the
+  caller can force one (`can_force`: chat) and the text stage guides its decoding
+  (api/structured.py forces the call there). "none" and "auto" are accepted ("none" keeps
   the tools from the model).
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 import msgspec
 
 from omni_actors.api.chat_schemas import ChatTool, DeltaToolCall, FunctionCall, ToolCall
+from omni_actors.api.structured import guided
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.orchestrator.outputs import ToolCallOutput
 
@@ -38,11 +40,13 @@ def tool_parser(pipeline: PipelineConfig) -> str | None:
     return None
 
 
-def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix: str = "") -> tuple[str, str] | None:
+def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix: str = "",
+                  can_force: bool = False) -> tuple[str, str] | None:
     """(message, param) when the request asks for tools this pipeline cannot call, else None.
 
     `tools`/`tool_choice` are the client's values (None or msgspec UNSET when absent);
-    `prefix` goes before the field name in `param` (realtime: "session.").
+    `prefix` goes before the field name in `param` (realtime: "session."); `can_force`: the
+    caller forces calls by guided decoding where the stage offers it (chat).
     """
     asks_tools = isinstance(tools, list | tuple) and len(tools) > 0
     demands_call = isinstance(tool_choice, dict) or (
@@ -50,7 +54,7 @@ def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix
     if asks_tools and tool_parser(pipeline) is None:
         return (f"model {pipeline.name!r} cannot call tools here (its text stage has no tool parser); "
                 "send the request without `tools`", prefix + "tools")
-    if demands_call:
+    if demands_call and not (can_force and tool_parser(pipeline) is not None and guided(pipeline)):
         return (f"model {pipeline.name!r} cannot call tools on demand (forcing a call is not offered): "
                 "`tool_choice` must be 'auto' or 'none'", prefix + "tool_choice")
     return None

@@ -1,17 +1,21 @@
 """Function calling on a vLLM LLM stage (the `llm` pipeline, Hermes parser) end to end.
 
-A tiny random model writes no valid call, so this proves the path around the
+A tiny random model writes no valid call on its own, so this proves the path around the
 parser (tests/workers/test_tool_calls.py reads calls from text): the request's
 tools reach the chat template (the prompt grows by the rendered schemas), and
 an answer without a call keeps OpenAI's shapes through the unmodified SDK,
-whole and streamed (the text held back, then sent once it was read).
+whole and streamed (the text held back, then sent once it was read). A forced
+`tool_choice` ("required", or a named function) makes even this model call, by
+guided decoding: the calls' arguments are in the tool's schema.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import openai
 import pytest
 
 pytest.importorskip("vllm")
@@ -24,6 +28,15 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 GREEDY = {"temperature": 0.0, "max_tokens": 6, "seed": 1}
+FORECAST = {"type": "function", "function": {
+    "name": "forecast", "description": "Tomorrow's weather",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"], "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]}, "unit": {"type": "string", "enum": ["c", "f"]}}}}}
+ALARM = {"type": "function", "function": {
+    "name": "alarm", "parameters": {"type": "object", "additionalProperties": False, "required": ["on"],
+                                    "properties": {"on": {"type": "boolean"}}}}}
+FORCED = {"temperature": 0.0, "max_tokens": 160, "seed": 1}
+"""Room for the call's JSON in this tiny model's small tokens."""
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +83,41 @@ async def test_a_tool_result_goes_back_to_the_model(srv: Server) -> None:
         tools=[WEATHER], **GREEDY)
     assert answered.usage.prompt_tokens > without.usage.prompt_tokens
     assert answered.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+async def test_a_forced_tool_choice_makes_a_call_in_the_tools_schema(srv: Server) -> None:
+    client = srv.client()
+    named = await client.chat.completions.create(
+        model="llm", messages=MSG, tools=[ALARM, FORECAST], **FORCED,
+        tool_choice={"type": "function", "function": {"name": "forecast"}})
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "forecast" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    assert args["city"] in ("Paris", "Rome") and args["unit"] in ("c", "f") and set(args) == {"city", "unit"}
+    required = await client.chat.completions.create(model="llm", messages=MSG, tools=[ALARM, FORECAST], **FORCED,
+                                                    tool_choice="required", parallel_tool_calls=False)
+    (call,) = required.choices[0].message.tool_calls
+    assert call.function.name in ("alarm", "forecast") and isinstance(json.loads(call.function.arguments), dict)
+    stream = await client.chat.completions.create(
+        model="llm", messages=MSG, tools=[FORECAST], **FORCED, stream=True,
+        tool_choice={"type": "function", "function": {"name": "forecast"}})
+    chunks = [c async for c in stream if c.choices]
+    calls = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
+    assert [tc.function.name for tc in calls] == ["forecast"] and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert json.loads(calls[0].function.arguments) == args  # greedy: the same call, streamed
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    pytest.param({"tools": [FORECAST], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                 "tool_choice.function.name", id="unknown-function"),
+    pytest.param({"tool_choice": "required"}, "tool_choice", id="required-without-tools"),
+    pytest.param({"tools": [FORECAST], "tool_choice": "required", "response_format": {"type": "json_object"}},
+                 "response_format", id="forced-call-and-json-mode"),
+])
+async def test_forced_tool_choice_mistakes_are_400s(srv: Server, fields: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        await srv.client().chat.completions.create(model="llm", messages=MSG, **GREEDY, **fields)
+    assert info.value.body["param"] == param, info.value.body

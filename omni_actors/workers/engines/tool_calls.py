@@ -9,10 +9,15 @@ parsers need, once per finished request that declared tools. Calls leave as plai
 dicts (msgpack on the bus, no vLLM types); `arguments` is a JSON string, as in
 OpenAI's `tool_calls[].function.arguments`. Text the parser cannot read as a call
 is content: a model that writes no valid call gives `(text, [])`.
+
+`forced_calls(text)` reads an answer decoded under a forced `tool_choice`'s schema (a JSON
+list of {"name", "parameters"}, api/structured.py) into the same call dicts.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 from omni_actors import logs
@@ -54,3 +59,16 @@ class ToolCallReader:
         calls = [{"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
                  for call in info.tool_calls]
         return info.content, calls
+
+
+def forced_calls(text: str) -> list[dict[str, str]] | None:
+    """The calls of an answer whose decoding a forced `tool_choice` guided; None when it does not
+    parse (cut short by max_tokens: it stays text, with that finish reason)."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
+        return None
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "name": i["name"],
+             "arguments": json.dumps(i.get("parameters", {}), ensure_ascii=False)} for i in items]

@@ -21,10 +21,14 @@ only the new tokens and text of each request:
 
 Inputs: {"messages": [...], "tools"?: [...]} (the tokenizer's chat template with the generation
 prompt; "tools" are shown to it and read back only where the stage names a tool parser: the
-last output then carries "tool_calls" [{id, name, arguments}] and "content", see tool_calls.py), {"prompt": str} or {"prompt_token_ids": [...]}, or {"prompt_embeds":
-array} where vLLM has prompt embeds enabled; "multi_modal_data" and
-"mm_processor_kwargs" pass through to vLLM (arrays copied, as the inputs may
-be views of shared memory).
+last output then carries "tool_calls" [{id, name, arguments}] and "content", see tool_calls.py),
+{"prompt": str} or {"prompt_token_ids": [...]}, or {"prompt_embeds": array} where vLLM has prompt
+embeds enabled; "multi_modal_data" and "mm_processor_kwargs" pass through to vLLM (arrays copied,
+as the inputs may be views of shared memory).
+
+Params beyond sampling (api/structured.py): "structured_outputs" ({"json": schema} or
+{"json_object": True}: vLLM's guided decoding) and "tool_calls_forced" (the guided answer is a
+forced tool_choice's list of calls: the last output carries them as "tool_calls").
 
 Failures: bad inputs or sampling params (temperature=-1, max_tokens=0, a
 reused request id) raise ValueError from `add`, failing that request only. A
@@ -51,7 +55,7 @@ import numpy as np
 from omni_actors import logs
 from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines import vllm_backend
-from omni_actors.workers.engines.tool_calls import ToolCallReader
+from omni_actors.workers.engines.tool_calls import ToolCallReader, forced_calls
 
 CORE_EXIT_TIMEOUT_S = 10.0
 
@@ -98,6 +102,8 @@ class _Run:
     completion_tokens: int = 0
     tools: list[dict[str, Any]] | None = None
     """The request's tools, when this stage reads tool calls (then `text` collects the answer)."""
+    forced: bool = False
+    """A forced `tool_choice` guided the decoding: the answer is read as calls (tool_calls.forced_calls)."""
     text: list[str] = field(default_factory=list)
 
 
@@ -209,7 +215,8 @@ class VllmAREngine(StageEngine):
                 raise ValueError(f"response_format: the decoder cannot follow this JSON schema: {exc}") from exc
             raise ValueError(str(exc)) from exc
         tools = inputs.get("tools") if self._tool_reader is not None else None
-        self._runs[request_id] = _Run(tools=list(tools) if tools else None)
+        self._runs[request_id] = _Run(tools=list(tools) if tools else None,
+                                      forced=bool(params.get("tool_calls_forced")))
 
     def abort(self, request_id: str) -> None:
         if self._runs.pop(request_id, None) is not None:
@@ -230,7 +237,7 @@ class VllmAREngine(StageEngine):
             token_ids = list(completion.token_ids)
             run.completion_tokens += len(token_ids)
             payload: dict[str, Any] = {"text": completion.text, "token_ids": token_ids}
-            if run.tools is not None:
+            if run.tools is not None or run.forced:
                 run.text.append(completion.text)
             error = None
             if ro.finished:
@@ -243,6 +250,9 @@ class VllmAREngine(StageEngine):
                 )
                 if reason == "error":
                     error = "vLLM reported an internal error for this request"
+                elif run.forced:
+                    if (forced := forced_calls("".join(run.text))) is not None:
+                        payload.update(tool_calls=forced, content=None)
                 elif run.tools is not None and self._tool_reader is not None:
                     content, calls = self._tool_reader.read("".join(run.text), run.tools)
                     if calls:

@@ -146,5 +146,11 @@ def engine_kwargs(ctx: EngineContext) -> dict[str, Any]:
     else:
         kwargs["gpu_memory_utilization"] = ctx.gpu_memory_utilization
         kwargs["enforce_eager"] = bool(extras.get("enforce_eager", False))
+    # Guided JSON (chat response_format, forced tool calls) without free whitespace between tokens: a weak
+    # model could otherwise write blanks until max_tokens, and compact JSON is fewer tokens. llguidance
+    # ("guidance") covers the most of JSON Schema, and vLLM allows that setting only with a named backend.
+    from vllm.config import StructuredOutputsConfig
+
+    kwargs["structured_outputs_config"] = StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True)
     kwargs.update(extras.get("engine_args", {}))
     return kwargs
