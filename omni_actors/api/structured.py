@@ -1,4 +1,4 @@
-"""Guided decoding for chat: JSON answers (`response_format`) and forced tool calls (`tool_choice`).
+"""Guided decoding for chat: JSON answers (`response_format`) and forced tool calls (`tool_choice`, realtime's too).
 
 "text" (or none) is a plain answer. "json_object" (any JSON object) and "json_schema" (an object
 that `json_schema.schema` describes) need the final text stage to constrain its decoding
@@ -12,7 +12,9 @@ naming `response_format.type`; a schema the decoder cannot compile is a 400 nami
 tools (a tool parser) and guides decoding: the answer is constrained to a JSON list of
 {"name", "parameters"} objects (one for a named function or `parallel_tool_calls: false`), each
 `parameters` in that tool's schema; the stage (params["tool_calls_forced"]) answers it as
-`tool_calls` (workers/engines/tool_calls.py `forced_calls`). Elsewhere api/tools.py refuses them.
+`tool_calls` (workers/engines/tool_calls.py `forced_calls`). Realtime sessions force calls the
+same way (api/realtime/function_calls.py `forced_call` turns their flat {"type": "function", "name"}
+into this shape and answers the calls as `function_call` items). Elsewhere api/tools.py refuses them.
 """
 
 from __future__ import annotations

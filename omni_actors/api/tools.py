@@ -12,9 +12,10 @@ output items (api/realtime/function_calls.py).
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
 - `tools` (non-empty) where the text stage names no parser;
 - a `tool_choice` that demands a call ("required" or a named function), unless the
-  caller can force one (`can_force`: chat) and the text stage guides its decoding
-  (api/structured.py forces the call there). "none" and "auto" are accepted ("none" keeps
-  the tools from the model).
+  caller can force one (`can_force`: chat and realtime) and the text stage guides its
+  decoding (api/structured.py forces the call there; realtime through
+  api/realtime/function_calls.py). "none" and "auto" are accepted ("none" keeps the tools
+  from the model).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix
 
     `tools`/`tool_choice` are the client's values (None or msgspec UNSET when absent);
     `prefix` goes before the field name in `param` (realtime: "session."); `can_force`: the
-    caller forces calls by guided decoding where the stage offers it (chat).
+    caller forces calls by guided decoding where the stage offers it (chat, realtime).
     """
     asks_tools = isinstance(tools, list | tuple) and len(tools) > 0
     demands_call = isinstance(tool_choice, dict) or (

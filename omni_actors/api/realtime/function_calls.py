@@ -1,6 +1,7 @@
 """Realtime function calling: the tools a response shows the model, its calls as `function_call` items.
 
     inputs["tools"] = shown_tools(opts.tools, opts.tool_choice)   # None: no tools shown
+    forced = forced_call(tools, tool_choice, "response.")   # structured_outputs forcing a call; None: none
     messages = conversation_messages(...)  (responses.build_request) # function items as chat writes them
     item = await send_call(host, response_id, output_index, call, in_conversation)
 
@@ -13,6 +14,11 @@ one `response.function_call_arguments.delta` (the parser reads the whole answer)
 `.done`, `response.output_item.done`. The client runs the function and sends a
 `function_call_output` item with the same `call_id`; the next response's request
 carries both, as an assistant message with `tool_calls` and a `tool` message.
+
+`tool_choice` "required" or {"type": "function", "name"} forces a call as chat's does
+(api/structured.py): the stage's decoding is guided to a call in the tools' schemas, answered
+as calls. A choice no offered tool meets (an unknown name, "required" without tools) is an
+`error` event at the session.update or response.create that makes it, naming the field.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from omni_actors.api.chat_schemas import ChatTool, FunctionDef
+from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.conversation import Conversation, Item, new_id, render_item
+from omni_actors.api.structured import forced_tool_calls
 from omni_actors.api.tools import stage_tools
 from omni_actors.orchestrator.outputs import ToolCallOutput
 
@@ -34,11 +42,38 @@ class Host(Protocol):
     async def send(self, event: ev.ServerEvent) -> None: ...
 
 
+def chat_tools(tools: tuple[ce.FunctionTool, ...]) -> list[ChatTool]:
+    """Realtime's flat tools in chat's shape (a `function` wrapper)."""
+    return [ChatTool(type="function", function=FunctionDef(name=t.name, description=t.description,
+                                                            parameters=t.parameters)) for t in tools]
+
+
 def shown_tools(tools: tuple[ce.FunctionTool, ...], tool_choice: Any) -> list[dict[str, Any]] | None:
     """The tools the text stage is shown, in chat's shape (api/tools.py; none for "none")."""
-    chat = [ChatTool(type="function", function=FunctionDef(name=t.name, description=t.description,
-                                                            parameters=t.parameters)) for t in tools]
-    return stage_tools(chat, tool_choice)
+    return stage_tools(chat_tools(tools), tool_choice)
+
+
+def forced_call(tools: tuple[ce.FunctionTool, ...], tool_choice: Any, prefix: str) -> dict[str, Any] | None:
+    """The `structured_outputs` that force the call `tool_choice` demands (None: it demands none);
+    a BadEvent naming `prefix` + the field for a choice no offered tool meets.
+
+    Only where api/tools.py lets the pipeline force calls (`tools_refusal(..., can_force=True)`
+    refuses demands elsewhere). Realtime names a function flat, {"type": "function", "name"};
+    chat nests it in `function`, so chat's `tool_choice.function.name` is realtime's `tool_choice.name`.
+    """
+    if isinstance(tool_choice, dict):
+        name = tool_choice.get("name")
+        if tool_choice.get("type") != "function" or not isinstance(name, str):
+            raise ce.BadEvent('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}',
+                              param=prefix + "tool_choice")
+        tool_choice = {"type": "function", "function": {"name": name}}
+    try:
+        return forced_tool_calls(chat_tools(tools), tool_choice, None)  # (no parallel_tool_calls setting here)
+    except ApiError as err:
+        chat_param = err.param or "tool_choice"
+        param = prefix + chat_param.replace("tool_choice.function.", "tool_choice.")
+        raise ce.BadEvent(err.message.replace(chat_param, param), code=err.code or "invalid_value",
+                          param=param) from None
 
 
 def add_function_item(messages: list[dict[str, Any]], item: Item) -> None:

@@ -31,6 +31,7 @@ from omni_actors.api.realtime.conversation import (
     render_item,
     truncate,
 )
+from omni_actors.api.realtime.function_calls import forced_call
 from omni_actors.api.realtime.input_audio import InputAudio
 from omni_actors.api.realtime.live_transcription import LiveTurn
 from omni_actors.api.realtime.response_request import Options
@@ -183,13 +184,17 @@ class RealtimeSession(InputAudio):
     # ---- session and items ----
 
     def _refuse_tools(self, tools: Any, tool_choice: Any, prefix: str) -> None:
-        if (refusal := tools_refusal(self.orch.pipeline, tools, tool_choice, prefix)) is not None:
+        """An `error` for tools this pipeline cannot call, or a call it cannot force (the client's
+        values; a forced choice is then checked against the tools it would use: session.update
+        here, response.create in Options.build)."""
+        if (refusal := tools_refusal(self.orch.pipeline, tools, tool_choice, prefix, can_force=True)) is not None:
             raise ce.BadEvent(refusal[0], code="unsupported_parameter", param=refusal[1])
 
     async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
         try:
             self._refuse_tools(s.tools, s.tool_choice, "session.")
             cfg, dialect = apply_update(self.cfg, s)
+            forced_call(cfg.tools, cfg.tool_choice, "session.")  # a choice the session's tools cannot meet
             if self.transcribes_only and s.type == "realtime":
                 raise ce.BadEvent(self._only_transcribes(), code="unsupported_session_type", param="session.type")
             if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():

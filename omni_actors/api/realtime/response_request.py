@@ -12,7 +12,7 @@ from typing import Any
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime.audio import FORMATS
 from omni_actors.api.realtime.conversation import Item
-from omni_actors.api.realtime.function_calls import add_function_item, shown_tools
+from omni_actors.api.realtime.function_calls import add_function_item, forced_call, shown_tools
 from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
@@ -34,6 +34,8 @@ class Options:
     """Out-of-band input items (response.input); None: the conversation."""
     tools: tuple[ce.FunctionTool, ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
+    forced: dict[str, Any] | None = None
+    """The `structured_outputs` forcing the call `tool_choice` demands (function_calls.py); None: none."""
 
     @classmethod
     def build(cls, cfg: SessionConfig, r: ce.ResponseIn | None, context: list[Item] | None) -> Options:
@@ -44,6 +46,8 @@ class Options:
         if r.output_audio_format not in (None, *FORMATS):
             raise ce.BadEvent(f"unsupported audio format {r.output_audio_format!r}; expected one of {list(FORMATS)}",
                               param="response.output_audio_format")
+        tools = cfg.tools if r.tools is None else tuple(r.tools)
+        tool_choice = cfg.tool_choice if r.tool_choice is None else r.tool_choice
         return cls(
             modalities=tuple(r.output_modalities or r.modalities or cfg.modalities),
             instructions=cfg.instructions if r.instructions is None else r.instructions,
@@ -54,8 +58,9 @@ class Options:
             in_conversation=r.conversation != "none",
             metadata=r.metadata,
             context=context,
-            tools=cfg.tools if r.tools is None else tuple(r.tools),
-            tool_choice=cfg.tool_choice if r.tool_choice is None else r.tool_choice,
+            tools=tools,
+            tool_choice=tool_choice,
+            forced=forced_call(tools, tool_choice, "response."),
         )
 
 
@@ -80,7 +85,8 @@ def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Tur
     "array": key, "sample_rate": 16000}` whose samples are the top-level
     `inputs[key]`: "audio" for the last user message, "audio_1", ... for earlier ones.
     Function items are written as chat writes them (function_calls.py), and the
-    response's tools, unless its `tool_choice` is "none", are `inputs["tools"]`.
+    response's tools, unless its `tool_choice` is "none", are `inputs["tools"]`; a
+    `tool_choice` that demands a call guides the stage's decoding to one (`opts.forced`).
     """
     messages: list[dict[str, Any]] = []
     if opts.instructions:
@@ -116,6 +122,9 @@ def build_request(pipe: PipelineConfig, opts: Options, items: list[Item]) -> Tur
     params: dict[str, Any] = {"temperature": opts.temperature, "voice": opts.voice, "modalities": list(opts.modalities)}
     if opts.max_output_tokens is not None:
         params["max_tokens"] = opts.max_output_tokens
+    if opts.forced is not None:
+        params["structured_outputs"] = opts.forced
+        params["tool_calls_forced"] = True
     outputs = pipe.output_types()
     if ("audio" not in opts.modalities or "audio" not in outputs) and "text" in outputs:
         wanted = frozenset({"text"})

@@ -57,7 +57,8 @@ class SessionConfig:
     """None means "inf"."""
     tools: tuple[ce.FunctionTool, ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
-    """Only "auto" and "none" are accepted (api/tools.py: nothing can force a call)."""
+    """"required" or {"type": "function", "name"} force a call where the pipeline can (api/tools.py),
+    checked against `tools` at each session.update (function_calls.py `forced_call`)."""
 
 
 def _format(value: Any, param: str) -> str:

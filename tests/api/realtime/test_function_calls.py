@@ -4,7 +4,9 @@ A random tiny model never writes a call, so the checkpoint is the tiny llama
 scripted to answer every chat prompt with one Hermes call (models/tiny/llama.py,
 `reply`): the real template, engine, parser and WebSocket carry it. The model's
 own prompt-token count (usage) shows what reached its context: the tools, the
-call and the client's `function_call_output`.
+call and the client's `function_call_output`. A forced `tool_choice` (a named function)
+guides the decoding: the grammar masks the scripted Hermes text, and the model writes a
+call in the tool's schema (enum-only, so any sample is a valid call).
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from tests.api.realtime.conftest import RtServer, connect, serve_rt
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+PICK = {"type": "function", "name": "pick_city", "description": "Choose a city",
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                       "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}}}
+FORCED_TOKENS = 160
+"""Room for the guided call's JSON in this tiny model's small tokens."""
 QUESTION = "What is the weather in Paris?"
 RESULT = "Sunny, 21 degrees C"
 
@@ -128,5 +135,46 @@ async def test_response_tools_and_a_bad_function_item_are_answered(srv: RtServer
         # the session itself offers no tools: the next response answers in text
         await c.send("response.create")
         (item,) = (await c.until("response.done"))[-1]["response"]["output"]
+        assert item["type"] == "message" and item["content"][0]["text"] == CALL, item
+        await c.ws.close()
+
+
+async def test_a_named_tool_choice_forces_a_call_in_the_tools_schema(srv: RtServer) -> None:
+    async with sdk(srv).realtime.connect(model="llm") as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER, PICK],
+                                           "tool_choice": {"type": "function", "name": "pick_city"}})
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+        await conn.response.create(response={"max_output_tokens": FORCED_TOKENS})
+        events = await until_done(conn)
+        updated = next(e for e in events if e.type == "session.updated").session
+        assert (updated.tool_choice.type, updated.tool_choice.name) == ("function", "pick_city"), updated
+        response = events[-1].response
+        assert response.status == "completed", response
+        (item,) = response.output
+        assert (item.type, item.name, item.status) == ("function_call", "pick_city", "completed"), item
+        assert json.loads(item.arguments) in ({"city": "Paris"}, {"city": "Rome"}), item.arguments
+        done = next(e for e in events if e.type == "response.function_call_arguments.done")
+        assert (done.name, done.call_id, done.arguments) == ("pick_city", item.call_id, item.arguments)
+        assert "response.output_text.delta" not in [e.type for e in events]
+
+
+async def test_a_forced_choice_no_tool_meets_is_an_error_and_the_session_lives_on(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None, modalities=["text"])
+        eid = await c.send("session.update", session={"tools": [PICK],
+                                                      "tool_choice": {"type": "function", "name": "nope"}})
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"]) == ("session.tool_choice.name", eid), err
+        assert "nope" in err["message"] and "pick_city" in err["message"], err
+        eid = await c.send("response.create", response={"tool_choice": "required"})
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"]) == ("response.tool_choice", eid), err
+        # nothing of either took: the session offers no tools, and answers in text
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+        await c.send("response.create")
+        events = await c.until("response.done")
+        (item,) = events[-1]["response"]["output"]
         assert item["type"] == "message" and item["content"][0]["text"] == CALL, item
         await c.ws.close()
