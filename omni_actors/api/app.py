@@ -33,7 +33,7 @@ import msgspec
 from aiohttp import web
 
 from omni_actors import __version__
-from omni_actors.api import audio_generation, image_files, playground, realtime, videos
+from omni_actors.api import audio_generation, image_files, playground, realtime, responses, videos
 from omni_actors.api.calls import ORCH_KEY
 from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
@@ -109,5 +109,6 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     playground.add_routes(app)
     videos.add_routes(app)
     audio_generation.add_routes(app)
+    responses.add_routes(app)
     add_voice_routes(app)
     return app

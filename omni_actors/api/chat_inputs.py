@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -79,8 +80,14 @@ def decode_data_url(url: str, param: str) -> np.ndarray:
         raise bad_request(f"cannot decode image: {err}", param, "invalid_image") from None
 
 
-def build_chat_inputs(messages: list[ChatMessage]) -> dict[str, Any]:
-    """Normalize messages and hoist their media to top-level arrays (see the module docstring)."""
+def chat_param(message: int, part: int, leaf: str) -> str:
+    """Where a chat request holds a message's content part: `messages[i].content[j].<leaf>`."""
+    return f"messages[{message}].content[{part}].{leaf}"
+
+
+def build_chat_inputs(messages: list[ChatMessage], param: Callable[[int, int, str], str] = chat_param) -> dict[str, Any]:
+    """Normalize messages and hoist their media to top-level arrays (see the module docstring).
+    `param(message, part, leaf)` names a part that cannot be decoded (another route's shape)."""
     last_user = max((i for i, msg in enumerate(messages) if msg.role == "user"), default=-1)
     inputs: dict[str, Any] = {}
     counts = {"audio": 0, "image": 0}
@@ -107,13 +114,13 @@ def build_chat_inputs(messages: list[ChatMessage]) -> dict[str, Any]:
             continue
         parts: list[dict[str, Any]] = []
         for j, part in enumerate(msg.content):
-            where = f"messages[{i}].content[{j}]"
             match part:
                 case TextPart(text=text):
                     parts.append({"type": "text", "text": text})
                 case InputAudioPart(input_audio=audio):
-                    raw = _b64(audio.data, f"{where}.input_audio.data")
-                    samples, rate = decode_audio(raw, audio.format, f"{where}.input_audio.data")
+                    where = param(i, j, "input_audio.data")
+                    raw = _b64(audio.data, where)
+                    samples, rate = decode_audio(raw, audio.format, where)
                     key = key_for("audio", i == last_user)
                     inputs[key] = samples
                     if key == "audio":
@@ -121,7 +128,7 @@ def build_chat_inputs(messages: list[ChatMessage]) -> dict[str, Any]:
                     parts.append({"type": "input_audio", "array": key, "sample_rate": rate})
                 case ImageUrlPart(image_url=image):
                     key = key_for("image", i == last_user)
-                    inputs[key] = decode_data_url(image.url, f"{where}.image_url.url")
+                    inputs[key] = decode_data_url(image.url, param(i, j, "image_url.url"))
                     parts.append({"type": "image", "array": key})
         entry["content"] = parts
         out.append(entry)

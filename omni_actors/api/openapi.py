@@ -23,6 +23,7 @@ import msgspec
 from aiohttp import web
 
 from omni_actors.api import chat_schemas as cs
+from omni_actors.api import responses_schemas as rs
 from omni_actors.api import schemas as s
 from omni_actors.api.audio_codec import CONTENT_TYPES
 from omni_actors.api.middleware import PUBLIC_PATHS
@@ -69,6 +70,8 @@ _ROUTES = (
            {"application/json": s.Transcription | s.TranscriptionVerbose, "text/plain": None,
             "application/x-subrip": None, "text/vtt": None, SSE: s.TranscriptTextDelta | s.TranscriptTextDone},
            frozenset({"transcript"})),
+    _Route("post", "/v1/responses", "Responses API (response.* events when stream=true)", rs.ResponseRequest,
+           {"application/json": rs.Response, SSE: rs.StreamEvent}, frozenset({"text"})),
     _Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
            {"application/json": s.ImagesResponse}, frozenset({"image"})),
     _Route("get", "/v1/models", "Served models", None, {"application/json": s.ModelList}),

@@ -1,0 +1,284 @@
+"""OpenAI's Responses API on any pipeline that writes text: `client.responses.create / retrieve / delete`.
+
+    POST   /v1/responses                          a response (stream=true: `response.*` events)
+    GET    /v1/responses/{id}                     a stored response
+    DELETE /v1/responses/{id}
+    GET    /v1/responses/{id}/input_items         its input items (?order=asc|desc, after, limit 1-100)
+
+A request runs as a chat completion does (the same inputs, tools and guided decoding:
+api/responses_inputs.py maps it): `input` (text or items: messages with text, image and audio
+parts, earlier function calls and their outputs), `instructions`, `max_output_tokens`,
+`temperature`, `top_p`, function `tools` with `tool_choice` (forced calls where the text stage
+guides decoding, api/structured.py), `text.format` (json_object, json_schema). The answer's
+`output` is a `message` item (`output_text`) and/or `function_call` items; `status` is
+"incomplete" (reason max_output_tokens) when the answer was cut short.
+
+Stored state: with `store` (the default) the response, its input items and the conversation
+so far go to SQLite (api/responses_store.py) and survive a restart; `previous_response_id`
+continues that conversation (its instructions are not carried, as OpenAI does). Streamed:
+`response.created`, `response.in_progress`, the output items with their
+`response.output_text.delta` / `response.function_call_arguments.delta` events, then
+`response.completed` (or `response.incomplete`); no `[DONE]`. While tools are offered the text is
+held until the answer is read for calls, as chat does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from omni_actors.api import sse
+from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.calls import PipelineCall, drop_none, route_model
+from omni_actors.api.chat import Tally
+from omni_actors.api.chat_inputs import build_chat_inputs
+from omni_actors.api.chat_schemas import ChatMessage
+from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.responses_inputs import (
+    chat_tool_choice,
+    chat_tools,
+    part_param,
+    read_turn,
+    response_format,
+)
+from omni_actors.api.responses_schemas import (
+    ContentPartAdded,
+    ContentPartDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    FunctionCallItem,
+    IncompleteDetails,
+    InputItemList,
+    MessageItem,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputText,
+    OutputTextDelta,
+    OutputTextDone,
+    Response,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseDeleted,
+    ResponseIncomplete,
+    ResponseInProgress,
+    ResponseRequest,
+    ResponseUsage,
+)
+from omni_actors.api.responses_store import ResponseStore
+from omni_actors.api.schemas import read_body
+from omni_actors.api.structured import forced_tool_calls, structured_outputs
+from omni_actors.api.tools import stage_tools, tools_refusal
+from omni_actors.orchestrator.outputs import TextOutput
+
+ROUTE = "/v1/responses"
+DEFAULT_PAGE, MAX_PAGE = 20, 100
+RESPONSES_KEY = web.AppKey("response_store", ResponseStore)
+
+
+def _store(request: web.Request) -> ResponseStore:
+    """The app's store if it was given one, else the process's (the data directory's, store.py)."""
+    given = request.app.get(RESPONSES_KEY)
+    return given if given is not None else ResponseStore()
+
+
+def _renamed(err: ApiError, old: str, new: str) -> ApiError:
+    """A chat helper's 400 with its param in this API's words."""
+    if err.param is not None and err.param.startswith(old):
+        err.param = new + err.param[len(old):]
+    return err
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    req = await read_body(request, ResponseRequest)
+    orch, model = route_model(request, req.model, {"text"})
+    earlier: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        found = _store(request).conversation(req.previous_response_id)
+        if found is None:
+            raise bad_request(f"previous response {req.previous_response_id!r} is not stored here",
+                              "previous_response_id", "previous_response_not_found")
+        earlier = found
+    turn = read_turn(req, earlier)
+    tools, choice = chat_tools(req), chat_tool_choice(req.tool_choice)
+    if (refusal := tools_refusal(orch.pipeline, tools, choice, can_force=True)) is not None:
+        raise bad_request(*refusal, "unsupported_parameter")
+    try:
+        guided = structured_outputs(orch.pipeline, response_format(req))
+        forced = forced_tool_calls(tools, choice, req.parallel_tool_calls)
+    except ApiError as err:
+        raise _renamed(_renamed(err, "response_format", "text.format"), "tool_choice.function", "tool_choice")
+    if forced is not None and guided is not None:
+        raise bad_request("a JSON text.format and a tool_choice that forces a call cannot both shape the answer",
+                          "text.format")
+    try:
+        messages = msgspec.convert(turn.messages, list[ChatMessage])
+    except msgspec.ValidationError as err:
+        raise bad_request(f"input cannot be read as a conversation: {err}", "input") from None
+    has_media = any(not isinstance(m.content, str | None) for m in messages)
+    namer = part_param(turn.where)
+    inputs = await off_loop(build_chat_inputs, messages, namer) if has_media else build_chat_inputs(messages, namer)
+    if (shown := stage_tools(tools, choice)) is not None:
+        inputs["tools"] = shown
+    params = drop_none({"temperature": req.temperature, "top_p": req.top_p, "max_tokens": req.max_output_tokens,
+                        "modalities": ["text"]})
+    if (structured := forced or guided) is not None:
+        params.update(structured_outputs=structured, tool_calls_forced=forced is not None)
+    base = Response(
+        id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), status="in_progress", model=model, output=[],
+        instructions=req.instructions, max_output_tokens=req.max_output_tokens, temperature=req.temperature,
+        top_p=req.top_p, tools=req.tools or [], tool_choice=req.tool_choice or "auto",
+        parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
+        store=req.store, metadata=dict(req.metadata or {}), user=req.user,
+        text={"format": msgspec.to_builtins(req.text.format)} if req.text and req.text.format else {
+            "format": {"type": "text"}})
+    answer = _Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
+                     turn.items if req.store else None, _store(request))
+    async with PipelineCall(request, ROUTE, inputs, params, {"text"}, base.id) as call:
+        if req.stream:
+            await call.started()  # an error before the first output keeps its HTTP status
+            return await sse.respond(request, _events(call, answer, hold=shown is not None), done=False)
+        async for chunk in call:
+            if isinstance(chunk.output, TextOutput):
+                answer.tally.add_text(chunk.output)
+    return web.Response(body=msgspec.json.encode(answer.finish()), content_type="application/json")
+
+
+class _Answer:
+    """What a response accumulated, and the final object (stored when asked)."""
+
+    def __init__(self, base: Response, message_id: str, conversation: list[dict[str, Any]],
+                 items: list[dict[str, Any]] | None, store: ResponseStore) -> None:
+        self.base, self.message_id, self.conversation, self.items = base, message_id, conversation, items
+        self.store = store
+        self.tally = Tally()
+
+    def output(self) -> list[MessageItem | FunctionCallItem]:
+        t = self.tally
+        status = "incomplete" if t.finish_reason == "length" else "completed"
+        if not t.tool_calls:
+            return [MessageItem(self.message_id, status, [OutputText("".join(t.text))])]
+        head = [MessageItem(self.message_id, status, [OutputText(t.tool_content)])] if t.tool_content else []
+        return [*head, *(FunctionCallItem(f"fc_{uuid.uuid4().hex[:24]}", c.id, c.name, c.arguments)
+                         for c in t.tool_calls)]
+
+    def finish(self) -> Response:
+        t = self.tally
+        cut = t.finish_reason == "length"
+        done = msgspec.structs.replace(
+            self.base, status="incomplete" if cut else "completed", output=self.output(),
+            usage=ResponseUsage(t.prompt_tokens, t.completion_tokens, t.prompt_tokens + t.completion_tokens),
+            incomplete_details=IncompleteDetails("max_output_tokens") if cut else None)
+        if self.items is not None:
+            said: dict[str, Any] = {"role": "assistant",
+                                    "content": (t.tool_content or "") if t.tool_calls else "".join(t.text)}
+            if t.tool_calls:
+                said["tool_calls"] = [{"id": c.id, "type": "function",
+                                       "function": {"name": c.name, "arguments": c.arguments}} for c in t.tool_calls]
+            self.store.add(done, [*self.conversation, said], self.items)
+        return done
+
+
+async def _events(call: PipelineCall, answer: _Answer, hold: bool) -> AsyncGenerator[Any, None]:
+    seq = itertools.count()
+    yield ResponseCreated(sequence_number=next(seq), response=answer.base)
+    yield ResponseInProgress(sequence_number=next(seq), response=answer.base)
+    mid, opened = answer.message_id, False
+    async for chunk in call:
+        if not isinstance(chunk.output, TextOutput):
+            continue
+        delta = answer.tally.add_text(chunk.output)
+        if not delta or hold:
+            continue
+        if not opened:
+            opened = True
+            yield OutputItemAdded(sequence_number=next(seq), output_index=0, item=MessageItem(mid, "in_progress", []))
+            yield ContentPartAdded(sequence_number=next(seq), item_id=mid, output_index=0, content_index=0,
+                                   part=OutputText(""))
+        yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=0, content_index=0, delta=delta)
+    final = answer.finish()
+    for index, item in enumerate(final.output):
+        if isinstance(item, MessageItem):
+            text = item.content[0].text
+            if not opened:
+                yield OutputItemAdded(sequence_number=next(seq), output_index=index,
+                                      item=MessageItem(mid, "in_progress", []))
+                yield ContentPartAdded(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
+                                       part=OutputText(""))
+                if text:
+                    yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=index,
+                                          content_index=0, delta=text)
+            yield OutputTextDone(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
+                                 text=text)
+            yield ContentPartDone(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
+                                  part=item.content[0])
+        else:
+            yield OutputItemAdded(sequence_number=next(seq), output_index=index,
+                                  item=msgspec.structs.replace(item, arguments="", status="in_progress"))
+            yield FunctionCallArgumentsDelta(sequence_number=next(seq), item_id=item.id, output_index=index,
+                                             delta=item.arguments)
+            yield FunctionCallArgumentsDone(sequence_number=next(seq), item_id=item.id, output_index=index,
+                                            name=item.name, arguments=item.arguments)
+        yield OutputItemDone(sequence_number=next(seq), output_index=index, item=item)
+    end = ResponseIncomplete if final.status == "incomplete" else ResponseCompleted
+    yield end(sequence_number=next(seq), response=final)
+
+
+def _stored_body(request: web.Request) -> tuple[str, bytes]:
+    rid = request.match_info["response_id"]
+    body = _store(request).body(rid)
+    if body is None:
+        raise ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
+    return rid, body
+
+
+async def get_response(request: web.Request) -> web.Response:
+    return web.Response(body=_stored_body(request)[1], content_type="application/json")
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    rid = request.match_info["response_id"]
+    if not _store(request).delete(rid):
+        raise ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
+    return web.Response(body=msgspec.json.encode(ResponseDeleted(rid)), content_type="application/json")
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    rid = request.match_info["response_id"]
+    items = _store(request).items(rid)
+    if items is None:
+        raise ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
+    q = request.query
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request("order must be asc or desc", "order")
+    try:
+        limit = int(q.get("limit", DEFAULT_PAGE))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_PAGE:
+        raise bad_request(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
+    ordered = items if order == "asc" else items[::-1]
+    if after := q.get("after"):
+        ids = [i["id"] for i in ordered]
+        if after not in ids:
+            raise bad_request(f"after {after!r} is not an item of this response", "after")
+        ordered = ordered[ids.index(after) + 1:]
+    page = ordered[:limit]
+    body = InputItemList(page, page[0]["id"] if page else None, page[-1]["id"] if page else None,
+                         has_more=len(ordered) > limit)
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+def add_routes(app: web.Application) -> None:
+    """Every Responses API route (one line in app.py)."""
+    r = app.router
+    r.add_post(ROUTE, create_response)
+    r.add_get(ROUTE + "/{response_id}", get_response)
+    r.add_delete(ROUTE + "/{response_id}", delete_response)
+    r.add_get(ROUTE + "/{response_id}/input_items", list_input_items)

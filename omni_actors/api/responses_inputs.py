@@ -1,0 +1,155 @@
+"""A Responses API request -> chat messages, tools and guided-decoding options, so it runs as a chat does.
+
+    turn = read_turn(req, earlier)       # earlier: the stored conversation of previous_response_id
+    turn.messages                        # chat-shaped dicts: instructions, earlier turns, this input
+    turn.items                           # this request's input items as stored (each with an id)
+
+Input items map onto chat messages: a message's `input_text`/`output_text`/`refusal` parts are
+text, `input_image` (a data URL) an image, `input_audio` audio; `developer` is `system`; a
+`function_call` joins the assistant message before it as a tool call and a
+`function_call_output` is a `tool` message. Items this server cannot use (`item_reference`,
+an image by `file_id` or remote URL) are 400s naming them (`input[3].content[0].file_id`).
+`instructions` go first as a system message and, as OpenAI does, are not carried to a later
+response through `previous_response_id`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from omni_actors.api.chat_schemas import ChatTool, FunctionDef, JsonSchemaFormat, ResponseFormat
+from omni_actors.api.errors import bad_request
+from omni_actors.api.responses_schemas import (
+    InputAudioItemPart,
+    InputImagePart,
+    InputItem,
+    InputTextPart,
+    OutputTextPart,
+    RefusalPart,
+    ResponseRequest,
+)
+
+
+@dataclass
+class Turn:
+    messages: list[dict[str, Any]]
+    """Chat-shaped messages: instructions, the earlier conversation, this input."""
+    conversation: list[dict[str, Any]]
+    """The same without the instructions: what a later `previous_response_id` continues."""
+    items: list[dict[str, Any]]
+    """This request's input items, with ids, as `input_items` lists them."""
+    where: list[int]
+    """For each message: the index of the input item it came from (-1: not from this input)."""
+
+
+def read_turn(req: ResponseRequest, earlier: list[dict[str, Any]]) -> Turn:
+    items = [InputItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    conversation = list(earlier)
+    where = [-1] * len(earlier)
+    stored: list[dict[str, Any]] = []
+    for k, item in enumerate(items):
+        param = f"input[{k}]"
+        stored.append(_stored(item))
+        if item.type == "item_reference":
+            raise bad_request("item references are not served; send the item itself", f"{param}.type",
+                              "unsupported_value")
+        if item.type == "function_call":
+            call = {"id": _need(item.call_id, f"{param}.call_id"), "type": "function", "function": {
+                "name": _need(item.name, f"{param}.name"), "arguments": item.arguments or "{}"}}
+            last = conversation[-1] if conversation else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                conversation.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                where.append(k)
+        elif item.type == "function_call_output":
+            conversation.append({"role": "tool", "tool_call_id": _need(item.call_id, f"{param}.call_id"),
+                                 "content": _need(item.output, f"{param}.output")})
+            where.append(k)
+        else:
+            role = _need(item.role, f"{param}.role")
+            conversation.append({"role": "system" if role == "developer" else role,
+                                 "content": _content(_need(item.content, f"{param}.content"), param)})
+            where.append(k)
+    head = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    return Turn([*head, *conversation], conversation, stored, [-1] * len(head) + where)
+
+
+def _need(value: Any, param: str) -> Any:
+    if value is None:
+        raise bad_request(f"`{param}` is required for this item", param, "missing_required_parameter")
+    return value
+
+
+def _content(content: str | list[Any], param: str) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        match part:
+            case InputTextPart(text=text) | OutputTextPart(text=text) | RefusalPart(refusal=text):
+                parts.append({"type": "text", "text": text})
+            case InputImagePart(file_id=file_id) if file_id is not None:
+                raise bad_request("images by file_id are not served: send image_url as a data URL",
+                                  f"{param}.content[{j}].file_id", "unsupported_value")
+            case InputImagePart(image_url=url):
+                parts.append({"type": "image_url", "image_url": {
+                    "url": _need(url, f"{param}.content[{j}].image_url")}})
+            case InputAudioItemPart(input_audio=audio):
+                parts.append({"type": "input_audio", "input_audio": {"data": audio.data, "format": audio.format}})
+    return parts
+
+
+def _stored(item: InputItem) -> dict[str, Any]:
+    """The item as `input_items` answers it (an id given, else a new one)."""
+    import msgspec
+
+    out = msgspec.to_builtins(item)
+    out.setdefault("type", "message")
+    if item.type == "message" and isinstance(item.content, str):
+        kind = "output_text" if item.role == "assistant" else "input_text"
+        out["content"] = [{"type": kind, "text": item.content}]
+    prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(item.type, "item")
+    out.setdefault("id", f"{prefix}_{uuid.uuid4().hex[:24]}")
+    return out
+
+
+def part_param(where: list[int]) -> Any:
+    """`build_chat_inputs`' param namer for this turn: chat message i, part j -> `input[k].content[j]...`."""
+    def name(i: int, j: int, leaf: str) -> str:
+        k = where[i] if i < len(where) else -1
+        base = f"input[{k}].content[{j}]" if k >= 0 else "previous_response_id"
+        if k < 0:
+            return base
+        return f"{base}.image_url" if leaf == "image_url.url" else f"{base}.{leaf}"
+    return name
+
+
+def chat_tools(req: ResponseRequest) -> list[ChatTool] | None:
+    """The request's function tools as chat declares them (api/tools.py reads these)."""
+    if req.tools is None:
+        return None
+    return [ChatTool(type="function", function=FunctionDef(name=t.name, description=t.description,
+                                                            parameters=t.parameters, strict=t.strict))
+            for t in req.tools]
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    """Responses' named choice {"type": "function", "name"} in chat's shape; other values as they are."""
+    if isinstance(choice, dict) and "function" not in choice and isinstance(choice.get("name"), str):
+        return {"type": choice.get("type"), "function": {"name": choice["name"]}}
+    return choice
+
+
+def response_format(req: ResponseRequest) -> ResponseFormat | None:
+    """`text.format` as chat's `response_format` (api/structured.py serves both)."""
+    fmt = req.text.format if req.text is not None else None
+    if fmt is None or fmt.type != "json_schema":
+        return None if fmt is None else ResponseFormat(type=fmt.type)
+    if fmt.name is None:
+        raise bad_request("text.format of type json_schema needs a `name`", "text.format.name",
+                          "missing_required_parameter")
+    return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+        name=fmt.name, schema=fmt.schema, description=fmt.description, strict=fmt.strict))

@@ -1,0 +1,286 @@
+"""The Responses API (`/v1/responses`) request and response bodies as msgspec structs (OpenAPI source too).
+
+The request forbids unknown fields, as every request here does. Input items are one
+struct whose `type` says which fields apply (a message may leave `type` out, so a tagged
+union cannot tell them apart); api/responses_inputs.py checks each. Answers are OpenAI's
+shapes: a `response` object whose `output` holds `message` and `function_call` items, and the
+`response.*` stream events that build it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from omni_actors.api.chat_schemas import InputAudio
+from omni_actors.api.schemas import (
+    MAX_TOOLS,
+    FunctionName,
+    Instructions,
+    Metadata,
+    Name,
+    Probability,
+    RequestStruct,
+    Temperature,
+    TokenCount,
+)
+
+MAX_INPUT_ITEMS = 2048
+"""Most input items one request may carry (a long conversation sent back whole)."""
+
+
+class InputTextPart(RequestStruct, tag_field="type", tag="input_text"):
+    text: str
+
+
+class OutputTextPart(RequestStruct, tag_field="type", tag="output_text"):
+    """An earlier answer's text, sent back as an assistant message's content."""
+
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class RefusalPart(RequestStruct, tag_field="type", tag="refusal"):
+    refusal: str
+
+
+class InputImagePart(RequestStruct, tag_field="type", tag="input_image"):
+    image_url: str | None = None
+    """A data URL (`data:image/png;base64,...`); remote URLs and `file_id` are not fetched."""
+    file_id: Name | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class InputAudioItemPart(RequestStruct, tag_field="type", tag="input_audio"):
+    input_audio: InputAudio
+
+
+InputPart = InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputAudioItemPart
+
+
+class InputItem(RequestStruct):
+    """A message (`role`, `content`), an earlier `function_call`, or a `function_call_output`."""
+
+    type: Literal["message", "function_call", "function_call_output", "item_reference"] = "message"
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: str | list[InputPart] | None = None
+    id: Name | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    call_id: Name | None = None
+    name: FunctionName | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class FunctionTool(RequestStruct, tag_field="type", tag="function"):
+    name: FunctionName
+    parameters: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextFormat(RequestStruct):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")] | None = None
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextOptions(RequestStruct):
+    format: TextFormat | None = None
+
+
+class ResponseRequest(RequestStruct):
+    model: Name
+    input: str | Annotated[list[InputItem], Meta(min_length=1, max_length=MAX_INPUT_ITEMS)]
+    instructions: Instructions | None = None
+    max_output_tokens: TokenCount | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: Name | None = None
+    tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextOptions | None = None
+    metadata: Metadata | None = None
+    user: Name | None = None
+    # Accepted for client compatibility: this server has one tier and truncates nothing.
+    service_tier: Name | None = None
+    truncation: Literal["disabled"] | None = None
+
+
+# ---- answers ---------------------------------------------------------------------
+
+
+class OutputText(Struct, tag_field="type", tag="output_text"):
+    text: str
+    annotations: list[Any] = []
+    logprobs: list[Any] = []
+
+
+class MessageItem(Struct, tag_field="type", tag="message"):
+    id: str
+    status: str
+    content: list[OutputText]
+    role: Literal["assistant"] = "assistant"
+
+
+class FunctionCallItem(Struct, tag_field="type", tag="function_call"):
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str = "completed"
+
+
+OutputItem = MessageItem | FunctionCallItem
+
+
+class TokenDetails(Struct, frozen=True):
+    cached_tokens: int = 0
+
+
+class OutputTokenDetails(Struct, frozen=True):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(Struct):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: TokenDetails = TokenDetails()
+    output_tokens_details: OutputTokenDetails = OutputTokenDetails()
+
+
+class IncompleteDetails(Struct):
+    reason: str
+
+
+class ResponseError(Struct):
+    code: str
+    message: str
+
+
+class Response(Struct, kw_only=True):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    model: str
+    output: list[OutputItem]
+    usage: ResponseUsage | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[FunctionTool] = []
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    store: bool = True
+    text: dict[str, Any] = msgspec.field(default_factory=lambda: {"format": {"type": "text"}})
+    metadata: dict[str, str] = {}
+    incomplete_details: IncompleteDetails | None = None
+    error: ResponseError | None = None
+    user: str | None = None
+
+
+class ResponseDeleted(Struct):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool = True
+
+
+class InputItemList(Struct):
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool = False
+    object: Literal["list"] = "list"
+
+
+# ---- stream events (each with its place in the stream) ------------------------------
+
+
+class _Event(Struct, kw_only=True, tag_field="type"):
+    sequence_number: int
+
+
+class ResponseCreated(_Event, tag="response.created"):
+    response: Response
+
+
+class ResponseInProgress(_Event, tag="response.in_progress"):
+    response: Response
+
+
+class ResponseCompleted(_Event, tag="response.completed"):
+    response: Response
+
+
+class ResponseIncomplete(_Event, tag="response.incomplete"):
+    response: Response
+
+
+class OutputItemAdded(_Event, tag="response.output_item.added"):
+    output_index: int
+    item: OutputItem
+
+
+class OutputItemDone(_Event, tag="response.output_item.done"):
+    output_index: int
+    item: OutputItem
+
+
+class ContentPartAdded(_Event, tag="response.content_part.added"):
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class ContentPartDone(_Event, tag="response.content_part.done"):
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class OutputTextDelta(_Event, tag="response.output_text.delta"):
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any] = []
+
+
+class OutputTextDone(_Event, tag="response.output_text.done"):
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any] = []
+
+
+class FunctionCallArgumentsDelta(_Event, tag="response.function_call_arguments.delta"):
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class FunctionCallArgumentsDone(_Event, tag="response.function_call_arguments.done"):
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
+
+
+StreamEvent = (ResponseCreated | ResponseInProgress | ResponseCompleted | ResponseIncomplete | OutputItemAdded
+               | OutputItemDone | ContentPartAdded | ContentPartDone | OutputTextDelta | OutputTextDone
+               | FunctionCallArgumentsDelta | FunctionCallArgumentsDone)

@@ -1,0 +1,52 @@
+"""Stored responses (`store: true`, the default) in the data directory's SQLite store (store.py).
+
+    responses(id "resp_...", created_at, model, body, conversation, items)
+
+`body` is the response object as answered (JSON); `conversation` the chat-shaped messages a
+later request continues with `previous_response_id` (this input and the answer, without the
+instructions); `items` this request's input items as `input_items` lists them. All JSON text.
+A client may come back for any of them after a restart; `DELETE /v1/responses/{id}` removes one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from omni_actors.api.responses_schemas import Response
+from omni_actors.store import Store, get_store
+
+FEATURE = "responses"
+DDL = (
+    "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, "
+    "model TEXT NOT NULL, body TEXT NOT NULL, conversation TEXT NOT NULL, items TEXT NOT NULL)",
+)
+
+
+class ResponseStore:
+    def __init__(self, store: Store | None = None) -> None:
+        self.store = store or get_store()
+        self.store.ensure(FEATURE, DDL)
+
+    def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
+        self.store.execute(
+            "INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+            (response.id, response.created_at, response.model, msgspec.json.encode(response).decode(),
+             json.dumps(conversation), json.dumps(items)))
+
+    def body(self, rid: str) -> bytes | None:
+        row = self.store.query_one("SELECT body FROM responses WHERE id = ?", (rid,))
+        return row[0].encode() if row else None
+
+    def conversation(self, rid: str) -> list[dict[str, Any]] | None:
+        row = self.store.query_one("SELECT conversation FROM responses WHERE id = ?", (rid,))
+        return json.loads(row[0]) if row else None
+
+    def items(self, rid: str) -> list[dict[str, Any]] | None:
+        row = self.store.query_one("SELECT items FROM responses WHERE id = ?", (rid,))
+        return json.loads(row[0]) if row else None
+
+    def delete(self, rid: str) -> bool:
+        return self.store.execute("DELETE FROM responses WHERE id = ?", (rid,)) > 0
