@@ -121,3 +121,21 @@ async def test_forced_tool_choice_mistakes_are_400s(srv: Server, fields: dict, p
     with pytest.raises(openai.BadRequestError) as info:
         await srv.client().chat.completions.create(model="llm", messages=MSG, **GREEDY, **fields)
     assert info.value.body["param"] == param, info.value.body
+
+
+async def test_the_responses_api_forces_a_call_and_takes_its_output_back(srv: Server) -> None:
+    """client.responses: a named tool_choice gives a function_call item; its output, sent back with
+    previous_response_id, reaches the model's context (the prompt grows by the call and the result)."""
+    client = srv.client()
+    tool = {"type": "function", **FORECAST["function"]}
+    called = await client.responses.create(model="llm", input="Weather in Paris?", tools=[tool],
+                                           tool_choice={"type": "function", "name": "forecast"},
+                                           temperature=0.0, max_output_tokens=160)
+    (call,) = called.output
+    assert call.type == "function_call" and call.name == "forecast", called.output
+    assert json.loads(call.arguments)["city"] in ("Paris", "Rome")
+    answered = await client.responses.create(
+        model="llm", previous_response_id=called.id, tools=[tool], temperature=0.0, max_output_tokens=4,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 degrees C"}])
+    assert answered.usage.input_tokens > called.usage.input_tokens
+    assert answered.output[0].type == "message" and answered.previous_response_id == called.id

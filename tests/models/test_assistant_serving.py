@@ -300,6 +300,10 @@ async def test_json_answers_by_guided_decoding(srv: Server) -> None:
         await sdk.chat.completions.create(**ask, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
     assert bad.value.body["param"] == "response_format", bad.value.body
+    # the Responses API's parse(), the same guided decoding through text.format
+    answer = await sdk.responses.parse(model="assistant", input=QUESTION + " Answer in JSON.", text_format=Capital,
+                                       max_output_tokens=MAX_TOKENS, temperature=0.0)
+    assert answer.output_parsed == parsed.choices[0].message.parsed, answer
     await eventually(lambda: idle(srv.orch), timeout_s=10)
 
 
