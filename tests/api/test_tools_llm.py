@@ -134,6 +134,13 @@ async def test_the_responses_api_forces_a_call_and_takes_its_output_back(srv: Se
     (call,) = called.output
     assert call.type == "function_call" and call.name == "forecast", called.output
     assert json.loads(call.arguments)["city"] in ("Paris", "Rome")
+    events = [e async for e in await client.responses.create(
+        model="llm", input="Weather in Paris?", tools=[tool], tool_choice={"type": "function", "name": "forecast"},
+        temperature=0.0, max_output_tokens=160, stream=True)]
+    kinds = [e.type for e in events]
+    assert "response.output_text.delta" not in kinds and kinds[-1] == "response.completed", kinds
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert (done.name, done.arguments) == ("forecast", call.arguments)  # greedy: the same call, streamed
     answered = await client.responses.create(
         model="llm", previous_response_id=called.id, tools=[tool], temperature=0.0, max_output_tokens=4,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 degrees C"}])
