@@ -86,6 +86,11 @@ async def test_a_stream_builds_the_same_response(client: AsyncOpenAI) -> None:
     assert done.text == whole.output_text == events[-1].response.output_text
     assert kinds.index("response.output_item.added") < kinds.index("response.output_text.delta") < kinds.index(
         "response.output_item.done")
+    # the SDK's stream helper rebuilds the response from the events
+    async with client.responses.stream(model="synthetic", input="one two three", max_output_tokens=3) as helper:
+        texts = [e.delta async for e in helper if e.type == "response.output_text.delta"]
+        final = await helper.get_final_response()
+    assert "".join(texts) == final.output_text == whole.output_text
 
 
 async def test_stored_responses_continue_and_survive_a_restart(client: AsyncOpenAI, data: Path) -> None:
