@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +12,12 @@ import aiohttp
 from openai import AsyncOpenAI
 
 from omni_actors.api.app import build_app
+from omni_actors.api.responses import RESPONSES_KEY
+from omni_actors.api.responses_store import ResponseStore
 from omni_actors.api.server import ApiServer, start_server
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.store import Store
 from tests.conftest import eventually, make_deploy, running  # noqa: F401 - re-exported
 
 API_KEY = "test-key"
@@ -44,13 +48,19 @@ async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIt
 
 @contextlib.asynccontextmanager
 async def serve_deploy(deploy: DeployConfig, key: str | None) -> AsyncIterator[Server]:
-    """Real workers and a real HTTP server on a free port for `deploy`; leak-checked on exit."""
-    async with running(deploy) as orch:
-        http = await start_server(build_app(orch), "127.0.0.1", 0, deploy.server)
-        try:
-            yield Server(orch, http.url, key, http)
-        finally:
-            await http.close()
+    """Real workers and a real HTTP server on a free port for `deploy`; leak-checked on exit. Stored
+    responses go to a temporary data directory, not the user's."""
+    with tempfile.TemporaryDirectory(prefix="omni-test-data-") as data:
+        store = Store(data)
+        async with running(deploy) as orch:
+            app = build_app(orch)
+            app[RESPONSES_KEY] = ResponseStore(store)
+            http = await start_server(app, "127.0.0.1", 0, deploy.server)
+            try:
+                yield Server(orch, http.url, key, http)
+            finally:
+                await http.close()
+                store.close()
 
 
 async def post(srv: Server, path: str, body: Any = None, *, data: bytes | None = None,

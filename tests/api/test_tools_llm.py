@@ -146,3 +146,23 @@ async def test_the_responses_api_forces_a_call_and_takes_its_output_back(srv: Se
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 degrees C"}])
     assert answered.usage.input_tokens > called.usage.input_tokens
     assert answered.output[0].type == "message" and answered.previous_response_id == called.id
+
+
+async def test_text_parts_read_as_text_and_media_a_text_model_cannot_take_is_a_400(srv: Server) -> None:
+    """Content as a list of text parts (as the SDK and the Responses API send it) reaches the text-only
+    template as the same string; an image part, which a text-only model cannot take, is a 400 naming messages."""
+    client = srv.client()
+    plain = await client.chat.completions.create(model="llm", messages=MSG, **GREEDY)
+    parts = await client.chat.completions.create(
+        model="llm", messages=[{"role": "user", "content": [{"type": "text", "text": MSG[0]["content"]}]}], **GREEDY)
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+    items = await client.responses.create(model="llm", temperature=0.0, max_output_tokens=6, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": MSG[0]["content"]}]}])
+    assert items.usage.input_tokens == plain.usage.prompt_tokens
+    png = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSu"
+           "QmCC")
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.chat.completions.create(model="llm", **GREEDY, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": png}}]}])
+    assert bad.value.body["param"] == "messages" and "text only" in bad.value.body["message"], bad.value.body

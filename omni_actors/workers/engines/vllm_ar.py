@@ -94,6 +94,26 @@ _GRAMMAR_ERROR = re.compile(r"grammar|schema|json", re.I)
 """A refusal of vLLM's structured-output backends (a schema they cannot compile)."""
 
 
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as text-only chat templates read them: a content list of text parts only (OpenAI's SDK
+    and the Responses API send those) becomes one string, the parts joined by newlines. A list with
+    other parts stays for templates that render them."""
+    out = []
+    for msg in messages:
+        content = msg.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            msg = {**msg, "content": "\n".join(str(p.get("text", "")) for p in content)}
+        out.append(msg)
+    return out
+
+
+def _media_kinds(messages: list[dict[str, Any]]) -> list[str]:
+    """The non-text part types left in `messages` (after template_messages), in order of first use."""
+    kinds = [str(p.get("type")) for m in messages if isinstance(m.get("content"), list)
+             for p in m["content"] if isinstance(p, dict)]
+    return list(dict.fromkeys(k for k in kinds if k != "text"))
+
+
 @dataclass
 class _Run:
     """What the engine remembers about one live request."""
@@ -153,6 +173,7 @@ class VllmAREngine(StageEngine):
         self._env = _EnvPatch()
         self._private_dir = Path(tempfile.mkdtemp(prefix="omni-vllm-"))
         self._tool_reader: ToolCallReader | None = None
+        self._multimodal = False
         try:
             (self._private_dir / "rpc").mkdir()
             self._env.apply(vllm_backend.backend_env(ctx, self._private_dir))
@@ -163,6 +184,7 @@ class VllmAREngine(StageEngine):
             # close can make sure they are gone and reaped.
             self._procs = [p for p in multiprocessing.active_children() if p.pid not in before]
             self._tokenizer = self._engine.get_tokenizer()
+            self._multimodal = bool(self._engine.model_config.is_multimodal_model)
             self._tool_reader = ToolCallReader(ctx.tool_parser, self._tokenizer) if ctx.tool_parser else None
         except BaseException:
             self.close()
@@ -316,9 +338,17 @@ class VllmAREngine(StageEngine):
         elif "messages" in inputs:
             # A stage that reads tool calls shows the request's tools to the model, as its template asks.
             tools = list(inputs["tools"]) if inputs.get("tools") and self._tool_reader is not None else None
-            text = self._tokenizer.apply_chat_template(
-                list(inputs["messages"]), tools=tools, tokenize=False, add_generation_prompt=True
-            )
+            messages = template_messages(inputs["messages"])
+            if not self._multimodal and (media := _media_kinds(messages)):
+                raise ValueError(f"messages: this model reads text only; the request has {' and '.join(media)} "
+                                 "parts (send text, or use a model that takes them)")
+            try:
+                text = self._tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=True
+                )
+            except Exception as exc:  # the model's own Jinja template refusing these messages: the request's fault
+                raise ValueError(f"messages: this model's chat template cannot render them "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})") from exc
             prompt = {"prompt": text}
             # The template already wrote any BOS it wants.
             tokenization_kwargs = {"add_special_tokens": False}
