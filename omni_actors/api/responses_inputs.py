@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from omni_actors.api.chat_schemas import ChatTool, FunctionDef, JsonSchemaFormat, ResponseFormat
 from omni_actors.api.errors import bad_request
 from omni_actors.api.responses_schemas import (
@@ -104,8 +106,6 @@ def _content(content: str | list[Any], param: str) -> str | list[dict[str, Any]]
 
 def _stored(item: InputItem) -> dict[str, Any]:
     """The item as `input_items` answers it (an id given, else a new one)."""
-    import msgspec
-
     out = msgspec.to_builtins(item)
     out.setdefault("type", "message")
     if item.type == "message" and isinstance(item.content, str):
