@@ -6,6 +6,7 @@ import contextlib
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -47,11 +48,11 @@ async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIt
 
 
 @contextlib.asynccontextmanager
-async def serve_deploy(deploy: DeployConfig, key: str | None) -> AsyncIterator[Server]:
+async def serve_deploy(deploy: DeployConfig, key: str | None, data: Path | None = None) -> AsyncIterator[Server]:
     """Real workers and a real HTTP server on a free port for `deploy`; leak-checked on exit. Stored
-    responses go to a temporary data directory, not the user's."""
-    with tempfile.TemporaryDirectory(prefix="omni-test-data-") as data:
-        store = Store(data)
+    responses go to `data` (a server's data directory), else a temporary one, never the user's."""
+    with tempfile.TemporaryDirectory(prefix="omni-test-data-") as tmp:
+        store = Store(data or tmp)
         async with running(deploy) as orch:
             app = build_app(orch)
             app[RESPONSES_KEY] = ResponseStore(store)

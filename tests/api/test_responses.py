@@ -17,12 +17,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from omni_actors.api.app import build_app
-from omni_actors.api.responses import RESPONSES_KEY
-from omni_actors.api.responses_store import ResponseStore
-from omni_actors.api.server import start_server
-from omni_actors.store import Store
-from tests.api.conftest import eventually, idle, make_deploy, running
+from tests.api.conftest import eventually, idle, make_deploy, serve_deploy
 
 KEY = "responses-test-key"
 
@@ -30,18 +25,10 @@ KEY = "responses-test-key"
 @contextlib.asynccontextmanager
 async def serve_with_store(data: Path) -> AsyncIterator[AsyncOpenAI]:
     """The synthetic pipeline served with its responses stored under `data` (a server's data dir)."""
-    deploy = make_deploy("synthetic", server={"api_keys": [KEY]})
-    store = Store(data)
-    async with running(deploy) as orch:
-        app = build_app(orch)
-        app[RESPONSES_KEY] = ResponseStore(store)
-        http = await start_server(app, "127.0.0.1", 0, deploy.server)
-        try:
-            yield AsyncOpenAI(base_url=f"{http.url}/v1", api_key=KEY, max_retries=0, timeout=30)
-            await eventually(lambda: idle(orch))
-        finally:
-            await http.close()
-            store.close()
+    async with serve_deploy(make_deploy("synthetic", server={"api_keys": [KEY]}), KEY, data) as srv:
+        client = AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=30)
+        yield client
+        await eventually(lambda: idle(srv.orch))
 
 
 @pytest.fixture(scope="module")
