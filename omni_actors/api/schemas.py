@@ -243,6 +243,10 @@ class Model(Struct, omit_defaults=True):
     custom_voices: bool | None = None
     """For pipelines that speak: whether they speak in a custom voice (`voice={"id": "voice_..."}`);
     a model with no built-in `voices` speaks only in one (extra to OpenAI's fields)."""
+    features: list[str] | None = None
+    """Optional API features the pipeline serves (extra to OpenAI's fields): "tools" (function calling),
+    "json_output" (response_format / text.format JSON), "forced_tool_calls" (tool_choice required or
+    named), "word_timestamps" (transcription words)."""
 
 
 class ModelList(Struct):

@@ -102,6 +102,7 @@ def test_models_lists_every_pipeline_with_what_it_makes(run: MultiRun) -> None:
     assert tiny["pipeline"] == "diffusion" and tiny["output_types"] == ["image"]
     assert "text-to-image" in tiny["capabilities"]["tasks"]
     assert run.client().models.retrieve("synthetic_asr").model_extra["pipeline"] == "synthetic_asr"
+    assert "features" not in run.client().models.retrieve("synthetic").model_extra  # no optional features
 
 
 def test_each_rest_route_reaches_its_model(run: MultiRun) -> None:

@@ -50,6 +50,8 @@ async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Server]
 
 async def test_tools_reach_the_template_and_a_plain_answer_keeps_its_shape(srv: Server) -> None:
     client = srv.client()
+    model = await client.models.retrieve("llm")
+    assert model.features == ["tools", "json_output", "forced_tool_calls"]  # what /v1/models says it serves
     plain = await client.chat.completions.create(model="llm", messages=MSG, **GREEDY)
     offered = await client.chat.completions.create(model="llm", messages=MSG, tools=[WEATHER], **GREEDY)
     hidden = await client.chat.completions.create(model="llm", messages=MSG, tools=[WEATHER], tool_choice="none",

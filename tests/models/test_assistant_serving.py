@@ -256,6 +256,7 @@ async def test_whisper_times_segments_and_words(srv: Server, question_wav: bytes
     sdk = client(srv)
     wave, rate = read_wav(question_wav)
     seconds = wave.size / rate
+    assert (await sdk.models.retrieve("assistant")).features == ["json_output", "word_timestamps"]
     got = await sdk.audio.transcriptions.create(model="assistant", file=("q.wav", question_wav),
                                                 response_format="verbose_json",
                                                 timestamp_granularities=["word", "segment"])
