@@ -20,6 +20,14 @@ from omni_actors.api.schemas import (
 from omni_actors.orchestrator.outputs import TranscriptOutput, TranscriptSegment
 
 TIMED_FORMATS = ("srt", "vtt", "verbose_json")
+LANGUAGE_NAMES = {
+    "ar": "arabic", "cs": "czech", "da": "danish", "de": "german", "el": "greek", "en": "english", "es": "spanish",
+    "fa": "persian", "fi": "finnish", "fr": "french", "he": "hebrew", "hi": "hindi", "hu": "hungarian",
+    "id": "indonesian", "it": "italian", "ja": "japanese", "ko": "korean", "nl": "dutch", "no": "norwegian",
+    "pl": "polish", "pt": "portuguese", "ro": "romanian", "ru": "russian", "sv": "swedish", "th": "thai",
+    "tr": "turkish", "uk": "ukrainian", "vi": "vietnamese", "zh": "chinese",
+}
+"""verbose_json's `language` is a name, as OpenAI writes it ("english"); a code not here stays a code."""
 CONTENT_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt", "verbose_json": "application/json"}
 
 
@@ -39,9 +47,9 @@ def render(fmt: str, text: str, outputs: Sequence[TranscriptOutput], seconds: fl
         return _cues(segments, ",", numbered=True).encode()
     if fmt == "vtt":
         return ("WEBVTT\n\n" + _cues(segments, ".", numbered=False)).encode()
-    stage_language = next((o.language for o in outputs if o.language), None)
+    code = next((o.language for o in outputs if o.language), None) or language or ""
     body = TranscriptionVerbose(
-        task="transcribe", language=stage_language or language or "", duration=round(seconds, 3), text=text,
+        task="transcribe", language=LANGUAGE_NAMES.get(code.lower(), code), duration=round(seconds, 3), text=text,
         segments=[TranscriptionSegment(i, s.seek, s.start, s.end, s.text, list(s.tokens), s.temperature,
                                        s.avg_logprob, s.compression_ratio, s.no_speech_prob)
                   for i, s in enumerate(segments)],

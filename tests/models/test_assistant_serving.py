@@ -261,6 +261,7 @@ async def test_whisper_times_segments_and_words(srv: Server, question_wav: bytes
                                                 response_format="verbose_json",
                                                 timestamp_granularities=["word", "segment"])
     assert normalize(got.text) == normalize(QUESTION) and abs(got.duration - seconds) < 0.01
+    assert got.language == "english"  # a name, as OpenAI writes it
     assert got.segments and normalize(" ".join(s.text for s in got.segments)) == normalize(QUESTION)
     spans = [(s.start, s.end) for s in got.segments]
     assert all(0 <= a < b <= seconds + 0.5 for a, b in spans) and spans == sorted(spans), spans
