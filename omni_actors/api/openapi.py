@@ -25,8 +25,8 @@ from aiohttp import web
 from omni_actors.api import chat_schemas as cs
 from omni_actors.api import responses_schemas as rs
 from omni_actors.api import schemas as s
-from omni_actors.api.audio_codec import CONTENT_TYPES
 from omni_actors.api.middleware import PUBLIC_PATHS
+from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
 
 REF = "#/components/schemas/{name}"
 SSE = "text/event-stream"
@@ -41,7 +41,8 @@ _JSON_ERRORS = {
     "503": "A stage is unavailable",
     "504": "The request passed its deadline",
 }
-_SPEECH_TYPES = sorted({CONTENT_TYPES[f] for f in ("wav", "pcm", "flac", "mp3", "opus")})
+_SPEECH_TYPES = sorted(set(SPEECH_TYPES.values()))
+"""What /v1/audio/speech answers, one content type per response_format (api/speech_audio.py)."""
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ async def test_document_lists_what_this_pipeline_serves_with_real_content_types(
     assert set(paths) == {"/v1/chat/completions", "/v1/responses", "/v1/audio/speech", "/v1/models",
                           "/v1/models/{model}", "/health", "/metrics", "/openapi.json"}  # no images, no transcriptions here
     speech = paths["/v1/audio/speech"]["post"]["responses"]["200"]["content"]
-    assert {"audio/mpeg", "audio/wav", "audio/flac", "audio/ogg", "audio/pcm", "text/event-stream"} == set(speech)
+    assert {"audio/mpeg", "audio/wav", "audio/flac", "audio/ogg", "audio/aac", "audio/pcm", "text/event-stream"} == set(
+        speech)
     assert "application/octet-stream" not in speech
     chat = paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
     assert set(chat) == {"application/json", "text/event-stream"}
