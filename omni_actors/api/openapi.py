@@ -74,7 +74,7 @@ _ROUTES = (
     _Route("post", "/v1/responses", "Responses API (response.* events when stream=true)", rs.ResponseRequest,
            {"application/json": rs.Response, SSE: rs.StreamEvent}, frozenset({"text"})),
     _Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
-           {"application/json": s.ImagesResponse}, frozenset({"image"})),
+           {"application/json": s.ImagesResponse, SSE: s.ImageStreamEvent}, frozenset({"image"})),
     _Route("get", "/v1/models", "Served models", None, {"application/json": s.ModelList}),
     _Route("get", "/v1/models/{model}", "One served model", None, {"application/json": s.Model},
            extra=(("404", "Unknown model", s.ErrorResponse),)),

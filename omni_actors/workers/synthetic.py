@@ -165,5 +165,5 @@ class SyntheticEngine(StageEngine):
         if i + 1 < req.total:
             return {"progress": (i + 1) / req.total, "step": i + 1, "total": req.total}
         n, w, h = int(p.get("n", 1)), int(p.get("width", 32)), int(p.get("height", 32))
-        rng = np.random.default_rng(int(p.get("seed", 0)) + zlib.crc32(req.text.encode()))
+        rng = np.random.default_rng((int(p.get("seed", 0)) + zlib.crc32(req.text.encode())) % 2**64)
         return {"images": rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8), "progress": 1.0}

@@ -138,6 +138,8 @@ def test_adapter_decode_equals_transformers_modules(tiny_dir):
     starts = [0, 12, 48]
     data = [{"speaker": "Chelsie", "seed": s} for s in (0, 1, 2)]
     got = adapter.decode(windows, starts, data)
+    big, low = adapter._noise(2**63 - 1, 5, 2), adapter._noise(-(2**63), 5, 2)  # any int64 seed (no overflow)
+    assert big.shape == low.shape and not torch.equal(big, low)
 
     dit = ref_model.code2wav_dit_model
     spk = adapter.speakers["Chelsie"]

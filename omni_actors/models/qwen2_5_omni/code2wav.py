@@ -207,7 +207,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
     def _noise(self, seed: int, start: int, length: int) -> torch.Tensor:
         rows = []
         for pos in range(start, start + length):
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + pos)
+            gen = torch.Generator().manual_seed((seed * 1_000_003 + pos) % 2**64)  # any int64 seed fits
             rows.append(torch.randn(self.repeats, self.mel_dim, generator=gen))
         return torch.cat(rows)
 
