@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDES = ROOT / "docs" / "guides"
 PAGES = sorted(p for p in GUIDES.glob("*.md") if p.name != "README.md")
 KINDS = ("serve", "shell", "python", "file", "check")
-SERVE_READY_TIMEOUT_S = 120.0
+SERVE_READY_TIMEOUT_S = 240.0
 """Longest wait for a page's `omni-run` to say server.ready (tiny folders' workers import torch)."""
 BLOCK_TIMEOUT_S = 180.0
 """Longest one block may run (make-tiny, a tiny video job, a realtime turn on 2 busy cores)."""
