@@ -53,11 +53,15 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     """For a stage writing a text answer: the tool parser (a vLLM tool-parser name, e.g. "hermes") that reads
     function calls out of its text. None: this stage cannot call tools, and chat `tools` are refused (api/tools.py)."""
 
+    guided: bool = False
+    """A transformers-engine stage whose adapter guides its text by a JSON schema (llguidance,
+    workers/engines/hf_ar_grammar.py). vLLM stages always do."""
+
     @property
     def guided_decoding(self) -> bool:
-        """Its engine constrains decoding to a JSON schema (vLLM's structured outputs: chat `response_format`
-        json_object / json_schema, api/structured.py)."""
-        return self.engine.partition(":")[0].endswith(".vllm_ar")
+        """Its engine constrains decoding to a JSON schema (chat `response_format` json_object / json_schema,
+        forced tool calls: api/structured.py): vLLM's structured outputs, or `guided`."""
+        return self.guided or self.engine.partition(":")[0].endswith(".vllm_ar")
 
 
 class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):

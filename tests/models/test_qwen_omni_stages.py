@@ -7,6 +7,7 @@ pipelines' own processors, in full-payload and async-chunk modes.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -352,6 +353,44 @@ def test_the_last_text_output_counts_the_prompt(stages):
     assert outs[-1]["prompt_tokens"] == len(prompt) and "prompt_tokens" not in outs[0]
 
 
+COLOR = {"type": "object", "additionalProperties": False, "required": ["color"],
+         "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]}}}
+
+
+def _thinker_text(thinker, requests: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    for rid, params in requests.items():
+        thinker.add(rid, {"messages": MSGS}, params)
+    text: dict[str, list[str]] = {rid: [] for rid in requests}
+    reason: dict[str, str] = {}
+    while thinker.has_work():
+        for out in thinker.step():
+            text[out.request_id].append(out.payload["text"])
+            if out.finished:
+                reason[out.request_id] = out.payload["finish_reason"]
+    return {rid: ("".join(t), reason[rid]) for rid, t in text.items()}
+
+
+def test_a_json_schema_guides_the_thinker_and_leaves_its_neighbours_alone(stages):
+    """response_format on the transformers engine (llguidance): the tiny random thinker's answer is
+    JSON in the schema, ended by the grammar; an unguided request in the same batch is what it is alone."""
+    import json
+
+    thinker = stages.engines[0]
+    plain = {"max_tokens": 8, "temperature": 0.0}
+    alone = _thinker_text(thinker, {"alone": plain})["alone"]
+    got = _thinker_text(thinker, {
+        "schema": {"max_tokens": 40, "temperature": 0.0, "structured_outputs": {"json": COLOR}},
+        "object": {"max_tokens": 60, "temperature": 0.0, "structured_outputs": {"json_object": True}},
+        "plain": plain})
+    text, reason = got["schema"]
+    assert json.loads(text)["color"] in ("red", "green", "blue") and reason == "stop", got
+    loose, why = got["object"]  # a random model may fill a key until max_tokens; what it wrote is still JSON so far
+    assert loose.startswith("{") and (why == "length" or isinstance(json.loads(loose), dict)), got
+    assert got["plain"] == alone
+    with pytest.raises(ValueError, match=r"^response_format: "):
+        thinker.add("bad", {"messages": MSGS}, {"structured_outputs": {"json": {"type": "nonsense"}}})
+
+
 def test_voice_names_pick_the_speaker_in_talker_and_vocoder(stages):
     """A speaker's name in any case, or an OpenAI voice name, picks one of the model's speakers;
     the talker and (Qwen2.5-Omni) the vocoder pick the same one."""
@@ -418,6 +457,11 @@ async def test_end_to_end_through_real_workers(stages):
         )  # fmt: skip
         chunks = await orch.submit(spec).collect()
         assert orch.statistics().leases_held == 0
+        guided = await orch.submit(RequestSpec(inputs={"messages": MSGS}, params={
+            "max_tokens": 40, "temperature": 0.0, "structured_outputs": {"json": COLOR}, "talker_max_tokens": 8,
+        })).collect()  # a JSON answer through the worker processes (spoken too)
+        said = "".join(c.data.get("text", "") for c in guided if c.stage_id == 0)
+        assert json.loads(said)["color"] in ("red", "green", "blue"), said
     finally:
         await orch.stop()
     text = "".join(c.data.get("text", "") for c in chunks if c.stage_id == 0)

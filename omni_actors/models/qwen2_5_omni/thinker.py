@@ -206,6 +206,9 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
             results.append((payload, False))
         return results
 
+    def text_tokenizer(self) -> tuple[Any, list[int], int]:
+        return self.tokenizer, sorted(self.eos), int(self.model.get_input_embeddings().weight.shape[0])
+
     def stop_ids(self, seq: ARSeq) -> set[int]:
         return set() if seq.params.get("ignore_eos") else self.eos
 

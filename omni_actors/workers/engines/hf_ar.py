@@ -84,6 +84,7 @@ from omni_actors.workers.engines.hf_ar_compile import (
     compiled_step,
 )
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
+from omni_actors.workers.engines.hf_ar_grammar import Grammars
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     all_greedy,
@@ -135,6 +136,7 @@ class HfAREngine(StageEngine):
         self.fused: FusedDecoder | None = None
         self._raw_logits = type(self.adapter).process_logits is ARAdapter.process_logits
         """The adapter leaves logits as they are (so a greedy row's token is their argmax)."""
+        self.grammars: Grammars | None = None
         fused = extras.get("fused_decode", False)
         if not isinstance(fused, bool):
             raise ValueError(f"engine_extras.fused_decode: expected true or false, got {fused!r}")
@@ -177,6 +179,8 @@ class HfAREngine(StageEngine):
         params = self.adapter.sampling_params(params)
         seq = ARSeq(request_id, params, streaming, input_done=not streaming)
         seq.generator = seeded(params.get("seed"), self.device)
+        if params.get("structured_outputs"):
+            seq.grammar = self._grammars().start(params)
         self.adapter.start(seq, inputs)
         self.seqs[request_id] = seq
 
@@ -369,17 +373,30 @@ class HfAREngine(StageEngine):
             return pos
         return pos[:1].expand(axes, *pos.shape[1:])
 
+    def _grammars(self) -> Grammars:
+        """The stage's grammar compiler (made on the first guided request)."""
+        if self.grammars is None:
+            text = self.adapter.text_tokenizer()
+            if text is None:
+                raise ValueError("response_format: this stage does not guide its decoding; ask for plain text")
+            self.grammars = Grammars(*text)
+        return self.grammars
+
     def _sample(self, seqs: list[ARSeq], out: ForwardOut, prefill: bool) -> list[EngineOutput]:
-        if out.tokens is not None and self._raw_logits and all_greedy(seqs):
+        guided = self.grammars is not None and any(s.grammar is not None for s in seqs)
+        if out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs):
             tokens = out.tokens.tolist()  # the argmax the step took: B ids to the host, no vocab pass
         else:
             logits = self.adapter.process_logits(seqs, out.logits.float())
+            if guided:
+                self.grammars.mask(logits, seqs)
             tokens = sample_rows(logits, seqs)
+        ended = [guided and s.grammar is not None and Grammars.consume(s, t) for s, t in zip(seqs, tokens, strict=True)]
         results = self.adapter.on_tokens(seqs, tokens, out, prefill)
         outputs = []
-        for seq, tok, (payload, finished) in zip(seqs, tokens, results, strict=True):
+        for seq, tok, done, (payload, finished) in zip(seqs, tokens, ended, results, strict=True):
             seq.tokens.append(tok)
-            reason = "stop" if finished or tok in self.adapter.stop_ids(seq) else None
+            reason = "stop" if finished or done or tok in self.adapter.stop_ids(seq) else None
             if reason is None and len(seq.tokens) >= int(
                 seq.params.get("max_tokens") or DEFAULT_MAX_TOKENS
             ):

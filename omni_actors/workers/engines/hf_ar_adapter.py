@@ -47,6 +47,8 @@ class ARSeq:
     generator: torch.Generator | None = None
     input_done: bool = True
     finished: bool = False
+    grammar: Any = None
+    """The request's llguidance matcher when its decoding is guided (hf_ar_grammar.py)."""
 
 
 @dataclass
@@ -172,6 +174,11 @@ class ARAdapter(abc.ABC):
 
     def stop_ids(self, seq: ARSeq) -> set[int]:
         return set()
+
+    def text_tokenizer(self) -> tuple[Any, list[int], int] | None:
+        """For a stage that writes text: (its tokenizer, its end-of-text ids, the logits' width), so
+        requests may be guided by a JSON schema (hf_ar_grammar.py); None: not offered."""
+        return None
 
     def fused_model(self) -> Any:
         """The `hf_ar_fused.FusedModel` engine_extras.fused_decode runs in place of this
