@@ -39,7 +39,7 @@ from omni_actors.api.calls import PipelineCall, drop_none, route_model
 from omni_actors.api.chat import Tally
 from omni_actors.api.chat_inputs import build_chat_inputs
 from omni_actors.api.chat_schemas import ChatMessage
-from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.responses_inputs import (
     chat_tool_choice,
     chat_tools,
@@ -74,6 +74,7 @@ from omni_actors.api.responses_store import ResponseStore
 from omni_actors.api.schemas import read_body
 from omni_actors.api.structured import forced_tool_calls, structured_outputs
 from omni_actors.api.tools import stage_tools, tools_refusal
+from omni_actors.errors import RequestRejected
 from omni_actors.orchestrator.outputs import TextOutput
 
 ROUTE = "/v1/responses"
@@ -139,13 +140,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             "format": {"type": "text"}})
     answer = _Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
                      turn.items if req.store else None, _store(request))
-    async with PipelineCall(request, ROUTE, inputs, params, {"text"}, base.id) as call:
-        if req.stream:
-            await call.started()  # an error before the first output keeps its HTTP status
-            return await sse.respond(request, _events(call, answer, hold=shown is not None), done=False)
-        async for chunk in call:
-            if isinstance(chunk.output, TextOutput):
-                answer.tally.add_text(chunk.output)
+    try:
+        async with PipelineCall(request, ROUTE, inputs, params, {"text"}, base.id) as call:
+            if req.stream:
+                await call.started()  # an error before the first output keeps its HTTP status
+                return await sse.respond(request, _events(call, answer, hold=shown is not None), done=False)
+            async for chunk in call:
+                if isinstance(chunk.output, TextOutput):
+                    answer.tally.add_text(chunk.output)
+    except RequestRejected as err:  # a stage's refusal names chat's field: say this API's
+        raise _renamed(_renamed(from_exception(err), "response_format", "text.format"), "messages", "input") from None
     return web.Response(body=msgspec.json.encode(answer.finish()), content_type="application/json")
 
 

@@ -168,3 +168,11 @@ async def test_text_parts_read_as_text_and_media_a_text_model_cannot_take_is_a_4
         await client.chat.completions.create(model="llm", **GREEDY, messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": png}}]}])
     assert bad.value.body["param"] == "messages" and "text only" in bad.value.body["message"], bad.value.body
+    with pytest.raises(openai.BadRequestError) as bad:  # the same refusal in the Responses API's words
+        await client.responses.create(model="llm", max_output_tokens=6, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": png}]}])
+    assert bad.value.body["param"] == "input", bad.value.body
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.responses.create(model="llm", input="x", text={"format": {
+            "type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}})
+    assert bad.value.body["param"] == "text.format", bad.value.body
