@@ -6,11 +6,14 @@
 later request continues with `previous_response_id` (this input and the answer, without the
 instructions); `items` this request's input items as `input_items` lists them. All JSON text.
 A client may come back for any of them after a restart; `DELETE /v1/responses/{id}` removes one.
+Responses are kept RETENTION_S (30 days, as OpenAI keeps them): each insert also drops the rows
+older than that, so the table is bounded without a sweeper.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import msgspec
@@ -22,7 +25,9 @@ FEATURE = "responses"
 DDL = (
     "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, "
     "model TEXT NOT NULL, body TEXT NOT NULL, conversation TEXT NOT NULL, items TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS responses_created ON responses (created_at)",
 )
+RETENTION_S = 30 * 24 * 3600
 
 
 class ResponseStore:
@@ -31,10 +36,12 @@ class ResponseStore:
         self.store.ensure(FEATURE, DDL)
 
     def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
-        self.store.execute(
-            "INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-            (response.id, response.created_at, response.model, msgspec.json.encode(response).decode(),
-             json.dumps(conversation), json.dumps(items)))
+        self.store.transaction([
+            ("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+             (response.id, response.created_at, response.model, msgspec.json.encode(response).decode(),
+              json.dumps(conversation), json.dumps(items))),
+            ("DELETE FROM responses WHERE created_at < ?", (int(time.time()) - RETENTION_S,)),
+        ])
 
     def body(self, rid: str) -> bytes | None:
         row = self.store.query_one("SELECT body FROM responses WHERE id = ?", (rid,))

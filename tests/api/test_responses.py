@@ -9,6 +9,7 @@ vLLM stage: tests/api/test_tools_llm.py and tests/models/test_assistant_serving.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from omni_actors.api.responses_schemas import Response
+from omni_actors.api.responses_store import RETENTION_S, ResponseStore
+from omni_actors.store import Store
 from tests.api.conftest import eventually, idle, make_deploy, serve_deploy
 
 KEY = "responses-test-key"
@@ -126,3 +130,18 @@ async def test_mistakes_are_400s_naming_the_field(client: AsyncOpenAI, fields: d
     with pytest.raises(openai.BadRequestError) as bad:
         await client.responses.create(model="synthetic", **fields)
     assert bad.value.body["param"] == param, bad.value.body
+
+
+def test_responses_older_than_the_retention_are_dropped_on_the_next_insert(tmp_path: Path) -> None:
+    """The table stays bounded without a sweeper: an insert drops what is past RETENTION_S."""
+    store = Store(tmp_path)
+    try:
+        kept = ResponseStore(store)
+        new = Response(id="resp_new", created_at=int(time.time()), status="completed", model="m", output=[])
+        store.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",  # one stored 31 days ago
+                      ("resp_old", new.created_at - RETENTION_S - 86400, "m", "{}", "[]", "[]"))
+        assert kept.body("resp_old") is not None
+        kept.add(new, [], [])
+        assert kept.body("resp_old") is None and kept.body("resp_new") is not None
+    finally:
+        store.close()
