@@ -68,7 +68,7 @@ from omni_actors.api.chat_schemas import (
 )
 from omni_actors.api.errors import bad_request
 from omni_actors.api.schemas import read_body
-from omni_actors.api.structured import forced_tool_calls, structured_outputs
+from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput
@@ -148,12 +148,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     orch, model = route_model(request, req.model, set(modalities), outputs_param="modalities")
     if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice, can_force=True)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
-    structured = structured_outputs(orch.pipeline, req.response_format)
-    if (forced := forced_tool_calls(req.tools, req.tool_choice, req.parallel_tool_calls)) is not None:
-        if structured is not None:
-            raise bad_request("a JSON response_format and a tool_choice that forces a call cannot both shape the "
-                              "answer; send one of them", "response_format")
-        structured = forced
+    guided = guided_params(orch.pipeline, req.response_format, req.tools, req.tool_choice, req.parallel_tool_calls)
     want_audio = "audio" in modalities
     audio_format = req.audio.format if req.audio else "wav"
     if want_audio:
@@ -164,10 +159,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if (tools := stage_tools(req.tools, req.tool_choice)) is not None:
         inputs["tools"] = tools
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    params, n = chat_params(req, modalities), req.n or 1
-    if structured is not None:
-        params["structured_outputs"] = structured
-        params["tool_calls_forced"] = forced is not None
+    params, n = {**chat_params(req, modalities), **guided}, req.n or 1
     async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
         calls = [await calls_open.enter_async_context(PipelineCall(
             request, ROUTE, inputs, choice_params(params, i), set(modalities), cid if n == 1 else f"{cid}-{i}"

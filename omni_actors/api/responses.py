@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import msgspec
@@ -72,7 +72,7 @@ from omni_actors.api.responses_schemas import (
 )
 from omni_actors.api.responses_store import ResponseStore
 from omni_actors.api.schemas import read_body
-from omni_actors.api.structured import forced_tool_calls, structured_outputs
+from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import stage_tools, tools_refusal
 from omni_actors.errors import RequestRejected
 from omni_actors.orchestrator.outputs import TextOutput
@@ -89,9 +89,10 @@ def _store(request: web.Request) -> ResponseStore:
 
 
 def _renamed(err: ApiError, old: str, new: str) -> ApiError:
-    """A chat helper's 400 with its param in this API's words."""
+    """A chat helper's 400 with its param (and the field in its message) in this API's words."""
     if err.param is not None and err.param.startswith(old):
         err.param = new + err.param[len(old):]
+        err.message = err.message.replace(old, new)
     return err
 
 
@@ -110,13 +111,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if (refusal := tools_refusal(orch.pipeline, tools, choice, can_force=True)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
     try:
-        guided = structured_outputs(orch.pipeline, response_format(req))
-        forced = forced_tool_calls(tools, choice, req.parallel_tool_calls)
+        guided = guided_params(orch.pipeline, response_format(req), tools, choice, req.parallel_tool_calls)
     except ApiError as err:
         raise _renamed(_renamed(err, "response_format", "text.format"), "tool_choice.function", "tool_choice")
-    if forced is not None and guided is not None:
-        raise bad_request("a JSON text.format and a tool_choice that forces a call cannot both shape the answer",
-                          "text.format")
     try:
         messages = msgspec.convert(turn.messages, list[ChatMessage])
     except msgspec.ValidationError as err:
@@ -126,10 +123,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     inputs = await off_loop(build_chat_inputs, messages, namer) if has_media else build_chat_inputs(messages, namer)
     if (shown := stage_tools(tools, choice)) is not None:
         inputs["tools"] = shown
-    params = drop_none({"temperature": req.temperature, "top_p": req.top_p, "max_tokens": req.max_output_tokens,
-                        "modalities": ["text"]})
-    if (structured := forced or guided) is not None:
-        params.update(structured_outputs=structured, tool_calls_forced=forced is not None)
+    params = {**drop_none({"temperature": req.temperature, "top_p": req.top_p, "max_tokens": req.max_output_tokens,
+                           "modalities": ["text"]}), **guided}
     base = Response(
         id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), status="in_progress", model=model, output=[],
         instructions=req.instructions, max_output_tokens=req.max_output_tokens, temperature=req.temperature,
@@ -201,19 +196,16 @@ async def _events(call: PipelineCall, answer: _Answer, hold: bool) -> AsyncGener
             continue
         if not opened:
             opened = True
-            yield OutputItemAdded(sequence_number=next(seq), output_index=0, item=MessageItem(mid, "in_progress", []))
-            yield ContentPartAdded(sequence_number=next(seq), item_id=mid, output_index=0, content_index=0,
-                                   part=OutputText(""))
+            for event in _message_opened(seq, mid, 0):
+                yield event
         yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=0, content_index=0, delta=delta)
     final = answer.finish()
     for index, item in enumerate(final.output):
         if isinstance(item, MessageItem):
             text = item.content[0].text
             if not opened:
-                yield OutputItemAdded(sequence_number=next(seq), output_index=index,
-                                      item=MessageItem(mid, "in_progress", []))
-                yield ContentPartAdded(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
-                                       part=OutputText(""))
+                for event in _message_opened(seq, mid, index):
+                    yield event
                 if text:
                     yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=index,
                                           content_index=0, delta=text)
@@ -233,22 +225,28 @@ async def _events(call: PipelineCall, answer: _Answer, hold: bool) -> AsyncGener
     yield end(sequence_number=next(seq), response=final)
 
 
-def _stored_body(request: web.Request) -> tuple[str, bytes]:
-    rid = request.match_info["response_id"]
-    body = _store(request).body(rid)
-    if body is None:
-        raise ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
-    return rid, body
+def _message_opened(seq: Iterator[int], mid: str, index: int) -> list[Any]:
+    """The events that open the answer's message item (output `index`) and its text part."""
+    return [OutputItemAdded(sequence_number=next(seq), output_index=index, item=MessageItem(mid, "in_progress", [])),
+            ContentPartAdded(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
+                             part=OutputText(""))]
+
+
+def _not_stored(rid: str) -> ApiError:
+    return ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
 
 
 async def get_response(request: web.Request) -> web.Response:
-    return web.Response(body=_stored_body(request)[1], content_type="application/json")
+    rid = request.match_info["response_id"]
+    if (body := _store(request).body(rid)) is None:
+        raise _not_stored(rid)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def delete_response(request: web.Request) -> web.Response:
     rid = request.match_info["response_id"]
     if not _store(request).delete(rid):
-        raise ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
+        raise _not_stored(rid)
     return web.Response(body=msgspec.json.encode(ResponseDeleted(rid)), content_type="application/json")
 
 
@@ -256,7 +254,7 @@ async def list_input_items(request: web.Request) -> web.Response:
     rid = request.match_info["response_id"]
     items = _store(request).items(rid)
     if items is None:
-        raise ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
+        raise _not_stored(rid)
     q = request.query
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):

@@ -52,6 +52,20 @@ def structured_outputs(pipeline: PipelineConfig, fmt: ResponseFormat | None) -> 
     return {"json": fmt.json_schema.schema or {"type": "object"}}
 
 
+def guided_params(pipeline: PipelineConfig, fmt: ResponseFormat | None, tools: list[Any] | None, tool_choice: Any,
+                  parallel: bool | None) -> dict[str, Any]:
+    """The params that guide the text stage for a request (none: {}): its JSON `fmt` or the call its
+    `tool_choice` forces; 400s as structured_outputs / forced_tool_calls give, and for asking both."""
+    structured = structured_outputs(pipeline, fmt)
+    forced = forced_tool_calls(tools, tool_choice, parallel)
+    if forced is not None and structured is not None:
+        raise bad_request("a JSON response_format and a tool_choice that forces a call cannot both shape the "
+                          "answer; send one of them", "response_format")
+    if forced is None and structured is None:
+        return {}
+    return {"structured_outputs": forced or structured, "tool_calls_forced": forced is not None}
+
+
 def forced_tool_calls(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> dict[str, Any] | None:
     """The `structured_outputs` that force a call (None: `tool_choice` demands none); 400 for a choice
     no offered tool meets. Only for pipelines api/tools.py lets force calls."""
