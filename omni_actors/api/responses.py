@@ -41,8 +41,6 @@ from omni_actors.api.chat_inputs import build_chat_inputs
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.responses_inputs import (
-    chat_tool_choice,
-    chat_tools,
     part_param,
     read_turn,
     response_format,
@@ -73,7 +71,7 @@ from omni_actors.api.responses_schemas import (
 from omni_actors.api.responses_store import ResponseStore
 from omni_actors.api.schemas import read_body
 from omni_actors.api.structured import guided_params
-from omni_actors.api.tools import stage_tools, tools_refusal
+from omni_actors.api.tools import chat_shaped, chat_shaped_choice, stage_tools, tools_refusal
 from omni_actors.errors import RequestRejected
 from omni_actors.orchestrator.outputs import TextOutput
 
@@ -107,7 +105,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                               "previous_response_id", "previous_response_not_found")
         earlier = found
     turn = read_turn(req, earlier)
-    tools, choice = chat_tools(req), chat_tool_choice(req.tool_choice)
+    tools = None if req.tools is None else chat_shaped(req.tools)
+    choice = chat_shaped_choice(req.tool_choice)
     if (refusal := tools_refusal(orch.pipeline, tools, choice, can_force=True)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from omni_actors.api.chat_schemas import ChatTool, FunctionDef, JsonSchemaFormat, ResponseFormat
+from omni_actors.api.chat_schemas import JsonSchemaFormat, ResponseFormat
 from omni_actors.api.errors import bad_request
 from omni_actors.api.responses_schemas import (
     InputAudioItemPart,
@@ -125,22 +125,6 @@ def part_param(where: list[int]) -> Any:
             return base
         return f"{base}.image_url" if leaf == "image_url.url" else f"{base}.{leaf}"
     return name
-
-
-def chat_tools(req: ResponseRequest) -> list[ChatTool] | None:
-    """The request's function tools as chat declares them (api/tools.py reads these)."""
-    if req.tools is None:
-        return None
-    return [ChatTool(type="function", function=FunctionDef(name=t.name, description=t.description,
-                                                            parameters=t.parameters, strict=t.strict))
-            for t in req.tools]
-
-
-def chat_tool_choice(choice: Any) -> Any:
-    """Responses' named choice {"type": "function", "name"} in chat's shape; other values as they are."""
-    if isinstance(choice, dict) and "function" not in choice and isinstance(choice.get("name"), str):
-        return {"type": choice.get("type"), "function": {"name": choice["name"]}}
-    return choice
 
 
 def response_format(req: ResponseRequest) -> ResponseFormat | None:

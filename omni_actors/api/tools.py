@@ -20,11 +20,18 @@ Refused with a 400 / realtime `error` naming the field, never silently ignored:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
-from omni_actors.api.chat_schemas import ChatTool, DeltaToolCall, FunctionCall, ToolCall
+from omni_actors.api.chat_schemas import (
+    ChatTool,
+    DeltaToolCall,
+    FunctionCall,
+    FunctionDef,
+    ToolCall,
+)
 from omni_actors.api.structured import guided
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.orchestrator.outputs import ToolCallOutput
@@ -59,6 +66,21 @@ def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix
         return (f"model {pipeline.name!r} cannot call tools on demand (forcing a call is not offered): "
                 "`tool_choice` must be 'auto' or 'none'", prefix + "tool_choice")
     return None
+
+
+def chat_shaped(tools: Iterable[Any]) -> list[ChatTool]:
+    """Flat function tools ({name, description, parameters}: realtime's, the Responses API's) in
+    chat's shape (a `function` wrapper), which the checks and the stage read."""
+    return [ChatTool(type="function", function=FunctionDef(
+        name=t.name, description=t.description, parameters=t.parameters, strict=getattr(t, "strict", None)))
+        for t in tools]
+
+
+def chat_shaped_choice(choice: Any) -> Any:
+    """A flat named `tool_choice` ({"type": "function", "name"}) in chat's shape; other values as they are."""
+    if isinstance(choice, dict) and "function" not in choice and isinstance(choice.get("name"), str):
+        return {"type": choice.get("type"), "function": {"name": choice["name"]}}
+    return choice
 
 
 def stage_tools(tools: list[ChatTool] | None, tool_choice: Any) -> list[dict[str, Any]] | None:

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from omni_actors.api.chat_schemas import ChatTool, FunctionDef
 from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.conversation import Conversation, Item, new_id, render_item
 from omni_actors.api.structured import forced_tool_calls
-from omni_actors.api.tools import stage_tools
+from omni_actors.api.tools import chat_shaped, chat_shaped_choice, stage_tools
 from omni_actors.orchestrator.outputs import ToolCallOutput
 
 
@@ -42,15 +41,9 @@ class Host(Protocol):
     async def send(self, event: ev.ServerEvent) -> None: ...
 
 
-def chat_tools(tools: tuple[ce.FunctionTool, ...]) -> list[ChatTool]:
-    """Realtime's flat tools in chat's shape (a `function` wrapper)."""
-    return [ChatTool(type="function", function=FunctionDef(name=t.name, description=t.description,
-                                                            parameters=t.parameters)) for t in tools]
-
-
 def shown_tools(tools: tuple[ce.FunctionTool, ...], tool_choice: Any) -> list[dict[str, Any]] | None:
     """The tools the text stage is shown, in chat's shape (api/tools.py; none for "none")."""
-    return stage_tools(chat_tools(tools), tool_choice)
+    return stage_tools(chat_shaped(tools), tool_choice)
 
 
 def forced_call(tools: tuple[ce.FunctionTool, ...], tool_choice: Any, prefix: str) -> dict[str, Any] | None:
@@ -66,9 +59,9 @@ def forced_call(tools: tuple[ce.FunctionTool, ...], tool_choice: Any, prefix: st
         if tool_choice.get("type") != "function" or not isinstance(name, str):
             raise ce.BadEvent('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}',
                               param=prefix + "tool_choice")
-        tool_choice = {"type": "function", "function": {"name": name}}
     try:
-        return forced_tool_calls(chat_tools(tools), tool_choice, None)  # (no parallel_tool_calls setting here)
+        # (realtime has no parallel_tool_calls setting)
+        return forced_tool_calls(chat_shaped(tools), chat_shaped_choice(tool_choice), None)
     except ApiError as err:
         chat_param = err.param or "tool_choice"
         param = prefix + chat_param.replace("tool_choice.function.", "tool_choice.")
