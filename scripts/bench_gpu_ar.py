@@ -12,8 +12,9 @@ generation config, an offline Qwen tokenizer), then measures in the same run:
   B is B requests added at once, stepped until all finish. `static_fused`
   (+ graphs), `static_fused_compiled` (+ compile + graphs) and
   `static_fused_eager` run our own decode step (`fused_decode`,
-  hf_ar_fused.py); on CPU graphs and compile are off, so `static_fused` runs
-  the fused step eagerly.
+  hf_ar_fused.py; on CUDA one step queued ahead, hf_ar_lookahead.py;
+  `static_fused_compiled_sync` is the compiled one without that); on CPU graphs
+  and compile are off, so `static_fused` runs the fused step eagerly.
 
 `graph_vs_eager` (modes with graphs or the fused step): one decode step's
 logits from the mode's step against the transformers step run eagerly on the
@@ -56,6 +57,8 @@ TOKENS: dict[str, dict[str, list[list[int]]]] = {}
 MODES = {
     "static_fused_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
                               "fused_decode": True},
+    "static_fused_compiled_sync": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
+                                   "fused_decode": True, "lookahead": False},
     "static_fused_autotuned": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
                                "compile_mode": "max-autotune-no-cudagraphs", "fused_decode": True},
     "static_fused": {"kv_cache": "static", "cuda_graphs": True, "fused_decode": True},

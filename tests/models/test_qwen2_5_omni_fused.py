@@ -97,8 +97,8 @@ class NextStepBothWays:
 def test_fused_thinker_step_equals_its_own_forward(talker_inputs):
     path, _ = talker_inputs
     plain = HfAREngine(_ctx(0, path, kv_cache="static"))
-    fused = HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=True))
-    assert isinstance(fused.fused, FusedDecoder) and fused.fused.hidden and not fused.fused.from_ids
+    fused = HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=True, lookahead=False))  # peek steps too
+    assert isinstance(fused.fused, FusedDecoder) and fused.fused.hidden and fused.fused.from_ids
     peek = NextStepBothWays()
     want = _outputs(plain, THINKER_INPUTS)
     got = _outputs(fused, THINKER_INPUTS, peek)
@@ -108,6 +108,24 @@ def test_fused_thinker_step_equals_its_own_forward(talker_inputs):
         for g, w in zip(got[rid][1:], outs[1:], strict=True):
             np.testing.assert_allclose(g["hidden"], w["hidden"], atol=1e-4)
             np.testing.assert_allclose(g["embeds"], w["embeds"], atol=1e-6)
+
+
+def test_thinker_payloads_same_with_lookahead_on_and_off(talker_inputs):
+    """The fused thinker embeds its ids itself, so its steps are queued one ahead of the host
+    (hf_ar_lookahead.py); what its talker is sent must not change."""
+    path, _ = talker_inputs
+    ahead = HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=True, lookahead=True))
+    assert ahead.lookahead
+    queued = []
+    got = _outputs(ahead, THINKER_INPUTS, peek=lambda e: queued.append(e.ahead is not None))
+    want = _outputs(HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=True, lookahead=False)),
+                    THINKER_INPUTS)  # fmt: skip
+    assert sum(queued) >= 3
+    for rid, outs in want.items():
+        assert [o["token_ids"] for o in got[rid]] == [o["token_ids"] for o in outs]
+        for g, w in zip(got[rid][1:], outs[1:], strict=True):
+            np.testing.assert_allclose(g["hidden"], w["hidden"], atol=1e-5)
+            np.testing.assert_array_equal(g["embeds"], w["embeds"])
 
 
 def test_fused_talker_step_equals_its_own_forward(talker_inputs):

@@ -121,7 +121,7 @@ def test_fused_logits_equal_transformers_forward(model_dir):
     engine runs next) against transformers' full forward over that row's tokens."""
     from transformers import AutoModelForCausalLM
 
-    engine = HfAREngine(_ctx(model_dir, kv_cache="static", fused_decode=True))
+    engine = HfAREngine(_ctx(model_dir, kv_cache="static", fused_decode=True, lookahead=False))  # peek steps too
     assert isinstance(engine.fused, FusedDecoder) and engine.fused.from_ids
     from_embeds = FusedDecoder(engine.model, engine.slots, 48, from_ids=False)
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

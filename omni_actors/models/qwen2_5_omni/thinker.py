@@ -51,6 +51,7 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
 
     position_axes = 3
     batch_prefill = True  # text-only prompts; prompts with media carry extra inputs
+    embeds_last_token = True  # decode_embeds: the input embedding of the last token
     part = "thinker"
     talker_layer = -1
     audio_part = {"type": "audio"}
@@ -230,7 +231,9 @@ class _LastPositionHead(torch.nn.Module):
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
-    return x.detach().float().cpu().numpy()
+    """A host copy: on CPU `.float().cpu()` of a float32 tensor is the tensor itself, and a static
+    step's outputs are buffers the next step rewrites."""
+    return np.array(x.detach().float().cpu())
 
 
 def _as_list(x: Any) -> list:

@@ -42,6 +42,9 @@ KV cache, engine_extras["kv_cache"]:
   Every static step also takes the greedy argmax of its logits inside the
   step, so a step whose rows are all greedy (no penalty, no logits processing)
   brings back B ids instead of sampling over the vocabulary on the host.
+  With the fused step embedding ids itself, such a step is queued one ahead
+  of the host's work on the step before (engine_extras["lookahead"], default
+  on CUDA; hf_ar_lookahead.py).
 - "dynamic" (default on CPU): a DynamicCache per request; each decode step
   left-pads and stacks the requests' caches, then cuts each row back out.
   Cheapest for tiny CPU models.
@@ -76,7 +79,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
     check_checkpoint,
     prompt_ids,
 )
-from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter
+from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F401 - a public name
 from omni_actors.workers.engines.hf_ar_compile import (
     COMPILE_WARMUPS,
     compile_mode,
@@ -86,6 +89,7 @@ from omni_actors.workers.engines.hf_ar_compile import (
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
 from omni_actors.workers.engines.hf_ar_grammar import Grammars
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
+from omni_actors.workers.engines.hf_ar_lookahead import InFlight, queue, write_next_inputs
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     all_greedy,
     sample,
@@ -140,6 +144,11 @@ class HfAREngine(StageEngine):
         fused = extras.get("fused_decode", False)
         if not isinstance(fused, bool):
             raise ValueError(f"engine_extras.fused_decode: expected true or false, got {fused!r}")
+        ahead = extras.get("lookahead", cuda)  # on a CPU nothing runs while the host works
+        if not isinstance(ahead, bool):
+            raise ValueError(f"engine_extras.lookahead: expected true or false, got {ahead!r}")
+        self.ahead: InFlight | None = None
+        """The decode step queued ahead of the host's work (hf_ar_lookahead.py)."""
         if fused and not self.static:
             log.warning("hf_ar.fused_off", reason="fused_decode needs kv_cache static")
         if self.static:
@@ -153,6 +162,8 @@ class HfAREngine(StageEngine):
                 step, warmups = compiled_step(step, mode), COMPILE_WARMUPS
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
+        self.lookahead = ahead and self.fused is not None and self.fused.from_ids
+        """Queue a decode step before the host takes the one before (fused steps that embed ids)."""
 
     def _fused(self) -> FusedDecoder | None:
         """The fused decode step, or None (logged) when this stage cannot take it."""
@@ -161,8 +172,7 @@ class HfAREngine(StageEngine):
             parts = self.adapter.fused_model()
             if parts is None:
                 raise FusedUnsupported(f"{kind.__name__} has its own forward and no fused step")
-            from_ids = kind.decode_embeds is CausalLMAdapter.decode_embeds  # embedding of the last token
-            return FusedDecoder(parts, self.slots, self.max_len, from_ids)
+            return FusedDecoder(parts, self.slots, self.max_len, kind.embeds_last_token)
         except FusedUnsupported as err:
             log.warning("hf_ar.fused_off", reason=str(err))
             return None
@@ -198,13 +208,18 @@ class HfAREngine(StageEngine):
             self._drop(seq)
 
     def _drop(self, seq: ARSeq) -> None:
-        """Forget a request and free its KV (its slot goes back at once)."""
+        """Forget a request and free its KV (its slot goes back at once; a step queued ahead is
+        thrown away first, as the last slot's request may move)."""
         self.seqs.pop(seq.request_id, None)
+        if seq.slot is not None:
+            self.ahead = None
         if self.slots is not None:
             self.slots.release(seq)
         seq.kv = None
 
     def has_work(self) -> bool:
+        if self.ahead is not None:
+            return True
         holding = sum(1 for s in self.seqs.values() if s.prefilled)
         room = holding < max(1, self.ctx.max_num_seqs)
         return any(
@@ -217,6 +232,10 @@ class HfAREngine(StageEngine):
 
     @torch.inference_mode()
     def step(self) -> list[EngineOutput]:
+        if self.ahead is not None:  # take the step queued last time (and maybe queue the next)
+            fl, self.ahead = self.ahead, None
+            self.ahead = self._chain(fl)
+            return self._take(fl)
         limit = max(1, self.ctx.max_num_seqs)
         holding = sum(1 for s in self.seqs.values() if s.prefilled)
         ready = [s for s in self.seqs.values() if not s.finished and self.adapter.ready(s)]
@@ -321,10 +340,51 @@ class HfAREngine(StageEngine):
         else:
             rows = slots.load_inputs(batch, seqs, self.adapter.decode_embeds(seqs).to(self.device))
         out = graphs.run(batch, length).rows(rows)
+        if self.lookahead and self._greedy(seqs, out):
+            fl = queue(out, seqs, rows, [s.cached + 1 for s in seqs])
+            self.ahead = self._chain(fl)
+            return self._take(fl)
         for seq in seqs:
             seq.cached += 1
             seq.next_pos += 1
         return self._sample(seqs, out, prefill=False)
+
+    def _greedy(self, seqs: list[ARSeq], out: ForwardOut) -> bool:
+        """The step's own argmax is every row's token (no sampling, penalty, processing, grammar)."""
+        guided = self.grammars is not None and any(s.grammar is not None for s in seqs)
+        return out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs)
+
+    def _chain(self, fl: InFlight) -> InFlight | None:
+        """Queue the step after `fl` for the same rows, when nothing the host does with fl's ids
+        can change it (hf_ar_lookahead.py); None otherwise."""
+        slots, graphs = self.slots, self.graphs
+        assert slots is not None and graphs is not None
+        seqs = fl.seqs
+        if len(slots.owners) != len(seqs) or any(s.slot is None for s in seqs):
+            return None  # another request holds a slot (waiting for input), or one was dropped
+        if max(fl.cached) >= self.max_len:  # the next write would be past a row's KV
+            return None
+        limit = max(1, self.ctx.max_num_seqs)
+        waiting = any(not s.prefilled and not s.finished and self.adapter.ready(s) for s in self.seqs.values())
+        if waiting and len(slots.owners) < limit:
+            return None  # a prefill goes first
+        ends = [len(s.tokens) + 1 >= int(s.params.get("max_tokens") or DEFAULT_MAX_TOKENS) for s in seqs]
+        if all(ends) or not all(self.adapter.ready(s) for s in seqs):
+            return None
+        batch, length = slots.shape_for(max(fl.cached))
+        if graphs.enabled and (batch, length) not in graphs.graphs:
+            return None  # a capture syncs anyway; the host path captures it
+        write_next_inputs(slots, fl)
+        out = graphs.run(batch, length).rows(fl.rows)
+        return queue(out, seqs, fl.rows, [c + 1 for c in fl.cached])
+
+    def _take(self, fl: InFlight) -> list[EngineOutput]:
+        """The host's share of a queued step: wait for its copies, then sample as usual."""
+        fl.wait()
+        for seq in fl.seqs:
+            seq.cached += 1
+            seq.next_pos += 1
+        return self._sample(fl.seqs, fl.host, prefill=False)
 
     def _static_forward(self, batch: int, length: int) -> ForwardOut:
         """The transformers decode step (the adapter's forward over the slot cache), plus each
@@ -411,6 +471,7 @@ class HfAREngine(StageEngine):
         return outputs
 
     def close(self) -> None:
+        self.ahead = None
         for seq in list(self.seqs.values()):
             self._drop(seq)
 

@@ -106,6 +106,9 @@ class ARAdapter(abc.ABC):
     """True when prompts without `extra` may share one left-padded prefill forward (then
     `forward` must take a 2D padding mask, and per-position prefill outputs in `on_tokens`
     must skip each row's `out.pads[row]` leading positions)."""
+    embeds_last_token: bool = False
+    """True when `decode_embeds` is the input embedding of each row's last token: a fused decode
+    step may then embed the ids itself (and be queued ahead, hf_ar_lookahead.py)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx

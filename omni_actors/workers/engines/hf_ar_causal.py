@@ -31,6 +31,7 @@ class CausalLMAdapter(ARAdapter):
     """
 
     batch_prefill = True
+    embeds_last_token = True
 
     def load(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -151,9 +151,11 @@ class SlotKV:
 
     # ---- decode ------------------------------------------------------------
 
-    def shape_for(self) -> tuple[int, int]:
-        """(batch bucket, length bucket) of a decode step over every slot in use."""
-        longest = max(s.cached for s in self.owners)
+    def shape_for(self, longest: int | None = None) -> tuple[int, int]:
+        """(batch bucket, length bucket) of a decode step over every slot in use; `longest`: the
+        most KV positions a row holds before the step (default: the owners' `cached`)."""
+        if longest is None:
+            longest = max(s.cached for s in self.owners)
         return (
             bucket_for(len(self.owners), self.batch_sizes),
             bucket_for(longest + 1, self.length_sizes),

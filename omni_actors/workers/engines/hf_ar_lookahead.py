@@ -1,0 +1,87 @@
+"""Decode one step ahead: HfAREngine queues step N+1 on the GPU before the host takes step N.
+
+Without it a static decode step is: write the inputs, replay the graph, wait for
+the ids, then the host's share (the adapter's payloads, stop checks, the worker
+sending them, the next step's inputs) while the GPU sits idle. At batch 1 on a
+small model that host share is a tenth or more of a step. With lookahead
+(`engine_extras["lookahead"]`, default on CUDA with `fused_decode`; on a CPU
+nothing would run while the host works), once step N is
+queued the engine queues, behind it, the copies of N's ids and payload tensors
+to pinned host memory, then N+1's inputs written on the device from N's ids
+(ids, lengths + 1, positions + 1) and N+1's replay; only then does the host wait,
+for N's copies alone, and do its share while N+1 runs. The next `step()` queues
+N+2 from N+1 the same way and takes N+1. Outputs are the same tokens in the same
+order as without it; a step is at most one GPU step "early", never late.
+
+A step is queued ahead only when its outcome cannot depend on the host's share
+of the step before: every row greedy with raw logits (the ids are the step's own
+argmax), the fused step embedding ids itself, the same requests holding every
+slot, no request waiting to be prefilled, room in every row's KV, and (with
+graphs) the bucket already captured. Whatever changes the slots while a step is
+ahead (a request finishing or aborted: its slot is given back and the last slot's
+request moves into it) throws that step away before the move; its rows are
+computed again from the host's state, which rewrites the same KV positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omni_actors.workers.engines.hf_ar_adapter import ARSeq, ForwardOut
+
+
+@dataclass
+class InFlight:
+    """A decode step queued on the device whose ids the host has not taken yet."""
+
+    seqs: list[ARSeq]
+    """The rows, in order (row i is seqs[i], in slot rows[i])."""
+    rows: torch.Tensor | slice
+    cached: list[int]
+    """Each row's KV positions once this step is taken (its write was at cached - 1)."""
+    tokens: torch.Tensor
+    """The step's ids [rows] on the device (the next step's inputs)."""
+    host: ForwardOut
+    """The ids and the adapter's per-row tensors, copied to the host behind the step."""
+    done: torch.cuda.Event | None
+    """Recorded after those copies (None off CUDA: the copies were plain)."""
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+
+
+def queue(out: ForwardOut, seqs: list[ARSeq], rows: torch.Tensor | slice, cached: list[int]) -> InFlight:
+    """An InFlight for a step just queued (`out`: its rows' outputs): its ids and per-row tensors
+    go to pinned host memory without blocking, then an event marks them."""
+    assert out.tokens is not None
+    cuda = out.tokens.is_cuda
+    host = ForwardOut(logits=None, hidden=_to_host(out.hidden), tokens=_to_host(out.tokens))  # type: ignore[arg-type]
+    done = None
+    if cuda:
+        done = torch.cuda.Event()
+        done.record()
+    return InFlight(seqs, rows, cached, out.tokens, host, done)
+
+
+def write_next_inputs(slots: Any, fl: InFlight) -> None:
+    """The step after `fl` for the same rows, on the device: its ids are fl's ids, each row one
+    position further (the step embeds the ids itself)."""
+    slots.ids[fl.rows] = fl.tokens
+    slots.lengths[fl.rows] += 1
+    slots.positions[:, fl.rows, 0] += 1
+
+
+def _to_host(x: Any) -> Any:
+    """Tensors (also inside tuples, lists, dicts) as host copies; queued without blocking on CUDA
+    (the destination is pinned), cloned elsewhere (a later step may reuse the storage)."""
+    if isinstance(x, torch.Tensor):
+        return x.to("cpu", non_blocking=True) if x.is_cuda else x.clone()
+    if isinstance(x, tuple | list):
+        return type(x)(_to_host(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_host(v) for k, v in x.items()}
+    return x
