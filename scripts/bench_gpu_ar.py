@@ -13,7 +13,7 @@ generation config, an offline Qwen tokenizer), then measures in the same run:
   (+ graphs), `static_fused_compiled` (+ compile + graphs) and
   `static_fused_eager` run our own decode step (`fused_decode`,
   hf_ar_fused.py; on CUDA one step queued ahead, hf_ar_lookahead.py;
-  `static_fused_compiled_sync` is the compiled one without that); on CPU graphs
+  `static_fused_compiled_sync` and `static_graphs_sync` are those without it); on CPU graphs
   and compile are off, so `static_fused` runs the fused step eagerly.
 
 `graph_vs_eager` (modes with graphs or the fused step): one decode step's
@@ -65,6 +65,7 @@ MODES = {
     "static_fused_eager": {"kv_cache": "static", "cuda_graphs": False, "fused_decode": True},
     "static_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True},
     "static_graphs": {"kv_cache": "static", "cuda_graphs": True},
+    "static_graphs_sync": {"kv_cache": "static", "cuda_graphs": True, "lookahead": False},
     "static_eager": {"kv_cache": "static", "cuda_graphs": False},
     "dynamic": {"kv_cache": "dynamic", "cuda_graphs": False},
 }

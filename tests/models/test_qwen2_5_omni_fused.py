@@ -110,15 +110,16 @@ def test_fused_thinker_step_equals_its_own_forward(talker_inputs):
             np.testing.assert_allclose(g["embeds"], w["embeds"], atol=1e-6)
 
 
-def test_thinker_payloads_same_with_lookahead_on_and_off(talker_inputs):
-    """The fused thinker embeds its ids itself, so its steps are queued one ahead of the host
-    (hf_ar_lookahead.py); what its talker is sent must not change."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_step", "transformers_step"])
+def test_thinker_payloads_same_with_lookahead_on_and_off(talker_inputs, fused):
+    """The thinker's decode input is its last token's embedding, so its greedy steps are queued one
+    ahead of the host (hf_ar_lookahead.py); what its talker is sent must not change."""
     path, _ = talker_inputs
-    ahead = HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=True, lookahead=True))
+    ahead = HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=fused, lookahead=True))
     assert ahead.lookahead
     queued = []
     got = _outputs(ahead, THINKER_INPUTS, peek=lambda e: queued.append(e.ahead is not None))
-    want = _outputs(HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=True, lookahead=False)),
+    want = _outputs(HfAREngine(_ctx(0, path, kv_cache="static", fused_decode=fused, lookahead=False)),
                     THINKER_INPUTS)  # fmt: skip
     assert sum(queued) >= 3
     for rid, outs in want.items():

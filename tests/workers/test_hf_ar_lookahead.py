@@ -1,7 +1,7 @@
 """HfAREngine's lookahead (engine_extras lookahead, hf_ar_lookahead.py) on CPU.
 
-With the fused step embedding ids itself, a greedy decode step is queued before the
-host takes the one before it. Real engines over a tiny random-weight Llama: the
+When a step's input is the last token's embedding (embedded on the device, or by the
+fused step itself), a greedy decode step is queued before the host takes the one before it. Real engines over a tiny random-weight Llama: the
 token streams must equal the step-by-step engine's while requests join, finish at
 different lengths, are aborted with a step queued, and run into the KV limit; a step
 is really queued ahead (not silently skipped); sampled rows are never queued ahead.
@@ -25,8 +25,8 @@ def llama_dir(tmp_path_factory) -> Path:
     return _build(tmp_path_factory.mktemp("llama_ahead"), "llama")
 
 
-def _engine(path: Path, ahead: bool = True, **extras) -> HfAREngine:
-    return HfAREngine(_ctx(path, kv_cache="static", fused_decode=True, lookahead=ahead, **extras))
+def _engine(path: Path, ahead: bool = True, fused: bool = True, **extras) -> HfAREngine:
+    return HfAREngine(_ctx(path, kv_cache="static", fused_decode=fused, lookahead=ahead, **extras))
 
 
 def _queued(counts: dict):
@@ -37,12 +37,13 @@ def _queued(counts: dict):
     return peek
 
 
-def test_streams_equal_the_step_by_step_engine(llama_dir):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_step", "transformers_step"])
+def test_streams_equal_the_step_by_step_engine(llama_dir, fused):
     counts = {"ahead": 0, "steps": 0}
-    engine = _engine(llama_dir)
+    engine = _engine(llama_dir, fused=fused)
     assert engine.lookahead
     on = _run(engine, peek=_queued(counts))
-    off = _run(_engine(llama_dir, ahead=False))
+    off = _run(_engine(llama_dir, ahead=False, fused=fused))
     assert on == off
     assert [len(on[f"r{i}"]) for i in range(len(SCHEDULE))] == [n for _, n, _ in SCHEDULE]
     assert counts["ahead"] >= counts["steps"] // 3 > 0  # most steps had the next one queued
@@ -103,21 +104,22 @@ def test_the_kv_limit_fails_the_same_request_at_the_same_token(llama_dir):
     assert len(ids["long"]) == 48 - 40 + 1 and len(ids["short"]) == 20  # the prefill gives one more
 
 
-def test_lookahead_is_a_bool_and_needs_the_fused_step(llama_dir):
+def test_lookahead_is_a_bool_for_the_static_cache_and_off_on_a_cpu_by_default(llama_dir):
     with pytest.raises(ValueError, match="lookahead"):
         _engine(llama_dir, ahead="yes")
-    assert not HfAREngine(_ctx(llama_dir, kv_cache="static", lookahead=True)).lookahead  # no fused step
+    assert not HfAREngine(_ctx(llama_dir, kv_cache="dynamic", lookahead=True)).lookahead  # no slots
     assert not HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True)).lookahead  # off on a CPU
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_under_cuda_graphs_the_streams_equal_the_step_by_step_ones(llama_dir):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_step", "transformers_step"])
+def test_under_cuda_graphs_the_streams_equal_the_step_by_step_ones(llama_dir, fused):
     """float32 on CUDA: queued steps are graph replays whose inputs were written on the device."""
     counts = {"ahead": 0, "steps": 0}
-    engine = _engine(llama_dir, device="cuda")
+    engine = _engine(llama_dir, fused=fused, device="cuda")
     assert engine.lookahead and engine.graphs.enabled
     first, again = _run(engine), _run(engine, peek=_queued(counts))  # the second run replays every bucket
-    off = _run(_engine(llama_dir, ahead=False, device="cuda"))
+    off = _run(_engine(llama_dir, ahead=False, fused=fused, device="cuda"))
     assert first == off and again == off
     assert counts["ahead"] >= counts["steps"] // 3 > 0

@@ -42,9 +42,9 @@ KV cache, engine_extras["kv_cache"]:
   Every static step also takes the greedy argmax of its logits inside the
   step, so a step whose rows are all greedy (no penalty, no logits processing)
   brings back B ids instead of sampling over the vocabulary on the host.
-  With the fused step embedding ids itself, such a step is queued one ahead
-  of the host's work on the step before (engine_extras["lookahead"], default
-  on CUDA; hf_ar_lookahead.py).
+  When a step's input is the last token's embedding, such a step is queued
+  one ahead of the host's work on the step before (engine_extras["lookahead"],
+  default on CUDA; hf_ar_lookahead.py).
 - "dynamic" (default on CPU): a DynamicCache per request; each decode step
   left-pads and stacks the requests' caches, then cuts each row back out.
   Cheapest for tiny CPU models.
@@ -162,8 +162,8 @@ class HfAREngine(StageEngine):
                 step, warmups = compiled_step(step, mode), COMPILE_WARMUPS
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
-        self.lookahead = ahead and self.fused is not None and self.fused.from_ids
-        """Queue a decode step before the host takes the one before (fused steps that embed ids)."""
+        self.lookahead = ahead and self.static and type(self.adapter).embeds_last_token
+        """Queue a decode step before the host takes the one before (inputs: last tokens' embeddings)."""
 
     def _fused(self) -> FusedDecoder | None:
         """The fused decode step, or None (logged) when this stage cannot take it."""
@@ -374,7 +374,8 @@ class HfAREngine(StageEngine):
         batch, length = slots.shape_for(max(fl.cached))
         if graphs.enabled and (batch, length) not in graphs.graphs:
             return None  # a capture syncs anyway; the host path captures it
-        write_next_inputs(slots, fl)
+        from_ids = self.fused is not None and self.fused.from_ids
+        write_next_inputs(slots, fl, None if from_ids else self.adapter.embed_ids)
         out = graphs.run(batch, length).rows(fl.rows)
         return queue(out, seqs, fl.rows, [c + 1 for c in fl.cached])
 

@@ -107,8 +107,9 @@ class ARAdapter(abc.ABC):
     `forward` must take a 2D padding mask, and per-position prefill outputs in `on_tokens`
     must skip each row's `out.pads[row]` leading positions)."""
     embeds_last_token: bool = False
-    """True when `decode_embeds` is the input embedding of each row's last token: a fused decode
-    step may then embed the ids itself (and be queued ahead, hf_ar_lookahead.py)."""
+    """True when `decode_embeds` is the input embedding of each row's last token (`embed_ids`): a
+    fused decode step may then embed the ids itself, and a greedy step be queued ahead
+    (hf_ar_lookahead.py)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
@@ -140,6 +141,11 @@ class ARAdapter(abc.ABC):
     @abc.abstractmethod
     def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
         """[batch, 1, hidden] inputs for one decode step of each seq (after its last token)."""
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """[rows, 1] token ids on the device -> [rows, 1, hidden] (`decode_embeds` from device ids;
+        used when `embeds_last_token`)."""
+        return self.model.get_input_embeddings()(ids)
 
     @abc.abstractmethod
     def forward(

@@ -4,8 +4,8 @@ Without it a static decode step is: write the inputs, replay the graph, wait for
 the ids, then the host's share (the adapter's payloads, stop checks, the worker
 sending them, the next step's inputs) while the GPU sits idle. At batch 1 on a
 small model that host share is a tenth or more of a step. With lookahead
-(`engine_extras["lookahead"]`, default on CUDA with `fused_decode`; on a CPU
-nothing would run while the host works), once step N is
+(`engine_extras["lookahead"]`, default on CUDA for adapters whose decode input is the
+last token's embedding; on a CPU nothing would run while the host works), once step N is
 queued the engine queues, behind it, the copies of N's ids and payload tensors
 to pinned host memory, then N+1's inputs written on the device from N's ids
 (ids, lengths + 1, positions + 1) and N+1's replay; only then does the host wait,
@@ -15,7 +15,8 @@ order as without it; a step is at most one GPU step "early", never late.
 
 A step is queued ahead only when its outcome cannot depend on the host's share
 of the step before: every row greedy with raw logits (the ids are the step's own
-argmax), the fused step embedding ids itself, the same requests holding every
+argmax), the step's input the embedding of those ids (embedded on the device, or
+by the fused step itself), the same requests holding every
 slot, no request waiting to be prefilled, room in every row's KV, and (with
 graphs) the bucket already captured. Whatever changes the slots while a step is
 ahead (a request finishing or aborted: its slot is given back and the last slot's
@@ -25,6 +26,7 @@ computed again from the host's state, which rewrites the same KV positions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,10 +69,13 @@ def queue(out: ForwardOut, seqs: list[ARSeq], rows: torch.Tensor | slice, cached
     return InFlight(seqs, rows, cached, out.tokens, host, done)
 
 
-def write_next_inputs(slots: Any, fl: InFlight) -> None:
+def write_next_inputs(slots: Any, fl: InFlight, embed: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
     """The step after `fl` for the same rows, on the device: its ids are fl's ids, each row one
-    position further (the step embeds the ids itself)."""
+    position further; `embed` (ids [rows, 1] -> embeddings) fills the step's embeddings, None
+    when the step embeds the ids itself."""
     slots.ids[fl.rows] = fl.tokens
+    if embed is not None:
+        slots.embeds[fl.rows] = embed(fl.tokens[:, None]).to(slots.embeds.dtype)
     slots.lengths[fl.rows] += 1
     slots.positions[:, fl.rows, 0] += 1
 
