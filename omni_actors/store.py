@@ -52,6 +52,15 @@ class Store:
                 self._db.execute(stmt)
             self._ensured.add(name)
 
+    def add_columns(self, table: str, columns: dict[str, str]) -> None:
+        """Columns a feature added after its table was first made (name -> SQL type), added to a
+        database that lacks them; rows from before read NULL there."""
+        with self._lock:
+            have = {row["name"] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in columns.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
         """Run one write; return the number of rows it changed."""
         with self._lock:

@@ -33,3 +33,24 @@ def test_a_failed_transaction_changes_nothing(tmp_path):
         ])
     assert store.query("SELECT * FROM notes") == []
     store.close()
+
+
+def test_columns_added_later_reach_an_old_database_once(tmp_path):
+    from omni_actors.api.videos_store import ADDED, VideoStore
+
+    old = Store(tmp_path)  # a data directory from before the remix columns
+    old.execute("CREATE TABLE video_jobs (id TEXT PRIMARY KEY, model TEXT NOT NULL, prompt TEXT, size TEXT NOT NULL, "
+                "seconds TEXT NOT NULL, status TEXT NOT NULL, progress INTEGER NOT NULL DEFAULT 0, created_at "
+                "INTEGER NOT NULL, completed_at INTEGER, error_code TEXT, error_message TEXT, error_param TEXT, "
+                "owner_pid INTEGER NOT NULL, has_audio INTEGER NOT NULL DEFAULT 0)")
+    old.execute("INSERT INTO video_jobs (id, model, prompt, size, seconds, status, created_at, owner_pid) "
+                "VALUES ('v1', 'm', 'p', '32x32', '1', 'completed', 1, 1)")
+    old.close()
+    for _ in range(2):  # the second open finds the columns there
+        store = Store(tmp_path)
+        jobs = VideoStore(store)
+        names = {r["name"] for r in store.query("PRAGMA table_info(video_jobs)")}
+        assert set(ADDED) <= names
+        row = jobs.get("v1")
+        assert row is not None and (row.request, row.seed, row.remixed_from) == (None, None, None)
+        store.close()

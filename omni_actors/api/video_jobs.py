@@ -23,6 +23,7 @@ import numpy as np
 
 from omni_actors import logs
 from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.png import encode_png
 from omni_actors.api.videos_store import VideoStore
 from omni_actors.errors import RequestAborted, RequestError
 from omni_actors.media.mp4 import write_mp4, write_thumbnail
@@ -49,6 +50,7 @@ class Made:
     fps: float
     audio: np.ndarray | None
     sample_rate: int | None
+    seed: int | None = None
 
 
 class VideoJobs:
@@ -67,9 +69,12 @@ class VideoJobs:
             log.warning("video.jobs_lost", count=len(lost))
 
     def create(self, job_id: str, inputs: dict[str, Any], params: dict[str, Any], *, model: str,
-               prompt: str, size: str, seconds: str) -> None:
-        """Queue a job (its row first, so the task always has one); AdmissionError when full."""
-        self.store.insert(job_id, model, prompt, size, seconds)
+               prompt: str, size: str, seconds: str, remixed_from: str | None = None) -> None:
+        """Queue a job (its row first, so the task always has one); AdmissionError when full. The
+        row keeps what a remix needs: the params, the negative prompt, whether a first frame came."""
+        request = {"params": {k: v for k, v in params.items() if k != "seed"},
+                   "negative_prompt": inputs.get("negative_prompt"), "reference": inputs.get("image") is not None}
+        self.store.insert(job_id, model, prompt, size, seconds, request, remixed_from)
         spec = RequestSpec(inputs=inputs, params=params, request_id=job_id, deadline_s=JOB_TIMEOUT_S,
                            stages=self.orch.pipeline.stages_for_outputs({"video"}))
         try:
@@ -77,7 +82,7 @@ class VideoJobs:
         except BaseException:
             self.store.delete(job_id)
             raise
-        task = asyncio.create_task(self._run(job_id, stream), name=f"video-{job_id}")
+        task = asyncio.create_task(self._run(job_id, stream, inputs.get("image")), name=f"video-{job_id}")
         self._running[job_id] = (task, stream)
 
     async def wait(self, job_id: str) -> None:
@@ -123,12 +128,14 @@ class VideoJobs:
         if entries:
             await asyncio.wait([t for t, _ in entries], timeout=JOB_EXIT_TIMEOUT_S)
 
-    async def _run(self, job_id: str, stream: RequestStream) -> None:
+    async def _run(self, job_id: str, stream: RequestStream, reference: np.ndarray | None) -> None:
         try:
+            if reference is not None:  # kept for a remix, written while the job waits or denoises
+                await off_loop(self._keep_reference, job_id, reference)
             made = await self._follow(job_id, stream)
             self.store.progress(job_id, DECODED_PERCENT)
             await off_loop(self._write, job_id, made)
-            if self.store.complete(job_id, made.audio is not None):
+            if self.store.complete(job_id, made.audio is not None, made.seed):
                 log.info("video.completed", job=job_id, frames=len(made.frames))
             else:  # deleted while it was being encoded
                 self.store.delete(job_id)
@@ -148,8 +155,11 @@ class VideoJobs:
         finally:
             self._running.pop(job_id, None)
             self._touch(job_id)
-            for variant in ("video", "thumbnail"):
+            for variant in ("video", "thumbnail", "reference"):
                 _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
+            row = self.store.get(job_id)
+            if row is None or row.status != "completed":  # only a finished job can be remixed
+                self.store.path(job_id, "reference").unlink(missing_ok=True)
 
     async def _follow(self, job_id: str, stream: RequestStream) -> Made:
         made: Made | None = None
@@ -157,7 +167,7 @@ class VideoJobs:
             data = chunk.data
             if "frames" in data:
                 made = Made(np.asarray(data["frames"]), float(data.get("fps") or 16), data.get("audio"),
-                            data.get("sample_rate"))
+                            data.get("sample_rate"), data.get("seed"))
             elif "total" in data and data.get("total"):
                 share = DENOISE_PERCENT * data["step"] / data["total"]
                 self.store.progress(job_id, int(share) if data.get("phase") != "decode" else DENOISE_PERCENT)
@@ -165,6 +175,11 @@ class VideoJobs:
         if made is None:
             raise RuntimeError("the pipeline ended without frames")
         return made
+
+    def _keep_reference(self, job_id: str, frame: np.ndarray) -> None:
+        path = self.store.path(job_id, "reference")
+        _tmp(path).write_bytes(encode_png(np.ascontiguousarray(frame, dtype=np.uint8)))
+        os.replace(_tmp(path), path)
 
     def _write(self, job_id: str, made: Made) -> None:
         video, thumb = self.store.path(job_id, "video"), self.store.path(job_id, "thumbnail")

@@ -6,6 +6,11 @@
     GET    /v1/videos/{id}              retrieve: status and progress
     DELETE /v1/videos/{id}              delete: a running job is aborted between steps
     GET    /v1/videos/{id}/content      download: variant=video (MP4) | thumbnail (JPEG)
+    POST   /v1/videos/{id}/remix        {"prompt"} -> a new job, `remixed_from_video_id` set
+
+A remix makes a completed video again with a new prompt: the same model, size, frames,
+steps, guidance, negative prompt, first frame and seed (the one the source ran with), so
+the starting noise is the same and the new prompt steers it.
 
 Create fields: prompt (required), model, size "WxH" (default: the model's), seconds (a
 number; frames = seconds x fps, snapped to what the model makes), input_reference (an
@@ -24,6 +29,7 @@ import uuid
 import msgspec
 from aiohttp import web
 
+from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import (
     PIPELINES_KEY,
     drop_none,
@@ -33,10 +39,12 @@ from omni_actors.api.calls import (
     route_model,
 )
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.schemas import RequestStruct, read_body
 from omni_actors.api.video_jobs import RANK, VideoJobs
 from omni_actors.api.video_request import (
     DEFAULT_SECONDS,
     capabilities,
+    decode_image,
     opt_float,
     opt_int,
     parse_frames,
@@ -120,6 +128,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/videos/{video_id}", retrieve)
     app.router.add_delete("/v1/videos/{video_id}", delete)
     app.router.add_get("/v1/videos/{video_id}/content", content)
+    app.router.add_post("/v1/videos/{video_id}/remix", remix)
 
 
 def jobs_of(request: web.Request) -> VideoJobs:
@@ -141,7 +150,8 @@ def to_video(row: JobRow) -> Video:
         error = VideoError(row.error_code or "failed", row.error_message or "generation failed", row.error_param)
     return Video(id=row.id, object="video", model=row.model, status=row.status, progress=row.progress,
                  created_at=row.created_at, completed_at=row.completed_at, expires_at=None,
-                 prompt=row.prompt, size=row.size, seconds=row.seconds, remixed_from_video_id=None, error=error)
+                 prompt=row.prompt, size=row.size, seconds=row.seconds, remixed_from_video_id=row.remixed_from,
+                 error=error)
 
 
 # -- create -------------------------------------------------------------------------------------
@@ -199,6 +209,41 @@ async def create_sync(request: web.Request) -> web.StreamResponse:
         raise ApiError(status, f"video generation failed: {message}", None, code)
     return web.FileResponse(jobs.store.path(job_id), headers={"Content-Type": "video/mp4",
                                                                "X-Video-Id": job_id})
+
+
+class RemixBody(RequestStruct):
+    prompt: str
+
+
+async def remix(request: web.Request) -> web.Response:
+    jobs = jobs_of(request)
+    source = _job(request)
+    body = await read_body(request, RemixBody)
+    if not body.prompt.strip():
+        raise bad_request("prompt is required", "prompt", "missing_required_parameter")
+    if source.status != "completed":
+        raise ApiError(409, f"video {source.id} is {source.status}; only a completed video can be remixed",
+                       "video_id", "video_not_ready")
+    if source.request is None or source.seed is None:
+        raise bad_request(f"video {source.id} was made before this server kept what a remix needs; "
+                          "create it again", "video_id", "unsupported_value")
+    if source.model != model_id(jobs.orch):
+        raise bad_request(f"video {source.id} was made by model {source.model!r}; this server makes video "
+                          f"with {model_id(jobs.orch)!r}", "video_id", "unsupported_value")
+    image = None
+    if source.request.get("reference"):
+        path = jobs.store.path(source.id, "reference")
+        if not path.is_file():
+            raise ApiError(404, f"video {source.id}: its first frame is gone", "video_id", "not_found")
+        image = await off_loop(lambda: decode_image(path.read_bytes(), "video_id"))
+    inputs = drop_none({"prompt": body.prompt, "negative_prompt": source.request.get("negative_prompt"),
+                        "image": image})
+    job_id = f"video_{uuid.uuid4().hex}"
+    jobs.create(job_id, inputs, {**source.request["params"], "seed": source.seed}, model=source.model,
+                prompt=body.prompt, size=source.size, seconds=source.seconds, remixed_from=source.id)
+    row = jobs.store.get(job_id)
+    assert row is not None
+    return _json(to_video(row))
 
 
 # -- read, list, delete, download ---------------------------------------------------------------

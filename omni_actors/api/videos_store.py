@@ -1,10 +1,15 @@
 """Video jobs in the data directory: one SQLite table (through `omni_actors.store`) and their files.
 
     video_jobs(id, model, prompt, size, seconds, status, progress, created_at, completed_at,
-               error_code, error_message, error_param, owner_pid, has_audio)
+               error_code, error_message, error_param, owner_pid, has_audio,
+               request, seed, remixed_from)
 
-Files: `<data>/state/files/videos/<id>.mp4` and `<id>.jpg` (thumbnail), written by the
-job runner to a temporary name and renamed, so a file that exists is whole. A job's
+`request` is what the job was made from beyond its prompt (JSON: frames, steps, guidance,
+negative prompt), `seed` the seed it ran with, `remixed_from` the job a remix started
+from: a remix makes the same video again with a new prompt. Files:
+`<data>/state/files/videos/<id>.mp4` and `<id>.jpg` (thumbnail), written by the job runner
+to a temporary name and renamed, so a file that exists is whole; `<id>.ref.png`, a first
+frame the job was given (a remix of it starts from the same frame). A job's
 row is what `retrieve`/`list` answer; its status only moves forward
 (queued -> in_progress -> completed | failed). Jobs a server lost (its process is
 gone, the row still queued or in_progress) are marked failed by `fail_orphans`.
@@ -12,6 +17,7 @@ gone, the row still queued or in_progress) are marked failed by `fail_orphans`.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -40,8 +46,11 @@ DDL = (
     )""",
     "CREATE INDEX IF NOT EXISTS video_jobs_created ON video_jobs (created_at, id)",
 )
+ADDED = {"request": "TEXT", "seed": "INTEGER", "remixed_from": "TEXT"}
+"""Columns added after the table's first release (Store.add_columns)."""
 RUNNING = ("queued", "in_progress")
 VARIANTS = {"video": ".mp4", "thumbnail": ".jpg"}
+FILES = {**VARIANTS, "reference": ".ref.png"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,10 @@ class JobRow:
     error_message: str | None
     error_param: str | None
     has_audio: bool
+    request: dict[str, Any] | None = None
+    """What the job was made from beyond its prompt (None for jobs from before remix)."""
+    seed: int | None = None
+    remixed_from: str | None = None
 
 
 class VideoStore:
@@ -67,16 +80,19 @@ class VideoStore:
     def __init__(self, store: Store) -> None:
         self.db = store
         store.ensure(FEATURE, DDL)
+        store.add_columns("video_jobs", ADDED)
         self.folder = store.files(FEATURE)
 
     def path(self, job_id: str, variant: str = "video") -> Path:
-        return self.folder / f"{job_id}{VARIANTS[variant]}"
+        return self.folder / f"{job_id}{FILES[variant]}"
 
-    def insert(self, job_id: str, model: str, prompt: str, size: str, seconds: str) -> None:
+    def insert(self, job_id: str, model: str, prompt: str, size: str, seconds: str,
+               request: dict[str, Any] | None = None, remixed_from: str | None = None) -> None:
         self.db.execute(
-            "INSERT INTO video_jobs (id, model, prompt, size, seconds, status, created_at, owner_pid) "
-            "VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)",
-            (job_id, model, prompt, size, seconds, int(time.time()), os.getpid()),
+            "INSERT INTO video_jobs (id, model, prompt, size, seconds, status, created_at, owner_pid, "
+            "request, remixed_from) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
+            (job_id, model, prompt, size, seconds, int(time.time()), os.getpid(),
+             None if request is None else json.dumps(request), remixed_from),
         )
 
     def progress(self, job_id: str, percent: int) -> None:
@@ -86,11 +102,11 @@ class VideoStore:
             (percent, job_id),
         )
 
-    def complete(self, job_id: str, has_audio: bool) -> bool:
+    def complete(self, job_id: str, has_audio: bool, seed: int | None = None) -> bool:
         return self.db.execute(
-            "UPDATE video_jobs SET status = 'completed', progress = 100, completed_at = ?, has_audio = ? "
-            "WHERE id = ? AND status IN ('queued', 'in_progress')",
-            (int(time.time()), int(has_audio), job_id),
+            "UPDATE video_jobs SET status = 'completed', progress = 100, completed_at = ?, has_audio = ?, "
+            "seed = ? WHERE id = ? AND status IN ('queued', 'in_progress')",
+            (int(time.time()), int(has_audio), seed, job_id),
         ) == 1
 
     def fail(self, job_id: str, code: str, message: str, param: str | None = None) -> None:
@@ -124,7 +140,7 @@ class VideoStore:
 
     def delete(self, job_id: str) -> bool:
         gone = self.db.execute("DELETE FROM video_jobs WHERE id = ?", (job_id,)) == 1
-        for variant in VARIANTS:
+        for variant in FILES:
             self.path(job_id, variant).unlink(missing_ok=True)
         return gone
 
@@ -137,7 +153,7 @@ class VideoStore:
         for job_id in lost:
             self.fail(job_id, "server_restarted",
                       "the server stopped while this video was being generated; create it again")
-            for variant in VARIANTS:
+            for variant in FILES:
                 self.path(job_id, variant).unlink(missing_ok=True)
         return lost
 
@@ -148,6 +164,8 @@ def _row(row: Any) -> JobRow:
         status=row["status"], progress=row["progress"], created_at=row["created_at"],
         completed_at=row["completed_at"], error_code=row["error_code"], error_message=row["error_message"],
         error_param=row["error_param"], has_audio=bool(row["has_audio"]),
+        request=None if row["request"] is None else json.loads(row["request"]), seed=row["seed"],
+        remixed_from=row["remixed_from"],
     )
 
 

@@ -158,6 +158,50 @@ def test_deleting_a_running_job_stops_it_and_a_full_queue_is_429(wan):
     assert wait_done(client, after.id).status == "completed"
 
 
+def _frames(client: openai.OpenAI, video_id: str, path: Path) -> np.ndarray:
+    path.write_bytes(client.videos.download_content(video_id).read())
+    with av.open(str(path)) as f:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in f.decode(video=0)])
+
+
+def test_a_remix_remakes_the_video_with_its_seed_and_a_new_prompt(wan, tmp_path):
+    client = wan.client
+    source = client.videos.create(model=wan.model.name, prompt="a red kite", size="32x32", seconds="0.25",
+                                  extra_body=FAST)  # no seed: the remix must reuse the one the engine drew
+    assert wait_done(client, source.id).status == "completed"
+    again = client.videos.remix(source.id, prompt="a red kite")
+    other = client.videos.remix(source.id, prompt="a green boat at night")
+    assert (again.remixed_from_video_id, other.remixed_from_video_id) == (source.id, source.id)
+    assert (other.size, other.seconds, other.prompt) == ("32x32", "0.25", "a green boat at night")
+    assert wait_done(client, again.id).status == "completed" and wait_done(client, other.id).status == "completed"
+    first = _frames(client, source.id, tmp_path / "source.mp4")
+    assert np.array_equal(_frames(client, again.id, tmp_path / "again.mp4"), first)  # same seed, same prompt
+    remixed = _frames(client, other.id, tmp_path / "other.mp4")
+    assert remixed.shape == first.shape and not np.array_equal(remixed, first)
+    assert client.videos.retrieve(other.id).remixed_from_video_id == source.id
+
+
+def test_a_remix_needs_a_completed_video_and_a_prompt(wan):
+    client = wan.client
+    running = client.videos.create(model=wan.model.name, prompt="slow", size="32x32", seconds="0.25",
+                                   extra_body=LONG)
+    try:
+        with pytest.raises(openai.APIStatusError) as err:
+            client.videos.remix(running.id, prompt="faster")
+        assert err.value.status_code == 409 and err.value.body["code"] == "video_not_ready"
+    finally:
+        client.videos.delete(running.id)
+    with pytest.raises(openai.NotFoundError):
+        client.videos.remix("video_missing", prompt="x")
+    done = next(v for v in client.videos.list(limit=100) if v.status == "completed")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.videos.remix(done.id, prompt=" ")
+    assert err.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.videos.remix(done.id, prompt="x", extra_body={"seed": 1})
+    assert err.value.body["param"] == "seed"
+
+
 def test_a_restarted_server_keeps_finished_jobs_and_fails_lost_ones(wan, tmp_path):
     client = wan.client
     kept = client.videos.create(model=wan.model.name, prompt="kept", size="32x32", seconds="0.25",
@@ -184,6 +228,10 @@ def test_a_restarted_server_keeps_finished_jobs_and_fails_lost_ones(wan, tmp_pat
     with pytest.raises(openai.APIStatusError) as err:
         client.videos.download_content(lost.id)
     assert err.value.status_code == 409
+    remix = client.videos.remix(kept.id, prompt="kept")  # what a remix needs survived the restart
+    assert wait_done(client, remix.id).status == "completed"
+    assert np.array_equal(_frames(client, remix.id, tmp_path / "remix.mp4"),
+                          _frames(client, kept.id, tmp_path / "kept-again.mp4"))
 
 
 def test_image_to_video_takes_a_first_frame(tmp_path):
@@ -207,6 +255,12 @@ def test_image_to_video_takes_a_first_frame(tmp_path):
         (tmp_path / "i2v.mp4").write_bytes(client.videos.download_content(job.id).read())
         made = probe(tmp_path / "i2v.mp4")
         assert (made.width, made.height, made.frames) == (32, 32, 5)
+        remix = client.videos.remix(job.id, prompt="the sea")  # from the same first frame and seed
+        assert wait_done(client, remix.id).status == "completed"
+        assert np.array_equal(_frames(client, remix.id, tmp_path / "i2v-remix.mp4"),
+                              _frames(client, job.id, tmp_path / "i2v-again.mp4"))
+        assert sorted(p.name for p in (tmp_path / "data").rglob("*.ref.png")) == sorted(
+            f"{v}.ref.png" for v in (job.id, remix.id))
         with pytest.raises(openai.BadRequestError) as err:
             client.videos.create(model=model.name, prompt="no frame", size="32x32")
         assert err.value.body["param"] == "input_reference"
