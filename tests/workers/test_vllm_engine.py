@@ -49,8 +49,8 @@ def model_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm-cache")
+def cache_dir(vllm_cache) -> Path:
+    return vllm_cache  # the run's (tests/conftest.py): warm if an earlier module started a Llama
 
 
 @pytest.fixture(scope="module")
