@@ -30,6 +30,23 @@ def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-cache")
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`make_tiny(name, seed=0)` once per run: modules that only read a tiny folder share it (a tiny
+    Qwen-Omni takes ~3 s to write, and five modules read the same one). A test that changes a folder
+    makes its own."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            from omni_actors.models.tiny import make_tiny
+
+            made[name] = make_tiny(name, tmp_path_factory.mktemp("tiny") / name, seed=0)
+        return made[name]
+
+    return get
+
+
 def make_deploy(pipeline: str = "synthetic", **raw: Any) -> DeployConfig:
     return build_deploy({"pipeline": pipeline, **raw}, source="test")
 
