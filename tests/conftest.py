@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -18,6 +20,31 @@ from omni_actors.config.deploy import DeployConfig, build_deploy
 from omni_actors.orchestrator.core import Orchestrator
 
 SHM = Path("/dev/shm")
+
+
+@pytest.fixture(scope="session")
+def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One vLLM cache folder (`engine_extras.cache_dir`) for the whole run. vLLM inspects a model class
+    in a subprocess when its cache is new (~14 s per engine start on 2 cores); with the folder shared,
+    only the run's first engine of each architecture pays it."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`make_tiny(name, seed=0)` once per run: modules that only read a tiny folder share it (a tiny
+    Qwen-Omni takes ~3 s to write, and five modules read the same one). A test that changes a folder
+    makes its own."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            from omni_actors.models.tiny import make_tiny
+
+            made[name] = make_tiny(name, tmp_path_factory.mktemp("tiny") / name, seed=0)
+        return made[name]
+
+    return get
 
 
 def make_deploy(pipeline: str = "synthetic", **raw: Any) -> DeployConfig:

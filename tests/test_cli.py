@@ -35,7 +35,8 @@ def _wait_for_line(proc: subprocess.Popen, pattern: str) -> re.Match:
     pytest.fail(f"no line matching {pattern!r}; got:\n{''.join(seen)}")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+# (SIGINT on an idle omni-run is test_shutdown_sweep.py's test_signal_while_idle[SIGINT]; -m slow adds it here)
 def test_serve_then_signal_leaves_nothing_behind(sig: signal.Signals) -> None:
     port = free_port()
     proc = subprocess.Popen(

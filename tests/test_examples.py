@@ -91,13 +91,15 @@ def _commands(code: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-async def assistant_url() -> AsyncIterator[str]:
-    """The bundled assistant deploy (as `omni-run` serves it, no keys) on a free port."""
+async def assistant_url(vllm_cache: Path) -> AsyncIterator[str]:
+    """The bundled assistant deploy (as `omni-run` serves it, no keys; the run's vLLM cache) on a free port."""
     from omni_actors.cli import bundled_deploy
+    from omni_actors.models.assistant import LLM
     from omni_actors.models.assistant.prepare import prepare
     from tests.api.conftest import serve_deploy
 
-    deploy = load_deploy(bundled_deploy(), {"model": str(prepare(progress=None))})
+    cache = {"stage_id": LLM, "engine_extras": {"cache_dir": str(vllm_cache)}}
+    deploy = load_deploy(bundled_deploy(), {"model": str(prepare(progress=None)), "stages": [cache]})
     async with serve_deploy(deploy, None) as srv:
         yield srv.url.removeprefix("http://")
 

@@ -20,7 +20,6 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from omni_actors.models.tiny.llama import make_tiny_llama
 from tests.api.conftest import Server, serve
 
 MSG = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -40,10 +39,10 @@ FORCED = {"temperature": 0.0, "max_tokens": 160, "seed": 1}
 
 
 @pytest.fixture(scope="module")
-async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Server]:
-    model: Path = make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+async def srv(tiny_model, vllm_cache: Path) -> AsyncIterator[Server]:
+    model: Path = tiny_model("llama")
     stages = [{"stage_id": 0, "max_num_seqs": 2, "dtype": "float32",
-               "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1}}]
+               "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1, "cache_dir": str(vllm_cache)}}]
     async with serve("llm", model=str(model), stages=stages) as server:
         yield server
 

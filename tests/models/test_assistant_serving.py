@@ -48,9 +48,11 @@ REQUEST_TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="module")
-async def srv(assistant_dir) -> AsyncIterator[Server]:
-    """The bundled deploy (as `omni-run` serves it) on a free port, with an API key."""
-    deploy = load_deploy(bundled_deploy(), {"model": str(assistant_dir), "server": {"api_keys": [KEY]}})
+async def srv(assistant_dir, vllm_cache) -> AsyncIterator[Server]:
+    """The bundled deploy (as `omni-run` serves it) on a free port, with an API key (and the run's vLLM cache)."""
+    cache = {"stage_id": LLM, "engine_extras": {"cache_dir": str(vllm_cache)}}
+    deploy = load_deploy(bundled_deploy(), {"model": str(assistant_dir), "server": {"api_keys": [KEY]},
+                                            "stages": [cache]})
     async with serve_deploy(deploy, KEY) as server:
         yield server
 

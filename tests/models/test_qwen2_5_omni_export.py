@@ -16,14 +16,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from omni_actors.models.qwen2_5_omni.export import export_thinker_lm  # noqa: E402
-from omni_actors.models.tiny import make_tiny  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Tell me a short story about a cat."}]
 
 
 @pytest.fixture(scope="module")
-def omni(tmp_path_factory) -> Path:
-    return make_tiny("qwen2_5_omni", tmp_path_factory.mktemp("omni"), seed=0)
+def omni(tiny_model) -> Path:
+    return tiny_model("qwen2_5_omni")
 
 
 @pytest.fixture(scope="module")

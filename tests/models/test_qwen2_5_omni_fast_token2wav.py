@@ -20,7 +20,6 @@ from omni_actors.models.qwen2_5_omni.fast_token2wav import (  # noqa: E402
     FastAntiAliasedActivation,
     install_fast_vocoder,
 )
-from omni_actors.models.tiny import make_tiny  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
 
 ATOL = 1e-5
@@ -28,8 +27,8 @@ ADAPTER = "omni_actors.models.qwen2_5_omni.code2wav:Qwen2_5OmniCode2WavAdapter"
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return make_tiny("qwen2_5_omni", tmp_path_factory.mktemp("q25"), seed=0)
+def tiny_dir(tiny_model) -> Path:
+    return tiny_model("qwen2_5_omni")
 
 
 def _token2wav(path: Path):

@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
-from omni_actors.models.tiny import make_tiny  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
 from omni_actors.workers.engines.hf_ar import HfAREngine  # noqa: E402
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder  # noqa: E402
@@ -57,9 +56,9 @@ THINKER_INPUTS = {f"r{i}": {"messages": m} for i, m in enumerate(PROMPTS)}
 
 
 @pytest.fixture(scope="module")
-def talker_inputs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+def talker_inputs(tiny_model) -> tuple[Path, dict[str, dict]]:
     """The tiny checkpoint and, per request, the talker's inputs from the real thinker."""
-    path = make_tiny("qwen2_5_omni", tmp_path_factory.mktemp("q25"), seed=0)
+    path = tiny_model("qwen2_5_omni")
     thinker = HfAREngine(_ctx(0, path))
     got = _outputs(thinker, THINKER_INPUTS)
     thinker.close()

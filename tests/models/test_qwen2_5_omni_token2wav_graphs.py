@@ -21,15 +21,14 @@ from omni_actors.models.qwen2_5_omni.token2wav_graphs import (  # noqa: E402
     integrate_rk4,
     padded_batch,
 )
-from omni_actors.models.tiny import make_tiny  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
 
 ADAPTER = "omni_actors.models.qwen2_5_omni.code2wav:Qwen2_5OmniCode2WavAdapter"
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return make_tiny("qwen2_5_omni", tmp_path_factory.mktemp("q25g"), seed=0)
+def tiny_dir(tiny_model) -> Path:
+    return tiny_model("qwen2_5_omni")
 
 
 @torch.inference_mode()

@@ -11,15 +11,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
-from omni_actors.models.tiny import make_tiny  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
 
 MSGS = [{"role": "user", "content": "Hello! How are you?"}]
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    path = make_tiny("qwen3_omni_moe", tmp_path_factory.mktemp("qwen3_omni_moe"), seed=0)
+def engines(tiny_model):
+    path = tiny_model("qwen3_omni_moe")
     pipe = get_pipeline("qwen3_omni_moe")
     out = []
     for spec in pipe.stages[:2]:

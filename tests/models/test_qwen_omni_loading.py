@@ -28,8 +28,8 @@ def _ctx(path: Path, dtype: str = "auto") -> EngineContext:
 
 
 @pytest.fixture(scope="module")
-def omni_dir(tmp_path_factory) -> Path:
-    return make_tiny("qwen3_omni_moe", tmp_path_factory.mktemp("q3omni"), seed=0)
+def omni_dir(tiny_model) -> Path:
+    return tiny_model("qwen3_omni_moe")
 
 
 def _stored(path: Path) -> dict[str, torch.Tensor]:

@@ -20,7 +20,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
-from omni_actors.models.tiny import make_tiny  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
 
 PARAMS = {
@@ -30,8 +29,8 @@ PARAMS = {
 
 
 @pytest.fixture(scope="module")
-def q3_dir(tmp_path_factory) -> Path:
-    return make_tiny("qwen3_omni_moe", tmp_path_factory.mktemp("q3"), seed=0)
+def q3_dir(tiny_model) -> Path:
+    return tiny_model("qwen3_omni_moe")
 
 
 def _ctx(spec, path: Path, extras: dict) -> EngineContext:

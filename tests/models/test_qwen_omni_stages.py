@@ -20,7 +20,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
-from omni_actors.models.tiny import make_tiny  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
 from omni_actors.workers.engines.hf_ar import prompt_ids  # noqa: E402
 
@@ -120,9 +119,8 @@ def _summary(thinker: list, talker: list, audio: list) -> dict:
 
 
 @pytest.fixture(scope="module", params=NAMES)
-def stages(request, tmp_path_factory) -> Stages:
-    path = make_tiny(request.param, tmp_path_factory.mktemp(request.param), seed=0)
-    return Stages(request.param, path)
+def stages(request, tiny_model) -> Stages:
+    return Stages(request.param, tiny_model(request.param))
 
 
 def _reference(stages: Stages, prompt_ids: list[int]) -> tuple[list[int], torch.Tensor]:

@@ -7,13 +7,11 @@ writes; the engine test (test_vllm_engine.py) shows the tools reach the template
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from omni_actors.models.tiny.llama import make_tiny_llama
 from omni_actors.workers.engines.tool_calls import ToolCallReader
 
 TOOLS = [{"type": "function", "function": {
@@ -21,11 +19,10 @@ TOOLS = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+def tokenizer(tiny_model):
     from transformers import AutoTokenizer
 
-    path: Path = make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(tiny_model("llama"))
 
 
 @pytest.mark.parametrize(("parser", "text", "content"), [

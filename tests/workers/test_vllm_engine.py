@@ -13,7 +13,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 pytest.importorskip("vllm")
 
-from omni_actors.models.tiny.llama import make_tiny_llama
 from omni_actors.workers.engine import EngineContext, EngineOutput
 from omni_actors.workers.engines.vllm_ar import VllmAREngine
 
@@ -44,13 +43,13 @@ def _ctx(model_path: Path, cache_dir: Path, **changes) -> EngineContext:
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+def model_path(tiny_model) -> Path:
+    return tiny_model("llama")
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm-cache")
+def cache_dir(vllm_cache) -> Path:
+    return vllm_cache  # the run's (tests/conftest.py): warm if an earlier module started a Llama
 
 
 @pytest.fixture(scope="module")

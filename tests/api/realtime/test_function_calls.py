@@ -43,9 +43,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-async def srv(model: Path) -> AsyncIterator[RtServer]:
+async def srv(model: Path, vllm_cache: Path) -> AsyncIterator[RtServer]:
     stages = [{"stage_id": 0, "max_num_seqs": 2, "dtype": "float32",
-               "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1}}]
+               "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1, "cache_dir": str(vllm_cache)}}]
     async with serve_rt("llm", model=str(model), stages=stages) as server:
         yield server
 
