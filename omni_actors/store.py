@@ -13,6 +13,7 @@ that writes large files does that off the loop itself.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -95,6 +96,17 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def owner_alive(pid: int) -> bool:
+    """Whether the process that owns a row (a job's or a response's server) still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _STORE: Store | None = None

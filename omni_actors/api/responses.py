@@ -4,6 +4,10 @@
     GET    /v1/responses/{id}                     a stored response
     DELETE /v1/responses/{id}
     GET    /v1/responses/{id}/input_items         its input items (?order=asc|desc, after, limit 1-100)
+    POST   /v1/responses/{id}/cancel              stop a background response
+
+`background: true` answers `queued` at once and runs the response as a task the client polls
+(api/responses_background.py).
 
 A request runs as a chat completion does (the same inputs, tools and guided decoding:
 api/responses_inputs.py maps it): `input` (text or items: messages with text, image and audio
@@ -40,6 +44,7 @@ from omni_actors.api.chat import Tally
 from omni_actors.api.chat_inputs import build_chat_inputs
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.responses_background import Background, settled
 from omni_actors.api.responses_inputs import (
     part_param,
     read_turn,
@@ -68,7 +73,7 @@ from omni_actors.api.responses_schemas import (
     ResponseRequest,
     ResponseUsage,
 )
-from omni_actors.api.responses_store import ResponseStore
+from omni_actors.api.responses_store import UNFINISHED, ResponseStore
 from omni_actors.api.schemas import read_body
 from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import chat_shaped, chat_shaped_choice, stage_tools, tools_refusal
@@ -78,6 +83,7 @@ from omni_actors.orchestrator.outputs import TextOutput
 ROUTE = "/v1/responses"
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 RESPONSES_KEY = web.AppKey("response_store", ResponseStore)
+BACKGROUND_KEY = web.AppKey("responses_background", Background)
 
 
 def _store(request: web.Request) -> ResponseStore:
@@ -96,6 +102,11 @@ def _renamed(err: ApiError, old: str, new: str) -> ApiError:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ResponseRequest)
+    if req.background and req.stream:
+        raise bad_request("stream: a background response is polled (GET /v1/responses/{id}), not streamed; "
+                          "ask without stream", "stream", "unsupported_parameter")
+    if req.background and not req.store:
+        raise bad_request("background: a background response must be stored (store: true)", "background")
     orch, model = route_model(request, req.model, {"text"})
     earlier: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
@@ -103,6 +114,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if found is None:
             raise bad_request(f"previous response {req.previous_response_id!r} is not stored here",
                               "previous_response_id", "previous_response_not_found")
+        state = _store(request).status(req.previous_response_id)
+        if state is not None and state[0] in UNFINISHED:
+            raise bad_request(f"previous response {req.previous_response_id!r} is {state[0]}; continue it once "
+                              "it has finished", "previous_response_id", "previous_response_unfinished")
         earlier = found
     turn = read_turn(req, earlier)
     tools = None if req.tools is None else chat_shaped(req.tools)
@@ -125,7 +140,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     params = {**drop_none({"temperature": req.temperature, "top_p": req.top_p, "max_tokens": req.max_output_tokens,
                            "modalities": ["text"]}), **guided}
     base = Response(
-        id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), status="in_progress", model=model, output=[],
+        id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), status="queued" if req.background else
+        "in_progress", background=req.background, model=model, output=[],
         instructions=req.instructions, max_output_tokens=req.max_output_tokens, temperature=req.temperature,
         top_p=req.top_p, tools=req.tools or [], tool_choice=req.tool_choice or "auto",
         parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
@@ -134,6 +150,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             "format": {"type": "text"}})
     answer = _Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
                      turn.items if req.store else None, _store(request))
+    if req.background:
+        call = PipelineCall(request.app, ROUTE, inputs, params, {"text"}, base.id, orch=orch)
+        await call.__aenter__()  # admitted now: a full queue is the client's 429, not a failed response
+        answer.store.add(base, turn.conversation, turn.items)
+        request.app[BACKGROUND_KEY].start(call, answer, answer.store)
+        return web.Response(body=msgspec.json.encode(base), content_type="application/json")
     try:
         async with PipelineCall(request, ROUTE, inputs, params, {"text"}, base.id) as call:
             if req.stream:
@@ -237,13 +259,34 @@ def _not_stored(rid: str) -> ApiError:
 
 async def get_response(request: web.Request) -> web.Response:
     rid = request.match_info["response_id"]
-    if (body := _store(request).body(rid)) is None:
+    store = _store(request)
+    settled(store, rid, request.app[BACKGROUND_KEY])
+    if (body := store.body(rid)) is None:
         raise _not_stored(rid)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def cancel_response(request: web.Request) -> web.Response:
+    """A queued or in-progress background response stops and reads `cancelled` (once more: the same)."""
+    rid = request.match_info["response_id"]
+    store, running = _store(request), request.app[BACKGROUND_KEY]
+    if store.status(rid) is None:
+        raise _not_stored(rid)
+    await running.cancel(rid)
+    settled(store, rid, running)
+    state = store.status(rid)
+    body = store.body(rid)
+    if state is None or body is None:
+        raise _not_stored(rid)
+    if state[0] != "cancelled":
+        raise bad_request(f"response {rid} is {state[0] or 'completed'}; only a queued or in-progress background "
+                          "response can be cancelled", "response_id", "invalid_state")
     return web.Response(body=body, content_type="application/json")
 
 
 async def delete_response(request: web.Request) -> web.Response:
     rid = request.match_info["response_id"]
+    await request.app[BACKGROUND_KEY].cancel(rid)  # a running background response stops first
     if not _store(request).delete(rid):
         raise _not_stored(rid)
     return web.Response(body=msgspec.json.encode(ResponseDeleted(rid)), content_type="application/json")
@@ -278,8 +321,15 @@ async def list_input_items(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     """Every Responses API route (one line in app.py)."""
+    running = app[BACKGROUND_KEY] = Background()
+
+    async def stop(app: web.Application) -> None:
+        await running.close()
+
+    app.on_shutdown.append(stop)
     r = app.router
     r.add_post(ROUTE, create_response)
     r.add_get(ROUTE + "/{response_id}", get_response)
     r.add_delete(ROUTE + "/{response_id}", delete_response)
+    r.add_post(ROUTE + "/{response_id}/cancel", cancel_response)
     r.add_get(ROUTE + "/{response_id}/input_items", list_input_items)

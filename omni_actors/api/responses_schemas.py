@@ -103,6 +103,7 @@ class ResponseRequest(RequestStruct):
     top_p: Probability | None = None
     stream: bool = False
     store: bool = True
+    background: bool = False
     previous_response_id: Name | None = None
     tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
@@ -171,7 +172,7 @@ class Response(Struct, kw_only=True):
     id: str
     object: Literal["response"] = "response"
     created_at: int
-    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     model: str
     output: list[OutputItem]
     usage: ResponseUsage | None = None
@@ -189,6 +190,7 @@ class Response(Struct, kw_only=True):
     incomplete_details: IncompleteDetails | None = None
     error: ResponseError | None = None
     user: str | None = None
+    background: bool = False
 
 
 class ResponseDeleted(Struct):

@@ -1,18 +1,21 @@
 """Stored responses (`store: true`, the default) in the data directory's SQLite store (store.py).
 
-    responses(id "resp_...", created_at, model, body, conversation, items)
+    responses(id "resp_...", created_at, model, body, conversation, items, status, owner_pid)
 
 `body` is the response object as answered (JSON); `conversation` the chat-shaped messages a
 later request continues with `previous_response_id` (this input and the answer, without the
 instructions); `items` this request's input items as `input_items` lists them. All JSON text.
 A client may come back for any of them after a restart; `DELETE /v1/responses/{id}` removes one.
 Responses are kept RETENTION_S (30 days, as OpenAI keeps them): each insert also drops the rows
-older than that, so the table is bounded without a sweeper.
+older than that, so the table is bounded without a sweeper. A background response's row is
+written when it is queued and rewritten as it moves on (`status` mirrors the body's); `owner_pid`
+is the server running it, so one a gone server left unfinished reads as failed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -28,20 +31,38 @@ DDL = (
     "CREATE INDEX IF NOT EXISTS responses_created ON responses (created_at)",
 )
 RETENTION_S = 30 * 24 * 3600
+ADDED = {"status": "TEXT", "owner_pid": "INTEGER"}
+"""Columns added after the table's first release (Store.add_columns); NULL status: completed before."""
+UNFINISHED = ("queued", "in_progress")
 
 
 class ResponseStore:
     def __init__(self, store: Store | None = None) -> None:
         self.store = store or get_store()
         self.store.ensure(FEATURE, DDL)
+        self.store.add_columns("responses", ADDED)
 
     def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
+        """Store a response (again, for a background one moving on)."""
         self.store.transaction([
-            ("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+            ("INSERT OR REPLACE INTO responses (id, created_at, model, body, conversation, items, status, "
+             "owner_pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
              (response.id, response.created_at, response.model, msgspec.json.encode(response).decode(),
-              json.dumps(conversation), json.dumps(items))),
+              json.dumps(conversation), json.dumps(items), response.status, os.getpid())),
             ("DELETE FROM responses WHERE created_at < ?", (int(time.time()) - RETENTION_S,)),
         ])
+
+    def update(self, response: Response) -> bool:
+        """A stored response's new body while it is unfinished (False once it is not, or gone)."""
+        return self.store.execute(
+            "UPDATE responses SET body = ?, status = ? WHERE id = ? AND status IN (?, ?)",
+            (msgspec.json.encode(response).decode(), response.status, response.id, *UNFINISHED),
+        ) > 0
+
+    def status(self, rid: str) -> tuple[str | None, int | None] | None:
+        """(status, owner pid) of a stored response; None when it is not stored."""
+        row = self.store.query_one("SELECT status, owner_pid FROM responses WHERE id = ?", (rid,))
+        return (row[0], row[1]) if row else None
 
     def body(self, rid: str) -> bytes | None:
         row = self.store.query_one("SELECT body FROM responses WHERE id = ?", (rid,))

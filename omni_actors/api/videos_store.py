@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_actors.store import Store
+from omni_actors.store import Store, owner_alive
 
 FEATURE = "videos"
 DDL = (
@@ -149,7 +149,7 @@ class VideoStore:
         rows = self.db.query(
             "SELECT id, owner_pid FROM video_jobs WHERE status IN ('queued', 'in_progress')"
         )
-        lost = [r["id"] for r in rows if r["owner_pid"] == os.getpid() or not _alive(r["owner_pid"])]
+        lost = [r["id"] for r in rows if r["owner_pid"] == os.getpid() or not owner_alive(r["owner_pid"])]
         for job_id in lost:
             self.fail(job_id, "server_restarted",
                       "the server stopped while this video was being generated; create it again")
@@ -167,13 +167,3 @@ def _row(row: Any) -> JobRow:
         request=None if row["request"] is None else json.loads(row["request"]), seed=row["seed"],
         remixed_from=row["remixed_from"],
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -8,7 +8,9 @@ vLLM stage: tests/api/test_tools_llm.py and tests/models/test_assistant_serving.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +26,13 @@ from omni_actors.store import Store
 from tests.api.conftest import eventually, idle, make_deploy, serve_deploy
 
 KEY = "responses-test-key"
+BACKGROUND_WAIT_S = 30.0
+"""Longest a test waits for a background response to end."""
+POLL_S = 0.05
+"""Between a test's polls of a background response (as an API client polls)."""
+SLOW_STEP_MS = 5
+LONG_TOKENS = 4000
+"""A background answer that outlasts its test at SLOW_STEP_MS a token (20 s)."""
 
 
 @contextlib.asynccontextmanager
@@ -109,6 +118,98 @@ async def test_stored_responses_continue_and_survive_a_restart(client: AsyncOpen
     assert gone.value.body["param"] == "previous_response_id"
 
 
+async def _settled(client: AsyncOpenAI, rid: str) -> Any:
+    """The background response once it has ended (polled, as a client of the API does)."""
+    found: list[Any] = []
+
+    async def ended() -> bool:
+        found[:] = [await client.responses.retrieve(rid)]
+        return found[0].status not in ("queued", "in_progress")
+
+    deadline = time.monotonic() + BACKGROUND_WAIT_S
+    while not await ended():
+        assert time.monotonic() < deadline, f"background response {rid} did not end"
+        await asyncio.sleep(POLL_S)
+    return found[0]
+
+
+async def test_a_background_response_is_queued_at_once_and_polled_to_the_same_answer(client: AsyncOpenAI) -> None:
+    fore = await client.responses.create(model="synthetic", input="one two three", max_output_tokens=3)
+    back = await client.responses.create(model="synthetic", input="one two three", max_output_tokens=3,
+                                         background=True)
+    assert (back.status, back.background, back.output) == ("queued", True, [])
+    done = await _settled(client, back.id)
+    assert (done.status, done.output_text, done.background) == (fore.status, fore.output_text, True)
+    assert done.usage.output_tokens == fore.usage.output_tokens
+    follow = await client.responses.create(model="synthetic", input="four", max_output_tokens=1,
+                                           previous_response_id=back.id)  # a finished one continues
+    assert follow.output_text == "four"
+
+
+@contextlib.asynccontextmanager
+async def serve_slow(data: Path) -> AsyncIterator[AsyncOpenAI]:
+    """The synthetic pipeline with a text stage taking SLOW_STEP_MS a token: a long answer stays running.
+    No wait for idle on exit: what a server still runs when it stops is the point."""
+    deploy = make_deploy("synthetic", server={"api_keys": [KEY]},
+                         stages=[{"stage_id": 0, "engine_extras": {"step_delay_ms": SLOW_STEP_MS}}])
+    async with serve_deploy(deploy, KEY, data) as srv:
+        yield AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=30)
+
+
+async def test_a_background_response_can_be_cancelled_and_a_failed_one_says_why(data: Path) -> None:
+    async with serve_slow(data) as client:
+        long = await client.responses.create(model="synthetic", input="a b", max_output_tokens=LONG_TOKENS,
+                                             background=True)
+        with pytest.raises(openai.BadRequestError) as early:
+            await client.responses.create(model="synthetic", input="x", previous_response_id=long.id)
+        assert early.value.body["param"] == "previous_response_id"
+        cancelled = await client.responses.cancel(long.id)
+        assert cancelled.status == "cancelled" and cancelled.error is None
+        assert (await client.responses.cancel(long.id)).status == "cancelled"  # again: the same
+        assert (await client.responses.retrieve(long.id)).status == "cancelled"
+        finished = await client.responses.create(model="synthetic", input="x", max_output_tokens=1)
+        with pytest.raises(openai.BadRequestError) as late:
+            await client.responses.cancel(finished.id)
+        assert late.value.body["param"] == "response_id"
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.cancel("resp_missing")
+        refused = await client.responses.create(model="synthetic", input="x", max_output_tokens=200_000,
+                                                background=True)  # past what the stage makes: refused at add
+        failed = await _settled(client, refused.id)
+        assert failed.status == "failed" and failed.error.code == "RequestRejected", failed.error
+
+
+async def test_background_responses_left_by_a_stopped_or_gone_server_read_failed(data: Path) -> None:
+    async with serve_slow(data) as first:
+        left = await first.responses.create(model="synthetic", input="a b", max_output_tokens=LONG_TOKENS,
+                                            background=True)
+    async with serve_with_store(data) as again:
+        lost = await again.responses.retrieve(left.id)
+        assert lost.status == "failed" and lost.error.code == "server_stopped"
+    gone = subprocess.Popen(["true"])  # a pid that has ended
+    gone.wait()
+    store = Store(data)
+    orphan = Response(id="resp_orphan", created_at=int(time.time()), status="in_progress", model="synthetic",
+                      output=[], background=True)
+    ResponseStore(store).add(orphan, [], [])
+    store.execute("UPDATE responses SET owner_pid = ? WHERE id = ?", (gone.pid, orphan.id))
+    store.close()
+    async with serve_with_store(data) as third:
+        read = await third.responses.retrieve(orphan.id)
+        assert read.status == "failed" and read.error.code == "server_stopped"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    pytest.param({"input": "x", "background": True, "stream": True}, "stream", id="background-streamed"),
+    pytest.param({"input": "x", "background": True, "store": False}, "background", id="background-unstored"),
+])
+async def test_background_mistakes_are_400s_naming_the_field(client: AsyncOpenAI, fields: dict[str, Any],
+                                                             param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.responses.create(model="synthetic", **fields)
+    assert bad.value.body["param"] == param, bad.value.body
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     pytest.param({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", id="item-reference"),
     pytest.param({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]},
@@ -138,7 +239,8 @@ def test_responses_older_than_the_retention_are_dropped_on_the_next_insert(tmp_p
     try:
         kept = ResponseStore(store)
         new = Response(id="resp_new", created_at=int(time.time()), status="completed", model="m", output=[])
-        store.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?)",  # one stored 31 days ago
+        store.execute("INSERT INTO responses (id, created_at, model, body, conversation, items) "
+                      "VALUES (?, ?, ?, ?, ?, ?)",  # one stored 31 days ago
                       ("resp_old", new.created_at - RETENTION_S - 86400, "m", "{}", "[]", "[]"))
         assert kept.body("resp_old") is not None
         kept.add(new, [], [])

@@ -1,0 +1,112 @@
+"""Background responses (`background: true`): answered `queued` at once, run as a task, polled.
+
+The request is checked and admitted (a full stage queue is still a 429) before the answer; the
+row is stored `queued`, moves to `in_progress` with the first output and ends `completed` /
+`incomplete` (the answer stored as a foreground one is), `failed` (with `error`) or `cancelled`
+(`POST /v1/responses/{id}/cancel`, or the client's delete). A response this server was running
+when it stopped, or that a gone server left unfinished, reads as `failed` (`server_stopped`):
+the work is not resumed. The client polls `GET /v1/responses/{id}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import msgspec
+
+from omni_actors import logs
+from omni_actors.api.calls import PipelineCall
+from omni_actors.api.responses_schemas import Response, ResponseError
+from omni_actors.api.responses_store import UNFINISHED, ResponseStore
+from omni_actors.errors import RequestAborted, RequestError
+from omni_actors.orchestrator.outputs import TextOutput
+from omni_actors.store import owner_alive
+
+log = logs.get(__name__)
+
+EXIT_TIMEOUT_S = 10.0
+"""Longest shutdown (or a cancel) waits for a background task to record its end."""
+STOPPED = ResponseError("server_stopped", "the server stopped while this response was being made; create it again")
+
+
+class Background:
+    """This server's running background responses."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, tuple[asyncio.Task[None], PipelineCall]] = {}
+        self.cancelling: set[str] = set()
+        """Responses a client cancelled (their abort reads `cancelled`, not `failed`)."""
+        self.closing = False
+
+    def start(self, call: PipelineCall, answer, store: ResponseStore) -> None:
+        """Run an admitted call (its `__aenter__` done) for `answer` (responses._Answer)."""
+        rid = answer.base.id
+        task = asyncio.create_task(self._run(call, answer, store), name=f"response-{rid}")
+        self.running[rid] = (task, call)
+
+    async def _run(self, call: PipelineCall, answer, store: ResponseStore) -> None:
+        rid, base = answer.base.id, answer.base
+        end: Response | None = None
+        try:
+            async for chunk in call:
+                if base.status == "queued":
+                    base = msgspec.structs.replace(base, status="in_progress")
+                    store.update(base)
+                if isinstance(chunk.output, TextOutput):
+                    answer.tally.add_text(chunk.output)
+            answer.finish()  # stored as a foreground answer is
+        except RequestAborted as err:
+            if rid in self.cancelling:
+                end = msgspec.structs.replace(base, status="cancelled")
+            elif self.closing or call.orch.draining:
+                end = msgspec.structs.replace(base, status="failed", error=STOPPED)
+            else:  # ended by the runtime (its output buffer overflowed, its deadline passed, ...)
+                end = msgspec.structs.replace(base, status="failed", error=ResponseError("aborted", str(err)))
+        except RequestError as err:
+            end = msgspec.structs.replace(base, status="failed", error=ResponseError(type(err).__name__, str(err)))
+        except Exception as err:  # the response's boundary: it fails with a reason, the server lives on
+            log.exception("responses.background_failed", response=rid, error_type=type(err).__name__)
+            end = msgspec.structs.replace(base, status="failed",
+                                          error=ResponseError("internal_error", f"{type(err).__name__}: {err}"))
+        finally:
+            await call.__aexit__(None, None, None)
+            if end is not None:
+                store.update(end)
+            self.running.pop(rid, None)
+            self.cancelling.discard(rid)
+
+    async def cancel(self, rid: str) -> bool:
+        """Abort a running background response and wait for its end; False if it is not running here."""
+        entry = self.running.get(rid)
+        if entry is None:
+            return False
+        assert entry[1].stream is not None
+        self.cancelling.add(rid)
+        entry[1].stream.abort()
+        await asyncio.wait([entry[0]], timeout=EXIT_TIMEOUT_S)
+        return True
+
+    async def close(self) -> None:
+        """Shutdown: abort every running background response; each ends `failed` (server_stopped)."""
+        self.closing = True
+        tasks = []
+        for task, call in list(self.running.values()):
+            if call.stream is not None:
+                call.stream.abort()
+            tasks.append(task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=EXIT_TIMEOUT_S)
+
+
+def settled(store: ResponseStore, rid: str, running: Background) -> None:
+    """Mark `failed` a stored response left unfinished by a server that no longer runs it."""
+    found = store.status(rid)
+    if found is None or found[0] not in UNFINISHED or rid in running.running:
+        return
+    pid = found[1]
+    if pid == os.getpid() or pid is None or not owner_alive(pid):
+        body = store.body(rid)
+        if body is not None:
+            lost = msgspec.json.decode(body, type=Response)
+            store.update(msgspec.structs.replace(lost, status="failed", error=STOPPED))
