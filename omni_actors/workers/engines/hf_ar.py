@@ -369,8 +369,8 @@ class HfAREngine(StageEngine):
         if waiting and len(slots.owners) < limit:
             return None  # a prefill goes first
         ends = [len(s.tokens) + 1 >= int(s.params.get("max_tokens") or DEFAULT_MAX_TOKENS) for s in seqs]
-        if all(ends) or not all(self.adapter.ready(s) for s in seqs):
-            return None
+        if all(ends) or not all(s.input_done and self.adapter.ready(s) for s in seqs):
+            return None  # (a request still fed input may take it at its next step)
         batch, length = slots.shape_for(max(fl.cached))
         if graphs.enabled and (batch, length) not in graphs.graphs:
             return None  # a capture syncs anyway; the host path captures it
