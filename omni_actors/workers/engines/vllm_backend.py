@@ -33,9 +33,9 @@ engine_extras keys understood here (all optional):
     limit_mm_per_prompt (dict)  e.g. {"image": 1, "audio": 1}
     trust_remote_code (bool)
     tokenizer (str)             tokenizer folder when it is not the model's
-    cache_dir (str)             a lasting folder for vLLM's caches; by default they
-                                live in the engine's private folder and go at close,
-                                which costs a ~10 s model-class inspection per start
+    cache_dir (str)             the folder for vLLM's caches (model-class inspection,
+                                compiled graphs); default `<data dir>/cache/vllm`, so
+                                a restart skips the ~10 s inspection a new folder costs
     engine_args (dict)          any other EngineArgs field, passed through as is
 """
 
@@ -45,6 +45,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omni_actors.settings import settings
 from omni_actors.workers.engine import EngineContext
 
 GIB = 1 << 30
@@ -92,13 +93,20 @@ def _kv_cache_space_gib(ctx: EngineContext) -> float:
     return float(value)
 
 
+def default_cache_dir() -> Path:
+    """`<data dir>/cache/vllm`: vLLM's caches outlive an engine (its IPC sockets do not)."""
+    path = settings().data_dir / "cache" / "vllm"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
 def backend_env(ctx: EngineContext, private_dir: Path) -> dict[str, str]:
     """Environment for vLLM: private IPC and cache folders, process mode, CPU threading."""
     env = {
-        # vLLM's ZeroMQ IPC sockets and its compile/asset caches go into a
-        # folder the engine removes at close, not the shared temp dir or ~.
+        # vLLM's ZeroMQ IPC sockets go into a folder the engine removes at close,
+        # its caches into the data directory (default_cache_dir), not the shared temp dir.
         "VLLM_RPC_BASE_PATH": str(private_dir / "rpc"),
-        "VLLM_CACHE_ROOT": str(ctx.engine_extras.get("cache_dir") or private_dir / "cache"),
+        "VLLM_CACHE_ROOT": str(ctx.engine_extras.get("cache_dir") or default_cache_dir()),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if use_multiprocess(ctx) else "0",
         "VLLM_NO_USAGE_STATS": "1",
         # Nothing may be fetched at run time; offline also skips hub look-ups
