@@ -89,7 +89,7 @@ from omni_actors.workers.engines.hf_ar_compile import (
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
 from omni_actors.workers.engines.hf_ar_grammar import Grammars
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
-from omni_actors.workers.engines.hf_ar_lookahead import InFlight, queue, write_next_inputs
+from omni_actors.workers.engines.hf_ar_lookahead import InFlight, chain_next, queue
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     all_greedy,
     sample,
@@ -109,6 +109,8 @@ log = logs.get(__name__)
 
 class HfAREngine(StageEngine):
     """Continuous-batching AR engine over a model adapter (see module docstring)."""
+
+    default_max_tokens = DEFAULT_MAX_TOKENS
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -234,7 +236,7 @@ class HfAREngine(StageEngine):
     def step(self) -> list[EngineOutput]:
         if self.ahead is not None:  # take the step queued last time (and maybe queue the next)
             fl, self.ahead = self.ahead, None
-            self.ahead = self._chain(fl)
+            self.ahead = chain_next(self, fl)
             return self._take(fl)
         limit = max(1, self.ctx.max_num_seqs)
         holding = sum(1 for s in self.seqs.values() if s.prefilled)
@@ -342,7 +344,7 @@ class HfAREngine(StageEngine):
         out = graphs.run(batch, length).rows(rows)
         if self.lookahead and self._greedy(seqs, out):
             fl = queue(out, seqs, rows, [s.cached + 1 for s in seqs])
-            self.ahead = self._chain(fl)
+            self.ahead = chain_next(self, fl)
             return self._take(fl)
         for seq in seqs:
             seq.cached += 1
@@ -353,31 +355,6 @@ class HfAREngine(StageEngine):
         """The step's own argmax is every row's token (no sampling, penalty, processing, grammar)."""
         guided = self.grammars is not None and any(s.grammar is not None for s in seqs)
         return out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs)
-
-    def _chain(self, fl: InFlight) -> InFlight | None:
-        """Queue the step after `fl` for the same rows, when nothing the host does with fl's ids
-        can change it (hf_ar_lookahead.py); None otherwise."""
-        slots, graphs = self.slots, self.graphs
-        assert slots is not None and graphs is not None
-        seqs = fl.seqs
-        if len(slots.owners) != len(seqs) or any(s.slot is None for s in seqs):
-            return None  # another request holds a slot (waiting for input), or one was dropped
-        if max(fl.cached) >= self.max_len:  # the next write would be past a row's KV
-            return None
-        limit = max(1, self.ctx.max_num_seqs)
-        waiting = any(not s.prefilled and not s.finished and self.adapter.ready(s) for s in self.seqs.values())
-        if waiting and len(slots.owners) < limit:
-            return None  # a prefill goes first
-        ends = [len(s.tokens) + 1 >= int(s.params.get("max_tokens") or DEFAULT_MAX_TOKENS) for s in seqs]
-        if all(ends) or not all(s.input_done and self.adapter.ready(s) for s in seqs):
-            return None  # (a request still fed input may take it at its next step)
-        batch, length = slots.shape_for(max(fl.cached))
-        if graphs.enabled and (batch, length) not in graphs.graphs:
-            return None  # a capture syncs anyway; the host path captures it
-        from_ids = self.fused is not None and self.fused.from_ids
-        write_next_inputs(slots, fl, None if from_ids else self.adapter.embed_ids)
-        out = graphs.run(batch, length).rows(fl.rows)
-        return queue(out, seqs, fl.rows, [c + 1 for c in fl.cached])
 
     def _take(self, fl: InFlight) -> list[EngineOutput]:
         """The host's share of a queued step: wait for its copies, then sample as usual."""

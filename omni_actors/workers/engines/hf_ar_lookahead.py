@@ -69,6 +69,30 @@ def queue(out: ForwardOut, seqs: list[ARSeq], rows: torch.Tensor | slice, cached
     return InFlight(seqs, rows, cached, out.tokens, host, done)
 
 
+def chain_next(engine: Any, fl: InFlight) -> InFlight | None:
+    """Queue on HfAREngine `engine` the step after `fl` for the same rows, when nothing the host
+    does with fl's ids can change it (see the module docstring); None otherwise."""
+    slots, graphs, seqs = engine.slots, engine.graphs, fl.seqs
+    if len(slots.owners) != len(seqs) or any(s.slot is None for s in seqs):
+        return None  # another request holds a slot (waiting for input), or one was dropped
+    if max(fl.cached) >= engine.max_len:  # the next write would be past a row's KV
+        return None
+    ready = engine.adapter.ready
+    waiting = any(not s.prefilled and not s.finished and ready(s) for s in engine.seqs.values())
+    if waiting and len(slots.owners) < max(1, engine.ctx.max_num_seqs):
+        return None  # a prefill goes first
+    ends = [len(s.tokens) + 1 >= int(s.params.get("max_tokens") or engine.default_max_tokens) for s in seqs]
+    if all(ends) or not all(s.input_done and ready(s) for s in seqs):
+        return None  # (a request still fed input may take it at its next step)
+    batch, length = slots.shape_for(max(fl.cached))
+    if graphs.enabled and (batch, length) not in graphs.graphs:
+        return None  # a capture syncs anyway; the host path captures it
+    from_ids = engine.fused is not None and engine.fused.from_ids
+    write_next_inputs(slots, fl, None if from_ids else engine.adapter.embed_ids)
+    out = graphs.run(batch, length).rows(fl.rows)
+    return queue(out, seqs, fl.rows, [c + 1 for c in fl.cached])
+
+
 def write_next_inputs(slots: Any, fl: InFlight, embed: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
     """The step after `fl` for the same rows, on the device: its ids are fl's ids, each row one
     position further; `embed` (ids [rows, 1] -> embeddings) fills the step's embeddings, None
