@@ -98,8 +98,11 @@ class Store:
             self._db.close()
 
 
-def owner_alive(pid: int) -> bool:
-    """Whether the process that owns a row (a job's or a response's server) still runs."""
+def owned_elsewhere(pid: int | None) -> bool:
+    """Whether a row's owner (the server running a job or a response) is another process that
+    still runs; False for this process (whose own work it tracks itself) or a gone one."""
+    if pid is None or pid == os.getpid():
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

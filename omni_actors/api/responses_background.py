@@ -11,7 +11,6 @@ the work is not resumed. The client polls `GET /v1/responses/{id}`.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import msgspec
 
@@ -21,7 +20,7 @@ from omni_actors.api.responses_schemas import Response, ResponseError
 from omni_actors.api.responses_store import UNFINISHED, ResponseStore
 from omni_actors.errors import RequestAborted, RequestError
 from omni_actors.orchestrator.outputs import TextOutput
-from omni_actors.store import owner_alive
+from omni_actors.store import owned_elsewhere
 
 log = logs.get(__name__)
 
@@ -104,8 +103,7 @@ def settled(store: ResponseStore, rid: str, running: Background) -> None:
     found = store.status(rid)
     if found is None or found[0] not in UNFINISHED or rid in running.running:
         return
-    pid = found[1]
-    if pid == os.getpid() or pid is None or not owner_alive(pid):
+    if not owned_elsewhere(found[1]):
         body = store.body(rid)
         if body is not None:
             lost = msgspec.json.decode(body, type=Response)

@@ -157,9 +157,10 @@ class VideoJobs:
             self._touch(job_id)
             for variant in ("video", "thumbnail", "reference"):
                 _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
-            row = self.store.get(job_id)
-            if row is None or row.status != "completed":  # only a finished job can be remixed
-                self.store.path(job_id, "reference").unlink(missing_ok=True)
+            if reference is not None:  # a first frame is kept for a remix, which needs a finished job
+                row = self.store.get(job_id)
+                if row is None or row.status != "completed":
+                    self.store.path(job_id, "reference").unlink(missing_ok=True)
 
     async def _follow(self, job_id: str, stream: RequestStream) -> Made:
         made: Made | None = None

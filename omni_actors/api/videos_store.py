@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_actors.store import Store, owner_alive
+from omni_actors.store import Store, owned_elsewhere
 
 FEATURE = "videos"
 DDL = (
@@ -149,7 +149,7 @@ class VideoStore:
         rows = self.db.query(
             "SELECT id, owner_pid FROM video_jobs WHERE status IN ('queued', 'in_progress')"
         )
-        lost = [r["id"] for r in rows if r["owner_pid"] == os.getpid() or not owner_alive(r["owner_pid"])]
+        lost = [r["id"] for r in rows if not owned_elsewhere(r["owner_pid"])]
         for job_id in lost:
             self.fail(job_id, "server_restarted",
                       "the server stopped while this video was being generated; create it again")

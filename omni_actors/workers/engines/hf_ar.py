@@ -235,9 +235,7 @@ class HfAREngine(StageEngine):
     @torch.inference_mode()
     def step(self) -> list[EngineOutput]:
         if self.ahead is not None:  # take the step queued last time (and maybe queue the next)
-            fl, self.ahead = self.ahead, None
-            self.ahead = chain_next(self, fl)
-            return self._take(fl)
+            return self._take(self.ahead)
         limit = max(1, self.ctx.max_num_seqs)
         holding = sum(1 for s in self.seqs.values() if s.prefilled)
         ready = [s for s in self.seqs.values() if not s.finished and self.adapter.ready(s)]
@@ -343,13 +341,8 @@ class HfAREngine(StageEngine):
             rows = slots.load_inputs(batch, seqs, self.adapter.decode_embeds(seqs).to(self.device))
         out = graphs.run(batch, length).rows(rows)
         if self.lookahead and self._greedy(seqs, out):
-            fl = queue(out, seqs, rows, [s.cached + 1 for s in seqs])
-            self.ahead = chain_next(self, fl)
-            return self._take(fl)
-        for seq in seqs:
-            seq.cached += 1
-            seq.next_pos += 1
-        return self._sample(seqs, out, prefill=False)
+            return self._take(queue(out, seqs, rows, [s.cached + 1 for s in seqs]))
+        return self._advance(seqs, out)
 
     def _greedy(self, seqs: list[ARSeq], out: ForwardOut) -> bool:
         """The step's own argmax is every row's token (no sampling, penalty, processing, grammar)."""
@@ -357,12 +350,18 @@ class HfAREngine(StageEngine):
         return out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs)
 
     def _take(self, fl: InFlight) -> list[EngineOutput]:
-        """The host's share of a queued step: wait for its copies, then sample as usual."""
+        """The host's share of a queued step: queue the next one when it may be (hf_ar_lookahead.py),
+        then wait for this one's copies and sample as usual."""
+        self.ahead = chain_next(self, fl)
         fl.wait()
-        for seq in fl.seqs:
+        return self._advance(fl.seqs, fl.host)
+
+    def _advance(self, seqs: list[ARSeq], out: ForwardOut) -> list[EngineOutput]:
+        """A decode step's rows hold one more KV position each; their tokens are sampled."""
+        for seq in seqs:
             seq.cached += 1
             seq.next_pos += 1
-        return self._sample(fl.seqs, fl.host, prefill=False)
+        return self._sample(seqs, out, prefill=False)
 
     def _static_forward(self, batch: int, length: int) -> ForwardOut:
         """The transformers decode step (the adapter's forward over the slot cache), plus each
