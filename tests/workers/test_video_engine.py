@@ -16,9 +16,9 @@ from omni_actors.workers.engines.video import CONVERT_BLOCK_VALUES, VideoEngine,
 MAX_STEPS = 100
 
 
-def _engine(path: Path, extras: dict | None = None) -> VideoEngine:
+def _engine(path: Path, extras: dict | None = None, device: str = "cpu") -> VideoEngine:
     return VideoEngine(EngineContext(
-        stage_id=0, replica=0, model_stage="diffusion", model_path=path, device="cpu", max_num_seqs=4,
+        stage_id=0, replica=0, model_stage="diffusion", model_path=path, device=device, max_num_seqs=4,
         dtype="auto", gpu_memory_utilization=0.9, tensor_parallel_size=1, engine_extras=extras or {},
     ))  # fmt: skip
 
@@ -114,6 +114,19 @@ def test_torch_frames_to_uint8_bit_for_bit():
     assert np.array_equal(_video_uint8(frames), _reference_uint8(frames.float().numpy()))
 
 
+def test_channels_first_torch_frames_round_as_numpy_does():
+    # What output_type "pt" gives on a GPU: [B, F, C, H, W], rounded to uint8 on its own device.
+    import torch
+
+    values = torch.rand(2, 3, 3, 8, 16, generator=torch.Generator().manual_seed(1)) * 1.4 - 0.2
+    values.view(-1)[:255] = (torch.arange(255) + 0.5) / 255.0  # exact halves after * 255
+    frames = values.to(torch.bfloat16)
+    got = _video_uint8(frames, channels_first=True)
+    assert got.shape == (2, 3, 8, 16, 3) and got.flags.c_contiguous
+    want = _reference_uint8(frames.float().permute(0, 1, 3, 4, 2).numpy())
+    assert np.array_equal(got, want)
+
+
 def test_compatible_requests_share_a_batch_and_a_seed_repeats(tmp_path):
     engine = _engine(make_tiny("wan2_2", tmp_path / "wan", seed=0))
     try:
@@ -129,3 +142,23 @@ def test_compatible_requests_share_a_batch_and_a_seed_repeats(tmp_path):
         assert outs["c"][-1].payload["frames"].shape == (9, 32, 32, 3)
     finally:
         engine.close()
+
+
+@pytest.mark.gpu
+def test_on_cuda_frames_are_rounded_on_the_device_to_the_host_path_values(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    engine = _engine(make_tiny("wan2_2", tmp_path / "wan", seed=0), device="cuda")
+    params = {"width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 2, "seed": 3}
+    made = {}
+    try:
+        for on_device in (True, False):  # False: output_type "np", rounded by numpy on the host
+            engine._frames_on_device = on_device
+            engine.add("a", {"prompt": "a cat"}, params)
+            made[on_device] = _drain(engine)["a"][-1].payload["frames"]
+    finally:
+        engine.close()
+    assert made[True].dtype == np.uint8 and made[True].shape == (5, 32, 32, 3)
+    assert np.array_equal(made[True], made[False])
