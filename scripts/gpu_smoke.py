@@ -121,9 +121,9 @@ def run(family: str, device: str) -> dict[str, Any]:
     row: dict[str, Any] = {"ok": False}
     with tempfile.TemporaryDirectory(prefix=f"gpu-smoke-{family}-") as tmp_s:
         tmp = Path(tmp_s)
-        folder = make_tiny(family, tmp / family)
-        t0 = time.perf_counter()
         try:
+            folder = make_tiny(family, tmp / family)
+            t0 = time.perf_counter()
             proc, url = _start(folder, device, tmp)
         except Exception as exc:  # reported per family
             return {**row, "error": f"{type(exc).__name__}: {exc}"}
