@@ -7,7 +7,9 @@
     POST   /v1/responses/{id}/cancel              stop a background response
 
 `background: true` answers `queued` at once and runs the response as a task the client polls
-(api/responses_background.py).
+(api/responses_background.py); with `stream: true` too, the answer is the response's event stream,
+which goes on without the client and can be read again or resumed with
+`GET /v1/responses/{id}?stream=true&starting_after=N` (api/responses_events.py).
 
 A request runs as a chat completion does (the same inputs, tools and guided decoding:
 api/responses_inputs.py maps it): `input` (text or items: messages with text, image and audio
@@ -45,6 +47,7 @@ from omni_actors.api.chat_inputs import build_chat_inputs
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.responses_background import Background, settled
+from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
     part_param,
     read_turn,
@@ -70,6 +73,7 @@ from omni_actors.api.responses_schemas import (
     ResponseDeleted,
     ResponseIncomplete,
     ResponseInProgress,
+    ResponseQueued,
     ResponseRequest,
     ResponseUsage,
 )
@@ -102,9 +106,6 @@ def _renamed(err: ApiError, old: str, new: str) -> ApiError:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ResponseRequest)
-    if req.background and req.stream:
-        raise bad_request("stream: a background response is polled (GET /v1/responses/{id}), not streamed; "
-                          "ask without stream", "stream", "unsupported_parameter")
     if req.background and not req.store:
         raise bad_request("background: a background response must be stored (store: true)", "background")
     orch, model = route_model(request, req.model, {"text"})
@@ -153,8 +154,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if req.background:
         call = PipelineCall(request.app, ROUTE, inputs, params, {"text"}, base.id, orch=orch)
         await call.__aenter__()  # admitted now: a full queue is the client's 429, not a failed response
-        answer.store.add(base, turn.conversation, turn.items)
-        request.app[BACKGROUND_KEY].start(call, answer, answer.store)
+        answer.store.add(base, turn.conversation, turn.items, events=b"[]" if req.stream else None)
+        events = _events(call, answer, hold=shown is not None, queued=True) if req.stream else None
+        log = request.app[BACKGROUND_KEY].start(call, answer, answer.store, events)
+        if log is not None:  # the client reads the log; the response goes on if it leaves
+            return await sse.respond(request, log.follow(-1), done=False)
         return web.Response(body=msgspec.json.encode(base), content_type="application/json")
     try:
         async with PipelineCall(request, ROUTE, inputs, params, {"text"}, base.id) as call:
@@ -204,12 +208,21 @@ class _Answer:
         return done
 
 
-async def _events(call: PipelineCall, answer: _Answer, hold: bool) -> AsyncGenerator[Any, None]:
+async def _events(call: PipelineCall, answer: _Answer, hold: bool, queued: bool = False) -> AsyncGenerator[Any, None]:
+    """The response's stream; `queued` (a background one): `response.queued` first, `response.in_progress`
+    with its first output."""
     seq = itertools.count()
     yield ResponseCreated(sequence_number=next(seq), response=answer.base)
-    yield ResponseInProgress(sequence_number=next(seq), response=answer.base)
+    if queued:
+        yield ResponseQueued(sequence_number=next(seq), response=answer.base)
+    else:
+        yield ResponseInProgress(sequence_number=next(seq), response=answer.base)
     mid, opened = answer.message_id, False
     async for chunk in call:
+        if queued:
+            queued = False
+            yield ResponseInProgress(sequence_number=next(seq),
+                                     response=msgspec.structs.replace(answer.base, status="in_progress"))
         if not isinstance(chunk.output, TextOutput):
             continue
         delta = answer.tally.add_text(chunk.output)
@@ -257,13 +270,50 @@ def _not_stored(rid: str) -> ApiError:
     return ApiError(404, f"response {rid!r} is not stored here", "response_id", "not_found")
 
 
-async def get_response(request: web.Request) -> web.Response:
+async def get_response(request: web.Request) -> web.StreamResponse:
+    """A stored response; `?stream=true[&starting_after=N]`: a streamed background response's events
+    (after number N), followed live while it runs here."""
     rid = request.match_info["response_id"]
-    store = _store(request)
-    settled(store, rid, request.app[BACKGROUND_KEY])
+    store, running = _store(request), request.app[BACKGROUND_KEY]
+    streamed = _flag(request.query.get("stream"), "stream")
+    after = _sequence(request.query.get("starting_after"))
+    settled(store, rid, running)
     if (body := store.body(rid)) is None:
         raise _not_stored(rid)
-    return web.Response(body=body, content_type="application/json")
+    if not streamed:
+        return web.Response(body=body, content_type="application/json")
+    if (log := running.logs.get(rid)) is not None:
+        return await sse.respond(request, log.follow(after), done=False)
+    stored = store.events(rid)
+    if stored is None:
+        raise bad_request(f"response {rid} was not created with background: true and stream: true; its events "
+                          "are not kept (GET it without stream)", "stream")
+    state = store.status(rid)
+    if stored == b"[]" and state is not None and state[0] in UNFINISHED:
+        raise bad_request(f"response {rid} is being made by another server on this data directory; stream it "
+                          "from that server", "stream")
+    return await sse.respond(request, replay(stored, after, body), done=False)
+
+
+def _flag(value: str | None, name: str) -> bool:
+    if value is None or value in ("false", "0"):
+        return False
+    if value in ("true", "1"):
+        return True
+    raise bad_request(f"{name} must be true or false", name)
+
+
+def _sequence(value: str | None) -> int:
+    """`starting_after` (a sequence number, >= 0); absent: -1, from the first event."""
+    if value is None:
+        return -1
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise bad_request("starting_after must be a sequence number (an integer >= 0)", "starting_after")
+    return number
 
 
 async def cancel_response(request: web.Request) -> web.Response:

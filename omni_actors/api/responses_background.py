@@ -5,18 +5,28 @@ row is stored `queued`, moves to `in_progress` with the first output and ends `c
 `incomplete` (the answer stored as a foreground one is), `failed` (with `error`) or `cancelled`
 (`POST /v1/responses/{id}/cancel`, or the client's delete). A response this server was running
 when it stopped, or that a gone server left unfinished, reads as `failed` (`server_stopped`):
-the work is not resumed. The client polls `GET /v1/responses/{id}`.
+the work is not resumed. The client polls `GET /v1/responses/{id}`, or, for one created with
+`stream: true`, reads its events as they are made (api/responses_events.py): the task then runs
+the response's event stream into an EventLog instead of only tallying its text.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import msgspec
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
-from omni_actors.api.responses_schemas import Response, ResponseError
+from omni_actors.api.responses_events import EventLog
+from omni_actors.api.responses_schemas import (
+    Response,
+    ResponseError,
+    ResponseFailed,
+    ResponseInProgress,
+)
 from omni_actors.api.responses_store import UNFINISHED, ResponseStore
 from omni_actors.errors import RequestAborted, RequestError
 from omni_actors.orchestrator.outputs import TextOutput
@@ -34,27 +44,43 @@ class Background:
 
     def __init__(self) -> None:
         self.running: dict[str, tuple[asyncio.Task[None], PipelineCall]] = {}
+        self.logs: dict[str, EventLog] = {}
+        """The event logs of streamed responses running here (dropped once stored)."""
         self.cancelling: set[str] = set()
         """Responses a client cancelled (their abort reads `cancelled`, not `failed`)."""
         self.closing = False
 
-    def start(self, call: PipelineCall, answer, store: ResponseStore) -> None:
-        """Run an admitted call (its `__aenter__` done) for `answer` (responses._Answer)."""
+    def start(self, call: PipelineCall, answer, store: ResponseStore,
+              events: AsyncGenerator[Any, None] | None = None) -> EventLog | None:
+        """Run an admitted call (its `__aenter__` done) for `answer` (responses._Answer); with
+        `events` (the response's stream over `call`, which finishes `answer`), into a new EventLog."""
         rid = answer.base.id
-        task = asyncio.create_task(self._run(call, answer, store), name=f"response-{rid}")
+        stream_log = None
+        if events is not None:
+            stream_log = self.logs[rid] = EventLog()
+        task = asyncio.create_task(self._run(call, answer, store, events, stream_log), name=f"response-{rid}")
         self.running[rid] = (task, call)
+        return stream_log
 
-    async def _run(self, call: PipelineCall, answer, store: ResponseStore) -> None:
+    async def _run(self, call: PipelineCall, answer, store: ResponseStore,
+                   events: AsyncGenerator[Any, None] | None, stream_log: EventLog | None) -> None:
         rid, base = answer.base.id, answer.base
         end: Response | None = None
         try:
-            async for chunk in call:
-                if base.status == "queued":
-                    base = msgspec.structs.replace(base, status="in_progress")
-                    store.update(base)
-                if isinstance(chunk.output, TextOutput):
-                    answer.tally.add_text(chunk.output)
-            answer.finish()  # stored as a foreground answer is
+            if events is not None and stream_log is not None:
+                async for event in events:
+                    if isinstance(event, ResponseInProgress):
+                        base = event.response
+                        store.update(base)
+                    stream_log.append(event)
+            else:
+                async for chunk in call:
+                    if base.status == "queued":
+                        base = msgspec.structs.replace(base, status="in_progress")
+                        store.update(base)
+                    if isinstance(chunk.output, TextOutput):
+                        answer.tally.add_text(chunk.output)
+                answer.finish()  # stored as a foreground answer is
         except RequestAborted as err:
             if rid in self.cancelling:
                 end = msgspec.structs.replace(base, status="cancelled")
@@ -69,9 +95,17 @@ class Background:
             end = msgspec.structs.replace(base, status="failed",
                                           error=ResponseError("internal_error", f"{type(err).__name__}: {err}"))
         finally:
+            if events is not None:
+                await events.aclose()
             await call.__aexit__(None, None, None)
             if end is not None:
                 store.update(end)
+            if stream_log is not None:
+                if end is not None:
+                    stream_log.append(ResponseFailed(sequence_number=len(stream_log.events), response=end))
+                stream_log.close()
+                store.set_events(rid, stream_log.blob())  # before the log goes: a reader finds one or the other
+                self.logs.pop(rid, None)
             self.running.pop(rid, None)
             self.cancelling.discard(rid)
 

@@ -218,6 +218,10 @@ class ResponseCreated(_Event, tag="response.created"):
     response: Response
 
 
+class ResponseQueued(_Event, tag="response.queued"):
+    response: Response
+
+
 class ResponseInProgress(_Event, tag="response.in_progress"):
     response: Response
 
@@ -227,6 +231,12 @@ class ResponseCompleted(_Event, tag="response.completed"):
 
 
 class ResponseIncomplete(_Event, tag="response.incomplete"):
+    response: Response
+
+
+class ResponseFailed(_Event, tag="response.failed"):
+    """A streamed background response's end when it failed or was cancelled (`response.status` says which)."""
+
     response: Response
 
 
@@ -283,6 +293,7 @@ class FunctionCallArgumentsDone(_Event, tag="response.function_call_arguments.do
     arguments: str
 
 
-StreamEvent = (ResponseCreated | ResponseInProgress | ResponseCompleted | ResponseIncomplete | OutputItemAdded
+StreamEvent = (ResponseCreated | ResponseQueued | ResponseInProgress | ResponseCompleted | ResponseIncomplete
+               | ResponseFailed | OutputItemAdded
                | OutputItemDone | ContentPartAdded | ContentPartDone | OutputTextDelta | OutputTextDone
                | FunctionCallArgumentsDelta | FunctionCallArgumentsDone)

@@ -9,7 +9,10 @@ A client may come back for any of them after a restart; `DELETE /v1/responses/{i
 Responses are kept RETENTION_S (30 days, as OpenAI keeps them): each insert also drops the rows
 older than that, so the table is bounded without a sweeper. A background response's row is
 written when it is queued and rewritten as it moves on (`status` mirrors the body's); `owner_pid`
-is the server running it, so one a gone server left unfinished reads as failed.
+is the server running it, so one a gone server left unfinished reads as failed. `events` is a
+streamed background response's event stream (a JSON array, `[]` while it runs: the server
+running it keeps them in memory, api/responses_events.py), written once it ends, so a client can
+read it again after a restart; NULL for a response that was not streamed in the background.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ DDL = (
     "CREATE INDEX IF NOT EXISTS responses_created ON responses (created_at)",
 )
 RETENTION_S = 30 * 24 * 3600
-ADDED = {"status": "TEXT", "owner_pid": "INTEGER"}
+ADDED = {"status": "TEXT", "owner_pid": "INTEGER", "events": "TEXT"}
 """Columns added after the table's first release (Store.add_columns); NULL status: completed before."""
 UNFINISHED = ("queued", "in_progress")
 
@@ -42,13 +45,18 @@ class ResponseStore:
         self.store.ensure(FEATURE, DDL)
         self.store.add_columns("responses", ADDED)
 
-    def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
-        """Store a response (again, for a background one moving on)."""
+    def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]],
+            events: bytes | None = None) -> None:
+        """Store a response (again, for a background one moving on: its `events` stay as they are
+        unless given)."""
         self.store.transaction([
-            ("INSERT OR REPLACE INTO responses (id, created_at, model, body, conversation, items, status, "
-             "owner_pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            ("INSERT INTO responses (id, created_at, model, body, conversation, items, status, owner_pid, events) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
+             "conversation = excluded.conversation, items = excluded.items, status = excluded.status, "
+             "owner_pid = excluded.owner_pid, events = COALESCE(excluded.events, events)",
              (response.id, response.created_at, response.model, msgspec.json.encode(response).decode(),
-              json.dumps(conversation), json.dumps(items), response.status, os.getpid())),
+              json.dumps(conversation), json.dumps(items), response.status, os.getpid(),
+              None if events is None else events.decode())),
             ("DELETE FROM responses WHERE created_at < ?", (int(time.time()) - RETENTION_S,)),
         ])
 
@@ -75,6 +83,15 @@ class ResponseStore:
     def items(self, rid: str) -> list[dict[str, Any]] | None:
         row = self.store.query_one("SELECT items FROM responses WHERE id = ?", (rid,))
         return json.loads(row[0]) if row else None
+
+    def set_events(self, rid: str, events: bytes) -> None:
+        """A streamed background response's whole event stream (a JSON array), once it has ended."""
+        self.store.execute("UPDATE responses SET events = ? WHERE id = ?", (events.decode(), rid))
+
+    def events(self, rid: str) -> bytes | None:
+        """The stored event stream (JSON array); None: not a streamed background response (or not stored)."""
+        row = self.store.query_one("SELECT events FROM responses WHERE id = ?", (rid,))
+        return row[0].encode() if row and row[0] is not None else None
 
     def delete(self, rid: str) -> bool:
         return self.store.execute("DELETE FROM responses WHERE id = ?", (rid,)) > 0

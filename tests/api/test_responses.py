@@ -199,8 +199,73 @@ async def test_background_responses_left_by_a_stopped_or_gone_server_read_failed
         assert read.status == "failed" and read.error.code == "server_stopped"
 
 
+STREAMED_TOKENS = 200
+"""A streamed background answer still running when its first reader leaves (1 s at SLOW_STEP_MS)."""
+READ_BEFORE_LEAVING = 6
+"""Events a first reader takes before it drops the connection (past the first text delta)."""
+
+
+async def _read(stream: Any, limit: int | None = None) -> list[Any]:
+    """Events of an SDK stream (the first `limit`, then the connection is dropped)."""
+    got: list[Any] = []
+    async with stream:
+        async for event in stream:
+            got.append(event)
+            if limit is not None and len(got) == limit:
+                break
+    return got
+
+
+async def test_a_streamed_background_response_goes_on_without_its_reader_and_resumes(data: Path) -> None:
+    async with serve_slow(data) as client:
+        first = await _read(await client.responses.create(
+            model="synthetic", input="a b", max_output_tokens=STREAMED_TOKENS, background=True, stream=True),
+            READ_BEFORE_LEAVING)
+        assert [e.type for e in first[:3]] == ["response.created", "response.queued", "response.in_progress"]
+        assert first[0].response.status == "queued" and first[2].response.status == "in_progress"
+        rid, last = first[0].response.id, first[-1].sequence_number
+        rest = await _read(await client.responses.retrieve(rid, stream=True, starting_after=last))
+        events = first + rest
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        final = await client.responses.retrieve(rid)
+        assert text == final.output_text == events[-1].response.output_text and final.background
+        assert final.usage.output_tokens == STREAMED_TOKENS
+        again = await _read(await client.responses.retrieve(rid, stream=True))  # ended: replayed from the store
+        assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
+    async with serve_with_store(data) as restarted:  # and after a restart
+        tail = await _read(await restarted.responses.retrieve(rid, stream=True, starting_after=last))
+        assert [e.model_dump() for e in tail] == [e.model_dump() for e in rest]
+
+
+async def test_a_cancelled_streamed_background_response_ends_its_stream_failed_cancelled(data: Path) -> None:
+    async with serve_slow(data) as client:
+        head = await _read(await client.responses.create(
+            model="synthetic", input="a b", max_output_tokens=LONG_TOKENS, background=True, stream=True), 4)
+        rid = head[0].response.id
+        reader = asyncio.ensure_future(_read(await client.responses.retrieve(rid, stream=True, starting_after=3)))
+        assert (await client.responses.cancel(rid)).status == "cancelled"
+        tail = await asyncio.wait_for(reader, BACKGROUND_WAIT_S)
+        assert tail[-1].type == "response.failed" and tail[-1].response.status == "cancelled"
+        assert [e.sequence_number for e in head + tail] == list(range(len(head) + len(tail)))
+
+
+async def test_streaming_a_response_that_was_not_streamed_in_the_background_is_a_400(client: AsyncOpenAI) -> None:
+    fore = await client.responses.create(model="synthetic", input="x", max_output_tokens=1)
+    back = await client.responses.create(model="synthetic", input="x", max_output_tokens=1, background=True)
+    for rid in (fore.id, back.id):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.responses.retrieve(rid, stream=True)
+        assert bad.value.body["param"] == "stream", bad.value.body
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.responses.retrieve(fore.id, stream=True, starting_after=-1)
+    assert bad.value.body["param"] == "starting_after", bad.value.body
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve("resp_missing", stream=True)
+
+
 @pytest.mark.parametrize(("fields", "param"), [
-    pytest.param({"input": "x", "background": True, "stream": True}, "stream", id="background-streamed"),
     pytest.param({"input": "x", "background": True, "store": False}, "background", id="background-unstored"),
 ])
 async def test_background_mistakes_are_400s_naming_the_field(client: AsyncOpenAI, fields: dict[str, Any],
