@@ -251,6 +251,17 @@ async def test_a_cancelled_streamed_background_response_ends_its_stream_failed_c
         assert [e.sequence_number for e in head + tail] == list(range(len(head) + len(tail)))
 
 
+async def test_a_streamed_background_response_a_server_stopped_replays_to_its_failure(data: Path) -> None:
+    async with serve_slow(data) as client:
+        head = await _read(await client.responses.create(
+            model="synthetic", input="a b", max_output_tokens=LONG_TOKENS, background=True, stream=True), 4)
+    async with serve_with_store(data) as again:
+        events = await _read(await again.responses.retrieve(head[0].response.id, stream=True))
+    assert [e.model_dump() for e in events[:4]] == [e.model_dump() for e in head]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_stopped"
+
+
 async def test_streaming_a_response_that_was_not_streamed_in_the_background_is_a_400(client: AsyncOpenAI) -> None:
     fore = await client.responses.create(model="synthetic", input="x", max_output_tokens=1)
     back = await client.responses.create(model="synthetic", input="x", max_output_tokens=1, background=True)
