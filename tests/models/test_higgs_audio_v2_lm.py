@@ -119,3 +119,20 @@ def test_cloned_greedy_frames_equal_generate_on_the_processors_inputs(engine) ->
         do_sample=False, max_new_tokens=20,
     )[0]  # fmt: skip
     assert np.array_equal(ours, _reverted(theirs[-20:], 8, adapter.bos))
+
+
+def test_static_kv_gives_the_dynamic_caches_frames(engine, tmp_path) -> None:
+    """The engine's static slot cache (the CUDA default; here eager on CPU) runs the same adapter forward."""
+    from omni_actors.workers.engines.hf_ar import HfAREngine
+
+    ctx = EngineContext(0, 0, "lm", engine.ctx.model_path, "cpu", 4, "auto", 0.9, 1,
+                        engine_extras={"adapter": ADAPTER, "kv_cache": "static", "max_model_len": 512})  # fmt: skip
+    static = HfAREngine(ctx)
+    try:
+        reqs = [("s", {}, {"seed": 2}), ("g", {"voice": "SPEAKER1"}, {"temperature": 0.0})]
+        ours = _run(static, reqs)
+    finally:
+        static.close()
+    theirs = _run(engine, reqs)
+    for rid in ours:
+        assert np.array_equal(ours[rid], theirs[rid])
