@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from omni_actors.config.speech import text_and_voice
+from omni_actors.models.higgs_audio_v2.codec_loading import load_tokenizer, resample
 from omni_actors.models.higgs_audio_v2.delay import DelayState, step_masks
 from omni_actors.models.higgs_audio_v2.prompt import (
     VOICES,
@@ -53,6 +54,8 @@ DEFAULT_MAX_STEPS = 2048
 """Steps (25 a second, the first 8 the delay's ramp) when generation_config sets no max_new_tokens."""
 CLIP_CACHE_SIZE = 32
 """Custom voices whose clip codes a worker keeps (keyed by voice id and a digest of clip and transcript)."""
+CLIP_RATE = 24000
+"""The rate of "reference_audio" (the pipeline's SpeechSpec.sample_rate)."""
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
 
 
@@ -116,11 +119,12 @@ class HiggsLMAdapter(ARAdapter):
             self.clips.move_to_end(key)
             return self.clips[key]
         if self.codec is None:
-            from omni_actors.models.higgs_audio_v2.codec_loading import load_tokenizer
-
             self.codec = load_tokenizer(self.path, self.ctx.device)
         with torch.inference_mode():
             wave = torch.from_numpy(audio).to(self.ctx.device)[None, None]
+            rate = int(self.codec.config.sample_rate)
+            if rate != CLIP_RATE:  # the API sends clips at the pipeline's rate
+                wave = resample(wave, CLIP_RATE, rate)
             codes = self.codec.encode(wave, return_dict=False)[0].cpu().numpy()  # [groups, T]
         steps = delayed(codes[: self.groups], self.bos, self.eos)
         self.clips[key] = steps
