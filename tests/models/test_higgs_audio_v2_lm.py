@@ -136,3 +136,16 @@ def test_static_kv_gives_the_dynamic_caches_frames(engine, tmp_path) -> None:
     theirs = _run(engine, reqs)
     for rid in ours:
         assert np.array_equal(ours[rid], theirs[rid])
+
+
+def test_repetition_aware_sampling_when_the_config_sets_it(engine) -> None:
+    """Greedy frames of the tiny model repeat codes; with RAS (7, 2) those are redrawn, reproducibly for a seed."""
+    params = {"temperature": 0.0, "seed": 9, "max_tokens": 24}
+    plain = _run(engine, [("p", {}, params)])["p"]
+    engine.adapter.ras = (7, 2)
+    try:
+        first = _run(engine, [("r", {}, params)])["r"]
+        again = _run(engine, [("r", {}, params)])["r"]
+    finally:
+        engine.adapter.ras = None
+    assert np.array_equal(first, again) and not np.array_equal(first, plain)

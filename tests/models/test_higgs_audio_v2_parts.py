@@ -117,3 +117,20 @@ def test_placeholders_expand_to_audio_and_delay_ids() -> None:
         expand_ids([1, 2], 9, 8, [10], N)
     with pytest.raises(ValueError, match="reference_audio"):
         expand_ids([9, 9], 9, 8, [10], N)
+
+
+def test_ras_redraws_only_codes_repeated_in_the_window_from_the_raw_logits() -> None:
+    from collections import deque
+
+    from omni_actors.models.higgs_audio_v2.ras import ras_settings, resample_repeats
+
+    assert ras_settings(object()) is None
+    assert ras_settings(type("G", (), {"ras_win_len": 7, "ras_win_max_num_repeat": 2})()) == (7, 2)
+    window = deque([np.array([5, BOS, 7, EOS]), np.array([5, BOS, 8, EOS])], maxlen=7)
+    raw = torch.full((1, N, 1026), -50.0)
+    raw[0, :, 3] = 50.0  # a plain draw from the raw logits gives 3
+    codes = np.array([[5, BOS, 7, EOS]])
+    out = resample_repeats(codes, raw, [window], 2, BOS, EOS, [torch.Generator().manual_seed(0)])
+    # 5 twice: redrawn; bos/eos never count; 7 once: kept
+    assert out.tolist() == [[3, BOS, 7, EOS]]
+    assert resample_repeats(codes, raw, [deque()], 2, BOS, EOS, [None]).tolist() == codes.tolist()

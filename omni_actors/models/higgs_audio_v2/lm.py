@@ -18,13 +18,13 @@ Inputs: {"text": str, "voice": "default" | "SPEAKER0" | "SPEAKER1", optional "in
 (the scene description), "reference_audio" float32 [samples] at 24 kHz, "reference_text",
 "reference_id"}. Outputs per frame: {"codes": int64 [1, 8]}. Sampling: the checkpoint's
 generation_config (temperature, top_k, top_p, max_new_tokens: steps) < deploy defaults <
-request params. Not done: transformers' optional repetition-aware resampling (ras_win_len).
+request params; repetition-aware sampling (ras.py) when the generation config sets it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from omni_actors.models.higgs_audio_v2.prompt import (
     expand_ids,
     spoken,
 )
+from omni_actors.models.higgs_audio_v2.ras import ras_settings, resample_repeats
 from omni_actors.workers.engine import merge_params
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,
@@ -89,6 +90,7 @@ class HiggsLMAdapter(ARAdapter):
             "temperature": gen.temperature if gen.do_sample else 0.0, "top_k": gen.top_k,
             "top_p": gen.top_p, "max_tokens": gen.max_new_tokens or DEFAULT_MAX_STEPS,
         }  # fmt: skip
+        self.ras = ras_settings(gen)
         self.codec: Any = None  # the audio tokenizer's encoder: loaded for the first clip to clone
         self.clips: OrderedDict[tuple[str, bytes], np.ndarray] = OrderedDict()
         self._masked: torch.Tensor | None = None
@@ -107,6 +109,7 @@ class HiggsLMAdapter(ARAdapter):
             "ref_audio": None if ref is None else np.array(ref, dtype=np.float32).reshape(-1),
             "ref_text": str(inputs.get("reference_text") or ""), "ref_id": str(inputs.get("reference_id") or ""),
             "state": DelayState(self.groups, self.bos, self.eos), "frame": None,
+            "window": deque(maxlen=self.ras[0] if self.ras else 1),
         }  # fmt: skip
 
     def _clip_steps(self, d: dict[str, Any]) -> np.ndarray:
@@ -143,6 +146,8 @@ class HiggsLMAdapter(ARAdapter):
         if not ids or ids[-1] != self.start_id:
             ids.append(self.start_id)
         blocks = [self._clip_steps(d)] if cloning else []
+        if blocks:  # RAS looks back into the clip's steps too
+            d["window"].extend(blocks[-1][-d["window"].maxlen :])
         ids = expand_ids(ids, self.audio_id, self.delay_id, [len(b) for b in blocks], self.groups)
         dev = self.ctx.device
         inner = self.model.model
@@ -191,11 +196,17 @@ class HiggsLMAdapter(ARAdapter):
         drawn = pick(masked[:, 1:].reshape(n * rest, self.vocab), params, gens).view(n, rest)
         first = torch.tensor(tokens, device=drawn.device)[:, None]
         codes = torch.cat([first, drawn], dim=1)  # [n, groups]
-        frames = self.model.model.embed_audio_tokens(codes[:, None])[:, 0].to(self.model.dtype)
         host = codes.cpu().numpy()
+        if self.ras is not None:
+            raw = out.logits.view(n, self.groups, self.vocab)
+            windows = [s.data["window"] for s in seqs]
+            host = resample_repeats(host, raw, windows, self.ras[1], self.bos, self.eos, [s.generator for s in seqs])
+            codes = torch.from_numpy(host).to(codes.device)
+        frames = self.model.model.embed_audio_tokens(codes[:, None])[:, 0].to(self.model.dtype)
         results = []
         for i, seq in enumerate(seqs):
             frame, done = seq.data["state"].push(host[i])
+            seq.data["window"].append(host[i])
             seq.data["frame"] = frames[i]
             results.append(({} if frame is None else {"codes": frame[None]}, done))
         return results
