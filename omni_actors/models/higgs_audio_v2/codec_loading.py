@@ -11,7 +11,10 @@ So `tokenizer_class()` imports the modeling module itself (not through `transfor
 lazy namespace, which would hand back the dummy) while `sys.modules["torchaudio"]` is a
 stand-in whose only attribute is `functional.resample`, our `resample` below; sys.modules
 is restored right after the import (the module keeps its own reference to the stand-in).
-Nothing else ever sees the stand-in.
+transformers itself (and the tokenizer's config module) is imported first, without the
+stand-in: its start-up probes which packages exist and must not find it. Nothing else ever
+sees the stand-in. It is used even where a real torchaudio exists, so encoding is the same
+everywhere.
 
 `resample` is torchaudio's documented default ("sinc_interp_hann"): a windowed-sinc
 low-pass at `rolloff` (0.99) of the lower Nyquist rate, `lowpass_filter_width` (6) zero
