@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TTS = ("qwen3_tts", "csm", "dia", "vibevoice")
+TTS = ("qwen3_tts", "csm", "dia", "vibevoice", "higgs_audio_v2")
 ASR = ("qwen3_asr", "voxtral_realtime")
 READY_TIMEOUT_S = 240.0
 CALL_TIMEOUT_S = 120.0

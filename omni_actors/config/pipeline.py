@@ -154,6 +154,7 @@ _BUILTIN_MODULES = (
     "omni_actors.models.csm",
     "omni_actors.models.qwen3_tts",
     "omni_actors.models.dia",
+    "omni_actors.models.higgs_audio_v2",
     "omni_actors.models.vibevoice",
     "omni_actors.models.qwen3_asr",
     "omni_actors.models.voxtral_realtime",

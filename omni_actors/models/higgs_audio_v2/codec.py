@@ -1,0 +1,54 @@
+"""Codec adapter for GenerationEngine: Higgs-Audio-V2's audio tokenizer decoder (8 codebooks at 25 Hz -> 24 kHz).
+
+Decoding is the RVQ sum, a linear projection and a DAC decoder (transformers'
+`HiggsAudioV2TokenizerModel.decode`); n frames give n * 960 samples. DAC's decoder is not
+causal (centred convolutions), so a window re-decodes `left_context` frames before its new
+ones and holds back the audio of its last `right_context` frames until the frames after them
+arrive (or the input ends). Measured on the real layout (strides 8-5-4-2-3, random weights,
+narrow widths: the receptive field does not depend on width): a frame decoded with 6 frames
+after it and 10 before equals one whole decode to float rounding (1e-6 of the peak; with 5
+after, 7e-4), so right_context is 6 and left_context 12. The weights are the audio tokenizer
+folder the processor names (codec_loading.py), decoded in float32.
+
+Inputs: {"codes": int [n, 8]} (undelayed frames from the LM stage).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omni_actors.models.higgs_audio_v2.codec_loading import load_tokenizer
+from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
+
+
+class HiggsCodecAdapter(GenerationAdapter):
+    sample_rate = 24000
+    samples_per_code = 960
+    first_chunk_size = 3
+    """3 frames = 120 ms of audio in the first window, decoded once 3 + right_context = 9 frames are in."""
+    chunk_size = 8
+    left_context = 12
+    right_context = 6
+    max_chunk_size = 100
+
+    def load(self) -> None:
+        path = check_checkpoint(self.ctx.model_path, ("config.json",))
+        self.model = load_tokenizer(path, self.ctx.device)
+        cfg = self.model.config
+        self.groups = int(cfg.num_quantizers)
+        self.sample_rate = int(cfg.sample_rate)
+        self.samples_per_code = int(cfg.hop_length)
+
+    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        return self.frames_of(inputs, "codes", self.groups)
+
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
+        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        with torch.inference_mode():
+            audio = self.model.decode(codes, return_dict=False)
+        return list(audio.reshape(len(windows), -1).float())

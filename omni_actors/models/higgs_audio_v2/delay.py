@@ -1,0 +1,78 @@
+"""Higgs-Audio-V2's delay pattern: which codes a step may draw, and which audio frame each step completes.
+
+The LM draws one code per codebook each step, codebook k delayed by k steps, as
+transformers' `HiggsAudioV2DelayPatternLogitsProcessor` and the processor's
+`revert_delay_pattern` define it (prompt ending in `<|audio_out_bos|>`):
+
+- bos ramp: at step t, codebook k is forced to the stream bos code while t <= k (step 0 is
+  all bos). Past its ramp a codebook never draws bos (it is no audio: transformers would
+  only clip it away).
+- frames: frame f takes codebook k from step f + 1 + k, so it is complete at step f + N
+  (N codebooks) and leaves then; the first frame leaves at step N.
+- the end: once any codebook draws the stream eos (step s), codebook k is forced to eos
+  from step s + 1 + k on; the first step that is all eos ends the request and is no frame.
+  Codes past the codec's range in a frame (an eos that came early in a low codebook of the
+  last frames) are clipped to the last code, as the processor's decode does.
+
+`DelayState` is one request's place in that grid (host side, a few ints a step);
+`step_masks` turns a batch's states into the additive logits mask of the step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+FREE = -1
+
+
+@dataclass
+class DelayState:
+    groups: int
+    bos: int
+    eos: int
+    step: int = 0
+    """Steps drawn so far."""
+    eos_at: int | None = None
+    """The step at which some codebook first drew eos."""
+    recent: deque = field(default_factory=deque)
+    """The last `groups` steps' codes."""
+
+    def forced(self) -> np.ndarray:
+        """[groups] the code each codebook must draw at the next step, FREE where it may choose."""
+        k = np.arange(self.groups)
+        out = np.full(self.groups, FREE, dtype=np.int64)
+        if self.eos_at is not None:
+            out[self.step - self.eos_at > k] = self.eos
+        out[self.step <= k] = self.bos
+        return out
+
+    def push(self, codes: np.ndarray) -> tuple[np.ndarray | None, bool]:
+        """Record one step's [groups] codes: (the frame it completes or None, whether the request ended)."""
+        codes = np.asarray(codes, dtype=np.int64).reshape(self.groups)
+        t = self.step
+        self.step += 1
+        if (codes == self.eos).all():
+            return None, True
+        if self.eos_at is None and (codes == self.eos).any():
+            self.eos_at = t
+        self.recent.append(codes)
+        if len(self.recent) > self.groups:
+            self.recent.popleft()
+        if t < self.groups:
+            return None, False
+        frame = np.array([self.recent[k][k] for k in range(self.groups)], dtype=np.int64)
+        return np.minimum(frame, self.bos - 1), False
+
+
+def step_masks(states: list[DelayState], vocab: int, device: torch.device | str) -> torch.Tensor:
+    """[batch, groups, vocab] additive mask (0 or -inf) of the next step of each state."""
+    forced = torch.from_numpy(np.stack([s.forced() for s in states])).to(device)  # [batch, groups]
+    ids = torch.arange(vocab, device=device)
+    free = forced[..., None] == FREE
+    keep = torch.where(free, ids != states[0].bos, ids == forced[..., None])
+    zero = torch.zeros((), device=device)
+    return torch.where(keep, zero, torch.full((), float("-inf"), device=device))

@@ -1,0 +1,212 @@
+"""LM adapter for HfAREngine: Higgs-Audio-V2's dual-FFN Llama drawing 8 delayed codebooks a step.
+
+Prompt (prompt.py): the chat rendered by the checkpoint's template; text positions take
+the text embeddings, the positions of a reference clip's delayed block (and each later
+step) the sum of their codebooks' audio embeddings. The decoder layers route text
+positions through the text FFN and audio positions through the audio FFN; this adapter
+runs transformers' own layers with that mask given explicitly (`audio_token_mask`: the
+prompt's audio and delay ids; None on decode steps, which are all audio, as in
+transformers' generation).
+
+Each step the audio head gives [8, codebook_size] logits. The delay pattern's masks
+(delay.py) apply to all codebooks; the engine samples codebook 0 and `on_tokens` draws
+codebooks 1.. from the same step's masked logits with the request's params and generator
+(a seeded request stays reproducible). Each complete frame goes downstream; the first step
+that is all stream-eos ends the request.
+
+Inputs: {"text": str, "voice": "default" | "SPEAKER0" | "SPEAKER1", optional "instructions"
+(the scene description), "reference_audio" float32 [samples] at 24 kHz, "reference_text",
+"reference_id"}. Outputs per frame: {"codes": int64 [1, 8]}. Sampling: the checkpoint's
+generation_config (temperature, top_k, top_p, max_new_tokens: steps) < deploy defaults <
+request params; repetition-aware sampling (ras.py) when the generation config sets it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_actors.config.speech import text_and_voice
+from omni_actors.models.higgs_audio_v2.codec_loading import load_tokenizer, resample
+from omni_actors.models.higgs_audio_v2.delay import DelayState, step_masks
+from omni_actors.models.higgs_audio_v2.prompt import (
+    VOICES,
+    conversation,
+    delayed,
+    expand_ids,
+    spoken,
+)
+from omni_actors.models.higgs_audio_v2.ras import ras_settings, resample_repeats
+from omni_actors.workers.engine import merge_params
+from omni_actors.workers.engines.hf_ar_adapter import (
+    ARAdapter,
+    ARSeq,
+    ForwardOut,
+    StepInputs,
+    check_checkpoint,
+)
+from omni_actors.workers.engines.hf_ar_sampling import pick
+
+DEFAULT_MAX_STEPS = 2048
+"""Steps (25 a second, the first 8 the delay's ramp) when generation_config sets no max_new_tokens."""
+CLIP_CACHE_SIZE = 32
+"""Custom voices whose clip codes a worker keeps (keyed by voice id and a digest of clip and transcript)."""
+CLIP_RATE = 24000
+"""The rate of "reference_audio" (the pipeline's SpeechSpec.sample_rate)."""
+SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
+
+
+class HiggsLMAdapter(ARAdapter):
+    batch_prefill = False
+    """A prompt carries its per-position audio mask (`extra`), so prompts prefill one by one."""
+
+    def load(self) -> torch.nn.Module:
+        from transformers import AutoTokenizer, HiggsAudioV2ForConditionalGeneration
+
+        path = check_checkpoint(self.ctx.model_path, ("config.json", "tokenizer_config.json"))
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            model = HiggsAudioV2ForConditionalGeneration.from_pretrained(path, dtype=self.load_dtype())
+        except Exception as err:
+            raise ValueError(f"{path}: cannot load the Higgs-Audio-V2 checkpoint ({err})") from err
+        self.path = path
+        self.model = model.to(self.ctx.device).eval()
+        cfg = self.model.config
+        self.groups, self.vocab = cfg.num_codebooks, cfg.codebook_size
+        self.bos, self.eos = cfg.audio_stream_bos_id, cfg.audio_stream_eos_id
+        self.audio_id, self.delay_id, self.start_id = cfg.audio_token_id, cfg.audio_delay_token_id, cfg.audio_bos_token_id
+        template = self.tokenizer.chat_template
+        if template is None and (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        if template is None:
+            raise FileNotFoundError(f"{path / 'chat_template.jinja'}: the checkpoint has no chat template")
+        self.template = template
+        gen = self.model.generation_config
+        self.defaults = {
+            "temperature": gen.temperature if gen.do_sample else 0.0, "top_k": gen.top_k,
+            "top_p": gen.top_p, "max_tokens": gen.max_new_tokens or DEFAULT_MAX_STEPS,
+        }  # fmt: skip
+        self.ras = ras_settings(gen)
+        self.codec: Any = None  # the audio tokenizer's encoder: loaded for the first clip to clone
+        self.clips: OrderedDict[tuple[str, bytes], np.ndarray] = OrderedDict()
+        self._masked: torch.Tensor | None = None
+        return self.model
+
+    def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return merge_params(self.ctx, params, SHARED_KEYS, self.defaults)
+
+    # ---- prompt ----------------------------------------------------------------
+
+    def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
+        text, voice = text_and_voice(inputs, "higgs_audio_v2", VOICES)
+        ref = inputs.get("reference_audio")
+        seq.data = {
+            "text": spoken(text.strip(), voice), "scene": inputs.get("instructions") or None,
+            "ref_audio": None if ref is None else np.array(ref, dtype=np.float32).reshape(-1),
+            "ref_text": str(inputs.get("reference_text") or ""), "ref_id": str(inputs.get("reference_id") or ""),
+            "state": DelayState(self.groups, self.bos, self.eos), "frame": None,
+            "window": deque(maxlen=self.ras[0] if self.ras else 1),
+        }  # fmt: skip
+
+    def _clip_steps(self, d: dict[str, Any]) -> np.ndarray:
+        """The reference clip's delayed block [steps, groups], encoded once per voice (LRU)."""
+        audio = d["ref_audio"]
+        digest = hashlib.blake2b(audio.tobytes(), digest_size=16)
+        digest.update(b"\0" + d["ref_text"].encode())
+        key = (d["ref_id"], digest.digest())
+        if key in self.clips:
+            self.clips.move_to_end(key)
+            return self.clips[key]
+        if self.codec is None:
+            self.codec = load_tokenizer(self.path, self.ctx.device)
+        with torch.inference_mode():
+            wave = torch.from_numpy(audio).to(self.ctx.device)[None, None]
+            rate = int(self.codec.config.sample_rate)
+            if rate != CLIP_RATE:  # the API sends clips at the pipeline's rate
+                wave = resample(wave, CLIP_RATE, rate)
+            codes = self.codec.encode(wave, return_dict=False)[0].cpu().numpy()  # [groups, T]
+        steps = delayed(codes[: self.groups], self.bos, self.eos)
+        self.clips[key] = steps
+        while len(self.clips) > CLIP_CACHE_SIZE:
+            self.clips.popitem(last=False)
+        return steps
+
+    def prefill(self, seq: ARSeq) -> StepInputs:
+        d = seq.data
+        cloning = d["ref_audio"] is not None and d["ref_audio"].size > 0
+        chat = conversation(d["text"], d["scene"], d["ref_text"] if cloning else None)
+        rendered = self.tokenizer.apply_chat_template(
+            chat, chat_template=self.template, tokenize=False, add_generation_prompt=True
+        )
+        ids = self.tokenizer(rendered, add_special_tokens=False).input_ids
+        if not ids or ids[-1] != self.start_id:
+            ids.append(self.start_id)
+        blocks = [self._clip_steps(d)] if cloning else []
+        if blocks:  # RAS looks back into the clip's steps too
+            d["window"].extend(blocks[-1][-d["window"].maxlen :])
+        ids = expand_ids(ids, self.audio_id, self.delay_id, [len(b) for b in blocks], self.groups)
+        dev = self.ctx.device
+        inner = self.model.model
+        id_tensor = torch.tensor(ids, device=dev)
+        embeds = inner.embed_tokens(id_tensor)
+        audio = (id_tensor == self.audio_id) | (id_tensor == self.delay_id)
+        if blocks:
+            codes = torch.from_numpy(np.concatenate(blocks)).to(dev)
+            embeds = embeds.masked_scatter(audio[:, None], inner.embed_audio_tokens(codes).to(embeds.dtype))
+        return StepInputs(embeds, extra={"audio_mask": audio[None]})
+
+    def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
+        return torch.stack([s.data["frame"] for s in seqs])[:, None]
+
+    def forward(self, embeds, positions, mask, cache, extra) -> ForwardOut:
+        from transformers.masking_utils import create_causal_mask
+
+        inner = self.model.model
+        pos = positions[0]
+        causal = create_causal_mask(
+            config=inner.config, inputs_embeds=embeds, attention_mask=mask, past_key_values=cache, position_ids=pos,
+        )  # fmt: skip
+        rope = inner.rotary_emb(embeds, pos)
+        hidden = embeds
+        for layer in inner.layers:
+            hidden = layer(
+                hidden, position_embeddings=rope, attention_mask=causal, audio_token_mask=extra.get("audio_mask"),
+                position_ids=pos, past_key_values=cache, use_cache=True,
+            )  # fmt: skip
+        last = inner.norm(hidden[:, -1])
+        return ForwardOut(self.model.audio_lm_head(last), None)
+
+    # ---- codebooks ---------------------------------------------------------------
+
+    def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
+        """Codebook 0's masked logits (the engine samples it); all codebooks' are kept for `on_tokens`."""
+        grid = logits.view(len(seqs), self.groups, self.vocab)
+        self._masked = grid + step_masks([s.data["state"] for s in seqs], self.vocab, grid.device)
+        return self._masked[:, 0]
+
+    def on_tokens(self, seqs, tokens, out, prefill):
+        masked, self._masked = self._masked, None
+        n, rest = len(seqs), self.groups - 1
+        params = [s.params for s in seqs for _ in range(rest)]
+        gens = [s.generator for s in seqs for _ in range(rest)]
+        drawn = pick(masked[:, 1:].reshape(n * rest, self.vocab), params, gens).view(n, rest)
+        first = torch.tensor(tokens, device=drawn.device)[:, None]
+        codes = torch.cat([first, drawn], dim=1)  # [n, groups]
+        host = codes.cpu().numpy()
+        if self.ras is not None:
+            raw = out.logits.view(n, self.groups, self.vocab)
+            windows = [s.data["window"] for s in seqs]
+            host = resample_repeats(host, raw, windows, self.ras[1], self.bos, self.eos, [s.generator for s in seqs])
+            codes = torch.from_numpy(host).to(codes.device)
+        frames = self.model.model.embed_audio_tokens(codes[:, None])[:, 0].to(self.model.dtype)
+        results = []
+        for i, seq in enumerate(seqs):
+            frame, done = seq.data["state"].push(host[i])
+            seq.data["window"].append(host[i])
+            seq.data["frame"] = frames[i]
+            results.append(({} if frame is None else {"codes": frame[None]}, done))
+        return results
