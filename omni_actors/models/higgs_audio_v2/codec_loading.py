@@ -26,7 +26,6 @@ polyphase conv1d (one kernel per output phase, stride = the reduced input rate),
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import sys
 import types
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from omni_actors.models.audio_tokenizer_folder import audio_tokenizer_folder
 
 MODELING_MODULE = "transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer"
 DEFAULT_FOLDER = "audio_tokenizer"
@@ -107,29 +108,9 @@ def tokenizer_class() -> type:
 
 
 def tokenizer_folder(model_path: Path) -> Path:
-    """The audio tokenizer folder `processor_config.json` names (`audio_tokenizer_name_or_path`): a
-    folder inside the model folder, an absolute folder, or a hub id already in the local Hugging Face
-    cache (nothing is fetched); `audio_tokenizer/` when the processor names none."""
-    config = model_path / "processor_config.json"
-    name = DEFAULT_FOLDER
-    if config.is_file():
-        try:
-            name = json.loads(config.read_text())["audio_tokenizer"]["audio_tokenizer_name_or_path"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{config}: no audio_tokenizer.audio_tokenizer_name_or_path ({err!r})") from None
-    for folder in (model_path / name, Path(name)):
-        if (folder / "config.json").is_file():
-            return folder
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:  # not a cached hub id either
-        pass
-    raise FileNotFoundError(
-        f"{config}: its audio tokenizer {name!r} is neither a folder in {model_path} nor in the local "
-        f"Hugging Face cache; put the bosonai/higgs-audio-v2-tokenizer folder at {model_path / name}"
-    )
+    """The audio tokenizer folder `processor_config.json` names (models/audio_tokenizer_folder.py);
+    `audio_tokenizer/` when the processor names none."""
+    return audio_tokenizer_folder(model_path, DEFAULT_FOLDER, "audio tokenizer", "bosonai/higgs-audio-v2-tokenizer")
 
 
 def load_tokenizer(model_path: Path, device: str) -> Any:
