@@ -1,4 +1,4 @@
-"""TTS benchmark (csm, dia, vibevoice): first audio and real-time factor at several concurrencies, async chunk on vs off.
+"""TTS benchmark (csm, dia, vibevoice, higgs_audio_v2, ...): first audio and real-time factor at several concurrencies, async chunk on vs off.
 
 Two orchestrators serve the same folder (`--pipeline`, or the one `--model` is detected
 as) one after the other in one run, with `async_chunk` on (each AR frame goes to the
@@ -18,6 +18,8 @@ requests/s for `--rate-seconds`.
     omni-run make-tiny dia-1.6b-sized DIR                          Dia-1.6B sizes, random weights (GPU;
                                                                    860 frames, 10 s of audio, a request)
     omni-run make-tiny vibevoice-1.5b-sized DIR                    VibeVoice-1.5B sizes (75 latents, 10 s)
+    omni-run make-tiny higgs_audio_v2-3b-sized DIR                 Higgs-Audio-V2-generation-3B sizes (5.4 B
+                                                                   parameters, 250 frames, 10 s a request)
     .venv/bin/python scripts/bench_tts.py --model DIR --device cuda \
         --ar-extras '{}' '{"cuda_graphs": false}' '{"kv_cache": "dynamic"}'
                                                                    the first stage's engine_extras: the

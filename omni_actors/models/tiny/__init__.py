@@ -35,6 +35,7 @@ _BUILDERS: dict[str, str] = {
     "csm-1b-sized": "omni_actors.models.tiny.csm:make_csm_1b_sized",
     "dia": "omni_actors.models.tiny.dia:make_tiny_dia",
     "higgs_audio_v2": "omni_actors.models.tiny.higgs_audio_v2:make_tiny_higgs_audio_v2",
+    "higgs_audio_v2-3b-sized": "omni_actors.models.tiny.higgs_audio_v2:make_higgs_audio_v2_3b_sized",
     "dia-1.6b-sized": "omni_actors.models.tiny.dia:make_dia_1_6b_sized",
     "vibevoice": "omni_actors.models.tiny.vibevoice:make_tiny_vibevoice",
     "vibevoice-1.5b-sized": "omni_actors.models.tiny.vibevoice:make_vibevoice_1_5b_sized",

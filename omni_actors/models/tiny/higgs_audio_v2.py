@@ -17,7 +17,13 @@ HuBERT's 320x feature strides at 16 kHz, 8 quantizers of 1024 codes; all widths 
 
 The LM's audio head gives the stream bos and eos columns zero weight (logit 0 against peaked
 random logits): random weights then never end a request early, so each request makes its
-frame budget, a fixed length (the end path is unit-tested in tests/models/test_higgs_audio_v2_frames.py).
+frame budget, a fixed length (the end path is unit-tested in tests/models/test_higgs_audio_v2_parts.py).
+
+`make_higgs_audio_v2_3b_sized` writes the same layout at Higgs-Audio-V2-generation-3B's real sizes
+(a Llama-3.2-3B-sized LM: 28 layers of width 3072, 24 heads of 128, 8 KV heads, a 128,256-token
+embedding, and an audio FFN beside every layer's: 5.4 B parameters, as the released model; the audio
+tokenizer at transformers' defaults, which are the released ones), random weights in bfloat16
+(10.8 GB, ~2 min on 2 CPU cores), for GPU benchmarks; 10 s of audio a request.
 """
 
 from __future__ import annotations
@@ -68,12 +74,16 @@ def _tokenizer():
     return fast
 
 
-def _audio_tokenizer(seed: int):
+def _audio_tokenizer(seed: int, real_sizes: bool = False):
     import torch
     from transformers import HiggsAudioV2TokenizerConfig
 
     from omni_actors.models.higgs_audio_v2.codec_loading import tokenizer_class
 
+    if real_sizes:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 1)
+            return tokenizer_class()(HiggsAudioV2TokenizerConfig()).eval()
     config = HiggsAudioV2TokenizerConfig(
         target_bandwidths=[0.5, 1, 1.5, 2], codebook_size=CODES, codebook_dim=8,
         acoustic_model_config={
@@ -100,8 +110,26 @@ def _audio_tokenizer(seed: int):
     return model.eval()
 
 
+TINY_LM = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 32}
+SIZED_LM = {"vocab_size": 128256, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
+            "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128}
+"""Higgs-Audio-V2-generation-3B's LM (Llama 3.2 3B's sizes)."""
+SIZED_MAX_STEPS = 258
+"""10 s of audio (250 frames at 25 a second) after the delay's 8-step ramp."""
+
+
 def make_tiny_higgs_audio_v2(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Higgs-Audio-V2 folder (its audio tokenizer in `audio_tokenizer/`) into `out_dir`."""
+    return _write(out_dir, seed, TINY_LM, TINY_MAX_STEPS, sized=False)
+
+
+def make_higgs_audio_v2_3b_sized(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a random-weight folder at Higgs-Audio-V2-generation-3B's real sizes (GPU benchmarks)."""
+    return _write(out_dir, seed, SIZED_LM, SIZED_MAX_STEPS, sized=True)
+
+
+def _write(out_dir: str | Path, seed: int, sizes: dict, max_steps: int, sized: bool) -> Path:
     import torch
     from transformers import (
         DacFeatureExtractor,
@@ -115,31 +143,33 @@ def make_tiny_higgs_audio_v2(out_dir: str | Path, seed: int = 0) -> Path:
     tok = _tokenizer()
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
     config = HiggsAudioV2Config(
-        vocab_size=max(TEXT_VOCAB, len(tok)), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
+        **{"vocab_size": max(TEXT_VOCAB, len(tok)), **sizes}, max_position_embeddings=4096,
         pad_token_id=ids["<|end_of_text|>"], bos_token_id=ids["<|begin_of_text|>"],
         eos_token_id=ids["<|eot_id|>"], num_codebooks=NUM_CODEBOOKS, codebook_size=CODES + 2,
         audio_token_id=ids["<|AUDIO_OUT|>"], audio_bos_token_id=ids["<|audio_out_bos|>"],
         audio_delay_token_id=ids["<|reserved_special_token_6|>"],
-        audio_stream_bos_id=CODES, audio_stream_eos_id=CODES + 1, dtype="float32",
+        audio_stream_bos_id=CODES, audio_stream_eos_id=CODES + 1, dtype="bfloat16" if sized else "float32",
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = HiggsAudioV2ForConditionalGeneration(config)
+        if sized:  # built in bfloat16 (half the memory), at the config's own initialisation
+            model = HiggsAudioV2ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+        else:
+            model = HiggsAudioV2ForConditionalGeneration(config)
         with torch.no_grad():
             for p in model.parameters():  # peaked random logits: seed-dependent, varied codes
-                if p.dim() > 1:
+                if p.dim() > 1 and not sized:
                     p.normal_(0.0, 0.3)
             head = model.audio_lm_head.weight.view(NUM_CODEBOOKS, CODES + 2, -1)
             head[:, CODES:] = 0.0  # stream bos/eos: logit 0, never in the top 50 (see the docstring)
     model.generation_config = GenerationConfig(
-        do_sample=True, temperature=0.7, top_k=50, top_p=0.95, max_new_tokens=TINY_MAX_STEPS,
+        do_sample=True, temperature=0.7, top_k=50, top_p=0.95, max_new_tokens=max_steps,
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
     )  # fmt: skip
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    _audio_tokenizer(seed).save_pretrained(out / "audio_tokenizer", safe_serialization=True)
+    _audio_tokenizer(seed, real_sizes=sized).save_pretrained(out / "audio_tokenizer", safe_serialization=True)
     DacFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0, hop_length=960).save_pretrained(out)
     processor = {
         "processor_class": "HiggsAudioV2Processor",
