@@ -6,8 +6,11 @@ ray.init installs its own SIGTERM handler (it aborts the process); the Ray backe
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,9 +35,11 @@ async def test_sigterm_stops_omni_run_in_order_after_ray_started_in_process(tmp_
     }
     path = tmp_path / "deploy.yaml"
     path.write_text(yaml.safe_dump(deploy))
+    ray_tmp = tempfile.mkdtemp(prefix="omni-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "omni_actors.cli", "--deploy", str(path),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "RAY_TMPDIR": ray_tmp},  # Ray's session files go here, not /tmp/ray
     )  # fmt: skip
     seen: list[str] = []
     try:
@@ -56,6 +61,7 @@ async def test_sigterm_stops_omni_run_in_order_after_ray_started_in_process(tmp_
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     out = "".join(seen)
     assert proc.returncode == 0, out
     assert "server.stopped" in out, out
