@@ -1,4 +1,4 @@
-"""Speech decoder step benchmark (dia, vibevoice): one engine step at several batch sizes, per engine_extras variant.
+"""Speech decoder step benchmark (dia, vibevoice, csm, higgs_audio_v2): one engine step at several batch sizes, per engine_extras variant.
 
 The family's own stage engine in this process, no workers: for each `--ar-extras`
 variant (engine_extras; the first is the same-run baseline of the others) and each
@@ -15,6 +15,13 @@ engine_extras "warmup", on by default on CUDA, captures the graphs at load, in
 - vibevoice: a step runs the conditioned LM branch, picks the tokens, runs the guidance
   branch and all the diffusion head's denoising passes, and decodes + re-encodes each
   latent for the LM's feedback (per request); 7.5 latents a second (133 ms each).
+- csm: a step is one backbone step and the depth decoder's 31 passes (one graph replay
+  on CUDA) for all B requests; 12.5 frames a second (80 ms each).
+- higgs_audio_v2: a step is one LM step drawing all 8 codebooks; 25 a second (40 ms each).
+
+`--profile-dir DIR`: 20 more steps of each batch, after the timed ones, run under torch's profiler
+(workers/step_profile.py), its operator table and a one-line summary (device kernel
+time against wall time a step) written to DIR as `<family>-<variant>-b<B>.txt/.json`.
 
     .venv/bin/python scripts/bench_dia_step.py                       tiny dia on CPU (temp dir)
     omni-run make-tiny dia-1.6b-sized DIR
@@ -51,13 +58,21 @@ import numpy as np
 import torch
 
 from omni_actors.workers.engine import EngineContext
+from omni_actors.workers.step_profile import StepProfiler
 
+PROFILED_STEPS = 20
+"""Steps run under the profiler (--profile-dir), after the timed ones."""
+HF_AR = "omni_actors.workers.engines.hf_ar:HfAREngine"
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
 FAMILIES: dict[str, dict[str, Any]] = {
     "dia": {"engine": "omni_actors.models.dia.engine:DiaEngine", "stage": "decoder",
             "inputs": {"text": f"[S1] {TEXT}", "voice": "S1"}, "frame_s": 512 / 44100, "first": "codes"},
     "vibevoice": {"engine": "omni_actors.models.vibevoice.engine:VibeVoiceEngine", "stage": "lm",
                   "inputs": {"text": TEXT, "voice": "0"}, "frame_s": 3200 / 24000, "first": "latents"},
+    "csm": {"engine": HF_AR, "adapter": "omni_actors.models.csm.backbone:CsmBackboneAdapter", "stage": "backbone",
+            "inputs": {"text": TEXT, "voice": "0"}, "frame_s": 0.08, "first": "codes"},
+    "higgs_audio_v2": {"engine": HF_AR, "adapter": "omni_actors.models.higgs_audio_v2.lm:HiggsLMAdapter",
+                       "stage": "lm", "inputs": {"text": TEXT, "voice": "default"}, "frame_s": 0.04, "first": "codes"},
 }  # fmt: skip
 """Per family: its engine, stage name, one request's inputs, and the seconds of audio one step makes."""
 
@@ -77,16 +92,17 @@ def _step(engine: Any, first: dict[str, float], since: float, device: str, key: 
             first.setdefault(out.request_id, (now - since) * 1000)
 
 
-def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace, index: int) -> dict[str, Any]:
     fam = FAMILIES[args.family]
     module, name = fam["engine"].split(":")
     engine_cls = getattr(importlib.import_module(module), name)
+    full = {"adapter": fam["adapter"], **extras} if "adapter" in fam else extras
     ctx = EngineContext(0, 0, fam["stage"], model, args.device, max(args.batch), args.dtype, 0.9, 1,
-                        engine_extras=extras)  # fmt: skip
+                        engine_extras=full)  # fmt: skip
     t0 = time.perf_counter()
     engine = engine_cls(ctx)
     out: dict[str, Any] = {"engine_extras": extras, "load_s": round(time.perf_counter() - t0, 2), "batches": []}
-    frames = args.warmup + args.steps + 32
+    frames = args.warmup + args.steps + PROFILED_STEPS + 32
     try:
         for b in args.batch:
             for i in range(b):
@@ -104,8 +120,14 @@ def _variant(model: Path, extras: dict[str, Any], args: argparse.Namespace) -> d
                 t0 = time.perf_counter()
                 _step(engine, first, burst, args.device, fam["first"])
                 times.append((time.perf_counter() - t0) * 1000)
-            running = len(engine.requests)
-            for rid in list(engine.requests):
+            if args.profile_dir:  # after the timed steps: the profiler's own cost stays out of them
+                prof = StepProfiler(Path(args.profile_dir), f"{args.family}-{index}-b{b}", 0, PROFILED_STEPS)
+                for _ in range(PROFILED_STEPS):
+                    with prof.step():
+                        _step(engine, first, burst, args.device, fam["first"])
+            live = engine.requests if hasattr(engine, "requests") else engine.seqs  # own engines / HfAREngine
+            running = len(live)
+            for rid in list(live):
                 engine.abort(rid)
             p50 = statistics.median(times)
             out["batches"].append({
@@ -134,6 +156,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--ar-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
                    help="engine_extras per variant; the first is the same-run baseline")
+    p.add_argument("--profile-dir", help="profile the timed steps (torch profiler); reports written here")
     args = p.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.family}-step-") as tmp:
@@ -146,7 +169,7 @@ def main() -> None:
             "bench": f"{args.family}_step", "model": str(model) if args.model else "tiny", "device": args.device,
             "dtype": args.dtype, "steps": args.steps,
             "budget_ms_real_time": round(FAMILIES[args.family]["frame_s"] * 1000, 2),
-            "variants": [_variant(model, x, args) for x in args.ar_extras],
+            "variants": [_variant(model, x, args, i) for i, x in enumerate(args.ar_extras)],
         }  # fmt: skip
     base = result["variants"][0]["batches"]
     for v in result["variants"][1:]:

@@ -28,6 +28,7 @@ from omni_actors.config.pipeline import StageSpec, resolve
 from omni_actors.models.processors import concat_upstream, pass_chunk
 from omni_actors.workers.engine import EngineOutput, StageEngine
 from omni_actors.workers.io import WorkerIO
+from omni_actors.workers.step_profile import StepProfiler
 
 log = logs.get(__name__)
 
@@ -51,8 +52,11 @@ class WorkerLoop:
         engine: StageEngine,
         sock: WorkerIO,
         codec: PayloadCodec,
+        profiler: StepProfiler | None = None,
     ) -> None:
         self.stage = stage
+        self.profiler = profiler
+        """Opt-in torch profile of some steps (step_profile.py; OMNI_PROFILE_DIR)."""
         self.engine = engine
         self.sock = sock
         self.codec = codec
@@ -237,7 +241,11 @@ class WorkerLoop:
     def _step(self) -> None:
         self.step_started = started = time.monotonic()
         try:
-            outputs = self.engine.step()
+            if self.profiler is None:
+                outputs = self.engine.step()
+            else:
+                with self.profiler.step():
+                    outputs = self.engine.step()
         except Exception as err:
             log.error("worker.step_failed", error=repr(err), trace=traceback.format_exc())
             outputs = [EngineOutput(rid, {}, True, _describe(err)) for rid in self.requests]

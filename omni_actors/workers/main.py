@@ -23,6 +23,7 @@ from omni_actors.bus.shm import Arena, SegmentCache
 from omni_actors.bus.sockets import read_curve_keys
 from omni_actors.config.pipeline import resolve
 from omni_actors.settings import settings
+from omni_actors.workers import step_profile
 from omni_actors.workers.engine import EngineContext, StageEngine
 from omni_actors.workers.io import WorkerIO
 from omni_actors.workers.loop import WorkerLoop
@@ -150,7 +151,8 @@ def main(argv: list[str]) -> int:
         )
         sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays}, startup)])
         codec = PayloadCodec(spec.identity, arena, segments, cuda_ipc=spec.cuda_ipc)
-        WorkerLoop(spec.stage, engine, sock, codec).run()
+        profiler = step_profile.from_env(spec.stage.model_stage, spec.replica)
+        WorkerLoop(spec.stage, engine, sock, codec, profiler).run()
         return 0
     finally:
         # Once cleaning up, no signal may cut it short (e.g. the parent-death signal arriving
