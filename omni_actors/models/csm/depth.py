@@ -11,6 +11,10 @@ request's own generator (a seeded request stays reproducible alone or batched);
 greedy rows take no noise. Ids past the codec's codebook (pad and spares) are
 never drawn. With all shapes fixed, a frame is one graph replay on CUDA
 (HfAREngine's DecodeGraphs); on CPU the same passes run eagerly.
+
+engine_extras["depth_passes"]: "transformers" (the depth model's own forward per pass;
+the default on CPU), "fused" (fused_passes.PassStack: the same maths as straight-line
+code) or "compiled" (that, torch.compile'd once per batch bucket: the default on CUDA).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch
 
 # The static per-frame cache is the same object the Qwen3 code predictor uses.
 from omni_actors.models.qwen3_omni_moe.predictor import _PassCache
+from omni_actors.workers.engines.fused_passes import PassStack, passes_mode, warm_up
+from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_mode, compiled
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
@@ -36,9 +42,15 @@ class DepthRunner:
         self.slots = max(1, ctx.max_num_seqs)
         self.sizes = buckets(self.slots, 1)
         dt, dev, s, n = model.dtype, self.device, self.slots, self.groups
-        shape = (s, cfg.num_key_value_heads, n, cfg.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
-        self.values = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
+        self.mode, self.stack = passes_mode(ctx), None
+        if self.mode != "transformers":
+            proj = self.depth.model.inputs_embeds_projector
+            self.stack = PassStack.build(self.depth.model, cfg, s, n, proj, "csm.depth")
+        if self.stack is None:
+            self.mode = "transformers"
+            shape = (s, cfg.num_key_value_heads, n, cfg.head_dim)
+            self.keys = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
+            self.values = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
         self.hidden = torch.zeros(s, cfg.backbone_hidden_size, dtype=dt, device=dev)
         self.code0 = torch.zeros(s, dtype=torch.long, device=dev)
         self.uniform = torch.full((s, n - 1, self.vocab), 0.5, device=dev)
@@ -48,7 +60,18 @@ class DepthRunner:
         self.positions = torch.arange(n, device=dev)
         self.ranks = torch.arange(self.vocab, device=dev)
         self.caches: dict[int, _PassCache] = {}
-        self.graphs = DecodeGraphs(lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes))
+        self._pass, self._first = self._fused_pass, None
+        if self.stack is not None:
+            self._first = self.stack.step
+            if self.mode == "compiled":
+                self._pass = compiled(self._fused_pass, compile_mode(ctx), "csm.depth_compile_off")
+                self._first = compiled(self.stack.step, compile_mode(ctx), "csm.depth_compile_off")
+        frame = self._frame if self.stack is None else self._frame_fused
+        warmups = COMPILE_WARMUPS if self.mode == "compiled" else 0
+        self.graphs = DecodeGraphs(
+            lambda b, _: frame(b), cuda_graphs_wanted(ctx), warmups=warmups, buckets=len(self.sizes)
+        )  # fmt: skip
+        warm_up(self.graphs, self.sizes, self.mode, self.device.type)
 
     @torch.inference_mode()
     def run(
@@ -87,8 +110,7 @@ class DepthRunner:
         model, head = self.depth.model, self.depth.codebooks_head.weight
         cache = self._cache(batch)
         dtype = self.hidden.dtype
-        gumbel = -torch.log(-torch.log(self.uniform[:batch].clamp(1e-10, 1.0 - 1e-7)))
-        gumbel = gumbel * self.noise_on[:batch]
+        gumbel = self._gumbel(batch)
         code = self.code0[:batch]
         codes = [code]
         x = self.hidden[:batch, None]
@@ -107,6 +129,33 @@ class DepthRunner:
         h = model(inputs_embeds=x, attention_mask=mask, past_key_values=cache, use_cache=True).last_hidden_state
         codes.append(self._draw((h[:, -1] @ head[self.groups - 2]).float(), gumbel[:, self.groups - 2], batch))
         return torch.stack(codes, dim=1)
+
+    def _gumbel(self, batch: int) -> torch.Tensor:
+        gumbel = -torch.log(-torch.log(self.uniform[:batch].clamp(1e-10, 1.0 - 1e-7)))
+        return gumbel * self.noise_on[:batch]
+
+    def _frame_fused(self, batch: int) -> torch.Tensor:
+        """The passes of `_frame` on the PassStack: pass 0 reads the backbone state, pass p >= 1
+        the embedding of codebook p - 1 and draws codebook p."""
+        stack, gumbel = self.stack, self._gumbel(batch)
+        code = self.code0[:batch]
+        codes = [code]
+        self._first(self.hidden[:batch, None], stack.pos[0], batch)
+        x = self.depth.model.embed_tokens(code)[:, None]
+        for pos in range(1, self.groups):
+            code, x = self._pass(x, stack.pos[pos], gumbel, batch)
+            codes.append(code)
+        return torch.stack(codes, dim=1)
+
+    def _fused_pass(
+        self, x: torch.Tensor, pos: torch.Tensor, gumbel: torch.Tensor, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass p >= 1 (`pos` 0-d): (codebook p [batch], the next pass's input [batch, 1, hidden])."""
+        h = self.stack.step(x, pos, batch)
+        g = (pos - 1).view(1)
+        head = self.depth.codebooks_head.weight.index_select(0, g)[0]
+        code = self._draw((h @ head).float(), gumbel.index_select(1, g)[:, 0], batch)
+        return code, self.depth.model.embed_tokens(code + pos * self.vocab)[:, None]
 
     def _draw(self, logits: torch.Tensor, gumbel: torch.Tensor, batch: int) -> torch.Tensor:
         """Temperature, top-k, then Gumbel-max per row; codes past the codebook never win."""

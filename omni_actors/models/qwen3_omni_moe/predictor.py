@@ -9,6 +9,10 @@ logits, then Gumbel-max with noise drawn before the passes from each request's
 own generator (so a seeded request stays reproducible on its own); greedy rows
 take no noise. With all shapes fixed, the whole frame is one graph replay on
 CUDA (HfAREngine's DecodeGraphs); on CPU the same passes run eagerly.
+
+engine_extras["depth_passes"] picks how a pass runs, as for CSM's depth decoder
+(fused_passes.py): "transformers" (the default on CPU), "fused", or "compiled" (the
+default on CUDA: the straight-line pass torch.compile'd once per batch bucket).
 """
 
 from __future__ import annotations
@@ -18,6 +22,13 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from omni_actors.workers.engines.fused_passes import (
+    PassStack,
+    passes_mode,
+    stacked_weights,
+    warm_up,
+)
+from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_mode, compiled
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
@@ -67,8 +78,9 @@ class CodePredictorRunner:
 
     def __init__(
         self, talker: Any, ctx: Any, groups: int,
-        top_k: int = TOP_K, top_p: float = TOP_P, temperature: float = 1.0,
+        top_k: int = TOP_K, top_p: float = TOP_P, temperature: float = 1.0, width: int | None = None,
     ) -> None:  # fmt: skip
+        """`width`: the talker state row's size when it is not the predictor's (it projects it)."""
         self.talker, self.groups = talker, groups
         self.top_k, self.top_p, self.inv_temp = top_k, top_p, 1.0 / temperature
         self.device = torch.device(ctx.device)
@@ -79,20 +91,36 @@ class CodePredictorRunner:
         dt, dev, n, s = talker.dtype, self.device, groups, self.slots
         heads = cfg.num_key_value_heads
         dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        shape = (s, heads, n, dim)
-        self.keys = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
-        self.values = [
-            torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)
-        ]
-        self.hidden = torch.zeros(s, cfg.hidden_size, dtype=dt, device=dev)
+        self.mode, self.stack = passes_mode(ctx), None
+        if self.mode != "transformers":
+            proj = getattr(pred, "small_to_mtp_projection", None)  # Qwen3-TTS: talker width -> predictor's
+            self.stack = PassStack.build(pred.model, cfg, s, n, proj, "qwen3.predictor")
+        if self.stack is None:
+            self.mode = "transformers"
+            shape = (s, heads, n, dim)
+            self.keys = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
+            self.values = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
+        else:
+            self.head_w = stacked_weights(pred.lm_head)  # [groups - 1, vocab, hidden]
+            self.tables_w = stacked_weights(pred.get_input_embeddings())  # [groups - 1, vocab, width]
+        self.hidden = torch.zeros(s, width or cfg.hidden_size, dtype=dt, device=dev)
         self.code0 = torch.zeros(s, dtype=torch.long, device=dev)
         self.uniform = torch.full((s, n - 1, cfg.vocab_size), 0.5, device=dev)
         self.sampled = torch.zeros(s, dtype=torch.float32, device=dev)
         self.positions = torch.arange(n, device=dev)
         self.caches: dict[int, _PassCache] = {}
+        self._pass, self._first = self._fused_pass, None
+        if self.stack is not None:
+            self._first = self.stack.step
+            if self.mode == "compiled":
+                self._pass = compiled(self._fused_pass, compile_mode(ctx), "qwen3.predictor_compile_off")
+                self._first = compiled(self.stack.step, compile_mode(ctx), "qwen3.predictor_compile_off")
+        frame = self._frame if self.stack is None else self._frame_fused
+        warmups = COMPILE_WARMUPS if self.mode == "compiled" else 0
         self.graphs = DecodeGraphs(
-            lambda b, _: self._frame(b), cuda_graphs_wanted(ctx), buckets=len(self.sizes)
-        )
+            lambda b, _: frame(b), cuda_graphs_wanted(ctx), warmups=warmups, buckets=len(self.sizes)
+        )  # fmt: skip
+        warm_up(self.graphs, self.sizes, self.mode, self.device.type)
 
     @torch.inference_mode()
     def run(
@@ -129,14 +157,43 @@ class CodePredictorRunner:
             self.caches[batch] = cache
         return cache
 
+    def _gumbel(self, batch: int) -> torch.Tensor:
+        gumbel = -torch.log(-torch.log(self.uniform[:batch].clamp(1e-10, 1.0 - 1e-7)))
+        return gumbel * self.sampled[:batch, None, None]
+
+    def _frame_fused(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_frame`'s passes on the PassStack: pass 0 reads the talker state, pass 1 the first
+        code's embedding, pass p >= 1 draws group p from its own head."""
+        stack, gumbel = self.stack, self._gumbel(batch)
+        code0 = self.code0[:batch]
+        frame = self.talker.get_input_embeddings()(code0)
+        codes = [code0]
+        self._first(self.hidden[:batch, None], stack.pos[0], batch)
+        x = frame[:, None]
+        for pos in range(1, self.groups):
+            code, emb = self._pass(x, stack.pos[pos], gumbel, batch)
+            codes.append(code)
+            frame = frame + emb
+            x = emb[:, None]
+        return frame, torch.stack(codes, dim=1)
+
+    def _fused_pass(
+        self, x: torch.Tensor, pos: torch.Tensor, gumbel: torch.Tensor, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass p >= 1 (`pos` 0-d): (group p's code [batch], its embedding [batch, width])."""
+        h = self.stack.step(x, pos, batch)
+        g = (pos - 1).view(1)
+        logits = (h @ self.head_w.index_select(0, g)[0].T).float() * self.inv_temp
+        code = _draw(logits, gumbel.index_select(1, g)[:, 0], self.top_k, self.top_p)
+        return code, self.tables_w.index_select(0, g)[0][code]
+
     def _frame(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         pred = self.talker.code_predictor
         tables = pred.get_input_embeddings()
         cache = self._cache(batch)
         code0 = self.code0[:batch]
         frame = self.talker.get_input_embeddings()(code0)
-        gumbel = -torch.log(-torch.log(self.uniform[:batch].clamp(1e-10, 1.0 - 1e-7)))
-        gumbel = gumbel * self.sampled[:batch, None, None]
+        gumbel = self._gumbel(batch)
         dtype = self.hidden.dtype
         codes = [code0]
         x = self.hidden[:batch, None]

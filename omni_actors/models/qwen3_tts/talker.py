@@ -79,8 +79,8 @@ class _Runner(CodePredictorRunner):
         super().__init__(
             talker, ctx, groups, top_k=int(gen.get("subtalker_top_k", 50)),
             top_p=float(gen.get("subtalker_top_p", 1.0)), temperature=float(gen.get("subtalker_temperature", 0.9)),
+            width=width,
         )  # fmt: skip
-        self.hidden = torch.zeros(self.slots, width, dtype=talker.dtype, device=self.device)
 
 
 class Qwen3TTSTalkerAdapter(ARAdapter):

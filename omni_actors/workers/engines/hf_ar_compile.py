@@ -52,25 +52,32 @@ def compile_mode(ctx: Any) -> str:
 
 def compiled_step(step: Callable[[int, int], Any], mode: str = COMPILE_MODE) -> Callable[[int, int], Any]:
     """`step(batch, length)` compiled per bucket; on a compile error, the eager step from then on."""
+    return compiled(step, mode, "hf_ar.compile_off")
+
+
+def compiled(fn: Callable[..., Any], mode: str = COMPILE_MODE, event: str = "hf_ar.compile_off") -> Callable[..., Any]:
+    """`fn` compiled (dynamic=False: one specialisation per shape, up to RECOMPILE_LIMIT); inside a
+    CUDA-graph capture only code compiled before runs (else eager); on a compile error, `fn`
+    eagerly from then on (`event` logged once with the reason)."""
     import torch._dynamo as dynamo
 
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(dynamo.config, name):
             setattr(dynamo.config, name, max(getattr(dynamo.config, name), RECOMPILE_LIMIT))
-    fast = torch.compile(step, dynamic=False, mode=mode)
+    fast = torch.compile(fn, dynamic=False, mode=mode)
     state = {"ok": True}
 
-    def run(batch: int, length: int) -> Any:
+    def run(*args: Any) -> Any:
         if state["ok"] and torch.cuda.is_current_stream_capturing():
             with torch.compiler.set_stance("eager_on_recompile"):  # replay compiled code only
-                return fast(batch, length)
+                return fast(*args)
         if state["ok"]:
             try:
-                return fast(batch, length)
+                return fast(*args)
             except Exception as err:  # compilation is an optimisation: fall back, say why once
                 state["ok"] = False
-                log.warning("hf_ar.compile_off", batch=batch, length=length,
-                            reason=f"{type(err).__name__}: {err}"[:300])
-        return step(batch, length)
+                log.warning(event, args=[a for a in args if isinstance(a, int)],
+                            reason=f"{type(err).__name__}: {err}"[:300])  # fmt: skip
+        return fn(*args)
 
     return run

@@ -170,43 +170,12 @@ class FusedDecoder:
         self.in_w, self.in_b = (None, None) if proj is None else (proj.weight, proj.bias)
         self.hidden = parts.hidden
         self.rows = torch.arange(slots.slots, device=slots.device)
-        self.eps = float(config.rms_norm_eps)
-        self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(config.num_key_value_heads)
-        attn0 = inner.layers[0].self_attn
-        self.head_dim = int(attn0.head_dim)
-        self.scale = float(attn0.scaling)
-        self.split = [self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2]
-        self.layers: list[FusedLayer] = []
-        with torch.no_grad():
-            for layer in inner.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                qkv_w, qkv_b = _pack([attn.q_proj, attn.k_proj, attn.v_proj])
-                gate_up_w, gate_up_b = _pack([mlp.gate_proj, mlp.up_proj])
-                q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-                self.layers.append(FusedLayer(
-                    norm1=layer.input_layernorm.weight, qkv_w=qkv_w, qkv_b=qkv_b,
-                    q_norm=None if q_norm is None else q_norm.weight,
-                    k_norm=None if k_norm is None else k_norm.weight,
-                    o_w=attn.o_proj.weight, o_b=attn.o_proj.bias,
-                    norm2=layer.post_attention_layernorm.weight,
-                    gate_up_w=gate_up_w, gate_up_b=gate_up_b,
-                    down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
-                ))  # fmt: skip
-            self.norm = inner.norm.weight
-            self.head_w, self.head_b = parts.head.weight, parts.head.bias
-            self.dtype = self.norm.dtype
-            self.cos, self.sin = self._rope_table(inner.rotary_emb, max_len)
-
-    def _rope_table(self, rotary: torch.nn.Module, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[max_len, head_dim] cos and sin in the model dtype, computed as transformers' rotary
-        module computes them per step (float32 position x inv_freq, then scaled and cast)."""
-        inv_freq = rotary.inv_freq.to(torch.float32)
-        positions = torch.arange(max_len, device=inv_freq.device, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq[None]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scaling = rotary.attention_scaling
-        return (emb.cos() * scaling).to(self.dtype), (emb.sin() * scaling).to(self.dtype)
+        self.shape = HeadShape.of(inner, config)
+        self.layers = fused_layers(inner)
+        self.norm = inner.norm.weight
+        self.head_w, self.head_b = parts.head.weight, parts.head.bias
+        self.dtype = self.norm.dtype
+        self.cos, self.sin = rope_table(inner.rotary_emb, max_len, self.dtype)
 
     def forward(self, batch: int, length: int) -> ForwardOut:
         """One decode position for rows 0..batch-1 of the slot cache, attending to `length`
@@ -228,30 +197,89 @@ class FusedDecoder:
         h_in = h
         for layer, keys, values in zip(self.layers, slots.keys, slots.values, strict=True):
             h = h + self._attention(layer, h, cos, sin, where, mask, keys, values, length)
-            x = rms_norm(h, layer.norm2, self.eps)
-            gate, up = F.linear(x, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
-        h = rms_norm(h, self.norm, self.eps)  # [B, 1, hidden]
+            h = self.shape.mlp(layer, h)
+        h = rms_norm(h, self.norm, self.shape.eps)  # [B, 1, hidden]
         logits = F.linear(h[:, -1], self.head_w, self.head_b)
         return ForwardOut(logits, (h_in, h) if self.hidden else None, tokens=logits.argmax(-1))
 
     def _attention(self, layer: FusedLayer, h, cos, sin, where, mask, keys, values, length: int):
         """Attention of one layer; `keys`/`values` are the whole slot buffers (the new K/V is
         written into them in place, an index_put inductor keeps in place, as gpt-fast's cache)."""
-        rows = h.shape[0]
+        q, k, v = self.shape.qkv(layer, h, cos, sin)
+        keys[where] = k[:, :, 0]
+        values[where] = v[:, :, 0]
+        out = attend_one(q, keys[: h.shape[0], :, :length], values[: h.shape[0], :, :length], mask, self.shape.scale)
+        return F.linear(out, layer.o_w, layer.o_b)
+
+
+@dataclass
+class HeadShape:
+    """A decoder's attention geometry, and the per-layer maths of one position the fused
+    steps share (hf_ar_fused.FusedDecoder, fused_passes.PassStack)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float
+    eps: float
+
+    @classmethod
+    def of(cls, decoder: torch.nn.Module, config: Any) -> HeadShape:
+        attn = decoder.layers[0].self_attn
+        return cls(int(config.num_attention_heads), int(config.num_key_value_heads), int(attn.head_dim),
+                   float(attn.scaling), float(config.rms_norm_eps))  # fmt: skip
+
+    def qkv(self, layer: FusedLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """RMSNorm, q/k/v of one position h [rows, 1, hidden] (q/k norms, rotary applied):
+        q [rows, heads, 1, dim], k and v [rows, kv_heads, 1, dim]."""
+        rows, d = h.shape[0], self.head_dim
         x = rms_norm(h, layer.norm1, self.eps)
-        q, k, v = F.linear(x, layer.qkv_w, layer.qkv_b).split(self.split, dim=-1)
-        q = q.view(rows, 1, self.heads, self.head_dim)
-        k = k.view(rows, 1, self.kv_heads, self.head_dim)
+        split = [self.heads * d, self.kv_heads * d, self.kv_heads * d]
+        q, k, v = F.linear(x, layer.qkv_w, layer.qkv_b).split(split, dim=-1)
+        q = q.view(rows, 1, self.heads, d)
+        k = k.view(rows, 1, self.kv_heads, d)
         if layer.q_norm is not None:
             q = rms_norm(q, layer.q_norm, self.eps)
         if layer.k_norm is not None:
             k = rms_norm(k, layer.k_norm, self.eps)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, 1, d]
-        v = v.view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        keys[where] = k[:, :, 0]
-        values[where] = v[:, :, 0]
-        out = attend_one(q, keys[:rows, :, :length], values[:rows, :, :length], mask, self.scale)
-        return F.linear(out, layer.o_w, layer.o_b)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.view(rows, 1, self.kv_heads, d).transpose(1, 2)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def mlp(self, layer: FusedLayer, h: torch.Tensor) -> torch.Tensor:
+        """h + the layer's SiLU MLP of its post-attention RMSNorm."""
+        x = rms_norm(h, layer.norm2, self.eps)
+        gate, up = F.linear(x, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
+
+
+def fused_layers(decoder: torch.nn.Module) -> list[FusedLayer]:
+    """The decoder's layers as the fused steps read them; q/k/v and gate/up packed (see `_pack`)."""
+    layers = []
+    with torch.no_grad():
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_w, qkv_b = _pack([attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up_w, gate_up_b = _pack([mlp.gate_proj, mlp.up_proj])
+            q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+            layers.append(FusedLayer(
+                norm1=layer.input_layernorm.weight, qkv_w=qkv_w, qkv_b=qkv_b,
+                q_norm=None if q_norm is None else q_norm.weight,
+                k_norm=None if k_norm is None else k_norm.weight,
+                o_w=attn.o_proj.weight, o_b=attn.o_proj.bias,
+                norm2=layer.post_attention_layernorm.weight,
+                gate_up_w=gate_up_w, gate_up_b=gate_up_b,
+                down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
+            ))  # fmt: skip
+    return layers
+
+
+def rope_table(rotary: torch.nn.Module, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max_len, head_dim] cos and sin in `dtype`, computed as transformers' rotary module
+    computes them per step (float32 position x inv_freq, then scaled and cast)."""
+    inv_freq = rotary.inv_freq.to(torch.float32)
+    positions = torch.arange(max_len, device=inv_freq.device, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    scaling = rotary.attention_scaling
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)

@@ -1,0 +1,145 @@
+"""A small decoder stepped one position at a time over a fixed-length cache, as straight-line code.
+
+Depth decoders and code predictors (CSM's depth decoder, Qwen3-Omni's and Qwen3-TTS's
+code predictor) draw a frame's codebooks one after another: n single-position passes
+of a few Llama/Qwen3 layers over an n-position cache that starts empty every frame.
+Run through transformers, each pass is ~40 tiny kernels a layer (RMSNorm, rotary,
+mask building, cache bookkeeping), so at a batch of 16 a CSM frame was ~5,000 launches
+and 21 ms of GPU time, kernel-count bound.
+
+`PassStack.step(x, pos, batch)` is the same maths for one position, written as
+hf_ar_fused.py writes a decode step (packed q/k/v and gate/up weights, a rotary table,
+the K/V written at `pos` with an index_copy, one SDPA over the n positions under an
+additive mask), with `pos` a 0-d tensor: torch.compile traces it once per batch bucket
+and the compiled kernels serve every position of the frame, and the whole frame is then
+captured as one CUDA graph by the runner that owns it. Layers are the Llama layer
+(SiLU MLP, optional q/k RMSNorm as in Qwen3), rope types whose frequencies are fixed.
+Anything else raises FusedUnsupported and the runner keeps the transformers passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from omni_actors import logs
+from omni_actors.workers.engines.hf_ar_fused import (
+    STATIC_ROPE_TYPES,
+    FusedUnsupported,
+    HeadShape,
+    fused_layers,
+    rms_norm,
+    rope_table,
+)
+from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one
+
+log = logs.get(__name__)
+
+MODES = ("transformers", "fused", "compiled")
+"""engine_extras["depth_passes"]: the model's own forward per pass, PassStack eagerly, or compiled."""
+
+
+def passes_mode(ctx: Any) -> str:
+    """engine_extras["depth_passes"], checked; default "compiled" on CUDA (not with
+    enforce_eager), "transformers" on CPU (whose outputs stay exactly as they were)."""
+    extras = ctx.engine_extras
+    default = "compiled" if ctx.device == "cuda" and not extras.get("enforce_eager") else "transformers"
+    mode = extras.get("depth_passes", default)
+    if mode not in MODES:
+        raise ValueError(f"engine_extras.depth_passes: expected one of {MODES}, got {mode!r}")
+    return mode
+
+
+def check_stack(decoder: torch.nn.Module, config: Any) -> None:
+    """Raise FusedUnsupported unless `decoder` is a stack PassStack can run."""
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise FusedUnsupported(f"hidden_act {config.hidden_act!r}: the fused MLP is SiLU x up")
+    rope = getattr(getattr(decoder, "rotary_emb", None), "rope_type", None)
+    if rope not in STATIC_ROPE_TYPES:
+        raise FusedUnsupported(f"rope type {rope!r} is not one of {STATIC_ROPE_TYPES}")
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        raise FusedUnsupported(f"layer types {sorted(types)}")
+    for layer in decoder.layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        names = ("q_proj", "k_proj", "v_proj", "o_proj")
+        if attn is None or mlp is None or not all(hasattr(attn, n) for n in names):
+            raise FusedUnsupported(f"{type(layer).__name__} is not a Llama-style layer")
+        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+            raise FusedUnsupported(f"{type(mlp).__name__} is not a gated SiLU MLP")
+
+
+def warm_up(graphs: Any, sizes: list[int], mode: str, device: str) -> None:
+    """Compile (and capture) every batch bucket's frame at load, so no request waits for it:
+    `graphs` is the runner's DecodeGraphs over frame(batch); only for the compiled mode on CUDA."""
+    if mode != "compiled" or device != "cuda":
+        return
+    with torch.inference_mode():
+        for batch in sizes:
+            graphs.run(batch, 0)
+
+
+def stacked_weights(modules: Any) -> torch.Tensor:
+    """[len, *weight.shape]: the modules' (Linear or Embedding) weights in one tensor, indexable by a
+    0-d position tensor; each module's weight becomes a view into it (memory is not doubled)."""
+    weight = torch.stack([m.weight.detach() for m in modules])
+    for i, m in enumerate(modules):
+        m.weight = torch.nn.Parameter(weight[i], requires_grad=False)
+    return weight
+
+
+class PassStack:
+    """One position of `decoder` (its `layers`, `norm`, `rotary_emb`) at a time, over its own
+    [slots, kv_heads, positions, head_dim] K/V buffers (see the module docstring)."""
+
+    def __init__(
+        self, decoder: torch.nn.Module, config: Any, slots: int, positions: int,
+        in_proj: torch.nn.Linear | None = None,
+    ) -> None:  # fmt: skip
+        check_stack(decoder, config)
+        self.shape = HeadShape.of(decoder, config)
+        self.layers = fused_layers(decoder)
+        self.norm = decoder.norm.weight
+        self.dtype, dev = self.norm.dtype, self.norm.device
+        self.in_w = None if in_proj is None else in_proj.weight
+        self.in_b = None if in_proj is None else in_proj.bias
+        self.cos, self.sin = rope_table(decoder.rotary_emb, positions, self.dtype)
+        shape = (slots, self.shape.kv_heads, positions, self.shape.head_dim)
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in self.layers]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in self.layers]
+        self.index = torch.arange(positions, device=dev)
+        self.pos = [torch.tensor(p, device=dev) for p in range(positions)]
+        """0-d position tensors, made once: a captured frame reads them at fixed addresses."""
+
+    @classmethod
+    def build(
+        cls, decoder: torch.nn.Module, config: Any, slots: int, positions: int,
+        in_proj: torch.nn.Linear | None, event: str,
+    ) -> PassStack | None:  # fmt: skip
+        """A PassStack, or None (`event` logged with the reason) when the decoder cannot take one."""
+        try:
+            return cls(decoder, config, slots, positions, in_proj)
+        except FusedUnsupported as err:
+            log.warning(event, fused="off", reason=str(err))
+            return None
+
+    def step(self, x: torch.Tensor, pos: torch.Tensor, batch: int) -> torch.Tensor:
+        """x [batch, 1, in] at position `pos` (0-d long; positions above it are not attended)
+        -> the final-normed hidden state [batch, hidden]; writes the position's K/V."""
+        h = x.to(self.dtype)
+        if self.in_w is not None:
+            h = F.linear(h, self.in_w, self.in_b)
+        cos = self.cos.index_select(0, pos.view(1)).view(1, 1, 1, -1)
+        sin = self.sin.index_select(0, pos.view(1)).view(1, 1, 1, -1)
+        mask = additive_mask((self.index > pos)[None], self.dtype)  # [1, 1, 1, n]
+        at = pos.view(1)
+        for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
+            q, k, v = self.shape.qkv(layer, h, cos, sin)
+            rows_k, rows_v = keys[:batch], values[:batch]
+            rows_k.index_copy_(2, at, k)
+            rows_v.index_copy_(2, at, v)
+            out = attend_one(q, rows_k, rows_v, mask, self.shape.scale)
+            h = self.shape.mlp(layer, h + F.linear(out, layer.o_w, layer.o_b))
+        return rms_norm(h, self.norm, self.shape.eps)[:, 0]
