@@ -61,3 +61,21 @@ def test_pick_on_each_device(device):
             assert ids[row] in allowed, (row, ids[row])
     many = {tuple(_draw(logits, seen, seed=s)) for s in range(12)}
     assert len({ids[3] for ids in many}) > 1  # the seed matters: draws are not stuck
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_sharing_a_generator_draw_together_reproducibly(device):
+    """One request's codebooks (rows sharing its generator): one noise draw for all of them,
+    each row inside its own top-k, the same ids for the same seed, other ids for another."""
+    logits = torch.randn(6, 64, generator=torch.Generator().manual_seed(0)).to(device)
+    params = [{"temperature": 1.0, "top_k": 3}] * 6
+
+    def draw(seed: int) -> torch.Tensor:
+        g = torch.Generator(device=device).manual_seed(seed)
+        return pick(logits, params, [g] * 6).cpu()
+
+    first = draw(5)
+    top3 = torch.topk(logits.cpu(), 3, dim=-1).indices
+    assert all(int(first[i]) in top3[i].tolist() for i in range(6))
+    assert torch.equal(first, draw(5))
+    assert any(not torch.equal(first, draw(s)) for s in (6, 7, 8))

@@ -3,7 +3,9 @@
 Greedy rows (temperature 0) take one batched argmax; sampled rows are filtered
 (temperature, top-k, top-p) together in sorted order, then each row with a
 seed draws from its own generator (so a seeded request is reproducible on
-its own), the others draw together. The repetition penalty reads each
+its own), the others draw together. Rows that share a generator (one request's
+codebooks, as Higgs-Audio-V2 draws them) take one draw of Gumbel noise together
+instead of a multinomial call each. The repetition penalty reads each
 request's `seen` mask. `pick` returns ids on the device (no host sync, for
 adapters that feed them straight back; its small host lists go to a GPU from pinned memory,
 asynchronously); `sample_rows` syncs once, in `.tolist()`.
@@ -106,11 +108,27 @@ def _draw(
     if free:
         index = small_tensor(free, dev)
         out[index] = torch.multinomial(probs[index], 1)[:, 0]
+    shared: dict[int, list[int]] = {}
     for i, g in enumerate(generators):
         if g is not None:
-            row = probs[i] if g.device.type == dev.type else probs[i].cpu()
-            out[i] = torch.multinomial(row, 1, generator=g)[0].to(dev)
+            shared.setdefault(id(g), []).append(i)
+    for rows in shared.values():
+        g = generators[rows[0]]
+        if len(rows) == 1:
+            row = probs[rows[0]] if g.device.type == dev.type else probs[rows[0]].cpu()
+            out[rows[0]] = torch.multinomial(row, 1, generator=g)[0].to(dev)
+        else:  # one request's several rows (codebooks): one draw of noise for all of them
+            index = small_tensor(rows, dev)
+            out[index] = _gumbel_max(probs[index], g)
     return out if order is None else order.gather(1, out[:, None])[:, 0]
+
+
+def _gumbel_max(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One id per row of [rows, vocab] probabilities, distributed as multinomial draws, from one
+    call on `generator` (rows of one request: a codebook each)."""
+    u = torch.rand(probs.shape, generator=generator, device=generator.device).to(probs.device)
+    gumbel = -torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))
+    return torch.argmax(torch.log(probs) + gumbel, dim=-1)
 
 
 def _note_sampled(seqs: list[ARSeq], picked: torch.Tensor, vocab: int) -> None:
