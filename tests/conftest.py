@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -15,9 +18,14 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torch.compile's code (inductor, also vLLM's) goes to a folder of this run, removed after it,
+# not to /tmp/torchinductor_<user>; set before anything imports inductor (it reads it at import).
+_INDUCTOR = tempfile.mkdtemp(prefix="omni-test-inductor-")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR)
+atexit.register(shutil.rmtree, _INDUCTOR, True)
 
-from omni_actors.config.deploy import DeployConfig, build_deploy
-from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.config.deploy import DeployConfig, build_deploy  # noqa: E402
+from omni_actors.orchestrator.core import Orchestrator  # noqa: E402
 
 SHM = Path("/dev/shm")
 

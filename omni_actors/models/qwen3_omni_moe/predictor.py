@@ -76,6 +76,9 @@ class _PassCache(Cache):
 class CodePredictorRunner:
     """Draws a frame's remaining code groups for a batch of requests (see module docstring)."""
 
+    fused_default = True
+    """Compiled straight-line passes by default on CUDA (engine_extras depth_passes overrides)."""
+
     def __init__(
         self, talker: Any, ctx: Any, groups: int,
         top_k: int = TOP_K, top_p: float = TOP_P, temperature: float = 1.0, width: int | None = None,
@@ -91,7 +94,7 @@ class CodePredictorRunner:
         dt, dev, n, s = talker.dtype, self.device, groups, self.slots
         heads = cfg.num_key_value_heads
         dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.mode, self.stack = passes_mode(ctx), None
+        self.mode, self.stack = passes_mode(ctx, self.fused_default), None
         if self.mode != "transformers":
             proj = getattr(pred, "small_to_mtp_projection", None)  # Qwen3-TTS: talker width -> predictor's
             self.stack = PassStack.build(pred.model, cfg, s, n, proj, "qwen3.predictor")

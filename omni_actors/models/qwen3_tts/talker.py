@@ -75,6 +75,10 @@ DEFAULT_MAX_FRAMES = 4096
 class _Runner(CodePredictorRunner):
     """The Omni predictor passes; the talker state row is the talker's width (the predictor projects it)."""
 
+    fused_default = False
+    """Its compiled passes drew other codes than the transformers passes in the one CUDA check
+    (2026-12-02, float32, not diagnosed; equal on CPU): opt-in (depth_passes) until found."""
+
     def __init__(self, talker: Any, ctx: Any, groups: int, width: int, gen: dict[str, Any]) -> None:
         super().__init__(
             talker, ctx, groups, top_k=int(gen.get("subtalker_top_k", 50)),

@@ -41,11 +41,13 @@ MODES = ("transformers", "fused", "compiled")
 """engine_extras["depth_passes"]: the model's own forward per pass, PassStack eagerly, or compiled."""
 
 
-def passes_mode(ctx: Any) -> str:
+def passes_mode(ctx: Any, fused_default: bool = True) -> str:
     """engine_extras["depth_passes"], checked; default "compiled" on CUDA (not with
-    enforce_eager), "transformers" on CPU (whose outputs stay exactly as they were)."""
+    enforce_eager, nor for a runner that sets `fused_default` False), "transformers" on CPU
+    (whose outputs stay exactly as they were)."""
     extras = ctx.engine_extras
-    default = "compiled" if ctx.device == "cuda" and not extras.get("enforce_eager") else "transformers"
+    on = ctx.device == "cuda" and fused_default and not extras.get("enforce_eager")
+    default = "compiled" if on else "transformers"
     mode = extras.get("depth_passes", default)
     if mode not in MODES:
         raise ValueError(f"engine_extras.depth_passes: expected one of {MODES}, got {mode!r}")

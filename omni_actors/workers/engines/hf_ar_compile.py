@@ -67,8 +67,10 @@ def compiled(fn: Callable[..., Any], mode: str = COMPILE_MODE, event: str = "hf_
     fast = torch.compile(fn, dynamic=False, mode=mode)
     state = {"ok": True}
 
+    cuda = torch.cuda.is_available()
+
     def run(*args: Any) -> Any:
-        if state["ok"] and torch.cuda.is_current_stream_capturing():
+        if state["ok"] and cuda and torch.cuda.is_current_stream_capturing():
             with torch.compiler.set_stance("eager_on_recompile"):  # replay compiled code only
                 return fast(*args)
         if state["ok"]:
