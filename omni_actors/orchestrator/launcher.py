@@ -25,6 +25,7 @@ from omni_actors.bus import messages as m
 from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.settings import settings
 from omni_actors.workers.spec import WorkerSpec, identity_of
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -197,6 +198,11 @@ class Launcher:
         )
 
 
+COMPILE_CACHE = "compile-cache"
+"""Under the data directory: torch.compile's code for GPU stages (TORCHINDUCTOR_CACHE_DIR unless set),
+so a restart (or a reboot) loads the compiled kernels instead of compiling them again."""
+
+
 def stage_env(deploy: DeployConfig, stage_id: int, replica: int) -> dict[str, str]:
     """What a stage's worker environment sets over its host's: threads, devices, the stage's `env`."""
     dep = deploy.stage(stage_id)
@@ -208,6 +214,8 @@ def stage_env(deploy: DeployConfig, stage_id: int, replica: int) -> dict[str, st
         tp = dep.tensor_parallel_size
         mine = devices[replica * tp : (replica + 1) * tp]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # compiled steps and passes load from it on restart
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(settings().data_dir / COMPILE_CACHE)
     env.update({k: str(v) for k, v in dep.env.items()})
     return env
 

@@ -114,10 +114,9 @@ class CodePredictorRunner:
         self.caches: dict[int, _PassCache] = {}
         self._pass, self._first = self._fused_pass, None
         if self.stack is not None:
-            self._first = self.stack.step
+            self._first = self.stack.step  # pass 0 (no draw) runs eagerly: half the compiling at load
             if self.mode == "compiled":
                 self._pass = compiled(self._fused_pass, compile_mode(ctx), "qwen3.predictor_compile_off")
-                self._first = compiled(self.stack.step, compile_mode(ctx), "qwen3.predictor_compile_off")
         frame = self._frame if self.stack is None else self._frame_fused
         warmups = COMPILE_WARMUPS if self.mode == "compiled" else 0
         self.graphs = DecodeGraphs(
