@@ -32,13 +32,14 @@ def test_mode_defaults_and_checks(tmp_path):
         passes_mode(_ctx(tmp_path, "s", {"depth_passes": "fast"}))
 
 
-def _csm_codes(path: Path, mode: str, params: list[dict], device: str = "cpu") -> np.ndarray:
+def _csm_codes(path: Path, mode: str, params: list[dict], device: str = "cpu", **more) -> np.ndarray:
     from omni_actors.workers.engines.hf_ar import HfAREngine
 
-    extras = {"adapter": "omni_actors.models.csm.backbone:CsmBackboneAdapter", "depth_passes": mode}
+    extras = {"adapter": "omni_actors.models.csm.backbone:CsmBackboneAdapter", "depth_passes": mode, **more}
     engine = HfAREngine(_ctx(path, "backbone", extras, device))
     try:
         assert engine.adapter.depth.mode == mode
+        assert (engine.fused is not None) == bool(more.get("fused_decode"))
         for i, p in enumerate(params):
             engine.add(f"r{i}", {"text": TEXT, "voice": str(i % 2)}, {"max_tokens": 5, **p})
         codes: dict[str, list] = {f"r{i}": [] for i in range(len(params))}
@@ -60,6 +61,10 @@ def test_csm_fused_passes_draw_the_transformers_codes(tiny_model):
     got = _csm_codes(path, "fused", params)
     assert want.shape == (3, 5, 4)  # the tiny CSM has 4 codebooks
     np.testing.assert_array_equal(got, want)
+    # and the backbone's decode on the fused step (static slots), against the same slots unfused
+    static = _csm_codes(path, "fused", params, kv_cache="static")
+    fused = _csm_codes(path, "fused", params, kv_cache="static", fused_decode=True)
+    np.testing.assert_array_equal(fused, static)
 
 
 def _talker_codes(path: Path, pipeline: str, mode: str, device: str = "cpu") -> np.ndarray:

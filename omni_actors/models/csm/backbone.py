@@ -120,6 +120,15 @@ class CsmBackboneAdapter(ARAdapter):
         last = out.last_hidden_state[:, -1]
         return ForwardOut(self.model.lm_head(last).float(), last)
 
+    def fused_model(self) -> Any:
+        """The backbone is a Llama stack fed the adapter's frame embeddings, with `lm_head` for
+        codebook 0; the fused step also returns its final normed hidden state, which the depth
+        decoder reads (engine_extras fused_decode, with compile on CUDA)."""
+        from omni_actors.workers.engines.hf_ar_fused import FusedModel
+
+        m = self.model
+        return FusedModel(m.config, m.backbone_model, None, m.lm_head, None, "llama", hidden=True)
+
     def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
         return _codes_only(logits, self.codes)
 
@@ -127,8 +136,10 @@ class CsmBackboneAdapter(ARAdapter):
 
     def on_tokens(self, seqs, tokens, out, prefill):
         params = [{**self.depth_defaults, **_depth_params(s.params)} for s in seqs]
-        first = torch.tensor(tokens, device=out.hidden.device)
-        codes = self.depth.run(out.hidden, first, params, [s.generator for s in seqs])
+        # the fused step gives (input embeddings, normed hidden [n, 1, H]); the model's forward the last row
+        hidden = out.hidden[1][:, -1] if isinstance(out.hidden, tuple) else out.hidden
+        first = torch.tensor(tokens, device=hidden.device)
+        codes = self.depth.run(hidden, first, params, [s.generator for s in seqs])
         frames = self._frames(codes).to(self.model.dtype)
         host = codes.cpu().numpy().astype(np.int64)
         results = []
