@@ -61,8 +61,9 @@ SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
 
 
 class HiggsLMAdapter(ARAdapter):
-    batch_prefill = False
-    """A prompt carries its per-position audio mask (`extra`), so prompts prefill one by one."""
+    batch_prefill = True
+    """New prompts share one left-padded prefill; their per-position audio masks (`extra`) are
+    padded and stacked by `batch_extra`."""
 
     def load(self) -> torch.nn.Module:
         from transformers import AutoTokenizer, HiggsAudioV2ForConditionalGeneration
@@ -158,6 +159,12 @@ class HiggsLMAdapter(ARAdapter):
             codes = torch.from_numpy(np.concatenate(blocks)).to(dev)
             embeds = embeds.masked_scatter(audio[:, None], inner.embed_audio_tokens(codes).to(embeds.dtype))
         return StepInputs(embeds, extra={"audio_mask": audio[None]})
+
+    def batch_extra(self, extras: list[dict[str, Any]], pads: list[int]) -> dict[str, Any] | None:
+        """[batch, longest] audio masks, each row's left padding False (text FFN, masked out anyway)."""
+        masks = [e["audio_mask"] for e in extras]
+        rows = [torch.nn.functional.pad(m, (pad, 0), value=False) for m, pad in zip(masks, pads, strict=True)]
+        return {"audio_mask": torch.cat(rows)}
 
     def decode_embeds(self, seqs: list[ARSeq]) -> torch.Tensor:
         return torch.stack([s.data["frame"] for s in seqs])[:, None]

@@ -132,6 +132,8 @@ class HfAREngine(StageEngine):
         if not isinstance(batch, bool):
             raise ValueError(f"engine_extras.batch_prefill: expected true or false, got {batch!r}")
         self.batch_prefill = batch and self.adapter.batch_prefill
+        self._extra_batches = type(self.adapter).batch_extra is not ARAdapter.batch_extra
+        """Prompts with `extra` inputs may share a batch prefill too (the adapter merges them)."""
         self._prefill_only = False
         """The last step ran only a prefill (so this one decodes)."""
         mode = compile_mode(ctx)  # checked on every device
@@ -275,7 +277,8 @@ class HfAREngine(StageEngine):
 
     def _prefill_all(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         """Prompts of new requests: plain-embedding prompts in one left-padded forward when the
-        adapter allows it (`batch_prefill`), the others (with extra inputs) one by one."""
+        adapter allows it (`batch_prefill`), prompts with extra inputs too when the adapter merges
+        them (`batch_extra`), the others one by one."""
         outputs: list[EngineOutput] = []
         batch: list[tuple[ARSeq, StepInputs]] = []
         for seq in seqs:
@@ -286,7 +289,7 @@ class HfAREngine(StageEngine):
             except Exception as err:
                 outputs.append(self._failed(seq, err))
                 continue
-            if self.batch_prefill and not inp.extra:
+            if self.batch_prefill and (not inp.extra or self._extra_batches):
                 batch.append((seq, inp))
             else:
                 outputs.extend(self._guarded([seq], lambda s, inp=inp: self._prefill(s, [inp])))
@@ -312,9 +315,12 @@ class HfAREngine(StageEngine):
             pos[:, row, pad:] = self._axes(p.reshape(-1, n).to(self.device))
             mask[row, pad:] = 1
         cache = DynamicCache()
-        out = self.adapter.forward(
-            embeds, pos, mask, cache, inps[0].extra if len(inps) == 1 else {}
-        )
+        extra = inps[0].extra
+        if len(inps) > 1:
+            extra = {}
+            if any(inp.extra for inp in inps):
+                extra = self.adapter.batch_extra([inp.extra for inp in inps], [longest - n for n in lengths]) or {}
+        out = self.adapter.forward(embeds, pos, mask, cache, extra)
         out.pads = [longest - n for n in lengths]
         for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
             pad = longest - n

@@ -106,6 +106,11 @@ class ARAdapter(abc.ABC):
     """True when prompts without `extra` may share one left-padded prefill forward (then
     `forward` must take a 2D padding mask, and per-position prefill outputs in `on_tokens`
     must skip each row's `out.pads[row]` leading positions)."""
+    def batch_extra(self, extras: list[dict[str, Any]], pads: list[int]) -> dict[str, Any] | None:
+        """The `extra` of a left-padded batch prefill whose rows' prompts carry `extras` (row i
+        padded by pads[i] positions), or None when such prompts prefill one by one (the default)."""
+        return None
+
     embeds_last_token: bool = False
     """True when `decode_embeds` is the input embedding of each row's last token (`embed_ids`): a
     fused decode step may then embed the ids itself, and a greedy step be queued ahead
