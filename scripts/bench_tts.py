@@ -123,7 +123,8 @@ async def _open(orch: Orchestrator, rate: float, seconds: float, frames: int | N
 
 async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace,
                 extras: dict[str, Any] | None = None) -> dict[str, Any]:
-    first = {"stage_id": 0, "max_num_seqs": max(args.concurrency), "engine_extras": extras or {}}
+    seqs = args.max_num_seqs or max(args.concurrency)
+    first = {"stage_id": 0, "max_num_seqs": seqs, "engine_extras": extras or {}}
     raw: dict[str, Any] = {"pipeline": args.pipeline, "model": str(model), "async_chunk": async_chunk,
                            "stages": [first]}
     if args.device == "cuda":
@@ -154,6 +155,7 @@ async def main() -> None:
     p.add_argument("--per-client", type=int, default=2)
     p.add_argument("--frames", type=int, default=None, help="frames per request (default: the checkpoint's)")
     p.add_argument("--rate", type=float, default=0.0)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="stage 0's batch (default: the top concurrency)")
     p.add_argument("--rate-seconds", type=float, default=20.0)
     p.add_argument("--ar-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
                    help="engine_extras of the first stage, one JSON object per variant (the first one is "
