@@ -25,9 +25,7 @@ import torch
 
 # The static per-frame cache is the same object the Qwen3 code predictor uses.
 from omni_actors.models.qwen3_omni_moe.predictor import _PassCache
-from omni_actors.workers.engines.fused_passes import PassStack, passes_mode, warm_up
-from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_mode, compiled
-from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
+from omni_actors.workers.engines.fused_passes import PassStack, passes_mode, wire_frames
 from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 
@@ -60,17 +58,7 @@ class DepthRunner:
         self.positions = torch.arange(n, device=dev)
         self.ranks = torch.arange(self.vocab, device=dev)
         self.caches: dict[int, _PassCache] = {}
-        self._pass, self._first = self._fused_pass, None
-        if self.stack is not None:
-            self._first = self.stack.step  # pass 0 (no draw) runs eagerly: half the compiling at load
-            if self.mode == "compiled":
-                self._pass = compiled(self._fused_pass, compile_mode(ctx), "csm.depth_compile_off")
-        frame = self._frame if self.stack is None else self._frame_fused
-        warmups = COMPILE_WARMUPS if self.mode == "compiled" else 0
-        self.graphs = DecodeGraphs(
-            lambda b, _: frame(b), cuda_graphs_wanted(ctx), warmups=warmups, buckets=len(self.sizes)
-        )  # fmt: skip
-        warm_up(self.graphs, self.sizes, self.mode, self.device.type)
+        wire_frames(self, ctx, "csm.depth_compile_off")
 
     @torch.inference_mode()
     def run(

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_actors import logs
+from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_mode, compiled
 from omni_actors.workers.engines.hf_ar_fused import (
     STATIC_ROPE_TYPES,
     FusedUnsupported,
@@ -33,6 +34,7 @@ from omni_actors.workers.engines.hf_ar_fused import (
     rms_norm,
     rope_table,
 )
+from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one
 
 log = logs.get(__name__)
@@ -73,14 +75,24 @@ def check_stack(decoder: torch.nn.Module, config: Any) -> None:
             raise FusedUnsupported(f"{type(mlp).__name__} is not a gated SiLU MLP")
 
 
-def warm_up(graphs: Any, sizes: list[int], mode: str, device: str) -> None:
-    """Compile (and capture) every batch bucket's frame at load, so no request waits for it:
-    `graphs` is the runner's DecodeGraphs over frame(batch); only for the compiled mode on CUDA."""
-    if mode != "compiled" or device != "cuda":
-        return
-    with torch.inference_mode():
-        for batch in sizes:
-            graphs.run(batch, 0)
+def wire_frames(runner: Any, ctx: Any, event: str) -> None:
+    """Set up a depth/predictor runner's frame: `runner._pass` (its `_fused_pass`, compiled in the
+    compiled mode), `runner._first` (pass 0: the stack's step, eager, half the compiling at load)
+    and `runner.graphs` (DecodeGraphs over `_frame_fused`, or `_frame` without a stack); in the
+    compiled mode on CUDA every batch bucket is compiled and captured here, so no request waits.
+    The runner has `stack`, `mode`, `sizes`, `device`, `_frame`, `_frame_fused`, `_fused_pass`."""
+    compiling = runner.stack is not None and runner.mode == "compiled"
+    runner._first = None if runner.stack is None else runner.stack.step
+    runner._pass = compiled(runner._fused_pass, compile_mode(ctx), event) if compiling else runner._fused_pass
+    frame = runner._frame if runner.stack is None else runner._frame_fused
+    runner.graphs = DecodeGraphs(
+        lambda b, _: frame(b), cuda_graphs_wanted(ctx), warmups=COMPILE_WARMUPS if compiling else 0,
+        buckets=len(runner.sizes),
+    )  # fmt: skip
+    if compiling and runner.device.type == "cuda":
+        with torch.inference_mode():
+            for batch in runner.sizes:
+                runner.graphs.run(batch, 0)
 
 
 def stacked_weights(modules: Any) -> torch.Tensor:
