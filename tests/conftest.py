@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import getpass
 import os
 import shutil
 import socket
@@ -23,6 +24,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _INDUCTOR = tempfile.mkdtemp(prefix="omni-test-inductor-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR)
 atexit.register(shutil.rmtree, _INDUCTOR, True)
+# inductor's C++ precompiled headers (CPU compiles: vLLM's) ignore that variable and go to
+# /tmp/torchinductor_<user>: removed after the run unless it was there before.
+_HEADERS = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+if not _HEADERS.exists():
+    atexit.register(shutil.rmtree, _HEADERS, True)
 
 from omni_actors.config.deploy import DeployConfig, build_deploy  # noqa: E402
 from omni_actors.orchestrator.core import Orchestrator  # noqa: E402
