@@ -170,10 +170,13 @@ def test_a_remix_remakes_the_video_with_its_seed_and_a_new_prompt(wan, tmp_path)
                                   extra_body=FAST)  # no seed: the remix must reuse the one the engine drew
     assert wait_done(client, source.id).status == "completed"
     again = client.videos.remix(source.id, prompt="a red kite")
+    # one after the other: two jobs queued together share a batch, whose float sums may differ in
+    # the last bits from a lone run (the source ran alone)
+    assert wait_done(client, again.id).status == "completed"
     other = client.videos.remix(source.id, prompt="a green boat at night")
     assert (again.remixed_from_video_id, other.remixed_from_video_id) == (source.id, source.id)
     assert (other.size, other.seconds, other.prompt) == ("32x32", "0.25", "a green boat at night")
-    assert wait_done(client, again.id).status == "completed" and wait_done(client, other.id).status == "completed"
+    assert wait_done(client, other.id).status == "completed"
     first = _frames(client, source.id, tmp_path / "source.mp4")
     assert np.array_equal(_frames(client, again.id, tmp_path / "again.mp4"), first)  # same seed, same prompt
     remixed = _frames(client, other.id, tmp_path / "other.mp4")
