@@ -26,6 +26,7 @@ import torch
 # The static per-frame cache is the same object the Qwen3 code predictor uses.
 from omni_actors.models.qwen3_omni_moe.predictor import _PassCache
 from omni_actors.workers.engines.fused_passes import PassStack, passes_mode, wire_frames
+from omni_actors.workers.engines.hf_ar_sampling import gumbel_of
 from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 
@@ -118,8 +119,7 @@ class DepthRunner:
         return torch.stack(codes, dim=1)
 
     def _gumbel(self, batch: int) -> torch.Tensor:
-        gumbel = -torch.log(-torch.log(self.uniform[:batch].clamp(1e-10, 1.0 - 1e-7)))
-        return gumbel * self.noise_on[:batch]
+        return gumbel_of(self.uniform[:batch]) * self.noise_on[:batch]
 
     def _frame_fused(self, batch: int) -> torch.Tensor:
         """The passes of `_frame` on the PassStack: pass 0 reads the backbone state, pass p >= 1
@@ -127,7 +127,7 @@ class DepthRunner:
         stack, gumbel = self.stack, self._gumbel(batch)
         code = self.code0[:batch]
         codes = [code]
-        self._first(self.hidden[:batch, None], stack.pos[0], batch)
+        stack.step(self.hidden[:batch, None], stack.pos[0], batch)  # pass 0: eager, half the compiling at load
         x = self.depth.model.embed_tokens(code)[:, None]
         for pos in range(1, self.groups):
             code, x = self._pass(x, stack.pos[pos], gumbel, batch)

@@ -160,7 +160,7 @@ class HiggsLMAdapter(ARAdapter):
             embeds = embeds.masked_scatter(audio[:, None], inner.embed_audio_tokens(codes).to(embeds.dtype))
         return StepInputs(embeds, extra={"audio_mask": audio[None]})
 
-    def batch_extra(self, extras: list[dict[str, Any]], pads: list[int]) -> dict[str, Any] | None:
+    def batch_extra(self, extras: list[dict[str, Any]], pads: list[int]) -> dict[str, Any]:
         """[batch, longest] audio masks, each row's left padding False (text FFN, masked out anyway)."""
         masks = [e["audio_mask"] for e in extras]
         rows = [torch.nn.functional.pad(m, (pad, 0), value=False) for m, pad in zip(masks, pads, strict=True)]

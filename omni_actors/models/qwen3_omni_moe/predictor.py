@@ -28,6 +28,7 @@ from omni_actors.workers.engines.fused_passes import (
     stacked_weights,
     wire_frames,
 )
+from omni_actors.workers.engines.hf_ar_sampling import gumbel_of
 from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 TOP_K = 50
@@ -148,8 +149,7 @@ class CodePredictorRunner:
         return cache
 
     def _gumbel(self, batch: int) -> torch.Tensor:
-        gumbel = -torch.log(-torch.log(self.uniform[:batch].clamp(1e-10, 1.0 - 1e-7)))
-        return gumbel * self.sampled[:batch, None, None]
+        return gumbel_of(self.uniform[:batch]) * self.sampled[:batch, None, None]
 
     def _frame_fused(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`_frame`'s passes on the PassStack: pass 0 reads the talker state, pass 1 the first
@@ -158,7 +158,7 @@ class CodePredictorRunner:
         code0 = self.code0[:batch]
         frame = self.talker.get_input_embeddings()(code0)
         codes = [code0]
-        self._first(self.hidden[:batch, None], stack.pos[0], batch)
+        stack.step(self.hidden[:batch, None], stack.pos[0], batch)  # pass 0: eager, half the compiling at load
         x = frame[:, None]
         for pos in range(1, self.groups):
             code, emb = self._pass(x, stack.pos[pos], gumbel, batch)

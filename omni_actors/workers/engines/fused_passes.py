@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from omni_actors import logs
 from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_mode, compiled
 from omni_actors.workers.engines.hf_ar_fused import (
-    STATIC_ROPE_TYPES,
     FusedUnsupported,
     HeadShape,
+    check_mlp_and_rope,
     fused_layers,
     rms_norm,
     rope_table,
@@ -58,11 +58,7 @@ def passes_mode(ctx: Any, fused_default: bool = True) -> str:
 
 def check_stack(decoder: torch.nn.Module, config: Any) -> None:
     """Raise FusedUnsupported unless `decoder` is a stack PassStack can run."""
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise FusedUnsupported(f"hidden_act {config.hidden_act!r}: the fused MLP is SiLU x up")
-    rope = getattr(getattr(decoder, "rotary_emb", None), "rope_type", None)
-    if rope not in STATIC_ROPE_TYPES:
-        raise FusedUnsupported(f"rope type {rope!r} is not one of {STATIC_ROPE_TYPES}")
+    check_mlp_and_rope(decoder, config)
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"}:
         raise FusedUnsupported(f"layer types {sorted(types)}")
@@ -77,12 +73,10 @@ def check_stack(decoder: torch.nn.Module, config: Any) -> None:
 
 def wire_frames(runner: Any, ctx: Any, event: str) -> None:
     """Set up a depth/predictor runner's frame: `runner._pass` (its `_fused_pass`, compiled in the
-    compiled mode), `runner._first` (pass 0: the stack's step, eager, half the compiling at load)
-    and `runner.graphs` (DecodeGraphs over `_frame_fused`, or `_frame` without a stack); in the
+    compiled mode; pass 0 runs the stack's step eagerly) and `runner.graphs` (DecodeGraphs over `_frame_fused`, or `_frame` without a stack); in the
     compiled mode on CUDA every batch bucket is compiled and captured here, so no request waits.
     The runner has `stack`, `mode`, `sizes`, `device`, `_frame`, `_frame_fused`, `_fused_pass`."""
     compiling = runner.stack is not None and runner.mode == "compiled"
-    runner._first = None if runner.stack is None else runner.stack.step
     runner._pass = compiled(runner._fused_pass, compile_mode(ctx), event) if compiling else runner._fused_pass
     frame = runner._frame if runner.stack is None else runner._frame_fused
     runner.graphs = DecodeGraphs(

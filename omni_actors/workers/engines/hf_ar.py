@@ -315,13 +315,12 @@ class HfAREngine(StageEngine):
             pos[:, row, pad:] = self._axes(p.reshape(-1, n).to(self.device))
             mask[row, pad:] = 1
         cache = DynamicCache()
+        pads = [longest - n for n in lengths]
         extra = inps[0].extra
-        if len(inps) > 1:
-            extra = {}
-            if any(inp.extra for inp in inps):
-                extra = self.adapter.batch_extra([inp.extra for inp in inps], [longest - n for n in lengths]) or {}
+        if len(inps) > 1:  # rows with extras share a batch only when the adapter merges them
+            extra = self.adapter.batch_extra([inp.extra for inp in inps], pads) if any(i.extra for i in inps) else {}
         out = self.adapter.forward(embeds, pos, mask, cache, extra)
-        out.pads = [longest - n for n in lengths]
+        out.pads = pads
         for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
             pad = longest - n
             kv = [

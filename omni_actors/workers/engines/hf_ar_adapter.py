@@ -106,10 +106,12 @@ class ARAdapter(abc.ABC):
     """True when prompts without `extra` may share one left-padded prefill forward (then
     `forward` must take a 2D padding mask, and per-position prefill outputs in `on_tokens`
     must skip each row's `out.pads[row]` leading positions)."""
-    def batch_extra(self, extras: list[dict[str, Any]], pads: list[int]) -> dict[str, Any] | None:
+
+    def batch_extra(self, extras: list[dict[str, Any]], pads: list[int]) -> dict[str, Any]:
         """The `extra` of a left-padded batch prefill whose rows' prompts carry `extras` (row i
-        padded by pads[i] positions), or None when such prompts prefill one by one (the default)."""
-        return None
+        padded by pads[i] positions). Not overridden (the default), prompts with extra inputs
+        prefill one by one and this is never called."""
+        raise NotImplementedError
 
     embeds_last_token: bool = False
     """True when `decode_embeds` is the input embedding of each row's last token (`embed_ids`): a

@@ -109,18 +109,22 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def check_mlp_and_rope(decoder: torch.nn.Module, config: Any) -> None:
+    """Raise FusedUnsupported unless the layers' MLP is SiLU x up and the rotary's frequencies are fixed."""
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise FusedUnsupported(f"hidden_act {config.hidden_act!r}: the fused MLP is SiLU x up")
+    rope = getattr(getattr(decoder, "rotary_emb", None), "rope_type", None)
+    if rope not in STATIC_ROPE_TYPES:
+        raise FusedUnsupported(f"rope type {rope!r} is not one of {STATIC_ROPE_TYPES}")
+
+
 def check_fusable(parts: FusedModel, max_len: int) -> None:
     """Raise FusedUnsupported unless the model can take the fused step."""
     config = parts.config
     kind = parts.kind or getattr(config, "model_type", None)
     if kind not in FUSABLE_TYPES:
         raise FusedUnsupported(f"model_type {kind!r} is not one of {FUSABLE_TYPES}")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise FusedUnsupported(f"hidden_act {config.hidden_act!r}: the fused MLP is SiLU x up")
-    rotary = getattr(parts.decoder, "rotary_emb", None)
-    rope = getattr(rotary, "rope_type", None)
-    if rope not in STATIC_ROPE_TYPES:
-        raise FusedUnsupported(f"rope type {rope!r} is not one of {STATIC_ROPE_TYPES}")
+    check_mlp_and_rope(parts.decoder, config)
     layer_types = list(getattr(config, "layer_types", None) or [])
     windowed = kind == "mistral" or "sliding_attention" in layer_types
     window = getattr(config, "sliding_window", None) if windowed else None

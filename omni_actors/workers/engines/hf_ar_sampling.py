@@ -127,8 +127,12 @@ def _gumbel_max(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     """One id per row of [rows, vocab] probabilities, distributed as multinomial draws, from one
     call on `generator` (rows of one request: a codebook each)."""
     u = torch.rand(probs.shape, generator=generator, device=generator.device).to(probs.device)
-    gumbel = -torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))
-    return torch.argmax(torch.log(probs) + gumbel, dim=-1)
+    return torch.argmax(torch.log(probs) + gumbel_of(u), dim=-1)
+
+
+def gumbel_of(uniform: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise of uniform draws (clamped off 0 and 1): argmax(logits + it) samples softmax(logits)."""
+    return -torch.log(-torch.log(uniform.clamp(1e-10, 1.0 - 1e-7)))
 
 
 def _note_sampled(seqs: list[ARSeq], picked: torch.Tensor, vocab: int) -> None:
