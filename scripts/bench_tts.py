@@ -26,6 +26,14 @@ requests/s for `--rate-seconds`.
                                                                    first set runs async on and off, each
                                                                    other one async on ("variants"), all
                                                                    in the same run
+    .venv/bin/python scripts/bench_tts.py --model DIR --device cuda \
+        --codec-extras '{}' '{"first_chunk_size": 3, "chunk_size": 10}'
+                                                                   the codec stage's engine_extras, the
+                                                                   same way (variants beyond the first
+                                                                   keep the first --ar-extras)
+
+Each level also reports per stage the engine steps, seconds in steps, mean step and busy
+fraction ("stages", from the workers' heartbeats): which stage first audio waited on.
 
 Prints one JSON line.
 """
@@ -53,6 +61,7 @@ import numpy as np
 from omni_actors.config.deploy import build_deploy
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec
+from scripts.bench_omni_pipeline import stage_deltas, stage_work
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
 
@@ -100,14 +109,18 @@ async def _closed(orch: Orchestrator, conc: int, per_client: int, frames: int | 
         for k in range(per_client):
             rows.append(await _one(orch, 1000 * i + k, frames))
 
+    before = await stage_work(orch)
     t0 = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(conc)))
-    return {"concurrency": conc, **_summary(rows, time.perf_counter() - t0)}
+    wall = time.perf_counter() - t0
+    stages = stage_deltas(before, await stage_work(orch), wall)
+    return {"concurrency": conc, **_summary(rows, wall), "stages": stages}
 
 
 async def _open(orch: Orchestrator, rate: float, seconds: float, frames: int | None) -> dict[str, Any]:
     rng = random.Random(0)
     tasks = []
+    before = await stage_work(orch)
     t0 = time.perf_counter()
     n = 0
     while time.perf_counter() - t0 < seconds:
@@ -117,19 +130,22 @@ async def _open(orch: Orchestrator, rate: float, seconds: float, frames: int | N
     done = await asyncio.gather(*tasks, return_exceptions=True)
     rows = [r for r in done if isinstance(r, dict)]
     failed = sorted({type(r).__name__ for r in done if not isinstance(r, dict)})
+    wall = time.perf_counter() - t0
+    stages = stage_deltas(before, await stage_work(orch), wall)
     return {"rate_per_s": rate, "failed": len(done) - len(rows), "failures": failed,
-            **_summary(rows, time.perf_counter() - t0)}
+            **_summary(rows, wall), "stages": stages}
 
 
 async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace,
-                extras: dict[str, Any] | None = None) -> dict[str, Any]:
+                extras: dict[str, Any] | None = None, codec: dict[str, Any] | None = None) -> dict[str, Any]:
     seqs = args.max_num_seqs or max(args.concurrency)
     first = {"stage_id": 0, "max_num_seqs": seqs, "engine_extras": extras or {}}
     raw: dict[str, Any] = {"pipeline": args.pipeline, "model": str(model), "async_chunk": async_chunk,
                            "stages": [first]}
+    second: dict[str, Any] = {"stage_id": 1, "engine_extras": codec or {}}
     if args.device == "cuda":
-        raw["stages"][0]["devices"] = "0"
-        raw["stages"].append({"stage_id": 1, "devices": "0"})
+        raw["stages"][0]["devices"] = second["devices"] = "0"
+    raw["stages"].append(second)
     orch = Orchestrator(build_deploy(raw, source="bench_tts"))
     t0 = time.perf_counter()
     await orch.start()
@@ -160,6 +176,9 @@ async def main() -> None:
     p.add_argument("--ar-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
                    help="engine_extras of the first stage, one JSON object per variant (the first one is "
                         "also run with async chunk off)")
+    p.add_argument("--codec-extras", type=json.loads, nargs="+", default=[{}], metavar="JSON",
+                   help="engine_extras of the codec stage, one JSON object per variant (the first one goes "
+                        "with every --ar-extras variant)")
     p.add_argument("--no-whole", action="store_true", help="skip the async-chunk-off run (device time)")
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -176,12 +195,17 @@ async def main() -> None:
         result: dict[str, Any] = {"bench": "tts", "pipeline": args.pipeline, "model": str(model) if args.model else "tiny",
                                   "device": args.device, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
         main_extras, *others = args.ar_extras
-        result["engine_extras"] = main_extras
-        result["async"] = await _mode(model, True, args, main_extras)
+        codec, *codec_others = args.codec_extras
+        result["engine_extras"], result["codec_extras"] = main_extras, codec
+        result["async"] = await _mode(model, True, args, main_extras, codec)
         if not args.no_whole:
-            result["whole"] = await _mode(model, False, args, main_extras)
-        if others:
-            result["variants"] = [{"engine_extras": x, "async": await _mode(model, True, args, x)} for x in others]
+            result["whole"] = await _mode(model, False, args, main_extras, codec)
+        variants = [(x, codec) for x in others] + [(main_extras, c) for c in codec_others]
+        if variants:
+            result["variants"] = [
+                {"engine_extras": x, "codec_extras": c, "async": await _mode(model, True, args, x, c)}
+                for x, c in variants
+            ]
     if "whole" in result:
         result["async_first_audio_gain"] = [
             round(w["first_audio_p50_s"] / a["first_audio_p50_s"], 2) if a["first_audio_p50_s"] else None
