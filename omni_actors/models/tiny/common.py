@@ -36,3 +36,11 @@ def peak(model: Any, std: float, skip: str | None = None) -> None:
         for name, p in model.named_parameters():
             if p.dim() > 1 and (skip is None or skip not in name):
                 p.normal_(0.0, std)
+
+
+def build_device(sized: bool) -> Any:
+    """Where to initialise a checkpoint's random weights: a real-size one on the GPU when there is one
+    (seconds, not the minutes billions of CPU draws take); tiny ones on the CPU (reproducible anywhere)."""
+    import torch
+
+    return torch.device("cuda" if sized and torch.cuda.is_available() else "cpu")

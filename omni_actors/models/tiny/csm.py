@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omni_actors.models.tiny.common import byte_bpe
+from omni_actors.models.tiny.common import build_device, byte_bpe
 
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|AUDIO|>", "<|audio_eos|>"]
 CHAT_TEMPLATE = (
@@ -131,7 +131,8 @@ def _write(out_dir: str | Path, seed: int, sizes: dict[str, Any], max_frames: in
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = CsmForConditionalGeneration(config)
+        with build_device(sizes is CSM_1B):
+            model = CsmForConditionalGeneration(config)
         with torch.no_grad():
             for name, buf in model.named_buffers():  # Mimi's codebooks start all zero
                 if name.endswith("codebook.embed_sum"):

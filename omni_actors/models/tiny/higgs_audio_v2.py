@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omni_actors.models.tiny.common import byte_bpe
+from omni_actors.models.tiny.common import build_device, byte_bpe
 
 SPECIALS = [
     "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
@@ -153,7 +153,8 @@ def _write(out_dir: str | Path, seed: int, sizes: dict, max_steps: int, sized: b
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if sized:  # built in bfloat16 (half the memory), at the config's own initialisation
-            model = HiggsAudioV2ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+            with build_device(sized):
+                model = HiggsAudioV2ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
         else:
             model = HiggsAudioV2ForConditionalGeneration(config)
         with torch.no_grad():
