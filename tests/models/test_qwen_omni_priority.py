@@ -44,9 +44,13 @@ def _ctx(spec, path: Path, extras: dict) -> EngineContext:
 class Rounds:
     """The pipeline's three engines stepped in rounds; requests arrive at given rounds."""
 
-    def __init__(self, path: Path, **extras) -> None:
+    def __init__(self, path: Path, vocoder: dict | None = None, **extras) -> None:
+        """`extras` go to every stage, `vocoder` to code2wav's (its chunk policy) as well."""
         pipe = get_pipeline("qwen3_omni_moe")
-        self.engines = [resolve(s.engine)(_ctx(s, path, extras)) for s in pipe.stages]
+        self.engines = [
+            resolve(s.engine)(_ctx(s, path, {**extras, **((vocoder or {}) if s.stage_id == 2 else {})}))
+            for s in pipe.stages
+        ]
         self.chunk = [
             resolve(s.chunk_processor) if s.chunk_processor else None for s in pipe.stages
         ]
@@ -121,13 +125,29 @@ def test_ten_requests_at_once_have_first_audio_in_the_round_one_alone_has(q3_dir
         assert np.array_equal(c, codes_1[rid])
 
 
-def test_a_request_arriving_while_nine_stream_has_first_audio_as_fast_as_alone(q3_dir):
-    alone_first, alone_codes = Rounds(q3_dir).run({"late": (0, PROMPTS[9])})
+FIXED_WINDOWS = {"first_chunk_size": 5, "chunk_size": 25, "max_chunk_size": 100}
+"""A code2wav policy whose windows are few and far apart (the default doubles from one code)."""
+
+
+@pytest.mark.parametrize("vocoder", [{}, FIXED_WINDOWS])
+def test_a_request_arriving_while_nine_stream_has_first_audio_as_fast_as_alone(q3_dir, vocoder):
+    alone_first, alone_codes = Rounds(q3_dir, vocoder).run({"late": (0, PROMPTS[9])})
     arrivals = {f"r{i}": (0, PROMPTS[i]) for i in range(9)}
-    # The nine are past their first audio; the late one's first window is ready in the round
-    # their last windows are: it goes first, in a step of its own.
+    arrivals["late"] = (alone_first["late"] + 6, PROMPTS[9])  # the nine are past their first audio
+    rounds = Rounds(q3_dir, vocoder)
+    first, codes = rounds.run(arrivals)
+    assert first["late"] == alone_first["late"]
+    assert np.array_equal(codes["late"], alone_codes["late"])
+    assert rounds.prefills == [9, 1]
+
+
+def test_a_first_window_due_with_the_others_bulk_goes_alone_and_first(q3_dir):
+    alone_first, alone_codes = Rounds(q3_dir, FIXED_WINDOWS).run({"late": (0, PROMPTS[9])})
+    arrivals = {f"r{i}": (0, PROMPTS[i]) for i in range(9)}
+    # The late one's first window is ready in the round the nine's last windows are (the fixed
+    # policy's windows are far apart, so the rounds are known): it goes first, in a step of its own.
     arrivals["late"] = (alone_first["late"] + 6, PROMPTS[9])
-    rounds = Rounds(q3_dir)
+    rounds = Rounds(q3_dir, FIXED_WINDOWS)
     first, codes = rounds.run(arrivals)
     assert first["late"] == alone_first["late"]
     steps = rounds.vocoder_steps

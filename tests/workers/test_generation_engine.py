@@ -367,6 +367,31 @@ def test_qwen3_code2wav_concurrent_equals_alone(qwen3_dir):
         np.testing.assert_allclose(_audio(together[rid]), _audio(alone[rid]), atol=1e-4)
 
 
+QWEN3_TTS = "omni_actors.models.qwen3_tts.codec:Qwen3TTSCodecAdapter"
+
+
+@pytest.mark.parametrize("policy", [{}, {"first_chunk_size": 5, "chunk_size": 25}])
+def test_qwen3_tts_codec_streamed_equals_whole_without_silence_between_windows(tmp_path, policy):
+    """A streamed window's short tail (the transposed convolutions trim it) is decoded again by the
+    next window, never sent as padding; only the last window is padded to whole frames."""
+    from omni_actors.models.tiny import make_tiny
+    from omni_actors.models.tiny.qwen3_tts import CODEBOOK
+
+    engine = GenerationEngine(_ctx(QWEN3_TTS, make_tiny("qwen3_tts", tmp_path / "q3tts"), left_context=30, **policy))
+    adapter = engine.adapter
+    codes = np.random.default_rng(3).integers(0, CODEBOOK, (40, adapter.groups))
+    with torch.inference_mode():
+        whole = adapter.decode([torch.as_tensor(codes)], [0], [None])[0].numpy()
+    assert whole.shape[0] < 40 * adapter.samples_per_code  # the decoder trims its tail
+    got: dict[str, list] = {}
+    _stream(engine, "s", codes, [1, 1, 3, 7, 12, 16], got)
+    chunked = _audio(got["s"])
+    assert len(got["s"]) >= 2
+    assert chunked.shape[0] == 40 * adapter.samples_per_code  # whole frames: the end padded
+    np.testing.assert_allclose(chunked[: whole.shape[0]], whole, atol=1e-4)
+    assert not chunked[whole.shape[0] :].any()
+
+
 class ContextToyAdapter(ToyAdapter):
     """ToyAdapter whose first payload may carry context codes (a clip the model continued)."""
 

@@ -22,8 +22,13 @@ from omni_actors.workers.engines.generation import GenerationAdapter
 
 class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
     sample_rate = 24000
-    chunk_size = 25
-    first_chunk_size = 5
+    chunk_size = 2
+    first_chunk_size = 1
+    """First audio after one talker frame (80 ms of audio); later windows double from chunk_size
+    (2, 4, 8, ... 100 new codes), each in before the audio sent so far runs out while a talker
+    frame takes under 40 ms. Was 5 then 25, 50, 100: four talker frames later first audio, and
+    at 25 ms a frame the second window came after the first 400 ms had played."""
+    max_chunk_size = 100
     left_context = 25
     right_context = 0
 

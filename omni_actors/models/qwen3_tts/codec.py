@@ -28,9 +28,10 @@ from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 class Qwen3TTSCodecAdapter(GenerationAdapter):
     sample_rate = 24000
-    chunk_size = 25
-    first_chunk_size = 5
-    """5 frames = 400 ms of audio in the first window."""
+    chunk_size = 2
+    first_chunk_size = 1
+    """Windows of 1, 2, 4, ... 100 new frames, as Qwen3-Omni's code2wav (same 12.5 Hz codec)."""
+    max_chunk_size = 100
     left_context = 25
     right_context = 0
 
@@ -59,8 +60,10 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
         return list(self.model(codes).reshape(len(windows), -1))
 
     def decode_part(self, windows, starts, data, keep):
+        """Only a final window (kept to its end) is padded: a streamed one's short tail is decoded
+        again by the next window, so padding it would send silence in the middle of the audio."""
         out = []
-        for window, wav in zip(windows, self.decode(windows, starts, data), strict=True):
-            full = window.shape[0] * self.samples_per_code
+        for window, wav, (_, hi) in zip(windows, self.decode(windows, starts, data), keep, strict=True):
+            full = window.shape[0] * self.samples_per_code if hi is None else 0
             out.append((torch.nn.functional.pad(wav, (0, max(0, full - wav.shape[-1]))), 0))
         return out
