@@ -101,6 +101,10 @@ def parse_args() -> argparse.Namespace:
         "--talker-extras", type=json.loads, default={},
         help='engine_extras for the talker only, over --ar-extras, e.g. \'{"fused_decode": true}\'',
     )  # fmt: skip
+    ap.add_argument(
+        "--code2wav-extras", type=json.loads, default={},
+        help='engine_extras for the last (codec) stage, e.g. \'{"first_chunk_size": 5, "chunk_size": 25}\'',
+    )  # fmt: skip
     return ap.parse_args()
 
 
@@ -108,6 +112,8 @@ def stage_extras(args: argparse.Namespace, stage: int, priority: bool, direct: b
     extras: dict[str, Any] = dict(args.ar_extras) if stage < 2 else {}
     if stage == 1:
         extras.update(args.talker_extras)
+    if stage == 2:
+        extras.update(args.code2wav_extras)
     extras["first_chunk_priority"] = priority
     extras["direct_load"] = direct
     if stage == 1 and not priority:
@@ -342,6 +348,7 @@ async def main() -> None:
         "codes": args.codes,
         "ar_extras": args.ar_extras,
         "talker_extras": args.talker_extras,
+        "code2wav_extras": args.code2wav_extras,
         "priority": args.priority,
         "stagger_ms": args.stagger_ms,
         "direct_load": args.direct_load,
