@@ -149,3 +149,22 @@ def test_repetition_aware_sampling_when_the_config_sets_it(engine) -> None:
     finally:
         engine.adapter.ras = None
     assert np.array_equal(first, again) and not np.array_equal(first, plain)
+
+
+def test_a_tokenizer_with_other_codebooks_than_the_lm_is_named_at_load(engine, tmp_path) -> None:
+    """The codec stage refuses a folder whose LM and audio tokenizer disagree on codebooks a frame,
+    at load, instead of failing every request."""
+    import json
+    import shutil
+
+    from omni_actors.workers.engines.generation import GenerationEngine
+
+    folder = tmp_path / "higgs"
+    shutil.copytree(engine.ctx.model_path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_codebooks"] = 5
+    (folder / "config.json").write_text(json.dumps(config))
+    extras = {"adapter": "omni_actors.models.higgs_audio_v2.codec:HiggsCodecAdapter"}
+    ctx = EngineContext(1, 0, "codec", folder, "cpu", 4, "auto", 0.9, 1, engine_extras=extras)
+    with pytest.raises(ValueError, match="makes 5 codebooks a frame but its audio tokenizer decodes 8"):
+        GenerationEngine(ctx)

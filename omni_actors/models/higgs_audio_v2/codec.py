@@ -15,6 +15,7 @@ Inputs: {"codes": int [n, 8]} (undelayed frames from the LM stage).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -39,6 +40,13 @@ class HiggsCodecAdapter(GenerationAdapter):
         self.model = load_tokenizer(path, self.ctx.device)
         cfg = self.model.config
         self.groups = int(cfg.num_quantizers)
+        lm = json.loads((path / "config.json").read_text()).get("num_codebooks")
+        if lm is not None and int(lm) != self.groups:
+            raise ValueError(
+                f"{path}: the LM makes {lm} codebooks a frame but its audio tokenizer decodes "
+                f"{self.groups} (target_bandwidths {list(cfg.target_bandwidths)} at {cfg.frame_rate} "
+                "frames a second): they must match"
+            )
         self.sample_rate = int(cfg.sample_rate)
         self.samples_per_code = int(cfg.hop_length)
 

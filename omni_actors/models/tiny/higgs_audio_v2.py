@@ -80,15 +80,21 @@ def _audio_tokenizer(seed: int, real_sizes: bool = False):
 
     from omni_actors.models.higgs_audio_v2.codec_loading import tokenizer_class
 
-    if real_sizes:
+    ratios = [8, 5, 4, 2, 3]  # 960 samples a frame: 25 frames a second at 24 kHz
+    if real_sizes:  # the real tokenizer's widths are the config's defaults; its rate and codebooks are not
+        config = HiggsAudioV2TokenizerConfig(
+            target_bandwidths=[0.5, 1, 1.5, 2],  # 2 kbps at 25 Hz of 10-bit codes: 8 codebooks
+            acoustic_model_config={"downsampling_ratios": ratios, "upsampling_ratios": ratios},
+        )
+        assert config.num_quantizers == NUM_CODEBOOKS and config.frame_rate == 25
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 1)
-            return tokenizer_class()(HiggsAudioV2TokenizerConfig()).eval()
+            return tokenizer_class()(config).eval()
     config = HiggsAudioV2TokenizerConfig(
         target_bandwidths=[0.5, 1, 1.5, 2], codebook_size=CODES, codebook_dim=8,
         acoustic_model_config={
-            "encoder_hidden_size": 4, "downsampling_ratios": [8, 5, 4, 2, 3], "decoder_hidden_size": 64,
-            "upsampling_ratios": [8, 5, 4, 2, 3], "hidden_size": 16, "codebook_dim": 4,
+            "encoder_hidden_size": 4, "downsampling_ratios": ratios, "decoder_hidden_size": 64,
+            "upsampling_ratios": ratios, "hidden_size": 16, "codebook_dim": 4,
         },
         semantic_model_config={
             "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
