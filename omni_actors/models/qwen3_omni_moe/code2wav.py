@@ -4,7 +4,7 @@ The decoder is causal (sliding-window transformer, causal convolutions), so
 left context alone makes chunked decoding match a whole-utterance decode; its
 output for n codes is a fixed number of samples short of n * 1920 (the
 transposed convolutions trim their tail), which the engine's sample counting
-absorbs. Decoding runs in float32.
+absorbs. Decoding runs in float32, on CUDA as graph replays of padded windows (codec_graphs.py).
 
 Inputs: {"codes": int [n, num_quantizers]} (talker frames).
 """
@@ -39,6 +39,9 @@ class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
         self.model, config = load_codec(self.ctx, Qwen3OmniMoeCode2Wav, "code2wav_config", "code2wav")
         self.groups = config.num_quantizers
         self.samples_per_code = int(self.model.total_upsample)
+        self.graphs = self.causal_graphs(
+            lambda c: self.model(c).reshape(c.shape[0], -1), self.groups
+        )
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         return self.frames_of(inputs, "codes", self.groups)
@@ -47,4 +50,4 @@ class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
         codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
-        return list(self.model(codes).reshape(len(windows), -1))
+        return list(self.graphs.run(codes))

@@ -43,6 +43,9 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
         self.groups = self.model.groups
         self.sample_rate = int(config.get("output_sample_rate", 24000))
         self.samples_per_code = self.model.total_upsample
+        self.graphs = self.causal_graphs(
+            lambda c: self.model(c).reshape(c.shape[0], -1), self.groups
+        )
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         if "codes" not in inputs:
@@ -57,13 +60,14 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
         codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
-        return list(self.model(codes).reshape(len(windows), -1))
+        return list(self.graphs.run(codes))
 
     def decode_part(self, windows, starts, data, keep):
         """Only a final window (kept to its end) is padded: a streamed one's short tail is decoded
         again by the next window, so padding it would send silence in the middle of the audio."""
         out = []
-        for window, wav, (_, hi) in zip(windows, self.decode(windows, starts, data), keep, strict=True):
+        wavs = self.decode(windows, starts, data)
+        for window, wav, (_, hi) in zip(windows, wavs, keep, strict=True):
             full = window.shape[0] * self.samples_per_code if hi is None else 0
             out.append((torch.nn.functional.pad(wav, (0, max(0, full - wav.shape[-1]))), 0))
         return out

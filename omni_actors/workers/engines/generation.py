@@ -69,6 +69,7 @@ from __future__ import annotations
 import abc
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +81,10 @@ from omni_actors.workers.engine import (
     EngineOutput,
     StageEngine,
     first_chunk_priority,
+    timed,
 )
+from omni_actors.workers.engines.codec_graphs import CodecGraphs
+from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 from omni_actors.workers.engines.torch_setup import one_cpu_thread
 
 FINAL_WINDOW_SLACK = 1.5
@@ -159,6 +163,23 @@ class GenerationAdapter(abc.ABC):
     def batch_key(self, data: Any) -> Any:
         """Requests whose keys differ are never decoded in one batch."""
         return None
+
+    def causal_graphs(
+        self, decode: Callable[[torch.Tensor], torch.Tensor], groups: int
+    ) -> CodecGraphs:
+        """`decode` ([batch, groups, length] codes on the device -> [batch, samples]) of a causal
+        decoder, run from CUDA graphs of padded buckets (codec_graphs.py) under engine_extras
+        cuda_graphs (default on CUDA); a first window's buckets are captured now. Call in `load`,
+        after samples_per_code is known."""
+        graphs = CodecGraphs(
+            decode, groups, self.samples_per_code, self.ctx.device, self.ctx.max_num_seqs,
+            cuda_graphs_wanted(self.ctx),
+        )  # fmt: skip
+        if graphs.enabled:
+            policy = ChunkPolicy.of(self, self.ctx.engine_extras)
+            with timed(self.ctx, "cuda_graphs"):
+                graphs.warm(policy.first_chunk_size + policy.right_context)
+        return graphs
 
     def window_lengths(self) -> tuple[int, ...]:
         """Window lengths (codes, ascending) this adapter decodes cheapest, say as captured CUDA

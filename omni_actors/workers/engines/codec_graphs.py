@@ -1,0 +1,79 @@
+"""CUDA graphs for a causal codec decoder's windows: shapes padded up to buckets, each captured once.
+
+A streamed codec decode (Mimi for CSM, Qwen3-Omni's code2wav, Qwen3-TTS's codec) is a few
+hundred small kernels whatever the window: eager, its host dispatch alone (about 2,500 aten
+calls a Mimi decode at CSM-1B's sizes) takes tens of milliseconds, and a request's first
+audio waits on it. Here a decode of codes [batch, groups, length] is padded up to a
+(batch, length) bucket, zero-code rows below and frames to the right, and replayed from the
+graph captured the first time that bucket was used (hf_ar_graphs.DecodeGraphs; a failed
+capture turns graphs off and decoding goes on eagerly).
+
+Right padding is only sound for a causal decoder: no sample depends on a later frame, so the
+padded decode's first samples are the unpadded decode's, and its output is cut to the length
+the unpadded one has (the bucket's samples less the padding's). Buckets past `max_codes`
+(batch x length) run eagerly: their activations would hold the graph pool's memory for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
+from omni_actors.workers.engines.hf_ar_slots import buckets
+
+LENGTHS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
+"""Window lengths (frames) decodes are padded up to; a longer window runs eagerly."""
+MAX_CODES = 1024
+"""Largest batch x length bucket captured (Mimi at CSM-1B's sizes: ~0.5 GB of activations)."""
+
+
+class CodecGraphs:
+    """`run(codes)` = `decode(codes)` ([batch, groups, length] -> [batch, samples]), from graphs."""
+
+    def __init__(
+        self, decode: Callable[[torch.Tensor], torch.Tensor], groups: int, samples_per_code: int,
+        device: torch.device | str, max_batch: int, enabled: bool, max_codes: int = MAX_CODES,
+    ) -> None:  # fmt: skip
+        self.decode, self.groups, self.spc = decode, groups, samples_per_code
+        self.device = torch.device(device)
+        self.batches = buckets(max(1, max_batch), 1)
+        self.max_codes = max_codes
+        self.inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.graphs = DecodeGraphs(self._replayable, enabled, eager_first=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.graphs.enabled
+
+    def bucket(self, batch: int, length: int) -> tuple[int, int] | None:
+        """The (batch, length) a decode is padded to; None: it runs as it is."""
+        b = next((s for s in self.batches if s >= batch), None)
+        n = next((s for s in LENGTHS if s >= length), None)
+        if b is None or n is None or b * n > self.max_codes:
+            return None
+        return b, n
+
+    def _replayable(self, batch: int, length: int) -> torch.Tensor:
+        return self.decode(self.inputs[(batch, length)])
+
+    @torch.inference_mode()
+    def warm(self, length: int) -> None:
+        """Capture every batch bucket at `length` now (a first window's: no request waits for it)."""
+        for batch in self.batches:
+            if self.enabled:
+                self.run(torch.zeros(batch, self.groups, length, dtype=torch.long, device=self.device))  # fmt: skip
+
+    def run(self, codes: torch.Tensor) -> torch.Tensor:
+        batch, _, length = codes.shape
+        shape = self.bucket(batch, length) if self.enabled else None
+        if shape is None:
+            return self.decode(codes)
+        buf = self.inputs.get(shape)
+        if buf is None:  # padding codes: anything (no kept sample of a causal decoder sees them)
+            buf = torch.zeros(shape[0], self.groups, shape[1], dtype=torch.long, device=self.device)
+            self.inputs[shape] = buf
+        buf[:batch, :, :length].copy_(codes)
+        out = self.graphs.run(*shape)
+        return out[:batch, : out.shape[-1] - (shape[1] - length) * self.spc]
