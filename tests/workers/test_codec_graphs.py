@@ -24,7 +24,10 @@ from omni_actors.workers.engines.generation import GenerationEngine  # noqa: E40
 
 ADAPTERS = {
     "csm": ("omni_actors.models.csm.codec:MimiCodecAdapter", 64),
-    "qwen3_omni_moe": ("omni_actors.models.qwen3_omni_moe.code2wav:Qwen3OmniMoeCode2WavAdapter", 2048),
+    "qwen3_omni_moe": (
+        "omni_actors.models.qwen3_omni_moe.code2wav:Qwen3OmniMoeCode2WavAdapter",
+        2048,
+    ),
     "qwen3_tts": ("omni_actors.models.qwen3_tts.codec:Qwen3TTSCodecAdapter", 64),
 }
 
@@ -40,11 +43,15 @@ def _adapter(family: str, tmp: Path, device: str, **extras):
 
 
 def _codes(family: str, groups: int, batch: int, length: int, seed: int) -> torch.Tensor:
-    return torch.as_tensor(np.random.default_rng(seed).integers(0, ADAPTERS[family][1], (batch, groups, length)))
+    return torch.as_tensor(
+        np.random.default_rng(seed).integers(0, ADAPTERS[family][1], (batch, groups, length))
+    )
 
 
 @pytest.mark.parametrize("family", sorted(ADAPTERS))
-def test_right_and_row_padding_leave_a_causal_decoders_samples_as_they_were(family, tmp_path) -> None:
+def test_right_and_row_padding_leave_a_causal_decoders_samples_as_they_were(
+    family, tmp_path
+) -> None:
     adapter = _adapter(family, tmp_path, "cpu")
     assert not adapter.graphs.enabled  # graphs are for CUDA; on the CPU a decode runs as it is
     for batch, length in [(1, 1), (2, 3), (3, 7)]:
@@ -66,7 +73,9 @@ def test_graphed_decodes_equal_eager_ones_on_cuda(family, tmp_path) -> None:
     graphed = _adapter(family, tmp_path / "g", "cuda")
     eager = _adapter(family, tmp_path / "e", "cuda", cuda_graphs=False)
     assert graphed.graphs.enabled and not eager.graphs.enabled
-    assert len(graphed.graphs.graphs.graphs) == len(graphed.graphs.batches)  # first windows captured at load
+    assert len(graphed.graphs.graphs.graphs) == len(
+        graphed.graphs.batches
+    )  # first windows captured at load
     shapes = [(1, 1), (3, 1), (2, 5), (8, 30), (1, LENGTHS[-1]), (1, LENGTHS[-1] + 1)]
     for i, (batch, length) in enumerate(shapes * 2):  # twice: captures, then replays
         codes = _codes(family, graphed.groups, batch, length, seed=i).cuda()
