@@ -27,6 +27,7 @@ import torch
 
 from omni_actors.config.speech import text_and_voice
 from omni_actors.models.csm import VOICES
+from omni_actors.models.csm.codec import conv_shapes_on_host
 from omni_actors.models.csm.depth import DepthRunner
 from omni_actors.workers.engine import merge_params
 from omni_actors.workers.engines.hf_ar_adapter import (
@@ -58,6 +59,7 @@ class CsmBackboneAdapter(ARAdapter):
             raise ValueError(f"{path}: cannot load the CSM checkpoint ({err})") from err
         self.model = model.to(self.ctx.device).eval()
         self.codec = self.model.codec_model.float()  # encodes reference clips
+        conv_shapes_on_host(self.codec)
         cfg = self.model.config
         self.groups = cfg.num_codebooks
         self.eos_code = cfg.codebook_eos_token_id

@@ -36,6 +36,7 @@ class MimiCodecAdapter(GenerationAdapter):
         from transformers import MimiModel
 
         self.model, config = load_codec(self.ctx, MimiModel, "codec_config", "codec_model")
+        conv_shapes_on_host(self.model)
         self.groups = config.num_quantizers
         self.sample_rate = int(config.sampling_rate)
         self.samples_per_code = round(config.sampling_rate / config.frame_rate)
@@ -51,3 +52,18 @@ class MimiCodecAdapter(GenerationAdapter):
     ) -> list[torch.Tensor]:
         codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
         return list(self.graphs.run(codes))
+
+
+CONV_SHAPE_BUFFERS = ("stride", "kernel_size", "padding_total")
+
+
+def conv_shapes_on_host(model: torch.nn.Module) -> None:
+    """transformers' MimiConv1d keeps its stride, kernel size and padding as 0-d tensor buffers,
+    which go to the GPU with the weights: every convolution then reads its padding back from the
+    GPU (a host sync each, ~40 a decode) and the decode cannot be captured as a CUDA graph. They
+    are moved back to the host here: the same values, no sync."""
+    for module in model.modules():
+        for name in CONV_SHAPE_BUFFERS:
+            buf = module._buffers.get(name)
+            if isinstance(buf, torch.Tensor) and buf.dim() == 0:
+                module._buffers[name] = buf.cpu()
