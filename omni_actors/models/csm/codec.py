@@ -22,12 +22,13 @@ from omni_actors.workers.engines.generation import GenerationAdapter
 
 class MimiCodecAdapter(GenerationAdapter):
     sample_rate = 24000
-    chunk_size = 2
-    first_chunk_size = 1
-    """One frame (80 ms of audio) in the first window; later windows double from chunk_size
-    (2, 4, 8, ... up to max_chunk_size), so each arrives before the audio sent so far runs
-    out while a frame takes under 40 ms to make. Was 3 then 10, 20, 40: 2 frames (26-28 ms
-    on an H200) later first audio."""
+    chunk_size = 10
+    first_chunk_size = 3
+    """3 frames = 240 ms of audio in the first window, then 10, 20, 40, 50. One frame first and
+    windows doubling from 2 (engine_extras first_chunk_size 1, chunk_size 2) gave first audio
+    64 ms instead of 87 at 1 request on an H200 (2026-12-02), but with the decode eager (~35 ms
+    a call, host bound) its extra windows cost 3x the first audio at 16 streams; not re-run with
+    the graphed decode."""
     left_context = 25
     right_context = 0
     max_chunk_size = 50
