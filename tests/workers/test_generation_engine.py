@@ -190,6 +190,36 @@ def test_chunk_policy_grows_windows_and_takes_ready_codes():
         ChunkPolicy.of(ToyAdapter(None), {"chunk_growth": 0.5})
 
 
+def _underruns(pol: ChunkPolicy, frame_ms: float, audio_ms: float, frames: int) -> list[int]:
+    """Frames at which a window was decoded after the audio sent so far had played out, for codes
+    made one every `frame_ms` (each `audio_ms` of audio) and decodes taking no time."""
+    done, chunks, first_at, late = 0, 0, None, []
+    for made in range(1, frames + 1):
+        new = pol.new_codes(chunks, made - done)
+        if not new:
+            continue
+        now = made * frame_ms
+        if first_at is None:
+            first_at = now
+        elif now > first_at + done * audio_ms:
+            late.append(made)
+        done, chunks = done + new, chunks + 1
+    return late
+
+
+def test_the_qwen3_codecs_one_frame_start_never_runs_dry_below_40_ms_a_frame():
+    from omni_actors.models.qwen3_omni_moe.code2wav import Qwen3OmniMoeCode2WavAdapter
+    from omni_actors.models.qwen3_tts.codec import Qwen3TTSCodecAdapter
+
+    for cls in (Qwen3OmniMoeCode2WavAdapter, Qwen3TTSCodecAdapter):
+        pol = ChunkPolicy.of(cls, {})
+        assert pol.new_codes(0, 1) == 1  # first audio after one frame
+        assert _underruns(pol, 39.0, 80.0, 400) == []
+        assert _underruns(pol, 45.0, 80.0, 400)  # past 40 ms a frame the doubling cannot keep up
+    old = ChunkPolicy.of(Qwen3OmniMoeCode2WavAdapter, {"first_chunk_size": 5, "chunk_size": 25})
+    assert _underruns(old, 25.0, 80.0, 400)  # the old windows ran dry at a 25 ms talker frame
+
+
 def test_streaming_windows_grow_and_fixed_policy_does_not():
     codes = np.arange(60, dtype=np.float32)
     for extras, want in (

@@ -27,8 +27,8 @@ import torch
 
 from omni_actors.config.speech import text_and_voice
 from omni_actors.models.csm import VOICES
-from omni_actors.models.csm.codec import conv_shapes_on_host
 from omni_actors.models.csm.depth import DepthRunner
+from omni_actors.models.mimi import conv_shapes_on_host
 from omni_actors.workers.engine import merge_params
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,

@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from omni_actors.models.mimi import conv_shapes_on_host
 from omni_actors.models.qwen2_5_omni.loading import load_codec
-from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.generation import FrameCodecAdapter
 
 
-class MimiCodecAdapter(GenerationAdapter):
+class MimiCodecAdapter(FrameCodecAdapter):
     sample_rate = 24000
     chunk_size = 10
     first_chunk_size = 3
@@ -42,29 +43,12 @@ class MimiCodecAdapter(GenerationAdapter):
         self.sample_rate = int(config.sampling_rate)
         self.samples_per_code = round(config.sampling_rate / config.frame_rate)
         self.graphs = self.causal_graphs(
-            lambda c: self.model.decode(c).audio_values.reshape(c.shape[0], -1), self.groups
+            lambda c: self.model.decode(c).audio_values.reshape(c.shape[0], -1)
         )
-
-    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        return self.frames_of(inputs, "codes", self.groups)
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
-        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        codes = self.device_codes(windows)
         return list(self.graphs.run(codes))
 
-
-CONV_SHAPE_BUFFERS = ("stride", "kernel_size", "padding_total")
-
-
-def conv_shapes_on_host(model: torch.nn.Module) -> None:
-    """transformers' MimiConv1d keeps its stride, kernel size and padding as 0-d tensor buffers,
-    which go to the GPU with the weights: every convolution then reads its padding back from the
-    GPU (a host sync each, ~40 a decode) and the decode cannot be captured as a CUDA graph. They
-    are moved back to the host here: the same values, no sync."""
-    for module in model.modules():
-        for name in CONV_SHAPE_BUFFERS:
-            buf = module._buffers.get(name)
-            if isinstance(buf, torch.Tensor) and buf.dim() == 0:
-                module._buffers[name] = buf.cpu()

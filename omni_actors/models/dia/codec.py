@@ -26,13 +26,13 @@ import torch
 
 from omni_actors import logs
 from omni_actors.models.dia.loading import load_dac
-from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.generation import FrameCodecAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 log = logs.get(__name__)
 
 
-class DacCodecAdapter(GenerationAdapter):
+class DacCodecAdapter(FrameCodecAdapter):
     sample_rate = 44100
     samples_per_code = 512
     first_chunk_size = 4
@@ -65,13 +65,10 @@ class DacCodecAdapter(GenerationAdapter):
                 "dia.codec_warmed_up", frames=n, ms=round((time.monotonic() - started) * 1000, 1)
             )
 
-    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        return self.frames_of(inputs, "codes", self.groups)
-
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
-        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        codes = self.device_codes(windows)
         with torch.inference_mode():
             audio = self.model.decode(audio_codes=codes).audio_values
         return list(audio.reshape(len(windows), -1).float())

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from omni_actors.models.higgs_audio_v2.codec_loading import load_tokenizer
-from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.generation import FrameCodecAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 
-class HiggsCodecAdapter(GenerationAdapter):
+class HiggsCodecAdapter(FrameCodecAdapter):
     sample_rate = 24000
     samples_per_code = 960
     first_chunk_size = 3
@@ -50,13 +50,10 @@ class HiggsCodecAdapter(GenerationAdapter):
         self.sample_rate = int(cfg.sample_rate)
         self.samples_per_code = int(cfg.hop_length)
 
-    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        return self.frames_of(inputs, "codes", self.groups)
-
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
-        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        codes = self.device_codes(windows)
         with torch.inference_mode():
             audio = self.model.decode(codes, return_dict=False)
         return list(audio.reshape(len(windows), -1).float())

@@ -17,10 +17,10 @@ import torch
 
 from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engine import timed
-from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.generation import FrameCodecAdapter
 
 
-class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
+class Qwen3OmniMoeCode2WavAdapter(FrameCodecAdapter):
     sample_rate = 24000
     chunk_size = 2
     first_chunk_size = 1
@@ -39,15 +39,10 @@ class Qwen3OmniMoeCode2WavAdapter(GenerationAdapter):
         self.model, config = load_codec(self.ctx, Qwen3OmniMoeCode2Wav, "code2wav_config", "code2wav")
         self.groups = config.num_quantizers
         self.samples_per_code = int(self.model.total_upsample)
-        self.graphs = self.causal_graphs(
-            lambda c: self.model(c).reshape(c.shape[0], -1), self.groups
-        )
-
-    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        return self.frames_of(inputs, "codes", self.groups)
+        self.graphs = self.causal_graphs(lambda c: self.model(c).reshape(c.shape[0], -1))
 
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
-        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        codes = self.device_codes(windows)
         return list(self.graphs.run(codes))

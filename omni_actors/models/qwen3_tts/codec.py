@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from omni_actors.models.qwen3_tts.codec_model import load_codec
-from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.generation import FrameCodecAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 
-class Qwen3TTSCodecAdapter(GenerationAdapter):
+class Qwen3TTSCodecAdapter(FrameCodecAdapter):
     sample_rate = 24000
     chunk_size = 2
     first_chunk_size = 1
@@ -43,14 +43,7 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
         self.groups = self.model.groups
         self.sample_rate = int(config.get("output_sample_rate", 24000))
         self.samples_per_code = self.model.total_upsample
-        self.graphs = self.causal_graphs(
-            lambda c: self.model(c).reshape(c.shape[0], -1), self.groups
-        )
-
-    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        if "codes" not in inputs:
-            return None
-        return torch.tensor(inputs["codes"], dtype=torch.long).reshape(-1, self.groups)
+        self.graphs = self.causal_graphs(lambda c: self.model(c).reshape(c.shape[0], -1))
 
     def context_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         return self.frames_of(inputs, "context_codes", self.groups)
@@ -59,7 +52,7 @@ class Qwen3TTSCodecAdapter(GenerationAdapter):
     def decode(
         self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
     ) -> list[torch.Tensor]:
-        codes = torch.stack(windows).transpose(1, 2).to(self.ctx.device)  # [batch, groups, time]
+        codes = self.device_codes(windows)
         return list(self.graphs.run(codes))
 
     def decode_part(self, windows, starts, data, keep):

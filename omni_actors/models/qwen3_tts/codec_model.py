@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from omni_actors.models.mimi import conv_shapes_on_host
 from omni_actors.models.qwen3_tts.modules import CODEBOOK_EPS, _load_strict, _read_weights
 
 
@@ -198,4 +199,5 @@ def load_codec(
         enc = mimi_encoder(config["encoder_config"])
         _load_strict(enc, parts["encoder"], f"{path}: codec encoder")
         enc = enc.to(device).eval()
+        conv_shapes_on_host(enc)  # no host sync per convolution when a clip is encoded
     return decoder.to(device).eval(), enc, config

@@ -164,15 +164,34 @@ class GenerationAdapter(abc.ABC):
         """Requests whose keys differ are never decoded in one batch."""
         return None
 
-    def causal_graphs(
-        self, decode: Callable[[torch.Tensor], torch.Tensor], groups: int
-    ) -> CodecGraphs:
+    def window_lengths(self) -> tuple[int, ...]:
+        """Window lengths (codes, ascending) this adapter decodes cheapest, say as captured CUDA
+        graphs; empty (the default): no preference. A request's last window, shorter than one of
+        them, is widened to the shortest that fits by taking more left context (earlier codes,
+        whose audio is not sent again), when the request has that many codes."""
+        return ()
+
+
+class FrameCodecAdapter(GenerationAdapter):
+    """A codec decoder whose payloads carry frames of `groups` codes under "codes" (set `groups`
+    in `load`); `device_codes` stacks a batch's windows as the decoders take them."""
+
+    groups: int
+
+    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+        return self.frames_of(inputs, "codes", self.groups)
+
+    def device_codes(self, windows: list[torch.Tensor]) -> torch.Tensor:
+        """Equal-length [time, groups] windows -> [batch, groups, time] on the stage's device."""
+        return torch.stack(windows).transpose(1, 2).to(self.ctx.device)
+
+    def causal_graphs(self, decode: Callable[[torch.Tensor], torch.Tensor]) -> CodecGraphs:
         """`decode` ([batch, groups, length] codes on the device -> [batch, samples]) of a causal
         decoder, run from CUDA graphs of padded buckets (codec_graphs.py) under engine_extras
         cuda_graphs (default on CUDA); a first window's buckets are captured now. Call in `load`,
-        after samples_per_code is known."""
+        after `groups` and samples_per_code are set."""
         graphs = CodecGraphs(
-            decode, groups, self.samples_per_code, self.ctx.device, self.ctx.max_num_seqs,
+            decode, self.groups, self.samples_per_code, self.ctx.device, self.ctx.max_num_seqs,
             cuda_graphs_wanted(self.ctx),
         )  # fmt: skip
         if graphs.enabled:
@@ -180,13 +199,6 @@ class GenerationAdapter(abc.ABC):
             with timed(self.ctx, "cuda_graphs"):
                 graphs.warm(policy.first_chunk_size + policy.right_context)
         return graphs
-
-    def window_lengths(self) -> tuple[int, ...]:
-        """Window lengths (codes, ascending) this adapter decodes cheapest, say as captured CUDA
-        graphs; empty (the default): no preference. A request's last window, shorter than one of
-        them, is widened to the shortest that fits by taking more left context (earlier codes,
-        whose audio is not sent again), when the request has that many codes."""
-        return ()
 
 
 @dataclass(frozen=True)
