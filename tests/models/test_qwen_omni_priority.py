@@ -126,10 +126,12 @@ def test_ten_requests_at_once_have_first_audio_in_the_round_one_alone_has(q3_dir
 
 
 FIXED_WINDOWS = {"first_chunk_size": 5, "chunk_size": 25, "max_chunk_size": 100}
-"""A code2wav policy whose windows are few and far apart (the default doubles from one code)."""
+"""A code2wav policy whose windows are few and far apart (the eager default: this CPU's)."""
+DOUBLING_WINDOWS = {"first_chunk_size": 1, "chunk_size": 2}
+"""The graphed default (CUDA): one code first, then windows doubling."""
 
 
-@pytest.mark.parametrize("vocoder", [{}, FIXED_WINDOWS])
+@pytest.mark.parametrize("vocoder", [FIXED_WINDOWS, DOUBLING_WINDOWS])
 def test_a_request_arriving_while_nine_stream_has_first_audio_as_fast_as_alone(q3_dir, vocoder):
     alone_first, alone_codes = Rounds(q3_dir, vocoder).run({"late": (0, PROMPTS[9])})
     arrivals = {f"r{i}": (0, PROMPTS[i]) for i in range(9)}

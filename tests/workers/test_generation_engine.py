@@ -208,6 +208,7 @@ def _underruns(pol: ChunkPolicy, frame_ms: float, audio_ms: float, frames: int) 
 
 
 def test_the_qwen3_codecs_one_frame_start_never_runs_dry_below_40_ms_a_frame():
+    """The graphed windows (the class's sizes); eager decodes keep the old ones (next test)."""
     from omni_actors.models.qwen3_omni_moe.code2wav import Qwen3OmniMoeCode2WavAdapter
     from omni_actors.models.qwen3_tts.codec import Qwen3TTSCodecAdapter
 
@@ -218,6 +219,14 @@ def test_the_qwen3_codecs_one_frame_start_never_runs_dry_below_40_ms_a_frame():
         assert _underruns(pol, 45.0, 80.0, 400)  # past 40 ms a frame the doubling cannot keep up
     old = ChunkPolicy.of(Qwen3OmniMoeCode2WavAdapter, {"first_chunk_size": 5, "chunk_size": 25})
     assert _underruns(old, 25.0, 80.0, 400)  # the old windows ran dry at a 25 ms talker frame
+
+
+def test_eager_qwen3_codecs_keep_the_old_windows_and_extras_still_win(qwen3_dir):
+    engine = GenerationEngine(_ctx(QWEN3, qwen3_dir))
+    assert not engine.adapter.graphs.enabled  # the CPU
+    assert (engine.policy.first_chunk_size, engine.policy.chunk_size, engine.policy.cap) == (5, 25, 100)
+    engine = GenerationEngine(_ctx(QWEN3, qwen3_dir, first_chunk_size=1, chunk_size=2))
+    assert (engine.policy.first_chunk_size, engine.policy.chunk_size, engine.policy.cap) == (1, 2, 100)
 
 
 def test_streaming_windows_grow_and_fixed_policy_does_not():

@@ -30,7 +30,9 @@ class Qwen3TTSCodecAdapter(FrameCodecAdapter):
     sample_rate = 24000
     chunk_size = 2
     first_chunk_size = 1
-    """Windows of 1, 2, 4, ... 100 new frames, as Qwen3-Omni's code2wav (same 12.5 Hz codec)."""
+    """Windows of 1, 2, 4, ... 100 new frames when graphed, 5 then 25, 50, 100 eager: as
+    Qwen3-Omni's code2wav (the same 12.5 Hz codec; see there)."""
+    eager_windows = {"first_chunk_size": 5, "chunk_size": 25}
     max_chunk_size = 100
     left_context = 25
     right_context = 0

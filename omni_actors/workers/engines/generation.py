@@ -177,6 +177,10 @@ class FrameCodecAdapter(GenerationAdapter):
     in `load`); `device_codes` stacks a batch's windows as the decoders take them."""
 
     groups: int
+    eager_windows: dict[str, int] = {}
+    """Window sizes (ChunkPolicy fields) over the class's when `causal_graphs` runs decodes
+    eagerly (off CUDA, or graphs off): small windows pay only where a decode is a cheap replay;
+    eager, each costs a whole decode's dispatch and compute. engine_extras override both."""
 
     def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
         return self.frames_of(inputs, "codes", self.groups)
@@ -198,6 +202,9 @@ class FrameCodecAdapter(GenerationAdapter):
             policy = ChunkPolicy.of(self, self.ctx.engine_extras)
             with timed(self.ctx, "cuda_graphs"):
                 graphs.warm(policy.first_chunk_size + policy.right_context)
+        if not graphs.enabled:  # (also when a capture failed while warming)
+            for name, value in self.eager_windows.items():
+                setattr(self, name, value)
         return graphs
 
 
