@@ -79,3 +79,25 @@ def test_rows_sharing_a_generator_draw_together_reproducibly(device):
     assert all(int(first[i]) in top3[i].tolist() for i in range(6))
     assert torch.equal(first, draw(5))
     assert any(not torch.equal(first, draw(s)) for s in (6, 7, 8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_seeded_rows_draw_does_not_depend_on_its_batch_mates_top_k(device):
+    """Rows that all have a top-k rank only that many ids (topk, not a whole sort); a batch with a
+    row that has none ranks everything. A seeded row draws the same id either way, and leaves its
+    generator where it would have (codebook rows sharing one generator, and a lone seeded row)."""
+    logits = (torch.randn(9, 1026, generator=torch.Generator().manual_seed(1)) * 3).to(device)
+    ranked = {"temperature": 0.8, "top_k": 50, "top_p": 0.95}
+    params = [ranked] * 8 + [{"temperature": 0.8, "top_p": 0.9}]
+
+    def draw(rows: int) -> tuple[list[int], float, float]:
+        shared = torch.Generator(device=device).manual_seed(3)
+        lone = torch.Generator(device=device).manual_seed(4)
+        gens = [shared] * 7 + [lone, None]
+        ids = pick(logits[:rows], params[:rows], gens[:rows]).tolist()
+        after = [float(torch.rand(1, generator=g, device=device)) for g in (shared, lone)]
+        return ids, *after
+
+    top_k_only, with_a_whole_sort = draw(8), draw(9)  # 8 rows: topk; 9: the last row has no top-k
+    assert top_k_only[0] == with_a_whole_sort[0][:8]
+    assert top_k_only[1:] == with_a_whole_sort[1:]

@@ -94,11 +94,17 @@ def _draw(
     top_k = [int(p.get("top_k") or 0) for p in params]
     top_p = [float(p.get("top_p") or 1.0) for p in params]
     order = None
-    if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
-        logits, order = torch.sort(logits, dim=-1, descending=True)
-        ks = small_tensor([k if 0 < k < vocab else vocab for k in top_k], dev)
-        ranks = torch.arange(vocab, device=dev)[None]
-        logits = logits.masked_fill(ranks >= ks[:, None], float("-inf"))
+    ks = [k if 0 < k < vocab else vocab for k in top_k]
+    width = max(ks)
+    if width < vocab or any(p < 1.0 for p in top_p):
+        # Every row has a top-k: only the top `width` ranks can be drawn, so they are all that is
+        # ranked (topk, not a sort of the whole vocabulary: on a CPU most of a Higgs step).
+        if width < vocab:
+            logits, order = torch.topk(logits, width, dim=-1)
+        else:
+            logits, order = torch.sort(logits, dim=-1, descending=True)
+        ranks = torch.arange(width, device=dev)[None]
+        logits = logits.masked_fill(ranks >= small_tensor(ks, dev)[:, None], float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         ps = small_tensor(top_p, dev, probs.dtype)[:, None]
         logits = logits.masked_fill(probs.cumsum(-1) - probs > ps, float("-inf"))
@@ -115,18 +121,25 @@ def _draw(
     for rows in shared.values():
         g = generators[rows[0]]
         if len(rows) == 1:
-            row = probs[rows[0]] if g.device.type == dev.type else probs[rows[0]].cpu()
+            row = probs[rows[0]]
+            if row.shape[0] < vocab:  # the draw consumes the generator by length: as before topk
+                row = torch.nn.functional.pad(row, (0, vocab - row.shape[0]))
+            row = row if g.device.type == dev.type else row.cpu()
             out[rows[0]] = torch.multinomial(row, 1, generator=g)[0].to(dev)
         else:  # one request's several rows (codebooks): one draw of noise for all of them
             index = small_tensor(rows, dev)
-            out[index] = _gumbel_max(probs[index], g)
+            out[index] = _gumbel_max(probs[index], g, vocab)
     return out if order is None else order.gather(1, out[:, None])[:, 0]
 
 
-def _gumbel_max(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One id per row of [rows, vocab] probabilities, distributed as multinomial draws, from one
-    call on `generator` (rows of one request: a codebook each)."""
-    u = torch.rand(probs.shape, generator=generator, device=generator.device).to(probs.device)
+def _gumbel_max(probs: torch.Tensor, generator: torch.Generator, vocab: int) -> torch.Tensor:
+    """One id per row of [rows, n] probabilities (the first n of `vocab` ranks), distributed as
+    multinomial draws, from one call on `generator` (rows of one request: a codebook each). The
+    noise is drawn for the whole vocabulary whatever n is, so a request's draws do not depend on
+    how many ranks its batch kept."""
+    rows, n = probs.shape
+    u = torch.rand((rows, vocab), generator=generator, device=generator.device)[:, :n]
+    u = u.to(probs.device)
     return torch.argmax(torch.log(probs) + gumbel_of(u), dim=-1)
 
 
