@@ -59,3 +59,26 @@ def test_seeded_frames_repeat_alone_and_in_a_batch(engines):
     np.testing.assert_array_equal(together["a"], alone)
     np.testing.assert_array_equal(together["c"], alone)
     assert not np.array_equal(together["b"], alone)
+
+
+def _draw_by_sorting(logits, gumbel, top_k: int, top_p: float):
+    """The code predictor's draw over a whole sort of the codebook (what `_draw` did before topk)."""
+    ordered, order = torch.sort(logits, dim=-1, descending=True)
+    ordered = ordered.masked_fill(torch.arange(logits.shape[-1]) >= top_k, float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    ordered = ordered.masked_fill(probs.cumsum(-1) - probs > top_p, float("-inf"))
+    return order.gather(1, torch.argmax(ordered + gumbel, dim=-1)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(50, 0.8), (1, 1.0), (7, 0.5), (2048, 0.9)])
+def test_the_draw_ranks_only_the_top_k_and_picks_what_a_whole_sort_picks(top_k, top_p) -> None:
+    from omni_actors.models.qwen3_omni_moe.predictor import _draw
+    from omni_actors.workers.engines.hf_ar_sampling import gumbel_of
+
+    gen = torch.Generator().manual_seed(top_k)
+    logits = torch.randn(64, 2048, generator=gen) * 3
+    gumbel = gumbel_of(torch.rand(64, 2048, generator=gen))
+    gumbel[:8] = 0.0  # rows without noise take their argmax
+    got = _draw(logits, gumbel, top_k, top_p)
+    assert torch.equal(got, _draw_by_sorting(logits, gumbel, top_k, top_p))
+    assert torch.equal(got[:8], logits[:8].argmax(-1))

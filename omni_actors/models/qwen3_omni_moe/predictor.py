@@ -213,11 +213,15 @@ class CodePredictorRunner:
 def _draw(
     logits: torch.Tensor, gumbel: torch.Tensor, top_k: int = TOP_K, top_p: float = TOP_P
 ) -> torch.Tensor:
-    """Top-k / top-p filtered Gumbel-max per row; a row with zero noise takes its argmax."""
+    """Top-k / top-p filtered Gumbel-max per row; a row with zero noise takes its argmax. Only the
+    top `top_k` ids are ranked (topk, not a sort of the codebook); `gumbel` is by rank, so the
+    draw is the one a whole sort would give."""
     vocab = logits.shape[-1]
-    ordered, order = torch.sort(logits, dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)
-    ordered = ordered.masked_fill(ranks >= top_k, float("-inf"))
+    if 0 < top_k < vocab:
+        ordered, order = torch.topk(logits, top_k, dim=-1)
+        gumbel = gumbel[..., :top_k]
+    else:
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(ordered, dim=-1)
     ordered = ordered.masked_fill(probs.cumsum(-1) - probs > top_p, float("-inf"))
     pick = torch.argmax(ordered + gumbel, dim=-1)
