@@ -75,7 +75,8 @@ def make_speech(tmp: Path) -> list[np.ndarray]:
     out = []
     for i, text in enumerate(PHRASES):
         wav = tmp / f"p{i}.wav"
-        subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp)}  # else espeak-ng leaves a /tmp/pulse-* behind
+        subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True, env=env)
         x, rate = sf.read(wav, dtype="float32")
         out.append(resample(x, rate, WIRE_RATE))
     return out

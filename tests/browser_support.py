@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -43,10 +44,15 @@ async def browser_page(url: str, fake_mic: Path | None = None,
     args = list(BASE_ARGS)
     if fake_mic is not None:
         args += ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={fake_mic}"]
-    with tempfile.TemporaryDirectory(prefix="omni-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="omni-chromium-") as home:
+        profile, runtime = Path(home) / "profile", Path(home) / "runtime"
+        runtime.mkdir(mode=0o700)
+        # Chromium's audio client makes a /tmp/pulse-* folder it never removes unless it has a
+        # runtime directory of its own: this one goes with the profile.
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
         async with async_playwright() as pw:
             ctx = await pw.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=args,
+                profile, executable_path=CHROMIUM, headless=True, args=args, env=env,
                 permissions=["microphone"], bypass_csp=True,  # lets tests evaluate expressions
             )
             try:

@@ -125,3 +125,17 @@ def test_tts_intelligibility(assistant_dir, asr):
     score = wer(SENTENCES, hyps)
     print(f"tts intelligibility WER {score:.3f}")
     assert score <= TTS_MAX_WER, list(zip(SENTENCES, hyps, strict=True))
+
+
+def test_espeak_ng_keeps_its_audio_runtime_in_the_engines_folder(assistant_dir):
+    """espeak-ng opens PulseAudio even for phonemes: its runtime folder is the engine's own (never
+    a /tmp/pulse-* left behind), and goes when the engine closes."""
+    from pathlib import Path
+
+    before = set(Path("/tmp").glob("pulse-*"))
+    tts = PiperAcousticEngine(engine_ctx(assistant_dir, "tts"))
+    runtime = Path(tts.phonemizer.env["XDG_RUNTIME_DIR"])
+    assert tts.phonemizer.phonemes("Hello there.")
+    assert set(Path("/tmp").glob("pulse-*")) == before  # (here: in runtime/pulse, where libpulse is)
+    tts.close()
+    assert not runtime.exists()

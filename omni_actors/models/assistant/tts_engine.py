@@ -17,9 +17,11 @@ engine_extras: `espeak_binary` ("espeak-ng"), `espeak_voice` (the voice's),
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import unicodedata
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,6 +50,14 @@ class Phonemizer:
         self.binary = path
         self.voice = espeak_voice or voice.get("espeak", {}).get("voice", "en-us")
         self.id_map: dict[str, list[int]] = voice["phoneme_id_map"]
+        # espeak-ng opens its audio output (PulseAudio) even when only asked for phonemes; with no
+        # XDG_RUNTIME_DIR that leaves a /tmp/pulse-* folder behind. It gets one of ours, removed
+        # with the engine (or at the worker's exit).
+        self._runtime = tempfile.TemporaryDirectory(prefix="omni-espeak-")
+        self.env = {**os.environ, "XDG_RUNTIME_DIR": self._runtime.name}
+
+    def close(self) -> None:
+        self._runtime.cleanup()
 
     def phonemes(self, text: str) -> str:
         parts = []
@@ -62,6 +72,7 @@ class Phonemizer:
                 text=True,
                 timeout=ESPEAK_TIMEOUT_S,
                 check=True,
+                env=self.env,
             )
             parts.append(" ".join(proc.stdout.split()) + punct)
         return unicodedata.normalize("NFD", " ".join(parts))
@@ -169,6 +180,9 @@ class PiperAcousticEngine(StageEngine):
             for row, i in enumerate(idx):
                 out[i] = _trim_padding(latent[row])
         return [x for x in out if x is not None]
+
+    def close(self) -> None:
+        self.phonemizer.close()
 
 
 def _trim_padding(latent: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -44,7 +45,8 @@ def speak(text: str, tmp: Path) -> np.ndarray:
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed")
     wav = tmp / f"{abs(hash(text))}.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp)}  # else espeak-ng leaves a /tmp/pulse-* behind
+    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True, env=env)
     x, rate = sf.read(wav, dtype="float32")
     return resample(x, rate, WIRE_RATE)
 
