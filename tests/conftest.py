@@ -29,6 +29,17 @@ atexit.register(shutil.rmtree, _INDUCTOR, True)
 _HEADERS = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
 if not _HEADERS.exists():
     atexit.register(shutil.rmtree, _HEADERS, True)
+# pytest's tmp_path folders are kept only for failed tests (pyproject's tmp_path_retention_policy);
+# after a green run their parent is empty and goes too.
+_PYTEST_TMP = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+
+
+def _drop_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty (kept failures, another run's), or gone
+        folder.rmdir()
+
+
+atexit.register(_drop_if_empty, _PYTEST_TMP)
 
 from omni_actors.config.deploy import DeployConfig, build_deploy  # noqa: E402
 from omni_actors.orchestrator.core import Orchestrator  # noqa: E402
