@@ -12,10 +12,6 @@ Inputs: {"codes": int [n, num_codebooks]} (backbone frames).
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from omni_actors.models.mimi import conv_shapes_on_host
 from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engines.generation import FrameCodecAdapter
@@ -45,10 +41,3 @@ class MimiCodecAdapter(FrameCodecAdapter):
         self.graphs = self.causal_graphs(
             lambda c: self.model.decode(c).audio_values.reshape(c.shape[0], -1)
         )
-
-    def decode(
-        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
-    ) -> list[torch.Tensor]:
-        codes = self.device_codes(windows)
-        return list(self.graphs.run(codes))
-

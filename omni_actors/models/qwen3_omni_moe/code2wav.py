@@ -11,10 +11,6 @@ Inputs: {"codes": int [n, num_quantizers]} (talker frames).
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.generation import FrameCodecAdapter
@@ -44,9 +40,3 @@ class Qwen3OmniMoeCode2WavAdapter(FrameCodecAdapter):
         self.groups = config.num_quantizers
         self.samples_per_code = int(self.model.total_upsample)
         self.graphs = self.causal_graphs(lambda c: self.model(c).reshape(c.shape[0], -1))
-
-    def decode(
-        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
-    ) -> list[torch.Tensor]:
-        codes = self.device_codes(windows)
-        return list(self.graphs.run(codes))

@@ -51,12 +51,6 @@ class Qwen3TTSCodecAdapter(FrameCodecAdapter):
         return self.frames_of(inputs, "context_codes", self.groups)
 
     @torch.inference_mode()
-    def decode(
-        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
-    ) -> list[torch.Tensor]:
-        codes = self.device_codes(windows)
-        return list(self.graphs.run(codes))
-
     def decode_part(self, windows, starts, data, keep):
         """Only a final window (kept to its end) is padded: a streamed one's short tail is decoded
         again by the next window, so padding it would send silence in the middle of the audio."""

@@ -189,6 +189,13 @@ class FrameCodecAdapter(GenerationAdapter):
         """Equal-length [time, groups] windows -> [batch, groups, time] on the stage's device."""
         return torch.stack(windows).transpose(1, 2).to(self.ctx.device)
 
+    def decode(
+        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
+    ) -> list[torch.Tensor]:
+        """The windows through the `graphs` that `causal_graphs` made in `load` (an adapter that
+        does not call it decodes by itself)."""
+        return list(self.graphs.run(self.device_codes(windows)))
+
     def causal_graphs(self, decode: Callable[[torch.Tensor], torch.Tensor]) -> CodecGraphs:
         """`decode` ([batch, groups, length] codes on the device -> [batch, samples]) of a causal
         decoder, run from CUDA graphs of padded buckets (codec_graphs.py) under engine_extras

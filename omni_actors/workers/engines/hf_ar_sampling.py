@@ -97,9 +97,8 @@ def _draw(
     ks = [k if 0 < k < vocab else vocab for k in top_k]
     width = max(ks)
     if width < vocab or any(p < 1.0 for p in top_p):
-        # Every row has a top-k: only the top `width` ranks can be drawn, so they are all that is
-        # ranked (topk, not a sort of the whole vocabulary: on a CPU most of a Higgs step).
-        if width < vocab:
+        if width < vocab:  # every row has a top-k: only the top `width` ranks can be drawn, so
+            # only they are ranked (not a sort of the whole vocabulary: on a CPU most of a Higgs step)
             logits, order = torch.topk(logits, width, dim=-1)
         else:
             logits, order = torch.sort(logits, dim=-1, descending=True)
