@@ -65,6 +65,7 @@ import numpy as np
 
 from omni_actors.config.deploy import build_deploy
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.latency import summary_ms
 from omni_actors.orchestrator.launcher import HEARTBEAT_INTERVAL_S
 from omni_actors.orchestrator.requests import RequestSpec
 from scripts.gpu_mem import gpu_used_gb
@@ -281,26 +282,34 @@ async def run_mode(
     return out
 
 
-async def stage_work(orch: Orchestrator) -> dict[str, tuple[int, float]]:
-    """Each stage's (engine steps, seconds in steps), summed over replicas, as the workers' heartbeats
-    report them: read one heartbeat interval after the last activity, so nothing done is missing."""
+async def stage_work(orch: Orchestrator) -> dict[str, tuple[int, float, dict[str, Any]]]:
+    """Each stage's (engine steps, seconds in steps, first-output p50s since the last call), summed over
+    replicas, as the workers' heartbeats report them: read one heartbeat interval after the last
+    activity, so nothing done is missing. The first-output samples are taken (and cleared) here."""
     await asyncio.sleep(HEARTBEAT_INTERVAL_S * 1.2)
-    return {
-        st.model_stage: (sum(r.steps for r in st.replicas), sum(r.busy_s for r in st.replicas))
-        for st in orch.statistics().stages
-    }
+    out = {}
+    for st in orch.statistics().stages:
+        lat = orch.first_outputs[st.stage_id]
+        out[st.model_stage] = (sum(r.steps for r in st.replicas), sum(r.busy_s for r in st.replicas),
+                               summary_ms(lat))
+        lat.recent.clear()
+    return out
 
 
 def stage_deltas(
-    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]], wall: float
-) -> dict[str, dict[str, float]]:
-    """Per stage over one level: engine steps, seconds in steps, the mean step and the busy fraction of
-    the level's wall time (the stage's worker was stepping, not waiting for input)."""
+    before: dict[str, tuple[int, float, dict[str, Any]]], after: dict[str, tuple[int, float, dict[str, Any]]],
+    wall: float,
+) -> dict[str, dict[str, Any]]:
+    """Per stage over one level: engine steps, seconds in steps, the mean step, the busy fraction of
+    the level's wall time (the stage's worker was stepping, not waiting for input), and its first
+    outputs (`first_out`: p50 since submit, and of the stage's own share, since it was started)."""
     out = {}
-    for stage, (steps, busy) in after.items():
+    for stage, (steps, busy, first) in after.items():
         n, s = steps - before[stage][0], busy - before[stage][1]
         out[stage] = {"steps": n, "busy_s": round(s, 3), "step_ms": round(1000 * s / n, 2) if n else None,
                       "busy_frac": round(s / wall, 3) if wall > 0 else None}
+        if first["n"]:
+            out[stage]["first_out"] = {k: v for k, v in first.items() if k != "n"}
     return out
 
 

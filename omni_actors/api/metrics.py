@@ -10,6 +10,9 @@
     omni_stage_healthy{pipeline,stage_id,model_stage}          1 when a replica is ready
     omni_stage_engine_requests{pipeline,stage_id,model_stage}  requests the workers report holding
     omni_worker_restarts_total{pipeline,stage_id,model_stage}  worker restarts
+    omni_stage_first_output_seconds{pipeline,stage_id,model_stage}  a histogram: the stage started on a
+                                                      request -> its first output (the stage's share of
+                                                      time to first output; orchestrator/latency.py)
     omni_worker_step_seconds{pipeline,stage_id,model_stage,replica}  how long the running engine step has run (0: idle)
     omni_worker_steps_total{pipeline,stage_id,model_stage,replica}   engine steps done (a counter: rate() is
                                                       steps/s; a restarted worker starts again from 0)
@@ -43,7 +46,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 if TYPE_CHECKING:
     from omni_actors.api.pipelines import Pipelines
@@ -64,6 +67,8 @@ class _StageCollector:
         healthy = GaugeMetricFamily("omni_stage_healthy", "1 when the stage has a ready replica", labels=labels)
         engine = GaugeMetricFamily("omni_stage_engine_requests", "Requests the stage's workers report holding", labels=labels)
         restarts = CounterMetricFamily("omni_worker_restarts", "Worker restarts of the stage", labels=labels)
+        first = HistogramMetricFamily("omni_stage_first_output_seconds", "The stage started on a request -> "
+                                      "its first output", labels=labels)
         replica_labels = [*labels, "replica"]
         step_s = GaugeMetricFamily("omni_worker_step_seconds", "How long the replica's running engine step has "
                                    "run (0: between steps), as of its last heartbeat", labels=replica_labels)
@@ -90,6 +95,8 @@ class _StageCollector:
                 healthy.add_metric(key, 1.0 if st.healthy else 0.0)
                 engine.add_metric(key, st.engine_requests)
                 restarts.add_metric(key, sum(r.restarts for r in st.replicas))
+                if st.first_output:
+                    first.add_metric(key, list(st.first_output), st.first_output_sum_s)
                 for r in st.replicas:
                     step_s.add_metric([*key, str(r.replica)], r.step_s)
                     steps.add_metric([*key, str(r.replica)], r.steps)
@@ -101,7 +108,7 @@ class _StageCollector:
             undecodable.add_metric([name], stats.frames_undecodable)
             queued.add_metric([name], stats.stream_bytes_queued)
             overflows.add_metric([name], stats.stream_overflows)
-        return [depth, limit, healthy, engine, restarts, step_s, steps, busy, startup, runs, leases, undecodable,
+        return [depth, limit, healthy, engine, restarts, first, step_s, steps, busy, startup, runs, leases, undecodable,
                 queued, overflows]
 
 

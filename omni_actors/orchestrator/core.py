@@ -39,6 +39,7 @@ from omni_actors.errors import (
     RequestTimeout,
     StageUnavailable,
 )
+from omni_actors.orchestrator.latency import StageLatency
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, make_launcher
 from omni_actors.orchestrator.receive import ORCH_PRODUCER, ReceivePath
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream
@@ -102,6 +103,7 @@ class Orchestrator(ReceivePath):
         self.counters = {"total": 0, "failed": 0, "aborted": 0, "stream_overflows": 0}
         self.stream_max_bytes = int(deploy.server.stream_buffer_mb * 1024 * 1024)
         self._stream_peak_bytes = 0
+        self.first_outputs = {sid: StageLatency() for sid in self.pipeline.stage_ids}
         self.runtime: RuntimeDir | None = None
         self.router: AsyncRouter | None = None
         self.launcher: Launcher | None = None
@@ -205,6 +207,7 @@ class Orchestrator(ReceivePath):
         stages = []
         now = time.monotonic()
         for spec in self.pipeline.stages:
+            lat = self.first_outputs[spec.stage_id]
             reps = tuple(
                 ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
                              h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0),
@@ -216,6 +219,7 @@ class Orchestrator(ReceivePath):
                 queue_limit=self.deploy.stage(spec.stage_id).queue_limit,
                 in_flight=sum(r.in_flight for r in reps),
                 engine_requests=sum(r.engine_requests for r in reps), replicas=reps,
+                first_output=tuple(lat.buckets()), first_output_sum_s=lat.total_s,
             ))
         r = self.router
         return Statistics(
@@ -289,7 +293,7 @@ class Orchestrator(ReceivePath):
             else:
                 add = m.AddRequest(spec.request_id, sid, inputs, run.params_for(sid))
             self._send(run, sid, add)
-            run.started.add(sid)
+            run.start(sid)
         if spec.deadline_s is not None:
             run.deadline = asyncio.get_running_loop().call_later(
                 spec.deadline_s, self._on_deadline, spec.request_id

@@ -11,6 +11,7 @@ worker's unfinished requests fail. `ReceivePath` is mixed into Orchestrator
 from __future__ import annotations
 
 import asyncio
+import time
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
@@ -25,6 +26,7 @@ from omni_actors.errors import (
     StageFailed,
     WorkerDied,
 )
+from omni_actors.orchestrator.latency import StageLatency
 from omni_actors.orchestrator.launcher import WorkerHandle
 from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import StageChunk
@@ -54,6 +56,7 @@ class ReceivePath:
     _streamed: frozenset[int]
     _undecodable_peers: set[bytes]
     _idle: asyncio.Event
+    first_outputs: dict[int, StageLatency]
 
     def _send(self, run: Run, stage_id: int, msg: m.Message) -> None:
         raise NotImplementedError
@@ -149,6 +152,10 @@ class ReceivePath:
         payload = out.payload
         consumers = run.consumers[sid]
         has_data = bool(payload.data or payload.arrays)
+        if has_data and sid not in run.answered:
+            run.answered.add(sid)
+            now = time.perf_counter()
+            self.first_outputs[sid].record(now - run.t_submit, now - run.t_start.get(sid, run.t_submit))
         if sid in run.finals and (has_data or out.finished):
             data = self.codec.decode(payload, copy=True) if has_data else {}
             kind = self.pipeline.stage(sid).final_output_type
@@ -183,13 +190,13 @@ class ReceivePath:
                 if d not in self._streamed and run.ready_for_full_payload(d):
                     upstream = {s: run.buffers.get(s, []) for s in run.sources[d]}
                     self._send(run, d, m.AddRequest(run.rid, d, run.request_plain, run.params_for(d), upstream))
-                    run.started.add(d)
+                    run.start(d)
             if len(run.finished) == len(run.plan):
                 self._end(run)
 
     def _start_streaming(self, run: Run, sid: int) -> None:
         if sid not in run.started:
-            run.started.add(sid)
+            run.start(sid)
             self._send(run, sid, m.AddRequest(
                 run.rid, sid, run.request_plain, run.params_for(sid), streaming=True, sources=run.sources[sid]
             ))

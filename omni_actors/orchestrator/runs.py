@@ -36,10 +36,18 @@ class Run:
     leases: set[LeaseKey] = field(default_factory=set)
     deadline: asyncio.TimerHandle | None = None
     t_submit: float = field(default_factory=time.perf_counter)
+    t_start: dict[int, float] = field(default_factory=dict)
+    """When each started stage was sent its AddRequest (perf_counter; latency.py)."""
+    answered: set[int] = field(default_factory=set)
+    """Stages whose first output with data has come back."""
 
     @property
     def rid(self) -> str:
         return self.spec.request_id
+
+    def start(self, stage_id: int) -> None:
+        self.started.add(stage_id)
+        self.t_start[stage_id] = time.perf_counter()
 
     def params_for(self, stage_id: int) -> dict:
         extra = self.spec.stage_params.get(stage_id)

@@ -38,6 +38,10 @@ class StageStats:
     in_flight: int
     engine_requests: int
     replicas: tuple[ReplicaStats, ...]
+    first_output: tuple[tuple[str, int], ...] = ()
+    """Cumulative histogram (upper bound in s, count) of stage start -> the stage's first output with
+    data, over every request it answered (latency.py)."""
+    first_output_sum_s: float = 0.0
 
 
 @dataclass(frozen=True)

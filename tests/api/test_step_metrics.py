@@ -45,3 +45,26 @@ async def test_a_running_step_and_the_steps_done_are_exported_per_replica() -> N
     assert busy[("omni_worker_steps_total", "0")] >= 1, busy
     # the first request's step (STEP_MS) is done and reported; the running one is not counted yet
     assert 0.9 * STEP_MS / 1000 <= busy[("omni_worker_busy_seconds_total", "0")] < 2 * STEP_MS / 1000, busy
+
+
+VOCODER_DELAY_MS = 300
+"""The vocoder's every step: its first output comes at least this long after it starts on a request."""
+
+
+async def test_each_stage_share_of_first_output_is_a_histogram() -> None:
+    stages = [{"stage_id": 2, "engine_extras": {"step_delay_ms": VOCODER_DELAY_MS}}]
+    async with serve("synthetic", key=None, stages=stages) as srv:
+        for _ in range(2):
+            await srv.client().chat.completions.create(
+                model="synthetic", messages=MSG, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+        async with aiohttp.ClientSession() as http, http.get(f"{srv.url}/metrics") as resp:
+            text = await resp.text()
+    fam = next(f for f in text_string_to_metric_families(text) if f.name == "omni_stage_first_output_seconds")
+    by = {(s.name, s.labels["stage_id"], s.labels.get("le")): s.value for s in fam.samples}
+    for stage in ("0", "1", "2"):  # every stage answered both requests once
+        assert by[("omni_stage_first_output_seconds_count", stage, None)] == 2, by
+        assert by[("omni_stage_first_output_seconds_bucket", stage, "+Inf")] == 2, by
+    vocoder = by[("omni_stage_first_output_seconds_sum", "2", None)]
+    assert vocoder >= 2 * VOCODER_DELAY_MS / 1000, by
+    assert by[("omni_stage_first_output_seconds_sum", "0", None)] < vocoder / 2, by
+    assert by[("omni_stage_first_output_seconds_bucket", "2", "0.25")] == 0, by  # all above the delay
