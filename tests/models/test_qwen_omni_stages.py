@@ -250,6 +250,16 @@ def test_async_chunk_streams_audio_before_text_ends(stages):
         np.testing.assert_allclose(res["audio"], full["audio"], atol=1e-4)
 
 
+def test_the_talker_starts_on_the_thinker_first_token(stages):
+    """Qwen3-Omni's talker reads reply text by token id from its own embedding table, so it
+    prefills as soon as the thinker's first token is out; Qwen2.5-Omni's reads each token's
+    hidden state, which comes with the thinker's next step."""
+    _, order = stages.run_chunked({"a": {"messages": MSGS}})
+    first_talker = order.index((1, "a"))
+    thinker_before = sum(1 for stage, _ in order[:first_talker] if stage == 0)
+    assert thinker_before == (1 if stages.name == "qwen3_omni_moe" else 2), order[:8]
+
+
 def test_four_concurrent_requests_equal_each_alone(stages):
     prompts = ["Hello!", "What is in this picture?", "Numbers 0 1 2 3", "The quick brown fox"]
     reqs = {f"r{i}": {"messages": [{"role": "user", "content": p}]} for i, p in enumerate(prompts)}

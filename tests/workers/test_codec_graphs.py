@@ -69,13 +69,18 @@ def test_right_and_row_padding_leave_a_causal_decoders_samples_as_they_were(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", sorted(ADAPTERS))
-def test_graphed_decodes_equal_eager_ones_on_cuda(family, tmp_path) -> None:
+def test_graphed_decodes_equal_eager_ones_on_cuda(family, tmp_path, monkeypatch) -> None:
+    # cuDNN picks a convolution algorithm per shape, and with TF32 (torch's default for
+    # convolutions) a padded bucket's algorithm rounds differently from the unpadded shape's: Mimi's
+    # random-weight convolutions took that to 2e-2 at batch 2 x 5 frames. In float32 proper,
+    # padding and replay must not change a sample.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     graphed = _adapter(family, tmp_path / "g", "cuda")
     eager = _adapter(family, tmp_path / "e", "cuda", cuda_graphs=False)
     assert graphed.graphs.enabled and not eager.graphs.enabled
-    assert len(graphed.graphs.graphs.graphs) == len(
-        graphed.graphs.batches
-    )  # first windows captured at load
+    g = graphed.graphs  # every bucket captured at load
+    assert len(g.graphs.graphs) == sum(b * n <= g.max_codes for b in g.batches for n in LENGTHS)
+    captured = len(g.graphs.graphs)
     shapes = [(1, 1), (3, 1), (2, 5), (8, 30), (1, LENGTHS[-1]), (1, LENGTHS[-1] + 1)]
     for i, (batch, length) in enumerate(shapes * 2):  # twice: captures, then replays
         codes = _codes(family, graphed.groups, batch, length, seed=i).cuda()
@@ -83,4 +88,5 @@ def test_graphed_decodes_equal_eager_ones_on_cuda(family, tmp_path) -> None:
             want = eager.graphs.run(codes).cpu().numpy()
             got = graphed.graphs.run(codes).cpu().numpy()
         assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, atol=1e-4)
+        np.testing.assert_allclose(got, want, atol=1e-4, err_msg=f"{family} batch {batch} length {length}")
+    assert len(g.graphs.graphs) == captured  # nothing captured while serving

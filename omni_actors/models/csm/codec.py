@@ -19,13 +19,15 @@ from omni_actors.workers.engines.generation import FrameCodecAdapter
 
 class MimiCodecAdapter(FrameCodecAdapter):
     sample_rate = 24000
-    chunk_size = 10
-    first_chunk_size = 3
-    """3 frames = 240 ms of audio in the first window, then 10, 20, 40, 50. One frame first and
-    windows doubling from 2 (engine_extras first_chunk_size 1, chunk_size 2) gave first audio
-    64 ms instead of 87 at 1 request on an H200 (2026-12-02), but with the decode eager (~35 ms
-    a call, host bound) its extra windows cost 3x the first audio at 16 streams; not re-run with
-    the graphed decode."""
+    chunk_size = 2
+    first_chunk_size = 1
+    """One frame (80 ms of audio) first, then windows doubling from 2 to max_chunk_size. With the
+    decode graphed (a replay: ~4 ms), CSM-1B-sized on an H200 (2026-12-02): first audio 40 ms at 1
+    request against 62 with 3 then 10; at 10 requests a second p50 / p95 55 / 283 ms against
+    100 / 428; at 16 the same p50. Eager (the CPU), `eager_windows`."""
+    eager_windows = {"first_chunk_size": 3, "chunk_size": 10}
+    """Eager, each extra window is a whole decode (~35 ms of host dispatch on an H200): one frame
+    first cost 3x the first audio at 16 streams."""
     left_context = 25
     right_context = 0
     max_chunk_size = 50

@@ -102,13 +102,18 @@ class ThinkerFedTalker(ARAdapter):
         seq.data["feed"].take(inputs)
         seq.data["feed"].done = seq.data["feed"].done or last
 
+    def known(self, feed: ThinkerFeed) -> int:
+        """Reply tokens whose text the talker can read now. Qwen2.5-Omni's talker reads each
+        token's thinker hidden state, which comes with the thinker's next step: `fed`."""
+        return feed.fed
+
     def ready(self, seq: ARSeq) -> bool:
         feed: ThinkerFeed = seq.data["feed"]
         if feed.prompt_ids is None or not feed.token_ids:
             return False
         if not seq.prefilled:
-            return feed.fed >= 1 or feed.done
-        return feed.done or feed.fed > len(seq.tokens)  # reply[k + 1] for decode step k
+            return self.known(feed) >= 1 or feed.done
+        return feed.done or self.known(feed) > len(seq.tokens)  # reply[k + 1] for decode step k
 
 
 class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):

@@ -33,6 +33,7 @@ from omni_actors.models.qwen2_5_omni.talker import ThinkerFedTalker, ThinkerFeed
 from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq, ForwardOut, StepInputs
+from omni_actors.workers.engines.hf_ar_sampling import small_tensor
 
 DEFAULT_SPEAKER = "ethan"
 SAMPLING = {
@@ -103,12 +104,24 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         feed.done = not seq.streaming
         seq.data = {"feed": feed, "speaker": self.tc.speaker_id[speaker], "frame": None}
 
+    def known(self, feed: ThinkerFeed) -> int:
+        """Reply tokens whose text the talker can read now. This talker reads a reply token's
+        thinker input embedding only, from its own copy of the table, so a token is known as soon as
+        it is sampled, a thinker step before its states come (`fed`): every sampled id, but the last
+        once the thinker is done (its stop token, or the one max_tokens cut off, which the thinker
+        never fed and `fed` never counted). The same rows, one thinker step sooner."""
+        return len(feed.token_ids) - (1 if feed.done else 0)
+
+    def _reply(self, feed: ThinkerFeed, i: int) -> torch.Tensor:
+        """Reply token i's thinker input embedding ([1, hidden], the talker's dtype)."""
+        return self.thinker_embed(small_tensor([feed.token_ids[i]], self.ctx.device))
+
     def _trailing(self, feed: ThinkerFeed, k: int) -> torch.Tensor:
         """Text for decode step k: reply token k + 1, then tts-eos, then tts-pad."""
-        if k + 1 < feed.fed:
-            row = feed.embeds[k + 1].to(self.ctx.device, self.model.dtype)
-            return self.model.text_projection(row[None])[0]
-        return self.tts_eos if k + 1 == max(feed.fed, 1) else self.tts_pad
+        known = self.known(feed)
+        if k + 1 < known:
+            return self.model.text_projection(self._reply(feed, k + 1))[0]
+        return self.tts_eos if k + 1 == max(known, 1) else self.tts_pad
 
     def prefill(self, seq: ARSeq) -> StepInputs:
         feed: ThinkerFeed = seq.data["feed"]
@@ -134,9 +147,8 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         if not opening:
             raise ValueError("the thinker prompt has no '<|im_start|>assistant' turn")
         a = opening[-1]
-        first = feed.embeds[0].to(dev, dt)[None] if feed.fed else None
         head = self.model.text_projection(embeds[a : a + 3])
-        first_text = self.model.text_projection(first)[0] if first is not None else self.tts_eos
+        first_text = self.model.text_projection(self._reply(feed, 0))[0] if self.known(feed) else self.tts_eos
         text = torch.cat([head, self.tts_pad.expand(4, -1), self.tts_bos[None], first_text[None]])
         tc = self.tc
         control = torch.tensor(

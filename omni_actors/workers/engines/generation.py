@@ -199,7 +199,7 @@ class FrameCodecAdapter(GenerationAdapter):
     def causal_graphs(self, decode: Callable[[torch.Tensor], torch.Tensor]) -> CodecGraphs:
         """`decode` ([batch, groups, length] codes on the device -> [batch, samples]) of a causal
         decoder, run from CUDA graphs of padded buckets (codec_graphs.py) under engine_extras
-        cuda_graphs (default on CUDA); a first window's buckets are captured now. Call in `load`,
+        cuda_graphs (default on CUDA); every bucket is captured now, a first window's first. Call in `load`,
         after `groups` and samples_per_code are set."""
         graphs = CodecGraphs(
             decode, self.groups, self.samples_per_code, self.ctx.device, self.ctx.max_num_seqs,
