@@ -13,7 +13,9 @@ generation config, an offline Qwen tokenizer), then measures in the same run:
   (+ graphs), `static_fused_compiled` (+ compile + graphs) and
   `static_fused_eager` run our own decode step (`fused_decode`,
   hf_ar_fused.py; on CUDA one step queued ahead, hf_ar_lookahead.py;
-  `static_fused_compiled_sync` and `static_graphs_sync` are those without it); on CPU graphs
+  `static_fused_compiled_sync` and `static_graphs_sync` are those without it;
+  `static_fused_compiled_lt` with GEMMs on cuBLASLt, `engine_extras.blas`: that choice is the
+  process's, so name it after the modes it is compared with); on CPU graphs
   and compile are off, so `static_fused` runs the fused step eagerly.
 
 `graph_vs_eager` (modes with graphs or the fused step): one decode step's
@@ -57,6 +59,8 @@ TOKENS: dict[str, dict[str, list[list[int]]]] = {}
 MODES = {
     "static_fused_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
                               "fused_decode": True},
+    "static_fused_compiled_lt": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
+                                 "fused_decode": True, "blas": "cublaslt"},
     "static_fused_compiled_sync": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
                                    "fused_decode": True, "lookahead": False},
     "static_fused_autotuned": {"kv_cache": "static", "cuda_graphs": True, "compile": True,

@@ -77,7 +77,12 @@ def wire_frames(runner: Any, ctx: Any, event: str) -> None:
     compiled mode on CUDA every batch bucket is compiled and captured here, so no request waits.
     The runner has `stack`, `mode`, `sizes`, `device`, `_frame`, `_frame_fused`, `_fused_pass`."""
     compiling = runner.stack is not None and runner.mode == "compiled"
-    runner._pass = compiled(runner._fused_pass, compile_mode(ctx), event) if compiling else runner._fused_pass
+    # One pass differs between batch buckets only in its batch size: compiled with that size
+    # symbolic, inductor compiles twice (batch 1, then the rest) instead of once per bucket, which
+    # on a cold cache held the Qwen3-Omni talker's start-up ~30 s past the thinker's.
+    runner._pass = (
+        compiled(runner._fused_pass, compile_mode(ctx), event, dynamic=True) if compiling else runner._fused_pass
+    )
     frame = runner._frame if runner.stack is None else runner._frame_fused
     runner.graphs = DecodeGraphs(
         lambda b, _: frame(b), cuda_graphs_wanted(ctx), warmups=COMPILE_WARMUPS if compiling else 0,

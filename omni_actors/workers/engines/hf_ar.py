@@ -85,6 +85,7 @@ from omni_actors.workers.engines.hf_ar_compile import (
     compile_mode,
     compile_wanted,
     compiled_step,
+    prefer_blas,
 )
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
 from omni_actors.workers.engines.hf_ar_grammar import Grammars
@@ -137,6 +138,7 @@ class HfAREngine(StageEngine):
         self._prefill_only = False
         """The last step ran only a prefill (so this one decodes)."""
         mode = compile_mode(ctx)  # checked on every device
+        prefer_blas(ctx)
         self.static = kind == "static"
         self.max_len = int(limit) if limit else (DEFAULT_STATIC_MAX_LEN if self.static else None)
         self.slots: SlotKV | None = None

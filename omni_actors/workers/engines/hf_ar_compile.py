@@ -35,11 +35,25 @@ COMPILE_MODE = "default"
 CUDA graphs are ours (hf_ar_graphs.py), not inductor's. engine_extras["compile_mode"] picks
 another of COMPILE_MODES ("max-autotune-no-cudagraphs": autotuned GEMMs, minutes per bucket)."""
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+BLAS_LIBRARIES = ("cublas", "cublaslt")
+"""engine_extras["blas"]: the library the worker's GEMMs go to on CUDA (torch's default: cublas)."""
 
 
 def compile_wanted(ctx: Any) -> bool:
     extras = ctx.engine_extras
     return ctx.device == "cuda" and bool(extras.get("compile", False)) and not extras.get("enforce_eager")
+
+
+def prefer_blas(ctx: Any) -> None:
+    """engine_extras["blas"], checked, set for the worker's process on CUDA (one process per stage
+    replica, so the choice is the stage's): cuBLASLt picks other GEMV kernels for a batch-1 step."""
+    lib = ctx.engine_extras.get("blas")
+    if lib is None:
+        return
+    if lib not in BLAS_LIBRARIES:
+        raise ValueError(f"engine_extras.blas: expected one of {BLAS_LIBRARIES}, got {lib!r}")
+    if ctx.device == "cuda":
+        torch.backends.cuda.preferred_blas_library(lib)
 
 
 def compile_mode(ctx: Any) -> str:
@@ -55,16 +69,19 @@ def compiled_step(step: Callable[[int, int], Any], mode: str = COMPILE_MODE) -> 
     return compiled(step, mode, "hf_ar.compile_off")
 
 
-def compiled(fn: Callable[..., Any], mode: str = COMPILE_MODE, event: str = "hf_ar.compile_off") -> Callable[..., Any]:
-    """`fn` compiled (dynamic=False: one specialisation per shape, up to RECOMPILE_LIMIT); inside a
-    CUDA-graph capture only code compiled before runs (else eager); on a compile error, `fn`
+def compiled(
+    fn: Callable[..., Any], mode: str = COMPILE_MODE, event: str = "hf_ar.compile_off", dynamic: bool = False,
+) -> Callable[..., Any]:
+    """`fn` compiled (dynamic=False: one specialisation per shape, up to RECOMPILE_LIMIT; True: sizes
+    symbolic, so one compile serves every batch above 1, which dynamo always specialises); inside
+    a CUDA-graph capture only code compiled before runs (else eager); on a compile error, `fn`
     eagerly from then on (`event` logged once with the reason)."""
     import torch._dynamo as dynamo
 
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(dynamo.config, name):
             setattr(dynamo.config, name, max(getattr(dynamo.config, name), RECOMPILE_LIMIT))
-    fast = torch.compile(fn, dynamic=False, mode=mode)
+    fast = torch.compile(fn, dynamic=dynamic, mode=mode)
     state = {"ok": True}
 
     cuda = torch.cuda.is_available()
