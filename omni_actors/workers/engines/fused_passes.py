@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_actors import logs
+from omni_actors.workers.engine import timed
 from omni_actors.workers.engines.hf_ar_compile import COMPILE_WARMUPS, compile_mode, compiled
 from omni_actors.workers.engines.hf_ar_fused import (
     FusedUnsupported,
@@ -89,7 +90,7 @@ def wire_frames(runner: Any, ctx: Any, event: str) -> None:
         buckets=len(runner.sizes),
     )  # fmt: skip
     if compiling and runner.device.type == "cuda":
-        with torch.inference_mode():
+        with torch.inference_mode(), timed(ctx, "depth_passes"):
             for batch in runner.sizes:
                 runner.graphs.run(batch, 0)
 
