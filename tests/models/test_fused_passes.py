@@ -127,3 +127,29 @@ def test_compiled_passes_in_cuda_graphs_draw_the_transformers_codes(tiny_model, 
     else:
         want, got = (_talker_codes(path, pipeline, m, "cuda") for m in ("transformers", "compiled"))
     np.testing.assert_array_equal(got, want)
+
+
+def test_compiled_passes_compile_once_for_every_batch_and_draw_the_transformers_codes(tiny_model):
+    """`compiled` (the CUDA default; inductor compiles on the CPU too): the pass is compiled with
+    its batch symbolic and no batch-1 bucket, so one compile serves every bucket; the codes are
+    the transformers passes'."""
+    from torch._dynamo.utils import counters
+
+    from omni_actors.config.pipeline import get_pipeline, resolve
+
+    path = tiny_model("qwen3_omni_moe")
+    np.testing.assert_array_equal(
+        _talker_codes(path, "qwen3_omni_moe", "compiled"), _talker_codes(path, "qwen3_omni_moe", "transformers")
+    )
+    spec = get_pipeline("qwen3_omni_moe").stages[1]
+    engine = resolve(spec.engine)(_ctx(path, spec.model_stage, {**spec.engine_defaults, "depth_passes": "compiled"}))
+    try:
+        runner = engine.adapter.predictor
+        assert runner.sizes == [2, 4]  # max_num_seqs 4
+        before = counters["stats"]["unique_graphs"]
+        with torch.inference_mode():
+            for batch in runner.sizes:
+                runner.graphs.run(batch, 0)
+        assert counters["stats"]["unique_graphs"] - before == 1
+    finally:
+        engine.close()

@@ -36,7 +36,7 @@ from omni_actors.workers.engines.hf_ar_fused import (
     rope_table,
 )
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
-from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one
+from omni_actors.workers.engines.hf_ar_slots import additive_mask, attend_one, buckets
 
 log = logs.get(__name__)
 
@@ -76,8 +76,13 @@ def wire_frames(runner: Any, ctx: Any, event: str) -> None:
     """Set up a depth/predictor runner's frame: `runner._pass` (its `_fused_pass`, compiled in the
     compiled mode; pass 0 runs the stack's step eagerly) and `runner.graphs` (DecodeGraphs over `_frame_fused`, or `_frame` without a stack); in the
     compiled mode on CUDA every batch bucket is compiled and captured here, so no request waits.
-    The runner has `stack`, `mode`, `sizes`, `device`, `_frame`, `_frame_fused`, `_fused_pass`."""
+    The runner has `stack`, `mode`, `slots`, `sizes`, `device`, `_frame`, `_frame_fused`, `_fused_pass`."""
     compiling = runner.stack is not None and runner.mode == "compiled"
+    if compiling and runner.slots > 1:
+        # No batch-1 bucket: dynamo would compile batch 1 on its own (it always specialises a
+        # size of 1), and that compile was about half the talker's cold start-up. A lone frame
+        # runs in the batch-2 bucket (a padding row: the same kernels, no longer on a GPU).
+        runner.sizes = buckets(runner.slots, 2)
     # One pass differs between batch buckets only in its batch size: compiled with that size
     # symbolic, inductor compiles twice (batch 1, then the rest) instead of once per bucket, which
     # on a cold cache held the Qwen3-Omni talker's start-up ~30 s past the thinker's.
