@@ -18,11 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from omni_actors.workers.engine import EngineContext  # noqa: E402
-from omni_actors.workers.engines.generation import (  # noqa: E402
-    MAX_FIRST_ONLY_STEPS,
-    GenerationAdapter,
-    GenerationEngine,
-)
+from omni_actors.workers.engines.generation import MAX_FIRST_ONLY_STEPS, GenerationEngine  # noqa: E402
+from omni_actors.workers.engines.generation_adapter import GenerationAdapter  # noqa: E402
 
 TOY = f"{__name__}:RecordingAdapter"
 

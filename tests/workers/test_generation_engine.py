@@ -16,11 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from omni_actors.workers.engine import EngineContext  # noqa: E402
-from omni_actors.workers.engines.generation import (  # noqa: E402
-    ChunkPolicy,
-    GenerationAdapter,
-    GenerationEngine,
-)
+from omni_actors.workers.engines.generation import GenerationEngine  # noqa: E402
+from omni_actors.workers.engines.generation_adapter import ChunkPolicy, GenerationAdapter  # noqa: E402
 
 TOY = f"{__name__}:ToyAdapter"
 QWEN3 = "omni_actors.models.qwen3_omni_moe.code2wav:Qwen3OmniMoeCode2WavAdapter"

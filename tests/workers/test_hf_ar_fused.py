@@ -286,7 +286,7 @@ def test_fused_needs_the_static_cache_and_a_bool(llama_dir):
         HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode="yes"))
     with pytest.raises(ValueError, match="compile_mode"):
         HfAREngine(_ctx(llama_dir, kv_cache="static", compile=True, compile_mode="fastest"))
-    with pytest.raises(ValueError, match="engine_extras.blas"):
+    with pytest.raises(ValueError, match=r"engine_extras\.blas"):
         HfAREngine(_ctx(llama_dir, kv_cache="static", blas="mkl"))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from omni_actors.models.mimi import conv_shapes_on_host
 from omni_actors.models.qwen2_5_omni.loading import load_codec
-from omni_actors.workers.engines.generation import FrameCodecAdapter
+from omni_actors.workers.engines.generation_adapter import FrameCodecAdapter
 
 
 class MimiCodecAdapter(FrameCodecAdapter):

@@ -26,7 +26,7 @@ import torch
 
 from omni_actors import logs
 from omni_actors.models.dia.loading import load_dac
-from omni_actors.workers.engines.generation import FrameCodecAdapter
+from omni_actors.workers.engines.generation_adapter import FrameCodecAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 log = logs.get(__name__)

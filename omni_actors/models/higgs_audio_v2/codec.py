@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from omni_actors.models.higgs_audio_v2.codec_loading import load_tokenizer
-from omni_actors.workers.engines.generation import FrameCodecAdapter
+from omni_actors.workers.engines.generation_adapter import FrameCodecAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 

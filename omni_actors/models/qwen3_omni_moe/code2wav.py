@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from omni_actors.models.qwen2_5_omni.loading import load_codec
 from omni_actors.workers.engine import timed
-from omni_actors.workers.engines.generation import FrameCodecAdapter
+from omni_actors.workers.engines.generation_adapter import FrameCodecAdapter
 
 
 class Qwen3OmniMoeCode2WavAdapter(FrameCodecAdapter):

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from omni_actors.models.qwen3_tts.codec_model import load_codec
-from omni_actors.workers.engines.generation import FrameCodecAdapter
+from omni_actors.workers.engines.generation_adapter import FrameCodecAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from omni_actors.models.qwen2_5_omni.loading import load_codec
-from omni_actors.workers.engines.generation import GenerationAdapter
+from omni_actors.workers.engines.generation_adapter import GenerationAdapter
 
 
 class _Stream:

@@ -66,10 +66,8 @@ defaults. `first_chunk_priority` (bool) is the engine's own.
 
 from __future__ import annotations
 
-import abc
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,192 +79,14 @@ from omni_actors.workers.engine import (
     EngineOutput,
     StageEngine,
     first_chunk_priority,
-    timed,
 )
-from omni_actors.workers.engines.codec_graphs import CodecGraphs
-from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
+from omni_actors.workers.engines.generation_adapter import ChunkPolicy, GenerationAdapter
 from omni_actors.workers.engines.torch_setup import one_cpu_thread
 
 FINAL_WINDOW_SLACK = 1.5
 """A streaming request's rest (input ended) goes in one window up to this x max_chunk_size."""
 MAX_FIRST_ONLY_STEPS = 8
 """First-only steps in a row (bulk windows waiting) before one step is chosen by deadline alone."""
-
-
-class GenerationAdapter(abc.ABC):
-    """Model-specific half of GenerationEngine. One instance per engine."""
-
-    sample_rate: int = 24000
-    samples_per_code: int = 1
-    chunk_size: int = 25
-    """New codes in a request's second decode; later ones grow from it (chunk_growth)."""
-    first_chunk_size: int = 10
-    """New codes in a request's first decode (smaller: first audio sooner)."""
-    left_context: int = 25
-    right_context: int = 0
-    chunk_growth: float = 2.0
-    """Each later window wants this many times the previous one's new codes (1: fixed size)."""
-    max_chunk_size: int | None = None
-    """Most new codes in one streaming window; None: 4 x chunk_size."""
-    max_batch_codes: int | None = None
-    """Most window codes (summed over the batch) one `decode` call gets; None: no limit."""
-
-    def __init__(self, ctx: EngineContext) -> None:
-        self.ctx = ctx
-
-    @abc.abstractmethod
-    def load(self) -> None:
-        """Load weights from ctx.model_path (decode in float32 where the model needs it)."""
-
-    def start(self, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
-        """Per-request conditioning kept for the request's life (speaker, seed, ...)."""
-        return None
-
-    @abc.abstractmethod
-    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        """Codes in one input payload, time on axis 0; None when it carries none."""
-
-    def context_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        """Codes to put before a request's own (a reference clip's, when the model continues it): decoded
-        as left context, their audio never sent. Only in a request's first payload; None without."""
-        return None
-
-    def frames_of(
-        self, inputs: dict[str, Any], key: str, width: int, dtype: torch.dtype = torch.long
-    ) -> torch.Tensor | None:
-        """inputs[key] as [time, width] `dtype` (a `codes_of` for frames of `width` values); None without it."""
-        if key not in inputs:
-            return None
-        return torch.as_tensor(np.asarray(inputs[key]), dtype=dtype).reshape(-1, width)
-
-    @abc.abstractmethod
-    def decode(
-        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
-    ) -> list[torch.Tensor]:
-        """Decode equal-length code windows (starting at absolute code `starts`) to 1-D waveforms."""
-
-    def decode_part(
-        self,
-        windows: list[torch.Tensor],
-        starts: list[int],
-        data: list[Any],
-        keep: list[tuple[int, int | None]],
-    ) -> list[tuple[torch.Tensor, int]]:
-        """`decode`, when only the audio of window codes [lo, hi) (hi None: to the end) is kept.
-
-        Returns each waveform with the window sample its first sample is (at most
-        lo * samples_per_code). An adapter may skip work outside the kept codes (and its
-        receptive field); the default decodes everything.
-        """
-        return [(wav, 0) for wav in self.decode(windows, starts, data)]
-
-    def batch_key(self, data: Any) -> Any:
-        """Requests whose keys differ are never decoded in one batch."""
-        return None
-
-    def window_lengths(self) -> tuple[int, ...]:
-        """Window lengths (codes, ascending) this adapter decodes cheapest, say as captured CUDA
-        graphs; empty (the default): no preference. A request's last window, shorter than one of
-        them, is widened to the shortest that fits by taking more left context (earlier codes,
-        whose audio is not sent again), when the request has that many codes."""
-        return ()
-
-
-class FrameCodecAdapter(GenerationAdapter):
-    """A codec decoder whose payloads carry frames of `groups` codes under "codes" (set `groups`
-    in `load`); `device_codes` stacks a batch's windows as the decoders take them."""
-
-    groups: int
-    eager_windows: dict[str, int] = {}
-    """Window sizes (ChunkPolicy fields) over the class's when `causal_graphs` runs decodes
-    eagerly (off CUDA, or graphs off): small windows pay only where a decode is a cheap replay;
-    eager, each costs a whole decode's dispatch and compute. engine_extras override both."""
-
-    def codes_of(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        return self.frames_of(inputs, "codes", self.groups)
-
-    def device_codes(self, windows: list[torch.Tensor]) -> torch.Tensor:
-        """Equal-length [time, groups] windows -> [batch, groups, time] on the stage's device."""
-        return torch.stack(windows).transpose(1, 2).to(self.ctx.device)
-
-    def decode(
-        self, windows: list[torch.Tensor], starts: list[int], data: list[Any]
-    ) -> list[torch.Tensor]:
-        """The windows through the `graphs` that `causal_graphs` made in `load` (an adapter that
-        does not call it decodes by itself)."""
-        return list(self.graphs.run(self.device_codes(windows)))
-
-    def causal_graphs(self, decode: Callable[[torch.Tensor], torch.Tensor]) -> CodecGraphs:
-        """`decode` ([batch, groups, length] codes on the device -> [batch, samples]) of a causal
-        decoder, run from CUDA graphs of padded buckets (codec_graphs.py) under engine_extras
-        cuda_graphs (default on CUDA); every bucket is captured now, a first window's first. Call in `load`,
-        after `groups` and samples_per_code are set."""
-        graphs = CodecGraphs(
-            decode, self.groups, self.samples_per_code, self.ctx.device, self.ctx.max_num_seqs,
-            cuda_graphs_wanted(self.ctx),
-        )  # fmt: skip
-        if graphs.enabled:
-            policy = ChunkPolicy.of(self, self.ctx.engine_extras)
-            with timed(self.ctx, "cuda_graphs"):
-                graphs.warm(policy.first_chunk_size + policy.right_context)
-        if not graphs.enabled:  # (also when a capture failed while warming)
-            for name, value in self.eager_windows.items():
-                setattr(self, name, value)
-        return graphs
-
-
-@dataclass(frozen=True)
-class ChunkPolicy:
-    """Window sizes in codes (see the module docstring), validated."""
-
-    chunk_size: int
-    first_chunk_size: int
-    left_context: int
-    right_context: int
-    chunk_growth: float
-    max_chunk_size: int
-
-    @classmethod
-    def of(cls, adapter: GenerationAdapter, extras: dict[str, Any]) -> ChunkPolicy:
-        def get(name: str) -> Any:
-            return extras.get(name, getattr(adapter, name))
-
-        chunk = int(get("chunk_size"))
-        cap = get("max_chunk_size")
-        policy = cls(
-            chunk_size=chunk, first_chunk_size=int(get("first_chunk_size")),
-            left_context=int(get("left_context")), right_context=int(get("right_context")),
-            chunk_growth=float(get("chunk_growth")),
-            max_chunk_size=int(cap) if cap else 4 * chunk,
-        )  # fmt: skip
-        if policy.chunk_size < 1 or policy.first_chunk_size < 1:
-            raise ValueError("chunk_size and first_chunk_size must be at least 1")
-        if policy.left_context < 0 or policy.right_context < 0:
-            raise ValueError("left_context and right_context must not be negative")
-        if policy.chunk_growth < 1:
-            raise ValueError(f"chunk_growth must be at least 1, got {policy.chunk_growth}")
-        if policy.max_chunk_size < policy.chunk_size:
-            raise ValueError(
-                f"max_chunk_size ({policy.max_chunk_size}) must be at least "
-                f"chunk_size ({policy.chunk_size})"
-            )
-        return policy
-
-    @property
-    def cap(self) -> int:
-        """max_chunk_size rounded down to whole chunks."""
-        return self.max_chunk_size // self.chunk_size * self.chunk_size
-
-    def new_codes(self, chunks_done: int, available: int) -> int:
-        """New codes for a streaming window after `chunks_done` windows; 0: not yet due."""
-        if chunks_done == 0:
-            return self.first_chunk_size if available >= self.first_chunk_size else 0
-        size, cap = self.chunk_size, self.cap
-        growth = self.chunk_growth ** min(chunks_done - 1, 64)
-        want = min(cap, size * int(growth))
-        if available < want:
-            return 0
-        return min(cap, want + (available - want) // size * size)
 
 
 @dataclass
