@@ -121,14 +121,16 @@ def test_cloned_greedy_frames_equal_generate_on_the_processors_inputs(engine) ->
     assert np.array_equal(ours, _reverted(theirs[-20:], 8, adapter.bos))
 
 
-def test_static_kv_gives_the_dynamic_caches_frames(engine, tmp_path) -> None:
-    """The engine's static slot cache (the CUDA default; here eager on CPU) runs the same adapter forward."""
+@pytest.mark.parametrize("fused", [False, True], ids=["adapter_forward", "fused_step"])
+def test_static_kv_gives_the_dynamic_caches_frames(engine, fused) -> None:
+    """The engine's static slot cache (the CUDA default; here eager on CPU) runs the same adapter
+    forward; with fused_decode, decode steps run the fused Llama step over the audio FFN weights."""
     from omni_actors.workers.engines.hf_ar import HfAREngine
 
-    ctx = EngineContext(0, 0, "lm", engine.ctx.model_path, "cpu", 4, "auto", 0.9, 1,
-                        engine_extras={"adapter": ADAPTER, "kv_cache": "static", "max_model_len": 512})  # fmt: skip
-    static = HfAREngine(ctx)
+    extras = {"adapter": ADAPTER, "kv_cache": "static", "max_model_len": 512, "fused_decode": fused}
+    static = HfAREngine(EngineContext(0, 0, "lm", engine.ctx.model_path, "cpu", 4, "auto", 0.9, 1, engine_extras=extras))
     try:
+        assert (static.fused is not None) == fused
         reqs = [("s", {}, {"seed": 2}), ("g", {"voice": "SPEAKER1"}, {"temperature": 0.0})]
         ours = _run(static, reqs)
     finally:

@@ -187,6 +187,17 @@ class HiggsLMAdapter(ARAdapter):
         last = inner.norm(hidden[:, -1])
         return ForwardOut(self.model.audio_lm_head(last), None)
 
+    def fused_model(self) -> Any:
+        """A decode step feeds audio frames only, and with no audio mask every layer takes its
+        audio norms and audio FFN: a Llama layer with those weights (engine_extras.fused_decode)."""
+        from omni_actors.workers.engines.hf_ar_fused import FusedModel
+
+        inner = self.model.model
+        return FusedModel(
+            inner.config, inner, None, self.model.audio_lm_head, kind="llama",
+            layer_parts=("audio_input_layernorm", "audio_post_attention_layernorm", "audio_mlp"),
+        )  # fmt: skip
+
     # ---- codebooks ---------------------------------------------------------------
 
     def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,9 @@ class FusedModel:
     hidden: bool = False
     """Also return each row's (input embedding, final normed hidden state) as ForwardOut.hidden:
     transformers' hidden_states[0] and [-1] (the Qwen2.5-Omni thinker hands them to its talker)."""
+    layer_parts: tuple[str, str, str] = ("input_layernorm", "post_attention_layernorm", "mlp")
+    """Each layer's (pre-attention norm, post-attention norm, MLP) attribute names: a layer with
+    a second set for some tokens (Higgs-Audio-V2's audio FFN, all a decode step runs) names it."""
 
     @classmethod
     def causal_lm(cls, model: torch.nn.Module) -> FusedModel:
@@ -175,7 +178,7 @@ class FusedDecoder:
         self.hidden = parts.hidden
         self.rows = torch.arange(slots.slots, device=slots.device)
         self.shape = HeadShape.of(inner, config)
-        self.layers = fused_layers(inner)
+        self.layers = fused_layers(inner, parts.layer_parts)
         self.norm = inner.norm.weight
         self.head_w, self.head_b = parts.head.weight, parts.head.bias
         self.dtype = self.norm.dtype
@@ -257,21 +260,25 @@ class HeadShape:
         return h + F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
 
 
-def fused_layers(decoder: torch.nn.Module) -> list[FusedLayer]:
-    """The decoder's layers as the fused steps read them; q/k/v and gate/up packed (see `_pack`)."""
+def fused_layers(
+    decoder: torch.nn.Module, parts: tuple[str, str, str] = FusedModel.layer_parts
+) -> list[FusedLayer]:
+    """The decoder's layers as the fused steps read them (`parts`: FusedModel.layer_parts); q/k/v
+    and gate/up packed (see `_pack`)."""
+    norm1, norm2, mlp_name = parts
     layers = []
     with torch.no_grad():
         for layer in decoder.layers:
-            attn, mlp = layer.self_attn, layer.mlp
+            attn, mlp = layer.self_attn, getattr(layer, mlp_name)
             qkv_w, qkv_b = _pack([attn.q_proj, attn.k_proj, attn.v_proj])
             gate_up_w, gate_up_b = _pack([mlp.gate_proj, mlp.up_proj])
             q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             layers.append(FusedLayer(
-                norm1=layer.input_layernorm.weight, qkv_w=qkv_w, qkv_b=qkv_b,
+                norm1=getattr(layer, norm1).weight, qkv_w=qkv_w, qkv_b=qkv_b,
                 q_norm=None if q_norm is None else q_norm.weight,
                 k_norm=None if k_norm is None else k_norm.weight,
                 o_w=attn.o_proj.weight, o_b=attn.o_proj.bias,
-                norm2=layer.post_attention_layernorm.weight,
+                norm2=getattr(layer, norm2).weight,
                 gate_up_w=gate_up_w, gate_up_b=gate_up_b,
                 down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
             ))  # fmt: skip
