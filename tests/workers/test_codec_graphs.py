@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 from omni_actors.models.tiny import make_tiny  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
-from omni_actors.workers.engines.codec_graphs import LENGTHS  # noqa: E402
+from omni_actors.workers.engines.codec_graphs import LENGTHS, CodecGraphs  # noqa: E402
 from omni_actors.workers.engines.generation import GenerationEngine  # noqa: E402
 
 ADAPTERS = {
@@ -67,6 +67,15 @@ def test_right_and_row_padding_leave_a_causal_decoders_samples_as_they_were(
         np.testing.assert_allclose(whole[:batch, :cut].numpy(), alone.numpy(), atol=1e-5)
 
 
+def test_a_decode_past_the_largest_bucket_goes_to_replays_rows_at_a_time() -> None:
+    graphs = CodecGraphs(lambda c: c, groups=4, samples_per_code=10, device="cpu", max_batch=16,
+                         enabled=False, max_codes=1024)  # fmt: skip
+    assert graphs.batches == [1, 2, 4, 8, 16]
+    assert graphs.rows_per_replay(16, 75) == 8  # (16, 96) is 1,536 codes; (8, 96) fits
+    assert graphs.rows_per_replay(16, 30) is None  # (16, 32) fits: one replay
+    assert graphs.rows_per_replay(2, LENGTHS[-1] + 1) is None  # longer than every bucket: eager
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", sorted(ADAPTERS))
 def test_graphed_decodes_equal_eager_ones_on_cuda(family, tmp_path, monkeypatch) -> None:
@@ -90,3 +99,10 @@ def test_graphed_decodes_equal_eager_ones_on_cuda(family, tmp_path, monkeypatch)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=1e-4, err_msg=f"{family} batch {batch} length {length}")
     assert len(g.graphs.graphs) == captured  # nothing captured while serving
+    small = CodecGraphs(g.decode, graphed.groups, graphed.samples_per_code, "cuda", 8, True, max_codes=256)
+    small.warm(1)
+    assert small.rows_per_replay(8, 40) == 4  # (8, 48) is past 256 codes: two replays of (4, 48)
+    codes = _codes(family, graphed.groups, 8, 40, seed=99).cuda()
+    with torch.inference_mode():
+        want, got = eager.graphs.run(codes).cpu().numpy(), small.run(codes).cpu().numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, err_msg=f"{family} split into replays")

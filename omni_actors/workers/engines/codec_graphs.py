@@ -10,8 +10,10 @@ graphs off and decoding goes on eagerly).
 
 Right padding is only sound for a causal decoder: no sample depends on a later frame, so the
 padded decode's first samples are the unpadded decode's, and its output is cut to the length
-the unpadded one has (the bucket's samples less the padding's). Buckets past `max_codes`
-(batch x length) run eagerly: their activations would hold the graph pool's memory for good.
+the unpadded one has (the bucket's samples less the padding's). No bucket is captured past
+`max_codes` (batch x length): its activations would hold the graph pool's memory for good. A
+decode bigger than that goes to replays of the largest bucket that fits, rows at a time; a
+window longer than every captured length runs eagerly.
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ class CodecGraphs:
             return None
         return b, n
 
+    def rows_per_replay(self, batch: int, length: int) -> int | None:
+        """How many rows of a decode too big for one bucket go to each replay: the largest batch
+        bucket whose padded window still fits `max_codes`. None: the decode runs as it is (one
+        bucket takes it, or its window is longer than every captured length)."""
+        if self.bucket(batch, length) is not None:
+            return None
+        n = next((s for s in LENGTHS if s >= length), None)
+        fits = [b for b in self.batches if n is not None and b * n <= self.max_codes]
+        return max(fits) if fits else None
+
     def _replayable(self, batch: int, length: int) -> torch.Tensor:
         return self.decode(self.inputs[(batch, length)])
 
@@ -71,7 +83,13 @@ class CodecGraphs:
 
     def run(self, codes: torch.Tensor) -> torch.Tensor:
         batch, _, length = codes.shape
-        shape = self.bucket(batch, length) if self.enabled else None
+        if not self.enabled:
+            return self.decode(codes)
+        rows = self.rows_per_replay(batch, length)
+        if rows is not None:  # replays of captured buckets, not one eager decode (16 CSM streams'
+            # 75-frame windows: 1,200 codes, past max_codes; eager that was ~100 ms of host dispatch)
+            return torch.cat([self.run(codes[i : i + rows]).clone() for i in range(0, batch, rows)])
+        shape = self.bucket(batch, length)
         if shape is None:
             return self.decode(codes)
         buf = self.inputs.get(shape)
