@@ -42,10 +42,6 @@ class StageLatency:
             out.append((bound, acc))
         return out
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
 
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (nearest rank) of values, None when there are none."""
