@@ -24,11 +24,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _INDUCTOR = tempfile.mkdtemp(prefix="omni-test-inductor-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR)
 atexit.register(shutil.rmtree, _INDUCTOR, True)
-# inductor's C++ precompiled headers (CPU compiles: vLLM's) ignore that variable and go to
-# /tmp/torchinductor_<user>: removed after the run unless it was there before.
+# inductor's C++ precompiled headers (CPU compiles: vLLM's, the compiled depth passes') ignore
+# that variable and go to /tmp/torchinductor_<user>: what the run wrote there goes after it (files
+# newer than its start, then folders left empty), and the folder too if the run made it.
 _HEADERS = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
-if not _HEADERS.exists():
-    atexit.register(shutil.rmtree, _HEADERS, True)
+_STARTED = time.time() - 1.0
+
+
+def _drop_written_since_start(folder: Path) -> None:
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()  # only when empty
+            elif path.lstat().st_mtime >= _STARTED:
+                path.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+atexit.register(_drop_written_since_start, _HEADERS)
 # pytest's tmp_path folders are kept only for failed tests (pyproject's tmp_path_retention_policy);
 # after a green run their parent is empty and goes too.
 _PYTEST_TMP = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
