@@ -1,4 +1,5 @@
-"""GET /v1/status: the loaded pipelines as the playground draws them: stages, edges, replicas, load.
+"""GET /v1/status: the loaded pipelines as the playground draws them: stages, edges, replicas, load,
+step time and each stage's share of first output.
 
 The top level is the server's first pipeline (as with one pipeline); `pipelines`
 lists every pipeline of the server, each in the same shape, in deploy order.
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from omni_actors.api.pipelines import PIPELINES_KEY, Pipelines
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.latency import summary_ms
 
 
 class ReplicaStatus(msgspec.Struct, kw_only=True):
@@ -23,6 +25,10 @@ class ReplicaStatus(msgspec.Struct, kw_only=True):
     pid: int | None
     in_flight: int
     restarts: int
+    steps: int
+    """Engine steps done (as of the worker's last heartbeat; a restarted worker counts from 0)."""
+    step_ms: float | None
+    """The mean engine step so far (None before the first)."""
 
 
 class StageStatus(msgspec.Struct, kw_only=True):
@@ -35,6 +41,11 @@ class StageStatus(msgspec.Struct, kw_only=True):
     queue_limit: int
     in_flight: int
     engine_requests: int
+    step_ms: float | None
+    """The mean engine step over the stage's replicas (None before the first)."""
+    first_output_ms: float | None
+    """The stage's share of a request's time to first output, p50 of recent requests: from the
+    stage being started on a request to its first output (orchestrator/latency.py)."""
     replicas: list[ReplicaStatus]
 
 
@@ -69,8 +80,11 @@ def pipeline_status(pipelines: Pipelines, orch: Orchestrator) -> PipelineStatus:
             final_output_type=spec.final_output_type if spec.final_output else None,
             healthy=st.healthy, queue_limit=st.queue_limit, in_flight=st.in_flight,
             engine_requests=st.engine_requests,
+            step_ms=_mean_ms(sum(r.busy_s for r in st.replicas), sum(r.steps for r in st.replicas)),
+            first_output_ms=summary_ms(orch.first_outputs[st.stage_id])["own_p50_ms"],
             replicas=[ReplicaStatus(replica=r.replica, ready=r.ready, pid=r.pid, in_flight=r.in_flight,
-                                    restarts=r.restarts) for r in st.replicas],
+                                    restarts=r.restarts, steps=r.steps, step_ms=_mean_ms(r.busy_s, r.steps))
+                      for r in st.replicas],
         ))
     return PipelineStatus(
         pipeline=pipe.name, models=pipelines.names_of(orch),
@@ -79,6 +93,10 @@ def pipeline_status(pipelines: Pipelines, orch: Orchestrator) -> PipelineStatus:
         requests_total=stats.requests_total, requests_failed=stats.requests_failed,
         worker_restarts=stats.worker_restarts, stages=stages,
     )
+
+
+def _mean_ms(busy_s: float, steps: int) -> float | None:
+    return round(1000 * busy_s / steps, 2) if steps else None
 
 
 async def status_route(request: web.Request) -> web.Response:

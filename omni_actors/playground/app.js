@@ -80,7 +80,7 @@ function svg(tag, attrs, text) {
 }
 
 export function drawPipeline(status) {
-  const W = 190, H = 96, GAP = 60;
+  const W = 236, H = 114, GAP = 60;
   const depth = new Map();
   for (const s of status.stages) depth.set(s.stage_id, Math.max(0, ...s.inputs.map((i) => depth.get(i) + 1)));
   const rows = new Map();
@@ -114,9 +114,12 @@ export function drawPipeline(status) {
     g.append(svg("text", { x: x + 10, y: y + 36 }, s.execution_type + (s.final_output_type ? ` → ${s.final_output_type}` : "")));
     g.append(svg("text", { x: x + 10, y: y + 54 }, `in flight ${s.in_flight} / queue ${s.queue_limit}`));
     g.append(svg("text", { x: x + 10, y: y + 72 }, `engine requests ${s.engine_requests}`));
+    const ms = (v) => (v == null ? "–" : `${v < 1 ? v.toFixed(2) : Math.round(v * 10) / 10} ms`);
+    g.append(svg("text", { x: x + 10, y: y + 90, "data-testid": `stage-${s.stage_id}-times` },
+                 `step ${ms(s.step_ms)} · first out ${ms(s.first_output_ms)}`));
     s.replicas.forEach((r, i) => {
       const dot = svg("circle", { cx: x + 14 + i * 16, cy: y + H - 10, r: 5, class: `replica ${r.ready ? "ready" : "down"}` });
-      dot.append(svg("title", {}, `replica ${r.replica}: ${r.ready ? "ready" : "not ready"}, pid ${r.pid}, ${r.in_flight} in flight, ${r.restarts} restarts`));
+      dot.append(svg("title", {}, `replica ${r.replica}: ${r.ready ? "ready" : "not ready"}, pid ${r.pid}, ${r.in_flight} in flight, ${r.restarts} restarts, ${r.steps} steps of ${ms(r.step_ms)}`));
       g.append(dot);
     });
     root.append(g);

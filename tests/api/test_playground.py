@@ -8,6 +8,7 @@ every stage with its replicas. A screenshot of each panel lands in the test's te
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -39,6 +40,18 @@ async def test_status_route_describes_the_pipeline(srv: Server) -> None:
     assert [s["stage_id"] for s in status["stages"]] == [0, 1, 2]
     assert [s["inputs"] for s in status["stages"]] == [[], [0], [1]]
     assert all(r["ready"] for s in status["stages"] for r in s["replicas"])
+    assert [s["first_output_ms"] for s in status["stages"]] == [None, None, None]  # nothing served yet
+
+    await srv.client().chat.completions.create(
+        model="synthetic", messages=[{"role": "user", "content": PROMPT}], modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"})
+    # steps reach the orchestrator with each worker's next heartbeat
+    await eventually(lambda: all(st.replicas[0].steps for st in srv.orch.statistics().stages), timeout_s=10)
+    async with aiohttp.ClientSession() as session, session.get(f"{srv.url}/v1/status", headers=srv.headers) as resp:
+        status = await resp.json()
+    for stage in status["stages"]:  # every stage answered the request: its share and its step time
+        assert stage["first_output_ms"] > 0 and stage["step_ms"] > 0, stage
+        assert stage["replicas"][0]["steps"] >= 1 and stage["replicas"][0]["step_ms"] > 0, stage
 
 
 async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> None:
@@ -76,6 +89,8 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         assert await page.locator("#pipeline-graph .stage.healthy").count() == 3
         assert await page.locator("#pipeline-graph .replica.ready").count() == 3
         assert await page.locator("#pipeline-graph .edge").count() == 2
+        times = await page.get_by_test_id("stage-2-times").text_content()  # an SVG <text>
+        assert re.fullmatch(r"step [\d.]+ ms · first out [\d.]+ ms", times), times
         await page.screenshot(path=str(tmp_path / "pipeline.png"))
 
         await page.reload()  # the key is kept for the tab: no second ask
