@@ -32,6 +32,8 @@ ORPHAN_EXIT_TIMEOUT_S = 30.0
 once too short on a loaded 2-core CI box)."""
 STREAM_READ_TIMEOUT_S = 20.0
 """A streamed response silent this long counts as hung."""
+STACKS_TIMEOUT_S = 2.0
+"""How long a failing test collects the stacks that the workers it names print."""
 HURRY_TIMEOUT_S = 10.0
 """A second signal must end the run well before the graceful drain's own limit (30 s)."""
 
@@ -186,6 +188,18 @@ class OmniRun:
                 self._eof = True
             else:
                 self.lines.append(line)
+
+    def stacks(self, procs: list[psutil.Process]) -> str:
+        """What each of `procs` is doing: its state and (by SIGUSR1 to faulthandler) its Python stacks."""
+        states = [f"{p.pid}: {p.status()} wchan={Path(f'/proc/{p.pid}/wchan').read_text()}" for p in procs]
+        for p in procs:
+            os.kill(p.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + STACKS_TIMEOUT_S
+        lines: list[str] = []
+        with contextlib.suppress(queue.Empty):
+            while (line := self._queue.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+                lines.append(line)
+        return "\n".join(states) + "\n" + "".join(lines)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -156,7 +156,7 @@ def test_sigkill_workers_follow_and_next_start_sweeps(tmp_path: Path, runs: list
     run.signal(signal.SIGKILL)
     assert run.wait(eof=False) == -signal.SIGKILL
     alive = wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S)
-    assert alive == [], f"workers outlived their killed main process: {alive}"
+    assert alive == [], f"workers outlived their killed main process: {alive}\n{run.stacks(alive)}"
 
     after = OmniRun(tmp_path, STAGES)
     runs.append(after)
@@ -186,7 +186,7 @@ def test_sigkill_before_a_worker_could_ask_for_its_parent_death_signal(
     for p in run.seen_workers - set(alive):  # reap the adopted orphans
         with contextlib.suppress(ChildProcessError):
             os.waitpid(p.pid, 0)
-    assert alive == [], f"workers outlived their killed main process: {alive}"
+    assert alive == [], f"workers outlived their killed main process: {alive}\n{run.stacks(alive)}"
     assert segments_of(run.pid) == []
 
 

@@ -7,12 +7,14 @@ the stage's `env`) before this interpreter started, so torch sees it at import.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 import msgspec
 
@@ -62,10 +64,27 @@ STOP = threading.Event()
 it raised was swallowed (a signal that lands inside a finalizer is only printed there)."""
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    if STOP.is_set():
+IMPORT_RETRY_S = 0.05
+"""How soon a SIGTERM that landed inside an import is tried again (imports finish in milliseconds)."""
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """The main thread is inside an import: an exception raised there may cross a C++ extension's
+    module init (nanobind, pybind11), where it ends the process by std::terminate."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGTERM and STOP.is_set():
         return  # a repeat: a parent dying with several threads sends its death signal once per thread
     STOP.set()
+    if _importing(frame):
+        signal.setitimer(signal.ITIMER_REAL, IMPORT_RETRY_S)  # raised once the import is over
+        return
     raise SystemExit(0)
 
 
@@ -116,6 +135,8 @@ def main(argv: list[str]) -> int:
     parent = int(argv[2])
     _die_with_parent(parent)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGALRM, _on_sigterm)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <worker>` prints its stacks
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process leads shutdown
     logs.configure(component=spec.identity)
     log = logs.get(__name__)
@@ -158,6 +179,8 @@ def main(argv: list[str]) -> int:
         # Once cleaning up, no signal may cut it short (e.g. the parent-death signal arriving
         # after a Shutdown message ended the loop).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
         if engine is not None:
             try:
                 engine.close()
