@@ -33,7 +33,7 @@ from omni_actors.api.calls import (
 from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.images import answer_images, collect_images, parse_size
-from omni_actors.api.multipart import BodyBudget
+from omni_actors.api.multipart import BodyBudget, form_parts
 
 ROUTE = "/v1/images/edits"
 EDIT_TASKS = {"image-edit", "inpaint", "image-to-layers"}
@@ -54,8 +54,7 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
     images: list[bytes] = []
     mask: bytes | None = None
     budget = BodyBudget(max_bytes)
-    reader = await request.multipart()
-    while (part := await reader.next()) is not None:
+    async for part in form_parts(request):
         name = part.name or ""
         if name not in TEXT_FIELDS and name not in ("image", "image[]", "mask"):
             raise bad_request(f"unknown form field `{name}`", name, "unknown_parameter")

@@ -1,11 +1,12 @@
 """GET /openapi.json: an OpenAPI 3.1 document of what this server answers, from the msgspec structs.
 
-The structs: schemas.py and chat_schemas.py.
+The routes: openapi_routes.py (every route the app registers but the WebSockets and the
+playground's page); the structs: those the handlers encode and decode.
 
 Built once per app for the loaded pipeline, so it agrees with the server:
 
 - only the routes whose outputs the pipeline produces are listed (no speech route
-  for a text-only pipeline); the realtime WebSocket is not an OpenAPI operation;
+  for a text-only pipeline); the WebSockets are not OpenAPI operations;
 - bearer auth is declared on an operation only when API keys are configured and
   the route is not public (`middleware.PUBLIC_PATHS`), and 401 is listed there;
 - each response names the content types the route really sends: audio types by
@@ -15,21 +16,18 @@ Built once per app for the loaded pipeline, so it agrees with the server:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, get_args
 
 import msgspec
 from aiohttp import web
 
-from omni_actors.api import chat_schemas as cs
-from omni_actors.api import responses_schemas as rs
 from omni_actors.api import schemas as s
 from omni_actors.api.middleware import PUBLIC_PATHS
-from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
+from omni_actors.api.openapi_routes import ROUTES, SSE, Form, Route
 
 REF = "#/components/schemas/{name}"
-SSE = "text/event-stream"
 
 _JSON_ERRORS = {
     "400": "Invalid request (the `param` names the field)",
@@ -41,48 +39,6 @@ _JSON_ERRORS = {
     "503": "A stage is unavailable",
     "504": "The request passed its deadline",
 }
-_SPEECH_TYPES = sorted(set(SPEECH_TYPES.values()))
-"""What /v1/audio/speech answers, one content type per response_format (api/speech_audio.py)."""
-
-
-@dataclass(frozen=True)
-class _Route:
-    method: str
-    path: str
-    summary: str
-    request: type | None
-    ok: dict[str, Any]
-    """Content type -> schema of the 200 answer (None: a string / binary body)."""
-    needs: frozenset[str] = frozenset()
-    """Output types the pipeline must produce for the route to be served."""
-    extra: tuple[tuple[str, str, type], ...] = ()
-    """Other answers: (status, description, schema), sent as JSON."""
-
-
-_ROUTES = (
-    _Route("post", "/v1/chat/completions", "Chat completion (chat.completion.chunk events when stream=true)",
-           cs.ChatCompletionRequest, {"application/json": cs.ChatCompletion, SSE: cs.ChatCompletionChunk},
-           frozenset({"text"})),
-    _Route("post", "/v1/audio/speech", "Text to speech: audio in response_format (speech.audio.* events "
-           "when stream_format=sse)", s.SpeechRequest,
-           {**dict.fromkeys(_SPEECH_TYPES), SSE: s.SpeechAudioDelta | s.SpeechAudioDone}, frozenset({"audio"})),
-    _Route("post", "/v1/audio/transcriptions", "Speech to text (multipart/form-data upload; "
-           "transcript.text.* events when stream=true)", s.TranscriptionForm,
-           {"application/json": s.Transcription | s.TranscriptionVerbose, "text/plain": None,
-            "application/x-subrip": None, "text/vtt": None, SSE: s.TranscriptTextDelta | s.TranscriptTextDone},
-           frozenset({"transcript"})),
-    _Route("post", "/v1/responses", "Responses API (response.* events when stream=true)", rs.ResponseRequest,
-           {"application/json": rs.Response, SSE: rs.StreamEvent}, frozenset({"text"})),
-    _Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
-           {"application/json": s.ImagesResponse, SSE: s.ImageStreamEvent}, frozenset({"image"})),
-    _Route("get", "/v1/models", "Served models", None, {"application/json": s.ModelList}),
-    _Route("get", "/v1/models/{model}", "One served model", None, {"application/json": s.Model},
-           extra=(("404", "Unknown model", s.ErrorResponse),)),
-    _Route("get", "/health", "Readiness of every stage", None, {"application/json": s.Health},
-           extra=(("503", "Some stage not ready", s.Health),)),
-    _Route("get", "/metrics", "Prometheus metrics", None, {"text/plain": None}),
-    _Route("get", "/openapi.json", "This document", None, {"application/json": None}),
-)
 
 _EXTRA = (s.SpeechAudioDone, s.TranscriptTextDone, s.ErrorResponse)
 _UPLOADS = {s.TranscriptionForm}
@@ -108,7 +64,7 @@ def _schema(ctype: str, struct: type | None) -> dict[str, Any]:
         return _sse_event(struct)
     if struct is not None:
         return _one_of(struct)
-    if ctype.startswith("audio/"):
+    if ctype.split("/")[0] in ("audio", "image", "video"):
         return {"type": "string", "format": "binary"}
     return {"type": "object"} if ctype == "application/json" else {"type": "string"}
 
@@ -129,17 +85,28 @@ def _sse_event(struct: Any) -> dict[str, Any]:
     }
 
 
-def served_routes(outputs: Iterable[str]) -> list[_Route]:
+def served_routes(outputs: Iterable[str]) -> list[Route]:
     have = set(outputs)
-    return [r for r in _ROUTES if r.needs <= have]
+    return [r for r in ROUTES if r.needs <= have]
 
 
-def _operation(route: _Route, auth: bool) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": route.summary,
-                          "operationId": f"{route.method}_{route.path.strip('/').replace('/', '_')}"}
-    if "{model}" in route.path:
-        op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
-    if route.request is not None:
+def _form_schema(form: Form) -> dict[str, Any]:
+    props = {**{f: {"type": "string", "format": "binary"} for f in form.files},
+             **{f: {"type": "string"} for f in form.fields}}
+    return {"type": "object", "properties": props, "required": list(form.required)}
+
+
+def _operation(route: Route, auth: bool) -> dict[str, Any]:
+    name = re.sub(r"[{}]", "", route.path.strip("/").replace("/", "_")) or "root"
+    op: dict[str, Any] = {"summary": route.summary, "operationId": f"{route.method}_{name}"}
+    params = re.findall(r"{(\w+)}", route.path)
+    if params:
+        op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                            for p in params]
+    if isinstance(route.request, Form):
+        op["requestBody"] = {"required": True, "content": {"multipart/form-data": {
+            "schema": _form_schema(route.request)}}}
+    elif route.request is not None:
         ctype = "multipart/form-data" if route.request in _UPLOADS else "application/json"
         op["requestBody"] = {"required": True, "content": {ctype: {"schema": _ref(route.request)}}}
     out: dict[str, Any] = {"200": {"description": "OK", "content": {
@@ -163,8 +130,8 @@ def _operation(route: _Route, auth: bool) -> dict[str, Any]:
 def build_openapi(title: str, version: str, outputs: Iterable[str], auth: bool) -> dict[str, Any]:
     """The document for a pipeline producing `outputs`, with API keys required when `auth`."""
     routes = served_routes(outputs)
-    types = [k for r in routes for t in (r.request, *r.ok.values(), *(x[2] for x in r.extra)) if t is not None
-             for k in (get_args(t) or (t,))]
+    types = [k for r in routes for t in (r.request, *r.ok.values(), *(x[2] for x in r.extra))
+             if t is not None and not isinstance(t, Form) for k in (get_args(t) or (t,))]
     _, components = msgspec.json.schema_components([*dict.fromkeys([*types, *_EXTRA])], ref_template=REF)
     paths: dict[str, Any] = {}
     for route in routes:

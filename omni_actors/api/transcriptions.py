@@ -35,8 +35,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from aiohttp import BodyPartReader, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp import web
 
 from omni_actors.api.audio_codec import decode_audio, off_loop
 from omni_actors.api.calls import (
@@ -46,7 +45,7 @@ from omni_actors.api.calls import (
     route_model,
 )
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.multipart import BodyBudget
+from omni_actors.api.multipart import BodyBudget, form_parts
 from omni_actors.api.schemas import (
     MAX_INSTRUCTIONS_CHARS,
     MAX_NAME_CHARS,
@@ -67,38 +66,21 @@ LIST_FIELDS = frozenset({GRANULARITIES + "[]", GRANULARITIES})
 FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature", *LIST_FIELDS})
 
 
-MULTIPART_ERRORS = (ValueError, AssertionError, LookupError, HttpProcessingError, web.RequestPayloadError)
-"""What aiohttp's multipart reader raises on a body it cannot parse (no or an over-long boundary,
-control characters or too many headers in a part, a body cut short, ...)."""
-
-
 async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
     """The text fields and the file's bytes; 400 naming a missing, unknown or repeated field, or
     saying why the body is not multipart/form-data this server can parse."""
     if request.content_type != "multipart/form-data":
         raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send the audio as "
                        "multipart/form-data with a `file` field", None, "unsupported_media_type")
-    try:
-        return await _parse_form(request, max_bytes)
-    except MULTIPART_ERRORS as err:
-        detail = err.message if isinstance(err, HttpProcessingError) else str(err)
-        raise ApiError(400, f"cannot parse the multipart/form-data body: {detail[:200]}", None,
-                       "invalid_multipart", close=True) from None
+    return await _parse_form(request, max_bytes)
 
 
 async def _parse_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
     fields: dict[str, str] = {}
     upload: bytes | None = None
     budget = BodyBudget(max_bytes)
-    reader = await request.multipart()
-    while (part := await reader.next()) is not None:
-        if not isinstance(part, BodyPartReader):
-            raise bad_request("nested multipart parts are not accepted; send each field as its own part",
-                              None, "invalid_multipart")
+    async for part in form_parts(request):
         name = part.name or ""
-        if not name:
-            raise bad_request("a form part has no name (Content-Disposition: form-data; name=...)", None,
-                              "invalid_multipart")
         if name not in FIELDS:
             raise bad_request(f"unknown form field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
         if name in LIST_FIELDS:

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.multipart import BodyBudget
+from omni_actors.api.multipart import BodyBudget, form_parts
 from omni_actors.workers.engines.video import DEFAULTS
 
 FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
@@ -59,8 +59,7 @@ async def read_fields(request: web.Request) -> tuple[dict[str, str], bytes | Non
     fields: dict[str, str] = {}
     upload: bytes | None = None
     budget = BodyBudget(int(orchestrator(request).deploy.server.max_body_mb * 1024 * 1024))
-    reader = await request.multipart()
-    while (part := await reader.next()) is not None:
+    async for part in form_parts(request):
         name = part.name or ""
         check_known({name: ""})
         data = await budget.read(part)

@@ -31,7 +31,7 @@ from msgspec import Struct
 from omni_actors.api.audio_codec import decode_audio, off_loop
 from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.multipart import BodyBudget
+from omni_actors.api.multipart import BodyBudget, form_parts
 from omni_actors.api.schemas import read_body
 from omni_actors.api.voice_store import Consent, ConsentInUse, Voice, VoiceStore
 
@@ -127,8 +127,7 @@ async def _form(request: web.Request, files: set[str], fields: set[str]) -> tupl
         texts: dict[str, str] = {}
         blobs: dict[str, bytes] = {}
         budget = BodyBudget(limit)
-        reader = await request.multipart()
-        while (part := await reader.next()) is not None:
+        async for part in form_parts(request):
             name = part.name or ""
             if name not in files | fields:
                 raise bad_request(f"unknown form field `{name}`; expected {sorted(files | fields)}", name,

@@ -21,6 +21,8 @@ from openapi_spec_validator import validate
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
+from omni_actors.api.app import build_app
+from omni_actors.api.openapi_routes import ROUTES, UNDOCUMENTED
 from tests.api.conftest import Server, serve
 
 FUZZ_EXAMPLES = 10
@@ -29,6 +31,14 @@ FUZZ_EXCLUDED = {
     "positive_data_acceptance": "a schema-valid string is rarely valid base64 audio or an image data URL, and "
                                 "the server checks media itself (a 400 naming the field), as the schema cannot say",
 }
+
+
+ALWAYS = {"/v1/models", "/v1/models/{model}", "/v1/status", "/health", "/metrics", "/openapi.json",
+          "/v1/audio/voice_consents", "/v1/audio/voice_consents/{consent_id}", "/v1/audio/voices",
+          "/v1/audio/voices/{voice_id}"}
+"""Paths every pipeline's document lists (custom voices are stored whatever the pipeline makes)."""
+RESPONSES = {"/v1/responses", "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
+             "/v1/responses/{response_id}/input_items"}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +58,8 @@ async def test_document_lists_what_this_pipeline_serves_with_real_content_types(
     spec = await spec_of(srv)
     validate(spec)
     paths = spec["paths"]
-    assert set(paths) == {"/v1/chat/completions", "/v1/responses", "/v1/audio/speech", "/v1/models",
-                          "/v1/models/{model}", "/health", "/metrics", "/openapi.json"}  # no images, no transcriptions here
+    assert set(paths) == ALWAYS | RESPONSES | {"/v1/chat/completions", "/v1/audio/speech", "/v1/audio/generations",
+                                               "/v1/audio/generate"}  # no images, videos, transcriptions here
     speech = paths["/v1/audio/speech"]["post"]["responses"]["200"]["content"]
     assert {"audio/mpeg", "audio/wav", "audio/flac", "audio/ogg", "audio/aac", "audio/pcm", "text/event-stream"} == set(
         speech)
@@ -65,6 +75,15 @@ async def test_document_lists_what_this_pipeline_serves_with_real_content_types(
         assert {"bearer": []} in op["security"] and "401" in op["responses"], path
 
 
+async def test_every_route_the_app_registers_is_in_the_route_table(srv: Server) -> None:
+    """A new route without a row in openapi_routes.py (or a row for a route that went) fails here."""
+    app = build_app(srv.orch)
+    registered = {(r.method.lower(), r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+    documented = {(r.method, r.path) for r in ROUTES}
+    assert registered - UNDOCUMENTED == documented, (registered - UNDOCUMENTED) ^ documented
+    assert registered >= UNDOCUMENTED
+
+
 async def test_speech_answers_the_documented_content_type(srv: Server) -> None:
     spec = await spec_of(srv)
     documented = set(spec["paths"]["/v1/audio/speech"]["post"]["responses"]["200"]["content"])
@@ -78,8 +97,7 @@ async def test_document_without_keys_declares_no_auth_and_other_pipelines_their_
     async with serve("synthetic_asr", key=None) as srv:
         spec = await spec_of(srv)
     validate(spec)
-    assert set(spec["paths"]) == {"/v1/audio/transcriptions", "/v1/models", "/v1/models/{model}", "/health",
-                                  "/metrics", "/openapi.json"}
+    assert set(spec["paths"]) == ALWAYS | {"/v1/audio/transcriptions"}
     assert "securitySchemes" not in spec["components"]
     ops = [op for item in spec["paths"].values() for op in item.values()]
     assert all("security" not in op and "401" not in op["responses"] for op in ops)

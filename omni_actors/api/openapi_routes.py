@@ -1,0 +1,156 @@
+"""Every HTTP route the server answers, as /openapi.json describes it (openapi.py builds the document).
+
+One `Route` per (method, path) that `app.build_app` registers, but for the WebSockets
+(`/v1/realtime`, `/v1/audio/speech/stream`: not OpenAPI operations) and the playground's
+page and assets. `tests/api/test_openapi.py` checks the table against the app's router,
+so a new route without a row here fails a test. A route is listed for a pipeline when the
+pipeline produces every output type in its `needs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omni_actors.api import chat_schemas as cs
+from omni_actors.api import responses_schemas as rs
+from omni_actors.api import schemas as s
+from omni_actors.api.audio_codec import CONTENT_TYPES as AUDIO_TYPES
+from omni_actors.api.audio_generation import ROUTES as AUDIO_GENERATION_ROUTES
+from omni_actors.api.audio_generation import AudioGenerationRequest
+from omni_actors.api.image_edits import TEXT_FIELDS as IMAGE_EDIT_FIELDS
+from omni_actors.api.image_files import CONTENT_TYPES as IMAGE_TYPES
+from omni_actors.api.image_files import ROUTE as IMAGE_FILE_ROUTE
+from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
+from omni_actors.api.status import ServerStatus
+from omni_actors.api.video_request import FIELDS as VIDEO_FIELDS
+from omni_actors.api.videos import RemixBody, Video, VideoDeleted, VideoList
+from omni_actors.api.voices import (
+    ConsentDeleted,
+    ConsentObject,
+    ConsentPage,
+    ConsentUpdate,
+    VoiceDeleted,
+    VoiceList,
+    VoiceObject,
+)
+
+SSE = "text/event-stream"
+NOT_FOUND = "No such object"
+
+
+@dataclass(frozen=True)
+class Form:
+    """A multipart/form-data body: its file parts and text fields (names), the required ones."""
+
+    files: tuple[str, ...]
+    fields: tuple[str, ...]
+    required: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    summary: str
+    request: type | Form | None
+    """A msgspec struct sent as JSON, a multipart form, or no body."""
+    ok: dict[str, Any]
+    """Content type -> schema of the 200 answer (None: a string / binary body)."""
+    needs: frozenset[str] = frozenset()
+    """Output types the pipeline must produce for the route to be served."""
+    extra: tuple[tuple[str, str, type], ...] = ()
+    """Other answers: (status, description, schema), sent as JSON."""
+
+
+def _binary(types: Any) -> dict[str, None]:
+    return dict.fromkeys(sorted(set(types)))
+
+
+_SPEECH = _binary(SPEECH_TYPES.values())
+_MISSING = (("404", NOT_FOUND, s.ErrorResponse),)
+_BUSY = (("404", NOT_FOUND, s.ErrorResponse), ("409", "Not in a state that allows this", s.ErrorResponse))
+_TEXT, _AUDIO, _IMAGE, _VIDEO = (frozenset({k}) for k in ("text", "audio", "image", "video"))
+_VIDEO_FORM = Form(("input_reference",), tuple(sorted(VIDEO_FIELDS - {"input_reference"})), ("prompt",))
+_VIDEO_ID = "/v1/videos/{video_id}"
+_RESPONSE_ID = "/v1/responses/{response_id}"
+_CONSENTS = "/v1/audio/voice_consents"
+_VOICES = "/v1/audio/voices"
+
+ROUTES = (
+    Route("post", "/v1/chat/completions", "Chat completion (chat.completion.chunk events when stream=true)",
+          cs.ChatCompletionRequest, {"application/json": cs.ChatCompletion, SSE: cs.ChatCompletionChunk}, _TEXT),
+    Route("post", "/v1/audio/speech", "Text to speech: audio in response_format (speech.audio.* events "
+          "when stream_format=sse)", s.SpeechRequest, {**_SPEECH, SSE: s.SpeechAudioDelta | s.SpeechAudioDone},
+          _AUDIO),
+    Route("post", "/v1/audio/transcriptions", "Speech to text (multipart/form-data upload; "
+          "transcript.text.* events when stream=true)", s.TranscriptionForm,
+          {"application/json": s.Transcription | s.TranscriptionVerbose, "text/plain": None,
+           "application/x-subrip": None, "text/vtt": None, SSE: s.TranscriptTextDelta | s.TranscriptTextDone},
+          frozenset({"transcript"})),
+    *(Route("post", path, "Audio from a text prompt (an audio-generating model)", AudioGenerationRequest,
+            _binary(AUDIO_TYPES.values()), _AUDIO) for path in AUDIO_GENERATION_ROUTES),
+    Route("post", "/v1/responses", "Responses API (response.* events when stream=true)", rs.ResponseRequest,
+          {"application/json": rs.Response, SSE: rs.StreamEvent}, _TEXT),
+    Route("get", _RESPONSE_ID, "A stored response (its events with stream=true)", None,
+          {"application/json": rs.Response, SSE: rs.StreamEvent}, _TEXT, _MISSING),
+    Route("delete", _RESPONSE_ID, "Delete a stored response", None, {"application/json": rs.ResponseDeleted},
+          _TEXT, _MISSING),
+    Route("post", _RESPONSE_ID + "/cancel", "Cancel a background response", None,
+          {"application/json": rs.Response}, _TEXT, _BUSY),
+    Route("get", _RESPONSE_ID + "/input_items", "A stored response's input items", None,
+          {"application/json": rs.InputItemList}, _TEXT, _MISSING),
+    Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
+          {"application/json": s.ImagesResponse, SSE: s.ImageStreamEvent}, _IMAGE),
+    Route("post", "/v1/images/edits", "Edit images (multipart/form-data: image or image[], mask, prompt)",
+          Form(("image", "image[]", "mask"), tuple(sorted(IMAGE_EDIT_FIELDS)), ("prompt",)),
+          {"application/json": s.ImagesResponse, SSE: s.ImageStreamEvent}, _IMAGE),
+    Route("get", IMAGE_FILE_ROUTE, "An image answered with response_format=url (until it expires)", None,
+          _binary(IMAGE_TYPES.values()), _IMAGE, _MISSING),
+    Route("post", "/v1/videos", "Start a video job (multipart/form-data or JSON)", _VIDEO_FORM,
+          {"application/json": Video}, _VIDEO),
+    Route("post", "/v1/videos/sync", "Make a video and answer with the MP4", _VIDEO_FORM, {"video/mp4": None},
+          _VIDEO),
+    Route("get", "/v1/videos", "Video jobs, newest first (after, limit, order)", None,
+          {"application/json": VideoList}, _VIDEO),
+    Route("get", _VIDEO_ID, "One video job: status and progress", None, {"application/json": Video}, _VIDEO,
+          _MISSING),
+    Route("delete", _VIDEO_ID, "Delete a video job (a running one is aborted)", None,
+          {"application/json": VideoDeleted}, _VIDEO, _MISSING),
+    Route("get", _VIDEO_ID + "/content", "A completed video's MP4 (variant=video) or still (variant=thumbnail)",
+          None, {"video/mp4": None, "image/jpeg": None}, _VIDEO, _BUSY),
+    Route("post", _VIDEO_ID + "/remix", "Make a completed video again with a new prompt", RemixBody,
+          {"application/json": Video}, _VIDEO, _BUSY),
+    Route("post", _CONSENTS, "Record a speaker's consent (multipart/form-data: recording, name, language)",
+          Form(("recording",), ("language", "name"), ("recording", "name", "language")),
+          {"application/json": ConsentObject}),
+    Route("get", _CONSENTS, "Voice consents, a page at a time (after, limit)", None,
+          {"application/json": ConsentPage}),
+    Route("get", _CONSENTS + "/{consent_id}", "One voice consent", None, {"application/json": ConsentObject},
+          extra=_MISSING),
+    Route("post", _CONSENTS + "/{consent_id}", "Rename a voice consent", ConsentUpdate,
+          {"application/json": ConsentObject}, extra=_MISSING),
+    Route("delete", _CONSENTS + "/{consent_id}", "Delete a voice consent no voice uses", None,
+          {"application/json": ConsentDeleted}, extra=_BUSY),
+    Route("post", _VOICES, "Make a custom voice from a sample (multipart/form-data)",
+          Form(("audio_sample",), ("consent", "name", "transcript", "type"), ("audio_sample", "consent", "name")),
+          {"application/json": VoiceObject}),
+    Route("get", _VOICES, "Custom voices", None, {"application/json": VoiceList}),
+    Route("get", _VOICES + "/{voice_id}", "One custom voice", None, {"application/json": VoiceObject},
+          extra=_MISSING),
+    Route("delete", _VOICES + "/{voice_id}", "Delete a custom voice", None, {"application/json": VoiceDeleted},
+          extra=_MISSING),
+    Route("get", "/v1/models", "Served models", None, {"application/json": s.ModelList}),
+    Route("get", "/v1/models/{model}", "One served model", None, {"application/json": s.Model}, extra=_MISSING),
+    Route("get", "/v1/status", "Every pipeline's stages and replicas: health, queues, steps", None,
+          {"application/json": ServerStatus}),
+    Route("get", "/health", "Readiness of every stage", None, {"application/json": s.Health},
+          extra=(("503", "Some stage not ready", s.Health),)),
+    Route("get", "/metrics", "Prometheus metrics", None, {"text/plain": None}),
+    Route("get", "/openapi.json", "This document", None, {"application/json": None}),
+)
+
+UNDOCUMENTED = frozenset({
+    ("get", "/v1/realtime"), ("get", "/v1/audio/speech/stream"), ("get", "/"), ("get", "/playground/{name}"),
+})
+"""Routes the app registers that are not OpenAPI operations: WebSockets, and the playground's page."""
