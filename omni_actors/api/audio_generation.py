@@ -6,7 +6,8 @@
 What goes into the pipeline: inputs {"prompt", "negative_prompt"}, params {seconds,
 seed, num_inference_steps, guidance_scale} (those given). The stage answers
 {"audio": float32 [C, S], "sample_rate"}; the file keeps its channels (pcm: 16-bit
-little-endian, interleaved). A model that makes no audio is a 400 saying what it makes.
+little-endian, interleaved). A model that makes no audio, or speech from text rather than
+sound from a prompt, is a 400 saying what it makes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from omni_actors.api.calls import (
     drop_none,
     route_model,
 )
+from omni_actors.api.diffusion_caps import require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
 from omni_actors.api.video_request import capabilities
@@ -64,7 +66,12 @@ def encode(audio: np.ndarray, rate: int, fmt: str) -> bytes:
 
 async def generations(request: web.Request) -> web.Response:
     req = await read_body(request, AudioGenerationRequest)
-    orch, _ = route_model(request, req.model, {"audio"})
+    orch, model = route_model(request, req.model, {"audio"})
+    caps = served_caps(orch)
+    if caps is None:  # speech from text (a TTS or an assistant pipeline), not a sound from a prompt
+        raise bad_request(f"model {model!r} makes speech from text, not sound from a prompt; use "
+                          "/v1/audio/speech", "model", "unsupported_task")
+    require_task(orch, caps, {"text-to-audio"}, ROUTES[0])
     if req.response_format not in FORMATS:
         raise bad_request(f"response_format {req.response_format!r} is not supported; expected one of "
                           f"{sorted(FORMATS)}", "response_format", "unsupported_value")
