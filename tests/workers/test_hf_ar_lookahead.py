@@ -47,6 +47,7 @@ def test_streams_equal_the_step_by_step_engine(llama_dir, fused):
     assert on == off
     assert [len(on[f"r{i}"]) for i in range(len(SCHEDULE))] == [n for _, n, _ in SCHEDULE]
     assert counts["ahead"] >= counts["steps"] // 3 > 0  # most steps had the next one queued
+    assert engine.thrown_away == 0  # a row at its max_tokens is seen coming: no step queued past it
     assert engine.ahead is None and engine.slots.owners == [] and not engine.has_work()
 
 

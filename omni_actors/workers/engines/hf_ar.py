@@ -155,6 +155,8 @@ class HfAREngine(StageEngine):
             raise ValueError(f"engine_extras.lookahead: expected true or false, got {ahead!r}")
         self.ahead: InFlight | None = None
         """The decode step queued ahead of the host's work (hf_ar_lookahead.py)."""
+        self.thrown_away = 0
+        """Steps queued ahead, then thrown away (a request left while one was queued)."""
         if fused and not self.static:
             log.warning("hf_ar.fused_off", reason="fused_decode needs kv_cache static")
         if self.static:
@@ -217,8 +219,9 @@ class HfAREngine(StageEngine):
         """Forget a request and free its KV (its slot goes back at once; a step queued ahead is
         thrown away first, as the last slot's request may move)."""
         self.seqs.pop(seq.request_id, None)
-        if seq.slot is not None:
+        if seq.slot is not None and self.ahead is not None:
             self.ahead = None
+            self.thrown_away += 1
         if self.slots is not None:
             self.slots.release(seq)
         seq.kv = None

@@ -17,8 +17,8 @@ A step is queued ahead only when its outcome cannot depend on the host's share
 of the step before: every row greedy with raw logits (the ids are the step's own
 argmax), the step's input the embedding of those ids (embedded on the device, or
 by the fused step itself), the same requests holding every
-slot, no request waiting to be prefilled, room in every row's KV, and (with
-graphs) the bucket already captured. Whatever changes the slots while a step is
+slot, no request waiting to be prefilled, no row at its max_tokens, room in
+every row's KV, and (with graphs) the bucket already captured. Whatever changes the slots while a step is
 ahead (a request finishing or aborted: its slot is given back and the last slot's
 request moves into it) throws that step away before the move; its rows are
 computed again from the host's state, which rewrites the same KV positions.
@@ -82,7 +82,9 @@ def chain_next(engine: Any, fl: InFlight) -> InFlight | None:
     if waiting and len(slots.owners) < max(1, engine.ctx.max_num_seqs):
         return None  # a prefill goes first
     ends = [len(s.tokens) + 1 >= int(s.params.get("max_tokens") or engine.default_max_tokens) for s in seqs]
-    if all(ends) or not all(s.input_done and ready(s) for s in seqs):
+    if any(ends):
+        return None  # a row ends with fl: its slot goes back, which would throw the next step away
+    if not all(s.input_done and ready(s) for s in seqs):
         return None  # (a request still fed input may take it at its next step)
     batch, length = slots.shape_for(max(fl.cached))
     if graphs.enabled and (batch, length) not in graphs.graphs:
