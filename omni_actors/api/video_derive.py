@@ -20,14 +20,18 @@ video: a 400 naming `video`.
 
 The pinned openai SDK (3.57) fails on `video={"id": ...}` before sending (its file
 extraction wants a file at `video`); `video=openai.omit, extra_body={"video": {"id": ...}}`
-sends what OpenAI's API reference documents, the form field `video[id]`, which is read here.
+sends the form field `video[id]` (how the SDK names a nested form field), which is read here.
 
-Edits are refused for every model, naming `video`: diffusers 0.42's video-to-video pipeline
-for Wan (WanVideoToVideoPipeline) drives one transformer with Wan2.1's VAE arithmetic. It
-has no second expert (Wan2.2 A14B's low-noise `transformer_2`, which owns every step an
-edit at strength < 0.875 runs), no `expand_timesteps` (Wan2.2 TI2V), and takes the VAE's
-spatial factor as 8 where TI2V's is 16; on the served Wan2.2 families it would denoise
-with the wrong model or at the wrong scale. No other served family has one.
+Edits are refused for every model, naming `video`. diffusers 0.42's video-to-video pipeline
+for Wan (WanVideoToVideoPipeline) runs one transformer on the VAE's latents alone, with the
+VAE's spatial factor taken as 2 ** len(temperal_downsample). The checkpoints the Wan2.2
+families serve do not fit it: T2V-A14B (wan2_2) denoises its low-noise steps, the ones every
+edit ends with, with a second expert (`transformer_2`, `boundary_ratio`) the pipeline does not
+have; I2V-A14B (wan2_2_i2v) takes image-conditioning channels (36 in) besides the latents;
+TI2V-5B (wan2_2_i2v) has a VAE whose spatial factor is 16, not the 8 the pipeline derives, so
+its noise and encoded video disagree in shape. Building it `from_pipe` would drop the second
+expert silently or fail mid-job; doing it right means writing our own Wan2.2 video-to-video
+loop. No other served family has a video-to-video pipeline.
 """
 
 from __future__ import annotations

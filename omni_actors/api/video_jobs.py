@@ -91,8 +91,9 @@ class VideoJobs:
         except BaseException:
             self.store.delete(job_id)
             raise
-        task = asyncio.create_task(self._run(job_id, stream, inputs.get("image"), extends is not None),
-                                   name=f"video-{job_id}")
+        # An extension's first frame is its source's last: nothing remixes an extension, so it is not kept.
+        reference = inputs.get("image") if extends is None else None
+        task = asyncio.create_task(self._run(job_id, stream, reference, extends is not None), name=f"video-{job_id}")
         self._running[job_id] = (task, stream)
 
     async def wait(self, job_id: str) -> None:

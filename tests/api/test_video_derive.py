@@ -3,7 +3,7 @@
 
 The pinned SDK (3.57) raises before sending on `video={"id": ...}` (its file extraction wants a
 file at `video`), so a source job is named as `video=openai.omit, extra_body={"video": {"id": ...}}`,
-which the SDK sends as the form field `video[id]` that OpenAI's API documents.
+which the SDK sends as the form field `video[id]`.
 Waiting for a job uses the server's long-poll (`wait_s`), never a sleep loop. Tests run in
 file order against one server; the last one that uses it restarts it.
 """
@@ -125,6 +125,7 @@ def test_extending_a_completed_video_appends_the_new_frames_to_its_own(i2v, tmp_
         assert mean_error(after[i], before[i]) < MEAN_ERROR_MAX, i
     assert mean_error(after[5:], np.repeat(before[-1:], 4, axis=0)) > 0  # and new ones after them
     assert not any(i2v.data.rglob("*.source.mp4"))  # the copy goes once the job is done
+    assert not any(i2v.data.rglob(f"{ext.id}.ref.png"))  # its first frame is the source's last: not kept
     with pytest.raises(openai.BadRequestError) as err:
         client.videos.remix(ext.id, prompt="again")
     assert err.value.body["param"] == "video_id"
