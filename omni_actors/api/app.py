@@ -14,7 +14,8 @@
     POST /v1/images/generations     images.py
     POST /v1/images/edits           image_edits.py
     GET  /v1/files/images/{name}    image_files.py   (response_format "url")
-    /v1/videos...                   videos.py (jobs: create, list, retrieve, delete, content, sync)
+    /v1/videos...                   videos.py (jobs: create, list, retrieve, delete, content, sync, remix),
+                                    video_derive.py (extensions; edits, refused)
     POST /v1/audio/generations      audio_generation.py (alias /v1/audio/generate)
     GET  /v1/realtime               the realtime package (WebSocket)
 

@@ -23,6 +23,7 @@ from omni_actors.api.image_files import CONTENT_TYPES as IMAGE_TYPES
 from omni_actors.api.image_files import ROUTE as IMAGE_FILE_ROUTE
 from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
 from omni_actors.api.status import ServerStatus
+from omni_actors.api.video_derive import EDIT_FIELDS, EXTEND_FIELDS
 from omni_actors.api.video_request import FIELDS as VIDEO_FIELDS
 from omni_actors.api.videos import RemixBody, Video, VideoDeleted, VideoList
 from omni_actors.api.voices import (
@@ -121,6 +122,13 @@ ROUTES = (
           None, {"video/mp4": None, "image/jpeg": None}, _VIDEO, _BUSY),
     Route("post", _VIDEO_ID + "/remix", "Make a completed video again with a new prompt", RemixBody,
           {"application/json": Video}, _VIDEO, _BUSY),
+    Route("post", "/v1/videos/extensions", "Continue a video from its last frame: a completed job (video[id]) "
+          "or an MP4 upload (video); the job's MP4 is the source and the new segment",
+          Form(("video",), tuple(sorted(EXTEND_FIELDS - {"video"})), ("prompt",)), {"application/json": Video},
+          _VIDEO, _BUSY),
+    Route("post", "/v1/videos/edits", "Edit a video: refused (400 naming `video`) by every served family",
+          Form(("video",), tuple(sorted(EDIT_FIELDS - {"video"})), ("prompt",)), {"application/json": Video},
+          _VIDEO),
     Route("post", _CONSENTS, "Record a speaker's consent (multipart/form-data: recording, name, language)",
           Form(("recording",), ("language", "name"), ("recording", "name", "language")),
           {"application/json": ConsentObject}),

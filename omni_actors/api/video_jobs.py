@@ -6,7 +6,10 @@ DECODED_PERCENT, then the MP4 encode to 100); the final chunk's frames (and audi
 track) are encoded off the event loop into the data directory; any failure ends
 the job `failed` with a reason. `cancel` aborts the request in the engine
 (between denoising steps) and ends the task. Admission is the stage's own bounded
-queue: past it, `create` is a 429 and no row is written. At start-up, jobs a gone
+queue: past it, `create` is a 429 and no row is written. An extension (`extends`) is
+generated from its source's last frame; its finished frames (and audio) are joined onto
+the source's (the job's `source` file, media/stitch.py) before the encode, and the
+source file goes when the job ends, however it ends. At start-up, jobs a gone
 server left unfinished are marked failed; at shutdown, this server's unfinished
 jobs are.
 """
@@ -26,7 +29,8 @@ from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.png import encode_png
 from omni_actors.api.videos_store import VideoStore
 from omni_actors.errors import RequestAborted, RequestError
-from omni_actors.media.mp4 import write_mp4, write_thumbnail
+from omni_actors.media.mp4 import Clip, read_mp4, write_mp4, write_thumbnail
+from omni_actors.media.stitch import extend
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream
 
@@ -69,11 +73,16 @@ class VideoJobs:
             log.warning("video.jobs_lost", count=len(lost))
 
     def create(self, job_id: str, inputs: dict[str, Any], params: dict[str, Any], *, model: str,
-               prompt: str, size: str, seconds: str, remixed_from: str | None = None) -> None:
+               prompt: str, size: str, seconds: str, remixed_from: str | None = None,
+               extends: str | None = None) -> None:
         """Queue a job (its row first, so the task always has one); AdmissionError when full. The
-        row keeps what a remix needs: the params, the negative prompt, whether a first frame came."""
+        row keeps what a remix needs: the params, the negative prompt, whether a first frame came.
+        `extends` (the source job's id, or "upload"): the job's `source` file is in place, and the
+        frames made are joined onto it."""
         request = {"params": {k: v for k, v in params.items() if k != "seed"},
                    "negative_prompt": inputs.get("negative_prompt"), "reference": inputs.get("image") is not None}
+        if extends is not None:
+            request["extends"] = extends
         self.store.insert(job_id, model, prompt, size, seconds, request, remixed_from)
         spec = RequestSpec(inputs=inputs, params=params, request_id=job_id, deadline_s=JOB_TIMEOUT_S,
                            stages=self.orch.pipeline.stages_for_outputs({"video"}))
@@ -82,7 +91,9 @@ class VideoJobs:
         except BaseException:
             self.store.delete(job_id)
             raise
-        task = asyncio.create_task(self._run(job_id, stream, inputs.get("image")), name=f"video-{job_id}")
+        # An extension's first frame is its source's last: nothing remixes an extension, so it is not kept.
+        reference = inputs.get("image") if extends is None else None
+        task = asyncio.create_task(self._run(job_id, stream, reference, extends is not None), name=f"video-{job_id}")
         self._running[job_id] = (task, stream)
 
     async def wait(self, job_id: str) -> None:
@@ -128,12 +139,15 @@ class VideoJobs:
         if entries:
             await asyncio.wait([t for t, _ in entries], timeout=JOB_EXIT_TIMEOUT_S)
 
-    async def _run(self, job_id: str, stream: RequestStream, reference: np.ndarray | None) -> None:
+    async def _run(self, job_id: str, stream: RequestStream, reference: np.ndarray | None,
+                   extending: bool = False) -> None:
         try:
             if reference is not None:  # kept for a remix, written while the job waits or denoises
                 await off_loop(self._keep_reference, job_id, reference)
             made = await self._follow(job_id, stream)
             self.store.progress(job_id, DECODED_PERCENT)
+            if extending:
+                made = await off_loop(self._stitch, job_id, made)
             await off_loop(self._write, job_id, made)
             if self.store.complete(job_id, made.audio is not None, made.seed):
                 log.info("video.completed", job=job_id, frames=len(made.frames))
@@ -157,6 +171,7 @@ class VideoJobs:
             self._touch(job_id)
             for variant in ("video", "thumbnail", "reference"):
                 _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
+            self.store.path(job_id, "source").unlink(missing_ok=True)  # the MP4 now holds its frames
             if reference is not None:  # a first frame is kept for a remix, which needs a finished job
                 row = self.store.get(job_id)
                 if row is None or row.status != "completed":
@@ -176,6 +191,11 @@ class VideoJobs:
         if made is None:
             raise RuntimeError("the pipeline ended without frames")
         return made
+
+    def _stitch(self, job_id: str, made: Made) -> Made:
+        source = read_mp4(self.store.path(job_id, "source"), made.sample_rate)
+        joined = extend(source, Clip(made.frames, made.fps, made.audio, made.sample_rate))
+        return Made(joined.frames, joined.fps, joined.audio, joined.sample_rate, made.seed)
 
     def _keep_reference(self, job_id: str, frame: np.ndarray) -> None:
         path = self.store.path(job_id, "reference")

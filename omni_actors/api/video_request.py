@@ -36,7 +36,10 @@ def capabilities(orch: Any) -> dict[str, Any]:
             **orch.deploy.stage(spec.stage_id).engine_extras}
 
 
-async def read_fields(request: web.Request) -> tuple[dict[str, str], bytes | None]:
+async def read_fields(request: web.Request, known: frozenset[str] = FIELDS,
+                      upload_field: str = "input_reference") -> tuple[dict[str, str], bytes | None]:
+    """The form's (or JSON body's) fields, all `known`, and the bytes of the `upload_field` file part;
+    a JSON object in `upload_field` becomes `upload_field[key]` fields, as the SDK's forms name them."""
     if request.content_type == "application/json":
         try:
             body = json.loads(await request.read())
@@ -44,14 +47,14 @@ async def read_fields(request: web.Request) -> tuple[dict[str, str], bytes | Non
             raise ApiError(400, f"request body is not valid JSON: {err}", None, "invalid_json") from None
         if not isinstance(body, dict):
             raise bad_request("the body must be a JSON object", None)
-        ref = body.pop("input_reference", None)
+        ref = body.pop(upload_field, None)
         if isinstance(ref, dict):
-            body.update({f"input_reference[{k}]": v for k, v in ref.items()})
+            body.update({f"{upload_field}[{k}]": v for k, v in ref.items()})
         elif ref is not None:
-            raise bad_request("input_reference: expected {\"image_url\": ...} in JSON; upload a file "
-                              "as multipart/form-data", "input_reference")
+            raise bad_request(f"{upload_field}: expected an object in JSON; upload a file as "
+                              "multipart/form-data", upload_field)
         fields = {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items() if v is not None}
-        check_known(fields)
+        check_known(fields, known)
         return fields, None
     if request.content_type != "multipart/form-data":
         raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send "
@@ -61,19 +64,19 @@ async def read_fields(request: web.Request) -> tuple[dict[str, str], bytes | Non
     budget = BodyBudget(int(orchestrator(request).deploy.server.max_body_mb * 1024 * 1024))
     async for part in form_parts(request):
         name = part.name or ""
-        check_known({name: ""})
+        check_known({name: ""}, known)
         data = await budget.read(part)
-        if name == "input_reference":
+        if name == upload_field:
             upload = bytes(data)
         else:
             fields[name] = data.decode("utf-8", errors="replace").strip()
     return fields, upload
 
 
-def check_known(fields: dict[str, Any]) -> None:
+def check_known(fields: dict[str, Any], known: frozenset[str] = FIELDS) -> None:
     for name in fields:
-        if name not in FIELDS:
-            raise bad_request(f"unknown field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
+        if name not in known:
+            raise bad_request(f"unknown field `{name}`; expected {sorted(known)}", name, "unknown_parameter")
 
 
 def parse_size(size: str, caps: dict[str, Any]) -> tuple[int, int]:

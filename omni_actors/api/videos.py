@@ -7,6 +7,8 @@
     DELETE /v1/videos/{id}              delete: a running job is aborted between steps
     GET    /v1/videos/{id}/content      download: variant=video (MP4) | thumbnail (JPEG)
     POST   /v1/videos/{id}/remix        {"prompt"} -> a new job, `remixed_from_video_id` set
+    POST   /v1/videos/extensions        a video continued: video_derive.py
+    POST   /v1/videos/edits             a video edited: video_derive.py (refused: no family edits video)
 
 A remix makes a completed video again with a new prompt: the same model, size, frames,
 steps, guidance, negative prompt, first frame and seed (the one the source ran with), so
@@ -53,6 +55,7 @@ from omni_actors.api.video_request import (
     read_fields,
 )
 from omni_actors.api.videos_store import JobRow, VideoStore
+from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.store import get_store
 from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
 
@@ -129,6 +132,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/videos/{video_id}", delete)
     app.router.add_get("/v1/videos/{video_id}/content", content)
     app.router.add_post("/v1/videos/{video_id}/remix", remix)
+    # Imported here: video_derive builds on this module (jobs_of, to_video).
+    from omni_actors.api import video_derive
+
+    video_derive.add_routes(app)
 
 
 def jobs_of(request: web.Request) -> VideoJobs:
@@ -140,7 +147,17 @@ def jobs_of(request: web.Request) -> VideoJobs:
     return jobs
 
 
-def _json(body: msgspec.Struct, status: int = 200) -> web.Response:
+def video_model(request: web.Request, fields: dict[str, str]) -> tuple[Orchestrator, str]:
+    """The pipeline and model id a job request names (`model`, default: the served one); a 400 naming
+    `model` unless it is the one that runs this server's video jobs."""
+    jobs = jobs_of(request)
+    orch, model = route_model(request, fields.get("model"), {"video"})
+    if orch is not jobs.orch:
+        raise bad_request(f"video jobs run on model {model_id(jobs.orch)!r} only", "model", "unsupported_modality")
+    return orch, model
+
+
+def json_response(body: msgspec.Struct, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.json.encode(body), status=status, content_type="application/json")
 
 
@@ -159,10 +176,7 @@ def to_video(row: JobRow) -> Video:
 
 async def _submit(request: web.Request) -> str:
     fields, upload = await read_fields(request)
-    orch, model = route_model(request, fields.get("model"), {"video"})
-    if orch is not jobs_of(request).orch:
-        raise bad_request(f"video jobs run on model {model_id(jobs_of(request).orch)!r} only", "model",
-                          "unsupported_modality")
+    orch, model = video_model(request, fields)
     caps = capabilities(orch)
     prompt = fields.get("prompt")
     if not prompt:
@@ -190,7 +204,7 @@ async def create(request: web.Request) -> web.Response:
     job_id = await _submit(request)
     row = jobs_of(request).store.get(job_id)
     assert row is not None
-    return _json(to_video(row))
+    return json_response(to_video(row))
 
 
 async def create_sync(request: web.Request) -> web.StreamResponse:
@@ -227,6 +241,9 @@ async def remix(request: web.Request) -> web.Response:
     if source.request is None or source.seed is None:
         raise bad_request(f"video {source.id} was made before this server kept what a remix needs; "
                           "create it again", "video_id", "unsupported_value")
+    if source.request.get("extends"):
+        raise bad_request(f"video {source.id} is an extension; remix its source, then extend that",
+                          "video_id", "unsupported_value")
     if source.model != model_id(jobs.orch):
         raise bad_request(f"video {source.id} was made by model {source.model!r}; this server makes video "
                           f"with {model_id(jobs.orch)!r}", "video_id", "unsupported_value")
@@ -243,7 +260,7 @@ async def remix(request: web.Request) -> web.Response:
                 prompt=body.prompt, size=source.size, seconds=source.seconds, remixed_from=source.id)
     row = jobs.store.get(job_id)
     assert row is not None
-    return _json(to_video(row))
+    return json_response(to_video(row))
 
 
 # -- read, list, delete, download ---------------------------------------------------------------
@@ -268,7 +285,7 @@ async def retrieve(request: web.Request) -> web.Response:
             raise bad_request(f"past must be one of {sorted(RANK)}", "past")
         await jobs_of(request).wait_past(row.id, past, wait_s)
         row = _job(request)
-    resp = _json(to_video(row))
+    resp = json_response(to_video(row))
     if row.status in ("queued", "in_progress"):
         resp.headers["openai-poll-after-ms"] = str(POLL_AFTER_MS)
     return resp
@@ -285,7 +302,7 @@ async def list_videos(request: web.Request) -> web.Response:
     except KeyError:
         raise bad_request(f"after: no video with id {q.get('after')!r}", "after") from None
     data = [to_video(r) for r in rows]
-    return _json(VideoList(object="list", data=data, has_more=more, first_id=data[0].id if data else None,
+    return json_response(VideoList(object="list", data=data, has_more=more, first_id=data[0].id if data else None,
                            last_id=data[-1].id if data else None))
 
 
@@ -295,7 +312,7 @@ async def delete(request: web.Request) -> web.Response:
     if jobs.cancel(row.id):
         await jobs.wait(row.id)  # aborted between steps; its end is recorded
     jobs.store.delete(row.id)
-    return _json(VideoDeleted(id=row.id, object="video.deleted", deleted=True))
+    return json_response(VideoDeleted(id=row.id, object="video.deleted", deleted=True))
 
 
 async def content(request: web.Request) -> web.StreamResponse:

@@ -9,7 +9,9 @@ negative prompt), `seed` the seed it ran with, `remixed_from` the job a remix st
 from: a remix makes the same video again with a new prompt. Files:
 `<data>/state/files/videos/<id>.mp4` and `<id>.jpg` (thumbnail), written by the job runner
 to a temporary name and renamed, so a file that exists is whole; `<id>.ref.png`, a first
-frame the job was given (a remix of it starts from the same frame). A job's
+frame the job was given (a remix of it starts from the same frame); `<id>.source.mp4`,
+the video an extension continues (a hard link to, or a copy of, the source job's MP4,
+or the upload), kept while the job runs: its finished MP4 holds those frames. A job's
 row is what `retrieve`/`list` answer; its status only moves forward
 (queued -> in_progress -> completed | failed). Jobs a server lost (its process is
 gone, the row still queued or in_progress) are marked failed by `fail_orphans`.
@@ -50,7 +52,7 @@ ADDED = {"request": "TEXT", "seed": "INTEGER", "remixed_from": "TEXT"}
 """Columns added after the table's first release (Store.add_columns)."""
 RUNNING = ("queued", "in_progress")
 VARIANTS = {"video": ".mp4", "thumbnail": ".jpg"}
-FILES = {**VARIANTS, "reference": ".ref.png"}
+FILES = {**VARIANTS, "reference": ".ref.png", "source": ".source.mp4"}
 
 
 @dataclass(frozen=True)

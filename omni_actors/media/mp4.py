@@ -3,16 +3,25 @@
     write_mp4(path, frames uint8 [F, H, W, 3], fps, audio float32 [C, S] | None, sample_rate)
     write_thumbnail(path, frame uint8 [H, W, 3])      a JPEG still
     probe(path) -> Probe(width, height, frames, fps, audio_channels)
+    scan_mp4(path | bytes) -> Scan(width, height, frames, fps, last frame)     an upload, checked
+    read_mp4(path | bytes, sample_rate) -> Clip(frames, fps, audio, sample_rate)  the whole clip
 
 H.264 in yuv420p needs even sides: odd ones are padded by one edge pixel
-(repeated), so the file keeps every generated pixel.
+(repeated), so the file keeps every generated pixel. Reading takes untrusted
+uploads: only the MP4/QuickTime demuxer is used, and what one file may decode to
+is bounded (MAX_DECODE_FRAMES, MAX_DECODE_SIDE_PX, MAX_DECODE_BYTES,
+MAX_DECODE_AUDIO_S); past a bound, or on anything that does not decode, it raises
+DecodeError.
 """
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +33,19 @@ CRF = "18"
 AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 AUDIO_BIT_RATE = 128_000
 THUMBNAIL_QUALITY = 90
+DEMUXER = "mov"
+"""FFmpeg's MP4/QuickTime demuxer: an upload is read as nothing else."""
+MAX_DECODE_FRAMES = 2048
+"""Most frames one file read may hold (a source to extend: far past the 257 a model makes at once)."""
+MAX_DECODE_SIDE_PX = 4096
+MAX_DECODE_BYTES = 2 << 30
+"""Most bytes of decoded RGB frames one file read may keep."""
+MAX_DECODE_AUDIO_S = 600.0
+"""Longest audio track one file read decodes."""
+
+
+class DecodeError(ValueError):
+    """A file that is not a video this module reads, or one past a decode bound."""
 
 
 def write_mp4(path: str | Path, frames: np.ndarray, fps: float, audio: np.ndarray | None = None,
@@ -99,3 +121,120 @@ def probe(path: str | Path) -> Probe:
         channels = f.streams.audio[0].codec_context.channels if f.streams.audio else 0
         return Probe(decoded[0].width, decoded[0].height, len(decoded), float(vs.average_rate or 0),
                      channels)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """A video checked frame by frame without keeping its frames."""
+
+    width: int
+    height: int
+    frames: int
+    fps: float
+    last: np.ndarray
+    """The last frame, uint8 [H, W, 3]."""
+
+
+@dataclass(frozen=True)
+class Clip:
+    frames: np.ndarray
+    """uint8 [F, H, W, 3]"""
+    fps: float
+    audio: np.ndarray | None = None
+    """float32 [C, S], in [-1, 1]"""
+    sample_rate: int | None = None
+
+
+def scan_mp4(source: str | Path | bytes) -> Scan:
+    """Decode every frame of `source` (under the bounds), keeping only the last; DecodeError if it fails."""
+    with _open(source) as f:
+        vs, fps = _video_stream(f)
+        count, last = 0, None
+        for frame in _frames(f, vs):
+            count, last = count + 1, frame
+        if last is None:
+            raise DecodeError("the video stream has no frames")
+        return Scan(last.shape[1], last.shape[0], count, fps, last)
+
+
+def read_mp4(source: str | Path | bytes, sample_rate: int | None = None) -> Clip:
+    """All frames of `source`, and its first audio track as float32 planar at `sample_rate`
+    (default: the track's own rate, or 48 kHz if AAC cannot carry it)."""
+    with _open(source) as f:
+        vs, fps = _video_stream(f)
+        frames = list(_frames(f, vs))
+        if not frames:
+            raise DecodeError("the video stream has no frames")
+    audio, rate = None, None
+    with _open(source) as f:
+        if f.streams.audio:
+            audio, rate = _audio(f, sample_rate, len(frames) / fps)
+    return Clip(np.stack(frames), fps, audio, rate)
+
+
+def _open(source: str | Path | bytes) -> Any:
+    import av
+
+    try:
+        return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), format=DEMUXER)
+    except (av.FFmpegError, OSError) as err:
+        raise DecodeError(f"not an MP4 file ({err})") from None
+
+
+def _video_stream(f: Any) -> tuple[Any, float]:
+    if not f.streams.video:
+        raise DecodeError("the file has no video stream")
+    vs = f.streams.video[0]
+    ctx = vs.codec_context
+    if not (0 < ctx.width <= MAX_DECODE_SIDE_PX and 0 < ctx.height <= MAX_DECODE_SIDE_PX):
+        raise DecodeError(f"a video of {ctx.width}x{ctx.height}; this server reads sides up to "
+                          f"{MAX_DECODE_SIDE_PX} px")
+    rate = vs.average_rate or vs.guessed_rate
+    if not rate or rate <= 0:
+        raise DecodeError("the video stream has no frame rate")
+    return vs, float(rate)
+
+
+def _frames(f: Any, vs: Any) -> Iterator[np.ndarray]:
+    import av
+
+    width, height = vs.codec_context.width, vs.codec_context.height
+    most = min(MAX_DECODE_FRAMES, MAX_DECODE_BYTES // (width * height * 3))
+    count = 0
+    try:
+        for frame in f.decode(vs):
+            count += 1
+            if count > most:
+                raise DecodeError(f"more than {most} frames of {width}x{height}; this server reads at most "
+                                  f"{MAX_DECODE_FRAMES} frames and {MAX_DECODE_BYTES} bytes of them")
+            if (frame.width, frame.height) != (width, height):
+                raise DecodeError("the frames change size")
+            yield frame.to_ndarray(format="rgb24")
+    except av.FFmpegError as err:
+        raise DecodeError(f"the video does not decode ({err})") from None
+
+
+def _audio(f: Any, sample_rate: int | None, seconds: float) -> tuple[np.ndarray | None, int | None]:
+    import av
+
+    stream = f.streams.audio[0]
+    own = stream.codec_context.sample_rate
+    rate = sample_rate or (own if own in AAC_RATES else 48_000)
+    layout = "stereo" if stream.codec_context.channels >= 2 else "mono"
+    resampler = av.AudioResampler(format="fltp", layout=layout, rate=rate)
+    most = int(min(seconds + 1.0, MAX_DECODE_AUDIO_S) * rate)
+    parts, total = [], 0
+    try:
+        for frame in f.decode(stream):
+            for out in resampler.resample(frame):
+                parts.append(out.to_ndarray())
+                total += parts[-1].shape[-1]
+            if total >= most:
+                break
+        else:
+            parts += [out.to_ndarray() for out in resampler.resample(None)]
+    except av.FFmpegError as err:
+        raise DecodeError(f"the audio does not decode ({err})") from None
+    if not parts:
+        return None, None
+    return np.concatenate(parts, axis=-1)[:, :most].astype(np.float32, copy=False), rate

@@ -1,0 +1,202 @@
+"""Video jobs made from a video: `client.videos.extend` and `client.videos.edit`.
+
+    POST /v1/videos/extensions   multipart: prompt, seconds, video (MP4 upload) | video[id] -> Video, queued
+    POST /v1/videos/edits        multipart: prompt, video | video[id] -> 400: no served family edits video
+
+An extension continues a video: the source's last frame is the first frame (`image`) of a
+new generation of `seconds` (frames snapped as create snaps them) at the source's size;
+the finished MP4 is the source followed by the new frames less the first, which repeats
+the conditioning frame (video_jobs joins them, media/stitch.py; audio from either part
+becomes one track over the whole video). The job's `seconds` is the stitched total;
+`remixed_from_video_id` stays null (OpenAI has no extended-from field; the row's request
+keeps the source as `extends`). Beyond OpenAI's fields: num_frames (instead of seconds),
+num_inference_steps, guidance_scale, seed, negative_prompt, as create takes them.
+
+The source is a completed job of this server's model, its MP4 hard-linked (or copied)
+into the new job's files so deleting the source later does not break the job; or an
+uploaded MP4 (under the body limit, decoded under media/mp4.py's bounds) of a size the
+model makes at the model's fps. A model that takes no first frame cannot continue a
+video: a 400 naming `video`.
+
+The pinned openai SDK (3.57) fails on `video={"id": ...}` before sending (its file
+extraction wants a file at `video`); `video=openai.omit, extra_body={"video": {"id": ...}}`
+sends the form field `video[id]` (how the SDK names a nested form field), which is read here.
+
+Edits are refused for every model, naming `video`. diffusers 0.42's video-to-video pipeline
+for Wan (WanVideoToVideoPipeline) runs one transformer on the VAE's latents alone, with the
+VAE's spatial factor taken as 2 ** len(temperal_downsample). The checkpoints the Wan2.2
+families serve do not fit it: T2V-A14B (wan2_2) denoises its low-noise steps, the ones every
+edit ends with, with a second expert (`transformer_2`, `boundary_ratio`) the pipeline does not
+have; I2V-A14B (wan2_2_i2v) takes image-conditioning channels (36 in) besides the latents;
+TI2V-5B (wan2_2_i2v) has a VAE whose spatial factor is 16, not the 8 the pipeline derives, so
+its noise and encoded video disagree in shape. Building it `from_pipe` would drop the second
+expert silently or fail mid-job; doing it right means writing our own Wan2.2 video-to-video
+loop. No other served family has a video-to-video pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+
+from omni_actors import logs
+from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.calls import drop_none
+from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.video_jobs import VideoJobs
+from omni_actors.api.video_request import (
+    capabilities,
+    opt_float,
+    opt_int,
+    parse_frames,
+    parse_size,
+    read_fields,
+)
+from omni_actors.api.videos import jobs_of, json_response, to_video, video_model
+from omni_actors.media.mp4 import DecodeError, Scan, scan_mp4
+from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
+
+log = logs.get(__name__)
+
+EXTEND_FIELDS = frozenset({"prompt", "model", "seconds", "video", "video[id]", "num_frames",
+                           "num_inference_steps", "guidance_scale", "seed", "negative_prompt"})
+EDIT_FIELDS = frozenset({"prompt", "model", "video", "video[id]", "strength", "num_inference_steps",
+                         "guidance_scale", "seed", "negative_prompt"})
+FPS_TOLERANCE = 1e-3
+"""How far (frames per second) an uploaded source's rate may be from the model's."""
+NO_EDIT = ("this model cannot edit video: the served video families have no video-to-video pipeline "
+           "(diffusers' WanVideoToVideoPipeline runs one Wan2.1-layout transformer, not Wan2.2's two experts "
+           "or its TI2V layout); extend or remix the video instead")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/videos/extensions", extend_video)
+    app.router.add_post("/v1/videos/edits", edit_video)
+
+
+async def extend_video(request: web.Request) -> web.Response:
+    jobs = jobs_of(request)
+    fields, upload = await read_fields(request, EXTEND_FIELDS, "video")
+    orch, model = video_model(request, fields)
+    caps = capabilities(orch)
+    prompt = fields.get("prompt", "")
+    if not prompt.strip():
+        raise bad_request("prompt is required", "prompt", "missing_required_parameter")
+    if "seconds" not in fields and "num_frames" not in fields:
+        raise bad_request("seconds is required: the length of the new segment", "seconds",
+                          "missing_required_parameter")
+    num_frames = parse_frames(fields, fields.get("seconds", "1"), caps)
+    if caps.get("image_input", "none") == "none":
+        raise bad_request("video: this model cannot continue from a frame (it makes video from text only)",
+                          "video", "unsupported_value")
+    params = {
+        "num_frames": num_frames,
+        "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
+        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
+        "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
+    }
+    job_id = f"video_{uuid.uuid4().hex}"
+    placed = jobs.store.path(job_id, "source")
+    try:
+        extends, scan = await _place_source(jobs, placed, fields, upload, model)
+        _check_source(scan, caps)
+        total = scan.frames + num_frames - 1
+        params.update(width=scan.width, height=scan.height)
+        inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "image": scan.last})
+        jobs.create(job_id, inputs, drop_none(params), model=model, prompt=prompt,
+                    size=f"{scan.width}x{scan.height}", seconds=f"{total / float(caps['fps']):g}", extends=extends)
+    except BaseException:
+        placed.unlink(missing_ok=True)
+        raise
+    log.info("video.extension_queued", job=job_id, extends=extends, source_frames=scan.frames,
+             new_frames=num_frames)
+    row = jobs.store.get(job_id)
+    assert row is not None
+    return json_response(to_video(row))
+
+
+async def edit_video(request: web.Request) -> web.Response:
+    jobs_of(request)
+    fields, _ = await read_fields(request, EDIT_FIELDS, "video")
+    video_model(request, fields)
+    raise bad_request(f"video: {NO_EDIT}", "video", "unsupported_value")
+
+
+async def _place_source(jobs: VideoJobs, placed: Path, fields: dict[str, str], upload: bytes | None,
+                        model: str) -> tuple[str, Scan]:
+    """Put the source MP4 at `placed` (the new job's `source` file) and scan it: (what it extends, scan)."""
+    source_id = fields.get("video[id]")
+    if source_id is None and upload is None:
+        raise bad_request("video is required: an MP4 upload or {\"id\": a completed video's id}", "video",
+                          "missing_required_parameter")
+    if source_id is not None and upload is not None:
+        raise bad_request("video: give an MP4 upload or an id, not both", "video")
+    if upload is not None:
+        scan = await _scan(upload)
+        await off_loop(_write, placed, upload)
+        return "upload", scan
+    assert source_id is not None
+    row = jobs.store.get(source_id)
+    if row is None:
+        raise ApiError(404, f"no video with id {source_id!r}", "video", "not_found")
+    if row.status != "completed":
+        raise ApiError(409, f"video {row.id} is {row.status}; only a completed video can be extended", "video",
+                       "video_not_ready")
+    if row.model != model:
+        raise bad_request(f"video {row.id} was made by model {row.model!r}; this server makes video with "
+                          f"{model!r}", "video", "unsupported_value")
+    path = jobs.store.path(row.id, "video")
+    try:
+        await off_loop(_link, path, placed)
+    except FileNotFoundError:
+        raise ApiError(404, f"video {row.id}: its video file is gone", "video", "not_found") from None
+    return row.id, await _scan(placed)
+
+
+async def _scan(source: bytes | Path) -> Scan:
+    try:
+        return await off_loop(scan_mp4, source)
+    except DecodeError as err:
+        raise bad_request(f"video: the source is not a video this server reads: {err}", "video",
+                          "invalid_video") from None
+
+
+def _check_source(scan: Scan, caps: dict) -> None:
+    """A 400 naming `video` unless the model makes video of the source's size at the source's fps."""
+    try:
+        parse_size(f"{scan.width}x{scan.height}", caps)
+    except ApiError as err:
+        raise bad_request(f"video: the source is {scan.width}x{scan.height}; {err.message}", "video",
+                          "unsupported_size") from None
+    fps = float(caps["fps"])
+    if abs(scan.fps - fps) > FPS_TOLERANCE:
+        raise bad_request(f"video: the source runs at {scan.fps:g} fps; this model makes {fps:g} fps", "video",
+                          "unsupported_value")
+
+
+def _link(source: Path, dest: Path) -> None:
+    """`dest` as a hard link to `source`, or a copy where links cannot be made; whole or absent."""
+    try:
+        os.link(source, dest)
+    except FileNotFoundError:
+        raise
+    except OSError:  # another file system, or one without hard links
+        part = dest.with_name(dest.name + ".part")
+        try:
+            shutil.copyfile(source, part)
+            os.replace(part, dest)
+        finally:
+            part.unlink(missing_ok=True)
+
+
+def _write(dest: Path, data: bytes) -> None:
+    part = dest.with_name(dest.name + ".part")
+    try:
+        part.write_bytes(data)
+        os.replace(part, dest)
+    finally:
+        part.unlink(missing_ok=True)
