@@ -204,6 +204,7 @@ def with_prepared_model(deploy: DeployConfig) -> DeployConfig:
 async def serve(deploys: list[DeployConfig]) -> None:
     """Serve every deploy's pipeline (each its own Orchestrator) behind one API server until a signal."""
     from omni_actors.api.app import build_app
+    from omni_actors.api.loading import LOADING_KEY
     from omni_actors.api.server import start_server
     from omni_actors.orchestrator.core import Orchestrator
 
@@ -218,6 +219,17 @@ async def serve(deploys: list[DeployConfig]) -> None:
     for deploy, orch in zip(deploys, orchs, strict=True):
         log.info("server.starting", pipeline=deploy.pipeline, deploy=deploy.source,
                  stages=len(orch.pipeline.stages), async_chunk=deploy.async_chunk)
+    # The API listens while the models load (api/loading.py): clients see "loading", not a refused port.
+    app = build_app(orchs)
+    app[LOADING_KEY].begin()
+    try:
+        http = await start_server(app, first.server.host, first.server.port, first.server)
+    except OSError as err:  # taken since check_listen ran
+        raise ConfigError(
+            f"{first.source}: server.port: cannot listen on {first.server.host}:{first.server.port}: "
+            f"{_bind_reason(err)}"
+        ) from None
+    log.info("server.listening", url=f"http://{first.server.host}:{first.server.port}", loading=True)
     starting = asyncio.ensure_future(_start_all(orchs))
     waiter = asyncio.ensure_future(stop.wait())
     await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -225,17 +237,15 @@ async def serve(deploys: list[DeployConfig]) -> None:
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
         await asyncio.gather(*(o.stop(drain=False) for o in orchs))
+        await http.close()
         return
     waiter.cancel()
-    starting.result()
     try:
-        http = await start_server(build_app(orchs), first.server.host, first.server.port, first.server)
-    except OSError as err:  # taken since check_listen ran
-        await asyncio.gather(*(o.stop(drain=False) for o in orchs))
-        raise ConfigError(
-            f"{first.source}: server.port: cannot listen on {first.server.host}:{first.server.port}: "
-            f"{_bind_reason(err)}"
-        ) from None
+        starting.result()
+    except BaseException:
+        await http.close()
+        raise
+    app[LOADING_KEY].end()
     for orch in orchs if len(orchs) > 1 else ():
         assert orch.runtime is not None
         log.info("pipeline.ready", pipeline=orch.pipeline.name, model=orch.deploy.server.served_model_name,

@@ -40,6 +40,7 @@ from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
 from omni_actors.api.image_edits import image_edits
 from omni_actors.api.images import generations
+from omni_actors.api.loading import LOADING_KEY, RETRY_AFTER_S, Loading, loading_middleware
 from omni_actors.api.metrics import METRICS_KEY, ApiMetrics, metrics_middleware, metrics_route
 from omni_actors.api.middleware import auth_middleware, body_limit_middleware
 from omni_actors.api.models import STARTED_KEY, get_model, list_models
@@ -58,6 +59,12 @@ __all__ = ["ORCH_KEY", "build_app"]
 
 async def health(request: web.Request) -> web.Response:
     pipelines = request.app[PIPELINES_KEY]
+    if request.app[LOADING_KEY].active:
+        waiting = [UnhealthyStage(s.stage_id, s.model_stage, model_id(o) if len(pipelines.all) > 1 else None)
+                   for o in pipelines.all for s in o.pipeline.stages if not o.health().get(s.stage_id)]
+        body = Health(status="loading", unhealthy_stages=waiting)
+        return web.Response(body=msgspec.json.encode(body), status=503, content_type="application/json",
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
     bad, draining = [], False
     for orch in pipelines.all:
         draining = draining or orch.draining
@@ -83,9 +90,11 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
             metrics_middleware,
             error_middleware,
             auth_middleware(list(server.api_keys)),
+            loading_middleware(lambda request: request.app[PIPELINES_KEY].all),
             body_limit_middleware(max_bytes, server.body_timeout_s),
         ],
     )
+    app[LOADING_KEY] = Loading()
     app[ORCH_KEY] = orch
     app[PIPELINES_KEY] = pipelines
     app[METRICS_KEY] = ApiMetrics(pipelines)

@@ -273,7 +273,8 @@ class UnhealthyStage(Struct, omit_defaults=True):
 
 
 class Health(Struct, omit_defaults=True):
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok", "unavailable", "loading"]
+    """"loading": `omni-run` listens while its models load (api/loading.py)."""
     draining: bool = False
     unhealthy_stages: list[UnhealthyStage] = []
 

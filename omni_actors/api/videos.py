@@ -150,8 +150,8 @@ def jobs_of(request: web.Request) -> VideoJobs:
 def video_model(request: web.Request, fields: dict[str, str]) -> tuple[Orchestrator, str]:
     """The pipeline and model id a job request names (`model`, default: the served one); a 400 naming
     `model` unless it is the one that runs this server's video jobs."""
+    orch, model = route_model(request, fields.get("model"), {"video"})  # (names every pipeline if none makes video)
     jobs = jobs_of(request)
-    orch, model = route_model(request, fields.get("model"), {"video"})
     if orch is not jobs.orch:
         raise bad_request(f"video jobs run on model {model_id(jobs.orch)!r} only", "model", "unsupported_modality")
     return orch, model

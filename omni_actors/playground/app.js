@@ -5,6 +5,7 @@ import { Talk } from "./talk.js";
 
 const KEY_STORE = "omni-actors.api-key";
 const STATUS_REFRESH_MS = 2000;
+const LOADING_RETRY_MS = 1000;
 const $ = (id) => document.getElementById(id);
 
 export const state = { key: sessionStorage.getItem(KEY_STORE) || "", models: [], model: null, talk: null,
@@ -179,6 +180,25 @@ function bindTalk() {
 
 // ---- start -------------------------------------------------------------------
 
+// While omni-run loads its models the server already answers: /health says which stages are still loading.
+async function loaded() {
+  const started = performance.now();
+  for (;;) {
+    let health = null;
+    try { health = await (await fetch("/health")).json(); } catch { /* not answering yet */ }
+    if (health?.status !== "loading") {
+      $("loading").hidden = true;
+      return;
+    }
+    const waiting = (health.unhealthy_stages || []).map((s) => s.pipeline ? `${s.pipeline}/${s.model_stage}` : s.model_stage);
+    const el = $("loading");
+    el.textContent = `Loading models: ${waiting.join(", ")} (${Math.round((performance.now() - started) / 1000)} s)…`;
+    el.hidden = false;
+    $("health").textContent = "loading";
+    await new Promise((resolve) => setTimeout(resolve, LOADING_RETRY_MS));
+  }
+}
+
 async function boot() {
   $("key-form").onsubmit = (e) => {
     e.preventDefault();
@@ -187,6 +207,7 @@ async function boot() {
     $("key-form").hidden = true;
     boot();
   };
+  await loaded();
   try {
     state.models = (await (await api("/v1/models")).json()).data;
     // The routes this server serves (public): panels only call what is there.
