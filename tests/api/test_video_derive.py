@@ -26,11 +26,11 @@ from omni_actors.bus.shm import unlink_segment  # noqa: E402
 from omni_actors.media.mp4 import probe, write_mp4  # noqa: E402
 from omni_actors.models.tiny import make_tiny  # noqa: E402
 from tests.api.model_server import ModelRun  # noqa: E402
+from tests.api.test_videos import wait_done  # noqa: E402
 from tests.shutdown_support import runtime_dirs, segments_of  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks its video API deprecated
 
-JOB_WAIT_S = 180
 FAST = {"num_inference_steps": 2}
 LONG = {"num_inference_steps": 1000}
 """A job that cannot finish while a test looks at it (1000 denoising steps)."""
@@ -59,10 +59,6 @@ def i2v(tmp_path_factory):
         yield served
     finally:
         served.run.stop()
-
-
-def wait_done(client: openai.OpenAI, video_id: str, past: str = "in_progress"):
-    return client.videos.retrieve(video_id, extra_query={"wait_s": JOB_WAIT_S, "past": past})
 
 
 def by_id(video_id: str, **extra) -> dict:
