@@ -126,9 +126,10 @@ ROUTES = (
           "or an MP4 upload (video); the job's MP4 is the source and the new segment",
           Form(("video",), tuple(sorted(EXTEND_FIELDS - {"video"})), ("prompt",)), {"application/json": Video},
           _VIDEO, _BUSY),
-    Route("post", "/v1/videos/edits", "Edit a video: refused (400 naming `video`) by every served family",
+    Route("post", "/v1/videos/edits", "Re-make a completed job (video[id]) or an MP4 upload (video) under a new "
+          "prompt, keeping `1 - strength` of it (families with video_input)",
           Form(("video",), tuple(sorted(EDIT_FIELDS - {"video"})), ("prompt",)), {"application/json": Video},
-          _VIDEO),
+          _VIDEO, _BUSY),
     Route("post", _CONSENTS, "Record a speaker's consent (multipart/form-data: recording, name, language)",
           Form(("recording",), ("language", "name"), ("recording", "name", "language")),
           {"application/json": ConsentObject}),

@@ -1,7 +1,7 @@
 """Video jobs made from a video: `client.videos.extend` and `client.videos.edit`.
 
     POST /v1/videos/extensions   multipart: prompt, seconds, video (MP4 upload) | video[id] -> Video, queued
-    POST /v1/videos/edits        multipart: prompt, video | video[id] -> 400: no served family edits video
+    POST /v1/videos/edits        multipart: prompt, video (MP4 upload) | video[id], [strength] -> Video, queued
 
 An extension continues a video: the source's last frame is the first frame (`image`) of a
 new generation of `seconds` (frames snapped as create snaps them) at the source's size;
@@ -22,16 +22,15 @@ The pinned openai SDK (3.57) fails on `video={"id": ...}` before sending (its fi
 extraction wants a file at `video`); `video=openai.omit, extra_body={"video": {"id": ...}}`
 sends the form field `video[id]` (how the SDK names a nested form field), which is read here.
 
-Edits are refused for every model, naming `video`. diffusers 0.42's video-to-video pipeline
-for Wan (WanVideoToVideoPipeline) runs one transformer on the VAE's latents alone, with the
-VAE's spatial factor taken as 2 ** len(temperal_downsample). The checkpoints the Wan2.2
-families serve do not fit it: T2V-A14B (wan2_2) denoises its low-noise steps, the ones every
-edit ends with, with a second expert (`transformer_2`, `boundary_ratio`) the pipeline does not
-have; I2V-A14B (wan2_2_i2v) takes image-conditioning channels (36 in) besides the latents;
-TI2V-5B (wan2_2_i2v) has a VAE whose spatial factor is 16, not the 8 the pipeline derives, so
-its noise and encoded video disagree in shape. Building it `from_pipe` would drop the second
-expert silently or fail mid-job; doing it right means writing our own Wan2.2 video-to-video
-loop. No other served family has a video-to-video pipeline.
+An edit re-makes a completed (or uploaded) video under a new prompt, on the families that
+declare `video_input` (Wan2.2 text-to-video): the source's frames cross to the engine as an
+array and are encoded, noised to `strength` (default 0.7; 1.0 ignores the source) and
+denoised under the new prompt (workers/engines/video_edit.py). The result has the source's
+size and frame count; its frame count must be one the model makes (k * frame_multiple + 1).
+Models without `video_input` answer a 400 naming `video`: diffusers' WanVideoToVideoPipeline
+does not fit Wan2.2's checkpoints (one transformer where A14B has two experts; TI2V-5B's VAE
+has a spatial factor of 16, not the 8 it derives), and the image-to-video families would need
+their first-frame conditioning kept through the edit, which is not done.
 """
 
 from __future__ import annotations
@@ -57,7 +56,8 @@ from omni_actors.api.video_request import (
     read_fields,
 )
 from omni_actors.api.videos import jobs_of, json_response, to_video, video_model
-from omni_actors.media.mp4 import DecodeError, Scan, scan_mp4
+from omni_actors.api.videos_store import JobRow
+from omni_actors.media.mp4 import Clip, DecodeError, Scan, read_mp4, scan_mp4
 from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
 
 log = logs.get(__name__)
@@ -68,9 +68,8 @@ EDIT_FIELDS = frozenset({"prompt", "model", "video", "video[id]", "strength", "n
                          "guidance_scale", "seed", "negative_prompt"})
 FPS_TOLERANCE = 1e-3
 """How far (frames per second) an uploaded source's rate may be from the model's."""
-NO_EDIT = ("this model cannot edit video: the served video families have no video-to-video pipeline "
-           "(diffusers' WanVideoToVideoPipeline runs one Wan2.1-layout transformer, not Wan2.2's two experts "
-           "or its TI2V layout); extend or remix the video instead")
+NO_EDIT = ("this model cannot edit video (the text-to-video Wan2.2 families can); extend or remix the video "
+           "instead")
 
 
 def add_routes(app: web.Application) -> None:
@@ -120,35 +119,95 @@ async def extend_video(request: web.Request) -> web.Response:
 
 
 async def edit_video(request: web.Request) -> web.Response:
-    jobs_of(request)
-    fields, _ = await read_fields(request, EDIT_FIELDS, "video")
-    video_model(request, fields)
-    raise bad_request(f"video: {NO_EDIT}", "video", "unsupported_value")
+    jobs = jobs_of(request)
+    fields, upload = await read_fields(request, EDIT_FIELDS, "video")
+    orch, model = video_model(request, fields)
+    caps = capabilities(orch)
+    prompt = fields.get("prompt", "")
+    if not prompt.strip():
+        raise bad_request("prompt is required", "prompt", "missing_required_parameter")
+    if not caps.get("video_input"):
+        raise bad_request(f"video: {NO_EDIT}", "video", "unsupported_value")
+    params = {
+        "strength": opt_float(fields, "strength", 0.01, 1.0),
+        "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
+        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
+        "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
+    }
+    edits, clip = await _read_source(jobs, fields, upload, model)
+    f, height, width = clip.frames.shape[:3]
+    _check_source(Scan(width, height, f, clip.fps, clip.frames[-1]), caps)
+    try:
+        parse_frames({"num_frames": str(f)}, "1", caps)
+    except ApiError as err:
+        raise bad_request(f"video: the source has {f} frames; {err.message}", "video", "unsupported_value") from None
+    params.update(width=width, height=height, num_frames=f)
+    inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "video": clip.frames})
+    job_id = f"video_{uuid.uuid4().hex}"
+    jobs.create(job_id, inputs, drop_none(params), model=model, prompt=prompt, size=f"{width}x{height}",
+                seconds=f"{f / float(caps['fps']):g}", edits=edits)
+    log.info("video.edit_queued", job=job_id, edits=edits, frames=f)
+    row = jobs.store.get(job_id)
+    assert row is not None
+    return json_response(to_video(row))
 
 
-async def _place_source(jobs: VideoJobs, placed: Path, fields: dict[str, str], upload: bytes | None,
-                        model: str) -> tuple[str, Scan]:
-    """Put the source MP4 at `placed` (the new job's `source` file) and scan it: (what it extends, scan)."""
+async def _read_source(jobs: VideoJobs, fields: dict[str, str], upload: bytes | None, model: str) -> tuple[str, Clip]:
+    """An edit's source, decoded: (what it edits: a job id or "upload", its frames)."""
+    source_id = _source_id(fields, upload)
+    if source_id is None:
+        assert upload is not None
+        return "upload", await _read(upload)
+    row = _completed(jobs, source_id, model, "edited")
+    path = jobs.store.path(row.id, "video")
+    if not path.is_file():
+        raise ApiError(404, f"video {row.id}: its video file is gone", "video", "not_found")
+    return row.id, await _read(path)
+
+
+async def _read(source: bytes | Path) -> Clip:
+    try:
+        return await off_loop(read_mp4, source)
+    except DecodeError as err:
+        raise bad_request(f"video: the source is not a video this server reads: {err}", "video",
+                          "invalid_video") from None
+
+
+def _source_id(fields: dict[str, str], upload: bytes | None) -> str | None:
+    """The source job's id, or None for an upload; a 400 naming `video` for neither or both."""
     source_id = fields.get("video[id]")
     if source_id is None and upload is None:
         raise bad_request("video is required: an MP4 upload or {\"id\": a completed video's id}", "video",
                           "missing_required_parameter")
     if source_id is not None and upload is not None:
         raise bad_request("video: give an MP4 upload or an id, not both", "video")
-    if upload is not None:
-        scan = await _scan(upload)
-        await off_loop(_write, placed, upload)
-        return "upload", scan
-    assert source_id is not None
+    return source_id
+
+
+def _completed(jobs: VideoJobs, source_id: str, model: str, verb: str) -> JobRow:
+    """The completed job `source_id` of `model` (404, 409 or 400 naming `video` otherwise)."""
     row = jobs.store.get(source_id)
     if row is None:
         raise ApiError(404, f"no video with id {source_id!r}", "video", "not_found")
     if row.status != "completed":
-        raise ApiError(409, f"video {row.id} is {row.status}; only a completed video can be extended", "video",
+        raise ApiError(409, f"video {row.id} is {row.status}; only a completed video can be {verb}", "video",
                        "video_not_ready")
     if row.model != model:
         raise bad_request(f"video {row.id} was made by model {row.model!r}; this server makes video with "
                           f"{model!r}", "video", "unsupported_value")
+    return row
+
+
+async def _place_source(jobs: VideoJobs, placed: Path, fields: dict[str, str], upload: bytes | None,
+                        model: str) -> tuple[str, Scan]:
+    """Put the source MP4 at `placed` (the new job's `source` file) and scan it: (what it extends, scan)."""
+    source_id = _source_id(fields, upload)
+    if source_id is None:
+        assert upload is not None
+        scan = await _scan(upload)
+        await off_loop(_write, placed, upload)
+        return "upload", scan
+    row = _completed(jobs, source_id, model, "extended")
     path = jobs.store.path(row.id, "video")
     try:
         await off_loop(_link, path, placed)

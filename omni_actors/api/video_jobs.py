@@ -74,15 +74,17 @@ class VideoJobs:
 
     def create(self, job_id: str, inputs: dict[str, Any], params: dict[str, Any], *, model: str,
                prompt: str, size: str, seconds: str, remixed_from: str | None = None,
-               extends: str | None = None) -> None:
+               extends: str | None = None, edits: str | None = None) -> None:
         """Queue a job (its row first, so the task always has one); AdmissionError when full. The
         row keeps what a remix needs: the params, the negative prompt, whether a first frame came.
         `extends` (the source job's id, or "upload"): the job's `source` file is in place, and the
-        frames made are joined onto it."""
+        frames made are joined onto it. `edits` (likewise): the job re-makes that video (inputs["video"])."""
         request = {"params": {k: v for k, v in params.items() if k != "seed"},
                    "negative_prompt": inputs.get("negative_prompt"), "reference": inputs.get("image") is not None}
         if extends is not None:
             request["extends"] = extends
+        if edits is not None:  # (its source frames are not kept: nothing remixes an edit)
+            request["edits"] = edits
         self.store.insert(job_id, model, prompt, size, seconds, request, remixed_from)
         spec = RequestSpec(inputs=inputs, params=params, request_id=job_id, deadline_s=JOB_TIMEOUT_S,
                            stages=self.orch.pipeline.stages_for_outputs({"video"}))

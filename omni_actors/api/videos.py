@@ -244,6 +244,9 @@ async def remix(request: web.Request) -> web.Response:
     if source.request.get("extends"):
         raise bad_request(f"video {source.id} is an extension; remix its source, then extend that",
                           "video_id", "unsupported_value")
+    if source.request.get("edits"):
+        raise bad_request(f"video {source.id} is an edit; edit its source again with the new prompt",
+                          "video_id", "unsupported_value")
     if source.model != model_id(jobs.orch):
         raise bad_request(f"video {source.id} was made by model {source.model!r}; this server makes video "
                           f"with {model_id(jobs.orch)!r}", "video_id", "unsupported_value")

@@ -205,7 +205,9 @@ class WorkerLoop:
 
     def _add(self, msg: m.AddRequest) -> None:
         rid = msg.request_id
-        request = self.codec.decode(msg.inputs)
+        # Copied out of shared memory: their leases go back now, while an engine may keep a request's
+        # inputs queued (an image or video to edit) past the point the producer reuses that space.
+        request = self.codec.decode(msg.inputs, copy=True)
         self._released.extend(leases_released_on_receipt(msg.inputs))
         if msg.streaming:
             self.requests[rid] = _Request(request, pending_sources=set(msg.sources))
@@ -213,7 +215,7 @@ class WorkerLoop:
             return
         self.requests[rid] = _Request(request)
         if msg.upstream:
-            upstream = {src: [self.codec.decode(p) for p in chunks] for src, chunks in msg.upstream.items()}
+            upstream = {src: [self.codec.decode(p, copy=True) for p in chunks] for src, chunks in msg.upstream.items()}
             inputs = self.processor(upstream, request)
             for chunks in msg.upstream.values():
                 for p in chunks:

@@ -1,5 +1,6 @@
 """/v1/videos/extensions and /v1/videos/edits end to end: the unmodified openai SDK against
-`omni-run --model <tiny Wan2.2 TI2V folder>` (and the text-only tiny Wan2.2 for the refusal).
+`omni-run --model <tiny Wan2.2 TI2V folder>` (edits, and the text-only model's refusal to extend:
+test_video_edits.py).
 
 The pinned SDK (3.57) raises before sending on `video={"id": ...}` (its file extraction wants a
 file at `video`), so a source job is named as `video=openai.omit, extra_body={"video": {"id": ...}}`,
@@ -200,7 +201,7 @@ def test_an_unknown_source_is_404_an_unfinished_one_409_and_a_deleted_extension_
     assert any(i2v.data.rglob(f"{source}.mp4"))  # the source's own file is untouched
 
 
-def test_edits_are_refused_naming_video(i2v, tmp_path):
+def test_an_image_to_video_model_refuses_edits_naming_video(i2v, tmp_path):
     client = i2v.client
     write_mp4(tmp_path / "e.mp4", np.zeros((5, 32, 32, 3), np.uint8), FPS)
     for video in ({"video": ("e.mp4", (tmp_path / "e.mp4").read_bytes(), "video/mp4")}, by_id("video_any")):
@@ -231,18 +232,3 @@ def test_a_restarted_server_fails_a_lost_extension_and_keeps_no_copy_of_its_sour
     again = i2v.client.videos.extend(prompt="x", seconds="0.25", **by_id(source, **FAST))  # the source survived
     assert wait_done(i2v.client, again.id).status == "completed"
     assert probe(download(i2v.client, again.id, tmp_path / "again.mp4")).frames == 9
-
-
-def test_a_text_only_model_cannot_extend(tmp_path):
-    model = make_tiny("wan2_2", tmp_path / "tiny-wan", seed=0)
-    run = ModelRun(tmp_path, model, tmp_path / "data")
-    try:
-        run.wait_ready()
-        write_mp4(tmp_path / "s.mp4", np.zeros((5, 32, 32, 3), np.uint8), FPS)
-        with pytest.raises(openai.BadRequestError) as err:
-            run.client().videos.extend(prompt="x", seconds="0.25",
-                                       video=("s.mp4", (tmp_path / "s.mp4").read_bytes(), "video/mp4"))
-        assert err.value.body["param"] == "video"
-        assert "cannot continue from a frame" in err.value.body["message"]
-    finally:
-        run.stop()

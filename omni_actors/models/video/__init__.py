@@ -8,6 +8,7 @@ queued) and the engine checks again:
 
     fps, size_multiple, frame_multiple, max_frames, max_seconds, max_batch   see the engine's docstring
     image_input     "none" | "optional" | "required": a first frame (`input_reference`)
+    video_input     true: the pipeline edits a video (/v1/videos/edits; workers/engines/video_edit.py)
     default_size    "WxH" used when a request gives no size
 
 Topology only: this module imports without torch or diffusers.
@@ -49,7 +50,7 @@ _WAN = {"fps": 16, "size_multiple": 16, "frame_multiple": 4, "max_frames": 257, 
 @register_pipeline("wan2_2")
 def wan2_2() -> PipelineConfig:
     return _one_stage("wan2_2", ("WanPipeline",), "video",
-                      "Wan2.2 text-to-video (WanPipeline)", {**_WAN, "image_input": "none"})
+                      "Wan2.2 text-to-video (WanPipeline)", {**_WAN, "image_input": "none", "video_input": True})
 
 
 @register_pipeline("wan2_2_i2v")

@@ -84,11 +84,15 @@ class Batch:
         convert: Callable[[Any], Any],
         preview_at: frozenset[int] = frozenset(),
         report_decode: bool = False,
+        prepare: Callable[[], tuple[dict[str, Any], Callable[[], None]]] | None = None,
     ) -> None:
         """`convert` turns the pipeline's result into the "done" report's payload (images: the
         converter dict of diffusion_outputs.py; video/audio: video.py's); with `report_decode`
-        the last step reports ("decoding", total, total) before the thread runs on through the decode."""
+        the last step reports ("decoding", total, total) before the thread runs on through the decode.
+        `prepare` runs on the runner thread before the call: (more call kwargs, an undo run after
+        the call), e.g. a video edit's encoded source and swapped scheduler (video_edit.py)."""
         self.pipe = pipe
+        self._prepare = prepare
         self._convert = convert
         self._preview_at = preview_at
         """Steps after which the latents are decoded into preview images (diffusion_preview.py)."""
@@ -155,6 +159,20 @@ class Batch:
             raise _Cancelled
 
     def run(self) -> None:
+        undo: Callable[[], None] | None = None
+        try:
+            if self._prepare is not None:
+                extra, undo = self._prepare()
+                self._kwargs = {**self._kwargs, **extra}
+            self._call()
+        except Exception as err:  # a thread boundary: the batch fails, the worker lives on
+            log.warning("diffusion_batch_failed", error=repr(err), requests=len(self.jobs))
+            self._reports.put(("error", f"{type(err).__name__}: {err}"))
+        finally:
+            if undo is not None:
+                undo()
+
+    def _call(self) -> None:
         pipe = self.pipe
         scheduler = pipe.scheduler
         kwargs = dict(self._kwargs)

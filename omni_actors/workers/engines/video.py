@@ -10,9 +10,10 @@ video (frames, plus an audio track when the result carries one, as LTX-2's does)
 `audio_end_in_s` -> audio; an `image` parameter -> it takes a first frame.
 
 Request (inputs win for prompt/negative_prompt/image):
-    inputs  prompt, negative_prompt, image (uint8 [H, W, 3]; crosses the bus in shared memory)
+    inputs  prompt, negative_prompt, image (uint8 [H, W, 3]; crosses the bus in shared memory),
+            video (an edit's source, uint8 [F, H, W, 3]: the pipeline re-makes it, video_edit.py)
     params  width, height | size "WxH", num_frames (video), seconds (audio),
-            num_inference_steps, guidance_scale, seed
+            num_inference_steps, guidance_scale, seed, strength (an edit's, default 0.7)
 
 engine_extras (family defaults from the pipeline registration, deploy overrides):
     fps             frames per second of the made video (default 16)
@@ -30,6 +31,7 @@ or audio {"audio": float32 [C, S], "sample_rate", "seed"}.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import secrets
@@ -42,6 +44,7 @@ import numpy as np
 from omni_actors import logs
 from omni_actors.errors import ConfigError
 from omni_actors.workers.engine import EngineContext, EngineOutput, direct_load, timed
+from omni_actors.workers.engines import video_edit
 from omni_actors.workers.engines.diffusion_batch import Batch, BatchedPipelineEngine
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
 from omni_actors.workers.engines.diffusion_outputs import rounded_uint8
@@ -75,11 +78,15 @@ class _Job:
     steps: int
     guidance: float | None
     seed: int
+    video: np.ndarray | None = None
+    """An edit's source frames, uint8 [F, H, W, 3] (video_edit.py)."""
+    strength: float = 1.0
 
     @property
     def batch_key(self) -> tuple[Any, ...]:
-        # A request with a first frame runs alone: image-to-video pipelines take one image per call.
-        alone = self.request_id if self.image is not None else None
+        # A request with a first frame runs alone: image-to-video pipelines take one image per call;
+        # an edit runs alone: its latents and schedule are its own.
+        alone = self.request_id if self.image is not None or self.video is not None else None
         return (self.width, self.height, self.num_frames, self.seconds, self.steps, self.guidance,
                 self.negative_prompt is not None, alone)
 
@@ -106,6 +113,7 @@ class VideoEngine(BatchedPipelineEngine):
         if not (self.makes_video or self.makes_audio) or "prompt" not in sig:
             raise ConfigError(f"{name}: not a text-to-video or text-to-audio pipeline (no prompt, "
                               "num_frames or audio_end_in_s in its __call__)")
+        self.edits = video_edit.can_edit(self.pipe)
         image = sig.get("image")
         self.takes_image = image is not None
         self.needs_image = image is not None and image.default is inspect.Parameter.empty
@@ -165,8 +173,15 @@ class VideoEngine(BatchedPipelineEngine):
         elif self.needs_image:
             raise ValueError(f"image: {type(self.pipe).__name__} needs a first frame (input_reference)")
         width, height = self._size(p)
+        video, strength = self._edit_source(inputs.get("video"), p)
         num_frames = seconds = None
-        if self.makes_video:
+        if video is not None:
+            num_frames = self._frames(video.shape[0])
+            if (width, height) not in ((None, None), (video.shape[2], video.shape[1])):
+                raise ValueError(f"size: {width}x{height} is not the source video's "
+                                 f"{video.shape[2]}x{video.shape[1]}")
+            width, height = self._size({"width": video.shape[2], "height": video.shape[1]})
+        elif self.makes_video:
             num_frames = self._frames(p.get("num_frames"))
         else:
             seconds = _number(p.get("seconds", 10.0), "seconds", 0.1, self._max_seconds)
@@ -181,7 +196,22 @@ class VideoEngine(BatchedPipelineEngine):
                        MAX_INFERENCE_STEPS),
             guidance=guidance,
             seed=secrets.randbits(SEED_BITS) if seed is None else _int(seed, "seed", 0, (1 << SEED_BITS) - 1),
+            video=video, strength=strength,
         )
+
+    def _edit_source(self, video: Any, p: dict[str, Any]) -> tuple[np.ndarray | None, float]:
+        """An edit's source frames and strength, checked (None when the request is no edit)."""
+        if video is None:
+            if "strength" in p:
+                raise ValueError("strength: only an edit (a source video) takes one")
+            return None, 1.0
+        if not self.edits:
+            raise ValueError(f"video: {type(self.pipe).__name__} cannot edit a video")
+        video = np.asarray(video)
+        if video.dtype != np.uint8 or video.ndim != 4 or video.shape[3] != 3:
+            raise ValueError(f"video: expected uint8 [F, H, W, 3], got {video.dtype} {video.shape}")
+        strength = _number(p.get("strength", video_edit.DEFAULT_STRENGTH), "strength", 0.01, 1.0)
+        return video, strength
 
     def _size(self, p: dict[str, Any]) -> tuple[int | None, int | None]:
         if not self.makes_video:
@@ -221,8 +251,12 @@ class VideoEngine(BatchedPipelineEngine):
                 rest.append(job)
         self._queue = rest
         self.batches_started += 1
+        prepare = None
+        if head.video is not None:
+            prepare = functools.partial(video_edit.prepare, self.pipe, head.video, head.strength, head.steps,
+                                        head.seed)
         batch = Batch(self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts,
-                      convert=self._convert, report_decode=True)
+                      convert=self._convert, report_decode=True, prepare=prepare)
         self._runner.submit(batch)
         return batch
 
