@@ -87,6 +87,17 @@ def test_a_video_decodes_to_the_asked_size_and_frame_count(wan, tmp_path):
     assert job.id in listed
 
 
+def test_a_video_without_a_size_is_made_at_the_models_default(wan, tmp_path):
+    """832x480 (Wan's default): the tiny checkpoint's rotary table once stopped at 32 positions a side."""
+    job = wan.client.videos.create(model=wan.model.name, prompt="a cat", seconds="0.25",
+                                   extra_body={"num_inference_steps": 1})
+    assert job.size == "832x480"
+    assert wait_done(wan.client, job.id).status == "completed"
+    path = tmp_path / "default.mp4"
+    path.write_bytes(wan.client.videos.download_content(job.id).read())
+    assert (probe(path).width, probe(path).height) == (832, 480)
+
+
 def test_sync_returns_the_mp4_and_the_same_seed_makes_the_same_video(wan, tmp_path):
     def sync(seed: int) -> np.ndarray:
         resp = requests.post(f"{wan.run.url}/v1/videos/sync", json={

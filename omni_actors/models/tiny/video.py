@@ -103,7 +103,7 @@ def _wan_transformer(in_channels: int = 16) -> Any:
         num_layers=2,
         cross_attn_norm=True,
         qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
+        rope_max_seq_len=1024,  # the real checkpoints' (a table of positions: any size a request may ask)
     )
 
 
