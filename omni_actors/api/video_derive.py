@@ -38,7 +38,9 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -58,6 +60,7 @@ from omni_actors.api.video_request import (
 from omni_actors.api.videos import jobs_of, json_response, to_video, video_model
 from omni_actors.api.videos_store import JobRow
 from omni_actors.media.mp4 import Clip, DecodeError, Scan, read_mp4, scan_mp4
+from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
 
 log = logs.get(__name__)
@@ -78,13 +81,9 @@ def add_routes(app: web.Application) -> None:
 
 
 async def extend_video(request: web.Request) -> web.Response:
-    jobs = jobs_of(request)
-    fields, upload = await read_fields(request, EXTEND_FIELDS, "video")
-    orch, model = video_model(request, fields)
+    jobs, fields, upload, orch, model = await _derived_request(request, EXTEND_FIELDS)
     caps = capabilities(orch)
-    prompt = fields.get("prompt", "")
-    if not prompt.strip():
-        raise bad_request("prompt is required", "prompt", "missing_required_parameter")
+    prompt = fields["prompt"]
     if "seconds" not in fields and "num_frames" not in fields:
         raise bad_request("seconds is required: the length of the new segment", "seconds",
                           "missing_required_parameter")
@@ -119,13 +118,9 @@ async def extend_video(request: web.Request) -> web.Response:
 
 
 async def edit_video(request: web.Request) -> web.Response:
-    jobs = jobs_of(request)
-    fields, upload = await read_fields(request, EDIT_FIELDS, "video")
-    orch, model = video_model(request, fields)
+    jobs, fields, upload, orch, model = await _derived_request(request, EDIT_FIELDS)
     caps = capabilities(orch)
-    prompt = fields.get("prompt", "")
-    if not prompt.strip():
-        raise bad_request("prompt is required", "prompt", "missing_required_parameter")
+    prompt = fields["prompt"]
     if not caps.get("video_input"):
         raise bad_request(f"video: {NO_EDIT}", "video", "unsupported_value")
     params = {
@@ -152,6 +147,18 @@ async def edit_video(request: web.Request) -> web.Response:
     return json_response(to_video(row))
 
 
+async def _derived_request(request: web.Request, allowed: frozenset[str]) -> tuple[
+        VideoJobs, dict[str, str], bytes | None, Orchestrator, str]:
+    """A video-from-a-video request read: (the jobs, its fields, an uploaded source, the pipeline, the
+    model id); 400s for unknown fields, another model, or no prompt."""
+    jobs = jobs_of(request)
+    fields, upload = await read_fields(request, allowed, "video")
+    orch, model = video_model(request, fields)
+    if not fields.get("prompt", "").strip():
+        raise bad_request("prompt is required", "prompt", "missing_required_parameter")
+    return jobs, fields, upload, orch, model
+
+
 async def _read_source(jobs: VideoJobs, fields: dict[str, str], upload: bytes | None, model: str) -> tuple[str, Clip]:
     """An edit's source, decoded: (what it edits: a job id or "upload", its frames)."""
     source_id = _source_id(fields, upload)
@@ -166,11 +173,7 @@ async def _read_source(jobs: VideoJobs, fields: dict[str, str], upload: bytes | 
 
 
 async def _read(source: bytes | Path) -> Clip:
-    try:
-        return await off_loop(read_mp4, source)
-    except DecodeError as err:
-        raise bad_request(f"video: the source is not a video this server reads: {err}", "video",
-                          "invalid_video") from None
+    return await _decoded(read_mp4, source)
 
 
 def _source_id(fields: dict[str, str], upload: bytes | None) -> str | None:
@@ -217,8 +220,13 @@ async def _place_source(jobs: VideoJobs, placed: Path, fields: dict[str, str], u
 
 
 async def _scan(source: bytes | Path) -> Scan:
+    return await _decoded(scan_mp4, source)
+
+
+async def _decoded(decode: Callable[[bytes | Path], Any], source: bytes | Path) -> Any:
+    """`decode(source)` off the loop; a 400 naming `video` when the source does not decode."""
     try:
-        return await off_loop(scan_mp4, source)
+        return await off_loop(decode, source)
     except DecodeError as err:
         raise bad_request(f"video: the source is not a video this server reads: {err}", "video",
                           "invalid_video") from None

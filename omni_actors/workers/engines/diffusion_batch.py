@@ -160,14 +160,16 @@ class Batch:
 
     def run(self) -> None:
         undo: Callable[[], None] | None = None
-        try:
-            if self._prepare is not None:
+        if self._prepare is not None:
+            try:
                 extra, undo = self._prepare()
-                self._kwargs = {**self._kwargs, **extra}
+            except Exception as err:  # a thread boundary: the batch fails, the worker lives on
+                log.warning("diffusion_batch_failed", error=repr(err), requests=len(self.jobs))
+                self._reports.put(("error", f"{type(err).__name__}: {err}"))
+                return
+            self._kwargs = {**self._kwargs, **extra}
+        try:
             self._call()
-        except Exception as err:  # a thread boundary: the batch fails, the worker lives on
-            log.warning("diffusion_batch_failed", error=repr(err), requests=len(self.jobs))
-            self._reports.put(("error", f"{type(err).__name__}: {err}"))
         finally:
             if undo is not None:
                 undo()

@@ -49,11 +49,11 @@ def prepare(pipe: Any, frames: np.ndarray, strength: float, steps: int, seed: in
     latents = encode(pipe, frames)
     original = pipe.scheduler
     tail = _tail_scheduler(original, strength)
-    tail.set_timesteps(steps, device=latents.device)
+    tail.set_timesteps(steps, device=latents.device)  # (the pipeline's call sets the same again)
     sigma = float(tail.sigmas[tail.begin_index])
     noise = torch.randn(latents.shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
     noised = sigma * noise.to(latents.device) + (1.0 - sigma) * latents.float()
-    pipe.scheduler = _tail_scheduler(original, strength)
+    pipe.scheduler = tail
 
     def restore() -> None:
         pipe.scheduler = original
