@@ -57,6 +57,18 @@ def passes_mode(ctx: Any, fused_default: bool = True) -> str:
     return mode
 
 
+MIN_BUCKET = 16
+"""engine_extras["depth_min_bucket"] default: the fewest rows a compiled frame runs at."""
+
+
+def min_bucket(ctx: Any) -> int:
+    """engine_extras["depth_min_bucket"], checked (MIN_BUCKET when unset)."""
+    value = ctx.engine_extras.get("depth_min_bucket", MIN_BUCKET)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"engine_extras.depth_min_bucket: expected a positive integer, got {value!r}")
+    return value
+
+
 def check_stack(decoder: torch.nn.Module, config: Any) -> None:
     """Raise FusedUnsupported unless `decoder` is a stack PassStack can run."""
     check_mlp_and_rope(decoder, config)
@@ -79,15 +91,18 @@ def wire_frames(runner: Any, ctx: Any, event: str) -> None:
     The runner has `stack`, `mode`, `slots`, `sizes`, `device`, `_frame`, `_frame_fused`, `_fused_pass`."""
     compiling = runner.stack is not None and runner.mode == "compiled"
     if compiling and runner.slots > 1:
-        # No batch-1 bucket: dynamo would compile batch 1 on its own (it always specialises a
-        # size of 1), and that compile was about half the talker's cold start-up. A lone frame
-        # runs in the batch-2 bucket (a padding row: the same kernels, no longer on a GPU).
-        runner.sizes = buckets(runner.slots, 2)
-    # One pass differs between batch buckets only in its batch size: compiled with that size
-    # symbolic, inductor compiles twice (batch 1, then the rest) instead of once per bucket, which
-    # on a cold cache held the Qwen3-Omni talker's start-up ~30 s past the thinker's.
+        # A compiled frame costs the same at 1 row as at 10 (latency bound: 6.3 ms either way for
+        # Qwen3-Omni's predictor on an H200), so small batches share one bucket of up to
+        # `depth_min_bucket` rows (padding rows: the same kernels). With one bucket the pass is
+        # compiled once with static shapes, no batch-1 specialisation and no symbolic batch: the
+        # talker's start-up phase went from 34.5 to ... s cold.
+        runner.sizes = buckets(runner.slots, min(runner.slots, min_bucket(ctx)))
+    # Past one bucket, the pass differs between buckets only in its batch size: compiled with that
+    # size symbolic, inductor compiles once for every bucket (no bucket is 1, which dynamo always
+    # specialises) instead of once per bucket.
+    dynamic = len(runner.sizes) > 1
     runner._pass = (
-        compiled(runner._fused_pass, compile_mode(ctx), event, dynamic=True) if compiling else runner._fused_pass
+        compiled(runner._fused_pass, compile_mode(ctx), event, dynamic=dynamic) if compiling else runner._fused_pass
     )
     frame = runner._frame if runner.stack is None else runner._frame_fused
     runner.graphs = DecodeGraphs(
