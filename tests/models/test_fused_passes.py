@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from omni_actors.workers.engine import EngineContext  # noqa: E402
-from omni_actors.workers.engines.fused_passes import passes_mode  # noqa: E402
+from omni_actors.workers.engines.fused_passes import min_bucket, passes_mode  # noqa: E402
 
 TEXT = "Hello there, this is a test of the depth passes."
 
@@ -30,6 +30,10 @@ def test_mode_defaults_and_checks(tmp_path):
     assert passes_mode(_ctx(tmp_path, "s", {"enforce_eager": True}, "cuda")) == "transformers"
     with pytest.raises(ValueError, match="depth_passes"):
         passes_mode(_ctx(tmp_path, "s", {"depth_passes": "fast"}))
+    assert min_bucket(_ctx(tmp_path, "s", {})) == 16
+    for bad in (0, True, "4"):
+        with pytest.raises(ValueError, match="depth_min_bucket"):
+            min_bucket(_ctx(tmp_path, "s", {"depth_min_bucket": bad}))
 
 
 def _csm_codes(path: Path, mode: str, params: list[dict], device: str = "cpu", **more) -> np.ndarray:
@@ -129,10 +133,12 @@ def test_compiled_passes_in_cuda_graphs_draw_the_transformers_codes(tiny_model, 
     np.testing.assert_array_equal(got, want)
 
 
-def test_compiled_passes_compile_once_for_every_batch_and_draw_the_transformers_codes(tiny_model):
-    """`compiled` (the CUDA default; inductor compiles on the CPU too): the pass is compiled with
-    its batch symbolic and no batch-1 bucket, so one compile serves every bucket; the codes are
-    the transformers passes'."""
+@pytest.mark.parametrize(("more", "sizes"), [({}, [4]), ({"depth_min_bucket": 2}, [2, 4])])
+def test_compiled_passes_compile_once_for_every_batch_and_draw_the_transformers_codes(tiny_model, more, sizes):
+    """`compiled` (the CUDA default; inductor compiles on the CPU too): batches up to
+    depth_min_bucket rows share one bucket, compiled with static shapes; past it the pass is
+    compiled with its batch symbolic and no batch-1 bucket. Either way one compile serves every
+    bucket, and the codes are the transformers passes'."""
     from torch._dynamo.utils import counters
 
     from omni_actors.config.pipeline import get_pipeline, resolve
@@ -142,14 +148,18 @@ def test_compiled_passes_compile_once_for_every_batch_and_draw_the_transformers_
         _talker_codes(path, "qwen3_omni_moe", "compiled"), _talker_codes(path, "qwen3_omni_moe", "transformers")
     )
     spec = get_pipeline("qwen3_omni_moe").stages[1]
-    engine = resolve(spec.engine)(_ctx(path, spec.model_stage, {**spec.engine_defaults, "depth_passes": "compiled"}))
+    extras = {**spec.engine_defaults, "depth_passes": "compiled", **more}
+    engine = resolve(spec.engine)(_ctx(path, spec.model_stage, extras))
     try:
         runner = engine.adapter.predictor
-        assert runner.sizes == [2, 4]  # max_num_seqs 4
+        assert runner.sizes == sizes  # max_num_seqs 4
         before = counters["stats"]["unique_graphs"]
         with torch.inference_mode():
-            for batch in runner.sizes:
+            runner.graphs.run(runner.sizes[0], 0)
+            first = counters["stats"]["unique_graphs"]
+            assert first - before <= 1  # (none when an engine before this one compiled the same shapes)
+            for batch in runner.sizes[1:]:
                 runner.graphs.run(batch, 0)
-        assert counters["stats"]["unique_graphs"] - before == 1
+        assert counters["stats"]["unique_graphs"] == first
     finally:
         engine.close()
