@@ -93,8 +93,8 @@ class VideoJobs:
         except BaseException:
             self.store.delete(job_id)
             raise
-        # An extension's first frame is its source's last: nothing remixes an extension, so it is not kept.
-        reference = inputs.get("image") if extends is None else None
+        # Nothing remixes an extension (its first frame is its source's last) or an edit: theirs is not kept.
+        reference = inputs.get("image") if extends is None and edits is None else None
         task = asyncio.create_task(self._run(job_id, stream, reference, extends is not None), name=f"video-{job_id}")
         self._running[job_id] = (task, stream)
 

@@ -57,7 +57,7 @@ def wan2_2() -> PipelineConfig:
 def wan2_2_i2v() -> PipelineConfig:
     return _one_stage("wan2_2_i2v", ("WanImageToVideoPipeline",), "video",
                       "Wan2.2 image-to-video (WanImageToVideoPipeline): a first frame and a prompt",
-                      {**_WAN, "image_input": "required"})
+                      {**_WAN, "image_input": "required", "video_input": True})
 
 
 @register_pipeline("stable_audio")
