@@ -301,17 +301,19 @@ def _ltx2() -> Any:
         connector_rope_base_seq_len=32, rope_theta=10000.0, rope_double_precision=False,
         causal_temporal_positioning=False, rope_type="split",
     )
-    # One down block: 2x spatial, 2x temporal (the real VAE is 32x / 8x).
+    # One down block: 2x spatial, 2x temporal (the real VAE is 32x / 8x), in the encoder too (a spatial-only
+    # encoder made 9 latent frames of 9 where the pipeline expects 5: an edit's source did not fit).
     vae = AutoencoderKLLTX2Video(
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,),
         decoder_block_out_channels=(8,), layers_per_block=(1,), decoder_layers_per_block=(1, 1),
         spatio_temporal_scaling=(True,), decoder_spatio_temporal_scaling=(True,),
-        decoder_inject_noise=(False, False), downsample_type=("spatial",), upsample_residual=(False,),
+        decoder_inject_noise=(False, False), downsample_type=("spatiotemporal",), upsample_residual=(False,),
         upsample_factor=(1,), timestep_conditioning=False, patch_size=1, patch_size_t=1,
         encoder_causal=True, decoder_causal=False,
     )
+    # Three levels: 4x in time and mel bins, the factor the pipeline assumes (one level encoded none).
     audio_vae = AutoencoderKLLTX2Audio(
-        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None,
+        base_channels=4, output_channels=2, ch_mult=(1, 1, 1), num_res_blocks=1, attn_resolutions=None,
         in_channels=2, resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height",
         dropout=0.0, mid_block_add_attention=False, sample_rate=LTX2_AUDIO_RATE_HZ, mel_hop_length=160,
         is_causal=True, mel_bins=8,
