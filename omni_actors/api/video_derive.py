@@ -24,11 +24,12 @@ extraction wants a file at `video`); `video=openai.omit, extra_body={"video": {"
 sends the form field `video[id]` (how the SDK names a nested form field), which is read here.
 
 An edit re-makes a completed (or uploaded) video under a new prompt, on the families that
-declare `video_input` (Wan2.2 text- and image-to-video): the source's frames cross to the
-engine as an array and are encoded, noised to `strength` (default 0.7; 1.0 ignores the
+declare `video_input` (Wan2.2 text- and image-to-video, LTX-2): the source's frames cross to
+the engine as an array and are encoded, noised to `strength` (default 0.7; 1.0 ignores the
 source) and denoised under the new prompt (workers/engines/video_edit.py). The result has the
 source's size and frame count; its frame count must be one the model makes (k *
-frame_multiple + 1). An image-to-video model is conditioned on the source's first frame, or
+frame_multiple + 1); it keeps the source's audio track, or its lack of one, whatever audio
+the model makes (LTX-2's). An image-to-video model is conditioned on the source's first frame, or
 on `input_reference` (an `image_url` data: URL, as the SDK sends `extra_body={"input_reference":
 {"image_url": ...}}`), which replaces the source's first frame; a text-only model refuses one
 (400 naming `input_reference`). Models without `video_input` answer a 400 naming `video`:
@@ -51,7 +52,7 @@ from omni_actors import logs
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import drop_none
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.video_jobs import VideoJobs
+from omni_actors.api.video_jobs import Soundtrack, VideoJobs
 from omni_actors.api.video_request import (
     capabilities,
     opt_float,
@@ -76,7 +77,7 @@ EDIT_FIELDS = frozenset({"prompt", "model", "video", "video[id]", "strength", "n
                          "input_reference[file_id]"})
 FPS_TOLERANCE = 1e-3
 """How far (frames per second) an uploaded source's rate may be from the model's."""
-NO_EDIT = "this model cannot edit video (the Wan2.2 families can); extend or remix the video instead"
+NO_EDIT = "this model cannot edit video (the Wan2.2 and LTX-2 families can); extend or remix the video instead"
 
 
 def add_routes(app: web.Application) -> None:
@@ -147,7 +148,7 @@ async def edit_video(request: web.Request) -> web.Response:
                         "image": reference})
     job_id = f"video_{uuid.uuid4().hex}"
     jobs.create(job_id, inputs, drop_none(params), model=model, prompt=prompt, size=f"{width}x{height}",
-                seconds=f"{f / float(caps['fps']):g}", edits=edits)
+                seconds=f"{f / float(caps['fps']):g}", edits=edits, soundtrack=Soundtrack(clip.audio, clip.sample_rate))
     log.info("video.edit_queued", job=job_id, edits=edits, frames=f)
     row = jobs.store.get(job_id)
     assert row is not None

@@ -72,7 +72,7 @@ def ltx2() -> PipelineConfig:
     # 32x spatial / 8x temporal VAE; the video carries the audio track the pipeline makes with it.
     return _one_stage("ltx2", ("LTX2Pipeline",), "video", "LTX-2 text-to-video with audio (LTX2Pipeline)",
                       {"fps": 24, "size_multiple": 32, "frame_multiple": 8, "max_frames": 257,
-                       "default_size": "768x512", "image_input": "none"})
+                       "default_size": "768x512", "image_input": "none", "video_input": True})
 
 
 @register_pipeline("hunyuan_video_1_5")

@@ -257,7 +257,7 @@ class VideoEngine(BatchedPipelineEngine):
         prepare = None
         if head.video is not None:
             prepare = functools.partial(video_edit.prepare, self.pipe, head.video, head.strength, head.steps,
-                                        head.seed)
+                                        head.seed, float(self.fps))
         batch = Batch(self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts,
                       convert=self._convert, report_decode=True, prepare=prepare)
         self._runner.submit(batch)

@@ -11,8 +11,9 @@ strength 1.0 starts from pure noise (nothing of the source is left but an image-
 pipeline's first frame); lower keeps more of it.
 
 Which pipelines: `EDITABLE` (a call that takes `latents`, a VAE with Wan's latent
-normalisation, a flow-matching schedule with `sigmas` and `set_begin_index`).
-The noise is drawn on the CPU from the request's seed, so an edit repeats exactly.
+normalisation, a flow-matching schedule with `sigmas` and `set_begin_index`), and LTX-2's,
+whose call does the same through its own arguments (video_edit_ltx2.py). The noise is drawn
+on the CPU from the request's seed, so an edit repeats exactly.
 
 Image-to-video (`WanImageToVideoPipeline`) also takes a first frame, its `image`, which
 `first_frame` gives it: the source's own, or an `input_reference` that replaces the
@@ -39,6 +40,10 @@ DEFAULT_STRENGTH = 0.7
 
 
 def can_edit(pipe: Any) -> bool:
+    from omni_actors.workers.engines import video_edit_ltx2
+
+    if type(pipe).__name__ in video_edit_ltx2.EDITABLE:
+        return video_edit_ltx2.can_edit(pipe)
     vae_cfg = getattr(getattr(pipe, "vae", None), "config", None)
     scheduler = getattr(pipe, "scheduler", None)
     return (type(pipe).__name__ in EDITABLE and vae_cfg is not None
@@ -68,11 +73,17 @@ def first_frame(frames: np.ndarray, image: np.ndarray | None) -> tuple[np.ndarra
     return frames, image
 
 
-def prepare(pipe: Any, frames: np.ndarray, strength: float, steps: int, seed: int) -> tuple[dict[str, Any], Callable[[], None]]:
+def prepare(pipe: Any, frames: np.ndarray, strength: float, steps: int, seed: int,
+            fps: float) -> tuple[dict[str, Any], Callable[[], None]]:
     """(the call's extra kwargs: the noised `latents`; a function that puts the pipeline's scheduler back).
-    Runs on the thread that then calls the pipeline; the scheduler stays swapped until then."""
+    Runs on the thread that then calls the pipeline; the scheduler stays swapped until then. `fps`: the
+    frame rate the call makes (LTX-2's audio stream is as long as the video at it)."""
     import torch
 
+    from omni_actors.workers.engines import video_edit_ltx2
+
+    if type(pipe).__name__ in video_edit_ltx2.EDITABLE:
+        return video_edit_ltx2.prepare(pipe, frames, strength, steps, fps), _nothing
     latents = encode(pipe, frames)
     original = pipe.scheduler
     tail = _tail_scheduler(original, strength)
@@ -88,21 +99,32 @@ def prepare(pipe: Any, frames: np.ndarray, strength: float, steps: int, seed: in
     return {"latents": noised.to(latents.dtype)}, restore
 
 
+def _nothing() -> None:
+    pass
+
+
 def encode(pipe: Any, frames: np.ndarray) -> Any:
     """uint8 [F, H, W, 3] frames as the pipeline's normalised latents [1, C, F', H', W'] (its VAE's mode)."""
     import torch
 
     vae = pipe.vae
     device = next(vae.parameters()).device
-    x = torch.from_numpy(np.ascontiguousarray(frames)).to(device)
-    x = x.permute(3, 0, 1, 2)[None].to(vae.dtype) / 127.5 - 1.0  # [1, 3, F, H, W] in [-1, 1]
-    with torch.inference_mode():
-        dist = vae.encode(x).latent_dist
-    latents = dist.mode()
+    latents = encode_raw(vae, frames)
     shape = (1, -1, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean, device=device, dtype=latents.dtype).view(shape)
     std = torch.tensor(vae.config.latents_std, device=device, dtype=latents.dtype).view(shape)
     return (latents - mean) / std
+
+
+def encode_raw(vae: Any, frames: np.ndarray) -> Any:
+    """uint8 [F, H, W, 3] frames as `vae`'s latents [1, C, F', H', W'] (the mode of its distribution)."""
+    import torch
+
+    device = next(vae.parameters()).device
+    x = torch.from_numpy(np.ascontiguousarray(frames)).to(device)
+    x = x.permute(3, 0, 1, 2)[None].to(vae.dtype) / 127.5 - 1.0  # [1, 3, F, H, W] in [-1, 1]
+    with torch.inference_mode():
+        return vae.encode(x).latent_dist.mode()
 
 
 def _tail_scheduler(scheduler: Any, strength: float) -> Any:
