@@ -1,7 +1,8 @@
 """Video jobs made from a video: `client.videos.extend` and `client.videos.edit`.
 
     POST /v1/videos/extensions   multipart: prompt, seconds, video (MP4 upload) | video[id] -> Video, queued
-    POST /v1/videos/edits        multipart: prompt, video (MP4 upload) | video[id], [strength] -> Video, queued
+    POST /v1/videos/edits        multipart: prompt, video (MP4 upload) | video[id], [strength],
+                                 [input_reference[image_url]] -> Video, queued
 
 An extension continues a video: the source's last frame is the first frame (`image`) of a
 new generation of `seconds` (frames snapped as create snaps them) at the source's size;
@@ -23,14 +24,17 @@ extraction wants a file at `video`); `video=openai.omit, extra_body={"video": {"
 sends the form field `video[id]` (how the SDK names a nested form field), which is read here.
 
 An edit re-makes a completed (or uploaded) video under a new prompt, on the families that
-declare `video_input` (Wan2.2 text-to-video): the source's frames cross to the engine as an
-array and are encoded, noised to `strength` (default 0.7; 1.0 ignores the source) and
-denoised under the new prompt (workers/engines/video_edit.py). The result has the source's
-size and frame count; its frame count must be one the model makes (k * frame_multiple + 1).
-Models without `video_input` answer a 400 naming `video`: diffusers' WanVideoToVideoPipeline
-does not fit Wan2.2's checkpoints (one transformer where A14B has two experts; TI2V-5B's VAE
-has a spatial factor of 16, not the 8 it derives), and the image-to-video families would need
-their first-frame conditioning kept through the edit, which is not done.
+declare `video_input` (Wan2.2 text- and image-to-video, LTX-2): the source's frames cross to
+the engine as an array and are encoded, noised to `strength` (default 0.7; 1.0 ignores the
+source) and denoised under the new prompt (workers/engines/video_edit.py). The result has the
+source's size and frame count; its frame count must be one the model makes (k *
+frame_multiple + 1); it keeps the source's audio track, or its lack of one, whatever audio
+the model makes (LTX-2's). An image-to-video model is conditioned on the source's first frame, or
+on `input_reference` (an `image_url` data: URL, as the SDK sends `extra_body={"input_reference":
+{"image_url": ...}}`), which replaces the source's first frame; a text-only model refuses one
+(400 naming `input_reference`). Models without `video_input` answer a 400 naming `video`:
+diffusers' WanVideoToVideoPipeline does not fit Wan2.2's checkpoints (one transformer where
+A14B has two experts; TI2V-5B's VAE has a spatial factor of 16, not the 8 it derives).
 """
 
 from __future__ import annotations
@@ -48,12 +52,13 @@ from omni_actors import logs
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import drop_none
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.video_jobs import VideoJobs
+from omni_actors.api.video_jobs import Soundtrack, VideoJobs
 from omni_actors.api.video_request import (
     capabilities,
     opt_float,
     opt_int,
     parse_frames,
+    parse_reference,
     parse_size,
     read_fields,
 )
@@ -68,11 +73,11 @@ log = logs.get(__name__)
 EXTEND_FIELDS = frozenset({"prompt", "model", "seconds", "video", "video[id]", "num_frames",
                            "num_inference_steps", "guidance_scale", "seed", "negative_prompt"})
 EDIT_FIELDS = frozenset({"prompt", "model", "video", "video[id]", "strength", "num_inference_steps",
-                         "guidance_scale", "seed", "negative_prompt"})
+                         "guidance_scale", "seed", "negative_prompt", "input_reference[image_url]",
+                         "input_reference[file_id]"})
 FPS_TOLERANCE = 1e-3
 """How far (frames per second) an uploaded source's rate may be from the model's."""
-NO_EDIT = ("this model cannot edit video (the text-to-video Wan2.2 families can); extend or remix the video "
-           "instead")
+NO_EDIT = "this model cannot edit video (the Wan2.2 and LTX-2 families can); extend or remix the video instead"
 
 
 def add_routes(app: web.Application) -> None:
@@ -129,6 +134,8 @@ async def edit_video(request: web.Request) -> web.Response:
         "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     }
+    # An image-to-video model is conditioned on the source's first frame unless a reference replaces it.
+    reference = parse_reference(fields, None, caps) if any(k.startswith("input_reference") for k in fields) else None
     edits, clip = await _read_source(jobs, fields, upload, model)
     f, height, width = clip.frames.shape[:3]
     _check_source(Scan(width, height, f, clip.fps, clip.frames[-1]), caps)
@@ -137,10 +144,11 @@ async def edit_video(request: web.Request) -> web.Response:
     except ApiError as err:
         raise bad_request(f"video: the source has {f} frames; {err.message}", "video", "unsupported_value") from None
     params.update(width=width, height=height, num_frames=f)
-    inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "video": clip.frames})
+    inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "video": clip.frames,
+                        "image": reference})
     job_id = f"video_{uuid.uuid4().hex}"
     jobs.create(job_id, inputs, drop_none(params), model=model, prompt=prompt, size=f"{width}x{height}",
-                seconds=f"{f / float(caps['fps']):g}", edits=edits)
+                seconds=f"{f / float(caps['fps']):g}", edits=edits, soundtrack=Soundtrack(clip.audio, clip.sample_rate))
     log.info("video.edit_queued", job=job_id, edits=edits, frames=f)
     row = jobs.store.get(job_id)
     assert row is not None

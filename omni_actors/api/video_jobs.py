@@ -9,7 +9,8 @@ the job `failed` with a reason. `cancel` aborts the request in the engine
 queue: past it, `create` is a 429 and no row is written. An extension (`extends`) is
 generated from its source's last frame; its finished frames (and audio) are joined onto
 the source's (the job's `source` file, media/stitch.py) before the encode, and the
-source file goes when the job ends, however it ends. At start-up, jobs a gone
+source file goes when the job ends, however it ends. An edit (`edits`) keeps its source's
+audio track (or its lack of one) in place of any the model made. At start-up, jobs a gone
 server left unfinished are marked failed; at shutdown, this server's unfinished
 jobs are.
 """
@@ -57,6 +58,15 @@ class Made:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class Soundtrack:
+    """An edit's source audio track, which the edit keeps (None: the source had none)."""
+
+    audio: np.ndarray | None
+    """float32 [C, S]"""
+    sample_rate: int | None
+
+
 class VideoJobs:
     """This server's running video jobs; their state lives in the VideoStore."""
 
@@ -74,11 +84,12 @@ class VideoJobs:
 
     def create(self, job_id: str, inputs: dict[str, Any], params: dict[str, Any], *, model: str,
                prompt: str, size: str, seconds: str, remixed_from: str | None = None,
-               extends: str | None = None, edits: str | None = None) -> None:
+               extends: str | None = None, edits: str | None = None, soundtrack: Soundtrack | None = None) -> None:
         """Queue a job (its row first, so the task always has one); AdmissionError when full. The
         row keeps what a remix needs: the params, the negative prompt, whether a first frame came.
         `extends` (the source job's id, or "upload"): the job's `source` file is in place, and the
-        frames made are joined onto it. `edits` (likewise): the job re-makes that video (inputs["video"])."""
+        frames made are joined onto it. `edits` (likewise): the job re-makes that video (inputs["video"])
+        and keeps its `soundtrack`, whatever audio the model made."""
         request = {"params": {k: v for k, v in params.items() if k != "seed"},
                    "negative_prompt": inputs.get("negative_prompt"), "reference": inputs.get("image") is not None}
         if extends is not None:
@@ -93,9 +104,10 @@ class VideoJobs:
         except BaseException:
             self.store.delete(job_id)
             raise
-        # An extension's first frame is its source's last: nothing remixes an extension, so it is not kept.
-        reference = inputs.get("image") if extends is None else None
-        task = asyncio.create_task(self._run(job_id, stream, reference, extends is not None), name=f"video-{job_id}")
+        # Nothing remixes an extension (its first frame is its source's last) or an edit: theirs is not kept.
+        reference = inputs.get("image") if extends is None and edits is None else None
+        task = asyncio.create_task(self._run(job_id, stream, reference, extends is not None, soundtrack),
+                                   name=f"video-{job_id}")
         self._running[job_id] = (task, stream)
 
     async def wait(self, job_id: str) -> None:
@@ -142,12 +154,14 @@ class VideoJobs:
             await asyncio.wait([t for t, _ in entries], timeout=JOB_EXIT_TIMEOUT_S)
 
     async def _run(self, job_id: str, stream: RequestStream, reference: np.ndarray | None,
-                   extending: bool = False) -> None:
+                   extending: bool = False, soundtrack: Soundtrack | None = None) -> None:
         try:
             if reference is not None:  # kept for a remix, written while the job waits or denoises
                 await off_loop(self._keep_reference, job_id, reference)
             made = await self._follow(job_id, stream)
             self.store.progress(job_id, DECODED_PERCENT)
+            if soundtrack is not None:  # an edit's: its source's track, not what the model made
+                made = Made(made.frames, made.fps, soundtrack.audio, soundtrack.sample_rate, made.seed)
             if extending:
                 made = await off_loop(self._stitch, job_id, made)
             await off_loop(self._write, job_id, made)

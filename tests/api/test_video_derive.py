@@ -1,6 +1,6 @@
-"""/v1/videos/extensions and /v1/videos/edits end to end: the unmodified openai SDK against
-`omni-run --model <tiny Wan2.2 TI2V folder>` (edits, and the text-only model's refusal to extend:
-test_video_edits.py).
+"""/v1/videos/extensions end to end: the unmodified openai SDK against `omni-run --model <tiny Wan2.2
+TI2V folder>` (edits: test_video_edits.py and, on this family, test_video_edits_i2v.py; the text-only
+model's refusal to extend: test_video_edits.py).
 
 The pinned SDK (3.57) raises before sending on `video={"id": ...}` (its file extraction wants a
 file at `video`), so a source job is named as `video=openai.omit, extra_body={"video": {"id": ...}}`,
@@ -199,16 +199,6 @@ def test_an_unknown_source_is_404_an_unfinished_one_409_and_a_deleted_extension_
     assert client.videos.delete(ext.id).deleted
     assert not any(i2v.data.rglob(f"{ext.id}*"))
     assert any(i2v.data.rglob(f"{source}.mp4"))  # the source's own file is untouched
-
-
-def test_an_image_to_video_model_refuses_edits_naming_video(i2v, tmp_path):
-    client = i2v.client
-    write_mp4(tmp_path / "e.mp4", np.zeros((5, 32, 32, 3), np.uint8), FPS)
-    for video in ({"video": ("e.mp4", (tmp_path / "e.mp4").read_bytes(), "video/mp4")}, by_id("video_any")):
-        with pytest.raises(openai.BadRequestError) as err:
-            client.videos.edit(prompt="make it snow", **video)
-        assert err.value.body["param"] == "video"
-        assert "cannot edit video" in err.value.body["message"]
 
 
 def test_a_restarted_server_fails_a_lost_extension_and_keeps_no_copy_of_its_source(i2v, tmp_path):

@@ -110,6 +110,13 @@ def test_bad_edit_fields_are_400_naming_them(t2v, sources, extra, param):
     assert err.value.body["param"] == param
 
 
+def test_a_first_frame_for_a_text_only_model_is_400_naming_input_reference(t2v, sources):
+    reference = {"input_reference": {"image_url": "data:image/png;base64,"}}
+    with pytest.raises(openai.BadRequestError) as err:
+        t2v.client().videos.edit(prompt="x", **by_id(sources[0], **reference))
+    assert err.value.body["param"] == "input_reference" and "text only" in err.value.body["message"]
+
+
 def test_a_source_of_a_frame_count_the_model_cannot_make_is_400_naming_video(t2v, tmp_path):
     write_mp4(tmp_path / "six.mp4", np.zeros((6, 32, 32, 3), np.uint8), FPS)  # Wan makes 4k + 1 frames
     with pytest.raises(openai.BadRequestError) as err:

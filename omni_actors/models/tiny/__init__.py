@@ -25,6 +25,7 @@ _BUILDERS: dict[str, str] = {
     **{name: f"omni_actors.models.tiny.image_families:{name}" for name in IMAGE_FAMILIES},
     "wan2_2": "omni_actors.models.tiny.video:make_tiny_wan2_2",
     "wan2_2_i2v": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v",
+    "wan2_2_i2v-a14b": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v_a14b",
     "stable_audio": "omni_actors.models.tiny.video:make_tiny_stable_audio",
     "ltx2": "omni_actors.models.tiny.video:make_tiny_ltx2",
     "hunyuan_video_1_5": "omni_actors.models.tiny.video:make_tiny_hunyuan_video_1_5",

@@ -8,6 +8,7 @@ Deterministic by seed; each builds in seconds on CPU.
 
     make_tiny_wan2_2(out_dir)       WanPipeline, text-to-video (Wan2.2 layout: two experts, boundary_ratio)
     make_tiny_wan2_2_i2v(out_dir)   WanImageToVideoPipeline (Wan2.2 TI2V layout: expand_timesteps, no image encoder)
+    make_tiny_wan2_2_i2v_a14b(...)  the same class in Wan2.2-I2V-A14B's layout (two experts, concatenated condition)
     make_tiny_stable_audio(out_dir) StableAudioPipeline (T5 text encoder, Oobleck VAE)
 """
 
@@ -76,16 +77,19 @@ def _umt5(tokenizer: Any, d_model: int = 32) -> Any:
 
 
 def _wan_vae() -> Any:
+    import torch
     from diffusers import AutoencoderKLWan
 
-    # 8x spatial, 4x temporal like the real Wan2.1/2.2-A14B VAE, at a few channels.
-    return AutoencoderKLWan(
-        base_dim=3,
-        z_dim=16,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-    )
+    # 8x spatial, 4x temporal like the real Wan2.1/2.2-A14B VAE, at a few channels. Without biases: random
+    # ones drowned the picture (two sources that differed after the first frame encoded to latents 0.1%
+    # apart, so a video edit's source could not be seen in what it made).
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    with torch.no_grad():
+        for name, param in vae.named_parameters():
+            if name.endswith(".bias"):
+                param.zero_()
+    return vae
 
 
 def _wan_transformer(in_channels: int = 16) -> Any:
@@ -128,20 +132,16 @@ def _wan2_2() -> Any:
     )
 
 
-def _wan2_2_i2v() -> Any:
+def _wan2_2_i2v(a14b: bool = False) -> Any:
     from diffusers import WanImageToVideoPipeline
 
     tokenizer = t5_tokenizer()
-    return WanImageToVideoPipeline(
-        tokenizer=tokenizer,
-        text_encoder=_umt5(tokenizer),
-        vae=_wan_vae(),
-        scheduler=_flow_scheduler(),
-        image_processor=None,
-        image_encoder=None,
-        transformer=_wan_transformer(),
-        expand_timesteps=True,
-    )
+    # TI2V-5B: the first frame's latents replace the video's first (expand_timesteps). A14B: two experts
+    # over 36 channels (the latents, a 4-channel frame mask, the encoded first frame), boundary_ratio 0.9.
+    layout = ({"transformer": _wan_transformer(36), "transformer_2": _wan_transformer(36), "boundary_ratio": 0.9}
+              if a14b else {"transformer": _wan_transformer(), "expand_timesteps": True})
+    return WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=_umt5(tokenizer), vae=_wan_vae(),
+                                   scheduler=_flow_scheduler(), image_processor=None, image_encoder=None, **layout)
 
 
 def make_tiny_wan2_2(out_dir: str | Path, seed: int = 0) -> Path:
@@ -152,6 +152,11 @@ def make_tiny_wan2_2(out_dir: str | Path, seed: int = 0) -> Path:
 def make_tiny_wan2_2_i2v(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Wan2.2 image-to-video pipeline (WanImageToVideoPipeline) to `out_dir`."""
     return _build(out_dir, seed, _wan2_2_i2v)
+
+
+def make_tiny_wan2_2_i2v_a14b(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny Wan2.2-I2V-A14B-layout pipeline (WanImageToVideoPipeline, two experts) to `out_dir`."""
+    return _build(out_dir, seed, lambda: _wan2_2_i2v(a14b=True))
 
 
 STABLE_AUDIO_RATE_HZ = 8000
@@ -296,17 +301,19 @@ def _ltx2() -> Any:
         connector_rope_base_seq_len=32, rope_theta=10000.0, rope_double_precision=False,
         causal_temporal_positioning=False, rope_type="split",
     )
-    # One down block: 2x spatial, 2x temporal (the real VAE is 32x / 8x).
+    # One down block: 2x spatial, 2x temporal (the real VAE is 32x / 8x), in the encoder too (a spatial-only
+    # encoder made 9 latent frames of 9 where the pipeline expects 5: an edit's source did not fit).
     vae = AutoencoderKLLTX2Video(
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,),
         decoder_block_out_channels=(8,), layers_per_block=(1,), decoder_layers_per_block=(1, 1),
         spatio_temporal_scaling=(True,), decoder_spatio_temporal_scaling=(True,),
-        decoder_inject_noise=(False, False), downsample_type=("spatial",), upsample_residual=(False,),
+        decoder_inject_noise=(False, False), downsample_type=("spatiotemporal",), upsample_residual=(False,),
         upsample_factor=(1,), timestep_conditioning=False, patch_size=1, patch_size_t=1,
         encoder_causal=True, decoder_causal=False,
     )
+    # Three levels: 4x in time and mel bins, the factor the pipeline assumes (one level encoded none).
     audio_vae = AutoencoderKLLTX2Audio(
-        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None,
+        base_channels=4, output_channels=2, ch_mult=(1, 1, 1), num_res_blocks=1, attn_resolutions=None,
         in_channels=2, resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height",
         dropout=0.0, mid_block_add_attention=False, sample_rate=LTX2_AUDIO_RATE_HZ, mel_hop_length=160,
         is_causal=True, mel_bins=8,

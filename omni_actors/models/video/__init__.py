@@ -57,7 +57,7 @@ def wan2_2() -> PipelineConfig:
 def wan2_2_i2v() -> PipelineConfig:
     return _one_stage("wan2_2_i2v", ("WanImageToVideoPipeline",), "video",
                       "Wan2.2 image-to-video (WanImageToVideoPipeline): a first frame and a prompt",
-                      {**_WAN, "image_input": "required"})
+                      {**_WAN, "image_input": "required", "video_input": True})
 
 
 @register_pipeline("stable_audio")
@@ -72,7 +72,7 @@ def ltx2() -> PipelineConfig:
     # 32x spatial / 8x temporal VAE; the video carries the audio track the pipeline makes with it.
     return _one_stage("ltx2", ("LTX2Pipeline",), "video", "LTX-2 text-to-video with audio (LTX2Pipeline)",
                       {"fps": 24, "size_multiple": 32, "frame_multiple": 8, "max_frames": 257,
-                       "default_size": "768x512", "image_input": "none"})
+                       "default_size": "768x512", "image_input": "none", "video_input": True})
 
 
 @register_pipeline("hunyuan_video_1_5")

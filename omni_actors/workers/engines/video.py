@@ -11,7 +11,8 @@ video (frames, plus an audio track when the result carries one, as LTX-2's does)
 
 Request (inputs win for prompt/negative_prompt/image):
     inputs  prompt, negative_prompt, image (uint8 [H, W, 3]; crosses the bus in shared memory),
-            video (an edit's source, uint8 [F, H, W, 3]: the pipeline re-makes it, video_edit.py)
+            video (an edit's source, uint8 [F, H, W, 3]: the pipeline re-makes it, video_edit.py;
+            on a pipeline that takes a first frame, the source's, or `image` in its place)
     params  width, height | size "WxH", num_frames (video), seconds (audio),
             num_inference_steps, guidance_scale, seed, strength (an edit's, default 0.7)
 
@@ -170,10 +171,12 @@ class VideoEngine(BatchedPipelineEngine):
             image = np.asarray(image)
             if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
                 raise ValueError(f"image: expected uint8 [H, W, 3], got {image.dtype} {image.shape}")
-        elif self.needs_image:
-            raise ValueError(f"image: {type(self.pipe).__name__} needs a first frame (input_reference)")
         width, height = self._size(p)
         video, strength = self._edit_source(inputs.get("video"), p)
+        if video is not None and self.takes_image:  # an edit is conditioned on its source's first frame
+            video, image = video_edit.first_frame(video, image)
+        elif image is None and self.needs_image:
+            raise ValueError(f"image: {type(self.pipe).__name__} needs a first frame (input_reference)")
         num_frames = seconds = None
         if video is not None:
             num_frames = self._frames(video.shape[0])
@@ -254,7 +257,7 @@ class VideoEngine(BatchedPipelineEngine):
         prepare = None
         if head.video is not None:
             prepare = functools.partial(video_edit.prepare, self.pipe, head.video, head.strength, head.steps,
-                                        head.seed)
+                                        head.seed, float(self.fps))
         batch = Batch(self.pipe, jobs, self._call_kwargs(jobs), "callback_on_step_end" in self._accepts,
                       convert=self._convert, report_decode=True, prepare=prepare)
         self._runner.submit(batch)
