@@ -209,9 +209,44 @@ def _frames(f: Any, vs: Any) -> Iterator[np.ndarray]:
                                   f"{MAX_DECODE_FRAMES} frames and {MAX_DECODE_BYTES} bytes of them")
             if (frame.width, frame.height) != (width, height):
                 raise DecodeError("the frames change size")
-            yield frame.to_ndarray(format="rgb24")
+            yield rgb(frame)
     except av.FFmpegError as err:
         raise DecodeError(f"the video does not decode ({err})") from None
+
+
+YUV_TO_RGB = {  # (Cr -> R, Cb -> G, Cr -> G, Cb -> B) per colour matrix
+    "bt601": (1.402, -0.344136, -0.714136, 1.772),
+    "bt709": (1.5748, -0.187324, -0.468124, 1.8556),
+}
+AVCOL_SPC_BT709 = 1
+AVCOL_RANGE_JPEG = 2
+
+
+def rgb(frame: Any) -> np.ndarray:
+    """A decoded frame as uint8 RGB [H, W, 3]. 8-bit 4:2:0 frames (what H.264 files carry) are
+    converted here, not by FFmpeg's swscale: after swscale had turned a decoded frame into RGB,
+    later libx264 encodes in the same process were no longer repeatable (the same frames made
+    different files). BT.709 when the frame says so, else BT.601; full range for JPEG-range
+    frames, else limited; chroma repeated over its 2x2 pixels. Other formats go through swscale."""
+    name = frame.format.name
+    if name not in ("yuv420p", "yuvj420p") or frame.width % 2 or frame.height % 2:
+        return frame.to_ndarray(format="rgb24")
+    h, w = frame.height, frame.width
+    planes = frame.to_ndarray()  # [H * 3 / 2, W]: Y, then U and V as [H / 2, W / 2] each
+    y = planes[:h].astype(np.float32)
+    u = planes[h : h + h // 4].reshape(h // 2, w // 2).astype(np.float32) - 128.0
+    v = planes[h + h // 4 :].reshape(h // 2, w // 2).astype(np.float32) - 128.0
+    if name == "yuvj420p" or frame.color_range == AVCOL_RANGE_JPEG:
+        scale_y, scale_c = 1.0, 1.0
+    else:
+        y -= 16.0
+        scale_y, scale_c = 255.0 / 219.0, 255.0 / 224.0
+    y *= scale_y
+    u = np.repeat(np.repeat(u * scale_c, 2, axis=0), 2, axis=1)
+    v = np.repeat(np.repeat(v * scale_c, 2, axis=0), 2, axis=1)
+    cr_r, cb_g, cr_g, cb_b = YUV_TO_RGB["bt709" if frame.colorspace == AVCOL_SPC_BT709 else "bt601"]
+    out = np.stack([y + cr_r * v, y + cb_g * u + cr_g * v, y + cb_b * u], axis=-1)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
 def _audio(f: Any, sample_rate: int | None, seconds: float) -> tuple[np.ndarray | None, int | None]:
