@@ -118,7 +118,8 @@ ROUTES = (
           _MISSING),
     Route("delete", _VIDEO_ID, "Delete a video job (a running one is aborted)", None,
           {"application/json": VideoDeleted}, _VIDEO, _MISSING),
-    Route("get", _VIDEO_ID + "/content", "A completed video's MP4 (variant=video) or still (variant=thumbnail)",
+    Route("get", _VIDEO_ID + "/content", "A completed video's MP4 (variant=video), first frame (thumbnail) or "
+          "a grid of up to 16 of its frames (spritesheet)",
           None, {"video/mp4": None, "image/jpeg": None}, _VIDEO, _BUSY),
     Route("post", _VIDEO_ID + "/remix", "Make a completed video again with a new prompt", RemixBody,
           {"application/json": Video}, _VIDEO, _BUSY),

@@ -30,7 +30,7 @@ from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.png import encode_png
 from omni_actors.api.videos_store import VideoStore
 from omni_actors.errors import RequestAborted, RequestError
-from omni_actors.media.mp4 import Clip, read_mp4, write_mp4, write_thumbnail
+from omni_actors.media.mp4 import Clip, read_mp4, write_mp4, write_spritesheet, write_thumbnail
 from omni_actors.media.stitch import extend
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream
@@ -185,7 +185,7 @@ class VideoJobs:
         finally:
             self._running.pop(job_id, None)
             self._touch(job_id)
-            for variant in ("video", "thumbnail", "reference"):
+            for variant in ("video", "thumbnail", "spritesheet", "reference"):
                 _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
             self.store.path(job_id, "source").unlink(missing_ok=True)  # the MP4 now holds its frames
             if reference is not None:  # a first frame is kept for a remix, which needs a finished job
@@ -222,7 +222,10 @@ class VideoJobs:
         video, thumb = self.store.path(job_id, "video"), self.store.path(job_id, "thumbnail")
         write_mp4(_tmp(video), made.frames, made.fps, made.audio, made.sample_rate)
         write_thumbnail(_tmp(thumb), made.frames[0])
+        sprites = self.store.path(job_id, "spritesheet")
+        write_spritesheet(_tmp(sprites), made.frames)
         os.replace(_tmp(thumb), thumb)
+        os.replace(_tmp(sprites), sprites)
         os.replace(_tmp(video), video)
 
 

@@ -5,7 +5,7 @@
     GET    /v1/videos                   list: after, limit, order -> {"data", "has_more", ...}
     GET    /v1/videos/{id}              retrieve: status and progress
     DELETE /v1/videos/{id}              delete: a running job is aborted between steps
-    GET    /v1/videos/{id}/content      download: variant=video (MP4) | thumbnail (JPEG)
+    GET    /v1/videos/{id}/content      download: variant=video (MP4) | thumbnail (JPEG) | spritesheet (JPEG grid)
     POST   /v1/videos/{id}/remix        {"prompt"} -> a new job, `remixed_from_video_id` set
     POST   /v1/videos/extensions        a video continued: video_derive.py
     POST   /v1/videos/edits             a video edited: video_derive.py (refused: no family edits video)
@@ -26,7 +26,9 @@ inline threshold), never as base64.
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 
 import msgspec
 from aiohttp import web
@@ -54,7 +56,8 @@ from omni_actors.api.video_request import (
     parse_size,
     read_fields,
 )
-from omni_actors.api.videos_store import JobRow, VideoStore
+from omni_actors.api.videos_store import VARIANTS, JobRow, VideoStore
+from omni_actors.media.mp4 import read_mp4, write_spritesheet
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.store import get_store
 from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
@@ -321,14 +324,27 @@ async def delete(request: web.Request) -> web.Response:
 async def content(request: web.Request) -> web.StreamResponse:
     row = _job(request)
     variant = request.query.get("variant", "video")
-    if variant not in ("video", "thumbnail"):
-        raise bad_request(f"variant {variant!r} is not available; expected video or thumbnail", "variant",
-                          "unsupported_value")
+    if variant not in VARIANTS:
+        raise bad_request(f"variant {variant!r} is not available; expected one of {', '.join(VARIANTS)}",
+                          "variant", "unsupported_value")
     if row.status != "completed":
         raise ApiError(409, f"video {row.id} is {row.status}; its content is ready once it is completed",
                        "video_id", "video_not_ready")
-    path = jobs_of(request).store.path(row.id, variant)
+    store = jobs_of(request).store
+    path = store.path(row.id, variant)
+    if variant == "spritesheet" and not path.is_file() and store.path(row.id).is_file():
+        await off_loop(_spritesheet_of, store.path(row.id), path)  # a job finished before spritesheets
     if not path.is_file():
         raise ApiError(404, f"video {row.id}: its {variant} file is gone", "video_id", "not_found")
     kind = "video/mp4" if variant == "video" else "image/jpeg"
     return web.FileResponse(path, headers={"Content-Type": kind})
+
+
+def _spritesheet_of(video: Path, path: Path) -> None:
+    """Write `video`'s spritesheet at `path` (through a file of this call's own, then renamed)."""
+    part = path.with_name(f"{path.name}.{uuid.uuid4().hex}.part")
+    try:
+        write_spritesheet(part, read_mp4(video).frames)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)

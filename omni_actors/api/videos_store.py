@@ -7,7 +7,7 @@
 `request` is what the job was made from beyond its prompt (JSON: frames, steps, guidance,
 negative prompt), `seed` the seed it ran with, `remixed_from` the job a remix started
 from: a remix makes the same video again with a new prompt. Files:
-`<data>/state/files/videos/<id>.mp4` and `<id>.jpg` (thumbnail), written by the job runner
+`<data>/state/files/videos/<id>.mp4`, `<id>.jpg` (thumbnail) and `<id>.sprites.jpg` (spritesheet), written by the job runner
 to a temporary name and renamed, so a file that exists is whole; `<id>.ref.png`, a first
 frame the job was given (a remix of it starts from the same frame); `<id>.source.mp4`,
 the video an extension continues (a hard link to, or a copy of, the source job's MP4,
@@ -51,7 +51,7 @@ DDL = (
 ADDED = {"request": "TEXT", "seed": "INTEGER", "remixed_from": "TEXT"}
 """Columns added after the table's first release (Store.add_columns)."""
 RUNNING = ("queued", "in_progress")
-VARIANTS = {"video": ".mp4", "thumbnail": ".jpg"}
+VARIANTS = {"video": ".mp4", "thumbnail": ".jpg", "spritesheet": ".sprites.jpg"}
 FILES = {**VARIANTS, "reference": ".ref.png", "source": ".source.mp4"}
 
 

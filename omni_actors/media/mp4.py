@@ -102,6 +102,37 @@ def write_thumbnail(path: str | Path, frame: np.ndarray) -> None:
                                                                       quality=THUMBNAIL_QUALITY)
 
 
+SPRITE_FRAMES = 16
+"""Most frames a spritesheet shows, sampled evenly from first to last."""
+SPRITE_WIDTH_PX = 160
+"""Widest a spritesheet's tile is (smaller videos keep their width)."""
+
+
+def sprite_layout(frames: int, width: int, height: int) -> tuple[list[int], int, int, int]:
+    """(the frame indices a spritesheet shows, its columns, a tile's width and height)."""
+    count = min(frames, SPRITE_FRAMES)
+    picks = sorted({round(i * (frames - 1) / max(count - 1, 1)) for i in range(count)})
+    tile_w = min(width, SPRITE_WIDTH_PX)
+    tile_h = max(1, round(height * tile_w / width))
+    columns = int(np.ceil(np.sqrt(len(picks))))
+    return picks, columns, tile_w, tile_h
+
+
+def write_spritesheet(path: str | Path, frames: np.ndarray) -> None:
+    """A JPEG grid of up to SPRITE_FRAMES of `frames` [F, H, W, 3], row by row, evenly sampled."""
+    from PIL import Image
+
+    picks, columns, tile_w, tile_h = sprite_layout(frames.shape[0], frames.shape[2], frames.shape[1])
+    rows = -(-len(picks) // columns)
+    sheet = Image.new("RGB", (columns * tile_w, rows * tile_h))
+    for n, i in enumerate(picks):
+        tile = Image.fromarray(np.ascontiguousarray(frames[i], dtype=np.uint8))
+        if tile.size != (tile_w, tile_h):
+            tile = tile.resize((tile_w, tile_h), Image.Resampling.BILINEAR)
+        sheet.paste(tile, ((n % columns) * tile_w, (n // columns) * tile_h))
+    sheet.save(path, format="JPEG", quality=THUMBNAIL_QUALITY)
+
+
 @dataclass(frozen=True)
 class Probe:
     width: int

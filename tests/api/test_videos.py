@@ -32,6 +32,8 @@ FAST = {"num_inference_steps": 2}
 LONG = {"num_inference_steps": 1000}
 """A job that cannot finish while a test looks at it (1000 denoising steps)."""
 QUEUE = 2
+SPRITE_ERROR_MAX = 12.0
+"""Mean difference (of 255) between a spritesheet tile and its frame: two JPEG/H.264 generations of noise."""
 
 
 @dataclass
@@ -83,6 +85,19 @@ def test_a_video_decodes_to_the_asked_size_and_frame_count(wan, tmp_path):
 
     thumb = Image.open(io.BytesIO(client.videos.download_content(job.id, variant="thumbnail").read()))
     assert thumb.size == (48, 32)
+    with av.open(str(path)) as f:
+        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in f.decode(video=0)])
+    # a spritesheet: all 9 frames, 3 to a row, each at the video's size; written with the MP4, and
+    # made again from it when it is missing (a job finished before spritesheets existed)
+    for _ in ("written", "remade"):
+        sheet = np.asarray(Image.open(io.BytesIO(client.videos.download_content(job.id, variant="spritesheet").read())))
+        assert sheet.shape == (96, 144, 3)
+        for i in (0, 4, 8):
+            tile = sheet[(i // 3) * 32 : (i // 3 + 1) * 32, (i % 3) * 48 : (i % 3 + 1) * 48]
+            errors = [np.abs(tile.astype(np.int16) - f).mean() for f in frames]
+            assert int(np.argmin(errors)) == i and errors[i] < SPRITE_ERROR_MAX, (i, errors)
+        sprites = next((wan.data / "state" / "files" / "videos").glob(f"{job.id}.sprites.jpg"))
+        sprites.unlink()
     listed = [v.id for v in client.videos.list(order="desc")]
     assert job.id in listed
 
@@ -300,3 +315,12 @@ def test_ltx2_videos_carry_their_audio_track(tmp_path):
             assert f.streams.audio[0].duration * f.streams.audio[0].time_base > 0.3  # ~9 frames at 24 fps
     finally:
         run.stop()
+
+
+def test_an_unknown_variant_is_a_400_naming_it(wan):
+    job = wan.client.videos.create(model=wan.model.name, prompt="a dog", size="32x32", seconds="0.25",
+                                   extra_body={"num_inference_steps": 1})
+    assert wait_done(wan.client, job.id).status == "completed"
+    with pytest.raises(openai.BadRequestError) as err:
+        wan.client.videos.download_content(job.id, variant="gif")  # type: ignore[arg-type]
+    assert err.value.body["param"] == "variant" and "spritesheet" in err.value.body["message"]
