@@ -99,10 +99,14 @@ def _form_schema(form: Form) -> dict[str, Any]:
 def _operation(route: Route, auth: bool) -> dict[str, Any]:
     name = re.sub(r"[{}]", "", route.path.strip("/").replace("/", "_")) or "root"
     op: dict[str, Any] = {"summary": route.summary, "operationId": f"{route.method}_{name}"}
-    params = re.findall(r"{(\w+)}", route.path)
+    params: list[dict[str, Any]] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                                    for p in re.findall(r"{(\w+)}", route.path)]
+    for q in route.query:
+        schema: dict[str, Any] = {"type": q.kind, **({"enum": list(q.choices)} if q.choices else {})}
+        params.append({"name": q.name, "in": "query", "required": False, "description": q.description,
+                       "schema": schema})
     if params:
-        op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-                            for p in params]
+        op["parameters"] = params
     if isinstance(route.request, Form):
         op["requestBody"] = {"required": True, "content": {"multipart/form-data": {
             "schema": _form_schema(route.request)}}}

@@ -21,11 +21,16 @@ from omni_actors.api.audio_generation import AudioGenerationRequest
 from omni_actors.api.image_edits import TEXT_FIELDS as IMAGE_EDIT_FIELDS
 from omni_actors.api.image_files import CONTENT_TYPES as IMAGE_TYPES
 from omni_actors.api.image_files import ROUTE as IMAGE_FILE_ROUTE
+from omni_actors.api.responses import MAX_PAGE as RESPONSES_PAGE
 from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
 from omni_actors.api.status import ServerStatus
 from omni_actors.api.video_derive import EDIT_FIELDS, EXTEND_FIELDS
+from omni_actors.api.video_jobs import RANK
 from omni_actors.api.video_request import FIELDS as VIDEO_FIELDS
-from omni_actors.api.videos import RemixBody, Video, VideoDeleted, VideoList
+from omni_actors.api.videos import LIST_MAX as VIDEOS_PAGE
+from omni_actors.api.videos import MAX_WAIT_S, RemixBody, Video, VideoDeleted, VideoList
+from omni_actors.api.videos_store import VARIANTS
+from omni_actors.api.voices import MAX_PAGE as CONSENTS_PAGE
 from omni_actors.api.voices import (
     ConsentDeleted,
     ConsentObject,
@@ -50,6 +55,16 @@ class Form:
 
 
 @dataclass(frozen=True)
+class Query:
+    """A query-string parameter a route reads (optional): its name, JSON type, what it means, its choices."""
+
+    name: str
+    kind: str
+    description: str
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Route:
     method: str
     path: str
@@ -62,6 +77,8 @@ class Route:
     """Output types the pipeline must produce for the route to be served."""
     extra: tuple[tuple[str, str, type], ...] = ()
     """Other answers: (status, description, schema), sent as JSON."""
+    query: tuple[Query, ...] = ()
+    """The query-string parameters it reads."""
 
 
 def _binary(types: Any) -> dict[str, None]:
@@ -73,6 +90,14 @@ _MISSING = (("404", NOT_FOUND, s.ErrorResponse),)
 _BUSY = (("404", NOT_FOUND, s.ErrorResponse), ("409", "Not in a state that allows this", s.ErrorResponse))
 _TEXT, _AUDIO, _IMAGE, _VIDEO = (frozenset({k}) for k in ("text", "audio", "image", "video"))
 _VIDEO_FORM = Form(("input_reference",), tuple(sorted(VIDEO_FIELDS - {"input_reference"})), ("prompt",))
+_AFTER = Query("after", "string", "The id after which the page starts")
+_ORDER = Query("order", "string", "By creation time", ("asc", "desc"))
+
+
+def _limit(most: int) -> Query:
+    return Query("limit", "integer", f"Items in a page, 1 to {most}")
+
+
 _VIDEO_ID = "/v1/videos/{video_id}"
 _RESPONSE_ID = "/v1/responses/{response_id}"
 _CONSENTS = "/v1/audio/voice_consents"
@@ -94,13 +119,15 @@ ROUTES = (
     Route("post", "/v1/responses", "Responses API (response.* events when stream=true)", rs.ResponseRequest,
           {"application/json": rs.Response, SSE: rs.StreamEvent}, _TEXT),
     Route("get", _RESPONSE_ID, "A stored response (its events with stream=true)", None,
-          {"application/json": rs.Response, SSE: rs.StreamEvent}, _TEXT, _MISSING),
+          {"application/json": rs.Response, SSE: rs.StreamEvent}, _TEXT, _MISSING,
+          (Query("stream", "boolean", "Replay the response's events"),
+           Query("starting_after", "integer", "With stream: the sequence number after which events start"))),
     Route("delete", _RESPONSE_ID, "Delete a stored response", None, {"application/json": rs.ResponseDeleted},
           _TEXT, _MISSING),
     Route("post", _RESPONSE_ID + "/cancel", "Cancel a background response", None,
           {"application/json": rs.Response}, _TEXT, _BUSY),
     Route("get", _RESPONSE_ID + "/input_items", "A stored response's input items", None,
-          {"application/json": rs.InputItemList}, _TEXT, _MISSING),
+          {"application/json": rs.InputItemList}, _TEXT, _MISSING, (_AFTER, _limit(RESPONSES_PAGE), _ORDER)),
     Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
           {"application/json": s.ImagesResponse, SSE: s.ImageStreamEvent}, _IMAGE),
     Route("post", "/v1/images/edits", "Edit images (multipart/form-data: image or image[], mask, prompt)",
@@ -113,14 +140,17 @@ ROUTES = (
     Route("post", "/v1/videos/sync", "Make a video and answer with the MP4", _VIDEO_FORM, {"video/mp4": None},
           _VIDEO),
     Route("get", "/v1/videos", "Video jobs, newest first (after, limit, order)", None,
-          {"application/json": VideoList}, _VIDEO),
+          {"application/json": VideoList}, _VIDEO, query=(_AFTER, _limit(VIDEOS_PAGE), _ORDER)),
     Route("get", _VIDEO_ID, "One video job: status and progress", None, {"application/json": Video}, _VIDEO,
-          _MISSING),
+          _MISSING, (Query("wait_s", "number", f"Wait up to this many seconds (at most {MAX_WAIT_S:g}) for "
+                           "the status to pass `past`"),
+                     Query("past", "string", "With wait_s: the status to wait past", tuple(RANK)))),
     Route("delete", _VIDEO_ID, "Delete a video job (a running one is aborted)", None,
           {"application/json": VideoDeleted}, _VIDEO, _MISSING),
     Route("get", _VIDEO_ID + "/content", "A completed video's MP4 (variant=video), first frame (thumbnail) or "
           "a grid of up to 16 of its frames (spritesheet)",
-          None, {"video/mp4": None, "image/jpeg": None}, _VIDEO, _BUSY),
+          None, {"video/mp4": None, "image/jpeg": None}, _VIDEO, _BUSY,
+          (Query("variant", "string", "Which file (default video)", tuple(VARIANTS)),)),
     Route("post", _VIDEO_ID + "/remix", "Make a completed video again with a new prompt", RemixBody,
           {"application/json": Video}, _VIDEO, _BUSY),
     Route("post", "/v1/videos/extensions", "Continue a video from its last frame: a completed job (video[id]) "
@@ -135,7 +165,7 @@ ROUTES = (
           Form(("recording",), ("language", "name"), ("recording", "name", "language")),
           {"application/json": ConsentObject}),
     Route("get", _CONSENTS, "Voice consents, a page at a time (after, limit)", None,
-          {"application/json": ConsentPage}),
+          {"application/json": ConsentPage}, query=(_AFTER, _limit(CONSENTS_PAGE))),
     Route("get", _CONSENTS + "/{consent_id}", "One voice consent", None, {"application/json": ConsentObject},
           extra=_MISSING),
     Route("post", _CONSENTS + "/{consent_id}", "Rename a voice consent", ConsentUpdate,

@@ -73,6 +73,13 @@ async def test_document_lists_what_this_pipeline_serves_with_real_content_types(
     for path, method in (("/v1/chat/completions", "post"), ("/v1/models", "get")):
         op = paths[path][method]
         assert {"bearer": []} in op["security"] and "401" in op["responses"], path
+    # query strings the handlers read are documented (path parameters first)
+    items = paths["/v1/responses/{response_id}/input_items"]["get"]["parameters"]
+    assert [(p["name"], p["in"]) for p in items] == [
+        ("response_id", "path"), ("after", "query"), ("limit", "query"), ("order", "query")]
+    assert items[3]["schema"] == {"type": "string", "enum": ["asc", "desc"]}
+    stored = {p["name"]: p["schema"]["type"] for p in paths["/v1/responses/{response_id}"]["get"]["parameters"]}
+    assert stored == {"response_id": "string", "stream": "boolean", "starting_after": "integer"}
 
 
 async def test_every_route_the_app_registers_is_in_the_route_table(srv: Server) -> None:

@@ -324,3 +324,6 @@ def test_an_unknown_variant_is_a_400_naming_it(wan):
     with pytest.raises(openai.BadRequestError) as err:
         wan.client.videos.download_content(job.id, variant="gif")  # type: ignore[arg-type]
     assert err.value.body["param"] == "variant" and "spritesheet" in err.value.body["message"]
+    spec = requests.get(f"{wan.run.url}/openapi.json", timeout=30).json()
+    (variant,) = [p for p in spec["paths"]["/v1/videos/{video_id}/content"]["get"]["parameters"] if p["in"] == "query"]
+    assert (variant["name"], variant["schema"]["enum"]) == ("variant", ["video", "thumbnail", "spritesheet"])
