@@ -103,6 +103,10 @@ def parse_args() -> argparse.Namespace:
         help='engine_extras for the talker only, over --ar-extras, e.g. \'{"fused_decode": true}\'',
     )  # fmt: skip
     ap.add_argument(
+        "--deploy-extras", type=json.loads, default={},
+        help='top-level deploy fields, e.g. \'{"first_output_priority": true}\'',
+    )  # fmt: skip
+    ap.add_argument(
         "--code2wav-extras", type=json.loads, default={},
         help='engine_extras for the last (codec) stage, e.g. \'{"first_chunk_size": 5, "chunk_size": 25}\'',
     )  # fmt: skip
@@ -131,6 +135,7 @@ def deploy_for(
         "pipeline": args.pipeline,
         "model": str(args.model),
         "async_chunk": async_chunk,
+        **args.deploy_extras,
         "stages": [
             {
                 "stage_id": s, **stage,
@@ -263,6 +268,7 @@ async def run_mode(
         await asyncio.gather(*(one(orch, args, 100 + i) for i in range(max(levels))))
         for c in levels:
             before = await stage_work(orch)
+            holds = orch.statistics().first_output_holds
             if os.environ.get("OMNI_BENCH_PHASE_DIR"):  # a profiler outside waits for this file
                 (Path(os.environ["OMNI_BENCH_PHASE_DIR"]) / f"c{c}.start").touch()
             t1 = time.perf_counter()
@@ -275,6 +281,7 @@ async def run_mode(
             wall = time.perf_counter() - t1
             out[f"c{c}"] = summarize(samples, wall)
             out[f"c{c}"]["stages"] = stage_deltas(before, await stage_work(orch), wall)
+            out[f"c{c}"]["first_output_holds"] = orch.statistics().first_output_holds - holds
         out["workers_rss_gb"] = worker_rss_gb()
         out["gpu_used_gb"] = gpu_used_gb()
     finally:
@@ -358,6 +365,7 @@ async def main() -> None:
         "ar_extras": args.ar_extras,
         "talker_extras": args.talker_extras,
         "code2wav_extras": args.code2wav_extras,
+        "deploy_extras": args.deploy_extras,
         "priority": args.priority,
         "stagger_ms": args.stagger_ms,
         "direct_load": args.direct_load,

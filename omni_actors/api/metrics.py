@@ -26,6 +26,8 @@
     omni_bus_frames_undecodable_total{pipeline}       frames from workers the bus could not decode
     omni_stream_bytes_queued{pipeline}                final outputs held that their readers have not taken
     omni_stream_overflows_total{pipeline}             requests aborted for leaving server.stream_buffer_mb unread
+    omni_first_output_holds_total{pipeline}           workers held while one sharing their device made a first
+                                                      output (deploy first_output_priority)
 
 `pipeline` is the pipeline's model id in this server (its served name, else its
 pipeline's name). Stage values are read from each `orchestrator.statistics()` at
@@ -86,6 +88,8 @@ class _StageCollector:
                                    labels=one)
         overflows = CounterMetricFamily("omni_stream_overflows", "Requests aborted for a reader that stopped reading",
                                         labels=one)
+        holds = CounterMetricFamily("omni_first_output_holds", "Workers held while one sharing their device made "
+                                    "a first output", labels=one)
         for orch in self.pipelines.all:
             stats, name = orch.statistics(), model_id(orch)
             for st in stats.stages:
@@ -108,8 +112,9 @@ class _StageCollector:
             undecodable.add_metric([name], stats.frames_undecodable)
             queued.add_metric([name], stats.stream_bytes_queued)
             overflows.add_metric([name], stats.stream_overflows)
+            holds.add_metric([name], stats.first_output_holds)
         return [depth, limit, healthy, engine, restarts, first, step_s, steps, busy, startup, runs, leases, undecodable,
-                queued, overflows]
+                queued, overflows, holds]
 
 
 class ApiMetrics:

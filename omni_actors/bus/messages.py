@@ -173,6 +173,13 @@ class Release(msgspec.Struct, tag=5, array_like=True, gc=False):
     leases: list[LeaseId]
 
 
+class FirstOutput(msgspec.Struct, tag=6, array_like=True, gc=False):
+    """The worker is about to step for some request's first output (True), or that step is done
+    (False). With deploy `first_output_priority`, the stages sharing its device hold meanwhile."""
+
+    active: bool
+
+
 # ---- orchestrator -> worker -------------------------------------------------
 
 
@@ -220,13 +227,20 @@ class Shutdown(msgspec.Struct, tag=14, array_like=True, gc=False):
     """Finish nothing more; exit now."""
 
 
+class Hold(msgspec.Struct, tag=15, array_like=True, gc=False):
+    """Take no engine step for up to `s` seconds (0: step again now): a stage sharing this worker's
+    device is computing a request's first output."""
+
+    s: float
+
+
 class Batch(msgspec.Struct, tag=20, array_like=True, gc=False):
     items: list[Message]
 
 
 Message = (
-    Ready | StartFailed | Heartbeat | StageOutput | Release
-    | AddRequest | Feed | Abort | FreeLeases | Shutdown | Batch
+    Ready | StartFailed | Heartbeat | StageOutput | Release | FirstOutput
+    | AddRequest | Feed | Abort | FreeLeases | Shutdown | Hold | Batch
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -39,6 +39,7 @@ from omni_actors.errors import (
     RequestTimeout,
     StageUnavailable,
 )
+from omni_actors.orchestrator.first_output import FirstOutputPriority
 from omni_actors.orchestrator.latency import StageLatency
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, make_launcher
 from omni_actors.orchestrator.receive import ORCH_PRODUCER, ReceivePath
@@ -109,6 +110,7 @@ class Orchestrator(ReceivePath):
         self.launcher: Launcher | None = None
         self._zmq: zmq.Context | None = None
         self._undecodable_peers: set[bytes] = set()
+        self.first_output = FirstOutputPriority(deploy, self._send_to)
 
     # ---- lifecycle -----------------------------------------------------------
 
@@ -233,7 +235,7 @@ class Orchestrator(ReceivePath):
             arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
             stream_bytes_queued=sum(run.stream.queued_bytes for run in self.runs.values()),
             stream_bytes_peak=self._stream_peak_bytes, stream_overflows=self.counters["stream_overflows"],
-            stages=tuple(stages),
+            first_output_holds=self.first_output.holds, stages=tuple(stages),
         )
 
     # ---- requests ------------------------------------------------------------------
@@ -323,6 +325,10 @@ class Orchestrator(ReceivePath):
         run = self.runs.get(request_id)
         if run is not None:
             self._end(run, RequestTimeout(f"request {request_id} passed its deadline"))
+
+    def _send_to(self, identity: bytes, msg: m.Message) -> None:
+        if self.router is not None:
+            self.router.send_nowait(identity, msg)
 
     def _send(self, run: Run, stage_id: int, msg: m.Message) -> None:
         assert self.router is not None

@@ -25,6 +25,7 @@ from omni_actors.bus import messages as m
 from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.orchestrator.first_output import claims_first_outputs
 from omni_actors.settings import settings
 from omni_actors.workers.spec import WorkerSpec, identity_of
 
@@ -173,6 +174,7 @@ class Launcher:
             heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
             curve=self.auth is not None,
             cuda_ipc=self.cuda_ipc_ok(handle.stage_id),
+            first_claims=claims_first_outputs(self.deploy, handle.stage_id),
         )
 
     def cuda_ipc_ok(self, stage_id: int) -> bool:

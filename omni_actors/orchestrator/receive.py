@@ -26,6 +26,7 @@ from omni_actors.errors import (
     StageFailed,
     WorkerDied,
 )
+from omni_actors.orchestrator.first_output import FirstOutputPriority
 from omni_actors.orchestrator.latency import StageLatency
 from omni_actors.orchestrator.launcher import WorkerHandle
 from omni_actors.orchestrator.outputs import to_final
@@ -57,6 +58,7 @@ class ReceivePath:
     _undecodable_peers: set[bytes]
     _idle: asyncio.Event
     first_outputs: dict[int, StageLatency]
+    first_output: FirstOutputPriority
 
     def _send(self, run: Run, stage_id: int, msg: m.Message) -> None:
         raise NotImplementedError
@@ -102,6 +104,8 @@ class ReceivePath:
                 self._release([(r.producer, r.lease) for r in refs])
             case m.Heartbeat():
                 self.supervisor.on_heartbeat(h, msg)
+            case m.FirstOutput(active=active):
+                self.first_output.on_claim(h, active, self.supervisor.by_identity.values())
             case m.Ready(pid=pid, info=info, startup=startup):
                 if info.get("arrays") == "frames" and self.router is not None:
                     self.router.frames_peers.add(identity)

@@ -67,6 +67,9 @@ class Statistics:
     """The most any one request's stream has held unread (bounded by server.stream_buffer_mb)."""
     stream_overflows: int
     """Requests aborted because their reader left more than that unread."""
+    first_output_holds: int
+    """Holds sent to workers while a worker sharing their device made a first output
+    (deploy first_output_priority)."""
     stages: tuple[StageStats, ...]
 
     def stage(self, stage_id: int) -> StageStats:

@@ -120,6 +120,12 @@ class StageEngine(abc.ABC):
     def has_work(self) -> bool:
         """True when `step` would make progress now."""
 
+    def first_output_next(self) -> bool:
+        """True when the next `step` makes some request's first output. With deploy
+        `first_output_priority` the worker says so, and the stages sharing its device hold their
+        steps while it runs. Engines that can tell override this; the default never claims."""
+        return False
+
     def gather_s(self, now: float) -> float:
         """Seconds the engine would rather wait for more requests before its next step (0: step
         now). The worker waits on its socket that long at most; a message ends the wait early."""

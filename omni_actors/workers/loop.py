@@ -32,6 +32,8 @@ from omni_actors.workers.step_profile import StepProfiler
 
 log = logs.get(__name__)
 
+HOLD_MAX_S = 1.0
+"""Longest one Hold keeps this worker's engine from stepping (a lost release ends there)."""
 SHM_BUDGET_WAIT_S = 10.0
 """Longest the engine is held back while this worker's arena is over its byte budget. Past it,
 the engine steps on (until the arena is under its budget again): a consumer that keeps its leases
@@ -53,8 +55,13 @@ class WorkerLoop:
         sock: WorkerIO,
         codec: PayloadCodec,
         profiler: StepProfiler | None = None,
+        first_claims: bool = False,
     ) -> None:
         self.stage = stage
+        self.first_claims = first_claims
+        """Say (FirstOutput) when a step makes some request's first output (deploy first_output_priority)."""
+        self._yield_until: float | None = None
+        """While set, no engine step before this time (a Hold: a stage sharing the device claims it)."""
         self.profiler = profiler
         """Opt-in torch profile of some steps (step_profile.py; OMNI_PROFILE_DIR)."""
         self.engine = engine
@@ -88,7 +95,8 @@ class WorkerLoop:
             if self.stopping:
                 break
             now = time.monotonic()
-            hold_s = max(self._hold_s(now), self.engine.gather_s(now)) if self.engine.has_work() else None
+            hold_s = (max(self._hold_s(now), self.engine.gather_s(now), self._yield_s(now))
+                      if self.engine.has_work() else None)
             if hold_s == 0.0:
                 self._step()
             elif not self._out and not self._released and not self.codec.cuda_pending:
@@ -115,6 +123,16 @@ class WorkerLoop:
         log.warning("shm.budget_overrun", leased_bytes=arena.leased_bytes, budget_bytes=arena.budget_bytes)
         self._overrun = True
         return 0.0
+
+    def _yield_s(self, now: float) -> float:
+        """0 when no Hold is on; else how long it lasts yet (a release or its end, whichever first)."""
+        if self._yield_until is None:
+            return 0.0
+        left = self._yield_until - now
+        if left <= 0:
+            self._yield_until = None
+            return 0.0
+        return left
 
     def _trim_s(self, now: float) -> float | None:
         arena = self.codec.arena
@@ -184,6 +202,8 @@ class WorkerLoop:
                 self.codec.free(leases)
             case m.Shutdown():
                 self.stopping = True
+            case m.Hold(s=s):
+                self._yield_until = time.monotonic() + min(s, HOLD_MAX_S) if s > 0 else None
             case _:
                 log.warning("worker.unexpected_message", type=type(msg).__name__)
 
@@ -241,6 +261,9 @@ class WorkerLoop:
     # ---- engine ------------------------------------------------------------
 
     def _step(self) -> None:
+        claim = self.first_claims and self.engine.first_output_next()
+        if claim:  # out before the step, so the stages sharing the device hold during it
+            self.sock.send([m.FirstOutput(True)])
         self.step_started = started = time.monotonic()
         try:
             if self.profiler is None:
@@ -259,6 +282,8 @@ class WorkerLoop:
             self.steps += 1
         for out in outputs:
             self._emit(out)
+        if claim:
+            self._out.append(m.FirstOutput(False))
 
     def _emit(self, out: EngineOutput) -> None:
         if out.request_id not in self.requests:

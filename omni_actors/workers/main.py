@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
         sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays}, startup)])
         codec = PayloadCodec(spec.identity, arena, segments, cuda_ipc=spec.cuda_ipc)
         profiler = step_profile.from_env(spec.stage.model_stage, spec.replica)
-        WorkerLoop(spec.stage, engine, sock, codec, profiler).run()
+        WorkerLoop(spec.stage, engine, sock, codec, profiler, spec.first_claims).run()
         return 0
     finally:
         # Once cleaning up, no signal may cut it short (e.g. the parent-death signal arriving

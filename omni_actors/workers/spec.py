@@ -27,6 +27,8 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     memory) or "frames" (message frames: it runs on another node)."""
     cuda_ipc: bool = False
     """CUDA tensors this worker outputs go as IPC handles (every consumer shares its one GPU)."""
+    first_claims: bool = False
+    """Say when a step makes some request's first output (deploy `first_output_priority`)."""
     curve: bool = False
     """The bus is CURVE-authenticated: the worker reads its keys from stdin (bus.sockets.read_curve_keys)."""
 

@@ -111,6 +111,9 @@ class SyntheticEngine(StageEngine):
     def has_work(self) -> bool:
         return any(r.units or r.input_done for r in self.reqs.values())
 
+    def first_output_next(self) -> bool:
+        return any(r.produced == 0 and r.units for r in self.reqs.values())
+
     def step(self) -> list[EngineOutput]:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)

@@ -172,6 +172,11 @@ class GenerationEngine(StageEngine):
     def has_work(self) -> bool:
         return any(self._window(r) is not None for r in self.reqs.values())
 
+    def first_output_next(self) -> bool:
+        """A request without audio has a window due (with first-chunk priority, the next step
+        decodes first windows only)."""
+        return any(r.first_audio is None and self._window(r) is not None for r in self.reqs.values())
+
     def _window(self, req: _Req) -> _Window | None:
         """The next decode of `req`, or None if nothing is due."""
         pol = self.policy
