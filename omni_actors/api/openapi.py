@@ -117,6 +117,8 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         ctype: {"schema": _schema(ctype, struct)} for ctype, struct in route.ok.items()}}}
     for status, desc, struct in route.extra:
         out[status] = {"description": desc, "content": {"application/json": {"schema": _ref(struct)}}}
+    if route.query:  # a query value it cannot use
+        out.setdefault("400", _json_error(_JSON_ERRORS["400"]))
     if route.request is not None:
         for status, desc in _JSON_ERRORS.items():
             out.setdefault(status, _json_error(desc))

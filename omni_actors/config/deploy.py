@@ -127,8 +127,9 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     first_output_priority: bool | None = None
     """Stages that share a device hold their steps while one of them computes some request's first
     output (a speech decoder's first window): first audio does not wait on the GPU behind the
-    stages still decoding the same requests. None (the default): among stages placed on GPUs
-    (`devices`); true: CPU stages too (they share the host); false: never. Local deployments
+    stages still decoding the same requests. None (the default): among stages on GPUs (a stage
+    without `devices` on a CUDA host is on GPU 0); true: CPU stages too (they share the host);
+    false: never. Local deployments
     only (a cluster's workers on other hosts share nothing)."""
     server: ServerConfig = ServerConfig()
     cluster: ClusterConfig = ClusterConfig()

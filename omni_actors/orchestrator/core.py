@@ -110,7 +110,7 @@ class Orchestrator(ReceivePath):
         self.launcher: Launcher | None = None
         self._zmq: zmq.Context | None = None
         self._undecodable_peers: set[bytes] = set()
-        self.first_output = FirstOutputPriority(deploy, self._send_to)
+        self.first_output = FirstOutputPriority(deploy, self.platform, self._send_to)
 
     # ---- lifecycle -----------------------------------------------------------
 

@@ -8,8 +8,8 @@ step makes a first output (`StageEngine.first_output_next`) sends FirstOutput(Tr
 step and FirstOutput(False) after it; meanwhile this sends every other live worker sharing one
 of its devices a Hold (a CPU stage's device is the host), and a Hold(0) once no worker on its
 devices claims. A Hold lapses by itself after HOLD_S (a claimer that died mid-step); the worker
-caps it too (loop.HOLD_MAX_S). By default only stages placed on GPUs take part (true: CPU stages
-too, sharing the host; false: none). Local deployments only: a cluster's workers on other hosts
+caps it too (loop.HOLD_MAX_S). By default only stages on GPUs take part (on a CUDA host a stage
+without `devices` is on GPU 0; true: CPU stages too, sharing the host; false: none). Local deployments only: a cluster's workers on other hosts
 share no device with these.
 """
 
@@ -28,26 +28,28 @@ HOLD_S = 0.5
 """How long one Hold lasts unless released first: longer than a first window's step."""
 
 
-def devices_of(deploy: DeployConfig, stage_id: int, replica: int) -> frozenset[str]:
-    """The devices a stage replica shares with others: its GPUs; "cpu" for a stage without devices
-    when `first_output_priority` is true, nothing when it is left to its default (GPUs only)."""
+def devices_of(deploy: DeployConfig, stage_id: int, replica: int, platform: str) -> frozenset[str]:
+    """The devices a stage replica shares with others: its GPUs (GPU 0, CUDA's default, for a stage
+    without `devices` on a CUDA host); on a host without CUDA "cpu" when `first_output_priority`
+    is true, nothing when it is left to its default (GPUs only)."""
     dep = deploy.stage(stage_id)
     tp = dep.tensor_parallel_size
     mine = dep.device_list()[replica * tp : (replica + 1) * tp]
-    if mine:
-        return frozenset(mine)
+    if platform == "cuda":
+        return frozenset(mine or ["0"])
     return frozenset({"cpu"}) if deploy.first_output_priority else frozenset()
 
 
-def claims_first_outputs(deploy: DeployConfig, stage_id: int) -> bool:
+def claims_first_outputs(deploy: DeployConfig, stage_id: int, platform: str) -> bool:
     """Whether a stage's workers say when a step makes a first output (WorkerSpec.first_claims)."""
     on = deploy.first_output_priority is not False and deploy.cluster.backend == "local"
-    return on and bool(devices_of(deploy, stage_id, 0))
+    return on and bool(devices_of(deploy, stage_id, 0, platform))
 
 
 class FirstOutputPriority:
-    def __init__(self, deploy: DeployConfig, send: Callable[[bytes, m.Message], None]) -> None:
+    def __init__(self, deploy: DeployConfig, platform: str, send: Callable[[bytes, m.Message], None]) -> None:
         self.deploy = deploy
+        self.platform = platform
         self.send = send
         self.enabled = deploy.first_output_priority is not False and deploy.cluster.backend == "local"
         self.claims: set[bytes] = set()
@@ -66,7 +68,7 @@ class FirstOutputPriority:
         alive = {w.identity for w in live}
         self.claims &= alive  # (a worker that died claiming, or held, is gone: a restart has a new identity)
         self.held &= alive
-        devices = {w.identity: devices_of(self.deploy, w.stage_id, w.replica) for w in live}
+        devices = {w.identity: devices_of(self.deploy, w.stage_id, w.replica, self.platform) for w in live}
         claimers = [w for w in live if w.identity in self.claims]
         for w in live:
             held = w.identity not in self.claims and any(

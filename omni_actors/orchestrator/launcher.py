@@ -174,7 +174,7 @@ class Launcher:
             heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
             curve=self.auth is not None,
             cuda_ipc=self.cuda_ipc_ok(handle.stage_id),
-            first_claims=claims_first_outputs(self.deploy, handle.stage_id),
+            first_claims=claims_first_outputs(self.deploy, handle.stage_id, self.platform),
         )
 
     def cuda_ipc_ok(self, stage_id: int) -> bool:

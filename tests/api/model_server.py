@@ -8,6 +8,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,15 @@ class ModelRun(OmniRun):
             self.signal(signal.SIGTERM)
         self.wait()
         self.assert_clean(workers_timeout_s=30.0)
+
+
+def serve_tiny(tmp: Path, family: str) -> Iterator[ModelRun]:
+    """For a module fixture: `omni-run` on a fresh tiny checkpoint of `family`, stopped after."""
+    from omni_actors.models.tiny import make_tiny
+
+    run = ModelRun(tmp, make_tiny(family, tmp / "tiny", seed=0), tmp / "data")
+    try:
+        run.wait_ready()
+        yield run
+    finally:
+        run.stop()

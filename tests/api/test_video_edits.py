@@ -21,8 +21,7 @@ pytest.importorskip("diffusers")
 pytest.importorskip("av")
 
 from omni_actors.media.mp4 import probe, write_mp4
-from omni_actors.models.tiny import make_tiny
-from tests.api.model_server import ModelRun
+from tests.api.model_server import serve_tiny
 from tests.api.test_video_derive import FAST, FPS, by_id, decoded, download, mean_error
 from tests.api.test_videos import wait_done
 
@@ -39,13 +38,7 @@ DIFFERENT_MIN = 3.0
 
 @pytest.fixture(scope="module")
 def t2v(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("t2v")
-    run = ModelRun(tmp, make_tiny("wan2_2", tmp / "tiny-wan", seed=0), tmp / "data")
-    try:
-        run.wait_ready()
-        yield run
-    finally:
-        run.stop()
+    yield from serve_tiny(tmp_path_factory.mktemp("t2v"), "wan2_2")
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,7 @@ pytest.importorskip(
 )
 
 from omni_actors.media.mp4 import probe, write_mp4
-from omni_actors.models.tiny import make_tiny
-from tests.api.model_server import ModelRun
+from tests.api.model_server import serve_tiny
 from tests.api.test_video_derive import FAST, FPS, by_id, decoded, download, mean_error, png, smooth
 from tests.api.test_video_edits import EDIT
 from tests.api.test_videos import wait_done
@@ -50,13 +49,7 @@ GREY, WHITE = 128, 255
 
 @pytest.fixture(scope="module", params=["wan2_2_i2v", "wan2_2_i2v-a14b"])
 def i2v(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(request.param)
-    run = ModelRun(tmp, make_tiny(request.param, tmp / "tiny", seed=0), tmp / "data")
-    try:
-        run.wait_ready()
-        yield run
-    finally:
-        run.stop()
+    yield from serve_tiny(tmp_path_factory.mktemp(request.param), request.param)
 
 
 def _upload(tmp: Path, name: str, frames: np.ndarray) -> tuple[str, bytes, str]:

@@ -21,8 +21,7 @@ pytest.importorskip("diffusers")
 av = pytest.importorskip("av")
 
 from omni_actors.media.mp4 import probe, write_mp4  # noqa: E402
-from omni_actors.models.tiny import make_tiny  # noqa: E402
-from tests.api.model_server import ModelRun  # noqa: E402
+from tests.api.model_server import serve_tiny  # noqa: E402
 from tests.api.test_video_derive import FAST, by_id, decoded, download, mean_error  # noqa: E402
 from tests.api.test_video_edits import EDIT  # noqa: E402
 from tests.api.test_video_edits_i2v import DIFFERENT_MIN, SAME_MAX  # noqa: E402
@@ -43,13 +42,7 @@ tone: the copy is within a few percent)."""
 
 @pytest.fixture(scope="module")
 def ltx2(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ltx2")
-    run = ModelRun(tmp, make_tiny("ltx2", tmp / "tiny-ltx2", seed=0), tmp / "data")
-    try:
-        run.wait_ready()
-        yield run
-    finally:
-        run.stop()
+    yield from serve_tiny(tmp_path_factory.mktemp("ltx2"), "ltx2")
 
 
 def _edit(

@@ -53,10 +53,10 @@ def test_only_workers_on_a_claimers_devices_are_held_until_no_claim_is_left() ->
                 {"stage_id": 2, "devices": "1"}],
     )  # fmt: skip
     thinker, talker0, talker1, code2wav = _handle(0), _handle(1, 0), _handle(1, 1), _handle(2)
-    assert [devices_of(deploy, h.stage_id, h.replica) for h in (thinker, talker0, talker1, code2wav)] == [
+    assert [devices_of(deploy, h.stage_id, h.replica, "cuda") for h in (thinker, talker0, talker1, code2wav)] == [
         {"0"}, {"0"}, {"1"}, {"1"}]
     sent: list[tuple[bytes, m.Message]] = []
-    prio = FirstOutputPriority(deploy, lambda ident, msg: sent.append((ident, msg)))
+    prio = FirstOutputPriority(deploy, "cuda", lambda ident, msg: sent.append((ident, msg)))
     workers = [thinker, talker0, talker1, code2wav]
     prio.on_claim(code2wav, True, workers)
     assert sent == [(b"s1r1", m.Hold(HOLD_S))]
@@ -70,21 +70,25 @@ def test_only_workers_on_a_claimers_devices_are_held_until_no_claim_is_left() ->
 
 
 def test_by_default_only_stages_on_gpus_take_part() -> None:
-    deploy = make_deploy(stages=[{"stage_id": 1, "devices": "0"}, {"stage_id": 2, "devices": "0"}])
-    assert [claims_first_outputs(deploy, s) for s in (0, 1, 2)] == [False, True, True]
-    assert claims_first_outputs(make_deploy(first_output_priority=True), 0)
-    assert not claims_first_outputs(make_deploy(first_output_priority=False, stages=[{"stage_id": 1, "devices": "0"}]), 1)
+    deploy = make_deploy(stages=[{"stage_id": 0, "devices": "1"}, {"stage_id": 2, "devices": "0"}])
+    assert [claims_first_outputs(deploy, s, "cpu") for s in (0, 1, 2)] == [False] * 3
+    assert [claims_first_outputs(deploy, s, "cuda") for s in (0, 1, 2)] == [True] * 3
+    assert claims_first_outputs(make_deploy(first_output_priority=True), 0, "cpu")
+    assert not claims_first_outputs(make_deploy(first_output_priority=False), 1, "cuda")
     sent: list[tuple[bytes, m.Message]] = []
-    prio = FirstOutputPriority(deploy, lambda ident, msg: sent.append((ident, msg)))
+    prio = FirstOutputPriority(deploy, "cuda", lambda ident, msg: sent.append((ident, msg)))
     prio.on_claim(_handle(2), True, [_handle(0), _handle(1), _handle(2)])
-    assert sent == [(b"s1r0", m.Hold(HOLD_S))]  # the talker on GPU 0; not the CPU thinker
+    assert sent == [(b"s1r0", m.Hold(HOLD_S))]  # stage 1 has no devices: CUDA's default, GPU 0
+    prio = FirstOutputPriority(deploy, "cpu", lambda ident, msg: sent.append((ident, msg)))
+    prio.on_claim(_handle(2), True, [_handle(0), _handle(1), _handle(2)])
+    assert sent[1:] == []  # CPU stages only when asked
 
 
 def test_a_clusters_workers_are_never_held() -> None:
     """With the Ray backend, workers on other hosts share no device with the claimer."""
     deploy = make_deploy(first_output_priority=True, cluster={"backend": "ray"})
     sent: list[tuple[bytes, m.Message]] = []
-    prio = FirstOutputPriority(deploy, lambda ident, msg: sent.append((ident, msg)))
+    prio = FirstOutputPriority(deploy, "cuda", lambda ident, msg: sent.append((ident, msg)))
     prio.on_claim(_handle(2), True, [_handle(0), _handle(1), _handle(2)])
     assert sent == [] and prio.holds == 0
 
