@@ -94,6 +94,15 @@ def mean_error(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
 
 
+def frame_median_error(a: np.ndarray, b: np.ndarray) -> float:
+    """The median over frames of each frame's mean difference: how two MP4s of one video compare.
+    libx264 in the server now and then codes a few frames of equal input a few levels apart
+    (docs/media-video.md); a different video differs in every frame."""
+    assert a.shape == b.shape, (a.shape, b.shape)
+    diff = np.abs(a.astype(np.int16) - b.astype(np.int16)).reshape(a.shape[0], -1).mean(axis=1)
+    return float(np.median(diff))
+
+
 def make_source(i2v: I2V, steps: dict = FAST) -> str:
     frame = np.random.default_rng(1).integers(0, 255, (32, 32, 3), dtype=np.uint8)
     job = i2v.client.videos.create(model=i2v.model.name, prompt="the sea", size="32x32", seconds="0.25",
