@@ -18,9 +18,14 @@ from tests.browser_support import browser_page
 PROMPT = "Tell me something"
 
 
+STEP = {"engine_extras": {"step_delay_ms": 1}}
+"""Each synthetic step takes a millisecond: without it a step took microseconds, and the status
+route's mean step (in ms, two decimals) could round to 0."""
+
+
 @pytest.fixture(scope="module")
 async def srv():
-    async with serve("synthetic") as server:
+    async with serve("synthetic", stages=[{"stage_id": s, **STEP} for s in (0, 1, 2)]) as server:
         yield server
 
 
