@@ -37,6 +37,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     StepInputs,
     check_checkpoint,
 )
+from omni_actors.workers.engines.hf_ar_sampling import small_tensor
 
 DEFAULT_MAX_FRAMES = 1024
 """Frames (12.5 a second) a request may generate when generation_config sets no max_new_tokens."""
@@ -137,11 +138,16 @@ class CsmBackboneAdapter(ARAdapter):
     # ---- depth decoder -----------------------------------------------------------
 
     def on_tokens(self, seqs, tokens, out, prefill):
+        hidden = out.hidden[1] if isinstance(out.hidden, tuple) else out.hidden
+        return self.on_device_tokens(seqs, small_tensor(tokens, hidden.device), out, prefill)[1]
+
+    def on_device_tokens(self, seqs, ids, out, prefill):
+        """Codebook 0 stays on the device: the depth frame is queued behind the backbone's step and
+        its sampling, and the host waits once, for the frame's codes."""
         params = [{**self.depth_defaults, **_depth_params(s.params)} for s in seqs]
         # the fused step gives (input embeddings, normed hidden [n, 1, H]); the model's forward the last row
         hidden = out.hidden[1][:, -1] if isinstance(out.hidden, tuple) else out.hidden
-        first = torch.tensor(tokens, device=hidden.device)
-        codes = self.depth.run(hidden, first, params, [s.generator for s in seqs])
+        codes = self.depth.run(hidden, ids, params, [s.generator for s in seqs])
         frames = self._frames(codes).to(self.model.dtype)
         host = codes.cpu().numpy().astype(np.int64)
         results = []
@@ -151,7 +157,7 @@ class CsmBackboneAdapter(ARAdapter):
                 continue
             seq.data["frame"] = frames[i]
             results.append(({"codes": host[i : i + 1]}, False))
-        return results
+        return host[:, 0].tolist(), results
 
 
 def _depth_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import torch
 # The static per-frame cache is the same object the Qwen3 code predictor uses.
 from omni_actors.models.qwen3_omni_moe.predictor import _PassCache
 from omni_actors.workers.engines.fused_passes import PassStack, passes_mode, wire_frames
-from omni_actors.workers.engines.hf_ar_sampling import gumbel_of
+from omni_actors.workers.engines.hf_ar_sampling import fill_uniform, gumbel_of, small_tensor
 from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 
@@ -59,6 +59,7 @@ class DepthRunner:
         self.positions = torch.arange(n, device=dev)
         self.ranks = torch.arange(self.vocab, device=dev)
         self.caches: dict[int, _PassCache] = {}
+        self.staged: tuple[Any, ...] | None = None
         wire_frames(self, ctx, "csm.depth_compile_off")
 
     @torch.inference_mode()
@@ -73,17 +74,17 @@ class DepthRunner:
         self.code0[:n].copy_(first)
         temps = [float(p.get("temperature") or 0.0) for p in params]
         ks = [int(p.get("top_k") or 0) for p in params]
-        self.inv_temp[:n, 0].copy_(torch.tensor([1.0 / t if t > 0 else 1.0 for t in temps]))
-        self.top_k[:n, 0].copy_(torch.tensor([k if 0 < k < self.vocab else self.vocab for k in ks]))
-        self.noise_on[:n, 0, 0].copy_(torch.tensor([1.0 if t > 0 else 0.0 for t in temps]))
-        self.noise_on[n:batch] = 0.0
-        shape = self.uniform.shape[1:]
-        free = [i for i, (t, g) in enumerate(zip(temps, generators, strict=True)) if t > 0 and g is None]
-        if free:
-            self.uniform[free] = torch.rand(len(free), *shape, device=self.device)
-        for i, (t, g) in enumerate(zip(temps, generators, strict=True)):
-            if t > 0 and g is not None:
-                self.uniform[i].copy_(torch.rand(shape, generator=g, device=g.device))
+        key = (batch, tuple(temps), tuple(ks))
+        if key != self.staged:  # the rows' sampling settings, copied only when they change
+            self.staged = key
+            rows = [[1.0 / t if t > 0 else 1.0, k if 0 < k < self.vocab else self.vocab, 1.0 if t > 0 else 0.0]
+                    for t, k in zip(temps, ks, strict=True)]  # fmt: skip
+            staged = small_tensor(rows, self.device)
+            self.inv_temp[:n, 0].copy_(staged[:, 0])
+            self.top_k[:n, 0].copy_(staged[:, 1])
+            self.noise_on[:n, 0, 0].copy_(staged[:, 2])
+            self.noise_on[n:batch] = 0.0
+        fill_uniform(self.uniform, [t > 0 for t in temps], generators)
         codes = self.graphs.run(batch, 0)
         return codes[:n].clone()
 

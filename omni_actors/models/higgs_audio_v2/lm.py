@@ -49,7 +49,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     StepInputs,
     check_checkpoint,
 )
-from omni_actors.workers.engines.hf_ar_sampling import pick
+from omni_actors.workers.engines.hf_ar_sampling import pick, small_tensor
 
 DEFAULT_MAX_STEPS = 2048
 """Steps (25 a second, the first 8 the delay's ramp) when generation_config sets no max_new_tokens."""
@@ -212,7 +212,7 @@ class HiggsLMAdapter(ARAdapter):
         params = [s.params for s in seqs for _ in range(rest)]
         gens = [s.generator for s in seqs for _ in range(rest)]
         drawn = pick(masked[:, 1:].reshape(n * rest, self.vocab), params, gens).view(n, rest)
-        first = torch.tensor(tokens, device=drawn.device)[:, None]
+        first = small_tensor(tokens, drawn.device)[:, None]
         codes = torch.cat([first, drawn], dim=1)  # [n, groups]
         host = codes.cpu().numpy()
         if self.ras is not None:

@@ -28,7 +28,7 @@ from omni_actors.workers.engines.fused_passes import (
     stacked_weights,
     wire_frames,
 )
-from omni_actors.workers.engines.hf_ar_sampling import gumbel_of
+from omni_actors.workers.engines.hf_ar_sampling import fill_uniform, gumbel_of, small_tensor
 from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 TOP_K = 50
@@ -111,6 +111,7 @@ class CodePredictorRunner:
         self.sampled = torch.zeros(s, dtype=torch.float32, device=dev)
         self.positions = torch.arange(n, device=dev)
         self.caches: dict[int, _PassCache] = {}
+        self.staged: tuple[Any, ...] | None = None
         wire_frames(self, ctx, "qwen3.predictor_compile_off")
 
     @torch.inference_mode()
@@ -126,18 +127,11 @@ class CodePredictorRunner:
         batch = bucket_for(n, self.sizes)
         self.hidden[:n].copy_(hidden)
         self.code0[:n].copy_(first)
-        self.sampled[:n].copy_(torch.tensor(sampled, dtype=torch.float32))
-        self.sampled[n:batch] = 0.0
-        shape = self.uniform.shape[1:]
-        free = [
-            i for i, (s, g) in enumerate(zip(sampled, generators, strict=True)) if s and g is None
-        ]
-        if free:
-            self.uniform[free] = torch.rand(len(free), *shape, device=self.device)
-        for i, (s, g) in enumerate(zip(sampled, generators, strict=True)):
-            if s and g is not None:
-                noise = torch.rand(shape, generator=g, device=g.device)
-                self.uniform[i].copy_(noise)
+        if self.staged != (batch, tuple(sampled)):  # copied only when the rows' settings change
+            self.staged = (batch, tuple(sampled))
+            self.sampled[:n].copy_(small_tensor([float(x) for x in sampled], self.device))
+            self.sampled[n:batch] = 0.0
+        fill_uniform(self.uniform, sampled, generators)
         frame, codes = self.graphs.run(batch, 0)
         return frame[:n], codes[:n]
 

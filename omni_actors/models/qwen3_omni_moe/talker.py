@@ -211,7 +211,7 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The remaining code groups of each frame (predictor.py: one graph replay per frame)."""
         sampled = [float(s.params.get("temperature", 0.0) or 0.0) > 0 for s in seqs]
-        code0 = torch.tensor(first, device=self.ctx.device)
+        code0 = small_tensor(first, self.ctx.device)
         return self.predictor.run(hidden, code0, sampled, [s.generator for s in seqs])
 
 

@@ -67,6 +67,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     StepInputs,
     check_checkpoint,
 )
+from omni_actors.workers.engines.hf_ar_sampling import small_tensor
 
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens", "repetition_penalty")
 DEFAULT_MAX_FRAMES = 4096
@@ -269,7 +270,7 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
         if live:
             # As the original: the predictor samples by subtalker_dosample, whatever the talker's temperature.
             sampled = [self.sub_sample] * len(live)
-            first = torch.tensor([tokens[i] for i in live], device=self.ctx.device)
+            first = small_tensor([tokens[i] for i in live], self.ctx.device)
             frames, codes = self.predictor.run(
                 out.hidden[live], first, sampled, [seqs[i].generator for i in live]
             )

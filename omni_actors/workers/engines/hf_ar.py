@@ -93,8 +93,8 @@ from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_w
 from omni_actors.workers.engines.hf_ar_lookahead import InFlight, chain_next, queue
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     all_greedy,
+    pick_rows,
     sample,
-    sample_rows,
 )
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
 from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded
@@ -432,14 +432,19 @@ class HfAREngine(StageEngine):
     def _sample(self, seqs: list[ARSeq], out: ForwardOut, prefill: bool) -> list[EngineOutput]:
         guided = self.grammars is not None and any(s.grammar is not None for s in seqs)
         if out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs):
-            tokens = out.tokens.tolist()  # the argmax the step took: B ids to the host, no vocab pass
+            ids = out.tokens  # the argmax the step took: B ids, no vocab pass
         else:
             logits = self.adapter.process_logits(seqs, out.logits.float())
             if guided:
                 self.grammars.mask(logits, seqs)
-            tokens = sample_rows(logits, seqs)
+            ids = pick_rows(logits, seqs)
+        on_device = None if guided else self.adapter.on_device_tokens(seqs, ids, out, prefill)
+        if on_device is None:
+            tokens = ids.tolist()
+            results = self.adapter.on_tokens(seqs, tokens, out, prefill)
+        else:
+            tokens, results = on_device
         ended = [guided and s.grammar is not None and Grammars.consume(s, t) for s, t in zip(seqs, tokens, strict=True)]
-        results = self.adapter.on_tokens(seqs, tokens, out, prefill)
         outputs = []
         for seq, tok, done, (payload, finished) in zip(seqs, tokens, ended, results, strict=True):
             seq.tokens.append(tok)

@@ -188,6 +188,15 @@ class ARAdapter(abc.ABC):
     ) -> list[tuple[dict[str, Any], bool]]:
         """Record sampled tokens; return (payload, finished) per seq."""
 
+    def on_device_tokens(
+        self, seqs: list[ARSeq], ids: torch.Tensor, out: ForwardOut, prefill: bool
+    ) -> tuple[list[int], list[tuple[dict[str, Any], bool]]] | None:
+        """`on_tokens` for an adapter whose next work is on the device: the sampled ids [batch] before
+        any host sync, so that work is queued while the step's forward and sampling still run.
+        Returns (the ids as a host list, (payload, finished) per seq), or None (the default): the
+        engine brings the ids to the host and calls `on_tokens`."""
+        return None
+
     def stop_ids(self, seq: ARSeq) -> set[int]:
         return set()
 
