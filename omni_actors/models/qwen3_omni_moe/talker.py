@@ -190,29 +190,24 @@ class Qwen3OmniMoeTalkerAdapter(ThinkerFedTalker):
         return logits
 
     def on_tokens(self, seqs, tokens, out, prefill):
-        stop = self.tc.codec_eos_token_id
-        live = [
-            i
-            for i, (s, t) in enumerate(zip(seqs, tokens, strict=True))
-            if t != stop or s.params.get("ignore_eos")
-        ]
-        results: list[tuple[dict[str, Any], bool]] = [({}, True) for _ in seqs]
-        if live:
-            frames, codes = self._predict(
-                [seqs[i] for i in live], [tokens[i] for i in live], out.hidden[live]
-            )
-            for j, i in enumerate(live):
-                seqs[i].data["frame"] = frames[j]
-                results[i] = ({"codes": codes[j : j + 1].cpu().numpy().astype(np.int64)}, False)
-        return results
+        return self.on_device_tokens(seqs, small_tensor(tokens, self.ctx.device), out, prefill)[1]
 
-    def _predict(
-        self, seqs: list[ARSeq], first: list[int], hidden: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The remaining code groups of each frame (predictor.py: one graph replay per frame)."""
+    def on_device_tokens(self, seqs, ids, out, prefill):
+        """Code group 0 stays on the device: the predictor's frame is queued behind the talker's step
+        and its sampling, for every row (a row that drew the end code finishes and its frame is
+        dropped), and the host waits once, for all the frames' codes."""
         sampled = [float(s.params.get("temperature", 0.0) or 0.0) > 0 for s in seqs]
-        code0 = small_tensor(first, self.ctx.device)
-        return self.predictor.run(hidden, code0, sampled, [s.generator for s in seqs])
+        frames, codes = self.predictor.run(out.hidden, ids, sampled, [s.generator for s in seqs])
+        host = codes.cpu().numpy().astype(np.int64)
+        stop = self.tc.codec_eos_token_id
+        results: list[tuple[dict[str, Any], bool]] = []
+        for i, seq in enumerate(seqs):
+            if host[i, 0] == stop and not seq.params.get("ignore_eos"):
+                results.append(({}, True))
+                continue
+            seq.data["frame"] = frames[i]
+            results.append(({"codes": host[i : i + 1]}, False))
+        return host[:, 0].tolist(), results
 
 
 def _on(x: torch.Tensor | None, device: Any) -> torch.Tensor | None:
