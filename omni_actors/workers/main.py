@@ -78,7 +78,15 @@ def _importing(frame: FrameType | None) -> bool:
     return False
 
 
+CLEANING = threading.Event()
+"""Set when the worker starts cleaning up: from then on SIGTERM and SIGALRM do nothing, so none can
+cut the cleanup short. (The handlers stay installed: setting SIG_IGN instead races a signal the C
+handler already took, which Python then reports as "Signal 15 ignored due to race condition".)"""
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if CLEANING.is_set():
+        return
     if signum == signal.SIGTERM and STOP.is_set():
         return  # a repeat: a parent dying with several threads sends its death signal once per thread
     STOP.set()
@@ -178,9 +186,8 @@ def main(argv: list[str]) -> int:
     finally:
         # Once cleaning up, no signal may cut it short (e.g. the parent-death signal arriving
         # after a Shutdown message ended the loop).
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        CLEANING.set()
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_IGN)
         if engine is not None:
             try:
                 engine.close()
