@@ -267,13 +267,6 @@ def release(fifo: Path) -> None:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
-def ignored_signals(pid: int) -> set[signal.Signals]:
-    found = re.search(r"^SigIgn:\s*([0-9a-f]+)$", Path(f"/proc/{pid}/status").read_text(), re.M)
-    assert found is not None
-    mask = int(found.group(1), 16)
-    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
-
-
 def hooked(tmp: Path, hook: str) -> list[dict[str, Any]]:
     """STAGES with `hook` run as sitecustomize in stage 1's worker (before any of its code)."""
     folder = tmp / "hook"

@@ -44,7 +44,6 @@ from tests.shutdown_support import (
     OmniRun,
     Stream,
     hooked,
-    ignored_signals,
     release,
     runtime_dirs,
     segments_of,
@@ -202,8 +201,7 @@ def test_a_repeated_sigterm_does_not_cut_a_workers_cleanup_short(tmp_path: Path,
     run.signal(signal.SIGKILL)
     assert run.wait(eof=False) == -signal.SIGKILL
     worker = psutil.Process(int(run.wait_for(CLOSING_LINE + r" pid=(\d+)").group(1)))
-    assert signal.SIGTERM in ignored_signals(worker.pid), "a repeat SIGTERM would cut the cleanup short"
-    worker.send_signal(signal.SIGTERM)
+    worker.send_signal(signal.SIGTERM)  # while its cleanup is held: a handler that raised would cut it short
     release(fifo)
     assert wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S) == []
     assert segments_of(run.pid) == [], "the worker's cleanup was cut short"
