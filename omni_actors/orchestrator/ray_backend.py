@@ -111,6 +111,9 @@ class RayWorker:
         self.returncode: int | None = None
         self._ended_by_us = False
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.reported: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done once the actor said its pid and node (or it died first). Its worker's bus Ready can come
+        before that: pid and node stay unknown until then."""
         self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -118,6 +121,7 @@ class RayWorker:
         try:
             info = msgspec.json.decode(await self.actor.info.remote())
             self.pid, self.node = info["pid"], info["node"]
+            self.reported.set_result(None)
             code = await self.actor.wait.remote()
         except ray.exceptions.RayError as err:  # the actor, or its node, died (or never started)
             if self._ended_by_us:
@@ -125,6 +129,8 @@ class RayWorker:
             else:
                 log.error("ray.actor_died", error=type(err).__name__, detail=str(err).splitlines()[0][:300])
         finally:
+            if not self.reported.done():
+                self.reported.set_result(None)
             self.returncode = code
             self._release()
             if not self._exited.done():

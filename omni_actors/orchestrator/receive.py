@@ -33,6 +33,7 @@ from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import StageChunk
 from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.supervisor import Supervisor
+from omni_actors.workers.spec import HEARTBEAT_SUFFIX
 
 log = logs.get(__name__)
 
@@ -92,8 +93,15 @@ class ReceivePath:
 
     # ---- messages from workers ------------------------------------------------
 
-    def _on_message(self, identity: bytes, msg: m.Message) -> None:
+    def _handle(self, identity: bytes) -> WorkerHandle | None:
+        """The worker a bus identity belongs to: its own, or its heartbeat socket's (workers/io.py)."""
         h = self.supervisor.by_identity.get(identity)
+        if h is None and identity.endswith(HEARTBEAT_SUFFIX):
+            h = self.supervisor.by_identity.get(identity[: -len(HEARTBEAT_SUFFIX)])
+        return h
+
+    def _on_message(self, identity: bytes, msg: m.Message) -> None:
+        h = self._handle(identity)
         if h is None:
             return
         self.supervisor.on_seen(h)
@@ -117,7 +125,7 @@ class ReceivePath:
 
     def _on_unsendable(self, identity: bytes, msg: m.Message, err: Exception) -> None:
         """A request's message holds a value the bus cannot carry: that request fails, no other."""
-        h = self.supervisor.by_identity.get(identity)
+        h = self._handle(identity)
         rid = getattr(msg, "request_id", None)
         log.error("bus.unsendable", type=type(msg).__name__, request_id=rid, error=repr(err))
         run = self.runs.get(rid) if isinstance(rid, str) else None
@@ -128,7 +136,7 @@ class ReceivePath:
     def _on_undecodable(self, identity: bytes, body: bytes, err: Exception) -> None:
         """A frame the bus cannot decode (a peer of another version, a value our types refuse):
         its valid messages are still handled, and a request whose output it garbled fails now."""
-        h = self.supervisor.by_identity.get(identity)
+        h = self._handle(identity)
         if identity not in self._undecodable_peers:  # once per peer: a broken peer would flood the log
             self._undecodable_peers.add(identity)
             log.error("bus.undecodable", peer=identity.decode(errors="replace"), bytes=len(body),

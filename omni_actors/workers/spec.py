@@ -35,3 +35,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 def identity_of(stage_id: int, replica: int, generation: int) -> str:
     return f"s{stage_id}r{replica}g{generation}"
+
+
+HEARTBEAT_SUFFIX = b"/hb"
+"""A worker's heartbeat socket's bus identity is its own plus this (workers/io.py)."""

@@ -144,6 +144,9 @@ async def local_outputs() -> list[list[tuple]]:
 @pytest.fixture(scope="module")
 async def orch(cluster: Cluster) -> Any:
     async with running(ray_deploy(cluster.address), restart_timeout_s=RESTART_S) as o:
+        # a worker's bus Ready can come before its actor's report of pid and node
+        reports = [h.proc.reported for hs in o.workers.values() for h in hs]
+        await asyncio.wait_for(asyncio.gather(*reports), RESTART_S)
         yield o
     assert not ray.is_initialized(), "the orchestrator left its Ray connection open"
 
@@ -265,6 +268,7 @@ async def test_a_killed_worker_fails_its_request_fast_and_the_stage_comes_back(o
             orch.submit(RequestSpec(inputs={"prompt": "too early"}))
     await orch.wait_healthy(RESTART_S)
     back = orch.workers[1][0]
+    await asyncio.wait_for(back.proc.reported, RESTART_S)
     assert back is not victim and back.generation == victim.generation + 1
     assert back.proc.node == node  # placed where its resources are
     assert ray.util.placement_group_table(victim.proc.pg)["state"] == "REMOVED"
@@ -331,5 +335,6 @@ async def test_a_node_that_dies_fails_its_requests_and_the_replica_comes_back_wh
         cluster.add_node(**NODES["node_b"], resources={"node_b": 4})  # somewhere to place it again
         await o.wait_healthy(2 * RESTART_S)
         back = o.workers[1][0]
+        await asyncio.wait_for(back.proc.reported, RESTART_S)  # its bus Ready can come before the actor's report
         assert back is not victim and back.proc.node not in ("", victim.proc.node)
         assert (await o.submit(RequestSpec(inputs={"prompt": "after"})).collect())[-1].finished
