@@ -150,7 +150,7 @@ class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
     """Engine steps the worker has completed."""
     step_s: float = 0.0
     """How long the step now running has run (0: none is running). Heartbeats leave from the
-    worker's I/O thread during a step, so the supervisor can tell a long step from a stuck one."""
+    worker's heartbeat thread during a step, so the supervisor can tell a long step from a stuck one."""
     busy_s: float = 0.0
     """Seconds the worker has spent in completed engine steps (with `steps`: the mean step time)."""
 

@@ -5,7 +5,7 @@ each worker's heartbeats, restarts dead workers with backoff, and keeps the
 health the API reports. Request bookkeeping stays in the orchestrator, which is
 told of each death through `on_death`.
 
-Liveness has three thresholds. Heartbeats leave a worker's I/O thread every
+Liveness has three thresholds. Heartbeats leave a worker's heartbeat thread every
 HEARTBEAT_INTERVAL_S whatever its engine is doing. A Ready worker silent for
 `unresponsive_after_s` (a few intervals) is unresponsive: its stage turns
 unhealthy and takes no new requests, but nothing is killed, and its next
@@ -47,7 +47,7 @@ STARTUP_TIMEOUT_S = 900.0
 RESTART_READY_TIMEOUT_S = STARTUP_TIMEOUT_S
 """Longest wait for a restarted worker's Ready before it is killed and tried again (with backoff)."""
 STARTING_SILENCE_S = 120.0
-"""A worker that is not Ready yet and has sent nothing (its I/O thread heartbeats while the engine
+"""A worker that is not Ready yet and has sent nothing (its heartbeat thread beats while the engine
 loads) for this long is hung, not loading: it is killed and, if a restart, tried again."""
 HEARTBEAT_TIMEOUT_S = 60.0
 """A worker silent this long is presumed hung and is killed (then restarted)."""

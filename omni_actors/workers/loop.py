@@ -3,10 +3,10 @@
 Each turn takes every waiting message without blocking, runs one engine step
 if there is work, and sends all outputs of the turn in one frame. With nothing
 to do it blocks until a message comes. Stage input processors run here, next
-to the engine. The bus socket, heartbeats and the checks for a gone main
-process or a swallowed SIGTERM belong to the I/O thread (`workers/io.py`):
-this thread only records its progress (`steps`, `step_started`), which the
-I/O thread reads into each heartbeat.
+to the engine. It sends and receives on its own bus socket (`workers/io.py`);
+heartbeats and the checks for a gone main process or a swallowed SIGTERM belong
+to the heartbeat thread: this thread only records its progress (`steps`,
+`step_started`), which the heartbeat thread reads into each heartbeat.
 
 Shared memory: while this worker's arena is over its byte budget the loop
 holds its engine back (for up to SHM_BUDGET_WAIT_S) until consumers give
@@ -74,11 +74,11 @@ class WorkerLoop:
         self._released: list[m.LeaseId] = []
         self.stopping = False
         self.steps = 0
-        """Engine steps completed (read by the I/O thread)."""
+        """Engine steps completed (read by the heartbeat thread)."""
         self.busy_s = 0.0
-        """Seconds spent in completed engine steps (read by the I/O thread)."""
+        """Seconds spent in completed engine steps (read by the heartbeat thread)."""
         self.step_started: float | None = None
-        """time.monotonic() when the running step began; None between steps (read by the I/O thread)."""
+        """time.monotonic() when the running step began; None between steps (read by the heartbeat thread)."""
         self._held_since: float | None = None
         """When the engine was first held back for the arena's budget (None: it is not)."""
         self._overrun = False
@@ -147,7 +147,7 @@ class WorkerLoop:
         self.codec.cuda_trim()
 
     def _heartbeat(self) -> m.Heartbeat:
-        """This worker's state now; called on the I/O thread too, so it only reads attributes."""
+        """This worker's state now; called on the heartbeat thread too, so it only reads attributes."""
         started = self.step_started
         return m.Heartbeat(
             busy=len(self.requests), leased=self.codec.leased, steps=self.steps,

@@ -60,7 +60,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 STOP = threading.Event()
-"""Set by the first SIGTERM; the I/O thread also checks it at each heartbeat, in case the SystemExit
+"""Set by the first SIGTERM; the heartbeat thread also checks it at each beat, in case the SystemExit
 it raised was swallowed (a signal that lands inside a finalizer is only printed there)."""
 
 
@@ -97,7 +97,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _should_stop(parent: int) -> bool:
-    """Asked at each heartbeat (on the I/O thread): the main process is gone, or a SIGTERM came."""
+    """Asked at each heartbeat (on the heartbeat thread): the main process is gone, or a SIGTERM came."""
     if os.getppid() != parent:
         logs.get(__name__).warning("worker.orphaned", parent=parent)
         return True
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process leads shutdown
     logs.configure(component=spec.identity)
     log = logs.get(__name__)
-    # The I/O thread starts first: it heartbeats while the engine loads, and through every step.
+    # The heartbeat thread starts first: it beats while the engine loads, and through every step.
     keys = read_curve_keys() if spec.curve else None
     sock = WorkerIO(spec.endpoint, spec.identity.encode(), spec.heartbeat_interval_s,
                     should_stop=lambda: _should_stop(parent), keys=keys)
