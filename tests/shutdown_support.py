@@ -64,10 +64,11 @@ while True:
     signal.pause()
 '''
 HELD = '''
-"""Test hook: the worker's interpreter is still starting, held until the test opens a FIFO."""
-import sys
+"""Test hook: the worker's interpreter is still starting, held until the test writes to a FIFO."""
+import os, sys
+fd = os.open({fifo!r}, os.O_RDWR)  # opened before the line: release() always finds a reader
 print("{line}", file=sys.stderr, flush=True)
-open({fifo!r}).read()
+os.read(fd, 1)  # a signal's handler interrupts this and Python reads again: the byte stays in the pipe
 '''
 CLOSING_LINE = "test.arena_closing"
 HELD_CLOSE = '''
@@ -78,8 +79,9 @@ from omni_actors.bus import shm
 _close = shm.Arena.close
 
 def close(self):
+    fd = os.open({fifo!r}, os.O_RDWR)  # opened before the line: release() always finds a reader
     print(f"{line} pid={{os.getpid()}}", file=sys.stderr, flush=True)
-    open({fifo!r}).read()
+    os.read(fd, 1)  # a SIGTERM's handler interrupts this and Python reads again: the byte stays
     _close(self)
 
 shm.Arena.close = close
@@ -262,9 +264,13 @@ def runtime_dirs(parent: Path) -> set[str]:
 
 
 def release(fifo: Path) -> None:
-    """Let a hook waiting on `fifo` go on (nothing happens if none waits)."""
+    """Let a hook waiting on `fifo` go on: one byte it reads (nothing happens if none has it open)."""
     with contextlib.suppress(OSError):  # ENXIO: no reader
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
 
 
 def hooked(tmp: Path, hook: str) -> list[dict[str, Any]]:

@@ -203,7 +203,8 @@ def test_a_repeated_sigterm_does_not_cut_a_workers_cleanup_short(tmp_path: Path,
     worker = psutil.Process(int(run.wait_for(CLOSING_LINE + r" pid=(\d+)").group(1)))
     worker.send_signal(signal.SIGTERM)  # while its cleanup is held: a handler that raised would cut it short
     release(fifo)
-    assert wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S) == []
+    alive = wait_gone(run.seen_workers, ORPHAN_EXIT_TIMEOUT_S)
+    assert alive == [], f"workers outlived their killed main process: {alive}\n{run.stacks(alive)}"
     assert segments_of(run.pid) == [], "the worker's cleanup was cut short"
     run.read_to_eof()
     assert "Traceback" not in run.output, run.output

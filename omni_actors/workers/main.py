@@ -11,7 +11,6 @@ import faulthandler
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -59,9 +58,21 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(0)
 
 
-STOP = threading.Event()
-"""Set by the first SIGTERM; the heartbeat thread also checks it at each beat, in case the SystemExit
-it raised was swallowed (a signal that lands inside a finalizer is only printed there)."""
+class _Flags:
+    """What the signal handler records, as plain attributes: a handler that takes a lock (as
+    threading.Event.set does) deadlocks when a second signal lands while the first holds it, and a
+    parent dying with several threads sends its death signal once per thread, at once."""
+
+    stop = False
+    """Set by the first SIGTERM; the heartbeat thread also checks it at each beat, in case the
+    SystemExit it raised was swallowed (a signal that lands inside a finalizer is only printed there)."""
+    cleaning = False
+    """Set when the worker starts cleaning up: from then on SIGTERM and SIGALRM do nothing, so none
+    can cut the cleanup short. (The handlers stay installed: setting SIG_IGN instead races a signal
+    the C handler already took, which Python then reports as "Signal 15 ignored due to race condition".)"""
+
+
+SIGNALS = _Flags()
 
 
 IMPORT_RETRY_S = 0.05
@@ -78,18 +89,12 @@ def _importing(frame: FrameType | None) -> bool:
     return False
 
 
-CLEANING = threading.Event()
-"""Set when the worker starts cleaning up: from then on SIGTERM and SIGALRM do nothing, so none can
-cut the cleanup short. (The handlers stay installed: setting SIG_IGN instead races a signal the C
-handler already took, which Python then reports as "Signal 15 ignored due to race condition".)"""
-
-
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    if CLEANING.is_set():
+    if SIGNALS.cleaning:
         return
-    if signum == signal.SIGTERM and STOP.is_set():
+    if signum == signal.SIGTERM and SIGNALS.stop:
         return  # a repeat: a parent dying with several threads sends its death signal once per thread
-    STOP.set()
+    SIGNALS.stop = True
     if _importing(frame):
         signal.setitimer(signal.ITIMER_REAL, IMPORT_RETRY_S)  # raised once the import is over
         return
@@ -101,7 +106,7 @@ def _should_stop(parent: int) -> bool:
     if os.getppid() != parent:
         logs.get(__name__).warning("worker.orphaned", parent=parent)
         return True
-    return STOP.is_set()
+    return SIGNALS.stop
 
 
 def _limit_threads() -> None:
@@ -186,7 +191,7 @@ def main(argv: list[str]) -> int:
     finally:
         # Once cleaning up, no signal may cut it short (e.g. the parent-death signal arriving
         # after a Shutdown message ended the loop).
-        CLEANING.set()
+        SIGNALS.cleaning = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         if engine is not None:
             try:

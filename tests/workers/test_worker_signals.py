@@ -33,7 +33,7 @@ try:
     threading.Event().wait(10)  # the deferred SIGTERM ends this wait
     print("not stopped", flush=True)
 except SystemExit:
-    print("stopped; stop set:", main.STOP.is_set(), flush=True)
+    print("stopped; stop set:", main.SIGNALS.stop, flush=True)
     raise
 '''
 
