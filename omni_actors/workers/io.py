@@ -2,9 +2,9 @@
 
 The stepping thread (the worker loop) sends and receives on its own DEALER
 directly: a request's messages cross no thread on their way in or out. (Until
-the session this note dates from, an I/O thread owned the one socket and
-relayed every frame to the stepping thread over an inproc PAIR: two thread
-hand-offs per message, ~150 us added to a stage hop on a 2-core box.)
+2026-12-03 an I/O thread owned the one socket and relayed every frame to the
+stepping thread over an inproc PAIR: two thread hand-offs per message, ~150 us
+added to a stage hop on a 2-core box; docs/benchmarks.md, "Worker I/O thread".)
 
 Heartbeats leave from a second thread, on a second DEALER whose identity is
 the worker's plus HEARTBEAT_SUFFIX (the orchestrator files them under the
@@ -32,14 +32,13 @@ import zmq
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
-from omni_actors.bus.codec import attach_frames, to_wire
+from omni_actors.bus.codec import attach_frames
 from omni_actors.bus.sockets import CurveKeys, WorkerSocket
 from omni_actors.workers.spec import HEARTBEAT_SUFFIX
 
 log = logs.get(__name__)
 
 _NOBLOCK = int(zmq.NOBLOCK)
-_SNDMORE = int(zmq.SNDMORE)
 _CLOSE = b""
 """Sent by the stepping thread on the PAIR: end the heartbeat thread."""
 IO_JOIN_TIMEOUT_S = 5.0
@@ -88,17 +87,7 @@ class WorkerIO:
     # ---- the stepping thread's side -------------------------------------------------
 
     def send(self, msgs: list[m.Message]) -> None:
-        if not msgs:
-            return
-        msgs, arrays = to_wire(msgs)
-        body = m.encode_many(msgs)
-        sock = self._bus.sock
-        if not arrays:
-            sock.send(body, copy=False)
-            return
-        sock.send(body, _SNDMORE, copy=False)
-        for i, buf in enumerate(arrays):
-            sock.send(buf, 0 if i == len(arrays) - 1 else _SNDMORE, copy=False)
+        self._bus.send(msgs)
 
     def recv_nowait(self) -> list[m.Message]:
         """Every message already waiting, without blocking (a frame that cannot be decoded is skipped)."""

@@ -138,8 +138,7 @@ class CsmBackboneAdapter(ARAdapter):
     # ---- depth decoder -----------------------------------------------------------
 
     def on_tokens(self, seqs, tokens, out, prefill):
-        hidden = out.hidden[1] if isinstance(out.hidden, tuple) else out.hidden
-        return self.on_device_tokens(seqs, small_tensor(tokens, hidden.device), out, prefill)[1]
+        return self.on_device_tokens(seqs, small_tensor(tokens, self.ctx.device), out, prefill)[1]
 
     def on_device_tokens(self, seqs, ids, out, prefill):
         """Codebook 0 stays on the device: the depth frame is queued behind the backbone's step and

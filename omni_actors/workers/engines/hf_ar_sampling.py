@@ -145,7 +145,7 @@ def fill_uniform(uniform: torch.Tensor, sampled: list[bool], generators: list[to
     unseeded rows in one draw; rows not sampled are left as they are (their noise is zeroed later)."""
     shape, dev = uniform.shape[1:], uniform.device
     free = [i for i, (s, g) in enumerate(zip(sampled, generators, strict=True)) if s and g is None]
-    if free and len(free) == len(sampled) and free[-1] == len(free) - 1:
+    if free and len(free) == len(sampled):  # every row: one draw into the first rows
         torch.rand(len(free), *shape, device=dev, out=uniform[: len(free)])
     elif free:
         uniform[free] = torch.rand(len(free), *shape, device=dev)
