@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from omni_actors.workers.engines.hf_ar_sampling import small_tensor
+
 FREE = -1
 
 
@@ -70,7 +72,7 @@ class DelayState:
 
 def step_masks(states: list[DelayState], vocab: int, device: torch.device | str) -> torch.Tensor:
     """[batch, groups, vocab] additive mask (0 or -inf) of the next step of each state."""
-    forced = torch.from_numpy(np.stack([s.forced() for s in states])).to(device)  # [batch, groups]
+    forced = small_tensor(np.stack([s.forced() for s in states]), device)  # [batch, groups]
     ids = torch.arange(vocab, device=device)
     free = forced[..., None] == FREE
     keep = torch.where(free, ids != states[0].bos, ids == forced[..., None])

@@ -207,13 +207,22 @@ class HiggsLMAdapter(ARAdapter):
         return self._masked[:, 0]
 
     def on_tokens(self, seqs, tokens, out, prefill):
+        return self._frames(seqs, small_tensor(tokens, self._masked.device), out)[1]
+
+    def on_device_tokens(self, seqs, ids, out, prefill):
+        """All codebooks drawn before the host waits: codebook 0's ids stay on the device, and the
+        step's one sync brings the whole frame back."""
+        return self._frames(seqs, ids, out)
+
+    def _frames(self, seqs: list[ARSeq], first: torch.Tensor, out: ForwardOut):
+        """Codebooks 1.. drawn after codebook 0's ids `first` [n] (on the device): (codebook 0's ids
+        as a host list, (payload, finished) per seq)."""
         masked, self._masked = self._masked, None
         n, rest = len(seqs), self.groups - 1
         params = [s.params for s in seqs for _ in range(rest)]
         gens = [s.generator for s in seqs for _ in range(rest)]
         drawn = pick(masked[:, 1:].reshape(n * rest, self.vocab), params, gens).view(n, rest)
-        first = small_tensor(tokens, drawn.device)[:, None]
-        codes = torch.cat([first, drawn], dim=1)  # [n, groups]
+        codes = torch.cat([first.to(drawn.dtype)[:, None], drawn], dim=1)  # [n, groups]
         host = codes.cpu().numpy()
         if self.ras is not None:
             raw = out.logits.view(n, self.groups, self.vocab)
@@ -227,4 +236,4 @@ class HiggsLMAdapter(ARAdapter):
             seq.data["window"].append(host[i])
             seq.data["frame"] = frames[i]
             results.append(({} if frame is None else {"codes": frame[None]}, done))
-        return results
+        return host[:, 0].tolist(), results

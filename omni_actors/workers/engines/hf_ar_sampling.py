@@ -115,20 +115,39 @@ def _draw(
         logits = logits.masked_fill(probs.cumsum(-1) - probs > ps, float("-inf"))
     # Gumbel-max: argmax(logits + Gumbel noise) draws softmax(logits), masked ids never
     n = logits.shape[1]
-    free = [i for i, g in enumerate(generators) if g is None]
-    if not free:
-        u = torch.empty(len(params), n, device=dev)
-    else:  # unseeded rows: noise for the ranks they kept
-        u = torch.rand(len(params), n, device=dev)
     groups: dict[int, list[int]] = {}
     for i, g in enumerate(generators):
         if g is not None:
             groups.setdefault(id(g), []).append(i)
-    for rows in groups.values():  # a request's own noise (its rows: one, or its codebooks)
-        index = rows[0] if len(rows) == 1 else small_tensor(rows, dev)
-        u[index] = _uniform(generators[rows[0]], len(rows), vocab, dev)[:, :n].squeeze(0)
+    u = _seeded_noise(groups, generators, len(params), vocab, dev)
+    if u is not None:
+        u = u[:, :n]
+    else:
+        free = any(g is None for g in generators)  # unseeded rows: noise for the ranks they kept
+        u = torch.rand(len(params), n, device=dev) if free else torch.empty(len(params), n, device=dev)
+        for rows in groups.values():  # a request's own noise (its rows: one, or its codebooks)
+            index = rows[0] if len(rows) == 1 else small_tensor(rows, dev)
+            u[index] = _uniform(generators[rows[0]], len(rows), vocab, dev)[:, :n].squeeze(0)
     out = torch.argmax(logits + gumbel_of(u), dim=-1)
     return out if order is None else order.gather(1, out[:, None])[:, 0]
+
+
+def _seeded_noise(
+    groups: dict[int, list[int]], generators: list[torch.Generator | None], batch: int, vocab: int,
+    dev: torch.device,
+) -> torch.Tensor | None:
+    """[batch, vocab] noise when every row is seeded, each request's rows adjacent and its generator
+    on `dev`: each request's draw is written in place (one call a request, not a draw, an index
+    and a copy); the values are `_uniform`'s. None otherwise (the caller fills rows one by one)."""
+    if sum(len(rows) for rows in groups.values()) != batch:
+        return None
+    for rows in groups.values():
+        if rows[-1] - rows[0] + 1 != len(rows) or generators[rows[0]].device.type != dev.type:
+            return None
+    noise = torch.empty(batch, vocab, device=dev)
+    for rows in groups.values():
+        torch.rand((len(rows), vocab), generator=generators[rows[0]], device=dev, out=noise[rows[0] : rows[-1] + 1])
+    return noise
 
 
 def _uniform(generator: torch.Generator, rows: int, vocab: int, dev: torch.device) -> torch.Tensor:
