@@ -52,3 +52,18 @@ def test_graphs_decode_like_eager_static(tmp_path):
     eager = _run(_engine(path, cuda_graphs=False))
     assert first == eager and again == eager
     assert [len(first[f"r{i}"]) for i in range(4)] == [20, 35, 50, 65]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_bucket_is_captured_at_start_and_decodes_like_lazy_captures(tmp_path):
+    """warm_graphs (the default where the step is not compiled): every (batch, length) bucket is
+    captured before the first request, the warm-up request leaves nothing behind, and requests
+    decode exactly as with buckets captured when first used."""
+    path = make_tiny("llama", tmp_path / "llama", seed=0)
+    warm = _engine(path)
+    slots = warm.slots
+    assert len(warm.graphs.graphs) == len(slots.batch_sizes) * len(slots.length_sizes)
+    assert not warm.seqs and not slots.owners and warm.ahead is None
+    lazy = _engine(path, warm_graphs=False)
+    assert len(lazy.graphs.graphs) == 0
+    assert _run(warm) == _run(lazy)

@@ -133,6 +133,11 @@ def test_bad_kv_cache_setting_is_a_clear_error(llama_dir):
         HfAREngine(_ctx(llama_dir, kv_cache="paged"))
 
 
+def test_bad_warm_graphs_setting_is_a_clear_error(llama_dir):
+    with pytest.raises(ValueError, match="warm_graphs"):
+        HfAREngine(_ctx(llama_dir, kv_cache="static", warm_graphs="yes"))
+
+
 def test_buckets():
     assert buckets(8, 1) == [1, 2, 4, 8]
     assert buckets(12, 1) == [1, 2, 4, 8, 12]

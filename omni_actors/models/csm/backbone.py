@@ -84,6 +84,9 @@ class CsmBackboneAdapter(ARAdapter):
 
     # ---- prompt ----------------------------------------------------------------
 
+    def warmup_inputs(self) -> dict[str, Any]:
+        return {"text": "Hello.", "voice": VOICES[0]}
+
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         text, voice = text_and_voice(inputs, "csm", VOICES)
         ref = inputs.get("reference_audio")

@@ -97,6 +97,7 @@ from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     sample,
 )
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
+from omni_actors.workers.engines.hf_ar_warm import warm_graphs, warm_wanted
 from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded
 
 DEFAULT_MAX_TOKENS = 4096
@@ -172,6 +173,8 @@ class HfAREngine(StageEngine):
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
         self.lookahead = ahead and self.static and type(self.adapter).embeds_last_token
         """Queue a decode step before the host takes the one before (inputs: last tokens' embeddings)."""
+        if self.static and warm_wanted(self, compile_wanted(ctx)):
+            warm_graphs(self)
 
     def _fused(self) -> FusedDecoder | None:
         """The fused decode step, or None (logged) when this stage cannot take it."""

@@ -137,6 +137,12 @@ class ARAdapter(abc.ABC):
         """Take more upstream input for a streaming request."""
         raise NotImplementedError(f"{type(self).__name__} does not take streamed input")
 
+    def warmup_inputs(self) -> dict[str, Any] | None:
+        """One request's inputs the engine may run at start to capture its decode graphs
+        (hf_ar_warm.py); None (the default): inputs come from elsewhere, graphs are captured
+        as steps first use them."""
+        return None
+
     def ready(self, seq: ARSeq) -> bool:
         """True when the request has what its next forward needs."""
         return True

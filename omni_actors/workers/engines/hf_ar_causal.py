@@ -49,6 +49,9 @@ class CausalLMAdapter(ARAdapter):
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         return self.model
 
+    def warmup_inputs(self) -> dict[str, Any]:
+        return {"prompt": "Hello"}
+
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         seq.data = {"ids": prompt_ids(self.tokenizer, inputs), "text": TextStream(self.tokenizer)}
 
