@@ -56,14 +56,14 @@ def test_graphs_decode_like_eager_static(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_every_bucket_is_captured_at_start_and_decodes_like_lazy_captures(tmp_path):
-    """warm_graphs (the default where the step is not compiled): every (batch, length) bucket is
-    captured before the first request, the warm-up request leaves nothing behind, and requests
-    decode exactly as with buckets captured when first used."""
+    """warm_graphs: every (batch, length) bucket is captured before the first request, the
+    warm-up request leaves nothing behind, and requests decode exactly as with buckets captured
+    when first used (the default)."""
     path = make_tiny("llama", tmp_path / "llama", seed=0)
-    warm = _engine(path)
+    warm = _engine(path, warm_graphs=True)
     slots = warm.slots
-    assert len(warm.graphs.graphs) == len(slots.batch_sizes) * len(slots.length_sizes)
     assert not warm.seqs and not slots.owners and warm.ahead is None
-    lazy = _engine(path, warm_graphs=False)
+    assert len(warm.graphs.graphs) == len(slots.batch_sizes) * len(slots.length_sizes), sorted(warm.graphs.graphs)
+    lazy = _engine(path)
     assert len(lazy.graphs.graphs) == 0
     assert _run(warm) == _run(lazy)

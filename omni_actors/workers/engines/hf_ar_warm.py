@@ -1,19 +1,19 @@
 """Every decode bucket's CUDA graph captured at start (engine_extras["warm_graphs"]).
 
 DecodeGraphs captures a (batch, length) bucket the first time a step uses it: the step runs
-eagerly, then is captured. Under load that happens mid-stream, in the steps of requests that
-are already speaking: a 3B model's eager step plus its capture held every stream for ~0.1 s,
-once per new bucket, and a served run meets a dozen of them (batch sizes come and go, prompts
-grow). So at start the engine runs one request of the adapter's `warmup_inputs` through a
+eagerly, then is captured. Under load that happens mid-stream, inside a step of requests that
+are already speaking, once per new bucket, and a served run meets many of them (batch sizes come
+and go, prompts grow). With it, at start the engine runs one request of the adapter's `warmup_inputs` through a
 prefill and one decode step (that sizes the slot buffers), captures every other bucket from
 the same static buffers, and drops the request. Rows past the warm-up request's hold zeros:
 they compute and write at position 0 of slots no request holds yet, which a request's prompt
 overwrites when it takes the slot (as unused rows of any bucket do).
 
-On by default where graphs are on and the step is not compiled (a compiled step compiles a
-bucket before capturing it: seconds each); `warm_graphs: true` asks for it there too, `false`
-turns it off (the lazy captures, a baseline). An adapter without `warmup_inputs` (its inputs
-come from an upstream stage) keeps the lazy captures.
+Off by default (`warm_graphs: true` asks for it; with `compile`, each bucket is compiled at
+start too, seconds each). Measured on an H200 (docs/benchmarks.md, twelfth session): served
+Higgs-Audio-V2-sized at 16 streams, first audio p99 528 -> 496 ms; CSM-1B-sized start-up
+17 -> 43 s for its 36 buckets. An adapter without `warmup_inputs` (its inputs come from an
+upstream stage) keeps the lazy captures.
 """
 
 from __future__ import annotations
@@ -30,15 +30,13 @@ WARMUP_PARAMS = {"seed": 0, "max_tokens": 4, "temperature": 1.0}
 """Sampled (a greedy step may be queued ahead, hf_ar_lookahead.py) and short."""
 
 
-def warm_wanted(engine: Any, compiled: bool) -> bool:
-    """engine_extras["warm_graphs"], checked; default: graphs on and the step not compiled."""
-    value = engine.ctx.engine_extras.get("warm_graphs")
-    if value is not None and not isinstance(value, bool):
+def warm_wanted(engine: Any) -> bool:
+    """engine_extras["warm_graphs"] (default false), checked; only where graphs are on."""
+    value = engine.ctx.engine_extras.get("warm_graphs", False)
+    if not isinstance(value, bool):
         raise ValueError(f"engine_extras.warm_graphs: expected true or false, got {value!r}")
     graphs = engine.graphs
-    if graphs is None or not graphs.enabled:
-        return False
-    return (not compiled) if value is None else value
+    return value and graphs is not None and graphs.enabled
 
 
 def warm_graphs(engine: Any) -> int:
