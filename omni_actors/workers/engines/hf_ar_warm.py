@@ -10,15 +10,15 @@ they compute and write at position 0 of slots no request holds yet, which a requ
 overwrites when it takes the slot (as unused rows of any bucket do).
 
 Off by default (`warm_graphs: true` asks for it; with `compile`, each bucket is compiled at
-start too, seconds each). Measured on an H200 (docs/benchmarks.md, twelfth session): served
-Higgs-Audio-V2-sized at 16 streams, first audio p99 528 -> 496 ms; CSM-1B-sized start-up
-17 -> 43 s for its 36 buckets. An adapter without `warmup_inputs` (its inputs come from an
-upstream stage) keeps the lazy captures.
+start too, seconds each): not yet measured on a GPU. An adapter without `warmup_inputs` (its
+inputs come from an upstream stage) keeps the lazy captures.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from omni_actors import logs
 from omni_actors.workers.engine import timed
@@ -51,10 +51,11 @@ def warm_graphs(engine: Any) -> int:
         try:
             for _ in range(2):  # its prefill, then one decode step (which captures its bucket)
                 engine.step()
-            for batch in slots.batch_sizes:
-                for length in slots.length_sizes:
-                    if graphs.graphs and graphs.enabled and (batch, length) not in graphs.graphs:
-                        graphs.run(batch, length)
+            with torch.inference_mode():  # as in a step: the slot buffers are inference tensors
+                for batch in slots.batch_sizes:
+                    for length in slots.length_sizes:
+                        if graphs.graphs and graphs.enabled and (batch, length) not in graphs.graphs:
+                            graphs.run(batch, length)
         except Exception as err:  # an optimisation: the buckets left are captured when first used
             log.warning("hf_ar.warm_failed", reason=f"{type(err).__name__}: {err}"[:300])
         finally:
