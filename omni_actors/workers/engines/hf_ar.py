@@ -98,7 +98,7 @@ from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
 )
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
 from omni_actors.workers.engines.hf_ar_warm import warm_graphs, warm_wanted
-from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded
+from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded, varying_shapes_attention
 
 DEFAULT_MAX_TOKENS = 4096
 """Tokens a request may generate when its params name no max_tokens."""
@@ -327,7 +327,8 @@ class HfAREngine(StageEngine):
         extra = inps[0].extra
         if len(inps) > 1:  # rows with extras share a batch only when the adapter merges them
             extra = self.adapter.batch_extra([inp.extra for inp in inps], pads) if any(i.extra for i in inps) else {}
-        out = self.adapter.forward(embeds, pos, mask, cache, extra)
+        with varying_shapes_attention(self.device):
+            out = self.adapter.forward(embeds, pos, mask, cache, extra)
         out.pads = pads
         for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
             pad = longest - n
