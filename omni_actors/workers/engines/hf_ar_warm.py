@@ -2,10 +2,10 @@
 
 DecodeGraphs captures a (batch, length) bucket the first time a step uses it: the step runs
 eagerly, then is captured. Under load that happens mid-stream, inside a step of requests that
-are already speaking, once per new bucket, and a served run meets many of them (batch sizes come
-and go, prompts grow). With it, at start the engine runs one request of the adapter's `warmup_inputs` through a
-prefill and one decode step (that sizes the slot buffers), captures every other bucket from
-the same static buffers, and drops the request. Rows past the warm-up request's hold zeros:
+are already speaking, once per new bucket, and a served run meets many of them (batch sizes
+come and go, prompts grow). With `warm_graphs`, at start the engine runs one request of the
+adapter's `warmup_inputs` through a prefill and one decode step (that sizes the slot buffers),
+captures every other bucket from the same static buffers, and drops the request. Rows past the warm-up request's hold zeros:
 they compute and write at position 0 of slots no request holds yet, which a request's prompt
 overwrites when it takes the slot (as unused rows of any bucket do).
 
