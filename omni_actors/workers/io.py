@@ -39,6 +39,7 @@ from omni_actors.workers.spec import HEARTBEAT_SUFFIX
 log = logs.get(__name__)
 
 _NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _CLOSE = b""
 """Sent by the stepping thread on the PAIR: end the heartbeat thread."""
 IO_JOIN_TIMEOUT_S = 5.0
@@ -97,11 +98,13 @@ class WorkerIO:
 
     def _drain(self, sock: zmq.Socket) -> list[m.Message]:
         out: list[m.Message] = []
-        while True:
+        # Asked before each receive: ending the drain on zmq.Again cost two raised exceptions a
+        # turn (~7 us each, with the error's message looked up), a tenth of a worker's turn.
+        while sock.getsockopt(_EVENTS) & _POLLIN:
             try:
                 parts = sock.recv_multipart(_NOBLOCK, copy=False)
             except zmq.Again:
-                return out
+                break
             body = parts[0]
             try:
                 items = m.unbatch(m.decode(body.buffer))
@@ -112,6 +115,7 @@ class WorkerIO:
                 self.undecodable += 1
                 if self.undecodable == 1:
                     log.error("bus.undecodable", peer="orchestrator", bytes=len(body.buffer), error=repr(err))
+        return out
 
     def wait(self, timeout_s: float | None) -> bool:
         """Block until a message is waiting or the timeout passes (None: no timeout)."""
