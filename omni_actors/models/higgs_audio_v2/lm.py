@@ -229,7 +229,7 @@ class HiggsLMAdapter(ARAdapter):
         params = [s.params for s in seqs for _ in range(rest)]
         gens = [s.generator for s in seqs for _ in range(rest)]
         drawn = pick(masked[:, 1:].reshape(n * rest, self.vocab), params, gens).view(n, rest)
-        codes = torch.cat([first.to(drawn.dtype)[:, None], drawn], dim=1)  # [n, groups]
+        codes = torch.cat([first[:, None], drawn], dim=1)  # [n, groups]
         host = codes.cpu().numpy()
         if self.ras is not None:
             raw = out.logits.view(n, self.groups, self.vocab)

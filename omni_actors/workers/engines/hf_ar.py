@@ -173,7 +173,7 @@ class HfAREngine(StageEngine):
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
         self.lookahead = ahead and self.static and type(self.adapter).embeds_last_token
         """Queue a decode step before the host takes the one before (inputs: last tokens' embeddings)."""
-        if self.static and warm_wanted(self):
+        if warm_wanted(self):  # (graphs exist only for the static cache)
             warm_graphs(self)
 
     def _fused(self) -> FusedDecoder | None:
