@@ -5,9 +5,12 @@ Decoding is the RVQ sum, a linear projection and a DAC decoder (transformers'
 causal (centred convolutions), so a window re-decodes `left_context` frames before its new
 ones and holds back the audio of its last `right_context` frames until the frames after them
 arrive (or the input ends). Measured on the real layout (strides 8-5-4-2-3, random weights,
-narrow widths: the receptive field does not depend on width): a frame decoded with 6 frames
-after it and 10 before equals one whole decode to float rounding (1e-6 of the peak; with 5
-after, 7e-4), so right_context is 6 and left_context 12. The weights are the audio tokenizer
+narrow widths: the receptive field does not depend on width), a frame's audio depends on the
+codes of up to 9 frames after it and 10 before: decoded with 9 after it is within 2e-5 of
+the peak of one whole decode (10 after: float rounding; 8 after: 1e-3; 6 after: 8e-3, so a
+window's end would depend on how many frames had arrived when it was cut, and a seeded
+request's audio on timing), so right_context is 9 and left_context 12
+(`tests/models/test_higgs_audio_v2_codec.py`). The weights are the audio tokenizer
 folder the processor names (codec_loading.py), decoded in float32.
 
 Inputs: {"codes": int [n, 8]} (undelayed frames from the LM stage).
@@ -29,10 +32,10 @@ class HiggsCodecAdapter(FrameCodecAdapter):
     sample_rate = 24000
     samples_per_code = 960
     first_chunk_size = 3
-    """3 frames = 120 ms of audio in the first window, decoded once 3 + right_context = 9 frames are in."""
+    """3 frames = 120 ms of audio in the first window, decoded once 3 + right_context = 12 frames are in."""
     chunk_size = 8
     left_context = 12
-    right_context = 6
+    right_context = 9
     max_chunk_size = 100
 
     def load(self) -> None:
