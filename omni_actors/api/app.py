@@ -14,6 +14,7 @@
     POST /v1/images/generations     images.py
     POST /v1/images/edits           image_edits.py
     GET  /v1/files/images/{name}    image_files.py   (response_format "url")
+    /v1/files...                    files.py (uploads: create, list, retrieve, content, delete)
     /v1/videos...                   videos.py (jobs: create, list, retrieve, delete, content, sync, remix),
                                     video_derive.py (extensions; edits, refused)
     POST /v1/audio/generations      audio_generation.py (alias /v1/audio/generate)
@@ -34,7 +35,15 @@ import msgspec
 from aiohttp import web
 
 from omni_actors import __version__
-from omni_actors.api import audio_generation, image_files, playground, realtime, responses, videos
+from omni_actors.api import (
+    audio_generation,
+    files,
+    image_files,
+    playground,
+    realtime,
+    responses,
+    videos,
+)
 from omni_actors.api.calls import ORCH_KEY
 from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
@@ -115,6 +124,7 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     app.router.add_post("/v1/images/generations", generations)
     app.router.add_post("/v1/images/edits", image_edits)
     image_files.add_routes(app)
+    files.add_routes(app)
     realtime.add_routes(app)
     playground.add_routes(app)
     videos.add_routes(app)

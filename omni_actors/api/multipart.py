@@ -3,12 +3,14 @@ parts), and whatever aiohttp's reader cannot parse answered as a 400, on every u
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
 
 READ_CHUNK = 1 << 16
@@ -72,3 +74,41 @@ async def _chunk(part: Any) -> bytes:
         return await part.read_chunk(READ_CHUNK)
     except MULTIPART_ERRORS as err:
         _unparsable(err)
+
+
+async def read_form(request: web.Request, files: set[str], fields: set[str],
+                    filenames: dict[str, str] | None = None) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Text fields (stripped) and file parts of a multipart upload, read under the server's body size
+    and time limits: a 415 unless it is multipart, a 400 naming an unknown or repeated field. The
+    file parts' own names go into `filenames` when given."""
+    if request.content_type != "multipart/form-data":
+        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send multipart/form-data",
+                       None, "unsupported_media_type")
+    server = orchestrator(request).deploy.server
+    limit = int(server.max_body_mb * 1024 * 1024)
+
+    async def read() -> tuple[dict[str, str], dict[str, bytes]]:
+        texts: dict[str, str] = {}
+        blobs: dict[str, bytes] = {}
+        budget = BodyBudget(limit)
+        async for part in form_parts(request):
+            name = part.name or ""
+            if name not in files | fields:
+                raise bad_request(f"unknown form field `{name}`; expected {sorted(files | fields)}", name,
+                                  "unknown_parameter")
+            if name in texts or name in blobs:
+                raise bad_request(f"form field `{name}` is given twice", name)
+            data = await budget.read(part)
+            if name in files:
+                blobs[name] = bytes(data)
+                if filenames is not None:
+                    filenames[name] = part.filename or ""
+            else:
+                texts[name] = data.decode("utf-8", errors="replace").strip()
+        return texts, blobs
+
+    try:
+        return await asyncio.wait_for(read(), server.body_timeout_s)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
+                       "body_timeout", close=True) from None

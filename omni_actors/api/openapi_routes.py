@@ -18,6 +18,8 @@ from omni_actors.api import schemas as s
 from omni_actors.api.audio_codec import CONTENT_TYPES as AUDIO_TYPES
 from omni_actors.api.audio_generation import ROUTES as AUDIO_GENERATION_ROUTES
 from omni_actors.api.audio_generation import AudioGenerationRequest
+from omni_actors.api.files import MAX_PAGE as FILES_PAGE
+from omni_actors.api.files import FileDeleted, FileObject, FilePage
 from omni_actors.api.image_edits import TEXT_FIELDS as IMAGE_EDIT_FIELDS
 from omni_actors.api.image_files import CONTENT_TYPES as IMAGE_TYPES
 from omni_actors.api.image_files import ROUTE as IMAGE_FILE_ROUTE
@@ -102,6 +104,7 @@ _VIDEO_ID = "/v1/videos/{video_id}"
 _RESPONSE_ID = "/v1/responses/{response_id}"
 _CONSENTS = "/v1/audio/voice_consents"
 _VOICES = "/v1/audio/voices"
+_FILE_ID = "/v1/files/{file_id}"
 
 ROUTES = (
     Route("post", "/v1/chat/completions", "Chat completion (chat.completion.chunk events when stream=true)",
@@ -180,6 +183,15 @@ ROUTES = (
           extra=_MISSING),
     Route("delete", _VOICES + "/{voice_id}", "Delete a custom voice", None, {"application/json": VoiceDeleted},
           extra=_MISSING),
+    Route("post", "/v1/files", "Upload a file (multipart/form-data: file, purpose, expires_after[...])",
+          Form(("file",), ("expires_after[anchor]", "expires_after[seconds]", "purpose"), ("file", "purpose")),
+          {"application/json": FileObject}),
+    Route("get", "/v1/files", "Uploaded files, a page at a time", None, {"application/json": FilePage},
+          query=(Query("purpose", "string", "Only files of this purpose"), _AFTER, _limit(FILES_PAGE), _ORDER)),
+    Route("get", _FILE_ID, "One uploaded file", None, {"application/json": FileObject}, extra=_MISSING),
+    Route("get", _FILE_ID + "/content", "An uploaded file's bytes", None, {"application/octet-stream": None},
+          extra=_MISSING),
+    Route("delete", _FILE_ID, "Delete an uploaded file", None, {"application/json": FileDeleted}, extra=_MISSING),
     Route("get", "/v1/models", "Served models", None, {"application/json": s.ModelList}),
     Route("get", "/v1/models/{model}", "One served model", None, {"application/json": s.Model}, extra=_MISSING),
     Route("get", "/v1/status", "Every pipeline's stages and replicas: health, queues, steps", None,

@@ -30,6 +30,7 @@ held until the answer is read for calls, as chat does.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import time
 import uuid
@@ -46,9 +47,11 @@ from omni_actors.api.chat import Tally
 from omni_actors.api.chat_inputs import build_chat_inputs
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.files import file_bytes
 from omni_actors.api.responses_background import Background, settled
 from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
+    image_file_ids,
     part_param,
     read_turn,
     response_format,
@@ -120,7 +123,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             raise bad_request(f"previous response {req.previous_response_id!r} is {state[0]}; continue it once "
                               "it has finished", "previous_response_id", "previous_response_unfinished")
         earlier = found
-    turn = read_turn(req, earlier)
+    files = {fid: "data:image;base64," + base64.b64encode(await file_bytes(request, fid, param)).decode()
+             for fid, param in image_file_ids(req)}
+    turn = read_turn(req, earlier, files)
     tools = None if req.tools is None else chat_shaped(req.tools)
     choice = chat_shaped_choice(req.tool_choice)
     if (refusal := tools_refusal(orch.pipeline, tools, choice, can_force=True)) is not None:

@@ -5,10 +5,11 @@
     turn.items                           # this request's input items as stored (each with an id)
 
 Input items map onto chat messages: a message's `input_text`/`output_text`/`refusal` parts are
-text, `input_image` (a data URL) an image, `input_audio` audio; `developer` is `system`; a
+text, `input_image` (a data URL, or the `file_id` of an uploaded image: files.py, read by the
+route first, `image_file_ids`) an image, `input_audio` audio; `developer` is `system`; a
 `function_call` joins the assistant message before it as a tool call and a
 `function_call_output` is a `tool` message. Items this server cannot use (`item_reference`,
-an image by `file_id` or remote URL) are 400s naming them (`input[3].content[0].file_id`).
+an image by remote URL) are 400s naming them (`input[3].content[1].image_url`).
 `instructions` go first as a system message and, as OpenAI does, are not carried to a later
 response through `previous_response_id`.
 """
@@ -46,7 +47,18 @@ class Turn:
     """For each message: the index of the input item it came from (-1: not from this input)."""
 
 
-def read_turn(req: ResponseRequest, earlier: list[dict[str, Any]]) -> Turn:
+def image_file_ids(req: ResponseRequest) -> list[tuple[str, str]]:
+    """(file id, its param) of every `input_image` part given by `file_id`."""
+    found: list[tuple[str, str]] = []
+    for k, item in enumerate([] if isinstance(req.input, str) else req.input):
+        for j, part in enumerate(item.content if isinstance(item.content, list) else []):
+            if isinstance(part, InputImagePart) and part.file_id is not None:
+                found.append((part.file_id, f"input[{k}].content[{j}].file_id"))
+    return found
+
+
+def read_turn(req: ResponseRequest, earlier: list[dict[str, Any]], files: dict[str, str] | None = None) -> Turn:
+    """`files`: file id -> a data URL of its bytes, for the parts `image_file_ids` named."""
     items = [InputItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     conversation = list(earlier)
     where = [-1] * len(earlier)
@@ -73,7 +85,7 @@ def read_turn(req: ResponseRequest, earlier: list[dict[str, Any]]) -> Turn:
         else:
             role = _need(item.role, f"{param}.role")
             conversation.append({"role": "system" if role == "developer" else role,
-                                 "content": _content(_need(item.content, f"{param}.content"), param)})
+                                 "content": _content(_need(item.content, f"{param}.content"), param, files or {})})
             where.append(k)
     head = [{"role": "system", "content": req.instructions}] if req.instructions else []
     return Turn([*head, *conversation], conversation, stored, [-1] * len(head) + where)
@@ -85,7 +97,7 @@ def _need(value: Any, param: str) -> Any:
     return value
 
 
-def _content(content: str | list[Any], param: str) -> str | list[dict[str, Any]]:
+def _content(content: str | list[Any], param: str, files: dict[str, str]) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     parts: list[dict[str, Any]] = []
@@ -94,8 +106,7 @@ def _content(content: str | list[Any], param: str) -> str | list[dict[str, Any]]
             case InputTextPart(text=text) | OutputTextPart(text=text) | RefusalPart(refusal=text):
                 parts.append({"type": "text", "text": text})
             case InputImagePart(file_id=file_id) if file_id is not None:
-                raise bad_request("images by file_id are not served: send image_url as a data URL",
-                                  f"{param}.content[{j}].file_id", "unsupported_value")
+                parts.append({"type": "image_url", "image_url": {"url": files[file_id]}})
             case InputImagePart(image_url=url):
                 parts.append({"type": "image_url", "image_url": {
                     "url": _need(url, f"{param}.content[{j}].image_url")}})

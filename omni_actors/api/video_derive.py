@@ -61,6 +61,7 @@ from omni_actors.api.video_request import (
     parse_reference,
     parse_size,
     read_fields,
+    referenced_file,
 )
 from omni_actors.api.videos import jobs_of, json_response, to_video, video_model
 from omni_actors.api.videos_store import JobRow
@@ -135,7 +136,8 @@ async def edit_video(request: web.Request) -> web.Response:
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     }
     # An image-to-video model is conditioned on the source's first frame unless a reference replaces it.
-    reference = parse_reference(fields, None, caps) if any(k.startswith("input_reference") for k in fields) else None
+    reference = (parse_reference(fields, await referenced_file(request, fields, None), caps)
+                 if any(k.startswith("input_reference") for k in fields) else None)
     edits, clip = await _read_source(jobs, fields, upload, model)
     f, height, width = clip.frames.shape[:3]
     _check_source(Scan(width, height, f, clip.fps, clip.frames[-1]), caps)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.files import file_bytes
 from omni_actors.api.multipart import BodyBudget, form_parts
 from omni_actors.workers.engines.video import DEFAULTS
 
@@ -116,11 +117,19 @@ def parse_frames(fields: dict[str, str], seconds: str, caps: dict[str, Any]) -> 
     return n
 
 
+async def referenced_file(request: web.Request, fields: dict[str, str], upload: bytes | None) -> bytes | None:
+    """`upload`, or the bytes of the uploaded file that `input_reference[file_id]` names (one of the two)."""
+    fid = fields.get("input_reference[file_id]")
+    if fid is None:
+        return upload
+    if upload is not None or "input_reference[image_url]" in fields:
+        raise bad_request("input_reference: give one of an image upload, image_url and file_id", "input_reference")
+    return await file_bytes(request, fid, "input_reference")
+
+
 def parse_reference(fields: dict[str, str], upload: bytes | None, caps: dict[str, Any]) -> np.ndarray | None:
+    """The first frame a request gives (`upload`: its file part, or the file its file_id names), or None."""
     url = fields.get("input_reference[image_url]")
-    if fields.get("input_reference[file_id]"):
-        raise bad_request("input_reference.file_id: this server has no file store; upload the image",
-                          "input_reference", "unsupported_value")
     if url is not None:
         if not url.startswith("data:") or "," not in url:
             raise bad_request("input_reference.image_url: only data: URLs are accepted (this server "

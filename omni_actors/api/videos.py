@@ -55,6 +55,7 @@ from omni_actors.api.video_request import (
     parse_reference,
     parse_size,
     read_fields,
+    referenced_file,
 )
 from omni_actors.api.videos_store import VARIANTS, JobRow, VideoStore
 from omni_actors.media.mp4 import read_mp4, write_spritesheet
@@ -189,7 +190,7 @@ async def _submit(request: web.Request) -> str:
     num_frames = parse_frames(fields, seconds, caps)
     if "seconds" not in fields and "num_frames" in fields:  # the clip's length is what was asked
         seconds = f"{num_frames / float(caps['fps']):g}"
-    image = parse_reference(fields, upload, caps)
+    image = parse_reference(fields, await referenced_file(request, fields, upload), caps)
     params = drop_none({
         "width": width, "height": height, "num_frames": num_frames,
         "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),

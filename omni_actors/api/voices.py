@@ -21,7 +21,6 @@ read with the server's body size and time limits.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Literal
 
 import msgspec
@@ -29,9 +28,8 @@ from aiohttp import web
 from msgspec import Struct
 
 from omni_actors.api.audio_codec import decode_audio, off_loop
-from omni_actors.api.calls import orchestrator
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.multipart import BodyBudget, form_parts
+from omni_actors.api.multipart import read_form
 from omni_actors.api.schemas import read_body
 from omni_actors.api.voice_store import Consent, ConsentInUse, Voice, VoiceStore
 
@@ -115,39 +113,6 @@ def _voice(v: Voice) -> VoiceObject:
     return VoiceObject(v.id, v.created_at, v.name)
 
 
-async def _form(request: web.Request, files: set[str], fields: set[str]) -> tuple[dict[str, str], dict[str, bytes]]:
-    """Text fields and file parts of a multipart upload (400 naming an unknown or repeated one)."""
-    if request.content_type != "multipart/form-data":
-        raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send multipart/form-data",
-                       None, "unsupported_media_type")
-    server = orchestrator(request).deploy.server
-    limit = int(server.max_body_mb * 1024 * 1024)
-
-    async def read() -> tuple[dict[str, str], dict[str, bytes]]:
-        texts: dict[str, str] = {}
-        blobs: dict[str, bytes] = {}
-        budget = BodyBudget(limit)
-        async for part in form_parts(request):
-            name = part.name or ""
-            if name not in files | fields:
-                raise bad_request(f"unknown form field `{name}`; expected {sorted(files | fields)}", name,
-                                  "unknown_parameter")
-            if name in texts or name in blobs:
-                raise bad_request(f"form field `{name}` is given twice", name)
-            data = await budget.read(part)
-            if name in files:
-                blobs[name] = bytes(data)
-            else:
-                texts[name] = data.decode("utf-8", errors="replace").strip()
-        return texts, blobs
-
-    try:
-        return await asyncio.wait_for(read(), server.body_timeout_s)
-    except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
-                       "body_timeout", close=True) from None
-
-
 def _text(fields: dict[str, str], name: str, limit: int, required: bool = True) -> str:
     value = fields.get(name, "")
     if required and not value:
@@ -161,7 +126,7 @@ def _text(fields: dict[str, str], name: str, limit: int, required: bool = True) 
 
 
 async def create_consent(request: web.Request) -> web.Response:
-    fields, blobs = await _form(request, {"recording"}, {"name", "language"})
+    fields, blobs = await read_form(request, {"recording"}, {"name", "language"})
     name = _text(fields, "name", MAX_NAME_CHARS)
     language = _text(fields, "language", MAX_LANGUAGE_CHARS)
     if not blobs.get("recording"):
@@ -220,7 +185,7 @@ async def delete_consent(request: web.Request) -> web.Response:
 
 
 async def create_voice(request: web.Request) -> web.Response:
-    fields, blobs = await _form(request, {"audio_sample"}, {"name", "consent", "type", "transcript"})
+    fields, blobs = await read_form(request, {"audio_sample"}, {"name", "consent", "type", "transcript"})
     name = _text(fields, "name", MAX_NAME_CHARS)
     consent = _text(fields, "consent", MAX_NAME_CHARS)
     transcript = _text(fields, "transcript", MAX_TRANSCRIPT_CHARS, required=False)

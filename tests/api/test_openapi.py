@@ -35,8 +35,8 @@ FUZZ_EXCLUDED = {
 
 ALWAYS = {"/v1/models", "/v1/models/{model}", "/v1/status", "/health", "/metrics", "/openapi.json",
           "/v1/audio/voice_consents", "/v1/audio/voice_consents/{consent_id}", "/v1/audio/voices",
-          "/v1/audio/voices/{voice_id}"}
-"""Paths every pipeline's document lists (custom voices are stored whatever the pipeline makes)."""
+          "/v1/audio/voices/{voice_id}", "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content"}
+"""Paths every pipeline's document lists (custom voices and uploads are stored whatever the pipeline makes)."""
 RESPONSES = {"/v1/responses", "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
              "/v1/responses/{response_id}/input_items"}
 

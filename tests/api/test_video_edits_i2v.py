@@ -7,8 +7,9 @@ An edit is conditioned on the source's first frame, or on an `input_reference` t
 SDEdits the rest (workers/engines/video_edit.py). With random weights nothing can be said of the
 picture, so the tests show what can fail: size and frame count kept; the same seed repeats; the
 result is not the source and depends on strength; two sources with the same first frame make two
-results below strength 1 and one at 1 (where only their first frame is left); a reference makes what
-a source with it as its first frame makes; bad inputs are 400s naming the field.
+results below strength 1 and one at 1 (where only their first frame is left); a reference (inline,
+or by the file id of an upload) makes what a source with it as its first frame makes; bad inputs
+are 400s naming the field.
 """
 
 from __future__ import annotations
@@ -157,6 +158,11 @@ def test_an_input_reference_takes_the_place_of_the_first_frame(i2v, tmp_path):
         extra_body={**EDIT, **_reference(np.full((32, 32, 3), WHITE, np.uint8))},
     )
     assert mean_error(own, referenced) > DIFFERENT_MIN
+    white = png(np.full((32, 32, 3), WHITE, np.uint8))
+    uploaded = client.files.create(file=("white.png", white, "image/png"), purpose="vision")
+    from_file = _edit(client, tmp_path, "file", video=grey_first,
+                      extra_body={**EDIT, "input_reference": {"file_id": uploaded.id}})
+    assert frame_median_error(from_file, referenced) < SAME_MAX  # the same image, by file id
     as_source = _edit(client, tmp_path, "src", video=white_first, extra_body=EDIT)
     assert frame_median_error(referenced, as_source) < SAME_MAX
     # a reference of another size is resized to the source's (a flat one stays what it was)
@@ -173,7 +179,7 @@ def test_an_input_reference_takes_the_place_of_the_first_frame(i2v, tmp_path):
 @pytest.mark.parametrize(("extra", "param", "words"), [
     pytest.param({"input_reference": {"image_url": "data:image/png;base64,bm90IGFuIGltYWdl"}}, "input_reference",
                  "not an image", id="reference-not-an-image"),
-    pytest.param({"input_reference": {"file_id": "file_1"}}, "input_reference", "file store", id="reference-file-id"),
+    pytest.param({"input_reference": {"file_id": "file-1"}}, "input_reference", "does not exist", id="reference-file-id"),
     pytest.param({"strength": 0}, "strength", "strength", id="strength-0"),
 ])  # fmt: skip
 def test_bad_edit_fields_are_400_naming_them(i2v, tmp_path, extra, param, words):

@@ -1,0 +1,97 @@
+"""Uploaded files (OpenAI's Files API) in the data directory's SQLite store (store.py).
+
+    files(id "file-...", filename, purpose, bytes, created_at, expires_at, file)
+
+Each file's bytes live beside the database under `files("uploads")`, written before
+its row and removed after it, so a crash leaves at worst an orphan file, never a row
+without its bytes. A file past its `expires_at` is gone: every read skips it, and
+each upload and listing deletes the expired rows and their files (no timer runs).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omni_actors.store import Store, get_store
+
+FEATURE = "uploads"
+DDL = (
+    "CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL, "
+    "bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER, file TEXT NOT NULL)",
+)
+_COLUMNS = "id, filename, purpose, bytes, created_at, expires_at"
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    id: str
+    filename: str
+    purpose: str
+    bytes: int
+    created_at: int
+    expires_at: int | None
+
+
+class FileStore:
+    def __init__(self, store: Store | None = None) -> None:
+        self.store = store or get_store()
+        self.store.ensure(FEATURE, DDL)
+        self.dir: Path = self.store.files(FEATURE)
+
+    def add(self, filename: str, purpose: str, data: bytes, expires_after_s: int | None = None,
+            now: int | None = None) -> StoredFile:
+        """Keep `data`; blocking file I/O, so call it off the loop. `now` (default: the clock) is
+        the creation time `expires_after_s` counts from."""
+        self.purge()
+        fid = f"file-{secrets.token_hex(12)}"
+        (self.dir / fid).write_bytes(data)
+        created = int(time.time()) if now is None else now
+        expires = None if expires_after_s is None else created + expires_after_s
+        self.store.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (fid, filename, purpose, len(data), created, expires, fid))
+        return StoredFile(fid, filename, purpose, len(data), created, expires)
+
+    def get(self, fid: str) -> StoredFile | None:
+        row = self.store.query_one(f"SELECT {_COLUMNS} FROM files WHERE id = ? AND {_LIVE}",
+                                   (fid, int(time.time())))
+        return StoredFile(*row) if row else None
+
+    def content(self, fid: str) -> bytes | None:
+        """A live file's bytes (None if there is none); blocking file I/O: call it off the loop."""
+        if self.get(fid) is None:
+            return None
+        try:
+            return (self.dir / fid).read_bytes()
+        except FileNotFoundError:  # deleted meanwhile
+            return None
+
+    def page(self, purpose: str | None, after: str | None, limit: int, newest_first: bool) -> tuple[list[StoredFile], bool]:
+        """Live files (of `purpose` if given) in creation order after the file `after`; (page, has_more)."""
+        self.purge()
+        op, order = ("<", "DESC") if newest_first else (">", "ASC")
+        rows = self.store.query(
+            f"SELECT {_COLUMNS} FROM files WHERE (? IS NULL OR purpose = ?) AND "
+            f"(? IS NULL OR rowid {op} (SELECT rowid FROM files WHERE id = ?)) "
+            f"ORDER BY rowid {order} LIMIT ?", (purpose, purpose, after, after, limit + 1))
+        found = [StoredFile(*r) for r in rows]
+        return found[:limit], len(found) > limit
+
+    def delete(self, fid: str) -> bool:
+        if self.get(fid) is None or not self.store.execute("DELETE FROM files WHERE id = ?", (fid,)):
+            return False
+        (self.dir / fid).unlink(missing_ok=True)
+        return True
+
+    def purge(self) -> int:
+        """Delete the expired files; return how many went."""
+        now = int(time.time())
+        gone = [r[0] for r in self.store.query(
+            "SELECT id FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))]
+        for fid in gone:
+            if self.store.execute("DELETE FROM files WHERE id = ?", (fid,)):
+                (self.dir / fid).unlink(missing_ok=True)
+        return len(gone)

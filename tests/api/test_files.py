@@ -1,0 +1,165 @@
+"""/v1/files with the unmodified openai SDK: upload, list (paged), retrieve, content, delete, expiry, a
+restart; and a file used by id in /v1/responses (an `input_image` part). Videos read by file_id are in
+tests/api/test_video_edits_i2v.py."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+from PIL import Image
+
+from omni_actors.api.file_store import FileStore
+from omni_actors.store import Store
+from tests.api.conftest import Server, make_deploy, serve_deploy
+
+KEY = "files-test-key"
+
+
+@contextlib.asynccontextmanager
+async def serve_files(data: Path) -> AsyncIterator[Server]:
+    """The synthetic pipeline served with its files stored under `data` (a server's data dir)."""
+    async with serve_deploy(make_deploy("synthetic", server={"api_keys": [KEY]}), KEY, data) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+async def srv(data: Path) -> AsyncIterator[Server]:
+    async with serve_files(data) as s:
+        yield s
+
+
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 6), (10, 20, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+async def test_a_file_is_uploaded_listed_read_and_deleted(srv: Server, data: Path) -> None:
+    client = srv.client()
+    png = _png()
+    made = await client.files.create(file=("cat.png", png, "image/png"), purpose="vision")
+    assert made.id.startswith("file-") and (made.filename, made.bytes, made.purpose) == ("cat.png", len(png), "vision")
+    assert made.status == "processed" and made.expires_at is None and made.created_at <= time.time() + 1
+    assert (await client.files.retrieve(made.id)).filename == "cat.png"
+    assert (await client.files.content(made.id)).read() == png
+    async with aiohttp.ClientSession(headers=srv.headers) as s, s.get(f"{srv.url}/v1/files/{made.id}/content") as r:
+        assert r.content_type == "image/png"
+    ids = [f.id async for f in client.files.list(purpose="vision")]
+    assert made.id in ids
+    assert made.id not in [f.id async for f in client.files.list(purpose="batch")]
+    assert (await client.files.delete(made.id)).deleted
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.files.content(made.id)
+    assert not list((data / "files" / "uploads").glob(made.id + "*"))  # its bytes went with it
+
+
+async def test_pages_follow_creation_order_either_way(srv: Server) -> None:
+    client = srv.client()
+    made = [(await client.files.create(file=(f"{i}.txt", b"x" * i, "text/plain"), purpose="evals")).id
+            for i in range(1, 5)]
+    oldest_first = [f.id async for f in client.files.list(purpose="evals", order="asc", limit=1)]
+    assert oldest_first == made  # one a page: the SDK follows `after` while has_more
+    page = await client.files.list(purpose="evals", order="desc", limit=3)
+    assert [f.id for f in page.data] == made[::-1][:3] and page.has_more
+    rest = await client.files.list(purpose="evals", order="desc", limit=3, after=page.data[-1].id)
+    assert [f.id for f in rest.data] == made[:1] and not rest.has_more
+
+
+async def test_an_expired_file_is_gone_and_its_bytes_removed(srv: Server, data: Path) -> None:
+    client = srv.client()
+    kept = await client.files.create(file=("a.txt", b"abc", "text/plain"), purpose="user_data",
+                                     expires_after={"anchor": "created_at", "seconds": 3600})
+    assert kept.expires_at == kept.created_at + 3600
+    store = Store(data)  # another connection to the server's database, as a second process would have
+    try:
+        old = FileStore(store).add("old.txt", "user_data", b"old", expires_after_s=3600, now=int(time.time()) - 4000)
+    finally:
+        store.close()
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(old.id)
+    assert old.id not in [f.id async for f in client.files.list()]
+    assert not (data / "files" / "uploads" / old.id).exists()
+    assert (await client.files.retrieve(kept.id)).id == kept.id
+
+
+async def test_files_survive_a_restart(srv: Server, data: Path) -> None:
+    made = await srv.client().files.create(file=("keep.bin", b"\x00\x01\x02", "application/octet-stream"),
+                                           purpose="assistants")
+    async with serve_files(data) as again:
+        client = again.client()
+        assert (await client.files.retrieve(made.id)).filename == "keep.bin"
+        assert (await client.files.content(made.id)).read() == b"\x00\x01\x02"
+        assert (await client.files.delete(made.id)).deleted
+
+
+@pytest.mark.parametrize(("form", "param"), [
+    pytest.param({"purpose": "vision"}, "file", id="no-file"),
+    pytest.param({"purpose": "pictures", "file": b"x"}, "purpose", id="unknown-purpose"),
+    pytest.param({"file": b"x"}, "purpose", id="no-purpose"),
+    pytest.param({"purpose": "vision", "file": b"x", "expires_after[anchor]": "created_at",
+                  "expires_after[seconds]": "10"}, "expires_after.seconds", id="expiry-too-soon"),
+    pytest.param({"purpose": "vision", "file": b"x", "expires_after[anchor]": "last_active_at",
+                  "expires_after[seconds]": "3600"}, "expires_after.anchor", id="expiry-anchor"),
+    pytest.param({"purpose": "vision", "file": b"x", "colour": "red"}, "colour", id="unknown-field"),
+])  # fmt: skip
+async def test_bad_uploads_are_400s_naming_the_field(srv: Server, form: dict, param: str) -> None:
+    body = aiohttp.FormData(default_to_multipart=True)
+    for name, value in form.items():
+        if isinstance(value, bytes):
+            body.add_field(name, value, filename="f.bin")
+        else:
+            body.add_field(name, value)
+    async with aiohttp.ClientSession(headers=srv.headers) as s, s.post(srv.url + "/v1/files", data=body) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["param"] == param
+
+
+@pytest.mark.parametrize(("query", "param"), [
+    pytest.param("limit=0", "limit", id="limit-0"),
+    pytest.param("limit=x", "limit", id="limit-nan"),
+    pytest.param("order=up", "order", id="order"),
+])
+async def test_bad_list_queries_are_400s(srv: Server, query: str, param: str) -> None:
+    async with aiohttp.ClientSession(headers=srv.headers) as s, s.get(f"{srv.url}/v1/files?{query}") as r:
+        assert r.status == 400 and (await r.json())["error"]["param"] == param
+
+
+async def test_a_json_upload_is_a_415_and_an_unknown_id_a_404(srv: Server) -> None:
+    async with aiohttp.ClientSession(headers=srv.headers) as s:
+        async with s.post(srv.url + "/v1/files", json={"purpose": "vision"}) as r:
+            assert r.status == 415
+        async with s.delete(srv.url + "/v1/files/file-nothere") as r:
+            assert r.status == 404 and (await r.json())["error"]["param"] == "file_id"
+
+
+async def test_a_response_reads_an_image_by_file_id(srv: Server) -> None:
+    client = srv.client()
+    image = await client.files.create(file=("cat.png", _png(), "image/png"), purpose="vision")
+    text = await client.files.create(file=("notes.txt", b"not an image", "text/plain"), purpose="vision")
+
+    def ask(file_id: str):
+        return client.responses.create(model="synthetic", max_output_tokens=2, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "what is this"}, {"type": "input_image", "file_id": file_id}]}])
+
+    answer = await ask(image.id)
+    assert answer.status == "completed" and answer.output_text == "what is"
+    with pytest.raises(openai.BadRequestError) as bad:  # its bytes were read and are no image
+        await ask(text.id)
+    assert bad.value.body["param"].startswith("input[0].content[1]") and "image" in bad.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as missing:
+        await ask("file-nothere")
+    assert missing.value.body["param"] == "input[0].content[1].file_id"
