@@ -28,6 +28,7 @@ from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.file_store import FileStore, StoredFile
 from omni_actors.api.multipart import read_form
+from omni_actors.api.paging import newest_first, page_limit
 
 FILES_KEY = web.AppKey("file_store", FileStore)
 """The app's file store (set by tests to a private data dir; else the process's store)."""
@@ -135,17 +136,8 @@ async def create_file(request: web.Request) -> web.Response:
 
 async def list_files(request: web.Request) -> web.Response:
     q = request.query
-    try:
-        limit = int(q.get("limit", DEFAULT_PAGE))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_PAGE:
-        raise bad_request(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad_request("order must be `asc` or `desc`", "order")
-    purpose = q.get("purpose") or None
-    page, more = file_store(request.app).page(purpose, q.get("after") or None, limit, order == "desc")
+    limit, newest = page_limit(q, DEFAULT_PAGE, MAX_PAGE), newest_first(q)
+    page, more = file_store(request.app).page(q.get("purpose") or None, q.get("after") or None, limit, newest)
     data = [_object(f) for f in page]
     return _json(FilePage(data, more, data[0].id if data else None, data[-1].id if data else None))
 

@@ -48,6 +48,7 @@ from omni_actors.api.chat_inputs import build_chat_inputs
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.files import file_bytes
+from omni_actors.api.paging import newest_first, page_limit
 from omni_actors.api.responses_background import Background, settled
 from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
@@ -353,16 +354,8 @@ async def list_input_items(request: web.Request) -> web.Response:
     if items is None:
         raise _not_stored(rid)
     q = request.query
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad_request("order must be asc or desc", "order")
-    try:
-        limit = int(q.get("limit", DEFAULT_PAGE))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_PAGE:
-        raise bad_request(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
-    ordered = items if order == "asc" else items[::-1]
+    limit = page_limit(q, DEFAULT_PAGE, MAX_PAGE)
+    ordered = items[::-1] if newest_first(q) else items
     if after := q.get("after"):
         ids = [i["id"] for i in ordered]
         if after not in ids:

@@ -43,6 +43,7 @@ from omni_actors.api.calls import (
     route_model,
 )
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.paging import newest_first
 from omni_actors.api.schemas import RequestStruct, read_body
 from omni_actors.api.video_jobs import RANK, VideoJobs
 from omni_actors.api.video_request import (
@@ -300,9 +301,7 @@ async def retrieve(request: web.Request) -> web.Response:
 
 async def list_videos(request: web.Request) -> web.Response:
     q = request.query
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad_request("order must be asc or desc", "order")
+    order = "desc" if newest_first(q) else "asc"
     limit = opt_int(dict(q), "limit", 1, LIST_MAX) or 20
     try:
         rows, more = jobs_of(request).store.page(q.get("after"), limit, order)

@@ -30,6 +30,7 @@ from msgspec import Struct
 from omni_actors.api.audio_codec import decode_audio, off_loop
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.multipart import read_form
+from omni_actors.api.paging import page_limit
 from omni_actors.api.schemas import read_body
 from omni_actors.api.voice_store import Consent, ConsentInUse, Voice, VoiceStore
 
@@ -150,12 +151,7 @@ async def get_consent(request: web.Request) -> web.Response:
 
 async def list_consents(request: web.Request) -> web.Response:
     after = request.query.get("after") or None
-    try:
-        limit = int(request.query.get("limit", DEFAULT_PAGE))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_PAGE:
-        raise bad_request(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
+    limit = page_limit(request.query, DEFAULT_PAGE, MAX_PAGE)
     page, more = voice_store(request).consents(after, limit)
     data = [_consent(c) for c in page]
     return _json(ConsentPage(data, more, data[0].id if data else None, data[-1].id if data else None))
