@@ -12,6 +12,11 @@ batch). The MP4 encode is not counted (the same for both).
     .venv/bin/python scripts/bench_video.py --model DIR --device cuda --dtype bfloat16 --size 1280x704 \\
         --frames 49 --steps 4 --videos 2 --repeats 1 --concurrency 1,2     # Wan2.2-TI2V-5B-sized (make_sized_wan.py)
 
+--first-frame: image-to-video (default the tiny wan2_2_i2v): every request has its own first frame.
+diffusers takes one image a call, so the direct calls use the family's `image_batches` wrapper
+(models/video/wan_i2v.py) to batch; the served run is made twice, with the family's
+`image_batches` and without it (`served_unbatched_videos_per_s`: each request its own call).
+
 Stage engine_extras for the served run: --stage-extras JSON; by default a folder whose VAE
 has 48 latent channels (the Wan2.2 TI2V VAE: 16x spatial, 2x2 patches) is served with
 {"size_multiple": 32, "fps": 24} as Wan2.2-TI2V-5B is, anything else with its family defaults.
@@ -66,6 +71,7 @@ def parse_args() -> argparse.Namespace:
                     help="engine_extras of the served stage, JSON (default: TI2V-5B's for a 48-channel Wan VAE)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--first-frame", action="store_true", help="image-to-video: a first frame per request")
     return ap.parse_args()
 
 
@@ -79,15 +85,32 @@ def default_extras(model: Path) -> dict[str, Any]:
     return dict(TI2V_EXTRAS) if is_ti2v else {}
 
 
-def direct_kwargs(args: argparse.Namespace) -> Any:
+def first_frame(args: argparse.Namespace) -> Any:
+    """The first frame every --first-frame request gives (uint8 [H, W, 3], noise: nothing to compress)."""
+    import numpy as np
+
+    width, height = (int(v) for v in args.size.split("x"))
+    return np.random.default_rng(0).integers(0, 256, (height, width, 3), np.uint8)
+
+
+def direct_kwargs(args: argparse.Namespace, pipe: Any) -> Any:
     import torch
 
     width, height = (int(v) for v in args.size.split("x"))
+    frames = None
+    if args.first_frame:
+        from omni_actors.models.video.wan_i2v import batch_first_frames
+
+        frames = batch_first_frames(pipe)
+        assert frames is not None, "this image-to-video layout cannot batch first frames"
 
     def kwargs(batch: int, seed: int) -> dict[str, Any]:
-        return {"prompt": [PROMPT] * batch, "num_frames": args.frames, "width": width, "height": height,
-                "num_inference_steps": args.steps, "output_type": "np",
-                "generator": [torch.Generator("cpu").manual_seed(seed + i) for i in range(batch)]}
+        kw = {"prompt": [PROMPT] * batch, "num_frames": args.frames, "width": width, "height": height,
+              "num_inference_steps": args.steps, "output_type": "np",
+              "generator": [torch.Generator("cpu").manual_seed(seed + i) for i in range(batch)]}
+        if frames is not None:
+            kw["image"] = frames([first_frame(args)] * batch, width, height)
+        return kw
 
     return kwargs
 
@@ -102,7 +125,8 @@ def bench_served(model: Path, args: argparse.Namespace, extras: dict[str, Any]) 
     stage = {"stage_id": 0, "max_num_seqs": max(args.concurrency), "dtype": args.dtype, "engine_extras": extras}
     deploy = build_deploy({"pipeline": detect_pipeline(model), "model": str(model), "stages": [stage]},
                           source="bench_video")
-    return served_rates(deploy, {"prompt": PROMPT}, params, "frames", args.videos, args.repeats, args.concurrency)
+    inputs = {"prompt": PROMPT, **({"image": first_frame(args)} if args.first_frame else {})}
+    return served_rates(deploy, inputs, params, "frames", args.videos, args.repeats, args.concurrency)
 
 
 def main() -> None:
@@ -117,25 +141,28 @@ def main() -> None:
     from scripts.direct_rates import direct_rates
 
     conc = args.concurrency
+    tiny = "wan2_2_i2v" if args.first_frame else "wan2_2"
     with tempfile.TemporaryDirectory(prefix="bench-video-") as tmp:
         model = args.model
         if model is None:
             from omni_actors.models.tiny import make_tiny
 
-            model = make_tiny("wan2_2", Path(tmp) / "tiny-wan2_2", seed=0)
+            model = make_tiny(tiny, Path(tmp) / f"tiny-{tiny}", seed=0)
         extras = default_extras(Path(model)) if args.stage_extras is None else args.stage_extras
         pipe = load_pipeline(model, args.device, args.dtype)
-        direct = direct_rates(pipe, direct_kwargs(args), conc, args.videos, args.repeats, args.device)
+        direct = direct_rates(pipe, direct_kwargs(args, pipe), conc, args.videos, args.repeats, args.device)
         del pipe
         free_cached(args.device)  # the worker process below needs the memory; nvidia-smi then reads it alone
         served = bench_served(Path(model), args, extras)
+        unbatched = bench_served(Path(model), args, {**extras, "image_batches": None}) if args.first_frame else None
 
     def r(x: float | None) -> float | None:
         return None if x is None else round(x, 3)
 
     lo, hi = conc[0], conc[-1]
     print(json.dumps({
-        "bench": "video", "model": str(args.model) if args.model else "tiny-wan2_2", "device": args.device,
+        "bench": "video", "model": str(args.model) if args.model else f"tiny-{tiny}", "device": args.device,
+        "first_frame": args.first_frame,
         "dtype": args.dtype, "size": args.size, "frames": args.frames, "steps": args.steps,
         "threads": args.threads if args.device == "cpu" else None, "videos_per_measurement": args.videos,
         "repeats": args.repeats, "concurrency": conc, "stage_extras": extras,
@@ -143,6 +170,7 @@ def main() -> None:
         "served_videos_per_s": {f"c{c}": r(served[f"c{c}"]) for c in conc},
         "served_vs_direct": {f"c{c}": r(served[f"c{c}"] / direct[c]["rate"]) for c in conc},
         "served_batching_gain": r(served[f"c{hi}"] / served[f"c{lo}"]),
+        "served_unbatched_videos_per_s": {f"c{c}": r(unbatched[f"c{c}"]) for c in conc} if unbatched else None,
         "direct_batching_gain": r(direct[hi]["rate"] / direct[lo]["rate"]),
         "served_startup_s": r(served["startup_s"]),
         "direct_step_ms": {f"batch{b}": r(v["step_ms"]) for b, v in direct.items()},

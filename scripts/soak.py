@@ -16,6 +16,15 @@ third of the run with that of the first third (one spiky minute moves it less),
 and `p99_slope_ms_per_min` is the least-squares slope of the per-interval p99. Before the measured minutes the rate ramps up over `--warmup-s`
 (first requests, lazy imports, a backlog of arrivals), which is not measured.
 
+Where a drift comes from, in the same run: each interval also records the CPU
+time the server's processes (main and workers) and this load generator spent
+per finished request, and the share of the host's CPU time the hypervisor
+took from this VM (`steal`, /proc/stat). `thirds` in the JSON line compares
+the first and last thirds of the run on each: a server that got slower per
+request shows in `server_cpu_ms_per_req`; a generator that did, in
+`gen_cpu_ms_per_req`; a box that got slower with neither, in `steal_pct` or in
+nothing the run can see.
+
     .venv/bin/python scripts/soak.py --minutes 5 --rate 20            # starts omni-run (synthetic)
     .venv/bin/python scripts/soak.py --url http://host:8000 --pid 1234 --minutes 30 --rate 400
 
@@ -159,7 +168,7 @@ class Realtime:
 
 
 def probe(pid: int | None) -> dict[str, Any]:
-    """RSS (MB) and open fds of the server and each child, and its shm segments."""
+    """RSS (MB), open fds and CPU seconds so far of the server and each child, and its shm segments."""
     if pid is None:
         return {}
     out: dict[str, Any] = {"procs": {}}
@@ -171,11 +180,47 @@ def probe(pid: int | None) -> dict[str, Any]:
     for i, p in enumerate(procs):
         try:
             name = "main" if i == 0 else f"child-{p.pid}"
-            out["procs"][name] = {"rss_mb": round(p.memory_info().rss / 2**20, 1), "fds": p.num_fds()}
+            cpu = p.cpu_times()
+            out["procs"][name] = {"rss_mb": round(p.memory_info().rss / 2**20, 1), "fds": p.num_fds(),
+                                  "cpu_s": cpu.user + cpu.system}
         except psutil.NoSuchProcess:
             continue
     out["shm_segments"] = sum(1 for _ in SHM.glob(f"omni-{pid}-*"))
     return out
+
+
+class CpuMeter:
+    """Per interval: the server's and this generator's CPU time a finished request, and the steal share."""
+
+    def __init__(self) -> None:
+        self.server_s: dict[str, float] = {}
+        self.gen_s = self._gen()
+        self.stat = self._stat()
+
+    @staticmethod
+    def _gen() -> float:
+        t = psutil.Process().cpu_times()
+        return t.user + t.system
+
+    @staticmethod
+    def _stat() -> tuple[int, int]:
+        """(steal, total) jiffies over all CPUs since boot; (0, 0) where /proc/stat is not there."""
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        except (OSError, ValueError):
+            return 0, 0
+        return fields[7], sum(fields)
+
+    def interval(self, procs: dict[str, dict[str, Any]], finished: int) -> dict[str, Any]:
+        server = {name: p.pop("cpu_s") for name, p in procs.items() if "cpu_s" in p}
+        used = sum(v - self.server_s.get(name, v) for name, v in server.items())  # a new process counts from now
+        gen, stat = self._gen(), self._stat()
+        steal, total = stat[0] - self.stat[0], stat[1] - self.stat[1]
+        row = {"server_cpu_ms_per_req": round(used / finished * 1000, 3) if finished and self.server_s else None,
+               "gen_cpu_ms_per_req": round((gen - self.gen_s) / finished * 1000, 3) if finished else None,
+               "steal_pct": round(steal / total * 100, 2) if total else None}
+        self.server_s, self.gen_s, self.stat = server, gen, stat
+        return row
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -201,6 +246,7 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace, headers: dic
     conn = aiohttp.TCPConnector(limit=args.connections)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     intervals: list[dict[str, Any]] = []
+    meter = CpuMeter()
     async with aiohttp.ClientSession(connector=conn, timeout=timeout, headers=headers) as session:
         rt = Realtime(session, url, headers)
         await rt.open()
@@ -227,9 +273,10 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace, headers: dic
             if not measuring and now >= start:  # warm-up over: measure from here
                 counts["warmup_errors"] = sum(errors.values())
                 lat, errors = defaultdict(list), defaultdict(int)
+                meter.interval(probe(pid).get("procs", {}), 0)  # CPU counted from here
                 measuring = True
             if now >= next_report:
-                intervals.append(report(len(intervals), (now - start) / 60, lat, errors, counts, pid))
+                intervals.append(report(len(intervals), (now - start) / 60, lat, errors, counts, pid, meter))
                 lat, errors = defaultdict(list), defaultdict(int)
                 next_report += args.interval_s
             rate = args.rate * min(1.0, max(0.05, (now - warm_start) / args.warmup_s if args.warmup_s else 1.0))
@@ -243,17 +290,21 @@ async def soak(url: str, pid: int | None, args: argparse.Namespace, headers: dic
             task.add_done_callback(in_flight.discard)
             counts["sent"] += 1
         await asyncio.gather(*in_flight)
-        intervals.append(report(len(intervals), (time.perf_counter() - start) / 60, lat, errors, counts, pid))
+        intervals.append(report(len(intervals), (time.perf_counter() - start) / 60, lat, errors, counts, pid,
+                                meter))
         await rt.close()
     return summarize(intervals, counts, args)
 
 
 def report(i: int, t_min: float, lat: dict[str, list[float]], errors: dict[str, int], counts: dict[str, int],
-           pid: int | None) -> dict[str, Any]:
+           pid: int | None, meter: CpuMeter) -> dict[str, Any]:
+    found = probe(pid)
+    finished = sum(len(v) for v in lat.values()) + sum(errors.values())
     row = {"interval": i, "t_min": round(t_min, 2),
            "latency_ms": {k: {"n": len(v), "p50": pct(v, 50), "p99": pct(v, 99)} for k, v in sorted(lat.items())},
-           "all_p99_ms": pct([x for v in lat.values() for x in v], 99),
-           "errors": dict(errors), "sent": counts["sent"], **probe(pid)}
+           "all_p99_ms": pct([x for v in lat.values() for x in v], 99), "finished": finished,
+           **meter.interval(found.get("procs", {}), finished),
+           "errors": dict(errors), "sent": counts["sent"], **found}
     print(json.dumps(row), file=sys.stderr, flush=True)
     return row
 
@@ -285,7 +336,19 @@ def summarize(intervals: list[dict[str, Any]], counts: dict[str, int], args: arg
         "connections": args.connections,
         "shm_segments_first": shm[0] if shm else None, "shm_segments_last": shm[-1] if shm else None,
         "shm_slope_per_min": slope_per_min(t, shm), "procs": slopes,
+        "thirds": {key: thirds([r[key] for r in intervals if r.get(key) is not None])
+                   for key in ("finished", "server_cpu_ms_per_req", "gen_cpu_ms_per_req", "steal_pct")},
     }
+
+
+def thirds(values: list[float]) -> dict[str, float] | None:
+    """Median of the first and of the last third of `values`, and the change between them (%)."""
+    k = len(values) // 3
+    if not k:
+        return None
+    early, late = float(np.median(values[:k])), float(np.median(values[-k:]))
+    return {"first": round(early, 3), "last": round(late, 3),
+            "change_pct": round((late - early) / early * 100, 1) if early else None}
 
 
 async def main() -> None:

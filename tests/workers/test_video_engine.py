@@ -162,3 +162,31 @@ def test_on_cuda_frames_are_rounded_on_the_device_to_the_host_path_values(tmp_pa
         engine.close()
     assert made[True].dtype == np.uint8 and made[True].shape == (5, 32, 32, 3)
     assert np.array_equal(made[True], made[False])
+
+
+@pytest.mark.parametrize("family", ["wan2_2_i2v", "wan2_2_i2v-a14b"])
+def test_first_frames_share_a_batch_and_each_makes_what_it_makes_alone(tmp_path, family):
+    """TI2V-5B's layout and I2V-A14B's: with the family's `image_batches`, requests with their own first
+    frames run in one call, each making the frames it makes alone; without it, one call each."""
+    from omni_actors.config.pipeline import get_pipeline
+
+    served = get_pipeline(family.removesuffix("-a14b")).stages[0].engine_defaults
+    folder = make_tiny(family, tmp_path / "wan", seed=0)
+    rng = np.random.default_rng(0)
+    frames = {"a": rng.integers(0, 256, (24, 40, 3), np.uint8), "b": rng.integers(0, 256, (32, 32, 3), np.uint8)}
+    params = {"width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 2}
+    made = {}
+    for extras in ({"image_batches": served["image_batches"]}, {}):
+        engine = _engine(folder, extras)
+        try:
+            engine.add("a", {"prompt": "a cat", "image": frames["a"]}, {**params, "seed": 1})
+            engine.add("b", {"prompt": "a boat", "image": frames["b"]}, {**params, "seed": 2})
+            outs = _drain(engine)
+            assert engine.batches_started == (1 if extras else 2)
+            made[bool(extras)] = {k: v[-1].payload["frames"] for k, v in outs.items()}
+        finally:
+            engine.close()
+    batched, alone = made[True], made[False]
+    assert batched["a"].shape == (5, 32, 32, 3) and not np.array_equal(batched["a"], batched["b"])
+    for k in "ab":  # float sums of a batch of two may differ from one's by a rounding at most
+        assert np.abs(batched[k].astype(int) - alone[k].astype(int)).max() <= 1, k

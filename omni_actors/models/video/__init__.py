@@ -10,6 +10,7 @@ queued) and the engine checks again:
     image_input     "none" | "optional" | "required": a first frame (`input_reference`)
     video_input     true: the pipeline edits a video (/v1/videos/edits; workers/engines/video_edit.py)
     default_size    "WxH" used when a request gives no size
+    image_batches   how requests with first frames share a call (wan_i2v.py); else each runs alone
 
 Topology only: this module imports without torch or diffusers.
 """
@@ -57,7 +58,8 @@ def wan2_2() -> PipelineConfig:
 def wan2_2_i2v() -> PipelineConfig:
     return _one_stage("wan2_2_i2v", ("WanImageToVideoPipeline",), "video",
                       "Wan2.2 image-to-video (WanImageToVideoPipeline): a first frame and a prompt",
-                      {**_WAN, "image_input": "required", "video_input": True})
+                      {**_WAN, "image_input": "required", "video_input": True,
+                       "image_batches": "omni_actors.models.video.wan_i2v:batch_first_frames"})
 
 
 @register_pipeline("stable_audio")

@@ -24,6 +24,9 @@ engine_extras (family defaults from the pipeline registration, deploy overrides)
     max_seconds     longest audio clip (default 47.0)
     audio_rate_hz   sample rate of the audio (default: the pipeline's vae/vocoder config)
     max_batch       requests per pipeline call (default max_num_seqs; 1 for pipelines that cannot batch)
+    image_batches   "module:function" that readies the pipeline for several first frames a call and
+                    returns how to make its `image` for them (or None where it cannot); without it
+                    a request with a first frame runs alone (image-to-video pipelines take one image)
 
 Outputs: {"progress", "step", "total", "phase": "denoise"|"decode"} while running; then, finished,
 video {"frames": uint8 [F, H, W, 3], "fps", "seed", ["audio": float32 [C, S], "sample_rate"]}
@@ -43,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from omni_actors import logs
+from omni_actors.config.pipeline import resolve
 from omni_actors.errors import ConfigError
 from omni_actors.workers.engine import EngineContext, EngineOutput, direct_load, timed
 from omni_actors.workers.engines import video_edit
@@ -85,11 +89,10 @@ class _Job:
 
     @property
     def batch_key(self) -> tuple[Any, ...]:
-        # A request with a first frame runs alone: image-to-video pipelines take one image per call;
-        # an edit runs alone: its latents and schedule are its own.
-        alone = self.request_id if self.image is not None or self.video is not None else None
+        # An edit runs alone: its latents and schedule are its own. (A first frame: the engine's `_key`.)
+        alone = self.request_id if self.video is not None else None
         return (self.width, self.height, self.num_frames, self.seconds, self.steps, self.guidance,
-                self.negative_prompt is not None, alone)
+                self.negative_prompt is not None, self.image is not None, alone)
 
 
 class VideoEngine(BatchedPipelineEngine):
@@ -130,6 +133,9 @@ class VideoEngine(BatchedPipelineEngine):
         self._max_batch = _int(extras.get("max_batch", max(1, ctx.max_num_seqs)), "engine_extras.max_batch",
                                1, 1024)
         self.batches_started = 0
+        hook = extras.get("image_batches")
+        self._first_frames = resolve(hook)(self.pipe) if hook and self.takes_image else None
+        """How to make `image` for a batch of first frames; None: each request with one runs alone."""
 
     # -- StageEngine --
 
@@ -243,12 +249,17 @@ class VideoEngine(BatchedPipelineEngine):
             raise ValueError(f"num_frames: {n} is not k * {k} + 1, which this model needs")
         return n
 
+    def _key(self, job: _Job) -> tuple[Any, ...]:
+        """Jobs of equal keys share a pipeline call."""
+        alone = job.image is not None and (self._first_frames is None or job.width is None)
+        return (*job.batch_key, job.request_id if alone else None)
+
     def _start_batch(self) -> Batch:
         head = self._queue.popleft()
         jobs, rest = [head], deque()
         while self._queue:
             job = self._queue.popleft()
-            if job.batch_key == head.batch_key and len(jobs) < self._max_batch:
+            if self._key(job) == self._key(head) and len(jobs) < self._max_batch:
                 jobs.append(job)
             else:
                 rest.append(job)
@@ -292,7 +303,10 @@ class VideoEngine(BatchedPipelineEngine):
             kw["audio_end_in_s"] = head.seconds
             if "num_waveforms_per_prompt" in self._accepts:
                 kw["num_waveforms_per_prompt"] = 1
-        if head.image is not None:
+        if head.image is not None and len(jobs) > 1:
+            assert self._first_frames is not None and head.width is not None and head.height is not None
+            kw["image"] = self._first_frames([j.image for j in jobs], head.width, head.height)
+        elif head.image is not None:
             from PIL import Image
 
             kw["image"] = Image.fromarray(head.image)
