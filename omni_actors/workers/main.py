@@ -27,6 +27,7 @@ from omni_actors.settings import settings
 from omni_actors.workers import step_profile
 from omni_actors.workers.engine import EngineContext, StageEngine
 from omni_actors.workers.io import WorkerIO
+from omni_actors.workers.loading_progress import loading_progress
 from omni_actors.workers.loop import WorkerLoop
 from omni_actors.workers.spec import WorkerSpec
 
@@ -172,7 +173,8 @@ def main(argv: list[str]) -> int:
             if isinstance(adapter, str):
                 resolve(adapter)  # (its module's imports count as imports, not as the engine's start)
             t_imported = time.perf_counter()
-            engine = engine_cls(ctx)
+            with loading_progress(stage=spec.stage.model_stage, replica=spec.replica):
+                engine = engine_cls(ctx)
             _limit_threads()
             t_engine = time.perf_counter()
         except Exception as err:
