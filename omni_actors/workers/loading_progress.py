@@ -41,6 +41,7 @@ class _Bar:
         if total is None and self.iterable is not None and hasattr(self.iterable, "__len__"):
             total = len(self.iterable)
         what = str(kwargs.get("desc") or "loading").rstrip(". :")
+        self.total, self.n = total, 0
         self.progress = progress.start(EVENT, int(total), what=what, **keys) if total else None
 
     def __iter__(self) -> Iterator[Any]:
@@ -49,6 +50,7 @@ class _Bar:
             self.update(1)
 
     def update(self, n: float = 1) -> None:
+        self.n += n
         if self.progress is not None:
             self.progress.advance(int(n))
 
