@@ -7,9 +7,8 @@
 mp3, opus, flac, wav and pcm go through api/audio_codec.py's StreamEncoder
 (libsndfile); aac is written here as an ADTS stream with PyAV's AAC encoder
 (frames leave as they complete). `speed` for pipelines whose stages have no
-speed knob is a streaming soxr resample of the audio by 1/speed played at the
-original rate: 2.0 halves the duration (and raises the pitch an octave).
-Codec work runs off the event loop.
+speed knob is a streaming time stretch that keeps the pitch (time_stretch.py,
+WSOLA): 2.0 halves the duration. Codec work runs off the event loop.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import io
 import numpy as np
 
 from omni_actors.api.audio_codec import CONTENT_TYPES, StreamEncoder, check_supported, off_loop
+from omni_actors.api.time_stretch import TimeStretch
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 TYPES = {**{f: CONTENT_TYPES[f] for f in FORMATS if f in CONTENT_TYPES}, "aac": "audio/aac"}
@@ -64,18 +64,6 @@ class _AacEncoder:
         return self._take()
 
 
-class _Speed:
-    """Streaming resample by 1/speed (soxr), the result played at the original rate."""
-
-    def __init__(self, sample_rate: int, speed: float) -> None:
-        import soxr
-
-        self.stream = soxr.ResampleStream(float(sample_rate), sample_rate / speed, 1, dtype="float32")
-
-    def feed(self, audio: np.ndarray, last: bool = False) -> np.ndarray:
-        return self.stream.resample_chunk(audio, last=last)
-
-
 class SpeechEncoder:
     """One response's audio: speed change, then encoding to `fmt`. Await calls in turn."""
 
@@ -83,7 +71,7 @@ class SpeechEncoder:
         if fmt != "aac":
             check_supported(fmt)
         self.fmt, self.rate = fmt, sample_rate
-        self.speed = _Speed(sample_rate, speed) if speed != 1.0 else None
+        self.speed = TimeStretch(sample_rate, speed) if speed != 1.0 else None
         self.inner: StreamEncoder | _AacEncoder = (
             _AacEncoder(sample_rate) if fmt == "aac" else StreamEncoder(fmt, sample_rate)
         )

@@ -13,7 +13,8 @@ that also speaks) gets the fields passed through as they came.
            A pipeline with no built-in voices (it only clones) needs a custom voice: anything else,
            or no voice, is a 400 naming `voice`.
     instructions  pipelines with `instructions` only; else 400 naming the field
-    speed  params["speed"] where the stages honour it; else the API resamples (speech_audio.py)
+    speed  params["speed"] where the stages honour it (`native_speed`); else the API stretches the
+           audio in time, keeping its pitch (speech_audio.py, time_stretch.py)
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
         if isinstance(voice, VoiceRef):
             raise bad_request(f"model {pipe.name!r} cannot speak in a custom voice", "voice", "unsupported_voice")
         call.inputs.update({k: v for k, v in (("voice", voice), ("instructions", instructions)) if v})
-        call.params["speed"] = speed
+        call.api_speed = speed  # no stage is known to honour it: the API stretches the audio
         return call
     call.sample_rate = spec.sample_rate
     if instructions:

@@ -156,6 +156,30 @@ async def test_speech_formats(srv: Server, fmt: str) -> None:
     assert rate in (RATE, 48000) and audio.size > 0
 
 
+def _pitches_hz(audio: np.ndarray, chunk: float) -> list[float]:
+    """The tone in the middle half of each vocoder chunk (`chunk` samples long), to 1 Hz."""
+    found = []
+    for i in range(round(audio.size / chunk)):
+        seg = audio[round(i * chunk + chunk / 4) : round(i * chunk + 3 * chunk / 4)]
+        spectrum = np.abs(np.fft.rfft(seg * np.hanning(seg.size), n=RATE))
+        found.append(float(np.argmax(spectrum)))  # bins of 1 Hz
+    return found
+
+
+@pytest.mark.parametrize("speed", [0.5, 2.0])  # (at 4x a 0.1 s chunk is shorter than the stretch's frames)
+async def test_speech_speed_changes_duration_not_pitch(srv: Server, speed: float) -> None:
+    """The synthetic voice (a tone a chunk, each its own) has no speed knob: the API stretches it in time."""
+    client = srv.client()
+    plain, fast = [await client.audio.speech.create(model="omni-test", input=PROMPT, voice="alloy",
+                                                    response_format="pcm", speed=s) for s in (1.0, speed)]
+    a, b = (np.frombuffer(r.content, "<i2").astype(np.float32) for r in (plain, fast))
+    assert b.size == round(a.size / speed)
+    tones, kept = _pitches_hz(a, SAMPLES), _pitches_hz(b, SAMPLES / speed)
+    assert len(set(tones)) > 1 and len(kept) == len(tones)
+    assert all(abs(x - y) <= 4 for x, y in zip(tones, kept, strict=True)), (tones, kept)  # resampled: x speed
+    assert 0.8 < np.sqrt(np.mean(b**2) / np.mean(a**2)) < 1.2
+
+
 async def test_speech_with_streaming_response(srv: Server) -> None:
     client = srv.client()
     for fmt in ("wav", "pcm", "mp3"):
