@@ -127,6 +127,9 @@ class DuplexSession(RealtimeSession):
         except ce.BadEvent as err:
             err.event_id = eid
             raise
+        if cfg.speed != 1.0:  # its frames go out in real time, one per frame heard
+            raise ce.BadEvent("a full-duplex session speaks in real time: audio.output.speed must be 1.0",
+                              param="session.audio.output.speed", event_id=eid)
         self.cfg = replace(cfg, turn_detection=None)  # the model decides when to speak: never a VAD
         if dialect is not None:
             self.dialect = dialect

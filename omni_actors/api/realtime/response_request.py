@@ -28,6 +28,7 @@ class Options:
     output_audio_format: str
     temperature: float
     max_output_tokens: int | None
+    speed: float = 1.0
     in_conversation: bool = True
     metadata: dict[str, Any] | None = None
     context: list[Item] | None = None
@@ -53,6 +54,7 @@ class Options:
             instructions=cfg.instructions if r.instructions is None else r.instructions,
             voice=r.voice or cfg.voice,
             output_audio_format=r.output_audio_format or cfg.output_audio_format,
+            speed=cfg.speed,
             temperature=cfg.temperature if r.temperature is None else r.temperature,
             max_output_tokens=cfg.max_output_tokens if tokens is None else (None if tokens == "inf" else tokens),
             in_conversation=r.conversation != "none",

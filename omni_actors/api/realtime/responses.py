@@ -42,6 +42,7 @@ from omni_actors.api.realtime.response_request import Options, build_request
 from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.vad import VAD_RATE
+from omni_actors.api.time_stretch import TimeStretch
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.outputs import (
@@ -122,6 +123,8 @@ class ResponseRun:
     task: asyncio.Task | None = None
     cancel_reason: str | None = None
     _resampler: Resampler | None = None
+    _stretch: TimeStretch | None = None
+    """The session's `speed` (not 1.0): the wire-rate audio stretched in time, pitch kept."""
     _user_transcript: str = ""
     _transcript_sent: int = 0  # characters of the stripped transcript sent as deltas
     _submitted_at: float = 0.0
@@ -301,7 +304,10 @@ class ResponseRun:
             if self._resampler is None:
                 self.first_audio_ms = (time.perf_counter() - self._submitted_at) * 1000
                 self._resampler = Resampler(out.sample_rate, wire_rate(fmt))
-            await self._send_audio(part, self._resampler.push(out.audio))
+                if self.opts.speed != 1.0:
+                    self._stretch = TimeStretch(wire_rate(fmt), self.opts.speed)
+            x = self._resampler.push(out.audio)
+            await self._send_audio(part, x if self._stretch is None else self._stretch.feed(x))
         piece = out.transcript
         if piece:
             part.segments.append((start_ms, piece))
@@ -353,7 +359,8 @@ class ResponseRun:
         part = self.item.content[0]
         if part.type == "audio":
             if status != "cancelled" and self._resampler is not None:
-                await self._send_audio(part, self._resampler.flush())
+                tail = self._resampler.flush()
+                await self._send_audio(part, tail if self._stretch is None else self._stretch.feed(tail, last=True))
             self.usage.output_audio = part.audio_ms * AUDIO_TOKENS_PER_S // 1000
             await h.send(self._part_event(ev.AudioDone))
             await h.send(self._part_event(ev.TranscriptDone, transcript=part.transcript or ""))

@@ -6,6 +6,7 @@ conversation's items and the input audio buffer: conversation.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +26,8 @@ GA_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g7
 BETA_TO_GA_FORMAT = {v: k for k, v in GA_FORMATS.items()}
 DEFAULT_VOICE = "alloy"
 SESSION_TYPES = ("realtime", "transcription")
+SPEED_RANGE = (0.25, 1.5)
+"""OpenAI's bounds for a realtime session's `audio.output.speed`."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class SessionConfig:
     voice: str = DEFAULT_VOICE
     input_audio_format: str = "pcm16"
     output_audio_format: str = "pcm16"
+    speed: float = 1.0
+    """GA `audio.output.speed` (0.25-1.5): the answer's audio stretched in time, pitch kept."""
     input_audio_transcription: dict[str, Any] | None = None
     turn_detection: TurnDetection | None = TurnDetection()
     temperature: float = 0.8
@@ -144,9 +149,17 @@ def apply_update(cfg: SessionConfig, s: ce.SessionIn) -> tuple[SessionConfig, ev
                 new["output_audio_format"] = _format(a_out.format, "session.audio.output.format")
             if a_out.voice is not UNSET:
                 new["voice"] = a_out.voice
+            if a_out.speed is not UNSET:
+                new["speed"] = _speed(a_out.speed, "session.audio.output.speed")
     if s.model is not UNSET:
         new["model"] = s.model
     return replace(cfg, **new), dialect
+
+
+def _speed(value: float, param: str) -> float:
+    if not (math.isfinite(value) and SPEED_RANGE[0] <= value <= SPEED_RANGE[1]):
+        raise ce.BadEvent(f"speed must be from {SPEED_RANGE[0]} to {SPEED_RANGE[1]}, got {value!r}", param=param)
+    return float(value)
 
 
 def _render_td(td: TurnDetection | None) -> dict[str, Any] | None:
@@ -172,7 +185,7 @@ def render_session(cfg: SessionConfig, session_id: str, dialect: ev.Dialect) -> 
             "audio": {
                 "input": {"format": fmt(cfg.input_audio_format), "transcription": cfg.input_audio_transcription,
                           "turn_detection": _render_td(cfg.turn_detection), "noise_reduction": None},
-                "output": {"format": fmt(cfg.output_audio_format), "voice": cfg.voice, "speed": 1.0},
+                "output": {"format": fmt(cfg.output_audio_format), "voice": cfg.voice, "speed": cfg.speed},
             },
             "tools": msgspec.to_builtins(cfg.tools), "tool_choice": cfg.tool_choice, "max_output_tokens": tokens,
         }

@@ -172,6 +172,9 @@ async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -
     ws_url = srv.url.replace("http://", "ws://") + "/v1"
     client = AsyncOpenAI(api_key=srv.key, base_url=f"{srv.url}/v1", websocket_base_url=ws_url, max_retries=0)
     async with client.realtime.connect(model="moshi") as conn:
+        await conn.session.update(session={"type": "realtime", "audio": {"output": {"speed": 1.25}}})
+        refused = await anext(e async for e in conn if e.type == "error")  # it speaks in real time
+        assert refused.error.param == "session.audio.output.speed"
         await conn.session.update(session={"type": "realtime"})
         await conn.input_audio_buffer.append(audio=b64(voice(9, 0.16)))
         audio, status = b"", None

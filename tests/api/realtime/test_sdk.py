@@ -40,6 +40,29 @@ async def test_ga_client_speaks_the_ga_dialect(srv: RtServer) -> None:
     assert len(audio) == 2 * 8 * 2400
 
 
+async def test_ga_output_speed_shortens_the_answer_and_bad_speeds_are_errors(srv: RtServer) -> None:
+    async with sdk(srv).realtime.connect(model="synthetic") as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
+                                           "audio": {"output": {"speed": 9.0}}})
+        error = await anext(e async for e in conn if e.type == "error")
+        assert error.error.param == "session.audio.output.speed"
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
+                                           "audio": {"input": {"turn_detection": None}, "output": {"speed": 1.5}}})
+        audio = b""
+        async for event in conn:
+            if event.type == "session.updated":
+                assert event.session.audio.output.speed == 1.5
+                await conn.conversation.item.create(item={
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": "ga words"}]})
+                await conn.response.create()
+            elif event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+            elif event.type == "response.done":
+                assert event.response.status == "completed"
+                break
+    assert len(audio) == 2 * round(8 * 2400 / 1.5)  # the same answer as above, in two thirds of the time
+
+
 async def test_beta_client(srv: RtServer) -> None:
     async with sdk(srv).beta.realtime.connect(model="synthetic") as conn:
         await conn.session.update(session={"modalities": ["text"], "turn_detection": None})
