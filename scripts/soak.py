@@ -21,7 +21,8 @@ time the server's processes (main and workers) and this load generator spent
 per finished request, and the share of the host's CPU time the hypervisor
 took from this VM (`steal`, /proc/stat). `thirds` in the JSON line compares
 the first and last thirds of the run on each: a server that got slower per
-request shows in `server_cpu_ms_per_req`; a generator that did, in
+request shows in `server_cpu_ms_per_req` (and each process's own `cpu_ms_per_req`
+under `procs`); a generator that did, in
 `gen_cpu_ms_per_req`; a box that got slower with neither, in `steal_pct` or in
 nothing the run can see.
 
@@ -213,7 +214,11 @@ class CpuMeter:
 
     def interval(self, procs: dict[str, dict[str, Any]], finished: int) -> dict[str, Any]:
         server = {name: p.pop("cpu_s") for name, p in procs.items() if "cpu_s" in p}
-        used = sum(v - self.server_s.get(name, v) for name, v in server.items())  # a new process counts from now
+        each = {name: v - self.server_s.get(name, v) for name, v in server.items()}  # a new process counts from now
+        used = sum(each.values())
+        for name, p in procs.items():
+            if finished and self.server_s and name in each:
+                p["cpu_ms_per_req"] = round(each[name] / finished * 1000, 3)
         gen, stat = self._gen(), self._stat()
         steal, total = stat[0] - self.stat[0], stat[1] - self.stat[1]
         row = {"server_cpu_ms_per_req": round(used / finished * 1000, 3) if finished and self.server_s else None,
@@ -317,6 +322,7 @@ def summarize(intervals: list[dict[str, Any]], counts: dict[str, int], args: arg
         rows = [(r["t_min"], r["procs"][name]) for r in intervals if name in r.get("procs", {})]
         slopes[name] = {"rss_mb_per_min": slope_per_min([x for x, _ in rows], [p["rss_mb"] for _, p in rows]),
                         "fds_per_min": slope_per_min([x for x, _ in rows], [p["fds"] for _, p in rows]),
+                        "cpu_ms_per_req": thirds([p["cpu_ms_per_req"] for _, p in rows if "cpu_ms_per_req" in p]),
                         "rss_mb_first": rows[0][1]["rss_mb"], "rss_mb_last": rows[-1][1]["rss_mb"]}
     shm = [r.get("shm_segments", 0) for r in intervals]
     p99 = [r["all_p99_ms"] for r in intervals if r["all_p99_ms"] is not None]
