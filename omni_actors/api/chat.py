@@ -53,7 +53,7 @@ from omni_actors.api.calls import (
     drop_none,
     route_model,
 )
-from omni_actors.api.chat_inputs import build_chat_inputs
+from omni_actors.api.chat_inputs import build_chat_inputs, chat_param, file_ids
 from omni_actors.api.chat_schemas import (
     ChatAudio,
     ChatCompletion,
@@ -67,6 +67,7 @@ from omni_actors.api.chat_schemas import (
     Usage,
 )
 from omni_actors.api.errors import bad_request
+from omni_actors.api.files import file_bytes
 from omni_actors.api.schemas import read_body
 from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
@@ -155,7 +156,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         check_supported("pcm" if audio_format == "pcm16" else audio_format)
     has_media = any(not isinstance(m.content, str | None) for m in req.messages)
     # Decoding media is real work (a thread); plain text is cheaper than the hop.
-    inputs = await off_loop(build_chat_inputs, req.messages) if has_media else build_chat_inputs(req.messages)
+    files = {fid: await file_bytes(request, fid, where) for fid, where in file_ids(req.messages)}
+    inputs = await off_loop(build_chat_inputs, req.messages, chat_param, files) if has_media else build_chat_inputs(
+        req.messages)
     if (tools := stage_tools(req.tools, req.tool_choice)) is not None:
         inputs["tools"] = tools
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"

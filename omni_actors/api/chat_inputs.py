@@ -25,6 +25,9 @@ carries arrays only as top-level payload values (shared memory or inline), so
 arrays are hoisted out of the message list instead of nested in it. A pipeline
 that only understands the latest utterance reads `inputs["audio"]` directly.
 
+A `file` part (`file_id` of an upload, which the route reads first: `file_ids`, or
+`file_data`) is an image or audio, whichever its bytes decode as.
+
 Decoding runs in a thread (`off_loop`); a part that cannot be decoded is a
 400 naming it, e.g. `messages[2].content[1].input_audio.data`.
 """
@@ -40,8 +43,15 @@ from typing import Any
 import numpy as np
 
 from omni_actors.api.audio_codec import decode_audio
-from omni_actors.api.chat_schemas import ChatMessage, ImageUrlPart, InputAudioPart, TextPart
-from omni_actors.api.errors import bad_request
+from omni_actors.api.chat_schemas import (
+    ChatMessage,
+    FilePart,
+    FileRef,
+    ImageUrlPart,
+    InputAudioPart,
+    TextPart,
+)
+from omni_actors.api.errors import ApiError, bad_request
 
 MAX_IMAGE_PIXELS = 40_000_000
 """Largest input image (width x height) decoded; past it a 400 before any pixel is decoded
@@ -57,15 +67,19 @@ def _b64(data: str, param: str) -> bytes:
 
 def decode_data_url(url: str, param: str) -> np.ndarray:
     """A `data:image/...;base64,` URL -> uint8 RGB [H, W, 3]."""
-    from PIL import Image, UnidentifiedImageError
-
     head, sep, data = url.partition(",")
     if not url.startswith("data:") or not sep:
         raise bad_request("only data URLs (data:image/...;base64,...) are accepted; this server "
                           "fetches nothing", param, "unsupported_url")
     if not head.endswith(";base64"):
         raise bad_request("data URL must be base64-encoded", param, "invalid_image")
-    raw = _b64(data, param)
+    return decode_image(_b64(data, param), param)
+
+
+def decode_image(raw: bytes, param: str) -> np.ndarray:
+    """Image file bytes -> uint8 RGB [H, W, 3]; a 400 naming `param` if they are none."""
+    from PIL import Image, UnidentifiedImageError
+
     try:
         with Image.open(io.BytesIO(raw)) as img:
             width, height = img.size
@@ -80,14 +94,50 @@ def decode_data_url(url: str, param: str) -> np.ndarray:
         raise bad_request(f"cannot decode image: {err}", param, "invalid_image") from None
 
 
+def _file(ref: FileRef, files: dict[str, bytes], where: str) -> tuple[str, Any]:
+    """A file part's contents as ("image", array) or ("audio", (samples, rate))."""
+    if (ref.file_id is None) == (ref.file_data is None):
+        raise bad_request("a file part needs exactly one of file_id and file_data", where, "invalid_file")
+    if ref.file_id is not None:
+        raw = files[ref.file_id]
+    else:
+        data = ref.file_data or ""
+        raw = _b64(data.partition(",")[2] if data.startswith("data:") else data, f"{where}.file_data")
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(raw)):
+            pass
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
+        pass
+    else:
+        return "image", decode_image(raw, where)
+    try:
+        return "audio", decode_audio(raw, None, where)
+    except ApiError as err:
+        if err.code != "invalid_audio":  # audio, but over a limit, silent, ...: that is the answer
+            raise
+        raise bad_request("the file is neither an image nor audio this server reads (PNG, JPEG, WebP, ...; "
+                          "WAV, FLAC, MP3, OGG); PDFs and text files are not read", where, "invalid_file") from None
+
+
 def chat_param(message: int, part: int, leaf: str) -> str:
     """Where a chat request holds a message's content part: `messages[i].content[j].<leaf>`."""
     return f"messages[{message}].content[{part}].{leaf}"
 
 
-def build_chat_inputs(messages: list[ChatMessage], param: Callable[[int, int, str], str] = chat_param) -> dict[str, Any]:
+def file_ids(messages: list[ChatMessage], param: Callable[[int, int, str], str] = chat_param) -> list[tuple[str, str]]:
+    """(upload id, its param) of every `file` part given by `file_id`, for the route to read first."""
+    return [(part.file.file_id, param(i, j, "file.file_id")) for i, msg in enumerate(messages)
+            if isinstance(msg.content, list) for j, part in enumerate(msg.content)
+            if isinstance(part, FilePart) and part.file.file_id is not None]
+
+
+def build_chat_inputs(messages: list[ChatMessage], param: Callable[[int, int, str], str] = chat_param,
+                      files: dict[str, bytes] | None = None) -> dict[str, Any]:
     """Normalize messages and hoist their media to top-level arrays (see the module docstring).
-    `param(message, part, leaf)` names a part that cannot be decoded (another route's shape)."""
+    `param(message, part, leaf)` names a part that cannot be decoded (another route's shape);
+    `files`: the bytes of the uploads `file` parts name (`file_ids`)."""
     last_user = max((i for i, msg in enumerate(messages) if msg.role == "user"), default=-1)
     inputs: dict[str, Any] = {}
     counts = {"audio": 0, "image": 0}
@@ -130,6 +180,17 @@ def build_chat_inputs(messages: list[ChatMessage], param: Callable[[int, int, st
                     key = key_for("image", i == last_user)
                     inputs[key] = decode_data_url(image.url, param(i, j, "image_url.url"))
                     parts.append({"type": "image", "array": key})
+                case FilePart(file=ref):
+                    kind, value = _file(ref, files or {}, param(i, j, "file"))
+                    key = key_for(kind, i == last_user)
+                    if kind == "image":
+                        inputs[key] = value
+                        parts.append({"type": "image", "array": key})
+                    else:
+                        inputs[key], rate = value
+                        if key == "audio":
+                            inputs["sample_rate"] = rate
+                        parts.append({"type": "input_audio", "array": key, "sample_rate": rate})
         entry["content"] = parts
         out.append(entry)
     inputs["messages"] = out

@@ -51,7 +51,21 @@ class InputAudioPart(RequestStruct, tag_field="type", tag="input_audio"):
     input_audio: InputAudio
 
 
-ContentPart = TextPart | ImageUrlPart | InputAudioPart
+class FileRef(RequestStruct):
+    file_id: Name | None = None
+    """An upload's id (POST /v1/files)."""
+    file_data: str | None = None
+    """The file itself: base64, or a base64 data URL."""
+    filename: Name | None = None
+
+
+class FilePart(RequestStruct, tag_field="type", tag="file"):
+    """A file: an image or audio this server reads (PDFs and text files are refused)."""
+
+    file: FileRef
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart | FilePart
 
 
 class AudioRef(RequestStruct):

@@ -9,8 +9,9 @@
 
 A file is kept as uploaded (file_store.py: SQLite rows, bytes beside them) and survives a
 restart; one with `expires_after` is gone once it expires. What reads files by id:
-`input_reference: {"file_id"}` on /v1/videos and /v1/videos/edits, and `input_image`
-parts' `file_id` in /v1/responses (`file_bytes`, for those routes). Nothing here looks
+`input_reference: {"file_id"}` on /v1/videos and /v1/videos/edits, `input_image`
+parts' `file_id` in /v1/responses and `file` parts in /v1/chat/completions (`file_bytes`,
+for those routes). Nothing here looks
 inside a file: a request that uses one as an image decodes it there, a 400 naming that
 request's field if it is not one.
 """

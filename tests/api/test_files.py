@@ -4,6 +4,7 @@ tests/api/test_video_edits_i2v.py."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import time
@@ -163,3 +164,34 @@ async def test_a_response_reads_an_image_by_file_id(srv: Server) -> None:
     with pytest.raises(openai.BadRequestError) as missing:
         await ask("file-nothere")
     assert missing.value.body["param"] == "input[0].content[1].file_id"
+
+
+def _wav() -> bytes:
+    import numpy as np
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(1600, np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+async def test_a_chat_reads_an_uploaded_image_or_audio_as_a_file_part(srv: Server) -> None:
+    client = srv.client()
+    image = await client.files.create(file=("cat.png", _png(), "image/png"), purpose="vision")
+    audio = await client.files.create(file=("hum.wav", _wav(), "audio/wav"), purpose="user_data")
+    text = await client.files.create(file=("notes.txt", b"not an image", "text/plain"), purpose="user_data")
+
+    def ask(file: dict):
+        return client.chat.completions.create(model="synthetic", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is this"}, {"type": "file", "file": file}]}])
+
+    inline = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    for file in ({"file_id": image.id}, {"file_id": audio.id}, {"file_data": inline, "filename": "cat.png"}):
+        answer = await ask(file)
+        assert answer.choices[0].message.content == "what is", file
+    for file, param in (({"file_id": text.id}, "messages[0].content[1].file"),  # read, and neither kind
+                        ({"file_id": "file-nothere"}, "messages[0].content[1].file.file_id"),
+                        ({"filename": "x.png"}, "messages[0].content[1].file")):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await ask(file)
+        assert bad.value.body["param"] == param, bad.value.body
