@@ -61,6 +61,8 @@ MODES = {
                               "fused_decode": True},
     "static_fused_compiled_lt": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
                                  "fused_decode": True, "blas": "cublaslt"},
+    "static_fused_compiled_warm": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
+                                   "fused_decode": True, "warm_graphs": True},
     "static_fused_compiled_sync": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
                                    "fused_decode": True, "lookahead": False},
     "static_fused_autotuned": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
@@ -243,10 +245,13 @@ def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> 
 
     from omni_actors.workers.engines.hf_ar import HfAREngine
 
+    t0 = time.perf_counter()
     engine = HfAREngine(engine_ctx(args, extras, max(batches)))
-    res = {}
+    res: dict = {"load_s": round(time.perf_counter() - t0, 2), "first_run_s": {}}
     for b in batches:
-        run_batch(engine, args, b, seed=100 + b)  # warm-up (captures this shape's graphs)
+        t0 = time.perf_counter()
+        run_batch(engine, args, b, seed=100 + b)  # warm-up (compiles, captures this shape's graphs)
+        res["first_run_s"][f"b{b}"] = round(time.perf_counter() - t0, 2)
         res[f"b{b}"] = run_batch(engine, args, b, seed=1)
     if args.profile and extras.get("cuda_graphs"):
         from torch.profiler import ProfilerActivity, profile
@@ -287,6 +292,7 @@ def main() -> None:
             results[mode] = bench_generate(args, batches)
         else:
             results[mode] = bench_engine(args, MODES[mode], batches)
+        print(json.dumps({"mode": mode, **results[mode]}), file=sys.stderr, flush=True)  # a partial run keeps it
     speedup = {}
     if "generate" in results:
         for mode in results:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import structlog
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -22,6 +23,7 @@ from omni_actors.config.pipeline import get_pipeline, resolve  # noqa: E402
 from omni_actors.workers.engine import EngineContext  # noqa: E402
 from omni_actors.workers.engines.hf_ar import HfAREngine  # noqa: E402
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder  # noqa: E402
+from omni_actors.workers.engines.hf_ar_warm import warm_graphs  # noqa: E402
 
 PARAMS = {"max_tokens": 6, "ignore_eos": True, "talker_max_tokens": 20, "talker_temperature": 0.0,
           "talker_ignore_eos": True}
@@ -139,3 +141,25 @@ def test_fused_talker_step_equals_its_own_forward(talker_inputs):
     got = _codes(fused, inputs, peek)
     assert peek.steps >= 10
     assert got == want and all(len(c) == PARAMS["talker_max_tokens"] for c in got.values())
+
+
+@pytest.mark.parametrize("stage", [0, 1], ids=["thinker", "talker"])
+def test_warm_up_request_runs_and_leaves_nothing_behind(talker_inputs, stage):
+    """warm_graphs runs the thinker's one-word prompt, or the talker's zero payload, through a
+    prefill and a decode step (on CUDA it then captures, and compiles, every bucket); afterwards
+    the engine holds no request or slot and decodes real inputs exactly as an engine that never
+    warmed up."""
+    path, inputs = talker_inputs
+    inputs = THINKER_INPUTS if stage == 0 else inputs
+    warm = HfAREngine(_ctx(stage, path, kv_cache="static", fused_decode=True))
+    with structlog.testing.capture_logs() as logs:
+        warm_graphs(warm)
+    assert [e for e in logs if e["event"] == "hf_ar.warm_failed"] == []
+    assert [e["event"] for e in logs if e["event"] == "hf_ar.graphs_warmed"] == ["hf_ar.graphs_warmed"]
+    assert not warm.seqs and not warm.slots.owners and warm.ahead is None
+    cold = HfAREngine(_ctx(stage, path, kv_cache="static", fused_decode=True))
+    if stage == 1:
+        assert _codes(warm, inputs) == _codes(cold, inputs)
+    else:
+        ids = [{rid: [p["token_ids"] for p in outs] for rid, outs in _outputs(e, inputs).items()} for e in (warm, cold)]
+        assert ids[0] == ids[1] and all(ids[0].values())

@@ -144,6 +144,14 @@ class Qwen2_5OmniTalkerAdapter(ThinkerFedTalker):
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return talker_sampling(self.ctx, params, SAMPLING)
 
+    def warmup_inputs(self) -> dict[str, Any]:
+        """A thinker payload of zeros (four prompt positions, two reply tokens): what
+        engine_extras.warm_graphs runs at start to capture (and compile) every decode bucket
+        before the first request, which otherwise pays them mid-stream."""
+        zeros = np.zeros((4, self.thinker_embed.weight.shape[1]), np.float32)
+        return {"prompt_token_ids": [0, 1, 2, 3], "prompt_embeds": zeros, "prompt_hidden": zeros,
+                "token_ids": [0, 1], "embeds": zeros[:1], "hidden": zeros[:1]}  # fmt: skip
+
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         default = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
         speaker = pick_voice(seq.params, inputs, sorted(self.speakers), default)

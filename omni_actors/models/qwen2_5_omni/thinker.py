@@ -99,6 +99,11 @@ class Qwen2_5OmniThinkerAdapter(ARAdapter):
 
     # ---- requests ----------------------------------------------------------
 
+    def warmup_inputs(self) -> dict[str, Any]:
+        """A one-word text prompt: what engine_extras.warm_graphs runs at start to capture every
+        decode bucket before the first request."""
+        return {"prompt": "Hello"}
+
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         rate = int(inputs.get("sample_rate") or AUDIO_RATE)  # the API passes audio at the client's rate
         audios = [resample(np.asarray(a, np.float32).reshape(-1), rate, AUDIO_RATE)
