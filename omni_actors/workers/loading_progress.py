@@ -10,11 +10,15 @@ log format, e.g.
 
     worker.loading  done=2400 total=12011 what="Loading weights" stage=thinker replica=0
 
-transformers is not imported for this (1-2 s a worker that needs none of it): the hook is set
-when the engine's loading imports `transformers.utils.logging` (an import hook on that one
-module while the block runs), or at once if it already has. diffusers' own bars (a pipeline's
-components) have no hook and stay off (diffusion_loading.py); the transformers models inside a
-pipeline (its text encoders) report through this one.
+diffusers' bars ("Loading pipeline components", "Loading checkpoint shards") are made by
+calling `diffusers.utils.logging.tqdm`, looked up on that module at each call: inside the block
+that name is our factory (the same events, whether or not diffusers' bars are switched off),
+and the module's own object again after it. So a diffusion worker reports its components one
+by one, and its text encoders' weights through transformers' hook.
+
+Neither library is imported for this (1-2 s a worker that needs neither): each hook is set
+when the engine's loading imports that library's logging module (an import hook on those two
+modules while the block runs), or at once if it already has.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from omni_actors import progress
 
 EVENT = "worker.loading"
 MODULE = "transformers.utils.logging"
+DIFFUSERS_MODULE = "diffusers.utils.logging"
 
 
 class _Bar:
@@ -41,6 +46,8 @@ class _Bar:
         if total is None and self.iterable is not None and hasattr(self.iterable, "__len__"):
             total = len(self.iterable)
         what = str(kwargs.get("desc") or "loading").rstrip(". :")
+        if kwargs.get("disable"):
+            total = None  # (diffusers' bars off on ranks but the first)
         self.total, self.n = total, 0
         self.progress = progress.start(EVENT, int(total), what=what, **keys) if total else None
 
@@ -67,19 +74,35 @@ class _Bar:
         return lambda *args, **kwargs: None
 
 
-class _SetOnImport(importlib.abc.MetaPathFinder):
-    """Runs `then(module)` right after MODULE is first imported."""
+class _Factory:
+    """What diffusers calls as `logging.tqdm(...)`: a _Bar with the block's keys."""
 
-    def __init__(self, then: Any) -> None:
+    def __init__(self, keys: dict[str, Any]) -> None:
+        self.keys = keys
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Bar:
+        return _Bar(args, kwargs, self.keys)
+
+    def set_lock(self, *args: Any) -> None:
+        pass
+
+    def get_lock(self) -> None:
+        return None
+
+
+class _SetOnImport(importlib.abc.MetaPathFinder):
+    """Runs `then[name](module)` right after a module named in `then` is first imported."""
+
+    def __init__(self, then: dict[str, Any]) -> None:
         self.then = then
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != MODULE:
+        if name not in self.then:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        loader, then = spec.loader, self.then
+        loader, then = spec.loader, self.then[name]
 
         class Loader(importlib.abc.Loader):
             def create_module(self, spec: Any) -> Any:
@@ -95,24 +118,35 @@ class _SetOnImport(importlib.abc.MetaPathFinder):
 
 @contextlib.contextmanager
 def loading_progress(**keys: Any) -> Iterator[None]:
-    """transformers' bars started inside the block are `worker.loading` progress with `keys`."""
-    set_hooks: list[Any] = []
+    """transformers' and diffusers' bars started inside the block are `worker.loading` progress
+    with `keys`."""
+    undo: list[Any] = []
 
-    def install(module: Any) -> None:
+    def transformers_hook(module: Any) -> None:
         if hasattr(module, "set_tqdm_hook"):  # (transformers 5.x; before it, no hook: nothing reported)
             previous = module.set_tqdm_hook(lambda factory, args, kwargs: _Bar(args, kwargs, keys))
-            set_hooks.append((module, previous))
+            undo.append(lambda: module.set_tqdm_hook(previous))
 
-    finder = None
-    if MODULE in sys.modules:
-        install(sys.modules[MODULE])
-    else:
-        finder = _SetOnImport(install)
+    def diffusers_hook(module: Any) -> None:
+        if hasattr(module, "tqdm"):
+            previous = module.tqdm
+            module.tqdm = _Factory(keys)
+            undo.append(lambda: setattr(module, "tqdm", previous))
+
+    hooks = {MODULE: transformers_hook, DIFFUSERS_MODULE: diffusers_hook}
+    later = {}
+    for name, hook in hooks.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            later[name] = hook
+    finder = _SetOnImport(later) if later else None
+    if finder is not None:
         sys.meta_path.insert(0, finder)
     try:
         yield
     finally:
         if finder is not None:
             sys.meta_path.remove(finder)
-        for module, previous in set_hooks:
-            module.set_tqdm_hook(previous)
+        for step in reversed(undo):
+            step()
