@@ -44,7 +44,7 @@ from omni_actors.api import sse
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import PipelineCall, drop_none, route_model
 from omni_actors.api.chat import Tally
-from omni_actors.api.chat_inputs import build_chat_inputs
+from omni_actors.api.chat_inputs import build_chat_inputs, file_ids
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.files import file_bytes
@@ -141,7 +141,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"input cannot be read as a conversation: {err}", "input") from None
     has_media = any(not isinstance(m.content, str | None) for m in messages)
     namer = part_param(turn.where)
-    inputs = await off_loop(build_chat_inputs, messages, namer) if has_media else build_chat_inputs(messages, namer)
+    uploads = {fid: await file_bytes(request, fid, where) for fid, where in file_ids(messages, namer)}
+    inputs = (await off_loop(build_chat_inputs, messages, namer, uploads) if has_media
+              else build_chat_inputs(messages, namer))
     if (shown := stage_tools(tools, choice)) is not None:
         inputs["tools"] = shown
     params = {**drop_none({"temperature": req.temperature, "top_p": req.top_p, "max_tokens": req.max_output_tokens,

@@ -6,7 +6,9 @@
 
 Input items map onto chat messages: a message's `input_text`/`output_text`/`refusal` parts are
 text, `input_image` (a data URL, or the `file_id` of an uploaded image: files.py, read by the
-route first, `image_file_ids`) an image, `input_audio` audio; `developer` is `system`; a
+route first, `image_file_ids`) an image, `input_audio` audio, `input_file` chat's `file` part
+(an upload's `file_id` or inline `file_data`, read as an image or audio, whichever its bytes
+are: chat_inputs.py; the route reads the uploads, `chat_inputs.file_ids`); `developer` is `system`; a
 `function_call` joins the assistant message before it as a tool call and a
 `function_call_output` is a `tool` message. Items this server cannot use (`item_reference`,
 an image by remote URL) are 400s naming them (`input[3].content[1].image_url`).
@@ -26,6 +28,7 @@ from omni_actors.api.chat_schemas import JsonSchemaFormat, ResponseFormat
 from omni_actors.api.errors import bad_request
 from omni_actors.api.responses_schemas import (
     InputAudioItemPart,
+    InputFilePart,
     InputImagePart,
     InputItem,
     InputTextPart,
@@ -112,6 +115,13 @@ def _content(content: str | list[Any], param: str, files: dict[str, str]) -> str
                     "url": _need(url, f"{param}.content[{j}].image_url")}})
             case InputAudioItemPart(input_audio=audio):
                 parts.append({"type": "input_audio", "input_audio": {"data": audio.data, "format": audio.format}})
+            case InputFilePart(file_url=url) if url is not None:
+                raise bad_request("files are not fetched by URL: upload the file (POST /v1/files) and send its "
+                                  "file_id, or send it as file_data", f"{param}.content[{j}].file_url",
+                                  "unsupported_value")
+            case InputFilePart(file_id=file_id, file_data=data, filename=name):
+                ref = {"file_id": file_id, "file_data": data, "filename": name}
+                parts.append({"type": "file", "file": {k: v for k, v in ref.items() if v is not None}})
     return parts
 
 
@@ -134,7 +144,9 @@ def part_param(where: list[int]) -> Any:
         base = f"input[{k}].content[{j}]" if k >= 0 else "previous_response_id"
         if k < 0:
             return base
-        return f"{base}.image_url" if leaf == "image_url.url" else f"{base}.{leaf}"
+        if leaf == "image_url.url":
+            return f"{base}.image_url"
+        return f"{base}.{leaf.removeprefix('file.')}" if leaf != "file" else base  # input_file: flat fields
     return name
 
 

@@ -58,7 +58,17 @@ class InputAudioItemPart(RequestStruct, tag_field="type", tag="input_audio"):
     input_audio: InputAudio
 
 
-InputPart = InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputAudioItemPart
+class InputFilePart(RequestStruct, tag_field="type", tag="input_file"):
+    """An image or audio file: an upload's `file_id`, or `file_data` (base64 or a data URL);
+    `file_url` is not fetched (a 400 naming it), and PDFs and text files are not read."""
+
+    file_id: Name | None = None
+    file_data: str | None = None
+    filename: Name | None = None
+    file_url: str | None = None
+
+
+InputPart = InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputAudioItemPart | InputFilePart
 
 
 class InputItem(RequestStruct):

@@ -1,5 +1,5 @@
 """/v1/files with the unmodified openai SDK: upload, list (paged), retrieve, content, delete, expiry, a
-restart; and a file used by id in /v1/responses (an `input_image` part). Videos read by file_id are in
+restart; and a file used by id in /v1/responses (an `input_image` or `input_file` part). Videos read by file_id are in
 tests/api/test_video_edits_i2v.py."""
 
 from __future__ import annotations
@@ -194,4 +194,29 @@ async def test_a_chat_reads_an_uploaded_image_or_audio_as_a_file_part(srv: Serve
                         ({"filename": "x.png"}, "messages[0].content[1].file")):
         with pytest.raises(openai.BadRequestError) as bad:
             await ask(file)
+        assert bad.value.body["param"] == param, bad.value.body
+
+
+async def test_a_response_reads_an_input_file_by_id_or_inline(srv: Server) -> None:
+    """Responses' `input_file`: an upload's file_id or inline file_data, image or audio alike; a
+    file_url, a text file and an unknown id are 400s naming the part's own fields."""
+    client = srv.client()
+    image = await client.files.create(file=("cat.png", _png(), "image/png"), purpose="user_data")
+    audio = await client.files.create(file=("hum.wav", _wav(), "audio/wav"), purpose="user_data")
+    text = await client.files.create(file=("notes.txt", b"not an image", "text/plain"), purpose="user_data")
+
+    def ask(part: dict):
+        return client.responses.create(model="synthetic", max_output_tokens=2, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "what is this"}, {"type": "input_file", **part}]}])
+
+    inline = "data:audio/wav;base64," + base64.b64encode(_wav()).decode()
+    for part in ({"file_id": image.id}, {"file_id": audio.id}, {"file_data": inline, "filename": "hum.wav"}):
+        answer = await ask(part)
+        assert answer.status == "completed" and answer.output_text == "what is", part
+    for part, param in (({"file_id": text.id}, "input[0].content[1]"),  # read, and neither kind
+                        ({"file_id": "file-nothere"}, "input[0].content[1].file_id"),
+                        ({"file_url": "https://example.com/a.png"}, "input[0].content[1].file_url"),
+                        ({"filename": "x.png"}, "input[0].content[1]")):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await ask(part)
         assert bad.value.body["param"] == param, bad.value.body
