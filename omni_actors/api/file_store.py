@@ -4,12 +4,15 @@
 
 Each file's bytes live beside the database under `files("uploads")`, written before
 its row and removed after it, so a crash leaves at worst an orphan file, never a row
-without its bytes. A file past its `expires_at` is gone: every read skips it, and
-each upload and listing deletes the expired rows and their files (no timer runs).
+without its bytes; opening the store (a server's first use of it) removes orphans older than
+ORPHAN_AGE_S (a younger one may be another process's upload between its two writes).
+A file past its `expires_at` is gone: every read skips it, and each upload and listing
+deletes the expired rows and their files (no timer runs).
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -24,6 +27,8 @@ DDL = (
 )
 _COLUMNS = "id, filename, purpose, bytes, created_at, expires_at"
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
+ORPHAN_AGE_S = 600
+"""An upload's bytes without a row, this old, are a crash's leftovers (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,20 @@ class FileStore:
         self.store = store or get_store()
         self.store.ensure(FEATURE, DDL)
         self.dir: Path = self.store.files(FEATURE)
+        self.orphans_removed = self.sweep()
+
+    def sweep(self, now: float | None = None) -> int:
+        """Remove upload files that no row names and that are older than ORPHAN_AGE_S; how many."""
+        known = {r[0] for r in self.store.query("SELECT file FROM files")}
+        cutoff = (time.time() if now is None else now) - ORPHAN_AGE_S
+        gone = 0
+        with os.scandir(self.dir) as entries:
+            for entry in entries:
+                if entry.name.startswith("file-") and entry.name not in known and entry.is_file() \
+                        and entry.stat().st_mtime < cutoff:
+                    Path(entry.path).unlink(missing_ok=True)
+                    gone += 1
+        return gone
 
     def add(self, filename: str, purpose: str, data: bytes, expires_after_s: int | None = None,
             now: int | None = None) -> StoredFile:
@@ -60,12 +79,13 @@ class FileStore:
                                    (fid, int(time.time())))
         return StoredFile(*row) if row else None
 
-    def content(self, fid: str) -> bytes | None:
-        """A live file's bytes (None if there is none); blocking file I/O: call it off the loop."""
-        if self.get(fid) is None:
+    def content(self, fid: str) -> tuple[StoredFile, bytes] | None:
+        """A live file and its bytes (None if there is none); blocking file I/O: call it off the loop."""
+        found = self.get(fid)
+        if found is None:
             return None
         try:
-            return (self.dir / fid).read_bytes()
+            return found, (self.dir / fid).read_bytes()
         except FileNotFoundError:  # deleted meanwhile
             return None
 

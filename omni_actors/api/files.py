@@ -82,11 +82,11 @@ def file_store(app: web.Application) -> FileStore:
 async def file_bytes(request: web.Request, file_id: str, param: str) -> bytes:
     """The bytes of file `file_id` for a request that names it in `param`; a 400 naming `param` if
     there is no such file (OpenAI answers a missing file in a request body that way)."""
-    data = await off_loop(file_store(request.app).content, file_id) if file_id.startswith("file-") else None
-    if data is None:
+    got = await off_loop(file_store(request.app).content, file_id) if file_id.startswith("file-") else None
+    if got is None:
         raise bad_request(f"{param}: file {file_id!r} does not exist (upload it with POST /v1/files)", param,
                           "file_not_found")
-    return data
+    return got[1]
 
 
 def _json(body: Struct) -> web.Response:
@@ -153,11 +153,10 @@ async def get_file(request: web.Request) -> web.Response:
 
 async def file_content(request: web.Request) -> web.Response:
     fid = request.match_info["file_id"]
-    store = file_store(request.app)
-    found = store.get(fid)
-    data = None if found is None else await off_loop(store.content, fid)
-    if found is None or data is None:
+    got = await off_loop(file_store(request.app).content, fid)
+    if got is None:
         raise _missing(fid)
+    found, data = got
     kind = mimetypes.guess_type(found.filename)[0] or "application/octet-stream"
     return web.Response(body=data, content_type=kind)
 

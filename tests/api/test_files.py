@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import openai
 import pytest
 from PIL import Image
 
-from omni_actors.api.file_store import FileStore
+from omni_actors.api.file_store import ORPHAN_AGE_S, FileStore
 from omni_actors.store import Store
 from tests.api.conftest import Server, make_deploy, serve_deploy
 
@@ -97,11 +98,18 @@ async def test_an_expired_file_is_gone_and_its_bytes_removed(srv: Server, data: 
     assert (await client.files.retrieve(kept.id)).id == kept.id
 
 
-async def test_files_survive_a_restart(srv: Server, data: Path) -> None:
+async def test_files_survive_a_restart_and_a_crash_s_leftovers_do_not(srv: Server, data: Path) -> None:
     made = await srv.client().files.create(file=("keep.bin", b"\x00\x01\x02", "application/octet-stream"),
                                            purpose="assistants")
+    uploads = data / "files" / "uploads"
+    old, young = uploads / "file-0ld0rphan", uploads / "file-y0ungupl0ad"  # bytes whose row never came
+    for path in (old, young):
+        path.write_bytes(b"partial")
+    aged = time.time() - ORPHAN_AGE_S - 60
+    os.utime(old, (aged, aged))
     async with serve_files(data) as again:
         client = again.client()
+        assert not old.exists() and young.exists()  # another process's upload may sit between its writes
         assert (await client.files.retrieve(made.id)).filename == "keep.bin"
         assert (await client.files.content(made.id)).read() == b"\x00\x01\x02"
         assert (await client.files.delete(made.id)).deleted
