@@ -42,6 +42,7 @@ import gc
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,7 +80,8 @@ MODES = {
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/qwen2-1.5b-sized"))
+    ap.add_argument("--out", type=Path, default=None, help="where the checkpoint is written (default: a "
+                    "temporary folder, removed at the end)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model (smoke run)")
@@ -284,6 +286,15 @@ def _prefix(a: list[int], b: list[int]) -> int:
 
 def main() -> None:
     args = parse_args()
+    if args.out is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            args.out = Path(tmp) / "model"
+            run(args)
+    else:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     made = build(args)
     results = {}
