@@ -101,6 +101,12 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
         raise ConfigError(f"{src}: cluster.arrays: expected one of {list(ARRAY_PATHS)}, got {cl.arrays!r}")
     if not cl.address.strip():
         raise ConfigError(f"{src}: cluster.address: expected a Ray address, \"auto\" or \"local\"")
+    if cl.address.startswith("ray://"):
+        raise ConfigError(f"{src}: cluster.address: {cl.address!r} is a Ray Client address: Ray Client sends every "
+                          "call through cloudpickle and counts the head node as this one; run omni-run on a node "
+                          "of the cluster with the head's host:port (its GCS port, 6379 by default) or \"auto\"")
+    if "://" in cl.address:
+        raise ConfigError(f"{src}: cluster.address: expected host:port, \"auto\" or \"local\", got {cl.address!r}")
     if cl.bus_host is not None and not cl.bus_host.strip():
         raise ConfigError(f"{src}: cluster.bus_host: expected an address of this host")
     for i, st in enumerate(cfg.stages):

@@ -264,7 +264,7 @@ def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
 
 def _check_reachable(address: str, src: str) -> None:
     """A `host:port` address must take a TCP connection now (ray.init would retry it for minutes)."""
-    if address in ("auto", "local") or "://" in address:
+    if address in ("auto", "local"):  # (a URL was refused with the deploy: deploy_checks.py)
         return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
