@@ -41,8 +41,6 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     final_output: bool = False
     final_output_type: str | None = None
     """What this stage's final output is: "text", "audio", "image", ..."""
-    owns_tokenizer: bool = False
-    engine_output_type: str | None = None
     sampling_constraints: dict[str, Any] = {}
     """Sampling fields forced for this stage; they win over request and deploy values."""
     engine_defaults: dict[str, Any] = {}

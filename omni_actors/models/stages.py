@@ -19,10 +19,10 @@ def entry_stage(
     execution_type: ExecutionType = ExecutionType.LLM_AR, **spec: Any,
 ) -> StageSpec:  # fmt: skip
     """Stage 0, the request's first: `engine` (HfAREngine, or the model's own) over the model's
-    `adapter` ("module:Class") when it takes one; it owns the tokenizer."""
+    `adapter` ("module:Class") when it takes one."""
     return StageSpec(
         stage_id=0, model_stage=model_stage, execution_type=execution_type, engine=engine,
-        engine_defaults={"adapter": adapter} if adapter else {}, owns_tokenizer=True, **spec,
+        engine_defaults={"adapter": adapter} if adapter else {}, **spec,
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ def synthetic() -> PipelineConfig:
         stages=(
             StageSpec(stage_id=0, model_stage="thinker", execution_type=AR, engine=ENGINE,
                       engine_defaults={"kind": "text"},
-                      final_output=True, final_output_type="text", owns_tokenizer=True),
+                      final_output=True, final_output_type="text"),
             StageSpec(stage_id=1, model_stage="talker", execution_type=AR, engine=ENGINE,
                       engine_defaults={"kind": "codes"},
                       input_sources=(0,), chunk_processor=PASS),
@@ -43,7 +43,7 @@ def synthetic_text() -> PipelineConfig:
         requires_model=False,
         stages=(
             StageSpec(stage_id=0, model_stage="llm", execution_type=AR, engine=ENGINE,
-                      final_output=True, final_output_type="text", owns_tokenizer=True),
+                      final_output=True, final_output_type="text"),
         ),
     )
 

@@ -27,7 +27,7 @@ def test_topology():
     assert [s.model_stage for s in p.stages] == ["asr", "llm", "tts", "vocoder"]
     assert [s.input_sources for s in p.stages] == [(), (0,), (1,), (2,)]
     assert [s.subdir for s in p.stages] == ["asr", "llm", "tts", "vocoder"]
-    assert p.stage(1).execution_type is ExecutionType.LLM_AR and p.stage(1).owns_tokenizer
+    assert p.stage(1).execution_type is ExecutionType.LLM_AR
     assert p.stage(3).execution_type is ExecutionType.LLM_GENERATION
     assert p.output_types() == {"transcript", "text", "audio"}
     for spec in p.stages:  # every named function exists

@@ -56,7 +56,6 @@ def assistant_pipeline() -> PipelineConfig:
                 processor=f"{_PKG}.processors:asr_to_llm",
                 final_output=True,
                 final_output_type="text",
-                owns_tokenizer=True,
                 subdir="llm",
             ),
             StageSpec(

@@ -18,7 +18,7 @@ def llm() -> PipelineConfig:
             StageSpec(
                 stage_id=0, model_stage="llm", execution_type=ExecutionType.LLM_AR,
                 engine="omni_actors.workers.engines.vllm_ar:VllmAREngine",
-                final_output=True, final_output_type="text", owns_tokenizer=True,
+                final_output=True, final_output_type="text",
                 # Hermes-style calls (<tool_call>{json}</tool_call>): Qwen2.5/Qwen3 and the tiny test model's
                 # template. A model writing another format answers its calls as plain text.
                 tool_parser="hermes",

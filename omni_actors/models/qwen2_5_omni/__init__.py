@@ -29,7 +29,7 @@ def omni_pipeline(
             StageSpec(
                 stage_id=0, model_stage="thinker", execution_type=ExecutionType.LLM_AR,
                 engine=HF_AR, engine_defaults={"adapter": f"{package}.{thinker}"},
-                final_output=True, final_output_type="text", owns_tokenizer=True, guided=True,
+                final_output=True, final_output_type="text", guided=True,
             ),
             StageSpec(
                 stage_id=1, model_stage="talker", execution_type=ExecutionType.LLM_AR,

@@ -69,7 +69,6 @@ def qwen3_tts() -> PipelineConfig:
                 stage_id=0, model_stage="talker", execution_type=ExecutionType.LLM_AR,
                 engine="omni_actors.workers.engines.hf_ar:HfAREngine",
                 engine_defaults={"adapter": f"{_PKG}.talker:Qwen3TTSTalkerAdapter"},
-                owns_tokenizer=True,
             ),
             StageSpec(
                 stage_id=1, model_stage="codec", execution_type=ExecutionType.LLM_GENERATION,
