@@ -117,5 +117,5 @@ class PipelineCall:
             chunk, self._first = self._first, None
             return chunk
         chunk = await self.stream.__anext__()  # raises the run's RequestError once
-        self.timing.saw(chunk.output_type)
+        self.timing.saw(chunk.output_type, chunk.output)
         return chunk

@@ -5,6 +5,8 @@
     omni_time_to_first_token_seconds{route,pipeline}  submit -> first text delta
     omni_time_to_first_audio_seconds{route,pipeline}  submit -> first audio chunk
     omni_request_duration_seconds{route,pipeline}     submit -> last output (successful requests)
+    omni_audio_real_time_factor{route,pipeline}       a successful request's duration over the seconds of
+                                                      audio it answered with
     omni_stage_queue_depth{pipeline,stage_id,model_stage}      requests routed to a stage and not finished
     omni_stage_queue_limit{pipeline,stage_id,model_stage}      admission bound per replica
     omni_stage_healthy{pipeline,stage_id,model_stage}          1 when a replica is ready
@@ -18,6 +20,10 @@
                                                       steps/s; a restarted worker starts again from 0)
     omni_worker_busy_seconds_total{pipeline,stage_id,model_stage,replica}  seconds in engine steps (rate(): the
                                                       replica's busy fraction; over rate(steps): the mean step time)
+    omni_worker_step_duration_seconds{pipeline,stage_id,model_stage,replica}  a histogram of completed engine
+                                                      steps by duration (the worker counts, its heartbeats carry them)
+    omni_replica_in_flight{pipeline,stage_id,model_stage,replica}   requests routed to the replica, not finished
+    omni_replica_restarts_total{pipeline,stage_id,model_stage,replica}  restarts of the replica's worker
     omni_worker_startup_seconds{pipeline,stage_id,model_stage,replica,phase}  the worker's last start-up, per
                                                       phase: ready (spawn -> Ready), boot, imports, engine,
                                                       total, engine.weights, ... (orchestrator/stats.py)
@@ -50,10 +56,14 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from omni_actors.bus.messages import STEP_BUCKETS_S
+from omni_actors.orchestrator.outputs import AudioOutput
+
 if TYPE_CHECKING:
     from omni_actors.api.pipelines import Pipelines
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 
 class _StageCollector:
@@ -77,6 +87,12 @@ class _StageCollector:
         steps = CounterMetricFamily("omni_worker_steps", "Engine steps the replica has done", labels=replica_labels)
         busy = CounterMetricFamily("omni_worker_busy_seconds", "Seconds the replica spent in engine steps "
                                    "(over omni_worker_steps_total: the mean step time)", labels=replica_labels)
+        step_hist = HistogramMetricFamily("omni_worker_step_duration_seconds", "The replica's completed engine "
+                                          "steps by duration (a restarted worker counts from 0)", labels=replica_labels)
+        rep_in_flight = GaugeMetricFamily("omni_replica_in_flight", "Requests routed to the replica and not finished",
+                                          labels=replica_labels)
+        rep_restarts = CounterMetricFamily("omni_replica_restarts", "Restarts of the replica's worker",
+                                           labels=replica_labels)
         startup = GaugeMetricFamily("omni_worker_startup_seconds", "Seconds per phase of the replica's worker "
                                     "start-up (its last one)", labels=[*replica_labels, "phase"])
         one = ["pipeline"]
@@ -105,6 +121,10 @@ class _StageCollector:
                     step_s.add_metric([*key, str(r.replica)], r.step_s)
                     steps.add_metric([*key, str(r.replica)], r.steps)
                     busy.add_metric([*key, str(r.replica)], r.busy_s)
+                    rep_in_flight.add_metric([*key, str(r.replica)], r.in_flight)
+                    rep_restarts.add_metric([*key, str(r.replica)], r.restarts)
+                    if r.step_counts:
+                        step_hist.add_metric([*key, str(r.replica)], _cumulative(r.step_counts), r.busy_s)
                     for phase, seconds in r.startup.items():
                         startup.add_metric([*key, str(r.replica), phase], seconds)
             runs.add_metric([name], stats.requests_in_flight)
@@ -113,8 +133,17 @@ class _StageCollector:
             queued.add_metric([name], stats.stream_bytes_queued)
             overflows.add_metric([name], stats.stream_overflows)
             holds.add_metric([name], stats.first_output_holds)
-        return [depth, limit, healthy, engine, restarts, first, step_s, steps, busy, startup, runs, leases, undecodable,
-                queued, overflows, holds]
+        return [depth, limit, healthy, engine, restarts, first, step_s, steps, busy, step_hist, rep_in_flight,
+                rep_restarts, startup, runs, leases, undecodable, queued, overflows, holds]
+
+
+def _cumulative(counts: tuple[int, ...]) -> list[tuple[str, int]]:
+    """Per-bucket step counts as Prometheus' cumulative (upper bound, count) pairs, +Inf last."""
+    out, total = [], 0
+    for bound, n in zip((*STEP_BUCKETS_S, float("inf")), counts, strict=False):
+        total += n
+        out.append(("+Inf" if bound == float("inf") else repr(bound), total))
+    return out
 
 
 class ApiMetrics:
@@ -132,6 +161,9 @@ class ApiMetrics:
                               ["route", "pipeline"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.e2e = Histogram("omni_request_duration_seconds", "Submit to last output of successful requests",
                              ["route", "pipeline"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.rtf = Histogram("omni_audio_real_time_factor", "A successful request's duration over the seconds of "
+                             "audio it answered with (under 1: faster than real time)", ["route", "pipeline"],
+                             buckets=RTF_BUCKETS, registry=r)
         r.register(_StageCollector(pipelines))
 
     def render(self) -> bytes:
@@ -187,8 +219,12 @@ class Timing:
         self.t0 = time.perf_counter()
         self.first_text: float | None = None
         self.first_audio: float | None = None
+        self.audio_s = 0.0
+        """Seconds of audio the call's outputs carried."""
 
-    def saw(self, output_type: str | None) -> None:
+    def saw(self, output_type: str | None, output: object = None) -> None:
+        if isinstance(output, AudioOutput) and output.sample_rate:
+            self.audio_s += len(output.audio) / output.sample_rate
         now = time.perf_counter()
         if output_type == "text" and self.first_text is None:
             self.first_text = now - self.t0
@@ -200,4 +236,6 @@ class Timing:
     def done(self) -> float:
         e2e = time.perf_counter() - self.t0
         self.metrics.e2e.labels(self.route, self.pipeline).observe(e2e)
+        if self.audio_s > 0:
+            self.metrics.rtf.labels(self.route, self.pipeline).observe(e2e / self.audio_s)
         return e2e

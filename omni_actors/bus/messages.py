@@ -153,6 +153,12 @@ class Heartbeat(msgspec.Struct, tag=3, array_like=True, gc=False):
     worker's heartbeat thread during a step, so the supervisor can tell a long step from a stuck one."""
     busy_s: float = 0.0
     """Seconds the worker has spent in completed engine steps (with `steps`: the mean step time)."""
+    step_counts: list[int] = []
+    """Completed steps per duration bucket (STEP_BUCKETS_S, then one past the last), since start."""
+
+
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Upper bounds of the engine step-duration buckets a heartbeat counts (Heartbeat.step_counts)."""
 
 
 class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc=False):

@@ -213,7 +213,8 @@ class Orchestrator(ReceivePath):
             reps = tuple(
                 ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
                              h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0),
-                             h.steps, h.step_running_s(now), h.startup_seconds(), busy_s=h.busy_s)
+                             h.steps, h.step_running_s(now), h.startup_seconds(), busy_s=h.busy_s,
+                             step_counts=tuple(h.step_counts))
                 for h in self.workers[spec.stage_id]
             )
             stages.append(StageStats(

@@ -77,6 +77,8 @@ class WorkerHandle:
     """How long its running step had run at the last heartbeat (0: none was running)."""
     busy_s: float = 0.0
     """Seconds the worker reported spending in completed engine steps (last heartbeat)."""
+    step_counts: list[int] = field(default_factory=list)
+    """Its completed steps per duration bucket (m.STEP_BUCKETS_S; last heartbeat)."""
     beat_at: float = 0.0
     """time.monotonic() when that heartbeat arrived."""
     spawned_at: float = 0.0

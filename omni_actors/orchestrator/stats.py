@@ -27,6 +27,8 @@ class ReplicaStats:
     (launcher.WorkerHandle.startup_seconds)."""
     busy_s: float = 0.0
     """Seconds in completed engine steps (last heartbeat; a restarted worker counts from 0)."""
+    step_counts: tuple[int, ...] = ()
+    """Completed steps per duration bucket (bus.messages.STEP_BUCKETS_S, then one past the last)."""
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,7 @@ class Supervisor:
         h.engine_requests = beat.busy
         h.leases_out = beat.leased
         h.steps, h.step_s, h.beat_at = beat.steps, beat.step_s, time.monotonic()
-        h.busy_s = beat.busy_s
+        h.busy_s, h.step_counts = beat.busy_s, beat.step_counts
         limit = self.deploy.stage(h.stage_id).max_step_s
         if beat.step_s > limit and h.ready and not h.dead:
             log.error("worker.step_stuck", stage_id=h.stage_id, replica=h.replica, pid=h.pid,

@@ -16,6 +16,7 @@ leases back, and it returns segments and mappings idle for the arena's
 
 from __future__ import annotations
 
+import bisect
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ class WorkerLoop:
         self.steps = 0
         """Engine steps completed (read by the heartbeat thread)."""
         self.busy_s = 0.0
+        self.step_counts = [0] * (len(m.STEP_BUCKETS_S) + 1)
+        """Completed steps per duration bucket (heartbeats carry a copy)."""
         """Seconds spent in completed engine steps (read by the heartbeat thread)."""
         self.step_started: float | None = None
         """time.monotonic() when the running step began; None between steps (read by the heartbeat thread)."""
@@ -152,6 +155,7 @@ class WorkerLoop:
         return m.Heartbeat(
             busy=len(self.requests), leased=self.codec.leased, steps=self.steps,
             step_s=0.0 if started is None else time.monotonic() - started, busy_s=self.busy_s,
+            step_counts=list(self.step_counts),
         )
 
     def _flush(self) -> None:
@@ -278,7 +282,9 @@ class WorkerLoop:
                 self.engine.abort(rid)
         finally:
             self.step_started = None
-            self.busy_s += time.monotonic() - started
+            took = time.monotonic() - started
+            self.busy_s += took
+            self.step_counts[bisect.bisect_left(m.STEP_BUCKETS_S, took)] += 1
             self.steps += 1
         for out in outputs:
             self._emit(out)
