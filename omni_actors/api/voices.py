@@ -13,8 +13,9 @@
 
 A voice is its sample (stored as WAV) and the sample's transcript. Pipelines that
 clone (`SpeechSpec.cloning`) condition on both; the transcript is the form's
-`transcript` field when given, else empty (no recognizer runs here: a speech
-server need not have one), which cloning families accept with a weaker match.
+`transcript` field when given (an empty one too), else what the bundled Whisper
+tiny.en hears in the sample (voice_asr.py: English consents only; else empty, which
+cloning families accept with a weaker match).
 Rows live in SQLite (voice_store.py) and survive a restart. Upload parts are
 read with the server's body size and time limits.
 """
@@ -32,6 +33,7 @@ from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.multipart import read_form
 from omni_actors.api.paging import page_limit
 from omni_actors.api.schemas import read_body
+from omni_actors.api.voice_asr import transcribe
 from omni_actors.api.voice_store import Consent, ConsentInUse, Voice, VoiceStore
 
 VOICES_KEY = web.AppKey("voice_store", VoiceStore)
@@ -185,18 +187,22 @@ async def create_voice(request: web.Request) -> web.Response:
     name = _text(fields, "name", MAX_NAME_CHARS)
     consent = _text(fields, "consent", MAX_NAME_CHARS)
     transcript = _text(fields, "transcript", MAX_TRANSCRIPT_CHARS, required=False)
+    heard = "transcript" not in fields  # none given: recognise the sample
     if fields.get("type", "audio_sample") != "audio_sample":
         raise bad_request("only `audio_sample` voices can be made here (prompt voices are not supported)",
                           "type", "unsupported_value")
     if not blobs.get("audio_sample"):
         raise bad_request("form field `audio_sample` is required", "audio_sample", "missing_required_parameter")
     store = voice_store(request)
-    if store.consent(consent) is None:
+    agreed = store.consent(consent)
+    if agreed is None:
         raise bad_request(f"voice consent {consent!r} does not exist", "consent", "not_found")
     audio, rate = await off_loop(decode_audio, blobs["audio_sample"], None, "audio_sample")
     if not audio.size:
         raise bad_request("the audio sample holds no samples", "audio_sample", "invalid_audio")
     audio = audio[: int(MAX_SAMPLE_S * rate)]
+    if heard:
+        transcript = await transcribe(audio, rate, agreed.language, MAX_TRANSCRIPT_CHARS)
     try:
         made = await off_loop(store.add_voice, name, consent, audio, rate, transcript)
     except KeyError:
