@@ -91,6 +91,9 @@ class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, froz
     (its requests fail). Heartbeats flow during steps, so a long step alone never kills a worker."""
     resources: dict[str, float] = {}
     """With `cluster.backend: ray`: Ray resources per replica (GPU, CPU, custom, "node:<ip>")."""
+    labels: dict[str, str] = {}
+    """With `cluster.backend: ray`: node labels a replica's node must carry (Ray label selectors:
+    "value", or Ray's "!value", "in(a,b)", "!in(a,b)"), e.g. {"zone": "eu-1"}."""
 
     def device_list(self) -> list[str]:
         if self.devices is None:

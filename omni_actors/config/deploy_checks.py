@@ -116,6 +116,11 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
                 raise ConfigError(f"{where}.resources.{name}: expected a number >= 0, got {amount}")
         if cl.backend != "ray" and st.resources:
             raise ConfigError(f"{where}.resources: placement by resources needs `cluster: {{backend: ray}}`")
+        if cl.backend != "ray" and st.labels:
+            raise ConfigError(f"{where}.labels: placement by node labels needs `cluster: {{backend: ray}}`")
+        for name, value in st.labels.items():
+            if not name.strip() or not value.strip():
+                raise ConfigError(f"{where}.labels: expected non-empty names and values, got {name!r}: {value!r}")
         if cl.backend == "ray" and st.devices is not None:
             raise ConfigError(
                 f"{where}.devices: with cluster.backend ray, Ray assigns devices; "

@@ -196,7 +196,9 @@ class RayLauncher(Launcher):
         self._connected = True
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
-        check_resources(self.deploy, self.pipeline.stage_ids, [n["Resources"] for n in ray.nodes() if n["Alive"]])
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        check_resources(self.deploy, self.pipeline.stage_ids, [n["Resources"] for n in alive],
+                        [n.get("Labels") or {} for n in alive])
         self.auth = BusAuth(ctx)
         self.actor_cls = ray.remote(WorkerActor)
         log.info("ray.connected", address=cl.address, node=self.node_id, node_ip=self.node_ip,
@@ -215,10 +217,13 @@ class RayLauncher(Launcher):
         keys = self.auth.issue()
         need = replica_resources(self.deploy.stage(handle.stage_id))
         options: dict[str, Any] = {**_actor_options(need), "max_concurrency": ACTOR_CONCURRENCY, "max_restarts": 0}
+        labels = dict(self.deploy.stage(handle.stage_id).labels)
         pg = None
         if need.get("GPU", 0.0) > 1:  # a replica on several GPUs: reserve them together on one node
-            pg = placement_group([need], strategy="STRICT_PACK")
+            pg = placement_group([need], strategy="STRICT_PACK", bundle_label_selector=[labels] if labels else None)
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+        elif labels:
+            options["label_selector"] = labels
         env = stage_env(self.deploy, handle.stage_id, handle.replica)
         actor = self.actor_cls.options(**options).remote(
             msgspec.json.encode(spec).decode(), msgspec.json.encode(keys).decode(), msgspec.json.encode(env).decode(),
@@ -275,18 +280,33 @@ def _check_reachable(address: str, src: str) -> None:
         raise ConfigError(f"{src}: cluster.address: cannot reach Ray at {address}: {err.strerror or err}") from None
 
 
-def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: list[dict[str, float]]) -> None:
-    """Every stage's replica must fit on some node of the cluster, and all replicas together in the
-    cluster (else some would wait for placement forever)."""
+def _plain(labels: dict[str, str]) -> dict[str, str]:
+    """The selectors that ask for one value (Ray's "!", "in(...)" forms are left to Ray to match)."""
+    return {k: v for k, v in labels.items() if not v.startswith("!") and not v.startswith("in(")}
+
+
+def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: list[dict[str, float]],
+                    labels: list[dict[str, str]] | None = None) -> None:
+    """Every stage's replica must fit on some node of the cluster (one carrying its plain `labels`,
+    when given the nodes' labels), and all replicas together in the cluster (else some would wait
+    for placement forever)."""
+    labels = labels if labels is not None else [{} for _ in nodes]
     total: dict[str, float] = {}
     for sid in stage_ids:
         dep = deploy.stage(sid)
         for k, v in replica_resources(dep).items():
             total[k] = total.get(k, 0.0) + v * dep.num_replicas
         need = replica_resources(deploy.stage(sid))
-        if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+        want = _plain(dep.labels)
+        if any(all(node.get(k, 0.0) >= v for k, v in need.items()) and all(tags.get(k) == v for k, v in want.items())
+               for node, tags in zip(nodes, labels, strict=True)):
             continue
         index = next((i for i, st in enumerate(deploy.stages) if st.stage_id == sid), None)
+        if want and any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+            carried = "; ".join(", ".join(f"{k}={v}" for k, v in sorted(t.items()) if not k.startswith("ray.io/"))
+                                or "none" for t in labels)
+            raise ConfigError(f"{deploy.source}: stages[{index}].labels: no node of the Ray cluster with room for "
+                              f"{need} carries {want} (nodes' labels: {carried})")
         where = f"stages[{index}].resources" if index is not None else f"stage {sid} (default resources)"
         offered = "; ".join(
             ", ".join(f"{k}={v:g}" for k, v in sorted(n.items()) if not k.startswith(("node:", "memory", "object_store")))

@@ -56,7 +56,7 @@ def cluster() -> Iterator[Cluster]:
     })
     try:
         for name in ("node_a", "node_b"):
-            c.add_node(**NODES[name], resources={name: 4})
+            c.add_node(**NODES[name], resources={name: 4}, labels={"zone": name})
         c.wait_for_nodes()
         yield c
     finally:
@@ -168,6 +168,26 @@ async def test_stages_on_three_nodes_give_the_local_outputs_with_arrays_as_frame
     # Arrays crossed as frames: no worker made a shared-memory segment.
     assert shm_files(f"{orch.run_prefix}-s") == []
     assert orch.statistics().leases_held == 0
+
+
+async def test_a_stage_with_node_labels_is_placed_on_a_node_carrying_them(orch: Orchestrator, cluster: Cluster) -> None:
+    """`labels` (Ray label selectors): stage 0 lands on the node labelled zone=node_a; a label no node
+    carries is one clear error at start, naming the labels the nodes have."""
+    def deploy(zone: str) -> DeployConfig:
+        return make_deploy(cluster={"backend": "ray", "address": cluster.address}, stages=[
+            {"stage_id": 0, "labels": {"zone": zone}, "resources": {"CPU": 0.5}, "engine_extras": EXTRAS},
+            *({"stage_id": s, "resources": {"head": 1}, "engine_extras": EXTRAS} for s in (1, 2))])
+
+    with pytest.raises(ConfigError) as err:
+        await Orchestrator(deploy("moon")).start()
+    assert "stages[0].labels: no node of the Ray cluster with room for {'CPU': 0.5} carries {'zone': 'moon'}" \
+        in str(err.value) and "zone=node_a" in str(err.value)
+    node_a = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node_a" in n["Resources"])
+    async with running(deploy("node_a"), restart_timeout_s=RESTART_S) as placed:
+        await asyncio.wait_for(placed.workers[0][0].proc.reported, RESTART_S)
+        assert placed.workers[0][0].proc.node == node_a
+        chunks = await placed.submit(RequestSpec(inputs={"prompt": PROMPTS[0]})).collect()
+        assert any(c.finished for c in chunks)
 
 
 async def test_a_worker_on_the_orchestrators_node_maps_shared_memory_and_the_others_get_frames(
