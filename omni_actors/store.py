@@ -98,18 +98,42 @@ class Store:
             self._db.close()
 
 
-def owned_elsewhere(pid: int | None) -> bool:
-    """Whether a row's owner (the server running a job or a response) is another process that
-    still runs; False for this process (whose own work it tracks itself) or a gone one."""
-    if pid is None or pid == os.getpid():
+PID_BITS = 22
+"""Linux pids are below 2**22 (pid_max's ceiling); an owner token keeps the pid in these bits."""
+
+
+def _started(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22); None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])  # (the name may hold spaces: split after it)
+
+
+def owner_token() -> int:
+    """This process as a row's owner: its start time and pid in one integer, so a later process
+    that reuses the pid is not taken for the owner (the pid alone where /proc is missing)."""
+    pid = os.getpid()
+    return ((_started(pid) or 0) << PID_BITS) | pid
+
+
+def owned_elsewhere(owner: int | None) -> bool:
+    """Whether a row's owner (the server running a job or a response: an `owner_token`, or a bare
+    pid from before them) is another process that still runs; False for this process (whose own
+    work it tracks itself), a gone one, or one whose pid a newer process has taken."""
+    if owner is None or owner == owner_token():
+        return False
+    pid, started = owner & ((1 << PID_BITS) - 1), owner >> PID_BITS
+    if pid == os.getpid():
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not started or _started(pid) in (None, started)
 
 
 _STORE: Store | None = None

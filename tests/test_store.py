@@ -1,12 +1,16 @@
-"""The data directory's SQLite store: tables survive a reopen, transactions are atomic."""
+"""The data directory's SQLite store: tables survive a reopen, transactions are atomic; a row's owner is a
+process, not a pid."""
 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from omni_actors.store import Store
+from omni_actors.store import PID_BITS, Store, owned_elsewhere, owner_token
 
 DDL = ("CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY, body TEXT NOT NULL)",)
 
@@ -54,3 +58,19 @@ def test_columns_added_later_reach_an_old_database_once(tmp_path):
         row = jobs.get("v1")
         assert row is not None and (row.request, row.seed, row.remixed_from) == (None, None, None)
         store.close()
+
+
+def test_a_row_owner_is_a_live_process_and_not_one_that_reused_its_pid() -> None:
+    """owner_token is pid + start time: a live other process owns its rows; a gone one, this one,
+    and a process that took a gone owner's pid do not; a bare pid (a row from before the tokens)
+    is judged by the pid alone."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        started = int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        token = (started << PID_BITS) | child.pid
+        assert owned_elsewhere(token) and owned_elsewhere(child.pid)
+        assert not owned_elsewhere(((started + 1) << PID_BITS) | child.pid)  # the pid, another process
+        assert not owned_elsewhere(owner_token()) and not owned_elsewhere(None)
+    finally:
+        child.communicate(b"")
+    assert not owned_elsewhere(token) and not owned_elsewhere(child.pid)

@@ -9,7 +9,8 @@ A client may come back for any of them after a restart; `DELETE /v1/responses/{i
 Responses are kept RETENTION_S (30 days, as OpenAI keeps them): each insert also drops the rows
 older than that, so the table is bounded without a sweeper. A background response's row is
 written when it is queued and rewritten as it moves on (`status` mirrors the body's); `owner_pid`
-is the server running it, so one a gone server left unfinished reads as failed. `events` is a
+is the server running it (store.owner_token: its pid and start time), so one a gone server left
+unfinished reads as failed, even once another process has its pid. `events` is a
 streamed background response's event stream (a JSON array, `[]` while it runs: the server
 running it keeps them in memory, api/responses_events.py), written once it ends, so a client can
 read it again after a restart; NULL for a response that was not streamed in the background.
@@ -18,14 +19,13 @@ read it again after a restart; NULL for a response that was not streamed in the 
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
 import msgspec
 
 from omni_actors.api.responses_schemas import Response
-from omni_actors.store import Store, get_store
+from omni_actors.store import Store, get_store, owner_token
 
 FEATURE = "responses"
 DDL = (
@@ -55,7 +55,7 @@ class ResponseStore:
              "conversation = excluded.conversation, items = excluded.items, status = excluded.status, "
              "owner_pid = excluded.owner_pid, events = COALESCE(excluded.events, events)",
              (response.id, response.created_at, response.model, msgspec.json.encode(response).decode(),
-              json.dumps(conversation), json.dumps(items), response.status, os.getpid(),
+              json.dumps(conversation), json.dumps(items), response.status, owner_token(),
               None if events is None else events.decode())),
             ("DELETE FROM responses WHERE created_at < ?", (int(time.time()) - RETENTION_S,)),
         ])

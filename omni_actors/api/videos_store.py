@@ -20,13 +20,12 @@ gone, the row still queued or in_progress) are marked failed by `fail_orphans`.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_actors.store import Store, owned_elsewhere
+from omni_actors.store import Store, owned_elsewhere, owner_token
 
 FEATURE = "videos"
 DDL = (
@@ -93,7 +92,7 @@ class VideoStore:
         self.db.execute(
             "INSERT INTO video_jobs (id, model, prompt, size, seconds, status, created_at, owner_pid, "
             "request, remixed_from) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-            (job_id, model, prompt, size, seconds, int(time.time()), os.getpid(),
+            (job_id, model, prompt, size, seconds, int(time.time()), owner_token(),
              None if request is None else json.dumps(request), remixed_from),
         )
 
