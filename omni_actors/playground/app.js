@@ -148,6 +148,24 @@ async function refreshStatus() {
 
 // ---- talk --------------------------------------------------------------------
 
+// One line per user turn (its item id): deltas append while it is spoken, the completed transcript replaces them.
+function showUserTurn(itemId, text, done) {
+  const box = $("talk-user");
+  let line = [...box.children].find((el) => el.dataset.item === itemId);
+  if (!line) {
+    line = document.createElement("div");
+    line.dataset.item = itemId;
+    box.append(line);
+  }
+  line.classList.toggle("live", !done);
+  if (!done) line.textContent += text;
+  else if (text !== null) line.textContent = text.trim();
+  else {  // transcription failed: keep what was heard so far
+    line.classList.add("failed");
+    if (!line.textContent) line.textContent = "(not transcribed)";
+  }
+}
+
 function bindTalk() {
   const button = $("talk-button");
   button.onclick = async () => {
@@ -162,7 +180,7 @@ function bindTalk() {
     state.talk = new Talk({
       model: state.model.id, key: state.key,
       onAnswer: (delta, fresh) => { if (fresh && answer.textContent) answer.textContent += "\n"; answer.textContent += delta; },
-      onUser: (text) => { $("talk-user").textContent += (text || "").trim() + "\n"; },
+      onUser: showUserTurn,
       onState: (s) => { $("talk-state").textContent = s; },
       onError: showError,
     });

@@ -4,6 +4,7 @@ import { StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, wavBlob } from "./audi
 const $ = (id) => document.getElementById(id);
 const VIDEO_REFRESH_MS = 1000;
 const WAV_HEADER_BYTES = 44;
+const MAX_CONSENTS = 100;  // the server's largest page of voice consents: the consent picker lists one page
 
 // Reads an SSE body, calling onEvent(parsed JSON) for each `data:` line until [DONE].
 async function readSse(resp, onEvent) {
@@ -74,31 +75,118 @@ function bindChat({ api, state, showError }) {
   };
 }
 
-async function loadVoices({ api, state }) {
-  const select = $("speak-voice");
-  const names = new Set(state.model.voices || []);
-  if (state.routes.has("/v1/audio/voices")) {
+const customOption = (v) => new Option(`${v.name} (custom)`, JSON.stringify({ id: v.id }));
+
+// The voice picker: the server's custom voices when the model clones, then its built-in voices. A model
+// that declares none speaks only in a custom voice (no "alloy" then); one that does not say takes any name.
+async function loadVoices({ api, state, showError }) {
+  const model = state.model;
+  const clones = Boolean(model.custom_voices) && state.routes.has("/v1/audio/voices");
+  const options = [];
+  if (clones) {
     try {
       const custom = await (await api("/v1/audio/voices")).json();
-      for (const v of custom.data || []) select.append(new Option(`${v.name} (custom)`, JSON.stringify({ id: v.id })));
-    } catch { /* listed but refused: built-in voices only */ }
+      options.push(...(custom.data || []).map(customOption));
+    } catch (err) {
+      showError(`custom voices: ${err.message}`);
+    }
   }
-  if (!names.size) names.add("alloy");
-  for (const n of names) select.append(new Option(n, n));
+  if (state.model !== model) return;  // the picker moved on while the list came
+  const builtin = Array.isArray(model.voices) ? model.voices : ["alloy"];
+  options.push(...builtin.map((n) => new Option(n, n)));
+  $("speak-voice").replaceChildren(...options);
+  $("speak-voice").disabled = !options.length;
+  $("speak-clone").hidden = !clones;
+  const needed = $("speak-voice-needed");
+  needed.textContent = clones
+    ? "This model has no built-in voices: it speaks only in a custom voice. Upload a reference clip below to make one."
+    : "This model has no built-in voices and this server cannot make custom ones.";
+  needed.hidden = options.length > 0;
+  if (!options.length) $("speak-clone").open = true;  // the only way to speak here
+  if (clones) await loadConsents({ api, showError });
+}
+
+async function loadConsents({ api, showError }) {
+  const select = $("clone-consent");
+  const options = [new Option("new: upload the recording", "")];
+  try {
+    const page = await (await api(`/v1/audio/voice_consents?limit=${MAX_CONSENTS}`)).json();
+    options.push(...page.data.map((c) => new Option(`${c.name} (${c.language})`, c.id)));
+  } catch (err) {
+    showError(`voice consents: ${err.message}`);
+  }
+  select.replaceChildren(...options);
+  select.onchange();
+}
+
+// A custom voice the server's way (OpenAI's shapes): a consent recording once, then the voice's clip under it.
+function bindClone({ api, showError }) {
+  const consentSelect = $("clone-consent");
+  consentSelect.onchange = () => { $("clone-consent-file").parentElement.hidden = consentSelect.value !== ""; };
+  $("clone-button").onclick = async () => {
+    const button = $("clone-button");
+    const status = $("clone-status");
+    const name = $("clone-name").value.trim();
+    const sample = $("clone-sample").files[0];
+    const recording = $("clone-consent-file").files[0];
+    let consent = consentSelect.value;
+    if (!name || !sample) return showError("a custom voice needs a name and a reference clip");
+    if (!consent && !recording) return showError("a custom voice needs the speaker's consent: upload its recording");
+    busy(button, true);
+    showError("");
+    status.textContent = "uploading…";
+    try {
+      if (!consent) {
+        const form = new FormData();
+        form.append("name", name);
+        form.append("language", $("clone-language").value.trim() || "en-US");
+        form.append("recording", recording);
+        const made = await (await api("/v1/audio/voice_consents", { method: "POST", body: form })).json();
+        consent = made.id;
+        consentSelect.append(new Option(`${made.name} (${made.language})`, made.id));
+        consentSelect.value = made.id;  // later voices reuse it
+        consentSelect.onchange();
+        $("clone-consent-file").value = "";
+      }
+      const form = new FormData();
+      form.append("name", name);
+      form.append("consent", consent);
+      form.append("audio_sample", sample);
+      const transcript = $("clone-transcript").value.trim();
+      if (transcript) form.append("transcript", transcript);
+      const voice = await (await api("/v1/audio/voices", { method: "POST", body: form })).json();
+      const option = customOption(voice);
+      $("speak-voice").prepend(option);
+      $("speak-voice").disabled = false;
+      option.selected = true;
+      $("speak-voice-needed").hidden = true;
+      status.textContent = `made voice ${voice.name} (${voice.id})`;
+    } catch (err) {
+      status.textContent = "";
+      showError(err.message);
+    } finally {
+      busy(button, false);
+    }
+  };
 }
 
 function bindSpeak({ api, state, showError }) {
+  bindClone({ api, showError });
   document.addEventListener("model-changed", () => {
     $("speak-voice").replaceChildren();
-    if ((state.model.output_types || []).includes("audio")) loadVoices({ api, state });
+    $("speak-clone").hidden = true;
+    $("speak-voice-needed").hidden = true;
+    $("clone-status").textContent = "";
+    if ((state.model.output_types || []).includes("audio")) loadVoices({ api, state, showError });
   });
   $("speak-button").onclick = async () => {
     const button = $("speak-button");
     const text = $("speak-input").value.trim();
     if (!text) return;
+    const raw = $("speak-voice").value;
+    if (!raw) return showError("this model speaks only in a custom voice: make one first");
     busy(button, true);
     showError("");
-    const raw = $("speak-voice").value || "alloy";
     const voice = raw.startsWith("{") ? JSON.parse(raw) : raw;
     let player = null;
     const pcm = [];
@@ -158,7 +246,11 @@ function bindImages({ api, state, showError }) {
     showError("");
     $("image-result").replaceChildren();
     const progress = $("image-progress");
-    progress.value = 0;
+    const status = $("image-status");
+    // Indeterminate ("working") until there is something to count: an edit is answered whole, and a
+    // generation's bar only moves with its partial images.
+    progress.removeAttribute("value");
+    status.textContent = "working…";
     const file = $("image-file").files[0];
     const size = $("image-size").value.trim();
     const steps = Number($("image-steps").value) || undefined;
@@ -194,8 +286,10 @@ function bindImages({ api, state, showError }) {
       }
       progress.value = 1;
     } catch (err) {
+      progress.value = 0;
       showError(err.message);
     } finally {
+      status.textContent = "";
       busy(button, false);
     }
   };

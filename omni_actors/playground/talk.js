@@ -6,6 +6,8 @@ const TRANSCRIPT_DELTAS = new Set(["response.audio_transcript.delta", "response.
                                    "response.text.delta", "response.output_text.delta"]);
 
 export class Talk {
+  // onAnswer(delta, fresh): assistant text; onUser(itemId, text, done): the user's turn, deltas then the
+  // whole transcript (done, text null when transcription failed); onState(word); onError(message).
   constructor({ model, key, onAnswer, onUser, onState, onError }) {
     Object.assign(this, { model, key, onAnswer, onUser, onState, onError });
     this.player = new StreamPlayer(WIRE_RATE);
@@ -58,8 +60,12 @@ export class Talk {
     } else if (ev.type === "input_audio_buffer.speech_started") {
       this.player.stop();  // barge-in: the server truncates the answer, we stop playing it
       this.onState("hearing you");
+    } else if (ev.type === "conversation.item.input_audio_transcription.delta") {
+      this.onUser(ev.item_id, ev.delta, false);  // the user's words as the model hears them
     } else if (ev.type === "conversation.item.input_audio_transcription.completed") {
-      this.onUser(ev.transcript);
+      this.onUser(ev.item_id, ev.transcript, true);  // replaces the deltas of the same item
+    } else if (ev.type === "conversation.item.input_audio_transcription.failed") {
+      this.onUser(ev.item_id, null, true);
     } else if (ev.type === "response.done") {
       this.onState("listening");
     } else if (ev.type === "error") {

@@ -1,0 +1,75 @@
+"""The playground's Speak panel on a model that only clones voices (tiny qwen3_tts Base), in real headless Chromium.
+
+The model lists no built-in voices, so the page offers none (no "alloy" to be refused with
+`custom_voice_required`) and says a voice must be made; the upload makes a consent and a voice
+through the server's own routes, selects the voice, and the page speaks in it.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import numpy as np
+import soundfile as sf
+
+from tests.api.conftest import Server, eventually, idle
+from tests.browser_support import browser_page
+from tests.models.speech_family import KEY, Family, family_fixtures
+
+FAMILY = Family("qwen3_tts-base", rate=24000, frame=1920, voices=())
+CLIP_RATE = 16_000
+
+fam, model_dir, data_dir, srv = family_fixtures(FAMILY)
+
+
+def _tone(path, hz: float, seconds: float) -> None:
+    t = np.arange(int(seconds * CLIP_RATE)) / CLIP_RATE
+    sf.write(path, (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32), CLIP_RATE, subtype="PCM_16")
+
+
+async def test_speak_makes_and_uses_a_custom_voice(srv: Server, tmp_path) -> None:
+    consent, clip = tmp_path / "consent.wav", tmp_path / "clip.wav"
+    _tone(consent, 200, 1.0)
+    _tone(clip, 180, 2.0)
+    async with browser_page(srv.url + "/", api_key=KEY) as bp:
+        page = bp.page
+        await page.locator("body[data-ready=true]").wait_for()
+        assert await page.locator("#tabs button").all_inner_texts() == ["Speak", "Pipeline"]
+        await page.get_by_test_id("tab-speak").click()
+        await page.get_by_test_id("speak-voice-needed").wait_for()  # says a voice must be uploaded
+        assert await page.locator("#speak-voice option").count() == 0  # no "alloy" to be refused
+        await page.get_by_test_id("speak-input").fill("Hello in my own voice.")
+        await page.get_by_test_id("speak-button").click()  # refused by the page, not by a 400
+        assert "custom voice" in await page.get_by_test_id("error").inner_text()
+        await page.screenshot(path=str(tmp_path / "voice-needed.png"))
+
+        await page.get_by_test_id("clone-name").fill("hum")
+        await page.get_by_test_id("clone-sample").set_input_files(clip)
+        await page.get_by_test_id("clone-transcript").fill("A low hum.")
+        await page.get_by_test_id("clone-consent-file").set_input_files(consent)
+        await page.get_by_test_id("clone-button").click()
+        await page.wait_for_function("document.getElementById('clone-status').textContent.startsWith('made voice')")
+        picked = await page.evaluate("(() => { const s = document.getElementById('speak-voice');"
+                                     " return [s.selectedOptions[0].text, s.value]; })()")
+        assert picked[0] == "hum (custom)" and picked[1].startswith('{"id":"voice_'), picked
+        assert await page.get_by_test_id("speak-voice-needed").is_hidden()
+        assert await page.get_by_test_id("error").is_hidden()
+
+        await page.get_by_test_id("speak-button").click()
+        await page.wait_for_function("Number(document.getElementById('speak-audio').dataset.seconds || 0) > 0")
+        await page.screenshot(path=str(tmp_path / "voice-made.png"))
+
+        await page.reload()  # the voice and its consent are the server's: listed again
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.get_by_test_id("tab-speak").click()
+        await page.locator("#speak-voice option", has_text="hum (custom)").wait_for(state="attached")
+        assert await page.get_by_test_id("speak-voice-needed").is_hidden()
+        await page.locator("#clone-consent option", has_text="hum (en-US)").wait_for(state="attached")
+        consents = await page.locator("#clone-consent option").all_text_contents()
+        assert consents == ["new: upload the recording", "hum (en-US)"], consents
+        assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(headers=headers) as s, s.get(srv.url + "/v1/audio/voices") as resp:
+        voices = (await resp.json())["data"]
+    assert [v["name"] for v in voices] == ["hum"]
+    assert len(list(tmp_path.glob("*.png"))) == 2
+    await eventually(lambda: idle(srv.orch))
