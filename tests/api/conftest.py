@@ -18,6 +18,8 @@ from omni_actors.api.files import FILES_KEY
 from omni_actors.api.responses import RESPONSES_KEY
 from omni_actors.api.responses_store import ResponseStore
 from omni_actors.api.server import ApiServer, start_server
+from omni_actors.api.voice_store import VoiceStore
+from omni_actors.api.voices import VOICES_KEY
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.store import Store
@@ -52,13 +54,15 @@ async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIt
 @contextlib.asynccontextmanager
 async def serve_deploy(deploy: DeployConfig, key: str | None, data: Path | None = None) -> AsyncIterator[Server]:
     """Real workers and a real HTTP server on a free port for `deploy`; leak-checked on exit. Stored
-    responses and uploaded files go to `data` (a server's data directory), else a temporary one, never the user's."""
+    responses, uploaded files and custom voices go to `data` (a server's data directory), else a temporary one,
+    never the user's."""
     with tempfile.TemporaryDirectory(prefix="omni-test-data-") as tmp:
         store = Store(data or tmp)
         async with running(deploy) as orch:
             app = build_app(orch)
             app[RESPONSES_KEY] = ResponseStore(store)
             app[FILES_KEY] = FileStore(store)
+            app[VOICES_KEY] = VoiceStore(store)
             http = await start_server(app, "127.0.0.1", 0, deploy.server)
             try:
                 yield Server(orch, http.url, key, http)

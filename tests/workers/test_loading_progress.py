@@ -32,13 +32,18 @@ AutoModelForCausalLM.from_pretrained(sys.argv[1])  # outside it: no events
 """
 
 
-def test_transformers_weights_are_reported_inside_the_block_only(tmp_path: Path) -> None:
-    folder = make_tiny("llama", tmp_path / "tiny", seed=0)
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(folder)], capture_output=True, text=True,
+def _loading_events(script: str, folder: Path) -> list[dict]:
+    """The `worker.loading` events `script` (run with the folder as its argument) logged as JSON."""
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True,
                           timeout=SCRIPT_TIMEOUT_S, env={**os.environ, "OMNI_LOG_JSON": "1"})
     assert done.returncode == 0, done.stderr
-    events = [e for e in (json.loads(x) for x in done.stderr.splitlines() if x.startswith("{"))
-              if e["event"] == "worker.loading"]
+    return [e for e in (json.loads(x) for x in done.stderr.splitlines() if x.startswith("{"))
+            if e["event"] == "worker.loading"]
+
+
+def test_transformers_weights_are_reported_inside_the_block_only(tmp_path: Path) -> None:
+    folder = make_tiny("llama", tmp_path / "tiny", seed=0)
+    events = _loading_events(SCRIPT, folder)
     assert events and all(e["what"] == "Loading weights" and e["stage"] == "thinker" for e in events)
     total = events[0]["total"]
     assert total > 1 and events[0]["done"] == 0 and events[-1]["done"] == total
@@ -73,11 +78,7 @@ load_pipeline(Path(sys.argv[1]), "cpu", "float32")  # outside it: no events
 
 def test_diffusers_components_are_reported_one_by_one_inside_the_block_only(tmp_path: Path) -> None:
     folder = make_tiny("diffusion", tmp_path / "tiny", seed=0)
-    done = subprocess.run([sys.executable, "-c", DIFFUSERS_SCRIPT, str(folder)], capture_output=True, text=True,
-                          timeout=SCRIPT_TIMEOUT_S, env={**os.environ, "OMNI_LOG_JSON": "1"})
-    assert done.returncode == 0, done.stderr
-    events = [e for e in (json.loads(x) for x in done.stderr.splitlines() if x.startswith("{"))
-              if e["event"] == "worker.loading"]
+    events = _loading_events(DIFFUSERS_SCRIPT, folder)
     parts = [e for e in events if e["what"] == "Loading pipeline components"]
     assert parts and all(e["stage"] == "image" for e in events), events
     index = json.loads((folder / "model_index.json").read_text())
