@@ -126,6 +126,11 @@ class DuplexEngine(StageEngine):
             a.stop(s)
         log.info("duplex.ready", slots=a.slots, frame_budget_ms=round(self.frame_s * 1000, 1),
                  warmup_frame_ms=round(frame_ms, 1))
+        if frame_ms > self.frame_s * 1000:  # every step runs every slot: each session would be late
+            log.warning("duplex.over_budget", slots=a.slots, warmup_frame_ms=round(frame_ms, 1),
+                        frame_budget_ms=round(self.frame_s * 1000, 1),
+                        hint="a frame of all slots takes longer than a frame lasts: lower the stage's "
+                             "max_num_seqs (slots), or give it a faster device")
 
     # ---- sessions ----
 
