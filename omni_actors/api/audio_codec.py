@@ -6,16 +6,25 @@ float32 mono arrays. Every call that touches a codec goes through
 `off_loop(...)` (the loop's default thread pool), so encoding never stalls the
 event loop that also runs the orchestrator.
 
-    StreamEncoder(fmt, sample_rate)   .feed(audio) -> bytes, .finish() -> bytes
-    encode_file(audio, sr, fmt)       the whole clip at once
+    StreamEncoder(fmt, sample_rate, rate=None)   .feed(audio) -> bytes, .finish() -> bytes
+    encode_file(audio, sr, fmt, rate=None)       the whole clip at once (mono, or [C, S] kept as C channels)
+    output_rate(fmt, sample_rate)                the rate a file of `fmt` carries: `sample_rate`, or
+                                                 the nearest one mp3 / opus can hold
     decode_audio(data, fmt, param)    -> (float32 mono, sample_rate), bounded (see omni_actors.audio)
 
 Samples (pcm16, resampling, the default rate, input limits) are omni_actors.audio's.
 
+`rate` asks for another output rate (the speech API's pcm is 24 kHz); `pcm16`
+(chat's name) is always 24 kHz, as OpenAI's chat audio is. Audio is resampled to it with omni_actors.audio's soxr resampler, as it is to a rate
+mp3 or opus cannot carry.
+
 Streaming: pcm and wav go out as they come (wav with an open-ended header,
 sizes 0xFFFFFFFF, as streaming servers do); mp3 and opus go through
-libsndfile's encoders as their frames complete; flac needs its totals in the
-header, so a streamed flac is encoded whole at the end.
+libsndfile's encoders as their frames complete. flac is NOT streamed: it is
+encoded whole at `finish()`. A FLAC stream of unknown length (STREAMINFO total
+samples 0) is valid and ffmpeg decodes it, but libsndfile 1.2 (soundfile) reports
+it as 2**63 frames and fails at its end ("psf_fseek() failed"), so a client reading
+it with soundfile would get an error instead of the clip.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from omni_actors.audio import (
     resample,
 )
 
-__all__ = ["DEFAULT_SAMPLE_RATE", "StreamEncoder", "decode_audio", "encode_file", "off_loop", "pcm16"]
+__all__ = ["DEFAULT_SAMPLE_RATE", "StreamEncoder", "decode_audio", "encode_file", "off_loop", "output_rate", "pcm16"]
 
 CONTENT_TYPES = {
     "wav": "audio/wav",
@@ -60,6 +69,7 @@ _SF_FORMATS = {
     "opus": ("OGG", "OPUS"),
 }
 _RATES = {
+    "pcm16": (DEFAULT_SAMPLE_RATE,),  # chat's and realtime's raw audio: OpenAI's 24 kHz, always
     "opus": (8000, 12000, 16000, 24000, 48000),
     "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
 }
@@ -85,7 +95,8 @@ def check_supported(fmt: str) -> None:
                               f"({sf.__libsndfile_version__})", "response_format", "unsupported_format")
 
 
-def _rate_for(fmt: str, sample_rate: int) -> int:
+def output_rate(fmt: str, sample_rate: int) -> int:
+    """`sample_rate`, or the nearest rate `fmt` can carry (preferring a higher one)."""
     allowed = _RATES.get(fmt)
     if not allowed or sample_rate in allowed:
         return sample_rate
@@ -142,11 +153,12 @@ class _Sink:
 class StreamEncoder:
     """Encode a growing clip chunk by chunk. Not thread-safe: await each call in turn."""
 
-    def __init__(self, fmt: str, sample_rate: int) -> None:
+    def __init__(self, fmt: str, sample_rate: int, rate: int | None = None) -> None:
         check_supported(fmt)
         self.fmt = fmt
         self.in_rate = sample_rate
-        self.rate = _rate_for(fmt, sample_rate)
+        self.rate = output_rate(fmt, rate or sample_rate)
+        """The rate of the bytes out."""
         self.samples = 0
         self._resampler = Resampler(sample_rate, self.rate)
         self._started = False
@@ -196,16 +208,19 @@ class StreamEncoder:
         return tail
 
 
-def encode_file(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """The whole clip as one file (pcm: raw 16-bit little-endian mono)."""
+def encode_file(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | None = None) -> bytes:
+    """The whole clip as one file at `output_rate(fmt, rate or sample_rate)`. `audio` is mono, or
+    [C, S] kept as C channels (pcm: raw 16-bit little-endian, channels interleaved)."""
     check_supported(fmt)
-    rate = _rate_for(fmt, sample_rate)
-    audio = resample(np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate, rate)
+    out_rate = output_rate(fmt, rate or sample_rate)
+    x = np.asarray(audio, dtype=np.float32)
+    channels = x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
+    frames = np.stack([resample(c, sample_rate, out_rate) for c in channels], axis=1)  # [S, C]
     if fmt in ("pcm", "pcm16"):
-        return pcm16(audio)
+        return pcm16(frames.reshape(-1))
     major, sub = _SF_FORMATS[fmt]
     buf = io.BytesIO()
-    sf.write(buf, audio, rate, format=major, subtype=sub)
+    sf.write(buf, frames if frames.shape[1] > 1 else frames[:, 0], out_rate, format=major, subtype=sub)
     return buf.getvalue()
 
 

@@ -5,20 +5,26 @@
 
 What goes into the pipeline: inputs {"prompt", "negative_prompt"}, params {seconds,
 seed, num_inference_steps, guidance_scale} (those given). The stage answers
-{"audio": float32 [C, S], "sample_rate"}; the file keeps its channels (pcm: 16-bit
-little-endian, interleaved). A model that makes no audio, or speech from text rather than
-sound from a prompt, is a 400 saying what it makes.
+{"audio": float32 [C, S], "sample_rate"}; the file (audio_codec.encode_file) keeps its
+channels (pcm: 16-bit little-endian, interleaved) and the model's rate, except an mp3 of a
+rate mp3 cannot carry, which is resampled to the nearest one it can; X-Sample-Rate says
+the file's rate. A model that makes no audio, or speech from text rather than sound from a
+prompt, is a 400 saying what it makes.
 """
 
 from __future__ import annotations
-
-import io
 
 import msgspec
 import numpy as np
 from aiohttp import web
 
-from omni_actors.api.audio_codec import CONTENT_TYPES, off_loop, pcm16
+from omni_actors.api.audio_codec import (
+    CONTENT_TYPES,
+    check_supported,
+    encode_file,
+    off_loop,
+    output_rate,
+)
 from omni_actors.api.calls import (
     PipelineCall,
     drop_none,
@@ -30,8 +36,8 @@ from omni_actors.api.schemas import read_body
 from omni_actors.api.video_request import capabilities
 
 ROUTES = ("/v1/audio/generations", "/v1/audio/generate")
-FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "pcm": None}
-MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+FORMATS = ("wav", "flac", "mp3", "pcm")
+"""The response formats offered here (audio_codec encodes them)."""
 MAX_SECONDS = 600.0
 
 
@@ -51,19 +57,6 @@ def add_routes(app: web.Application) -> None:
         app.router.add_post(route, generations)
 
 
-def encode(audio: np.ndarray, rate: int, fmt: str) -> bytes:
-    """float [C, S] -> a file of `fmt` (channels kept)."""
-    import soundfile as sf
-
-    frames = np.clip(np.asarray(audio, dtype=np.float32).reshape(-1, audio.shape[-1]).T, -1.0, 1.0)
-    if FORMATS[fmt] is None:
-        return pcm16(frames.reshape(-1))
-    major, sub = FORMATS[fmt]
-    buf = io.BytesIO()
-    sf.write(buf, frames, rate, format=major, subtype=sub)
-    return buf.getvalue()
-
-
 async def generations(request: web.Request) -> web.Response:
     req = await read_body(request, AudioGenerationRequest)
     orch, model = route_model(request, req.model, {"audio"})
@@ -75,6 +68,7 @@ async def generations(request: web.Request) -> web.Response:
     if req.response_format not in FORMATS:
         raise bad_request(f"response_format {req.response_format!r} is not supported; expected one of "
                           f"{sorted(FORMATS)}", "response_format", "unsupported_value")
+    check_supported(req.response_format)  # (this server's libsndfile) before the generation, not after
     if not req.prompt:
         raise bad_request("prompt must not be empty", "prompt")
     top = float(capabilities(orch).get("max_seconds", MAX_SECONDS))
@@ -92,9 +86,7 @@ async def generations(request: web.Request) -> web.Response:
                 audio, rate = np.asarray(chunk.data["audio"]), int(chunk.data.get("sample_rate") or 0)
     if audio is None or rate <= 0:
         raise ApiError(500, "the pipeline ended without audio", None, "no_audio")
-    if req.response_format == "mp3" and rate not in MP3_RATES:
-        raise bad_request(f"response_format mp3 cannot carry {rate} Hz audio; use wav or flac",
-                          "response_format", "unsupported_value")
-    body = await off_loop(encode, audio, rate, req.response_format)
+    body = await off_loop(encode_file, audio, rate, req.response_format)
     kind = CONTENT_TYPES.get(req.response_format, "application/octet-stream")
-    return web.Response(body=body, headers={"Content-Type": kind, "X-Sample-Rate": str(rate)})
+    return web.Response(body=body, headers={"Content-Type": kind,
+                                            "X-Sample-Rate": str(output_rate(req.response_format, rate))})

@@ -69,6 +69,7 @@ from omni_actors.api.chat_schemas import (
 from omni_actors.api.errors import bad_request
 from omni_actors.api.files import file_bytes
 from omni_actors.api.schemas import read_body
+from omni_actors.api.speech_inputs import listed_voice
 from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
 from omni_actors.errors import RequestError
@@ -150,6 +151,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice, can_force=True)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
     guided = guided_params(orch.pipeline, req.response_format, req.tools, req.tool_choice, req.parallel_tool_calls)
+    if req.audio is not None and req.audio.voice:
+        listed_voice(orch.pipeline, req.audio.voice, "audio.voice")  # /v1/audio/speech's 400 for an unknown one
     want_audio = "audio" in modalities
     audio_format = req.audio.format if req.audio else "wav"
     if want_audio:

@@ -12,10 +12,13 @@ orchestrator/outputs.py); anything else the stages emit, and chunks without
 samples, are skipped. Where the stages have no speed knob, the API changes the
 speed itself (speech_audio.py).
 
-Response modes (every `response_format`: mp3, opus, aac, flac, wav, pcm):
-    default                  the whole file, with Content-Length
+Response modes (every `response_format`: mp3, opus, aac, flac, wav, pcm; pcm is
+24 kHz 16-bit mono, the others carry the model's rate, see speech_audio.py):
+    default                  the whole file, with Content-Length and X-Sample-Rate
     stream: true or stream_format: "audio"
-                             chunked transfer of encoded bytes as they are made
+                             chunked transfer of encoded bytes as they are made (flac: at
+                             the end, audio_codec.py says why), X-Sample-Rate in the headers,
+                             which go out with the first audio
     stream_format: "sse"     `speech.audio.delta` events ({"audio": base64}) then
                              `speech.audio.done` with usage; no `[DONE]`
 """
@@ -69,9 +72,16 @@ class Encoding:
         return await self.encoder.feed(audio)
 
     async def finish(self) -> bytes:
-        if self.encoder is None:
+        return await self._made().finish()
+
+    def _made(self) -> SpeechEncoder:
+        if self.encoder is None:  # no audio yet: the stated rate
             self.encoder = SpeechEncoder(self.fmt, self.rate, self.speed)
-        return await self.encoder.finish()
+        return self.encoder
+
+    def headers(self) -> dict[str, str]:
+        """Content-Type and X-Sample-Rate (the rate of the bytes sent), once the first audio came."""
+        return {"Content-Type": TYPES[self.fmt], "X-Sample-Rate": str(self._made().out_rate)}
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -96,17 +106,24 @@ async def _whole(call: PipelineCall, enc: Encoding) -> web.Response:
         if got is not None:
             parts.append(await enc.feed(*got))
     parts.append(await enc.finish())
-    return web.Response(body=b"".join(parts), content_type=TYPES[enc.fmt])
+    return web.Response(body=b"".join(parts), headers=enc.headers())
 
 
 async def _chunked(request: web.Request, call: PipelineCall, enc: Encoding) -> web.StreamResponse:
-    """Encoded bytes as they are made. A failure after the first byte cuts the connection
-    (the status line is gone; a truncated chunked body is how HTTP says "incomplete")."""
-    resp = web.StreamResponse(headers={"Content-Type": TYPES[enc.fmt], "Cache-Control": "no-cache"})
+    """Encoded bytes as they are made. The headers wait for the first audio (its rate is
+    X-Sample-Rate's), so an error before it keeps its HTTP status; a failure after the first
+    byte cuts the connection (a truncated chunked body is how HTTP says "incomplete")."""
+    first = b""
+    async for chunk in call:
+        if (got := audio_of(chunk)) is not None:
+            first = await enc.feed(*got)
+            break
+    resp = web.StreamResponse(headers={**enc.headers(), "Cache-Control": "no-cache"})
     resp.enable_chunked_encoding()
-    await call.started()  # an error before the first output keeps its HTTP status
     await resp.prepare(request)
     request[RESPONSE_STARTED] = True
+    if first:
+        await resp.write(first)
     async for chunk in call:
         got = audio_of(chunk)
         if got is not None and (data := await enc.feed(*got)):

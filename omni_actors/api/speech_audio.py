@@ -3,6 +3,12 @@
     enc = SpeechEncoder(fmt, sample_rate, speed)     speed 1.0: untouched
     await enc.feed(audio) -> bytes                    bytes of `fmt` ready to send
     await enc.finish() -> bytes                       the tail (flac: the whole file)
+    enc.out_rate == wire_rate(fmt, sample_rate)       the rate of those bytes (X-Sample-Rate)
+
+`pcm` is OpenAI's: 24 kHz (PCM_RATE) 16-bit mono little-endian, whatever the
+model's own rate (the openai SDK's LocalAudioPlayer plays it at 24000); the
+audio is resampled to it. The other formats carry the model's rate (mp3 / opus:
+the nearest rate they can hold) and say it in their headers.
 
 mp3, opus, flac, wav and pcm go through api/audio_codec.py's StreamEncoder
 (libsndfile); aac is written here as an ADTS stream with PyAV's AAC encoder
@@ -17,12 +23,28 @@ import io
 
 import numpy as np
 
-from omni_actors.api.audio_codec import CONTENT_TYPES, StreamEncoder, check_supported, off_loop
+from omni_actors.api.audio_codec import (
+    CONTENT_TYPES,
+    StreamEncoder,
+    check_supported,
+    off_loop,
+    output_rate,
+)
 from omni_actors.api.time_stretch import TimeStretch
+from omni_actors.audio import DEFAULT_SAMPLE_RATE
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 TYPES = {**{f: CONTENT_TYPES[f] for f in FORMATS if f in CONTENT_TYPES}, "aac": "audio/aac"}
 AAC_BITRATE = 64_000
+PCM_RATE = DEFAULT_SAMPLE_RATE
+"""Rate of `pcm` speech: OpenAI's 24 kHz."""
+
+
+def wire_rate(fmt: str, sample_rate: int) -> int:
+    """The rate speech of `fmt` goes out at, for audio made at `sample_rate`."""
+    if fmt == "pcm":
+        return PCM_RATE
+    return sample_rate if fmt == "aac" else output_rate(fmt, sample_rate)
 
 
 class _AacEncoder:
@@ -72,8 +94,9 @@ class SpeechEncoder:
             check_supported(fmt)
         self.fmt, self.rate = fmt, sample_rate
         self.speed = TimeStretch(sample_rate, speed) if speed != 1.0 else None
+        self.out_rate = wire_rate(fmt, sample_rate)
         self.inner: StreamEncoder | _AacEncoder = (
-            _AacEncoder(sample_rate) if fmt == "aac" else StreamEncoder(fmt, sample_rate)
+            _AacEncoder(sample_rate) if fmt == "aac" else StreamEncoder(fmt, sample_rate, self.out_rate)
         )
         self.samples = 0
         """Samples encoded so far (after the speed change)."""

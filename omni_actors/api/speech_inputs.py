@@ -12,6 +12,8 @@ that also speaks) gets the fields passed through as they came.
            anything else                    -> 400 listing the choices
            A pipeline with no built-in voices (it only clones) needs a custom voice: anything else,
            or no voice, is a 400 naming `voice`.
+    listed_voice(pipe, name, param) is the built-in check alone, for chat's `audio.voice` (param
+    "audio.voice"): the same 400 where the pipeline lists voices, nothing where it lists none.
     instructions  pipelines with `instructions` only; else 400 naming the field
     speed  params["speed"] where the stages honour it (`native_speed`); else the API stretches the
            audio in time, keeping its pitch (speech_audio.py, time_stretch.py)
@@ -22,13 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import VoiceRef
 from omni_actors.api.voices import voice_store
+from omni_actors.audio import resample
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.config.speech import OPENAI_VOICES
 
@@ -49,33 +51,32 @@ def voice_choices(pipe: PipelineConfig) -> list[str]:
     return [*spec.voices, *OPENAI_VOICES] if spec else []
 
 
-def _needs_custom(pipe: PipelineConfig, given: str | None) -> ApiError:
+def _needs_custom(pipe: PipelineConfig, given: str | None, param: str = "voice") -> ApiError:
     what = f"voice {given!r}" if given else "a request without a voice"
     return bad_request(f"model {pipe.name!r} has no built-in voices, it speaks only in a custom voice "
                        f"(voice={{\"id\": \"voice_...\"}}, see /v1/audio/voices); {what} cannot be spoken",
-                       "voice", "custom_voice_required")
+                       param, "custom_voice_required")
 
 
-def _builtin(pipe: PipelineConfig, name: str) -> str:
+def builtin_voice(pipe: PipelineConfig, name: str, param: str = "voice") -> str:
+    """The built-in voice `name` stands for (itself, or an OpenAI name's), of a pipeline with a
+    SpeechSpec; a 400 naming `param` for any other name."""
     spec = pipe.speech
     assert spec is not None
     if not spec.voices:
-        raise _needs_custom(pipe, name)
+        raise _needs_custom(pipe, name, param)
     if name in spec.voices:
         return name
     if name.lower() in OPENAI_VOICES:
         return spec.voices[OPENAI_VOICES.index(name.lower()) % len(spec.voices)]
     custom = " or a custom voice id (voice_...)" if spec.cloning else ""
     raise bad_request(f"unknown voice {name!r}; this model's voices are {voice_choices(pipe)}{custom}",
-                      "voice", "unknown_voice")
+                      param, "unknown_voice")
 
 
-def _resample(audio: np.ndarray, src: int, dst: int) -> np.ndarray:
-    if src == dst:
-        return audio
-    import soxr
-
-    return soxr.resample(audio, src, dst).astype(np.float32)
+def listed_voice(pipe: PipelineConfig, name: str, param: str) -> str | None:
+    """`builtin_voice` where the pipeline lists built-in voices; None (unchecked) where it lists none."""
+    return builtin_voice(pipe, name, param) if pipe.speech is not None and pipe.speech.voices else None
 
 
 async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voice: str | VoiceRef | None,
@@ -121,7 +122,7 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
         if spec.voices:
             call.inputs["voice"] = spec.voices[0]
         call.inputs.update(reference_text=found.transcript, reference_id=vid,
-                           reference_audio=await off_loop(_resample, audio, rate, spec.sample_rate))
+                           reference_audio=await off_loop(resample, audio, rate, spec.sample_rate))
     else:
-        call.inputs["voice"] = _builtin(pipe, vid)
+        call.inputs["voice"] = builtin_voice(pipe, vid)
     return call

@@ -12,6 +12,13 @@ Server events: session.created, session.updated, speech.audio.delta {"audio": ba
 `response_format` bytes}, speech.audio.done {"usage"}, error {"error": {...}} (the session
 lives on).
 
+session.created / session.updated also say "sample_rate", the rate of the audio deltas
+(read-only; ignored in session.update): 24000 for pcm, the default (OpenAI's pcm, as on
+POST /v1/audio/speech), else the model's (null when the model does not declare it; the
+format's own header says it then). "seed" is the session's: the client's, else one drawn
+at random when the session opens; every clause of every text is made with it, so a
+sampled voice keeps its speaker from clause to clause.
+
 The buffered text is cut at clause boundaries (CLAUSE; a clause grows to at most
 MAX_CLAUSE_CHARS) and each clause is one pipeline
 request, started as soon as its boundary arrives, long before input_text.done; up to
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+import secrets
 from typing import Any
 
 import msgspec
@@ -33,9 +41,9 @@ from aiohttp import WSMsgType, web
 from omni_actors.api.calls import PipelineCall, orchestrator, require_model, route_model
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.pipelines import PIPELINES_KEY, ROUTED
-from omni_actors.api.schemas import Instructions, SpeechFormat, SpeechUsage, VoiceRef
+from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, SpeechUsage, VoiceRef
 from omni_actors.api.speech import Encoding, audio_of
-from omni_actors.api.speech_audio import FORMATS
+from omni_actors.api.speech_audio import FORMATS, PCM_RATE, wire_rate
 from omni_actors.api.speech_inputs import speech_call
 from omni_actors.errors import RequestError
 
@@ -49,6 +57,8 @@ MAX_BUFFER_CHARS = 4096
 """Text held waiting for a clause end; past it the text is spoken as it is."""
 HEARTBEAT_S = 30.0
 MAX_MESSAGE_BYTES = 1 << 20
+SESSION_SEED_BOUND = 1 << 31
+"""A session without a client seed draws one in [0, this)."""
 
 
 class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -57,7 +67,7 @@ class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     response_format: SpeechFormat = "pcm"
     instructions: Instructions | None = None
     speed: float = 1.0
-    seed: int | None = None
+    seed: Seed | None = None
 
 
 class ClientEvent(msgspec.Struct, forbid_unknown_fields=True):
@@ -152,7 +162,8 @@ class Utterance:
 class Session:
     def __init__(self, request: web.Request, ws: web.WebSocketResponse) -> None:
         self.request, self.ws = request, ws
-        self.config = SessionConfig(model=require_model(orchestrator(request), None))
+        self.config = SessionConfig(model=require_model(orchestrator(request), None),
+                                    seed=secrets.randbelow(SESSION_SEED_BOUND))
         self.api_speed, self.rate = 1.0, None
         self.buffer = ""
         self.ahead = asyncio.Semaphore(MAX_AHEAD)
@@ -167,14 +178,19 @@ class Session:
         await self.send({"type": "error", **err.body()})
 
     def described(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self.config)
+        fmt = self.config.response_format
+        rate = PCM_RATE if fmt == "pcm" else wire_rate(fmt, self.rate) if self.rate else None
+        return {**msgspec.structs.asdict(self.config), "sample_rate": rate}  # every field, defaults too
 
     async def update(self, raw: dict[str, Any] | None) -> None:
         if self.current is not None:
             raise bad_request("session.update is not allowed in the middle of a text; send input_text.done "
                               "first", "session")
+        raw = {k: v for k, v in (raw or {}).items() if k != "sample_rate"}  # read-only (an echoed session)
+        if raw.get("seed", 0) is None:
+            raw.pop("seed")  # the session keeps one seed: null does not take it away
         try:
-            new = msgspec.convert({**self.described(), **(raw or {})}, SessionConfig)
+            new = msgspec.convert({**msgspec.to_builtins(self.config), **raw}, SessionConfig)
         except msgspec.ValidationError as err:
             raise bad_request(f"session: {err}", "session") from None
         orch, _ = self.request.app[PIPELINES_KEY].find(new.model, {"audio"}, "session.model")

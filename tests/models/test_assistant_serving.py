@@ -122,7 +122,7 @@ async def test_speech_streams_progressively(srv: Server) -> None:
         async for piece in resp.iter_bytes():
             arrivals.append((time.monotonic() - started, len(piece)))
     total = sum(n for _, n in arrivals)
-    seconds = total / 2 / 22050  # pcm: 16-bit mono at the voice's rate
+    seconds = total / 2 / 24000  # pcm: 16-bit mono at 24 kHz, as OpenAI sends it
     assert 4.0 < seconds < 15.0, seconds
     first, last = arrivals[0][0], arrivals[-1][0]
     assert len(arrivals) >= 3
