@@ -4,7 +4,8 @@ Form fields: `image` (one file, repeated, or `image[]` as the openai SDK sends a
 list), optional `mask`, `prompt`, and the generation fields of
 /v1/images/generations as text (`n`, `size`, `seed`, `num_inference_steps`,
 `guidance_scale`, `negative_prompt`, `response_format`, `output_format`,
-`stream`, `partial_images`; `layers` for a layered pipeline). Files are decoded
+`stream`, `partial_images`, `output_compression`, `background`; `layers` for a layered pipeline;
+`quality` and `input_fidelity` are checked and have no effect). Files are decoded
 here, in a thread, to uint8 arrays that cross the bus in shared memory:
 
     inputs  {"prompt", "negative_prompt", "image": [uint8 [H, W, 3|4], ...], "mask": uint8 [H, W]}
@@ -32,7 +33,7 @@ from omni_actors.api.calls import (
 )
 from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.images import answer_images, collect_images, parse_size
+from omni_actors.api.images import answer_images, collect_images, parse_size, require_background
 from omni_actors.api.multipart import BodyBudget, form_parts
 
 ROUTE = "/v1/images/edits"
@@ -44,6 +45,12 @@ TEXT_FIELDS = frozenset({
     "input_fidelity", "user", "output_compression", "moderation", "layers",
 })  # fmt: skip
 FORMATS = ("png", "jpeg", "webp")
+CHOICES = {
+    "background": ("auto", "opaque", "transparent"),
+    "quality": ("auto", "low", "medium", "high", "standard", "hd"),  # accepted, no effect (docs/media.md)
+    "input_fidelity": ("high", "low"),  # accepted, no effect: the pipelines read the whole input image
+}
+"""Form fields with a fixed set of values (the schema's ImageRequest checks the JSON route's)."""
 
 
 async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], list[bytes], bytes | None]:
@@ -113,6 +120,12 @@ def _int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
     return v
 
 
+def _choices(fields: dict[str, str]) -> None:
+    for name, allowed in CHOICES.items():
+        if name in fields and fields[name] not in allowed:
+            raise bad_request(f"{name} must be one of {list(allowed)}, got {fields[name]!r}", name)
+
+
 def _params(fields: dict[str, str]) -> dict[str, Any]:
     size = parse_size(fields.get("size"))
     guidance = fields.get("guidance_scale")
@@ -154,6 +167,9 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     response_format = fields.get("response_format") or "b64_json"
     if response_format not in ("b64_json", "url"):
         raise bad_request(f"response_format must be b64_json or url, got {response_format!r}", "response_format")
+    _choices(fields)
+    require_background(caps, fields.get("background"))
+    compression = _int(fields, "output_compression", 0, 100)
     params = _params(fields)
     require_size(caps, params.get("width"), params.get("height"))
     require_input(caps, "negative_prompt", fields.get("negative_prompt"))
@@ -183,7 +199,7 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
         from omni_actors.api.image_stream import stream_images
 
         partial = _int(fields, "partial_images", 0, 3) or 0
-        return await stream_images(request, ROUTE, inputs, params, fmt, partial, "image_edit")
+        return await stream_images(request, ROUTE, inputs, params, fmt, partial, "image_edit", compression)
     async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:
         out = await collect_images(call)
-    return await answer_images(request, out, fmt, response_format)
+    return await answer_images(request, out, fmt, response_format, compression)

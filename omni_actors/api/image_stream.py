@@ -26,7 +26,9 @@ from omni_actors.errors import RequestError
 
 
 async def stream_images(request: web.Request, route: str, inputs: dict[str, Any], params: dict[str, Any],
-                        fmt: str, partial_images: int, prefix: str) -> web.StreamResponse:
+                        fmt: str, partial_images: int, prefix: str,
+                        compression: int | None = None) -> web.StreamResponse:
+    """`compression`: OpenAI's `output_compression`, the JPEG / WebP quality (images.py encode_image)."""
     if partial_images:
         params = {**params, "partial_images": partial_images}
     async with PipelineCall(request, route, inputs, params, {"image"}) as call:
@@ -41,7 +43,7 @@ async def stream_images(request: web.Request, route: str, inputs: dict[str, Any]
                     if preview is not None and index < partial_images:
                         img = np.asarray(preview)[0]
                         await sse.send(ImageStreamEvent(
-                            type=f"{prefix}.partial_image", b64_json=await off_loop(encode_b64, img, fmt),
+                            type=f"{prefix}.partial_image", b64_json=await off_loop(encode_b64, img, fmt, compression),
                             created_at=int(time.time()), size=f"{img.shape[1]}x{img.shape[0]}",
                             output_format=fmt, partial_image_index=index))
                         index += 1
@@ -49,7 +51,7 @@ async def stream_images(request: web.Request, route: str, inputs: dict[str, Any]
                         arr = np.asarray(chunk.data["images"])
                         for img in arr if arr.ndim == 4 else [arr]:
                             await sse.send(ImageStreamEvent(
-                                type=f"{prefix}.completed", b64_json=await off_loop(encode_b64, img, fmt),
+                                type=f"{prefix}.completed", b64_json=await off_loop(encode_b64, img, fmt, compression),
                                 created_at=int(time.time()), size=f"{img.shape[1]}x{img.shape[0]}",
                                 output_format=fmt))
             except RequestError as err:

@@ -10,7 +10,9 @@ What goes into the pipeline:
 
 Image chunks come back as StageChunk(output_type="image", data={"images": uint8
 [n, H, W, C] (or one [H, W, C])}); progress chunks without "images" are skipped.
-A diffusion model that only edits is a 400 pointing at /v1/images/edits.
+A diffusion model that only edits is a 400 pointing at /v1/images/edits. `output_compression` is the
+JPEG / WebP quality; `background: "transparent"` is a 400 unless the model makes layers; `quality` and
+`style` are accepted without effect (docs/media.md).
 Images are encoded in the thread pool, each on its own (PNG by png.py, 2-3x faster than PIL);
 `response_format: "url"` links go to image_files.py.
 `answer_images` is shared with the edits route (image_edits.py).
@@ -60,7 +62,16 @@ def parse_size(size: str | None) -> tuple[int, int] | None:
     return w, h
 
 
-def encode_image(img: np.ndarray, fmt: str) -> bytes:
+def require_background(caps: Any, background: str | None) -> None:
+    """`background`: "auto" / "opaque" are what every model makes; "transparent" only a layered one's RGBA layers."""
+    if background == "transparent" and (caps is None or "image-to-layers" not in caps.tasks):
+        raise bad_request("background 'transparent' cannot be produced: this model makes opaque images "
+                          "(use 'auto' or 'opaque')", "background")
+
+
+def encode_image(img: np.ndarray, fmt: str, compression: int | None = None) -> bytes:
+    """`fmt` bytes; `compression` (OpenAI's `output_compression`, 0-100) is the JPEG / WebP quality
+    (None: PIL's default); PNG is lossless and takes none."""
     from PIL import Image
 
     arr = np.ascontiguousarray(img, dtype=np.uint8)
@@ -72,19 +83,20 @@ def encode_image(img: np.ndarray, fmt: str) -> bytes:
     if fmt == "jpeg" and pil.mode == "RGBA":
         pil = pil.convert("RGB")  # JPEG has no alpha
     buf = io.BytesIO()
-    pil.save(buf, format=fmt.upper())
+    pil.save(buf, format=fmt.upper(), **({"quality": compression} if compression is not None else {}))
     return buf.getvalue()
 
 
-def encode_b64(img: np.ndarray, fmt: str) -> str:
-    return base64.b64encode(encode_image(img, fmt)).decode()
+def encode_b64(img: np.ndarray, fmt: str, compression: int | None = None) -> str:
+    return base64.b64encode(encode_image(img, fmt, compression)).decode()
 
 
-async def encode_images(images: list[np.ndarray], fmt: str, b64: bool = False) -> list[Any]:
+async def encode_images(images: list[np.ndarray], fmt: str, b64: bool = False,
+                        compression: int | None = None) -> list[Any]:
     """Each image encoded (as base64 text with `b64`) in the loop's thread pool, all at once:
     the codecs release the GIL, so n images take about as long as one."""
     fn = encode_b64 if b64 else encode_image
-    return list(await asyncio.gather(*(off_loop(fn, img, fmt) for img in images)))
+    return list(await asyncio.gather(*(off_loop(fn, img, fmt, compression) for img in images)))
 
 
 async def collect_images(call: PipelineCall) -> list[np.ndarray]:
@@ -97,18 +109,18 @@ async def collect_images(call: PipelineCall) -> list[np.ndarray]:
 
 
 async def answer_images(request: web.Request, images: list[np.ndarray], fmt: str,
-                        response_format: str | None) -> web.Response:
+                        response_format: str | None, compression: int | None = None) -> web.Response:
     """The OpenAI images answer: base64 data, or links served by this server for a while."""
     h, w = (images[0].shape[0], images[0].shape[1]) if images else (0, 0)
     expires: int | None = None
     if response_format == "url":
         files = request.app[FILES_KEY]
         data = []
-        for blob in await encode_images(images, fmt):
+        for blob in await encode_images(images, fmt, compression=compression):
             name, expires = files.put(blob, fmt)
             data.append(ImageData(url=f"{request.scheme}://{request.host}/v1/files/images/{name}"))
     else:
-        data = [ImageData(b64_json=text) for text in await encode_images(images, fmt, b64=True)]
+        data = [ImageData(b64_json=text) for text in await encode_images(images, fmt, True, compression)]
     body = ImagesResponse(created=int(time.time()), data=data, output_format=fmt, size=f"{w}x{h}",
                           expires_at=expires)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
@@ -138,6 +150,7 @@ async def generations(request: web.Request) -> web.StreamResponse:
     require_task(orch, caps, GENERATION_TASKS, ROUTE)
     size = parse_size(req.size)
     require_size(caps, *(size or (None, None)))
+    require_background(caps, req.background)
     params = diffusion_params(req, size)
     negative = req.negative_prompt if req.negative_prompt is not None else (
         req.extra_body.negative_prompt if req.extra_body else None)
@@ -148,7 +161,7 @@ async def generations(request: web.Request) -> web.StreamResponse:
         from omni_actors.api.image_stream import stream_images
 
         return await stream_images(request, ROUTE, inputs, params, fmt, req.partial_images or 0,
-                                   "image_generation")
+                                   "image_generation", req.output_compression)
     async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:
         images = await collect_images(call)
-    return await answer_images(request, images, fmt, req.response_format)
+    return await answer_images(request, images, fmt, req.response_format, req.output_compression)

@@ -180,8 +180,11 @@ class ImageRequest(RequestStruct):
     """"WIDTHxHEIGHT" (e.g. "512x512") or "auto" (the pipeline's default)."""
     response_format: Literal["b64_json", "url"] | None = None
     output_format: Literal["png", "jpeg", "webp"] | None = None
-    quality: Name | None = None
-    style: Name | None = None
+    quality: Literal["auto", "low", "medium", "high", "standard", "hd"] | None = None
+    """OpenAI's quality names, accepted and without effect: a diffusion model's cost and detail are set by
+    `num_inference_steps` (docs/media.md)."""
+    style: Literal["vivid", "natural"] | None = None
+    """DALL-E 3's style, accepted and without effect: say the style in the prompt."""
     user: Name | None = None
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
     guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
@@ -190,9 +193,12 @@ class ImageRequest(RequestStruct):
     stream: bool = False
     partial_images: Annotated[int, Meta(ge=0, le=3)] | None = None
     """Previews sent before the final image when streaming (OpenAI allows 0-3)."""
-    background: str | None = None
+    background: Literal["auto", "opaque", "transparent"] | None = None
+    """"auto" and "opaque" are what a model makes; "transparent" is a 400 except on a layered model (its
+    layers are RGBA)."""
     moderation: str | None = None
     output_compression: Annotated[int, Meta(ge=0, le=100)] | None = None
+    """JPEG / WebP quality 0-100 (PIL's scale; unset: PIL's defaults, 75 and 80); PNG is lossless and ignores it."""
     extra_body: DiffusionFields | None = None
 
 

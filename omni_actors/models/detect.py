@@ -55,12 +55,20 @@ def detect_pipeline(folder: str | Path) -> str:
             elif entry == f"{kind}:{WILDCARD}":
                 wildcard.append(name)
     if kind == "diffusers" and not exact and wildcard:
-        from omni_actors.models.diffusion.capabilities import folder_caps
+        from omni_actors.models.diffusion.capabilities import SUPPORTED, folder_caps
 
         try:  # the generic diffusion pipeline calls any class with a known call style: check it now
-            folder_caps(folder)
+            caps = folder_caps(folder)
         except ConfigError as err:
             raise ConfigError(f"--model: {folder}: {err}") from None
+        makes = set().union(*(get_pipeline(name).output_types() for name in wildcard))
+        if caps.output_kind not in makes:  # a video/audio class no pipeline names: it would fail at its first request
+            named = sorted({e.partition(":")[2] for e in supported if e.startswith("diffusers:")} - {WILDCARD})
+            raise ConfigError(
+                f"--model: {folder}: {caps.pipeline_class} is a {caps.output_kind} pipeline this server does not "
+                f"serve; classes served by name: {', '.join(named) or 'none'}; "
+                f"for {' or '.join(sorted(makes))} output, {SUPPORTED}"
+            )
     if exact or wildcard:
         return sorted(exact or wildcard)[0]
     raise ConfigError(

@@ -39,6 +39,11 @@ class FamilyFacts:
     guidance_param: str = "guidance_scale"
     """The call argument a request's `guidance_scale` sets (Qwen-Image's classifier-free
     guidance is `true_cfg_scale`; its `guidance_scale` is for guidance-distilled weights)."""
+    preview: str = "auto"
+    """How streamed previews decode mid-run latents, as the pipeline's own `__call__` decodes its
+    final ones (a recipe of workers/engines/diffusion_preview.py): "auto" picks by the latents'
+    layout; "packed_scaled" (LongCat), "packed_bn" (FLUX.2), "mean_std" (GLM-Image), "layered"
+    (Qwen-Image-Layered), "none"."""
 
 
 _DEFAULT = FamilyFacts()
@@ -48,18 +53,19 @@ _FACTS: dict[str, FamilyFacts] = {
     # Qwen-Image-Edit-2509 ("Plus") composes up to three reference images.
     "QwenImageEditPlusPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, max_input_images=3, size_multiple=16),
     "QwenImageLayeredPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16,
-                                            image_mode="RGBA"),
-    "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64),
-    "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64),
+                                            image_mode="RGBA", preview="layered"),
+    "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64, preview="packed_bn"),
+    "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64,
+                                      preview="packed_bn"),
     "ZImagePipeline": FamilyFacts(size_multiple=16),
     "HunyuanImagePipeline": FamilyFacts(size_multiple=32),
     # Image-to-image takes one condition image (diffusers concatenates the images' prior features, so
     # several would have to share a size); it needs fixes.py's work-around for diffusers 0.42.1.
     "GlmImagePipeline": FamilyFacts(size_multiple=32, one_prompt=True, image_list=True, image_multiple=32,
-                                    max_image_aspect=4.0),
-    "LongCatImagePipeline": FamilyFacts(size_multiple=16),
+                                    max_image_aspect=4.0, preview="mean_std"),
+    "LongCatImagePipeline": FamilyFacts(size_multiple=16, preview="packed_scaled"),
     "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True, mask_required=True),
-    "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16),
+    "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16, preview="packed_scaled"),
 }
 
 

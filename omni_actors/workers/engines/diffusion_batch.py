@@ -151,9 +151,9 @@ class Batch:
             return  # after the last step, run on through the decode
         preview = None
         if latents is not None and done in self._preview_at:
-            from omni_actors.workers.engines.diffusion_preview import decode_preview
+            from omni_actors.workers.engines.diffusion_preview import preview as decode
 
-            preview = decode_preview(self.pipe, latents, self._kwargs.get("height"), self._kwargs.get("width"))
+            preview = decode(self.pipe, latents, self._kwargs)  # None where it cannot (logged once)
         self._reports.put(("progress", done, total, preview))
         if self._stop.is_set():
             raise _Cancelled
@@ -186,13 +186,15 @@ class Batch:
 
             kwargs["callback_on_step_end"] = on_step_end
         else:
-            # No step callback in this pipeline: pause after each scheduler step instead.
+            # No step callback in this pipeline: pause after each scheduler step instead, with the
+            # step's new latents (its first output) for previews.
             step_fn, calls = scheduler.step, [0]
 
             def step_and_pause(*args: Any, **kw: Any) -> Any:
                 out = step_fn(*args, **kw)
                 calls[0] += 1
-                self._pause(calls[0], len(scheduler.timesteps))
+                self._pause(calls[0], len(scheduler.timesteps), out[0] if isinstance(out, tuple) else
+                            getattr(out, "prev_sample", None))
                 return out
 
             scheduler.step = step_and_pause
