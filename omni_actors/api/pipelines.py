@@ -8,7 +8,9 @@ prefix), so stage ids and bus identities of two pipelines never meet. A pipeline
 answers to its served name (`server.served_model_name`, or the folder's name for
 `--model DIR`) and to its pipeline's name; when two pipelines share a name, the first
 listed owns it. A request without a model goes to the first pipeline that can make
-what the route makes (with one pipeline: that one, as always).
+what the route makes (with one pipeline: that one, as always). A full-duplex model (Moshi) is
+served only as realtime sessions: a REST request that names it, or finds it the only pipeline, is a
+400 `full_duplex_model`; one without a model passes over it.
 
 `route_model` records the chosen orchestrator on the request, so the route's later
 `orchestrator(request)` and `PipelineCall(request, ...)` reach the same one.
@@ -68,23 +70,31 @@ class Pipelines:
 
     def find(self, name: str | None, wanted: set[str] | frozenset[str], param: str = "model",
              outputs_param: str = "model") -> tuple[Orchestrator, str]:
-        """The pipeline for `name` (None or "": the first that makes `wanted`) and the name to echo back."""
+        """The pipeline for `name` (None or "": the first that makes `wanted`) and the name to echo back.
+
+        `wanted` is what the request will generate; a route that only looks a model up (GET
+        /v1/models/{id}, /v1/realtime) passes an empty set. A request to generate never reaches a
+        full-duplex model: it is served only as realtime sessions (a 400 naming `param`)."""
         if name:
             orch = self.by_name.get(name)
             if orch is None:
                 raise ApiError(404, f"model {name!r} does not exist; this server serves {self.names()}", param,
                                "model_not_found")
-            require_outputs(orch, wanted, outputs_param)
-            return orch, name
-        if len(self.all) == 1:
-            require_outputs(self.default, wanted, outputs_param)
-            return self.default, model_id(self.default)
-        orch = self.first_making(set(wanted))
-        if set(wanted) <= orch.pipeline.output_types():
-            return orch, model_id(orch)
-        makes = {model_id(o): sorted(o.pipeline.output_types()) for o in self.all}
-        raise bad_request(f"no model of this server produces {sorted(wanted)}; name one in `model` "
-                          f"({makes})", param, "unsupported_modality")
+        elif len(self.all) == 1:
+            orch, name = self.default, model_id(self.default)
+        else:
+            found = next((o for o in self.all if set(wanted) <= o.pipeline.output_types()
+                          and not (wanted and o.pipeline.duplex)), None)
+            if found is None:
+                makes = {model_id(o): sorted(o.pipeline.output_types()) for o in self.all}
+                raise bad_request(f"no model of this server produces {sorted(wanted)}; name one in `model` "
+                                  f"({makes})", param, "unsupported_modality")
+            orch, name = found, model_id(found)
+        if wanted and orch.pipeline.duplex:
+            raise bad_request(f"model {name!r} is full-duplex: it is served only as realtime sessions; open the "
+                              f"realtime WebSocket (GET /v1/realtime?model={name})", param, "full_duplex_model")
+        require_outputs(orch, wanted, outputs_param)
+        return orch, name
 
 
 PIPELINES_KEY = web.AppKey("pipelines", Pipelines)

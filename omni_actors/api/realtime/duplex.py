@@ -12,7 +12,9 @@ and mutes the model until the user speaks again (input louder than
 SPEECH_RMS), when a new response opens. The session's voice, instructions and
 temperature at the stream's start go to the model as request params (an adapter
 that takes a voice or prompt reads them; Moshi takes neither). Sessions past the duplex stage's slots
-get an `error` event (code `session_limit_reached`) and the socket closes.
+are refused by the route (route.py). A stream that ends without the client closing (aborted by the
+orchestrator, a stage failure, an error sending a frame) ends the session: an `error` event, then the
+socket closes (1011; 1013 at the stage's limit) and the session is released.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors import logs
+from omni_actors.api.errors import from_exception
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import (
@@ -39,7 +42,7 @@ from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
 from omni_actors.api.realtime.session import apply_update, render_session
 from omni_actors.api.realtime.stats import RealtimeStats
-from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
+from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, new_request_id
 
@@ -63,9 +66,9 @@ def session_limit(orch: Orchestrator) -> int:
 
 
 class DuplexSession(RealtimeSession):
-    def __init__(self, ws: web.WebSocketResponse, app: web.Application, orch: Orchestrator, model: str,
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request, orch: Orchestrator, model: str,
                  stats: RealtimeStats) -> None:
-        super().__init__(ws, app, orch, model, stats)
+        super().__init__(ws, request, orch, model, stats)
         self.cfg = replace(self.cfg, turn_detection=None)
         self.dstats: DuplexStats = stats.duplex
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
@@ -74,6 +77,8 @@ class DuplexSession(RealtimeSession):
         self._pump: asyncio.Task | None = None
         self.live: dict[str, Any] | None = None  # the open response: id, item
         self.muted = False
+        self._closing = False  # the client's connection ended: the stream's abort is ours, not news
+        self._ending = False  # the pump is ending the session itself (error event, close): wait for it
 
     def _reset_vad(self) -> None:  # duplex sessions have no turns: never a VAD
         self._vad = None
@@ -82,16 +87,7 @@ class DuplexSession(RealtimeSession):
     # ---- the loop ----
 
     async def serve(self, idle_timeout_s: float) -> None:
-        d = self.dstats
-        d.session_limit = limit = session_limit(self.orch)
-        if d.sessions_live >= limit:
-            d.sessions_rejected += 1
-            log.warning("realtime.duplex_session_limit", limit=limit)
-            await self.send(ev.Error(error={"type": "invalid_request_error", "code": "session_limit_reached",
-                                            "message": f"this duplex model serves {limit} sessions at once; "
-                                                       "try again later", "param": None, "event_id": None}))
-            await self.ws.close(code=LIMIT_CLOSE_CODE, message=b"session limit reached")
-            return
+        d = self.dstats  # (the route checked the limit; this count is taken before any await)
         d.sessions_live += 1
         d.sessions_total += 1
         try:
@@ -163,13 +159,14 @@ class DuplexSession(RealtimeSession):
         try:
             self.stream = self.orch.submit(spec)
         except (AdmissionError, StageUnavailable) as err:
-            code = "session_limit_reached" if isinstance(err, AdmissionError) else "server_error"
-            await self._fail(code, str(err))
+            api = from_exception(err)
+            code = "session_limit_reached" if isinstance(err, AdmissionError) else api.code or "server_error"
+            await self._fail(code, str(err), api.type)
             return
         self._pump = asyncio.ensure_future(self._run_pump(self.stream))
 
-    async def _fail(self, code: str, message: str) -> None:
-        await self.send(ev.Error(error={"type": "server_error", "code": code, "message": message, "param": None,
+    async def _fail(self, code: str, message: str, kind: str = "server_error") -> None:
+        await self.send(ev.Error(error={"type": kind, "code": code, "message": message, "param": None,
                                         "event_id": None}))
         await self.ws.close(code=LIMIT_CLOSE_CODE if code == "session_limit_reached" else 1011,
                             message=code.encode())
@@ -177,19 +174,35 @@ class DuplexSession(RealtimeSession):
     # ---- output ----
 
     async def _run_pump(self, stream: RequestStream) -> None:
+        """Send each frame as it comes; a stream that ends while the client is still here ends the session."""
         try:
             async for chunk in stream:
                 await self._on_frame(chunk.data, send=stream.backlog() <= MAX_SEND_BACKLOG_FRAMES)
-            await self._close_live("completed", None)
         except ClientGone:
             return
-        except RequestAborted:
-            return
         except RequestError as err:
-            log.warning("realtime.duplex_failed", session_id=self.id, error=type(err).__name__)
-            code = "session_limit_reached" if "session_limit_reached" in str(err) else "server_error"
-            await self._close_live("failed", {"type": "failed", "error": {"code": code, "message": str(err)}})
-            await self._fail(code, str(err))
+            if self._closing:
+                return
+            api = from_exception(err)  # (the REST routes' code and type for the same error)
+            code = "session_limit_reached" if "session_limit_reached" in str(err) else api.code or "server_error"
+            fail = (code, str(err), api.type)
+        except Exception as err:  # this session's boundary: log it, tell the client, end the session
+            log.exception("realtime.duplex_error", session_id=self.id, error=type(err).__name__)
+            fail = ("server_error", f"internal error: {type(err).__name__}", "server_error")
+        else:
+            fail = None
+        self._ending = True
+        log.warning("realtime.duplex_ended", session_id=self.id, code=fail[0] if fail else "completed")
+        try:
+            if fail is None:
+                await self._close_live("completed", None)
+                await self.ws.close(code=1000, message=b"the model's stream ended")
+                return
+            await self._close_live("failed", {"type": "failed", "error": {"type": fail[2], "code": fail[0],
+                                                                          "message": fail[1]}})
+            await self._fail(fail[0], fail[1], fail[2])
+        except ClientGone:
+            return
 
     async def _on_frame(self, data: dict[str, Any], send: bool = True) -> None:
         io = data.get("input_to_output_ms")
@@ -252,8 +265,10 @@ class DuplexSession(RealtimeSession):
 
     async def _close_response(self) -> None:
         """The connection ended: abort the session's request in the stage and stop the pump."""
+        self._closing = True
         if self.stream is not None and not self.stream.ended:
             self.stream.abort()
         if self._pump is not None:
-            self._pump.cancel()
+            if not self._ending:  # (one ending the session is closing the socket: let it finish)
+                self._pump.cancel()
             await asyncio.wait({self._pump})

@@ -16,9 +16,11 @@ import uuid
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from msgspec import UNSET
 
 from omni_actors import logs
 from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import Resampler, wire_rate
@@ -42,6 +44,7 @@ from omni_actors.api.realtime.transcription import (
     transcribes_only,
 )
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector
+from omni_actors.api.speech_inputs import speech_call
 from omni_actors.api.tools import tools_refusal
 from omni_actors.orchestrator.core import Orchestrator
 
@@ -58,10 +61,11 @@ class ClientGone(ConnectionError):
 
 
 class RealtimeSession(InputAudio):
-    def __init__(self, ws: web.WebSocketResponse, app: web.Application, orch: Orchestrator, model: str,
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request, orch: Orchestrator, model: str,
                  stats: RealtimeStats) -> None:
         self.ws = ws
-        self.app = app
+        self.request = request  # (the upgrade request: what the REST helpers this session reuses take)
+        self.app = request.app
         self.max_audio = int(orch.deploy.server.realtime_max_audio_s * VAD_RATE)
         self.orch = orch
         self.stats = stats
@@ -200,6 +204,7 @@ class RealtimeSession(InputAudio):
             if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():
                 raise ce.BadEvent(f"pipeline {self.orch.pipeline.name!r} makes no transcripts: it cannot serve a "
                                   "transcription session", code="unsupported_session_type", param="session.type")
+            await self._check_voice(s, cfg.voice)
         except ce.BadEvent as err:
             err.event_id = eid
             raise
@@ -211,6 +216,20 @@ class RealtimeSession(InputAudio):
         if cfg.turn_detection != old.turn_detection:
             self._reset_vad()
         await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
+
+    async def _check_voice(self, s: ce.SessionIn, voice: str) -> None:
+        """A voice the update sets is checked as POST /v1/audio/speech checks it (the same codes)."""
+        if s.voice is not UNSET:
+            param = "session.voice"
+        elif s.audio is not UNSET and s.audio.output is not UNSET and s.audio.output.voice is not UNSET:
+            param = "session.audio.output.voice"
+        else:
+            return
+        try:
+            await speech_call(self.request, self.orch.pipeline, "-", voice, None, 1.0, None)
+        except ApiError as err:
+            raise ce.BadEvent(err.message.replace("`voice`", f"`{param}`"), code=err.code or "invalid_value",
+                              param=param) from None
 
     def _only_transcribes(self) -> str:
         return (f"model {self.cfg.model!r} only transcribes: it cannot hold a conversation; open a "

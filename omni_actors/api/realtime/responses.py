@@ -86,6 +86,13 @@ def failed(code: str, message: str, kind: str = "server_error") -> dict[str, Any
     return {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
 
 
+def rest_failure(err: BaseException) -> dict[str, Any]:
+    """status_details of a response failed by `err`, with the type and code REST answers it with
+    (api/errors.py from_exception: a stage's refusal is invalid_request_error / rejected_by_stage)."""
+    api = from_exception(err)
+    return failed(api.code or "server_error", str(err), api.type)
+
+
 @dataclass
 class Usage:
     input_text: int = 0
@@ -197,8 +204,7 @@ class ResponseRun:
                 call = await stack.enter_async_context(
                     PipelineCall(h.app, ROUTE, turn.inputs, turn.params, set(turn.wanted), orch=h.orch))
             except (AdmissionError, StageUnavailable, ApiError, ValueError) as err:
-                code = "rate_limit_exceeded" if isinstance(err, AdmissionError) else "server_error"
-                return await self._finish("failed", failed(code, str(err), from_exception(err).type))
+                return await self._finish("failed", rest_failure(err))
             assert call.stream is not None
             self.stream = call.stream
             self._submitted_at = time.perf_counter()
@@ -215,8 +221,7 @@ class ResponseRun:
         if self.cancel_reason:
             return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
         if error is not None:
-            return await self._finish("failed", failed(type(error).__name__, str(error),
-                                                       from_exception(error).type))
+            return await self._finish("failed", rest_failure(error))
         limit = self.opts.max_output_tokens
         if limit is not None and self.usage.output_text >= limit:
             return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})

@@ -1,14 +1,17 @@
-"""The /v1/realtime route: the WebSocket upgrade, the session limit, one session per connection."""
+"""The /v1/realtime route: the WebSocket upgrade, the session limits, one session per connection."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 from omni_actors import logs
 from omni_actors.api.errors import ApiError
-from omni_actors.api.realtime.duplex import DuplexSession
+from omni_actors.api.realtime import events as ev
+from omni_actors.api.realtime.duplex import LIMIT_CLOSE_CODE, DuplexSession, session_limit
 from omni_actors.api.realtime.handler import MAX_EVENT_BYTES, RealtimeSession
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.orchestrator.core import Orchestrator
@@ -21,6 +24,31 @@ HEARTBEAT_S = 20.0
 """WebSocket ping interval; a client that stops answering is treated as gone."""
 
 
+def _refusal(orch: Orchestrator, sessions: set[Any], stats: RealtimeStats) -> str | None:
+    """Why a new session cannot open now (the server's cap, or a duplex model's slots), else None."""
+    cap = orch.deploy.server.max_realtime_sessions
+    if len(sessions) >= cap:
+        return f"this server holds {cap} realtime sessions at once; try again later"
+    if orch.pipeline.duplex:
+        stats.duplex.session_limit = limit = session_limit(orch)
+        if stats.duplex.sessions_live >= limit:
+            return f"this duplex model serves {limit} sessions at once; try again later"
+    return None
+
+
+async def _refuse(ws: web.WebSocketResponse, orch: Orchestrator, stats: RealtimeStats, message: str) -> None:
+    """Every refusal alike: counted, an `error` event (code session_limit_reached), close code 1013."""
+    stats.sessions_rejected += 1
+    if orch.pipeline.duplex:
+        stats.duplex.sessions_rejected += 1
+    log.warning("realtime.session_limit", reason=message)
+    error = ev.Error(error={"type": "invalid_request_error", "code": "session_limit_reached", "message": message,
+                            "param": None, "event_id": None})
+    with contextlib.suppress(ConnectionError):  # (a client already gone needs no answer)
+        await ws.send_frame(ev.encode_server(error, "beta", f"event_{uuid.uuid4().hex[:12]}"), WSMsgType.TEXT)
+    await ws.close(code=LIMIT_CLOSE_CODE, message=b"session limit reached")
+
+
 async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: set[Any],
                            stats: RealtimeStats) -> web.StreamResponse:
     server = orch.deploy.server  # (the API key was checked by the app's auth middleware, as for every route)
@@ -30,16 +58,16 @@ async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: s
         raise ApiError(400, "/v1/realtime is a WebSocket endpoint: open it with a WebSocket upgrade request",
                        None, "websocket_upgrade_required")
     await ws.prepare(request)
-    if len(sessions) >= server.max_realtime_sessions:
-        stats.sessions_rejected += 1
-        log.warning("realtime.session_limit", limit=server.max_realtime_sessions)
-        await ws.close(code=1013, message=f"too many realtime sessions (limit {server.max_realtime_sessions})".encode())
+    if (refusal := _refusal(orch, sessions, stats)) is not None:
+        await _refuse(ws, orch, stats, refusal)
         return ws
+    # No await from the check above until the session is counted (sessions.add here, a duplex
+    # session's sessions_live at the top of its serve): two connections cannot both pass it.
     model = request.query.get("model") or server.served_model_name or orch.deploy.pipeline
     if orch.pipeline.duplex:  # full-duplex model: one long streaming request per session
-        session: RealtimeSession = DuplexSession(ws, request.app, orch, model, stats)
+        session: RealtimeSession = DuplexSession(ws, request, orch, model, stats)
     else:
-        session = RealtimeSession(ws, request.app, orch, model, stats)
+        session = RealtimeSession(ws, request, orch, model, stats)
     sessions.add(session)
     stats.sessions_total += 1
     stats.sessions_open = len(sessions)

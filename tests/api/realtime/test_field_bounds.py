@@ -82,6 +82,7 @@ async def test_a_response_the_stage_refuses_is_the_clients_error(srv: RtServer) 
         done = (await c.until("response.done"))[-1]["response"]
         assert done["status"] == "failed", done
         assert done["status_details"]["error"]["type"] == "invalid_request_error", done
+        assert done["status_details"]["error"]["code"] == "rejected_by_stage", done  # the code REST answers with
         # the session still answers an ordinary response
         await c.send("response.create", response={"modalities": ["text"], "max_response_output_tokens": 2})
         assert (await c.until("response.done"))[-1]["response"]["status"] in ("completed", "incomplete")

@@ -25,7 +25,7 @@ async def test_realtime_response_has_the_rest_deadline_and_metrics() -> None:
         c = await connect(srv, http, turn_detection=None)
         await c.send("response.create", response=_text_response(LONG_TOKENS))
         done = (await c.until("response.done", timeout_s=60))[-1]["response"]
-        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "RequestTimeout"
+        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "request_timeout"  # REST's
         await eventually(lambda: idle(srv.orch))
         await c.send("response.create", response=_text_response())
         done = (await c.until("response.done", timeout_s=60))[-1]["response"]
@@ -44,5 +44,5 @@ async def test_a_request_the_stage_refuses_is_the_clients_error(srv: RtServer) -
         done = (await c.until("response.done", timeout_s=60))[-1]["response"]
         assert done["status"] == "failed"
         assert done["status_details"]["error"]["type"] == "invalid_request_error"
-        assert done["status_details"]["error"]["code"] == "RequestRejected"
+        assert done["status_details"]["error"]["code"] == "rejected_by_stage"  # as REST answers it
         await c.ws.close()

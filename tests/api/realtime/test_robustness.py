@@ -108,7 +108,7 @@ async def test_worker_death_fails_the_response_not_the_session(srv: Server) -> N
         talker = srv.orch.workers[1][0]
         os.kill(talker.pid, signal.SIGKILL)
         done = (await c.until("response.done"))[-1]["response"]
-        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "WorkerDied"
+        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "worker_died"
         await srv.orch.wait_healthy(30)  # the orchestrator restarts it; the same session goes on
         await c.send("response.create")
         assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"

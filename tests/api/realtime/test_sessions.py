@@ -65,8 +65,9 @@ async def test_sessions_at_once_match_each_alone_and_limit_closes_1013(
 
         runs = [asyncio.ensure_future(hold_then_run(k)) for k in range(SESSIONS)]
         await eventually(lambda: len(srv.sessions) == SESSIONS)
-        # one past the limit: closed at once with 1013 and a reason
+        # one past the limit: an error event, then closed at once with 1013 and a reason
         extra = await http.ws_connect(f"{srv.url}/v1/realtime", headers=srv.headers)
+        assert (await extra.receive_json(timeout=5))["error"]["code"] == "session_limit_reached"
         msg = await extra.receive(timeout=5)
         assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1013 and "limit" in msg.extra
         gate.set()
@@ -96,6 +97,7 @@ async def test_idle_timeout_and_text_only_pipeline() -> None:
         events = await c.until("response.done")
         assert "".join(e["delta"] for e in of_type(events, "response.text.delta")) == "a b a b"
         second = await http.ws_connect(f"{srv.url}/v1/realtime", headers=srv.headers)
+        assert (await second.receive_json(timeout=5))["type"] == "error"
         msg = await second.receive(timeout=5)
         assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1013
         assert (await c.recv())["type"] == "rate_limits.updated"

@@ -1,0 +1,103 @@
+"""A full-duplex model's edges: refused sessions, REST requests, a stream the server ends (tiny Moshi, real server).
+
+The deploy's duplex slots equal the server's realtime cap, so the cap is the limit a
+refused client meets first: it must get the same `error` event and count as the
+duplex limit's refusals do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from omni_actors.models.tiny import make_tiny
+from tests.api.conftest import idle
+from tests.api.realtime.conftest import Client, RtServer, b64, serve_rt
+from tests.api.realtime.test_duplex import CLOSE_TIMEOUT_S, connect, frames, voice
+from tests.conftest import eventually
+
+SLOTS = 2
+"""The duplex stage's batch slots, and the server's max_realtime_sessions."""
+
+
+@pytest.fixture(scope="module")
+async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RtServer]:
+    model = make_tiny("moshi", tmp_path_factory.mktemp("moshi"))
+    stages = [{"stage_id": 0, "max_num_seqs": SLOTS}]
+    async with serve_rt("moshi", model=str(model), stages=stages,
+                        server={"max_realtime_sessions": SLOTS}) as server:
+        yield server
+
+
+async def closed_with(client: Client) -> int:
+    """The close code the server sent (after any events already read)."""
+    msg = await client.ws.receive(timeout=CLOSE_TIMEOUT_S)
+    assert msg.type == aiohttp.WSMsgType.CLOSE, f"expected a close, got {msg.type} {msg.data!r}"
+    await client.ws.close()
+    return int(msg.data)
+
+
+async def rejected_metric(srv: RtServer, http: aiohttp.ClientSession) -> float:
+    async with http.get(srv.url + "/metrics", headers=srv.headers) as resp:
+        text = await resp.text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("omni_duplex_sessions_rejected_total"))
+    return float(line.split()[-1])
+
+
+async def test_a_session_past_the_server_cap_gets_the_error_event_and_is_counted(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        blockers = [await connect(srv, http) for _ in range(SLOTS)]
+        before, total_before = srv.stats().duplex.sessions_rejected, srv.stats().sessions_rejected
+        ws = await http.ws_connect(srv.url + "/v1/realtime?model=moshi", headers=srv.headers, autoclose=False)
+        refused = Client(ws)
+        event = await refused.recv()
+        assert event["type"] == "error", event
+        assert event["error"]["code"] == "session_limit_reached" and str(SLOTS) in event["error"]["message"]
+        assert await closed_with(refused) == 1013
+        assert srv.stats().duplex.sessions_rejected == before + 1
+        assert srv.stats().sessions_rejected == total_before + 1
+        assert await rejected_metric(srv, http) == before + 1
+        for b in blockers:
+            await b.ws.close()
+        await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+        again = await connect(srv, http)  # a slot is free again: the next session opens
+        await again.ws.close()
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"model": "moshi", "messages": [{"role": "user", "content": "hi"}],
+                              "modalities": ["audio"], "audio": {"voice": "alloy", "format": "wav"}}),
+    ("/v1/responses", {"model": "moshi", "input": "hi"}),
+    ("/v1/audio/speech", {"model": "moshi", "input": "hello", "voice": "alloy"}),
+])
+async def test_rest_requests_to_a_full_duplex_model_are_refused(srv: RtServer, path: str,
+                                                                body: dict[str, Any]) -> None:
+    total = srv.orch.statistics().requests_total
+    async with aiohttp.ClientSession() as http, \
+            http.post(srv.url + path, json=body, headers=srv.headers) as resp:
+        answer = await resp.json()
+    assert resp.status == 400, answer
+    err = answer["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", "model", "full_duplex_model"), err
+    assert "full-duplex" in err["message"] and "/v1/realtime" in err["message"]
+    assert idle(srv.orch) and srv.orch.statistics().requests_total == total  # nothing reached the stage
+
+
+async def test_a_stream_the_server_aborts_ends_the_session_with_an_error(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        await client.send("input_audio_buffer.append", audio=b64(voice(5, 0.16)))
+        await frames(client, 1)
+        (session,) = srv.sessions
+        assert session.stream is not None
+        srv.orch.abort(session.stream.request_id)  # what the orchestrator does to an overflowing stream
+        events = await client.until("error", timeout_s=CLOSE_TIMEOUT_S)
+        done = [e for e in events if e["type"] == "response.done"]
+        assert done and done[-1]["response"]["status"] == "failed", events[-3:]
+        assert events[-1]["error"]["code"] == "request_aborted", events[-1]
+        assert await closed_with(client) == 1011
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0 and not srv.sessions, CLOSE_TIMEOUT_S)
+    await eventually(lambda: idle(srv.orch), CLOSE_TIMEOUT_S)
