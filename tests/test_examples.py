@@ -72,6 +72,8 @@ def test_split_examples_place_stages_on_devices(tmp_path: Path) -> None:
 # ---- README: every code block, run as a user would ------------------------------------
 
 README = EXAMPLES.parent / "README.md"
+SPEECH = Path("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav")
+"""A recorded sentence for the README's transcription script (pocketsphinx-testdata)."""
 NOT_RUN = {"scripts/dev.sh": "sets up the machine and runs the whole suite (what CI itself runs)"}
 """README blocks not run here (a phrase in the block -> why)."""
 READY_TIMEOUT_S = 120.0
@@ -119,7 +121,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def test_every_readme_block_is_run_here() -> None:
     blocks = readme_blocks()
     kinds = [lang for lang, code in blocks if not any(k in code for k in NOT_RUN)]
-    assert kinds.count("python") == 1 and kinds.count("bash") == 2, blocks
+    assert kinds.count("python") == 2 and kinds.count("bash") == 2, blocks
     assert "docs/architecture.md" in README.read_text() and (EXAMPLES.parent / "docs/architecture.md").exists()
 
 
@@ -134,7 +136,8 @@ def _json_values(out: bytes) -> list[dict]:
 
 
 async def test_readme_assistant_examples(assistant_url: str, tmp_path: Path) -> None:
-    """The curl block (speech to hello.wav, its transcript, a spoken chat answer), then the realtime script."""
+    """The curl block (speech to hello.wav, its transcript, a spoken chat answer), then the realtime script,
+    then the transcription script on a recorded sentence."""
     env = _env(tmp_path)
     [curl] = [code for lang, code in readme_blocks() if lang == "bash" and "localhost:8000" in code]
     (tmp_path / "examples.sh").write_text(curl.replace("localhost:8000", assistant_url))
@@ -144,10 +147,14 @@ async def test_readme_assistant_examples(assistant_url: str, tmp_path: Path) -> 
     assert "assistant" in transcript["text"].lower()  # "Hello! The assistant is up."
     message = chat["choices"][0]["message"]
     assert "paris" in message["content"].lower() and message["audio"]["data"]
-    [script] = [code for lang, code in readme_blocks() if lang == "python"]
+    [script] = [code for lang, code in readme_blocks() if lang == "python" and "conversation.item.create" in code]
     (tmp_path / "realtime.py").write_text(script.replace("127.0.0.1:8000", assistant_url))
     said = await _run(f"{sys.executable} realtime.py", tmp_path, env)
     assert "paris" in said.decode().lower(), said
+    [script] = [code for lang, code in readme_blocks() if lang == "python" and '"transcription"' in code]
+    (tmp_path / "transcribe.py").write_text(script.replace("127.0.0.1:8000", assistant_url))
+    heard = await _run(f"{sys.executable} transcribe.py {SPEECH}", tmp_path, env)
+    assert "young man" in heard.decode().lower(), heard  # "he was not an ill disposed young man"
 
 
 async def test_readme_synthetic_example(tmp_path: Path) -> None:
