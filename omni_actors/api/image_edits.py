@@ -171,6 +171,9 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     require_background(caps, fields.get("background"))
     compression = _int(fields, "output_compression", 0, 100)
     params = _params(fields)
+    if caps is not None and params.get("width") is not None and "size" not in caps.inputs:
+        raise bad_request(f"size: {caps.pipeline_class} paints at a size of its own (from the input image); "
+                          "leave size out", "size", "unsupported_parameter")
     require_size(caps, params.get("width"), params.get("height"))
     require_input(caps, "negative_prompt", fields.get("negative_prompt"))
     if caps is not None and len(blobs) > max(caps.max_input_images, 1):

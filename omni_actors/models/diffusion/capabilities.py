@@ -124,7 +124,7 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
         inputs.append("image")
     if "mask_image" in names:
         inputs.append("mask")
-    if {"width", "height"} <= names:
+    if {"width", "height"} <= names and not facts.own_size:
         inputs.append("size")
     inputs += [n for n in ("num_inference_steps", "guidance_scale", "layers") if n in names]
     return DiffusionCaps(

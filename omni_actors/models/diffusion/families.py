@@ -27,6 +27,9 @@ class FamilyFacts:
     take RGB, and some fail on an RGBA or grayscale file as it is)."""
     mask_required: bool = False
     """Its call fails without `mask_image` (an inpainting pipeline)."""
+    own_size: bool = False
+    """Its call takes `width`/`height` but overrides them with a size of its own (the input image's,
+    or about a megapixel at its aspect): `size` is not offered, and the output has that size."""
     image_multiple: int = 0
     """Input images are resized to the nearest sides that are multiples of this, and a request with
     no size gets the resized input's (GLM-Image: its prior and its DiT read a condition image at
@@ -65,6 +68,17 @@ _FACTS: dict[str, FamilyFacts] = {
                                     max_image_aspect=4.0, preview="mean_std"),
     "LongCatImagePipeline": FamilyFacts(size_multiple=16, preview="packed_scaled"),
     "StableDiffusionInpaintPipeline": FamilyFacts(image_required=True, mask_required=True),
+    # The inpainting families (diffusers 0.42): the image and the mask are required (their call
+    # reads `image.size` or raises without them); their `strength` keeps its default (Qwen 0.6, Klein 0.8).
+    "QwenImageInpaintPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True,
+                                            mask_required=True, size_multiple=16),
+    # Paints at about a megapixel at the input's aspect (sides multiples of 16), whatever size is asked.
+    "QwenImageEditInpaintPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True,
+                                                mask_required=True, size_multiple=16, own_size=True),
+    # Paints at the input's size, each side rounded down to a multiple of 16 (at most a megapixel);
+    # extra references go to `image_reference`, not offered here, so one image.
+    "Flux2KleinInpaintPipeline": FamilyFacts(image_required=True, mask_required=True, size_multiple=16,
+                                             min_image_side=16, own_size=True, preview="packed_bn"),
     "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16, preview="packed_scaled"),
 }
 

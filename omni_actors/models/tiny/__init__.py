@@ -14,6 +14,8 @@ from pathlib import Path
 IMAGE_FAMILIES = ("qwen_image", "z_image", "hunyuan_image", "qwen_image_edit", "qwen_image_edit_plus",
                   "qwen_image_layered", "flux2", "longcat_image", "longcat_image_edit", "glm_image")
 """The diffusers image families built here (omni_actors.models.tiny.image_families: one builder each)."""
+INPAINT_FAMILIES = ("qwen_image_inpaint", "qwen_image_edit_inpaint", "flux2_klein_inpaint")
+"""The diffusers inpainting families built here (omni_actors.models.tiny.inpaint_families)."""
 
 _BUILDERS: dict[str, str] = {
     "qwen2_5_omni": "omni_actors.models.tiny.qwen2_5_omni:make_tiny_qwen2_5_omni",
@@ -23,6 +25,7 @@ _BUILDERS: dict[str, str] = {
     "moshi": "omni_actors.models.tiny.moshi:make_tiny_moshi",
     "sd_inpaint": "omni_actors.models.tiny.diffusion:make_tiny_sd_inpaint",
     **{name: f"omni_actors.models.tiny.image_families:{name}" for name in IMAGE_FAMILIES},
+    **{name: f"omni_actors.models.tiny.inpaint_families:{name}" for name in INPAINT_FAMILIES},
     "wan2_2": "omni_actors.models.tiny.video:make_tiny_wan2_2",
     "wan2_2_i2v": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v",
     "wan2_2_i2v-a14b": "omni_actors.models.tiny.video:make_tiny_wan2_2_i2v_a14b",
