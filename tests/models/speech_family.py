@@ -93,9 +93,13 @@ def family_fixtures(family: Family) -> tuple:
     return fam, model_dir, data_dir, srv
 
 
+PCM_RATE = 24000
+"""The speech API's pcm: OpenAI's 24 kHz 16-bit mono, whatever the model's rate."""
+
+
 def _decode(data: bytes, fmt: str, rate: int) -> tuple[np.ndarray, int]:
     if fmt == "pcm":
-        return np.frombuffer(data, "<i2").astype(np.float32) / 32768, rate
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768, PCM_RATE
     if fmt in ("wav", "flac"):
         audio, rate = sf.read(io.BytesIO(data), dtype="float32")
         return audio, rate
@@ -133,7 +137,8 @@ async def test_every_format_decodes(srv: Server, fam: Family, fmt: str) -> None:
     resp = await srv.client().audio.speech.create(model=fam.model, input=TEXT, voice="alloy",
                                                   response_format=fmt, extra_body={"seed": 1})
     audio, rate = _decode(resp.content, fmt, fam.rate)
-    assert audio.size > 0.5 * rate and rate in (fam.rate, 48000)
+    assert audio.size > 0.5 * rate and rate in ((PCM_RATE,) if fmt == "pcm" else (fam.rate, 48000))
+    assert resp.response.headers["X-Sample-Rate"] == str(rate)
 
 
 async def test_speed_changes_duration(srv: Server, fam: Family) -> None:
@@ -157,7 +162,9 @@ async def test_sse_deltas_arrive_before_done(srv: Server, fam: Family) -> None:
     assert kinds.count("speech.audio.delta") >= 2  # the codec's first window, then the rest
     assert events[-1]["usage"]["input_tokens"] == len(TEXT.split())
     pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    assert len(pcm) % (2 * fam.frame) == 0 and len(pcm) > 0
+    samples = len(pcm) // 2  # 24 kHz: whole code frames at the model's rate, resampled
+    assert len(pcm) % 2 == 0 and abs(samples - round(samples * fam.rate / PCM_RATE / fam.frame) * fam.frame
+                                     * PCM_RATE / fam.rate) < 0.01 * PCM_RATE, samples
 
 
 async def test_plain_streaming_sends_encoded_bytes(srv: Server, fam: Family) -> None:
