@@ -64,7 +64,8 @@ def test_right_and_row_padding_leave_a_causal_decoders_samples_as_they_were(
             whole = adapter.graphs.decode(padded)
         cut = whole.shape[-1] - (bucket_n - length) * adapter.samples_per_code
         assert cut == alone.shape[-1]
-        np.testing.assert_allclose(whole[:batch, :cut].numpy(), alone.numpy(), atol=1e-5)
+        # (samples ~1-4: float32 sums over another batch shape round apart by ~1e-5 on some hosts)
+        np.testing.assert_allclose(whole[:batch, :cut].numpy(), alone.numpy(), atol=5e-5)
 
 
 def test_a_decode_past_the_largest_bucket_goes_to_replays_rows_at_a_time() -> None:

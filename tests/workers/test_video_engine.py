@@ -138,7 +138,10 @@ def test_compatible_requests_share_a_batch_and_a_seed_repeats(tmp_path):
         assert engine.batches_started == 2
         engine.add("a2", {"prompt": "a cat"}, {**params, "seed": 1})
         again = _drain(engine)
-        assert np.array_equal(again["a2"][-1].payload["frames"], outs["a"][-1].payload["frames"])
+        # alone vs in a batch of two: the same frames within one level of 255 (a batch's float sums
+        # may round apart: on one AMD EPYC host 1 value in 15,000 did, by one level)
+        alone, batched = (x[-1].payload["frames"].astype(int) for x in (again["a2"], outs["a"]))
+        assert np.abs(alone - batched).max() <= 1 and (alone != batched).mean() < 1e-3
         assert outs["c"][-1].payload["frames"].shape == (9, 32, 32, 3)
     finally:
         engine.close()
