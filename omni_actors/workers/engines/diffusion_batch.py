@@ -164,7 +164,7 @@ class Batch:
             try:
                 extra, undo = self._prepare()
             except Exception as err:  # a thread boundary: the batch fails, the worker lives on
-                log.warning("diffusion_batch_failed", error=repr(err), requests=len(self.jobs))
+                log.warning("diffusion.batch_failed", error=repr(err), requests=len(self.jobs))
                 self._reports.put(("error", f"{type(err).__name__}: {err}"))
                 return
             self._kwargs = {**self._kwargs, **extra}
@@ -208,7 +208,7 @@ class Batch:
         except _Cancelled:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
-            log.warning("diffusion_batch_failed", error=repr(err), requests=len(self.jobs))
+            log.warning("diffusion.batch_failed", error=repr(err), requests=len(self.jobs))
             report = ("error", f"{type(err).__name__}: {err}")
         finally:
             if not self._use_callback:
