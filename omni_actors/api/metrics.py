@@ -57,6 +57,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from omni_actors.bus.messages import STEP_BUCKETS_S
+from omni_actors.orchestrator.latency import cumulative
 from omni_actors.orchestrator.outputs import AudioOutput
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ class _StageCollector:
                     rep_in_flight.add_metric([*key, str(r.replica)], r.in_flight)
                     rep_restarts.add_metric([*key, str(r.replica)], r.restarts)
                     if r.step_counts:
-                        step_hist.add_metric([*key, str(r.replica)], _cumulative(r.step_counts), r.busy_s)
+                        step_hist.add_metric([*key, str(r.replica)], cumulative(STEP_BUCKETS_S, r.step_counts),
+                                             r.busy_s)
                     for phase, seconds in r.startup.items():
                         startup.add_metric([*key, str(r.replica), phase], seconds)
             runs.add_metric([name], stats.requests_in_flight)
@@ -135,15 +137,6 @@ class _StageCollector:
             holds.add_metric([name], stats.first_output_holds)
         return [depth, limit, healthy, engine, restarts, first, step_s, steps, busy, step_hist, rep_in_flight,
                 rep_restarts, startup, runs, leases, undecodable, queued, overflows, holds]
-
-
-def _cumulative(counts: tuple[int, ...]) -> list[tuple[str, int]]:
-    """Per-bucket step counts as Prometheus' cumulative (upper bound, count) pairs, +Inf last."""
-    out, total = [], 0
-    for bound, n in zip((*STEP_BUCKETS_S, float("inf")), counts, strict=False):
-        total += n
-        out.append(("+Inf" if bound == float("inf") else repr(bound), total))
-    return out
 
 
 class ApiMetrics:

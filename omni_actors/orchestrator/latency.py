@@ -36,11 +36,17 @@ class StageLatency:
 
     def buckets(self) -> list[tuple[str, int]]:
         """Cumulative (upper bound, count) pairs as Prometheus histograms want them."""
-        out, acc = [], 0
-        for bound, n in zip((*map(str, BUCKETS_S), "+Inf"), self.counts, strict=True):
-            acc += n
-            out.append((bound, acc))
-        return out
+        return cumulative(BUCKETS_S, self.counts)
+
+
+def cumulative(bounds: tuple[float, ...], counts: list[int] | tuple[int, ...]) -> list[tuple[str, int]]:
+    """Per-bucket counts (one per bound, then one past the last) as Prometheus' cumulative
+    (upper bound, count) pairs, +Inf last."""
+    out, acc = [], 0
+    for bound, n in zip((*map(str, bounds), "+Inf"), counts, strict=False):
+        acc += n
+        out.append((bound, acc))
+    return out
 
 
 def percentile(values: list[float], q: float) -> float | None:
