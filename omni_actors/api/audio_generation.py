@@ -15,7 +15,6 @@ prompt, is a 400 saying what it makes.
 from __future__ import annotations
 
 import msgspec
-import numpy as np
 from aiohttp import web
 
 from omni_actors.api.audio_codec import (
@@ -34,6 +33,7 @@ from omni_actors.api.diffusion_caps import require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
 from omni_actors.api.video_request import capabilities
+from omni_actors.orchestrator.outputs import AudioOutput
 
 ROUTES = ("/v1/audio/generations", "/v1/audio/generate")
 FORMATS = ("wav", "flac", "mp3", "pcm")
@@ -82,8 +82,9 @@ async def generations(request: web.Request) -> web.Response:
     audio, rate = None, 0
     async with PipelineCall(request, ROUTES[0], inputs, params, {"audio"}) as call:
         async for chunk in call:
-            if "audio" in chunk.data:
-                audio, rate = np.asarray(chunk.data["audio"]), int(chunk.data.get("sample_rate") or 0)
+            out = chunk.output
+            if isinstance(out, AudioOutput) and len(out.audio):
+                audio, rate = (out.audio if out.channels is None else out.channels), out.sample_rate
     if audio is None or rate <= 0:
         raise ApiError(500, "the pipeline ended without audio", None, "no_audio")
     body = await off_loop(encode_file, audio, rate, req.response_format)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 from omni_actors.api.audio_codec import off_loop
@@ -23,6 +22,7 @@ from omni_actors.api.images import encode_b64
 from omni_actors.api.schemas import ImageStreamEvent
 from omni_actors.api.sse import SSEWriter
 from omni_actors.errors import RequestError
+from omni_actors.orchestrator.outputs import ImageOutput
 
 
 async def stream_images(request: web.Request, route: str, inputs: dict[str, Any], params: dict[str, Any],
@@ -37,18 +37,18 @@ async def stream_images(request: web.Request, route: str, inputs: dict[str, Any]
             index = 0
             try:
                 async for chunk in call:
-                    if chunk.output_type != "image":
+                    out = chunk.output
+                    if not isinstance(out, ImageOutput):
                         continue
-                    preview = chunk.data.get("preview")
-                    if preview is not None and index < partial_images:
-                        img = np.asarray(preview)[0]
+                    if out.preview is not None and index < partial_images:
+                        img = out.preview[0]
                         await sse.send(ImageStreamEvent(
                             type=f"{prefix}.partial_image", b64_json=await off_loop(encode_b64, img, fmt, compression),
                             created_at=int(time.time()), size=f"{img.shape[1]}x{img.shape[0]}",
                             output_format=fmt, partial_image_index=index))
                         index += 1
-                    if "images" in chunk.data:
-                        arr = np.asarray(chunk.data["images"])
+                    if out.images is not None:
+                        arr = out.images
                         for img in arr if arr.ndim == 4 else [arr]:
                             await sse.send(ImageStreamEvent(
                                 type=f"{prefix}.completed", b64_json=await off_loop(encode_b64, img, fmt, compression),

@@ -42,6 +42,7 @@ from omni_actors.api.errors import bad_request
 from omni_actors.api.image_files import FILES_KEY
 from omni_actors.api.png import encode_png
 from omni_actors.api.schemas import ImageData, ImageRequest, ImagesResponse, read_body
+from omni_actors.orchestrator.outputs import ImageOutput
 
 ROUTE = "/v1/images/generations"
 MAX_SIDE = 4096
@@ -102,8 +103,8 @@ async def encode_images(images: list[np.ndarray], fmt: str, b64: bool = False,
 async def collect_images(call: PipelineCall) -> list[np.ndarray]:
     images: list[np.ndarray] = []
     async for chunk in call:
-        if chunk.output_type == "image" and "images" in chunk.data:
-            arr = np.asarray(chunk.data["images"])
+        if isinstance(chunk.output, ImageOutput) and chunk.output.images is not None:
+            arr = chunk.output.images
             images.extend(arr if arr.ndim == 4 else [arr])
     return images
 

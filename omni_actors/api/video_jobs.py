@@ -33,6 +33,7 @@ from omni_actors.errors import RequestAborted, RequestError
 from omni_actors.media.mp4 import Clip, read_mp4, write_mp4, write_spritesheet, write_thumbnail
 from omni_actors.media.stitch import extend
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.outputs import VideoOutput
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream
 
 log = logs.get(__name__)
@@ -196,13 +197,14 @@ class VideoJobs:
     async def _follow(self, job_id: str, stream: RequestStream) -> Made:
         made: Made | None = None
         async for chunk in stream:
-            data = chunk.data
-            if "frames" in data:
-                made = Made(np.asarray(data["frames"]), float(data.get("fps") or 16), data.get("audio"),
-                            data.get("sample_rate"), data.get("seed"))
-            elif "total" in data and data.get("total"):
-                share = DENOISE_PERCENT * data["step"] / data["total"]
-                self.store.progress(job_id, int(share) if data.get("phase") != "decode" else DENOISE_PERCENT)
+            out = chunk.output
+            if not isinstance(out, VideoOutput):
+                continue
+            if out.frames is not None:
+                made = Made(out.frames, out.fps or 16.0, out.audio, out.sample_rate, out.seed)
+            elif out.progress is not None and out.progress.total:
+                share = DENOISE_PERCENT * out.progress.fraction
+                self.store.progress(job_id, int(share) if out.progress.phase != "decode" else DENOISE_PERCENT)
                 self._touch(job_id)
         if made is None:
             raise RuntimeError("the pipeline ended without frames")

@@ -1,10 +1,11 @@
 """Typed final outputs: what the API reads from a final stage, converted once from the stage's payload.
 
     TextOutput        text delta, finish_reason, token counts; on the last: tool calls, if any
-    AudioOutput       float32 mono samples, their rate, the transcript piece they speak
+    AudioOutput       float32 mono samples, their rate, the transcript piece they speak; all channels
+                      where the stage made several; a duplex frame's timing
     TranscriptOutput  a transcription delta of the user's audio; with timestamps asked, its segments/words
-    ImageOutput       uint8 images [n, H, W, 3] (None on a progress-only chunk), progress
-    VideoOutput       uint8 frames [T, H, W, 3] (None on a progress-only chunk), fps, progress
+    ImageOutput       uint8 images [n, H, W, 3] (None on a progress-only chunk), progress, step previews
+    VideoOutput       uint8 frames [T, H, W, 3] (None on a progress-only chunk), fps, its sound, progress
 
 Payloads between stages stay model-specific dicts; only a final stage's
 output, by its `final_output_type`, becomes one of these (`to_final`), in the
@@ -48,6 +49,33 @@ class AudioOutput:
     """float32 mono; may be empty (a chunk that only ends the stream or carries a transcript)."""
     sample_rate: int
     transcript: str | None = None
+    channels: np.ndarray | None = None
+    """float32 [C, S] when the stage made more than one channel (`audio` is then their mean)."""
+    frame: DuplexFrame | None = None
+    """On a duplex model's frame: how that frame went."""
+
+
+@dataclass(frozen=True, slots=True)
+class DuplexFrame:
+    """One frame of a full-duplex session, as its engine timed it."""
+
+    frame_ms: float
+    start_lag_ms: float
+    late: int
+    input_to_output_ms: float | None
+    dropped_input_s: float
+    text: str = ""
+    """The model's words in this frame (its inner monologue)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a diffusion request is: `step` of `total`, in `phase` ("denoise" | "decode")."""
+
+    fraction: float
+    step: int = 0
+    total: int = 0
+    phase: str = "denoise"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,21 +111,35 @@ class TranscriptOutput:
 @dataclass(frozen=True, slots=True)
 class ImageOutput:
     images: np.ndarray | None
-    progress: float | None = None
+    progress: Progress | None = None
+    preview: np.ndarray | None = None
+    """uint8 [n, H, W, 3]: the images so far, at the steps a request asked to see."""
 
 
 @dataclass(frozen=True, slots=True)
 class VideoOutput:
     frames: np.ndarray | None
     fps: float | None = None
-    progress: float | None = None
+    progress: Progress | None = None
+    audio: np.ndarray | None = None
+    """float32 [C, S]: the clip's sound, where the model makes one (else None)."""
+    sample_rate: int | None = None
+    seed: int | None = None
 
 
 FinalOutput = TextOutput | AudioOutput | TranscriptOutput | ImageOutput | VideoOutput
 
 
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _progress(data: dict[str, Any]) -> Progress | None:
+    fraction = data.get("progress")
+    if fraction is None:
+        return None
+    return Progress(float(fraction), int(data.get("step") or 0), int(data.get("total") or 0),
+                    str(data.get("phase") or "denoise"))
+
+
+def _array(value: Any) -> np.ndarray | None:
+    return None if value is None else np.asarray(value)
 
 
 def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | None:
@@ -116,22 +158,38 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
             return TextOutput(text, tokens, data.get("finish_reason"), None if prompt is None else int(prompt),
                               calls, content if isinstance(content, str) else None)
         case "audio":
-            audio = data.get("audio")
-            samples = (np.zeros(0, np.float32) if audio is None
-                       else np.asarray(audio, dtype=np.float32).reshape(-1))
-            transcript = data.get("transcript")
-            return AudioOutput(samples, int(data.get("sample_rate") or DEFAULT_SAMPLE_RATE),
-                               transcript if isinstance(transcript, str) else None)
+            return _audio(data)
         case "transcript":
             return _transcript(data)
         case "image":
-            images = data.get("images")
-            return ImageOutput(None if images is None else np.asarray(images), _float(data.get("progress")))
+            return ImageOutput(_array(data.get("images")), _progress(data), _array(data.get("preview")))
         case "video":
-            frames = data.get("frames")
-            return VideoOutput(None if frames is None else np.asarray(frames), _float(data.get("fps")),
-                               _float(data.get("progress")))
+            fps, seed, rate = data.get("fps"), data.get("seed"), data.get("sample_rate")
+            return VideoOutput(_array(data.get("frames")), None if fps is None else float(fps), _progress(data),
+                               _array(data.get("audio")), None if rate is None else int(rate),
+                               None if seed is None else int(seed))
     return None
+
+
+def _audio(data: dict[str, Any]) -> AudioOutput:
+    audio = data.get("audio")
+    channels = None
+    if audio is None:
+        samples = np.zeros(0, np.float32)
+    else:
+        samples = np.asarray(audio, dtype=np.float32)
+        if samples.ndim == 2 and samples.shape[0] > 1:  # [C, S]: several channels
+            channels, samples = samples, samples.mean(axis=0)
+        samples = samples.reshape(-1)
+    transcript = data.get("transcript")
+    frame = None
+    if "frame_ms" in data:
+        io = data.get("input_to_output_ms")
+        frame = DuplexFrame(float(data["frame_ms"]), float(data.get("start_lag_ms", 0.0)), int(data.get("late", 0)),
+                            None if io is None else float(io), float(data.get("dropped_input_s", 0.0)),
+                            str(data.get("text") or ""))
+    return AudioOutput(samples, int(data.get("sample_rate") or DEFAULT_SAMPLE_RATE),
+                       transcript if isinstance(transcript, str) else None, channels, frame)
 
 
 def _transcript(data: dict[str, Any]) -> TranscriptOutput:

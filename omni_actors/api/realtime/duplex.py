@@ -44,6 +44,7 @@ from omni_actors.api.realtime.session import apply_update, render_session
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.outputs import AudioOutput, DuplexFrame
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, new_request_id
 
 log = logs.get(__name__)
@@ -177,7 +178,9 @@ class DuplexSession(RealtimeSession):
         """Send each frame as it comes; a stream that ends while the client is still here ends the session."""
         try:
             async for chunk in stream:
-                await self._on_frame(chunk.data, send=stream.backlog() <= MAX_SEND_BACKLOG_FRAMES)
+                if isinstance(chunk.output, AudioOutput) and chunk.output.frame is not None:
+                    await self._on_frame(chunk.output, chunk.output.frame,
+                                         send=stream.backlog() <= MAX_SEND_BACKLOG_FRAMES)
         except ClientGone:
             return
         except RequestError as err:
@@ -204,21 +207,17 @@ class DuplexSession(RealtimeSession):
         except ClientGone:
             return
 
-    async def _on_frame(self, data: dict[str, Any], send: bool = True) -> None:
-        io = data.get("input_to_output_ms")
-        self.dstats.frame(float(data.get("frame_ms", 0.0)), float(data.get("start_lag_ms", 0.0)),
-                          int(data.get("late", 0)), None if io is None else float(io),
-                          float(data.get("dropped_input_s", 0.0)))
+    async def _on_frame(self, out: AudioOutput, frame: DuplexFrame, send: bool = True) -> None:
+        self.dstats.frame(frame.frame_ms, frame.start_lag_ms, frame.late, frame.input_to_output_ms,
+                          frame.dropped_input_s)
         if not send:
             self.dstats.unsent_frames += 1
         if self.muted or not send:
             return
         live = self.live or await self._open_live()
-        audio, text = data.get("audio"), str(data.get("text") or "")
-        fmt = self.cfg.output_audio_format
-        if audio is not None and len(audio):
-            x = np.asarray(audio, np.float32)
-            rate = int(data.get("sample_rate", MODEL_RATE))
+        text, fmt = frame.text, self.cfg.output_audio_format
+        if len(out.audio):
+            x, rate = out.audio, out.sample_rate
             if rate != wire_rate(fmt):
                 if self._out is None:
                     self._out = Resampler(rate, wire_rate(fmt))

@@ -29,6 +29,7 @@ from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.outputs import TranscriptOutput
 
 log = logs.get(__name__)
 
@@ -70,9 +71,9 @@ async def stream_transcript(host: Host, call: PipelineCall, item_id: str, index:
     pieces: list[str] = []
     sent = 0  # characters of the stripped transcript sent as deltas
     async for chunk in call:
-        if chunk.output_type != "transcript":
+        if not isinstance(chunk.output, TranscriptOutput):
             continue
-        pieces.append(str(chunk.data.get("text") or ""))
+        pieces.append(chunk.output.text)
         text = "".join(pieces).strip()
         if len(text) > sent:
             delta, sent = text[sent:], len(text)
