@@ -20,7 +20,7 @@ Response modes (every `response_format`: mp3, opus, aac, flac, wav, pcm; pcm is
                              the end, audio_codec.py says why), X-Sample-Rate in the headers,
                              which go out with the first audio
     stream_format: "sse"     `speech.audio.delta` events ({"audio": base64}) then
-                             `speech.audio.done` with usage; no `[DONE]`
+                             `speech.audio.done` with usage; no `[DONE]`; X-Sample-Rate too
 """
 
 from __future__ import annotations
@@ -135,11 +135,19 @@ async def _chunked(request: web.Request, call: PipelineCall, enc: Encoding) -> w
 
 
 async def _sse(request: web.Request, call: PipelineCall, req: SpeechRequest, enc: Encoding) -> web.StreamResponse:
-    """`speech.audio.delta` events as the audio is encoded, then `speech.audio.done` (no `[DONE]`)."""
-    await call.started()  # an error before the first output keeps its HTTP status
+    """`speech.audio.delta` events as the audio is encoded, then `speech.audio.done` (no `[DONE]`).
+    The stream opens at the first audio (X-Sample-Rate is its rate), so an error before it keeps
+    its HTTP status."""
+    chunks, first = 0, b""
+    async for chunk in call:
+        if (got := audio_of(chunk)) is not None:
+            chunks, first = 1, await enc.feed(*got)
+            break
 
     async def events() -> AsyncGenerator[Any, None]:
-        chunks = 0
+        nonlocal chunks
+        if first:
+            yield SpeechAudioDelta(audio=base64.b64encode(first).decode())
         async for chunk in call:
             if (got := audio_of(chunk)) is None:
                 continue
@@ -151,4 +159,4 @@ async def _sse(request: web.Request, call: PipelineCall, req: SpeechRequest, enc
         words = len(req.input.split())
         yield SpeechAudioDone(usage=SpeechUsage(words, chunks, words + chunks))
 
-    return await respond(request, events(), done=False)
+    return await respond(request, events(), done=False, headers={"X-Sample-Rate": enc.headers()["X-Sample-Rate"]})

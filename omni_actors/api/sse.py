@@ -44,10 +44,12 @@ SSE_PENDING_BYTES = 256 * 1024
 _encoder = msgspec.json.Encoder()
 
 
-async def respond(request: web.Request, events: AsyncGenerator[Any, None], *, done: bool = True) -> web.StreamResponse:
+async def respond(request: web.Request, events: AsyncGenerator[Any, None], *, done: bool = True,
+                  headers: dict[str, str] | None = None) -> web.StreamResponse:
     """Send each event of `events` as it comes, then `[DONE]` (or nothing more: `done=False`).
-    A RequestError out of `events` ends the stream with an in-band error event."""
-    async with SSEWriter(request) as sse, contextlib.aclosing(events):  # (closed at once on any exit)
+    A RequestError out of `events` ends the stream with an in-band error event. `headers` go
+    beside the stream's own."""
+    async with SSEWriter(request, headers) as sse, contextlib.aclosing(events):  # (closed at once on any exit)
         try:
             async for event in events:
                 await sse.send(event)
@@ -57,9 +59,10 @@ async def respond(request: web.Request, events: AsyncGenerator[Any, None], *, do
 
 
 class SSEWriter:
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
         self.request = request
         self.resp = web.StreamResponse(headers={
+            **(headers or {}),
             "Content-Type": "text/event-stream; charset=utf-8",
             "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no",

@@ -22,7 +22,7 @@ from omni_actors.api.audio_codec import encode_file
 from omni_actors.api.server import start_server
 from omni_actors.config.pipeline import get_pipeline
 from omni_actors.config.speech import SpeechSpec
-from tests.api.conftest import Server, make_deploy, post, running
+from tests.api.conftest import Server, make_deploy, running
 
 MODEL_RATE = 22050
 """The synthetic vocoder's rate here: Piper's, not the 24 kHz of OpenAI's pcm."""
@@ -86,10 +86,14 @@ async def test_streamed_pcm_is_24khz_too(srv: Server) -> None:
         assert resp.headers["x-sample-rate"] == "24000"
         data = b"".join([part async for part in resp.iter_bytes()])
     assert len(data) == 2 * PCM_SAMPLES
-    status, raw = await post(srv, "/v1/audio/speech", {"model": "synthetic", "input": TEXT,
-                                                       "response_format": "pcm", "stream_format": "sse"})
+    async with srv.client().audio.speech.with_streaming_response.create(
+            model="synthetic", input=TEXT, voice="alloy", response_format="pcm",
+            extra_body={"stream_format": "sse"}) as resp:
+        assert resp.headers["x-sample-rate"] == "24000"
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join([part async for part in resp.iter_bytes()])
     events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
-    assert status == 200 and sum(len(base64.b64decode(e["audio"])) for e in events
+    assert sum(len(base64.b64decode(e["audio"])) for e in events
                                  if e["type"] == "speech.audio.delta") == 2 * PCM_SAMPLES
 
 
