@@ -4,7 +4,7 @@ An OpenAI image URL is a short-lived link, not stored work, so nothing goes to
 disk: each file is dropped by a timer when it expires (no sweep loop), the
 oldest first when the store is over MAX_STORED_BYTES, and all of them when the
 app shuts down. The id is 128 random bits: the link is the capability, as with
-OpenAI's signed URLs; the API key still guards the route.
+OpenAI's signed URLs, so fetching it needs no API key (middleware.CAPABILITY_PREFIXES).
 """
 
 from __future__ import annotations

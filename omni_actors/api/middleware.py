@@ -29,10 +29,13 @@ PUBLIC_PATHS = frozenset({"/", "/health", "/metrics", "/openapi.json"})
 and `/` is the (browser) playground page, which asks for a key itself."""
 PUBLIC_PREFIXES = ("/playground/",)
 """The playground's static files: the page asks for a key itself when the API needs one."""
+CAPABILITY_PREFIXES = ("/v1/files/images/",)
+"""Image links (`response_format: "url"`): like OpenAI's signed URLs, the link's 128 random bits
+are the credential, so an `<img src>` or a plain download works without the API key."""
 
 
 def is_public(path: str) -> bool:
-    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES + CAPABILITY_PREFIXES)
 
 
 WS_KEY_PROTOCOL = "openai-insecure-api-key."

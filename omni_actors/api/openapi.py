@@ -8,7 +8,7 @@ Built once per app for the loaded pipeline, so it agrees with the server:
 - only the routes whose outputs the pipeline produces are listed (no speech route
   for a text-only pipeline); the WebSockets are not OpenAPI operations;
 - bearer auth is declared on an operation only when API keys are configured and
-  the route is not public (`middleware.PUBLIC_PATHS`), and 401 is listed there;
+  the route is not public (`middleware.is_public`), and 401 is listed there;
 - each response names the content types the route really sends: audio types by
   `response_format` for speech, `text/event-stream` for streamed answers, `text/plain`
   for a transcript with `response_format: "text"`.
@@ -24,7 +24,7 @@ import msgspec
 from aiohttp import web
 
 from omni_actors.api import schemas as s
-from omni_actors.api.middleware import PUBLIC_PATHS
+from omni_actors.api.middleware import is_public
 from omni_actors.api.openapi_routes import ROUTES, SSE, Form, Route
 
 REF = "#/components/schemas/{name}"
@@ -124,7 +124,7 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
             out.setdefault(status, _json_error(desc))
     if route.method == "post":
         out["500"] = _json_error("A stage engine failed for this request")
-    if auth and route.path not in PUBLIC_PATHS:
+    if auth and not is_public(route.path):
         op["security"] = [{"bearer": []}, {"api-key": []}]
         out["401"] = _json_error("Missing or wrong API key")
     elif auth:

@@ -95,7 +95,9 @@ async def test_png_answers_use_the_fast_zlib_level_and_keep_their_order(srv: Ser
     assert not np.array_equal(images[0], images[1]) or not np.array_equal(images[1], images[2])
     linked = await client.images.generate(**{**kw, "response_format": "url"})
     for d, want in zip(linked.data, images, strict=True):
-        resp = await client._client.get(d.url, headers=srv.headers)
+        resp = await client._client.get(d.url)  # the link is the credential: no API key (as OpenAI's)
         assert resp.status_code == 200
         assert np.array_equal(np.asarray(Image.open(io.BytesIO(resp.content))), want)
+    guessed = await client._client.get(linked.data[0].url.rsplit("/", 1)[0] + "/img_" + "0" * 32 + ".png")
+    assert guessed.status_code == 404
     assert idle(srv.orch)
