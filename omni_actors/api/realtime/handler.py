@@ -204,7 +204,10 @@ class RealtimeSession(InputAudio):
             if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():
                 raise ce.BadEvent(f"pipeline {self.orch.pipeline.name!r} makes no transcripts: it cannot serve a "
                                   "transcription session", code="unsupported_session_type", param="session.type")
-            await self._check_voice(s, cfg.voice)
+            if s.voice is not UNSET:
+                await self._check_voice(cfg.voice, "session.voice")
+            elif s.audio is not UNSET and s.audio.output is not UNSET and s.audio.output.voice is not UNSET:
+                await self._check_voice(cfg.voice, "session.audio.output.voice")
         except ce.BadEvent as err:
             err.event_id = eid
             raise
@@ -217,14 +220,9 @@ class RealtimeSession(InputAudio):
             self._reset_vad()
         await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
 
-    async def _check_voice(self, s: ce.SessionIn, voice: str) -> None:
-        """A voice the update sets is checked as POST /v1/audio/speech checks it (the same codes)."""
-        if s.voice is not UNSET:
-            param = "session.voice"
-        elif s.audio is not UNSET and s.audio.output is not UNSET and s.audio.output.voice is not UNSET:
-            param = "session.audio.output.voice"
-        else:
-            return
+    async def _check_voice(self, voice: str, param: str) -> None:
+        """A voice a client sets (session.update, response.create) is checked as POST /v1/audio/speech
+        checks it (the same codes)."""
         try:
             await speech_call(self.request, self.orch.pipeline, "-", voice, None, 1.0, None)
         except ApiError as err:
@@ -283,6 +281,8 @@ class RealtimeSession(InputAudio):
         try:
             if r is not None:
                 self._refuse_tools(r.tools, r.tool_choice, "response.")
+                if r.voice is not None:
+                    await self._check_voice(r.voice, "response.voice")
             context = None
             if r is not None and r.input is not None:
                 context = await self._items_from_client(list(r.input))

@@ -58,3 +58,19 @@ async def test_an_unknown_voice_is_refused_and_the_session_goes_on(srv: RtServer
         await c.send("session.update", session={"voice": "alloy"})  # OpenAI's names map onto its voices
         await c.until("session.updated")
         await c.ws.close()
+
+
+async def test_a_response_with_an_unknown_voice_is_refused_before_it_starts(srv: RtServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        c = await open_session(srv, http)
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+        await c.until("conversation.item.created")
+        eid = await c.send("response.create", response={"voice": "nobody"})
+        got = await c.until("error")
+        assert not any(e["type"] == "response.created" for e in got)
+        err = got[-1]["error"]
+        assert (err["code"], err["param"], err["event_id"]) == ("unknown_voice", "response.voice", eid), err
+        await c.send("session.update", session={"voice": "1"})  # the session goes on
+        await c.until("session.updated")
+        await c.ws.close()
