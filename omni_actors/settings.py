@@ -46,6 +46,9 @@ class Settings:
     """How CUDA tensors cross between stages on one GPU (OMNI_CUDA_IPC): "allocation" (the
     allocation's IPC handle, mapped once; torch's reduction where it cannot) or "torch" (torch's
     per-tensor reduction only)."""
+    worker_zygote: bool = True
+    """Fork CPU workers from one zygote that imported torch and transformers once
+    (OMNI_WORKER_ZYGOTE, "1" or "0"; orchestrator/zygote.py), instead of a fresh interpreter each."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float, kind: type = float):
@@ -85,6 +88,7 @@ def read(env: Mapping[str, str]) -> Settings:
         input_audio_min_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MIN_RATE_HZ", 8000, int),
         input_audio_max_rate_hz=_number(env, "OMNI_INPUT_AUDIO_MAX_RATE_HZ", 192_000, int),
         cuda_ipc_path=_choice(env, "OMNI_CUDA_IPC", CUDA_IPC_PATHS[0], CUDA_IPC_PATHS),
+        worker_zygote=_choice(env, "OMNI_WORKER_ZYGOTE", "1", ("0", "1")) == "1",
     )
     if out.input_audio_min_rate_hz > out.input_audio_max_rate_hz:
         raise ConfigError(f"OMNI_INPUT_AUDIO_MIN_RATE_HZ: expected at most OMNI_INPUT_AUDIO_MAX_RATE_HZ "

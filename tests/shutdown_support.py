@@ -207,14 +207,15 @@ class OmniRun:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for p in workers_of(self.pid):
+        for p in [*workers_of(self.pid), *zygotes_of(self.pid)]:
             p.kill()
             with contextlib.suppress(psutil.Error):
                 p.wait(EXIT_TIMEOUT_S)  # (reaps it if this process adopted it)
 
     def assert_clean(self, workers_timeout_s: float = 0.0) -> None:
         """Nothing of this run remains: no worker, no segment, no runtime directory, no traceback."""
-        alive = wait_gone(self.seen_workers | set(workers_of(self.pid)), workers_timeout_s)
+        alive = wait_gone(self.seen_workers | set(workers_of(self.pid)) | set(zygotes_of(self.pid)),
+                          workers_timeout_s)
         assert alive == [], f"workers of run {self.pid} still running: {alive}"
         assert segments_of(self.pid) == [], "shared-memory segments left behind"
         left = runtime_dirs(self.runtime_parent) - self.runtime_before
@@ -232,10 +233,23 @@ def workers_of(main_pid: int) -> Iterator[psutil.Process]:
     the main process's pid.
     """
     mark = f'"shm_prefix":"omni-{main_pid}-'
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "name"]):
         cmd = p.info["cmdline"] or []
-        if "omni_actors.workers.main" in cmd and any(mark in a for a in cmd) and _running(p):
+        spawned = "omni_actors.workers.main" in cmd and any(mark in a for a in cmd)
+        if (spawned or (p.info["name"] == "omni-worker" and _zygote_cmd(cmd, main_pid))) and _running(p):
             yield p
+
+
+def zygotes_of(main_pid: int) -> Iterator[psutil.Process]:
+    """The run's worker zygote (its command line names the main pid; forked workers keep that
+    command line, but are named omni-worker)."""
+    for p in psutil.process_iter(["cmdline", "name"]):
+        if p.info["name"] == "omni-zygote" and _zygote_cmd(p.info["cmdline"] or [], main_pid) and _running(p):
+            yield p
+
+
+def _zygote_cmd(cmd: list[str], main_pid: int) -> bool:
+    return "omni_actors.workers.zygote" in cmd and cmd[-1:] == [str(main_pid)]
 
 
 def _running(p: psutil.Process) -> bool:

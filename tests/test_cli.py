@@ -49,13 +49,16 @@ def test_serve_then_signal_leaves_nothing_behind(sig: signal.Signals) -> None:
         groups = [g for g in ready.groups() if g]
         runtime_dir = next(g for g in groups if g.startswith("/"))
         prefix = next(g for g in groups if g.startswith("omni-"))
-        workers = psutil.Process(proc.pid).children(recursive=True)
-        assert len(workers) == 3
+        children = psutil.Process(proc.pid).children(recursive=True)
+        (zygote,) = psutil.Process(proc.pid).children()  # three stages, forked by one zygote
+        assert "omni_actors.workers.zygote" in " ".join(zygote.cmdline())
+        workers = zygote.children()
+        assert len(workers) == 3 and len(children) == 4
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json() == {"status": "ok"}
         assert Path(runtime_dir).is_dir() and oct(Path(runtime_dir).stat().st_mode & 0o777) == "0o700"
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == 0
-        _gone, alive = psutil.wait_procs(workers, timeout=5)
+        _gone, alive = psutil.wait_procs(children, timeout=5)
         assert alive == []
         assert not Path(runtime_dir).exists()
         assert shm_files(prefix) == []

@@ -2,7 +2,10 @@
 
 Workers are fresh interpreters (`python -m omni_actors.workers.main`), so the
 device mask, thread counts and the stage's `env` are in place before torch is
-imported. Each carries its spec as JSON on the command line (no pickle).
+imported. Each carries its spec as JSON on the command line (no pickle). A CPU
+worker whose environment is the plain one (no devices, no stage `env`) is forked
+instead from this process's zygote, which imported torch and transformers once
+(zygote.py; OMNI_WORKER_ZYGOTE=0 turns that off).
 
 Where they run is a backend, picked by the deploy's `cluster.backend`:
 `Launcher` (local: child processes of this one, an ipc bus) or
@@ -21,13 +24,17 @@ from typing import Protocol
 import msgspec
 import zmq
 
+from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.orchestrator import zygote
 from omni_actors.orchestrator.first_output import claims_first_outputs
 from omni_actors.settings import settings
 from omni_actors.workers.spec import WorkerSpec, identity_of
+
+log = logs.get(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
 """How often an idle (or busy) worker tells the orchestrator it is alive."""
@@ -191,10 +198,19 @@ class Launcher:
         )
 
     async def spawn(self, handle: WorkerHandle) -> None:
-        spec = self.worker_spec(handle)
+        spec = msgspec.json.encode(self.worker_spec(handle)).decode()
+        env = self._env(handle.stage_id, handle.replica)
+        if self.platform == "cpu" and settings().worker_zygote and env == worker_env():
+            z = zygote.shared(env)
+            if z is not None:
+                try:
+                    handle.proc = await z.fork(spec, env)
+                    return
+                except zygote.ZygoteGone as err:
+                    log.info("launcher.fork_failed", error=str(err), hint="starting a fresh interpreter")
         handle.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "omni_actors.workers.main", msgspec.json.encode(spec).decode(), str(os.getpid()),
-            env=self._env(handle.stage_id, handle.replica),
+            sys.executable, "-m", "omni_actors.workers.main", spec, str(os.getpid()),
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             # Out of the terminal's process group: Ctrl-C reaches the main process only, which
             # leads the shutdown (a worker still starting would die of it with a traceback).
@@ -207,12 +223,22 @@ COMPILE_CACHE = "compile-cache"
 so a restart (or a reboot) loads the compiled kernels instead of compiling them again."""
 
 
+_PLAIN_ENV = {**dict.fromkeys(THREAD_ENV, "1"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+"""What every worker's environment sets over its host's."""
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker with no devices and no stage `env` (a zygote's)."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(_PLAIN_ENV)
+    return env
+
+
 def stage_env(deploy: DeployConfig, stage_id: int, replica: int) -> dict[str, str]:
     """What a stage's worker environment sets over its host's: threads, devices, the stage's `env`."""
     dep = deploy.stage(stage_id)
-    env = dict.fromkeys(THREAD_ENV, "1")
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    env["PYTHONUNBUFFERED"] = "1"
+    env = dict(_PLAIN_ENV)
     devices = dep.device_list()
     if devices:
         tp = dep.tensor_parallel_size

@@ -32,6 +32,9 @@ from omni_actors.workers.loop import WorkerLoop
 from omni_actors.workers.spec import WorkerSpec
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+PROCESS_NAME = b"omni-worker"
+"""What `ps -o comm`, top and psutil's name() show for a worker (forked or a fresh interpreter)."""
 
 
 def process_age_s() -> float:
@@ -53,6 +56,7 @@ def _die_with_parent(parent: int) -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(PR_SET_NAME, PROCESS_NAME)
     except OSError:
         pass
     if os.getppid() != parent:  # it went before we asked; we were adopted (by init or a subreaper)

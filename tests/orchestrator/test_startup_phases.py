@@ -33,7 +33,7 @@ async def test_every_replica_reports_its_start_up_phases() -> None:
     for key, phases in replicas.items():
         assert all(p in phases for p in (*WORKER_PHASES, "ready")), (key, phases)
         assert all(v >= 0.0 for v in phases.values()), (key, phases)
-        assert phases["boot"] > 0.0, (key, phases)  # the interpreter's own start is counted
+        assert phases["boot"] >= 0.0, (key, phases)  # (a worker forked from the zygote starts within a tick)
         # the worker's parts fit in its total (1 ms: each is rounded to ms), and the engine's
         # own phases fit in the engine's construction
         assert phases["boot"] + phases["imports"] + phases["engine"] <= phases["total"] + 0.002, (key, phases)

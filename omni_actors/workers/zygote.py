@@ -1,0 +1,180 @@
+"""The worker zygote: one interpreter that imports the heavy libraries once, then forks workers.
+
+`python -m omni_actors.workers.zygote <fd> <main pid>`, started by the orchestrator's
+process (orchestrator/zygote.py) with one end of a SOCK_SEQPACKET socket pair as `fd`.
+It imports PRELOAD (torch, transformers' model base, our worker modules: ~5 s of a core
+each time a worker interpreter starts), then waits for requests on the socket:
+
+    main -> zygote   {"id", "spec", "env"} with the main process's stdout and stderr as
+                     SCM_RIGHTS: fork a worker that runs `workers.main` with that spec
+    zygote -> main   {"ready", "forks"} once imported (forks false: it cannot fork safely,
+                     e.g. a preload started a thread or initialised CUDA); {"id", "pid"} or
+                     {"id", "error"} per request; {"exit", "code"} when a worker it forked ends
+                     (code as asyncio's returncode: negative for a signal)
+
+The child leaves the zygote's frames (`serve` returns its argv) and runs the worker as
+`python -m omni_actors.workers.main` would: its own session, stdin /dev/null, the given
+environment, then a normal interpreter exit (atexit handlers run). The zygote holds no
+threads, no event loop and no ZeroMQ context, so a fork copies nothing half-held. It dies
+with the main process (its death signal), and its workers with it (theirs); the socket
+closing ends it too.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+import msgspec
+
+PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils", "soundfile", "soxr",
+           "omni_actors.workers.main")
+"""Modules every worker interpreter would import at start; a missing one is skipped."""
+MAX_MESSAGE = 1 << 20
+"""Largest request (a worker spec and an environment)."""
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+PROCESS_NAME = b"omni-zygote"
+
+_encode = msgspec.json.encode
+
+
+def _preload() -> bool:
+    """Import PRELOAD; True when forking stays safe (one thread, CUDA untouched)."""
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # an optional library: the worker that needs it imports it itself
+            print(f"omni-actors zygote: not preloaded {name}: {err!r}", file=sys.stderr)
+    torch = sys.modules.get("torch")
+    cuda_on = bool(torch is not None and torch.cuda.is_initialized())
+    return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1 and not cuda_on
+
+
+def _die_with(parent: int) -> None:
+    with contextlib.suppress(OSError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(PR_SET_NAME, PROCESS_NAME)
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
+def _recv(sock: socket.socket) -> tuple[dict, list[int]] | None:
+    fds = array.array("i")
+    msg, ancdata, _flags, _addr = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(2 * fds.itemsize))
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    if not msg:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return msgspec.json.decode(msg), list(fds)
+
+
+def _reap(sock: socket.socket) -> None:
+    """Tell the main process about every worker that ended since the last call."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.send(_encode({"exit": pid, "code": os.waitstatus_to_exitcode(status)}))
+
+
+def _become_worker(req: dict, fds: list[int], closing: list[int]) -> list[str]:
+    """In the forked child: the worker's session, stdio and environment; its argv."""
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    for fd in closing:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for target, fd in zip((1, 2), fds, strict=False):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    if "numpy" in sys.modules:  # (the global generator's state came from the zygote; fresh entropy)
+        sys.modules["numpy"].random.seed()
+    from omni_actors.workers import main as worker
+
+    return [worker.__file__, req["spec"], str(os.getppid())]
+
+
+def serve(sock: socket.socket) -> list[str] | None:
+    """The zygote's life; returns a worker's argv in a forked child, None when the zygote is done."""
+    forks = _preload()
+    sock.send(_encode({"ready": True, "forks": forks}))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # (only to wake the selector)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    try:
+        while True:
+            for key, _ in sel.select():
+                if key.fileobj == wake_r:
+                    os.read(wake_r, 4096)
+                    _reap(sock)
+                    continue
+                got = _recv(sock)
+                if got is None:
+                    return None
+                req, fds = got
+                if not forks:
+                    sock.send(_encode({"id": req["id"], "error": "this zygote cannot fork safely"}))
+                else:
+                    try:
+                        pid = os.fork()
+                    except OSError as err:
+                        sock.send(_encode({"id": req["id"], "error": repr(err)}))
+                        pid = -1
+                    if pid == 0:
+                        sel.close()
+                        return _become_worker(req, fds, [sock.fileno(), wake_r, wake_w])
+                    if pid > 0:
+                        sock.send(_encode({"id": req["id"], "pid": pid}))
+                for fd in fds:
+                    os.close(fd)
+    except (BrokenPipeError, ConnectionResetError):
+        return None
+
+
+if __name__ == "__main__":
+    _die_with(int(sys.argv[2]))
+    control = socket.socket(fileno=int(sys.argv[1]))
+    try:
+        argv = serve(control)
+    except KeyboardInterrupt:
+        argv = None
+    except Exception:
+        traceback.print_exc()
+        argv = None
+    if argv is None:
+        sys.exit(0)
+    control.detach()  # (the child closed the descriptor itself)
+    del control
+    from omni_actors.workers import main as _worker
+
+    sys.exit(_worker.main(argv))

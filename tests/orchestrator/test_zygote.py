@@ -1,0 +1,71 @@
+"""CPU workers forked from one zygote that imported torch once: what they share, what still starts fresh."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+from omni_actors.orchestrator import zygote
+from omni_actors.orchestrator.launcher import worker_env
+from omni_actors.orchestrator.requests import RequestSpec
+from tests.conftest import eventually, make_deploy, running
+
+RESTART_WAIT_S = 30.0
+
+
+def _parent(pid: int) -> int:
+    return psutil.Process(pid).ppid()
+
+
+async def _answer(orch) -> bool:
+    chunks = await orch.submit(RequestSpec(inputs={"prompt": "a b"}, params={"chunks": 2})).collect()
+    return chunks[-1].finished
+
+
+async def test_plain_workers_are_forked_from_one_zygote_and_a_stage_env_starts_fresh() -> None:
+    stages = [{"stage_id": 0, "num_replicas": 2}, {"stage_id": 1, "env": {"OMNI_TEST_MARK": "1"}}]
+    async with running(make_deploy("synthetic", stages=stages)) as orch:
+        forked = [*orch.workers[0], *orch.workers[2]]
+        parents = {_parent(h.pid) for h in forked}
+        assert len(parents) == 1 and parents != {os.getpid()}, parents  # one zygote, not this process
+        (z,) = parents
+        assert "omni_actors.workers.zygote" in " ".join(psutil.Process(z).cmdline())
+        assert all(isinstance(h.proc, zygote.ForkedWorker) for h in forked)
+        fresh = orch.workers[1][0]
+        assert _parent(fresh.pid) == os.getpid()  # its own environment: a fresh interpreter
+        assert psutil.Process(fresh.pid).environ()["OMNI_TEST_MARK"] == "1"
+        assert "OMNI_TEST_MARK" not in psutil.Process(forked[0].pid).environ()
+        assert await _answer(orch)
+    for h in forked:
+        assert not psutil.pid_exists(h.pid) or psutil.Process(h.pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_killed_forked_worker_is_seen_dead_and_forked_again() -> None:
+    async with running(make_deploy("synthetic_text")) as orch:
+        first = orch.workers[0][0]
+        assert isinstance(first.proc, zygote.ForkedWorker)
+        z = _parent(first.pid)
+        os.kill(first.pid, signal.SIGKILL)
+        assert await first.proc.wait() == -signal.SIGKILL  # the zygote reaped it and said so
+        await eventually(lambda: orch.workers[0][0] is not first, 10.0)
+        await orch.wait_healthy(RESTART_WAIT_S)
+        again = orch.workers[0][0]
+        assert isinstance(again.proc, zygote.ForkedWorker) and _parent(again.pid) == z
+        assert await _answer(orch)
+
+
+async def test_a_closed_zygote_ends_and_its_workers_with_it() -> None:
+    z = zygote.Zygote(worker_env())
+    worker = await z.fork('{"not": "a spec"}')  # the worker fails at once: a bad spec
+    assert await worker.wait() != 0
+    pid = z.pid
+    z.close()
+    assert not z.alive and not psutil.pid_exists(pid)
+    try:
+        await z.fork("{}")
+    except zygote.ZygoteGone:
+        pass
+    else:
+        raise AssertionError("a closed zygote forked")
