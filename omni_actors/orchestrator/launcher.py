@@ -198,13 +198,16 @@ class Launcher:
         )
 
     async def spawn(self, handle: WorkerHandle) -> None:
-        spec = msgspec.json.encode(self.worker_spec(handle)).decode()
+        ws = self.worker_spec(handle)
+        spec = msgspec.json.encode(ws).decode()
         env = self._env(handle.stage_id, handle.replica)
         if self.platform == "cpu" and settings().worker_zygote and env == worker_env():
             z = zygote.shared(env)
             if z is not None:
+                adapter = {**ws.stage.engine_defaults, **ws.deploy.engine_extras}.get("adapter")
+                imports = (adapter.partition(":")[0],) if isinstance(adapter, str) else ()
                 try:
-                    handle.proc = await z.fork(spec, env)
+                    handle.proc = await z.fork(spec, env, ws.stage.engine, imports)
                     return
                 except zygote.ZygoteGone as err:
                     log.info("launcher.fork_failed", error=str(err), hint="starting a fresh interpreter")

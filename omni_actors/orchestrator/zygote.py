@@ -36,6 +36,8 @@ log = logs.get(__name__)
 FORK_TIMEOUT_S = 300.0
 """Longest wait for a fork's answer (the zygote imports first: minutes on a loaded 2-core box)."""
 MAX_MESSAGE = 1 << 16
+CLOSE_TIMEOUT_S = 5.0
+"""Wait for the zygote to end once its socket closed, before it is killed."""
 VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 """Variables no library reads at import, which may differ between the zygote and a worker it forks
 (the worker gets its own value): pytest sets this one to the running test's name."""
@@ -93,10 +95,11 @@ class Zygote:
         self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
         self._reader.start()
 
-    async def fork(self, spec_json: str, env: dict[str, str] | None = None,
-                   timeout_s: float = FORK_TIMEOUT_S) -> ForkedWorker:
-        """A worker running `spec_json` in `env` (one `fits`; default the zygote's); ZygoteGone when
-        this zygote cannot make one."""
+    async def fork(self, spec_json: str, env: dict[str, str] | None = None, engine: str = "",
+                   imports: tuple[str, ...] = (), timeout_s: float = FORK_TIMEOUT_S) -> ForkedWorker:
+        """A worker running `spec_json` in `env` (one `fits`; default the zygote's), after the zygote
+        imported the stage engine `engine` ("module:Class") and its preloads, and `imports`;
+        ZygoteGone when this zygote cannot make one."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         with self._lock:
@@ -105,7 +108,8 @@ class Zygote:
             req = next(self._ids)
             self._pending[req] = (loop, fut)
         try:
-            msg = msgspec.json.encode({"id": req, "spec": spec_json, "env": self.env if env is None else env})
+            msg = msgspec.json.encode({"id": req, "spec": spec_json, "env": self.env if env is None else env,
+                                       "engine": engine, "imports": list(imports)})
             self._sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                         memoryview(bytes(_fds((1, 2)))))])
         except OSError as err:
@@ -130,20 +134,28 @@ class Zygote:
         """Whether a worker of environment `env` may be forked from this zygote."""
         return _significant(env) == _significant(self.env)
 
-    def close(self) -> None:
-        """End the zygote (its forked workers have ended or get their death signal)."""
+    def idle(self) -> bool:
+        """No worker of this zygote is alive and no fork is pending."""
+        with self._lock:
+            return not self._workers and not self._pending
+
+    def close(self, at_once: bool = False) -> None:
+        """End the zygote (its forked workers have ended or get their death signal); `at_once`
+        kills it rather than letting it see the socket close (it may be importing still)."""
         with self._lock:
             self.alive = False
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        if at_once:
+            self._proc.kill()
         try:
-            self._proc.wait(timeout=5)
+            self._proc.wait(timeout=CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        self._reader.join(timeout=5)
+        self._reader.join(timeout=CLOSE_TIMEOUT_S)
         self._sock.close()
 
     # ---- the reader thread ----
@@ -234,11 +246,22 @@ _shared: Zygote | None = None
 _shared_lock = threading.Lock()
 
 
+@atexit.register
+def _close_shared() -> None:
+    if _shared is not None:
+        _shared.close()
+
+
 def shared(env: dict[str, str]) -> Zygote | None:
-    """This process's zygote for workers of environment `env` (started on first use); None when
-    a worker of that environment cannot be forked (another environment, or the zygote failed)."""
+    """This process's zygote for workers of environment `env` (started on first use). The
+    environment of this process changed since it started (a library set a variable, say): it is
+    replaced once idle. None when a worker of that environment cannot be forked now (the old
+    zygote still has workers, or forking turned out unsafe)."""
     global _shared
     with _shared_lock:
+        if _shared is not None and _shared.alive and not _shared.fits(env) and _shared.idle():
+            log.info("zygote.replaced", pid=_shared.pid, reason="the environment changed")
+            _shared.close(at_once=True)
         if _shared is not None and not _shared.alive:
             _shared = None
         if _shared is None:
@@ -247,6 +270,5 @@ def shared(env: dict[str, str]) -> Zygote | None:
             except OSError as err:
                 log.warning("zygote.start_failed", error=repr(err))
                 return None
-            atexit.register(_shared.close)
         z = _shared
     return z if z.forks and z.fits(env) else None

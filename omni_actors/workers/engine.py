@@ -94,8 +94,16 @@ class EngineOutput:
     holds), so the caller gets a 400 rather than a 500."""
 
 
+TORCH_PRELOAD = ("torch", "transformers.modeling_utils")
+"""What an engine on torch and transformers has the worker zygote import before it forks it."""
+
+
 class StageEngine(abc.ABC):
     """Base class of stage engines; see the module docstring for the contract."""
+
+    ZYGOTE_PRELOAD: tuple[str, ...] = ()
+    """Modules the worker zygote imports (once) before forking a worker of this engine: what its
+    start imports anyway (workers/zygote.py). Empty: only the engine's own module."""
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx

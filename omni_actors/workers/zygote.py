@@ -2,11 +2,15 @@
 
 `python -m omni_actors.workers.zygote <fd> <main pid>`, started by the orchestrator's
 process (orchestrator/zygote.py) with one end of a SOCK_SEQPACKET socket pair as `fd`.
-It imports PRELOAD (torch, transformers' model base, our worker modules: ~5 s of a core
-each time a worker interpreter starts), then waits for requests on the socket:
+It imports our worker modules (PRELOAD), then waits for requests on the socket. Before a
+fork it imports what that worker will: its engine's module, the model adapter's, and the
+engine class's ZYGOTE_PRELOAD (torch and transformers' model base for a transformers
+engine: ~8 s of a core each time a worker interpreter starts). Each is imported once, so
+the next worker of that kind forks at once, and a light engine (the synthetic ones) never
+waits for torch.
 
-    main -> zygote   {"id", "spec", "env"} with the main process's stdout and stderr as
-                     SCM_RIGHTS: fork a worker that runs `workers.main` with that spec
+    main -> zygote   {"id", "spec", "env", "engine", "imports"} with the main process's stdout
+                     and stderr as SCM_RIGHTS: fork a worker that runs `workers.main` with that spec
     zygote -> main   {"ready", "forks"} once imported (forks false: it cannot fork safely,
                      e.g. a preload started a thread or initialised CUDA); {"id", "pid"} or
                      {"id", "error"} per request; {"exit", "code"} when a worker it forked ends
@@ -33,12 +37,12 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Iterable
 
 import msgspec
 
-PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils", "soundfile", "soxr",
-           "omni_actors.workers.main")
-"""Modules every worker interpreter would import at start; a missing one is skipped."""
+PRELOAD = ("numpy", "omni_actors.workers.main")
+"""Modules every worker imports, whatever its engine."""
 MAX_MESSAGE = 1 << 20
 """Largest request (a worker spec and an environment)."""
 PR_SET_PDEATHSIG = 1
@@ -48,13 +52,31 @@ PROCESS_NAME = b"omni-zygote"
 _encode = msgspec.json.encode
 
 
-def _preload() -> bool:
-    """Import PRELOAD; True when forking stays safe (one thread, CUDA untouched)."""
-    for name in PRELOAD:
+def _preload(names: Iterable[str]) -> bool:
+    """Import `names` (those not imported yet); True when forking stays safe (one thread, CUDA
+    untouched). A module that fails to import is skipped: the worker meets the error itself and
+    reports it as its start failure."""
+    for name in names:
+        if name in sys.modules:
+            continue
         try:
             importlib.import_module(name)
-        except Exception as err:  # an optional library: the worker that needs it imports it itself
-            print(f"omni-actors zygote: not preloaded {name}: {err!r}", file=sys.stderr)
+        except Exception:
+            continue
+    return _fork_safe()
+
+
+def _engine_preload(engine: str) -> tuple[str, ...]:
+    """What the stage engine `module:Class` asks to have imported (its ZYGOTE_PRELOAD)."""
+    module, _, attr = engine.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except Exception:
+        return ()
+    return tuple(getattr(cls, "ZYGOTE_PRELOAD", ()))
+
+
+def _fork_safe() -> bool:
     torch = sys.modules.get("torch")
     cuda_on = bool(torch is not None and torch.cuda.is_initialized())
     return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1 and not cuda_on
@@ -117,12 +139,13 @@ def _become_worker(req: dict, fds: list[int], closing: list[int]) -> list[str]:
         sys.modules["numpy"].random.seed()
     from omni_actors.workers import main as worker
 
-    return [worker.__file__, req["spec"], str(os.getppid())]
+    sys.argv = [worker.__file__, req["spec"], str(os.getppid())]
+    return list(sys.argv)
 
 
 def serve(sock: socket.socket) -> list[str] | None:
     """The zygote's life; returns a worker's argv in a forked child, None when the zygote is done."""
-    forks = _preload()
+    forks = _preload(PRELOAD)
     sock.send(_encode({"ready": True, "forks": forks}))
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -142,6 +165,10 @@ def serve(sock: socket.socket) -> list[str] | None:
                 if got is None:
                     return None
                 req, fds = got
+                if forks:
+                    engine = str(req.get("engine") or "")
+                    forks = _preload([*req.get("imports", ()), engine.partition(":")[0]])
+                    forks = forks and _preload(_engine_preload(engine)) if engine else forks
                 if not forks:
                     sock.send(_encode({"id": req["id"], "error": "this zygote cannot fork safely"}))
                 else:

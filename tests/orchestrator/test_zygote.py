@@ -69,3 +69,16 @@ async def test_a_closed_zygote_ends_and_its_workers_with_it() -> None:
         pass
     else:
         raise AssertionError("a closed zygote forked")
+
+
+async def test_a_changed_environment_gets_a_new_zygote(monkeypatch) -> None:
+    async with running(make_deploy("synthetic_text")) as orch:
+        old = _parent(orch.workers[0][0].pid)
+    monkeypatch.setenv("OMNI_TEST_CHANGED", "1")  # (as a library setting a variable in this process would)
+    async with running(make_deploy("synthetic_text")) as orch:
+        worker = orch.workers[0][0]
+        new = _parent(worker.pid)
+        assert isinstance(worker.proc, zygote.ForkedWorker) and new not in (old, os.getpid())
+        assert psutil.Process(new).environ()["OMNI_TEST_CHANGED"] == "1"
+        assert await _answer(orch)
+    assert not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE

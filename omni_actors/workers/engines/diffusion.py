@@ -36,7 +36,13 @@ import numpy as np
 import structlog
 
 from omni_actors.models.diffusion.capabilities import caps_from_params
-from omni_actors.workers.engine import EngineContext, EngineOutput, direct_load, timed
+from omni_actors.workers.engine import (
+    TORCH_PRELOAD,
+    EngineContext,
+    EngineOutput,
+    direct_load,
+    timed,
+)
 from omni_actors.workers.engines.diffusion_batch import Batch, BatchedPipelineEngine
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
 from omni_actors.workers.engines.diffusion_outputs import converter
@@ -62,6 +68,8 @@ class DiffusionStatistics:
 
 class DiffusionEngine(BatchedPipelineEngine):
     """Runs one diffusers pipeline; see the module docstring."""
+
+    ZYGOTE_PRELOAD = (*TORCH_PRELOAD, "diffusers.pipelines.pipeline_utils")
 
     KIND = "diffusion"
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from omni_actors import logs
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engine import TORCH_PRELOAD, EngineContext, EngineOutput, StageEngine
 
 log = logs.get(__name__)
 
@@ -108,6 +108,8 @@ class _Session:
 
 
 class DuplexEngine(StageEngine):
+    ZYGOTE_PRELOAD = TORCH_PRELOAD
+
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
         self.adapter: DuplexAdapter = self.make_adapter()

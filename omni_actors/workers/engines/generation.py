@@ -75,6 +75,7 @@ import numpy as np
 import torch
 
 from omni_actors.workers.engine import (
+    TORCH_PRELOAD,
     EngineContext,
     EngineOutput,
     StageEngine,
@@ -115,6 +116,8 @@ _Due = tuple[float, int, str, _Req, _Window]
 
 class GenerationEngine(StageEngine):
     """Batched, streaming codec decoder over a model adapter (see module docstring)."""
+
+    ZYGOTE_PRELOAD = TORCH_PRELOAD
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)

@@ -64,6 +64,7 @@ import torch
 
 from omni_actors import logs
 from omni_actors.workers.engine import (
+    TORCH_PRELOAD,
     EngineContext,
     EngineOutput,
     StageEngine,
@@ -111,6 +112,8 @@ log = logs.get(__name__)
 
 class HfAREngine(StageEngine):
     """Continuous-batching AR engine over a model adapter (see module docstring)."""
+
+    ZYGOTE_PRELOAD = TORCH_PRELOAD
 
     default_max_tokens = DEFAULT_MAX_TOKENS
 

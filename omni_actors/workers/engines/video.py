@@ -48,7 +48,13 @@ import numpy as np
 from omni_actors import logs
 from omni_actors.config.pipeline import resolve
 from omni_actors.errors import ConfigError
-from omni_actors.workers.engine import EngineContext, EngineOutput, direct_load, timed
+from omni_actors.workers.engine import (
+    TORCH_PRELOAD,
+    EngineContext,
+    EngineOutput,
+    direct_load,
+    timed,
+)
 from omni_actors.workers.engines import video_edit
 from omni_actors.workers.engines.diffusion_batch import Batch, BatchedPipelineEngine
 from omni_actors.workers.engines.diffusion_loading import load_pipeline
@@ -97,6 +103,8 @@ class _Job:
 
 class VideoEngine(BatchedPipelineEngine):
     """Runs one video or audio diffusers pipeline; see the module docstring."""
+
+    ZYGOTE_PRELOAD = (*TORCH_PRELOAD, "diffusers.pipelines.pipeline_utils")
 
     KIND = "video"
 

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from omni_actors import logs
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engine import TORCH_PRELOAD, EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines import vllm_backend
 from omni_actors.workers.engines.tool_calls import ToolCallReader, forced_calls
 
@@ -164,6 +164,8 @@ class _EnvPatch:
 
 class VllmAREngine(StageEngine):
     """Autoregressive generation on vLLM's v1 LLMEngine; see the module docstring."""
+
+    ZYGOTE_PRELOAD = TORCH_PRELOAD
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
