@@ -133,7 +133,10 @@ def test_compiled_passes_in_cuda_graphs_draw_the_transformers_codes(tiny_model, 
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize(("more", "sizes"), [({}, [4]), ({"depth_min_bucket": 2}, [2, 4])])
+@pytest.mark.parametrize(("more", "sizes"), [
+    ({}, [4]),
+    pytest.param({"depth_min_bucket": 2}, [2, 4], marks=pytest.mark.slow),  # (26 s of CPU compile; the same code path)
+])
 def test_compiled_passes_compile_once_for_every_batch_and_draw_the_transformers_codes(tiny_model, more, sizes):
     """`compiled` (the CUDA default; inductor compiles on the CPU too): batches up to
     depth_min_bucket rows share one bucket, compiled with static shapes; past it the pass is

@@ -68,6 +68,7 @@ def test_export_equals_the_thinker_on_text(omni, exported):
     assert ga.tolist() == gb.tolist()
 
 
+@pytest.mark.slow  # (26 s: a vLLM engine on the export; the export's weights are checked in the default suite)
 def test_vllm_serves_the_export(exported, tmp_path):
     pytest.importorskip("vllm")
     from omni_actors.workers.engine import EngineContext

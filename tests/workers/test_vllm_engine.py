@@ -284,6 +284,7 @@ def left_behind(pids) -> list[int]:
     return left
 
 
+@pytest.mark.slow  # (30 s: a second vLLM engine; the multiprocess mode is not the served default)
 def test_multiprocess_engine_matches_and_closes_cleanly(model_path, cache_dir, engine):
     inproc = token_ids(generate(engine, "x", {"prompt": "Hello"}, {**GREEDY, "max_tokens": 5}))
     before = child_processes()
