@@ -16,6 +16,7 @@ WorkerProcess of launcher.py, with the exit code the zygote reaped.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import atexit
 import itertools
@@ -221,8 +222,6 @@ def _significant(env: dict[str, str]) -> dict[str, str]:
 
 
 def _fds(fds: tuple[int, ...]) -> bytes:
-    import array
-
     return array.array("i", fds).tobytes()
 
 

@@ -51,12 +51,12 @@ def process_age_s() -> float:
         return 0.0
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask the kernel to SIGTERM us when the orchestrator process goes away."""
+def _die_with_parent(parent: int, name: bytes = PROCESS_NAME) -> None:
+    """Ask the kernel to SIGTERM us when `parent` goes away, and name this process `name`."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        libc.prctl(PR_SET_NAME, PROCESS_NAME)
+        libc.prctl(PR_SET_NAME, name)
     except OSError:
         pass
     if os.getppid() != parent:  # it went before we asked; we were adopted (by init or a subreaper)

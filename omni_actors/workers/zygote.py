@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import ctypes
 import importlib
 import os
 import selectors
@@ -45,8 +44,6 @@ PRELOAD = ("numpy", "omni_actors.workers.main")
 """Modules every worker imports, whatever its engine."""
 MAX_MESSAGE = 1 << 20
 """Largest request (a worker spec and an environment)."""
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
 PROCESS_NAME = b"omni-zygote"
 
 _encode = msgspec.json.encode
@@ -80,15 +77,6 @@ def _fork_safe() -> bool:
     torch = sys.modules.get("torch")
     cuda_on = bool(torch is not None and torch.cuda.is_initialized())
     return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1 and not cuda_on
-
-
-def _die_with(parent: int) -> None:
-    with contextlib.suppress(OSError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        libc.prctl(PR_SET_NAME, PROCESS_NAME)
-    if os.getppid() != parent:
-        sys.exit(0)
 
 
 def _recv(sock: socket.socket) -> tuple[dict, list[int]] | None:
@@ -189,7 +177,9 @@ def serve(sock: socket.socket) -> list[str] | None:
 
 
 if __name__ == "__main__":
-    _die_with(int(sys.argv[2]))
+    from omni_actors.workers.main import _die_with_parent
+
+    _die_with_parent(int(sys.argv[2]), PROCESS_NAME)
     control = socket.socket(fileno=int(sys.argv[1]))
     try:
         argv = serve(control)
