@@ -14,6 +14,8 @@ generation config, an offline Qwen tokenizer), then measures in the same run:
   `static_fused_eager` run our own decode step (`fused_decode`,
   hf_ar_fused.py; on CUDA one step queued ahead, hf_ar_lookahead.py;
   `static_fused_compiled_sync` and `static_graphs_sync` are those without it;
+  `static_fused_compiled_sdpa` with the compiled step's attention left to SDPA
+  (hf_ar_slots.COMPILED_MATH_ATTENTION off, the baseline of the written-out attention);
   `static_fused_compiled_lt` with GEMMs on cuBLASLt, `engine_extras.blas`: that choice is the
   process's, so name it after the modes it is compared with); on CPU graphs
   and compile are off, so `static_fused` runs the fused step eagerly.
@@ -58,16 +60,47 @@ SIZES = {
 TOKENS: dict[str, dict[str, list[list[int]]]] = {}
 """Greedy ids of each engine mode's measured runs, to check the modes agree."""
 MODES = {
-    "static_fused_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
-                              "fused_decode": True},
-    "static_fused_compiled_lt": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
-                                 "fused_decode": True, "blas": "cublaslt"},
-    "static_fused_compiled_warm": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
-                                   "fused_decode": True, "warm_graphs": True},
-    "static_fused_compiled_sync": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
-                                   "fused_decode": True, "lookahead": False},
-    "static_fused_autotuned": {"kv_cache": "static", "cuda_graphs": True, "compile": True,
-                               "compile_mode": "max-autotune-no-cudagraphs", "fused_decode": True},
+    "static_fused_compiled": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "fused_decode": True,
+    },
+    "static_fused_compiled_lt": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "fused_decode": True,
+        "blas": "cublaslt",
+    },
+    "static_fused_compiled_warm": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "fused_decode": True,
+        "warm_graphs": True,
+    },
+    "static_fused_compiled_sdpa": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "fused_decode": True,
+        "_sdpa": True,
+    },
+    "static_fused_compiled_sync": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "fused_decode": True,
+        "lookahead": False,
+    },
+    "static_fused_autotuned": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "compile_mode": "max-autotune-no-cudagraphs",
+        "fused_decode": True,
+    },
     "static_fused": {"kv_cache": "static", "cuda_graphs": True, "fused_decode": True},
     "static_fused_eager": {"kv_cache": "static", "cuda_graphs": False, "fused_decode": True},
     "static_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True},
@@ -80,8 +113,12 @@ MODES = {
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=None, help="where the checkpoint is written (default: a "
-                    "temporary folder, removed at the end)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where the checkpoint is written (default: a temporary folder, removed at the end)",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model (smoke run)")
@@ -245,8 +282,13 @@ def check_graph(engine, args: argparse.Namespace, b: int) -> dict:
 def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> dict:
     import torch
 
+    from omni_actors.workers.engines import hf_ar_slots
     from omni_actors.workers.engines.hf_ar import HfAREngine
 
+    key, extras = json.dumps(extras), dict(extras)
+    hf_ar_slots.COMPILED_MATH_ATTENTION = not extras.pop(
+        "_sdpa", False
+    )  # (read when a step compiles)
     t0 = time.perf_counter()
     engine = HfAREngine(engine_ctx(args, extras, max(batches)))
     res: dict = {"load_s": round(time.perf_counter() - t0, 2), "first_run_s": {}}
@@ -269,7 +311,7 @@ def bench_engine(args: argparse.Namespace, extras: dict, batches: list[int]) -> 
     res["fused_on"] = engine.fused is not None
     if res["cuda_graphs_on"] or res["fused_on"]:
         res["graph_vs_eager"] = check_graph(engine, args, max(batches))
-    TOKENS[json.dumps(extras)] = {k: v.pop("ids") for k, v in res.items() if k.startswith("b")}
+    TOKENS[key] = {k: v.pop("ids") for k, v in res.items() if k.startswith("b")}
     engine.close()
     del engine
     gc.collect()
@@ -303,7 +345,9 @@ def run(args: argparse.Namespace) -> None:
             results[mode] = bench_generate(args, batches)
         else:
             results[mode] = bench_engine(args, MODES[mode], batches)
-        print(json.dumps({"mode": mode, **results[mode]}), file=sys.stderr, flush=True)  # a partial run keeps it
+        print(
+            json.dumps({"mode": mode, **results[mode]}), file=sys.stderr, flush=True
+        )  # a partial run keeps it
     speedup = {}
     if "generate" in results:
         for mode in results:

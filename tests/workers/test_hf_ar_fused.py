@@ -56,7 +56,9 @@ def _build(out: Path, kind: str, **config) -> Path:
                 if p.dim() > 1:
                     p.normal_(0.0, 0.2)
                 else:  # norms and biases: not ones and zeros, so a dropped one shows
-                    p.copy_((1.0 if name.endswith("norm.weight") else 0.0) + 0.3 * torch.randn_like(p))
+                    p.copy_(
+                        (1.0 if name.endswith("norm.weight") else 0.0) + 0.3 * torch.randn_like(p)
+                    )
     (out / "model.safetensors").unlink()
     model.save_pretrained(out, safe_serialization=True)
     return out
@@ -121,7 +123,9 @@ def test_fused_logits_equal_transformers_forward(model_dir):
     engine runs next) against transformers' full forward over that row's tokens."""
     from transformers import AutoModelForCausalLM
 
-    engine = HfAREngine(_ctx(model_dir, kv_cache="static", fused_decode=True, lookahead=False))  # peek steps too
+    engine = HfAREngine(
+        _ctx(model_dir, kv_cache="static", fused_decode=True, lookahead=False)
+    )  # peek steps too
     assert isinstance(engine.fused, FusedDecoder) and engine.fused.from_ids
     from_embeds = FusedDecoder(engine.model, engine.slots, 48, from_ids=False)
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -232,8 +236,13 @@ def test_packed_weights_are_shared_not_copied(llama_dir):
     mlp = engine.model.model.layers[0].mlp
     packed = engine.fused.layers[0]
     assert attn.q_proj.weight.data_ptr() == packed.qkv_w.data_ptr()
-    assert attn.v_proj.weight.untyped_storage().data_ptr() == packed.qkv_w.untyped_storage().data_ptr()
-    assert mlp.up_proj.weight.untyped_storage().data_ptr() == packed.gate_up_w.untyped_storage().data_ptr()
+    assert (
+        attn.v_proj.weight.untyped_storage().data_ptr() == packed.qkv_w.untyped_storage().data_ptr()
+    )
+    assert (
+        mlp.up_proj.weight.untyped_storage().data_ptr()
+        == packed.gate_up_w.untyped_storage().data_ptr()
+    )
     torch.testing.assert_close(packed.gate_up_w[96:], mlp.up_proj.weight, rtol=0, atol=0)
 
 
@@ -314,3 +323,26 @@ def test_fused_step_under_cuda_graphs(tmp_path, compiled):
         eager = engine._static_forward(batch, length).logits[rows].clone()
         graph = engine.graphs.run(batch, length).logits[rows].clone()
     torch.testing.assert_close(graph, eager, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_written_out_attention_equals_sdpa_on_masked_grouped_rows(dtype):
+    """The compiled GPU step's attention (hf_ar_slots.written_out_attention) against SDPA on the
+    same grouped query heads, each row masked at its own length."""
+    from omni_actors.workers.engines.hf_ar_slots import additive_mask, written_out_attention
+
+    g = torch.Generator().manual_seed(3)
+    rows, kv_heads, group, n, dim = 3, 2, 6, 40, 16
+    q = torch.randn(rows, kv_heads, group, dim, generator=g).to(dtype)
+    keys, values = (torch.randn(rows, kv_heads, n, dim, generator=g).to(dtype) for _ in range(2))
+    lengths = torch.tensor([0, 17, n - 1])
+    mask = additive_mask(torch.arange(n)[None] > lengths[:, None], dtype)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, scale=dim**-0.5
+    )
+    got = written_out_attention(q, keys, values, mask, dim**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        got[0], values[0, :, :1].expand(kv_heads, group, dim), rtol=0, atol=tol
+    )  # only key 0

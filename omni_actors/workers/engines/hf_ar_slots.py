@@ -18,6 +18,8 @@ which is never read before the request overwrites it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -25,6 +27,10 @@ from omni_actors.workers.engines.hf_ar_adapter import ARSeq
 
 MIN_LENGTH_BUCKET = 128
 """Shortest attention window a decode step reads; windows double up to max_len."""
+COMPILED_MATH_ATTENTION = os.environ.get("OMNI_COMPILED_ATTENTION", "math") != "sdpa"
+"""`attend_one` under torch.compile on a GPU: the attention written out (the default) or SDPA
+(OMNI_COMPILED_ATTENTION=sdpa, or scripts/bench_gpu_ar.py's `_sdpa` modes: the benchmarks'
+same-run baseline)."""
 
 
 class ContextLengthExceeded(ValueError):
@@ -219,12 +225,17 @@ def project_one(attn: torch.nn.Module, x: torch.Tensor, head_dim: int) -> tuple[
     x [rows, 1, hidden]."""
     rows = x.shape[0]
     return tuple(
-        proj(x).view(rows, 1, -1, head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
+        proj(x).view(rows, 1, -1, head_dim).transpose(1, 2)
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
     )
 
 
 def write_one(
-    keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
 ) -> None:
     """Each row's new K/V [rows, kv_heads, 1, dim] into its slot at position lengths[row] (a scatter:
     no host sync, graph-capturable)."""
@@ -241,9 +252,30 @@ def attend_one(
 
     Query head h reads kv head h // (heads / kv_heads) (transformers' repeat_kv); with one
     position the heads of a kv head are its queries, so K/V are read as they are.
+
+    Compiled for a GPU (`torch.compile` tracing a CUDA step) the attention is written out
+    (scores, mask and float32 softmax, which inductor fuses into one kernel, between two
+    batched GEMMs): SDPA's kernel with a mask runs a handful of blocks over every key, 13 us a
+    layer at 256 keys and 28 at 1,024 on an H200 against 8 and 9
+    (scripts/bench_decode_attention.py). Eager and on the CPU it stays SDPA, so those outputs
+    do not change.
     """
     rows, heads, _, dim = q.shape
     kv_heads = keys.shape[1]
     grouped = q.reshape(rows, kv_heads, heads // kv_heads, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    if COMPILED_MATH_ATTENTION and q.is_cuda and torch.compiler.is_compiling():
+        out = written_out_attention(grouped, keys, values, mask, scale)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            grouped, keys, values, attn_mask=mask, scale=scale
+        )
     return out.reshape(rows, 1, heads * dim)
+
+
+def written_out_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """SDPA's answer as plain ops: q [..., m, dim] over keys/values [..., n, dim] with an additive
+    mask, the scores and softmax in float32."""
+    scores = (q @ keys.transpose(-1, -2)).float() * scale + mask.float()
+    return scores.softmax(-1).to(q.dtype) @ values
