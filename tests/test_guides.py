@@ -18,7 +18,9 @@ Each fenced block on a page follows a marker comment, invisible when the page is
 only in the slow test. A page's blocks run in order in one temporary folder with `omni-run` on
 PATH; `localhost:8000` and `127.0.0.1:8000` in a block mean the page's server; paths under
 `/models/` (real checkpoints the page names) become empty folders under the page's folder.
-`omni-run make-tiny NAME DIR` runs once per NAME in the module; later pages get a copy of that folder.
+`omni-run make-tiny NAME DIR` is the run's shared tiny folder of NAME (conftest's `tiny_model`, the
+same builder and seed as the command; the command itself is tested in test_cli_sweep.py), copied to DIR;
+a page's vLLM stages keep their caches in the run's one vLLM cache folder (conftest's `vllm_cache`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,7 +107,9 @@ def check_vllm_extras(deploy: DeployConfig) -> None:
     for stage in get_pipeline(deploy.pipeline).stages:
         if stage.engine.endswith(":VllmAREngine"):
             unknown = set(deploy.stage(stage.stage_id).engine_extras) - KNOWN_EXTRAS
-            assert not unknown, f"{deploy.source}: stage {stage.stage_id}: engine_extras {sorted(unknown)}"
+            assert not unknown, (
+                f"{deploy.source}: stage {stage.stage_id}: engine_extras {sorted(unknown)}"
+            )
 
 
 class GuideServer(OmniRun):
@@ -114,9 +119,15 @@ class GuideServer(OmniRun):
         self.port = free_port()
         self.runtime_parent = Path(env["OMNI_RUNTIME_DIR"])
         self.runtime_before = runtime_dirs(self.runtime_parent)
-        self.proc = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", str(self.port)], cwd=folder,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env=env)
+        self.proc = subprocess.Popen(
+            [*argv, "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.pid = self.proc.pid
         self.lines = []
         self._eof = False
@@ -134,20 +145,30 @@ class GuideServer(OmniRun):
 class PageRun:
     """Runs one page's blocks in order in `folder`."""
 
-    def __init__(self, page: Path, folder: Path, tiny: Path) -> None:
+    def __init__(
+        self, page: Path, folder: Path, tiny: Callable[[str], Path], vllm_cache: Path
+    ) -> None:
         self.page, self.folder, self.tiny = page, folder, tiny
-        self.ray_tmp = tempfile.mkdtemp(prefix="omni-guide-ray-", dir="/tmp")  # (short: Ray's socket paths)
+        self.ray_tmp = tempfile.mkdtemp(
+            prefix="omni-guide-ray-", dir="/tmp"
+        )  # (short: Ray's socket paths)
         self.server: GuideServer | None = None
         bindir = Path(sys.executable).parent
         assert (bindir / "omni-run").exists(), "omni-run is not installed beside this Python"
         (folder / ".curlrc").write_text("fail-with-body\n")  # a 4xx / 5xx answer fails the command
         self.env = {
-            **os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+            **os.environ,
+            "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
-            "CURL_HOME": str(folder), "OMNI_DATA_DIR": str(folder / "data"),
-            "OMNI_RUNTIME_DIR": str(folder / "runtime"), "OMNI_LOG_JSON": "0", "OMP_NUM_THREADS": "1",
+            "CURL_HOME": str(folder),
+            "OMNI_DATA_DIR": str(folder / "data"),
+            "OMNI_RUNTIME_DIR": str(folder / "runtime"),
+            "OMNI_LOG_JSON": "0",
+            "OMP_NUM_THREADS": "1",
             "RAY_TMPDIR": self.ray_tmp,  # a Ray cluster that a page starts keeps its files here
         }
+        (folder / "data" / "cache").mkdir(parents=True)  # (vllm_backend.default_cache_dir: shared)
+        (folder / "data" / "cache" / "vllm").symlink_to(vllm_cache, target_is_directory=True)
         for path in set(MODELS.findall(page.read_text())):
             (folder / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
@@ -206,32 +227,46 @@ class PageRun:
     def shell(self, block: Block, cmd: str, status: int) -> str:
         argv = shlex.split(cmd)
         if argv[:2] == ["omni-run", "make-tiny"] and len(argv) == 4 and status == 0:
-            made = self.tiny / argv[2]
-            if not made.exists():
-                self.proc(block, [*argv[:3], str(made)], 0)
-            shutil.copytree(made, self.folder / argv[3])
+            shutil.copytree(self.tiny(argv[2]), self.folder / argv[3])
             return ""
         return self.proc(block, ["bash", "-e", "-c", cmd], status, stderr=True)
 
     def proc(self, block: Block, argv: list[str], status: int, stderr: bool = False) -> str:
         try:
-            done = subprocess.run(argv, cwd=self.folder, env=self.env, capture_output=True, text=True,
-                                  timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                argv,
+                cwd=self.folder,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             pytest.fail(f"{block}: still running after {BLOCK_TIMEOUT_S} s")
-        assert done.returncode == status, (str(block), done.returncode, done.stdout[-3000:], done.stderr[-3000:])
+        assert done.returncode == status, (
+            str(block),
+            done.returncode,
+            done.stdout[-3000:],
+            done.stderr[-3000:],
+        )
         return done.stdout + (done.stderr if stderr else "")
 
     def expect(self, block: Block, out: str) -> None:
         if "expect" in block.opts:
-            assert re.search(block.opts["expect"], out, re.S), f"{block}: no {block.opts['expect']!r} in:\n{out}"
+            assert re.search(block.opts["expect"], out, re.S), (
+                f"{block}: no {block.opts['expect']!r} in:\n{out}"
+            )
 
     def serve(self, block: Block, cmd: str) -> None:
         argv = shlex.split(cmd)
-        assert argv[0] == "omni-run", f"{block}: the last line of a serve block is the omni-run to start"
+        assert argv[0] == "omni-run", (
+            f"{block}: the last line of a serve block is the omni-run to start"
+        )
         self.stop()
-        self.server = GuideServer(self.folder, [shutil.which("omni-run", path=self.env["PATH"]), *argv[1:]],
-                                  self.env)
+        self.server = GuideServer(
+            self.folder, [shutil.which("omni-run", path=self.env["PATH"]), *argv[1:]], self.env
+        )
         self.server.wait_for(r"server\.ready", SERVE_READY_TIMEOUT_S)
         self.server.note_workers()
 
@@ -246,14 +281,10 @@ class PageRun:
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The module's tiny folders, one per make-tiny name (each page copies them)."""
-    return tmp_path_factory.mktemp("tiny")
-
-
-def run_page(page: Path, folder: Path, tiny: Path, slow: bool) -> None:
-    run = PageRun(page, folder, tiny)
+def run_page(
+    page: Path, folder: Path, tiny: Callable[[str], Path], vllm_cache: Path, slow: bool
+) -> None:
+    run = PageRun(page, folder, tiny, vllm_cache)
     try:
         for block in blocks(page):
             if slow or not block.slow:
@@ -264,14 +295,20 @@ def run_page(page: Path, folder: Path, tiny: Path, slow: bool) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_guide_page_runs(page: Path, tmp_path: Path, tiny: Path) -> None:
-    run_page(page, tmp_path, tiny, slow=False)
+def test_guide_page_runs(
+    page: Path, tmp_path: Path, tiny_model: Callable[[str], Path], vllm_cache: Path
+) -> None:
+    run_page(page, tmp_path, tiny_model, vllm_cache, slow=False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", [p for p in PAGES if any(b.slow for b in blocks(p))], ids=lambda p: p.name)
-def test_guide_page_runs_with_its_slow_blocks(page: Path, tmp_path: Path, tiny: Path) -> None:
-    run_page(page, tmp_path, tiny, slow=True)
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if any(b.slow for b in blocks(p))], ids=lambda p: p.name
+)
+def test_guide_page_runs_with_its_slow_blocks(
+    page: Path, tmp_path: Path, tiny_model: Callable[[str], Path], vllm_cache: Path
+) -> None:
+    run_page(page, tmp_path, tiny_model, vllm_cache, slow=True)
 
 
 def test_every_block_is_marked_and_every_page_listed() -> None:
@@ -281,7 +318,9 @@ def test_every_block_is_marked_and_every_page_listed() -> None:
     for page in PAGES:
         found = blocks(page)
         assert found, f"{page.name} has no tested block"
-        assert len(found) == len(FENCE.findall(page.read_text())), f"{page.name}: a block has no test marker"
+        assert len(found) == len(FENCE.findall(page.read_text())), (
+            f"{page.name}: a block has no test marker"
+        )
         assert all(b.kind in KINDS for b in found), page.name
         assert f"({page.name})" in index, f"{page.name} is not listed in docs/guides/README.md"
     assert "docs/guides/" in (ROOT / "README.md").read_text()
@@ -292,8 +331,14 @@ def test_the_field_lists_in_deploy_file_md_are_the_deploy_schema() -> None:
     from omni_actors.config.deploy import ServerConfig, StageDeploy
 
     text = (GUIDES / "deploy-file.md").read_text()
-    for lead, struct, skip in (("Stage fields", StageDeploy, {"stage_id"}), ("Server fields", ServerConfig, set())):
+    for lead, struct, skip in (
+        ("Stage fields", StageDeploy, {"stage_id"}),
+        ("Server fields", ServerConfig, set()),
+    ):
         paragraph = re.search(rf"^{lead} .*?\n\n", text, re.S | re.M)
         assert paragraph, lead
         listed = set(re.findall(r"`(\w+)`", paragraph.group(0))) - {"stages", "server"} - skip
-        assert listed == set(struct.__struct_fields__) - skip, (lead, listed ^ (set(struct.__struct_fields__) - skip))
+        assert listed == set(struct.__struct_fields__) - skip, (
+            lead,
+            listed ^ (set(struct.__struct_fields__) - skip),
+        )
