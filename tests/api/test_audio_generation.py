@@ -51,6 +51,7 @@ def test_a_clip_decodes_at_the_asked_length_and_the_seed_repeats_it(audio_server
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"seconds": 100}, "seconds"),
+    ({"seconds": 3}, "seconds"),  # under the family's 47 s, past this checkpoint's 2.048 s window
     ({"response_format": "ogg"}, "response_format"),
     ({"colour": "red"}, "colour"),
 ])  # fmt: skip

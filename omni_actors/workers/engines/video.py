@@ -21,7 +21,8 @@ engine_extras (family defaults from the pipeline registration, deploy overrides)
     size_multiple   width and height must be multiples of it (default 16)
     frame_multiple  num_frames must be k * frame_multiple + 1 (default 4; 1 = any)
     max_frames      largest num_frames (default 257)
-    max_seconds     longest audio clip (default 47.0)
+    max_seconds     longest audio clip (default 47.0; never past the model's own window,
+                    transformer sample_size x VAE hop / rate, which every call fills whatever its length)
     audio_rate_hz   sample rate of the audio (default: the pipeline's vae/vocoder config)
     max_batch       requests per pipeline call (default max_num_seqs; 1 for pipelines that cannot batch)
     image_batches   "module:function" that readies the pipeline for several first frames a call and
@@ -67,6 +68,8 @@ MAX_INFERENCE_STEPS = 1000
 SEED_BITS = 63
 CONVERT_BLOCK_VALUES = 1 << 18
 """Float frame values converted to uint8 per block, in whole rows (1 MiB of float32: stays in a core's cache)."""
+DEFAULT_SECONDS = 10.0
+"""A clip's length when a request names none (or the model's window, if shorter)."""
 DEFAULTS: dict[str, Any] = {
     "fps": 16,
     "size_multiple": 16,
@@ -134,7 +137,8 @@ class VideoEngine(BatchedPipelineEngine):
         self._size_multiple = _int(extras["size_multiple"], "engine_extras.size_multiple", 1, 256)
         self._frame_multiple = _int(extras["frame_multiple"], "engine_extras.frame_multiple", 1, 64)
         self._max_frames = _int(extras["max_frames"], "engine_extras.max_frames", 1, 100_000)
-        self._max_seconds = _number(extras["max_seconds"], "engine_extras.max_seconds", 0.1, 3600)
+        self._max_seconds = min(_number(extras["max_seconds"], "engine_extras.max_seconds", 0.1, 3600),
+                                _audio_window_s(self.pipe))
         self._audio_rate = extras.get("audio_rate_hz") or _audio_rate(self.pipe)
         self._default_steps = _default(sig, "num_inference_steps", 50)
         self._default_guidance = _default(sig, "guidance_scale", None)
@@ -201,7 +205,8 @@ class VideoEngine(BatchedPipelineEngine):
         elif self.makes_video:
             num_frames = self._frames(p.get("num_frames"))
         else:
-            seconds = _number(p.get("seconds", 10.0), "seconds", 0.1, self._max_seconds)
+            seconds = _number(p.get("seconds", min(DEFAULT_SECONDS, self._max_seconds)), "seconds", 0.1,
+                              self._max_seconds)
         guidance = p.get("guidance_scale", self._default_guidance)
         if guidance is not None:
             guidance = _number(guidance, "guidance_scale", 0.0, 100.0)
@@ -416,6 +421,16 @@ def _float_audio(audio: Any) -> np.ndarray:
         audio = audio.float().cpu().numpy()
     audio = audio.astype(np.float32, copy=False)
     return audio[:, None, :] if audio.ndim == 2 else audio
+
+
+def _audio_window_s(pipe: Any) -> float:
+    """The longest clip an audio pipeline's latent window holds (StableAudioPipeline's own cap); inf if unknown."""
+    size = getattr(getattr(getattr(pipe, "transformer", None), "config", None), "sample_size", None)
+    vae = getattr(pipe, "vae", None)
+    hop, rate = getattr(vae, "hop_length", None), getattr(getattr(vae, "config", None), "sampling_rate", None)
+    if not all(isinstance(v, int) and v > 0 for v in (size, hop, rate)):
+        return math.inf
+    return size * hop / rate
 
 
 def _audio_rate(pipe: Any) -> int | None:
