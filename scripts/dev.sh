@@ -49,6 +49,8 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 case "$cmd" in
   setup) ;;
   run) exec "$VENV/bin/omni-run" "$@" ;;
-  test) exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  # Test files spread over OMNI_TEST_WORKERS processes (default 2: CI's cores), each file's tests in
+  # one of them so its module fixtures (servers, engines) start once; OMNI_TEST_WORKERS=0 runs in-process.
+  test) exec "$VENV/bin/python" -m pytest -q -n "${OMNI_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   *) echo "usage: scripts/dev.sh run|test|setup [args...]" >&2; exit 2 ;;
 esac
