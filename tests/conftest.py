@@ -9,6 +9,7 @@ import getpass
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -61,6 +62,23 @@ from omni_actors.config.deploy import DeployConfig, build_deploy  # noqa: E402
 from omni_actors.orchestrator.core import Orchestrator  # noqa: E402
 
 SHM = Path("/dev/shm")
+
+
+TF32_DEFAULTS = (False, True)
+"""torch's own (cuda.matmul.allow_tf32, cudnn.allow_tf32)."""
+
+
+@pytest.fixture(autouse=True)
+def _tf32_as_it_was() -> Any:
+    """A CUDA stage loaded in-process may set TF32 for its process (Qwen2.5-Omni's code2wav does, as its
+    worker would for itself); the next test's float32 comparisons must not run under it."""
+    torch = sys.modules.get("torch")
+    before = TF32_DEFAULTS if torch is None else (torch.backends.cuda.matmul.allow_tf32,
+                                                  torch.backends.cudnn.allow_tf32)
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 @pytest.fixture(scope="session")
