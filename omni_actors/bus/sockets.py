@@ -277,6 +277,10 @@ class AsyncRouter:
         wire, arrays = to_wire(good, frames_peer, self._segments)
         return wire, arrays, m.encode_many(wire)
 
+    def forget(self, identity: bytes) -> None:
+        """A worker is gone (identities are never reused)."""
+        self.frames_peers.discard(identity)
+
     def close(self) -> None:
         if self._loop is not None:
             try:

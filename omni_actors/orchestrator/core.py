@@ -26,6 +26,7 @@ import zmq
 from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec, leases_of
+from omni_actors.bus.router_pair import Bus, RouterPair
 from omni_actors.bus.shm import Arena, SegmentCache, unlink_prefix
 from omni_actors.bus.sockets import TCP_IO_THREADS, AsyncRouter, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
@@ -106,7 +107,7 @@ class Orchestrator(ReceivePath):
         self._stream_peak_bytes = 0
         self.first_outputs = {sid: StageLatency() for sid in self.pipeline.stage_ids}
         self.runtime: RuntimeDir | None = None
-        self.router: AsyncRouter | None = None
+        self.router: Bus | None = None
         self.launcher: Launcher | None = None
         self._zmq: zmq.Context | None = None
         self._undecodable_peers: set[bytes] = set()
@@ -128,11 +129,18 @@ class Orchestrator(ReceivePath):
             self.launcher = launcher = make_launcher(self.deploy, self.pipeline, self.run_prefix, self.platform)
             await launcher.open(self._zmq)  # (ray: reach the cluster, check resources, make the bus keys)
             endpoint = self._endpoint_override or launcher.bus_endpoint(self.runtime)
+            local = launcher.local_endpoint(self.runtime) if self._endpoint_override is None else None
             try:
-                self.router = AsyncRouter(
-                    self._zmq, endpoint, self._on_message, self._on_unsendable, self._on_undecodable,
-                    auth=launcher.auth, segments=self.segments,
-                )
+                if local is not None and launcher.auth is not None:  # (ray: this node's workers on ipc)
+                    self.router = RouterPair(
+                        self._zmq, endpoint, local, self._on_message, self._on_unsendable, self._on_undecodable,
+                        auth=launcher.auth, segments=self.segments,
+                    )
+                else:
+                    self.router = AsyncRouter(
+                        self._zmq, endpoint, self._on_message, self._on_unsendable, self._on_undecodable,
+                        auth=launcher.auth, segments=self.segments,
+                    )
             except zmq.ZMQError as err:
                 if self._endpoint_override is None and self.deploy.cluster.bus_host is not None:
                     raise ConfigError(
@@ -140,7 +148,7 @@ class Orchestrator(ReceivePath):
                     ) from None
                 raise
             self.router.start()
-            launcher.set_bound(self.router.endpoint)
+            launcher.set_bound(self.router.endpoint, getattr(self.router, "local_endpoint", None))
             await self.supervisor.start_all(launcher)
             self._arm_trimmer()
         except BaseException:

@@ -148,8 +148,12 @@ class Launcher:
         """Where the orchestrator's ROUTER binds."""
         return runtime.endpoint("bus.sock")
 
-    def set_bound(self, bound: str) -> None:
-        """The ROUTER's bound endpoint; workers connect to what this makes of it."""
+    def local_endpoint(self, runtime: RuntimeDir) -> str | None:
+        """A second, plain ipc endpoint for workers on this host beside a tcp:// bus (the ray backend's)."""
+        return None
+
+    def set_bound(self, bound: str, local: str | None = None) -> None:
+        """The ROUTER's bound endpoint(s); workers connect to what this makes of them."""
         self.endpoint = bound
 
     async def close(self) -> None:

@@ -3,11 +3,12 @@
 Ray owns placement and process lifetime. Each actor (`WorkerActor`) starts the
 same worker process as the local backend (`python -m omni_actors.workers.main`)
 next to itself, so the device mask Ray gives the actor and the stage's env are
-in place before torch is imported, and tells its exit code. The worker connects
-to the orchestrator over `tcp://` with CURVE keys it reads from its stdin; the
-actor gets them, like everything else, as JSON text in its constructor (no
-pickled object of ours crosses into Ray). A worker on the orchestrator's node
-maps shared memory; elsewhere its arrays travel as message frames.
+in place before torch is imported, and tells its exit code. A worker on another
+node connects to the orchestrator over `tcp://` with CURVE keys it reads from its
+stdin; the actor gets them, like everything else, as JSON text in its constructor
+(no pickled object of ours crosses into Ray), and its arrays travel as message
+frames. A worker on the orchestrator's node keeps the local backend's path: the
+run's ipc socket (bus.router_pair) and shared memory.
 
 On the orchestrator's side a `RayWorker` stands in for the process (pid,
 returncode, wait, signals), so the supervisor treats both backends alike: an
@@ -70,10 +71,13 @@ def _actor_options(need: dict[str, float]) -> dict[str, Any]:
 class WorkerActor:
     """Lives inside a Ray actor: starts one stage worker process next to itself and reports its exit."""
 
-    def __init__(self, spec_json: str, keys_json: str, env_json: str, orch_node: str, arrays: str) -> None:
+    def __init__(self, spec_json: str, keys_json: str, env_json: str, orch_node: str, arrays: str,
+                 local_endpoint: str | None) -> None:
         self.node = ray.get_runtime_context().get_node_id()
         path = "frames" if arrays == "frames" or self.node != orch_node else "shm"
         spec = msgspec.structs.replace(msgspec.json.decode(spec_json, type=WorkerSpec), arrays=path)
+        if path == "shm" and local_endpoint:  # the orchestrator's node: its ipc socket, as the local backend
+            spec = msgspec.structs.replace(spec, endpoint=local_endpoint, curve=False)
         env = {**os.environ, **msgspec.json.decode(env_json, type=dict[str, str])}
         env.setdefault("HF_HUB_OFFLINE", "1")
         self.arrays = path
@@ -82,7 +86,8 @@ class WorkerActor:
             env=env, stdin=subprocess.PIPE, start_new_session=True,
         )
         assert self.proc.stdin is not None
-        self.proc.stdin.write(keys_json.encode() + b"\n")  # (never on a command line or on disk)
+        if spec.curve:
+            self.proc.stdin.write(keys_json.encode() + b"\n")  # (never on a command line or on disk)
         self.proc.stdin.close()
 
     def info(self) -> str:
@@ -171,6 +176,8 @@ class RayLauncher(Launcher):
         self._workers: set[RayWorker] = set()
         self.node_id = ""
         self.node_ip = ""
+        self.local: str | None = None
+        """The ipc endpoint for workers on this node (None: `arrays: frames`, every worker on tcp)."""
 
     async def open(self, ctx: zmq.Context) -> None:
         cl = self.deploy.cluster
@@ -207,9 +214,13 @@ class RayLauncher(Launcher):
     def bus_endpoint(self, runtime: RuntimeDir) -> str:
         return f"tcp://{self.deploy.cluster.bus_host or self.node_ip}:0"
 
-    def set_bound(self, bound: str) -> None:
+    def local_endpoint(self, runtime: RuntimeDir) -> str | None:
+        return None if self.deploy.cluster.arrays == "frames" else runtime.endpoint("bus.sock")
+
+    def set_bound(self, bound: str, local: str | None = None) -> None:
         host, _, port = bound.removeprefix("tcp://").rpartition(":")
         self.endpoint = f"tcp://{self.node_ip if host in _ANY_HOST else host}:{port}"
+        self.local = local
 
     async def spawn(self, handle: WorkerHandle) -> None:
         assert self.auth is not None
@@ -227,7 +238,7 @@ class RayLauncher(Launcher):
         env = stage_env(self.deploy, handle.stage_id, handle.replica)
         actor = self.actor_cls.options(**options).remote(
             msgspec.json.encode(spec).decode(), msgspec.json.encode(keys).decode(), msgspec.json.encode(env).decode(),
-            self.node_id, self.deploy.cluster.arrays,
+            self.node_id, self.deploy.cluster.arrays, self.local,
         )
         worker = RayWorker(actor, pg, lambda: self._gone(keys))
         self._workers.add(worker)

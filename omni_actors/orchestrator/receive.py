@@ -16,8 +16,8 @@ import time
 from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import PayloadCodec, leases_of
+from omni_actors.bus.router_pair import Bus
 from omni_actors.bus.shm import Arena, SegmentCache
-from omni_actors.bus.sockets import AsyncRouter
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import (
     RequestAborted,
@@ -46,7 +46,7 @@ class ReceivePath:
 
     pipeline: PipelineConfig
     supervisor: Supervisor
-    router: AsyncRouter | None
+    router: Bus | None
     runs: dict[str, Run]
     leases: LeaseTable
     arena: Arena
@@ -221,4 +221,5 @@ class ReceivePath:
                 self._end(run, WorkerDied(h.stage_id, h.replica, detail))
         self.segments.forget(h.shm_prefix)
         if self.router is not None:
-            self.router.frames_peers.discard(h.identity)
+            self.router.forget(h.identity)
+            self.router.forget(h.identity + HEARTBEAT_SUFFIX)

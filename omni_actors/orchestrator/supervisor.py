@@ -28,8 +28,9 @@ from typing import Any
 
 from omni_actors import logs, progress
 from omni_actors.bus import messages as m
+from omni_actors.bus.router_pair import Bus
 from omni_actors.bus.shm import SHM_DIR, unlink_prefix, unlink_segment
-from omni_actors.bus.sockets import AsyncRouter, RuntimeDir
+from omni_actors.bus.sockets import RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import StartupError
@@ -154,7 +155,7 @@ class Supervisor:
             err = task.exception()
             log.error("supervisor.task_failed", task=task.get_coro().__qualname__, error=repr(err))
 
-    async def stop_all(self, router: AsyncRouter | None) -> None:
+    async def stop_all(self, router: Bus | None) -> None:
         """Ask every worker to exit, signal those that don't, and wait for all of them."""
         self.closing = True
         self._healthy.clear()

@@ -25,10 +25,12 @@ from ray.cluster_utils import Cluster
 from zmq.utils.monitor import recv_monitor_message
 
 from omni_actors.bus import messages as m
+from omni_actors.bus.router_pair import RouterPair
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.errors import ConfigError, StageUnavailable, WorkerDied
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, StageChunk
+from omni_actors.workers.spec import HEARTBEAT_SUFFIX
 from tests.conftest import eventually, make_deploy, running, shm_files
 
 NODES = {"head": {"num_cpus": 4}, "node_a": {"num_cpus": 2}, "node_b": {"num_cpus": 2, "num_gpus": 2}}
@@ -193,8 +195,9 @@ async def test_a_stage_with_node_labels_is_placed_on_a_node_carrying_them(orch: 
 async def test_a_worker_on_the_orchestrators_node_maps_shared_memory_and_the_others_get_frames(
     orch: Orchestrator, cluster: Cluster, local_outputs: list[list[tuple]]
 ) -> None:
-    """`arrays: auto`: stage 0 on this process's Ray node (shared memory), 1 and 2 elsewhere (frames):
-    stage 0's leased arrays reach stage 1 as frames, and stage 1 gives the leases back."""
+    """`arrays: auto`: stage 0 on this process's Ray node (the run's ipc socket and shared memory, as the
+    local backend), 1 and 2 elsewhere (tcp + CURVE, frames): stage 0's leased arrays reach stage 1 as
+    frames, and stage 1 gives the leases back."""
     here = ray.get_runtime_context().get_node_id()  # (the module's orchestrator keeps Ray connected)
     mine = next(name for n in ray.nodes() if n["NodeID"] == here for name in NODES if name in n["Resources"])
     others = [name for name in NODES if name != mine]
@@ -206,6 +209,10 @@ async def test_a_worker_on_the_orchestrators_node_maps_shared_memory_and_the_oth
     async with running(deploy) as mixed:
         assert mixed.router is not None
         assert mixed.router.frames_peers == {mixed.workers[1][0].identity, mixed.workers[2][0].identity}
+        assert isinstance(mixed.router, RouterPair) and mixed.router.local_endpoint.startswith("ipc://")
+        here_id = mixed.workers[0][0].identity
+        assert mixed.router.local_peers == {here_id, here_id + HEARTBEAT_SUFFIX}  # (its heartbeat socket too)
+        assert mixed.router.local.messages_in > 0 and mixed.router.remote.messages_in > 0
         for prompt, expected in zip(PROMPTS, local_outputs, strict=True):
             chunks = await mixed.submit(RequestSpec(inputs={"prompt": prompt})).collect()
             assert normal(chunks) == expected
