@@ -158,7 +158,7 @@ def from_exception(exc: BaseException) -> ApiError:
 
 REQUEST_FIELDS = frozenset({
     "input", "prompt", "negative_prompt", "image", "mask", "size", "n", "voice", "instructions", "speed",
-    "seconds", "seed", "layers", "num_inference_steps", "guidance_scale", "input_reference", "file",
+    "seconds", "seed", "layers", "strength", "num_inference_steps", "guidance_scale", "input_reference", "file",
     "messages", "max_tokens", "temperature", "top_p", "tools", "tool_choice", "response_format", "language",
 })
 """Request fields a stage's refusal may name first ("image[0]: ..."), as engines write them."""

@@ -5,6 +5,7 @@ list), optional `mask`, `prompt`, and the generation fields of
 /v1/images/generations as text (`n`, `size`, `seed`, `num_inference_steps`,
 `guidance_scale`, `negative_prompt`, `response_format`, `output_format`,
 `stream`, `partial_images`, `output_compression`, `background`; `layers` for a layered pipeline;
+`strength` (0-1] for a pipeline that re-noises its input, e.g. an inpaint one;
 `quality` and `input_fidelity` are checked and have no effect). Files are decoded
 here, in a thread, to uint8 arrays that cross the bus in shared memory:
 
@@ -42,7 +43,7 @@ MAX_INPUT_IMAGES = 16
 TEXT_FIELDS = frozenset({
     "prompt", "model", "n", "size", "response_format", "output_format", "seed", "num_inference_steps",
     "guidance_scale", "negative_prompt", "stream", "partial_images", "quality", "background",
-    "input_fidelity", "user", "output_compression", "moderation", "layers",
+    "input_fidelity", "user", "output_compression", "moderation", "layers", "strength",
 })  # fmt: skip
 FORMATS = ("png", "jpeg", "webp")
 CHOICES = {
@@ -126,6 +127,19 @@ def _choices(fields: dict[str, str]) -> None:
             raise bad_request(f"{name} must be one of {list(allowed)}, got {fields[name]!r}", name)
 
 
+def _strength(fields: dict[str, str]) -> float | None:
+    raw = fields.get("strength")
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        raise bad_request(f"strength must be a number, got {raw!r}", "strength") from None
+    if not 0.0 < v <= 1.0:
+        raise bad_request(f"strength must be in (0, 1], got {raw}", "strength")
+    return v
+
+
 def _params(fields: dict[str, str]) -> dict[str, Any]:
     size = parse_size(fields.get("size"))
     guidance = fields.get("guidance_scale")
@@ -145,6 +159,7 @@ def _params(fields: dict[str, str]) -> dict[str, Any]:
         "guidance_scale": g,
         "seed": _int(fields, "seed", 0, (1 << 63) - 1),
         "layers": _int(fields, "layers", 1, 16),
+        "strength": _strength(fields),
     })
 
 
@@ -176,6 +191,7 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
                           "leave size out", "size", "unsupported_parameter")
     require_size(caps, params.get("width"), params.get("height"))
     require_input(caps, "negative_prompt", fields.get("negative_prompt"))
+    require_input(caps, "strength", params.get("strength"))
     if caps is not None and len(blobs) > max(caps.max_input_images, 1):
         raise bad_request(f"{caps.pipeline_class} takes at most {caps.max_input_images} image(s), got {len(blobs)}",
                           "image")

@@ -77,7 +77,8 @@ async def test_several_images_where_the_family_takes_them(srv) -> None:
 async def test_bad_inputs_are_400s_naming_the_field(srv) -> None:
     client = srv.client()
     for kw, param in [({"image": ("x.png", b"not an image")}, "image"), ({"size": "40x40"}, "size"),
-                      ({"mask": ("m.png", png(np.zeros((32, 48, 4), np.uint8)))}, "mask")]:
+                      ({"mask": ("m.png", png(np.zeros((32, 48, 4), np.uint8)))}, "mask"),
+                      ({"extra_body": {"strength": 0.5}}, "strength")]:  # (these calls take none)
         with pytest.raises(openai.BadRequestError) as err:
             await client.images.edit(**{"model": srv.family, "image": _image(0), "prompt": "x", **kw})
         assert err.value.body["param"] == param, err.value.body

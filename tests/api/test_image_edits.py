@@ -65,6 +65,8 @@ async def test_models_say_it_edits_with_a_mask(srv) -> None:
     ({"size": "33x33"}, "size"),
     ({"image": [("a.png", _image()), ("b.png", _image())]}, "image"),
     ({"mask": None}, "mask"),  # inpainting needs one (the pipeline failed without, a 500)
+    ({"extra_body": {"strength": 0}}, "strength"),
+    ({"extra_body": {"strength": "most"}}, "strength"),
 ])
 async def test_bad_edit_inputs_are_400s_naming_the_field(srv, kw: dict, param: str) -> None:
     base = {"model": MODEL, "image": ("in.png", _image()), "mask": ("mask.png", _mask()), "prompt": "x",

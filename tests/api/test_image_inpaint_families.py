@@ -74,6 +74,24 @@ async def test_inpaint_with_a_mask_is_seeded_and_guided_through_the_family_param
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_strength_reaches_the_call_and_repeats_with_its_seed(srv) -> None:
+    client, steps = srv.client(), 2
+    if srv.family == "qwen_image_edit_inpaint":
+        client = client.with_options(timeout=300)
+    kw = {"model": srv.family, "image": _image(), "mask": _mask(), "prompt": "a red cube",
+          "extra_body": {"num_inference_steps": steps, "seed": 5}}
+    half = {**kw, "extra_body": {**kw["extra_body"], "strength": 0.5}}
+    first = decode((await client.images.edit(**half)).data[0].b64_json)
+    again = decode((await client.images.edit(**half)).data[0].b64_json)
+    default = decode((await client.images.edit(**kw)).data[0].b64_json)  # the family's own strength
+    assert np.array_equal(first, again) and first.shape == default.shape
+    assert not np.array_equal(first, default)
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.images.edit(**{**kw, "extra_body": {**kw["extra_body"], "strength": 1.5}})
+    assert err.value.body["param"] == "strength", err.value.body
+    await eventually(lambda: idle(srv.orch))
+
+
 async def test_a_missing_mask_is_a_400_naming_mask(srv) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         await srv.client().images.edit(model=srv.family, image=_image(), prompt="x",
@@ -91,4 +109,4 @@ async def test_models_say_inpaint_with_a_required_mask_and_no_text_to_image(srv)
     assert caps["tasks"] == ["image-edit", "inpaint"], caps
     assert caps["image_input"] == "required" and caps["mask_required"] is True
     assert caps["size_multiple"] == 16 and caps["guidance_param"] == GUIDANCE[srv.family]
-    assert ("size" in caps["inputs"]) is (srv.family == "qwen_image_inpaint")
+    assert ("size" in caps["inputs"]) is (srv.family == "qwen_image_inpaint") and "strength" in caps["inputs"]

@@ -127,6 +127,8 @@ def caps_from_params(class_name: str, params: Iterable[str]) -> DiffusionCaps:
     if {"width", "height"} <= names and not facts.own_size:
         inputs.append("size")
     inputs += [n for n in ("num_inference_steps", "guidance_scale", "layers") if n in names]
+    if takes_image and "strength" in names:
+        inputs.append("strength")
     return DiffusionCaps(
         pipeline_class=class_name,
         output_kind=kind,

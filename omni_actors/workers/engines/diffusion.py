@@ -223,6 +223,8 @@ class DiffusionEngine(BatchedPipelineEngine):
             kw[self.caps.guidance_param] = head.guidance
         if head.layers is not None:
             kw["layers"] = head.layers
+        if head.strength is not None:
+            kw["strength"] = head.strength
         return kw
 
     def _final_outputs(

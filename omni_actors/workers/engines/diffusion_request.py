@@ -8,6 +8,7 @@ Request fields (from `inputs` or `params`; `inputs` win for prompt and images):
     n                         outputs for this request (num_images_per_prompt)
     width, height | size      ints, or "WxH"
     num_inference_steps, guidance_scale, seed, layers
+    strength                  how far an input image is re-noised, (0, 1] (pipelines that take one)
     partial_images            previews to send mid-run (0-3)
 
 Arrays arrive mapped from shared memory whose lease the worker gives back
@@ -50,6 +51,8 @@ class DiffusionJob:
     images: tuple[np.ndarray, ...] = ()
     mask: np.ndarray | None = None
     layers: int | None = None
+    strength: float | None = None
+    """The call's `strength` (None: the pipeline's default)."""
     previews: int = 0
     """Partial images to send mid-run (decoded from the latents); 0 for none."""
     extras: dict[str, Any] = field(default_factory=dict)
@@ -65,6 +68,7 @@ class DiffusionJob:
             self.guidance,
             self.negative_prompt is not None,
             self.layers,
+            self.strength,
             tuple(sorted(self.extras.items())),
             self.request_id if self.images else None,
         )
@@ -126,6 +130,15 @@ def parse_job(
         guidance = float(guidance)
     else:
         guidance = defaults.get("guidance_scale")
+    strength = p.get("strength")
+    if strength is not None:
+        if "strength" not in accepts:
+            raise ValueError(f"strength: {cls} does not take one")
+        if isinstance(strength, bool) or not isinstance(strength, int | float) or not 0 < strength <= 1:
+            raise ValueError(f"strength: expected a number in (0, 1], got {strength!r}")
+        if not images:
+            raise ValueError("strength: only an edit (an input image) takes one")
+        strength = float(strength)
     seed = p.get("seed")
     return DiffusionJob(
         request_id=request_id,
@@ -146,6 +159,7 @@ def parse_job(
         images=images,
         mask=mask,
         layers=layers,
+        strength=strength,
         previews=int_in(p.get("partial_images", 0), "partial_images", 0, MAX_PREVIEWS),
     )
 
