@@ -92,6 +92,21 @@ async def test_strength_reaches_the_call_and_repeats_with_its_seed(srv) -> None:
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_stream_sends_a_preview_then_the_completed_image(srv) -> None:
+    """The inpaint classes' previews (Qwen's latents as its "auto" layout, Klein's "packed_bn")."""
+    client = srv.client()
+    if srv.family == "qwen_image_edit_inpaint":
+        client = client.with_options(timeout=300)
+    stream = await client.images.edit(model=srv.family, image=_image(), mask=_mask(), prompt="a red cube",
+                                      stream=True, partial_images=1,
+                                      extra_body={"num_inference_steps": 3, "seed": 2})
+    events = [e async for e in stream]
+    assert [e.type for e in events] == ["image_edit.partial_image", "image_edit.completed"]
+    preview, final = decode(events[0].b64_json), decode(events[-1].b64_json)
+    assert preview.shape == final.shape and final.shape[2] == 3 and preview.std() > 0
+    await eventually(lambda: idle(srv.orch))
+
+
 async def test_a_missing_mask_is_a_400_naming_mask(srv) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         await srv.client().images.edit(model=srv.family, image=_image(), prompt="x",
