@@ -17,6 +17,11 @@ from omni_actors.bus.shm import SegmentCache
 from omni_actors.bus.sockets import AsyncRouter, BusAuth
 
 
+def _summed(name: str) -> property:
+    """A counter of both ROUTERs together (the orchestrator's statistics read them)."""
+    return property(lambda self: getattr(self.remote, name) + getattr(self.local, name))
+
+
 class RouterPair:
     """`remote` (tcp + CURVE) and `local` (ipc) ROUTERs; see the module docstring."""
 
@@ -71,29 +76,12 @@ class RouterPair:
         self.local.close()
         self.remote.close()
 
-    @property
-    def messages_in(self) -> int:
-        return self.remote.messages_in + self.local.messages_in
-
-    @property
-    def messages_out(self) -> int:
-        return self.remote.messages_out + self.local.messages_out
-
-    @property
-    def frames_in(self) -> int:
-        return self.remote.frames_in + self.local.frames_in
-
-    @property
-    def frames_out(self) -> int:
-        return self.remote.frames_out + self.local.frames_out
-
-    @property
-    def wakeups(self) -> int:
-        return self.remote.wakeups + self.local.wakeups
-
-    @property
-    def frames_undecodable(self) -> int:
-        return self.remote.frames_undecodable + self.local.frames_undecodable
+    messages_in = _summed("messages_in")
+    messages_out = _summed("messages_out")
+    frames_in = _summed("frames_in")
+    frames_out = _summed("frames_out")
+    wakeups = _summed("wakeups")
+    frames_undecodable = _summed("frames_undecodable")
 
 
 Bus = AsyncRouter | RouterPair
