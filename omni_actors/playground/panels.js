@@ -77,6 +77,13 @@ function bindChat({ api, state, showError }) {
 
 const customOption = (v) => new Option(`${v.name} (custom)`, JSON.stringify({ id: v.id }));
 
+// "Delete voice" shows while a custom voice (the server's, an {"id"} value) is picked.
+function syncVoiceButtons() {
+  const select = $("speak-voice");
+  $("speak-voice-delete").hidden = !select.value.startsWith("{");
+  select.disabled = !select.options.length;
+}
+
 // The voice picker: the server's custom voices when the model clones, then its built-in voices. A model
 // that declares none speaks only in a custom voice (no "alloy" then); one that does not say takes any name.
 async function loadVoices({ api, state, showError }) {
@@ -95,7 +102,7 @@ async function loadVoices({ api, state, showError }) {
   const builtin = Array.isArray(model.voices) ? model.voices : ["alloy"];
   options.push(...builtin.map((n) => new Option(n, n)));
   $("speak-voice").replaceChildren(...options);
-  $("speak-voice").disabled = !options.length;
+  syncVoiceButtons();
   $("speak-clone").hidden = !clones;
   const needed = $("speak-voice-needed");
   needed.textContent = clones
@@ -157,8 +164,8 @@ function bindClone({ api, showError }) {
       const voice = await (await api("/v1/audio/voices", { method: "POST", body: form })).json();
       const option = customOption(voice);
       $("speak-voice").prepend(option);
-      $("speak-voice").disabled = false;
       option.selected = true;
+      syncVoiceButtons();
       $("speak-voice-needed").hidden = true;
       status.textContent = `made voice ${voice.name} (${voice.id})`;
     } catch (err) {
@@ -170,10 +177,35 @@ function bindClone({ api, showError }) {
   };
 }
 
+// Delete the picked custom voice on the server (DELETE /v1/audio/voices/{id}); its consent stays.
+function bindVoiceDelete({ api, showError }) {
+  $("speak-voice").onchange = syncVoiceButtons;
+  $("speak-voice-delete").onclick = async () => {
+    const button = $("speak-voice-delete");
+    const option = $("speak-voice").selectedOptions[0];
+    if (!option || !option.value.startsWith("{")) return;
+    busy(button, true);
+    showError("");
+    try {
+      await api(`/v1/audio/voices/${encodeURIComponent(JSON.parse(option.value).id)}`, { method: "DELETE" });
+      option.remove();
+      $("clone-status").textContent = `deleted voice ${option.text.replace(/ \(custom\)$/, "")}`;
+      $("speak-voice-needed").hidden = $("speak-voice").options.length > 0;
+    } catch (err) {
+      showError(err.message);
+    } finally {
+      busy(button, false);
+      syncVoiceButtons();
+    }
+  };
+}
+
 function bindSpeak({ api, state, showError }) {
   bindClone({ api, showError });
+  bindVoiceDelete({ api, showError });
   document.addEventListener("model-changed", () => {
     $("speak-voice").replaceChildren();
+    $("speak-voice-delete").hidden = true;
     $("speak-clone").hidden = true;
     $("speak-voice-needed").hidden = true;
     $("clone-status").textContent = "";

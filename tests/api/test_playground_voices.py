@@ -2,7 +2,8 @@
 
 The model lists no built-in voices, so the page offers none (no "alloy" to be refused with
 `custom_voice_required`) and says a voice must be made; the upload makes a consent and a voice
-through the server's own routes, selects the voice, and the page speaks in it.
+through the server's own routes, selects the voice, and the page speaks in it; after a reload the voice is
+listed again, and "Delete voice" removes it from the server.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ def _tone(path, hz: float, seconds: float) -> None:
     sf.write(path, (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32), CLIP_RATE, subtype="PCM_16")
 
 
-async def test_speak_makes_and_uses_a_custom_voice(srv: Server, tmp_path) -> None:
+async def _voices(srv: Server) -> list[dict]:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(headers=headers) as s, s.get(srv.url + "/v1/audio/voices") as resp:
+        return (await resp.json())["data"]
+
+
+async def test_speak_makes_uses_and_deletes_a_custom_voice(srv: Server, tmp_path) -> None:
     consent, clip = tmp_path / "consent.wav", tmp_path / "clip.wav"
     _tone(consent, 200, 1.0)
     _tone(clip, 180, 2.0)
@@ -66,10 +73,15 @@ async def test_speak_makes_and_uses_a_custom_voice(srv: Server, tmp_path) -> Non
         await page.locator("#clone-consent option", has_text="hum (en-US)").wait_for(state="attached")
         consents = await page.locator("#clone-consent option").all_text_contents()
         assert consents == ["new: upload the recording", "hum (en-US)"], consents
+        assert [v["name"] for v in await _voices(srv)] == ["hum"]
+
+        await page.locator("#speak-voice").select_option(label="hum (custom)")
+        await page.get_by_test_id("speak-voice-delete").click()  # shown for a custom voice only
+        await page.wait_for_function("document.getElementById('clone-status').textContent === 'deleted voice hum'")
+        assert await page.locator("#speak-voice option").count() == 0
+        await page.get_by_test_id("speak-voice-needed").wait_for()  # back to "make one first"
+        assert await page.get_by_test_id("speak-voice-delete").is_hidden()
         assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
-    headers = {"Authorization": f"Bearer {KEY}"}
-    async with aiohttp.ClientSession(headers=headers) as s, s.get(srv.url + "/v1/audio/voices") as resp:
-        voices = (await resp.json())["data"]
-    assert [v["name"] for v in voices] == ["hum"]
+    assert await _voices(srv) == []  # gone on the server; its consent stays for the next voice
     assert len(list(tmp_path.glob("*.png"))) == 2
     await eventually(lambda: idle(srv.orch))
