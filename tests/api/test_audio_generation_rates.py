@@ -16,8 +16,7 @@ sf = pytest.importorskip("soundfile")
 from omni_actors.models.tiny import make_tiny  # noqa: E402
 from tests.api.model_server import ModelRun  # noqa: E402
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.slow]  # (~35 s; encode_file's resampling is in the default suite: test_speech_rates.py)
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 HTTP_TIMEOUT_S = 180
 ODD_RATE_HZ = 10_000
 """The tiny Stable Audio VAE's rate, set to one mp3 has not (its rates: 8, 11.025, 12, 16, 22.05 ... kHz)."""

@@ -14,8 +14,8 @@ pytest.importorskip("diffusers")
 from tests.api.conftest import eventually, idle, post
 from tests.api.image_family_support import decode, png, serve_family
 
-FAMILIES = ["qwen_image_edit_plus", pytest.param("qwen_image_edit", marks=pytest.mark.slow)]
-"""One server per family; the default suite serves Edit-Plus (one and several images), -m slow adds Edit."""
+FAMILIES = ["qwen_image_edit_plus", "qwen_image_edit"]
+"""One server per family: Edit-Plus (one and several images) and Edit."""
 STEPS = {"num_inference_steps": 2}
 
 

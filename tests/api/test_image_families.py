@@ -15,10 +15,10 @@ STEPS = 2
 
 FAMILIES = [
     "qwen_image",
-    pytest.param("z_image", marks=pytest.mark.slow),
-    pytest.param("hunyuan_image", marks=pytest.mark.slow),
+    "z_image",
+    "hunyuan_image",
 ]
-"""One server per family; the default suite serves Qwen-Image, the rest run with -m slow."""
+"""One server per family."""
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -1,7 +1,7 @@
 """LongCat-Image (text-to-image, prompt rewrite on) and LongCat-Image-Edit served from their tiny folders.
 
 Their `text_processor` (a Qwen2VLProcessor) loads without torchvision (models/diffusion/processors.py).
-LongCat-Image-Edit makes a ~1 MP image at the input's aspect ratio (its call takes no size): -m slow.
+LongCat-Image-Edit makes a ~1 MP image at the input's aspect ratio (its call takes no size).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ async def test_generates_at_the_asked_size_and_same_seed_same_image(srv) -> None
     await eventually(lambda: idle(srv.orch))
 
 
-@pytest.mark.slow
 async def test_longcat_edit_keeps_the_input_aspect(tmp_path) -> None:
     async with serve_family("longcat_image_edit", tmp_path) as edit_srv:
         client = edit_srv.client()

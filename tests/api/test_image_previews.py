@@ -12,9 +12,8 @@ pytest.importorskip("diffusers")
 from tests.api.conftest import eventually, idle
 from tests.api.image_family_support import decode, png, serve_family
 
-FAMILIES = ["qwen_image_layered", "flux2", pytest.param("longcat_image", marks=pytest.mark.slow),
-            pytest.param("glm_image", marks=pytest.mark.slow)]
-"""One server per family; LongCat-Image and GLM-Image run with -m slow."""
+FAMILIES = ["qwen_image_layered", "flux2", "longcat_image", "glm_image"]
+"""One server per family."""
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

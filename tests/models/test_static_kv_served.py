@@ -44,10 +44,9 @@ async def _speak(folder: Path, kind: str) -> list[np.ndarray]:
         return [np.frombuffer(r.content, "<i2").astype(np.float32) / 32768 for r in replies]
 
 
-FAMILIES = ["dia", pytest.param("vibevoice", marks=pytest.mark.slow)]
-"""The default suite serves Dia (the deploy's `kv_cache` reaching a served stage's engine); -m slow adds
-VibeVoice, whose static path test_vibevoice_static.py already checks against the dynamic one down to
-the decoded audio, engine by engine."""
+FAMILIES = ["dia", "vibevoice"]
+"""Dia and VibeVoice: the deploy's `kv_cache` reaching a served stage's engine (VibeVoice's static path is
+also checked against the dynamic one down to the decoded audio, engine by engine, in test_vibevoice_static.py)."""
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -64,9 +64,7 @@ def _run(pipe: Any, call: dict[str, Any], output_type: str) -> tuple[Any, Any]:
 
 
 @pytest.mark.parametrize("kind", [
-    "qwen_image", "flux2",
-    pytest.param("longcat_image", marks=pytest.mark.slow),  # (~20 s; its decode is LongCat-Edit's too)
-    pytest.param("glm_image", marks=pytest.mark.slow),
+    "qwen_image", "flux2", "longcat_image", "glm_image",
 ])
 def test_the_last_steps_preview_is_the_pipelines_image(kind: str, tmp_path: Path) -> None:
     import torch
@@ -82,7 +80,6 @@ def test_the_last_steps_preview_is_the_pipelines_image(kind: str, tmp_path: Path
     assert want.std() > 0  # an image, not a constant
 
 
-@pytest.mark.slow
 def test_layered_preview_is_its_layers_composited(tmp_path: Path) -> None:
     """QwenImageLayeredPipeline's `_unpack_latents` takes `layers`: the shared recipe raised TypeError
     inside the step callback and failed the whole batch."""
