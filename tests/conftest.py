@@ -68,17 +68,23 @@ TF32_DEFAULTS = (False, True)
 """torch's own (cuda.matmul.allow_tf32, cudnn.allow_tf32)."""
 
 
+def _backends() -> Any:
+    """torch.backends once torch is fully imported (None before, or while another thread imports it)."""
+    torch = sys.modules.get("torch")
+    backends = getattr(torch, "backends", None)
+    return backends if hasattr(backends, "cudnn") and hasattr(getattr(backends, "cuda", None), "matmul") else None
+
+
 @pytest.fixture(autouse=True)
 def _tf32_as_it_was() -> Any:
     """A CUDA stage loaded in-process may set TF32 for its process (Qwen2.5-Omni's code2wav does, as its
     worker would for itself); the next test's float32 comparisons must not run under it."""
-    torch = sys.modules.get("torch")
-    before = TF32_DEFAULTS if torch is None else (torch.backends.cuda.matmul.allow_tf32,
-                                                  torch.backends.cudnn.allow_tf32)
+    backends = _backends()
+    before = TF32_DEFAULTS if backends is None else (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32)
     yield
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    backends = _backends()
+    if backends is not None:
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = before
 
 
 @pytest.fixture(scope="session")

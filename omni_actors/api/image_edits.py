@@ -5,7 +5,8 @@ list), optional `mask`, `prompt`, and the generation fields of
 /v1/images/generations as text (`n`, `size`, `seed`, `num_inference_steps`,
 `guidance_scale`, `negative_prompt`, `response_format`, `output_format`,
 `stream`, `partial_images`, `output_compression`, `background`; `layers` for a layered pipeline;
-`strength` (0-1] for a pipeline that re-noises its input, e.g. an inpaint one;
+`strength` (0-1] for a pipeline that re-noises its input, e.g. an inpaint one; `stream_progress`
+(this server's: step events while streaming, as /v1/images/generations takes it);
 `quality` and `input_fidelity` are checked and have no effect). Files are decoded
 here, in a thread, to uint8 arrays that cross the bus in shared memory:
 
@@ -43,7 +44,7 @@ MAX_INPUT_IMAGES = 16
 TEXT_FIELDS = frozenset({
     "prompt", "model", "n", "size", "response_format", "output_format", "seed", "num_inference_steps",
     "guidance_scale", "negative_prompt", "stream", "partial_images", "quality", "background",
-    "input_fidelity", "user", "output_compression", "moderation", "layers", "strength",
+    "input_fidelity", "user", "output_compression", "moderation", "layers", "strength", "stream_progress",
 })  # fmt: skip
 FORMATS = ("png", "jpeg", "webp")
 CHOICES = {
@@ -214,11 +215,16 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
             params["width"], params["height"] = w, h
     inputs = drop_none({"prompt": fields["prompt"], "negative_prompt": fields.get("negative_prompt"),
                         "image": images, "mask": mask})
-    if fields.get("stream", "").lower() == "true":
+    stream = fields.get("stream", "").lower() == "true"
+    progress = fields.get("stream_progress", "").lower() == "true"
+    if progress and not stream:
+        raise bad_request("stream_progress needs stream=true (progress comes as stream events)", "stream_progress")
+    if stream:
         from omni_actors.api.image_stream import stream_images
 
         partial = _int(fields, "partial_images", 0, 3) or 0
-        return await stream_images(request, ROUTE, inputs, params, fmt, partial, "image_edit", compression)
+        return await stream_images(request, ROUTE, inputs, params, fmt, partial, "image_edit", compression,
+                                   progress)
     async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:
         out = await collect_images(call)
     return await answer_images(request, out, fmt, response_format, compression)

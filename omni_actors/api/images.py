@@ -158,11 +158,13 @@ async def generations(request: web.Request) -> web.StreamResponse:
     require_input(caps, "negative_prompt", negative)
     inputs = drop_none({"prompt": req.prompt, "negative_prompt": negative})
     fmt = req.output_format or "png"
+    if req.stream_progress and not req.stream:
+        raise bad_request("stream_progress needs stream: true (progress comes as stream events)", "stream_progress")
     if req.stream:
         from omni_actors.api.image_stream import stream_images
 
         return await stream_images(request, ROUTE, inputs, params, fmt, req.partial_images or 0,
-                                   "image_generation", req.output_compression)
+                                   "image_generation", req.output_compression, req.stream_progress)
     async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:
         images = await collect_images(call)
     return await answer_images(request, images, fmt, req.response_format, req.output_compression)

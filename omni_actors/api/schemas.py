@@ -193,6 +193,9 @@ class ImageRequest(RequestStruct):
     stream: bool = False
     partial_images: Annotated[int, Meta(ge=0, le=3)] | None = None
     """Previews sent before the final image when streaming (OpenAI allows 0-3)."""
+    stream_progress: bool = False
+    """This server's extension, with `stream`: a `<prefix>.progress` event (ImageProgressEvent) per
+    denoising step and one as decoding starts, before the images (OpenAI's SDK passes them through)."""
     background: Literal["auto", "opaque", "transparent"] | None = None
     """"auto" and "opaque" are what a model makes; "transparent" is a 400 except on a layered model (its
     layers are RGBA)."""
@@ -228,6 +231,18 @@ class ImageStreamEvent(Struct, omit_defaults=True):
     background: str = "opaque"
     quality: str = "auto"
     partial_image_index: int | None = None
+
+
+class ImageProgressEvent(Struct):
+    """`image_generation.progress` / `image_edit.progress` (asked for with `stream_progress`): `step` of `total`
+    denoising steps done, `progress` in [0, 1], `phase` "denoise" or "decode"."""
+
+    type: str
+    step: int
+    total: int
+    progress: float
+    phase: str
+    created_at: int
 
 
 # ---- models, health, errors --------------------------------------------------------

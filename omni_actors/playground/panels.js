@@ -279,9 +279,10 @@ function bindImages({ api, state, showError }) {
     $("image-result").replaceChildren();
     const progress = $("image-progress");
     const status = $("image-status");
-    // Indeterminate ("working") until there is something to count: an edit is answered whole, and a
-    // generation's bar only moves with its partial images.
+    // Indeterminate ("working") until the first step event (the server's `stream_progress` events:
+    // step of total, then the decode), then each step moves the bar.
     progress.removeAttribute("value");
+    delete progress.dataset.steps;
     status.textContent = "working…";
     const file = $("image-file").files[0];
     const size = $("image-size").value.trim();
@@ -294,18 +295,25 @@ function bindImages({ api, state, showError }) {
         form.append("prompt", prompt);
         form.append("size", size);
         form.append("image", file);
+        if (steps) form.append("num_inference_steps", String(steps));
+        form.append("stream", "true");
+        form.append("stream_progress", "true");
         resp = await api("/v1/images/edits", { method: "POST", body: form });
       } else {
         resp = await api("/v1/images/generations", {
           method: "POST", headers: { "content-type": "application/json" },
           body: JSON.stringify({ model: state.model.id, prompt, size, num_inference_steps: steps,
-                                 response_format: "b64_json", stream: true, partial_images: 2 }),
+                                 response_format: "b64_json", stream: true, partial_images: 2,
+                                 stream_progress: true }),
         });
       }
       if ((resp.headers.get("content-type") || "").includes("text/event-stream")) {
         await readSse(resp, (ev) => {
-          if (ev.type?.endsWith("partial_image")) {
-            progress.value = Math.min(0.95, progress.value + 0.3);
+          if (ev.type?.endsWith(".progress")) {
+            progress.value = ev.phase === "decode" ? 0.97 : 0.95 * ev.progress;
+            progress.dataset.steps = String(ev.step);
+            status.textContent = ev.phase === "decode" ? "decoding…" : `step ${ev.step} of ${ev.total}`;
+          } else if (ev.type?.endsWith("partial_image")) {
             $("image-result").replaceChildren();
             addImage(ev.b64_json, ev.output_format);
           } else if (ev.type?.endsWith("completed")) {

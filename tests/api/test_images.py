@@ -39,6 +39,23 @@ async def test_generate(srv: Server) -> None:
     assert idle(srv.orch)
 
 
+async def test_stream_progress_sends_each_step_before_the_image(srv: Server) -> None:
+    """This server's `stream_progress`: step events the unmodified SDK passes through, then the image;
+    without it the stream is OpenAI's events only."""
+    client = srv.client()
+    kw = {"model": "synthetic_image", "prompt": "a red cube", "size": "16x16", "stream": True}
+    events = [e async for e in await client.images.generate(
+        **kw, extra_body={"num_inference_steps": 3, "seed": 1, "stream_progress": True})]
+    *progress, last = events
+    assert [e.type for e in progress] == ["image_generation.progress"] * 2  # (the 3rd step's chunk is the image)
+    assert last.type == "image_generation.completed"
+    assert [(e.step, e.total, e.phase) for e in progress] == [(1, 3, "denoise"), (2, 3, "denoise")], progress
+    assert _decode(events[-1].b64_json).shape == (16, 16, 3)
+    plain = [e.type async for e in await client.images.generate(**kw, extra_body={"num_inference_steps": 3})]
+    assert plain == ["image_generation.completed"]
+    assert idle(srv.orch)
+
+
 async def test_diffusion_fields_at_top_level_and_in_extra_body(srv: Server) -> None:
     body = {"prompt": "x", "size": "16x16", "seed": 3, "num_inference_steps": 2, "guidance_scale": 4.5,
             "negative_prompt": "blur", "output_format": "jpeg"}
@@ -57,6 +74,7 @@ async def test_diffusion_fields_at_top_level_and_in_extra_body(srv: Server) -> N
     ({"prompt": "x", "n": 11}, "n"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": "x", "extra_body": {"num_inference_steps": 0}}, "extra_body.num_inference_steps"),
+    ({"prompt": "x", "stream_progress": True}, "stream_progress"),  # (only with stream)
 ])
 async def test_image_400s(srv: Server, body: dict, param: str) -> None:
     status, out = await post(srv, "/v1/images/generations", body)

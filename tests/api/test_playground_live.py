@@ -91,7 +91,7 @@ async def image_srv():
         yield server
 
 
-async def test_an_image_edit_shows_working_until_it_is_answered(image_srv: Server, tmp_path) -> None:
+async def test_an_image_edit_shows_working_then_counts_its_steps(image_srv: Server, tmp_path) -> None:
     picture = tmp_path / "in.png"
     picture.write_bytes(png(np.full((32, 32, 3), 128, np.uint8)))
     held: asyncio.Queue = asyncio.Queue()
@@ -110,6 +110,7 @@ async def test_an_image_edit_shows_working_until_it_is_answered(image_srv: Serve
         await page.screenshot(path=str(tmp_path / "image-working.png"))
         await route.continue_()
         await page.wait_for_function(f"{bar}.value === 1 && !{bar}.matches(':indeterminate')")
+        assert await page.evaluate(f"{bar}.dataset.steps") == "19"  # a step event each (of 20; the last is the image)
         assert await page.locator("#image-result img").count() == 1
         assert await page.get_by_test_id("image-status").inner_text() == ""
         assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
