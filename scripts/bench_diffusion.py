@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.gpu_mem import free_cached, peak_gb, reset_peak
+from scripts.gpu_mem import free_cached, gpu_used_gb, peak_gb, reset_peak
 from scripts.served_rates import concurrency_list
 
 PROMPT = "a photo of a cat sitting on the red chair in the garden"
@@ -61,6 +61,10 @@ def parse_args() -> argparse.Namespace:
                     help="comma list of served/engine concurrencies; the direct batch sizes (default 1,4)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
     ap.add_argument("--repeats", type=int, default=3, help="best of N for each number (shared box)")
+    ap.add_argument("--order", choices=("sequential", "interleaved"), default="sequential",
+                    help="sequential: direct, then engine, then served, each loaded alone (peak memory read); "
+                         "interleaved: all three loaded, a round of each in turn per repeat (fairer ratios "
+                         "on a host whose speed drifts; needs memory for three copies of the model)")
     ap.add_argument(
         "--no-served", dest="served", action="store_false", help="skip the runtime part"
     )
@@ -80,7 +84,8 @@ def direct_kwargs(args: argparse.Namespace) -> Any:
     return kwargs
 
 
-def bench_engine(engine: Any, args: argparse.Namespace, concurrency: int) -> tuple[float, float | None]:
+def bench_engine(engine: Any, args: argparse.Namespace, concurrency: int,
+                 repeats: int | None = None) -> tuple[float, float | None]:
     """(images/s, peak GiB) of the DiffusionEngine with `concurrency` one-image requests in flight."""
     params = {"num_inference_steps": args.steps, "width": args.size, "height": args.size}
 
@@ -102,8 +107,25 @@ def bench_engine(engine: Any, args: argparse.Namespace, concurrency: int) -> tup
         return rounds * concurrency / (time.perf_counter() - start)
 
     reset_peak(args.device)
-    best = max(once(k) for k in range(args.repeats))
+    best = max(once(k) for k in range(repeats or args.repeats))
     return best, peak_gb(args.device)
+
+
+def _served_deploy(model: Path, args: argparse.Namespace) -> Any:
+    from omni_actors.config.deploy import build_deploy
+
+    return build_deploy(
+        {
+            "pipeline": "diffusion",
+            "model": str(model),
+            "stages": [{"stage_id": 0, "max_num_seqs": max(args.concurrency), "dtype": args.dtype}],
+        },
+        source="bench_diffusion",
+    )
+
+
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    return {"num_inference_steps": args.steps, "width": args.size, "height": args.size}
 
 
 def bench_served(model: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -113,21 +135,50 @@ def bench_served(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     a real DIFFUSION worker process (the `diffusion` pipeline on `model`,
     max_num_seqs = the largest concurrency), requests through `Orchestrator.submit` (served_rates.py).
     """
-    from omni_actors.config.deploy import build_deploy
     from scripts.served_rates import served_rates
 
-    params = {"num_inference_steps": args.steps, "width": args.size, "height": args.size}
-    deploy = build_deploy(
-        {
-            "pipeline": "diffusion",
-            "model": str(model),
-            "stages": [{"stage_id": 0, "max_num_seqs": max(args.concurrency), "dtype": args.dtype}],
-        },
-        source="bench_diffusion",
-    )
-    return served_rates(
-        deploy, {"prompt": PROMPT}, params, "images", args.images, args.repeats, args.concurrency
-    )
+    return served_rates(_served_deploy(model, args), {"prompt": PROMPT}, _params(args), "images", args.images,
+                        args.repeats, args.concurrency)
+
+
+def bench_interleaved(pipe: Any, engine: Any, model: Path, args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """--order interleaved: the direct pipeline, the in-process engine and the served runtime all loaded
+    at once, measured in turn, one round of each per repeat and concurrency (a host whose speed drifts
+    over minutes moves all three alike); each rate is the best round. Returns what the sequential path's
+    direct_rates, bench_engine and bench_served return, less the peak memory readings (all three share
+    this process's GPU allocations: null)."""
+    import statistics
+
+    from scripts.direct_rates import direct_rates
+    from scripts.served_rates import ServedRun
+
+    conc = args.concurrency
+    run = ServedRun(_served_deploy(model, args), {"prompt": PROMPT}, _params(args), "images")
+    try:
+        direct_runs: dict[int, list[dict[str, Any]]] = {c: [] for c in conc}
+        engine_best = dict.fromkeys(conc, 0.0)
+        served_best = dict.fromkeys(conc, 0.0)
+        for c in conc:
+            run.rate(c, 1, record=False)  # warm-up (the direct and engine rounds warm up themselves)
+        for _ in range(args.repeats):
+            for c in conc:
+                direct_runs[c].append(direct_rates(pipe, direct_kwargs(args), [c], args.images, 1, args.device)[c])
+                engine_best[c] = max(engine_best[c], bench_engine(engine, args, c, repeats=1)[0])
+                served_best[c] = max(served_best[c], run.rate(c, max(1, args.images // c)))
+        served: dict[str, Any] = {"startup_s": run.startup_s, "gpu_used_before_gb": run.gpu_used_before_gb,
+                                  "gpu_used_gb": gpu_used_gb(), **{f"c{c}": served_best[c] for c in conc}}
+    finally:
+        run.close()
+    served["step_ms"] = run.step_ms
+
+    def median(values: list[Any]) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    direct = {c: {"rate": max(r["rate"] for r in rs), "peak_gb": None,
+                  "step_ms": median([r["step_ms"] for r in rs]),
+                  "call_overhead_ms": median([r["call_overhead_ms"] for r in rs])} for c, rs in direct_runs.items()}
+    return direct, {c: (engine_best[c], None) for c in conc}, served
 
 
 def main() -> None:
@@ -154,9 +205,10 @@ def main() -> None:
             else:
                 model = make_tiny_diffusion(Path(tmp) / "tiny", seed=0, kind=args.kind)
         pipe = load_pipeline(model, args.device, args.dtype)
-        direct = direct_rates(pipe, direct_kwargs(args), conc, args.images, args.repeats, args.device)
-        del pipe
-        free_cached(args.device)
+        if args.order == "sequential":
+            direct = direct_rates(pipe, direct_kwargs(args), conc, args.images, args.repeats, args.device)
+            del pipe
+            free_cached(args.device)
         ctx = EngineContext(
             stage_id=0,
             replica=0,
@@ -171,11 +223,15 @@ def main() -> None:
         engine = DiffusionEngine(ctx)
         if args.device == "cpu":
             torch.set_num_threads(args.threads)  # the engine sets one thread; keep the baseline's
-        engine_runs = {c: bench_engine(engine, args, c) for c in conc}
-        engine.close()
-        del engine
-        free_cached(args.device)  # the worker process below needs the memory; nvidia-smi then reads it alone
-        served = bench_served(Path(model), args) if args.served else None
+        if args.order == "interleaved":
+            direct, engine_runs, served = bench_interleaved(pipe, engine, Path(model), args)
+            engine.close()
+        else:
+            engine_runs = {c: bench_engine(engine, args, c) for c in conc}
+            engine.close()
+            del engine
+            free_cached(args.device)  # the worker process below needs the memory; nvidia-smi then reads it alone
+            served = bench_served(Path(model), args) if args.served else None
 
     def r(x: float | None) -> float | None:
         return None if x is None else round(x, 3)
@@ -192,6 +248,7 @@ def main() -> None:
         "threads": args.threads if args.device == "cpu" else None,
         "images_per_measurement": args.images,
         "repeats": args.repeats,
+        "order": args.order,
         "concurrency": conc,
         "direct_images_per_s": {f"batch{b}": r(v["rate"]) for b, v in direct.items()},
         "engine_images_per_s": {f"c{c}": r(v) for c, v in engine_ips.items()},
