@@ -13,7 +13,10 @@ largest concurrency, no HTTP).
     .venv/bin/python scripts/bench_diffusion.py --model DIR --device cuda --dtype bfloat16 --size 1024 --steps 6 \
         --images 4 --repeats 1                                  # Qwen-Image-sized (make_sized_qwen_image.py)
 
-Each rate is the best of --repeats runs (the box may be shared). Prints one JSON line; besides the
+Each rate is the best of --repeats runs (the box may be shared). `--order sequential` (the default)
+measures direct, then engine, then served, each loaded alone; `--order interleaved` loads all three and
+measures a round of each in turn per repeat, so a host whose speed drifts over minutes moves them alike
+(peak memory is then not read). Prints one JSON line; besides the
 rates it carries, per batch size / concurrency:
     direct_step_ms          median denoising step of the direct calls (device-synchronised step callback),
                             each call's first step left out

@@ -226,8 +226,16 @@ class Launcher:
 
 
 COMPILE_CACHE = "compile-cache"
-"""Under the data directory: torch.compile's code for GPU stages (TORCHINDUCTOR_CACHE_DIR unless set),
-so a restart (or a reboot) loads the compiled kernels instead of compiling them again."""
+"""Under the data directory: torch.compile's code (TORCHINDUCTOR_CACHE_DIR unless set), so a restart (or a
+reboot) loads the compiled kernels instead of compiling them again; set for every worker, since importing
+transformers' or diffusers' models makes inductor's default folder (/tmp/torchinductor_<user>) even
+where nothing compiles."""
+
+
+def _compile_cache_env() -> dict[str, str]:
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(settings().data_dir / COMPILE_CACHE)}
 
 
 _PLAIN_ENV = {**dict.fromkeys(THREAD_ENV, "1"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -239,20 +247,19 @@ def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.update(_PLAIN_ENV)
+    env.update(_compile_cache_env())
     return env
 
 
 def stage_env(deploy: DeployConfig, stage_id: int, replica: int) -> dict[str, str]:
     """What a stage's worker environment sets over its host's: threads, devices, the stage's `env`."""
     dep = deploy.stage(stage_id)
-    env = dict(_PLAIN_ENV)
+    env = {**_PLAIN_ENV, **_compile_cache_env()}
     devices = dep.device_list()
     if devices:
         tp = dep.tensor_parallel_size
         mine = devices[replica * tp : (replica + 1) * tp]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
-        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # compiled steps and passes load from it on restart
-            env["TORCHINDUCTOR_CACHE_DIR"] = str(settings().data_dir / COMPILE_CACHE)
     env.update({k: str(v) for k, v in dep.env.items()})
     return env
 
