@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -128,30 +129,23 @@ def _choices(fields: dict[str, str]) -> None:
             raise bad_request(f"{name} must be one of {list(allowed)}, got {fields[name]!r}", name)
 
 
-def _strength(fields: dict[str, str]) -> float | None:
-    raw = fields.get("strength")
+def _float(fields: dict[str, str], name: str, ok: Callable[[float], bool], rule: str) -> float | None:
+    """Form field `name` as a number that passes `ok`; a 400 saying `rule` when it does not."""
+    raw = fields.get(name)
     if raw is None:
         return None
     try:
         v = float(raw)
     except ValueError:
-        raise bad_request(f"strength must be a number, got {raw!r}", "strength") from None
-    if not 0.0 < v <= 1.0:
-        raise bad_request(f"strength must be in (0, 1], got {raw}", "strength")
+        raise bad_request(f"{name} must be a number, got {raw!r}", name) from None
+    if not ok(v):
+        raise bad_request(f"{name} must be {rule}, got {raw}", name)
     return v
 
 
 def _params(fields: dict[str, str]) -> dict[str, Any]:
     size = parse_size(fields.get("size"))
-    guidance = fields.get("guidance_scale")
-    g: float | None = None
-    if guidance is not None:
-        try:
-            g = float(guidance)
-        except ValueError:
-            raise bad_request(f"guidance_scale must be a number, got {guidance!r}", "guidance_scale") from None
-        if not 0.0 <= g < float("inf"):
-            raise bad_request("guidance_scale must be >= 0", "guidance_scale")
+    g = _float(fields, "guidance_scale", lambda v: 0.0 <= v < float("inf"), ">= 0")
     return drop_none({
         "n": _int(fields, "n", 1, 10),
         "width": size[0] if size else None,
@@ -160,7 +154,7 @@ def _params(fields: dict[str, str]) -> dict[str, Any]:
         "guidance_scale": g,
         "seed": _int(fields, "seed", 0, (1 << 63) - 1),
         "layers": _int(fields, "layers", 1, 16),
-        "strength": _strength(fields),
+        "strength": _float(fields, "strength", lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
     })
 
 

@@ -131,7 +131,8 @@ class Orchestrator(ReceivePath):
             endpoint = self._endpoint_override or launcher.bus_endpoint(self.runtime)
             local = launcher.local_endpoint(self.runtime) if self._endpoint_override is None else None
             try:
-                if local is not None and launcher.auth is not None:  # (ray: this node's workers on ipc)
+                if local is not None:  # (ray: this node's workers on ipc, the others on tcp + CURVE)
+                    assert launcher.auth is not None
                     self.router = RouterPair(
                         self._zmq, endpoint, local, self._on_message, self._on_unsendable, self._on_undecodable,
                         auth=launcher.auth, segments=self.segments,
@@ -148,7 +149,7 @@ class Orchestrator(ReceivePath):
                     ) from None
                 raise
             self.router.start()
-            launcher.set_bound(self.router.endpoint, getattr(self.router, "local_endpoint", None))
+            launcher.set_bound(self.router.endpoint, local)
             await self.supervisor.start_all(launcher)
             self._arm_trimmer()
         except BaseException:
