@@ -110,37 +110,34 @@ def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], n
     return out, np.ascontiguousarray(arr, dtype=np.uint8)
 
 
-def _int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
+def _number(fields: dict[str, str], name: str, cast: Callable[[str], Any], ok: Callable[[Any], bool],
+            rule: str) -> Any:
+    """Form field `name` through `cast` (int or float), passing `ok`; a 400 saying `rule` when it does not."""
     raw = fields.get(name)
     if raw is None:
         return None
     try:
-        v = int(raw)
+        v = cast(raw)
     except ValueError:
-        raise bad_request(f"{name} must be an integer, got {raw!r}", name) from None
-    if not lo <= v <= hi:
-        raise bad_request(f"{name} must be in [{lo}, {hi}], got {v}", name)
+        kind = "an integer" if cast is int else "a number"
+        raise bad_request(f"{name} must be {kind}, got {raw!r}", name) from None
+    if not ok(v):
+        raise bad_request(f"{name} must be {rule}, got {raw}", name)
     return v
+
+
+def _int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
+    return _number(fields, name, int, lambda v: lo <= v <= hi, f"in [{lo}, {hi}]")
+
+
+def _float(fields: dict[str, str], name: str, ok: Callable[[float], bool], rule: str) -> float | None:
+    return _number(fields, name, float, ok, rule)
 
 
 def _choices(fields: dict[str, str]) -> None:
     for name, allowed in CHOICES.items():
         if name in fields and fields[name] not in allowed:
             raise bad_request(f"{name} must be one of {list(allowed)}, got {fields[name]!r}", name)
-
-
-def _float(fields: dict[str, str], name: str, ok: Callable[[float], bool], rule: str) -> float | None:
-    """Form field `name` as a number that passes `ok`; a 400 saying `rule` when it does not."""
-    raw = fields.get(name)
-    if raw is None:
-        return None
-    try:
-        v = float(raw)
-    except ValueError:
-        raise bad_request(f"{name} must be a number, got {raw!r}", name) from None
-    if not ok(v):
-        raise bad_request(f"{name} must be {rule}, got {raw}", name)
-    return v
 
 
 def _params(fields: dict[str, str]) -> dict[str, Any]:
