@@ -257,7 +257,7 @@ async def serve(deploys: list[DeployConfig]) -> None:
         from omni_actors.summary import startup_summary
 
         for i, (deploy, orch) in enumerate(zip(deploys, orchs, strict=True)):
-            print(startup_summary(deploy, orch.pipeline, urls=i == len(orchs) - 1), file=sys.stderr, flush=True)
+            print(startup_summary(deploy, orch.pipeline, urls=i == len(orchs) - 1, gpu_sharing=orch.gpu_sharing), file=sys.stderr, flush=True)
     await stop.wait()
     log.info("server.stopping")
     stop.clear()

@@ -5,12 +5,19 @@ from __future__ import annotations
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
 
+SHARING = {
+    "mps": "shared through this run's own MPS daemon (kernels of the stages on one GPU run side by side)",
+    "time_slice": "time-sliced between the stages' processes (deploy gpu_sharing)",
+}
+
 
 def _host_for_url(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
 
 
-def startup_summary(deploy: DeployConfig, pipe: PipelineConfig, urls: bool = True) -> str:
+def startup_summary(
+    deploy: DeployConfig, pipe: PipelineConfig, urls: bool = True, gpu_sharing: str = "none"
+) -> str:
     """A few readable lines; the same facts are in the `server.ready` log event and /v1/status.
     A server of several pipelines prints one per pipeline, the last with `urls`."""
     host = _host_for_url(deploy.server.host)
@@ -31,6 +38,8 @@ def startup_summary(deploy: DeployConfig, pipe: PipelineConfig, urls: bool = Tru
             f"    {spec.stage_id}  {spec.model_stage:<12} {spec.execution_type.value:<15} "
             f"replicas {st.num_replicas}  devices {devices:<12} from {src}{out}"
         )
+    if gpu_sharing != "none":
+        lines.append(f"  GPUs       {SHARING[gpu_sharing]}")
     if not urls:
         return "\n".join(lines)
     lines += [

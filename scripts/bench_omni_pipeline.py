@@ -258,7 +258,8 @@ async def run_mode(
     orch = Orchestrator(deploy_for(args, async_chunk, placement, priority, direct))
     t0 = time.perf_counter()
     await orch.start()
-    out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2), "startup_phases": startup_phases(orch)}
+    out: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 2), "startup_phases": startup_phases(orch),
+                           "gpu_sharing": orch.gpu_sharing}
     if args.startup_only:
         await orch.stop()
         return out

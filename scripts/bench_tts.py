@@ -141,7 +141,7 @@ async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace,
     seqs = args.max_num_seqs or max(args.concurrency)
     first = {"stage_id": 0, "max_num_seqs": seqs, "engine_extras": extras or {}}
     raw: dict[str, Any] = {"pipeline": args.pipeline, "model": str(model), "async_chunk": async_chunk,
-                           "stages": [first]}
+                           "gpu_sharing": args.gpu_sharing, "stages": [first]}
     second: dict[str, Any] = {"stage_id": 1, "engine_extras": codec or {}}
     if args.device == "cuda":
         raw["stages"][0]["devices"] = second["devices"] = "0"
@@ -152,7 +152,7 @@ async def _mode(model: Path, async_chunk: bool, args: argparse.Namespace,
     startup = time.perf_counter() - t0
     try:
         await _one(orch, 0, args.frames)  # warm-up
-        out: dict[str, Any] = {"startup_s": round(startup, 2), "closed": []}
+        out: dict[str, Any] = {"startup_s": round(startup, 2), "gpu_sharing": orch.gpu_sharing, "closed": []}
         for conc in args.concurrency:
             out["closed"].append(await _closed(orch, conc, args.per_client, args.frames))
         if args.rate:
@@ -180,6 +180,7 @@ async def main() -> None:
                    help="engine_extras of the codec stage, one JSON object per variant (the first one goes "
                         "with every --ar-extras variant)")
     p.add_argument("--no-whole", action="store_true", help="skip the async-chunk-off run (device time)")
+    p.add_argument("--gpu-sharing", default="off", choices=("auto", "mps", "off"), help="deploy gpu_sharing")
     args = p.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-tts-") as tmp:

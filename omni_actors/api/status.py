@@ -60,6 +60,8 @@ class PipelineStatus(msgspec.Struct, kw_only=True):
     requests_total: int
     requests_failed: int
     worker_restarts: int
+    gpu_sharing: str
+    """How its GPU workers share a GPU: "mps" (the run's own MPS daemon), "time_slice", "none"."""
     stages: list[StageStatus]
 
 
@@ -91,7 +93,7 @@ def pipeline_status(pipelines: Pipelines, orch: Orchestrator) -> PipelineStatus:
         healthy=all(s.healthy for s in stages) and not orch.draining, draining=orch.draining,
         uptime_s=round(stats.uptime_s, 3), requests_in_flight=stats.requests_in_flight,
         requests_total=stats.requests_total, requests_failed=stats.requests_failed,
-        worker_restarts=stats.worker_restarts, stages=stages,
+        worker_restarts=stats.worker_restarts, gpu_sharing=orch.gpu_sharing, stages=stages,
     )
 
 

@@ -134,6 +134,12 @@ class DeployConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     without `devices` on a CUDA host is on GPU 0); true: CPU stages too (they share the host);
     false: never. Local deployments
     only (a cluster's workers on other hosts share nothing)."""
+    gpu_sharing: str = "off"
+    """How worker processes on one GPU share it: "off" (the default: the GPU time-slices their
+    contexts), "auto" (a private NVIDIA MPS daemon for the run when two or more of its workers share
+    a GPU and the host has MPS, else time-sliced), "mps" (a daemon whenever the run has a GPU
+    worker, or a start-up error). MPS gave earlier first audio on an H200 but slower AR steps
+    (docs/guides/gpus.md). Local deployments only (orchestrator/mps.py)."""
     server: ServerConfig = ServerConfig()
     cluster: ClusterConfig = ClusterConfig()
     stages: list[StageDeploy] = []

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from omni_actors.config.deploy import DeployConfig
 
 CLUSTER_BACKENDS = ("local", "ray")
+GPU_SHARING = ("auto", "mps", "off")
+"""Deploy `gpu_sharing` (orchestrator/mps.py)."""
 ARRAY_PATHS = ("auto", "frames")
 DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
 """`dtype` values the stage engines accept (vLLM's names and their short forms)."""
@@ -126,6 +128,10 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
                 f"{where}.devices: with cluster.backend ray, Ray assigns devices; "
                 "ask for them with `resources: {GPU: n}` instead"
             )
+    if cfg.gpu_sharing not in GPU_SHARING:
+        raise ConfigError(f"{src}: gpu_sharing: expected one of {list(GPU_SHARING)}, got {cfg.gpu_sharing!r}")
+    if cfg.gpu_sharing == "mps" and cl.backend != "local":
+        raise ConfigError(f"{src}: gpu_sharing: mps is for local workers; on a Ray cluster, start MPS on its nodes")
     if cl.backend == "ray" and not _installed("ray"):
         raise ConfigError(f"{src}: cluster.backend: ray is not installed (pip install 'ray==2.60.*')")
 

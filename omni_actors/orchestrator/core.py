@@ -40,9 +40,11 @@ from omni_actors.errors import (
     RequestTimeout,
     StageUnavailable,
 )
+from omni_actors.orchestrator import mps
 from omni_actors.orchestrator.first_output import FirstOutputPriority
 from omni_actors.orchestrator.latency import StageLatency
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, make_launcher
+from omni_actors.orchestrator.mps import MpsDaemon
 from omni_actors.orchestrator.receive import ORCH_PRODUCER, ReceivePath
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream
 from omni_actors.orchestrator.runs import LeaseTable, Run
@@ -112,6 +114,8 @@ class Orchestrator(ReceivePath):
         self._zmq: zmq.Context | None = None
         self._undecodable_peers: set[bytes] = set()
         self.first_output = FirstOutputPriority(deploy, self.platform, self._send_to)
+        self.mps: MpsDaemon | None = None
+        """The run's own MPS daemon, while its GPU workers share one (deploy `gpu_sharing`)."""
 
     # ---- lifecycle -----------------------------------------------------------
 
@@ -150,11 +154,36 @@ class Orchestrator(ReceivePath):
                 raise
             self.router.start()
             launcher.set_bound(self.router.endpoint, local)
+            await self._start_mps(launcher)
             await self.supervisor.start_all(launcher)
             self._arm_trimmer()
         except BaseException:
             await self.stop(drain=False)
             raise
+
+    async def _start_mps(self, launcher: Launcher) -> None:
+        assert self.runtime is not None
+        devices, why = mps.wanted(self.deploy, self.pipeline.stage_ids, self.platform)
+        if not devices:
+            log.debug("mps.not_started", reason=why)
+            return
+        daemon = MpsDaemon(self.runtime.path, devices)
+        try:
+            await daemon.start()
+        except RuntimeError as err:
+            if self.deploy.gpu_sharing == "mps":
+                raise ConfigError(f"{self.deploy.source}: gpu_sharing: mps: {err}") from None
+            log.warning("mps.unavailable", reason=str(err), fallback="time-sliced")
+            return
+        self.mps = daemon
+        launcher.gpu_env = daemon.env
+
+    @property
+    def gpu_sharing(self) -> str:
+        """How this run's GPU workers share their GPUs: "mps", "time_slice", or "none" (no GPU)."""
+        if self.mps is not None:
+            return "mps"
+        return "time_slice" if mps.gpu_devices(self.deploy, self.pipeline.stage_ids, self.platform) else "none"
 
     @property
     def draining(self) -> bool:
@@ -183,6 +212,8 @@ class Orchestrator(ReceivePath):
             self.router.close()
         if self.launcher is not None:
             await self.launcher.close()
+        if self.mps is not None:
+            await self.mps.stop()
         if self._zmq is not None:
             self._zmq.term()
         self.segments.close()

@@ -140,6 +140,8 @@ class Launcher:
         self.endpoint = endpoint
         self.run_prefix = run_prefix
         self.platform = platform
+        self.gpu_env: dict[str, str] = {}
+        """Set over every GPU worker's environment (the run's MPS daemon, orchestrator/mps.py)."""
 
     async def open(self, ctx: zmq.Context) -> None:
         """Get ready to start workers (the ray backend connects to its cluster here)."""
@@ -170,6 +172,8 @@ class Launcher:
         env = dict(os.environ)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.update(stage_env(self.deploy, stage_id, replica))
+        if self.platform == "cuda":
+            env.update(self.gpu_env)
         return env
 
     def worker_spec(self, handle: WorkerHandle) -> WorkerSpec:

@@ -34,6 +34,7 @@ from omni_actors.bus.sockets import RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import StartupError
+from omni_actors.orchestrator import mps
 from omni_actors.orchestrator.launcher import (
     HEARTBEAT_INTERVAL_S,
     Launcher,
@@ -363,6 +364,7 @@ def sweep_stale_runtime_dirs(parent: Path) -> int:
         except (OSError, ValueError):
             continue
         if not pid_alive(pid):
+            mps.quit_stale(owner.parent)  # (a daemon of its own, if it had one)
             shutil.rmtree(owner.parent, ignore_errors=True)  # (refuses a symlink)
             count += 1
     return count

@@ -186,6 +186,7 @@ def test_health_status_and_metrics_are_per_pipeline(run: MultiRun) -> None:
     assert [p["models"] for p in status["pipelines"]] == [[m] for m in MODELS[:3]] + [["tiny-sd", "diffusion"]]
     assert [len(p["stages"]) for p in status["pipelines"]] == [3, 1, 1, 1]
     assert status["pipeline"] == "synthetic" and all(p["healthy"] for p in status["pipelines"])
+    assert {p["gpu_sharing"] for p in status["pipelines"]} == {"none"}  # (no GPU here: nothing to share)
     text = requests.get(f"{run.url}/metrics", timeout=SDK_TIMEOUT_S).text
     for model in MODELS:
         assert re.search(rf'^omni_stage_healthy{{model_stage="\w+",pipeline="{model}",stage_id="0"}} 1.0$', text, re.M)
