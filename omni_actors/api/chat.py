@@ -71,7 +71,13 @@ from omni_actors.api.files import file_bytes
 from omni_actors.api.schemas import read_body
 from omni_actors.api.speech_inputs import listed_voice
 from omni_actors.api.structured import guided_params
-from omni_actors.api.tools import delta_tool_calls, message_tool_calls, stage_tools, tools_refusal
+from omni_actors.api.tools import (
+    delta_tool_calls,
+    message_tool_calls,
+    stage_tools,
+    tools_refusal,
+    unshown,
+)
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput
 from omni_actors.orchestrator.requests import StageChunk
@@ -263,7 +269,10 @@ class _ChoiceStream:
 
     def __init__(self, index: int, audio_format: str | None, event: Any, hold_text: bool = False) -> None:
         self.index = index
-        self.hold_text = hold_text  # tools were offered: the text is sent once the answer is read for calls
+        self.hold_text = hold_text
+        """Tools were offered: only text the stage's parser calls `shown` goes out as it comes; the
+        rest once the finished answer is read for calls (api/tools.py)."""
+        self.shown: list[str] = []
         self.audio_format = audio_format
         self.event = event  # (ChunkChoice) -> ChatCompletionChunk
         self.tally = Tally()
@@ -273,7 +282,9 @@ class _ChoiceStream:
     async def on_chunk(self, chunk: StageChunk) -> ChatCompletionChunk | None:
         if isinstance(chunk.output, TextOutput):
             delta = self.tally.add_text(chunk.output)
-            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta and not self.hold_text else None
+            if self.hold_text:
+                self.shown.append(delta := chunk.output.shown)
+            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta else None
         if self.audio_format is not None and (audio := _audio(chunk)) is not None:
             self.tally.add_audio(audio, keep=False)
             if self.encoder is None:
@@ -288,10 +299,11 @@ class _ChoiceStream:
         out = []
         t = self.tally
         if self.hold_text and t.tool_calls:
-            out.append(self.event(ChunkChoice(self.index, Delta(content=t.tool_content,
+            rest = unshown(t.tool_content or "", self.shown)
+            out.append(self.event(ChunkChoice(self.index, Delta(content=rest or None,
                                                                 tool_calls=delta_tool_calls(t.tool_calls)))))
-        elif self.hold_text and (text := "".join(t.text)):
-            out.append(self.event(ChunkChoice(self.index, Delta(content=text))))
+        elif self.hold_text and (rest := unshown("".join(t.text), self.shown)):
+            out.append(self.event(ChunkChoice(self.index, Delta(content=rest))))
         if self.audio_format is not None:
             tail = await off_loop(self.encoder.finish) if self.encoder is not None else b""
             out.append(self.event(ChunkChoice(self.index, Delta(audio=DeltaAudio(

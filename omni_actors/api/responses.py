@@ -84,7 +84,13 @@ from omni_actors.api.responses_schemas import (
 from omni_actors.api.responses_store import UNFINISHED, ResponseStore
 from omni_actors.api.schemas import read_body
 from omni_actors.api.structured import guided_params
-from omni_actors.api.tools import chat_shaped, chat_shaped_choice, stage_tools, tools_refusal
+from omni_actors.api.tools import (
+    chat_shaped,
+    chat_shaped_choice,
+    stage_tools,
+    tools_refusal,
+    unshown,
+)
 from omni_actors.errors import RequestRejected
 from omni_actors.orchestrator.outputs import TextOutput
 
@@ -189,13 +195,16 @@ class _Answer:
         self.base, self.message_id, self.conversation, self.items = base, message_id, conversation, items
         self.store = store
         self.tally = Tally()
+        self.shown: list[str] = []
+        """Streamed with tools offered: the text sent as it came (TextOutput.shown)."""
 
     def output(self) -> list[MessageItem | FunctionCallItem]:
         t = self.tally
         status = "incomplete" if t.finish_reason == "length" else "completed"
         if not t.tool_calls:
             return [MessageItem(self.message_id, status, [OutputText("".join(t.text))])]
-        head = [MessageItem(self.message_id, status, [OutputText(t.tool_content)])] if t.tool_content else []
+        said = t.tool_content or "".join(self.shown)  # (what a stream showed stays said)
+        head = [MessageItem(self.message_id, status, [OutputText(said)])] if said else []
         return [*head, *(FunctionCallItem(f"fc_{uuid.uuid4().hex[:24]}", c.id, c.name, c.arguments)
                          for c in t.tool_calls)]
 
@@ -234,7 +243,9 @@ async def _events(call: PipelineCall, answer: _Answer, hold: bool, queued: bool 
         if not isinstance(chunk.output, TextOutput):
             continue
         delta = answer.tally.add_text(chunk.output)
-        if not delta or hold:
+        if hold:
+            answer.shown.append(delta := chunk.output.shown)
+        if not delta:
             continue
         if not opened:
             opened = True
@@ -248,9 +259,9 @@ async def _events(call: PipelineCall, answer: _Answer, hold: bool, queued: bool 
             if not opened:
                 for event in _message_opened(seq, mid, index):
                     yield event
-                if text:
-                    yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=index,
-                                          content_index=0, delta=text)
+            if rest := (unshown(text, answer.shown) if hold else "" if opened else text):
+                yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=index,
+                                      content_index=0, delta=rest)
             yield OutputTextDone(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
                                  text=text)
             yield ContentPartDone(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,

@@ -5,8 +5,10 @@ parser (`StageSpec.tool_parser`, one of vLLM's: "hermes", "pythonic", ...). That
 stage shows the request's tools to its chat template and reads the finished
 answer with the parser (workers/engines/tool_calls.py); the last TextOutput
 carries the calls, which chat answers as `message.tool_calls` (streamed: one
-`delta.tool_calls` chunk at the end, the text held back until the answer is read)
-with `finish_reason: "tool_calls"`; realtime answers them as `function_call`
+`delta.tool_calls` chunk at the end) with `finish_reason: "tool_calls"`. Streamed, the
+answer's prose still goes out as it comes: each delta carries the part the parser's
+streaming reading knows is no call (`TextOutput.shown`), and only what could begin one
+waits for the finished answer (`unshown` is what is left of it then); realtime answers them as `function_call`
 output items (api/realtime/function_calls.py).
 
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
@@ -94,3 +96,10 @@ def message_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[ToolCall]:
 
 def delta_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[DeltaToolCall]:
     return [DeltaToolCall(i, c.id, FunctionCall(c.name, c.arguments)) for i, c in enumerate(calls)]
+
+
+def unshown(final: str, shown: list[str]) -> str:
+    """What of the answer's `final` text a stream has still to send, after the `shown` deltas
+    (nothing when the finished reading disagrees with what was shown: that stands)."""
+    sent = "".join(shown)
+    return final[len(sent):] if final.startswith(sent) else ""

@@ -33,6 +33,9 @@ class TextOutput:
     """On the last delta of an answer that called tools: the calls, read by the stage's tool parser."""
     content: str | None = None
     """With `tool_calls`: the answer's text outside the calls (None: none)."""
+    shown: str = ""
+    """With tools offered: the part of the answer, up to this delta, newly known not to be a call
+    (the stage's tool parser reading as it streams), which a streamed answer shows at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +158,10 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
             calls = tuple(ToolCallOutput(str(c["id"]), str(c["name"]), str(c["arguments"]))
                           for c in data.get("tool_calls") or ())
             content = data.get("content")
+            shown = data.get("shown")
             return TextOutput(text, tokens, data.get("finish_reason"), None if prompt is None else int(prompt),
-                              calls, content if isinstance(content, str) else None)
+                              calls, content if isinstance(content, str) else None,
+                              shown if isinstance(shown, str) else "")
         case "audio":
             return _audio(data)
         case "transcript":

@@ -62,7 +62,9 @@ async def test_tools_reach_the_template_and_a_plain_answer_keeps_its_shape(srv: 
     assert isinstance(choice.message.content, str) and choice.message.content
 
 
-async def test_streamed_answer_with_tools_sends_its_text_once_read(srv: Server) -> None:
+async def test_a_streamed_answer_with_tools_shows_its_text_as_it_comes(srv: Server) -> None:
+    """Tools offered, an answer that calls none streams like any other (the parser's streaming reading
+    says each delta is no call), in chat completions and in the Responses API alike."""
     client = srv.client()
     whole = await client.chat.completions.create(model="llm", messages=MSG, tools=[WEATHER], **GREEDY)
     stream = await client.chat.completions.create(model="llm", messages=MSG, tools=[WEATHER], stream=True, **GREEDY)
@@ -71,6 +73,15 @@ async def test_streamed_answer_with_tools_sends_its_text_once_read(srv: Server) 
     assert all(d.tool_calls is None for d in deltas)
     assert "".join(d.content or "" for d in deltas) == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    shown = [d.content for d in deltas[1:-1] if d.content]  # (after the role chunk, before the finish chunk)
+    assert len(shown) >= 2, deltas  # not one block at the end
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    events = [e async for e in await client.responses.create(
+        model="llm", input=MSG[0]["content"], tools=[tool], stream=True, temperature=0.0, max_output_tokens=6)]
+    text_deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    (done,) = [e.text for e in events if e.type == "response.output_text.done"]
+    assert len(text_deltas) >= 2 and "".join(text_deltas) == done
+    assert events[-1].type in ("response.completed", "response.incomplete")
 
 
 async def test_a_tool_result_goes_back_to_the_model(srv: Server) -> None:

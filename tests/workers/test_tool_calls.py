@@ -50,6 +50,25 @@ def test_text_without_a_valid_call_is_content(tokenizer, parser: str) -> None:
         assert ToolCallReader(parser, tokenizer).read(text, TOOLS) == (text, [])
 
 
+@pytest.mark.parametrize(("parser", "pieces", "shown"), [
+    pytest.param("hermes", ["Let me ", "look.", "<tool", '_call>{"name": "get_weather", ', '"arguments": {"city": ',
+                            '"Paris"}}</tool_call>', " Done."], "Let me look.", id="hermes-call"),
+    pytest.param("hermes", ["It is ", "sunny ", "in Paris", ". <to"], "It is sunny in Paris. ", id="hermes-prose"),
+    pytest.param("pythonic", ["[get_", 'weather(city="Paris")]'], "", id="pythonic-call"),
+    pytest.param("pythonic", ["It is ", "sunny."], "It is sunny.", id="pythonic-prose"),
+])
+def test_what_streams_before_the_answer_is_read_is_never_part_of_a_call(tokenizer, parser: str, pieces: list[str],
+                                                                         shown: str) -> None:
+    reader = ToolCallReader(parser, tokenizer)
+    stream = reader.shown(TOOLS)
+    got = [stream.feed(p, tokenizer.encode(p, add_special_tokens=False)) for p in pieces]
+    assert "".join(got) == shown
+    content, calls = reader.read("".join(pieces), TOOLS)
+    # What was shown is where the finished reading's content starts (a call's text never is).
+    assert (content or "").startswith(shown)
+    assert stream.done == bool(calls)  # a call seen streaming stopped the showing
+
+
 def test_an_unknown_parser_is_named(tokenizer) -> None:
     with pytest.raises(ValueError, match="no_such_parser"):
         ToolCallReader("no_such_parser", tokenizer)

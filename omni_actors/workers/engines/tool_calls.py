@@ -10,6 +10,10 @@ dicts (msgpack on the bus, no vLLM types); `arguments` is a JSON string, as in
 OpenAI's `tool_calls[].function.arguments`. Text the parser cannot read as a call
 is content: a model that writes no valid call gives `(text, [])`.
 
+While the answer streams, `reader.shown(tools)` gives a `ShownText`: each delta in, the part of
+the text that is surely not a call out (the parser's own streaming reading, which holds back
+whatever could begin a call), so an answer with tools offered still streams its prose.
+
 `forced_calls(text)` reads an answer decoded under a forced `tool_choice`'s schema (a JSON
 list of {"name", "parameters"}, api/structured.py) into the same call dicts.
 """
@@ -42,15 +46,16 @@ class ToolCallReader:
         except (RuntimeError, ValueError) as exc:
             raise ValueError(f"tool parser {parser!r} does not fit this model's tokenizer: {exc}") from exc
 
+    def shown(self, tools: list[dict[str, Any]]) -> ShownText:
+        """A fresh streaming reader for one answer to a request declaring `tools`."""
+        return ShownText(self._cls(self._tokenizer), _request(tools))
+
     def read(self, text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, str]]]:
         """(content outside the calls or None, the calls) of a finished answer to a request declaring `tools`."""
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
         # A fresh parser per answer: vLLM's parsers keep streaming state on the instance.
         parser = self._cls(self._tokenizer)
         try:
-            request = ChatCompletionRequest(messages=[], model="", tools=tools or None)
-            info = parser.extract_tool_calls(text, request)
+            info = parser.extract_tool_calls(text, _request(tools))
         except Exception as exc:  # a third-party parser on model text: one answer's problem, never the engine's
             log.warning("tool_calls.unreadable", error=type(exc).__name__)
             return text, []
@@ -59,6 +64,46 @@ class ToolCallReader:
         calls = [{"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
                  for call in info.tool_calls]
         return info.content, calls
+
+
+def _request(tools: list[dict[str, Any]]) -> Any:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest(messages=[], model="", tools=tools or None)
+
+
+class ShownText:
+    """One streaming answer through a tool parser's streaming reading: `feed` returns the text that
+    may be shown now (never part of a call). Once the parser sees a call begin, or fails, nothing
+    more is shown: the rest waits for the finished answer's `read`, which stays the one word on
+    what is a call (this only decides what need not wait)."""
+
+    def __init__(self, parser: Any, request: Any) -> None:
+        self._parser = parser
+        self._request = request
+        self._text = ""
+        self._ids: list[int] = []
+        self.done = False
+        """A call began (or the parser failed): nothing more is shown."""
+
+    def feed(self, delta: str, delta_ids: list[int]) -> str:
+        if self.done or not (delta or delta_ids):
+            return ""
+        before, before_ids = self._text, self._ids
+        self._text, self._ids = before + delta, before_ids + list(delta_ids)
+        try:
+            msg = self._parser.extract_tool_calls_streaming(
+                before, self._text, delta, before_ids, self._ids, list(delta_ids), self._request
+            )
+        except Exception as exc:  # a third-party parser on model text: hold the rest for `read`
+            log.warning("tool_calls.stream_unreadable", error=type(exc).__name__)
+            self.done = True
+            return ""
+        if msg is None:
+            return ""
+        if msg.tool_calls:
+            self.done = True
+        return msg.content or ""
 
 
 def forced_calls(text: str) -> list[dict[str, str]] | None:

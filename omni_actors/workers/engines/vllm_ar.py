@@ -55,7 +55,7 @@ import numpy as np
 from omni_actors import logs
 from omni_actors.workers.engine import TORCH_PRELOAD, EngineContext, EngineOutput, StageEngine
 from omni_actors.workers.engines import vllm_backend
-from omni_actors.workers.engines.tool_calls import ToolCallReader, forced_calls
+from omni_actors.workers.engines.tool_calls import ShownText, ToolCallReader, forced_calls
 
 CORE_EXIT_TIMEOUT_S = 10.0
 
@@ -125,6 +125,8 @@ class _Run:
     forced: bool = False
     """A forced `tool_choice` guided the decoding: the answer is read as calls (tool_calls.forced_calls)."""
     text: list[str] = field(default_factory=list)
+    shown: ShownText | None = None
+    """With `tools`: what of the answer may be shown as it streams (the "shown" of each output)."""
 
 
 def _copy_arrays(value: Any) -> Any:
@@ -239,8 +241,9 @@ class VllmAREngine(StageEngine):
                 raise ValueError(f"response_format: the decoder cannot follow this JSON schema: {exc}") from exc
             raise ValueError(str(exc)) from exc
         tools = inputs.get("tools") if self._tool_reader is not None else None
-        self._runs[request_id] = _Run(tools=list(tools) if tools else None,
-                                      forced=bool(params.get("tool_calls_forced")))
+        forced = bool(params.get("tool_calls_forced"))
+        shown = self._tool_reader.shown(list(tools)) if tools and not forced and self._tool_reader else None
+        self._runs[request_id] = _Run(tools=list(tools) if tools else None, forced=forced, shown=shown)
 
     def abort(self, request_id: str) -> None:
         if self._runs.pop(request_id, None) is not None:
@@ -263,6 +266,8 @@ class VllmAREngine(StageEngine):
             payload: dict[str, Any] = {"text": completion.text, "token_ids": token_ids}
             if run.tools is not None or run.forced:
                 run.text.append(completion.text)
+            if run.shown is not None and (shown := run.shown.feed(completion.text, token_ids)):
+                payload["shown"] = shown
             error = None
             if ro.finished:
                 del self._runs[ro.request_id]
