@@ -7,8 +7,9 @@
 
 The pipeline reads calls as chat does (api/tools.py): the stage writing the text
 answer shows the tools to its chat template and reads the finished answer with its
-tool parser, so a response that offers tools holds its text until the answer ends
-and then sends either the text or the calls. A call becomes an output item of type
+tool parser, so a response that offers tools holds back the text that could be a call
+until the answer ends (its prose goes out as it comes) and then sends the rest of the text
+and the calls. A call becomes an output item of type
 `function_call` (`name`, `call_id`): `response.output_item.added`, the arguments as
 one `response.function_call_arguments.delta` (the parser reads the whole answer),
 `.done`, `response.output_item.done`. The client runs the function and sends a

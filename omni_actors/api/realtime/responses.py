@@ -9,8 +9,9 @@ routes' PipelineCall (deadline, metrics, abort on exit). Text outputs become
 text deltas (or, in an audio response, transcript deltas); audio outputs are
 resampled to the wire rate and sent as they arrive; a transcript output is the
 pipeline's transcription of the user's audio and is stored on that user item.
-A response that offers tools holds its text until the answer was read for calls
-(function_calls.py): then it sends the text, or the calls as `function_call` items.
+A response that offers tools sends at once only the text the stage's tool parser knows is no call
+(`TextOutput.shown`), holds the rest until the answer was read for calls (function_calls.py), then
+sends what is left of the text, and the calls as `function_call` items.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.api.time_stretch import TimeStretch
+from omni_actors.api.tools import unshown
 from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.outputs import (
@@ -140,6 +142,8 @@ class ResponseRun:
     """While tools are offered: text deltas not sent yet (None: text is sent as it comes)."""
     _read: TextOutput | None = None
     """The answer's last text output when the tool parser read calls in it."""
+    _shown: list[str] = field(default_factory=list)
+    """While tools are offered: the text sent as it came (TextOutput.shown: surely no call)."""
     first_audio_ms: float | None = None
     """Submit to first audio chunk out of the orchestrator: the pipeline's share of first-audio latency."""
 
@@ -263,6 +267,11 @@ class ResponseRun:
                 self.usage.output_text += 1
                 if self._held is not None:
                     self._held.append(delta)
+                    if out.shown:
+                        if self.item is None:
+                            await self._open_item()
+                        self._shown.append(out.shown)
+                        await self._send_text(out.shown, text_is_transcript)
                 else:
                     await self._send_text(delta, text_is_transcript)
             case AudioOutput() as out if self.audio:
@@ -289,8 +298,11 @@ class ResponseRun:
         held, self._held = self._held, None
         calls: tuple[ToolCallOutput, ...] = self._read.tool_calls if complete and self._read else ()
         if calls:
-            content = self._read.content if self._read else None
-            held = [content] if content and content.strip() else []
+            content = (self._read.content if self._read else None) or ""
+            rest = unshown(content, self._shown)
+            held = [rest] if rest.strip() or (rest and self._shown) else []
+        else:
+            held = [rest] if (rest := unshown("".join(held), self._shown)) else []
         if held or not calls:
             if self.item is None:
                 await self._open_item()
