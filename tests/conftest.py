@@ -57,6 +57,17 @@ def _drop_if_empty(folder: Path) -> None:
 
 
 atexit.register(_drop_if_empty, _PYTEST_TMP)
+# The CUDA driver's file for this process's interprocess CUDA events (the GPU tests export some), which
+# it leaves in /dev/shm; a worker's goes when it ends (Launcher.after_exit).
+
+
+def _drop_driver_files() -> None:
+    from omni_actors.bus.shm import unlink_driver_files
+
+    unlink_driver_files(os.getpid())
+
+
+atexit.register(_drop_driver_files)
 
 from omni_actors.config.deploy import DeployConfig, build_deploy  # noqa: E402
 from omni_actors.orchestrator.core import Orchestrator  # noqa: E402

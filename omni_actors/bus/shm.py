@@ -228,6 +228,17 @@ def unlink_segment(name: str) -> None:
         pass
 
 
+def unlink_driver_files(pid: int) -> int:
+    """Remove the CUDA driver's files of an ended process: `cuda.shm.<n>.<pid, hex>.<k>`, made when it
+    exported an interprocess event's handle (bus/cuda_ipc.py does for every CUDA handoff) and left
+    behind by the driver when the process exits. Returns how many."""
+    count = 0
+    for path in SHM_DIR.glob(f"cuda.shm.*.{pid:x}.*"):
+        unlink_segment(path.name)
+        count += 1
+    return count
+
+
 def unlink_prefix(prefix: str) -> int:
     """Remove every segment named `<prefix>-...` (an arena's or a run's); returns how many.
 

@@ -26,6 +26,7 @@ import zmq
 
 from omni_actors import logs
 from omni_actors.bus import messages as m
+from omni_actors.bus.shm import unlink_driver_files
 from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
@@ -160,6 +161,11 @@ class Launcher:
 
     async def close(self) -> None:
         """After every worker has ended: let go of what `open` took."""
+
+    def after_exit(self, handle: WorkerHandle) -> None:
+        """A worker process of this host has ended: remove what the CUDA driver left of it."""
+        if handle.pid:
+            unlink_driver_files(handle.pid)
 
     def new_handle(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
         ident = identity_of(stage_id, replica, generation)

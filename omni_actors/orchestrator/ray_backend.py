@@ -170,6 +170,9 @@ class RayWorker:
 class RayLauncher(Launcher):
     """Starts workers as Ray actors on the cluster of `cluster.address`, on a CURVE tcp bus."""
 
+    def after_exit(self, handle: WorkerHandle) -> None:
+        """Nothing: an actor's process belongs to Ray (its pid may be another node's)."""
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._connected = False

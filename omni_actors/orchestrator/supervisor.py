@@ -173,6 +173,9 @@ class Supervisor:
             *(end_process(h.proc, first_signal=None if h.ready else signal.SIGTERM) for h in handles),
             return_exceptions=True,
         )
+        for h in handles:
+            if self.launcher is not None and h.proc is not None and h.proc.returncode is not None:
+                self.launcher.after_exit(h)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -243,6 +246,8 @@ class Supervisor:
     async def _watch_exit(self, h: WorkerHandle) -> None:
         assert h.proc is not None
         code = await h.proc.wait()
+        if self.launcher is not None:
+            self.launcher.after_exit(h)
         if not self.closing:
             self._on_death(h, f"exit code {code}")
 

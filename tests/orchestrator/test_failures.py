@@ -6,13 +6,14 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import zmq
 
 from omni_actors.errors import RequestAborted, RequestTimeout, StageUnavailable, WorkerDied
 from omni_actors.orchestrator.requests import RequestSpec
-from tests.conftest import eventually, make_deploy, running, shm_files
+from tests.conftest import SHM, eventually, make_deploy, running, shm_files
 
 BIG = {"step_delay_ms": 30, "payload_bytes": 1 << 20, "chunks": 50}
 RESTART_S = 15.0
@@ -81,6 +82,25 @@ async def test_sigkill_fails_request_fast_and_restarted_stage_serves_next() -> N
         stats = orch.statistics()
         assert stats.worker_restarts >= 1 and stats.leases_held == 0
         assert shm_files(victim.shm_prefix) == []
+
+
+async def test_what_the_cuda_driver_leaves_of_a_worker_goes_when_it_ends() -> None:
+    """The driver names a file after the process that exported an interprocess CUDA event and never
+    removes it; here each is written as the driver would, for a worker that dies and one that stops."""
+
+    def driver_file(pid: int) -> Path:
+        path = SHM / f"cuda.shm.0.{pid:x}.1"
+        path.write_bytes(bytes(64))
+        return path
+
+    async with running(make_deploy(), restart_timeout_s=RESTART_S) as orch:
+        victim, survivor = orch.workers[1][0], orch.workers[2][0]
+        died, stopped = driver_file(victim.pid), driver_file(survivor.pid)
+        os.kill(victim.pid, signal.SIGKILL)
+        await eventually(lambda: orch.workers[1][0] is not victim, RESTART_S)
+        assert not died.exists()
+        assert stopped.exists()  # (its process lives on)
+    assert not stopped.exists()
 
 
 async def test_segments_of_a_killed_run_are_swept_at_next_start() -> None:
