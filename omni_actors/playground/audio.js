@@ -79,3 +79,34 @@ export class StreamPlayer {
     this.ctx = null;
   }
 }
+
+// Records the microphone to a WAV file (pcm16 at WIRE_RATE): `await start()`, then `await stop()` gives
+// { blob, seconds }; onProgress(seconds) after each ~100 ms block. Through the same capture worklet as
+// Talk, so it needs no codec in the browser.
+export class MicRecorder {
+  constructor(onProgress = () => {}) {
+    this.onProgress = onProgress;
+    this.chunks = [];
+    this.samples = 0;
+    this.stream = null;
+    this.ctx = null;
+  }
+  async start() {
+    this.stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: false } });
+    this.ctx = new AudioContext({ sampleRate: WIRE_RATE });
+    await this.ctx.audioWorklet.addModule("/playground/capture-worklet.js");
+    const node = new AudioWorkletNode(this.ctx, "omni-capture");
+    node.port.onmessage = (e) => {
+      this.chunks.push(floatToPcm16(e.data));
+      this.samples += e.data.length;
+      this.onProgress(this.samples / WIRE_RATE);
+    };
+    this.ctx.createMediaStreamSource(this.stream).connect(node);
+  }
+  async stop() {
+    this.stream?.getTracks().forEach((t) => t.stop());
+    if (this.ctx) await this.ctx.close();
+    this.stream = this.ctx = null;
+    return { blob: wavBlob(this.chunks, WIRE_RATE), seconds: this.samples / WIRE_RATE };
+  }
+}

@@ -1,5 +1,5 @@
 // The request panels: chat (text streamed, spoken answer), speak (streamed playback), images, videos.
-import { StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, wavBlob } from "./audio.js";
+import { MicRecorder, StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, wavBlob } from "./audio.js";
 
 const $ = (id) => document.getElementById(id);
 const VIDEO_REFRESH_MS = 1000;
@@ -126,16 +126,50 @@ async function loadConsents({ api, showError }) {
   select.onchange();
 }
 
+// A clip recorded in the page, per file input (its id): kept until a file is picked there instead.
+const recorded = new Map();
+
+// Record / Stop beside a file input: the microphone as a WAV file the form sends in the file's place.
+function bindRecord(button, showError) {
+  const input = $(button.dataset.for);
+  const label = $(`${button.dataset.for}-recorded`);
+  let recorder = null;
+  input.addEventListener("change", () => { recorded.delete(input.id); label.textContent = ""; });
+  button.onclick = async () => {
+    if (!recorder) {
+      recorder = new MicRecorder((seconds) => { label.textContent = `recording… ${seconds.toFixed(1)} s`; });
+      try {
+        await recorder.start();
+      } catch (err) {
+        recorder = null;
+        return showError(`microphone: ${err.message}`);
+      }
+      button.textContent = "Stop";
+      label.textContent = "recording…";
+      return;
+    }
+    const { blob, seconds } = await recorder.stop();
+    recorder = null;
+    button.textContent = "Record";
+    input.value = "";
+    recorded.set(input.id, new File([blob], `${input.id}.wav`, { type: "audio/wav" }));
+    label.textContent = `recorded ${seconds.toFixed(1)} s`;
+  };
+}
+
+const fileOf = (id) => $(id).files[0] || recorded.get(id);
+
 // A custom voice the server's way (OpenAI's shapes): a consent recording once, then the voice's clip under it.
 function bindClone({ api, showError }) {
   const consentSelect = $("clone-consent");
   consentSelect.onchange = () => { $("clone-consent-file").parentElement.hidden = consentSelect.value !== ""; };
+  for (const id of ["clone-sample-record", "clone-consent-file-record"]) bindRecord($(id), showError);
   $("clone-button").onclick = async () => {
     const button = $("clone-button");
     const status = $("clone-status");
     const name = $("clone-name").value.trim();
-    const sample = $("clone-sample").files[0];
-    const recording = $("clone-consent-file").files[0];
+    const sample = fileOf("clone-sample");
+    const recording = fileOf("clone-consent-file");
     let consent = consentSelect.value;
     if (!name || !sample) return showError("a custom voice needs a name and a reference clip");
     if (!consent && !recording) return showError("a custom voice needs the speaker's consent: upload its recording");
@@ -154,6 +188,8 @@ function bindClone({ api, showError }) {
         consentSelect.value = made.id;  // later voices reuse it
         consentSelect.onchange();
         $("clone-consent-file").value = "";
+        recorded.delete("clone-consent-file");
+        $("clone-consent-file-recorded").textContent = "";
       }
       const form = new FormData();
       form.append("name", name);

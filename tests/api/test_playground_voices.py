@@ -85,3 +85,41 @@ async def test_speak_makes_uses_and_deletes_a_custom_voice(srv: Server, tmp_path
     assert await _voices(srv) == []  # gone on the server; its consent stays for the next voice
     assert len(list(tmp_path.glob("*.png"))) == 2
     await eventually(lambda: idle(srv.orch))
+
+
+async def _record(page, which: str, seconds: float) -> str:
+    """Record / Stop beside a file input, once the page has taken `seconds` of the (fake) microphone."""
+    await page.get_by_test_id(f"clone-{which}-record").click()
+    await page.wait_for_function(f"parseFloat((document.querySelector('[data-testid=clone-{which}-recorded]')"
+                                 f".textContent.match(/[0-9.]+/) || ['0'])[0]) >= {seconds}")
+    await page.get_by_test_id(f"clone-{which}-record").click()
+    return await page.get_by_test_id(f"clone-{which}-recorded").inner_text()
+
+
+async def test_a_voice_and_its_consent_can_be_recorded_in_the_page(srv: Server, tmp_path) -> None:
+    """Chromium's fake microphone plays a tone; Record/Stop makes each clip a WAV the form sends."""
+    mic = tmp_path / "mic.wav"
+    _tone(mic, 220, 3.0)
+    async with browser_page(srv.url + "/", fake_mic=mic, api_key=KEY) as bp:
+        page = bp.page
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.get_by_test_id("tab-speak").click()
+        await page.get_by_test_id("clone-name").fill("mic")
+        sample = await _record(page, "sample", 1.5)
+        consent = await _record(page, "consent", 1.0)
+        assert sample.startswith("recorded ") and consent.startswith("recorded "), (sample, consent)
+        assert float(sample.split()[1]) >= 1.5 and float(consent.split()[1]) >= 1.0
+        await page.get_by_test_id("clone-button").click()
+        await page.wait_for_function("document.getElementById('clone-status').textContent.startsWith('made voice')")
+        assert await page.get_by_test_id("clone-consent-recorded").inner_text() == ""  # (used: a new one is asked for)
+        await page.get_by_test_id("speak-input").fill("Hello in a recorded voice.")
+        await page.get_by_test_id("speak-button").click()
+        await page.wait_for_function("Number(document.getElementById('speak-audio').dataset.seconds || 0) > 0")
+        await page.screenshot(path=str(tmp_path / "voice-recorded.png"))
+        (voice,) = await _voices(srv)
+        assert voice["name"] == "mic"
+        await page.get_by_test_id("speak-voice-delete").click()
+        await page.wait_for_function("document.getElementById('clone-status').textContent === 'deleted voice mic'")
+        assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
+    assert await _voices(srv) == []
+    await eventually(lambda: idle(srv.orch))
