@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from omni_actors.bus.sockets import RuntimeDir
 from omni_actors.errors import ConfigError
 from omni_actors.orchestrator import mps
+from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.launcher import Launcher
 from omni_actors.orchestrator.mps import MpsDaemon, quit_stale, shared_devices, wanted
 from tests.conftest import _alive, make_deploy, running
 
@@ -124,6 +127,28 @@ async def test_a_daemon_a_dead_run_left_is_quit_by_the_next_runs_sweep(standin: 
     await asyncio.to_thread(quit_stale, run)
     assert await asyncio.wait_for(proc.wait(), 10) == 0
     quit_stale(tmp_path / "no-such-run")  # (nothing to quit: nothing happens)
+
+
+async def test_a_daemon_that_fails_its_probe_leaves_auto_time_sliced_and_is_an_error_for_mps(
+    standin: Path, tmp_path: Path
+) -> None:
+    """The orchestrator's own start of the daemon, as on a CUDA host whose MPS gives no context."""
+    for mode in ("auto", "mps"):
+        orch = Orchestrator(make_deploy(stages=THREE_ON_ONE, gpu_sharing=mode))
+        orch.platform = "cuda"  # (the decision only: no worker is started)
+        orch.runtime = RuntimeDir()
+        launcher = Launcher(orch.deploy, orch.pipeline, "", "p", "cuda")
+        try:
+            if mode == "auto":
+                await orch._start_mps(launcher)
+                assert orch.mps is None and launcher.gpu_env == {} and orch.gpu_sharing == "time_slice"
+            else:
+                with pytest.raises(ConfigError, match="gpu_sharing: mps: no CUDA context through MPS"):
+                    await orch._start_mps(launcher)
+            pid = int((orch.runtime.path / "mps" / "pid").read_text())
+            assert not _alive(pid), "the daemon outlived its failed probe"
+        finally:
+            orch.runtime.close()
 
 
 async def test_a_cpu_run_says_it_has_no_gpu_to_share() -> None:
