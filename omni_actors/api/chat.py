@@ -72,7 +72,8 @@ from omni_actors.api.schemas import read_body
 from omni_actors.api.speech_inputs import listed_voice
 from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import (
-    delta_tool_calls,
+    StreamedCalls,
+    delta_tool_parts,
     message_tool_calls,
     stage_tools,
     tools_refusal,
@@ -273,6 +274,7 @@ class _ChoiceStream:
         """Tools were offered: only text the stage's parser calls `shown` goes out as it comes; the
         rest once the finished answer is read for calls (api/tools.py)."""
         self.shown: list[str] = []
+        self.calls = StreamedCalls()
         self.audio_format = audio_format
         self.event = event  # (ChunkChoice) -> ChatCompletionChunk
         self.tally = Tally()
@@ -282,9 +284,14 @@ class _ChoiceStream:
     async def on_chunk(self, chunk: StageChunk) -> ChatCompletionChunk | None:
         if isinstance(chunk.output, TextOutput):
             delta = self.tally.add_text(chunk.output)
+            parts = None
             if self.hold_text:
                 self.shown.append(delta := chunk.output.shown)
-            return self.event(ChunkChoice(self.index, Delta(content=delta))) if delta else None
+                self.calls.add(chunk.output.tool_parts)
+                parts = delta_tool_parts(chunk.output.tool_parts) or None
+            if not (delta or parts):
+                return None
+            return self.event(ChunkChoice(self.index, Delta(content=delta or None, tool_calls=parts)))
         if self.audio_format is not None and (audio := _audio(chunk)) is not None:
             self.tally.add_audio(audio, keep=False)
             if self.encoder is None:
@@ -299,9 +306,9 @@ class _ChoiceStream:
         out = []
         t = self.tally
         if self.hold_text and t.tool_calls:
-            rest = unshown(t.tool_content or "", self.shown)
-            out.append(self.event(ChunkChoice(self.index, Delta(content=rest or None,
-                                                                tool_calls=delta_tool_calls(t.tool_calls)))))
+            rest, calls = unshown(t.tool_content or "", self.shown), self.calls.rest(t.tool_calls)
+            if rest or calls:
+                out.append(self.event(ChunkChoice(self.index, Delta(content=rest or None, tool_calls=calls or None))))
         elif self.hold_text and (rest := unshown("".join(t.text), self.shown)):
             out.append(self.event(ChunkChoice(self.index, Delta(content=rest))))
         if self.audio_format is not None:

@@ -218,13 +218,19 @@ class DeltaAudio(Struct, omit_defaults=True):
     expires_at: int | None = None
 
 
-class DeltaToolCall(Struct):
-    """A whole call in one delta (the answer is parsed when it ends)."""
+class DeltaFunction(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(Struct, omit_defaults=True):
+    """A call, or a piece of one, in a streamed delta: a call's first piece carries its `id`, `type`
+    and `function.name`, the next ones more `function.arguments` text (OpenAI's shape)."""
 
     index: int
-    id: str
-    function: FunctionCall
-    type: Literal["function"] = "function"
+    function: DeltaFunction
+    id: str | None = None
+    type: Literal["function"] | None = None
 
 
 class Delta(Struct, omit_defaults=True):

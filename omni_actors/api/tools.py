@@ -4,11 +4,13 @@ A pipeline can call tools when the stage that writes its text answer names a too
 parser (`StageSpec.tool_parser`, one of vLLM's: "hermes", "pythonic", ...). That
 stage shows the request's tools to its chat template and reads the finished
 answer with the parser (workers/engines/tool_calls.py); the last TextOutput
-carries the calls, which chat answers as `message.tool_calls` (streamed: one
-`delta.tool_calls` chunk at the end) with `finish_reason: "tool_calls"`. Streamed, the
-answer's prose still goes out as it comes: each delta carries the part the parser's
-streaming reading knows is no call (`TextOutput.shown`), and only what could begin one
-waits for the finished answer (`unshown` is what is left of it then); realtime answers them as `function_call`
+carries the calls, which chat answers as `message.tool_calls` with `finish_reason:
+"tool_calls"`. Streamed, the answer goes out as the parser's streaming reading sees it: the
+prose it knows is no call (`TextOutput.shown`; only what could begin a call waits, and
+`unshown` is what is left of it at the end), and each call's pieces (`TextOutput.tool_parts`)
+as `delta.tool_calls`: id and name first, then the arguments' text. The finished answer's
+reading stays the word on what was called: a call the stream did not send goes whole in the
+last delta (`StreamedCalls.rest`); realtime answers them as `function_call`
 output items (api/realtime/function_calls.py).
 
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
@@ -22,13 +24,16 @@ Refused with a 400 / realtime `error` naming the field, never silently ignored:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
+from omni_actors import logs
 from omni_actors.api.chat_schemas import (
     ChatTool,
+    DeltaFunction,
     DeltaToolCall,
     FunctionCall,
     FunctionDef,
@@ -36,7 +41,9 @@ from omni_actors.api.chat_schemas import (
 )
 from omni_actors.api.structured import guided
 from omni_actors.config.pipeline import PipelineConfig
-from omni_actors.orchestrator.outputs import ToolCallOutput
+from omni_actors.orchestrator.outputs import ToolCallOutput, ToolCallPart
+
+log = logs.get(__name__)
 
 PASSIVE_TOOL_CHOICES = ("none", "auto")
 """`tool_choice` values that never demand a call on their own."""
@@ -95,7 +102,44 @@ def message_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[ToolCall]:
 
 
 def delta_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[DeltaToolCall]:
-    return [DeltaToolCall(i, c.id, FunctionCall(c.name, c.arguments)) for i, c in enumerate(calls)]
+    return [DeltaToolCall(i, DeltaFunction(c.name, c.arguments), c.id, "function") for i, c in enumerate(calls)]
+
+
+def delta_tool_parts(parts: tuple[ToolCallPart, ...]) -> list[DeltaToolCall]:
+    return [DeltaToolCall(p.index, DeltaFunction(p.name, p.arguments), p.id, "function" if p.id else None)
+            for p in parts]
+
+
+class StreamedCalls:
+    """The calls a stream sent in pieces, checked against the finished answer's reading."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, list[str]] = {}
+        """index -> [name, arguments so far]."""
+
+    def add(self, parts: tuple[ToolCallPart, ...]) -> None:
+        for p in parts:
+            call = self.calls.setdefault(p.index, ["", ""])
+            call[0] += p.name or ""
+            call[1] += p.arguments or ""
+
+    def rest(self, final: tuple[ToolCallOutput, ...]) -> list[DeltaToolCall]:
+        """What of `final` is still to send whole: every call when none was streamed, else the calls
+        past those streamed (a streamed call the reading does not confirm stays as sent, logged)."""
+        if not self.calls:
+            return delta_tool_calls(final)
+        for i, c in enumerate(final[: len(self.calls)]):
+            name, args = self.calls.get(i, ["", ""])
+            if name != c.name or _json(args) != _json(c.arguments):
+                log.warning("chat.tool_call_stream_differs", index=i, name=c.name)
+        return [d for d in delta_tool_calls(final) if d.index not in self.calls]
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def unshown(final: str, shown: list[str]) -> str:

@@ -36,6 +36,19 @@ class TextOutput:
     shown: str = ""
     """With tools offered: the part of the answer, up to this delta, newly known not to be a call
     (the stage's tool parser reading as it streams), which a streamed answer shows at once."""
+    tool_parts: tuple[ToolCallPart, ...] = ()
+    """With tools offered: the pieces of calls the parser read in this delta, as it streams."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallPart:
+    """A piece of a call as the answer streams: a call's first carries its id and name, the next
+    ones more of its arguments' JSON text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +172,11 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
                           for c in data.get("tool_calls") or ())
             content = data.get("content")
             shown = data.get("shown")
+            parts = tuple(ToolCallPart(int(p["index"]), p.get("id"), p.get("name"), p.get("arguments"))
+                          for p in data.get("tool_parts") or ())
             return TextOutput(text, tokens, data.get("finish_reason"), None if prompt is None else int(prompt),
                               calls, content if isinstance(content, str) else None,
-                              shown if isinstance(shown, str) else "")
+                              shown if isinstance(shown, str) else "", parts)
         case "audio":
             return _audio(data)
         case "transcript":

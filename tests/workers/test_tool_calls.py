@@ -62,11 +62,29 @@ def test_what_streams_before_the_answer_is_read_is_never_part_of_a_call(tokenize
     reader = ToolCallReader(parser, tokenizer)
     stream = reader.shown(TOOLS)
     got = [stream.feed(p, tokenizer.encode(p, add_special_tokens=False)) for p in pieces]
-    assert "".join(got) == shown
+    assert "".join(text for text, _ in got) == shown
     content, calls = reader.read("".join(pieces), TOOLS)
     # What was shown is where the finished reading's content starts (a call's text never is).
     assert (content or "").startswith(shown)
     assert stream.done == bool(calls)  # a call seen streaming stopped the showing
+    # The call's pieces as they came: its id and name first, then its arguments' text.
+    parts = [p for _, ps in got for p in ps]
+    if calls:
+        assert parts[0]["index"] == 0 and parts[0]["name"] == "get_weather" and parts[0]["id"]
+        assert json.loads("".join(p.get("arguments", "") for p in parts)) == json.loads(calls[0]["arguments"])
+        assert {p["index"] for p in parts} == {0}
+    else:
+        assert parts == []
+
+
+def test_a_calls_arguments_stream_in_pieces_as_the_model_writes_them(tokenizer) -> None:
+    stream = ToolCallReader("hermes", tokenizer).shown(TOOLS)
+    pieces = ["<tool_call>", '{"name": "get_weather", "arguments": ', '{"city": "Pa', 'ris"}}', "</tool_call>"]
+    got = [stream.feed(p, tokenizer.encode(p, add_special_tokens=False))[1] for p in pieces]
+    args = ["".join(p.get("arguments", "") for p in ps) for ps in got]
+    assert [p.get("name") for ps in got for p in ps if "name" in p] == ["get_weather"]
+    assert sum(1 for a in args if a) >= 2, got  # not one block at the end
+    assert json.loads("".join(args)) == {"city": "Paris"}
 
 
 def test_an_unknown_parser_is_named(tokenizer) -> None:

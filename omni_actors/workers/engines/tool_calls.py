@@ -12,7 +12,9 @@ is content: a model that writes no valid call gives `(text, [])`.
 
 While the answer streams, `reader.shown(tools)` gives a `ShownText`: each delta in, the part of
 the text that is surely not a call out (the parser's own streaming reading, which holds back
-whatever could begin a call), so an answer with tools offered still streams its prose.
+whatever could begin a call), so an answer with tools offered still streams its prose, and the
+pieces of calls as the parser sees them (`parts`: a call's index, id and name first, then its
+arguments' text), which chat streams as OpenAI's `delta.tool_calls`.
 
 `forced_calls(text)` reads an answer decoded under a forced `tool_choice`'s schema (a JSON
 list of {"name", "parameters"}, api/structured.py) into the same call dicts.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 from omni_actors import logs
@@ -74,9 +77,9 @@ def _request(tools: list[dict[str, Any]]) -> Any:
 
 class ShownText:
     """One streaming answer through a tool parser's streaming reading: `feed` returns the text that
-    may be shown now (never part of a call). Once the parser sees a call begin, or fails, nothing
-    more is shown: the rest waits for the finished answer's `read`, which stays the one word on
-    what is a call (this only decides what need not wait)."""
+    may be shown now (never part of a call) and the calls' pieces seen so far. Once the parser sees
+    a call begin, no more text is shown; once it fails, nothing more at all: the rest waits for the
+    finished answer's `read`, which stays the one word on what is a call."""
 
     def __init__(self, parser: Any, request: Any) -> None:
         self._parser = parser
@@ -84,26 +87,40 @@ class ShownText:
         self._text = ""
         self._ids: list[int] = []
         self.done = False
-        """A call began (or the parser failed): nothing more is shown."""
+        """A call began (or the parser failed): no more text is shown."""
+        self.failed = False
 
-    def feed(self, delta: str, delta_ids: list[int]) -> str:
-        if self.done or not (delta or delta_ids):
-            return ""
+    def feed(self, delta: str, delta_ids: list[int]) -> tuple[str, list[dict[str, Any]]]:
+        """(text to show now, the calls' new pieces: {"index", and "id"/"name"/"arguments" as they come})."""
+        if self.failed or not (delta or delta_ids):
+            return "", []
         before, before_ids = self._text, self._ids
         self._text, self._ids = before + delta, before_ids + list(delta_ids)
         try:
             msg = self._parser.extract_tool_calls_streaming(
                 before, self._text, delta, before_ids, self._ids, list(delta_ids), self._request
             )
+            parts = [_part(tc) for tc in (msg.tool_calls if msg is not None else None) or ()]
         except Exception as exc:  # a third-party parser on model text: hold the rest for `read`
             log.warning("tool_calls.stream_unreadable", error=type(exc).__name__)
-            self.done = True
-            return ""
-        if msg is None:
-            return ""
-        if msg.tool_calls:
-            self.done = True
-        return msg.content or ""
+            self.done = self.failed = True
+            return "", []
+        shown = "" if msg is None or self.done else msg.content or ""
+        self.done = self.done or bool(parts)
+        return shown, [p for p in parts if len(p) > 1]
+
+
+def _part(call: Any) -> dict[str, Any]:
+    fn = call.function
+    fn = fn if fn is None or not isinstance(fn, dict) else SimpleNamespace(**fn)
+    part: dict[str, Any] = {"index": int(call.index)}
+    if call.id:
+        part["id"] = str(call.id)
+    if fn is not None and getattr(fn, "name", None):
+        part["name"] = str(fn.name)
+    if fn is not None and getattr(fn, "arguments", None):
+        part["arguments"] = str(fn.arguments)
+    return part
 
 
 def forced_calls(text: str) -> list[dict[str, str]] | None:

@@ -266,8 +266,12 @@ class VllmAREngine(StageEngine):
             payload: dict[str, Any] = {"text": completion.text, "token_ids": token_ids}
             if run.tools is not None or run.forced:
                 run.text.append(completion.text)
-            if run.shown is not None and (shown := run.shown.feed(completion.text, token_ids)):
-                payload["shown"] = shown
+            if run.shown is not None:
+                shown, parts = run.shown.feed(completion.text, token_ids)
+                if shown:
+                    payload["shown"] = shown
+                if parts:
+                    payload["tool_parts"] = parts
             error = None
             if ro.finished:
                 del self._runs[ro.request_id]

@@ -115,6 +115,27 @@ async def test_a_call_is_a_function_call_item_and_its_output_reaches_the_model(s
         assert "response.function_call_arguments.done" not in [e.type for e in events]
 
 
+async def test_a_streamed_chat_answer_sends_its_call_in_openais_pieces(srv: RtServer) -> None:
+    """The same scripted call through chat completions: streamed, `delta.tool_calls` pieces (id and
+    name first, then the arguments' text) that the SDK's stream helper puts together; whole, the same call."""
+    client = sdk(srv)
+    tools = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
+    asked = {"model": "llm", "messages": [{"role": "user", "content": QUESTION}], "tools": tools, "max_tokens": 8}
+    whole = (await client.chat.completions.create(**asked)).choices[0]
+    chunks = [c async for c in await client.chat.completions.create(**asked, stream=True) if c.choices]
+    parts = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
+    assert parts and parts[0].id and parts[0].type == "function" and parts[0].function.name == "get_weather"
+    assert {p.index for p in parts} == {0} and all(p.id is None for p in parts[1:])
+    args = "".join(p.function.arguments or "" for p in parts)
+    assert json.loads(args) == json.loads(whole.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+    async with client.chat.completions.stream(**asked) as stream:
+        final = await stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
 async def test_response_tools_and_a_bad_function_item_are_answered(srv: RtServer, model: Path) -> None:
     """Tools given on response.create alone are offered to that response; a function_call_output
     without its call_id is an error naming it, and the session lives on (raw beta client)."""
