@@ -7,7 +7,7 @@ from omni_actors.config.pipeline import PipelineConfig
 
 SHARING = {
     "mps": "shared through this run's own MPS daemon (kernels of the stages on one GPU run side by side)",
-    "time_slice": "time-sliced between the stages' processes (deploy gpu_sharing)",
+    "time_slice": "a CUDA context per worker process, time-sliced where they share a GPU (deploy gpu_sharing)",
 }
 
 
