@@ -169,7 +169,7 @@ class MpsDaemon:
             listening.set_exception(RuntimeError(f"{CONTROL} exited with {await self.proc.wait()} before listening"))
 
     async def _probe(self) -> None:
-        env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": self.devices[0]}
+        env = {**os.environ, **self.env}  # (the first GPU this process is shown, as an unplaced stage's)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", PROBE, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env=env,
