@@ -51,6 +51,17 @@ from omni_actors.orchestrator.requests import StageChunk
 ROUTE = "/v1/audio/speech"
 
 
+def speech_usage(words: int, chunks: int, tokens: list[dict[int, tuple[int, int]]]) -> SpeechUsage:
+    """`speech.audio.done`'s usage: the tokens the pipeline's first AR stage took and made (text in,
+    audio frames out) for each request, summed; for a pipeline without one (a vocoder voice), the
+    input's words and the audio chunks sent."""
+    firsts = [t[min(t)] for t in tokens if t]
+    if not firsts:
+        return SpeechUsage(words, chunks, words + chunks)
+    took, made = sum(p for p, _ in firsts), sum(c for _, c in firsts)
+    return SpeechUsage(took, made, took + made)
+
+
 def audio_of(chunk: StageChunk) -> tuple[np.ndarray, int] | None:
     """(float32 mono, rate) of a chunk carrying audio samples; None for anything else."""
     out = chunk.output
@@ -156,7 +167,7 @@ async def _sse(request: web.Request, call: PipelineCall, req: SpeechRequest, enc
                 yield SpeechAudioDelta(audio=base64.b64encode(data).decode())
         if tail := await enc.finish():
             yield SpeechAudioDelta(audio=base64.b64encode(tail).decode())
-        words = len(req.input.split())
-        yield SpeechAudioDone(usage=SpeechUsage(words, chunks, words + chunks))
+        assert call.stream is not None
+        yield SpeechAudioDone(usage=speech_usage(len(req.input.split()), chunks, [call.stream.stage_tokens]))
 
     return await respond(request, events(), done=False, headers={"X-Sample-Rate": enc.headers()["X-Sample-Rate"]})

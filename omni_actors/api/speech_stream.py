@@ -41,8 +41,8 @@ from aiohttp import WSMsgType, web
 from omni_actors.api.calls import PipelineCall, orchestrator, require_model, route_model
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.pipelines import PIPELINES_KEY, ROUTED
-from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, SpeechUsage, VoiceRef
-from omni_actors.api.speech import Encoding, audio_of
+from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, VoiceRef
+from omni_actors.api.speech import Encoding, audio_of, speech_usage
 from omni_actors.api.speech_audio import FORMATS, PCM_RATE, wire_rate
 from omni_actors.api.speech_inputs import speech_call
 from omni_actors.errors import RequestError
@@ -103,6 +103,8 @@ class Utterance:
         self.session = session
         self.clauses: asyncio.Queue[asyncio.Queue | None] = asyncio.Queue()
         self.words = 0
+        self.tokens: list[dict[int, tuple[int, int]]] = []
+        """Each clause request's stage tokens (its usage), as they end."""
         self.runs: set[asyncio.Task] = set()
         self.sender = asyncio.ensure_future(self._send(after))
 
@@ -128,6 +130,8 @@ class Utterance:
                     async for chunk in call:
                         if (got := audio_of(chunk)) is not None:
                             out.put_nowait(got)
+                    assert call.stream is not None
+                    self.tokens.append(call.stream.stage_tokens)
         except (ApiError, RequestError) as err:
             out.put_nowait(err)
         finally:
@@ -150,7 +154,7 @@ class Utterance:
                     await s.send({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         if tail := await enc.finish():
             await s.send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode()})
-        usage = SpeechUsage(self.words, chunks, self.words + chunks)
+        usage = speech_usage(self.words, chunks, self.tokens)
         await s.send({"type": "speech.audio.done", "usage": msgspec.to_builtins(usage)})
 
     def cancel(self) -> None:

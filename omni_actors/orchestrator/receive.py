@@ -198,6 +198,9 @@ class ReceivePath:
         if out.finished:
             run.finished.add(sid)
             h.in_flight -= 1
+            if sid not in run.finals and "prompt_tokens" in payload.data:  # (an AR stage's usage, at its end)
+                run.stream.stage_tokens[sid] = (
+                    int(payload.data["prompt_tokens"]), int(payload.data.get("completion_tokens") or 0))
             for d in consumers:
                 if d not in self._streamed and run.ready_for_full_payload(d):
                     upstream = {s: run.buffers.get(s, []) for s in run.sources[d]}

@@ -93,6 +93,9 @@ class RequestStream:
         self.terminal: BaseException | None = None
         self.plan: tuple[int, ...] = ()
         """The stage ids this request runs through (set at submit)."""
+        self.stage_tokens: dict[int, tuple[int, int]] = {}
+        """(prompt, completion) tokens a stage whose outputs are not final reported when it ended
+        (an AR stage before a decoder: what a speech route's usage counts)."""
 
     # -- producer side (orchestrator) --
     def put_nowait(self, chunk: StageChunk) -> bool:

@@ -321,6 +321,8 @@ class DiaEngine(OwnEngine[DiaRequest]):
                 self.abort(req.request_id)
                 forced = req.end is not None and req.end - req.known >= req.max_frames
                 payload["finish_reason"] = "length" if forced else "stop"
+                # usage: the text's tokens in; the decoder positions drawn (frames plus their delays) out
+                payload.update(prompt_tokens=len(req.text_ids), completion_tokens=len(req.positions) - req.known)
             if payload:
                 outputs.append(EngineOutput(req.request_id, payload, done))
         return outputs

@@ -279,6 +279,8 @@ class VibeVoiceEngine(OwnEngine[VibeVoiceRequest]):
                 payload, done = {**payload, "finish_reason": "length"}, True
             if done:
                 self.abort(req.request_id)
+                payload = {**payload, "prompt_tokens": int(req.prompt["input_ids"].shape[-1]),
+                           "completion_tokens": len(req.tokens)}  # (usage: the LM's tokens, audio steps included)
             if payload or done:
                 outputs.append(EngineOutput(req.request_id, payload, done))
         return outputs

@@ -465,7 +465,7 @@ class HfAREngine(StageEngine):
                 seq.finished = True
                 self._drop(seq)
                 payload = {**payload, "finish_reason": payload.get("finish_reason", reason),
-                           "prompt_tokens": seq.prompt_len}
+                           "prompt_tokens": seq.prompt_len, "completion_tokens": len(seq.tokens)}
             outputs.append(EngineOutput(seq.request_id, payload, finished))
         return outputs
 
