@@ -8,9 +8,10 @@ carries the calls, which chat answers as `message.tool_calls` with `finish_reaso
 "tool_calls"`. Streamed, the answer goes out as the parser's streaming reading sees it: the
 prose it knows is no call (`TextOutput.shown`; only what could begin a call waits, and
 `unshown` is what is left of it at the end), and each call's pieces (`TextOutput.tool_parts`)
-as `delta.tool_calls`: id and name first, then the arguments' text. The finished answer's
-reading stays the word on what was called: a call the stream did not send goes whole in the
-last delta (`StreamedCalls.rest`); realtime answers them as `function_call`
+as `delta.tool_calls`: id and name first, then the arguments' text (the Responses API streams
+them the same way, as a `function_call` item and its `function_call_arguments.delta` events).
+The finished answer's reading stays the word on what was called: a call the stream did not
+send goes whole at the end (`StreamedCalls.rest`); realtime answers them as `function_call`
 output items (api/realtime/function_calls.py).
 
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
@@ -130,9 +131,14 @@ class StreamedCalls:
             return delta_tool_calls(final)
         for i, c in enumerate(final[: len(self.calls)]):
             name, args = self.calls.get(i, ["", ""])
-            if name != c.name or _json(args) != _json(c.arguments):
+            if name != c.name or not same_json(args, c.arguments):
                 log.warning("chat.tool_call_stream_differs", index=i, name=c.name)
         return [d for d in delta_tool_calls(final) if d.index not in self.calls]
+
+
+def same_json(a: str, b: str) -> bool:
+    """Whether two arguments' texts say the same (as JSON where both parse, else as text)."""
+    return _json(a) == _json(b)
 
 
 def _json(text: str) -> Any:

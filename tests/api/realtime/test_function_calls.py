@@ -136,6 +136,30 @@ async def test_a_streamed_chat_answer_sends_its_call_in_openais_pieces(srv: RtSe
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
 
 
+async def test_a_streamed_response_sends_its_call_as_it_is_read_and_keeps_its_ids(srv: RtServer) -> None:
+    """client.responses, streamed: the function_call item is added as the parser reads the call, its
+    arguments follow as deltas, and the finished response (and the stored one a follow-up continues
+    from) carries the same ids; the call's output, sent back, is taken."""
+    client = sdk(srv)
+    asked = {"model": "llm", "input": QUESTION, "tools": [WEATHER], "max_output_tokens": 8}
+    events = [e async for e in await client.responses.create(**asked, stream=True)]
+    kinds = [e.type for e in events]
+    assert "response.output_text.delta" not in kinds and kinds[-1] == "response.completed", kinds
+    added = next(e for e in events if e.type == "response.output_item.added")
+    assert (added.item.type, added.item.status, added.item.arguments) == ("function_call", "in_progress", "")
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert "".join(deltas) == done.arguments and json.loads(done.arguments) == {"city": "Paris"}
+    assert kinds.index("response.output_item.added") < kinds.index("response.function_call_arguments.delta") \
+        < kinds.index("response.function_call_arguments.done") < kinds.index("response.output_item.done")
+    (item,) = events[-1].response.output
+    assert (item.id, item.call_id, item.arguments) == (added.item.id, added.item.call_id, done.arguments)
+    answered = await client.responses.create(
+        model="llm", previous_response_id=events[-1].response.id, tools=[WEATHER], max_output_tokens=8,
+        input=[{"type": "function_call_output", "call_id": item.call_id, "output": RESULT}])
+    assert answered.previous_response_id == events[-1].response.id and answered.status == "completed"
+
+
 async def test_response_tools_and_a_bad_function_item_are_answered(srv: RtServer, model: Path) -> None:
     """Tools given on response.create alone are offered to that response; a function_call_output
     without its call_id is an error naming it, and the session lives on (raw beta client)."""
