@@ -13,11 +13,15 @@ weights make greedy decoding answer any chat prompt with exactly TEXT, then the
 end token (tests use it for an answer a random model never writes, e.g. a Hermes
 tool call). Its layers add nothing to the residual stream, so each next token
 depends on the last token only: after the generation prompt's closing newline
-comes TEXT, after TEXT the end token.
+comes TEXT, after TEXT the end token. `reply=(PIECE, PIECE, ...)` chains several
+added tokens the same way (distinct pieces, up to HIDDEN_SIZE - 1 of them), so the
+answer streams in those pieces: prose, then a call's text bit by bit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
 from omni_actors.models.tiny.common import byte_bpe, peak
@@ -71,7 +75,7 @@ def _build_tokenizer(out_dir: Path):
     return fast
 
 
-def make_tiny_llama(out_dir: str | Path, seed: int = 0, reply: str | None = None) -> Path:
+def make_tiny_llama(out_dir: str | Path, seed: int = 0, reply: str | Sequence[str] | None = None) -> Path:
     """Write a tiny LlamaForCausalLM checkpoint into `out_dir` and return its path (`reply`: see above)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -79,8 +83,11 @@ def make_tiny_llama(out_dir: str | Path, seed: int = 0, reply: str | None = None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(out)
-    if reply is not None:
-        tokenizer.add_tokens([reply])
+    pieces = [reply] if isinstance(reply, str) else list(reply or ())
+    if pieces:
+        if len(set(pieces)) != len(pieces) or len(pieces) >= HIDDEN_SIZE:
+            raise ValueError(f"a scripted reply is 1 to {HIDDEN_SIZE - 1} distinct pieces")
+        tokenizer.add_tokens(pieces)
         tokenizer.save_pretrained(out)
     vocab = len(tokenizer)
     # Round the embedding table up so every token id the tokenizer emits has a row.
@@ -109,9 +116,9 @@ def make_tiny_llama(out_dir: str | Path, seed: int = 0, reply: str | None = None
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
         peak(model, 0.2)
-        if reply is not None:
+        if pieces:
             with torch.no_grad():
-                _script(model, tokenizer, reply, eos_id)
+                _script(model, tokenizer, pieces, eos_id)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=bos_id).save_pretrained(
         out
@@ -123,17 +130,18 @@ REPLY_LOGIT = 50.0
 """How far the scripted next token's logit stands above the random ones (about 0.2 * 8 each)."""
 
 
-def _script(model, tokenizer, reply: str, eos_id: int) -> None:
-    """Weights for `reply`: the prompt's last token ("\\n") leads to the reply token, it to the end."""
+def _script(model, tokenizer, pieces: list[str], eos_id: int) -> None:
+    """Weights for the reply: the prompt's last token ("\\n") leads to the first piece's token, each
+    piece's to the next one's, the last one's to the end (transition i on hidden axis i)."""
     newline = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("\n"))
     (nl_id,) = newline  # (the byte-level BPE keeps a lone newline as one token)
-    reply_id = tokenizer.convert_tokens_to_ids(reply)
+    chain = [nl_id, *tokenizer.convert_tokens_to_ids(pieces), eos_id]
     for layer in model.model.layers:  # nothing written to the residual stream: it stays the embedding
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
     model.model.norm.weight.fill_(1.0)
     emb, head = model.model.embed_tokens.weight, model.lm_head.weight
-    for token, nxt, axis in ((nl_id, reply_id, 0), (reply_id, eos_id, 1)):
+    for axis, (token, nxt) in enumerate(pairwise(chain)):
         emb[token] = 0.0
         emb[token, axis] = 1.0  # after RMSNorm: sqrt(hidden) on `axis`, 0 elsewhere
         head[:, axis] = 0.0
