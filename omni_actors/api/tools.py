@@ -9,10 +9,10 @@ carries the calls, which chat answers as `message.tool_calls` with `finish_reaso
 prose it knows is no call (`TextOutput.shown`; only what could begin a call waits, and
 `unshown` is what is left of it at the end), and each call's pieces (`TextOutput.tool_parts`)
 as `delta.tool_calls`: id and name first, then the arguments' text (the Responses API streams
-them the same way, as a `function_call` item and its `function_call_arguments.delta` events).
-The finished answer's reading stays the word on what was called: a call the stream did not
-send goes whole at the end (`StreamedCalls.rest`); realtime answers them as `function_call`
-output items (api/realtime/function_calls.py).
+them the same way, as a `function_call` item and its `function_call_arguments.delta` events, and
+so does realtime, api/realtime/function_calls.py). The finished answer's reading stays the word on
+what was called: a call the stream did not send goes whole at the end (`StreamedCalls.rest`), and
+a streamed call it does not confirm is logged (`StreamedCalls.confirmed`).
 
 Refused with a 400 / realtime `error` naming the field, never silently ignored:
 - `tools` (non-empty) where the text stage names no parser;
@@ -129,11 +129,20 @@ class StreamedCalls:
         past those streamed (a streamed call the reading does not confirm stays as sent, logged)."""
         if not self.calls:
             return delta_tool_calls(final)
-        for i, c in enumerate(final[: len(self.calls)]):
-            name, args = self.calls.get(i, ["", ""])
-            if name != c.name or not same_json(args, c.arguments):
-                log.warning("chat.tool_call_stream_differs", index=i, name=c.name)
+        self.confirmed(final)
         return [d for d in delta_tool_calls(final) if d.index not in self.calls]
+
+    def confirmed(self, final: tuple[ToolCallOutput, ...]) -> set[int]:
+        """The indexes of the streamed calls that the finished reading `final` confirms (the same name,
+        the same arguments); one it does not (or lacks) is logged."""
+        ok = set()
+        for i, (name, args) in self.calls.items():
+            c = final[i] if i < len(final) else None
+            if c is not None and name == c.name and same_json(args, c.arguments):
+                ok.add(i)
+            else:
+                log.warning("tools.call_stream_differs", index=i, name=name, read=c is not None)
+        return ok
 
 
 def same_json(a: str, b: str) -> bool:

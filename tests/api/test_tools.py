@@ -126,3 +126,22 @@ async def test_a_read_call_is_answered_in_openai_shapes() -> None:
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
     assert (call.id, call.function.name, call.function.arguments) == ("call_7", "get_weather", '{"city": "Paris"}')
+
+
+def test_streamed_calls_are_checked_against_the_finished_reading() -> None:
+    """The finished reading is the word on what was called: a streamed call it reads the same (as JSON)
+    is confirmed, one it names or fills otherwise (or lacks) is not, and `rest` gives only the calls
+    the stream did not send."""
+    from omni_actors.api.tools import StreamedCalls
+    from omni_actors.orchestrator.outputs import ToolCallOutput, ToolCallPart
+
+    seen = StreamedCalls()
+    seen.add((ToolCallPart(0, "call_a", "get_weather", '{"city":'), ToolCallPart(0, arguments=' "Paris"}'),
+              ToolCallPart(1, "call_b", "get_weather", '{"city": "Rome"}'), ToolCallPart(2, "call_c", "f", "{}")))
+    final = (ToolCallOutput("a", "get_weather", '{"city":"Paris"}'),
+             ToolCallOutput("b", "get_weather", '{"city": "Oslo"}'),
+             ToolCallOutput("c", "g", "{}"), ToolCallOutput("d", "get_time", "{}"))
+    assert seen.confirmed(final) == {0}
+    assert seen.confirmed(final[:1]) == {0}  # (the reading lacks calls 1 and 2)
+    assert [(d.index, d.id, d.function.name) for d in seen.rest(final)] == [(3, "d", "get_time")]
+    assert [d.index for d in StreamedCalls().rest(final)] == [0, 1, 2, 3]

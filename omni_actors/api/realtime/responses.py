@@ -10,8 +10,10 @@ text deltas (or, in an audio response, transcript deltas); audio outputs are
 resampled to the wire rate and sent as they arrive; a transcript output is the
 pipeline's transcription of the user's audio and is stored on that user item.
 A response that offers tools sends at once only the text the stage's tool parser knows is no call
-(`TextOutput.shown`), holds the rest until the answer was read for calls (function_calls.py), then
-sends what is left of the text, and the calls as `function_call` items.
+(`TextOutput.shown`) and each call as a `function_call` item as the parser reads it, its arguments
+as they come (`TextOutput.tool_parts`); it holds the rest until the answer was read for calls, then
+sends what is left of the text and closes the calls with the finished reading's word (function_calls.py).
+The message item comes first in `output` where the answer opens with prose, the calls after it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from omni_actors.api.realtime.conversation import (
     render_item,
     render_part,
 )
-from omni_actors.api.realtime.function_calls import send_call
+from omni_actors.api.realtime.function_calls import CallItems
 from omni_actors.api.realtime.response_request import Options, build_request
 from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.stats import RealtimeStats
@@ -125,9 +127,11 @@ class ResponseRun:
     details: dict[str, Any] | None = None
     usage: Usage = field(default_factory=Usage)
     item: Item | None = None
-    """The message item (output 0), opened when the first output is sent."""
-    calls: list[Item] = field(default_factory=list)
-    """The function_call items that follow it."""
+    """The message item, opened when the first text or audio is sent."""
+    output: list[Item] = field(default_factory=list)
+    """The response's items in output order: the message item, function_call items (function_calls.py)."""
+    _calls: CallItems | None = None
+    """While tools are offered: the function_call items, added as the parser reads them."""
     stream: RequestStream | None = None
     task: asyncio.Task | None = None
     cancel_reason: str | None = None
@@ -166,7 +170,7 @@ class ResponseRun:
 
     def render(self) -> dict[str, Any]:
         mods = "output_modalities" if self.host.dialect == "ga" else "modalities"
-        out = [render_item(i, self.host.dialect) for i in ([self.item] if self.item else []) + self.calls]
+        out = [render_item(i, self.host.dialect) for i in self.output]
         return {"object": "realtime.response", "id": self.id, "status": self.status,
                 "status_details": self.details, "output": out, "usage": self.usage.render(),
                 "conversation_id": self.host.conversation.id if self.opts.in_conversation else None,
@@ -179,7 +183,7 @@ class ResponseRun:
 
     def _part_event(self, cls: type, **kw: Any) -> ev.ServerEvent:
         assert self.item is not None
-        return cls(response_id=self.id, item_id=self.item.id, **kw)
+        return cls(response_id=self.id, item_id=self.item.id, output_index=self.output.index(self.item), **kw)
 
     async def _run(self) -> None:
         h = self.host
@@ -218,6 +222,7 @@ class ResponseRun:
             final = {pipe.stage(s).final_output_type for s in self.stream.plan if pipe.stage(s).final_output}
             if "tools" in turn.inputs:
                 self._held = []
+                self._calls = CallItems(h, self.id, self.opts.in_conversation, self.output)
             else:
                 await self._open_item()
             error = await self._consume(call, turn.audio_item, text_is_transcript="text" in final)
@@ -235,8 +240,10 @@ class ResponseRun:
         h = self.host
         self.item = Item(id=new_id("item"), role="assistant", status="in_progress",
                          content=[Part("audio", transcript="") if self.audio else Part("text", text="")])
+        self.output.append(self.item)
         rendered = render_item(self.item, h.dialect)
-        await h.send(ev.OutputItemAdded(response_id=self.id, output_index=0, item={**rendered, "content": []}))
+        await h.send(ev.OutputItemAdded(response_id=self.id, output_index=self.output.index(self.item),
+                                        item={**rendered, "content": []}))
         if self.opts.in_conversation:
             prev = h.conversation.add(self.item)
             await h.send(ev.ItemCreated(previous_item_id=prev, item={**rendered, "content": []}))
@@ -272,6 +279,8 @@ class ResponseRun:
                             await self._open_item()
                         self._shown.append(out.shown)
                         await self._send_text(out.shown, text_is_transcript)
+                    if self._calls is not None:
+                        await self._calls.read(out.tool_parts)
                 else:
                     await self._send_text(delta, text_is_transcript)
             case AudioOutput() as out if self.audio:
@@ -292,27 +301,30 @@ class ResponseRun:
 
     async def _release(self, text_is_transcript: bool, complete: bool) -> None:
         """Tools were offered and the answer ended: send it as the calls the parser read in it (a
-        complete answer only), with any text outside them first, else as the text it held."""
+        complete answer only), with any text outside them not sent yet first, else as the text it
+        held; the calls streamed are closed by that reading (function_calls.py)."""
         if self._held is None:
             return
         held, self._held = self._held, None
         calls: tuple[ToolCallOutput, ...] = self._read.tool_calls if complete and self._read else ()
+        cut_in_call = not complete and self._calls is not None and bool(self._calls.streamed)
         if calls:
             content = (self._read.content if self._read else None) or ""
             rest = unshown(content, self._shown)
             held = [rest] if rest.strip() or (rest and self._shown) else []
+        elif cut_in_call:
+            held = []  # (what was held is the call's text: its item ends incomplete)
         else:
             held = [rest] if (rest := unshown("".join(held), self._shown)) else []
-        if held or not calls:
+        if held or not (calls or cut_in_call):
             if self.item is None:
                 await self._open_item()
             for delta in held:
                 await self._send_text(delta, text_is_transcript)
         if calls and self.item is not None:
             await self._close_item("completed")
-        for c in calls:
-            index = len(self.calls) + (self.item is not None)
-            self.calls.append(await send_call(self.host, self.id, index, c, self.opts.in_conversation))
+        if self._calls is not None:
+            await (self._calls.finish(calls) if complete else self._calls.close_open())
 
     async def _on_audio(self, part: Part, out: AudioOutput, text_is_transcript: bool) -> None:
         start_ms = part.audio_ms
@@ -386,23 +398,26 @@ class ResponseRun:
         await h.send(self._part_event(ev.ContentPartDone, part=render_part(part, h.dialect)))
         self.item.status = "completed" if status == "completed" else "incomplete"
         rendered = render_item(self.item, h.dialect)
-        await h.send(ev.OutputItemDone(response_id=self.id, output_index=0, item=rendered))
+        await h.send(ev.OutputItemDone(response_id=self.id, output_index=self.output.index(self.item), item=rendered))
         if h.dialect == "ga" and self.opts.in_conversation:
             await h.send(ev.ItemDone(previous_item_id=None, item=rendered))
 
     async def _finish(self, status: str, details: dict[str, Any] | None) -> None:
-        """Close the output item, then send response.done: always, once, even if closing failed."""
+        """Close the output items, then send response.done: always, once, even if closing failed."""
         h = self.host
         self.status, self.details = status, details
-        if self.item is not None and self.item.status == "in_progress":
-            try:
+        try:
+            if self.item is not None and self.item.status == "in_progress":
                 await self._close_item(status)
-            except ConnectionError:
-                raise
-            except Exception as err:
-                log.exception("realtime.response_error", response_id=self.id, error=type(err).__name__)
-                self.status, self.details = "failed", failed("internal_error", type(err).__name__)
-                self.item.status = "incomplete"
+            if self._calls is not None:
+                await self._calls.close_open()  # (the answer was cut short by an error: they end incomplete)
+        except ConnectionError:
+            raise
+        except Exception as err:
+            log.exception("realtime.response_error", response_id=self.id, error=type(err).__name__)
+            self.status, self.details = "failed", failed("internal_error", type(err).__name__)
+            for item in self.output:
+                item.status = "incomplete" if item.status == "in_progress" else item.status
         self._done_sent = True
         await h.send(ev.ResponseDone(response=self.render()))
         await h.send(ev.RateLimitsUpdated(rate_limits=rate_limits(h.orch)))

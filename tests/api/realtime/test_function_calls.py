@@ -2,7 +2,9 @@
 
 A random tiny model never writes a call, so the checkpoint is the tiny llama
 scripted to answer every chat prompt with one Hermes call (models/tiny/llama.py,
-`reply`): the real template, engine, parser and WebSocket carry it. The model's
+`reply`): the real template, engine, parser and WebSocket carry it. A second one
+answers in pieces (a sentence, then the call over several tokens), so the call streams
+as it is read, after the prose. The model's
 own prompt-token count (usage) shows what reached its context: the tools, the
 call and the client's `function_call_output`. A forced `tool_choice` (a named function)
 guides the decoding: the grammar masks the scripted Hermes text, and the model writes a
@@ -33,6 +35,10 @@ PICK = {"type": "function", "name": "pick_city", "description": "Choose a city",
                        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}}}
 FORCED_TOKENS = 160
 """Room for the guided call's JSON in this tiny model's small tokens."""
+PIECES = ("Let me look that up.", "<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": ',
+          '"Paris"}}', "</tool_call>")
+"""A scripted answer in tokens: prose, then the call over four of them (its arguments in two)."""
+PROSE = PIECES[0]
 QUESTION = "What is the weather in Paris?"
 RESULT = "Sunny, 21 degrees C"
 
@@ -47,6 +53,19 @@ async def srv(model: Path, vllm_cache: Path) -> AsyncIterator[RtServer]:
     stages = [{"stage_id": 0, "max_num_seqs": 2, "dtype": "float32",
                "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1, "cache_dir": str(vllm_cache)}}]
     async with serve_rt("llm", model=str(model), stages=stages) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pieces_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tool-llama-pieces"), seed=0, reply=PIECES)
+
+
+@pytest.fixture(scope="module")
+async def pieces_srv(pieces_model: Path, vllm_cache: Path) -> AsyncIterator[RtServer]:
+    stages = [{"stage_id": 0, "max_num_seqs": 2, "dtype": "float32",
+               "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1, "cache_dir": str(vllm_cache)}}]
+    async with serve_rt("llm", model=str(pieces_model), stages=stages) as server:
         yield server
 
 
@@ -65,13 +84,14 @@ def sdk(srv: RtServer) -> AsyncOpenAI:
                        websocket_base_url=srv.url.replace("http://", "ws://") + "/v1")
 
 
-async def until_done(conn: Any) -> list[Any]:
+async def until_done(conn: Any, type: str = "response.done") -> list[Any]:
+    """The SDK connection's events up to and including the first of `type`."""
     events = []
     async for event in conn:
         events.append(event)
-        if event.type == "response.done":
+        if event.type == type:
             return events
-    raise AssertionError("the connection closed before response.done")
+    raise AssertionError(f"the connection closed before {type}")
 
 
 async def test_a_call_is_a_function_call_item_and_its_output_reaches_the_model(srv: RtServer, model: Path) -> None:
@@ -113,6 +133,91 @@ async def test_a_call_is_a_function_call_item_and_its_output_reaches_the_model(s
         answered = [*asked, {"role": "assistant", "content": ""}, {"role": "tool", "content": RESULT}]
         assert response.usage.input_tokens == prompt_tokens(model, answered, tools=False)
         assert "response.function_call_arguments.done" not in [e.type for e in events]
+
+
+async def test_prose_streams_then_the_call_is_added_as_it_is_read(pieces_srv: RtServer, pieces_model: Path) -> None:
+    """GA client, an answer in pieces: the prose goes out first as text deltas in the message item
+    (output 0), the call is added (output 1) while the answer is still being written, its arguments
+    follow as several deltas joining to `.done`'s, and the ids sent in `added` are the conversation's:
+    retrieved as they were sent, and answered by a function_call_output the next response takes."""
+    async with sdk(pieces_srv).realtime.connect(model="llm") as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                           "tools": [WEATHER], "tool_choice": "auto"})
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+        await conn.response.create()
+        events = await until_done(conn)
+        kinds = [e.type for e in events]
+        added = [e for e in events if e.type == "response.output_item.added"]
+        assert [(e.output_index, e.item.type) for e in added] == [(0, "message"), (1, "function_call")], added
+        call = added[1].item
+        assert (call.name, call.status, call.arguments) == ("get_weather", "in_progress", "")
+        text = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert "".join(text) == PROSE, text
+        deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+        (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert len(deltas) == 2 and "".join(d.delta for d in deltas) == done.arguments, deltas
+        assert json.loads(done.arguments) == {"city": "Paris"}
+        assert {(e.item_id, e.call_id, e.output_index) for e in [*deltas, done]} == {(call.id, call.call_id, 1)}
+        assert kinds.index("response.output_text.delta") < events.index(added[1]) \
+            < kinds.index("response.function_call_arguments.delta") < kinds.index("response.function_call_arguments.done")
+        (call_done,) = [e for e in events if e.type == "response.output_item.done" and e.output_index == 1]
+        assert (call_done.item.id, call_done.item.status, call_done.item.arguments) == (call.id, "completed",
+                                                                                        done.arguments)
+        assert kinds.index("response.function_call_arguments.done") < events.index(call_done)
+        response = events[-1].response
+        assert response.status == "completed", response
+        message, item = response.output
+        assert (message.id, message.content[0].text) == (added[0].item.id, PROSE), message
+        assert (item.id, item.call_id, item.arguments, item.status) == (call.id, call.call_id, done.arguments,
+                                                                       "completed")
+
+        await conn.conversation.item.retrieve(item_id=call.id)
+        kept = (await until_done(conn, "conversation.item.retrieved"))[-1].item
+        assert (kept.type, kept.call_id, kept.name, kept.arguments, kept.status) == (
+            "function_call", call.call_id, "get_weather", done.arguments, "completed"), kept
+
+        await conn.conversation.item.create(item={"type": "function_call_output", "call_id": call.call_id,
+                                                  "output": RESULT})
+        created = (await until_done(conn, "conversation.item.added"))[-1]
+        assert (created.previous_item_id, created.item.call_id) == (call.id, call.call_id), created
+        await conn.response.create(response={"tool_choice": "none"})
+        events = await until_done(conn)
+        response = events[-1].response
+        (item,) = response.output
+        assert (response.status, item.type) == ("completed", "message"), response
+        asked = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": PROSE},
+                 {"role": "assistant", "content": ""}, {"role": "tool", "content": RESULT}]
+        assert response.usage.input_tokens == prompt_tokens(pieces_model, asked, tools=False)
+
+
+async def test_a_call_cut_short_ends_incomplete_and_is_no_call_next_time(pieces_srv: RtServer,
+                                                                         pieces_model: Path) -> None:
+    """Raw beta client, the answer cut by max_output_tokens inside its call: the call item added as it
+    was read ends `incomplete` without `.done`, the finished reading (no call) makes the answer
+    text, and the next request carries no call (its prompt: the question and that text)."""
+    async with aiohttp.ClientSession() as http:
+        c = await connect(pieces_srv, http, turn_detection=None, modalities=["text"], tools=[WEATHER])
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+        await c.send("response.create", response={"max_output_tokens": 4})
+        events = await c.until("response.done")
+        kinds = [e["type"] for e in events]
+        assert "response.function_call_arguments.done" not in kinds and "conversation.item.done" not in kinds
+        call = next(e for e in events if e["type"] == "response.output_item.added" and e["output_index"] == 1)
+        assert kinds.index("response.text.delta") < events.index(call)
+        assert call["item"]["id"] in [e["item"]["id"] for e in events if e["type"] == "conversation.item.created"]
+        response = events[-1]["response"]
+        assert response["status"] == "incomplete", response
+        message, item = response["output"]
+        assert (item["id"], item["type"], item["status"]) == (call["item"]["id"], "function_call", "incomplete")
+        assert item["arguments"] == '{"city":' and message["content"][0]["text"] == "".join(PIECES[:4]), response
+        await c.send("response.create", response={"tool_choice": "none"})
+        response = (await c.until("response.done"))[-1]["response"]
+        said = [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": "".join(PIECES[:4]).strip()}]  # (an item's text is stripped)
+        assert response["usage"]["input_tokens"] == prompt_tokens(pieces_model, said, tools=False), response
+        await c.ws.close()
 
 
 async def test_a_streamed_chat_answer_sends_its_call_in_openais_pieces(srv: RtServer) -> None:
