@@ -13,6 +13,7 @@ call in the tool's schema (enum-only, so any sample is a valid call).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -50,22 +51,24 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 async def srv(model: Path, vllm_cache: Path) -> AsyncIterator[RtServer]:
-    stages = [{"stage_id": 0, "max_num_seqs": 2, "dtype": "float32",
-               "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1, "cache_dir": str(vllm_cache)}}]
-    async with serve_rt("llm", model=str(model), stages=stages) as server:
+    async with serve_llm(model, vllm_cache) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def pieces_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tool-llama-pieces"), seed=0, reply=PIECES)
+async def pieces(tmp_path_factory: pytest.TempPathFactory, vllm_cache: Path) -> AsyncIterator[tuple[Path, RtServer]]:
+    """The checkpoint answering in PIECES, and its server."""
+    model = make_tiny_llama(tmp_path_factory.mktemp("tool-llama-pieces"), seed=0, reply=PIECES)
+    async with serve_llm(model, vllm_cache) as server:
+        yield model, server
 
 
-@pytest.fixture(scope="module")
-async def pieces_srv(pieces_model: Path, vllm_cache: Path) -> AsyncIterator[RtServer]:
+@contextlib.asynccontextmanager
+async def serve_llm(model: Path, vllm_cache: Path) -> AsyncIterator[RtServer]:
+    """The `llm` pipeline on the scripted checkpoint `model`, behind a real server."""
     stages = [{"stage_id": 0, "max_num_seqs": 2, "dtype": "float32",
                "engine_extras": {"max_model_len": 512, "kv_cache_space_gib": 1, "cache_dir": str(vllm_cache)}}]
-    async with serve_rt("llm", model=str(pieces_model), stages=stages) as server:
+    async with serve_rt("llm", model=str(model), stages=stages) as server:
         yield server
 
 
@@ -94,14 +97,19 @@ async def until_done(conn: Any, type: str = "response.done") -> list[Any]:
     raise AssertionError(f"the connection closed before {type}")
 
 
+async def ask_weather(conn: Any) -> list[Any]:
+    """A GA session offering WEATHER asked QUESTION: the first response's events."""
+    await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                       "tools": [WEATHER], "tool_choice": "auto"})
+    await conn.conversation.item.create(item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+    await conn.response.create()
+    return await until_done(conn)
+
+
 async def test_a_call_is_a_function_call_item_and_its_output_reaches_the_model(srv: RtServer, model: Path) -> None:
     async with sdk(srv).realtime.connect(model="llm") as conn:
-        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
-                                           "tools": [WEATHER], "tool_choice": "auto"})
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
-        await conn.response.create()
-        events = await until_done(conn)
+        events = await ask_weather(conn)
         kinds = [e.type for e in events]
         (tool,) = next(e for e in events if e.type == "session.updated").session.tools
         assert (tool.type, tool.name, tool.parameters) == ("function", "get_weather", WEATHER["parameters"])
@@ -135,18 +143,14 @@ async def test_a_call_is_a_function_call_item_and_its_output_reaches_the_model(s
         assert "response.function_call_arguments.done" not in [e.type for e in events]
 
 
-async def test_prose_streams_then_the_call_is_added_as_it_is_read(pieces_srv: RtServer, pieces_model: Path) -> None:
+async def test_prose_streams_then_the_call_is_added_as_it_is_read(pieces: tuple[Path, RtServer]) -> None:
     """GA client, an answer in pieces: the prose goes out first as text deltas in the message item
     (output 0), the call is added (output 1) while the answer is still being written, its arguments
     follow as several deltas joining to `.done`'s, and the ids sent in `added` are the conversation's:
     retrieved as they were sent, and answered by a function_call_output the next response takes."""
+    pieces_model, pieces_srv = pieces
     async with sdk(pieces_srv).realtime.connect(model="llm") as conn:
-        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
-                                           "tools": [WEATHER], "tool_choice": "auto"})
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
-        await conn.response.create()
-        events = await until_done(conn)
+        events = await ask_weather(conn)
         kinds = [e.type for e in events]
         added = [e for e in events if e.type == "response.output_item.added"]
         assert [(e.output_index, e.item.type) for e in added] == [(0, "message"), (1, "function_call")], added
@@ -191,11 +195,11 @@ async def test_prose_streams_then_the_call_is_added_as_it_is_read(pieces_srv: Rt
         assert response.usage.input_tokens == prompt_tokens(pieces_model, asked, tools=False)
 
 
-async def test_a_call_cut_short_ends_incomplete_and_is_no_call_next_time(pieces_srv: RtServer,
-                                                                         pieces_model: Path) -> None:
+async def test_a_call_cut_short_ends_incomplete_and_is_no_call_next_time(pieces: tuple[Path, RtServer]) -> None:
     """Raw beta client, the answer cut by max_output_tokens inside its call: the call item added as it
     was read ends `incomplete` without `.done`, the finished reading (no call) makes the answer
     text, and the next request carries no call (its prompt: the question and that text)."""
+    pieces_model, pieces_srv = pieces
     async with aiohttp.ClientSession() as http:
         c = await connect(pieces_srv, http, turn_detection=None, modalities=["text"], tools=[WEATHER])
         await c.send("conversation.item.create", item={
