@@ -13,6 +13,8 @@ generation config, an offline Qwen tokenizer), then measures in the same run:
   (+ graphs), `static_fused_compiled` (+ compile + graphs) and
   `static_fused_eager` run our own decode step (`fused_decode`,
   hf_ar_fused.py; on CUDA one step queued ahead, hf_ar_lookahead.py;
+  `static_fused_compiled` compiles one layer's code shared by every layer
+  (the default `compile_scope: layer`; `_step`: the whole step per bucket);
   `static_fused_compiled_sync` and `static_graphs_sync` are those without it;
   `static_fused_compiled_sdpa` with the compiled step's attention left to SDPA
   (hf_ar_slots.COMPILED_MATH_ATTENTION off, the baseline of the written-out attention);
@@ -66,6 +68,13 @@ MODES = {
         "compile": True,
         "fused_decode": True,
     },
+    "static_fused_compiled_step": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "compile_scope": "step",
+        "fused_decode": True,
+    },
     "static_fused_compiled_lt": {
         "kv_cache": "static",
         "cuda_graphs": True,
@@ -101,12 +110,12 @@ MODES = {
         "compile_mode": "max-autotune-no-cudagraphs",
         "fused_decode": True,
     },
-    "static_fused": {"kv_cache": "static", "cuda_graphs": True, "fused_decode": True},
-    "static_fused_eager": {"kv_cache": "static", "cuda_graphs": False, "fused_decode": True},
-    "static_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True},
-    "static_graphs": {"kv_cache": "static", "cuda_graphs": True},
-    "static_graphs_sync": {"kv_cache": "static", "cuda_graphs": True, "lookahead": False},
-    "static_eager": {"kv_cache": "static", "cuda_graphs": False},
+    "static_fused": {"kv_cache": "static", "cuda_graphs": True, "fused_decode": True, "compile": False},
+    "static_fused_eager": {"kv_cache": "static", "cuda_graphs": False, "fused_decode": True, "compile": False},
+    "static_compiled": {"kv_cache": "static", "cuda_graphs": True, "compile": True, "fused_decode": False},
+    "static_graphs": {"kv_cache": "static", "cuda_graphs": True, "fused_decode": False},
+    "static_graphs_sync": {"kv_cache": "static", "cuda_graphs": True, "lookahead": False, "fused_decode": False},
+    "static_eager": {"kv_cache": "static", "cuda_graphs": False, "fused_decode": False},
     "dynamic": {"kv_cache": "dynamic", "cuda_graphs": False},
 }
 

@@ -265,8 +265,12 @@ async def run_mode(
         return out
     levels = [int(c) for c in args.concurrency.split(",")]
     try:
+        t1 = time.perf_counter()
         await one(orch, args, 0)  # warm-up: one alone, then one batch at the top level
+        t2 = time.perf_counter()
         await asyncio.gather(*(one(orch, args, 100 + i) for i in range(max(levels))))
+        # what the first requests after a start paid (buckets compiled and captured at first use)
+        out["warmup_s"] = {"first": round(t2 - t1, 2), "batch": round(time.perf_counter() - t2, 2)}
         for c in levels:
             before = await stage_work(orch)
             holds = orch.statistics().first_output_holds

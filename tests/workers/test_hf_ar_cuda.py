@@ -21,11 +21,12 @@ PROMPTS = ["Hello there", "The quick brown fox jumps", "A", "Once upon a time th
 
 
 def _engine(path: Path, **extras) -> HfAREngine:
+    """The transformers step (these tests are about its graphs) unless `extras` say otherwise."""
     ctx = EngineContext(
         stage_id=0, replica=0, model_stage="llm", model_path=path, device="cuda",
         max_num_seqs=4, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
         engine_extras={"adapter": "omni_actors.workers.engines.hf_ar:CausalLMAdapter",
-                       "max_model_len": 256, **extras},
+                       "max_model_len": 256, "fused_decode": False, **extras},
     )  # fmt: skip
     return HfAREngine(ctx)
 
@@ -67,3 +68,22 @@ def test_every_bucket_is_captured_at_start_and_decodes_like_lazy_captures(tmp_pa
     lazy = _engine(path)
     assert len(lazy.graphs.graphs) == 0
     assert _run(warm) == _run(lazy)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_default_is_the_fused_step_compiled_a_layer_at_a_time(tmp_path):
+    """No extras on CUDA: the fused step, compiled with compile_scope "layer" (one layer's code
+    for every layer), in CUDA graphs; it decodes the transformers step's tokens (float32)."""
+    path = make_tiny("llama", tmp_path / "llama", seed=0)
+    ctx = EngineContext(
+        stage_id=0, replica=0, model_stage="llm", model_path=path, device="cuda",
+        max_num_seqs=4, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1,
+        engine_extras={"adapter": "omni_actors.workers.engines.hf_ar:CausalLMAdapter", "max_model_len": 256},
+    )  # fmt: skip
+    default = HfAREngine(ctx)
+    fused = default.fused
+    assert fused is not None and default.graphs.enabled
+    assert fused._layer is not fused.layer_step and fused._head is not fused.head_step  # compiled
+    got = _run(default)
+    assert got == _run(_engine(path, cuda_graphs=False))
+

@@ -263,6 +263,42 @@ def test_fused_step_is_one_graph_under_torch_compile(llama_dir):
     assert graph.tokens.tolist() == eager.tokens.tolist()
 
 
+def test_layer_scope_compiles_one_layer_graph_that_every_layer_shares(llama_dir):
+    """compile_scope "layer": the layer's code and the head's are what compile (one graph each
+    per bucket, whatever the depth: the weights are inputs), and the step's logits are the
+    uncompiled step's."""
+    from torch._dynamo.testing import CompileCounter
+
+    engine = HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True))
+    assert len(engine.fused.layers) == 2
+    engine.add("a", {"prompt_token_ids": _prompt(5, 0)}, {"max_tokens": 8, "ignore_eos": True})
+    engine.add("b", {"prompt_token_ids": _prompt(9, 1)}, {"max_tokens": 8, "ignore_eos": True})
+    engine.step()
+    seqs = list(engine.seqs.values())
+    with torch.inference_mode():
+        batch, length = engine.slots.shape_for()
+        engine.slots.load_inputs(batch, seqs, engine.adapter.decode_embeds(seqs))
+        keys = [k.clone() for k in engine.slots.keys]
+        eager = engine.fused.forward(batch, length)
+        for k, saved in zip(engine.slots.keys, keys, strict=True):
+            k.copy_(saved)  # the step wrote its K/V: the compiled one writes the same again
+        counter = CompileCounter()
+        engine.fused.compile_layers(
+            lambda fn: torch.compile(fn, fullgraph=True, backend=counter, dynamic=False)
+        )
+        graph = engine.fused.forward(batch, length)
+        assert counter.frame_count == 2  # one layer graph (both layers) and the head's
+        engine.fused.forward(batch, length)
+        assert counter.frame_count == 2  # the same bucket again: nothing new
+    torch.testing.assert_close(graph.logits, eager.logits, rtol=0, atol=0)
+    assert graph.tokens.tolist() == eager.tokens.tolist()
+
+
+def test_compile_scope_is_checked(llama_dir):
+    with pytest.raises(ValueError, match="compile_scope"):
+        HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True, compile_scope="model"))
+
+
 def _fused_off(path: Path, **extras) -> tuple[HfAREngine, list[dict]]:
     with structlog.testing.capture_logs() as logs:
         engine = HfAREngine(_ctx(path, fused_decode=True, **extras))
@@ -301,12 +337,15 @@ def test_fused_needs_the_static_cache_and_a_bool(llama_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("compiled", [False, True], ids=["graphs", "compiled_graphs"])
+@pytest.mark.parametrize(
+    "compiled", [{"compile": False}, {"compile_scope": "step"}, {}],
+    ids=["graphs", "step_compiled_graphs", "layer_compiled_graphs"],
+)
 def test_fused_step_under_cuda_graphs(tmp_path, compiled):
     """float32 on CUDA: the captured (compiled) fused step decodes the tokens of the eager
     transformers step, and its logits match that step's on the same inputs."""
     path = _build(tmp_path / "qwen2", "qwen2", rope_theta=1000000.0)
-    engine = HfAREngine(_ctx(path, device="cuda", fused_decode=True, compile=compiled))
+    engine = HfAREngine(_ctx(path, device="cuda", fused_decode=True, **compiled))
     assert engine.fused is not None and engine.graphs.enabled
     first, again = _run(engine), _run(engine)  # the second run replays every bucket
     assert engine.graphs.enabled and len(engine.graphs.graphs) >= 1

@@ -32,13 +32,15 @@ KV cache, engine_extras["kv_cache"]:
   decode step has fixed shapes per batch/length bucket and, with
   engine_extras["cuda_graphs"] (default on CUDA), replays a captured CUDA
   graph (hf_ar_graphs.py). Sized by engine_extras["max_model_len"]
-  (DEFAULT_STATIC_MAX_LEN when unset). engine_extras["compile"] (CUDA, off by
-  default) runs the step through torch.compile first (hf_ar_compile.py).
-  engine_extras["fused_decode"] (off by default) replaces the transformers
-  layers in that step with our own straight-line decode step for Llama-family
-  models (hf_ar_fused.py: packed q/k/v and gate/up GEMMs, one graph under
-  torch.compile); a model it cannot fuse, or a stage with a dynamic cache or
-  another adapter's forward, logs `hf_ar.fused_off` and keeps the normal step.
+  (DEFAULT_STATIC_MAX_LEN when unset). engine_extras["fused_decode"] (default
+  on CUDA) replaces the transformers layers in that step with our own
+  straight-line decode step for Llama-family models (hf_ar_fused.py: packed
+  q/k/v and gate/up GEMMs, no graph breaks); a model it cannot fuse, or an
+  adapter with its own forward, logs `hf_ar.fused_off` and keeps the normal
+  step. engine_extras["compile"] (CUDA; default on where the fused step runs)
+  runs the step through torch.compile first (hf_ar_compile.py: with the fused
+  step one layer's code, shared by every layer, compiles per bucket at its
+  first use and is cached on disk across restarts).
   Every static step also takes the greedy argmax of its logits inside the
   step, so a step whose rows are all greedy (no penalty, no logits processing)
   brings back B ids instead of sampling over the vocabulary on the host.
@@ -84,7 +86,9 @@ from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F4
 from omni_actors.workers.engines.hf_ar_compile import (
     COMPILE_WARMUPS,
     compile_mode,
+    compile_scope,
     compile_wanted,
+    compiled,
     compiled_step,
     prefer_blas,
 )
@@ -142,6 +146,7 @@ class HfAREngine(StageEngine):
         self._prefill_only = False
         """The last step ran only a prefill (so this one decodes)."""
         mode = compile_mode(ctx)  # checked on every device
+        scope = compile_scope(ctx)
         prefer_blas(ctx)
         self.static = kind == "static"
         self.max_len = int(limit) if limit else (DEFAULT_STATIC_MAX_LEN if self.static else None)
@@ -151,7 +156,7 @@ class HfAREngine(StageEngine):
         self._raw_logits = type(self.adapter).process_logits is ARAdapter.process_logits
         """The adapter leaves logits as they are (so a greedy row's token is their argmax)."""
         self.grammars: Grammars | None = None
-        fused = extras.get("fused_decode", False)
+        fused = extras.get("fused_decode", cuda and self.static)  # the CPU path stays as it was
         if not isinstance(fused, bool):
             raise ValueError(f"engine_extras.fused_decode: expected true or false, got {fused!r}")
         ahead = extras.get("lookahead", cuda)  # on a CPU nothing runs while the host works
@@ -161,17 +166,21 @@ class HfAREngine(StageEngine):
         """The decode step queued ahead of the host's work (hf_ar_lookahead.py)."""
         self.thrown_away = 0
         """Steps queued ahead, then thrown away (a request left while one was queued)."""
-        if fused and not self.static:
+        if fused and not self.static:  # (only where asked: the default follows the cache)
             log.warning("hf_ar.fused_off", reason="fused_decode needs kv_cache static")
         if self.static:
             slots = max(1, ctx.max_num_seqs)
             self.slots = SlotKV(slots, self.max_len, self.adapter.position_axes, self.device)
-            self.fused = self._fused() if fused else None
+            self.fused = self._fused("fused_decode" in extras) if fused else None
             step, warmups = self._static_forward, 0
             if self.fused is not None:
                 step = self.fused.forward
-            if compile_wanted(ctx):
-                step, warmups = compiled_step(step, mode), COMPILE_WARMUPS
+            if compile_wanted(ctx, self.fused is not None):
+                warmups = COMPILE_WARMUPS
+                if self.fused is not None and scope == "layer":
+                    self.fused.compile_layers(lambda fn: compiled(fn, mode))
+                else:
+                    step = compiled_step(step, mode)
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
         self.lookahead = ahead and self.static and type(self.adapter).embeds_last_token
@@ -179,8 +188,9 @@ class HfAREngine(StageEngine):
         if warm_wanted(self):  # (graphs exist only for the static cache)
             warm_graphs(self)
 
-    def _fused(self) -> FusedDecoder | None:
-        """The fused decode step, or None (logged) when this stage cannot take it."""
+    def _fused(self, asked: bool) -> FusedDecoder | None:
+        """The fused decode step, or None (logged: a warning where the deploy `asked` for it)
+        when this stage cannot take it."""
         try:
             kind = type(self.adapter)
             parts = self.adapter.fused_model()
@@ -188,7 +198,7 @@ class HfAREngine(StageEngine):
                 raise FusedUnsupported(f"{kind.__name__} has its own forward and no fused step")
             return FusedDecoder(parts, self.slots, self.max_len, kind.embeds_last_token)
         except FusedUnsupported as err:
-            log.warning("hf_ar.fused_off", reason=str(err))
+            (log.warning if asked else log.info)("hf_ar.fused_off", reason=str(err))
             return None
 
     # ---- requests --------------------------------------------------------

@@ -1,4 +1,5 @@
-"""torch.compile of HfAREngine's static decode step (engine_extras["compile"], CUDA only).
+"""torch.compile of HfAREngine's static decode step (engine_extras["compile"], CUDA only; on by
+default where the fused step runs, compile_scope "layer": see COMPILE_SCOPES).
 
 Inductor fuses the step's small elementwise kernels (RMSNorm, rotary, SiLU x up,
 residual adds, sampling prep) that otherwise dominate a batch-1 decode of a small
@@ -35,13 +36,23 @@ COMPILE_MODE = "default"
 CUDA graphs are ours (hf_ar_graphs.py), not inductor's. engine_extras["compile_mode"] picks
 another of COMPILE_MODES ("max-autotune-no-cudagraphs": autotuned GEMMs, minutes per bucket)."""
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+COMPILE_SCOPES = ("layer", "step")
+"""engine_extras["compile_scope"] with the fused step: "layer" (the default) compiles one layer's
+code and the head's, shared by every layer (the weights are inputs), so a bucket compiles one
+layer's worth (4-6 s cold for a 28-layer 1.5B on an H200); "step" compiles the whole step as one
+graph per bucket (24-29 s cold; no faster a step). Without the fused step the whole step compiles."""
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 """engine_extras["blas"]: the library the worker's GEMMs go to on CUDA (torch's default: cublas)."""
 
 
-def compile_wanted(ctx: Any) -> bool:
+def compile_wanted(ctx: Any, fused: bool) -> bool:
+    """engine_extras["compile"], checked: on CUDA it defaults to whether the fused step runs
+    (`fused`; its layer-scope compile costs seconds a bucket), off elsewhere and under enforce_eager."""
     extras = ctx.engine_extras
-    return ctx.device == "cuda" and bool(extras.get("compile", False)) and not extras.get("enforce_eager")
+    want = extras.get("compile", fused)
+    if not isinstance(want, bool):
+        raise ValueError(f"engine_extras.compile: expected true or false, got {want!r}")
+    return ctx.device == "cuda" and want and not extras.get("enforce_eager")
 
 
 def prefer_blas(ctx: Any) -> None:
@@ -62,6 +73,14 @@ def compile_mode(ctx: Any) -> str:
     if mode not in COMPILE_MODES:
         raise ValueError(f"engine_extras.compile_mode: expected one of {COMPILE_MODES}, got {mode!r}")
     return mode
+
+
+def compile_scope(ctx: Any) -> str:
+    """engine_extras["compile_scope"], checked ("layer" when unset)."""
+    scope = ctx.engine_extras.get("compile_scope", "layer")
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"engine_extras.compile_scope: expected one of {COMPILE_SCOPES}, got {scope!r}")
+    return scope
 
 
 def compiled_step(step: Callable[[int, int], Any], mode: str = COMPILE_MODE) -> Callable[[int, int], Any]:

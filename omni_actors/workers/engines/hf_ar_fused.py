@@ -37,7 +37,8 @@ plain rotary at decode, where all three position axes are equal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -72,6 +73,11 @@ class FusedLayer:
     gate_up_b: torch.Tensor | None
     down_w: torch.Tensor
     down_b: torch.Tensor | None
+
+
+def astuple_shallow(layer: FusedLayer) -> tuple[torch.Tensor | None, ...]:
+    """A FusedLayer's fields in order, the tensors themselves (dataclasses.astuple copies them)."""
+    return tuple(getattr(layer, f.name) for f in fields(layer))
 
 
 @dataclass
@@ -179,10 +185,13 @@ class FusedDecoder:
         self.rows = torch.arange(slots.slots, device=slots.device)
         self.shape = HeadShape.of(inner, config)
         self.layers = fused_layers(inner, parts.layer_parts)
+        self._weights = [astuple_shallow(layer) for layer in self.layers]
         self.norm = inner.norm.weight
         self.head_w, self.head_b = parts.head.weight, parts.head.bias
         self.dtype = self.norm.dtype
         self.cos, self.sin = rope_table(inner.rotary_emb, max_len, self.dtype)
+        self._layer: Callable[..., Any] = self.layer_step
+        self._head: Callable[..., Any] = self.head_step
 
     def forward(self, batch: int, length: int) -> ForwardOut:
         """One decode position for rows 0..batch-1 of the slot cache, attending to `length`
@@ -194,7 +203,6 @@ class FusedDecoder:
         mask = additive_mask(blocked, self.dtype)
         pos = slots.positions[0, :batch, 0].clamp(0, self.cos.shape[0] - 1)
         cos, sin = self.cos[pos][:, None, None, :], self.sin[pos][:, None, None, :]  # [B,1,1,d]
-        where = (self.rows[:batch], slice(None), lengths)  # row b's new K/V goes at lengths[b]
         if self.from_ids:
             h = F.embedding(slots.ids[:batch, None], self.embed_w)  # [B, 1, hidden]
         else:
@@ -202,21 +210,38 @@ class FusedDecoder:
             if self.in_w is not None:
                 h = F.linear(h, self.in_w, self.in_b)
         h_in = h
-        for layer, keys, values in zip(self.layers, slots.keys, slots.values, strict=True):
-            h = h + self._attention(layer, h, cos, sin, where, mask, keys, values, length)
-            h = self.shape.mlp(layer, h)
-        h = rms_norm(h, self.norm, self.shape.eps)  # [B, 1, hidden]
-        logits = F.linear(h[:, -1], self.head_w, self.head_b)
-        return ForwardOut(logits, (h_in, h) if self.hidden else None, tokens=logits.argmax(-1))
+        rows = self.rows[:batch]
+        for weights, keys, values in zip(self._weights, slots.keys, slots.values, strict=True):
+            h = self._layer(h, cos, sin, rows, lengths, mask, keys, values, length, *weights)
+        h, logits, tokens = self._head(h, self.norm, self.head_w, self.head_b)
+        return ForwardOut(logits, (h_in, h) if self.hidden else None, tokens=tokens)
 
-    def _attention(self, layer: FusedLayer, h, cos, sin, where, mask, keys, values, length: int):
-        """Attention of one layer; `keys`/`values` are the whole slot buffers (the new K/V is
-        written into them in place, an index_put inductor keeps in place, as gpt-fast's cache)."""
+    def compile_layers(self, compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Compile one layer's code and the head's, each once for every layer (the weights are
+        the compiled code's inputs, so the layers share one graph per bucket): a bucket compiles a
+        layer's worth of code instead of the whole stack's (engine_extras compile_scope "layer")."""
+        self._layer = compile_fn(self.layer_step)
+        self._head = compile_fn(self.head_step)
+
+    def layer_step(self, h, cos, sin, rows, lengths, mask, keys, values, length: int, *weights):
+        """One decoder layer at one position per row: attention (the new K/V written into the
+        whole slot buffers `keys`/`values` in place at each row's length, an index_put inductor
+        keeps in place, as gpt-fast's cache), residual, MLP, residual. `weights`: a FusedLayer's
+        fields in order (so a compiled layer_step takes them as inputs, not as constants)."""
+        layer = FusedLayer(*weights)
         q, k, v = self.shape.qkv(layer, h, cos, sin)
-        keys[where] = k[:, :, 0]
-        values[where] = v[:, :, 0]
-        out = attend_one(q, keys[: h.shape[0], :, :length], values[: h.shape[0], :, :length], mask, self.shape.scale)
-        return F.linear(out, layer.o_w, layer.o_b)
+        keys[rows, :, lengths] = k[:, :, 0]
+        values[rows, :, lengths] = v[:, :, 0]
+        batch = h.shape[0]
+        out = attend_one(q, keys[:batch, :, :length], values[:batch, :, :length], mask, self.shape.scale)
+        h = h + F.linear(out, layer.o_w, layer.o_b)
+        return self.shape.mlp(layer, h)
+
+    def head_step(self, h, norm, head_w, head_b):
+        """The final norm, the head's logits of each row's last position and their argmax."""
+        h = rms_norm(h, norm, self.shape.eps)  # [B, 1, hidden]
+        logits = F.linear(h[:, -1], head_w, head_b)
+        return h, logits, logits.argmax(-1)
 
 
 @dataclass
