@@ -274,6 +274,22 @@ def test_last_window_is_widened_to_a_preferred_length_with_more_left_context():
     np.testing.assert_array_equal(_audio(got["short"]), _audio(_decode_whole(engine, codes[:4])))
 
 
+def test_a_window_before_the_last_is_widened_with_more_right_context_from_codes_already_here():
+    engine = GenerationEngine(_ctx(f"{__name__}:LengthsToyAdapter", chunk_growth=1, max_chunk_size=6))
+    codes = np.arange(1, 17, dtype=np.float32)
+    got: dict[str, list] = {}
+    _stream(engine, "s", codes, [3, 8, 5], got)
+    # 2 new + 1 right; then 6 new after 1 left + 1 right = 8, not a preferred length: 11 codes
+    # are here, so it reads one more on the right (9); then the rest, 8 new + 1 left = 9.
+    assert ToyAdapter.lengths == [3, 9, 9]
+    np.testing.assert_array_equal(_audio(got["s"]), _audio(_decode_whole(engine, codes)))
+    ToyAdapter.lengths = []
+    _stream(engine, "short", codes[:10], [3, 6, 1], got)
+    # 9 codes when the second window is cut: [1, 9) cannot reach 9 codes, so it stays 8.
+    assert ToyAdapter.lengths[:2] == [3, 8]
+    np.testing.assert_array_equal(_audio(got["short"]), _audio(_decode_whole(engine, codes[:10])))
+
+
 def _decode_whole(engine: GenerationEngine, codes: np.ndarray) -> list:
     got: dict[str, list] = {}
     engine.add("ref", {"codes": codes}, {})

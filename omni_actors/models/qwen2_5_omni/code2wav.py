@@ -168,6 +168,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
             policy.left_context + k * policy.chunk_size + policy.right_context
             for k in range(1, policy.cap // policy.chunk_size + 1)
         ]
+        lengths.append(longest - policy.right_context)  # a streamed utterance's longest last window
         self._lengths = tuple(sorted(set(lengths)))
         speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else sorted(self.speakers)[0]
         first, rest = lengths[0], lengths[1:]

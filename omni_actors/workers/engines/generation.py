@@ -27,8 +27,10 @@ Chunk policy (a streaming request; every size in codes):
 - once the input has ended the rest is decoded in one window (a streaming
   request's rest in windows of at most 1.5 x max_chunk_size); an adapter that
   decodes some lengths cheapest (`window_lengths`: CUDA graphs captured at load)
-  has that last window widened to one of them with more left context, so an
-  utterance's odd length does not cost a new graph capture.
+  has that last window widened to one of them with more left context, and a
+  window before the last widened with more right context where enough codes have
+  arrived (a second window, after a short first one, has less left context than
+  the rest), so an odd length does not cost a new graph capture.
 A request added whole (not streaming) is decoded in one window. Sizes that are
 multiples of chunk_size keep windows aligned to a decoder's blocks (Qwen2.5-Omni's
 DiT attends in blocks of 12 codes).
@@ -202,6 +204,8 @@ class GenerationEngine(StageEngine):
         end = req.total if final else min(req.total, new_end + pol.right_context)
         if final:
             start = self._widen(start, end)
+        else:
+            end = self._reach(start, end, req.total)
         return start, new_end, end, final
 
     def _widen(self, start: int, end: int) -> int:
@@ -210,6 +214,15 @@ class GenerationEngine(StageEngine):
             if n >= end - start:
                 return end - n if end >= n else start
         return start
+
+    def _reach(self, start: int, end: int, total: int) -> int:
+        """`end` of a window that keeps audio only up to its new codes, moved on (more right
+        context, from codes already here) so [start, end) is one of the adapter's window lengths,
+        if it can be: a second window has less left context than the standard ones."""
+        for n in self.adapter.window_lengths():
+            if n >= end - start:
+                return start + n if start + n <= total else end
+        return end
 
     def _deadline(self, req: _Req) -> float:
         """When the request's listener runs out of audio (its arrival if it has none yet)."""
