@@ -68,6 +68,13 @@ MODES = {
         "compile": True,
         "fused_decode": True,
     },
+    "static_fused_compiled_dyn": {
+        "kv_cache": "static",
+        "cuda_graphs": True,
+        "compile": True,
+        "compile_dynamic": True,
+        "fused_decode": True,
+    },
     "static_fused_compiled_step": {
         "kv_cache": "static",
         "cuda_graphs": True,

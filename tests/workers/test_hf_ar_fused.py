@@ -297,6 +297,30 @@ def test_layer_scope_compiles_one_layer_graph_that_every_layer_shares(llama_dir)
 def test_compile_scope_is_checked(llama_dir):
     with pytest.raises(ValueError, match="compile_scope"):
         HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True, compile_scope="model"))
+    with pytest.raises(ValueError, match="compile_dynamic"):
+        HfAREngine(_ctx(llama_dir, kv_cache="static", fused_decode=True, compile_dynamic="yes"))
+
+
+def test_symbolic_layer_compiles_happen_at_load_and_none_under_requests(llama_dir):
+    """compile_dynamic (the CUDA default): warm_compiled compiles the layer and the head with
+    symbolic sizes at load (a warm-up request sizes the slots, then a few buckets run); the
+    schedule's buckets then compile nothing, leave no warm-up request behind, and decode the
+    uncompiled step's tokens."""
+    from torch._dynamo.testing import CompileCounter
+
+    from omni_actors.workers.engines.hf_ar_warm import warm_compiled
+
+    engine = HfAREngine(_ctx(llama_dir, slots=8, kv_cache="static", fused_decode=True))
+    counter = CompileCounter()
+    engine.fused.compile_layers(lambda fn: torch.compile(fn, fullgraph=True, backend=counter, dynamic=True))
+    lengths = len(engine.slots.length_sizes[:2])
+    assert warm_compiled(engine) == 3 * lengths  # batches 2 and 4, then 1, at up to two lengths
+    at_load = counter.frame_count
+    assert at_load >= 4  # the layer and the head, for batch 1 and for the batches above it
+    assert not engine.seqs and not engine.slots.owners and engine.ahead is None
+    got = _run(engine)
+    assert counter.frame_count == at_load
+    assert got == _run(HfAREngine(_ctx(llama_dir, slots=8, kv_cache="static", fused_decode=True)))
 
 
 def _fused_off(path: Path, **extras) -> tuple[HfAREngine, list[dict]]:

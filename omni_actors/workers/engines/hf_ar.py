@@ -85,6 +85,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (  # noqa: F401 - the publ
 from omni_actors.workers.engines.hf_ar_causal import CausalLMAdapter  # noqa: F401 - a public name
 from omni_actors.workers.engines.hf_ar_compile import (
     COMPILE_WARMUPS,
+    compile_dynamic,
     compile_mode,
     compile_scope,
     compile_wanted,
@@ -102,7 +103,7 @@ from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     sample,
 )
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
-from omni_actors.workers.engines.hf_ar_warm import warm_graphs, warm_wanted
+from omni_actors.workers.engines.hf_ar_warm import warm_compiled, warm_graphs, warm_wanted
 from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded, varying_shapes_attention
 
 DEFAULT_MAX_TOKENS = 4096
@@ -146,7 +147,7 @@ class HfAREngine(StageEngine):
         self._prefill_only = False
         """The last step ran only a prefill (so this one decodes)."""
         mode = compile_mode(ctx)  # checked on every device
-        scope = compile_scope(ctx)
+        scope, dynamic = compile_scope(ctx), compile_dynamic(ctx)
         prefer_blas(ctx)
         self.static = kind == "static"
         self.max_len = int(limit) if limit else (DEFAULT_STATIC_MAX_LEN if self.static else None)
@@ -168,6 +169,7 @@ class HfAREngine(StageEngine):
         """Steps queued ahead, then thrown away (a request left while one was queued)."""
         if fused and not self.static:  # (only where asked: the default follows the cache)
             log.warning("hf_ar.fused_off", reason="fused_decode needs kv_cache static")
+        compile_now = False
         if self.static:
             slots = max(1, ctx.max_num_seqs)
             self.slots = SlotKV(slots, self.max_len, self.adapter.position_axes, self.device)
@@ -178,13 +180,16 @@ class HfAREngine(StageEngine):
             if compile_wanted(ctx, self.fused is not None):
                 warmups = COMPILE_WARMUPS
                 if self.fused is not None and scope == "layer":
-                    self.fused.compile_layers(lambda fn: compiled(fn, mode))
+                    self.fused.compile_layers(lambda fn: compiled(fn, mode, dynamic=dynamic))
+                    compile_now = dynamic
                 else:
                     step = compiled_step(step, mode)
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
         self.lookahead = ahead and self.static and type(self.adapter).embeds_last_token
         """Queue a decode step before the host takes the one before (inputs: last tokens' embeddings)."""
+        if compile_now:  # the symbolic compiles at load, not under a request
+            warm_compiled(self)
         if warm_wanted(self):  # (graphs exist only for the static cache)
             warm_graphs(self)
 

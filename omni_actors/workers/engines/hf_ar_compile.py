@@ -83,6 +83,17 @@ def compile_scope(ctx: Any) -> str:
     return scope
 
 
+def compile_dynamic(ctx: Any) -> bool:
+    """engine_extras["compile_dynamic"] (layer scope; default true): the layer compiled with
+    symbolic sizes at load, so a few compiles serve every bucket (batch 1, and every batch above
+    it at every length) and none happens under a request; false: one static compile per bucket,
+    at the bucket's first use (~3 s each cold, a stall for the rows in that step). Checked."""
+    value = ctx.engine_extras.get("compile_dynamic", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"engine_extras.compile_dynamic: expected true or false, got {value!r}")
+    return value
+
+
 def compiled_step(step: Callable[[int, int], Any], mode: str = COMPILE_MODE) -> Callable[[int, int], Any]:
     """`step(batch, length)` compiled per bucket; on a compile error, the eager step from then on."""
     return compiled(step, mode, "hf_ar.compile_off")

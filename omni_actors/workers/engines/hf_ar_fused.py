@@ -223,6 +223,20 @@ class FusedDecoder:
         self._layer = compile_fn(self.layer_step)
         self._head = compile_fn(self.head_step)
 
+    def warm_compile(self) -> int:
+        """Run the (compiled) layer and head at a few buckets now, so their compiles happen at load
+        and not under a request: with symbolic sizes (compile_dynamic) two batches above 1 and
+        batch 1, each at two lengths, meet every recompile dynamo makes. What it writes into the
+        slot buffers is at rows and positions no request holds yet. The shapes run."""
+        slots = self.slots
+        many = [b for b in slots.batch_sizes if b > 1][:2]
+        lengths = slots.length_sizes[:2]
+        shapes = [(b, n) for b in [*many, 1] for n in lengths]
+        with torch.inference_mode():
+            for batch, length in shapes:
+                self.forward(batch, length)
+        return len(shapes)
+
     def layer_step(self, h, cos, sin, rows, lengths, mask, keys, values, length: int, *weights):
         """One decoder layer at one position per row: attention (the new K/V written into the
         whole slot buffers `keys`/`values` in place at each row's length, an index_put inductor

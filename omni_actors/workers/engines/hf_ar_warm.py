@@ -9,8 +9,9 @@ captures every other bucket from the same static buffers, and drops the request.
 they compute and write at position 0 of slots no request holds yet, which a request's prompt
 overwrites when it takes the slot (as unused rows of any bucket do).
 
-Off by default (`warm_graphs: true` asks for it; with `compile`, each bucket is compiled at
-start too, ~20 s each cold for a 1.5B fused step). On an H200 (Qwen2.5-Omni-3B-sized, thinker
+Off by default (`warm_graphs: true` asks for it; with `compile_dynamic: false` each bucket is
+compiled at start too, 3-6 s each cold for a 1.5B fused step; with the default symbolic compile,
+`warm_compiled` below has compiled already and this only captures). On an H200 (Qwen2.5-Omni-3B-sized, thinker
 and talker warmed, 24 buckets each) it added 4.1 s to start-up and changed nothing in a run that
 had warmed up before measuring (docs/benchmarks.md, "Thirteenth H200 session"); what it buys is
 the first requests after a start. An adapter without `warmup_inputs` (its inputs come from an
@@ -40,6 +41,30 @@ def warm_wanted(engine: Any) -> bool:
         raise ValueError(f"engine_extras.warm_graphs: expected true or false, got {value!r}")
     graphs = engine.graphs
     return value and graphs is not None and graphs.enabled
+
+
+def warm_compiled(engine: Any) -> int:
+    """The fused step's symbolic compiles done now (compile_dynamic): one warm-up request's prefill
+    and decode size the slot buffers, then FusedDecoder.warm_compile runs the compiled layer at
+    the buckets that meet every recompile. The shapes run (0: no warm-up inputs, or it failed,
+    logged: then the compiles happen at first use)."""
+    inputs = engine.adapter.warmup_inputs()
+    if inputs is None or engine.fused is None:
+        return 0
+    ran = 0
+    with timed(engine.ctx, "compile"):
+        engine.add(WARMUP_ID, inputs, dict(WARMUP_PARAMS))
+        try:
+            for _ in range(2):  # its prefill, then one decode step
+                engine.step()
+            ran = engine.fused.warm_compile()
+        except Exception as err:  # an optimisation: what is not compiled now compiles at first use
+            log.warning("hf_ar.warm_failed", reason=f"{type(err).__name__}: {err}"[:300])
+        finally:
+            engine.abort(WARMUP_ID)
+            engine.ahead = None
+    log.info("hf_ar.compiled_at_load", shapes=ran)
+    return ran
 
 
 def warm_graphs(engine: Any) -> int:
