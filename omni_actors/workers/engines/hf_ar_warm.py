@@ -45,14 +45,18 @@ def warm_wanted(engine: Any) -> bool:
 
 def warm_compiled(engine: Any) -> int:
     """The fused step's symbolic compiles done now (compile_dynamic): one warm-up request's prefill
-    and decode size the slot buffers, then FusedDecoder.warm_compile runs the compiled layer at
-    the buckets that meet every recompile. The shapes run (0: no warm-up inputs, or it failed,
+    and decode size the slot buffers (and compile batch 1), then FusedDecoder.warm_compile runs the
+    compiled layer at buckets that meet every recompile. The shapes run (0: no warm-up inputs, or it failed,
     logged: then the compiles happen at first use)."""
     inputs = engine.adapter.warmup_inputs()
     if inputs is None or engine.fused is None:
         return 0
     ran = 0
-    with timed(engine.ctx, "compile"):
+    # No duck sizing: a batch or a length that equals some other size at the first trace (2 KV
+    # heads, a head dim of 64) would be tied to it and compiled again when they differ.
+    from torch.fx.experimental import _config as shapes
+
+    with timed(engine.ctx, "compile"), shapes.patch(use_duck_shape=False):
         engine.add(WARMUP_ID, inputs, dict(WARMUP_PARAMS))
         try:
             for _ in range(2):  # its prefill, then one decode step
