@@ -15,9 +15,12 @@ Where they run is a backend, picked by the deploy's `cluster.backend`:
 from __future__ import annotations
 
 import asyncio
+import getpass
 import os
+import re
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -243,9 +246,22 @@ where nothing compiles."""
 
 
 def _compile_cache_env() -> dict[str, str]:
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+    """The data directory's compile cache, unless the host names a folder of its own. Inductor's
+    default counts as none: torch writes it into os.environ the first time anything in this
+    process asks inductor for its folder (importing some models does)."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current and current != _inductor_default_dir():
         return {}
     return {"TORCHINDUCTOR_CACHE_DIR": str(settings().data_dir / COMPILE_CACHE)}
+
+
+def _inductor_default_dir() -> str:
+    """torch._inductor's default_cache_dir(), without importing torch."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 _PLAIN_ENV = {**dict.fromkeys(THREAD_ENV, "1"), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}

@@ -3,6 +3,8 @@ importing transformers' models makes inductor's default /tmp/torchinductor_<user
 
 from __future__ import annotations
 
+import pytest
+
 from omni_actors.config.deploy import build_deploy
 from omni_actors.orchestrator.launcher import COMPILE_CACHE, stage_env, worker_env
 from omni_actors.settings import settings
@@ -27,3 +29,15 @@ def test_operator_cache_dir_kept(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/srv/cache")
     assert "TORCHINDUCTOR_CACHE_DIR" not in stage_env(_deploy("0"), 0, 0)  # the host's value passes through
     assert worker_env()["TORCHINDUCTOR_CACHE_DIR"] == "/srv/cache"
+
+
+def test_inductors_own_default_counts_as_unset(monkeypatch):
+    """torch writes its default folder into os.environ when anything in the main process first
+    asks inductor for it; the workers still get the data directory's cache."""
+    pytest.importorskip("torch")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    want = str(settings().data_dir / COMPILE_CACHE)
+    assert stage_env(_deploy(None), 0, 0)["TORCHINDUCTOR_CACHE_DIR"] == want
+    assert worker_env()["TORCHINDUCTOR_CACHE_DIR"] == want
