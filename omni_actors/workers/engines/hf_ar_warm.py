@@ -59,8 +59,9 @@ def warm_compiled(engine: Any) -> int:
     with timed(engine.ctx, "compile"), shapes.patch(use_duck_shape=False):
         engine.add(WARMUP_ID, inputs, dict(WARMUP_PARAMS))
         try:
-            for _ in range(2):  # its prefill, then one decode step
-                engine.step()
+            engine.step()  # its prefill (which allocates the slot buffers)
+            engine.fused.mark_static_inputs()
+            engine.step()  # one decode step
             ran = engine.fused.warm_compile()
         except Exception as err:  # an optimisation: what is not compiled now compiles at first use
             log.warning("hf_ar.warm_failed", reason=f"{type(err).__name__}: {err}"[:300])
