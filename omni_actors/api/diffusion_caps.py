@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from omni_actors.api.errors import bad_request
 from omni_actors.config.pipeline import ExecutionType
 from omni_actors.errors import ConfigError
-from omni_actors.models.diffusion.capabilities import DiffusionCaps, folder_caps
+from omni_actors.models.diffusion.capabilities import DiffusionCaps, VideoFacts, folder_caps
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.workers.engines.video import DEFAULTS as VIDEO_DEFAULTS
 
 ROUTE_FOR_TASK = {
     "image-edit": "/v1/images/edits",
@@ -32,8 +36,33 @@ def served_caps(orch: Orchestrator) -> DiffusionCaps | None:
     for stage in orch.pipeline.stages:
         if stage.execution_type is ExecutionType.DIFFUSION and orch.deploy.model:
             root = Path(orch.deploy.model).expanduser()
-            return _caps(str(root / stage.subdir if stage.subdir else root))
+            caps = _caps(str(root / stage.subdir if stage.subdir else root))
+            return _as_routed(caps, orch) if caps is not None and caps.output_kind == "video" else caps
     return None
+
+
+def stage_facts(orch: Orchestrator) -> dict[str, Any]:
+    """What the served (final) stage's family declared it makes (its `engine_defaults`: sides,
+    frames, whether a first frame is needed), with the deploy's engine_extras on top: what the
+    video and audio routes check a request against."""
+    spec = next(s for s in orch.pipeline.stages if s.final_output)
+    return {**VIDEO_DEFAULTS, "image_input": "none", **spec.engine_defaults,
+            **orch.deploy.stage(spec.stage_id).engine_extras}
+
+
+def _as_routed(caps: DiffusionCaps, orch: Orchestrator) -> DiffusionCaps:
+    """A video pipeline's capabilities as /v1/videos serves them: the family's side multiple, whether
+    it needs a first frame (an image-to-video family refuses a request without one), its frames."""
+    facts = stage_facts(orch)
+    image = str(facts["image_input"])
+    tasks = [t for t in caps.tasks if t not in ("text-to-video", "image-to-video")]
+    tasks = (["text-to-video"] if image != "required" else []) + tasks
+    tasks += ["image-to-video"] if image != "none" else []
+    inputs = [i for i in caps.inputs if i != "image"] + (["image"] if image != "none" else [])
+    video = VideoFacts(fps=float(facts["fps"]), max_frames=int(facts["max_frames"]),
+                       frame_multiple=int(facts["frame_multiple"]))
+    return msgspec.structs.replace(caps, tasks=tuple(tasks), inputs=tuple(inputs), image_input=image,
+                                   size_multiple=int(facts["size_multiple"]), video=video)
 
 
 @functools.cache

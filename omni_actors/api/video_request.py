@@ -18,10 +18,10 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
+from omni_actors.api.diffusion_caps import stage_facts
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
 from omni_actors.api.multipart import BodyBudget, form_parts
-from omni_actors.workers.engines.video import DEFAULTS
 
 FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
                     "input_reference[file_id]", "num_frames", "num_inference_steps", "guidance_scale", "seed",
@@ -30,11 +30,8 @@ MAX_SIDE_PX = 4096
 DEFAULT_SECONDS = "4"
 
 
-def capabilities(orch: Any) -> dict[str, Any]:
-    """What the served family declared it makes, with the deploy's engine_extras on top."""
-    spec = next(s for s in orch.pipeline.stages if s.final_output)
-    return {**DEFAULTS, "image_input": "none", **spec.engine_defaults,
-            **orch.deploy.stage(spec.stage_id).engine_extras}
+capabilities = stage_facts
+"""What the served family declared it makes, with the deploy's engine_extras on top (diffusion_caps)."""
 
 
 async def read_fields(request: web.Request, known: frozenset[str] = FIELDS,

@@ -102,6 +102,18 @@ def test_a_video_decodes_to_the_asked_size_and_frame_count(wan, tmp_path):
     assert job.id in listed
 
 
+def test_models_says_what_the_video_route_checks(wan):
+    """/v1/models: a video family's capabilities as /v1/videos serves them (its side multiple and
+    frames, not the pipeline call's defaults)."""
+    caps = wan.client.models.retrieve(wan.model.name).model_extra["capabilities"]
+    assert (caps["output_kind"], caps["tasks"], caps["image_input"]) == ("video", ["text-to-video"], "none")
+    assert caps["size_multiple"] == 16 and "image" not in caps["inputs"]
+    assert caps["video"] == {"fps": 16.0, "max_frames": 257, "frame_multiple": 4}
+    with pytest.raises(openai.BadRequestError) as err:  # a side off that multiple is what the route refuses
+        wan.client.videos.create(model=wan.model.name, prompt="x", size="40x32")
+    assert err.value.body["param"] == "size"
+
+
 def test_a_video_without_a_size_is_made_at_the_models_default(wan, tmp_path):
     """832x480 (Wan's default): the tiny checkpoint's rotary table once stopped at 32 positions a side."""
     job = wan.client.videos.create(model=wan.model.name, prompt="a cat", seconds="0.25",
@@ -273,6 +285,8 @@ def test_image_to_video_takes_a_first_frame(tmp_path):
     try:
         run.wait_ready()
         client = run.client()
+        caps = client.models.retrieve(model.name).model_extra["capabilities"]
+        assert (caps["tasks"], caps["image_input"]) == (["image-to-video"], "required")  # a frame or a 400
         # 160 x 160 x 3 bytes is past the bus's inline limit: the frame crosses in shared memory.
         frame = np.random.default_rng(0).integers(0, 255, (160, 160, 3), dtype=np.uint8)
         buf = io.BytesIO()
@@ -303,6 +317,8 @@ def test_ltx2_videos_carry_their_audio_track(tmp_path):
     try:
         run.wait_ready()
         client = run.client()
+        caps = client.models.retrieve(model.name).model_extra["capabilities"]
+        assert (caps["size_multiple"], caps["video"]["fps"], caps["video"]["frame_multiple"]) == (32, 24.0, 8)
         job = client.videos.create(model=model.name, prompt="a robot dancing", size="32x32",
                                    extra_body={**FAST, "num_frames": 9})
         done = wait_done(client, job.id)

@@ -38,6 +38,16 @@ SUPPORTED = (
 )
 
 
+class VideoFacts(msgspec.Struct, frozen=True):
+    """What a video family makes, as its routes check it (its engine_defaults, the deploy's
+    engine_extras on top): frames per second, at most `max_frames` frames, counts of
+    k * frame_multiple + 1."""
+
+    fps: float
+    max_frames: int
+    frame_multiple: int
+
+
 class DiffusionCaps(msgspec.Struct, frozen=True):
     """What one diffusers pipeline class serves; `/v1/models` shows it as `capabilities`."""
 
@@ -72,6 +82,8 @@ class DiffusionCaps(msgspec.Struct, frozen=True):
     size, the output takes the resized input's."""
     max_image_aspect: float = 0.0
     """Input images more elongated than this (long side / short side) are refused (0: any)."""
+    video: VideoFacts | None = None
+    """A video family's frame facts (None for images and audio)."""
 
     def taken_size(self, width: int, height: int) -> tuple[int, int]:
         """The size an input image of width x height goes to the pipeline at (see image_multiple)."""
