@@ -29,10 +29,9 @@ from omni_actors.api.calls import (
     drop_none,
     route_model,
 )
-from omni_actors.api.diffusion_caps import require_task, served_caps
+from omni_actors.api.diffusion_caps import require_task, served_caps, stage_facts
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
-from omni_actors.api.video_request import capabilities
 from omni_actors.orchestrator.outputs import AudioOutput
 
 ROUTES = ("/v1/audio/generations", "/v1/audio/generate")
@@ -71,7 +70,7 @@ async def generations(request: web.Request) -> web.Response:
     check_supported(req.response_format)  # (this server's libsndfile) before the generation, not after
     if not req.prompt:
         raise bad_request("prompt must not be empty", "prompt")
-    top = float(capabilities(orch).get("max_seconds", MAX_SECONDS))
+    top = float(stage_facts(orch).get("max_seconds", MAX_SECONDS))
     if req.seconds is not None and not 0.1 <= req.seconds <= top:
         raise bad_request(f"seconds {req.seconds:g}: this model makes clips of 0.1 to {top:g} s", "seconds")
     if req.seed is not None and not 0 <= req.seed < (1 << 63):

@@ -55,9 +55,9 @@ def _as_routed(caps: DiffusionCaps, orch: Orchestrator) -> DiffusionCaps:
     it needs a first frame (an image-to-video family refuses a request without one), its frames."""
     facts = stage_facts(orch)
     image = str(facts["image_input"])
-    tasks = [t for t in caps.tasks if t not in ("text-to-video", "image-to-video")]
-    tasks = (["text-to-video"] if image != "required" else []) + tasks
-    tasks += ["image-to-video"] if image != "none" else []
+    video_tasks = {"required": ["image-to-video"], "none": ["text-to-video"]}.get(
+        image, ["text-to-video", "image-to-video"])
+    tasks = video_tasks + [t for t in caps.tasks if t not in ("text-to-video", "image-to-video")]
     inputs = [i for i in caps.inputs if i != "image"] + (["image"] if image != "none" else [])
     video = VideoFacts(fps=float(facts["fps"]), max_frames=int(facts["max_frames"]),
                        frame_multiple=int(facts["frame_multiple"]))

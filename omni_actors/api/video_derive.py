@@ -51,10 +51,10 @@ from aiohttp import web
 from omni_actors import logs
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import drop_none
+from omni_actors.api.diffusion_caps import stage_facts
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.video_jobs import Soundtrack, VideoJobs
 from omni_actors.api.video_request import (
-    capabilities,
     opt_float,
     opt_int,
     parse_frames,
@@ -88,7 +88,7 @@ def add_routes(app: web.Application) -> None:
 
 async def extend_video(request: web.Request) -> web.Response:
     jobs, fields, upload, orch, model = await _derived_request(request, EXTEND_FIELDS)
-    caps = capabilities(orch)
+    caps = stage_facts(orch)
     prompt = fields["prompt"]
     if "seconds" not in fields and "num_frames" not in fields:
         raise bad_request("seconds is required: the length of the new segment", "seconds",
@@ -125,7 +125,7 @@ async def extend_video(request: web.Request) -> web.Response:
 
 async def edit_video(request: web.Request) -> web.Response:
     jobs, fields, upload, orch, model = await _derived_request(request, EDIT_FIELDS)
-    caps = capabilities(orch)
+    caps = stage_facts(orch)
     prompt = fields["prompt"]
     if not caps.get("video_input"):
         raise bad_request(f"video: {NO_EDIT}", "video", "unsupported_value")

@@ -1,7 +1,7 @@
 """Reading and checking a /v1/videos create request: form or JSON fields, size, frames, first frame.
 
 What a model accepts comes from its family's declared `engine_defaults`
-(`capabilities`, with the deploy's engine_extras on top), so a bad request is a 400
+(`diffusion_caps.stage_facts`, with the deploy's engine_extras on top), so a bad request is a 400
 naming the field before any job is queued.
 """
 
@@ -18,7 +18,6 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
-from omni_actors.api.diffusion_caps import stage_facts
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
 from omni_actors.api.multipart import BodyBudget, form_parts
@@ -30,8 +29,6 @@ MAX_SIDE_PX = 4096
 DEFAULT_SECONDS = "4"
 
 
-capabilities = stage_facts
-"""What the served family declared it makes, with the deploy's engine_extras on top (diffusion_caps)."""
 
 
 async def read_fields(request: web.Request, known: frozenset[str] = FIELDS,

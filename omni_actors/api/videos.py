@@ -42,13 +42,13 @@ from omni_actors.api.calls import (
     require_outputs,
     route_model,
 )
+from omni_actors.api.diffusion_caps import stage_facts
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.paging import newest_first
 from omni_actors.api.schemas import RequestStruct, read_body
 from omni_actors.api.video_jobs import RANK, VideoJobs
 from omni_actors.api.video_request import (
     DEFAULT_SECONDS,
-    capabilities,
     decode_image,
     opt_float,
     opt_int,
@@ -182,7 +182,7 @@ def to_video(row: JobRow) -> Video:
 async def _submit(request: web.Request) -> str:
     fields, upload = await read_fields(request)
     orch, model = video_model(request, fields)
-    caps = capabilities(orch)
+    caps = stage_facts(orch)
     prompt = fields.get("prompt")
     if not prompt:
         raise bad_request("prompt is required", "prompt", "missing_required_parameter")

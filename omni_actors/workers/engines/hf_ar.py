@@ -39,8 +39,8 @@ KV cache, engine_extras["kv_cache"]:
   adapter with its own forward, logs `hf_ar.fused_off` and keeps the normal
   step. engine_extras["compile"] (CUDA; default on where the fused step runs)
   runs the step through torch.compile first (hf_ar_compile.py: with the fused
-  step one layer's code, shared by every layer, compiles per bucket at its
-  first use and is cached on disk across restarts).
+  step one layer's code, shared by every layer, compiled with symbolic sizes at
+  load by hf_ar_warm.warm_compiled, and cached on disk across restarts).
   Every static step also takes the greedy argmax of its logits inside the
   step, so a step whose rows are all greedy (no penalty, no logits processing)
   brings back B ids instead of sampling over the vocabulary on the host.
