@@ -208,21 +208,21 @@ class GenerationEngine(StageEngine):
             end = self._reach(start, end, req.total)
         return start, new_end, end, final
 
+    def _preferred(self, width: int) -> int | None:
+        """The shortest of the adapter's window lengths that holds `width` codes (None: none does)."""
+        return next((n for n in self.adapter.window_lengths() if n >= width), None)
+
     def _widen(self, start: int, end: int) -> int:
         """`start`, moved back so [start, end) is one of the adapter's window lengths, if it can be."""
-        for n in self.adapter.window_lengths():
-            if n >= end - start:
-                return end - n if end >= n else start
-        return start
+        n = self._preferred(end - start)
+        return end - n if n is not None and end >= n else start
 
     def _reach(self, start: int, end: int, total: int) -> int:
         """`end` of a window that keeps audio only up to its new codes, moved on (more right
         context, from codes already here) so [start, end) is one of the adapter's window lengths,
         if it can be: a second window has less left context than the standard ones."""
-        for n in self.adapter.window_lengths():
-            if n >= end - start:
-                return start + n if start + n <= total else end
-        return end
+        n = self._preferred(end - start)
+        return start + n if n is not None and start + n <= total else end
 
     def _deadline(self, req: _Req) -> float:
         """When the request's listener runs out of audio (its arrival if it has none yet)."""
