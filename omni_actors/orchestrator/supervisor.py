@@ -173,12 +173,17 @@ class Supervisor:
             *(end_process(h.proc, first_signal=None if h.ready else signal.SIGTERM) for h in handles),
             return_exceptions=True,
         )
-        for h in handles:
-            if self.launcher is not None and h.proc is not None and h.proc.returncode is not None:
-                self.launcher.after_exit(h)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A restart whose spawn finished while the others were ending started one more: end it too.
+        late = [h for hs in self.workers.values() for h in hs
+                if h.proc is not None and h not in handles and h.proc.returncode is None]
+        await asyncio.gather(*(end_process(h.proc, first_signal=signal.SIGKILL) for h in late),
+                             return_exceptions=True)
+        for h in (*handles, *late):
+            if self.launcher is not None and h.proc is not None and h.proc.returncode is not None:
+                self.launcher.after_exit(h)
 
     # ---- what workers say -------------------------------------------------------
 

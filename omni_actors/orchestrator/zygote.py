@@ -9,7 +9,9 @@ import); any other, and every GPU worker, starts as a fresh interpreter as befor
 
 The zygote starts on the first fork (its imports overlap nothing else that start waits for)
 and lives as long as this process: it ends when the socket closes (at exit) or with this
-process (its death signal). A thread reads its messages (blocking reads, no polling) and
+process (its death signal). When this process's environment changes, a new zygote takes over and
+the old one ends once its workers have. A fork nobody waits for any more (its start was cancelled
+by a shutdown) is killed when its pid arrives, so no worker runs untracked. A thread reads its messages (blocking reads, no polling) and
 hands each to the event loop that asked. `ForkedWorker` is what the supervisor sees: the
 WorkerProcess of launcher.py, with the exit code the zygote reaped.
 """
@@ -91,6 +93,8 @@ class Zygote:
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._workers: dict[int, ForkedWorker] = {}
         self._early_exits: dict[int, int] = {}
+        self._abandoned: set[int] = set()  # requests nobody waits for any more
+        self._killed: set[int] = set()  # their workers, killed: no exit code is kept for them
         self.alive = True
         self.forks = True
         self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
@@ -119,9 +123,12 @@ class Zygote:
             raise ZygoteGone(f"the zygote's socket: {err}") from err
         try:
             pid = await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
+        except (TimeoutError, asyncio.CancelledError) as err:
             with self._lock:
-                self._pending.pop(req, None)
+                if self._pending.pop(req, None) is not None:
+                    self._abandoned.add(req)  # (a pid that still comes for it is killed at once)
+            if isinstance(err, asyncio.CancelledError):
+                raise
             raise ZygoteGone(f"no fork within {timeout_s:g} s") from None
         worker = ForkedWorker(pid, loop)
         with self._lock:
@@ -182,13 +189,24 @@ class Zygote:
             pid, code = int(msg["exit"]), int(msg["code"])
             with self._lock:
                 worker = self._workers.pop(pid, None)
-                if worker is None:
+                if worker is None and pid not in self._killed:
                     self._early_exits[pid] = code
+                self._killed.discard(pid)
             if worker is not None:
                 _on_loop(worker._loop, worker._exited, code)
             return
         with self._lock:
             waiting = self._pending.pop(int(msg["id"]), None)
+            unwanted = waiting is None and int(msg["id"]) in self._abandoned
+            self._abandoned.discard(int(msg["id"]))
+        if unwanted and "pid" in msg:  # nobody waits for this worker: it must not run untracked
+            log.info("zygote.abandoned_fork", pid=int(msg["pid"]))
+            with self._lock:
+                self._killed.add(int(msg["pid"]))
+            try:
+                os.kill(int(msg["pid"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if waiting is not None:
             loop, fut = waiting
             result: Any = int(msg["pid"]) if "pid" in msg else ZygoteGone(str(msg.get("error")))
@@ -242,25 +260,34 @@ def _on_loop(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
 
 
 _shared: Zygote | None = None
+_retired: list[Zygote] = []
+"""Zygotes of an environment this process no longer has, kept until their last worker ends."""
 _shared_lock = threading.Lock()
 
 
 @atexit.register
 def _close_shared() -> None:
-    if _shared is not None:
-        _shared.close()
+    for z in (*_retired, *([_shared] if _shared is not None else [])):
+        z.close()
 
 
 def shared(env: dict[str, str]) -> Zygote | None:
     """This process's zygote for workers of environment `env` (started on first use). The
-    environment of this process changed since it started (a library set a variable, say): it is
-    replaced once idle. None when a worker of that environment cannot be forked now (the old
-    zygote still has workers, or forking turned out unsafe)."""
+    environment of this process changed since it started (a library set a variable, say): a new
+    zygote takes over, and the old one ends once its last worker has (at once if idle). None when
+    a worker of that environment cannot be forked (forking turned out unsafe, or no zygote starts)."""
     global _shared
     with _shared_lock:
-        if _shared is not None and _shared.alive and not _shared.fits(env) and _shared.idle():
-            log.info("zygote.replaced", pid=_shared.pid, reason="the environment changed")
-            _shared.close(at_once=True)
+        for old in [z for z in _retired if z.idle() or not z.alive]:
+            _retired.remove(old)
+            old.close(at_once=True)
+        if _shared is not None and _shared.alive and not _shared.fits(env):
+            log.info("zygote.replaced", pid=_shared.pid, reason="the environment changed",
+                     busy=not _shared.idle())
+            _retired.append(_shared)
+            _shared = None
+            if _retired[-1].idle():
+                _retired.pop().close(at_once=True)
         if _shared is not None and not _shared.alive:
             _shared = None
         if _shared is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from omni_actors.workers.synthetic import SyntheticEngine, _Req
@@ -20,3 +22,19 @@ class OddKeyEngine(SyntheticEngine):
         if req.params.get("odd_text"):
             out["text"] = "\ud800"  # a lone surrogate: no UTF-8 for msgpack to carry
         return out
+
+
+class HangOnceEngine(SyntheticEngine):
+    """The synthetic engine, but the first start to find the file `hang_marker` (engine extras)
+    takes it away and never finishes loading: a worker that beats but never says Ready."""
+
+    def __init__(self, ctx: Any) -> None:
+        marker = str(ctx.engine_extras.get("hang_marker", ""))
+        if marker:
+            try:
+                os.remove(marker)
+            except FileNotFoundError:
+                pass
+            else:
+                threading.Event().wait()
+        super().__init__(ctx)

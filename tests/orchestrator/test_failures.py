@@ -8,9 +8,11 @@ import signal
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 
+from omni_actors.config.pipeline import get_pipeline
 from omni_actors.errors import RequestAborted, RequestTimeout, StageUnavailable, WorkerDied
 from omni_actors.orchestrator.requests import RequestSpec
 from tests.conftest import SHM, eventually, make_deploy, running, shm_files
@@ -130,16 +132,21 @@ async def test_hung_worker_is_detected_by_missed_heartbeats_and_replaced() -> No
         assert chunks[-1].finished
 
 
-async def test_a_restart_that_never_becomes_ready_is_killed_and_tried_again() -> None:
-    async with running(make_deploy("synthetic_text"), restart_timeout_s=3.0) as orch:
+async def test_a_restart_that_never_becomes_ready_is_killed_and_tried_again(tmp_path) -> None:
+    marker = tmp_path / "hang"
+    deploy = make_deploy("synthetic_text", stages=[{"stage_id": 0, "engine_extras": {"hang_marker": str(marker)}}])
+    pipeline = get_pipeline("synthetic_text")
+    pipeline = msgspec.structs.replace(pipeline, stages=tuple(
+        msgspec.structs.replace(s, engine="tests.orchestrator.odd_engines:HangOnceEngine") for s in pipeline.stages))
+    async with running(deploy, pipeline=pipeline, restart_timeout_s=3.0) as orch:
         first = orch.workers[0][0]
+        marker.touch()  # the replacement takes it and hangs loading, beating all the while
         os.kill(first.pid, signal.SIGKILL)
-        # The replacement is stopped before it can say Ready (a worker takes ~1 s to import).
         await eventually(lambda: orch.workers[0][0] is not first and orch.workers[0][0].proc is not None, 5.0)
         stuck = orch.workers[0][0]
-        os.kill(stuck.pid, signal.SIGSTOP)
         await orch.wait_healthy(30)
         now = orch.workers[0][0]
+        assert not marker.exists() and not stuck.ready
         assert now.generation == 2 and now.pid not in (first.pid, stuck.pid)
         assert stuck.proc.returncode is not None  # the stuck one was ended, not left behind
         assert orch.statistics().worker_restarts == 2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 
+import msgspec
 import psutil
 
 from omni_actors.orchestrator import zygote
@@ -82,3 +84,37 @@ async def test_a_changed_environment_gets_a_new_zygote(monkeypatch) -> None:
         assert psutil.Process(new).environ()["OMNI_TEST_CHANGED"] == "1"
         assert await _answer(orch)
     assert not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_new_environment_forks_from_a_new_zygote_while_the_old_one_still_has_workers(monkeypatch) -> None:
+    async with running(make_deploy("synthetic_text")) as first:
+        old = _parent(first.workers[0][0].pid)
+        monkeypatch.setenv("OMNI_TEST_CHANGED_BUSY", "1")
+        async with running(make_deploy("synthetic_text")) as second:
+            worker = second.workers[0][0]
+            new = _parent(worker.pid)
+            assert isinstance(worker.proc, zygote.ForkedWorker) and new not in (old, os.getpid())
+            assert psutil.pid_exists(old)  # it still serves the first run's worker
+            assert await _answer(first) and await _answer(second)
+    zygote.shared(worker_env())  # (the next fork's lookup ends the retired zygote, idle now)
+    assert not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_fork_cancelled_while_pending_is_killed_when_its_pid_comes() -> None:
+    async with running(make_deploy("synthetic_text")) as orch:
+        assert orch.launcher is not None
+        ws = orch.launcher.worker_spec(orch.workers[0][0])
+        # A worker that would wait forever: nothing listens where it connects.
+        spec = msgspec.json.encode(msgspec.structs.replace(
+            ws, endpoint="ipc:///nonexistent/omni-test-nobody", identity="orphan")).decode()
+        z = zygote.shared(worker_env())
+        assert z is not None
+        before = {p.pid for p in psutil.Process(z.pid).children()}
+        task = asyncio.ensure_future(z.fork(spec, worker_env(), ws.stage.engine))
+        await asyncio.sleep(0)  # (the request is on the socket)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        failing = await z.fork('{"not": "a spec"}')  # (the zygote forks in order: the orphan came first)
+        assert await failing.wait() != 0
+        await eventually(lambda: {p.pid for p in psutil.Process(z.pid).children()} <= before, 10.0)
+        assert await _answer(orch)
