@@ -131,9 +131,7 @@ class CallItems:
             if call is None:
                 if p.id is None or p.name is None:
                     continue  # (a piece of a call whose start was not read: the end sends that call whole)
-                item = Item(id=new_id("item"), role=None, type="function_call", status="in_progress",
-                            call_id=p.id, name=p.name, arguments="")
-                call = self.streamed[p.index] = await self._add(item)
+                call = self.streamed[p.index] = await self._add(p.id, p.name)
             self.seen.add((p,))
             if p.arguments:
                 call.item.arguments = (call.item.arguments or "") + p.arguments
@@ -147,10 +145,8 @@ class CallItems:
         for i, c in enumerate(final):
             call = self.streamed.pop(i, None)
             if call is None:
-                item = Item(id=new_id("item"), role=None, type="function_call", status="in_progress",
-                            call_id=c.id, name=c.name, arguments="")
-                call = await self._add(item)
-                item.arguments = c.arguments
+                call = await self._add(c.id, c.name)
+                call.item.arguments = c.arguments
                 await self.host.send(ev.FunctionCallArgumentsDelta(**self._ids(call), delta=c.arguments))
             elif i not in confirmed:
                 call.item.name, call.item.arguments = c.name, c.arguments
@@ -166,7 +162,10 @@ class CallItems:
         return {"response_id": self.response_id, "item_id": call.item.id, "output_index": call.index,
                 "call_id": call.item.call_id}
 
-    async def _add(self, item: Item) -> _Open:
+    async def _add(self, call_id: str, name: str) -> _Open:
+        """A new function_call item (no arguments yet), added to the output (and conversation)."""
+        item = Item(id=new_id("item"), role=None, type="function_call", status="in_progress",
+                    call_id=call_id, name=name, arguments="")
         h = self.host
         call = _Open(item, len(self.output), None)
         self.output.append(item)

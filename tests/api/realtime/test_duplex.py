@@ -14,6 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from omni_actors.api.realtime.audio import WIRE_RATE
+from omni_actors.api.realtime.events import GA_NAMES
 from omni_actors.models.tiny import make_tiny
 from omni_actors.workers.engines.duplex import JITTER_FRAMES
 from tests.api.conftest import idle
@@ -149,7 +150,11 @@ async def test_cancel_silences_until_the_user_speaks_and_close_leaves_nothing(sr
     async with aiohttp.ClientSession() as http:
         client = await connect(srv, http)
         await client.send("input_audio_buffer.append", audio=b64(voice(3, 0.2)))
-        await frames(client, 2)
+        _, _, seen = await frames(client, 4)
+        types = [e["type"] for e in seen]
+        assert "response.audio.delta" in types and not set(types) & set(GA_NAMES.values())  # beta names only
+        deltas = [e for e in seen if e["type"] in AUDIO_EVENTS]
+        assert types.count("response.created") == 1 and len({e["response_id"] for e in deltas}) == 1  # one response
         await client.send("response.cancel")
         before_done = 0
         while (event := await client.recv())["type"] != "response.done":
@@ -163,6 +168,7 @@ async def test_cancel_silences_until_the_user_speaks_and_close_leaves_nothing(sr
         await client.send("input_audio_buffer.append", audio=b64(voice(4, 0.2)))  # the user speaks: unmuted
         resumed = await client.until("response.created")
         assert not [e for e in resumed if e["type"] in AUDIO_EVENTS]
+        assert resumed[-1]["response"]["id"] != deltas[0]["response_id"]  # a new response, after the cancelled one
         await frames(client, 1)
         await client.ws.close()  # while frames are being stepped
     await eventually(lambda: idle(srv.orch) and srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
