@@ -28,6 +28,11 @@ frame really replayed a graph (a failed capture falls back to eager and logs why
     .venv/bin/python scripts/bench_duplex.py --size 7b --device cuda --dtype bfloat16 --work-dir /tmp/moshi7b \
         --sessions 1 16 --seconds 20
 
+`--frame-budget 0 0.75` serves each N twice: N slots whatever a frame takes (0, the
+default here), then with the engine sizing its slots to 0.75 of a frame (its own default):
+`slots` kept, `sessions_refused` at that limit, and the late frames of the sessions served.
+The targets are judged on the first budget.
+
 `--size 7b` builds a random-weight checkpoint of Moshi-7B's real sizes (first run:
 minutes, ~15 GB in bf16 under --work-dir; `python -m omni_actors.models.tiny.moshi DIR
 --size 7b --dtype bfloat16` builds it alone). `--no-serve`: model only; `--no-model-only`: served
@@ -74,7 +79,7 @@ async def run_session(url: str, k: int, seconds: float) -> dict[str, Any]:
 
     audio = (np.random.default_rng(k).standard_normal(int(seconds * RATE)) * 0.1).clip(-1, 1)
     pcm = (audio * 32767).astype("<i2").tobytes()
-    out = {"audio_s": 0.0, "first_audio_ms": None}
+    out = {"audio_s": 0.0, "first_audio_ms": None, "refused": False}
     async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=0) as ws:
         start = time.perf_counter()
 
@@ -83,6 +88,8 @@ async def run_session(url: str, k: int, seconds: float) -> dict[str, Any]:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     break
                 event = json.loads(msg.data)
+                if event["type"] == "error" and event["error"].get("code") == "session_limit_reached":
+                    out["refused"] = True
                 if event["type"] in ("response.audio.delta", "response.output_audio.delta"):
                     if out["first_audio_ms"] is None:
                         out["first_audio_ms"] = (time.perf_counter() - start) * 1000
@@ -91,6 +98,8 @@ async def run_session(url: str, k: int, seconds: float) -> dict[str, Any]:
         task = asyncio.ensure_future(reader())
         step = FRAME * 2
         for i, off in enumerate(range(0, len(pcm), step)):
+            if ws.closed:
+                break  # refused at the session limit
             await ws.send_str(json.dumps({"type": "input_audio_buffer.append",
                                           "audio": base64.b64encode(pcm[off:off + step]).decode()}))
             delay = start + (i + 1) * FRAME_S - time.perf_counter()
@@ -158,7 +167,7 @@ def model_only(model_dir: Path, args: argparse.Namespace) -> dict[str, dict[str,
     return out
 
 
-async def serve_level(model: Path, n: int, args: argparse.Namespace, graphs: str) -> dict[str, Any]:
+async def serve_level(model: Path, n: int, args: argparse.Namespace, graphs: str, budget: float) -> dict[str, Any]:
     from aiohttp import web
 
     from omni_actors.api.app import build_app
@@ -167,7 +176,7 @@ async def serve_level(model: Path, n: int, args: argparse.Namespace, graphs: str
     from omni_actors.orchestrator.core import Orchestrator
 
     stage = {"stage_id": 0, "max_num_seqs": n, "dtype": args.dtype, "default_sampling_params": {"seed": 0},
-             "engine_extras": {"cuda_graphs": graphs == "on"}}
+             "engine_extras": {"cuda_graphs": graphs == "on", "frame_budget": budget}}
     if args.device == "cuda":
         stage["devices"] = "0"
     deploy = build_deploy({"pipeline": "moshi", "model": str(model), "stages": [stage],
@@ -189,10 +198,12 @@ async def serve_level(model: Path, n: int, args: argparse.Namespace, graphs: str
         results = await loop.run_in_executor(None, parent.recv)
         await loop.run_in_executor(None, proc.join)
         d = app[STATS_KEY].statistics().duplex
-        wall = max(r["wall_s"] for r in results)
+        wall = max(r.get("wall_s", 0.0) for r in results)
         first = [r["first_audio_ms"] for r in results if r["first_audio_ms"] is not None]
         return {
-            "sessions": n, "graphs": graphs, "seconds": args.seconds, "frames": d.frames,
+            "sessions": n, "graphs": graphs, "frame_budget": budget,
+            "slots": sum(h.capacity or n for h in orch.workers[0]),
+            "sessions_refused": sum(r["refused"] for r in results), "seconds": args.seconds, "frames": d.frames,
             "frame_ms_p50": round(d.frame_ms_p50, 2), "frame_ms_p99": round(d.frame_ms_p99, 2),
             "start_lag_ms_p50": round(d.start_lag_ms_p50, 2), "start_lag_ms_p99": round(d.start_lag_ms_p99, 2),
             "late_frames": d.late_frames,
@@ -217,6 +228,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--graphs", nargs="+", choices=["off", "on"], help="CUDA graphs modes (default: off on on CUDA)")
     ap.add_argument("--frame-steps", type=int, default=FRAME_STEPS, help="model-only frames timed per level")
+    ap.add_argument("--frame-budget", type=float, nargs="+", default=[0.0],
+                    help="engine_extras.frame_budget per served level (0: N slots whatever a frame takes, "
+                         "the default here; the engine's own default sizes slots to 0.75 of a frame)")
     ap.add_argument("--no-serve", action="store_true", help="model-only timings, no server")
     ap.add_argument("--no-model-only", action="store_true", help="served levels only")
     args = ap.parse_args()
@@ -232,14 +246,16 @@ def main() -> None:
             make_sized_moshi(model, args.size, dtype=args.dtype if args.size != "tiny" else "float32")
         alone = {} if args.no_model_only else model_only(model, args)
         rows = [] if args.no_serve else [
-            asyncio.run(serve_level(model, n, args, mode)) for mode in args.graphs for n in args.sessions]
+            asyncio.run(serve_level(model, n, args, mode, budget))
+            for budget in args.frame_budget for mode in args.graphs for n in args.sessions]
     speedup = {}
     if "graphs_off" in alone and "graphs_on" in alone:
         speedup = {n: round(alone["graphs_off"][n]["frame_ms_p99"] / alone["graphs_on"][n]["frame_ms_p99"], 2)
                    for n in alone["graphs_on"]}
     best = "on" if "on" in args.graphs else "off"
-    at16 = next((r for r in rows if r["sessions"] == 16 and r["graphs"] == best), None)
-    at1 = next((r for r in rows if r["sessions"] == 1 and r["graphs"] == best), None)
+    judged = [r for r in rows if r["graphs"] == best and r["frame_budget"] == args.frame_budget[0]]
+    at16 = next((r for r in judged if r["sessions"] == 16), None)
+    at1 = next((r for r in judged if r["sessions"] == 1), None)
     alone16 = alone.get(f"graphs_{best}", {}).get("16")
     print(json.dumps({
         "bench": "duplex", "size": args.size, "device": args.device, "dtype": args.dtype, "cpus": os.cpu_count(),

@@ -80,6 +80,8 @@ class WorkerHandle:
     ready_future: asyncio.Future[None] | None = None
     requests: set[str] = field(default_factory=set)
     ready_at: float = 0.0
+    capacity: int | None = None
+    """Most requests its engine said it holds at once (Ready; None: it did not say)."""
     responsive: bool = True
     """False while a Ready worker has been silent past the supervisor's unresponsive threshold."""
     steps: int = 0

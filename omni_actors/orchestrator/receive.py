@@ -117,7 +117,7 @@ class ReceivePath:
             case m.Ready(pid=pid, info=info, startup=startup):
                 if info.get("arrays") == "frames" and self.router is not None:
                     self.router.frames_peers.add(identity)
-                self.supervisor.on_ready(h, pid, startup)
+                self.supervisor.on_ready(h, pid, startup, info.get("capacity"))
             case m.StartFailed(error=error):
                 self.supervisor.on_start_failed(h, error)
             case _:

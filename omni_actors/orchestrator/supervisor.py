@@ -187,7 +187,8 @@ class Supervisor:
 
     # ---- what workers say -------------------------------------------------------
 
-    def on_ready(self, h: WorkerHandle, pid: int, startup: m.StartupPhases | None = None) -> None:
+    def on_ready(self, h: WorkerHandle, pid: int, startup: m.StartupPhases | None = None,
+                 capacity: int | None = None) -> None:
         # The bus identity is this generation's own, so its Ready is this process's even when it
         # comes before `spawn` has returned (h.proc still None: a loaded host can take longer to
         # hand back a started process than a light worker takes to load), which once left start-up
@@ -199,6 +200,7 @@ class Supervisor:
         h.ready = True
         h.ready_at = time.monotonic()
         h.startup = startup
+        h.capacity = capacity if isinstance(capacity, int) and capacity > 0 else None
         if h.ready_future and not h.ready_future.done():
             h.ready_future.set_result(None)
         self.update_health()

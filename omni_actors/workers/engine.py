@@ -105,6 +105,11 @@ class StageEngine(abc.ABC):
     """Modules the worker zygote imports (once) before forking a worker of this engine: what its
     start imports anyway (workers/zygote.py). Empty: only the engine's own module."""
 
+    capacity: int | None = None
+    """Most requests this engine holds at once where it decided that itself at load (a duplex engine's
+    slots, lowered to fit its frame budget): told to the orchestrator in Ready. None: the stage's
+    max_num_seqs."""
+
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
 

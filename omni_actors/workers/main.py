@@ -189,7 +189,10 @@ def main(argv: list[str]) -> int:
             boot_s=boot_s, imports_s=t_imported - t_main, engine_s=t_engine - t_imported,
             total_s=boot_s + time.perf_counter() - t_main, engine=dict(ctx.startup.phases),
         )
-        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), {"arrays": spec.arrays}, startup)])
+        info: dict[str, object] = {"arrays": spec.arrays}
+        if engine.capacity is not None:
+            info["capacity"] = int(engine.capacity)
+        sock.send([m.Ready(spec.stage.stage_id, spec.replica, os.getpid(), info, startup)])
         codec = PayloadCodec(spec.identity, arena, segments, cuda_ipc=spec.cuda_ipc)
         profiler = step_profile.from_env(spec.stage.model_stage, spec.replica)
         WorkerLoop(spec.stage, engine, sock, codec, profiler, spec.first_claims).run()

@@ -61,9 +61,13 @@ LIMIT_CLOSE_CODE = 1013
 
 
 def session_limit(orch: Orchestrator) -> int:
-    """Most duplex sessions at once: the duplex stage's batch slots over its replicas, and the server's cap."""
-    stage = orch.deploy.stage(orch.pipeline.stages[0].stage_id)
-    return min(stage.max_num_seqs * stage.num_replicas, orch.deploy.server.max_realtime_sessions)
+    """Most duplex sessions at once: the duplex stage's slots over its replicas (as each replica's engine
+    sized them to its frame budget, once Ready; max_num_seqs before), and the server's cap."""
+    stage_id = orch.pipeline.stages[0].stage_id
+    stage = orch.deploy.stage(stage_id)
+    handles = orch.workers.get(stage_id, [])
+    slots = sum(h.capacity if h.ready and h.capacity is not None else stage.max_num_seqs for h in handles)
+    return min(slots if handles else stage.max_num_seqs * stage.num_replicas, orch.deploy.server.max_realtime_sessions)
 
 
 class DuplexSession(RealtimeSession):

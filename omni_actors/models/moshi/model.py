@@ -39,7 +39,8 @@ class MoshiDuplexAdapter(DuplexAdapter):
         self.tokenizer = AutoTokenizer.from_pretrained(ctx.model_path)
         self.slots = ctx.max_num_seqs
         cfg = model.config
-        self.frame = MoshiFrame(model, self.slots, cuda_graphs_wanted(ctx))
+        self._model, self._graphs = model, cuda_graphs_wanted(ctx)
+        self.frame = MoshiFrame(model, self.slots, self._graphs)
         self.lm = self.frame.lm
         self.sample_rate = cfg.audio_encoder_config.sampling_rate
         self.frame_samples = self.frame.frame_samples
@@ -53,6 +54,16 @@ class MoshiDuplexAdapter(DuplexAdapter):
 
     def stop(self, slot: int) -> None:
         self.frame.stop(slot)
+
+    def resize(self, slots: int) -> bool:
+        self.frame = self.lm = None  # (the old slots' state and graph go before the new are made)
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.slots = slots
+        self.frame = MoshiFrame(self._model, slots, self._graphs)
+        self.lm = self.frame.lm
+        self._history = [[] for _ in range(slots)]
+        return True
 
     @torch.no_grad()
     def step(self, frames: np.ndarray) -> list[SlotOutput]:

@@ -19,6 +19,10 @@ clock: ticks every frame (80 ms for Moshi) while any session is live, and each
 - each session gets one output per step: the model's frame of audio (float32
   at `sample_rate`) and its text piece.
 
+At load the engine times a step of every slot; past `frame_budget` of a frame
+(FRAME_BUDGET), the adapter is resized to the slots that fit, and the slots kept
+are the engine's capacity (told in Ready: the realtime route's session limit).
+
 Model-specific work (loading, slots' state, the batched frame step) is a
 `DuplexAdapter` named by engine_extras["adapter"]. Rows of free slots are
 stepped too: every step has the same shapes, so a session's numbers do not
@@ -45,6 +49,12 @@ log = logs.get(__name__)
 MAX_INPUT_S = 2.0
 """Most user audio a session buffers ahead of the frame clock; older audio is dropped."""
 JITTER_FRAMES = 2
+FRAME_BUDGET = 0.75
+"""Default share of a frame that a step of every slot may take at load (engine_extras["frame_budget"]; 0 or
+null: no sizing). A full batch over it is sized down to the slots that fit: the session limit drops
+rather than every session running late."""
+WARMUP_STEPS = 3
+"""Full-batch steps timed at load (after one untimed step); their median is the frame time sized to."""
 """User audio frames a session may keep buffered across a skipped tick; past that, the frames of the
 ticks the engine skipped are dropped with them (input skips ahead as output does)."""
 
@@ -75,6 +85,11 @@ class DuplexAdapter(abc.ABC):
     @abc.abstractmethod
     def step(self, frames: np.ndarray) -> list[SlotOutput]:
         """frames [slots, frame_samples] float32 user audio -> one SlotOutput per slot."""
+
+    def resize(self, slots: int) -> bool:
+        """Hold `slots` slots from now on (fewer than now; no session is live); False when this adapter
+        cannot (the engine then keeps the slots it has)."""
+        return False
 
 
 @dataclass
@@ -115,17 +130,14 @@ class DuplexEngine(StageEngine):
         self.adapter: DuplexAdapter = self.make_adapter()
         a = self.adapter
         self.frame_s = a.frame_samples / a.sample_rate
+        frame_ms = self._fit_budget(ctx.engine_extras.get("frame_budget", FRAME_BUDGET))
+        self.capacity = a.slots
         self.max_input = int(MAX_INPUT_S * a.sample_rate)
         self.sessions: dict[str, _Session] = {}
         self.free = list(range(a.slots))[::-1]
         self._next_tick: float | None = None
         self._clock = threading.Event()  # never set: waiting on it until the next tick is the frame clock
         self._silence = np.zeros((a.slots, a.frame_samples), np.float32)
-        t0 = time.monotonic()
-        a.step(self._silence)  # warm up kernels and allocations with a full batch
-        frame_ms = (time.monotonic() - t0) * 1000
-        for s in range(a.slots):
-            a.stop(s)
         log.info("duplex.ready", slots=a.slots, frame_budget_ms=round(self.frame_s * 1000, 1),
                  warmup_frame_ms=round(frame_ms, 1))
         if frame_ms > self.frame_s * 1000:  # every step runs every slot: each session would be late
@@ -133,6 +145,38 @@ class DuplexEngine(StageEngine):
                         frame_budget_ms=round(self.frame_s * 1000, 1),
                         hint="a frame of all slots takes longer than a frame lasts: lower the stage's "
                              "max_num_seqs (slots), or give it a faster device")
+
+    def _warm_frame_ms(self) -> float:
+        """Median compute time of a step of every slot (silence in; the slots are stopped after)."""
+        a = self.adapter
+        silence = np.zeros((a.slots, a.frame_samples), np.float32)
+        a.step(silence)  # warm up kernels and allocations (and capture a graph) with a full batch
+        times = []
+        for _ in range(WARMUP_STEPS):
+            t0 = time.monotonic()
+            a.step(silence)
+            times.append((time.monotonic() - t0) * 1000)
+        for s in range(a.slots):
+            a.stop(s)
+        return float(np.median(times))
+
+    def _fit_budget(self, budget: Any) -> float:
+        """Lower the adapter's slots until a step of all of them takes at most `budget` of a frame;
+        the frame time of the slots kept."""
+        a = self.adapter
+        frame_ms = self._warm_frame_ms()
+        limit_ms = float(budget or 0) * self.frame_s * 1000
+        while limit_ms > 0 and frame_ms > limit_ms and a.slots > 1:
+            slots = max(1, min(a.slots - 1, int(a.slots * limit_ms / frame_ms)))
+            was, was_ms = a.slots, frame_ms
+            if not a.resize(slots):
+                break
+            frame_ms = self._warm_frame_ms()
+            log.warning("duplex.slots_lowered", slots=a.slots, was=was, was_frame_ms=round(was_ms, 1),
+                        frame_ms=round(frame_ms, 1), frame_budget_ms=round(limit_ms, 1),
+                        hint="the session limit follows the slots kept; engine_extras.frame_budget: 0 keeps "
+                             "max_num_seqs whatever a frame takes")
+        return frame_ms
 
     # ---- sessions ----
 

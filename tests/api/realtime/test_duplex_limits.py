@@ -26,7 +26,7 @@ SLOTS = 2
 @pytest.fixture(scope="module")
 async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RtServer]:
     model = make_tiny("moshi", tmp_path_factory.mktemp("moshi"))
-    stages = [{"stage_id": 0, "max_num_seqs": SLOTS}]
+    stages = [{"stage_id": 0, "max_num_seqs": SLOTS, "engine_extras": {"frame_budget": 0}}]
     async with serve_rt("moshi", model=str(model), stages=stages,
                         server={"max_realtime_sessions": SLOTS}) as server:
         yield server
@@ -101,3 +101,23 @@ async def test_a_stream_the_server_aborts_ends_the_session_with_an_error(srv: Rt
         assert await closed_with(client) == 1011
     await eventually(lambda: srv.stats().duplex.sessions_live == 0 and not srv.sessions, CLOSE_TIMEOUT_S)
     await eventually(lambda: idle(srv.orch), CLOSE_TIMEOUT_S)
+
+
+async def test_slots_a_frame_cannot_step_in_time_are_dropped_and_the_session_limit_follows(tmp_path) -> None:
+    model = make_tiny("moshi", tmp_path / "moshi")
+    # No real step fits a millionth of a frame: the engine keeps one slot, the least it can.
+    stages = [{"stage_id": 0, "max_num_seqs": 3, "engine_extras": {"frame_budget": 1e-6}}]
+    async with serve_rt("moshi", model=str(model), stages=stages) as small, aiohttp.ClientSession() as http:
+        assert small.orch.workers[0][0].capacity == 1
+        first = await connect(small, http)
+        ws = await http.ws_connect(small.url + "/v1/realtime?model=moshi", headers=small.headers, autoclose=False)
+        refused = Client(ws)
+        event = await refused.recv()
+        assert event["error"]["code"] == "session_limit_reached" and "serves 1 sessions" in event["error"]["message"]
+        assert await closed_with(refused) == 1013
+        await first.send("input_audio_buffer.append", audio=b64(voice(5, 0.16)))
+        audio, _, _ = await frames(first, 2)  # the slot kept serves
+        assert len(audio) == 2
+        async with http.get(small.url + "/metrics", headers=small.headers) as resp:
+            assert "omni_duplex_session_limit 1.0" in (await resp.text()).splitlines()
+        await first.ws.close()
