@@ -117,14 +117,17 @@ class VideoJobs:
         if entry is not None:
             await asyncio.shield(entry[0])
 
-    async def wait_past(self, job_id: str, status: str, timeout_s: float) -> None:
-        """Until the job's status is past `status` (queued < in_progress < completed | failed), it is
-        not running here, or `timeout_s` passed (long-polling for clients that would rather not poll)."""
+    async def wait_past(self, job_id: str, status: str, timeout_s: float, progress: int | None = None) -> None:
+        """Until the job's status is past `status` (queued < in_progress < completed | failed), or its
+        progress past `progress` when given, it is not running here, or `timeout_s` passed
+        (long-polling for clients that would rather not poll)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while job_id in self._running:
             row = self.store.get(job_id)
             if row is None or RANK.get(row.status, 2) > RANK.get(status, 2):
+                return
+            if progress is not None and row.progress > progress:
                 return
             changed = self._changed.setdefault(job_id, asyncio.Event())
             try:

@@ -284,14 +284,17 @@ def _job(request: web.Request) -> JobRow:
 
 async def retrieve(request: web.Request) -> web.Response:
     """Query extensions for clients that would rather wait than poll: `wait_s` (up to MAX_WAIT_S)
-    with `past` (a status; default in_progress): answer once the job's status is past it."""
+    with `past` (a status; default in_progress): answer once the job's status is past it; with
+    `progress_past` (0-99) as well: once its progress is past that (a progress bar's next value)."""
     row = _job(request)
     if "wait_s" in request.query:
-        wait_s = opt_float(dict(request.query), "wait_s", 0.0, MAX_WAIT_S) or 0.0
+        query = dict(request.query)
+        wait_s = opt_float(query, "wait_s", 0.0, MAX_WAIT_S) or 0.0
         past = request.query.get("past", "in_progress")
         if past not in RANK:
             raise bad_request(f"past must be one of {sorted(RANK)}", "past")
-        await jobs_of(request).wait_past(row.id, past, wait_s)
+        progress = opt_int(query, "progress_past", 0, 99)
+        await jobs_of(request).wait_past(row.id, past, wait_s, progress)
         row = _job(request)
     resp = json_response(to_video(row))
     if row.status in ("queued", "in_progress"):

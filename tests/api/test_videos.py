@@ -102,6 +102,24 @@ def test_a_video_decodes_to_the_asked_size_and_frame_count(wan, tmp_path):
     assert job.id in listed
 
 
+def test_progress_can_be_waited_on_step_by_step_as_a_progress_bar_would(wan):
+    client = wan.client
+    job = client.videos.create(model=wan.model.name, prompt="waves", size="48x32", seconds="0.5",
+                               extra_body={"num_inference_steps": 12, "seed": 5})
+    seen: list[tuple[str, int]] = []
+    while not seen or seen[-1][0] != "completed":
+        after = seen[-1][1] if seen else 0
+        job = client.videos.retrieve(job.id, extra_query={"wait_s": JOB_WAIT_S, "progress_past": min(after, 99)})
+        assert job.status != "failed", job.error
+        seen.append((job.status, job.progress))
+    values = [p for _, p in seen]
+    assert values == sorted(set(values)) and values[-1] == 100, seen  # each answer moved on
+    assert any(status == "in_progress" and 0 < p < 100 for status, p in seen), seen  # seen mid-run
+    with pytest.raises(openai.BadRequestError) as err:
+        client.videos.retrieve(job.id, extra_query={"wait_s": 1, "progress_past": 100})
+    assert err.value.body["param"] == "progress_past"
+
+
 def test_models_says_what_the_video_route_checks(wan):
     """/v1/models: a video family's capabilities as /v1/videos serves them (its side multiple and
     frames, not the pipeline call's defaults)."""

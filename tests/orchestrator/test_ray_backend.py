@@ -365,3 +365,21 @@ async def test_a_node_that_dies_fails_its_requests_and_the_replica_comes_back_wh
         await asyncio.wait_for(back.proc.reported, RESTART_S)  # its bus Ready can come before the actor's report
         assert back is not victim and back.proc.node not in ("", victim.proc.node)
         assert (await o.submit(RequestSpec(inputs={"prompt": "after"})).collect())[-1].finished
+
+
+def test_what_crosses_into_ray_is_json_text_and_numbers_never_a_pickled_object() -> None:
+    """The actor's constructor and its calls take and return only str/int/None (Ray pickles what it
+    is given: nothing of ours is ever handed to it but text and numbers)."""
+    import inspect
+    import typing
+
+    from omni_actors.orchestrator import ray_backend
+
+    plain = {str, int, type(None)}
+    for name in ("__init__", "info", "wait", "signal"):
+        hints = typing.get_type_hints(getattr(ray_backend.WorkerActor, name))
+        for arg, hint in hints.items():
+            kinds = set(typing.get_args(hint)) or {hint}
+            assert kinds <= plain, f"WorkerActor.{name} {arg}: {hint}"
+        params = inspect.signature(getattr(ray_backend.WorkerActor, name)).parameters
+        assert set(params) - {"self"} <= set(hints), f"WorkerActor.{name} has an unannotated argument"
