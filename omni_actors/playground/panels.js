@@ -2,7 +2,7 @@
 import { MicRecorder, StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, wavBlob } from "./audio.js";
 
 const $ = (id) => document.getElementById(id);
-const VIDEO_REFRESH_MS = 1000;
+const VIDEO_WAIT_S = 30; // each status read waits on the server for the job's next progress (no timer)
 const WAV_HEADER_BYTES = 44;
 const MAX_CONSENTS = 100;  // the server's largest page of voice consents: the consent picker lists one page
 
@@ -385,13 +385,15 @@ function bindVideos({ api, state, showError }) {
       let job = await (await api("/v1/videos", {
         method: "POST", headers: { "content-type": "application/json" },
         body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
-                               seconds: $("video-seconds").value.trim() }),
+                               seconds: $("video-seconds").value.trim(),
+                               num_inference_steps: Number($("video-steps").value) || undefined }),
       })).json();
       while (job.status === "queued" || job.status === "in_progress") {
         status.textContent = job.status;
         $("video-progress").value = job.progress || 0;
-        await new Promise((r) => setTimeout(r, VIDEO_REFRESH_MS));
-        job = await (await api(`/v1/videos/${job.id}`)).json();
+        const next = new URLSearchParams({ wait_s: VIDEO_WAIT_S, past: job.status,
+                                           progress_past: Math.min(job.progress || 0, 99) });
+        job = await (await api(`/v1/videos/${job.id}?${next}`)).json();
       }
       status.textContent = job.status;
       if (job.status !== "completed") throw new Error(job.error?.message || `video ${job.status}`);
