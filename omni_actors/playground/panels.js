@@ -57,11 +57,15 @@ function bindChat({ api, state, showError }) {
       const resp = await api("/v1/chat/completions", {
         method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
       });
+      // The answer's words come as text, as the audio's transcript, or as both (this server sends both
+      // when the model writes and speaks): the text wins, the transcript shows only where no text came.
+      let text = "", transcript = "";
       await readSse(resp, (chunk) => {
         const delta = chunk.choices?.[0]?.delta || {};
-        if (delta.content) out.textContent += delta.content;
-        if (delta.audio?.transcript) out.textContent += delta.audio.transcript;
+        if (delta.content) text += delta.content;
+        if (delta.audio?.transcript) transcript += delta.audio.transcript;
         if (delta.audio?.data) pcm.push(b64ToBytes(delta.audio.data));
+        out.textContent = text || transcript;
       });
       if (pcm.length) {
         audioEl.src = URL.createObjectURL(wavBlob(pcm, WIRE_RATE));

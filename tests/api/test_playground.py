@@ -108,3 +108,39 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         assert [e for e in bp.errors if "status of 401" not in e] == [], bp.errors
     assert all(p.stat().st_size > 0 for p in tmp_path.glob("*.png")) and len(list(tmp_path.glob("*.png"))) == 3
     await eventually(lambda: idle(srv.orch), timeout_s=10)
+
+
+async def test_chat_takes_an_audio_file_and_plays_the_spoken_answer(srv: Server, tmp_path) -> None:
+    import base64
+
+    import numpy as np
+    import soundfile as sf
+
+    clip = tmp_path / "question.wav"
+    sf.write(clip, (np.sin(np.arange(12_000) * 0.05) * 0.3).astype(np.float32), 24_000, subtype="PCM_16")
+    content = [{"type": "text", "text": PROMPT},
+               {"type": "input_audio", "input_audio": {"data": base64.b64encode(clip.read_bytes()).decode(),
+                                                       "format": "wav"}}]
+    expected = await srv.client().chat.completions.create(
+        model="synthetic", messages=[{"role": "user", "content": content}], modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"})
+    spoken = expected.choices[0].message.audio
+    async with browser_page(srv.url + "/", api_key=API_KEY) as bp:
+        page = bp.page
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.get_by_test_id("tab-chat").click()
+        await page.get_by_test_id("chat-input").fill(PROMPT)
+        await page.get_by_test_id("chat-file").set_input_files(clip)
+        await page.get_by_test_id("chat-speak").check()
+        await page.get_by_test_id("chat-send").click()
+        await page.wait_for_function("document.getElementById('chat-send').disabled === false "
+                                     "&& !document.getElementById('chat-audio').hidden")
+        assert await page.get_by_test_id("chat-output").inner_text() == spoken.transcript
+        duration = await page.evaluate(
+            "new Promise(r => { const a = document.getElementById('chat-audio');"
+            " if (a.readyState >= 1) r(a.duration); else a.onloadedmetadata = () => r(a.duration); })")
+        pcm_seconds = len(base64.b64decode(spoken.data)) / 2 / 24_000
+        assert abs(duration - pcm_seconds) < 0.01  # the whole answer, as a playable WAV
+        await page.screenshot(path=str(tmp_path / "chat-audio.png"))
+        assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
+    await eventually(lambda: idle(srv.orch), timeout_s=10)
