@@ -10,6 +10,7 @@ Images: an edit is not streamed, so the progress bar is indeterminate ("working"
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 
@@ -83,6 +84,33 @@ async def test_talk_shows_the_users_words_as_they_are_heard(srv: Server, tmp_pat
         await page.wait_for_function("window.__playground.talk === null")
         assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
     await eventually(lambda: idle(srv.orch), timeout_s=10)
+
+
+async def test_speaking_over_the_answer_stops_its_playback_at_once(srv: Server, tmp_path) -> None:
+    mic = tmp_path / "silence.wav"
+    sf.write(mic, np.zeros(WIRE_RATE, np.float32), WIRE_RATE, subtype="PCM_16")
+    sockets: asyncio.Queue = asyncio.Queue()
+    async with browser_page(srv.url + "/", fake_mic=mic, api_key=API_KEY) as bp:
+        page = bp.page
+        await page.route_web_socket(re.compile(r"/v1/realtime\?model=synthetic$"), sockets.put_nowait)
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.get_by_test_id("talk-button").click()
+        ws = await asyncio.wait_for(sockets.get(), SOCKET_TIMEOUT_S)
+        await page.wait_for_function("document.getElementById('talk-state').textContent === 'listening'")
+        ws.send(_event("response.created", response={"id": "resp_1", "status": "in_progress"}))
+        tone = (np.sin(np.arange(WIRE_RATE // 2) * 0.05) * 8000).astype("<i2").tobytes()
+        for _ in range(6):  # 3 s of answer, queued to play back to back
+            ws.send(_event("response.output_audio.delta", response_id="resp_1", item_id="item_a", output_index=0,
+                           content_index=0, delta=base64.b64encode(tone).decode()))
+        player = "window.__playground.talk.player"
+        await page.wait_for_function(f"{player}.sources.size === 6 && {player}.playedSeconds === 3")
+        assert await page.get_by_test_id("talk-state").inner_text() == "speaking"
+        ws.send(_event("input_audio_buffer.speech_started", item_id=ITEM, audio_start_ms=500))  # the user talks
+        await page.wait_for_function(f"{player}.sources.size === 0 && {player}.next === 0")
+        assert await page.get_by_test_id("talk-state").inner_text() == "hearing you"
+        await page.get_by_test_id("talk-button").click()  # stop
+        await page.wait_for_function("window.__playground.talk === null")
+        assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
 
 
 @pytest.fixture(scope="module")
