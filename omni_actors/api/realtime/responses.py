@@ -29,7 +29,7 @@ from aiohttp import web
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
-from omni_actors.api.errors import ApiError, from_exception
+from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import Resampler, encode_wire, wire_rate
 from omni_actors.api.realtime.conversation import (
@@ -42,6 +42,13 @@ from omni_actors.api.realtime.conversation import (
 )
 from omni_actors.api.realtime.function_calls import CallItems
 from omni_actors.api.realtime.response_request import Options, build_request
+from omni_actors.api.realtime.response_status import (
+    AUDIO_TOKENS_PER_S,
+    Usage,
+    failed,
+    rate_limits,
+    rest_failure,
+)
 from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.vad import VAD_RATE
@@ -61,8 +68,6 @@ log = logs.get(__name__)
 
 ROUTE = "/v1/realtime"
 """The route a response's latencies are recorded under (/metrics)."""
-AUDIO_TOKENS_PER_S = 10
-"""Usage estimate for audio: tokens per second (the pipeline reports no token counts)."""
 
 
 class Host(Protocol):
@@ -75,47 +80,6 @@ class Host(Protocol):
     stats: RealtimeStats
 
     async def send(self, event: ev.ServerEvent) -> None: ...
-
-
-def rate_limits(orch: Orchestrator) -> list[dict[str, Any]]:
-    """Room left in the entry stage's queue: what a client can still ask of the pipeline now."""
-    entry = orch.statistics().stages[0]
-    return [{"name": "requests", "limit": entry.queue_limit,
-             "remaining": max(0, entry.queue_limit - entry.in_flight), "reset_seconds": 0.0}]
-
-
-def failed(code: str, message: str, kind: str = "server_error") -> dict[str, Any]:
-    """status_details of a failed response; `kind` is the OpenAI error type (the REST routes' for
-    the same error: a request a stage refused is the client's `invalid_request_error`)."""
-    return {"type": "failed", "error": {"type": kind, "code": code, "message": message}}
-
-
-def rest_failure(err: BaseException) -> dict[str, Any]:
-    """status_details of a response failed by `err`, with the type and code REST answers it with
-    (api/errors.py from_exception: a stage's refusal is invalid_request_error / rejected_by_stage)."""
-    api = from_exception(err)
-    return failed(api.code or "server_error", str(err), api.type)
-
-
-@dataclass
-class Usage:
-    input_text: int = 0
-    input_audio: int = 0
-    output_text: int = 0
-    output_audio: int = 0
-    prompt_tokens: int | None = None
-    """The text stage's own count of its prompt, when it reports one: it replaces the estimate."""
-
-    def render(self) -> dict[str, Any]:
-        text_in, audio_in = self.input_text, self.input_audio
-        if self.prompt_tokens is not None:
-            audio_in = min(audio_in, self.prompt_tokens)
-            text_in = self.prompt_tokens - audio_in
-        i, o = text_in + audio_in, self.output_text + self.output_audio
-        return {"total_tokens": i + o, "input_tokens": i, "output_tokens": o,
-                "input_token_details": {"text_tokens": text_in, "audio_tokens": audio_in,
-                                        "cached_tokens": 0},
-                "output_token_details": {"text_tokens": self.output_text, "audio_tokens": self.output_audio}}
 
 
 @dataclass
