@@ -164,6 +164,9 @@ class DuplexEngine(StageEngine):
         """Lower the adapter's slots until a step of all of them takes at most `budget` of a frame;
         the frame time of the slots kept."""
         a = self.adapter
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or budget < 0):
+            raise ValueError(f"engine_extras.frame_budget: {budget!r}; a share of the frame (0.75 is 60 ms of "
+                             "80), 0 or null for none")
         frame_ms = self._warm_frame_ms()
         limit_ms = float(budget or 0) * self.frame_s * 1000
         while limit_ms > 0 and frame_ms > limit_ms and a.slots > 1:

@@ -121,3 +121,17 @@ async def test_slots_a_frame_cannot_step_in_time_are_dropped_and_the_session_lim
         async with http.get(small.url + "/metrics", headers=small.headers) as resp:
             assert "omni_duplex_session_limit 1.0" in (await resp.text()).splitlines()
         await first.ws.close()
+
+
+async def test_a_frame_budget_that_is_no_share_of_a_frame_fails_start_naming_it(tmp_path) -> None:
+    from omni_actors.errors import StartupError
+    from omni_actors.orchestrator.core import Orchestrator
+    from tests.conftest import make_deploy
+
+    model = make_tiny("moshi", tmp_path / "moshi")
+    orch = Orchestrator(make_deploy("moshi", model=str(model), stages=[
+        {"stage_id": 0, "max_num_seqs": 1, "engine_extras": {"frame_budget": "fast"}}]))
+    with pytest.raises(StartupError) as err:
+        await orch.start()
+    assert "engine_extras.frame_budget: 'fast'" in str(err.value)
+    assert orch.runtime is not None and not orch.runtime.path.exists()
