@@ -13,6 +13,7 @@ from aiohttp import web
 
 from omni_actors.api.diffusion_caps import served_caps
 from omni_actors.api.pipelines import PIPELINES_KEY
+from omni_actors.api.realtime.duplex import session_limit
 from omni_actors.api.schemas import Model, ModelList
 from omni_actors.api.structured import guided
 from omni_actors.api.tools import tool_parser
@@ -28,14 +29,15 @@ def _model(request: web.Request, name: str, orch: Orchestrator) -> Model:
     return Model(id=name, created=int(request.app[STARTED_KEY]), owned_by=OWNER, pipeline=pipe.name,
                  output_types=sorted(pipe.output_types()), capabilities=served_caps(orch),
                  voices=list(pipe.speech.voices) if pipe.speech else None,
-                 custom_voices=pipe.speech.cloning if pipe.speech else None, features=_features(orch) or None)
+                 custom_voices=pipe.speech.cloning if pipe.speech else None, features=_features(orch) or None,
+                 session_limit=session_limit(orch) if pipe.duplex else None)
 
 
 def _features(orch: Orchestrator) -> list[str]:
     pipe = orch.pipeline
     calls, json_out = tool_parser(pipe) is not None, guided(pipe)
     named = {"tools": calls, "json_output": json_out, "forced_tool_calls": calls and json_out,
-             "word_timestamps": pipe.transcript_words}
+             "word_timestamps": pipe.transcript_words, "full_duplex": pipe.duplex}
     return [name for name, served in named.items() if served]
 
 

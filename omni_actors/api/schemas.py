@@ -267,7 +267,10 @@ class Model(Struct, omit_defaults=True):
     features: list[str] | None = None
     """Optional API features the pipeline serves (extra to OpenAI's fields): "tools" (function calling),
     "json_output" (response_format / text.format JSON), "forced_tool_calls" (tool_choice required or
-    named), "word_timestamps" (transcription words)."""
+    named), "word_timestamps" (transcription words), "full_duplex" (served only as realtime sessions
+    that listen and speak at once)."""
+    session_limit: int | None = None
+    """A full-duplex model's most realtime sessions at once, as its replicas sized their slots (extra)."""
 
 
 class ModelList(Struct):

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from openai import AsyncOpenAI
 
 from omni_actors.models.tiny import make_tiny
 from tests.api.conftest import idle
@@ -109,6 +110,9 @@ async def test_slots_a_frame_cannot_step_in_time_are_dropped_and_the_session_lim
     stages = [{"stage_id": 0, "max_num_seqs": 3, "engine_extras": {"frame_budget": 1e-6}}]
     async with serve_rt("moshi", model=str(model), stages=stages) as small, aiohttp.ClientSession() as http:
         assert small.orch.workers[0][0].capacity == 1
+        sdk = AsyncOpenAI(api_key=small.key, base_url=f"{small.url}/v1", max_retries=0)
+        listed = (await sdk.models.retrieve("moshi")).model_extra
+        assert listed["session_limit"] == 1 and "full_duplex" in listed["features"]
         first = await connect(small, http)
         ws = await http.ws_connect(small.url + "/v1/realtime?model=moshi", headers=small.headers, autoclose=False)
         refused = Client(ws)
