@@ -25,9 +25,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _INDUCTOR = tempfile.mkdtemp(prefix="omni-test-inductor-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR)
 atexit.register(shutil.rmtree, _INDUCTOR, True)
-# inductor's C++ precompiled headers (CPU compiles: vLLM's, the compiled depth passes') ignore
-# that variable and go to /tmp/torchinductor_<user>: what the run wrote there goes after it (files
-# newer than its start, then folders left empty), and the folder too if the run made it.
+# inductor's C++ precompiled headers (CPU compiles: vLLM's, llguidance's mask kernel, the compiled
+# depth passes') ignore that variable and go to /tmp/torchinductor_<user>, shared by every process on
+# the host: none are made (as the launcher sets for workers), so no test process's clean-up below can
+# take one from under another's compile (one xdist worker ending while the other compiled, or another
+# run). Whatever the run still wrote there goes after it (files newer than its start, then folders left
+# empty), and the folder too if the run made it.
+os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 _HEADERS = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
 _STARTED = time.time() - 1.0
 

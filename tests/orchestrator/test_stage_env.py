@@ -41,3 +41,13 @@ def test_inductors_own_default_counts_as_unset(monkeypatch):
     want = str(settings().data_dir / COMPILE_CACHE)
     assert stage_env(_deploy(None), 0, 0)["TORCHINDUCTOR_CACHE_DIR"] == want
     assert worker_env()["TORCHINDUCTOR_CACHE_DIR"] == want
+
+
+def test_no_precompiled_headers_unless_the_host_asks(monkeypatch):
+    """Inductor puts them in /tmp/torchinductor_<user> whatever the cache folder: workers make none."""
+    monkeypatch.delenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", raising=False)
+    assert stage_env(_deploy(None), 0, 0)["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"
+    assert worker_env()["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"
+    monkeypatch.setenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "1")
+    assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in stage_env(_deploy(None), 0, 0)
+    assert worker_env()["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "1"
