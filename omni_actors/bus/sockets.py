@@ -39,6 +39,15 @@ _SNDMORE = int(zmq.SNDMORE)
 SEND_HWM = 0
 """No high-water mark: admission control bounds the traffic, not dropped frames."""
 
+
+def recv_parts(sock: zmq.Socket) -> list[zmq.Frame]:
+    """One waiting multipart message, its frames uncopied (zmq.Again when none waits): pyzmq's
+    recv_multipart does the same with enum flags, ~3 us more a message."""
+    parts = [sock.recv(_NOBLOCK, copy=False)]
+    while parts[-1].more:
+        parts.append(sock.recv(_NOBLOCK, copy=False))
+    return parts
+
 TCP_IO_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
 """I/O threads of the orchestrator's context when its bus is tcp:// + CURVE. libzmq encrypts and
 decrypts each connection on the one I/O thread it was given, so with one thread every remote
@@ -197,7 +206,7 @@ class AsyncRouter:
         sock = self.sock
         while sock.getsockopt(_EVENTS) & _POLLIN:
             try:
-                parts = sock.recv_multipart(_NOBLOCK, copy=False)
+                parts = recv_parts(sock)
             except zmq.Again:
                 break
             if len(parts) < 2:
@@ -249,7 +258,8 @@ class AsyncRouter:
                     self.sock.send(frame, _NOBLOCK | _SNDMORE)
                     _send_frames(self.sock, arrays, _NOBLOCK)
                 else:
-                    self.sock.send_multipart([identity, frame], _NOBLOCK)
+                    self.sock.send(identity, _NOBLOCK | _SNDMORE)
+                    self.sock.send(frame, _NOBLOCK)
             except zmq.ZMQError:
                 continue  # the peer is gone (ROUTER_MANDATORY); its death is handled elsewhere
             self.frames_out += 1
@@ -334,7 +344,7 @@ class WorkerSocket:
         out: list[m.Message] = []
         while True:
             try:
-                parts = self.sock.recv_multipart(_NOBLOCK, copy=False)
+                parts = recv_parts(self.sock)
             except zmq.Again:
                 return out
             items = m.unbatch(m.decode(parts[0].buffer))

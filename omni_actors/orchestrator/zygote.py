@@ -199,18 +199,28 @@ class Zygote:
             waiting = self._pending.pop(int(msg["id"]), None)
             unwanted = waiting is None and int(msg["id"]) in self._abandoned
             self._abandoned.discard(int(msg["id"]))
-        if unwanted and "pid" in msg:  # nobody waits for this worker: it must not run untracked
-            log.info("zygote.abandoned_fork", pid=int(msg["pid"]))
-            with self._lock:
-                self._killed.add(int(msg["pid"]))
-            try:
-                os.kill(int(msg["pid"]), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if unwanted and "pid" in msg:
+            self._unwanted(int(msg["pid"]))
         if waiting is not None:
             loop, fut = waiting
             result: Any = int(msg["pid"]) if "pid" in msg else ZygoteGone(str(msg.get("error")))
-            _on_loop(loop, _settle, fut, result)
+            _on_loop(loop, self._deliver, fut, result)
+
+    def _deliver(self, fut: asyncio.Future, result: Any) -> None:  # (on the waiter's loop)
+        if fut.done() and isinstance(result, int):  # its waiter was cancelled as the pid came
+            self._unwanted(result)
+        else:
+            _settle(fut, result)
+
+    def _unwanted(self, pid: int) -> None:
+        """A worker forked for a request nobody waits for any more: it must not run untracked."""
+        log.info("zygote.abandoned_fork", pid=pid)
+        with self._lock:
+            self._killed.add(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _fail_pending(self, forks_off: bool = False) -> None:
         with self._lock:

@@ -33,12 +33,11 @@ import zmq
 from omni_actors import logs
 from omni_actors.bus import messages as m
 from omni_actors.bus.codec import attach_frames
-from omni_actors.bus.sockets import CurveKeys, WorkerSocket
+from omni_actors.bus.sockets import CurveKeys, WorkerSocket, recv_parts
 from omni_actors.workers.spec import HEARTBEAT_SUFFIX
 
 log = logs.get(__name__)
 
-_NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _CLOSE = b""
 """Sent by the stepping thread on the PAIR: end the heartbeat thread."""
@@ -102,7 +101,7 @@ class WorkerIO:
         # turn (~7 us each, with the error's message looked up), a tenth of a worker's turn.
         while sock.getsockopt(_EVENTS) & _POLLIN:
             try:
-                parts = sock.recv_multipart(_NOBLOCK, copy=False)
+                parts = recv_parts(sock)
             except zmq.Again:
                 break
             body = parts[0]
