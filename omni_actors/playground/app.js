@@ -35,6 +35,8 @@ export async function api(path, options = {}) {
 }
 
 function panelsFor(model) {
+  // A full-duplex model (Moshi) is served only as realtime sessions: Talk, not the REST panels.
+  if ((model.features || []).includes("full_duplex")) return ["talk", "pipeline"];
   const out = new Set(model.output_types || []);
   const panels = [];
   if (out.has("audio") && out.has("text")) panels.push("talk");
