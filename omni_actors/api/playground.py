@@ -17,6 +17,7 @@ ASSETS = {
     "app.js": "text/javascript",
     "talk.js": "text/javascript",
     "panels.js": "text/javascript",
+    "transcribe.js": "text/javascript",
     "audio.js": "text/javascript",
     "capture-worklet.js": "text/javascript",
 }

@@ -1,6 +1,7 @@
 // The playground page: finds what each loaded pipeline can do (the model picker switches between them),
 // shows those panels, keeps the API key.
 import { bindPanels } from "./panels.js";
+import { bindTranscribe } from "./transcribe.js";
 import { Talk } from "./talk.js";
 
 const KEY_STORE = "omni-actors.api-key";
@@ -44,6 +45,7 @@ function panelsFor(model) {
   if (out.has("audio")) panels.push("speak");
   if (out.has("image")) panels.push("images");
   if (out.has("video")) panels.push("videos");
+  if (out.has("transcript")) panels.push("transcribe");
   panels.push("pipeline");
   return panels;
 }
@@ -247,4 +249,5 @@ async function boot() {
 
 bindTalk();
 bindPanels({ api, state, showError });
+bindTranscribe({ api, state, showError });
 boot();

@@ -7,7 +7,7 @@ const WAV_HEADER_BYTES = 44;
 const MAX_CONSENTS = 100;  // the server's largest page of voice consents: the consent picker lists one page
 
 // Reads an SSE body, calling onEvent(parsed JSON) for each `data:` line until [DONE].
-async function readSse(resp, onEvent) {
+export async function readSse(resp, onEvent) {
   const reader = resp.body.getReader();
   const text = new TextDecoder();
   let buf = "";
@@ -134,7 +134,7 @@ async function loadConsents({ api, showError }) {
 const recorded = new Map();
 
 // Record / Stop beside a file input: the microphone as a WAV file the form sends in the file's place.
-function bindRecord(button, showError) {
+export function bindRecord(button, showError) {
   const input = $(button.dataset.for);
   const label = $(`${button.dataset.for}-recorded`);
   let recorder = null;
@@ -161,7 +161,7 @@ function bindRecord(button, showError) {
   };
 }
 
-const fileOf = (id) => $(id).files[0] || recorded.get(id);
+export const fileOf = (id) => $(id).files[0] || recorded.get(id);
 
 // A custom voice the server's way (OpenAI's shapes): a consent recording once, then the voice's clip under it.
 function bindClone({ api, showError }) {

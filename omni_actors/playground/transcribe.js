@@ -1,0 +1,38 @@
+// The transcribe panel (a model that makes transcripts): an audio file, or a clip recorded in the page,
+// to /v1/audio/transcriptions with stream=true; the words show as they are recognised.
+import { bindRecord, fileOf, readSse } from "./panels.js";
+
+const $ = (id) => document.getElementById(id);
+
+export function bindTranscribe({ api, state, showError }) {
+  bindRecord($("transcribe-file-record"), showError);
+  $("transcribe-button").onclick = async () => {
+    const file = fileOf("transcribe-file");
+    if (!file) return showError("pick an audio file, or record one");
+    const button = $("transcribe-button");
+    const out = $("transcribe-output");
+    button.disabled = true;
+    showError("");
+    out.textContent = "";
+    out.classList.add("live");
+    const form = new FormData();
+    form.append("model", state.model.id);
+    form.append("file", file, file.name || "audio.wav");
+    form.append("stream", "true");
+    const language = $("transcribe-language").value.trim();
+    if (language) form.append("language", language);
+    try {
+      const resp = await api("/v1/audio/transcriptions", { method: "POST", body: form });
+      let text = "";
+      await readSse(resp, (ev) => {
+        if (ev.type === "transcript.text.delta") out.textContent = (text += ev.delta);
+        else if (ev.type === "transcript.text.done") out.textContent = ev.text;
+      });
+    } catch (err) {
+      showError(err.message);
+    } finally {
+      out.classList.remove("live");
+      button.disabled = false;
+    }
+  };
+}
