@@ -11,8 +11,8 @@ The zygote starts on the first fork (its imports overlap nothing else that start
 and lives as long as this process: it ends when the socket closes (at exit) or with this
 process (its death signal). When this process's environment changes, a new zygote takes over and
 the old one ends once its workers have. A fork nobody waits for any more (its start was cancelled
-by a shutdown) is killed when its pid arrives, so no worker runs untracked. A thread reads its messages (blocking reads, no polling) and
-hands each to the event loop that asked. `ForkedWorker` is what the supervisor sees: the
+by a shutdown) is killed when its pid arrives, so no worker runs untracked. A thread reads its
+messages (blocking reads, no polling) and hands each to the event loop that asked. `ForkedWorker` is what the supervisor sees: the
 WorkerProcess of launcher.py, with the exit code the zygote reaped.
 """
 
@@ -288,16 +288,14 @@ def shared(env: dict[str, str]) -> Zygote | None:
     a worker of that environment cannot be forked (forking turned out unsafe, or no zygote starts)."""
     global _shared
     with _shared_lock:
-        for old in [z for z in _retired if z.idle() or not z.alive]:
-            _retired.remove(old)
-            old.close(at_once=True)
         if _shared is not None and _shared.alive and not _shared.fits(env):
             log.info("zygote.replaced", pid=_shared.pid, reason="the environment changed",
                      busy=not _shared.idle())
             _retired.append(_shared)
             _shared = None
-            if _retired[-1].idle():
-                _retired.pop().close(at_once=True)
+        for old in [z for z in _retired if z.idle() or not z.alive]:
+            _retired.remove(old)
+            old.close(at_once=True)
         if _shared is not None and not _shared.alive:
             _shared = None
         if _shared is None:

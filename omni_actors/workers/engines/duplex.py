@@ -49,14 +49,14 @@ log = logs.get(__name__)
 MAX_INPUT_S = 2.0
 """Most user audio a session buffers ahead of the frame clock; older audio is dropped."""
 JITTER_FRAMES = 2
+"""User audio frames a session may keep buffered across a skipped tick; past that, the frames of the
+ticks the engine skipped are dropped with them (input skips ahead as output does)."""
 FRAME_BUDGET = 0.75
 """Default share of a frame that a step of every slot may take at load (engine_extras["frame_budget"]; 0 or
 null: no sizing). A full batch over it is sized down to the slots that fit: the session limit drops
 rather than every session running late."""
 WARMUP_STEPS = 3
 """Full-batch steps timed at load (after one untimed step); their median is the frame time sized to."""
-"""User audio frames a session may keep buffered across a skipped tick; past that, the frames of the
-ticks the engine skipped are dropped with them (input skips ahead as output does)."""
 
 
 @dataclass
