@@ -1,4 +1,4 @@
-"""CUDA graphs for a causal codec decoder's windows: shapes padded up to buckets, each captured once.
+"""CUDA graphs for a codec decoder's windows: shapes padded up to buckets, each captured once.
 
 A streamed codec decode (Mimi for CSM, Qwen3-Omni's code2wav, Qwen3-TTS's codec) is a few
 hundred small kernels whatever the window: eager, its host dispatch alone (about 2,500 aten
@@ -14,6 +14,12 @@ the unpadded one has (the bucket's samples less the padding's). No bucket is cap
 `max_codes` (batch x length): its activations would hold the graph pool's memory for good. A
 decode bigger than that goes to replays of the largest bucket that fits, rows at a time; a
 window longer than every captured length runs eagerly.
+
+A decoder that is not causal (Higgs-Audio-V2's DAC) passes `lengths` and `pad_length=False`:
+only rows are padded (rows are decoded independently), and a window is replayed only at a
+length captured for it exactly (the window lengths its chunk policy makes; the engine widens
+other windows to them where it can, `GenerationAdapter.window_lengths`); any other length runs
+eagerly.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ class CodecGraphs:
     def __init__(
         self, decode: Callable[[torch.Tensor], torch.Tensor], groups: int, samples_per_code: int,
         device: torch.device | str, max_batch: int, enabled: bool, max_codes: int = MAX_CODES,
+        lengths: tuple[int, ...] = LENGTHS, pad_length: bool = True,
     ) -> None:  # fmt: skip
         self.decode, self.groups, self.spc = decode, groups, samples_per_code
+        self.lengths, self.pad_length = tuple(sorted(set(lengths))), pad_length
         self.device = torch.device(device)
         self.batches = buckets(max(1, max_batch), 1)
         self.max_codes = max_codes
@@ -52,7 +60,7 @@ class CodecGraphs:
     def bucket(self, batch: int, length: int) -> tuple[int, int] | None:
         """The (batch, length) a decode is padded to; None: it runs as it is."""
         b = next((s for s in self.batches if s >= batch), None)
-        n = next((s for s in LENGTHS if s >= length), None)
+        n = self._length(length)
         if b is None or n is None or b * n > self.max_codes:
             return None
         return b, n
@@ -63,9 +71,15 @@ class CodecGraphs:
         bucket takes it, or its window is longer than every captured length)."""
         if self.bucket(batch, length) is not None:
             return None
-        n = next((s for s in LENGTHS if s >= length), None)
+        n = self._length(length)
         fits = [b for b in self.batches if n is not None and b * n <= self.max_codes]
         return max(fits) if fits else None
+
+    def _length(self, length: int) -> int | None:
+        """The captured length a window of `length` codes is replayed at; None: eager."""
+        if not self.pad_length:
+            return length if length in self.lengths else None
+        return next((s for s in self.lengths if s >= length), None)
 
     def _replayable(self, batch: int, length: int) -> torch.Tensor:
         return self.decode(self.inputs[(batch, length)])
@@ -75,8 +89,8 @@ class CodecGraphs:
         """Capture every bucket now, a first window's (`first` frames) before the others: no
         request waits on a capture. (Captured on first use, 16 streams starting together on
         CSM-1B met about ten captures, and the codec's mean step was 72 ms against 5 ms warm.)"""
-        n0 = next((n for n in LENGTHS if n >= first), None)
-        for length in sorted(LENGTHS, key=lambda n: n != n0):
+        n0 = self._length(first)
+        for length in sorted(self.lengths, key=lambda n: n != n0):
             for batch in self.batches:
                 if self.enabled and batch * length <= self.max_codes:
                     self.run(torch.zeros(batch, self.groups, length, dtype=torch.long, device=self.device))  # fmt: skip
@@ -93,7 +107,8 @@ class CodecGraphs:
         if shape is None:
             return self.decode(codes)
         buf = self.inputs.get(shape)
-        if buf is None:  # padding codes: anything (no kept sample of a causal decoder sees them)
+        if buf is None:  # padding codes: anything (no kept sample of a causal decoder sees them,
+            # and padded rows are other rows)
             buf = torch.zeros(shape[0], self.groups, shape[1], dtype=torch.long, device=self.device)
             self.inputs[shape] = buf
         buf[:batch, :, :length].copy_(codes)

@@ -83,11 +83,14 @@ from omni_actors.workers.engine import (
     StageEngine,
     first_chunk_priority,
 )
-from omni_actors.workers.engines.generation_adapter import ChunkPolicy, GenerationAdapter
+from omni_actors.workers.engines.generation_adapter import (
+    FINAL_WINDOW_SLACK,
+    ChunkPolicy,
+    GenerationAdapter,
+)
 from omni_actors.workers.engines.torch_setup import one_cpu_thread
 
-FINAL_WINDOW_SLACK = 1.5
-"""A streaming request's rest (input ended) goes in one window up to this x max_chunk_size."""
+__all__ = ["FINAL_WINDOW_SLACK", "GenerationEngine"]
 MAX_FIRST_ONLY_STEPS = 8
 """First-only steps in a row (bulk windows waiting) before one step is chosen by deadline alone."""
 

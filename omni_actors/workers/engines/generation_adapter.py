@@ -1,7 +1,8 @@
 """The model-specific half of the LLM_GENERATION engine (generation.py): `GenerationAdapter`
 (loading, reading codes from payloads, the decode itself, per-request conditioning),
 `FrameCodecAdapter` (a codec whose payloads carry frames of codes, decoded from CUDA graphs of
-padded buckets when it is causal; codec_graphs.py), and `ChunkPolicy`, the window sizes an
+padded buckets when it is causal, of its chunk policy's window lengths when it is not;
+codec_graphs.py), and `ChunkPolicy`, the window sizes an
 adapter's class attributes and `engine_extras` set (the policy itself: generation.py's docstring).
 """
 
@@ -18,6 +19,9 @@ import torch
 from omni_actors.workers.engine import EngineContext, timed
 from omni_actors.workers.engines.codec_graphs import CodecGraphs
 from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
+
+FINAL_WINDOW_SLACK = 1.5
+"""A streaming request's rest (input ended) goes in one window up to this x max_chunk_size."""
 
 
 class GenerationAdapter(abc.ABC):
@@ -128,9 +132,25 @@ class FrameCodecAdapter(GenerationAdapter):
         decoder, run from CUDA graphs of padded buckets (codec_graphs.py) under engine_extras
         cuda_graphs (default on CUDA); every bucket is captured now, a first window's first. Call in `load`,
         after `groups` and samples_per_code are set."""
+        return self._codec_graphs(decode, {})
+
+    def window_graphs(self, decode: Callable[[torch.Tensor], torch.Tensor]) -> CodecGraphs:
+        """`causal_graphs` for a decoder that is not causal: graphs of the exact window lengths
+        the chunk policy makes (`ChunkPolicy.window_lengths`), rows padded only; the engine widens
+        a window to one of them where it has the codes (`window_lengths`), others run eagerly."""
+        lengths = ChunkPolicy.of(self, self.ctx.engine_extras).window_lengths()
+        return self._codec_graphs(decode, {"lengths": lengths, "pad_length": False})
+
+    def window_lengths(self) -> tuple[int, ...]:
+        graphs = getattr(self, "graphs", None)
+        if graphs is None or not graphs.enabled or graphs.pad_length:
+            return ()
+        return graphs.lengths
+
+    def _codec_graphs(self, decode: Callable[[torch.Tensor], torch.Tensor], shapes: dict[str, Any]) -> CodecGraphs:
         graphs = CodecGraphs(
             decode, self.groups, self.samples_per_code, self.ctx.device, self.ctx.max_num_seqs,
-            cuda_graphs_wanted(self.ctx),
+            cuda_graphs_wanted(self.ctx), **shapes,
         )  # fmt: skip
         if graphs.enabled:
             policy = ChunkPolicy.of(self, self.ctx.engine_extras)
@@ -183,6 +203,18 @@ class ChunkPolicy:
     def cap(self) -> int:
         """max_chunk_size rounded down to whole chunks."""
         return self.max_chunk_size // self.chunk_size * self.chunk_size
+
+    def window_lengths(self) -> tuple[int, ...]:
+        """The window lengths a long streamed request's decodes have: its first window; later
+        ones of whole chunks after the first window's codes (while they start at code 0, with
+        less than left_context before them) or between the two contexts; the longest last window
+        (its rest; a shorter rest is widened to one of these by more left context)."""
+        chunks = range(1, self.cap // self.chunk_size + 2)
+        first = self.first_chunk_size + self.right_context
+        lengths = {first} | {first + k * self.chunk_size for k in chunks}
+        lengths |= {self.left_context + k * self.chunk_size + self.right_context for k in chunks[:-1]}
+        lengths.add(self.left_context + int(FINAL_WINDOW_SLACK * self.cap))
+        return tuple(sorted(lengths))
 
     def new_codes(self, chunks_done: int, available: int) -> int:
         """New codes for a streaming window after `chunks_done` windows; 0: not yet due."""
