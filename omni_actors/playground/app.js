@@ -183,6 +183,7 @@ function bindTalk() {
     const answer = $("talk-transcript");
     state.talk = new Talk({
       model: state.model.id, key: state.key,
+      transcribe: (state.model.output_types || []).includes("transcript"),  // else the server says .failed per turn
       onAnswer: (delta, fresh) => { if (fresh && answer.textContent) answer.textContent += "\n"; answer.textContent += delta; },
       onUser: showUserTurn,
       onState: (s) => { $("talk-state").textContent = s; },

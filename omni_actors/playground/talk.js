@@ -8,8 +8,9 @@ const TRANSCRIPT_DELTAS = new Set(["response.audio_transcript.delta", "response.
 export class Talk {
   // onAnswer(delta, fresh): assistant text; onUser(itemId, text, done): the user's turn, deltas then the
   // whole transcript (done, text null when transcription failed); onState(word); onError(message).
-  constructor({ model, key, onAnswer, onUser, onState, onError }) {
-    Object.assign(this, { model, key, onAnswer, onUser, onState, onError });
+  // transcribe: ask for the user's transcripts (only a model with a speech recognizer makes them).
+  constructor({ model, key, transcribe, onAnswer, onUser, onState, onError }) {
+    Object.assign(this, { model, key, transcribe, onAnswer, onUser, onState, onError });
     this.player = new StreamPlayer(WIRE_RATE);
     this.ws = null;
     this.ctx = null;
@@ -35,10 +36,9 @@ export class Talk {
       this.ws.onopen = resolve;
       setTimeout(() => reject(new Error("the realtime connection did not open")), 10000);
     });
-    this.send({ type: "session.update", session: {
-      modalities: ["text", "audio"], turn_detection: { type: "server_vad" },
-      input_audio_transcription: { model: "whisper-1" },
-    } });
+    const session = { modalities: ["text", "audio"], turn_detection: { type: "server_vad" } };
+    if (this.transcribe) session.input_audio_transcription = { model: "whisper-1" };
+    this.send({ type: "session.update", session });
     node.port.onmessage = (e) => {
       if (this.ws?.readyState === WebSocket.OPEN) {
         this.send({ type: "input_audio_buffer.append", audio: bytesToB64(floatToPcm16(e.data)) });

@@ -23,7 +23,11 @@ from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_w
 from omni_actors.api.realtime.conversation import Conversation, InputBuffer, Item, Part, ms, new_id
 from omni_actors.api.realtime.live_transcription import LiveTurn
 from omni_actors.api.realtime.session import SessionConfig
-from omni_actors.api.realtime.transcription import TRANSCRIPTION_ERRORS, transcribe_turn
+from omni_actors.api.realtime.transcription import (
+    TRANSCRIPTION_ERRORS,
+    refuse_unheard,
+    transcribe_turn,
+)
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector, VadEvent
 
 log = logs.get(__name__)
@@ -155,6 +159,8 @@ class InputAudio:
             task = asyncio.ensure_future(transcribe_turn(self, item))
             self._transcriptions.add(task)
             task.add_done_callback(self._transcription_ended)
+        elif self.cfg.input_audio_transcription is not None and "transcript" not in self.orch.pipeline.output_types():
+            await refuse_unheard(self, item)
 
     def _hears_live(self) -> bool:
         """True when turns are transcribed while spoken (a streaming recognizer in a transcription session)."""

@@ -88,6 +88,17 @@ async def send_failed(host: Host, item_id: str, index: int, err: Exception) -> N
         "type": e.type, "code": e.code or type(err).__name__, "message": e.message, "param": None}))
 
 
+async def refuse_unheard(host: Host, item: Item) -> None:
+    """A committed turn of a session that asked for `input_audio_transcription` on a pipeline that
+    makes no transcripts: `.failed` saying so (the session and its responses go on), not silence."""
+    name = host.orch.pipeline.name
+    index = next(i for i, p in enumerate(item.content) if p.type == "input_audio")
+    await host.send(ev.TranscriptionFailed(item_id=item.id, content_index=index, error={
+        "type": "invalid_request_error", "code": "unsupported_parameter", "param": "input_audio_transcription",
+        "message": f"pipeline {name!r} has no speech recognizer: it hears the user's audio but makes no "
+                   "transcript of it; serve a pipeline with one (an assistant) to get transcripts"}))
+
+
 async def send_completed(host: Host, item: Item, index: int, transcript: str) -> None:
     part = item.content[index]
     part.transcript = transcript

@@ -77,6 +77,28 @@ async def test_manual_commit_and_text_response(srv: Server, speech: dict[str, np
         await c.ws.close()
 
 
+async def test_transcription_asked_of_a_pipeline_without_a_recognizer_fails_per_turn(
+    srv: Server, speech: dict[str, np.ndarray]
+) -> None:
+    """The synthetic pipeline hears audio but makes no transcripts: each committed turn says so with
+    `.failed` (not silence), and the turn is still answered."""
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None, modalities=["text"],
+                          input_audio_transcription={"model": "whisper-1"})  # fmt: skip
+        await c.append(np.concatenate([speech["hello"], silence(0.5)]))
+        await c.send("input_audio_buffer.commit")
+        events = await c.until("conversation.item.input_audio_transcription.failed")
+        item_id = of_type(events, "input_audio_buffer.committed")[0]["item_id"]
+        failed = events[-1]
+        assert failed["item_id"] == item_id and failed["content_index"] == 0
+        assert failed["error"]["code"] == "unsupported_parameter" and "recognizer" in failed["error"]["message"]
+        await c.send("response.create", response={"max_output_tokens": 2})
+        events = await c.until("response.done")
+        assert events[-1]["response"]["status"] == "incomplete"
+        assert not of_type(events, "conversation.item.input_audio_transcription.completed")
+        await c.ws.close()
+
+
 async def test_barge_in_cancels_then_next_turn_and_truncate(srv: Server, speech: dict[str, np.ndarray]) -> None:
     async with aiohttp.ClientSession() as http:
         c = await connect(srv, http)
