@@ -32,8 +32,11 @@ from omni_actors.models.qwen2_5_omni.fast_token2wav import (
 from omni_actors.models.qwen2_5_omni.loading import check_checkpoint, load_config, load_part
 from omni_actors.models.qwen2_5_omni.token2wav_graphs import WindowGraphs
 from omni_actors.workers.engine import timed
-from omni_actors.workers.engines.generation import FINAL_WINDOW_SLACK
-from omni_actors.workers.engines.generation_adapter import ChunkPolicy, GenerationAdapter
+from omni_actors.workers.engines.generation_adapter import (
+    FINAL_WINDOW_SLACK,
+    ChunkPolicy,
+    GenerationAdapter,
+)
 from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 
 log = logs.get(__name__)

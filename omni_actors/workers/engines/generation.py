@@ -90,7 +90,6 @@ from omni_actors.workers.engines.generation_adapter import (
 )
 from omni_actors.workers.engines.torch_setup import one_cpu_thread
 
-__all__ = ["FINAL_WINDOW_SLACK", "GenerationEngine"]
 MAX_FIRST_ONLY_STEPS = 8
 """First-only steps in a row (bulk windows waiting) before one step is chosen by deadline alone."""
 

@@ -2,8 +2,8 @@
 (loading, reading codes from payloads, the decode itself, per-request conditioning),
 `FrameCodecAdapter` (a codec whose payloads carry frames of codes, decoded from CUDA graphs of
 padded buckets when it is causal, of its chunk policy's window lengths when it is not;
-codec_graphs.py), and `ChunkPolicy`, the window sizes an
-adapter's class attributes and `engine_extras` set (the policy itself: generation.py's docstring).
+codec_graphs.py), and `ChunkPolicy`, the window sizes an adapter's class attributes and
+`engine_extras` set (the policy itself: generation.py's docstring).
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ class FrameCodecAdapter(GenerationAdapter):
         return self._codec_graphs(decode, {"lengths": lengths, "pad_length": False})
 
     def window_lengths(self) -> tuple[int, ...]:
+        """The lengths `window_graphs` captured (a causal codec's padded buckets take any length: none)."""
         graphs = getattr(self, "graphs", None)
         if graphs is None or not graphs.enabled or graphs.pad_length:
             return ()
