@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -86,12 +87,26 @@ def test_reference_clip_is_encoded_into_the_prompt_once(engine) -> None:
     assert len(engine.adapter.clips) == 1
 
 
+def test_a_plain_and_a_cloned_prompt_prefilled_together_give_their_frames_alone(engine) -> None:
+    """A prompt with no audio position takes every layer's text path alone (`text_only`); batched with
+    a clip's prompt, it is a row of all-text positions in the mixed prefill: the same frames either way."""
+    clip = (0.3 * np.sin(2 * np.pi * 330 * np.arange(24000) / 24000)).astype(np.float32)
+    ref = {"reference_audio": clip, "reference_text": "A higher hum."}
+    greedy = {"temperature": 0.0, "max_tokens": 16}
+    plain = SimpleNamespace()
+    engine.adapter.start(plain, {"text": TEXT})
+    extra = engine.adapter.prefill(plain).extra
+    assert extra["text_only"] and extra["length"] > 10 and "audio_mask" not in extra
+    together = _run(engine, [("p", {}, greedy), ("c", ref, greedy)])
+    assert np.array_equal(together["p"], _run(engine, [("p", {}, greedy)])["p"])
+    assert np.array_equal(together["c"], _run(engine, [("c", ref, greedy)])["c"])
+    assert not np.array_equal(together["p"], together["c"])
+
+
 def test_cloned_greedy_frames_equal_generate_on_the_processors_inputs(engine) -> None:
     """The clip's block and placeholder ids as `HiggsAudioV2Processor` builds them (its own
     build_delay_pattern / get_audio_tokens; its constructor refuses the tokenizer class loaded
     beside the torchaudio stand-in, so they run on a namespace), then `generate`."""
-    from types import SimpleNamespace
-
     from transformers import HiggsAudioV2Processor
 
     from omni_actors.models.higgs_audio_v2.prompt import conversation

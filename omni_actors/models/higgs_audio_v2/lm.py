@@ -157,6 +157,9 @@ class HiggsLMAdapter(ARAdapter):
         inner = self.model.model
         id_tensor = torch.tensor(ids, device=dev)
         embeds = inner.embed_tokens(id_tensor)
+        if not blocks and self.audio_id not in ids and self.delay_id not in ids:
+            # no audio position (no clip to clone): every layer takes its text path alone
+            return StepInputs(embeds, extra={"text_only": True, "length": len(ids)})
         audio = (id_tensor == self.audio_id) | (id_tensor == self.delay_id)
         if blocks:
             codes = torch.from_numpy(np.concatenate(blocks)).to(dev)
@@ -164,8 +167,13 @@ class HiggsLMAdapter(ARAdapter):
         return StepInputs(embeds, extra={"audio_mask": audio[None]})
 
     def batch_extra(self, extras: list[dict[str, Any]], pads: list[int]) -> dict[str, Any]:
-        """[batch, longest] audio masks, each row's left padding False (text FFN, masked out anyway)."""
-        masks = [e["audio_mask"] for e in extras]
+        """[batch, longest] audio masks, each row's left padding False (text FFN, masked out anyway);
+        text alone when no row has an audio position."""
+        if all(e.get("text_only") for e in extras):
+            return {"text_only": True}
+        dev = next(e["audio_mask"].device for e in extras if "audio_mask" in e)
+        masks = [e["audio_mask"] if "audio_mask" in e else torch.zeros(1, e["length"], dtype=torch.bool, device=dev)
+                 for e in extras]  # fmt: skip
         rows = [torch.nn.functional.pad(m, (pad, 0), value=False) for m, pad in zip(masks, pads, strict=True)]
         return {"audio_mask": torch.cat(rows)}
 
@@ -184,7 +192,9 @@ class HiggsLMAdapter(ARAdapter):
         hidden = embeds
         audio = extra.get("audio_mask")
         for layer in inner.layers:
-            if audio is None:  # a decode step: every position is audio (the layer's own path)
+            if extra.get("text_only"):
+                hidden = _text_layer(layer, hidden, rope, causal, pos, cache)
+            elif audio is None:  # a decode step: every position is audio (the layer's own path)
                 hidden = layer(
                     hidden, position_embeddings=rope, attention_mask=causal, position_ids=pos,
                     past_key_values=cache, use_cache=True,
@@ -244,6 +254,17 @@ class HiggsLMAdapter(ARAdapter):
             seq.data["frame"] = frames[i]
             results.append(({} if frame is None else {"codes": frame[None]}, done))
         return host[:, 0].tolist(), results
+
+
+def _text_layer(layer, hidden, rope, causal, pos, cache) -> torch.Tensor:
+    """One decoder layer over a prompt of text positions only: `_mixed_layer` with no audio position,
+    without its audio norms and FFN (half a prefill's FFN work and launches)."""
+    attended, _ = layer.self_attn(
+        hidden_states=layer.input_layernorm(hidden), attention_mask=causal, position_ids=pos, past_key_values=cache,
+        use_cache=True, position_embeddings=rope,
+    )  # fmt: skip
+    hidden = hidden + attended
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 def _mixed_layer(layer, hidden, audio, rope, causal, pos, cache) -> torch.Tensor:
