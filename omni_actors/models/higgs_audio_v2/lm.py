@@ -157,8 +157,8 @@ class HiggsLMAdapter(ARAdapter):
         inner = self.model.model
         id_tensor = torch.tensor(ids, device=dev)
         embeds = inner.embed_tokens(id_tensor)
-        if not blocks and self.audio_id not in ids and self.delay_id not in ids:
-            # no audio position (no clip to clone): every layer takes its text path alone
+        if self.audio_id not in ids and self.delay_id not in ids:
+            # no audio position (no clip to clone: a clip's block expands into them): the text path alone
             return StepInputs(embeds, extra={"text_only": True, "length": len(ids)})
         audio = (id_tensor == self.audio_id) | (id_tensor == self.delay_id)
         if blocks:
