@@ -93,7 +93,7 @@ def test_a_plain_and_a_cloned_prompt_prefilled_together_give_their_frames_alone(
     clip = (0.3 * np.sin(2 * np.pi * 330 * np.arange(24000) / 24000)).astype(np.float32)
     ref = {"reference_audio": clip, "reference_text": "A higher hum."}
     greedy = {"temperature": 0.0, "max_tokens": 16}
-    plain = SimpleNamespace()
+    plain = SimpleNamespace(params={})
     engine.adapter.start(plain, {"text": TEXT})
     extra = engine.adapter.prefill(plain).extra
     assert extra["text_only"] and extra["length"] > 10 and "audio_mask" not in extra
@@ -159,12 +159,14 @@ def test_repetition_aware_sampling_when_the_config_sets_it(engine) -> None:
     """Greedy frames of the tiny model repeat codes; with RAS (7, 2) those are redrawn, reproducibly for a seed."""
     params = {"temperature": 0.0, "seed": 9, "max_tokens": 24}
     plain = _run(engine, [("p", {}, params)])["p"]
-    engine.adapter.ras = (7, 2)
+    adapter, sampler = engine.adapter, engine.adapter.sampler
+    adapter.ras = (7, 2)
+    adapter.sampler = adapter._sampler()  # (made at load, for the config's RAS)
     try:
         first = _run(engine, [("r", {}, params)])["r"]
         again = _run(engine, [("r", {}, params)])["r"]
     finally:
-        engine.adapter.ras = None
+        adapter.ras, adapter.sampler = None, sampler
     assert np.array_equal(first, again) and not np.array_equal(first, plain)
 
 
@@ -185,3 +187,53 @@ def test_a_tokenizer_with_other_codebooks_than_the_lm_is_named_at_load(engine, t
     ctx = EngineContext(1, 0, "codec", folder, "cpu", 4, "auto", 0.9, 1, engine_extras=extras)
     with pytest.raises(ValueError, match="makes 5 codebooks a frame but its audio tokenizer decodes 8"):
         GenerationEngine(ctx)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_cuda_the_graphed_sampler_gives_the_cpus_frames(engine) -> None:
+    """The CUDA defaults (static KV, fused and compiled step, graphs, the sampler's own graphs): a
+    seeded request's frames alone and batched, and greedy ones as the CPU engine draws them."""
+    from omni_actors.workers.engines.hf_ar import HfAREngine
+
+    cuda = HfAREngine(EngineContext(0, 0, "lm", engine.ctx.model_path, "cuda", 4, "auto", 0.9, 1,
+                                    engine_extras={"adapter": ADAPTER}))  # fmt: skip
+    try:
+        assert cuda.adapter.sampler.graphs.enabled
+        reqs = [("s", {}, {"seed": 5}), ("g", {"voice": "SPEAKER1"}, {"temperature": 0.0}), ("t", {}, {"seed": 6})]
+        together = _run(cuda, reqs)
+        alone = _run(cuda, reqs[:1])
+    finally:
+        cuda.close()
+    assert np.array_equal(together["s"], alone["s"])
+    assert np.array_equal(together["g"], _run(engine, reqs[1:2])["g"])
+
+
+def test_steps_queued_ahead_of_the_host_give_the_same_frames(engine) -> None:
+    """With lookahead (the CUDA default; forced on here with the static cache on CPU) a decode step
+    and its draw are queued before the host takes the step before, from the draw's state on the
+    device, until a request ends. Frames as step by step."""
+    from omni_actors.workers.engines.hf_ar import HfAREngine
+
+    extras = {"adapter": ADAPTER, "kv_cache": "static", "max_model_len": 512, "lookahead": True}
+    ahead = HfAREngine(EngineContext(0, 0, "lm", engine.ctx.model_path, "cpu", 4, "auto", 0.9, 1, engine_extras=extras))
+    reqs = [("s", {}, {"seed": 2, "max_tokens": 30}), ("g", {"voice": "SPEAKER1"}, {"temperature": 0.0}),
+            ("t", {}, {"seed": 4, "top_k": 0, "max_tokens": 21})]  # fmt: skip
+    queued = []
+    step = ahead.step
+
+    def counted_step():  # how many steps leave one queued behind them
+        out = step()
+        queued.append(ahead.ahead is not None)
+        return out
+
+    ahead.step = counted_step
+    try:
+        assert ahead.lookahead
+        ours = _run(ahead, reqs)
+    finally:
+        ahead.close()
+    assert sum(queued) > 10
+    theirs = _run(engine, reqs)
+    for rid in ours:
+        assert np.array_equal(ours[rid], theirs[rid]), rid

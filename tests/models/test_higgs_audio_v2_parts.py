@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from omni_actors.models.higgs_audio_v2.codec_loading import resample, tokenizer_class
-from omni_actors.models.higgs_audio_v2.delay import FREE, DelayState, step_masks
+from omni_actors.models.higgs_audio_v2.delay import FREE, DelayState, forced_codes, step_masks
 from omni_actors.models.higgs_audio_v2.prompt import delayed, expand_ids
 
 BOS, EOS, N = 1024, 1025, 4
@@ -96,11 +96,13 @@ def test_step_masks_keep_only_the_forced_code_and_never_bos_when_free() -> None:
     a, b = DelayState(N, BOS, EOS), DelayState(N, BOS, EOS)
     for _ in range(2):
         b.push(np.zeros(N))
-    masks = step_masks([a, b], 1026, "cpu")
-    assert masks.shape == (2, N, 1026)
-    assert (masks[0, :, BOS] == 0).all() and torch.isinf(masks[0, :, :BOS]).all()
-    assert torch.isinf(masks[1, 0, BOS]) and (masks[1, 0, :BOS] == 0).all() and masks[1, 0, EOS] == 0
-    assert (masks[1, 2:, BOS] == 0).all() and torch.isinf(masks[1, 2:, 0]).all()
+    forced = forced_codes(torch.tensor([a.step, b.step]), torch.tensor([-1, -1]), N, BOS, EOS)
+    assert forced.tolist() == [list(a.forced()), list(b.forced())]
+    keep = step_masks(forced, 1026, BOS)
+    assert keep.shape == (2, N, 1026)
+    assert keep[0, :, BOS].all() and not keep[0, :, :BOS].any()
+    assert not keep[1, 0, BOS] and keep[1, 0, :BOS].all() and keep[1, 0, EOS]
+    assert keep[1, 2:, BOS].all() and not keep[1, 2:, 0].any()
 
 
 def test_a_clip_block_is_bos_framed_and_delayed() -> None:
@@ -120,17 +122,16 @@ def test_placeholders_expand_to_audio_and_delay_ids() -> None:
 
 
 def test_ras_redraws_only_codes_repeated_in_the_window_from_the_raw_logits() -> None:
-    from collections import deque
-
-    from omni_actors.models.higgs_audio_v2.ras import ras_settings, resample_repeats
+    from omni_actors.models.higgs_audio_v2.ras import EMPTY, ras_settings, redraw_repeats
 
     assert ras_settings(object()) is None
     assert ras_settings(type("G", (), {"ras_win_len": 7, "ras_win_max_num_repeat": 2})()) == (7, 2)
-    window = deque([np.array([5, BOS, 7, EOS]), np.array([5, BOS, 8, EOS])], maxlen=7)
+    window = torch.tensor([[[EMPTY] * N, [5, BOS, 7, EOS], [5, BOS, 8, EOS]]])  # [1, w=3, N]
     raw = torch.full((1, N, 1026), -50.0)
     raw[0, :, 3] = 50.0  # a plain draw from the raw logits gives 3
-    codes = np.array([[5, BOS, 7, EOS]])
-    out = resample_repeats(codes, raw, [window], 2, BOS, EOS, [torch.Generator().manual_seed(0)])
-    # 5 twice: redrawn; bos/eos never count; 7 once: kept
-    assert out.tolist() == [[3, BOS, 7, EOS]]
-    assert resample_repeats(codes, raw, [deque()], 2, BOS, EOS, [None]).tolist() == codes.tolist()
+    codes = torch.tensor([[5, BOS, 7, EOS]])
+    uniform = torch.rand(1, N, 1026)
+    # 5 twice: redrawn; bos/eos never count; 7 once: kept; an empty window place counts as nothing
+    assert redraw_repeats(codes, raw, window, 2, BOS, EOS, uniform).tolist() == [[3, BOS, 7, EOS]]
+    empty = torch.full((1, 3, N), EMPTY)
+    assert redraw_repeats(codes, raw, empty, 2, BOS, EOS, uniform).tolist() == codes.tolist()

@@ -15,7 +15,8 @@ transformers' `HiggsAudioV2DelayPatternLogitsProcessor` and the processor's
   last frames) are clipped to the last code, as the processor's decode does.
 
 `DelayState` is one request's place in that grid (host side, a few ints a step);
-`step_masks` turns a batch's states into the additive logits mask of the step.
+`forced_codes` gives a batch's forced codes from each row's step and first eos on the
+device (inside the frame sampler's graph), `step_masks` the keep mask they make.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
-from omni_actors.workers.engines.hf_ar_sampling import small_tensor
 
 FREE = -1
 
@@ -45,12 +44,8 @@ class DelayState:
 
     def forced(self) -> np.ndarray:
         """[groups] the code each codebook must draw at the next step, FREE where it may choose."""
-        k = np.arange(self.groups)
-        out = np.full(self.groups, FREE, dtype=np.int64)
-        if self.eos_at is not None:
-            out[self.step - self.eos_at > k] = self.eos
-        out[self.step <= k] = self.bos
-        return out
+        eos_at = torch.tensor([-1 if self.eos_at is None else self.eos_at])
+        return forced_codes(torch.tensor([self.step]), eos_at, self.groups, self.bos, self.eos)[0].numpy()
 
     def push(self, codes: np.ndarray) -> tuple[np.ndarray | None, bool]:
         """Record one step's [groups] codes: (the frame it completes or None, whether the request ended)."""
@@ -70,11 +65,19 @@ class DelayState:
         return np.minimum(frame, self.bos - 1), False
 
 
-def step_masks(states: list[DelayState], vocab: int, device: torch.device | str) -> torch.Tensor:
-    """[batch, groups, vocab] additive mask (0 or -inf) of the next step of each state."""
-    forced = small_tensor(np.stack([s.forced() for s in states]), device)  # [batch, groups]
-    ids = torch.arange(vocab, device=device)
-    free = forced[..., None] == FREE
-    keep = torch.where(free, ids != states[0].bos, ids == forced[..., None])
-    zero = torch.zeros((), device=device)
-    return torch.where(keep, zero, torch.full((), float("-inf"), device=device))
+def forced_codes(steps: torch.Tensor, eos_at: torch.Tensor, groups: int, bos: int, eos: int) -> torch.Tensor:
+    """[rows, groups] int64: the code each codebook must draw at a row's next step, FREE where it
+    may choose. steps: int64 [rows] steps drawn so far; eos_at: int64 [rows] the step of the first
+    eos drawn, -1 where none was."""
+    k = torch.arange(groups, device=steps.device)[None]
+    step, first = steps[:, None], eos_at[:, None]
+    ending = (first >= 0) & (step - first > k)
+    out = torch.where(ending, torch.full_like(step, eos), torch.full_like(step, FREE))
+    return torch.where(step <= k, torch.full_like(step, bos), out)
+
+
+def step_masks(forced: torch.Tensor, vocab: int, bos: int) -> torch.Tensor:
+    """[rows, groups, vocab] bool, True where a code may be drawn: the forced code alone, or any
+    code but bos where the codebook is FREE."""
+    ids = torch.arange(vocab, device=forced.device)
+    return torch.where(forced[..., None] == FREE, ids != bos, ids == forced[..., None])

@@ -8,11 +8,11 @@ runs transformers' own layers with that mask given explicitly (`audio_token_mask
 prompt's audio and delay ids; None on decode steps, which are all audio, as in
 transformers' generation).
 
-Each step the audio head gives [8, codebook_size] logits. The delay pattern's masks
-(delay.py) apply to all codebooks; the engine samples codebook 0 and `on_tokens` draws
-codebooks 1.. from the same step's masked logits with the request's params and generator
-(a seeded request stays reproducible). Each complete frame goes downstream; the first step
-that is all stream-eos ends the request.
+Each step the audio head gives [8, codebook_size] logits; the adapter draws every codebook
+itself (`draw`: sampler.py, all rows and codebooks on the device at once, with the delay
+pattern's masks, delay.py, and counter-based noise, so a seeded request stays reproducible
+alone or batched). Each complete frame goes downstream; the first step that is all
+stream-eos ends the request.
 
 Inputs: {"text": str, "voice": "default" | "SPEAKER0" | "SPEAKER1", optional "instructions"
 (the scene description), "reference_audio" float32 [samples] at 24 kHz, "reference_text",
@@ -32,7 +32,7 @@ import torch
 
 from omni_actors.config.speech import text_and_voice
 from omni_actors.models.higgs_audio_v2.codec_loading import load_tokenizer, resample
-from omni_actors.models.higgs_audio_v2.delay import DelayState, step_masks
+from omni_actors.models.higgs_audio_v2.delay import DelayState
 from omni_actors.models.higgs_audio_v2.prompt import (
     VOICES,
     conversation,
@@ -40,8 +40,10 @@ from omni_actors.models.higgs_audio_v2.prompt import (
     expand_ids,
     spoken,
 )
-from omni_actors.models.higgs_audio_v2.ras import ras_settings, resample_repeats
+from omni_actors.models.higgs_audio_v2.ras import EMPTY, ras_settings
+from omni_actors.models.higgs_audio_v2.sampler import FrameSampler, row_values
 from omni_actors.workers.engine import merge_params
+from omni_actors.workers.engines.counter_noise import noise_key
 from omni_actors.workers.engines.hf_ar_adapter import (
     ARAdapter,
     ARSeq,
@@ -49,7 +51,7 @@ from omni_actors.workers.engines.hf_ar_adapter import (
     StepInputs,
     check_checkpoint,
 )
-from omni_actors.workers.engines.hf_ar_sampling import pick, small_tensor
+from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 
 DEFAULT_MAX_STEPS = 2048
 """Steps (25 a second, the first 8 the delay's ramp) when generation_config sets no max_new_tokens."""
@@ -58,6 +60,25 @@ CLIP_CACHE_SIZE = 32
 CLIP_RATE = 24000
 """The rate of "reference_audio" (the pipeline's SpeechSpec.sample_rate)."""
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
+
+
+class Drawn:
+    """A step's draw queued on the device (`HiggsLMAdapter.queue_draw`): its codes, frames and
+    ranked width, and its codes' copy to the host (marked by an event on CUDA)."""
+
+    def __init__(self, codes: torch.Tensor, frames: torch.Tensor, width: int) -> None:
+        self.codes, self.frames, self.width = codes, frames, width
+        self.host = codes.to("cpu", non_blocking=True)
+        self.done = None
+        if codes.is_cuda:
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def wait(self) -> np.ndarray:
+        """[rows, groups] codes on the host."""
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.numpy()
 
 
 class HiggsLMAdapter(ARAdapter):
@@ -94,8 +115,23 @@ class HiggsLMAdapter(ARAdapter):
         self.ras = ras_settings(gen)
         self.codec: Any = None  # the audio tokenizer's encoder: loaded for the first clip to clone
         self.clips: OrderedDict[tuple[str, bytes], np.ndarray] = OrderedDict()
-        self._masked: torch.Tensor | None = None
+        self.sampler = self._sampler()
         return self.model
+
+    @torch.inference_mode()  # as in a step (the engine's buffers are inference tensors)
+    def _sampler(self) -> FrameSampler:
+        """The step sampler, its graphs captured now for the defaults' width (on CUDA)."""
+        inner, dtype = self.model.model, self.model.dtype
+        graphs = cuda_graphs_wanted(self.ctx)
+        sampler = FrameSampler(
+            groups=self.groups, vocab=self.vocab, bos=self.bos, eos=self.eos, ras=self.ras,
+            embed=lambda codes: inner.embed_audio_tokens(codes[:, None])[:, 0].to(dtype),
+            device=torch.device(self.ctx.device), graphs=graphs, max_rows=self.ctx.max_num_seqs,
+        )  # fmt: skip
+        if graphs:
+            d = self.defaults
+            sampler.warm(sampler.width([(d["temperature"], int(d["top_k"] or 0), 1.0)] if d["temperature"] else []))
+        return sampler
 
     def sampling_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return merge_params(self.ctx, params, SHARED_KEYS, self.defaults)
@@ -112,7 +148,7 @@ class HiggsLMAdapter(ARAdapter):
             "text": spoken(text.strip(), voice), "scene": inputs.get("instructions") or None,
             "ref_audio": None if ref is None else np.array(ref, dtype=np.float32).reshape(-1),
             "ref_text": str(inputs.get("reference_text") or ""), "ref_id": str(inputs.get("reference_id") or ""),
-            "state": DelayState(self.groups, self.bos, self.eos), "frame": None,
+            "state": DelayState(self.groups, self.bos, self.eos), "frame": None, "key": noise_key(seq.params.get("seed")),
             "window": deque(maxlen=self.ras[0] if self.ras else 1),
         }  # fmt: skip
 
@@ -217,43 +253,44 @@ class HiggsLMAdapter(ARAdapter):
 
     # ---- codebooks ---------------------------------------------------------------
 
-    def process_logits(self, seqs: list[ARSeq], logits: torch.Tensor) -> torch.Tensor:
-        """Codebook 0's masked logits (the engine samples it); all codebooks' are kept for `on_tokens`."""
-        grid = logits.view(len(seqs), self.groups, self.vocab)
-        self._masked = grid + step_masks([s.data["state"] for s in seqs], self.vocab, grid.device)
-        return self._masked[:, 0]
+    draws_ahead = True
 
-    def on_tokens(self, seqs, tokens, out, prefill):
-        return self._frames(seqs, small_tensor(tokens, self._masked.device), out)[1]
+    def draw(self, seqs, out, prefill):
+        """Every codebook of the step drawn on the device (sampler.py); one sync brings the frame back."""
+        return self.take_draw(seqs, self.queue_draw(seqs, out, None))
 
-    def on_device_tokens(self, seqs, ids, out, prefill):
-        """All codebooks drawn before the host waits: codebook 0's ids stay on the device, and the
-        step's one sync brings the whole frame back."""
-        return self._frames(seqs, ids, out)
+    def queue_draw(self, seqs: list[ARSeq], out: ForwardOut, before: Drawn | None) -> Drawn:
+        if before is not None:  # the rows' state is on the device (write_next)
+            codes, frames, width = self.sampler.draw(out.logits, None, None, None, before.width)
+            return Drawn(codes, frames, width)
+        n, window = len(seqs), self.ras[0] if self.ras else 0
+        rows = [row_values(s.data["state"], s.params, s.data["key"]) for s in seqs]
+        windows = None
+        if window:  # RAS looks at each row's last `window` steps
+            windows = np.full((n, window, self.groups), EMPTY, dtype=np.int64)
+            for i, seq in enumerate(seqs):
+                if past := seq.data["window"]:
+                    windows[i, window - len(past) :] = np.stack(past)
+        ints = np.array([r[0] for r in rows], dtype=np.int64)
+        codes, frames, width = self.sampler.draw(out.logits, ints, np.array([r[1] for r in rows], dtype=np.float32), windows)
+        return Drawn(codes, frames, width)
 
-    def _frames(self, seqs: list[ARSeq], first: torch.Tensor, out: ForwardOut):
-        """Codebooks 1.. drawn after codebook 0's ids `first` [n] (on the device): (codebook 0's ids
-        as a host list, (payload, finished) per seq)."""
-        masked, self._masked = self._masked, None
-        n, rest = len(seqs), self.groups - 1
-        params = [s.params for s in seqs for _ in range(rest)]
-        gens = [s.generator for s in seqs for _ in range(rest)]
-        drawn = pick(masked[:, 1:].reshape(n * rest, self.vocab), params, gens).view(n, rest)
-        codes = torch.cat([first[:, None], drawn], dim=1)  # [n, groups]
-        host = codes.cpu().numpy()
-        if self.ras is not None:
-            raw = out.logits.view(n, self.groups, self.vocab)
-            windows = [s.data["window"] for s in seqs]
-            host = resample_repeats(host, raw, windows, self.ras[1], self.bos, self.eos, [s.generator for s in seqs])
-            codes = torch.from_numpy(host).to(codes.device)
-        frames = self.model.model.embed_audio_tokens(codes[:, None])[:, 0].to(self.model.dtype)
+    def write_next(self, slots, rows, drawn: Drawn) -> None:
+        slots.embeds[rows] = drawn.frames[:, None].to(slots.embeds.dtype)
+        self.sampler.advance(drawn.codes)
+
+    def take_draw(self, seqs, drawn: Drawn):
+        host = drawn.wait()
         results = []
         for i, seq in enumerate(seqs):
             frame, done = seq.data["state"].push(host[i])
             seq.data["window"].append(host[i])
-            seq.data["frame"] = frames[i]
+            seq.data["frame"] = drawn.frames[i]
             results.append(({} if frame is None else {"codes": frame[None]}, done))
         return host[:, 0].tolist(), results
+
+    def on_tokens(self, seqs, tokens, out, prefill):
+        raise RuntimeError("Higgs-Audio-V2 draws its steps itself (draw); on_tokens is never called")
 
 
 def _text_layer(layer, hidden, rope, causal, pos, cache) -> torch.Tensor:

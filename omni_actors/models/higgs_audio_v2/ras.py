@@ -5,16 +5,21 @@ As transformers' Higgs generation does when the generation config sets `ras_win_
 codebook k's code is compared with codebook k in the last `ras_win_len` audio steps (the
 prompt's clip block included; stream bos/eos never count); if it repeats there at least
 `ras_win_max_num_repeat` times it is replaced by a draw from the softmax of the step's raw
-logits (no delay mask, temperature or top-k/top-p). Draws use the request's generator.
+logits (no delay mask, temperature or top-k/top-p). On the device, for every row at once
+(inside the frame sampler's graph): the redraw is computed for every code and kept where
+the code repeats; its noise is the request's own (counter_noise.py).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
-import numpy as np
 import torch
+
+from omni_actors.workers.engines.hf_ar_sampling import gumbel_of
+
+EMPTY = -1
+"""A window position no step has filled yet (equal to no code)."""
 
 
 def ras_settings(generation_config: Any) -> tuple[int, int] | None:
@@ -26,21 +31,14 @@ def ras_settings(generation_config: Any) -> tuple[int, int] | None:
     return int(win), int(most)
 
 
-def resample_repeats(
-    codes: np.ndarray, raw: torch.Tensor, windows: list[deque], most: int, bos: int, eos: int,
-    generators: list[torch.Generator | None],
-) -> np.ndarray:  # fmt: skip
-    """codes [n, groups] with repeated codes redrawn from raw [n, groups, vocab] logits (row i: windows[i])."""
-    out = codes.copy()
-    for i, window in enumerate(windows):
-        if not window:
-            continue
-        past = np.stack(window)  # [w, groups]
-        counted = (past == codes[i]) & (past != bos) & (past != eos)
-        for k in np.flatnonzero(counted.sum(0) >= most):
-            probs = torch.softmax(raw[i, k].float(), dim=-1)
-            gen = generators[i]
-            if gen is not None and gen.device.type != probs.device.type:
-                probs = probs.cpu()
-            out[i, k] = int(torch.multinomial(probs, 1, generator=gen))
-    return out
+def redraw_repeats(
+    codes: torch.Tensor, raw: torch.Tensor, window: torch.Tensor, most: int, bos: int, eos: int,
+    uniform: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """codes [rows, groups] with each code repeated `most` times or more in its codebook of `window`
+    [rows, w, groups] (EMPTY where unfilled) redrawn from raw [rows, groups, vocab] logits, by
+    Gumbel-max over `uniform` [rows, groups, vocab]."""
+    counted = (window == codes[:, None]) & (window != bos) & (window != eos)
+    repeated = counted.sum(1) >= most
+    redrawn = torch.argmax(raw.float() + gumbel_of(uniform), dim=-1)
+    return torch.where(repeated, redrawn, codes)

@@ -46,7 +46,8 @@ KV cache, engine_extras["kv_cache"]:
   brings back B ids instead of sampling over the vocabulary on the host.
   When a step's input is the last token's embedding, such a step is queued
   one ahead of the host's work on the step before (engine_extras["lookahead"],
-  default on CUDA; hf_ar_lookahead.py).
+  default on CUDA; hf_ar_lookahead.py); so is every step of an adapter that
+  draws its steps on the device itself (`draws_ahead`).
 - "dynamic" (default on CPU): a DynamicCache per request; each decode step
   left-pads and stacks the requests' caches, then cuts each row back out.
   Cheapest for tiny CPU models.
@@ -186,8 +187,9 @@ class HfAREngine(StageEngine):
                     step = compiled_step(step, mode)
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
-        self.lookahead = ahead and self.static and type(self.adapter).embeds_last_token
-        """Queue a decode step before the host takes the one before (inputs: last tokens' embeddings)."""
+        self.lookahead = ahead and self.static and (type(self.adapter).embeds_last_token or self.adapter.draws_ahead)
+        """Queue a decode step before the host takes the one before (inputs: last tokens' embeddings,
+        or what the adapter's own draw makes)."""
         if compile_now:  # the symbolic compiles at load, not under a request
             warm_compiled(self)
         if warm_wanted(self):  # (graphs exist only for the static cache)
@@ -372,28 +374,34 @@ class HfAREngine(StageEngine):
         else:
             rows = slots.load_inputs(batch, seqs, self.adapter.decode_embeds(seqs).to(self.device))
         out = graphs.run(batch, length).rows(rows)
+        cached = [s.cached + 1 for s in seqs]
+        if self.lookahead and self.adapter.draws_ahead and not self._guided(seqs):
+            return self._take(queue(out, seqs, rows, cached, self.adapter.queue_draw(seqs, out, None)))
         if self.lookahead and self._greedy(seqs, out):
-            return self._take(queue(out, seqs, rows, [s.cached + 1 for s in seqs]))
+            return self._take(queue(out, seqs, rows, cached))
         return self._advance(seqs, out)
+
+    def _guided(self, seqs: list[ARSeq]) -> bool:
+        return self.grammars is not None and any(s.grammar is not None for s in seqs)
 
     def _greedy(self, seqs: list[ARSeq], out: ForwardOut) -> bool:
         """The step's own argmax is every row's token (no sampling, penalty, processing, grammar)."""
-        guided = self.grammars is not None and any(s.grammar is not None for s in seqs)
-        return out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs)
+        return out.tokens is not None and self._raw_logits and not self._guided(seqs) and all_greedy(seqs)
 
     def _take(self, fl: InFlight) -> list[EngineOutput]:
         """The host's share of a queued step: queue the next one when it may be (hf_ar_lookahead.py),
         then wait for this one's copies and sample as usual."""
         self.ahead = chain_next(self, fl)
         fl.wait()
-        return self._advance(fl.seqs, fl.host)
+        return self._advance(fl.seqs, fl.host, fl.drawn)
 
-    def _advance(self, seqs: list[ARSeq], out: ForwardOut) -> list[EngineOutput]:
-        """A decode step's rows hold one more KV position each; their tokens are sampled."""
+    def _advance(self, seqs: list[ARSeq], out: ForwardOut, drawn: Any = None) -> list[EngineOutput]:
+        """A decode step's rows hold one more KV position each; their tokens are sampled (or were
+        drawn by the adapter: `drawn`, its queued draw)."""
         for seq in seqs:
             seq.cached += 1
             seq.next_pos += 1
-        return self._sample(seqs, out, prefill=False)
+        return self._sample(seqs, out, prefill=False, drawn=drawn)
 
     def _static_forward(self, batch: int, length: int) -> ForwardOut:
         """The transformers decode step (the adapter's forward over the slot cache), plus each
@@ -451,21 +459,15 @@ class HfAREngine(StageEngine):
             self.grammars = Grammars(*text)
         return self.grammars
 
-    def _sample(self, seqs: list[ARSeq], out: ForwardOut, prefill: bool) -> list[EngineOutput]:
-        guided = self.grammars is not None and any(s.grammar is not None for s in seqs)
-        if out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs):
-            ids = out.tokens  # the argmax the step took: B ids, no vocab pass
+    def _sample(self, seqs: list[ARSeq], out: ForwardOut, prefill: bool, drawn: Any = None) -> list[EngineOutput]:
+        guided = self._guided(seqs)
+        took = self.adapter.take_draw(seqs, drawn) if drawn is not None else None
+        if took is None and not guided:
+            took = self.adapter.draw(seqs, out, prefill)
+        if took is not None:
+            tokens, results = took
         else:
-            logits = self.adapter.process_logits(seqs, out.logits.float())
-            if guided:
-                self.grammars.mask(logits, seqs)
-            ids = pick_rows(logits, seqs)
-        on_device = None if guided else self.adapter.on_device_tokens(seqs, ids, out, prefill)
-        if on_device is None:
-            tokens = ids.tolist()
-            results = self.adapter.on_tokens(seqs, tokens, out, prefill)
-        else:
-            tokens, results = on_device
+            tokens, results = self._pick(seqs, out, prefill, guided)
         ended = [guided and s.grammar is not None and Grammars.consume(s, t) for s, t in zip(seqs, tokens, strict=True)]
         outputs = []
         for seq, tok, done, (payload, finished) in zip(seqs, tokens, ended, results, strict=True):
@@ -483,6 +485,25 @@ class HfAREngine(StageEngine):
                            "prompt_tokens": seq.prompt_len, "completion_tokens": len(seq.tokens)}
             outputs.append(EngineOutput(seq.request_id, payload, finished))
         return outputs
+
+    def _pick(
+        self, seqs: list[ARSeq], out: ForwardOut, prefill: bool, guided: bool
+    ) -> tuple[list[int], list[tuple[dict[str, Any], bool]]]:
+        """The engine's sampling of a step: a token per row, and the adapter's (payload, finished) per seq."""
+        if out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs):
+            ids = out.tokens  # the argmax the step took: B ids, no vocab pass
+        else:
+            logits = self.adapter.process_logits(seqs, out.logits.float())
+            if guided:
+                self.grammars.mask(logits, seqs)
+            ids = pick_rows(logits, seqs)
+        on_device = None if guided else self.adapter.on_device_tokens(seqs, ids, out, prefill)
+        if on_device is None:
+            tokens = ids.tolist()
+            results = self.adapter.on_tokens(seqs, tokens, out, prefill)
+        else:
+            tokens, results = on_device
+        return tokens, results
 
     def close(self) -> None:
         self.ahead = None

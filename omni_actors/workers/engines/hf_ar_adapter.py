@@ -203,6 +203,34 @@ class ARAdapter(abc.ABC):
         engine brings the ids to the host and calls `on_tokens`."""
         return None
 
+    def draw(
+        self, seqs: list[ARSeq], out: ForwardOut, prefill: bool
+    ) -> tuple[list[int], list[tuple[dict[str, Any], bool]]] | None:
+        """For an adapter that samples its steps itself (every row and whatever it draws per row
+        at once, from `out`'s logits): (a token per row as a host list, (payload, finished) per
+        seq), in place of the engine's sampling, `process_logits` and `on_tokens`. None (the
+        default): the engine samples. Not called for a guided step."""
+        return None
+
+    draws_ahead: bool = False
+    """`draw` comes in three parts, so the engine may queue a step before the host takes the one
+    before (hf_ar_lookahead.py): `queue_draw`, `write_next`, `take_draw`."""
+
+    def queue_draw(self, seqs: list[ARSeq], out: ForwardOut, before: Any) -> Any:
+        """Queue the step's draw on the device, without a host sync; returns a handle for
+        `take_draw`. `before`: the handle of the step before when this step was queued ahead
+        (its state then comes from that draw on the device, after `write_next`), else None."""
+        raise NotImplementedError
+
+    def write_next(self, slots: Any, rows: Any, drawn: Any) -> None:
+        """On the device: the embeddings of the step after `drawn` into `slots.embeds[rows]`, and
+        whatever state the next draw reads (the engine moves lengths and positions on)."""
+        raise NotImplementedError
+
+    def take_draw(self, seqs: list[ARSeq], drawn: Any) -> tuple[list[int], list[tuple[dict[str, Any], bool]]]:
+        """`draw`'s result for a queued draw: wait for it, then the host's share."""
+        raise NotImplementedError
+
     def stop_ids(self, seq: ARSeq) -> set[int]:
         return set()
 

@@ -22,6 +22,13 @@ every row's KV, and (with graphs) the bucket already captured. Whatever changes 
 ahead (a request finishing or aborted: its slot is given back and the last slot's
 request moves into it) throws that step away before the move; its rows are
 computed again from the host's state, which rewrites the same KV positions.
+
+An adapter that draws its own steps (`draws_ahead`: Higgs-Audio-V2, whose sampler draws all
+codebooks on the device with counter-based noise) takes part with sampled rows too: its
+`queue_draw` queues a step's draw behind the step, `write_next` writes the next step's inputs
+and its own sampling state from that draw on the device, and `take_draw` does the host's
+share. A row's draws are a function of its key and step, so queued ahead or not they are
+the same codes.
 """
 
 from __future__ import annotations
@@ -44,29 +51,34 @@ class InFlight:
     rows: torch.Tensor | slice
     cached: list[int]
     """Each row's KV positions once this step is taken (its write was at cached - 1)."""
-    tokens: torch.Tensor
-    """The step's ids [rows] on the device (the next step's inputs)."""
+    tokens: torch.Tensor | None
+    """The step's ids [rows] on the device (the next step's inputs); None when the adapter drew them."""
     host: ForwardOut
     """The ids and the adapter's per-row tensors, copied to the host behind the step."""
     done: torch.cuda.Event | None
     """Recorded after those copies (None off CUDA: the copies were plain)."""
+    drawn: Any = None
+    """The adapter's queued draw of the step (`ARAdapter.queue_draw`), for an adapter that draws."""
 
     def wait(self) -> None:
         if self.done is not None:
             self.done.synchronize()
 
 
-def queue(out: ForwardOut, seqs: list[ARSeq], rows: torch.Tensor | slice, cached: list[int]) -> InFlight:
-    """An InFlight for a step just queued (`out`: its rows' outputs): its ids and per-row tensors
-    go to pinned host memory without blocking, then an event marks them."""
-    assert out.tokens is not None
-    cuda = out.tokens.is_cuda
+def queue(
+    out: ForwardOut, seqs: list[ARSeq], rows: torch.Tensor | slice, cached: list[int], drawn: Any = None
+) -> InFlight:
+    """An InFlight for a step just queued (`out`: its rows' outputs; `drawn`: the adapter's queued
+    draw of it, if it draws): its ids and per-row tensors go to pinned host memory without
+    blocking, then an event marks them."""
+    assert out.tokens is not None or drawn is not None
+    cuda = out.logits.is_cuda
     host = ForwardOut(logits=None, hidden=_to_host(out.hidden), tokens=_to_host(out.tokens))  # type: ignore[arg-type]
     done = None
     if cuda:
         done = torch.cuda.Event()
         done.record()
-    return InFlight(seqs, rows, cached, out.tokens, host, done)
+    return InFlight(seqs, rows, cached, out.tokens, host, done, drawn)
 
 
 def chain_next(engine: Any, fl: InFlight) -> InFlight | None:
@@ -89,19 +101,30 @@ def chain_next(engine: Any, fl: InFlight) -> InFlight | None:
     batch, length = slots.shape_for(max(fl.cached))
     if graphs.enabled and (batch, length) not in graphs.graphs:
         return None  # a capture syncs anyway; the host path captures it
-    from_ids = engine.fused is not None and engine.fused.from_ids
-    write_next_inputs(slots, fl, None if from_ids else engine.adapter.embed_ids)
+    adapter = engine.adapter
+    if fl.drawn is not None:  # the adapter writes the inputs its draw makes
+        adapter.write_next(slots, fl.rows, fl.drawn)
+    else:
+        from_ids = engine.fused is not None and engine.fused.from_ids
+        write_next_inputs(slots, fl, None if from_ids else adapter.embed_ids)
+    _next_positions(slots, fl)
     out = graphs.run(batch, length).rows(fl.rows)
-    return queue(out, seqs, fl.rows, [c + 1 for c in fl.cached])
+    drawn = None if fl.drawn is None else adapter.queue_draw(seqs, out, fl.drawn)
+    return queue(out, seqs, fl.rows, [c + 1 for c in fl.cached], drawn)
 
 
 def write_next_inputs(slots: Any, fl: InFlight, embed: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
-    """The step after `fl` for the same rows, on the device: its ids are fl's ids, each row one
-    position further; `embed` (ids [rows, 1] -> embeddings) fills the step's embeddings, None
-    when the step embeds the ids itself."""
+    """The inputs of the step after `fl` for the same rows, on the device: its ids are fl's ids;
+    `embed` (ids [rows, 1] -> embeddings) fills the step's embeddings, None when the step embeds
+    the ids itself."""
+    assert fl.tokens is not None
     slots.ids[fl.rows] = fl.tokens
     if embed is not None:
         slots.embeds[fl.rows] = embed(fl.tokens[:, None]).to(slots.embeds.dtype)
+
+
+def _next_positions(slots: Any, fl: InFlight) -> None:
+    """Each of fl's rows one KV position and one rotary position further."""
     slots.lengths[fl.rows] += 1
     slots.positions[:, fl.rows, 0] += 1
 
