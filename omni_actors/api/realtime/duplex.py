@@ -11,7 +11,8 @@ decides when to speak. `response.cancel` ends the response (status cancelled)
 and mutes the model until the user speaks again (input louder than
 SPEECH_RMS), when a new response opens. The session's voice, instructions and
 temperature at the stream's start go to the model as request params (an adapter
-that takes a voice or prompt reads them; Moshi takes neither). Sessions past the duplex stage's slots
+that takes a voice or prompt reads them; Moshi takes neither). Input audio transcription is
+refused at session.update (unsupported_parameter): there are no committed turns to transcribe. Sessions past the duplex stage's slots
 are refused by the route (route.py). A stream that ends without the client closing (aborted by the
 orchestrator, a stage failure, an error sending a frame) ends the session: an `error` event, then the
 socket closes (1011; 1013 at the stage's limit) and the session is released.
@@ -131,6 +132,11 @@ class DuplexSession(RealtimeSession):
         if cfg.speed != 1.0:  # its frames go out in real time, one per frame heard
             raise ce.BadEvent("a full-duplex session speaks in real time: audio.output.speed must be 1.0",
                               param="session.audio.output.speed", event_id=eid)
+        if cfg.input_audio_transcription is not None:  # it would be accepted and never answered
+            ga = (dialect or self.dialect) == "ga"
+            raise ce.BadEvent("a full-duplex session has no committed turns to transcribe: leave input audio "
+                              "transcription unset", code="unsupported_parameter", event_id=eid,
+                              param="session.audio.input.transcription" if ga else "session.input_audio_transcription")  # fmt: skip
         self.cfg = replace(cfg, turn_detection=None)  # the model decides when to speak: never a VAD
         if dialect is not None:
             self.dialect = dialect

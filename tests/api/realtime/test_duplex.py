@@ -150,6 +150,9 @@ async def test_audio_streams_out_while_the_client_is_still_talking(srv: RtServer
 async def test_cancel_silences_until_the_user_speaks_and_close_leaves_nothing(srv: RtServer) -> None:
     async with aiohttp.ClientSession() as http:
         client = await connect(srv, http)
+        await client.send("session.update", session={"input_audio_transcription": {"model": "whisper-1"}})
+        refused = (await client.until("error"))[-1]["error"]  # no turns to transcribe: refused, the session lives on
+        assert (refused["param"], refused["code"]) == ("session.input_audio_transcription", "unsupported_parameter")
         await client.send("input_audio_buffer.append", audio=b64(voice(3, 0.2)))
         _, _, seen = await frames(client, 4)
         types = [e["type"] for e in seen]
@@ -182,6 +185,10 @@ async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -
         await conn.session.update(session={"type": "realtime", "audio": {"output": {"speed": 1.25}}})
         refused = await anext(e async for e in conn if e.type == "error")  # it speaks in real time
         assert refused.error.param == "session.audio.output.speed"
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}})
+        refused = await anext(e async for e in conn if e.type == "error")  # no turns to transcribe
+        assert refused.error.param == "session.audio.input.transcription"
+        assert refused.error.code == "unsupported_parameter"
         await conn.session.update(session={"type": "realtime"})
         await conn.input_audio_buffer.append(audio=b64(voice(9, 0.16)))
         audio, status = b"", None
