@@ -248,3 +248,26 @@ def test_steps_queued_ahead_of_the_host_give_the_same_frames(engine) -> None:
     theirs = _run(engine, reqs)
     for rid in ours:
         assert np.array_equal(ours[rid], theirs[rid]), rid
+
+
+def test_plain_prompts_prefilled_in_buckets_give_the_same_frames(engine) -> None:
+    """engine_extras.prefill_graphs (the CUDA default; eager here): plain prompts are left-padded to a
+    (batch, length) bucket with the mask and positions made from each row's first real position;
+    a cloned prompt's batch keeps the eager path. Frames as the dynamic caches give."""
+    from omni_actors.workers.engines.hf_ar import HfAREngine
+
+    extras = {"adapter": ADAPTER, "kv_cache": "static", "max_model_len": 512, "prefill_graphs": True}
+    bucketed = HfAREngine(EngineContext(0, 0, "lm", engine.ctx.model_path, "cpu", 4, "auto", 0.9, 1, engine_extras=extras))
+    clip = (0.3 * np.sin(2 * np.pi * 220 * np.arange(12000) / 24000)).astype(np.float32)
+    reqs = [("s", {}, {"seed": 2, "max_tokens": 20}), ("g", {"text": "A longer line to say, with more words in it."},
+            {"temperature": 0.0, "max_tokens": 20}), ("t", {"voice": "SPEAKER0"}, {"seed": 4, "max_tokens": 20})]  # fmt: skip
+    cloned = [("c", {"reference_audio": clip, "reference_text": "Hum."}, {"temperature": 0.0, "max_tokens": 16})]
+    try:
+        assert bucketed.prefill is not None and bucketed.prefill.bucket(3, 40) == (4, 64)
+        ours = _run(bucketed, reqs) | _run(bucketed, cloned)
+        assert [b for b, _ in bucketed.prefill._buffers] == [4]  # the plain ones, once; the clone's batch ran eagerly
+    finally:
+        bucketed.close()
+    theirs = _run(engine, reqs) | _run(engine, cloned)
+    for rid in ours:
+        assert np.array_equal(ours[rid], theirs[rid]), rid

@@ -98,6 +98,7 @@ from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupport
 from omni_actors.workers.engines.hf_ar_grammar import Grammars
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
 from omni_actors.workers.engines.hf_ar_lookahead import InFlight, chain_next, queue
+from omni_actors.workers.engines.hf_ar_prefill import PrefillBuckets
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     all_greedy,
     pick_rows,
@@ -187,6 +188,8 @@ class HfAREngine(StageEngine):
                     step = compiled_step(step, mode)
             self.graphs = DecodeGraphs(step, cuda_graphs_wanted(ctx), warmups,
                                        len(self.slots.batch_sizes) * len(self.slots.length_sizes))
+        self.prefill = self._prefill_buckets(extras.get("prefill_graphs", cuda and self.static))
+        """Prompt forwards over bucketed static buffers, captured on CUDA (hf_ar_prefill.py), or None."""
         self.lookahead = ahead and self.static and (type(self.adapter).embeds_last_token or self.adapter.draws_ahead)
         """Queue a decode step before the host takes the one before (inputs: last tokens' embeddings,
         or what the adapter's own draw makes)."""
@@ -194,6 +197,21 @@ class HfAREngine(StageEngine):
             warm_compiled(self)
         if warm_wanted(self):  # (graphs exist only for the static cache)
             warm_graphs(self)
+
+    def _prefill_buckets(self, wanted: Any) -> PrefillBuckets | None:
+        if not isinstance(wanted, bool):
+            raise ValueError(f"engine_extras.prefill_graphs: expected true or false, got {wanted!r}")
+        if not wanted or self.adapter.graph_prefill is None:
+            return None
+        embedding = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
+        hidden = embedding.weight.shape[1] if embedding is not None else self.model.config.hidden_size
+        graphs = cuda_graphs_wanted(self.ctx)
+        buckets = PrefillBuckets(self.adapter, self.device, hidden, next(self.model.parameters()).dtype,
+                                 max(1, self.ctx.max_num_seqs), graphs)  # fmt: skip
+        if graphs:
+            with torch.inference_mode(), varying_shapes_attention(self.device):
+                buckets.warm()
+        return buckets
 
     def _fused(self, asked: bool) -> FusedDecoder | None:
         """The fused decode step, or None (logged: a warning where the deploy `asked` for it)
@@ -327,11 +345,43 @@ class HfAREngine(StageEngine):
         return outputs
 
     def _prefill(self, seqs: list[ARSeq], inps: list[StepInputs]) -> list[EngineOutput]:
-        from transformers import DynamicCache
-
         lengths = [inp.embeds.shape[0] for inp in inps]
         longest = max(lengths)
-        axes = self.adapter.position_axes
+        pads = [longest - n for n in lengths]
+        extra = inps[0].extra
+        if len(inps) > 1:  # rows with extras share a batch only when the adapter merges them
+            extra = self.adapter.batch_extra([inp.extra for inp in inps], pads) if any(i.extra for i in inps) else {}
+        shape = None
+        if self.prefill is not None and extra == self.prefill.extra and all(i.positions is None for i in inps):
+            shape = self.prefill.bucket(len(inps), longest)
+        with varying_shapes_attention(self.device):
+            if shape is not None:  # bucketed, replayed where captured (hf_ar_prefill.py)
+                out, layers = self.prefill.run(shape, [inp.embeds for inp in inps])
+                out = out.rows(slice(0, len(inps)))  # (the bucket's spare rows are not prompts)
+                longest, pads, ends = shape[1], [shape[1] - n for n in lengths], lengths
+            else:
+                out, layers, ends = self._prompt_forward(inps, lengths, extra)
+        out.pads = pads
+        for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
+            pad = longest - n
+            kv = [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in layers]
+            if self.slots is not None:
+                self.slots.store(seq, kv)
+            else:  # (a bucket's buffers are reused: copies)
+                seq.kv = kv if len(seqs) == 1 and shape is None else [(k.clone(), v.clone()) for k, v in kv]
+            seq.cached = seq.prompt_len = n
+            seq.prefilled = True
+            seq.next_pos = inp.next_pos if inp.next_pos is not None else ends[row]
+        return self._sample(seqs, out, prefill=True)
+
+    def _prompt_forward(
+        self, inps: list[StepInputs], lengths: list[int], extra: dict[str, Any]
+    ) -> tuple[ForwardOut, list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
+        """The prompts' forward, left-padded to the longest: (its output, each layer's keys and
+        values, each row's next position where its StepInputs give none)."""
+        from transformers import DynamicCache
+
+        longest, axes = max(lengths), self.adapter.position_axes
         first = inps[0].embeds
         embeds = first.new_zeros(len(inps), longest, first.shape[-1], device=self.device)
         pos = torch.zeros(axes, len(inps), longest, dtype=torch.long, device=self.device)
@@ -343,27 +393,9 @@ class HfAREngine(StageEngine):
             pos[:, row, pad:] = self._axes(p.reshape(-1, n).to(self.device))
             mask[row, pad:] = 1
         cache = DynamicCache()
-        pads = [longest - n for n in lengths]
-        extra = inps[0].extra
-        if len(inps) > 1:  # rows with extras share a batch only when the adapter merges them
-            extra = self.adapter.batch_extra([inp.extra for inp in inps], pads) if any(i.extra for i in inps) else {}
-        with varying_shapes_attention(self.device):
-            out = self.adapter.forward(embeds, pos, mask, cache, extra)
-        out.pads = pads
-        for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
-            pad = longest - n
-            kv = [
-                (x.keys[row : row + 1, :, pad:], x.values[row : row + 1, :, pad:])
-                for x in cache.layers
-            ]
-            if self.slots is not None:
-                self.slots.store(seq, kv)
-            else:
-                seq.kv = kv if len(seqs) == 1 else [(k.clone(), v.clone()) for k, v in kv]
-            seq.cached = seq.prompt_len = n
-            seq.prefilled = True
-            seq.next_pos = inp.next_pos if inp.next_pos is not None else int(pos[:, row].max()) + 1
-        return self._sample(seqs, out, prefill=True)
+        out = self.adapter.forward(embeds, pos, mask, cache, extra)
+        ends = [-1 if inp.next_pos is not None else int(pos[:, row].max()) + 1 for row, inp in enumerate(inps)]
+        return out, [(x.keys, x.values) for x in cache.layers], ends
 
     def _decode_static(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         slots, graphs = self.slots, self.graphs

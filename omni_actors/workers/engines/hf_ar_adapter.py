@@ -212,6 +212,11 @@ class ARAdapter(abc.ABC):
         default): the engine samples. Not called for a guided step."""
         return None
 
+    graph_prefill: dict[str, Any] | None = None
+    """The prompt `extra` under which `forward` may run over bucketed static buffers and be captured
+    as a CUDA graph (hf_ar_prefill.py: it then gets a 4D bool mask and a cache whose `update` keeps
+    what it is given; it must make no host sync); {} for an adapter without extras. None: never."""
+
     draws_ahead: bool = False
     """`draw` comes in three parts, so the engine may queue a step before the host takes the one
     before (hf_ar_lookahead.py): `queue_draw`, `write_next`, `take_draw`."""
