@@ -349,7 +349,7 @@ class HfAREngine(StageEngine):
         longest = max(lengths)
         pads = [longest - n for n in lengths]
         extra = inps[0].extra
-        if len(inps) > 1:  # rows with extras share a batch only when the adapter merges them
+        if len(inps) > 1 or (extra and self._extra_batches):  # (one prompt's extras as the adapter merges them)
             extra = self.adapter.batch_extra([inp.extra for inp in inps], pads) if any(i.extra for i in inps) else {}
         shape = None
         if self.prefill is not None and extra == self.prefill.extra and all(i.positions is None for i in inps):
