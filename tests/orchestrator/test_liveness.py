@@ -98,11 +98,14 @@ async def test_the_restart_backoff_resets_after_a_healthy_period() -> None:
 
 async def test_a_restart_that_hangs_while_starting_is_given_up_on_and_tried_again() -> None:
     # The Ready timeout stays at its default (minutes): the hung replacement's silence ends it.
-    async with running(make_deploy("synthetic_text")) as orch:
+    # Each worker "loads weights" for 1.5 s (a forked worker is Ready within milliseconds otherwise,
+    # and could be Ready before the test stops it).
+    loading = [{"stage_id": 0, "engine_extras": {"load_ms": 1500}}]
+    async with running(make_deploy("synthetic_text", stages=loading)) as orch:
         orch.supervisor.starting_silence_s = 3.0  # (set after start: the first workers load unwatched)
         first = orch.workers[0][0]
         os.kill(first.pid, signal.SIGKILL)
-        # The replacement is stopped before it can say Ready (a worker takes ~1 s to import).
+        # The replacement is stopped while it loads, before it can say Ready.
         await eventually(lambda: orch.workers[0][0] is not first and orch.workers[0][0].proc is not None, 10.0)
         stuck = orch.workers[0][0]
         os.kill(stuck.pid, signal.SIGSTOP)

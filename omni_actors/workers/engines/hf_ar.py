@@ -47,7 +47,10 @@ KV cache, engine_extras["kv_cache"]:
   When a step's input is the last token's embedding, such a step is queued
   one ahead of the host's work on the step before (engine_extras["lookahead"],
   default on CUDA; hf_ar_lookahead.py); so is every step of an adapter that
-  draws its steps on the device itself (`draws_ahead`).
+  draws its steps on the device itself (`draws_ahead`). Prompts an adapter
+  allows (`graph_prefill`) run left-padded to a (batch, length) bucket and
+  replayed as CUDA graphs (engine_extras["prefill_graphs"], default on CUDA;
+  hf_ar_prefill.py).
 - "dynamic" (default on CPU): a DynamicCache per request; each decode step
   left-pads and stacks the requests' caches, then cuts each row back out.
   Cheapest for tiny CPU models.
