@@ -69,6 +69,9 @@ def test_csm_fused_passes_draw_the_transformers_codes(tiny_model):
     static = _csm_codes(path, "fused", params, kv_cache="static")
     fused = _csm_codes(path, "fused", params, kv_cache="static", fused_decode=True)
     np.testing.assert_array_equal(fused, static)
+    # and the prompts bucketed (the CUDA default, replayed there as graphs; eager here)
+    bucketed = _csm_codes(path, "fused", params, kv_cache="static", prefill_graphs=True)
+    np.testing.assert_array_equal(bucketed, static)
 
 
 def _talker_codes(path: Path, pipeline: str, mode: str, device: str = "cpu") -> np.ndarray:

@@ -47,6 +47,9 @@ SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
 class CsmBackboneAdapter(ARAdapter):
     batch_prefill = True
     """Prompts are plain embeddings (reference clips included): new requests share one prefill."""
+    graph_prefill: dict[str, Any] | None = {}
+    """The backbone's prompt forward takes a 4D mask and makes no host sync: prompts run bucketed,
+    replayed as CUDA graphs (hf_ar_prefill.py)."""
 
     def load(self) -> torch.nn.Module:
         from transformers import AutoTokenizer, CsmForConditionalGeneration

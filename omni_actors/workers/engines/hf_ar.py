@@ -206,8 +206,8 @@ class HfAREngine(StageEngine):
             raise ValueError(f"engine_extras.prefill_graphs: expected true or false, got {wanted!r}")
         if not wanted or self.adapter.graph_prefill is None:
             return None
-        embedding = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
-        hidden = embedding.weight.shape[1] if embedding is not None else self.model.config.hidden_size
+        config = self.model.config
+        hidden = getattr(config, "hidden_size", None) or config.get_text_config().hidden_size
         graphs = cuda_graphs_wanted(self.ctx)
         buckets = PrefillBuckets(self.adapter, self.device, hidden, next(self.model.parameters()).dtype,
                                  max(1, self.ctx.max_num_seqs), graphs)  # fmt: skip
