@@ -8,6 +8,7 @@ audio), and the bad-input 400s with that in mind.
 
 from __future__ import annotations
 
+import numpy as np
 import openai
 import pytest
 
@@ -38,7 +39,11 @@ async def test_instructions_are_the_scene_description(srv: Server, fam: Family) 
     scene, _ = await _wav(srv, fam, voice="default", instructions="A noisy street.", extra_body={"seed": 5})
     again, _ = await _wav(srv, fam, voice="default", instructions="A noisy street.", extra_body={"seed": 5})
     tagged, _ = await _wav(srv, fam, voice="SPEAKER1", extra_body={"seed": 5})
-    assert scene.size == again.size and (scene == again).all()
+    # The same codes; the codec's windows are cut where the codes had arrived (a window takes every
+    # whole chunk ready), and a non-causal decoder's float rounding differs by cut: at most 1 LSB
+    # of the 16-bit audio, on a few samples (3 of 30,720 on a loaded 2-core box).
+    assert scene.size == again.size and np.abs(scene - again).max() <= 1.0 / 32768 + 1e-9
+    assert (scene != again).mean() < 1e-3
     for audio in (scene, tagged):
         assert audio.size != plain.size or not (audio == plain).all()
 
