@@ -57,11 +57,17 @@ def test_tokenizer_module_imports_without_torchaudio_and_leaves_no_stand_in() ->
     assert module.torchaudio.functional.resample is resample
 
 
+def forced_of(state: DelayState) -> np.ndarray:
+    """[groups] the codes a state's next step must draw (FREE where free): `forced_codes` of one row."""
+    eos_at = torch.tensor([-1 if state.eos_at is None else state.eos_at])
+    return forced_codes(torch.tensor([state.step]), eos_at, state.groups, state.bos, state.eos)[0].numpy()
+
+
 def test_the_ramp_forces_bos_then_frames_undo_the_delay() -> None:
     state = DelayState(N, BOS, EOS)
     steps = []
     for t in range(N + 3):
-        forced = state.forced()
+        forced = forced_of(state)
         assert list(forced) == [BOS if k >= t else FREE for k in range(N)]
         codes = np.where(forced == BOS, BOS, 10 * t + np.arange(N))
         steps.append(codes)
@@ -82,7 +88,7 @@ def test_an_eos_forces_the_codebooks_in_turn_and_the_all_eos_step_ends() -> None
     state.push(np.array([1, EOS, 2, 3]))  # any codebook's eos starts the end
     frames = []
     for j in range(N + 1):
-        forced = state.forced()
+        forced = forced_of(state)
         assert list(forced == EOS) == [k <= j for k in range(N)]
         frame, done = state.push(np.where(forced == EOS, EOS, 5))
         if done:
@@ -97,7 +103,7 @@ def test_step_masks_keep_only_the_forced_code_and_never_bos_when_free() -> None:
     for _ in range(2):
         b.push(np.zeros(N))
     forced = forced_codes(torch.tensor([a.step, b.step]), torch.tensor([-1, -1]), N, BOS, EOS)
-    assert forced.tolist() == [list(a.forced()), list(b.forced())]
+    assert forced.tolist() == [list(forced_of(a)), list(forced_of(b))]
     keep = step_masks(forced, 1026, BOS)
     assert keep.shape == (2, N, 1026)
     assert keep[0, :, BOS].all() and not keep[0, :, :BOS].any()

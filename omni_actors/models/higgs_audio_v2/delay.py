@@ -42,11 +42,6 @@ class DelayState:
     recent: deque = field(default_factory=deque)
     """The last `groups` steps' codes."""
 
-    def forced(self) -> np.ndarray:
-        """[groups] the code each codebook must draw at the next step, FREE where it may choose."""
-        eos_at = torch.tensor([-1 if self.eos_at is None else self.eos_at])
-        return forced_codes(torch.tensor([self.step]), eos_at, self.groups, self.bos, self.eos)[0].numpy()
-
     def push(self, codes: np.ndarray) -> tuple[np.ndarray | None, bool]:
         """Record one step's [groups] codes: (the frame it completes or None, whether the request ended)."""
         codes = np.asarray(codes, dtype=np.int64).reshape(self.groups)

@@ -31,15 +31,12 @@ from omni_actors.models.higgs_audio_v2.ras import EMPTY, redraw_repeats
 from omni_actors.workers.engines.counter_noise import counter_uniform
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
 from omni_actors.workers.engines.hf_ar_sampling import gumbel_of
+from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 INTS, FLOATS = 4, 2
 """Per-row host values: (steps drawn, step of the first eos or -1, top-k or 0, noise key); (temperature, top-p)."""
 DRAW, REDRAW = 0, 1
 """Counter-noise salts: the step's draw, and RAS's redraw."""
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 class FrameSampler:
@@ -52,7 +49,9 @@ class FrameSampler:
         self.groups, self.vocab, self.bos, self.eos, self.ras = groups, vocab, bos, eos, ras
         self.embed = embed
         self.device = device
-        self.max_rows = _pow2(max(1, max_rows))
+        self.max_rows = max(1, max_rows)
+        self.sizes = buckets(self.max_rows, 1)
+        """Rows buckets, as the engine's slots bucket a decode batch (a graph each, per ranked width)."""
         rows, pin = self.max_rows, device.type == "cuda"
         self.logits = torch.zeros(rows, groups * vocab, device=device)
         self.ints = torch.zeros(rows, INTS, dtype=torch.int64, device=device)
@@ -73,7 +72,7 @@ class FrameSampler:
         if not sampled:
             return 1
         ks = [k if 0 < k < self.vocab else self.vocab for _, k, _ in sampled]
-        return self.vocab if max(ks) >= self.vocab else min(self.vocab, _pow2(max(ks)))
+        return bucket_for(max(ks), buckets(self.vocab, 1))
 
     def draw(
         self, logits: torch.Tensor, ints: np.ndarray | None, floats: np.ndarray | None,
@@ -99,7 +98,7 @@ class FrameSampler:
                 self.window[:n].copy_(self._window[:n], non_blocking=True)
         assert width is not None
         self.logits[:n].copy_(logits)
-        codes, frames = self.graphs.run(_pow2(n), width)
+        codes, frames = self.graphs.run(bucket_for(n, self.sizes), width)
         return codes[:n].clone(), frames[:n].clone(), width
 
     def advance(self, codes: torch.Tensor) -> None:
@@ -115,10 +114,8 @@ class FrameSampler:
 
     def warm(self, width: int) -> None:
         """Capture (on CUDA) every rows bucket's graph at `width`: at load, not under a request."""
-        rows = 1
-        while rows <= self.max_rows:
+        for rows in self.sizes:
             self.graphs.run(rows, width)
-            rows *= 2
 
     def _step(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The draw over the static buffers' first `rows` rows, ranking `width` codes a codebook."""

@@ -496,13 +496,11 @@ class HfAREngine(StageEngine):
 
     def _sample(self, seqs: list[ARSeq], out: ForwardOut, prefill: bool, drawn: Any = None) -> list[EngineOutput]:
         guided = self._guided(seqs)
-        took = self.adapter.take_draw(seqs, drawn) if drawn is not None else None
-        if took is None and not guided:
-            took = self.adapter.draw(seqs, out, prefill)
-        if took is not None:
-            tokens, results = took
+        if drawn is not None:  # the adapter's draw, queued with the step
+            took = self.adapter.take_draw(seqs, drawn)
         else:
-            tokens, results = self._pick(seqs, out, prefill, guided)
+            took = None if guided else self.adapter.draw(seqs, out, prefill)
+        tokens, results = took if took is not None else self._pick(seqs, out, prefill, guided)
         ended = [guided and s.grammar is not None and Grammars.consume(s, t) for s, t in zip(seqs, tokens, strict=True)]
         outputs = []
         for seq, tok, done, (payload, finished) in zip(seqs, tokens, ended, results, strict=True):

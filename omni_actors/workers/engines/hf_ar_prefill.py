@@ -6,7 +6,7 @@ A prompt's forward through transformers' layers is dozens of small launches a la
 stalls every running stream. For an adapter whose prompt forward makes no host sync and
 takes a prepared 4D mask (`ARAdapter.graph_prefill`: the one `extra` under which its
 forward may be captured), a batch of prompts is left-padded to a (batch, length) bucket
-(powers of two; lengths from MIN_LENGTH) and run through static buffers: the causal mask
+(powers of two as the slots bucket a decode batch, `hf_ar_slots.buckets`; lengths from MIN_LENGTH) and run through static buffers: the causal mask
 over each row's real positions and the rotary positions are made inside the forward from
 each row's first real position, and the keys and values land in per-layer tensors
 (`CapturedKV`, no cache bookkeeping) that the engine stores into the slots as for an eager
@@ -29,6 +29,7 @@ import torch
 from omni_actors.workers.engines.hf_ar_adapter import ARAdapter, ForwardOut
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs
 from omni_actors.workers.engines.hf_ar_sampling import small_tensor
+from omni_actors.workers.engines.hf_ar_slots import bucket_for, buckets
 
 MIN_LENGTH = 16
 """The shortest length bucket."""
@@ -38,27 +39,17 @@ WARM_BUCKETS = ((1, 64), (1, 128), (2, 64), (4, 64), (8, 64), (16, 64))
 """Buckets captured at load (a plain TTS prompt is ~40-100 positions)."""
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-class _Layer:
-    __slots__ = ("keys", "values")
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys, self.values = keys, values
-
-
 class CapturedKV:
     """The cache a bucketed prompt forward writes: each layer's keys and values as its attention
     made them (a prompt starts from nothing, so `update` only keeps them)."""
 
     def __init__(self) -> None:
-        self.layers: list[_Layer] = []
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """Each layer's (keys, values)."""
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         assert layer_idx == len(self.layers), "prompt layers run in order"
-        self.layers.append(_Layer(keys, values))
+        self.layers.append((keys, values))
         return keys, values
 
 
@@ -68,17 +59,18 @@ class PrefillBuckets:
     def __init__(self, adapter: ARAdapter, device: torch.device, hidden: int, dtype: torch.dtype,
                  max_batch: int, graphs: bool) -> None:  # fmt: skip
         self.adapter, self.device, self.hidden, self.dtype = adapter, device, hidden, dtype
-        self.max_batch = _pow2(max(1, max_batch))
+        self.batches = buckets(max(1, max_batch), 1)
+        self.lengths = buckets(MAX_POSITIONS, MIN_LENGTH)
         self.extra = dict(adapter.graph_prefill or {})
         self.graphs = DecodeGraphs(self._forward, graphs)
         self._buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def bucket(self, batch: int, longest: int) -> tuple[int, int] | None:
         """The (batch, length) bucket for `batch` prompts of at most `longest` positions, or None."""
-        shape = (_pow2(batch), max(MIN_LENGTH, _pow2(longest)))
-        if shape[0] > self.max_batch or shape[0] * shape[1] > MAX_POSITIONS:
+        if batch > self.batches[-1] or longest > self.lengths[-1]:
             return None
-        return shape
+        shape = (bucket_for(batch, self.batches), bucket_for(longest, self.lengths))
+        return shape if shape[0] * shape[1] <= MAX_POSITIONS else None
 
     def run(self, shape: tuple[int, int], rows: list[torch.Tensor]) -> tuple[ForwardOut, list[Any]]:
         """The forward of prompts `rows` ([n_i, hidden] embeddings) left-padded to `shape`:
@@ -105,7 +97,6 @@ class PrefillBuckets:
         """Capture the common buckets now (on zeros: a prompt forward has no side effect)."""
         for shape in WARM_BUCKETS:
             if self.bucket(*shape) == shape:
-                self.buffers(shape)
                 self.graphs.run(*shape)
 
     def _forward(self, batch: int, length: int) -> tuple[ForwardOut, list[Any]]:
@@ -119,4 +110,4 @@ class PrefillBuckets:
         cache = CapturedKV()
         out = self.adapter.forward(embeds, positions[None].expand(axes, batch, length), allowed[:, None], cache,
                                    self.extra)  # fmt: skip
-        return out, [(layer.keys, layer.values) for layer in cache.layers]
+        return out, cache.layers
