@@ -58,13 +58,17 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summary_ms(lat: StageLatency) -> dict[str, float | int | None]:
-    """p50 of a stage's recent samples in ms: since submit and since the stage started."""
+    """p50 and p95 of a stage's recent samples in ms: since submit and since the stage started."""
     subs = [s for s, _ in lat.recent]
     own = [o for _, o in lat.recent]
-    p_sub, p_own = percentile(subs, 50), percentile(own, 50)
+
+    def ms(values: list[float], q: float) -> float | None:
+        p = percentile(values, q)
+        return None if p is None else round(p * 1e3, 1)
+
     return {
         "n": len(own),
-        "since_submit_p50_ms": None if p_sub is None else round(p_sub * 1e3, 1),
-        "own_p50_ms": None if p_own is None else round(p_own * 1e3, 1),
+        "since_submit_p50_ms": ms(subs, 50), "since_submit_p95_ms": ms(subs, 95),
+        "own_p50_ms": ms(own, 50), "own_p95_ms": ms(own, 95),
         "own_max_ms": None if not own else round(max(own) * 1e3, 1),
-    }
+    }  # fmt: skip

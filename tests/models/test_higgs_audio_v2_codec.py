@@ -30,12 +30,14 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _streamed(
-    folder: Path, frames: torch.Tensor, bursts: list[int], device: str = "cpu", decodes: list | None = None
+    folder: Path, frames: torch.Tensor, bursts: list[int], device: str = "cpu", decodes: list | None = None,
+    **extras: int,
 ) -> tuple[np.ndarray, int, HiggsCodecAdapter]:
     """The audio of `frames` fed in `bursts` (frames a feed), each burst decoded before the next,
     and how many frames were in when the first audio left; `decodes` gets the shape of each
     decode that ran (eagerly: not a graph replay)."""
-    ctx = EngineContext(0, 0, "codec", folder, device, 4, "float32", 0.9, 1, engine_extras={"adapter": ADAPTER})
+    extras = {"adapter": ADAPTER, **extras}
+    ctx = EngineContext(0, 0, "codec", folder, device, 4, "float32", 0.9, 1, engine_extras=extras)
     codec = GenerationEngine(ctx)
     if decodes is not None:
         graphs, decode = codec.adapter.graphs, codec.adapter.graphs.decode
@@ -74,15 +76,39 @@ def test_windows_cut_anywhere_join_up_to_one_whole_decode(folder) -> None:
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * peak)
 
 
+def test_a_short_first_window_is_cut_at_the_same_frame_whenever_it_is_decoded(folder) -> None:
+    """first_right_context 3: first audio 6 frames sooner, the same audio however the frames
+    arrive (the cut never moves), a whole decode's from the second window on, and the first
+    window's end faded into it (no step at the join)."""
+    frames = torch.randint(0, 1024, (60, 8), generator=torch.Generator().manual_seed(2))
+    one_by_one, first_at, adapter = _streamed(folder, frames, [1] * 60, first_right_context=3)
+    assert first_at == adapter.first_chunk_size + 3
+    bursty, _, _ = _streamed(folder, frames, [59, 1], first_right_context=3)  # 59 in before the first decode
+    exact, _, _ = _streamed(folder, frames, [59, 1])
+    spc, f = adapter.samples_per_code, adapter.first_chunk_size
+    whole = adapter.decode([frames], [0], [None])[0].numpy()
+    peak = float(np.abs(whole).max())
+    np.testing.assert_allclose(bursty, one_by_one, rtol=0, atol=1e-4 * peak)
+    np.testing.assert_allclose(exact, whole, rtol=0, atol=1e-4 * peak)
+    short = adapter.decode([frames[: f + 3]], [0], [None])[0].numpy()
+    np.testing.assert_allclose(one_by_one[: f * spc], short[: f * spc], rtol=0, atol=1e-5 * peak)
+    assert np.abs(one_by_one[: f * spc] - whole[: f * spc]).max() > 1e-3 * peak  # cut short: not exact
+    np.testing.assert_allclose(one_by_one[(f + 1) * spc :], whole[(f + 1) * spc :], rtol=0, atol=1e-4 * peak)
+    fade = one_by_one[f * spc : (f + 1) * spc]
+    ramp = np.arange(1, spc + 1) / (spc + 1)
+    want = short[f * spc : (f + 1) * spc] * (1 - ramp) + whole[f * spc : (f + 1) * spc] * ramp
+    np.testing.assert_allclose(fade, want, rtol=0, atol=1e-4 * peak)
+
+
 def test_a_streamed_requests_windows_are_the_policys_lengths(folder) -> None:
     """On the CPU nothing widens a window: the lengths a stream's windows have by themselves (all
     but its last) are the ones `window_graphs` captures on CUDA."""
     frames = torch.randint(0, 1024, (160, 8), generator=torch.Generator().manual_seed(1))
-    for bursts in ([1] * 160, [13, 1, 21, 2, 5, 18, 60, 40]):
+    for bursts, extras in (([1] * 160, {}), ([13, 1, 21, 2, 5, 18, 60, 40], {}), ([1] * 160, {"first_right_context": 2})):
         decodes: list[tuple[int, ...]] = []
-        _, _, adapter = _streamed(folder, frames, bursts, decodes=decodes)
-        lengths = ChunkPolicy.of(adapter, {}).window_lengths()
-        assert decodes[0][2] == adapter.first_chunk_size + adapter.right_context
+        _, _, adapter = _streamed(folder, frames, bursts, decodes=decodes, **extras)
+        lengths = ChunkPolicy.of(adapter, extras).window_lengths()
+        assert decodes[0][2] == adapter.first_chunk_size + extras.get("first_right_context", adapter.right_context)
         assert [d[2] for d in decodes[:-1] if d[2] not in lengths] == []
         assert len(decodes) > 4
 

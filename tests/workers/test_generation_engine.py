@@ -185,6 +185,9 @@ def test_chunk_policy_grows_windows_and_takes_ready_codes():
         ChunkPolicy.of(ToyAdapter(None), {"max_chunk_size": 2})
     with pytest.raises(ValueError, match="chunk_growth"):
         ChunkPolicy.of(ToyAdapter(None), {"chunk_growth": 0.5})
+    with pytest.raises(ValueError, match="first_right_context"):  # ToyAdapter's right_context is 1
+        ChunkPolicy.of(ToyAdapter(None), {"first_right_context": 2})
+    assert ChunkPolicy.of(ToyAdapter(None), {}).first_window == ToyAdapter.first_chunk_size + 1
 
 
 def _underruns(pol: ChunkPolicy, frame_ms: float, audio_ms: float, frames: int) -> list[int]:

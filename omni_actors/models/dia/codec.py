@@ -26,7 +26,7 @@ import torch
 
 from omni_actors import logs
 from omni_actors.models.dia.loading import load_dac
-from omni_actors.workers.engines.generation_adapter import FrameCodecAdapter
+from omni_actors.workers.engines.generation_adapter import ChunkPolicy, FrameCodecAdapter
 from omni_actors.workers.engines.hf_ar_adapter import check_checkpoint
 
 log = logs.get(__name__)
@@ -57,9 +57,7 @@ class DacCodecAdapter(FrameCodecAdapter):
         if extras.get("warmup", self.ctx.device == "cuda"):
             # one first window now (CUDA kernels, cuDNN plans), not in a first request's audio
             started = time.monotonic()
-            n = int(extras.get("first_chunk_size", self.first_chunk_size)) + int(
-                extras.get("right_context", self.right_context)
-            )
+            n = ChunkPolicy.of(self, extras).first_window
             self.decode([torch.zeros(n, self.groups, dtype=torch.long)], [0], [None])
             log.info(
                 "dia.codec_warmed_up", frames=n, ms=round((time.monotonic() - started) * 1000, 1)

@@ -166,7 +166,7 @@ class Qwen2_5OmniCode2WavAdapter(GenerationAdapter):
             self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model, self.times,
             GUIDANCE_SCALE, enabled=True, autocast=self._dit_autocast, max_codes=longest,
         )  # fmt: skip
-        lengths = [policy.first_chunk_size + policy.right_context]
+        lengths = [policy.first_window, policy.first_chunk_size + policy.right_context]
         lengths += [
             policy.left_context + k * policy.chunk_size + policy.right_context
             for k in range(1, policy.cap // policy.chunk_size + 1)

@@ -17,6 +17,11 @@ joins up exactly.
 
 Chunk policy (a streaming request; every size in codes):
 - the first window decodes `first_chunk_size` new codes (small: first audio soon);
+  with `first_right_context` below `right_context` (a decoder that is not causal), it
+  waits for only that many codes after them and is always cut there, whatever has
+  arrived (a seeded request's audio stays independent of timing): first audio comes
+  sooner, its last samples near (not equal to) a whole decode's; the samples it decoded
+  past them are faded, over one code's samples, into the next window's exact ones;
 - the k-th later window wants chunk_size * chunk_growth^(k-1) new codes, capped
   at `max_chunk_size`, and waits until they (plus the lookahead) have arrived;
 - a window also takes every further code that is ready, in whole multiples of
@@ -61,7 +66,7 @@ ready codes, and chunked decoding joins up the same whatever the boundaries
 Everything model-specific (loading, how codes are read from a payload, the
 decode itself, per-request conditioning) sits in a `GenerationAdapter` named by
 `engine_extras["adapter"]`. `engine_extras` may override `chunk_size`,
-`first_chunk_size`, `left_context`, `right_context`, `chunk_growth`,
+`first_chunk_size`, `left_context`, `right_context`, `first_right_context`, `chunk_growth`,
 `max_chunk_size` and `max_batch_codes`; the adapter's class attributes are the
 defaults. `first_chunk_priority` (bool) is the engine's own.
 """
@@ -110,6 +115,9 @@ class _Req:
     first_audio: float | None = None
     input_done: bool = False
     streaming: bool = False
+    tail: np.ndarray | None = None
+    """A short first window's samples past what it sent (close to the next window's first
+    ones), faded into them (`_fade`)."""
 
 
 _Window = tuple[int, int, int, bool]
@@ -187,6 +195,14 @@ class GenerationEngine(StageEngine):
     def _window(self, req: _Req) -> _Window | None:
         """The next decode of `req`, or None if nothing is due."""
         pol = self.policy
+        if pol.short_first and req.streaming and req.chunks == 0:
+            # cut at first_window codes whenever it is decoded, so the audio does not depend on timing
+            new_end = req.decoded_codes + pol.first_chunk_size
+            end = new_end + pol.first_right_context
+            if end < req.total or (end == req.total and not req.input_done):
+                return max(0, req.decoded_codes - pol.left_context), new_end, end, False
+            if not req.input_done:
+                return None
         if req.input_done:
             if req.total == 0:
                 return (0, 0, 0, True)
@@ -302,6 +318,10 @@ class GenerationEngine(StageEngine):
                 raise RuntimeError(f"adapter skipped audio still to be sent ({rid})")
             stop = wav.shape[0] if final else min(wav.shape[0], new_end * spc - base)
             delta = wav[req.emitted - base : stop].numpy().astype(np.float32, copy=False)
+            if req.tail is not None:
+                delta = self._fade(req, delta)
+            elif not final and req.chunks == 0 and self.policy.short_first:
+                req.tail = wav[stop : stop + spc].numpy().astype(np.float32)
             req.emitted += delta.shape[0]
             req.decoded_codes = new_end
             if delta.shape[0] and req.first_audio is None:
@@ -312,6 +332,17 @@ class GenerationEngine(StageEngine):
                 req.chunks += 1
                 outputs.append(EngineOutput(rid, self._payload(delta)))
         return outputs
+
+    @staticmethod
+    def _fade(req: _Req, delta: np.ndarray) -> np.ndarray:
+        """`delta` (the audio after a short first window's) faded in from that window's tail over
+        the tail's length (one code's samples): no step where its approximate end meets the exact rest."""
+        tail, req.tail = req.tail, None
+        n = min(len(tail), len(delta))
+        ramp = np.arange(1, n + 1, dtype=np.float32) / (n + 1)
+        delta = delta.copy()
+        delta[:n] = tail[:n] * (1 - ramp) + delta[:n] * ramp
+        return delta
 
     def _payload(self, audio: np.ndarray) -> dict[str, Any]:
         return {"audio": audio, "sample_rate": self.adapter.sample_rate}

@@ -35,6 +35,10 @@ class GenerationAdapter(abc.ABC):
     """New codes in a request's first decode (smaller: first audio sooner)."""
     left_context: int = 25
     right_context: int = 0
+    first_right_context: int | None = None
+    """Right context of a streamed request's first window (None: right_context). Less than
+    right_context: first audio right_context - first_right_context codes sooner, its last samples
+    close to (not equal to) a whole decode's, faded into the next window's (generation.py)."""
     chunk_growth: float = 2.0
     """Each later window wants this many times the previous one's new codes (1: fixed size)."""
     max_chunk_size: int | None = None
@@ -156,7 +160,7 @@ class FrameCodecAdapter(GenerationAdapter):
         if graphs.enabled:
             policy = ChunkPolicy.of(self, self.ctx.engine_extras)
             with timed(self.ctx, "cuda_graphs"):
-                graphs.warm(policy.first_chunk_size + policy.right_context)
+                graphs.warm(policy.first_window)
         if not graphs.enabled:  # (also when a capture failed while warming)
             for name, value in self.eager_windows.items():
                 setattr(self, name, value)
@@ -171,6 +175,7 @@ class ChunkPolicy:
     first_chunk_size: int
     left_context: int
     right_context: int
+    first_right_context: int
     chunk_growth: float
     max_chunk_size: int
 
@@ -180,10 +185,11 @@ class ChunkPolicy:
             return extras.get(name, getattr(adapter, name))
 
         chunk = int(get("chunk_size"))
-        cap = get("max_chunk_size")
+        cap, right, first_right = get("max_chunk_size"), int(get("right_context")), get("first_right_context")
         policy = cls(
             chunk_size=chunk, first_chunk_size=int(get("first_chunk_size")),
-            left_context=int(get("left_context")), right_context=int(get("right_context")),
+            left_context=int(get("left_context")), right_context=right,
+            first_right_context=right if first_right is None else int(first_right),
             chunk_growth=float(get("chunk_growth")),
             max_chunk_size=int(cap) if cap else 4 * chunk,
         )  # fmt: skip
@@ -191,6 +197,11 @@ class ChunkPolicy:
             raise ValueError("chunk_size and first_chunk_size must be at least 1")
         if policy.left_context < 0 or policy.right_context < 0:
             raise ValueError("left_context and right_context must not be negative")
+        if not 0 <= policy.first_right_context <= policy.right_context:
+            raise ValueError(
+                f"first_right_context must be between 0 and right_context ({policy.right_context}), "
+                f"got {policy.first_right_context}"
+            )
         if policy.chunk_growth < 1:
             raise ValueError(f"chunk_growth must be at least 1, got {policy.chunk_growth}")
         if policy.max_chunk_size < policy.chunk_size:
@@ -199,6 +210,16 @@ class ChunkPolicy:
                 f"chunk_size ({policy.chunk_size})"
             )
         return policy
+
+    @property
+    def first_window(self) -> int:
+        """Codes in a streamed request's first window (its new codes and their right context)."""
+        return self.first_chunk_size + self.first_right_context
+
+    @property
+    def short_first(self) -> bool:
+        """The first window's right context is cut short (first_right_context < right_context)."""
+        return self.first_right_context < self.right_context
 
     @property
     def cap(self) -> int:
@@ -212,7 +233,7 @@ class ChunkPolicy:
         (its rest; a shorter rest is widened to one of these by more left context)."""
         chunks = range(1, self.cap // self.chunk_size + 2)
         first = self.first_chunk_size + self.right_context
-        lengths = {first} | {first + k * self.chunk_size for k in chunks}
+        lengths = {self.first_window} | {first + k * self.chunk_size for k in chunks}
         lengths |= {self.left_context + k * self.chunk_size + self.right_context for k in chunks[:-1]}
         lengths.add(self.left_context + int(FINAL_WINDOW_SLACK * self.cap))
         return tuple(sorted(lengths))
