@@ -152,6 +152,29 @@ async def test_live_transcript_streams_before_the_commit(srv: Server) -> None:
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_turns_cleared_or_dropped_at_once_end_their_requests(srv: Server) -> None:
+    """An append then a clear (or a closed socket) straight away, before the turn's task has run:
+    the turn's request still ends (it used to stay in the stage, and 64 of them filled its queue)."""
+    wire = base64.b64encode(pcm16_bytes(Resampler(RATE, WIRE_RATE).push(_speechlike(0.2, seed=5)))).decode()
+    session = {"type": "transcription", "audio": {"input": {"transcription": {"model": "tiny-vox"}, "turn_detection": None}}}
+    async with _sdk(srv).realtime.connect(model="tiny-vox") as conn:
+        await conn.session.update(session=session)
+        await _until(conn, "session.updated")
+        for _ in range(5):
+            await conn.input_audio_buffer.append(audio=wire)
+            await conn.input_audio_buffer.clear()
+        for _ in range(5):
+            await _until(conn, "input_audio_buffer.cleared")
+        await eventually(lambda: idle(srv.orch), timeout_s=EVENT_TIMEOUT_S)
+    for _ in range(3):
+        async with _sdk(srv).realtime.connect(model="tiny-vox") as conn:
+            await conn.session.update(session=session)
+            await _until(conn, "session.updated")
+            await conn.input_audio_buffer.append(audio=wire)
+    await eventually(lambda: idle(srv.orch), timeout_s=EVENT_TIMEOUT_S)
+    assert srv.orch.statistics().requests_in_flight == 0
+
+
 async def test_live_transcription_with_server_vad(srv: Server, tmp_path: Path) -> None:
     """Server VAD: the turn is heard from speech_started on, under the item id speech_started named."""
     spoken = speak("Hello there. How are you today?", tmp_path)

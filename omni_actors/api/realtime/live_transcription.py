@@ -49,6 +49,13 @@ class LiveTurn:
         self.item: Item | None = None
         self._committed = asyncio.Event()
         self.task = asyncio.ensure_future(self._run())
+        self.task.add_done_callback(self._ended)
+
+    def _ended(self, _task: asyncio.Future) -> None:
+        """However the task ended, the request ends: a task cancelled before its first step never
+        runs `_run`'s `finally` (a turn cleared or a socket closed right after the first append)."""
+        if self.call.stream is not None:
+            self.call.stream.abort()  # a no-op once the stream has ended
 
     @classmethod
     async def open(cls, host: Host, item_id: str, start: int) -> LiveTurn:
