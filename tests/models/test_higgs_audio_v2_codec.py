@@ -64,11 +64,12 @@ def _streamed(
 
 def test_windows_cut_anywhere_join_up_to_one_whole_decode(folder) -> None:
     frames = torch.randint(0, 1024, (60, 8), generator=torch.Generator().manual_seed(0))
-    one_by_one, first_at, adapter = _streamed(folder, frames, [1] * 60)
+    exact = {"first_right_context": HiggsCodecAdapter.right_context}  # (the default cuts the first window short)
+    one_by_one, first_at, adapter = _streamed(folder, frames, [1] * 60, **exact)
     assert isinstance(adapter, HiggsCodecAdapter)
     assert first_at == adapter.first_chunk_size + adapter.right_context
     want = adapter.decode([frames], [0], [None])[0].numpy()
-    bursty, _, _ = _streamed(folder, frames, [13, 1, 21, 2, 5, 18])  # windows grow with what is ready
+    bursty, _, _ = _streamed(folder, frames, [13, 1, 21, 2, 5, 18], **exact)  # windows grow with what is ready
     peak = float(np.abs(want).max())
     for got in (one_by_one, bursty):
         assert got.shape == want.shape
@@ -77,14 +78,14 @@ def test_windows_cut_anywhere_join_up_to_one_whole_decode(folder) -> None:
 
 
 def test_a_short_first_window_is_cut_at_the_same_frame_whenever_it_is_decoded(folder) -> None:
-    """first_right_context 3: first audio 6 frames sooner, the same audio however the frames
+    """first_right_context 3 (the default): first audio 6 frames sooner, the same audio however the frames
     arrive (the cut never moves), a whole decode's from the second window on, and the first
     window's end faded into it (no step at the join)."""
     frames = torch.randint(0, 1024, (60, 8), generator=torch.Generator().manual_seed(2))
     one_by_one, first_at, adapter = _streamed(folder, frames, [1] * 60, first_right_context=3)
     assert first_at == adapter.first_chunk_size + 3
     bursty, _, _ = _streamed(folder, frames, [59, 1], first_right_context=3)  # 59 in before the first decode
-    exact, _, _ = _streamed(folder, frames, [59, 1])
+    exact, _, _ = _streamed(folder, frames, [59, 1], first_right_context=adapter.right_context)
     spc, f = adapter.samples_per_code, adapter.first_chunk_size
     whole = adapter.decode([frames], [0], [None])[0].numpy()
     peak = float(np.abs(whole).max())
@@ -104,11 +105,11 @@ def test_a_streamed_requests_windows_are_the_policys_lengths(folder) -> None:
     """On the CPU nothing widens a window: the lengths a stream's windows have by themselves (all
     but its last) are the ones `window_graphs` captures on CUDA."""
     frames = torch.randint(0, 1024, (160, 8), generator=torch.Generator().manual_seed(1))
-    for bursts, extras in (([1] * 160, {}), ([13, 1, 21, 2, 5, 18, 60, 40], {}), ([1] * 160, {"first_right_context": 2})):
+    for bursts, extras in (([1] * 160, {}), ([13, 1, 21, 2, 5, 18, 60, 40], {}), ([1] * 160, {"first_right_context": 9})):
         decodes: list[tuple[int, ...]] = []
         _, _, adapter = _streamed(folder, frames, bursts, decodes=decodes, **extras)
         lengths = ChunkPolicy.of(adapter, extras).window_lengths()
-        assert decodes[0][2] == adapter.first_chunk_size + extras.get("first_right_context", adapter.right_context)
+        assert decodes[0][2] == adapter.first_chunk_size + extras.get("first_right_context", adapter.first_right_context)
         assert [d[2] for d in decodes[:-1] if d[2] not in lengths] == []
         assert len(decodes) > 4
 

@@ -86,6 +86,7 @@ class HiggsLMAdapter(ARAdapter):
     """New prompts share one left-padded prefill; their per-position audio masks (`extra`) are
     padded and stacked by `batch_extra`."""
     graph_prefill = {"text_only": True}
+    warm_graphs = True
     """Plain prompts (the text path alone) run bucketed, replayed as CUDA graphs (hf_ar_prefill.py)."""
 
     def load(self) -> torch.nn.Module:

@@ -143,6 +143,11 @@ class ARAdapter(abc.ABC):
         as steps first use them."""
         return None
 
+    warm_graphs: bool = False
+    """The default of engine_extras["warm_graphs"] for this adapter (hf_ar_warm.py): True for a
+    speech LM whose first audio under load is the point, where a bucket first met mid-stream
+    (a capture) stalls every stream for tens of milliseconds."""
+
     def ready(self, seq: ARSeq) -> bool:
         """True when the request has what its next forward needs."""
         return True

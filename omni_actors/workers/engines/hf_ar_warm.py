@@ -9,7 +9,9 @@ captures every other bucket from the same static buffers, and drops the request.
 they compute and write at position 0 of slots no request holds yet, which a request's prompt
 overwrites when it takes the slot (as unused rows of any bucket do).
 
-Off by default (`warm_graphs: true` asks for it; with `compile_dynamic: false` each bucket is
+Off by default, on for the speech LMs whose adapters say so (`ARAdapter.warm_graphs`: Higgs-Audio-V2,
+CSM's backbone; served Higgs at 10 requests/s, first audio p95 142 -> 99 ms, start-up ~+5 s,
+docs/benchmarks.md "Twenty-first session"). `warm_graphs: true` asks for it elsewhere (and false turns it off; with `compile_dynamic: false` each bucket is
 compiled at start too, 3-6 s each cold for a 1.5B fused step; with the default symbolic compile,
 `warm_compiled` below has compiled already and this only captures). On an H200 (Qwen2.5-Omni-3B-sized, thinker
 and talker warmed, 24 buckets each) it added 4.1 s to start-up and changed nothing in a run that
@@ -35,8 +37,8 @@ WARMUP_PARAMS = {"seed": 0, "max_tokens": 4, "temperature": 1.0}
 
 
 def warm_wanted(engine: Any) -> bool:
-    """engine_extras["warm_graphs"] (default false), checked; only where graphs are on."""
-    value = engine.ctx.engine_extras.get("warm_graphs", False)
+    """engine_extras["warm_graphs"] (default: the adapter's `warm_graphs`), checked; only where graphs are on."""
+    value = engine.ctx.engine_extras.get("warm_graphs", engine.adapter.warm_graphs)
     if not isinstance(value, bool):
         raise ValueError(f"engine_extras.warm_graphs: expected true or false, got {value!r}")
     graphs = engine.graphs
