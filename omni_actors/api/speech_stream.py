@@ -1,6 +1,6 @@
 """WebSocket /v1/audio/speech/stream: text streamed in (token by token is fine), speech streamed out.
 
-Client events (JSON text frames):
+Client events (JSON; text frames, or binary frames holding the same JSON, as on /v1/realtime):
 
     {"type": "session.update", "session": {"model", "voice", "response_format", "instructions",
                                            "speed", "seed"}}      any subset; answered session.updated
@@ -8,9 +8,17 @@ Client events (JSON text frames):
     {"type": "input_text.flush"}      speak what is buffered now
     {"type": "input_text.done"}       no more text for this utterance: finish it, then speech.audio.done
 
+Each may carry an "event_id", echoed in the error it causes.
+
 Server events: session.created, session.updated, speech.audio.delta {"audio": base64 of
-`response_format` bytes}, speech.audio.done {"usage"}, error {"error": {...}} (the session
-lives on).
+`response_format` bytes}, speech.audio.done {"usage"}, error {"error": {"type", "code", "message",
+"param", "event_id"}} (the session lives on).
+
+A text runs from its first input_text.append to its input_text.done. session.update inside
+one is refused (error, code "text_in_progress"); between texts it is taken and applies to
+the texts appended after it. A text keeps the settings it started with (TextSettings) to its
+speech.audio.done, even while it is still speaking after its input_text.done and the session
+has since been updated.
 
 session.created / session.updated also say "sample_rate", the rate of the audio deltas
 (read-only; ignored in session.update): 24000 for pcm, the default (OpenAI's pcm, as on
@@ -40,12 +48,14 @@ from aiohttp import WSMsgType, web
 
 from omni_actors.api.calls import PipelineCall, orchestrator, require_model, route_model
 from omni_actors.api.errors import ApiError, bad_request, from_exception
-from omni_actors.api.pipelines import PIPELINES_KEY, ROUTED
+from omni_actors.api.pipelines import PIPELINES_KEY
+from omni_actors.api.realtime.client_events import event_id_of
 from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, VoiceRef
 from omni_actors.api.speech import Encoding, audio_of, speech_usage
 from omni_actors.api.speech_audio import FORMATS, PCM_RATE, wire_rate
 from omni_actors.api.speech_inputs import speech_call
 from omni_actors.errors import RequestError
+from omni_actors.orchestrator.core import Orchestrator
 
 ROUTE = "/v1/audio/speech/stream"
 CLAUSE = re.compile(r"[.!?;:,](?=\s)|[\u3002\uff01\uff1f\uff0c\uff1b]|\n")
@@ -68,6 +78,18 @@ class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     instructions: Instructions | None = None
     speed: float = 1.0
     seed: Seed | None = None
+
+
+class TextSettings(msgspec.Struct, frozen=True):
+    """What a text is spoken with: the session's settings when it started, kept to its end."""
+
+    config: SessionConfig
+    orch: Orchestrator
+    """The pipeline serving `config.model`."""
+    api_speed: float = 1.0
+    """The speed the API applies to the audio (1.0 where the model speaks at `config.speed` itself)."""
+    rate: int | None = None
+    """The model's sample rate, where it declares one."""
 
 
 class ClientEvent(msgspec.Struct, forbid_unknown_fields=True):
@@ -101,6 +123,7 @@ class Utterance:
 
     def __init__(self, session: Session, after: asyncio.Task | None) -> None:
         self.session = session
+        self.settings = session.settings
         self.clauses: asyncio.Queue[asyncio.Queue | None] = asyncio.Queue()
         self.words = 0
         self.tokens: list[dict[int, tuple[int, int]]] = []
@@ -120,13 +143,14 @@ class Utterance:
         self.clauses.put_nowait(None)
 
     async def _run(self, clause: str, out: asyncio.Queue) -> None:
-        s = self.session
-        cfg = s.config
+        s, st = self.session, self.settings
+        cfg = st.config
         try:
             async with s.ahead:
-                what = await speech_call(s.request, orchestrator(s.request).pipeline, clause, cfg.voice,
-                                         cfg.instructions, cfg.speed, cfg.seed)
-                async with PipelineCall(s.request, ROUTE, what.inputs, what.params, {"audio"}) as call:
+                what = await speech_call(s.request, st.orch.pipeline, clause, cfg.voice, cfg.instructions,
+                                         cfg.speed, cfg.seed)
+                async with PipelineCall(s.request, ROUTE, what.inputs, what.params, {"audio"},
+                                        orch=st.orch) as call:
                     async for chunk in call:
                         if (got := audio_of(chunk)) is not None:
                             out.put_nowait(got)
@@ -141,8 +165,8 @@ class Utterance:
         """Audio of each clause in text order, then speech.audio.done (after the previous text's)."""
         if after is not None:
             await asyncio.gather(after, return_exceptions=True)
-        s = self.session
-        enc = Encoding(s.config.response_format, s.api_speed, s.rate)
+        s, st = self.session, self.settings
+        enc = Encoding(st.config.response_format, st.api_speed, st.rate)
         chunks = 0
         while (queue := await self.clauses.get()) is not None:
             while (item := await queue.get()) is not None:
@@ -166,10 +190,13 @@ class Utterance:
 class Session:
     def __init__(self, request: web.Request, ws: web.WebSocketResponse) -> None:
         self.request, self.ws = request, ws
-        self.config = SessionConfig(model=require_model(orchestrator(request), None),
-                                    seed=secrets.randbelow(SESSION_SEED_BOUND))
-        self.api_speed, self.rate = 1.0, None
+        orch = orchestrator(request)
+        self.settings = TextSettings(SessionConfig(model=require_model(orch, None),
+                                                   seed=secrets.randbelow(SESSION_SEED_BOUND)), orch)
+        """What the next text is spoken with; each Utterance keeps the one it started with."""
         self.buffer = ""
+        self.in_text = False
+        """Between a text's first input_text.append and its input_text.done: session.update is refused."""
         self.ahead = asyncio.Semaphore(MAX_AHEAD)
         self.current: Utterance | None = None
         self.last: asyncio.Task | None = None
@@ -178,23 +205,23 @@ class Session:
     async def send(self, event: dict[str, Any]) -> None:
         await self.ws.send_str(msgspec.json.encode(event).decode())
 
-    async def error(self, err: ApiError) -> None:
-        await self.send({"type": "error", **err.body()})
+    async def error(self, err: ApiError, event_id: str | None = None) -> None:
+        await self.send({"type": "error", "error": {**err.body()["error"], "event_id": event_id}})
 
     def described(self) -> dict[str, Any]:
-        fmt = self.config.response_format
-        rate = PCM_RATE if fmt == "pcm" else wire_rate(fmt, self.rate) if self.rate else None
-        return {**msgspec.structs.asdict(self.config), "sample_rate": rate}  # every field, defaults too
+        fmt, rate = self.settings.config.response_format, self.settings.rate
+        wire = PCM_RATE if fmt == "pcm" else wire_rate(fmt, rate) if rate else None
+        return {**msgspec.structs.asdict(self.settings.config), "sample_rate": wire}  # every field, defaults too
 
     async def update(self, raw: dict[str, Any] | None) -> None:
-        if self.current is not None:
+        if self.in_text:
             raise bad_request("session.update is not allowed in the middle of a text; send input_text.done "
-                              "first", "session")
+                              "first", "session", "text_in_progress")
         raw = {k: v for k, v in (raw or {}).items() if k != "sample_rate"}  # read-only (an echoed session)
         if raw.get("seed", 0) is None:
             raw.pop("seed")  # the session keeps one seed: null does not take it away
         try:
-            new = msgspec.convert({**msgspec.to_builtins(self.config), **raw}, SessionConfig)
+            new = msgspec.convert({**msgspec.to_builtins(self.settings.config), **raw}, SessionConfig)
         except msgspec.ValidationError as err:
             raise bad_request(f"session: {err}", "session") from None
         orch, _ = self.request.app[PIPELINES_KEY].find(new.model, {"audio"}, "session.model")
@@ -203,28 +230,36 @@ class Session:
         if new.response_format not in FORMATS:
             raise bad_request(f"response_format must be one of {list(FORMATS)}", "session.response_format")
         what = await speech_call(self.request, orch.pipeline, "-", new.voice, new.instructions, new.speed, new.seed)
-        self.config, self.api_speed, self.rate = new, what.api_speed, what.sample_rate
-        self.request[ROUTED] = orch  # this session's next texts go to the model it named
+        self.settings = TextSettings(new, orch, what.api_speed, what.sample_rate)  # for the next texts only
         await self.send({"type": "session.updated", "session": self.described()})
 
-    def take(self, text: str, final: bool, done: bool = False) -> None:
-        """Buffer `text`; start every whole clause (all of it when `final`); `done` ends the text."""
+    def append(self, text: str) -> None:
+        self.in_text = True
+        self._take(text, final=False)
+
+    def flush(self) -> None:
+        self._take("", final=True)
+
+    def done(self) -> None:
+        self._take("", final=True)
+        self._utterance().end()  # an empty text still gets its speech.audio.done
+        self.current, self.in_text = None, False
+
+    def _take(self, text: str, final: bool) -> None:
+        """Buffer `text`; start every whole clause (all of it when `final`)."""
         if len(self.buffer) + len(text) > MAX_BUFFER_CHARS:
             final = True  # a text with no clause end for this long is spoken as it is
         clauses, self.buffer = split_clauses(self.buffer + text, final)
         for clause in clauses:
-            if self.current is None:
-                self.current = Utterance(self, self.last)
-                self.last = self.current.sender
-                self.all.append(self.current)
-            self.current.start(clause)
-        if done:
-            if self.current is None:  # an empty text still gets its speech.audio.done
-                self.current = Utterance(self, self.last)
-                self.last = self.current.sender
-                self.all.append(self.current)
-            self.current.end()
-            self.current = None
+            self._utterance().start(clause)
+
+    def _utterance(self) -> Utterance:
+        """The current text's, started (with the session's settings now) at its first clause."""
+        if self.current is None:
+            self.current = Utterance(self, self.last)
+            self.last = self.current.sender
+            self.all.append(self.current)
+        return self.current
 
     def close(self) -> None:
         for utt in self.all:
@@ -240,25 +275,30 @@ async def speech_stream(request: web.Request) -> web.StreamResponse:
     decoder = msgspec.json.Decoder(ClientEvent)
     try:
         async for msg in ws:
-            if msg.type != WSMsgType.TEXT:
+            if msg.type == WSMsgType.ERROR:
+                break
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue
+            event_id = None
             try:
-                event = decoder.decode(msg.data)
+                event = decoder.decode(msg.data)  # a binary frame holds the same JSON, as on /v1/realtime
+                event_id = event.event_id
                 match event.type:
                     case "session.update":
                         await session.update(event.session)
                     case "input_text.append":
-                        session.take(event.text or "", final=False)
+                        session.append(event.text or "")
                     case "input_text.flush":
-                        session.take("", final=True)
+                        session.flush()
                     case "input_text.done":
-                        session.take("", final=True, done=True)
+                        session.done()
                     case other:
                         raise bad_request(f"unknown event type {other!r}", "type", "unknown_event")
             except msgspec.DecodeError as err:
-                await session.error(bad_request(f"invalid event: {err}", None, "invalid_event"))
+                await session.error(bad_request(f"invalid event: {err}", None, "invalid_event"),
+                                    event_id_of(msg.data))
             except ApiError as err:
-                await session.error(err)
+                await session.error(err, event_id)
     finally:
         session.close()
     return ws
