@@ -48,7 +48,6 @@ class CsmBackboneAdapter(ARAdapter):
     batch_prefill = True
     """Prompts are plain embeddings (reference clips included): new requests share one prefill."""
     graph_prefill: dict[str, Any] | None = {}
-    warm_graphs = True
     """The backbone's prompt forward takes a 4D mask and makes no host sync: prompts run bucketed,
     replayed as CUDA graphs (hf_ar_prefill.py)."""
 

@@ -9,8 +9,8 @@ captures every other bucket from the same static buffers, and drops the request.
 they compute and write at position 0 of slots no request holds yet, which a request's prompt
 overwrites when it takes the slot (as unused rows of any bucket do).
 
-Off by default, on for the speech LMs whose adapters say so (`ARAdapter.warm_graphs`: Higgs-Audio-V2,
-CSM's backbone; served Higgs at 10 requests/s, first audio p95 142 -> 99 ms, start-up ~+5 s,
+Off by default, on for the speech LMs whose adapters say so (`ARAdapter.warm_graphs`: Higgs-Audio-V2;
+served at 10 requests/s, first audio p95 142 -> 99 ms, start-up ~+5 s,
 docs/benchmarks.md "Twenty-first session"). `warm_graphs: true` asks for it elsewhere (and false turns it off; with `compile_dynamic: false` each bucket is
 compiled at start too, 3-6 s each cold for a 1.5B fused step; with the default symbolic compile,
 `warm_compiled` below has compiled already and this only captures). On an H200 (Qwen2.5-Omni-3B-sized, thinker
