@@ -194,12 +194,16 @@ async def test_realtime_spoken_turn(srv: Server, question_wav: bytes) -> None:
 
 async def test_realtime_transcription_session(srv: Server, question_wav: bytes) -> None:
     """GA `session.type: "transcription"`: a server-VAD turn of the question is transcribed by the ASR
-    stage alone (deltas adding up to the transcript, no response); a language Whisper refuses fails the turn."""
+    stage alone (deltas adding up to the transcript, no response); a language Whisper refuses is an
+    `error` at session.update (as /v1/audio/transcriptions refuses it), and the options it takes then
+    transcribe a committed turn."""
     wave, rate = read_wav(question_wav)
     wire = np.concatenate([resample(wave, rate, WIRE_RATE), np.zeros(WIRE_RATE, np.float32)])
     chunks = [base64.b64encode(pcm16_bytes(c)).decode() for c in np.array_split(wire, 10)]
     types: list[str] = []
     deltas: list[str] = []
+    heard: list[str] = []
+    refused = None
     async with client(srv).realtime.connect(model="assistant") as conn:
         await conn.session.update(session={"type": "transcription", "audio": {"input": {
             "transcription": {"model": "whisper-1"},
@@ -210,23 +214,31 @@ async def test_realtime_transcription_session(srv: Server, question_wav: bytes) 
                 assert event.session.type == "transcription"
                 for chunk in chunks:
                     await conn.input_audio_buffer.append(audio=chunk)
+                if refused is not None:  # the second turn: committed by hand
+                    assert event.session.audio.input.transcription.language == "en"
+                    await conn.input_audio_buffer.commit()
             elif event.type == "conversation.item.input_audio_transcription.delta":
                 deltas.append(event.delta)
             elif event.type == "conversation.item.input_audio_transcription.completed":
                 assert "".join(deltas) == event.transcript and normalize(event.transcript) == normalize(QUESTION)
+                heard.append(event.transcript)
+                deltas.clear()
+                if refused is not None:
+                    break
                 await conn.session.update(session={"type": "transcription", "audio": {"input": {
                     "transcription": {"model": "whisper-1", "language": "fr"}, "turn_detection": None}}})
-                for chunk in chunks:
-                    await conn.input_audio_buffer.append(audio=chunk)
-                await conn.input_audio_buffer.commit()
-            elif event.type == "conversation.item.input_audio_transcription.failed":
-                assert event.error.code == "rejected_by_stage"  # tiny.en hears English only
-                break
-            elif event.type == "error":
-                pytest.fail(f"realtime error: {event.error}")
+            elif event.type == "error" and refused is None:  # tiny.en hears English only
+                refused = event.error
+                assert (refused.code, refused.param) == (
+                    "rejected_by_stage", "session.audio.input.transcription.language"), refused
+                await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                    "transcription": {"model": "whisper-1", "language": "en"}, "turn_detection": None}}})
+            elif event.type in ("error", "conversation.item.input_audio_transcription.failed"):
+                pytest.fail(f"realtime {event.type}: {event}")
+    assert len(heard) == 2 and refused is not None
     assert types.index("input_audio_buffer.committed") < types.index(
         "conversation.item.input_audio_transcription.completed")
-    assert deltas and not [t for t in types if t.startswith("response.")], types
+    assert not [t for t in types if t.startswith("response.")], types
     await eventually(lambda: idle(srv.orch), timeout_s=10)
 
 

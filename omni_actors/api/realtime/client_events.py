@@ -42,10 +42,20 @@ class FormatIn(msgspec.Struct, kw_only=True):
     rate: int | None = None
 
 
+class TranscriptionIn(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """GA `audio.input.transcription` / beta `input_audio_transcription`: the fields of
+    /v1/audio/transcriptions' form with these names (a wrong type is refused here; what the
+    model's recognizer refuses, at session.update: transcription.py `check_options`)."""
+
+    model: Name | None = None
+    language: Name | None = None
+    prompt: Instructions | None = None
+
+
 class AudioInputIn(msgspec.Struct, kw_only=True):
     format: FormatIn | str | UnsetType = UNSET
     turn_detection: TurnDetectionIn | UnsetType | None = UNSET
-    transcription: dict[str, Any] | UnsetType | None = UNSET
+    transcription: TranscriptionIn | UnsetType | None = UNSET
 
 
 class AudioOutputIn(msgspec.Struct, kw_only=True):
@@ -81,7 +91,7 @@ class SessionIn(msgspec.Struct, kw_only=True):
     voice: Name | UnsetType = UNSET
     input_audio_format: str | UnsetType = UNSET
     output_audio_format: str | UnsetType = UNSET
-    input_audio_transcription: dict[str, Any] | UnsetType | None = UNSET
+    input_audio_transcription: TranscriptionIn | UnsetType | None = UNSET
     turn_detection: TurnDetectionIn | UnsetType | None = UNSET
     audio: AudioIn | UnsetType = UNSET
     temperature: Temperature | UnsetType = UNSET

@@ -11,8 +11,10 @@ decides when to speak. `response.cancel` ends the response (status cancelled)
 and mutes the model until the user speaks again (input louder than
 SPEECH_RMS), when a new response opens. The session's voice, instructions and
 temperature at the stream's start go to the model as request params (an adapter
-that takes a voice or prompt reads them; Moshi takes neither). Input audio transcription is
-refused at session.update (unsupported_parameter): there are no committed turns to transcribe. Sessions past the duplex stage's slots
+that takes a voice or prompt reads them; Moshi takes neither). session.update is checked as every
+session's is (tools, `session.type: "transcription"`, ...: handler.py `_checked_update`), then for
+duplex: input audio transcription is refused (unsupported_parameter): there are no committed turns to
+transcribe, and `audio.output.speed` must be 1. Sessions past the duplex stage's slots
 are refused by the route (route.py). A stream that ends without the client closing (aborted by the
 orchestrator, a stage failure, an error sending a frame) ends the session: an `error` event, then the
 socket closes (1011; 1013 at the stage's limit) and the session is released.
@@ -41,7 +43,7 @@ from omni_actors.api.realtime.audio import (
 from omni_actors.api.realtime.conversation import Item, Part, new_id, render_item, render_part
 from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
-from omni_actors.api.realtime.session import apply_update, render_session
+from omni_actors.api.realtime.session import render_session
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
@@ -124,11 +126,7 @@ class DuplexSession(RealtimeSession):
                 await super()._dispatch(event)
 
     async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
-        try:
-            cfg, dialect = apply_update(self.cfg, s)
-        except ce.BadEvent as err:
-            err.event_id = eid
-            raise
+        cfg, dialect = await self._checked_update(s, eid)  # (every session's checks: tools, session.type, ...)
         if cfg.speed != 1.0:  # its frames go out in real time, one per frame heard
             raise ce.BadEvent("a full-duplex session speaks in real time: audio.output.speed must be 1.0",
                               param="session.audio.output.speed", event_id=eid)

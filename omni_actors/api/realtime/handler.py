@@ -41,7 +41,11 @@ from omni_actors.api.realtime.responses import ResponseRun
 from omni_actors.api.realtime.session import SessionConfig, apply_update, render_session
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.transcription import (
+    check_options,
+    conversation_refusal,
+    only_transcribes,
     transcribes_only,
+    transcription_params,
 )
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector
 from omni_actors.api.speech_inputs import speech_call
@@ -77,7 +81,6 @@ class RealtimeSession(InputAudio):
         self.buffer = InputBuffer()
         self.timeline = 0  # 16 kHz samples of input audio so far
         self.response: ResponseRun | None = None
-        self.transcribes_only = transcribes_only(orch.pipeline)
         self._transcriptions: set[asyncio.Task] = set()  # a transcription session's turns in flight
         self._live: LiveTurn | None = None  # the turn a streaming recognizer is hearing now
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), VAD_RATE)
@@ -195,22 +198,7 @@ class RealtimeSession(InputAudio):
             raise ce.BadEvent(refusal[0], code="unsupported_parameter", param=refusal[1])
 
     async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
-        try:
-            self._refuse_tools(s.tools, s.tool_choice, "session.")
-            cfg, dialect = apply_update(self.cfg, s)
-            forced_call(cfg.tools, cfg.tool_choice, "session.")  # a choice the session's tools cannot meet
-            if self.transcribes_only and s.type == "realtime":
-                raise ce.BadEvent(self._only_transcribes(), code="unsupported_session_type", param="session.type")
-            if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():
-                raise ce.BadEvent(f"pipeline {self.orch.pipeline.name!r} makes no transcripts: it cannot serve a "
-                                  "transcription session", code="unsupported_session_type", param="session.type")
-            if s.voice is not UNSET:
-                await self._check_voice(cfg.voice, "session.voice")
-            elif s.audio is not UNSET and s.audio.output is not UNSET and s.audio.output.voice is not UNSET:
-                await self._check_voice(cfg.voice, "session.audio.output.voice")
-        except ce.BadEvent as err:
-            err.event_id = eid
-            raise
+        cfg, dialect = await self._checked_update(s, eid)
         old, self.cfg = self.cfg, cfg
         if dialect is not None:
             self.dialect = dialect
@@ -219,6 +207,44 @@ class RealtimeSession(InputAudio):
         if cfg.turn_detection != old.turn_detection:
             self._reset_vad()
         await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
+
+    async def _checked_update(self, s: ce.SessionIn, eid: str | None) -> tuple[SessionConfig, ev.Dialect | None]:
+        """The config and dialect `s` asks for, checked as every session checks them (a duplex one adds its
+        own checks): a BadEvent naming `eid`, and nothing changed, for anything this pipeline cannot do."""
+        try:
+            self._refuse_tools(s.tools, s.tool_choice, "session.")
+            cfg, dialect = apply_update(self.cfg, s)
+            forced_call(cfg.tools, cfg.tool_choice, "session.")  # a choice the session's tools cannot meet
+            # A model that only transcribes is told at once to open the session type it serves; one with
+            # none to offer (text to speech) keeps its session, and each response.create says why not.
+            if s.type == "realtime" and transcribes_only(self.orch.pipeline):
+                raise ce.BadEvent(only_transcribes(self.cfg.model), code="unsupported_session_type",
+                                  param="session.type")
+            if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():
+                raise ce.BadEvent(f"pipeline {self.orch.pipeline.name!r} makes no transcripts: it cannot serve a "
+                                  "transcription session", code="unsupported_session_type", param="session.type")
+            if s.voice is not UNSET:
+                await self._check_voice(cfg.voice, "session.voice")
+            elif s.audio is not UNSET and s.audio.output is not UNSET and s.audio.output.voice is not UNSET:
+                await self._check_voice(cfg.voice, "session.audio.output.voice")
+            if transcription_params(cfg) != transcription_params(self.cfg):  # (the last: it asks the pipeline)
+                await self._check_transcription(s, cfg)
+        except ce.BadEvent as err:
+            err.event_id = eid
+            raise
+        return cfg, dialect
+
+    async def _check_transcription(self, s: ce.SessionIn, cfg: SessionConfig) -> None:
+        """New transcription options the pipeline's recognizer refuses are an `error` naming the option,
+        as /v1/audio/transcriptions answers the same fields with a 400 (transcription.py `check_options`)."""
+        refused = await check_options(self, cfg)
+        if refused is None:
+            return
+        ga = s.audio is not UNSET and s.audio.input is not UNSET and s.audio.input.transcription is not UNSET
+        param = "session.audio.input.transcription" if ga else "session.input_audio_transcription"
+        if refused.option is not None:
+            param = f"{param}.{refused.option}"
+        raise ce.BadEvent(f"{refused.message} (field `{param}`)", code=refused.code, param=param)
 
     async def _check_voice(self, voice: str, param: str) -> None:
         """A voice a client sets (session.update, response.create) is checked as POST /v1/audio/speech
@@ -229,10 +255,9 @@ class RealtimeSession(InputAudio):
             raise ce.BadEvent(err.message.replace("`voice`", f"`{param}`"), code=err.code or "invalid_value",
                               param=param) from None
 
-    def _only_transcribes(self) -> str:
-        return (f"model {self.cfg.model!r} only transcribes: it cannot hold a conversation; open a "
-                "transcription session (session.update with session.type 'transcription')")
-
+    def _conversation_refusal(self) -> str | None:
+        """Why this session's pipeline cannot answer a conversation (transcription.py), else None."""
+        return conversation_refusal(self.orch.pipeline, self.cfg.model)
     async def _items_from_client(self, items: list[ce.ItemIn]) -> list[Item]:
         """Client items with their audio decoded: refused by size before any decoding (the
         session's audio limit, from the base64 length), decoded off the loop when big."""
@@ -273,8 +298,6 @@ class RealtimeSession(InputAudio):
         if self.cfg.type == "transcription":
             raise ce.BadEvent("a transcription session makes no responses; its committed turns are transcribed",
                               code="unsupported_in_transcription_session", event_id=eid)
-        if self.transcribes_only:
-            raise ce.BadEvent(self._only_transcribes(), code="unsupported_session_type", event_id=eid)
         if self.response is not None:
             raise ce.BadEvent(f"conversation already has an active response {self.response.id}",
                               code="conversation_already_has_active_response", event_id=eid)
@@ -287,6 +310,8 @@ class RealtimeSession(InputAudio):
             if r is not None and r.input is not None:
                 context = await self._items_from_client(list(r.input))
             opts = Options.build(self.cfg, r, context)
+            if (refusal := self._conversation_refusal()) is not None:  # (a bad field is named first)
+                raise ce.BadEvent(refusal, code="unsupported_session_type")
         except ce.BadEvent as err:
             err.event_id = eid
             raise

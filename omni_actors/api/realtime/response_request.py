@@ -42,6 +42,9 @@ class Options:
     def build(cls, cfg: SessionConfig, r: ce.ResponseIn | None, context: list[Item] | None) -> Options:
         r = r or ce.ResponseIn()
         tokens = r.max_output_tokens if r.max_output_tokens is not None else r.max_response_output_tokens
+        for key in ("modalities", "output_modalities"):  # (as session.update refuses them: session.py)
+            if getattr(r, key) == []:
+                raise ce.BadEvent(f"{key} must name at least one of 'text', 'audio'", param=f"response.{key}")
         if r.conversation not in (None, "auto", "none"):
             raise ce.BadEvent("conversation must be 'auto' or 'none'", param="response.conversation")
         if r.output_audio_format not in (None, *FORMATS):

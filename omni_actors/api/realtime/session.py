@@ -131,7 +131,7 @@ def apply_update(cfg: SessionConfig, s: ce.SessionIn) -> tuple[SessionConfig, ev
     if s.output_audio_format is not UNSET:
         new["output_audio_format"] = _format(s.output_audio_format, "session.output_audio_format")
     if s.input_audio_transcription is not UNSET:
-        new["input_audio_transcription"] = s.input_audio_transcription
+        new["input_audio_transcription"] = _transcription(s.input_audio_transcription)
     if s.turn_detection is not UNSET:
         new["turn_detection"] = _turn_detection(s.turn_detection, cfg.turn_detection, "session.turn_detection")
     if s.audio is not UNSET:
@@ -140,7 +140,7 @@ def apply_update(cfg: SessionConfig, s: ce.SessionIn) -> tuple[SessionConfig, ev
             if a_in.format is not UNSET:
                 new["input_audio_format"] = _format(a_in.format, "session.audio.input.format")
             if a_in.transcription is not UNSET:
-                new["input_audio_transcription"] = a_in.transcription
+                new["input_audio_transcription"] = _transcription(a_in.transcription)
             if a_in.turn_detection is not UNSET:
                 new["turn_detection"] = _turn_detection(
                     a_in.turn_detection, cfg.turn_detection, "session.audio.input.turn_detection")
@@ -154,6 +154,11 @@ def apply_update(cfg: SessionConfig, s: ce.SessionIn) -> tuple[SessionConfig, ev
     if s.model is not UNSET:
         new["model"] = s.model
     return replace(cfg, **new), dialect
+
+
+def _transcription(value: ce.TranscriptionIn | None) -> dict[str, Any] | None:
+    """The options as the session holds and renders them: the fields the client set."""
+    return None if value is None else msgspec.to_builtins(value)
 
 
 def _speed(value: float, param: str) -> float:

@@ -11,12 +11,20 @@ becomes `.failed`. Turns are transcribed concurrently, each in its own task;
 a transcribed turn's audio is let go (the item keeps its transcript). A streaming
 recognizer (`PipelineConfig.live_transcription`) hears each turn while it is
 spoken instead (live_transcription.py), through the same delta and completion helpers.
+
+Also here: which pipelines can hold a conversation at all (`conversation_refusal`: one
+that answers in text, or a full-duplex one), and the check of new transcription options
+at session.update (`check_options`: tried on the recognizer, refused as the REST route's
+400 refuses them, before any turn is spoken).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import asyncio
+import re
+from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 from aiohttp import web
 
 from omni_actors import logs
@@ -27,17 +35,24 @@ from omni_actors.api.realtime.conversation import Item
 from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
-from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
+from omni_actors.errors import AdmissionError, RequestError, RequestRejected, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.outputs import TranscriptOutput
 
 log = logs.get(__name__)
 
 ROUTE = "/v1/realtime"
-CONVERSATION_OUTPUTS = frozenset({"text", "audio"})
-"""Output types a conversation (a model response) needs; a pipeline with neither only transcribes."""
+ANSWER_OUTPUT = "text"
+"""What a conversation needs of a pipeline: it answers in text (spoken too where it also makes audio).
+One without makes something of its input instead (speech of a text, a transcript, an image), except a
+full-duplex model, which answers in speech (duplex.py)."""
 TRANSCRIPTION_OPTIONS = ("language", "prompt")
 """`audio.input.transcription` fields passed on as the REST route passes its form fields."""
+CHECK_AUDIO_S = 0.2
+"""Silence a session's new transcription options are tried on (check_options)."""
+CHECK_TIMEOUT_S = 10.0
+"""Longest session.update waits for that try; past it the options are taken unchecked."""
+_ERROR_CLASS = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
 
 
 class Host(Protocol):
@@ -48,10 +63,30 @@ class Host(Protocol):
     async def send(self, event: ev.ServerEvent) -> None: ...
 
 
+def converses(pipe: PipelineConfig) -> bool:
+    """True for a pipeline that can answer a conversation (a realtime session's responses)."""
+    return ANSWER_OUTPUT in pipe.output_types() or pipe.duplex
+
+
 def transcribes_only(pipe: PipelineConfig) -> bool:
-    """True for a pipeline that makes transcripts and nothing a conversation could answer with."""
-    outputs = pipe.output_types()
-    return "transcript" in outputs and not outputs & CONVERSATION_OUTPUTS
+    """True for a pipeline that makes transcripts and no answer to a conversation."""
+    return "transcript" in pipe.output_types() and not converses(pipe)
+
+
+def only_transcribes(model: str) -> str:
+    return (f"model {model!r} only transcribes: it cannot hold a conversation; open a "
+            "transcription session (session.update with session.type 'transcription')")
+
+
+def conversation_refusal(pipe: PipelineConfig, model: str) -> str | None:
+    """Why a realtime session on `pipe` (served as `model`) cannot hold a conversation, else None."""
+    if converses(pipe):
+        return None
+    if transcribes_only(pipe):
+        return only_transcribes(model)
+    speech = "; to have a text spoken, send it to POST /v1/audio/speech" if pipe.speech is not None else ""
+    return (f"model {model!r} cannot hold a conversation: it makes {sorted(pipe.output_types())} from a "
+            f"request's input, not an answer to it{speech}")
 
 
 def transcription_params(cfg: SessionConfig) -> dict[str, Any]:
@@ -61,6 +96,45 @@ def transcription_params(cfg: SessionConfig) -> dict[str, Any]:
 
 TRANSCRIPTION_ERRORS = (AdmissionError, StageUnavailable, ApiError, RequestError, ValueError)
 """What ends one turn's transcription with `.failed` (the session goes on)."""
+
+
+class Refusal(NamedTuple):
+    """A recognizer's refusal of a session's transcription options."""
+
+    option: str | None
+    """"language" or "prompt"; None where both were set and the stage did not name one."""
+    code: str
+    """REST's code for the same refusal (api/errors.py `from_exception`)."""
+    message: str
+
+
+async def check_options(host: Host, cfg: SessionConfig) -> Refusal | None:
+    """The pipeline's recognizer's refusal of `cfg`'s transcription `language` or `prompt`; None when it
+    takes them.
+
+    No pipeline declares what its recognizer takes (one language per deploy, none, or no prompt), and
+    /v1/audio/transcriptions checks nothing up front: its stage refuses the request (a 400). So the
+    options are tried as that route passes them, on CHECK_AUDIO_S of silence, and the stage's own
+    refusal is the answer. A try that cannot tell (the stage busy, away, or slower than
+    CHECK_TIMEOUT_S) takes the options: each turn's `.failed` would then say what is wrong."""
+    params = transcription_params(cfg)
+    asked = [k for k in TRANSCRIPTION_OPTIONS if k in params]
+    if not asked or "transcript" not in host.orch.pipeline.output_types():
+        return None
+    inputs = {"audio": np.zeros(int(CHECK_AUDIO_S * VAD_RATE), np.float32), "sample_rate": VAD_RATE}
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_S), PipelineCall(
+                host.app, ROUTE, inputs, params, {"transcript"}, orch=host.orch) as call:
+            await call.started()  # (leaving aborts the rest of the request)
+    except RequestRejected as err:
+        api = from_exception(err)
+        if api.param is not None and api.param not in asked:  # a refusal of something else, not the options
+            return None
+        return Refusal(api.param or (asked[0] if len(asked) == 1 else None), api.code or "rejected_by_stage",
+                       _ERROR_CLASS.sub("", err.detail, count=1))
+    except (TimeoutError, *TRANSCRIPTION_ERRORS) as err:
+        log.warning("realtime.transcription_options_unchecked", error=type(err).__name__)
+    return None
 
 
 async def stream_transcript(host: Host, call: PipelineCall, item_id: str, index: int) -> str:

@@ -40,3 +40,32 @@ async def test_spoken_question_gets_a_spoken_answer(tmp_path: Path) -> None:
         assert item["content"][0]["audio"]  # the committed audio comes back, as pcm16 base64
         await c.ws.close()
         await eventually(lambda: idle(srv.orch), timeout_s=30)
+
+
+async def test_a_language_whisper_refuses_is_refused_at_session_update() -> None:
+    """Whisper (tiny.en) refuses any language but English: the session.update asking for one is the
+    `error` (REST's code, the option as `param`: beta or GA field), not each turn's `.failed`."""
+    if not is_prepared():
+        pytest.skip("assistant models are not prepared (omni-run prepare assistant)")
+    deploy = load_deploy(Path(omni_actors.__file__).parent / "deploy" / "assistant.yaml",
+                         {"model": str(default_data_dir()), "server": {"api_keys": [API_KEY]}})
+    async with serve_rt(deploy=deploy) as srv, aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        refused = [  # session fields, param (whisper names neither option: with both set, the object)
+            ({"input_audio_transcription": {"model": "whisper-1", "language": "fr"}},
+             "session.input_audio_transcription.language"),
+            ({"type": "transcription", "audio": {"input": {"transcription": {"language": "de"}}}},
+             "session.audio.input.transcription.language"),
+            ({"input_audio_transcription": {"language": "fr", "prompt": "Paris"}}, "session.input_audio_transcription"),
+        ]
+        for fields, param in refused:
+            await c.send("session.update", session=fields)
+            event = await c.recv(120)
+            assert event["type"] == "error", event
+            assert (event["error"]["code"], event["error"]["param"]) == ("rejected_by_stage", param), event
+            assert "transcribes 'en' only" in event["error"]["message"]
+        await c.send("session.update", session={"input_audio_transcription": {"model": "whisper-1", "language": "en"}})
+        updated = (await c.until("session.updated", timeout_s=120))[-1]["session"]
+        assert updated["input_audio_transcription"] == {"model": "whisper-1", "language": "en"}
+        await c.ws.close()
+        await eventually(lambda: idle(srv.orch), timeout_s=30)

@@ -103,6 +103,13 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             ({"type": "translation"}, "session.type"),
             ({"audio": {"input": {"format": {"type": "audio/wav"}}}}, "session.audio.input.format.type"),
             ({"audio": {"output": {"format": "opus"}}}, "session.audio.output.format"),
+            # transcription options of the wrong type: refused here, not by each turn's recognizer
+            ({"input_audio_transcription": {"language": 123}}, "session.input_audio_transcription.language"),
+            ({"input_audio_transcription": {"prompt": ["a"]}}, "session.input_audio_transcription.prompt"),
+            ({"audio": {"input": {"transcription": {"language": ["en"]}}}},
+             "session.audio.input.transcription.language"),
+            ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model"),
+            ({"input_audio_transcription": "whisper-1"}, "session.input_audio_transcription"),
             # one good field does not slip through beside a bad one
             ({"instructions": "changed", "temperature": 9.0}, "session.temperature"),
         ]
@@ -140,6 +147,8 @@ async def test_response_create_with_bad_values_starts_nothing(srv: RtServer) -> 
             ({"output_audio_format": "mp3"}, "response.output_audio_format"),
             ({"conversation": "elsewhere"}, "response.conversation"),
             ({"modalities": ["image"]}, "response.modalities[0]"),
+            ({"modalities": []}, "response.modalities"),  # as session.update refuses it
+            ({"output_modalities": []}, "response.output_modalities"),
             ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_video"}]}]},
              "item.content[0].type"),
         ]

@@ -87,6 +87,46 @@ async def test_rest_requests_to_a_full_duplex_model_are_refused(srv: RtServer, p
     assert idle(srv.orch) and srv.orch.statistics().requests_total == total  # nothing reached the stage
 
 
+async def test_session_update_checks_a_duplex_session_as_every_session(srv: RtServer) -> None:
+    """A duplex session gets every session's session.update checks (before its own): a transcription
+    session, tools or a forced call Moshi cannot serve are `error` events, and the session stays a
+    conversation whose first append opens a response."""
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http, dialect="ga")
+        refusals: list[tuple[dict[str, Any], str, str]] = [  # session fields, code, param
+            ({"type": "transcription"}, "unsupported_session_type", "session.type"),
+            ({"type": "transcription", "audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+             "unsupported_session_type", "session.type"),
+            ({"type": "realtime", "tools": [{"type": "function", "name": "lookup"}]},
+             "unsupported_parameter", "session.tools"),
+            ({"type": "realtime", "tool_choice": "required"}, "unsupported_parameter", "session.tool_choice"),
+        ]
+        for i, (fields, code, param) in enumerate(refusals):
+            eid = await client.send("session.update", session=fields, event_id=f"u{i}")
+            event = await client.recv()
+            assert event["type"] == "error", (fields, event)
+            err = event["error"]
+            assert (err["code"], err["param"], err["event_id"]) == (code, param, eid), (fields, err)
+        assert "makes no transcripts" in (await _refused(client, {"type": "transcription"}))["message"]
+        await client.send("session.update", session={"type": "realtime", "instructions": "hi"})
+        session = (await client.until("session.updated"))[-1]["session"]
+        assert (session["type"], session["object"]) == ("realtime", "realtime.session")
+        assert session["tools"] == [] and session["tool_choice"] == "auto"
+        await client.send("input_audio_buffer.append", audio=b64(voice(6, 0.16)))
+        opened = await client.until("response.created", timeout_s=CLOSE_TIMEOUT_S)
+        assert not [e for e in opened if e["type"] == "error"], opened
+        assert opened[-1]["response"]["output_modalities"] == ["audio"]
+        await client.ws.close()
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0 and not srv.sessions, CLOSE_TIMEOUT_S)
+
+
+async def _refused(client: Client, fields: dict[str, Any]) -> dict[str, Any]:
+    await client.send("session.update", session=fields)
+    event = await client.recv()
+    assert event["type"] == "error", event
+    return event["error"]
+
+
 async def test_a_stream_the_server_aborts_ends_the_session_with_an_error(srv: RtServer) -> None:
     async with aiohttp.ClientSession() as http:
         client = await connect(srv, http)
