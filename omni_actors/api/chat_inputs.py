@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,20 @@ def decode_data_url(url: str, param: str) -> np.ndarray:
     return decode_image(_b64(data, param), param)
 
 
+UNREADABLE_IMAGE = "not a format this server reads (PNG, JPEG, WebP, GIF, ...)"
+_OBJECT_REPR = re.compile(r"\s*<[^<>]* object at 0x[0-9a-fA-F]+>")
+
+
+def image_problem(err: Exception) -> str:
+    """What PIL found wrong with bytes it could not open, fit for a client: its own "cannot identify image
+    file <_io.BytesIO object at 0x7fcc...>" names our in-memory buffer, a Python object's repr."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(err, UnidentifiedImageError):
+        return UNREADABLE_IMAGE
+    return _OBJECT_REPR.sub("", str(err)).strip() or type(err).__name__
+
+
 def decode_image(raw: bytes, param: str) -> np.ndarray:
     """Image file bytes -> uint8 RGB [H, W, 3]; a 400 naming `param` if they are none."""
     from PIL import Image, UnidentifiedImageError
@@ -87,11 +102,8 @@ def decode_image(raw: bytes, param: str) -> np.ndarray:
                 raise bad_request(f"image of {width}x{height} pixels is over the limit of "
                                   f"{MAX_IMAGE_PIXELS} pixels", param, "image_too_large")
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except UnidentifiedImageError:
-        raise bad_request("cannot decode image: not a format this server reads (PNG, JPEG, WebP, GIF, ...)",
-                          param, "invalid_image") from None
-    except (OSError, Image.DecompressionBombError) as err:
-        raise bad_request(f"cannot decode image: {err}", param, "invalid_image") from None
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
+        raise bad_request(f"cannot decode image: {image_problem(err)}", param, "invalid_image") from None
 
 
 def _file(ref: FileRef, files: dict[str, bytes], where: str) -> tuple[str, Any]:

@@ -13,7 +13,7 @@ Every error the API returns has the body
     408  invalid_request_error   body not received within `server.body_timeout_s`
     413  invalid_request_error   body over `server.max_body_mb`
     415  invalid_request_error   a declared Content-Type other than JSON
-    429  rate_limit_error        a stage queue is full (AdmissionError)
+    429  rate_limit_error        a stage queue is full (AdmissionError); `Retry-After` QUEUE_FULL_RETRY_AFTER_S
     500  server_error            a stage engine failed for this request (StageFailed)
     503  service_unavailable     a stage has no ready worker, a worker died, or draining
     504  timeout_error           the request passed `server.request_timeout_s`
@@ -43,6 +43,10 @@ from omni_actors.errors import (
 )
 
 log = logs.get(__name__)
+
+QUEUE_FULL_RETRY_AFTER_S = 1
+"""A 429's `Retry-After`: a full stage queue frees a place as soon as one request ends (the OpenAI SDK
+retries a 429 by itself after the time this header says)."""
 
 RESPONSE_STARTED = web.RequestKey("response_started", bool)
 """Request key set by a handler once its (streaming) response headers are sent."""
@@ -134,7 +138,8 @@ def from_exception(exc: BaseException) -> ApiError:
         case ApiError():
             return exc
         case AdmissionError():
-            return ApiError(429, f"server busy: {exc}; retry later", None, "queue_full")
+            return ApiError(429, f"server busy: {exc}; retry later", None, "queue_full",
+                            headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)})
         case StageUnavailable():
             return ApiError(503, f"service unavailable: {exc}", None, "stage_unavailable")
         case WorkerDied():

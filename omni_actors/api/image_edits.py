@@ -34,6 +34,7 @@ from omni_actors.api.calls import (
     orchestrator,
     route_model,
 )
+from omni_actors.api.chat_inputs import image_problem
 from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.images import answer_images, collect_images, parse_size, require_background
@@ -93,7 +94,8 @@ def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], n
             img = Image.open(io.BytesIO(blob))
             img.load()
         except (UnidentifiedImageError, OSError, ValueError) as err:
-            raise bad_request(f"image {i} does not decode as an image: {err}", "image", "invalid_image") from None
+            raise bad_request(f"image {i} does not decode as an image: {image_problem(err)}", "image",
+                              "invalid_image") from None
         out.append(np.asarray(img.convert("RGBA" if "A" in img.getbands() else "RGB")))
     if mask is None:
         return out, None
@@ -101,7 +103,7 @@ def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], n
         m = Image.open(io.BytesIO(mask))
         m.load()
     except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise bad_request(f"mask does not decode as an image: {err}", "mask", "invalid_image") from None
+        raise bad_request(f"mask does not decode as an image: {image_problem(err)}", "mask", "invalid_image") from None
     # OpenAI: transparent = edit here; without alpha, white = repaint (diffusers' convention)
     arr = 255 - np.asarray(m.getchannel("A")) if "A" in m.getbands() else np.asarray(m.convert("L"))
     if arr.shape[:2] != out[0].shape[:2]:

@@ -75,8 +75,8 @@ class SpeechRequest(RequestStruct):
     speed: Annotated[float, Meta(ge=0.25, le=4.0)] = 1.0
     stream: bool = False
     stream_format: Literal["audio", "sse"] | None = None
-    seed: int | None = None
-    """Extension: a fixed seed makes the same request give the same audio."""
+    seed: Seed | None = None
+    """Extension: a fixed seed makes the same request give the same audio (64-bit, as chat's and images')."""
 
 
 class SpeechUsage(Struct):
@@ -195,7 +195,8 @@ class ImageRequest(RequestStruct):
     """Previews sent before the final image when streaming (OpenAI allows 0-3)."""
     stream_progress: bool = False
     """This server's extension, with `stream`: a `<prefix>.progress` event (ImageProgressEvent) per
-    denoising step and one as decoding starts, before the images (OpenAI's SDK passes them through)."""
+    denoising step, the last one's (phase "decode") as decoding starts, before the images (OpenAI's SDK
+    passes them through)."""
     background: Literal["auto", "opaque", "transparent"] | None = None
     """"auto" and "opaque" are what a model makes; "transparent" is a 400 except on a layered model (its
     layers are RGBA)."""

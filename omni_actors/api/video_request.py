@@ -18,6 +18,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
+from omni_actors.api.chat_inputs import image_problem
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
 from omni_actors.api.multipart import BodyBudget, form_parts
@@ -152,7 +153,7 @@ def decode_image(data: bytes, param: str) -> np.ndarray:
         with Image.open(io.BytesIO(data)) as img:
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
-        raise bad_request(f"{param}: the upload is not an image this server decodes ({err})", param,
+        raise bad_request(f"{param}: the upload is not an image this server decodes: {image_problem(err)}", param,
                           "invalid_image") from None
 
 

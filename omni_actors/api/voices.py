@@ -16,6 +16,8 @@ clone (`SpeechSpec.cloning`) condition on both; the transcript is the form's
 `transcript` field when given (an empty one too), else what the bundled Whisper
 tiny.en hears in the sample (voice_asr.py: English consents only; else empty, which
 cloning families accept with a weaker match).
+A sample shorter than MIN_SAMPLE_S (1 s) is a 400 naming `audio_sample` (code
+`audio_too_short`); a longer one is cut to MAX_SAMPLE_S (60 s).
 Rows live in SQLite (voice_store.py) and survive a restart. Upload parts are
 read with the server's body size and time limits.
 """
@@ -43,6 +45,9 @@ MAX_LANGUAGE_CHARS = 35
 MAX_TRANSCRIPT_CHARS = 4096
 MAX_SAMPLE_S = 60.0
 """Longest voice sample kept (a cloning prompt longer than this only costs time)."""
+MIN_SAMPLE_S = 1.0
+"""Shortest voice sample taken: a clone of less than a second of speech is no voice, and the cloning
+models' encoders fail on clips of a few milliseconds (the models refuse those themselves too)."""
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 
 
@@ -200,6 +205,9 @@ async def create_voice(request: web.Request) -> web.Response:
     audio, rate = await off_loop(decode_audio, blobs["audio_sample"], None, "audio_sample")
     if not audio.size:
         raise bad_request("the audio sample holds no samples", "audio_sample", "invalid_audio")
+    if audio.size < MIN_SAMPLE_S * rate:
+        raise bad_request(f"the audio sample is too short ({audio.size / rate:.3f} s); a voice needs at least "
+                          f"{MIN_SAMPLE_S:g} s of the speaker", "audio_sample", "audio_too_short")
     audio = audio[: int(MAX_SAMPLE_S * rate)]
     if heard:
         transcript = await transcribe(audio, rate, agreed.language, MAX_TRANSCRIPT_CHARS)

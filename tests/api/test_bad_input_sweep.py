@@ -164,6 +164,12 @@ CASES = [
                  "invalid_type", id="speech-speed-negative"),
     pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x" * 16385}}, 400, "input",
                  "invalid_type", id="speech-input-too-long"),
+    pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x", "seed": 2**64}}, 400, "seed",
+                 "invalid_type", id="speech-seed-2e64"),  # was the stage's 400 "can't serialize ints"
+    pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x", "seed": 2**63}}, 400, "seed",
+                 "invalid_type", id="speech-seed-2e63"),
+    pytest.param("POST", SPEECH, {"json": {"model": "synthetic", "input": "x", "seed": -(2**63) - 1}}, 400, "seed",
+                 "invalid_type", id="speech-seed-minus-2e63"),
     pytest.param("POST", IMAGES, {"json": {"prompt": "x", "seed": 2**70}}, 400, "seed", "invalid_type",
                  id="images-seed-2e70"),
     pytest.param("POST", IMAGES, {"json": {"prompt": "x", "extra_body": {"seed": 2**64}}}, 400, "extra_body.seed",

@@ -74,7 +74,22 @@ async def test_bad_edit_inputs_are_400s_naming_the_field(srv, kw: dict, param: s
     with pytest.raises(openai.BadRequestError) as err:
         await srv.client().images.edit(**{k: v for k, v in {**base, **kw}.items() if v is not None})
     assert err.value.body["param"] == param or param in err.value.message, err.value.body
+    assert " object at 0x" not in err.value.body["message"], err.value.body  # no Python repr of our buffers
     await eventually(lambda: idle(srv.orch))
+
+
+@pytest.mark.parametrize(("kw", "param"), [({"image": ("in.png", b"not an image")}, "image"),
+                                           ({"mask": ("m.png", b"\x89PNG broken")}, "mask")])
+async def test_an_upload_that_is_no_image_is_a_clean_400(srv, kw: dict, param: str) -> None:
+    """PIL's "cannot identify image file <_io.BytesIO object at 0x7fcc...>" reached the client as it was."""
+    base = {"model": MODEL, "image": ("in.png", _image()), "mask": ("mask.png", _mask()), "prompt": "x"}
+    with pytest.raises(openai.BadRequestError) as err:
+        await srv.client().images.edit(**{**base, **kw})
+    body = err.value.body
+    assert body["param"] == param and body["code"] == "invalid_image", body
+    assert body["message"].startswith(param), body
+    assert body["message"].endswith("does not decode as an image: not a format this server reads (PNG, JPEG, "
+                                    "WebP, GIF, ...)"), body
 
 
 async def test_generations_on_an_edit_model_is_a_400_saying_what_it_does(srv) -> None:

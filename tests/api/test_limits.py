@@ -41,9 +41,12 @@ async def test_429_when_the_queue_is_full(srv: Server) -> None:
     client = srv.client()
     first = asyncio.ensure_future(post(srv, CHAT, _chat(6)))  # holds the one slot for ~0.6 s
     await eventually(lambda: srv.orch.statistics().stage(0).in_flight == 1, 2.0)
-    status, out = await post(srv, CHAT, _chat(1))
+    async with aiohttp.ClientSession() as session, session.post(srv.url + CHAT, json=_chat(1),
+                                                                headers=srv.headers) as resp:
+        status, out, retry_after = resp.status, await resp.json(), resp.headers.get("Retry-After")
     assert status == 429
     assert out["error"]["type"] == "rate_limit_error" and out["error"]["code"] == "queue_full"
+    assert retry_after == "1"  # a small wait in whole seconds (the SDK honours it when it retries)
     with pytest.raises(openai.RateLimitError):
         await client.chat.completions.create(**_chat(1))
     status, out = await first

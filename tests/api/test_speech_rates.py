@@ -97,6 +97,21 @@ async def test_streamed_pcm_is_24khz_too(srv: Server) -> None:
                                  if e["type"] == "speech.audio.delta") == 2 * PCM_SAMPLES
 
 
+async def test_sse_says_the_rate_of_its_bytes_as_the_other_modes_do(srv: Server) -> None:
+    """docs/speech.md said SSE answers have no X-Sample-Rate; each has the rate of the bytes in its deltas."""
+    for fmt, rate in (("mp3", MODEL_RATE), ("opus", 24000), ("wav", MODEL_RATE)):
+        async with srv.client().audio.speech.with_streaming_response.create(
+                model="synthetic", input=TEXT, voice="alloy", response_format=fmt,
+                extra_body={"stream_format": "sse"}) as resp:
+            said = int(resp.headers["x-sample-rate"])
+            raw = b"".join([part async for part in resp.iter_bytes()])
+        events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+        data = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+        assert said == rate, fmt
+        if fmt != "opus":  # (libsndfile reads mp3 and a streamed wav; an Ogg Opus stream says 48 kHz)
+            assert sf.info(io.BytesIO(data)).samplerate == said, fmt
+
+
 async def test_streamed_flac_is_the_same_samples_as_the_whole_file(srv: Server) -> None:
     """(flac is encoded at the end even when streamed: see audio_codec.py; a client still gets a whole file.)"""
     whole, _ = await _speech(srv, "flac")

@@ -188,6 +188,7 @@ def test_bad_edit_fields_are_400_naming_them(i2v, tmp_path, extra, param, words)
             prompt="x", video=_upload(tmp_path, "s", _flat(GREY, 0)), extra_body=extra
         )
     assert err.value.body["param"] == param and words in err.value.body["message"], err.value.body
+    assert " object at 0x" not in err.value.body["message"], err.value.body  # (PIL's repr of our buffer)
 
 
 def test_a_source_of_a_size_the_model_cannot_make_is_400_naming_video(i2v, tmp_path):

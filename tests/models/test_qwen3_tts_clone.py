@@ -18,8 +18,10 @@ import pytest
 import soundfile as sf
 import torch
 
+from omni_actors.api.voice_store import VoiceStore
 from omni_actors.models.qwen3_tts.clone import ClonePrompts
 from omni_actors.models.qwen3_tts.talker import Qwen3TTSTalkerAdapter
+from omni_actors.store import Store
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq
 from tests.api.conftest import Server, eventually, idle
@@ -43,18 +45,25 @@ def _tone(hz: float, seconds: float = CLIP_S, rate: int = 16000) -> bytes:
 
 
 @pytest.fixture(scope="module")
-async def voices(srv: Server) -> dict[str, str]:
-    """Custom voices under one consent: a low tone with and without its transcript, a high tone, a 20 ms blip."""
+async def voices(srv: Server, data_dir) -> dict[str, str]:
+    """Custom voices under one consent: a low tone with and without its transcript, a high tone, and a 20 ms
+    blip stored as a server before the 1 s floor on samples (api/voices.py MIN_SAMPLE_S) would have kept it."""
     client = srv.client()
     consent = await client.audio.voice_consents.create(recording=("consent.wav", _tone(200, 1.0), "audio/wav"),
                                                        language="en-US", name="me")
     made = {}
     for name, hz, transcript, seconds in (("low", 180, "A low hum.", CLIP_S), ("low_untold", 180, None, CLIP_S),
-                                          ("high", 700, "A whistle.", CLIP_S), ("blip", 500, None, 0.02)):
+                                          ("high", 700, "A whistle.", CLIP_S)):
         extra = {"transcript": transcript} if transcript else {}
         voice = await client.audio.voices.create(audio_sample=(f"{name}.wav", _tone(hz, seconds), "audio/wav"),
                                                  consent=consent.id, name=name, extra_body=extra)
         made[name] = voice.id
+    store = Store(data_dir)
+    try:
+        blip, rate = sf.read(io.BytesIO(_tone(500, 0.02)), dtype="float32")
+        made["blip"] = VoiceStore(store).add_voice("blip", consent.id, blip, rate, "").id
+    finally:
+        store.close()
     return made
 
 

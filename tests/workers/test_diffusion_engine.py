@@ -106,7 +106,7 @@ def test_compatible_requests_share_a_batch(engine: DiffusionEngine) -> None:
         assert all(o.payload["batch_size"] == 3 for o in outs[f"c{i}"])
     assert outs["other-steps"][-1].payload["batch_size"] == 1
     assert outs["other-guidance"][-1].payload["batch_size"] == 1
-    assert steps == 3 + 2 + 3  # one denoising step per engine step, batches one after another
+    assert steps == 4 + 3 + 4  # one denoising step per engine step, then the decode's; batches one after another
     # Batching does not change a request's result beyond float noise.
     diff = np.abs(_image(outs, "c0").astype(int) - _image(alone, "alone").astype(int))
     assert diff.max() <= 2
@@ -118,7 +118,7 @@ def test_batch_size_is_capped_by_max_num_seqs(sd_dir: Path) -> None:
         eng.add(f"r{i}", {"prompt": "a cat"}, {"num_inference_steps": 1, "seed": i})
     outs, steps = _drain(eng)
     assert [outs[f"r{i}"][-1].payload["batch_size"] for i in range(3)] == [2, 2, 1]
-    assert steps == 2
+    assert steps == 2 * 2  # two batches of one step, each then its decode
     eng.close()
     eng = DiffusionEngine(_ctx(sd_dir, max_num_seqs=8, extras={"max_batch_images": 4}))
     for i, n in enumerate((3, 2, 1)):
@@ -134,8 +134,10 @@ def test_progress_every_step(engine: DiffusionEngine) -> None:
     while engine.has_work():
         outs = engine.step()
         assert len(outs) == 1
-        seen.append((outs[0].payload["step"], outs[0].payload["progress"], outs[0].finished))
-    assert seen == [(1, 0.25, False), (2, 0.5, False), (3, 0.75, False), (4, 1.0, True)]
+        seen.append((outs[0].payload["step"], outs[0].payload["progress"], outs[0].payload.get("phase"),
+                     outs[0].finished))
+    assert seen == [(1, 0.25, "denoise", False), (2, 0.5, "denoise", False), (3, 0.75, "denoise", False),
+                    (4, 1.0, "decode", False), (4, 1.0, None, True)]  # the last step too, as its decode starts
     assert not any(t.name == "diffusion-batch" for t in threading.enumerate())  # joined at the end
 
 
@@ -195,8 +197,8 @@ def test_other_pipeline_kinds(tmp_path: Path, kind: str) -> None:
     eng.add("a", {}, {"num_inference_steps": 3, "seed": 0, "n": 2})
     eng.add("b", {}, {"num_inference_steps": 3, "seed": 1})
     outs, steps = _drain(eng)
-    assert steps == 3
-    assert [o.payload["step"] for o in outs["a"]] == [1, 2, 3]
+    assert steps == 3 + 1
+    assert [o.payload["step"] for o in outs["a"]] == [1, 2, 3, 3]  # (3: the last step's progress, then the images)
     assert _image(outs, "a").shape == (2, 32, 32, 3)
     assert outs["b"][-1].payload["batch_size"] == 2
     # A size the pipeline cannot be asked for is refused as it is taken.

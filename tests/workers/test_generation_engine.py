@@ -7,6 +7,7 @@ tiny Qwen3-Omni code2wav checks the same on a real causal codec decoder.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -420,6 +421,30 @@ def test_qwen3_code2wav_concurrent_equals_alone(qwen3_dir):
         _drain(engine, together)
     for rid in all_codes:
         np.testing.assert_allclose(_audio(together[rid]), _audio(alone[rid]), atol=1e-4)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False  # as the bus hands a payload's arrays to an engine
+    return a
+
+
+def test_read_only_codes_are_copied_once_not_shared_and_decode_the_same(qwen3_dir):
+    """torch.as_tensor shared a read-only bus array (UserWarning "The given NumPy array is not writable")."""
+    engine = GenerationEngine(_ctx(QWEN3, qwen3_dir))
+    codes = np.random.default_rng(3).integers(0, 2048, (10, 16))
+    frames_of = engine.adapter.frames_of
+    shared = frames_of({"codes": codes}, "codes", 16)
+    assert np.shares_memory(shared.numpy(), codes)  # writable and int64 already: no copy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for given in (_read_only(codes), _read_only(codes.astype(np.int32))):
+            got = frames_of({"codes": given}, "codes", 16)
+            assert got.dtype == torch.long and not np.shares_memory(got.numpy(), given)
+            assert np.array_equal(got.numpy(), codes)
+        alone = _one_at_a_time(engine, {"w": codes})
+        bus = _one_at_a_time(engine, {"r": _read_only(codes)})
+    np.testing.assert_array_equal(_audio(bus["r"]), _audio(alone["w"]))
 
 
 QWEN3_TTS = "omni_actors.models.qwen3_tts.codec:Qwen3TTSCodecAdapter"

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import structlog
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -101,6 +102,45 @@ def test_bad_prompt_fails_only_that_request(engine):
     with pytest.raises(ValueError, match="prompt"):
         engine.add("bad", {"nothing": 1}, {})
     assert not engine.has_work()
+
+
+def _failures(engine: HfAREngine) -> tuple[dict[str, str], dict[str, int], list[dict]]:
+    """Run to the end: (request id -> its error, request id -> tokens made, worker.request_failed lines)."""
+    errors: dict[str, str] = {}
+    made: dict[str, int] = {}
+    with structlog.testing.capture_logs() as logs:
+        while engine.has_work():
+            for out in engine.step():
+                if out.error:
+                    errors[out.request_id] = out.error
+                made[out.request_id] = made.get(out.request_id, 0) + len(out.payload.get("token_ids", []))
+    return errors, made, [e for e in logs if e["event"] == "worker.request_failed"]
+
+
+def test_a_request_that_fails_in_the_engine_is_logged_once(engine):
+    """A failure inside a step (here: a token id past the vocabulary, an IndexError at the embedding) was
+    only an error output: the caller got a 500 and the worker's log said nothing."""
+    vocab = engine.adapter.model.config.vocab_size
+    params = {"max_tokens": 4, "ignore_eos": True}
+    engine.add("good", {"prompt": "Hello"}, params)
+    engine.add("bad", {"prompt_token_ids": [1, vocab + 5]}, params)
+    errors, made, logged = _failures(engine)
+    assert set(errors) == {"bad"} and errors["bad"].startswith("IndexError") and made["good"] == 4
+    assert len(logged) == 1, logged
+    line = logged[0]
+    assert line["log_level"] == "error" and line["request_id"] == "bad" and line["rejected"] is False
+    assert "IndexError" in line["error"]
+
+
+def test_a_request_past_the_context_is_logged_once_as_a_warning(llama_dir):
+    engine = HfAREngine(_ctx(llama_dir, max_model_len=16))
+    engine.add("long", {"prompt": " ".join(["word"] * 40)}, {"max_tokens": 4, "ignore_eos": True})
+    engine.add("fills", {"prompt": "Hello"}, {"max_tokens": 40, "ignore_eos": True})  # full mid-decode
+    errors, _, logged = _failures(engine)
+    assert set(errors) == {"long", "fills"}
+    assert sorted(e["request_id"] for e in logged) == ["fills", "long"]  # one line each
+    assert all(e["log_level"] == "warning" and e["rejected"] is True and "ContextLengthExceeded" in e["error"]
+               for e in logged)
 
 
 @pytest.mark.parametrize("damage", ["missing_weights", "missing_config", "bad_json"])

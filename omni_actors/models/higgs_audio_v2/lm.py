@@ -59,6 +59,10 @@ CLIP_CACHE_SIZE = 32
 """Custom voices whose clip codes a worker keeps (keyed by voice id and a digest of clip and transcript)."""
 CLIP_RATE = 24000
 """The rate of "reference_audio" (the pipeline's SpeechSpec.sample_rate)."""
+MIN_CLIP_SAMPLES = 960
+"""Shortest reference clip (at CLIP_RATE): one code frame, 40 ms. The audio tokenizer's semantic
+model (HuBERT's convolutions: 400 samples at 16 kHz, the clip padded by 160 each side) fails on
+less than ~120 samples with a RuntimeError, which was a 500 at the speech API."""
 SHARED_KEYS = ("seed", "temperature", "top_k", "top_p", "max_tokens")
 
 
@@ -147,9 +151,15 @@ class HiggsLMAdapter(ARAdapter):
     def start(self, seq: ARSeq, inputs: dict[str, Any]) -> None:
         text, voice = text_and_voice(inputs, "higgs_audio_v2", VOICES)
         ref = inputs.get("reference_audio")
+        clip = None if ref is None else np.array(ref, dtype=np.float32).reshape(-1)
+        if clip is not None and 0 < clip.size < MIN_CLIP_SAMPLES:
+            voice_id = str(inputs.get("reference_id") or "")
+            which = f"custom voice {voice_id!r}" if voice_id else "the custom voice"
+            raise ValueError(f"voice: the clip of {which} is too short ({clip.size} samples at 24 kHz, "
+                             f"{MIN_CLIP_SAMPLES} needed); make the voice again from a longer sample")
         seq.data = {
             "text": spoken(text.strip(), voice), "scene": inputs.get("instructions") or None,
-            "ref_audio": None if ref is None else np.array(ref, dtype=np.float32).reshape(-1),
+            "ref_audio": clip,
             "ref_text": str(inputs.get("reference_text") or ""), "ref_id": str(inputs.get("reference_id") or ""),
             "state": DelayState(self.groups, self.bos, self.eos), "frame": None, "key": noise_key(seq.params.get("seed")),
             "window": deque(maxlen=self.ras[0] if self.ras else 1),

@@ -42,10 +42,30 @@ FMIN = 0.0
 FMAX = 12000.0
 MAG_EPS = 1e-9
 LOG_FLOOR = 1e-5
+MEL_PAD = (N_FFT - HOP) // 2
+"""Reflect padding on each side of the clip before the STFT (no centring)."""
 MIN_SAMPLES = N_FFT
-"""A clip shorter than one STFT window (about 43 ms) gives no speaker embedding."""
+"""A clip shorter than one STFT window (about 43 ms) gives no spectrogram; the speaker encoder may
+need more (`min_clip_samples`)."""
 CLONE_CACHE_SIZE = 32
 """Voices whose clone prompt parts a talker worker keeps (engine_extras["clone_cache_size"]; 0: none)."""
+
+
+def min_clip_samples(speaker_encoder: torch.nn.Module) -> int:
+    """The shortest clip (24 kHz samples) the speaker encoder takes. Its convolutions reflect-pad
+    the mel frames ("same" padding), and a reflect pad must be shorter than its input: with
+    transformers' default dilations (1, 2, 3, 4, 1), as the tiny folder has them, a clip of 1050-1279
+    samples (4 frames) failed the dilation-4 layer with a RuntimeError (a 500) where a 400 was due."""
+    pad = 0
+    for conv in speaker_encoder.modules():
+        if isinstance(conv, torch.nn.Conv1d) and conv.padding_mode == "reflect":
+            if conv.padding == "same":
+                total = conv.dilation[0] * (conv.kernel_size[0] - 1)
+                pad = max(pad, total - total // 2)  # the larger side
+            else:
+                pad = max(pad, int(conv.padding[0]))
+    frames = pad + 1  # mel frames of n samples: (n + 2 * MEL_PAD - N_FFT) // HOP + 1
+    return max(MIN_SAMPLES, (frames - 1) * HOP + N_FFT - 2 * MEL_PAD)
 
 
 class CloneEncoder:
@@ -59,6 +79,7 @@ class CloneEncoder:
         _decoder, codec, config = load_codec(path, device, encoder=True)
         del _decoder  # the codec stage decodes; here only the encoder is needed
         self.codec, self.speaker, self.device = codec, speaker_encoder, device
+        self.min_samples = min_clip_samples(speaker_encoder)
         self.groups = int(config.get("encoder_valid_num_quantizers") or config["encoder_config"]["num_quantizers"])
         self.frame = int(config.get("encode_downsample_rate", 1920))
         bank = mel_filter_bank(
@@ -68,13 +89,18 @@ class CloneEncoder:
         self.filters = torch.from_numpy(np.ascontiguousarray(bank.T)).float().to(device)  # [mels, bins]
         self.window = torch.hann_window(WINDOW, device=device)
 
+    def check(self, samples: int, voice: str = "") -> None:
+        """ValueError (a 400 naming `voice`) for a clip too short to clone."""
+        if samples < self.min_samples:
+            which = f"custom voice {voice!r}" if voice else "the custom voice"
+            raise ValueError(f"voice: the clip of {which} is too short ({samples} samples at 24 kHz, "
+                             f"{self.min_samples} needed); make the voice again from a longer sample")
+
     def mel(self, audio: np.ndarray) -> torch.Tensor:
         """[1, frames, 128] log-mel of a 24 kHz clip (module docstring)."""
-        if audio.size < MIN_SAMPLES:
-            raise ValueError(f"qwen3_tts: the custom voice's clip is too short ({audio.size} samples at 24 kHz)")
+        self.check(audio.size)
         y = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)).to(self.device)[None, None]
-        pad = (N_FFT - HOP) // 2
-        y = torch.nn.functional.pad(y, (pad, pad), mode="reflect")[:, 0]
+        y = torch.nn.functional.pad(y, (MEL_PAD, MEL_PAD), mode="reflect")[:, 0]
         spec = torch.stft(y, N_FFT, hop_length=HOP, win_length=WINDOW, window=self.window, center=False,
                           normalized=False, onesided=True, return_complex=True)  # fmt: skip
         mag = torch.sqrt(spec.real.square() + spec.imag.square() + MAG_EPS)

@@ -55,7 +55,6 @@ from omni_actors.models.qwen3_omni_moe.predictor import CodePredictorRunner
 from omni_actors.models.qwen3_tts import VOICES
 from omni_actors.models.qwen3_tts.clone import (
     CLONE_CACHE_SIZE,
-    MIN_SAMPLES,
     CloneEncoder,
     ClonePrompts,
 )
@@ -153,8 +152,7 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
             if inputs.get("instructions"):
                 raise ValueError("qwen3_tts: a Base checkpoint takes no instructions")
             audio = np.array(ref, dtype=np.float32).reshape(-1)
-            if audio.size < MIN_SAMPLES:
-                raise ValueError(f"qwen3_tts: the custom voice's clip is too short ({audio.size} samples at 24 kHz)")
+            self.clone.check(audio.size, str(inputs.get("reference_id") or ""))
             said = str(inputs.get("reference_text") or "").strip()
             seq.data = {
                 "text": text, "voice": "", "instructions": None, "frame": None, "trailing": None,

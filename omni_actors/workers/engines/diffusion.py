@@ -18,9 +18,12 @@ with equal `batch_key` (size, steps, guidance, negative prompt or not, layers,
 kind extras; never one with input images) share a batch, up to `max_num_seqs`
 requests and engine_extras `max_batch_images` outputs.
 
-Outputs per request: {"progress", "step", "total", "batch_size"} after each
-step but the last, with {"preview": uint8 [n, H, W, 3]} at the steps a request
-with `partial_images` gets one (diffusion_preview.py); then, finished, the output kind's arrays (diffusion_outputs.py;
+Outputs per request: {"progress", "step", "total", "phase", "batch_size"} after each
+step, "phase" "denoise", with {"preview": uint8 [n, H, W, 3]} at the steps a request
+with `partial_images` gets one (diffusion_preview.py); the last step's is "phase" "decode"
+(it goes as the VAE decode starts: the video engine's protocol; before 2026-12-04 the last
+step had none, so `stream_progress` skipped it, and a 1-step request sent no progress at all);
+then, finished, the output kind's arrays (diffusion_outputs.py;
 for images {"images": uint8 [n, H, W, 3]}, a layered pipeline's n x layers RGBA
 images flattened in order) with {"seed", "batch_size", "progress": 1.0, "step", "total"}.
 """
@@ -108,12 +111,14 @@ class DiffusionEngine(BatchedPipelineEngine):
             self._batch = self._start_batch()
         batch = self._batch
         report = batch.wait_report()
-        if report[0] == "progress":
-            _, done, total, preview = report
+        if report[0] in ("progress", "decoding"):  # a step done; "decoding": the last, the decode starts
+            done, total = report[1], report[2]
+            preview = report[3] if report[0] == "progress" else None
             payload = {
                 "progress": done / total,
                 "step": done,
                 "total": total,
+                "phase": "denoise" if report[0] == "progress" else "decode",
                 "batch_size": len(batch.jobs),
             }
             outs, row = [], 0
@@ -177,6 +182,7 @@ class DiffusionEngine(BatchedPipelineEngine):
             "callback_on_step_end" in self._accepts,
             self._convert,
             frozenset(s for j in jobs for s in _preview_steps(j)),
+            report_decode=True,
         )
         self._runner.submit(batch)
         return batch

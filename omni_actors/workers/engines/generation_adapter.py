@@ -72,7 +72,10 @@ class GenerationAdapter(abc.ABC):
         """inputs[key] as [time, width] `dtype` (a `codes_of` for frames of `width` values); None without it."""
         if key not in inputs:
             return None
-        return torch.as_tensor(np.asarray(inputs[key]), dtype=dtype).reshape(-1, width)
+        # A bus payload is a read-only view: torch cannot share it (it warned, once per worker), so it is
+        # copied once, into `dtype`; a writable array of `dtype` is shared as before.
+        arr = np.require(np.asarray(inputs[key]), torch.empty(0, dtype=dtype).numpy().dtype, "W")
+        return torch.from_numpy(arr).reshape(-1, width)
 
     @abc.abstractmethod
     def decode(

@@ -320,8 +320,12 @@ class HfAREngine(StageEngine):
             return [self._failed(seqs[0], err)]
 
     def _failed(self, seq: ARSeq, err: Exception) -> EngineOutput:
+        """The one error output of a request that failed here, logged once (the stage answers the
+        caller with it; a failure that is ours, not the request's, is an error line)."""
         self._drop(seq)
         rejected = isinstance(err, ContextLengthExceeded)
+        (log.warning if rejected else log.error)("worker.request_failed", request_id=seq.request_id,
+                                                 error=repr(err), rejected=rejected)
         return EngineOutput(seq.request_id, {}, True, f"{type(err).__name__}: {err}", rejected)
 
     def _prefill_all(self, seqs: list[ARSeq]) -> list[EngineOutput]:

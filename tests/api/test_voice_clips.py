@@ -1,0 +1,96 @@
+"""A custom voice's sample has a floor: under a second is a 400 naming `audio_sample` when the voice is made;
+a voice stored before that floor existed, with a clip too short for the model's encoders, is a 400 naming
+`voice` at speech time on every cloning family (qwen3_tts Base failed 1050-1279 samples, Higgs-Audio-V2
+1-118, with a 500), and a clip just long enough speaks. Real servers, the unmodified openai SDK."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from omni_actors.api.voice_store import VoiceStore
+from omni_actors.api.voices import MIN_SAMPLE_S
+from omni_actors.models.tiny import make_tiny
+from omni_actors.store import Store
+from tests.api.conftest import Server, eventually, idle, make_deploy, serve_deploy
+from tests.models.speech_family import serve_family
+
+RATE = 24000
+
+
+def _tone(samples: int, rate: int = RATE) -> np.ndarray:
+    t = np.arange(samples) / rate
+    return (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32)
+
+
+def _wav(samples: int, rate: int = RATE) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, _tone(samples, rate), rate, format="WAV")
+    return buf.getvalue()
+
+
+async def _consent(srv: Server) -> str:
+    made = await srv.client().audio.voice_consents.create(recording=("c.wav", _wav(RATE), "audio/wav"),
+                                                          language="en-US", name="me")
+    return made.id
+
+
+async def test_a_sample_under_the_floor_is_refused_when_the_voice_is_made(tmp_path: Path) -> None:
+    assert MIN_SAMPLE_S == 1.0
+    async with serve_deploy(make_deploy("synthetic"), None, tmp_path) as srv:
+        client, consent = srv.client(), await _consent(srv)
+        for samples, rate in ((1, RATE), (1200, RATE), (RATE - 1, RATE), (15_999, 16_000)):
+            with pytest.raises(openai.BadRequestError) as err:
+                await client.audio.voices.create(audio_sample=("v.wav", _wav(samples, rate), "audio/wav"),
+                                                 consent=consent, name="short", extra_body={"transcript": "hm"})
+            body = err.value.body
+            assert body["param"] == "audio_sample" and body["code"] == "audio_too_short", body
+            assert "at least 1 s" in body["message"], body
+        for samples, rate in ((RATE, RATE), (16_000, 16_000)):
+            made = await client.audio.voices.create(audio_sample=("v.wav", _wav(samples, rate), "audio/wav"),
+                                                    consent=consent, name="ok", extra_body={"transcript": "hm"})
+            assert made.id.startswith("voice_")
+        async with aiohttp.ClientSession() as s, s.get(srv.url + "/v1/audio/voices") as resp:
+            assert [v["name"] for v in (await resp.json())["data"]] == ["ok", "ok"]  # none of the short ones
+
+
+async def _speak(srv: Server, model: str, voice: str) -> tuple[int, dict | None]:
+    try:
+        resp = await srv.client().audio.speech.create(model=model, input="Hello there.", voice={"id": voice},
+                                                      response_format="wav", extra_body={"seed": 1})
+    except openai.APIStatusError as err:
+        return err.status_code, err.body
+    audio, _ = sf.read(io.BytesIO(resp.content), dtype="float32")
+    assert audio.size > 0
+    return 200, None
+
+
+@pytest.mark.parametrize(("family", "refused", "spoken"), [
+    ("qwen3_tts-base", (1, 1000, 1050, 1200, 1279), 1280),  # the ECAPA-TDNN's reflect pads need 5 mel frames
+    ("higgs_audio_v2", (1, 100, 118, 959), 960),  # HuBERT needs ~120 samples; the floor is one 40 ms frame
+])
+async def test_a_stored_voice_too_short_for_the_model_is_a_400_naming_voice(
+        tmp_path: Path, family: str, refused: tuple[int, ...], spoken: int) -> None:
+    folder = make_tiny(family, tmp_path / f"tiny-{family}", seed=0)
+    data = tmp_path / "data"
+    async with serve_family(folder, data) as srv:
+        consent = await _consent(srv)
+        store = Store(data)  # voices made before the floor existed, straight into the server's store
+        try:
+            short = {n: VoiceStore(store).add_voice(f"v{n}", consent, _tone(n), RATE, "Hm.").id for n in refused}
+            enough = VoiceStore(store).add_voice("enough", consent, _tone(spoken), RATE, "Hm.").id
+        finally:
+            store.close()
+        for samples, vid in short.items():
+            status, body = await _speak(srv, folder.name, vid)
+            assert status == 400, (samples, status, body)
+            assert body["param"] == "voice" and body["code"] == "rejected_by_stage", body
+            assert vid in body["message"] and "too short" in body["message"], body
+        assert await _speak(srv, folder.name, enough) == (200, None)
+        await eventually(lambda: idle(srv.orch))
