@@ -92,6 +92,8 @@ class SyntheticEngine(StageEngine):
                 n = min(n, int(params.get("max_tokens") or n))
             if n > self.max_chunks:
                 raise ValueError(f"this stage produces at most {self.max_chunks} outputs a request; {n} asked")
+            if self.kind == "image":
+                n += 1  # a progress chunk a step (the last: "decode"), then the images
             req.units.extend([req.text] * n)
             req.total = n
         self.reqs[request_id] = req
@@ -165,8 +167,10 @@ class SyntheticEngine(StageEngine):
 
     def _image_chunk(self, req: _Req, i: int) -> dict[str, Any]:
         p = req.params
-        if i + 1 < req.total:
-            return {"progress": (i + 1) / req.total, "step": i + 1, "total": req.total}
+        steps = req.total - 1  # as the diffusion engine reports: steps 1..N-1 "denoise", N "decode"
+        if i < steps:
+            return {"progress": (i + 1) / steps, "step": i + 1, "total": steps,
+                    "phase": "decode" if i + 1 == steps else "denoise"}
         n, w, h = int(p.get("n", 1)), int(p.get("width", 32)), int(p.get("height", 32))
         rng = np.random.default_rng((int(p.get("seed", 0)) + zlib.crc32(req.text.encode())) % 2**64)
         return {"images": rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8), "progress": 1.0}

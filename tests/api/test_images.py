@@ -47,9 +47,9 @@ async def test_stream_progress_sends_each_step_before_the_image(srv: Server) -> 
     events = [e async for e in await client.images.generate(
         **kw, extra_body={"num_inference_steps": 3, "seed": 1, "stream_progress": True})]
     *progress, last = events
-    assert [e.type for e in progress] == ["image_generation.progress"] * 2  # (the 3rd step's chunk is the image)
+    assert [e.type for e in progress] == ["image_generation.progress"] * 3
     assert last.type == "image_generation.completed"
-    assert [(e.step, e.total, e.phase) for e in progress] == [(1, 3, "denoise"), (2, 3, "denoise")], progress
+    assert [(e.step, e.total, e.phase) for e in progress] == [(1, 3, "denoise"), (2, 3, "denoise"), (3, 3, "decode")]
     assert _decode(events[-1].b64_json).shape == (16, 16, 3)
     plain = [e.type async for e in await client.images.generate(**kw, extra_body={"num_inference_steps": 3})]
     assert plain == ["image_generation.completed"]

@@ -140,7 +140,7 @@ async def test_an_image_edit_shows_working_then_counts_its_steps(image_srv: Serv
         await page.screenshot(path=str(tmp_path / "image-working.png"))
         await route.continue_()
         await page.wait_for_function(f"{bar}.value === 1 && !{bar}.matches(':indeterminate')")
-        assert await page.evaluate(f"{bar}.dataset.steps") == "19"  # a step event each (of 20; the last is the image)
+        assert await page.evaluate(f"{bar}.dataset.steps") == "20"  # a step event each (the last "decode"), then the image
         assert await page.locator("#image-result img").count() == 1
         assert await page.get_by_test_id("image-status").inner_text() == ""
         assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
