@@ -18,11 +18,16 @@ transcribe, and `audio.output.speed` must be 1. Sessions past the duplex stage's
 are refused by the route (route.py). A stream that ends without the client closing (aborted by the
 orchestrator, a stage failure, an error sending a frame) ends the session: an `error` event, then the
 socket closes (1011; 1013 at the stage's limit) and the session is released.
+Each response's assistant item is a conversation item from the moment it is announced: it can be
+retrieved (its transcript so far) and truncated, live or ended; a truncate cuts what the item holds
+and the model goes on, its next frames the item's audio from the cut (duplex_items.py keeps each item
+bounded, and the session its last ITEMS_KEPT items).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +46,7 @@ from omni_actors.api.realtime.audio import (
     wire_rate,
 )
 from omni_actors.api.realtime.conversation import Item, Part, new_id, render_item, render_part
+from omni_actors.api.realtime.duplex_items import ITEMS_KEPT, hear
 from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
 from omni_actors.api.realtime.session import render_session
@@ -84,6 +90,7 @@ class DuplexSession(RealtimeSession):
         self.stream: RequestStream | None = None
         self._pump: asyncio.Task | None = None
         self.live: dict[str, Any] | None = None  # the open response: id, item
+        self._items: deque[str] = deque()  # this session's response items in the conversation, oldest first
         self.muted = False
         self._closing = False  # the client's connection ended: the stream's abort is ours, not news
         self._ending = False  # the pump is ending the session itself (error event, close): wait for it
@@ -224,17 +231,18 @@ class DuplexSession(RealtimeSession):
             return
         live = self.live or await self._open_live()
         text, fmt = frame.text, self.cfg.output_audio_format
-        if len(out.audio):
-            x, rate = out.audio, out.sample_rate
-            if rate != wire_rate(fmt):
-                if self._out is None:
-                    self._out = Resampler(rate, wire_rate(fmt))
-                x = self._out.push(x)
-            live["audio_ms"] += len(x) * 1000 // wire_rate(fmt)
+        x = out.audio
+        if len(x) and out.sample_rate != wire_rate(fmt):
+            if self._out is None:
+                self._out = Resampler(out.sample_rate, wire_rate(fmt))
+            x = self._out.push(x)
+        # The item holds the frame before it is sent (no await between): a retrieve or truncate the loop
+        # handles meanwhile sees what the client was sent or is about to be.
+        hear(live["item"].content[0], len(x) * 1000 // wire_rate(fmt), text)
+        if len(x):
             await self.send(ev.AudioDelta(response_id=live["id"], item_id=live["item"].id,
                                           delta=encode_wire(x, fmt)))
         if text and self.live is live:  # (a cancel may have closed it while the audio was sent)
-            live["transcript"] += text
             await self.send(ev.TranscriptDelta(response_id=live["id"], item_id=live["item"].id, delta=text))
 
     def _render_response(self, live: dict[str, Any], status: str, details: dict[str, Any] | None) -> dict[str, Any]:
@@ -245,13 +253,21 @@ class DuplexSession(RealtimeSession):
                 "output_audio_format": self.cfg.output_audio_format, "usage": None, "metadata": None}
 
     async def _open_live(self) -> dict[str, Any]:
+        """A new response, its item added to the conversation (the oldest of ITEMS_KEPT deleted)."""
         item = Item(id=new_id("item"), role="assistant", status="in_progress", content=[Part("audio", transcript="")])
-        live = self.live = {"id": new_id("resp"), "item": item, "transcript": "", "audio_ms": 0}
+        live = self.live = {"id": new_id("resp"), "item": item}
+        prev = self.conversation.add(item)
+        self._items.append(item.id)
+        dropped = self._items.popleft() if len(self._items) > ITEMS_KEPT else None
+        dropped = dropped if dropped is not None and self.conversation.delete(dropped) else None
         await self.send(ev.ResponseCreated(response=self._render_response(live, "in_progress", None)))
-        rendered = render_item(item, self.dialect)
-        await self.send(ev.OutputItemAdded(response_id=live["id"], output_index=0, item={**rendered, "content": []}))
+        rendered = {**render_item(item, self.dialect), "content": []}
+        await self.send(ev.OutputItemAdded(response_id=live["id"], output_index=0, item=rendered))
+        await self.send(ev.ItemCreated(previous_item_id=prev, item=rendered))
         await self.send(ev.ContentPartAdded(response_id=live["id"], item_id=item.id,
                                             part=render_part(item.content[0], self.dialect)))
+        if dropped is not None:  # (after the new item's announcement: clients learn of both in order)
+            await self.send(ev.ItemDeleted(item_id=dropped))
         return live
 
     async def _close_live(self, status: str, details: dict[str, Any] | None) -> None:
@@ -261,12 +277,14 @@ class DuplexSession(RealtimeSession):
         item = live["item"]
         item.status = "completed" if status == "completed" else "incomplete"
         part = item.content[0]
-        part.transcript, part.audio_ms = live["transcript"], live["audio_ms"]
         rid, iid = live["id"], item.id
         await self.send(ev.AudioDone(response_id=rid, item_id=iid))
-        await self.send(ev.TranscriptDone(response_id=rid, item_id=iid, transcript=live["transcript"]))
+        await self.send(ev.TranscriptDone(response_id=rid, item_id=iid, transcript=part.transcript or ""))
         await self.send(ev.ContentPartDone(response_id=rid, item_id=iid, part=render_part(part, self.dialect)))
-        await self.send(ev.OutputItemDone(response_id=rid, output_index=0, item=render_item(item, self.dialect)))
+        rendered = render_item(item, self.dialect)
+        await self.send(ev.OutputItemDone(response_id=rid, output_index=0, item=rendered))
+        if self.dialect == "ga":
+            await self.send(ev.ItemDone(previous_item_id=None, item=rendered))
         await self.send(ev.ResponseDone(response=self._render_response(live, status, details)))
         self.stats.response_done(rid, status, None)
 
