@@ -53,7 +53,7 @@ from omni_actors.api.loading import LOADING_KEY, RETRY_AFTER_S, Loading, loading
 from omni_actors.api.metrics import METRICS_KEY, ApiMetrics, metrics_middleware, metrics_route
 from omni_actors.api.middleware import auth_middleware, body_limit_middleware
 from omni_actors.api.models import STARTED_KEY, get_model, list_models
-from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route
+from omni_actors.api.openapi import OPENAPI_KEY, build_openapi, openapi_route, served_outputs
 from omni_actors.api.pipelines import PIPELINES_KEY, Pipelines, model_id
 from omni_actors.api.schemas import Health, UnhealthyStage
 from omni_actors.api.speech import speech
@@ -108,7 +108,7 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     app[PIPELINES_KEY] = pipelines
     app[METRICS_KEY] = ApiMetrics(pipelines)
     app[STARTED_KEY] = time.time()
-    outputs = frozenset().union(*(o.pipeline.output_types() for o in pipelines.all))
+    outputs = served_outputs(o.pipeline for o in pipelines.all)
     app[OPENAPI_KEY] = msgspec.json.encode(build_openapi("omni-actors", __version__, outputs,
                                                          auth=bool(server.api_keys)))
     app.router.add_get("/health", health)

@@ -25,7 +25,8 @@ from aiohttp import web
 
 from omni_actors.api import schemas as s
 from omni_actors.api.middleware import is_public
-from omni_actors.api.openapi_routes import ROUTES, SSE, Form, Route
+from omni_actors.api.openapi_routes import GENERATED_AUDIO, ROUTES, SSE, Form, Route
+from omni_actors.config.pipeline import ExecutionType, PipelineConfig
 
 REF = "#/components/schemas/{name}"
 
@@ -83,6 +84,19 @@ def _sse_event(struct: Any) -> dict[str, Any]:
             "retry": {"type": "integer"},
         },
     }
+
+
+def served_outputs(pipelines: Iterable[PipelineConfig]) -> frozenset[str]:
+    """What the served pipelines make, for `served_routes`: their output types, and GENERATED_AUDIO
+    where a pipeline with a DIFFUSION stage makes audio (/v1/audio/generations; a TTS pipeline's
+    audio is speech, /v1/audio/speech)."""
+    out: set[str] = set()
+    for pipe in pipelines:
+        types = pipe.output_types()
+        out |= types
+        if "audio" in types and any(st.execution_type is ExecutionType.DIFFUSION for st in pipe.stages):
+            out.add(GENERATED_AUDIO)
+    return frozenset(out)
 
 
 def served_routes(outputs: Iterable[str]) -> list[Route]:

@@ -91,6 +91,9 @@ _SPEECH = _binary(SPEECH_TYPES.values())
 _MISSING = (("404", NOT_FOUND, s.ErrorResponse),)
 _BUSY = (("404", NOT_FOUND, s.ErrorResponse), ("409", "Not in a state that allows this", s.ErrorResponse))
 _TEXT, _AUDIO, _IMAGE, _VIDEO = (frozenset({k}) for k in ("text", "audio", "image", "video"))
+GENERATED_AUDIO = "generated_audio"
+"""Not an output type: audio from a DIFFUSION stage (a sound from a prompt, not speech of a text;
+openapi.served_outputs)."""
 _VIDEO_FORM = Form(("input_reference",), tuple(sorted(VIDEO_FIELDS - {"input_reference"})), ("prompt",))
 _AFTER = Query("after", "string", "The id after which the page starts")
 _ORDER = Query("order", "string", "By creation time", ("asc", "desc"))
@@ -118,7 +121,7 @@ ROUTES = (
            "application/x-subrip": None, "text/vtt": None, SSE: s.TranscriptTextDelta | s.TranscriptTextDone},
           frozenset({"transcript"})),
     *(Route("post", path, "Audio from a text prompt (an audio-generating model)", AudioGenerationRequest,
-            _binary(AUDIO_TYPES.values()), _AUDIO) for path in AUDIO_GENERATION_ROUTES),
+            _binary(AUDIO_TYPES.values()), frozenset({GENERATED_AUDIO})) for path in AUDIO_GENERATION_ROUTES),
     Route("post", "/v1/responses", "Responses API (response.* events when stream=true)", rs.ResponseRequest,
           {"application/json": rs.Response, SSE: rs.StreamEvent}, _TEXT),
     Route("get", _RESPONSE_ID, "A stored response (its events with stream=true)", None,

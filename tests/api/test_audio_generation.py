@@ -47,6 +47,8 @@ def test_a_clip_decodes_at_the_asked_length_and_the_seed_repeats_it(audio_server
     assert again.content == first.content
     flac = generate(audio_server, seconds=0.5, seed=7, response_format="flac")
     assert sf.read(io.BytesIO(flac.content))[0].shape == (RATE_HZ // 2, 2)
+    paths = requests.get(f"{audio_server.url}/openapi.json", timeout=HTTP_TIMEOUT_S).json()["paths"]
+    assert {"/v1/audio/generations", "/v1/audio/generate"} <= set(paths)
 
 
 @pytest.mark.parametrize(("body", "param"), [
