@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import itertools
 import struct
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -253,6 +254,8 @@ def decode_audio(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarray, 
 
 def _read_container(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarray, int]:
     what = f"{fmt} audio" if fmt else "the audio file"
+    if fmt is None and not _libsndfile_reads(data):
+        return _read_with_av(data, what, param)
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
             if fmt is not None and f.format not in _CONTAINERS.get(fmt, (f.format,)):
@@ -264,3 +267,41 @@ def _read_container(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarra
     except (RuntimeError, TypeError) as err:
         raise bad_request(f"cannot decode {what}: {err}", param, "invalid_audio") from None
     return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), rate
+
+
+def _libsndfile_reads(data: bytes) -> bool:
+    """True when libsndfile recognises the container (it reads the header only)."""
+    try:
+        with sf.SoundFile(io.BytesIO(data)):
+            return True
+    except (sf.LibsndfileError, RuntimeError, TypeError):
+        return False
+
+
+def _read_with_av(data: bytes, what: str, param: str) -> tuple[np.ndarray, int]:
+    """An upload libsndfile does not read (m4a / mp4, webm, ADTS AAC, ...) through FFmpeg (PyAV): its
+    first audio stream, mixed to mono at its own rate; the length limits checked from the container's
+    duration where it gives one, and as the samples come otherwise."""
+    import av
+
+    parts: list[np.ndarray] = []
+    try:
+        with av.open(io.BytesIO(data)) as box:
+            stream = next((s for s in box.streams if s.type == "audio"), None)
+            if stream is None or not stream.rate:
+                raise bad_request(f"cannot decode {what}: no audio in it", param, "invalid_audio")
+            rate = int(stream.rate)
+            if stream.duration and stream.time_base:
+                check_input(int(stream.duration * stream.time_base * rate), rate, param)
+            mono = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            done = 0
+            for frame in itertools.chain(box.decode(stream), [None]):  # None: the resampler's rest
+                for out in mono.resample(frame):
+                    parts.append(out.to_ndarray().reshape(-1))
+                    done += parts[-1].size
+                    check_input(done, rate, param)
+    except av.error.FFmpegError as err:
+        raise bad_request(f"cannot decode {what}: {err.strerror or type(err).__name__}", param,
+                          "invalid_audio") from None
+    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    return np.ascontiguousarray(audio, dtype=np.float32), rate

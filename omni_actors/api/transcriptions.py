@@ -2,8 +2,8 @@
 
 Form fields:
 
-    file             required: an audio file libsndfile reads (wav, flac, mp3, ogg), any
-                     rate, mixed to mono
+    file             required: an audio file libsndfile reads (wav, flac, mp3, ogg) or, else,
+                     FFmpeg does (m4a / mp4, webm, aac, ...), any rate, mixed to mono
     model            required: a served model name
     response_format  "json" (default: {"text", "usage"}) | "text" (text/plain) | "srt" | "vtt" |
                      "verbose_json" (segments with start/end; api/transcript_formats.py)

@@ -156,3 +156,38 @@ async def test_timed_format_mistakes_are_400s(asr_srv: Server, fields: dict, par
     with pytest.raises(openai.BadRequestError):  # the SDK's list form, too
         await asr_srv.client().audio.transcriptions.create(
             model="synthetic_asr", file=("a.wav", TONE), response_format="json", timestamp_granularities=["word"])
+
+
+def _encoded(container: str, codec: str, rate: int) -> bytes:
+    """TONE's samples (2.5 s at 16 kHz) in a container libsndfile does not read, encoded by FFmpeg."""
+    import av
+
+    t = np.arange(int(SECONDS * rate)) / rate
+    samples = (0.1 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=container) as box:
+        stream = box.add_stream(codec, rate=rate, layout="mono")
+        frame_size = 960 if codec == "libopus" else 1024
+        for at in range(0, samples.size, frame_size):
+            frame = av.AudioFrame.from_ndarray(samples[None, at : at + frame_size], format="flt", layout="mono")
+            frame.rate = rate
+            for packet in stream.encode(frame):
+                box.mux(packet)
+        for packet in stream.encode(None):
+            box.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("name", "container", "codec", "rate"), [
+    ("a.m4a", "mp4", "aac", 16_000), ("a.webm", "webm", "libopus", 48_000), ("a.aac", "adts", "aac", 16_000),
+])  # fmt: skip
+async def test_files_libsndfile_does_not_read_are_decoded_by_ffmpeg(
+    asr_srv: Server, name: str, container: str, codec: str, rate: int
+) -> None:
+    data = _encoded(container, codec, rate)
+    with pytest.raises(sf.LibsndfileError):
+        sf.info(io.BytesIO(data))
+    said = await asr_srv.client().audio.transcriptions.create(model="synthetic_asr", file=(name, data))
+    heard = int(said.text.split()[0])
+    # at the file's own rate (the recognizer resamples), give or take the codec's priming and padding
+    assert said.text == f"{heard} samples at {rate} Hz" and abs(heard - SECONDS * rate) <= 0.15 * rate
