@@ -158,6 +158,7 @@ class TranscriptTextDelta(Struct, tag_field="type", tag="transcript.text.delta")
 
 class TranscriptTextDone(Struct, tag_field="type", tag="transcript.text.done"):
     text: str
+    usage: TranscriptionUsage | None = None
 
 
 # ---- images --------------------------------------------------------------------

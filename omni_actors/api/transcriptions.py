@@ -162,7 +162,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     seconds = audio.size / rate
     async with PipelineCall(request, ROUTE, {"audio": audio, "sample_rate": rate}, params, {"transcript"}) as call:
         if stream:
-            return await _stream(request, call)
+            return await _stream(request, call, TranscriptionUsage("duration", int(np.ceil(seconds))))
         outputs = [out async for out in _outputs(call)]
     text = "".join(out.text for out in outputs).strip()
     if fmt in TIMED_FORMATS:
@@ -187,7 +187,7 @@ async def _pieces(call: PipelineCall) -> AsyncIterator[str]:
             yield out.text
 
 
-async def _stream(request: web.Request, call: PipelineCall) -> web.StreamResponse:
+async def _stream(request: web.Request, call: PipelineCall, usage: TranscriptionUsage) -> web.StreamResponse:
     """`transcript.text.delta` events as the text comes, then `transcript.text.done` (no `[DONE]`)."""
     await call.started()  # an error before the first output keeps its HTTP status
 
@@ -198,6 +198,6 @@ async def _stream(request: web.Request, call: PipelineCall) -> web.StreamRespons
                 piece = piece.lstrip()
             parts.append(piece)
             yield TranscriptTextDelta(delta=piece)
-        yield TranscriptTextDone(text="".join(parts).strip())
+        yield TranscriptTextDone(text="".join(parts).strip(), usage=usage)
 
     return await respond(request, events(), done=False)
