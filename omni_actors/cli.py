@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import difflib
 import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,9 @@ from omni_actors.config.deploy import (
     load_deploys,
     parse_stage_overrides,
 )
+from omni_actors.config.deploy_yaml import load_raw
 from omni_actors.errors import ConfigError, StartupError
-from omni_actors.settings import detect_platform, settings
+from omni_actors.settings import check_data_dir, detect_platform, settings
 
 DEFAULT_DEPLOY = "assistant.yaml"
 """The bundled deploy file `omni-run` serves with no --deploy (in omni_actors/deploy/)."""
@@ -117,8 +120,6 @@ def warn_ignored_devices(deploy: DeployConfig) -> None:
 
 def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
     """The deploys to serve (one per pipeline) from the command line."""
-    from omni_actors.config.pipeline import pipeline_names
-
     models, names = args.model or [], args.served_model_name or []
     overlay: dict[str, Any] = {}
     if args.stage_overrides:
@@ -134,7 +135,7 @@ def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
     if args.deploy and len(models) > 1:
         raise ConfigError("--model: with --deploy, give at most one --model (it overrides the file's `model`); "
                           "list several pipelines in the deploy file's `pipelines` instead")
-    if not args.deploy and (len(models) > 1 or (models and _servable(models[0], pipeline_names()))):
+    if not args.deploy and models:  # (the bundled deploy takes no --model: each is served on its own)
         if names and len(names) != len(models):
             raise ConfigError(f"--served-model-name: given {len(names)} time(s) for {len(models)} --model; "
                               "give one per --model, in the same order, or none")
@@ -149,16 +150,22 @@ def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
             overlay["server"] = {**overlay.get("server", {}), "served_model_name": names[0]}
         if models:
             overlay["model"] = models[0]
-        shared = {k: v for k, v in overlay.items() if k not in ("model", "stages")}
-        shared["server"] = {k: v for k, v in overlay.get("server", {}).items() if k != "served_model_name"}
-        if len(several := load_deploys(path, shared)) > 1:
-            raise ConfigError(f"{path}: lists {len(several)} pipelines: --model, --served-model-name and "
+        # Counted from the file as written: validating it first, without the overrides, would refuse a
+        # `model` path that --model replaces.
+        entries = load_raw(path).get("pipelines")
+        if isinstance(entries, list) and len(entries) > 1:
+            raise ConfigError(f"{path}: lists {len(entries)} pipelines: --model, --served-model-name and "
                               "--stage-overrides apply to one; set them in the file's `pipelines` entries")
     return load_deploys(path, overlay or None)
 
 
 def _servable(model: str, pipelines: list[str]) -> bool:
-    return Path(model).expanduser().exists() or model in pipelines
+    """A `--model` names an existing path or a registered pipeline; ConfigError (with a hint) if neither."""
+    if Path(model).expanduser().exists() or model in pipelines:
+        return True
+    close = difflib.get_close_matches(model, pipelines, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"--model {model}: no such folder, and no pipeline of that name{hint}")
 
 
 def served_model(model: str, overlay: dict[str, Any], name: str | None) -> DeployConfig:
@@ -168,7 +175,8 @@ def served_model(model: str, overlay: dict[str, Any], name: str | None) -> Deplo
     from omni_actors.config.pipeline import pipeline_names
 
     over = {**overlay, "server": {**overlay.get("server", {}), **({"served_model_name": name} if name else {})}}
-    if Path(model).expanduser().exists() or model not in pipeline_names():
+    _servable(model, pipeline_names())
+    if Path(model).expanduser().exists():
         return served_folder(model, {**over, "model": model})
     bundled = bundled_deploy(f"{model}.yaml")
     if bundled.is_file():
@@ -184,8 +192,9 @@ def served_folder(model: str, overlay: dict[str, Any]) -> DeployConfig:
 
     pipeline = detect_pipeline(model)
     server = {"served_model_name": Path(model).expanduser().resolve().name, **overlay.get("server", {})}
-    raw = {"pipeline": pipeline, **overlay, "server": server}
-    return build_deploy(raw, f"--model {model}")
+    raw = {"pipeline": pipeline, **{k: v for k, v in overlay.items() if k != "stages"}, "server": server}
+    stages = {"stages": overlay["stages"]} if "stages" in overlay else None  # reported as --stage-overrides
+    return build_deploy(raw, f"--model {model}", stages)
 
 
 def with_prepared_model(deploy: DeployConfig) -> DeployConfig:
@@ -201,6 +210,34 @@ def with_prepared_model(deploy: DeployConfig) -> DeployConfig:
     return msgspec.structs.replace(deploy, model=str(prepare(pipe.name)))
 
 
+class _Signalled(BaseException):
+    """SIGINT or SIGTERM arrived during a synchronous start-up step (a BaseException, as
+    KeyboardInterrupt is, so that no `except Exception` in a model library swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise _Signalled in the main thread while the block runs (before the event
+    loop's own handlers exist); a repeated signal is ignored so the unwinding's cleanup can finish."""
+    sigs = (signal.SIGINT, signal.SIGTERM)
+
+    def handler(signum: int, _frame: object) -> None:
+        for sig in sigs:
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Signalled(signum)
+
+    before = {sig: signal.signal(sig, handler) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
 async def serve(deploys: list[DeployConfig]) -> None:
     """Serve every deploy's pipeline (each its own Orchestrator) behind one API server until a signal."""
     from omni_actors.api.app import build_app
@@ -209,13 +246,13 @@ async def serve(deploys: list[DeployConfig]) -> None:
     from omni_actors.orchestrator.core import Orchestrator
 
     log = logs.get("omni_actors.cli")
-    deploys = list(await asyncio.gather(*(asyncio.to_thread(with_prepared_model, d) for d in deploys)))
-    first = deploys[0]
-    orchs = [Orchestrator(d) for d in deploys]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    deploys = [with_prepared_model(d) for d in deploys]  # (main() prepared them, under its signal handlers)
+    first = deploys[0]
+    orchs = [Orchestrator(d) for d in deploys]
     for deploy, orch in zip(deploys, orchs, strict=True):
         log.info("server.starting", pipeline=deploy.pipeline, deploy=deploy.source,
                  stages=len(orch.pipeline.stages), async_chunk=deploy.async_chunk)
@@ -233,11 +270,13 @@ async def serve(deploys: list[DeployConfig]) -> None:
     starting = asyncio.ensure_future(_start_all(orchs))
     waiter = asyncio.ensure_future(stop.wait())
     await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if not starting.done():
+    if not starting.done():  # a signal while the stages load: nothing to drain
+        log.info("server.stopping", phase="starting")
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
         await asyncio.gather(*(o.stop(drain=False) for o in orchs))
         await http.close()
+        log.info("server.stopped")
         return
     waiter.cancel()
     try:
@@ -316,6 +355,10 @@ def _tool(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(rest)
     try:
+        if Path(a.dir).is_dir() and any(Path(a.dir).iterdir()):  # two checkpoints would mix in one folder
+            print(f"omni-run make-tiny: {a.dir} is not empty; give a new or empty folder "
+                  "(a tiny checkpoint is a whole folder)", file=sys.stderr)
+            return 2
         Path(a.dir).mkdir(parents=True, exist_ok=True)  # fail before the (slow) builder imports
         print(make_tiny(a.pipeline, a.dir, seed=a.seed))
     except OSError as err:
@@ -350,10 +393,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in TOOLS:
             return _tool(argv)
-        deploys = load_from_args(parse_serve_args(argv))
+        args = parse_serve_args(argv)
+        check_data_dir(settings().data_dir)  # files, voices, the store and prepared models live there
+        deploys = load_from_args(args)
         check_listen(deploys[0])
         for deploy in deploys:
             warn_ignored_devices(deploy)
+        try:  # first-run preparation runs here, in the main thread, so that a signal stops it
+            with _signals_raise():
+                deploys = [with_prepared_model(d) for d in deploys]
+        except _Signalled as stopped:
+            log = logs.get("omni_actors.cli")
+            log.info("server.stopping", phase="prepare", signal=signal.Signals(stopped.signum).name)
+            log.info("server.stopped")
+            return 128 + stopped.signum
         uvloop.run(serve(deploys))
         return 0
     except ConfigError as err:

@@ -1,6 +1,7 @@
 """Process-wide settings that are not per deployment, read from the environment once.
 
     settings() -> Settings      (read on first use; ConfigError naming the variable and its form)
+    check_data_dir(path)        (OMNI_DATA_DIR created if missing and writable, else a ConfigError)
 
 Read on first use, not at import: `omni-run` checks them before anything else and
 answers a bad value with one line and exit status 2 (cli.py), never a traceback.
@@ -8,6 +9,7 @@ answers a bad value with one line and exit status 2 (cli.py), never a traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Mapping
@@ -110,3 +112,18 @@ def settings() -> Settings:
 def detect_platform() -> str:
     """"cuda" when an NVIDIA device node exists, else "cpu" (no torch import)."""
     return settings().platform or ("cuda" if Path("/dev/nvidia0").exists() else "cpu")
+
+
+def check_data_dir(path: Path) -> Path:
+    """Create the data directory (OMNI_DATA_DIR) if missing and check this process can write there;
+    a ConfigError naming the variable and the reason otherwise, before anything is served from it."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(f"OMNI_DATA_DIR: cannot use {path}: {err.strerror or err}") from None
+    return path

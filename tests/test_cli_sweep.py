@@ -97,7 +97,8 @@ def test_malformed_file_is_one_line_exit_2(tmp_path: Path, text: str | bytes, ex
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--stage-overrides", '{"7": {"max_num_seqs": 2}}'], "has no stage 7; expected one of [0, 1, 2]"),
+        (["--stage-overrides", '{"7": {"max_num_seqs": 2}}'], "--stage-overrides: no stage 7 in pipeline 'synthetic' "
+                                                              "(stages 0, 1, 2)"),
         (["--stage-overrides", '{"0": {"max_num_seqs": "two"}}'], "stages[0].max_num_seqs: expected `int`, got `str`"),
         (["--port", "70000"], "server.port: expected 1..65535, got 70000"),
         (["--model", "/no/such/model"], "model: path does not exist: /no/such/model"),
@@ -173,6 +174,39 @@ def test_make_tiny_unwritable_target(tmp_path: Path) -> None:
     proc = omni_run("make-tiny", "llama", str(target))
     assert proc.returncode == 2
     assert one_line(proc) == f"omni-run make-tiny: cannot write {target}: Not a directory"
+
+
+def test_make_tiny_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
+    target = tmp_path / "tiny"
+    target.mkdir()
+    (target / "config.json").write_text('{"model_type": "csm"}')
+    proc = omni_run("make-tiny", "llama", str(target))
+    assert proc.returncode == 2
+    assert one_line(proc) == (f"omni-run make-tiny: {target} is not empty; "
+                              "give a new or empty folder (a tiny checkpoint is a whole folder)")
+    assert [p.name for p in target.iterdir()] == ["config.json"]
+    assert (target / "config.json").read_text() == '{"model_type": "csm"}'
+
+
+def test_a_config_json_that_is_not_an_object_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('["model_type", "llama"]')
+    proc = omni_run("--model", str(tmp_path))
+    assert proc.returncode == 2
+    assert one_line(proc) == f"omni-run: config error: --model: {tmp_path}/config.json: expected a JSON object"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--model", "synthetc"],
+     "--model synthetc: no such folder, and no pipeline of that name (did you mean 'synthetic'?)"),
+    (["--model", "synthetic", "--model", "synthetic_image",
+      "--served-model-name", "synthetic_image", "--served-model-name", "synthetic"],
+     f"{SYNTHETIC}: served_model_name: 'synthetic_image' is also the name of pipeline 'synthetic_image' "
+     "(--model synthetic_image); give this pipeline another served_model_name"),
+])
+def test_model_flag_mistakes_are_one_line_exit_2(args: list[str], expected: str) -> None:
+    proc = omni_run(*args)
+    assert proc.returncode == 2
+    assert one_line(proc) == f"omni-run: config error: {expected}"
 
 
 def test_prepare_errors(tmp_path: Path) -> None:

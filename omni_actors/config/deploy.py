@@ -25,7 +25,7 @@ import msgspec
 
 from omni_actors import logs
 from omni_actors.bus.shm import ARENA_BUDGET_BYTES
-from omni_actors.config.deploy_checks import validate_against_pipeline
+from omni_actors.config.deploy_checks import check_override_stages, validate_against_pipeline
 from omni_actors.config.deploy_yaml import deep_merge, load_raw
 from omni_actors.errors import ConfigError
 from omni_actors.settings import PLATFORMS, detect_platform
@@ -233,6 +233,7 @@ def build_deploy(raw: dict[str, Any], source: str, overrides: dict[str, Any] | N
     if overrides:
         raw = deep_merge(raw, overrides)
         _check_topology_fields("--stage-overrides", raw)
+        check_override_stages(f"{source} (with command-line overrides)", raw.get("pipeline"), overrides.get("stages"))
         where = f"{source} (with command-line overrides)"
     raw = {**raw, "source": source}
     raw.pop("base_config", None)
@@ -312,6 +313,14 @@ def check_distinct(deploys: list[DeployConfig]) -> None:
             raise ConfigError(f"{dep.source}: served_model_name: {name!r} is also the name of {seen[name].source}; "
                               "give each pipeline its own served_model_name")
         seen[name] = dep
+    # A request's `model` also reaches a pipeline by its pipeline's name (api/pipelines.py): a served
+    # name that is another kind of pipeline's name would hide one of the two.
+    for dep in deploys:
+        name = dep.server.served_model_name
+        other = next((o for o in deploys if o is not dep and o.pipeline == name != dep.pipeline), None)
+        if other is not None:
+            raise ConfigError(f"{dep.source}: served_model_name: {name!r} is also the name of pipeline "
+                              f"{other.pipeline!r} ({other.source}); give this pipeline another served_model_name")
 
 
 def parse_stage_overrides(text: str) -> dict[str, Any]:

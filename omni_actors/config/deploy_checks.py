@@ -2,6 +2,7 @@
 
     validate_against_pipeline(cfg, where) -> PipelineConfig   (raises ConfigError naming the field; its
         `speech` read from the model folder where the pipeline names a `speech_of` hook)
+    check_override_stages(source, pipeline, stages)           (--stage-overrides keys are the pipeline's stages)
 """
 
 from __future__ import annotations
@@ -24,6 +25,18 @@ GPU_SHARING = ("auto", "mps", "off")
 ARRAY_PATHS = ("auto", "frames")
 DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
 """`dtype` values the stage engines accept (vLLM's names and their short forms)."""
+
+
+def check_override_stages(source: str, pipeline: object, stages: object) -> None:
+    """`--stage-overrides` keys name stages of the pipeline (said by the key, not by its merged position)."""
+    if not isinstance(pipeline, str) or pipeline not in pipeline_names() or not isinstance(stages, list):
+        return  # (an unknown pipeline is reported by validate_against_pipeline)
+    ids = get_pipeline(pipeline).stage_ids
+    for st in stages:
+        sid = st.get("stage_id") if isinstance(st, dict) else None
+        if isinstance(sid, int) and sid not in ids:
+            raise ConfigError(f"{source}: --stage-overrides: no stage {sid} in pipeline {pipeline!r} "
+                              f"(stages {', '.join(map(str, ids))})")
 
 
 def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> PipelineConfig:

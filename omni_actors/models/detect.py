@@ -29,9 +29,12 @@ def folder_key(folder: str | Path) -> str:
         if not path.is_file():
             continue
         try:
-            value = json.loads(path.read_text()).get(field)
-        except (OSError, ValueError, AttributeError) as err:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
             raise ConfigError(f"--model: {path}: cannot read {field}: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--model: {path}: expected a JSON object")
+        value = data.get(field)
         if not isinstance(value, str) or not value:
             raise ConfigError(f"--model: {path}: no {field!r} string")
         return f"{kind}:{value}"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omni_actors.config.pipeline import get_pipeline, resolve
 from omni_actors.errors import ConfigError
+from omni_actors.settings import check_data_dir, settings
 
 
 def prepare(pipeline: str) -> Path:
@@ -15,4 +16,5 @@ def prepare(pipeline: str) -> Path:
         raise ConfigError(f"prepare: unknown pipeline {pipeline!r}") from None
     if not pipe.preparer:
         raise ConfigError(f"prepare: pipeline {pipeline!r} has nothing to prepare (give it a model path)")
+    check_data_dir(settings().data_dir)
     return Path(resolve(pipe.preparer)())

@@ -75,7 +75,7 @@ def test_repeated_model_flags_give_one_deploy_each_in_order() -> None:
     (["--model", "synthetic", "--model", "synthetic_asr", "--served-model-name", "a"], "given 1 time"),
     (["--model", "synthetic", "--model", "synthetic"], "'synthetic' is also the name"),
     (["--model", "synthetic", "--model", "synthetic_asr", "--stage-overrides", "{}"], "applies to one pipeline"),
-    (["--model", "synthetic", "--model", "/no/such/dir"], "not a folder: /no/such/dir"),
+    (["--model", "synthetic", "--model", "/no/such/dir"], "--model /no/such/dir: no such folder"),
 ])
 def test_bad_model_flags_are_config_errors(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -100,3 +100,63 @@ def test_the_serving_guide_deploy_file_loads(tmp_path: Path) -> None:
     argv = next(line.split() for line in lines if "./" not in line)  # (the others need real folders)
     assert [d.pipeline for d in load_from_args(parse_serve_args(argv))] == [
         "synthetic", "synthetic_image", "synthetic_asr"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model", "synthetic", "--model", "synthetic_image",
+     "--served-model-name", "synthetic_image", "--served-model-name", "synthetic"],
+    ["--model", "synthetic", "--model", "synthetic_image", "--served-model-name", "x",
+     "--served-model-name", "synthetic"],
+])
+def test_a_served_name_may_not_be_another_pipelines_name(argv: list[str]) -> None:
+    with pytest.raises(ConfigError, match="is also the name of pipeline 'synthetic"):
+        load_from_args(parse_serve_args(argv))
+
+
+def test_a_pipelines_file_whose_entries_swap_names_is_refused(tmp_path: Path) -> None:
+    text = ("pipelines:\n  - {pipeline: synthetic, served_model_name: synthetic_image}\n"
+            "  - {pipeline: synthetic_image, served_model_name: synthetic}\n")
+    with pytest.raises(ConfigError, match=r"pipelines\[\d\]: served_model_name: 'synthetic(_image)?' is also"):
+        load_deploys(_file(tmp_path, text))
+
+
+def test_two_of_one_pipeline_may_still_share_its_name() -> None:
+    argv = ["--model", "synthetic", "--model", "synthetic", "--served-model-name", "synthetic",
+            "--served-model-name", "b"]
+    assert [d.server.served_model_name for d in load_from_args(parse_serve_args(argv))] == ["synthetic", "b"]
+
+
+def test_model_overrides_a_deploy_files_missing_model(tmp_path: Path) -> None:
+    path = _file(tmp_path, "pipeline: synthetic\nmodel: /no/such/model\n")
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    [dep] = load_from_args(parse_serve_args(["--deploy", str(path), "--model", str(folder)]))
+    assert dep.model == str(folder)
+    with pytest.raises(ConfigError, match="model: path does not exist: /no/such/model"):
+        load_from_args(parse_serve_args(["--deploy", str(path)]))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "synthetc"], "--model synthetc: no such folder, and no pipeline of that name "
+                              "(did you mean 'synthetic'?)"),
+    (["--model", "/no/such/dir"], "--model /no/such/dir: no such folder, and no pipeline of that name"),
+])
+def test_a_mistyped_model_names_the_flag_not_the_bundled_file(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_from_args(parse_serve_args(argv))
+    assert str(err.value).startswith(message), err.value
+    assert "assistant.yaml" not in str(err.value)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--stage-overrides", '{"9": {"max_num_seqs": 2}}'],
+    ["--model", "synthetic", "--stage-overrides", '{"9": {"max_num_seqs": 2}}'],
+])
+def test_a_stage_override_for_a_missing_stage_names_the_key(tmp_path: Path, argv: list[str]) -> None:
+    path = _file(tmp_path, "pipeline: synthetic\nstages: [{stage_id: 0}, {stage_id: 1}, {stage_id: 2}]\n")
+    if "--model" not in argv:
+        argv = ["--deploy", str(path), *argv]
+    with pytest.raises(ConfigError) as err:
+        load_from_args(parse_serve_args(argv))
+    assert "--stage-overrides: no stage 9 in pipeline 'synthetic' (stages 0, 1, 2)" in str(err.value), err.value
+    assert "stages[" not in str(err.value)

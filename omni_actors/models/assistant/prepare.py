@@ -13,7 +13,9 @@ Layout (each folder is one stage's `subdir`):
 Both Piper parts are cut with `onnx.utils.extract_model`; nothing is converted by
 hand. Each part is built in a temporary folder next to its target and renamed
 into place, so a folder that exists is complete; a file lock serialises
-concurrent runs. Nothing is fetched from a model hub.
+concurrent runs. An interrupted build removes its temporary folder; one left by a
+killed run is removed by the next run (under the lock no other run is building).
+Nothing is fetched from a model hub.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -146,6 +149,18 @@ def _locked(data_dir: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+_LEFTOVER = re.compile(r"\.[\w-]+\.(tmp|old)-\d+")
+"""`.<part>.tmp-<pid>` / `.<part>.old-<pid>`: a part being built or replaced by the run of that pid."""
+
+
+def _remove_leftovers(data_dir: Path) -> None:
+    """Temporary folders of runs that were killed. Call with the lock held: no other run is building,
+    so each one is left over, even where its pid now names another live process."""
+    for folder in data_dir.iterdir():
+        if _LEFTOVER.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -161,6 +176,7 @@ def prepare(data_dir: Path | str | None = None, *, force: bool = False, progress
     data_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _line: None)
     with _locked(data_dir):
+        _remove_leftovers(data_dir)
         total = len(PARTS)
         missing = [name for name in PARTS if force or not _part_ok(data_dir / name)]
         bar = bars.start("model.prepare", len(missing), pipeline="assistant") if missing else None
