@@ -58,6 +58,12 @@ def configure(component: str = "main") -> None:
         if json_logs()
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    if json_logs():  # other libraries' records (aiohttp's access lines, ...) as JSON lines too
+        logging.getLogger().handlers[0].setFormatter(structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.processors.add_log_level,
+                               structlog.processors.TimeStamper(fmt="iso", utc=True)],
+        ))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

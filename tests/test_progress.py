@@ -8,6 +8,7 @@ import os
 import pty
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from tests.test_cli_operator import EXIT_TIMEOUT_S, _lines_until, _serve, _stop
@@ -20,11 +21,19 @@ def _events(lines: list[str], name: str) -> list[dict]:
 
 
 def test_omni_run_logs_stage_loading_progress_until_every_stage_is_ready() -> None:
-    proc, _port = _serve("--log-format", "json")
+    """... and with --log-format json every line is JSON, aiohttp's access lines too."""
+    proc, port = _serve("--log-format", "json")
     try:
         lines = _lines_until(proc, "server.ready")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=EXIT_TIMEOUT_S) as resp:
+            assert resp.status == 200
     finally:
         _stop(proc)
+    assert proc.stderr is not None
+    lines += proc.stderr.readlines()
+    assert [line for line in lines if not line.startswith("{")] == []
+    access = [e for e in map(json.loads, lines) if e.get("logger") == "aiohttp.access"]
+    assert len(access) == 1 and "GET /health" in access[0]["event"]
     steps = _events(lines, "stages.loading")
     assert [(e["done"], e["total"]) for e in steps] == [(0, 3), (1, 3), (2, 3), (3, 3)]
     assert {e["stage"] for e in steps[1:]} == {"thinker", "talker", "vocoder"}
