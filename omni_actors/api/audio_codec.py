@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 import soundfile as sf
 
-from omni_actors.api.errors import bad_request
+from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.audio import (
     DEFAULT_SAMPLE_RATE,
     AudioLimitError,
@@ -254,28 +254,26 @@ def decode_audio(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarray, 
 
 def _read_container(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarray, int]:
     what = f"{fmt} audio" if fmt else "the audio file"
-    if fmt is None and not _libsndfile_reads(data):
-        return _read_with_av(data, what, param)
     try:
-        with sf.SoundFile(io.BytesIO(data)) as f:
+        opened = sf.SoundFile(io.BytesIO(data))
+    except (sf.LibsndfileError, RuntimeError, TypeError) as err:
+        if fmt is None:  # a container libsndfile does not know (m4a, webm, ...): FFmpeg may
+            return _read_with_av(data, what, param)
+        raise _undecodable(what, err, param) from None
+    try:
+        with opened as f:
             if fmt is not None and f.format not in _CONTAINERS.get(fmt, (f.format,)):
                 raise bad_request(f"audio is {f.format}, not {fmt} as `format` says", param, "invalid_audio")
             check_input(max(f.frames, 0), f.samplerate, param)
             audio, rate = f.read(dtype="float32", always_2d=True), int(f.samplerate)
-    except sf.LibsndfileError as err:
-        raise bad_request(f"cannot decode {what}: {err.error_string}", param, "invalid_audio") from None
-    except (RuntimeError, TypeError) as err:
-        raise bad_request(f"cannot decode {what}: {err}", param, "invalid_audio") from None
+    except (sf.LibsndfileError, RuntimeError, TypeError) as err:
+        raise _undecodable(what, err, param) from None
     return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), rate
 
 
-def _libsndfile_reads(data: bytes) -> bool:
-    """True when libsndfile recognises the container (it reads the header only)."""
-    try:
-        with sf.SoundFile(io.BytesIO(data)):
-            return True
-    except (sf.LibsndfileError, RuntimeError, TypeError):
-        return False
+def _undecodable(what: str, err: Exception, param: str) -> ApiError:
+    reason = err.error_string if isinstance(err, sf.LibsndfileError) else str(err)
+    return bad_request(f"cannot decode {what}: {reason}", param, "invalid_audio")
 
 
 def _read_with_av(data: bytes, what: str, param: str) -> tuple[np.ndarray, int]:
