@@ -92,42 +92,22 @@ PR_SET_CHILD_SUBREAPER = 36
 # ---- an omni-run process -------------------------------------------------------------------
 
 
-class OmniRun:
-    """One `omni-run` subprocess; its stderr is read by a thread into a queue of lines."""
+class StderrLines:
+    """A subprocess's stderr, read by a thread into a queue of lines (what was read so far: `lines`)."""
 
-    def __init__(self, tmp: Path, stages: list[dict[str, Any]], port: int | None = None,
-                 pipeline: str = "synthetic", session: bool = False) -> None:
-        self.port = port or free_port()
-        self.runtime_parent = tmp / "runtime"
-        self.runtime_before = runtime_dirs(self.runtime_parent)
-        deploy = tmp / f"deploy-{self.port}.yaml"
-        deploy.write_text(json.dumps({  # JSON is YAML
-            "pipeline": pipeline, "async_chunk": True,
-            "server": {"host": "127.0.0.1", "port": self.port}, "stages": stages,
-        }))
-        env = {**os.environ, "OMNI_LOG_JSON": "0", "OMNI_RUNTIME_DIR": str(self.runtime_parent)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "omni_actors.cli", "--deploy", str(deploy)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-            start_new_session=session,  # its own process group, as a shell starts a job
-        )
-        self.pid = self.proc.pid
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
         self.lines: list[str] = []
         self._eof = False
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.seen_workers: set[psutil.Process] = set()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self._queue.put(line)
         self._queue.put(None)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def output(self) -> str:
@@ -148,6 +128,46 @@ class OmniRun:
             found = re.search(pattern, line)
             if found:
                 return found
+
+    def read_to_eof(self, timeout_s: float = EXIT_TIMEOUT_S) -> None:
+        """Every remaining stderr line; the end comes when no process of the run (workers too) holds it."""
+        deadline = time.monotonic() + timeout_s
+        while not self._eof:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"stderr still open after {timeout_s} s: a process of the run holds it")
+            if line is None:
+                self._eof = True
+            else:
+                self.lines.append(line)
+
+
+class OmniRun(StderrLines):
+    """One `omni-run` subprocess; its stderr is read by a thread into a queue of lines."""
+
+    def __init__(self, tmp: Path, stages: list[dict[str, Any]], port: int | None = None,
+                 pipeline: str = "synthetic", session: bool = False) -> None:
+        self.port = port or free_port()
+        self.runtime_parent = tmp / "runtime"
+        self.runtime_before = runtime_dirs(self.runtime_parent)
+        deploy = tmp / f"deploy-{self.port}.yaml"
+        deploy.write_text(json.dumps({  # JSON is YAML
+            "pipeline": pipeline, "async_chunk": True,
+            "server": {"host": "127.0.0.1", "port": self.port}, "stages": stages,
+        }))
+        env = {**os.environ, "OMNI_LOG_JSON": "0", "OMNI_RUNTIME_DIR": str(self.runtime_parent)}
+        super().__init__(subprocess.Popen(
+            [sys.executable, "-m", "omni_actors.cli", "--deploy", str(deploy)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=session,  # its own process group, as a shell starts a job
+        ))
+        self.pid = self.proc.pid
+        self.seen_workers: set[psutil.Process] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self) -> None:
         self.wait_for(r"server\.ready")
@@ -177,19 +197,6 @@ class OmniRun:
         if eof:
             self.read_to_eof(timeout_s)
         return code
-
-    def read_to_eof(self, timeout_s: float = EXIT_TIMEOUT_S) -> None:
-        """Every remaining stderr line; the end comes when no process of the run (workers too) holds it."""
-        deadline = time.monotonic() + timeout_s
-        while not self._eof:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"stderr still open after {timeout_s} s: a process of the run holds it")
-            if line is None:
-                self._eof = True
-            else:
-                self.lines.append(line)
 
     def stacks(self, procs: list[psutil.Process]) -> str:
         """What each of `procs` is doing: its state and (by SIGUSR1 to faulthandler) its Python stacks."""

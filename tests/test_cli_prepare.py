@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from omni_actors.models.assistant import prepare as assistant_prepare
 from tests.conftest import free_port
-from tests.shutdown_support import STARTING, STARTING_LINE, OmniRun, hooked
+from tests.shutdown_support import STARTING, STARTING_LINE, OmniRun, StderrLines, hooked
 
 LINE_TIMEOUT_S = 60.0
 """Longest wait for omni-run to reach preparation (imports on busy cores)."""
@@ -26,41 +23,15 @@ EXIT_TIMEOUT_S = 20.0
 """Longest wait for omni-run to stop once signalled during preparation (a part's build is not waited for)."""
 
 
-class _Run:
-    """`omni-run` with its own data directory; stderr read by a thread into a queue of lines."""
+class _Run(StderrLines):
+    """`omni-run` with its own data directory."""
 
     def __init__(self, data_dir: Path, *args: str) -> None:
         env = {**os.environ, "OMNI_LOG_JSON": "0", "OMNI_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
+        super().__init__(subprocess.Popen(
             [sys.executable, "-m", "omni_actors.cli", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-        )
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self._queue.put(line)
-        self._queue.put(None)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout_s: float = LINE_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"no line matching {pattern!r} within {timeout_s} s; got:\n{self.output}")
-            if line is None:
-                pytest.fail(f"omni-run ended before a line matching {pattern!r}; got:\n{self.output}")
-            self.lines.append(line)
-            if re.search(pattern, line):
-                return
+        ))
 
     def wait(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
         try:
@@ -69,8 +40,7 @@ class _Run:
             self.proc.kill()
             self.proc.wait()
             pytest.fail(f"omni-run did not exit within {timeout_s} s; output:\n{self.output}")
-        while (line := self._queue.get(timeout=timeout_s)) is not None:
-            self.lines.append(line)
+        self.read_to_eof(timeout_s)
         return code
 
     def kill(self) -> None:
