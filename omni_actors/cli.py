@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import difflib
+import faulthandler
 import os
 import signal
 import socket
@@ -394,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in TOOLS:
             return _tool(argv)
         args = parse_serve_args(argv)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` prints its stacks
         check_data_dir(settings().data_dir)  # files, voices, the store and prepared models live there
         deploys = load_from_args(args)
         check_listen(deploys[0])

@@ -193,16 +193,19 @@ class OmniRun(StderrLines):
         try:
             code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"omni-run did not exit within {timeout_s} s; output:\n{self.output}")
+            stacks = self.stacks([psutil.Process(self.pid), *workers_of(self.pid)])
+            pytest.fail(f"omni-run did not exit within {timeout_s} s; output:\n{self.output}\nstacks:\n{stacks}")
         if eof:
             self.read_to_eof(timeout_s)
         return code
 
     def stacks(self, procs: list[psutil.Process]) -> str:
         """What each of `procs` is doing: its state and (by SIGUSR1 to faulthandler) its Python stacks."""
-        states = [f"{p.pid}: {p.status()} wchan={Path(f'/proc/{p.pid}/wchan').read_text()}" for p in procs]
+        states = []
         for p in procs:
-            os.kill(p.pid, signal.SIGUSR1)
+            with contextlib.suppress(psutil.Error, OSError):
+                states.append(f"{p.pid}: {p.status()} wchan={Path(f'/proc/{p.pid}/wchan').read_text()}")
+                os.kill(p.pid, signal.SIGUSR1)
         deadline = time.monotonic() + STACKS_TIMEOUT_S
         lines: list[str] = []
         with contextlib.suppress(queue.Empty):
@@ -215,8 +218,8 @@ class OmniRun(StderrLines):
             self.proc.kill()
             self.proc.wait()
         for p in [*workers_of(self.pid), *zygotes_of(self.pid)]:
-            p.kill()
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error):  # (it may end between the listing and the kill)
+                p.kill()
                 p.wait(EXIT_TIMEOUT_S)  # (reaps it if this process adopted it)
 
     def assert_clean(self, workers_timeout_s: float = 0.0) -> None:

@@ -161,7 +161,8 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     server = orchestrator(request).deploy.server  # (the same for every pipeline)
     max_bytes = int(server.max_body_mb * 1024 * 1024)
     try:
-        fields, blobs, mask_blob = await asyncio.wait_for(_read_form(request, max_bytes), server.body_timeout_s)
+        async with asyncio.timeout(server.body_timeout_s):
+            fields, blobs, mask_blob = await _read_form(request, max_bytes)
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
                        "body_timeout", close=True) from None

@@ -96,7 +96,8 @@ def body_limit_middleware(max_bytes: int, timeout_s: float):
         if request.body_exists and request.content_type != "multipart/form-data":
             # (an upload is parsed as it streams, by its route, within the same limits)
             try:  # read (and keep) the body now, within the time limit; handlers read it again
-                await asyncio.wait_for(request.read(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await request.read()
             except TimeoutError:
                 raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", None,
                                "body_timeout", close=True) from None

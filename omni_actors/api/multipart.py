@@ -108,7 +108,8 @@ async def read_form(request: web.Request, files: set[str], fields: set[str],
         return texts, blobs
 
     try:
-        return await asyncio.wait_for(read(), server.body_timeout_s)
+        async with asyncio.timeout(server.body_timeout_s):
+            return await read()
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
                        "body_timeout", close=True) from None

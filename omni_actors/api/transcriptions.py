@@ -150,7 +150,8 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     server = orch.deploy.server
     max_bytes = int(server.max_body_mb * 1024 * 1024)
     try:
-        fields, upload = await asyncio.wait_for(_read_form(request, max_bytes), server.body_timeout_s)
+        async with asyncio.timeout(server.body_timeout_s):
+            fields, upload = await _read_form(request, max_bytes)
     except TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
                        "body_timeout", close=True) from None

@@ -131,7 +131,8 @@ class VideoJobs:
                 return
             changed = self._changed.setdefault(job_id, asyncio.Event())
             try:
-                await asyncio.wait_for(changed.wait(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    await changed.wait()
             except TimeoutError:
                 return
 

@@ -202,7 +202,8 @@ class Orchestrator(ReceivePath):
         self.draining = True
         if drain and self.runs:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), DRAIN_TIMEOUT_S)
+                async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                    await self._idle.wait()
         self._closing = True
         if self._trimmer is not None:
             self._trimmer.cancel()

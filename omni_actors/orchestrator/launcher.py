@@ -312,7 +312,8 @@ async def end_process(
             except ProcessLookupError:
                 return
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await proc.wait()
             return
         except TimeoutError:
             continue

@@ -147,7 +147,8 @@ class MpsDaemon:
         listening: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._reader = asyncio.create_task(self._read(listening))
         try:
-            await asyncio.wait_for(listening, START_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await listening
             await self._probe()
         except BaseException as err:
             await self.stop()
@@ -175,7 +176,8 @@ class MpsDaemon:
             stderr=asyncio.subprocess.PIPE, env=env,
         )
         try:
-            _, err = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT_S)
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                _, err = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()

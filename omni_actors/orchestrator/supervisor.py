@@ -246,7 +246,8 @@ class Supervisor:
             self._healthy.clear()
 
     async def wait_healthy(self, timeout_s: float) -> None:
-        await asyncio.wait_for(self._healthy.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await self._healthy.wait()
 
     # ---- deaths and restarts ----------------------------------------------------------
 
@@ -296,7 +297,8 @@ class Supervisor:
             log.info("worker.restarting", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
                      generation=h.generation, attempt=attempt + 1)
             try:
-                await asyncio.wait_for(asyncio.shield(h.ready_future), self.restart_timeout_s)
+                async with asyncio.timeout(self.restart_timeout_s):
+                    await asyncio.shield(h.ready_future)
                 log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
                          **startup_log_keys(h))
                 return

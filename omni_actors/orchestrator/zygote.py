@@ -122,7 +122,8 @@ class Zygote:
                 self._pending.pop(req, None)
             raise ZygoteGone(f"the zygote's socket: {err}") from err
         try:
-            pid = await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):  # (not wait_for: on 3.11 it can swallow a cancel)
+                pid = await fut
         except (TimeoutError, asyncio.CancelledError) as err:
             with self._lock:
                 if self._pending.pop(req, None) is not None:

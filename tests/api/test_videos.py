@@ -31,6 +31,10 @@ JOB_WAIT_S = 180
 FAST = {"num_inference_steps": 2}
 LONG = {"num_inference_steps": 1000}
 """A job that cannot finish while a test looks at it (1000 denoising steps)."""
+REMAKE_MEAN_LEVELS = 0.25
+"""Largest mean difference, in 8-bit levels, between two videos of one seed and prompt (0 alone)."""
+REMIX_MEAN_LEVELS = 2.0
+"""Least mean difference between videos of one seed and two prompts (8 measured on the tiny Wan)."""
 QUEUE = 2
 SPRITE_ERROR_MAX = 12.0
 """Mean difference (of 255) between a spritesheet tile and its frame: two JPEG/H.264 generations of noise."""
@@ -233,10 +237,13 @@ def test_a_remix_remakes_the_video_with_its_seed_and_a_new_prompt(wan, tmp_path)
     assert (again.remixed_from_video_id, other.remixed_from_video_id) == (source.id, source.id)
     assert (other.size, other.seconds, other.prompt) == ("32x32", "0.25", "a green boat at night")
     assert wait_done(client, other.id).status == "completed"
-    first = _frames(client, source.id, tmp_path / "source.mp4")
-    assert np.array_equal(_frames(client, again.id, tmp_path / "again.mp4"), first)  # same seed, same prompt
-    remixed = _frames(client, other.id, tmp_path / "other.mp4")
-    assert remixed.shape == first.shape and not np.array_equal(remixed, first)
+    first = _frames(client, source.id, tmp_path / "source.mp4").astype(np.int16)
+    # Same seed, same prompt: the same video, but for the last bits of a float sum that a batch shared
+    # with another test's job can change (a pixel level or two after the encoder's rounding).
+    remade = np.abs(_frames(client, again.id, tmp_path / "again.mp4") - first)
+    remixed = np.abs(_frames(client, other.id, tmp_path / "other.mp4") - first)
+    assert remade.shape == remixed.shape == first.shape
+    assert remade.mean() < REMAKE_MEAN_LEVELS and remixed.mean() > REMIX_MEAN_LEVELS
     assert client.videos.retrieve(other.id).remixed_from_video_id == source.id
 
 
