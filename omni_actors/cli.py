@@ -122,6 +122,8 @@ def warn_ignored_devices(deploy: DeployConfig) -> None:
 def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
     """The deploys to serve (one per pipeline) from the command line."""
     models, names = args.model or [], args.served_model_name or []
+    if any(not n.strip() for n in names):
+        raise ConfigError("--served-model-name: empty; give the name clients put in `model`")
     overlay: dict[str, Any] = {}
     if args.stage_overrides:
         if len(models) > 1:

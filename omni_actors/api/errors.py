@@ -149,7 +149,8 @@ def from_exception(exc: BaseException) -> ApiError:
         case RequestAborted():
             return ApiError(503, f"request aborted: {exc}", None, "request_aborted")
         case RequestRejected():
-            return ApiError(400, f"invalid request: {exc}", _stage_param(str(exc)), "rejected_by_stage")
+            reason = refusal_text(exc.detail)
+            return ApiError(400, f"invalid request: {reason}", _stage_param(reason), "rejected_by_stage")
         case StageFailed():
             return ApiError(500, f"generation failed: {exc}", None, "stage_failed")
         case msgspec.ValidationError() | msgspec.DecodeError():
@@ -170,9 +171,16 @@ REQUEST_FIELDS = frozenset({
 _STAGE_FIELD = re.compile(r"(?:^|: )([a-z_]+)(?:\[\d+\])?: ")
 
 
+_ERROR_CLASS = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
+
+
+def refusal_text(detail: str) -> str:
+    """A stage's refusal as the client reads it: without the exception's class ("ValueError: ")."""
+    return _ERROR_CLASS.sub("", detail, count=1)
+
+
 def _stage_param(message: str) -> str | None:
-    """The request field a stage's refusal names, if its message (after "stage N failed: Error: ")
-    starts with one; None otherwise."""
+    """The request field a stage's refusal names, if its message starts with one; None otherwise."""
     for match in _STAGE_FIELD.finditer(message):
         if match.group(1) in REQUEST_FIELDS:
             return match.group(1)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,10 @@ GPU_SHARING = ("auto", "mps", "off")
 ARRAY_PATHS = ("auto", "frames")
 DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
 """`dtype` values the stage engines accept (vLLM's names and their short forms)."""
+
+
+DEVICE_ID = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z/-]+")
+"""A device as CUDA_VISIBLE_DEVICES names it: its index, or its UUID (nvidia-smi -L)."""
 
 
 def check_override_stages(source: str, pipeline: object, stages: object) -> None:
@@ -78,6 +83,10 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
         if st.dtype not in DTYPES:
             raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
         devices = st.device_list()
+        bad = next((d for d in devices if not DEVICE_ID.fullmatch(d)), None)
+        if bad is not None:
+            raise ConfigError(f"{where}.devices: {bad!r} is not a GPU: expected an index (0, 1, ...) or a "
+                              "GPU-/MIG- UUID, as CUDA_VISIBLE_DEVICES takes them (not 'cuda:0')")
         need = st.tensor_parallel_size * st.num_replicas
         if devices and len(devices) != need:
             raise ConfigError(
@@ -91,6 +100,10 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
                  "realtime_max_audio_s", "stream_buffer_mb", "write_timeout_s", "header_timeout_s"):
         if not getattr(cfg.server, name) > 0:  # (also refuses nan)
             raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
+    name = cfg.server.served_model_name
+    if name is not None and (not name.strip() or name != name.strip()):
+        raise ConfigError(f"{src}: server.served_model_name: expected a name without leading or trailing "
+                          f"spaces, got {name!r}")
     if cfg.server.max_connections < 1:
         raise ConfigError(f"{src}: server.max_connections: expected an integer >= 1, got {cfg.server.max_connections}")
     if cfg.server.max_realtime_sessions < 0:

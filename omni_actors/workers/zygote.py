@@ -183,7 +183,7 @@ if __name__ == "__main__":
     control = socket.socket(fileno=int(sys.argv[1]))
     try:
         argv = serve(control)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BrokenPipeError, ConnectionResetError):  # (the main process closed first)
         argv = None
     except Exception:
         traceback.print_exc()

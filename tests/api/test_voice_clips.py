@@ -92,5 +92,6 @@ async def test_a_stored_voice_too_short_for_the_model_is_a_400_naming_voice(
             assert status == 400, (samples, status, body)
             assert body["param"] == "voice" and body["code"] == "rejected_by_stage", body
             assert vid in body["message"] and "too short" in body["message"], body
+            assert body["message"].startswith("invalid request: voice"), body  # no "stage 0 failed: ValueError"
         assert await _speak(srv, folder.name, enough) == (200, None)
         await eventually(lambda: idle(srv.orch))

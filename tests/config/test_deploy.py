@@ -47,6 +47,10 @@ def test_valid_file_loads_with_defaults(tmp_path: Path) -> None:
         ("pipeline: synthetic\nstages: [ {stage_id: 0, max_step_s: 0} ]\n", "stages[0].max_step_s: expected a number > 0"),
         ("pipeline: synthetic\nstages: [ {stage_id: 0, shm_budget_mb: -1} ]\n", "stages[0].shm_budget_mb: expected a number > 0"),
         ("pipeline: [unclosed\n", "not valid YAML"),
+        ("pipeline: synthetic\nstages:\n  - stage_id: 0\n    devices: 'cuda:0'\n",
+         "stages[0].devices: 'cuda:0' is not a GPU"),
+        ("pipeline: synthetic\nstages:\n  - stage_id: 0\n    devices: [-1]\n", "stages[0].devices: '-1' is not a GPU"),
+        ("pipeline: synthetic\nserver: {served_model_name: ''}\n", "server.served_model_name: expected a name"),
     ],
 )
 def test_errors_name_file_and_field(tmp_path: Path, text: str, expected: str) -> None:
@@ -127,3 +131,10 @@ def test_connectors_load_with_a_warning_naming_the_field(tmp_path: Path) -> None
     with structlog.testing.capture_logs() as logs:
         load_deploy(write(tmp_path, "pipeline: synthetic\n"))
     assert not [e for e in logs if e["event"] == "config.field_ignored"]
+
+
+def test_devices_take_indexes_and_uuids(tmp_path: Path) -> None:
+    uuid = "GPU-5c6f1a9e-0b2d-4c1e-9f3a-7d8e2b4a6c10"
+    cfg = load_deploy(write(tmp_path, f"pipeline: synthetic\nstages:\n  - stage_id: 0\n    devices: '{uuid}'\n"
+                                      "  - stage_id: 1\n    devices: [1]\n"))
+    assert (cfg.stage(0).device_list(), cfg.stage(1).device_list()) == ([uuid], ["1"])

@@ -76,6 +76,8 @@ def test_repeated_model_flags_give_one_deploy_each_in_order() -> None:
     (["--model", "synthetic", "--model", "synthetic"], "'synthetic' is also the name"),
     (["--model", "synthetic", "--model", "synthetic_asr", "--stage-overrides", "{}"], "applies to one pipeline"),
     (["--model", "synthetic", "--model", "/no/such/dir"], "--model /no/such/dir: no such folder"),
+    (["--model", "synthetic", "--served-model-name", ""], "--served-model-name: empty"),
+    (["--served-model-name", " "], "--served-model-name: empty"),
 ])
 def test_bad_model_flags_are_config_errors(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

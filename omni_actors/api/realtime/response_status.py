@@ -29,7 +29,7 @@ def rest_failure(err: BaseException) -> dict[str, Any]:
     """status_details of a response failed by `err`, with the type and code REST answers it with
     (api/errors.py from_exception: a stage's refusal is invalid_request_error / rejected_by_stage)."""
     api = from_exception(err)
-    return failed(api.code or "server_error", str(err), api.type)
+    return failed(api.code or "server_error", api.message if api.status < 500 else str(err), api.type)
 
 
 @dataclass

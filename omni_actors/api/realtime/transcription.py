@@ -21,7 +21,6 @@ at session.update (`check_options`: tried on the recognizer, refused as the REST
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -29,7 +28,7 @@ from aiohttp import web
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
-from omni_actors.api.errors import ApiError, from_exception
+from omni_actors.api.errors import ApiError, from_exception, refusal_text
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.conversation import Item
 from omni_actors.api.realtime.session import SessionConfig
@@ -52,7 +51,6 @@ CHECK_AUDIO_S = 0.2
 """Silence a session's new transcription options are tried on (check_options)."""
 CHECK_TIMEOUT_S = 10.0
 """Longest session.update waits for that try; past it the options are taken unchecked."""
-_ERROR_CLASS = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ")
 
 
 class Host(Protocol):
@@ -131,7 +129,7 @@ async def check_options(host: Host, cfg: SessionConfig) -> Refusal | None:
         if api.param is not None and api.param not in asked:  # a refusal of something else, not the options
             return None
         return Refusal(api.param or (asked[0] if len(asked) == 1 else None), api.code or "rejected_by_stage",
-                       _ERROR_CLASS.sub("", err.detail, count=1))
+                       refusal_text(err.detail))
     except (TimeoutError, *TRANSCRIPTION_ERRORS) as err:
         log.warning("realtime.transcription_options_unchecked", error=type(err).__name__)
     return None
