@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +58,8 @@ _users = 0
 """Open RayLaunchers of this process: one Ray connection serves them all; the last one closes it."""
 _owned = False
 """This module made the connection (one an embedding program made is left open)."""
+_session_dir: str | None = None
+"""The folder of the Ray cluster this process started (`address: local`), removed when it stops."""
 
 
 def replica_resources(dep: StageDeploy) -> dict[str, float]:
@@ -191,12 +195,12 @@ class RayLauncher(Launcher):
             # ray.init installs its own SIGTERM handler (it prints and aborts the process): keep ours,
             # so a SIGTERM still leads omni-run's orderly shutdown.
             handlers = _signal_handlers()
+            local = _local_options() if cl.address == "local" else {}
             try:
-                ray.init(
-                    address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
-                    logging_level="WARNING", **({"include_dashboard": False} if cl.address == "local" else {}),
-                )
+                ray.init(address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
+                         logging_level="WARNING", **local)
             except (ConnectionError, RuntimeError, ValueError) as err:
+                _remove_session_dir()
                 raise ConfigError(f"{src}: cluster.address: cannot connect to Ray at {cl.address!r}: {err}") from None
             finally:
                 _restore_signal_handlers(handlers)
@@ -266,6 +270,26 @@ class RayLauncher(Launcher):
             if _users == 0 and _owned:
                 _owned = False
                 ray.shutdown()
+                _remove_session_dir()
+
+
+def _local_options() -> dict[str, Any]:
+    """ray.init's options for a cluster of our own: no dashboard, and its session files (logs, sockets)
+    in a folder of this run's, removed when it stops, rather than kept in /tmp/ray for good (unless
+    the host names Ray's folder, RAY_TMPDIR: then they go there, as Ray keeps them). Short, under
+    /tmp: Ray's socket paths have a length limit."""
+    global _session_dir
+    if os.environ.get("RAY_TMPDIR"):
+        return {"include_dashboard": False}
+    _session_dir = tempfile.mkdtemp(prefix=f"omni-ray-{os.getpid()}-", dir="/tmp")
+    return {"include_dashboard": False, "_temp_dir": _session_dir}
+
+
+def _remove_session_dir() -> None:
+    global _session_dir
+    if _session_dir is not None:
+        shutil.rmtree(_session_dir, ignore_errors=True)
+        _session_dir = None
 
 
 def _signal_handlers() -> dict[int, Any]:

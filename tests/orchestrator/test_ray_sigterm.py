@@ -6,11 +6,11 @@ ray.init installs its own SIGTERM handler (it aborts the process); the Ray backe
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,12 +35,12 @@ async def test_sigterm_stops_omni_run_in_order_after_ray_started_in_process(tmp_
     }
     path = tmp_path / "deploy.yaml"
     path.write_text(yaml.safe_dump(deploy))
-    ray_tmp = tempfile.mkdtemp(prefix="omni-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    env = {k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"}  # Ray's files: in omni-run's own folder
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "omni_actors.cli", "--deploy", str(path),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "RAY_TMPDIR": ray_tmp},  # Ray's session files go here, not /tmp/ray
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
+    sessions = f"/tmp/omni-ray-{proc.pid}-*"
     seen: list[str] = []
     try:
 
@@ -54,6 +54,7 @@ async def test_sigterm_stops_omni_run_in_order_after_ray_started_in_process(tmp_
                     return
 
         await asyncio.wait_for(until("server.ready"), READY_TIMEOUT_S)
+        assert len(glob.glob(sessions)) == 1  # Ray's session files, in omni-run's folder
         proc.send_signal(signal.SIGTERM)
         _, rest = await asyncio.wait_for(proc.communicate(), EXIT_TIMEOUT_S)
         seen.append((rest or b"").decode(errors="replace"))
@@ -61,7 +62,10 @@ async def test_sigterm_stops_omni_run_in_order_after_ray_started_in_process(tmp_
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        left = glob.glob(sessions)
+        for folder in left:
+            shutil.rmtree(folder, ignore_errors=True)
     out = "".join(seen)
     assert proc.returncode == 0, out
     assert "server.stopped" in out, out
+    assert left == [], "Ray's session folder was left behind"
