@@ -58,12 +58,16 @@ def _serve_parser() -> argparse.ArgumentParser:
         prog="omni-run", description="Serve an omni-modal pipeline.", epilog=TOOLS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--deploy", help="deploy YAML (default: the bundled speech assistant)")
-    p.add_argument("--stage-overrides", help='JSON: {"<stage_id>": {field: value, ...}}')
-    p.add_argument("--async-chunk", dest="async_chunk", action="store_true", default=None)
-    p.add_argument("--no-async-chunk", dest="async_chunk", action="store_false")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p.add_argument("--deploy", metavar="FILE", help="deploy YAML (default: the bundled speech assistant); "
+                   "its fields: docs/serving.md")
+    p.add_argument("--stage-overrides", metavar="JSON",
+                   help='per-stage deploy fields over the file\'s, e.g. \'{"0": {"max_num_seqs": 16}}\'')
+    p.add_argument("--async-chunk", dest="async_chunk", action="store_true", default=None,
+                   help="stream partial results between stages (the deploy's `async_chunk`; on by default)")
+    p.add_argument("--no-async-chunk", dest="async_chunk", action="store_false",
+                   help="each stage waits for the whole output of the one before")
+    p.add_argument("--host", help="address to listen on (the deploy's server.host; default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (the deploy's server.port; default 8000)")
     p.add_argument(
         "--model", action="append",
         help="model folder (or a registered pipeline's name); without --deploy, the pipeline is detected "
