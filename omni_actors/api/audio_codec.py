@@ -19,9 +19,9 @@ Samples (pcm16, resampling, the default rate, input limits) are omni_actors.audi
 mp3 or opus cannot carry.
 
 Streaming: pcm and wav go out as they come (wav with an open-ended header,
-sizes 0xFFFFFFFF, as streaming servers do); mp3 and opus go through
-libsndfile's encoders as their frames complete. flac is NOT streamed: it is
-encoded whole at `finish()`. A FLAC stream of unknown length (STREAMINFO total
+sizes 0xFFFFFFFF, as streaming servers do; `wav_sized` fills them in for a whole
+file); mp3 and opus go through libsndfile's encoders as their frames complete.
+flac is NOT streamed: it is encoded whole at `finish()`. A FLAC stream of unknown length (STREAMINFO total
 samples 0) is valid and ffmpeg decodes it, but libsndfile 1.2 (soundfile) reports
 it as 2**63 frames and fails at its end ("psf_fseek() failed"), so a client reading
 it with soundfile would get an error instead of the clip.
@@ -110,6 +110,16 @@ def wav_stream_header(sample_rate: int) -> bytes:
     return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
             + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
             + b"data" + struct.pack("<I", unknown))
+
+
+WAV_HEADER_BYTES = len(wav_stream_header(DEFAULT_SAMPLE_RATE))
+
+
+def wav_sized(body: bytes) -> bytes:
+    """A whole streamed WAV (`wav_stream_header` + PCM) with its RIFF and data sizes filled in: a file
+    whose length is known should say it (Python's `wave` reads 0xFFFFFFFF as 2**31 frames)."""
+    riff, data = len(body) - 8, len(body) - WAV_HEADER_BYTES
+    return b"RIFF" + struct.pack("<I", riff) + body[8:40] + struct.pack("<I", data) + body[WAV_HEADER_BYTES:]
 
 
 class _Sink:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from omni_actors.api.audio_codec import wav_sized
 from omni_actors.api.calls import PipelineCall, route_model
 from omni_actors.api.errors import RESPONSE_STARTED, bad_request
 from omni_actors.api.schemas import (
@@ -117,7 +118,10 @@ async def _whole(call: PipelineCall, enc: Encoding) -> web.Response:
         if got is not None:
             parts.append(await enc.feed(*got))
     parts.append(await enc.finish())
-    return web.Response(body=b"".join(parts), headers=enc.headers())
+    body = b"".join(parts)
+    if enc.fmt == "wav":  # the whole file: its header states the sizes (streamed ones cannot)
+        body = wav_sized(body)
+    return web.Response(body=body, headers=enc.headers())
 
 
 async def _chunked(request: web.Request, call: PipelineCall, enc: Encoding) -> web.StreamResponse:

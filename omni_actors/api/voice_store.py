@@ -132,11 +132,15 @@ class VoiceStore:
         return [Voice(*r) for r in rows]
 
     def clip(self, vid: str) -> tuple[np.ndarray, int]:
-        """A voice's sample: (float32 mono, rate). Blocking file I/O: call it off the loop."""
+        """A voice's sample: (float32 mono, rate); KeyError for an unknown voice, OSError for a sample file
+        that is gone or unreadable (removed or damaged on disk). Blocking file I/O: call it off the loop."""
         row = self.store.query_one("SELECT file FROM voices WHERE id = ?", (vid,))
         if row is None:
             raise KeyError(vid)
-        audio, rate = sf.read(self.dir / row[0], dtype="float32", always_2d=True)
+        try:
+            audio, rate = sf.read(self.dir / row[0], dtype="float32", always_2d=True)
+        except sf.LibsndfileError as err:  # libsndfile's own error, not an OSError, even for a missing file
+            raise OSError(f"the sample of voice {vid} cannot be read: {err.error_string}") from None
         return np.ascontiguousarray(audio.mean(axis=1)), int(rate)
 
     def delete_voice(self, vid: str) -> bool:

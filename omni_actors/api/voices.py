@@ -6,7 +6,8 @@
     POST   /v1/audio/voice_consents/{id}     JSON {"name"}: rename
     DELETE /v1/audio/voice_consents/{id}     409 while a voice uses it
     POST   /v1/audio/voices                  multipart: audio_sample, consent, name, [type
-                                             "audio_sample"], [transcript: what the sample says]
+                                             "audio_sample"], [transcript: what the sample says];
+                                             a prompt voice (type "prompt", prompt, ...) is a 400 naming `type`
     GET    /v1/audio/voices                  every voice (a list object)
     GET    /v1/audio/voices/{id}
     DELETE /v1/audio/voices/{id}
@@ -49,6 +50,9 @@ MIN_SAMPLE_S = 1.0
 """Shortest voice sample taken: a clone of less than a second of speech is no voice, and the cloning
 models' encoders fail on clips of a few milliseconds (the models refuse those themselves too)."""
 DEFAULT_PAGE, MAX_PAGE = 20, 100
+PROMPT_VOICE_FIELDS = frozenset({"prompt", "model", "script_hint"})
+"""The fields of OpenAI's prompt voices (`type: "prompt"`), which are not made here: taken only to refuse
+them as such, naming `type`, instead of as unknown fields."""
 
 
 class ConsentObject(Struct):
@@ -188,14 +192,17 @@ async def delete_consent(request: web.Request) -> web.Response:
 
 
 async def create_voice(request: web.Request) -> web.Response:
-    fields, blobs = await read_form(request, {"audio_sample"}, {"name", "consent", "type", "transcript"})
+    fields, blobs = await read_form(request, {"audio_sample"},
+                                    {"name", "consent", "type", "transcript", *PROMPT_VOICE_FIELDS})
+    prompted = sorted(PROMPT_VOICE_FIELDS & fields.keys())
+    typed = fields.get("type", "audio_sample") != "audio_sample"
+    if typed or prompted:
+        raise bad_request("only `audio_sample` voices can be made here (prompt voices are not supported)",
+                          "type" if typed else prompted[0], "unsupported_value")
     name = _text(fields, "name", MAX_NAME_CHARS)
     consent = _text(fields, "consent", MAX_NAME_CHARS)
     transcript = _text(fields, "transcript", MAX_TRANSCRIPT_CHARS, required=False)
     heard = "transcript" not in fields  # none given: recognise the sample
-    if fields.get("type", "audio_sample") != "audio_sample":
-        raise bad_request("only `audio_sample` voices can be made here (prompt voices are not supported)",
-                          "type", "unsupported_value")
     if not blobs.get("audio_sample"):
         raise bad_request("form field `audio_sample` is required", "audio_sample", "missing_required_parameter")
     store = voice_store(request)

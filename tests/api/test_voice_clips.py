@@ -5,20 +5,27 @@ a voice stored before that floor existed, with a clip too short for the model's 
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
 
+from omni_actors.api.app import build_app
+from omni_actors.api.server import start_server
 from omni_actors.api.voice_store import VoiceStore
-from omni_actors.api.voices import MIN_SAMPLE_S
+from omni_actors.api.voices import MIN_SAMPLE_S, VOICES_KEY
+from omni_actors.config.pipeline import get_pipeline
+from omni_actors.config.speech import SpeechSpec
 from omni_actors.models.tiny import make_tiny
 from omni_actors.store import Store
-from tests.api.conftest import Server, eventually, idle, make_deploy, serve_deploy
+from tests.api.conftest import Server, eventually, idle, make_deploy, running, serve_deploy
 from tests.models.speech_family import serve_family
 
 RATE = 24000
@@ -95,3 +102,62 @@ async def test_a_stored_voice_too_short_for_the_model_is_a_400_naming_voice(
             assert body["message"].startswith("invalid request: voice"), body  # no "stage 0 failed: ValueError"
         assert await _speak(srv, folder.name, enough) == (200, None)
         await eventually(lambda: idle(srv.orch))
+
+
+@contextlib.asynccontextmanager
+async def _cloning_synthetic(data: Path) -> AsyncIterator[Server]:
+    """The synthetic pipeline declaring that it clones (the API reads a voice's clip before any stage runs)."""
+    pipe = msgspec.structs.replace(get_pipeline("synthetic"), speech=SpeechSpec(voices=("tone",), cloning=True))
+    deploy = make_deploy("synthetic")
+    store = Store(data)
+    async with running(deploy, pipeline=pipe) as orch:
+        app = build_app(orch)
+        app[VOICES_KEY] = VoiceStore(store)
+        http = await start_server(app, "127.0.0.1", 0, deploy.server)
+        try:
+            yield Server(orch, http.url, None, http)
+        finally:
+            await http.close()
+            store.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing"])
+async def test_a_voice_whose_stored_sample_is_damaged_is_a_400_naming_voice(tmp_path: Path, damage: str) -> None:
+    """A sample file removed or overwritten on disk was a LibsndfileError and a 500 with a traceback."""
+    async with _cloning_synthetic(tmp_path) as srv:
+        client = srv.client()
+        made = await client.audio.voices.create(audio_sample=("v.wav", _wav(RATE), "audio/wav"),
+                                                consent=await _consent(srv), name="v", extra_body={"transcript": ""})
+        assert (await client.audio.speech.create(model="synthetic", input="Hi.", voice={"id": made.id})).content
+        sample = next(tmp_path.rglob(f"{made.id}.wav"))
+        if damage == "missing":
+            sample.unlink()
+        else:
+            sample.write_bytes(b"not a wav file")
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.audio.speech.create(model="synthetic", input="Hi.", voice={"id": made.id})
+        body = err.value.body
+        assert body["param"] == "voice" and body["code"] == "unknown_voice", body
+        assert made.id in body["message"] and "no readable sample" in body["message"], body
+        await eventually(lambda: idle(srv.orch))
+
+
+async def test_a_prompt_voice_is_refused_naming_type(tmp_path: Path) -> None:
+    """OpenAI's prompt voices (the SDK's `voices.create(type="prompt", prompt=...)`) were refused as an unknown
+    form field `prompt`, never reaching the "prompt voices are not supported" answer meant for them."""
+    async with serve_deploy(make_deploy("synthetic"), None, tmp_path) as srv:
+        client = srv.client()
+        for kwargs in ({"name": "deep", "prompt": "a deep, calm voice", "type": "prompt"},
+                       {"name": "deep", "prompt": "a deep, calm voice", "type": "prompt", "model": "auto"}):
+            with pytest.raises(openai.BadRequestError) as err:
+                await client.audio.voices.create(**kwargs)
+            body = err.value.body
+            assert body["param"] == "type" and body["code"] == "unsupported_value", body
+            assert "prompt voices are not supported" in body["message"], body
+        consent = await _consent(srv)
+        with pytest.raises(openai.BadRequestError) as err:  # an audio sample voice with a prompt's field
+            await client.audio.voices.create(audio_sample=("v.wav", _wav(RATE), "audio/wav"), consent=consent,
+                                             name="v", extra_body={"prompt": "deep"})
+        assert err.value.body["param"] == "prompt" and err.value.body["code"] == "unsupported_value", err.value.body
+        async with aiohttp.ClientSession() as s, s.get(srv.url + "/v1/audio/voices") as resp:
+            assert (await resp.json())["data"] == []
