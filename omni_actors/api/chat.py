@@ -142,9 +142,6 @@ def _audio(chunk: StageChunk) -> AudioOutput | None:
     out = chunk.output
     return out if isinstance(out, AudioOutput) and (len(out.audio) or out.transcript is not None) else None
 
-    def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens)
-
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ChatCompletionRequest)

@@ -50,6 +50,7 @@ from omni_actors.api.chat_schemas import (
     FileRef,
     ImageUrlPart,
     InputAudioPart,
+    RefusalPart,
     TextPart,
 )
 from omni_actors.api.errors import ApiError, bad_request
@@ -102,7 +103,9 @@ def decode_image(raw: bytes, param: str) -> np.ndarray:
                 raise bad_request(f"image of {width}x{height} pixels is over the limit of "
                                   f"{MAX_IMAGE_PIXELS} pixels", param, "image_too_large")
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
+    except Image.DecompressionBombError:  # (PIL's own, far past ours: an image, but too large to open)
+        raise bad_request(f"image is over the limit of {MAX_IMAGE_PIXELS} pixels", param, "image_too_large") from None
+    except (UnidentifiedImageError, OSError) as err:
         raise bad_request(f"cannot decode image: {image_problem(err)}", param, "invalid_image") from None
 
 
@@ -167,13 +170,14 @@ def build_chat_inputs(messages: list[ChatMessage], param: Callable[[int, int, st
             entry["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
                 "name": c.function.name, "arguments": c.function.arguments}} for c in msg.tool_calls]
         if msg.content is None or isinstance(msg.content, str):
-            entry["content"] = msg.content or ""
+            said = msg.refusal or (msg.audio.transcript if msg.audio is not None else None)
+            entry["content"] = msg.content or said or ""
             out.append(entry)
             continue
         parts: list[dict[str, Any]] = []
         for j, part in enumerate(msg.content):
             match part:
-                case TextPart(text=text):
+                case TextPart(text=text) | RefusalPart(refusal=text):
                     parts.append({"type": "text", "text": text})
                 case InputAudioPart(input_audio=audio):
                     where = param(i, j, "input_audio.data")

@@ -12,6 +12,7 @@ from msgspec import Meta, Struct
 
 from omni_actors.api.schemas import (
     MAX_CHOICES,
+    MAX_NAME_CHARS,
     MAX_STOP,
     MAX_TOOLS,
     FunctionName,
@@ -25,6 +26,10 @@ from omni_actors.api.schemas import (
     TokenCount,
     TopK,
 )
+
+
+StopSequence = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+"""A stop sequence: an empty one would end every answer before it began (vLLM refuses it)."""
 
 
 class TextPart(RequestStruct, tag_field="type", tag="text"):
@@ -65,11 +70,24 @@ class FilePart(RequestStruct, tag_field="type", tag="file"):
     file: FileRef
 
 
-ContentPart = TextPart | ImageUrlPart | InputAudioPart | FilePart
+class RefusalPart(RequestStruct, tag_field="type", tag="refusal"):
+    """An earlier assistant turn's refusal, sent back as its content (read as text)."""
+
+    refusal: str
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart | FilePart | RefusalPart
 
 
 class AudioRef(RequestStruct):
+    """An earlier answer's audio. OpenAI's shape is `{id}`; the SDK's `messages.append(message)` sends the
+    whole answer's audio back, so its other fields are accepted too. The server keeps no audio: the turn
+    reads as its text, else its `transcript`."""
+
     id: Name
+    data: str | None = None
+    expires_at: int | None = None
+    transcript: str | None = None
 
 
 class CalledFunction(RequestStruct):
@@ -93,6 +111,11 @@ class ChatMessage(RequestStruct):
     audio: AudioRef | None = None
     tool_call_id: Name | None = None
     tool_calls: Annotated[list[CalledTool], Meta(max_length=MAX_TOOLS)] | None = None
+    refusal: str | None = None
+    """An earlier assistant turn's refusal (its text when `content` is null)."""
+    # What the SDK's `message.model_dump()` adds to an answer sent back: accepted when empty.
+    function_call: None = None
+    annotations: list[Any] | None = None
 
 
 class ChatAudioOptions(RequestStruct):
@@ -101,7 +124,9 @@ class ChatAudioOptions(RequestStruct):
 
 
 class StreamOptions(RequestStruct):
-    include_usage: bool = False
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+    """Accepted; chunks are never padded (this server's streams need no obfuscation field)."""
 
 
 class JsonSchemaFormat(RequestStruct):
@@ -143,12 +168,13 @@ class ChatCompletionRequest(RequestStruct):
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     seed: Seed | None = None
-    stop: Name | Annotated[list[Name], Meta(max_length=MAX_STOP)] | None = None
+    stop: StopSequence | Annotated[list[StopSequence], Meta(max_length=MAX_STOP)] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
-    stream: bool = False
+    stream: bool | None = None
+    """null is false, as OpenAI reads it (clients that send every field send null for unset ones)."""
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     # Function calling: refused by name unless the pipeline's text stage can call tools (api/tools.py).

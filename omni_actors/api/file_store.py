@@ -7,7 +7,13 @@ its row and removed after it, so a crash leaves at worst an orphan file, never a
 without its bytes; opening the store (a server's first use of it) removes orphans older than
 ORPHAN_AGE_S (a younger one may be another process's upload between its two writes).
 A file past its `expires_at` is gone: every read skips it, and each upload and listing
-deletes the expired rows and their files (no timer runs).
+removes the expired files' bytes (no timer runs).
+
+A deleted or expired file's row stays as a tombstone (`deleted_at` set, its bytes gone) for
+TOMBSTONE_S: a listing's `after` cursor names the last file of the page before, and a client that
+deletes the files of each page as it pages (`for f in client.files.list(): client.files.delete(f.id)`)
+sends the id of a file it has just deleted. Every read skips tombstones; each upload and listing
+drops the old ones.
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ DDL = (
     "bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER, file TEXT NOT NULL)",
 )
 _COLUMNS = "id, filename, purpose, bytes, created_at, expires_at"
-_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+_LIVE = "deleted_at IS NULL AND (expires_at IS NULL OR expires_at > ?)"
+ADDED = {"deleted_at": "INTEGER"}
+"""Columns added after the table's first release (Store.add_columns); NULL: not deleted."""
+TOMBSTONE_S = 24 * 3600
+"""How long a deleted or expired file's row stays to place a listing's `after` cursor."""
 ORPHAN_AGE_S = 600
 """An upload's bytes without a row, this old, are a crash's leftovers (see the module docstring)."""
 
@@ -45,12 +55,13 @@ class FileStore:
     def __init__(self, store: Store | None = None) -> None:
         self.store = store or get_store()
         self.store.ensure(FEATURE, DDL)
+        self.store.add_columns("files", ADDED)
         self.dir: Path = self.store.files(FEATURE)
         self.orphans_removed = self.sweep()
 
     def sweep(self, now: float | None = None) -> int:
-        """Remove upload files that no row names and that are older than ORPHAN_AGE_S; how many."""
-        known = {r[0] for r in self.store.query("SELECT file FROM files")}
+        """Remove upload files that no live row names and that are older than ORPHAN_AGE_S; how many."""
+        known = {r[0] for r in self.store.query("SELECT file FROM files WHERE deleted_at IS NULL")}
         cutoff = (time.time() if now is None else now) - ORPHAN_AGE_S
         gone = 0
         with os.scandir(self.dir) as entries:
@@ -70,8 +81,8 @@ class FileStore:
         (self.dir / fid).write_bytes(data)
         created = int(time.time()) if now is None else now
         expires = None if expires_after_s is None else created + expires_after_s
-        self.store.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           (fid, filename, purpose, len(data), created, expires, fid))
+        self.store.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, expires_at, file) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?)", (fid, filename, purpose, len(data), created, expires, fid))
         return StoredFile(fid, filename, purpose, len(data), created, expires)
 
     def get(self, fid: str) -> StoredFile | None:
@@ -93,25 +104,29 @@ class FileStore:
         """Live files (of `purpose` if given) in creation order after the file `after`; (page, has_more)."""
         self.purge()
         op, order = ("<", "DESC") if newest_first else (">", "ASC")
-        rows = self.store.query(
-            f"SELECT {_COLUMNS} FROM files WHERE (? IS NULL OR purpose = ?) AND "
+        rows = self.store.query(  # (`after` may be a tombstone: a file deleted since its page was read)
+            f"SELECT {_COLUMNS} FROM files WHERE {_LIVE} AND (? IS NULL OR purpose = ?) AND "
             f"(? IS NULL OR rowid {op} (SELECT rowid FROM files WHERE id = ?)) "
-            f"ORDER BY rowid {order} LIMIT ?", (purpose, purpose, after, after, limit + 1))
+            f"ORDER BY rowid {order} LIMIT ?", (int(time.time()), purpose, purpose, after, after, limit + 1))
         found = [StoredFile(*r) for r in rows]
         return found[:limit], len(found) > limit
 
     def delete(self, fid: str) -> bool:
-        if self.get(fid) is None or not self.store.execute("DELETE FROM files WHERE id = ?", (fid,)):
+        """Remove a live file's bytes; its row stays a tombstone (see the module docstring)."""
+        now = int(time.time())
+        if not self.store.execute(f"UPDATE files SET deleted_at = ? WHERE id = ? AND {_LIVE}", (now, fid, now)):
             return False
         (self.dir / fid).unlink(missing_ok=True)
         return True
 
     def purge(self) -> int:
-        """Delete the expired files; return how many went."""
+        """Remove the expired files' bytes (their rows become tombstones) and drop the tombstones older than
+        TOMBSTONE_S; return how many files expired."""
         now = int(time.time())
         gone = [r[0] for r in self.store.query(
-            "SELECT id FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))]
+            "SELECT id FROM files WHERE deleted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= ?", (now,))]
         for fid in gone:
-            if self.store.execute("DELETE FROM files WHERE id = ?", (fid,)):
+            if self.store.execute("UPDATE files SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL", (now, fid)):
                 (self.dir / fid).unlink(missing_ok=True)
+        self.store.execute("DELETE FROM files WHERE deleted_at IS NOT NULL AND deleted_at <= ?", (now - TOMBSTONE_S,))
         return len(gone)

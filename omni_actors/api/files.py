@@ -4,7 +4,7 @@
                                        "created_at", expires_after[seconds] 3600-2592000]
     GET    /v1/files                   ?purpose=&after=&limit= (1-10000, default 10000)&order= (desc)
     GET    /v1/files/{file_id}
-    GET    /v1/files/{file_id}/content the bytes as uploaded
+    GET    /v1/files/{file_id}/content the bytes as uploaded, as an attachment (a browser saves them)
     DELETE /v1/files/{file_id}
 
 A file is kept as uploaded (file_store.py: SQLite rows, bytes beside them) and survives a
@@ -19,6 +19,7 @@ request's field if it is not one.
 from __future__ import annotations
 
 import mimetypes
+from urllib.parse import quote
 from typing import Literal
 
 import msgspec
@@ -158,7 +159,10 @@ async def file_content(request: web.Request) -> web.Response:
         raise _missing(fid)
     found, data = got
     kind = mimetypes.guess_type(found.filename)[0] or "application/octet-stream"
-    return web.Response(body=data, content_type=kind)
+    # A download, never a page: an uploaded .html or .svg must not run as this origin's (the playground's).
+    return web.Response(body=data, content_type=kind, headers={
+        "Content-Disposition": f"attachment; filename*=UTF-8''{quote(found.filename, safe='')}",
+        "X-Content-Type-Options": "nosniff"})
 
 
 async def delete_file(request: web.Request) -> web.Response:

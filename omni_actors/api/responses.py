@@ -117,6 +117,9 @@ def _renamed(err: ApiError, old: str, new: str) -> ApiError:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ResponseRequest)
+    # null reads as the field left out (OpenAI's reading): stream and background off, store on.
+    req = msgspec.structs.replace(req, stream=bool(req.stream), store=req.store is not False,
+                                  background=bool(req.background))
     if req.background and not req.store:
         raise bad_request("background: a background response must be stored (store: true)", "background")
     orch, model = route_model(request, req.model, {"text"})

@@ -83,6 +83,8 @@ class InputItem(RequestStruct):
     name: FunctionName | None = None
     arguments: str | None = None
     output: str | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+    """An output message's phase, as the SDK's `model_dump()` of `response.output` sends it back; ignored."""
 
 
 class FunctionTool(RequestStruct, tag_field="type", tag="function"):
@@ -111,9 +113,10 @@ class ResponseRequest(RequestStruct):
     max_output_tokens: TokenCount | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    stream: bool = False
-    store: bool = True
-    background: bool = False
+    stream: bool | None = None
+    store: bool | None = None
+    """Unset or null: true (OpenAI's default)."""
+    background: bool | None = None
     previous_response_id: Name | None = None
     tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None

@@ -18,7 +18,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
-from omni_actors.api.chat_inputs import image_problem
+from omni_actors.api.chat_inputs import MAX_IMAGE_PIXELS, image_problem
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
 from omni_actors.api.multipart import BodyBudget, form_parts
@@ -26,6 +26,8 @@ from omni_actors.api.multipart import BodyBudget, form_parts
 FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
                     "input_reference[file_id]", "num_frames", "num_inference_steps", "guidance_scale", "seed",
                     "negative_prompt"})
+NUMERIC_FIELDS = frozenset({"seconds", "num_frames", "num_inference_steps", "guidance_scale", "seed", "strength"})
+"""Fields a JSON body may give as numbers (a form carries every field as text)."""
 MAX_SIDE_PX = 4096
 DEFAULT_SECONDS = "4"
 
@@ -49,9 +51,9 @@ async def read_fields(request: web.Request, known: frozenset[str] = FIELDS,
         elif ref is not None:
             raise bad_request(f"{upload_field}: expected an object in JSON; upload a file as "
                               "multipart/form-data", upload_field)
-        fields = {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items() if v is not None}
+        fields = {k: v for k, v in body.items() if v is not None}
         check_known(fields, known)
-        return fields, None
+        return {k: _json_text(k, v) for k, v in fields.items()}, None
     if request.content_type != "multipart/form-data":
         raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send "
                        "multipart/form-data or JSON", None, "unsupported_media_type")
@@ -61,12 +63,25 @@ async def read_fields(request: web.Request, known: frozenset[str] = FIELDS,
     async for part in form_parts(request):
         name = part.name or ""
         check_known({name: ""}, known)
+        if name in fields or (name == upload_field and upload is not None):
+            raise bad_request(f"form field `{name}` is given twice", name)
         data = await budget.read(part)
         if name == upload_field:
             upload = bytes(data)
         else:
             fields[name] = data.decode("utf-8", errors="replace").strip()
     return fields, upload
+
+
+def _json_text(name: str, value: Any) -> str:
+    """A JSON field as the text a form would carry it in: a string, or a number where one is meant
+    (a 400 naming the field for anything else, rather than a prompt of `["a"]` or a seed of `true`)."""
+    if isinstance(value, str):
+        return value
+    if name in NUMERIC_FIELDS and isinstance(value, int | float) and not isinstance(value, bool):
+        return json.dumps(value)
+    kind = "a string or a number" if name in NUMERIC_FIELDS else "a string"
+    raise bad_request(f"{name} must be {kind}, got {json.dumps(value)[:40]}", name, "invalid_type")
 
 
 def check_known(fields: dict[str, Any], known: frozenset[str] = FIELDS) -> None:
@@ -151,6 +166,9 @@ def decode_image(data: bytes, param: str) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(data)) as img:
+            if img.width * img.height > MAX_IMAGE_PIXELS:  # from the header, before decoding a pixel
+                raise bad_request(f"{param}: the image is {img.width}x{img.height} pixels, over the limit of "
+                                  f"{MAX_IMAGE_PIXELS}", param, "image_too_large")
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
         raise bad_request(f"{param}: the upload is not an image this server decodes: {image_problem(err)}", param,

@@ -228,3 +228,23 @@ async def test_a_response_reads_an_input_file_by_id_or_inline(srv: Server) -> No
         with pytest.raises(openai.BadRequestError) as bad:
             await ask(part)
         assert bad.value.body["param"] == param, bad.value.body
+
+
+async def test_deleting_each_page_as_it_is_read_deletes_every_file(srv: Server) -> None:
+    client = srv.client()
+    made = [(await client.files.create(file=(f"{i}.jsonl", b"{}", "application/jsonl"), purpose="fine-tune")).id
+            for i in range(5)]
+    gone = []
+    async for f in client.files.list(purpose="fine-tune", limit=2):  # the next page is `after` a deleted file
+        gone.append((await client.files.delete(f.id)).id)
+    assert gone == made[::-1]
+    assert [f.id async for f in client.files.list(purpose="fine-tune")] == []
+
+
+async def test_a_file_s_content_is_a_download_never_a_page(srv: Server) -> None:
+    made = await srv.client().files.create(file=('x"\r\nSet-Cookie: a=b.html', b"<script>alert(1)</script>",
+                                                 "text/html"), purpose="user_data")
+    async with aiohttp.ClientSession(headers=srv.headers) as s, s.get(f"{srv.url}/v1/files/{made.id}/content") as r:
+        assert r.status == 200 and await r.read() == b"<script>alert(1)</script>"
+        assert r.headers["Content-Disposition"].startswith("attachment; filename*=UTF-8''")
+        assert r.headers["X-Content-Type-Options"] == "nosniff" and "Set-Cookie" not in r.headers

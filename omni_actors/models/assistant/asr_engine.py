@@ -84,8 +84,8 @@ class WhisperAsrEngine(StageEngine):
     # -- requests --
     def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any], streaming: bool = False) -> None:
         language = params.get("language")
-        if language and language != self.language:  # the caller's to fix: a 400
-            raise ValueError(f"this model transcribes {self.language!r} only; language {language!r} was asked")
+        if language and language.strip().lower() != self.language:  # the caller's to fix: a 400 naming it
+            raise ValueError(f"language: this model transcribes {self.language!r} only; {language!r} was asked")
         timestamps = params.get("timestamps")
         if timestamps not in (None, "segment", "word"):
             raise ValueError(f"timestamp_granularities: {timestamps!r} is not one of segment, word")

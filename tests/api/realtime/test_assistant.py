@@ -51,12 +51,13 @@ async def test_a_language_whisper_refuses_is_refused_at_session_update() -> None
                          {"model": str(default_data_dir()), "server": {"api_keys": [API_KEY]}})
     async with serve_rt(deploy=deploy) as srv, aiohttp.ClientSession() as http:
         c = await connect(srv, http, turn_detection=None)
-        refused = [  # session fields, param (whisper names neither option: with both set, the object)
+        refused = [  # session fields, param (whisper names the language it refuses)
             ({"input_audio_transcription": {"model": "whisper-1", "language": "fr"}},
              "session.input_audio_transcription.language"),
             ({"type": "transcription", "audio": {"input": {"transcription": {"language": "de"}}}},
              "session.audio.input.transcription.language"),
-            ({"input_audio_transcription": {"language": "fr", "prompt": "Paris"}}, "session.input_audio_transcription"),
+            ({"input_audio_transcription": {"language": "fr", "prompt": "Paris"}},
+             "session.input_audio_transcription.language"),
         ]
         for fields, param in refused:
             await c.send("session.update", session=fields)
@@ -64,8 +65,8 @@ async def test_a_language_whisper_refuses_is_refused_at_session_update() -> None
             assert event["type"] == "error", event
             assert (event["error"]["code"], event["error"]["param"]) == ("rejected_by_stage", param), event
             assert "transcribes 'en' only" in event["error"]["message"]
-        await c.send("session.update", session={"input_audio_transcription": {"model": "whisper-1", "language": "en"}})
+        await c.send("session.update", session={"input_audio_transcription": {"model": "whisper-1", "language": "EN"}})
         updated = (await c.until("session.updated", timeout_s=120))[-1]["session"]
-        assert updated["input_audio_transcription"] == {"model": "whisper-1", "language": "en"}
+        assert updated["input_audio_transcription"] == {"model": "whisper-1", "language": "EN"}  # (any case)
         await c.ws.close()
         await eventually(lambda: idle(srv.orch), timeout_s=30)
