@@ -106,15 +106,30 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
 _AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.S)
 _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+_BOUND = re.compile(r"^Expected `(int|float|str|array|object)` (of length )?([<>])=? ")
+_BOUND_KIND = {"int": "integer", "float": "decimal", "str": "string", "array": "array", "object": "object"}
+
+
+def _bound_code(msg: str) -> str | None:
+    """OpenAI's code for a value out of its range ("Expected `int` >= 1": integer_below_min_value,
+    "Expected `str` of length <= 4096": string_above_max_length), None for any other message."""
+    found = _BOUND.match(msg)
+    if found is None:
+        return None
+    kind, length, op = found.groups()
+    side = "below_min" if op == ">" else "above_max"
+    return f"{_BOUND_KIND[kind]}_{side}_{'length' if length else 'value'}"
 
 
 def validation_detail(err: msgspec.ValidationError) -> tuple[str, str | None, str]:
     """(message, param, code) of a msgspec validation failure: `param` the offending field as a
-    path (`messages[0].content`), `code` unknown_parameter / missing_required_parameter /
-    invalid_type. The one reading of msgspec's messages, for REST and realtime alike."""
+    path (`messages[0].content`), `code` unknown_parameter / missing_required_parameter / OpenAI's
+    bound codes (integer_below_min_value, string_above_max_length, ...) / invalid_value (not one of
+    the allowed strings) / invalid_type. The one
+    reading of msgspec's messages, for REST and realtime alike."""
     match = _AT.match(str(err))
     msg, path = (match.group(1), match.group(2) or "") if match else (str(err), "")
-    code = "invalid_type"
+    code = _bound_code(msg) or ("invalid_value" if msg.startswith("Invalid enum value") else "invalid_type")
     for pattern, code_name in ((_UNKNOWN, "unknown_parameter"), (_MISSING, "missing_required_parameter")):
         found = pattern.match(msg)
         if found:

@@ -47,10 +47,10 @@ async def test_auth(srv: Server) -> None:
 @pytest.mark.parametrize(("body", "param", "code"), [
     ({"model": "synthetic", "messages": MSG, "max_tokens": "ten"}, "max_tokens", "invalid_type"),
     ({"model": "synthetic", "messages": MSG, "foo": 1}, "foo", "unknown_parameter"),
-    ({"model": "synthetic", "messages": MSG, "temperature": 5}, "temperature", "invalid_type"),
+    ({"model": "synthetic", "messages": MSG, "temperature": 5}, "temperature", "decimal_above_max_value"),
     ({"model": "synthetic"}, "messages", "missing_required_parameter"),
-    ({"model": "synthetic", "messages": []}, "messages", "invalid_type"),
-    ({"model": "synthetic", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_type"),
+    ({"model": "synthetic", "messages": []}, "messages", "array_below_min_length"),
+    ({"model": "synthetic", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_value"),
     ({"model": "synthetic", "messages": [{"role": "user", "content": [{"type": "video"}]}]},
      "messages[0].content[0].type", "invalid_type"),
     ({"model": "synthetic", "messages": [{"role": "user", "content": [
@@ -62,7 +62,7 @@ async def test_auth(srv: Server) -> None:
     ({"model": "synthetic", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}]},
      "messages[0].content[0].image_url.url", "unsupported_url"),
-    ({"model": "synthetic", "messages": MSG, "modalities": ["video"]}, "modalities[0]", "invalid_type"),
+    ({"model": "synthetic", "messages": MSG, "modalities": ["video"]}, "modalities[0]", "invalid_value"),
 ])
 async def test_chat_400_names_the_field(srv: Server, body: dict, param: str, code: str) -> None:
     status, out = await post(srv, CHAT, body)
