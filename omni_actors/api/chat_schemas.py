@@ -27,7 +27,6 @@ from omni_actors.api.schemas import (
     TopK,
 )
 
-
 StopSequence = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 """A stop sequence: an empty one would end every answer before it began (vLLM refuses it)."""
 

@@ -19,8 +19,8 @@ request's field if it is not one.
 from __future__ import annotations
 
 import mimetypes
-from urllib.parse import quote
 from typing import Literal
+from urllib.parse import quote
 
 import msgspec
 from aiohttp import web

@@ -141,6 +141,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     choice = chat_shaped_choice(req.tool_choice)
     if (refusal := tools_refusal(orch.pipeline, tools, choice, can_force=True)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
+    if isinstance(choice, dict) and not isinstance(choice.get("function"), dict):  # (chat's shape is taken too)
+        raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}',
+                          "tool_choice")
     try:
         guided = guided_params(orch.pipeline, response_format(req), tools, choice, req.parallel_tool_calls)
     except ApiError as err:
@@ -150,7 +153,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     except msgspec.ValidationError as err:
         raise bad_request(f"input cannot be read as a conversation: {err}", "input") from None
     has_media = any(not isinstance(m.content, str | None) for m in messages)
-    namer = part_param(turn.where)
+    namer = part_param(turn.where, req)
     uploads = {fid: await file_bytes(request, fid, where) for fid, where in file_ids(messages, namer)}
     inputs = (await off_loop(build_chat_inputs, messages, namer, uploads) if has_media
               else build_chat_inputs(messages, namer))

@@ -137,17 +137,25 @@ def _stored(item: InputItem) -> dict[str, Any]:
     return out
 
 
-def part_param(where: list[int]) -> Any:
-    """`build_chat_inputs`' param namer for this turn: chat message i, part j -> `input[k].content[j]...`."""
+def part_param(where: list[int], req: ResponseRequest | None = None) -> Any:
+    """`build_chat_inputs`' param namer for this turn: chat message i, part j -> `input[k].content[j]...`
+    (an `input_image` given by `file_id` is named by it: `req` says which)."""
     def name(i: int, j: int, leaf: str) -> str:
         k = where[i] if i < len(where) else -1
         base = f"input[{k}].content[{j}]" if k >= 0 else "previous_response_id"
         if k < 0:
             return base
         if leaf == "image_url.url":
-            return f"{base}.image_url"
+            return f"{base}.file_id" if _image_file_id(req, k, j) else f"{base}.image_url"
         return f"{base}.{leaf.removeprefix('file.')}" if leaf != "file" else base  # input_file: flat fields
     return name
+
+
+def _image_file_id(req: ResponseRequest | None, k: int, j: int) -> bool:
+    """Whether input item k's part j is an `input_image` given by `file_id`."""
+    item = req.input[k] if req is not None and not isinstance(req.input, str) and k < len(req.input) else None
+    parts = item.content if item is not None and isinstance(item.content, list) else []
+    return j < len(parts) and isinstance(parts[j], InputImagePart) and parts[j].file_id is not None
 
 
 def response_format(req: ResponseRequest) -> ResponseFormat | None:

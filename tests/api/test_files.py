@@ -248,3 +248,13 @@ async def test_a_file_s_content_is_a_download_never_a_page(srv: Server) -> None:
         assert r.status == 200 and await r.read() == b"<script>alert(1)</script>"
         assert r.headers["Content-Disposition"].startswith("attachment; filename*=UTF-8''")
         assert r.headers["X-Content-Type-Options"] == "nosniff" and "Set-Cookie" not in r.headers
+
+
+async def test_an_upload_that_is_no_image_is_a_400_naming_the_file_id_that_sent_it(srv: Server) -> None:
+    client = srv.client()
+    text = await client.files.create(file=("notes.txt", b"not an image", "text/plain"), purpose="vision")
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.responses.create(model="synthetic", input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "what is this?"}, {"type": "input_image", "file_id": text.id}]}])
+    assert bad.value.body["param"] == "input[0].content[1].file_id", bad.value.body
+    assert bad.value.body["code"] == "invalid_image"

@@ -186,3 +186,13 @@ async def test_text_parts_read_as_text_and_media_a_text_model_cannot_take_is_a_4
         await client.responses.create(model="llm", input="x", text={"format": {
             "type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}})
     assert bad.value.body["param"] == "text.format", bad.value.body
+
+
+@pytest.mark.parametrize("choice", [{"type": "function"}, {"type": "function", "name": 3}, {"type": "allowed_tools"}])
+async def test_a_responses_tool_choice_mistake_is_told_in_the_responses_shape(srv: Server, choice: dict) -> None:
+    tool = {"type": "function", **FORECAST["function"]}
+    with pytest.raises(openai.BadRequestError) as bad:
+        await srv.client().responses.create(model="llm", input="Weather?", tools=[tool], tool_choice=choice,
+                                            max_output_tokens=4)
+    assert bad.value.body["param"] == "tool_choice", bad.value.body
+    assert '{"type": "function", "name": ...}' in bad.value.body["message"], bad.value.body

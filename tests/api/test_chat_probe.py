@@ -1,0 +1,91 @@
+"""Chat and Responses requests as real clients write them: an answer sent back as the openai SDK gives it
+(`messages.append(message)`, `message.model_dump()`, `input += response.output`), and JSON `null` for a
+field left unset (what clients that send every field write).
+
+The synthetic text stage answers with the words of the last message, one per token, so an answer
+says what reached the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.api.conftest import Server, post, serve
+
+USER = {"role": "user", "content": "red green"}
+
+
+@pytest.fixture(scope="module")
+async def srv() -> AsyncIterator[Server]:
+    async with serve("synthetic") as s:
+        yield s
+
+
+async def test_an_audio_answer_sent_back_whole_is_read(srv: Server) -> None:
+    client = srv.client()
+    first = await client.chat.completions.create(model="synthetic", messages=[USER], max_tokens=2,
+                                                 modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
+    said = first.choices[0].message
+    assert said.audio is not None and said.audio.data  # (the SDK sends id, data, expires_at and transcript back)
+    for sent_back in (said, said.model_dump()):
+        again = await client.chat.completions.create(
+            model="synthetic", messages=[USER, sent_back, {"role": "user", "content": "blue"}], max_tokens=2)
+        assert again.choices[0].message.content == "blue blue"
+
+
+async def test_a_turn_without_content_reads_as_its_transcript_or_refusal(srv: Server) -> None:
+    client = srv.client()
+    audio_only = {"role": "assistant", "content": None, "audio": {"id": "audio_1", "transcript": "yellow pink"}}
+    answer = await client.chat.completions.create(model="synthetic", messages=[USER, audio_only], max_tokens=2)
+    assert answer.choices[0].message.content == "yellow pink"
+    refused = {"role": "assistant", "content": None, "refusal": "cannot say"}
+    answer = await client.chat.completions.create(model="synthetic", messages=[USER, refused], max_tokens=2)
+    assert answer.choices[0].message.content == "cannot say"
+    parts = {"role": "assistant", "content": [{"type": "refusal", "refusal": "no way"}]}
+    answer = await client.chat.completions.create(model="synthetic", messages=[USER, parts], max_tokens=2)
+    assert answer.choices[0].message.content == "no way"
+
+
+async def test_a_legacy_function_call_is_still_a_400_naming_it(srv: Server) -> None:
+    said = {"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}}
+    status, body = await post(srv, "/v1/chat/completions", {"model": "synthetic", "messages": [USER, said]})
+    assert status == 400 and body["error"]["param"] == "messages[1].function_call"
+
+
+async def test_null_is_a_field_left_out(srv: Server) -> None:
+    status, body = await post(srv, "/v1/chat/completions", {
+        "model": "synthetic", "messages": [USER], "max_tokens": 2, "stream": None, "stream_options": None})
+    assert status == 200 and body["object"] == "chat.completion", body
+    status, body = await post(srv, "/v1/responses", {"model": "synthetic", "input": "red", "max_output_tokens": 2,
+                                                     "stream": None, "store": None, "background": None})
+    assert status == 200 and body["status"] == "completed" and body["store"] is True, body
+    assert not body["background"]
+    stored = await srv.client().responses.retrieve(body["id"])  # stored, as store's default says
+    assert stored.output_text == "red red"
+
+
+async def test_stream_options_as_the_sdk_writes_them(srv: Server) -> None:
+    stream = await srv.client().chat.completions.create(
+        model="synthetic", messages=[USER], max_tokens=2, stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False})
+    chunks = [c async for c in stream]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+
+
+async def test_a_response_s_output_dumped_and_sent_back_is_read(srv: Server) -> None:
+    client = srv.client()
+    first = await client.responses.create(model="synthetic", input="red green", max_output_tokens=2)
+    history = [{"role": "user", "content": "red green"}, *(o.model_dump() for o in first.output)]
+    assert "phase" in history[1]  # (None, as this SDK dumps an output message)
+    again = await client.responses.create(model="synthetic", input=[*history, {"role": "user", "content": "blue"}],
+                                          max_output_tokens=2)
+    assert again.output_text == "blue blue"
+
+
+@pytest.mark.parametrize("stop", ["", ["\n", ""]], ids=["empty", "empty-in-list"])
+async def test_an_empty_stop_sequence_is_a_400_naming_stop(srv: Server, stop: str | list[str]) -> None:
+    status, body = await post(srv, "/v1/chat/completions", {"model": "synthetic", "messages": [USER], "stop": stop})
+    assert status == 400 and body["error"]["param"].startswith("stop"), body
+
