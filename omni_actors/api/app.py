@@ -116,7 +116,7 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     app.router.add_get("/openapi.json", openapi_route)
     app.router.add_get("/v1/status", status_route)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model}", get_model)
+    app.router.add_get("/v1/models/{model:.+}", get_model)  # (an id may hold a slash)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/speech/stream", speech_stream)

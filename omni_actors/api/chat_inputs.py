@@ -103,7 +103,10 @@ def decode_image(raw: bytes, param: str) -> np.ndarray:
                 raise bad_request(f"image of {width}x{height} pixels is over the limit of "
                                   f"{MAX_IMAGE_PIXELS} pixels", param, "image_too_large")
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
+    except Image.DecompressionBombError:  # (PIL's own limit, far past ours: it refuses before we look)
+        raise bad_request(f"image is over the limit of {MAX_IMAGE_PIXELS} pixels", param,
+                          "image_too_large") from None
+    except (UnidentifiedImageError, OSError) as err:
         raise bad_request(f"cannot decode image: {image_problem(err)}", param, "invalid_image") from None
 
 

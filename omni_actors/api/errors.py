@@ -194,11 +194,21 @@ def refusal_text(detail: str) -> str:
     return _ERROR_CLASS.sub("", detail, count=1)
 
 
+_VLLM_PARAM = re.compile(r"\(parameter=([a-z_]+)")
+"""How vLLM names what it refuses ("... (parameter=input_tokens, value=9000)")."""
+_VLLM_FIELDS = {"input_tokens": "messages", "input_text": "messages", "max_completion_tokens": "max_tokens"}
+
+
 def _stage_param(message: str) -> str | None:
-    """The request field a stage's refusal names, if its message starts with one; None otherwise."""
+    """The request field a stage's refusal names (first in its message, or as vLLM's `parameter=`);
+    None otherwise. A prompt too long for the context is the `messages`' fault."""
     for match in _STAGE_FIELD.finditer(message):
         if match.group(1) in REQUEST_FIELDS:
             return match.group(1)
+    found = _VLLM_PARAM.search(message)
+    if found is not None:
+        name = _VLLM_FIELDS.get(found.group(1), found.group(1))
+        return name if name in REQUEST_FIELDS else None
     return None
 
 

@@ -26,7 +26,7 @@ STARTED_KEY = web.AppKey("started_at", float)
 
 def _model(request: web.Request, name: str, orch: Orchestrator) -> Model:
     pipe = orch.pipeline
-    return Model(id=name, created=int(request.app[STARTED_KEY]), owned_by=OWNER, pipeline=pipe.name,
+    return Model(object="model", id=name, created=int(request.app[STARTED_KEY]), owned_by=OWNER, pipeline=pipe.name,
                  output_types=sorted(pipe.output_types()), capabilities=served_caps(orch),
                  voices=list(pipe.speech.voices) if pipe.speech else None,
                  custom_voices=pipe.speech.cloning if pipe.speech else None, features=_features(orch) or None,

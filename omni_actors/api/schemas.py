@@ -250,7 +250,9 @@ class ImageProgressEvent(Struct):
 # ---- models, health, errors --------------------------------------------------------
 
 
-class Model(Struct, omit_defaults=True):
+class Model(Struct, omit_defaults=True, kw_only=True):
+    object: Literal["model"]
+    """Required, so that omit_defaults keeps it (OpenAI's clients read it)."""
     id: str
     created: int
     owned_by: str
@@ -260,7 +262,6 @@ class Model(Struct, omit_defaults=True):
     """What the pipeline can produce: "text", "audio", "image", ..."""
     capabilities: DiffusionCaps | None = None
     """A diffusion pipeline's tasks and accepted inputs (read from its pipeline class)."""
-    object: Literal["model"] = "model"
     voices: list[str] | None = None
     """Built-in speech voices, for pipelines that speak (extra to OpenAI's fields)."""
     custom_voices: bool | None = None
@@ -330,3 +331,5 @@ async def read_body(request: web.Request, typ: type[Struct]) -> Struct:
         return msgspec.json.decode(body, type=typ)
     except msgspec.DecodeError as err:  # ValidationError is a subclass: both become 400
         raise from_validation(err) from None
+    except RecursionError:  # (msgspec's decoder recurses per level: thousands deep exhaust the stack)
+        raise bad_request("request body is nested too deeply", None, "invalid_json") from None

@@ -297,6 +297,8 @@ async def speech_stream(request: web.Request) -> web.StreamResponse:
             except msgspec.DecodeError as err:
                 await session.error(bad_request(f"invalid event: {err}", None, "invalid_event"),
                                     event_id_of(msg.data))
+            except RecursionError:  # (thousands of nested levels exhaust the decoder's stack)
+                await session.error(bad_request("invalid event: nested too deeply", None, "invalid_event"), None)
             except ApiError as err:
                 await session.error(err, event_id)
     finally:

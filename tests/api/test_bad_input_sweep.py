@@ -72,6 +72,10 @@ def _image_msg(url: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
 
 
+DEEP = b'{"a":' * 5000 + b"{}" + b"}" * 5000
+"""JSON nested past what a decoder's stack takes (as text: an encoder's stack takes no more)."""
+
+
 def _chat(**fields: Any) -> dict[str, Any]:
     return {"json": {"model": "synthetic", "messages": MSG, **fields}}
 
@@ -202,7 +206,7 @@ CASES = [
                  400, "messages[0].content[0].image_url.url", "invalid_image", id="image-truncated"),
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": _image_msg(
         "data:image/png;base64," + _b64(_bomb_png()))}},
-                 400, "messages[0].content[0].image_url.url", "invalid_image", id="image-decompression-bomb"),
+                 400, "messages[0].content[0].image_url.url", "image_too_large", id="image-decompression-bomb"),
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": _image_msg(
         "data:image/png;base64," + _b64(_bomb_png(8000, 6000)))}},
                  400, "messages[0].content[0].image_url.url", "image_too_large", id="image-over-pixel-cap"),
@@ -246,12 +250,15 @@ CASES = [
     pytest.param("POST", IMAGES, {"json": {"model": "dall-e-3", "prompt": "x"}}, 404, "model", "model_not_found",
                  id="images-unknown-model"),
     pytest.param("GET", "/v1/models/synthetic%00", {}, 404, "model", "model_not_found", id="model-nul"),
+    pytest.param("POST", CHAT, _raw(b'{"model": "synthetic", "messages": [{"role": "user", "content": "x"}], '
+                                    b'"tools": [{"type": "function", "function": {"name": "f", "parameters": '
+                                    + DEEP + b"}}]}"), 400, None, "invalid_json", id="nested-too-deeply"),
     # -- unknown routes and wrong methods --
     pytest.param("GET", "/playground/missing.js", {}, 404, None, "not_found", id="playground-missing-file"),
     pytest.param("POST", "/", {"json": {}}, 405, None, "method_not_allowed", id="post-root"),
     pytest.param("POST", "/v1/completions", _chat(), 404, None, "not_found", id="legacy-completions"),
     pytest.param("POST", "/v1/embeddings", {"json": {"input": "x"}}, 404, None, "not_found", id="embeddings"),
-    pytest.param("GET", "/v1/models/a/b", {}, 404, None, "not_found", id="models-nested"),
+    pytest.param("GET", "/v1/models/a/b", {}, 404, "model", "model_not_found", id="models-nested"),
     pytest.param("GET", "/v1/chat/completions/extra", {}, 404, None, "not_found", id="chat-subpath"),
     pytest.param("PUT", CHAT, _chat(), 405, None, "method_not_allowed", id="put-chat"),
     pytest.param("OPTIONS", CHAT, {}, 405, None, "method_not_allowed", id="options-chat"),

@@ -26,7 +26,7 @@ async def srv():
         {"stage_id": 2},
     ]
     async with serve("synthetic", stages=stages,
-                     server={"max_body_mb": 0.25, "served_model_name": "omni-test"}) as s:
+                     server={"max_body_mb": 0.25, "served_model_name": "acme/omni-test"}) as s:
         yield s
 
 
@@ -35,14 +35,18 @@ async def test_health_and_models(srv: Server) -> None:
         assert resp.status == 200 and (await resp.json())["status"] == "ok"
     client = srv.client()
     models = await client.models.list()
-    assert [m.id for m in models.data] == ["omni-test", "synthetic"]
-    model = await client.models.retrieve("omni-test")
-    assert model.pipeline == "synthetic" and model.output_types == ["audio", "text"]
+    assert [m.id for m in models.data] == ["acme/omni-test", "synthetic"]
+    assert {m.object for m in models.data} == {"model"}
+    model = await client.models.retrieve("acme/omni-test")
+    assert model.pipeline == "synthetic" and model.output_types == ["audio", "text"] and model.object == "model"
+    async with aiohttp.ClientSession() as session, session.get(srv.url + "/v1/models/acme/omni-test",
+                                                       headers={"Authorization": f"Bearer {srv.key}"}) as resp:
+        assert resp.status == 200 and (await resp.json())["id"] == "acme/omni-test"  # a slash, unescaped
 
 
 async def test_chat_text(srv: Server) -> None:
     out = await srv.client().chat.completions.create(
-        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=4, temperature=0.5)
+        model="acme/omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=4, temperature=0.5)
     assert out.choices[0].message.content == "hello big world hello"
     assert out.choices[0].finish_reason == "stop"
     assert out.usage is not None and out.usage.completion_tokens == 4
@@ -52,7 +56,7 @@ async def test_chat_text(srv: Server) -> None:
 
 async def test_chat_text_streaming_with_usage(srv: Server) -> None:
     stream = await srv.client().chat.completions.create(
-        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=5, stream=True,
+        model="acme/omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=5, stream=True,
         stream_options={"include_usage": True})
     deltas, finish, usage = [], None, None
     async for chunk in stream:
@@ -67,7 +71,7 @@ async def test_chat_text_streaming_with_usage(srv: Server) -> None:
 
 async def test_chat_audio_out(srv: Server) -> None:
     out = await srv.client().chat.completions.create(
-        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=3,
+        model="acme/omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=3,
         modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})
     msg = out.choices[0].message
     assert msg.content == "hello big world"
@@ -79,7 +83,7 @@ async def test_chat_audio_out(srv: Server) -> None:
 
 async def test_chat_audio_out_streaming(srv: Server) -> None:
     stream = await srv.client().chat.completions.create(
-        model="omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=3, stream=True,
+        model="acme/omni-test", messages=[{"role": "user", "content": PROMPT}], max_tokens=3, stream=True,
         modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"})
     pcm, text, transcripts, ids = b"", "", [], set()
     async for chunk in stream:
@@ -98,13 +102,13 @@ async def test_chat_audio_out_streaming(srv: Server) -> None:
 async def test_chat_n_choices_whole_and_streamed_with_audio(srv: Server) -> None:
     """n > 1: each choice is its own pipeline request; choices come back indexed, usage adds up."""
     client, msgs = srv.client(), [{"role": "user", "content": PROMPT}]
-    out = await client.chat.completions.create(model="omni-test", messages=msgs, max_tokens=3, n=3, seed=7,
+    out = await client.chat.completions.create(model="acme/omni-test", messages=msgs, max_tokens=3, n=3, seed=7,
                                                modalities=["text", "audio"], audio={"voice": "a", "format": "wav"})
     assert [c.index for c in out.choices] == [0, 1, 2]
     assert all(c.message.content == "hello big world" and c.message.audio.data for c in out.choices)
     assert len({c.message.audio.id for c in out.choices}) == 3
     assert out.usage.completion_tokens == 9
-    stream = await client.chat.completions.create(model="omni-test", messages=msgs, max_tokens=4, n=2,
+    stream = await client.chat.completions.create(model="acme/omni-test", messages=msgs, max_tokens=4, n=2,
                                                   stream=True, stream_options={"include_usage": True})
     text, finish, usage = {0: "", 1: ""}, {}, None
     async for chunk in stream:
@@ -139,14 +143,14 @@ async def test_chat_audio_and_image_in(srv: Server) -> None:
         {"type": "input_audio", "input_audio": {"data": _wav_b64(0.2), "format": "wav"}},
     ]
     out = await srv.client().chat.completions.create(
-        model="omni-test", messages=[{"role": "system", "content": "be brief"},
+        model="acme/omni-test", messages=[{"role": "system", "content": "be brief"},
                                      {"role": "user", "content": content}], max_tokens=2)
     assert out.choices[0].message.content == "describe these"
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm"])
 async def test_speech_formats(srv: Server, fmt: str) -> None:
-    resp = await srv.client().audio.speech.create(model="omni-test", input=PROMPT, voice="alloy",
+    resp = await srv.client().audio.speech.create(model="acme/omni-test", input=PROMPT, voice="alloy",
                                                   response_format=fmt)
     data = resp.content
     if fmt == "pcm":
@@ -170,7 +174,7 @@ def _pitches_hz(audio: np.ndarray, chunk: float) -> list[float]:
 async def test_speech_speed_changes_duration_not_pitch(srv: Server, speed: float) -> None:
     """The synthetic voice (a tone a chunk, each its own) has no speed knob: the API stretches it in time."""
     client = srv.client()
-    plain, fast = [await client.audio.speech.create(model="omni-test", input=PROMPT, voice="alloy",
+    plain, fast = [await client.audio.speech.create(model="acme/omni-test", input=PROMPT, voice="alloy",
                                                     response_format="pcm", speed=s) for s in (1.0, speed)]
     a, b = (np.frombuffer(r.content, "<i2").astype(np.float32) for r in (plain, fast))
     assert b.size == round(a.size / speed)
@@ -185,7 +189,7 @@ async def test_speech_with_streaming_response(srv: Server) -> None:
     for fmt in ("wav", "pcm", "mp3"):
         parts = []
         async with client.audio.speech.with_streaming_response.create(
-                model="omni-test", input=PROMPT, voice="alloy", response_format=fmt,
+                model="acme/omni-test", input=PROMPT, voice="alloy", response_format=fmt,
                 extra_body={"stream": True}) as resp:
             assert resp.headers.get("transfer-encoding") == "chunked"
             async for part in resp.iter_bytes():
@@ -199,7 +203,7 @@ async def test_speech_with_streaming_response(srv: Server) -> None:
 
 
 async def test_speech_sse(srv: Server) -> None:
-    body = {"model": "omni-test", "input": PROMPT, "response_format": "pcm", "stream_format": "sse"}
+    body = {"model": "acme/omni-test", "input": PROMPT, "response_format": "pcm", "stream_format": "sse"}
     status, raw = await post(srv, "/v1/audio/speech", body)
     assert status == 200
     events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
@@ -213,7 +217,7 @@ async def test_speech_sse(srv: Server) -> None:
 
 async def test_metrics_and_openapi(srv: Server) -> None:
     await srv.client().chat.completions.create(
-        model="omni-test", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+        model="acme/omni-test", messages=[{"role": "user", "content": "x"}], max_tokens=1)
     async with aiohttp.ClientSession() as session:
         async with session.get(srv.url + "/metrics") as resp:
             text = await resp.text()
@@ -221,6 +225,6 @@ async def test_metrics_and_openapi(srv: Server) -> None:
             spec = await resp.json()
     assert 'omni_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text
     assert "omni_time_to_first_token_seconds_count" in text
-    assert 'omni_stage_queue_depth{model_stage="vocoder",pipeline="omni-test",stage_id="2"} 0.0' in text
+    assert 'omni_stage_queue_depth{model_stage="vocoder",pipeline="acme/omni-test",stage_id="2"} 0.0' in text
     validate(spec)
     assert {"/v1/chat/completions", "/v1/audio/speech", "/v1/models"} <= set(spec["paths"])

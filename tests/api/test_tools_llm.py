@@ -196,3 +196,14 @@ async def test_a_responses_tool_choice_mistake_is_told_in_the_responses_shape(sr
                                             max_output_tokens=4)
     assert bad.value.body["param"] == "tool_choice", bad.value.body
     assert '{"type": "function", "name": ...}' in bad.value.body["message"], bad.value.body
+
+
+async def test_a_prompt_past_the_context_is_a_400_naming_messages(srv: Server) -> None:
+    """vLLM refuses it by `parameter=input_tokens`: the client's `messages` (`input` on Responses)."""
+    long = [{"role": "user", "content": "word " * 2000}]  # past max_model_len 512
+    with pytest.raises(openai.BadRequestError) as err:
+        await srv.client().chat.completions.create(model="llm", messages=long, max_tokens=4)
+    assert (err.value.body["param"], err.value.body["code"]) == ("messages", "rejected_by_stage"), err.value.body
+    with pytest.raises(openai.BadRequestError) as err:
+        await srv.client().responses.create(model="llm", input="word " * 2000, max_output_tokens=16)
+    assert err.value.body["param"] == "input", err.value.body

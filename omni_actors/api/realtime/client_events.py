@@ -223,6 +223,8 @@ def event_id_of(raw: str | bytes) -> str | None:
 def decode_client(raw: str | bytes) -> ClientEventT:
     try:
         return _decoder.decode(raw)
+    except RecursionError:  # (thousands of nested levels exhaust the decoder's stack)
+        raise BadEvent("event is nested too deeply", code="invalid_json") from None
     except msgspec.DecodeError as err:
         try:
             env = _envelope.decode(raw)
