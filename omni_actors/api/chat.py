@@ -125,7 +125,8 @@ class Tally:
         if out.finish_reason == "length":
             self.finish_reason = "length"
         if out.tool_calls:  # (the answer's last delta; see api/tools.py)
-            self.tool_calls, self.tool_content, self.finish_reason = out.tool_calls, out.content, "tool_calls"
+            self.tool_calls, self.tool_content = out.tool_calls, out.content
+            self.finish_reason = "length" if out.finish_reason == "length" else "tool_calls"  # (a call cut short)
         return out.text
 
     def add_audio(self, out: AudioOutput, keep: bool = True) -> None:

@@ -207,3 +207,15 @@ async def test_a_prompt_past_the_context_is_a_400_naming_messages(srv: Server) -
     with pytest.raises(openai.BadRequestError) as err:
         await srv.client().responses.create(model="llm", input="word " * 2000, max_output_tokens=16)
     assert err.value.body["param"] == "input", err.value.body
+
+
+async def test_a_forced_call_cut_by_max_tokens_is_a_call_as_far_as_it_came(srv: Server) -> None:
+    """As OpenAI answers it: the call's name, its arguments as far as they came, finish_reason length
+    (never the guided JSON as text; this tiny model's tokens are a character or two: 40 pass the name)."""
+    cut = await srv.client().chat.completions.create(
+        model="llm", messages=MSG, tools=[FORECAST], temperature=0.0, seed=1, max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "forecast"}})
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None, choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "forecast" and call.function.arguments.startswith("{"), call

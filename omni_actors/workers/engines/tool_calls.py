@@ -23,6 +23,7 @@ list of {"name", "parameters"}, api/structured.py) into the same call dicts.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -123,14 +124,42 @@ def _part(call: Any) -> dict[str, Any]:
     return part
 
 
-def forced_calls(text: str) -> list[dict[str, str]] | None:
+def forced_calls(text: str, cut: bool = False) -> list[dict[str, str]] | None:
     """The calls of an answer whose decoding a forced `tool_choice` guided; None when it does not
-    parse (cut short by max_tokens: it stays text, with that finish reason)."""
+    parse. `cut` (max_tokens ended it): the calls as far as they came, the last one's arguments
+    cut where the tokens ended, as OpenAI answers (finish_reason "length"); [] before a first name."""
     try:
         items = json.loads(text)
     except ValueError:
-        return None
+        return _cut_calls(text) if cut else None
     if not isinstance(items, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
         return None
     return [{"id": f"call_{uuid.uuid4().hex[:24]}", "name": i["name"],
              "arguments": json.dumps(i.get("parameters", {}), ensure_ascii=False)} for i in items]
+
+
+_CALL_HEAD = re.compile(r'\s*,?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"parameters"\s*:\s*')
+"""One item of the forced schema's list up to its arguments: `{"name": "f", "parameters": `."""
+_ITEM_END = re.compile(r"\s*\}")
+
+
+def _cut_calls(text: str) -> list[dict[str, str]]:
+    """A forced answer's calls up to where max_tokens cut it (see forced_calls)."""
+    body = text.lstrip()
+    if not body.startswith("["):
+        return []
+    decoder, calls, pos = json.JSONDecoder(), [], 1
+    while (head := _CALL_HEAD.match(body, pos)) is not None:
+        name = json.loads(f'"{head.group(1)}"')
+        call_id = f"call_{uuid.uuid4().hex[:24]}"
+        try:
+            args, end = decoder.raw_decode(body, head.end())
+        except ValueError:  # the cut is inside these arguments: they go as far as they came
+            calls.append({"id": call_id, "name": name, "arguments": body[head.end():]})
+            break
+        calls.append({"id": call_id, "name": name, "arguments": json.dumps(args, ensure_ascii=False)})
+        closed = _ITEM_END.match(body, end)
+        if closed is None:
+            break
+        pos = closed.end()
+    return calls

@@ -284,8 +284,8 @@ class VllmAREngine(StageEngine):
                 if reason == "error":
                     error = "vLLM reported an internal error for this request"
                 elif run.forced:
-                    if (forced := forced_calls("".join(run.text))) is not None:
-                        payload.update(tool_calls=forced, content=None)
+                    if (forced := forced_calls("".join(run.text), cut=reason == "length")) is not None:
+                        payload.update(tool_calls=forced or None, content=None)
                 elif run.tools is not None and self._tool_reader is not None:
                     content, calls = self._tool_reader.read("".join(run.text), run.tools)
                     if calls:
