@@ -8,7 +8,8 @@ list), optional `mask`, `prompt`, and the generation fields of
 `strength` (0-1] for a pipeline that re-noises its input, e.g. an inpaint one; `stream_progress`
 (this server's: step events while streaming, as /v1/images/generations takes it);
 `quality` and `input_fidelity` are checked and have no effect). Files are decoded
-here, in a thread, to uint8 arrays that cross the bus in shared memory:
+here, in a thread (upright by their EXIF orientation; at most chat_inputs.MAX_IMAGE_PIXELS,
+checked before decoding), to uint8 arrays that cross the bus in shared memory:
 
     inputs  {"prompt", "negative_prompt", "image": [uint8 [H, W, 3|4], ...], "mask": uint8 [H, W]}
 
@@ -34,10 +35,16 @@ from omni_actors.api.calls import (
     orchestrator,
     route_model,
 )
-from omni_actors.api.chat_inputs import image_problem
+from omni_actors.api.chat_inputs import MAX_IMAGE_PIXELS, image_problem
 from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.images import answer_images, collect_images, parse_size, require_background
+from omni_actors.api.images import (
+    MAX_SIDE,
+    answer_images,
+    collect_images,
+    parse_size,
+    require_background,
+)
 from omni_actors.api.multipart import BodyBudget, form_parts
 
 ROUTE = "/v1/images/edits"
@@ -85,25 +92,34 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
     return fields, images, mask
 
 
-def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], np.ndarray | None]:
-    from PIL import Image, UnidentifiedImageError
+def _open(blob: bytes, what: str, param: str) -> Any:
+    """`blob` decoded by PIL, turned upright by its EXIF orientation (as a viewer shows a phone photo, and
+    as a mask drawn over it lines up); a 400 naming `param` if it does not decode or is larger than
+    MAX_IMAGE_PIXELS (checked from the header, before any pixel is decoded: PIL's own guard raises a
+    DecompressionBombError, not an OSError, past twice its limit and only warns below that)."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
+    try:
+        img = Image.open(io.BytesIO(blob))
+        w, h = img.size
+        if w * h > MAX_IMAGE_PIXELS:
+            raise bad_request(f"{what} is {w}x{h} pixels, over the limit of {MAX_IMAGE_PIXELS}", param,
+                              "image_too_large")
+        img.load()
+        return ImageOps.exif_transpose(img)
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
+        raise bad_request(f"{what} does not decode as an image: {image_problem(err)}", param,
+                          "invalid_image") from None
+
+
+def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], np.ndarray | None]:
     out = []
     for i, blob in enumerate(blobs):
-        try:
-            img = Image.open(io.BytesIO(blob))
-            img.load()
-        except (UnidentifiedImageError, OSError, ValueError) as err:
-            raise bad_request(f"image {i} does not decode as an image: {image_problem(err)}", "image",
-                              "invalid_image") from None
+        img = _open(blob, f"image {i}", "image")
         out.append(np.asarray(img.convert("RGBA" if "A" in img.getbands() else "RGB")))
     if mask is None:
         return out, None
-    try:
-        m = Image.open(io.BytesIO(mask))
-        m.load()
-    except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise bad_request(f"mask does not decode as an image: {image_problem(err)}", "mask", "invalid_image") from None
+    m = _open(mask, "mask", "mask")
     # OpenAI: transparent = edit here; without alpha, white = repaint (diffusers' convention)
     arr = 255 - np.asarray(m.getchannel("A")) if "A" in m.getbands() else np.asarray(m.convert("L"))
     if arr.shape[:2] != out[0].shape[:2]:
@@ -134,6 +150,14 @@ def _int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
 
 def _float(fields: dict[str, str], name: str, ok: Callable[[float], bool], rule: str) -> float | None:
     return _number(fields, name, float, ok, rule)
+
+
+def _flag(fields: dict[str, str], name: str) -> bool:
+    """A boolean form field: "true" or "false" (any case; the SDK sends them lower case), absent is false."""
+    raw = fields.get(name, "false").lower()
+    if raw not in ("true", "false"):
+        raise bad_request(f"{name} must be true or false, got {fields[name]!r}", name)
+    return raw == "true"
 
 
 def _choices(fields: dict[str, str]) -> None:
@@ -180,6 +204,10 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     _choices(fields)
     require_background(caps, fields.get("background"))
     compression = _int(fields, "output_compression", 0, 100)
+    stream, progress = _flag(fields, "stream"), _flag(fields, "stream_progress")
+    partial = _int(fields, "partial_images", 0, 3) or 0
+    if progress and not stream:
+        raise bad_request("stream_progress needs stream=true (progress comes as stream events)", "stream_progress")
     params = _params(fields)
     if caps is not None and params.get("width") is not None and "size" not in caps.inputs:
         raise bad_request(f"size: {caps.pipeline_class} paints at a size of its own (from the input image); "
@@ -205,18 +233,13 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
             raise bad_request(f"image: {why}", "image", "invalid_image")
     if "width" not in params and caps is not None and "size" in caps.inputs:
         h, w = images[0].shape[:2]  # edit at the input's size when it is one the model can make
-        if w % caps.size_multiple == 0 and h % caps.size_multiple == 0:
+        if w % caps.size_multiple == 0 and h % caps.size_multiple == 0 and max(w, h) <= MAX_SIDE:
             params["width"], params["height"] = w, h
     inputs = drop_none({"prompt": fields["prompt"], "negative_prompt": fields.get("negative_prompt"),
                         "image": images, "mask": mask})
-    stream = fields.get("stream", "").lower() == "true"
-    progress = fields.get("stream_progress", "").lower() == "true"
-    if progress and not stream:
-        raise bad_request("stream_progress needs stream=true (progress comes as stream events)", "stream_progress")
     if stream:
         from omni_actors.api.image_stream import stream_images
 
-        partial = _int(fields, "partial_images", 0, 3) or 0
         return await stream_images(request, ROUTE, inputs, params, fmt, partial, "image_edit", compression,
                                    progress)
     async with PipelineCall(request, ROUTE, inputs, params, {"image"}) as call:

@@ -189,7 +189,7 @@ async def _submit(request: web.Request) -> str:
     width, height = parse_size(fields.get("size") or caps.get("default_size") or "832x480", caps)
     seconds = fields.get("seconds") or DEFAULT_SECONDS
     num_frames = parse_frames(fields, seconds, caps)
-    if "seconds" not in fields and "num_frames" in fields:  # the clip's length is what was asked
+    if "num_frames" in fields:  # it decides the clip's length, whatever `seconds` says
         seconds = f"{num_frames / float(caps['fps']):g}"
     image = parse_reference(fields, await referenced_file(request, fields, upload), caps)
     params = drop_none({

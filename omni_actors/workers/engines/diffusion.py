@@ -33,6 +33,7 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,7 @@ class DiffusionEngine(BatchedPipelineEngine):
         self._defaults = {
             "num_inference_steps": _default(sig, "num_inference_steps", 50),
             "guidance_scale": _default(sig, self.caps.guidance_param, None),
+            "strength": _default(sig, "strength", None),
         }
         self._max_batch = max(1, ctx.max_num_seqs)
         self._max_batch_images = int_in(
@@ -154,7 +156,14 @@ class DiffusionEngine(BatchedPipelineEngine):
     # -- internals --
 
     def _parse(self, request_id: str, inputs: dict[str, Any], p: dict[str, Any]) -> DiffusionJob:
-        return parse_job(request_id, inputs, p, self.caps, self._accepts, self._defaults)
+        job = parse_job(request_id, inputs, p, self.caps, self._accepts, self._defaults)
+        strength = job.strength if job.strength is not None else self._defaults["strength"]
+        if job.images and strength is not None and _strength_steps(type(self.pipe), job.steps, strength) == 0:
+            raise ValueError(
+                f"strength: {strength:g} of {job.steps} num_inference_steps leaves no step to run in "
+                f"{type(self.pipe).__name__}; raise strength or num_inference_steps"
+            )
+        return job
 
     def _start_batch(self) -> Batch:
         head = self._queue.popleft()
@@ -270,6 +279,22 @@ def _default(sig: Any, name: str, fallback: Any) -> Any:
     if param is None or param.default is inspect.Parameter.empty or param.default is None:
         return fallback
     return param.default
+
+
+def _strength_steps(cls: type, steps: int, strength: float) -> int | None:
+    """The denoising steps `cls` runs at `strength` out of `steps`, by its own `get_timesteps` (pipelines
+    round differently: Stable Diffusion's keeps int(steps x strength) and fails a request left with none,
+    Qwen-Image's and FLUX.2 Klein's keep one for all but a vanishing strength); None for a pipeline without one
+    (or whose method wants more than this stand-in). The method only
+    slices its scheduler's timesteps, so it runs here on a stand-in scheduler holding `steps` of them."""
+    get_timesteps = getattr(cls, "get_timesteps", None)
+    if get_timesteps is None:
+        return None
+    stand_in = SimpleNamespace(scheduler=SimpleNamespace(timesteps=list(range(steps)), order=1))
+    try:
+        return int(get_timesteps(stand_in, steps, strength, "cpu")[1])
+    except (AttributeError, TypeError, IndexError):  # a get_timesteps that wants more than the stand-in has
+        return None  # not known here: the pipeline's call is left to judge
 
 
 def _preview_steps(job: DiffusionJob) -> set[int]:
