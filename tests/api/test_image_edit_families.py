@@ -78,7 +78,8 @@ async def test_bad_inputs_are_400s_naming_the_field(srv) -> None:
     client = srv.client()
     for kw, param in [({"image": ("x.png", b"not an image")}, "image"), ({"size": "40x40"}, "size"),
                       ({"mask": ("m.png", png(np.zeros((32, 48, 4), np.uint8)))}, "mask"),
-                      ({"extra_body": {"strength": 0.5}}, "strength")]:  # (these calls take none)
+                      ({"extra_body": {"strength": 0.5}}, "strength"),  # (these calls take none)
+                      ({"image": _image(1, h=500, w=1)}, "image")]:  # past what Qwen2-VL's processor reads
         with pytest.raises(openai.BadRequestError) as err:
             await client.images.edit(**{"model": srv.family, "image": _image(0), "prompt": "x", **kw})
         assert err.value.body["param"] == param, err.value.body

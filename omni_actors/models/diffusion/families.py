@@ -50,13 +50,19 @@ class FamilyFacts:
 
 
 _DEFAULT = FamilyFacts()
+VL_ASPECT = 100.0
+"""The edit families whose prompt encoder reads the image through Qwen2-VL's processor: it refuses
+an image more than 200 x longer than wide once the pipeline has rounded its sides (a 1x500 input
+is 1:268 by then); half of that leaves room for the rounding."""
 _FACTS: dict[str, FamilyFacts] = {
     "QwenImagePipeline": FamilyFacts(guidance_param="true_cfg_scale", size_multiple=16),
-    "QwenImageEditPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16),
+    "QwenImageEditPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16,
+                                         max_image_aspect=VL_ASPECT),
     # Qwen-Image-Edit-2509 ("Plus") composes up to three reference images.
-    "QwenImageEditPlusPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, max_input_images=3, size_multiple=16),
+    "QwenImageEditPlusPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, max_input_images=3,
+                                             size_multiple=16, max_image_aspect=VL_ASPECT),
     "QwenImageLayeredPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True, size_multiple=16,
-                                            image_mode="RGBA", preview="layered"),
+                                            image_mode="RGBA", preview="layered", max_image_aspect=VL_ASPECT),
     "Flux2Pipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64, preview="packed_bn"),
     "Flux2KleinPipeline": FamilyFacts(max_input_images=10, size_multiple=16, min_image_side=64,
                                       preview="packed_bn"),
@@ -74,12 +80,14 @@ _FACTS: dict[str, FamilyFacts] = {
                                             mask_required=True, size_multiple=16),
     # Paints at about a megapixel at the input's aspect (sides multiples of 16), whatever size is asked.
     "QwenImageEditInpaintPipeline": FamilyFacts(guidance_param="true_cfg_scale", image_required=True,
-                                                mask_required=True, size_multiple=16, own_size=True),
+                                                mask_required=True, size_multiple=16, own_size=True,
+                                                max_image_aspect=VL_ASPECT),
     # Paints at the input's size, each side rounded down to a multiple of 16 (at most a megapixel);
     # extra references go to `image_reference`, not offered here, so one image.
     "Flux2KleinInpaintPipeline": FamilyFacts(image_required=True, mask_required=True, size_multiple=16,
                                              min_image_side=16, own_size=True, preview="packed_bn"),
-    "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16, preview="packed_scaled"),
+    "LongCatImageEditPipeline": FamilyFacts(image_required=True, size_multiple=16, preview="packed_scaled",
+                                            max_image_aspect=VL_ASPECT),
 }
 
 
