@@ -146,6 +146,8 @@ def diffusion_params(req: Any, size: tuple[int, int] | None) -> dict[str, Any]:
 
 async def generations(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ImageRequest)
+    if not req.prompt.strip():  # (as /v1/images/edits answers it)
+        raise bad_request("`prompt` is blank", "prompt", "invalid_value")
     orch, _ = route_model(request, req.model, {"image"})
     caps = served_caps(orch)
     require_task(orch, caps, GENERATION_TASKS, ROUTE)

@@ -178,6 +178,7 @@ CASES = [
                  id="images-seed-2e70"),
     pytest.param("POST", IMAGES, {"json": {"prompt": "x", "extra_body": {"seed": 2**64}}}, 400, "extra_body.seed",
                  "integer_above_max_value", id="images-extra-body-seed"),
+    pytest.param("POST", IMAGES, {"json": {"prompt": " \n"}}, 400, "prompt", "invalid_value", id="images-blank-prompt"),
     pytest.param("POST", IMAGES, {"json": {"prompt": "x", "n": 2**70}}, 400, "n", "integer_above_max_value", id="images-n-2e70"),
     # -- messages and content parts --
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": [{"role": "function", "content": "x"}]}},
