@@ -35,7 +35,7 @@ async def stream_images(request: web.Request, route: str, inputs: dict[str, Any]
         params = {**params, "partial_images": partial_images}
     async with PipelineCall(request, route, inputs, params, {"image"}) as call:
         await call.started()  # an error before the first output keeps its HTTP status
-        async with SSEWriter(request) as sse:
+        async with SSEWriter(request, named=True) as sse:  # (`event:` lines, as OpenAI's image stream has)
             index = 0
             try:
                 async for chunk in call:

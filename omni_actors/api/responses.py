@@ -179,13 +179,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         events = _events(call, answer, hold=shown is not None, queued=True) if req.stream else None
         log = request.app[BACKGROUND_KEY].start(call, answer, answer.store, events)
         if log is not None:  # the client reads the log; the response goes on if it leaves
-            return await sse.respond(request, log.follow(-1), done=False)
+            return await sse.respond(request, log.follow(-1), done=False, named=True)
         return web.Response(body=msgspec.json.encode(base), content_type="application/json")
     try:
         async with PipelineCall(request, ROUTE, inputs, params, {"text"}, base.id) as call:
             if req.stream:
                 await call.started()  # an error before the first output keeps its HTTP status
-                return await sse.respond(request, _events(call, answer, hold=shown is not None), done=False)
+                return await sse.respond(request, _events(call, answer, hold=shown is not None), done=False, named=True)
             async for chunk in call:
                 if isinstance(chunk.output, TextOutput):
                     answer.tally.add_text(chunk.output)
@@ -375,7 +375,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
     if not streamed:
         return web.Response(body=body, content_type="application/json")
     if (log := running.logs.get(rid)) is not None:
-        return await sse.respond(request, log.follow(after), done=False)
+        return await sse.respond(request, log.follow(after), done=False, named=True)
     stored = store.events(rid)
     if stored is None:
         raise bad_request(f"response {rid} was not created with background: true and stream: true; its events "
@@ -384,7 +384,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
     if stored == b"[]" and state is not None and state[0] in UNFINISHED:
         raise bad_request(f"response {rid} is being made by another server on this data directory; stream it "
                           "from that server", "stream")
-    return await sse.respond(request, replay(stored, after, body), done=False)
+    return await sse.respond(request, replay(stored, after, body), done=False, named=True)
 
 
 def _flag(value: str | None, name: str) -> bool:

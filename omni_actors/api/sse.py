@@ -45,11 +45,12 @@ _encoder = msgspec.json.Encoder()
 
 
 async def respond(request: web.Request, events: AsyncGenerator[Any, None], *, done: bool = True,
-                  headers: dict[str, str] | None = None) -> web.StreamResponse:
+                  headers: dict[str, str] | None = None, named: bool = False) -> web.StreamResponse:
     """Send each event of `events` as it comes, then `[DONE]` (or nothing more: `done=False`).
     A RequestError out of `events` ends the stream with an in-band error event. `headers` go
-    beside the stream's own."""
-    async with SSEWriter(request, headers) as sse, contextlib.aclosing(events):  # (closed at once on any exit)
+    beside the stream's own; `named`: each event has an `event: <its type>` line too, as OpenAI's
+    Responses stream does (clients that dispatch on the SSE event name need it)."""
+    async with SSEWriter(request, headers, named) as sse, contextlib.aclosing(events):  # (closed at once on any exit)
         try:
             async for event in events:
                 await sse.send(event)
@@ -58,9 +59,27 @@ async def respond(request: web.Request, events: AsyncGenerator[Any, None], *, do
         return await (sse.done() if done else sse.end())
 
 
+class _Kind(msgspec.Struct):
+    type: str = ""
+
+
+_kind = msgspec.json.Decoder(_Kind)
+
+
+def _event_name(event: Any) -> str:
+    """An event's `type` (a struct's, a dict's or an encoded one's), for its `event:` line."""
+    if isinstance(event, msgspec.Raw):
+        return _kind.decode(event).type
+    if isinstance(event, msgspec.Struct) and event.__struct_config__.tag_field == "type":  # (a tag: no attribute)
+        return str(event.__struct_config__.tag)
+    kind = event.get("type") if isinstance(event, dict) else getattr(event, "type", "")
+    return kind if isinstance(kind, str) else ""
+
+
 class SSEWriter:
-    def __init__(self, request: web.Request, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, request: web.Request, headers: dict[str, str] | None = None, named: bool = False) -> None:
         self.request = request
+        self.named = named
         self.resp = web.StreamResponse(headers={
             **(headers or {}),
             "Content-Type": "text/event-stream; charset=utf-8",
@@ -92,6 +111,8 @@ class SSEWriter:
         if self._error is not None:
             raise self._error
         data = b"data: " + _encoder.encode(event) + b"\n\n"
+        if self.named and (name := _event_name(event)):
+            data = b"event: " + name.encode() + b"\n" + data
         self._buf.append(data)
         self._pending += len(data)
         self._wake.set()
@@ -139,7 +160,8 @@ class SSEWriter:
         return await self._finish(b"data: [DONE]\n\n")
 
     async def fail(self, error: ApiError) -> web.StreamResponse:
-        return await self._finish(b"data: " + _encoder.encode(error.body()) + b"\n\n")
+        return await self._finish((b"event: error\n" if self.named else b"") + b"data: "
+                                  + _encoder.encode(error.body()) + b"\n\n")
 
     async def end(self) -> web.StreamResponse:
         """End without `[DONE]` (speech SSE ends with its own `speech.audio.done` event)."""

@@ -4,6 +4,7 @@ image. Before, the last step had no event: steps 1..N-1 only, and none at all fo
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 pytest.importorskip("diffusers")
@@ -42,4 +43,18 @@ async def test_progress_and_a_preview_interleave_in_step_order(srv) -> None:
     kinds = [(e.type.rsplit(".", 1)[1], getattr(e, "step", None)) async for e in stream]
     assert kinds == [("progress", 1), ("progress", 2), ("partial_image", None), ("progress", 3), ("progress", 4),
                      ("completed", None)], kinds
+    await eventually(lambda: idle(srv.orch))
+
+
+async def test_each_streamed_event_is_named_by_its_type(srv) -> None:
+    """As OpenAI's image stream: `event: image_generation.partial_image` before each `data:`."""
+    client = srv.client()
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{client.base_url}images/generations", headers={"Authorization": f"Bearer {client.api_key}"},
+            json={"model": MODEL, "prompt": "a red cube", "size": "32x32", "stream": True, "partial_images": 1,
+                  "num_inference_steps": 2, "seed": 1}) as resp:
+        blocks = [b for b in (await resp.text()).split("\n\n") if b.strip()]
+    names = [b.split("\n")[0] for b in blocks]
+    assert names == ["event: image_generation.partial_image", "event: image_generation.completed"], blocks
+    assert all(f'"type":"{n.removeprefix("event: ")}"' in b for n, b in zip(names, blocks, strict=True))
     await eventually(lambda: idle(srv.orch))

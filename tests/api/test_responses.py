@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from openai import AsyncOpenAI
@@ -91,6 +93,20 @@ async def test_a_stream_builds_the_same_response(client: AsyncOpenAI) -> None:
         texts = [e.delta async for e in helper if e.type == "response.output_text.delta"]
         final = await helper.get_final_response()
     assert "".join(texts) == final.output_text == whole.output_text
+
+
+async def test_each_streamed_event_is_named_by_its_type(client: AsyncOpenAI) -> None:
+    """OpenAI's Responses stream names each event (`event: response.created`): clients that dispatch on
+    the SSE event name read it."""
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{client.base_url}responses", headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": "synthetic", "input": "one two", "max_output_tokens": 2, "stream": True}) as resp:
+        text = await resp.text()
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    assert len(blocks) >= 5, text
+    for block in blocks:
+        name, data = block.split("\n")
+        assert name == f"event: {json.loads(data.removeprefix('data: '))['type']}", block
 
 
 async def test_stored_responses_continue_and_survive_a_restart(client: AsyncOpenAI, data: Path) -> None:
