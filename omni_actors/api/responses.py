@@ -388,9 +388,10 @@ async def get_response(request: web.Request) -> web.StreamResponse:
 
 
 def _flag(value: str | None, name: str) -> bool:
-    if value is None or value in ("false", "0"):
+    """A query flag: true/false (any case, as Python's `str(True)` writes it) or 1/0; absent is false."""
+    if value is None or value.lower() in ("false", "0"):
         return False
-    if value in ("true", "1"):
+    if value.lower() in ("true", "1"):
         return True
     raise bad_request(f"{name} must be true or false", name)
 

@@ -250,6 +250,9 @@ async def test_a_streamed_background_response_goes_on_without_its_reader_and_res
         assert final.usage.output_tokens == STREAMED_TOKENS
         again = await _read(await client.responses.retrieve(rid, stream=True))  # ended: replayed from the store
         assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
+        async with aiohttp.ClientSession() as http, http.get(  # `stream=True` as Python writes it, by hand
+                f"{client.base_url}responses/{rid}?stream=True", headers={"Authorization": f"Bearer {KEY}"}) as resp:
+            assert resp.status == 200 and resp.content_type == "text/event-stream", await resp.text()
     async with serve_with_store(data) as restarted:  # and after a restart
         tail = await _read(await restarted.responses.retrieve(rid, stream=True, starting_after=last))
         assert [e.model_dump() for e in tail] == [e.model_dump() for e in rest]
