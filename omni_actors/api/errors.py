@@ -26,11 +26,13 @@ is logged here (a connection boundary) and answered 500.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from omni_actors import logs
+from omni_actors.api.allowed_values import expected_text
 from omni_actors.errors import (
     AdmissionError,
     OmniError,
@@ -129,7 +131,8 @@ def validation_detail(err: msgspec.ValidationError) -> tuple[str, str | None, st
     reading of msgspec's messages, for REST and realtime alike."""
     match = _AT.match(str(err))
     msg, path = (match.group(1), match.group(2) or "") if match else (str(err), "")
-    code = _bound_code(msg) or ("invalid_value" if msg.startswith("Invalid enum value") else "invalid_type")
+    code = _bound_code(msg) or ("invalid_value" if msg.startswith(("Invalid enum value", "Invalid value"))
+                                else "invalid_type")
     for pattern, code_name in ((_UNKNOWN, "unknown_parameter"), (_MISSING, "missing_required_parameter")):
         found = pattern.match(msg)
         if found:
@@ -138,13 +141,15 @@ def validation_detail(err: msgspec.ValidationError) -> tuple[str, str | None, st
     return msg, path.replace(".[", "[") or None, code
 
 
-def from_validation(err: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
-    """A msgspec decode failure as a 400 naming the field (`param` is a dotted path)."""
+def from_validation(err: msgspec.ValidationError | msgspec.DecodeError, typ: Any = None) -> ApiError:
+    """A msgspec decode failure as a 400 naming the field (`param` is a dotted path); with the
+    request's type `typ`, a value out of a closed set also lists the set's values."""
     if not isinstance(err, msgspec.ValidationError):
         return ApiError(400, f"request body is not valid JSON: {err}", None, "invalid_json")
     msg, param, code = validation_detail(err)
     where = f" (field `{param}`)" if param else ""
-    return ApiError(400, f"{msg}{where}", param, code)
+    listed = expected_text(typ, param) if typ is not None and code == "invalid_value" else ""
+    return ApiError(400, f"{msg}{where}{listed}", param, code)
 
 
 def from_exception(exc: BaseException) -> ApiError:

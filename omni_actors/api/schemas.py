@@ -330,6 +330,6 @@ async def read_body(request: web.Request, typ: type[Struct]) -> Struct:
     try:
         return msgspec.json.decode(body, type=typ)
     except msgspec.DecodeError as err:  # ValidationError is a subclass: both become 400
-        raise from_validation(err) from None
+        raise from_validation(err, typ) from None
     except RecursionError:  # (msgspec's decoder recurses per level: thousands deep exhaust the stack)
         raise bad_request("request body is nested too deeply", None, "invalid_json") from None

@@ -187,7 +187,7 @@ CASES = [
                  400, "messages[0].role", "invalid_type", id="role-int"),
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": [
         {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}},
-                 400, "messages[0].content[0].type", "invalid_type", id="part-input-image"),
+                 400, "messages[0].content[0].type", "invalid_value", id="part-input-image"),
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": [{"role": "user", "content": [{"text": "x"}]}]}},
                  400, "messages[0].content[0].type", "missing_required_parameter", id="part-without-type"),
     pytest.param("POST", CHAT, {"json": {"model": "synthetic", "messages": [{"role": "user", "content": ["x"]}]}},
@@ -366,3 +366,15 @@ async def test_response_format_text_is_served_and_json_modes_are_refused_by_name
         status, out = await post(srv, CHAT, {**ok, "response_format": {"type": kind}})
         assert status == 400 and out["error"]["param"] == "response_format.type", out
         assert "text" in out["error"]["message"]
+
+
+async def test_a_value_out_of_a_closed_set_lists_the_set(srv: Server) -> None:
+    """The message says what the field takes, read from the request's type (a Literal, a tagged union)."""
+    client = srv.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(model="synthetic", messages=[{"role": "robot", "content": "x"}])
+    assert err.value.body["message"].endswith("expected one of 'assistant', 'developer', 'system', 'tool', 'user'")
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(model="synthetic", messages=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
+    assert "'image_url'" in err.value.body["message"] and "'text'" in err.value.body["message"], err.value.body

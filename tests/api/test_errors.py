@@ -52,7 +52,7 @@ async def test_auth(srv: Server) -> None:
     ({"model": "synthetic", "messages": []}, "messages", "array_below_min_length"),
     ({"model": "synthetic", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_value"),
     ({"model": "synthetic", "messages": [{"role": "user", "content": [{"type": "video"}]}]},
-     "messages[0].content[0].type", "invalid_type"),
+     "messages[0].content[0].type", "invalid_value"),
     ({"model": "synthetic", "messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": "@@@", "format": "wav"}}]}]},
      "messages[0].content[0].input_audio.data", "invalid_base64"),

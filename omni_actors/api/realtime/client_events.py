@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from omni_actors.api.allowed_values import expected_text
 from omni_actors.api.errors import validation_detail
 from omni_actors.api.schemas import (
     MAX_TOOLS,
@@ -237,7 +238,8 @@ def decode_client(raw: str | bytes) -> ClientEventT:
         if env.type not in CLIENT_TYPES:
             raise BadEvent(f"unknown event type {env.type!r}", code="invalid_event", param="type",
                            event_id=event_id) from None
-        msg, param, _code = validation_detail(err) if isinstance(err, msgspec.ValidationError) else (str(err), None, "")
-        raise BadEvent(f"{env.type}: {msg}", param=param, event_id=event_id) from None
+        msg, param, code = validation_detail(err) if isinstance(err, msgspec.ValidationError) else (str(err), None, "")
+        listed = expected_text(ClientEventT, param) if code == "invalid_value" else ""
+        raise BadEvent(f"{env.type}: {msg}{listed}", param=param, event_id=event_id) from None
 
 

@@ -117,6 +117,8 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             await c.send("session.update", session=fields, event_id=f"bad{i}")
             err = await _error(c)
             assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", param, f"bad{i}"), (fields, err)
+            if fields == {"modalities": ["video"]}:  # a closed set: the message lists it
+                assert err["message"].endswith("expected one of 'audio', 'text'"), err
         await c.send("session.update", session={"type": "transcription"}, event_id="asr")
         err = await _error(c)  # the synthetic pipeline makes no transcripts
         assert (err["code"], err["param"], err["event_id"]) == ("unsupported_session_type", "session.type", "asr")
@@ -156,6 +158,8 @@ async def test_response_create_with_bad_values_starts_nothing(srv: RtServer) -> 
             await c.send("response.create", response=fields, event_id=f"bad{i}")
             err = await _error(c)
             assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", param, f"bad{i}"), (fields, err)
+            if fields == {"modalities": ["video"]}:  # a closed set: the message lists it
+                assert err["message"].endswith("expected one of 'audio', 'text'"), err
         assert srv.orch.statistics().requests_total == total  # none reached the pipeline
         done = await _respond(c, max_output_tokens=3, output_audio_format="g711_ulaw")
         assert done["status"] == "incomplete" and done["output_audio_format"] == "g711_ulaw"
