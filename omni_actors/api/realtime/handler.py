@@ -289,6 +289,10 @@ class RealtimeSession(InputAudio):
         if not 0 <= end_ms <= part.audio_ms:
             raise ce.BadEvent(f"audio_end_ms must be between 0 and the part's {part.audio_ms} ms",
                               param="audio_end_ms", event_id=eid)
+        if self.response is not None and self.response.item is item:
+            # The answer still being made: the client stopped playing it (its user talked over it, with
+            # no server VAD to say so). Stop it first, else it would go on past the cut.
+            await self._cancel_response("client_cancelled")
         truncate(part, end_ms)
         await self.send(ev.ItemTruncated(item_id=item.id, content_index=ci, audio_end_ms=end_ms))
 

@@ -138,6 +138,29 @@ async def test_barge_in_cancels_then_next_turn_and_truncate(srv: Server, speech:
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_truncating_the_answer_being_made_cancels_it_first(srv: Server) -> None:
+    """A client without server VAD cuts the answer its user talked over: the response ends cancelled
+    (before the truncated event), and the item keeps what was heard, not what came after the cut."""
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("conversation.item.create",
+                     item={"type": "message", "role": "user",
+                           "content": [{"type": "input_text", "text": "one two three four"}]})
+        await c.send("response.create", response={"max_response_output_tokens": 400})
+        events = [e for _ in range(3) for e in await c.until("response.audio.delta")]
+        item_id = of_type(events, "response.output_item.added")[0]["item"]["id"]
+        await c.send("conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=150)
+        events = await c.until("conversation.item.truncated")
+        done = of_type(events, "response.done")
+        assert len(done) == 1 and done[0]["response"]["status"] == "cancelled", [e["type"] for e in events]
+        assert events[-1]["audio_end_ms"] == 150
+        await c.send("conversation.item.retrieve", item_id=item_id)
+        item = (await c.until("conversation.item.retrieved"))[-1]["item"]
+        assert item["content"][0]["transcript"] == "one two"  # two 100 ms chunks started before 150 ms
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
+
+
 async def test_client_helper_sanity(srv: Server) -> None:
     async with aiohttp.ClientSession() as http:
         c: Client = await connect(srv, http)
