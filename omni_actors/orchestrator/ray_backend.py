@@ -26,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +40,7 @@ from omni_actors import logs
 from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig, StageDeploy
 from omni_actors.errors import ConfigError
+from omni_actors.orchestrator import ray_sessions
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, stage_env
 from omni_actors.workers.spec import WorkerSpec
 
@@ -275,13 +275,13 @@ class RayLauncher(Launcher):
 
 def _local_options() -> dict[str, Any]:
     """ray.init's options for a cluster of our own: no dashboard, and its session files (logs, sockets)
-    in a folder of this run's, removed when it stops, rather than kept in /tmp/ray for good (unless
-    the host names Ray's folder, RAY_TMPDIR: then they go there, as Ray keeps them). Short, under
-    /tmp: Ray's socket paths have a length limit."""
+    in a folder of this run's (ray_sessions.py), removed when it stops, rather than kept in /tmp/ray for
+    good (unless the host names Ray's folder, RAY_TMPDIR: then they go there, as Ray keeps them)."""
     global _session_dir
     if os.environ.get("RAY_TMPDIR"):
         return {"include_dashboard": False}
-    _session_dir = tempfile.mkdtemp(prefix=f"omni-ray-{os.getpid()}-", dir="/tmp")
+    ray_sessions.sweep_stale_sessions()
+    _session_dir = str(ray_sessions.make_session_dir())
     return {"include_dashboard": False, "_temp_dir": _session_dir}
 
 
