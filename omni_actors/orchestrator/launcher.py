@@ -275,11 +275,18 @@ _PLAIN_ENV = {**dict.fromkeys(THREAD_ENV, "1"), "TOKENIZERS_PARALLELISM": "false
 """What every worker's environment sets over its host's."""
 
 
+def _log_env() -> dict[str, str]:
+    """With JSON logs, no library's tqdm bar (vLLM's "Loading safetensors checkpoint shards") writes
+    plain text among the JSON lines; the loading bars we report go through workers/loading_progress.py."""
+    return {"TQDM_DISABLE": "1"} if logs.json_logs() else {}
+
+
 def worker_env() -> dict[str, str]:
     """The environment of a worker with no devices and no stage `env` (a zygote's)."""
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.update(_PLAIN_ENV)
+    env.update(_log_env())
     env.update(_compile_cache_env())
     return env
 
@@ -287,7 +294,7 @@ def worker_env() -> dict[str, str]:
 def stage_env(deploy: DeployConfig, stage_id: int, replica: int) -> dict[str, str]:
     """What a stage's worker environment sets over its host's: threads, devices, the stage's `env`."""
     dep = deploy.stage(stage_id)
-    env = {**_PLAIN_ENV, **_compile_cache_env()}
+    env = {**_PLAIN_ENV, **_log_env(), **_compile_cache_env()}
     devices = dep.device_list()
     if devices:
         tp = dep.tensor_parallel_size

@@ -51,3 +51,11 @@ def test_no_precompiled_headers_unless_the_host_asks(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "1")
     assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in stage_env(_deploy(None), 0, 0)
     assert worker_env()["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "1"
+
+
+@pytest.mark.parametrize(("json_logs", "tqdm"), [("1", "1"), ("0", None)])
+def test_json_logs_turn_library_progress_bars_off(monkeypatch, json_logs: str, tqdm: str | None):
+    """vLLM's own tqdm bars would print plain text among the JSON lines."""
+    monkeypatch.setenv("OMNI_LOG_JSON", json_logs)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert stage_env(_deploy(None), 0, 0).get("TQDM_DISABLE") == worker_env().get("TQDM_DISABLE") == tqdm
