@@ -36,7 +36,7 @@ from omni_actors.config.deploy import (
 )
 from omni_actors.config.deploy_yaml import load_raw
 from omni_actors.errors import ConfigError, StartupError
-from omni_actors.settings import check_data_dir, detect_platform, settings
+from omni_actors.settings import check_data_dir, check_runtime_dir, detect_platform, settings
 
 DEFAULT_DEPLOY = "assistant.yaml"
 """The bundled deploy file `omni-run` serves with no --deploy (in omni_actors/deploy/)."""
@@ -126,6 +126,15 @@ def warn_ignored_devices(deploy: DeployConfig) -> None:
 def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
     """The deploys to serve (one per pipeline) from the command line."""
     models, names = args.model or [], args.served_model_name or []
+    # An empty value (`--deploy "$DEPLOY"` with the variable unset) is a mistake, never "the default".
+    if args.deploy is not None and not args.deploy.strip():
+        raise ConfigError("--deploy: empty; give a deploy YAML file (leave the flag out to serve the bundled "
+                          "assistant)")
+    if any(not m.strip() for m in models):
+        raise ConfigError("--model: empty; give a model folder or a registered pipeline's name")
+    if args.stage_overrides is not None and not args.stage_overrides.strip():
+        raise ConfigError("--stage-overrides: empty; give a JSON object keyed by stage id, e.g. "
+                          "'{\"0\": {\"max_num_seqs\": 16}}'")
     if any(not n.strip() for n in names):
         raise ConfigError("--served-model-name: empty; give the name clients put in `model`")
     overlay: dict[str, Any] = {}
@@ -146,6 +155,10 @@ def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
         if names and len(names) != len(models):
             raise ConfigError(f"--served-model-name: given {len(names)} time(s) for {len(models)} --model; "
                               "give one per --model, in the same order, or none")
+        twice = next((m for i, m in enumerate(models) if m in models[:i]), None)
+        if twice is not None and not names:
+            raise ConfigError(f"--model {twice}: given twice; to serve it under two names, give a "
+                              "--served-model-name per --model")
         deploys = [served_model(m, overlay, names[i] if names else None) for i, m in enumerate(models)]
         check_distinct(deploys)
         return deploys
@@ -361,6 +374,9 @@ def _tool(argv: list[str]) -> int:
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(rest)
+    if not a.dir.strip():  # ("" would be the current folder)
+        print("omni-run make-tiny: dir: empty; give the folder to write the checkpoint to", file=sys.stderr)
+        return 2
     try:
         if Path(a.dir).is_dir() and any(Path(a.dir).iterdir()):  # two checkpoints would mix in one folder
             print(f"omni-run make-tiny: {a.dir} is not empty; give a new or empty folder "
@@ -403,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_serve_args(argv)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` prints its stacks
         check_data_dir(settings().data_dir)  # files, voices, the store and prepared models live there
+        check_runtime_dir(settings().runtime_parent)  # each run's private dir of ipc sockets goes there
         deploys = load_from_args(args)
         check_listen(deploys[0])
         for deploy in deploys:

@@ -58,7 +58,12 @@ def configure(component: str = "main") -> None:
         if json_logs()
         else structlog.dev.ConsoleRenderer(colors=False)
     )
-    if json_logs():  # other libraries' records (aiohttp's access lines, ...) as JSON lines too
+    if json_logs():
+        # No library's tqdm bar (transformers' "Writing model shards" in make-tiny, a GGUF conversion in
+        # prepare) writes plain text among the JSON lines; tqdm reads this when it is first imported,
+        # which is after this. (Our own progress reaches JSON logs as events: progress.py.)
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        # Other libraries' records (aiohttp's access lines, ...) as JSON lines too.
         logging.getLogger().handlers[0].setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
             foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.processors.add_log_level,

@@ -2,6 +2,7 @@
 
     settings() -> Settings      (read on first use; ConfigError naming the variable and its form)
     check_data_dir(path)        (OMNI_DATA_DIR created if missing and writable, else a ConfigError)
+    check_runtime_dir(path)     (OMNI_RUNTIME_DIR likewise, and short enough for the run's ipc sockets)
 
 Read on first use, not at import: `omni-run` checks them before anything else and
 answers a bad value with one line and exit status 2 (cli.py), never a traceback.
@@ -117,6 +118,28 @@ def detect_platform() -> str:
 def check_data_dir(path: Path) -> Path:
     """Create the data directory (OMNI_DATA_DIR) if missing and check this process can write there;
     a ConfigError naming the variable and the reason otherwise, before anything is served from it."""
+    return _writable_dir("OMNI_DATA_DIR", path)
+
+
+IPC_PATH_MAX = 107
+"""Longest path of a unix socket (sun_path less its NUL on Linux): the run's ipc endpoints live there."""
+RUNTIME_ENTRY_RESERVE = 48
+"""Characters kept for what a run puts under OMNI_RUNTIME_DIR: its `omni-run-XXXXXXXX/` directory and
+the longest endpoint name in it."""
+
+
+def check_runtime_dir(path: Path) -> Path:
+    """OMNI_RUNTIME_DIR (each run's private directory of ipc sockets goes under it) exists or can be
+    made, is writable, and is short enough for a socket path; else a ConfigError naming the variable."""
+    limit = IPC_PATH_MAX - RUNTIME_ENTRY_RESERVE
+    if len(str(path.absolute())) > limit:
+        raise ConfigError(f"OMNI_RUNTIME_DIR: {path} is {len(str(path.absolute()))} characters; expected at most "
+                          f"{limit} (the run's ipc sockets go under it, and a socket path is at most "
+                          f"{IPC_PATH_MAX})")
+    return _writable_dir("OMNI_RUNTIME_DIR", path)
+
+
+def _writable_dir(var: str, path: Path) -> Path:
     try:
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
@@ -125,5 +148,5 @@ def check_data_dir(path: Path) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise ConfigError(f"OMNI_DATA_DIR: cannot use {path}: {err.strerror or err}") from None
+        raise ConfigError(f"{var}: cannot use {path}: {err.strerror or err}") from None
     return path

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,8 +79,8 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
                 f"{where}.gpu_memory_utilization: expected a value in (0, 1], got {st.gpu_memory_utilization}"
             )
         for name in ("max_step_s", "shm_budget_mb"):
-            if not getattr(st, name) > 0:  # (also refuses nan)
-                raise ConfigError(f"{where}.{name}: expected a number > 0, got {getattr(st, name)}")
+            if not _finite_positive(getattr(st, name)):
+                raise ConfigError(f"{where}.{name}: expected a finite number > 0, got {getattr(st, name)}")
         if st.dtype not in DTYPES:
             raise ConfigError(f"{where}.dtype: expected one of {list(DTYPES)}, got {st.dtype!r}")
         devices = st.device_list()
@@ -98,8 +99,9 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
         raise ConfigError(f"{src}: server.port: expected 1..65535, got {cfg.server.port}")
     for name in ("max_body_mb", "body_timeout_s", "request_timeout_s", "realtime_idle_timeout_s",
                  "realtime_max_audio_s", "stream_buffer_mb", "write_timeout_s", "header_timeout_s"):
-        if not getattr(cfg.server, name) > 0:  # (also refuses nan)
-            raise ConfigError(f"{src}: server.{name}: expected a number > 0, got {getattr(cfg.server, name)}")
+        if not _finite_positive(getattr(cfg.server, name)):
+            raise ConfigError(f"{src}: server.{name}: expected a finite number > 0, got {getattr(cfg.server, name)}")
+    _check_api_keys(cfg.server.api_keys, src)
     name = cfg.server.served_model_name
     if name is not None and (not name.strip() or name != name.strip()):
         raise ConfigError(f"{src}: server.served_model_name: expected a name without leading or trailing "
@@ -111,6 +113,26 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
             f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
         )
     return with_folder_speech(pipe, cfg.model)
+
+
+def _finite_positive(value: float) -> bool:
+    """> 0 and not inf (YAML's `.inf` would overflow the int byte counts and deadlines made from it) nor nan."""
+    return value > 0 and math.isfinite(value)
+
+
+def _check_api_keys(keys: list[str], src: str) -> None:
+    """Each key must be one a client can present: a header value, which has no surrounding spaces
+    (they are stripped), no control characters, and is not empty (an empty key matches no request)."""
+    for i, key in enumerate(keys):
+        if not key.strip():
+            raise ConfigError(f"{src}: server.api_keys[{i}]: empty; no request could present it (is a variable "
+                              "that should fill it unset?)")
+        if key != key.strip():
+            raise ConfigError(f"{src}: server.api_keys[{i}]: has leading or trailing spaces, which a request's "
+                              "header cannot carry; remove them")
+        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+            raise ConfigError(f"{src}: server.api_keys[{i}]: has a control character (a line break?), which a "
+                              "request's header cannot carry")
 
 
 def with_folder_speech(pipe: PipelineConfig, model: str | None) -> PipelineConfig:
@@ -140,8 +162,8 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
     for i, st in enumerate(cfg.stages):
         where = f"{src}: stages[{i}]"
         for name, amount in st.resources.items():
-            if not amount >= 0:  # (also refuses nan)
-                raise ConfigError(f"{where}.resources.{name}: expected a number >= 0, got {amount}")
+            if not (amount >= 0 and math.isfinite(amount)):  # (also refuses nan)
+                raise ConfigError(f"{where}.resources.{name}: expected a finite number >= 0, got {amount}")
         if cl.backend != "ray" and st.resources:
             raise ConfigError(f"{where}.resources: placement by resources needs `cluster: {{backend: ray}}`")
         if cl.backend != "ray" and st.labels:

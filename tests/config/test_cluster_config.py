@@ -48,7 +48,7 @@ def test_ray_cluster_section_loads() -> None:
         ({"cluster": {"backend": "ray"}, "stages": [{"stage_id": 0, "labels": {"zone": " "}}]},
          "stages[0].labels: expected non-empty names and values"),
         ({"cluster": {"backend": "ray"}, "stages": [{"stage_id": 1, "resources": {"GPU": -1}}]},
-         "stages[0].resources.GPU: expected a number >= 0, got -1"),
+         "stages[0].resources.GPU: expected a finite number >= 0, got -1"),
         ({"cluster": {"backend": "ray"}, "stages": [{"stage_id": 1, "resources": {"GPU": "x"}}]},
          "stages[0].resources[...]: expected `float`, got `str`"),
         ({"cluster": {"backend": "ray"}, "stages": [{"stage_id": 0, "devices": "0"}]},

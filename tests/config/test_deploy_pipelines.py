@@ -73,7 +73,7 @@ def test_repeated_model_flags_give_one_deploy_each_in_order() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--model", "synthetic", "--model", "synthetic_asr", "--served-model-name", "a"], "given 1 time"),
-    (["--model", "synthetic", "--model", "synthetic"], "'synthetic' is also the name"),
+    (["--model", "synthetic", "--model", "synthetic"], "--model synthetic: given twice"),
     (["--model", "synthetic", "--model", "synthetic_asr", "--stage-overrides", "{}"], "applies to one pipeline"),
     (["--model", "synthetic", "--model", "/no/such/dir"], "--model /no/such/dir: no such folder"),
     (["--model", "synthetic", "--served-model-name", ""], "--served-model-name: empty"),
