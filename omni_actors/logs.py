@@ -63,6 +63,8 @@ def configure(component: str = "main") -> None:
         # prepare) writes plain text among the JSON lines; tqdm reads this when it is first imported,
         # which is after this. (Our own progress reaches JSON logs as events: progress.py.)
         os.environ.setdefault("TQDM_DISABLE", "1")
+        # Python warnings (a library's FutureWarning at import, vLLM's among them) as records: JSON too.
+        logging.captureWarnings(True)
         # Other libraries' records (aiohttp's access lines, ...) as JSON lines too.
         logging.getLogger().handlers[0].setFormatter(structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

@@ -50,6 +50,17 @@ def test_make_tiny_logs_its_steps(tmp_path: Path) -> None:
     assert (tmp_path / "tiny" / "config.json").is_file()
 
 
+def test_json_logs_carry_python_warnings_as_json_lines() -> None:
+    """A library's warning (vLLM's FutureWarnings at import) is a JSON record, not two plain lines."""
+    script = "import warnings\nfrom omni_actors import logs\nlogs.configure()\nwarnings.warn('old API', FutureWarning)\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=EXIT_TIMEOUT_S,
+                          env={**os.environ, "OMNI_LOG_JSON": "1", "PYTHONWARNINGS": "always"})
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.splitlines()
+    record = json.loads(line)
+    assert record["logger"] == "py.warnings" and "FutureWarning: old API" in record["event"], record
+
+
 SCRIPT = """
 from omni_actors import logs, progress
 logs.configure()
