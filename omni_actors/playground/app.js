@@ -9,11 +9,17 @@ const STATUS_REFRESH_MS = 2000;
 const LOADING_RETRY_MS = 1000;
 const $ = (id) => document.getElementById(id);
 
+// abort: every API call's signal; a model switch aborts it (the last model's answers are not this one's).
 export const state = { key: sessionStorage.getItem(KEY_STORE) || "", models: [], model: null, talk: null,
-                       routes: new Set() };
+                       routes: new Set(), abort: new AbortController() };
 window.__playground = state;  // read by the browser tests
 
+// A message, or an Error (its message; an aborted request's says nothing: the user moved on).
 export function showError(message) {
+  if (message instanceof Error || message instanceof DOMException) {
+    if (message.name === "AbortError") return;
+    message = message.message;
+  }
   const el = $("error");
   el.textContent = message;
   el.hidden = !message;
@@ -22,7 +28,7 @@ export function showError(message) {
 export async function api(path, options = {}) {
   const headers = new Headers(options.headers || {});
   if (state.key) headers.set("Authorization", `Bearer ${state.key}`);
-  const resp = await fetch(path, { ...options, headers });
+  const resp = await fetch(path, { signal: state.abort.signal, ...options, headers });
   if (resp.status === 401) {
     $("key-form").hidden = false;
     throw new Error("this server needs an API key");
@@ -52,11 +58,17 @@ function panelsFor(model) {
 
 function selectTab(name) {
   for (const section of document.querySelectorAll("section[data-panel]")) section.hidden = section.dataset.panel !== name;
-  for (const b of document.querySelectorAll("#tabs button")) b.setAttribute("aria-selected", String(b.dataset.tab === name));
+  for (const b of document.querySelectorAll("#tabs button")) {
+    b.setAttribute("aria-selected", String(b.dataset.tab === name));
+    b.tabIndex = b.dataset.tab === name ? 0 : -1;
+  }
   if (name === "pipeline") refreshStatus();
 }
 
 function showModel(name) {
+  state.abort.abort();  // the last model's requests end here
+  state.abort = new AbortController();
+  stopTalk();  // its realtime session and microphone too (Talk may not even be a tab now)
   state.model = state.models.find((m) => m.id === name);
   $("pipeline-graph").replaceChildren();  // the last model's graph is not this one's: redrawn on its next status
   const tabs = $("tabs");
@@ -66,12 +78,14 @@ function showModel(name) {
     const b = document.createElement("button");
     b.textContent = p[0].toUpperCase() + p.slice(1);
     b.dataset.tab = p;
-    b.dataset.testid = `tab-${p}`;
     b.setAttribute("data-testid", `tab-${p}`);
+    b.setAttribute("role", "tab");
+    b.setAttribute("aria-controls", `panel-${p}`);
     b.onclick = () => selectTab(p);
     tabs.append(b);
   }
   selectTab(panels[0]);
+  showError("");
   document.dispatchEvent(new CustomEvent("model-changed", { detail: state.model }));
 }
 
@@ -133,6 +147,7 @@ export function drawPipeline(status) {
 }
 
 let statusTimer = null;
+let statusFailed = false;  // the error shown is the status's own: cleared when the server answers again
 async function refreshStatus() {
   clearTimeout(statusTimer);
   try {
@@ -144,8 +159,15 @@ async function refreshStatus() {
     const pill = $("health");
     pill.textContent = healthy ? "healthy" : "degraded";
     pill.className = `pill ${healthy ? "ok" : "bad"}`;
+    if (statusFailed) showError("");  // the server answers again: its last failure is over
+    statusFailed = false;
   } catch (err) {
-    showError(err.message);
+    if (err.name === "AbortError") return;  // the model changed: its own refresh is under way
+    statusFailed = true;
+    const pill = $("health");
+    pill.textContent = "unreachable";
+    pill.className = "pill bad";
+    showError(`server status: ${err.message}`);
   }
   if (!$("panel-pipeline").hidden) statusTimer = setTimeout(refreshStatus, STATUS_REFRESH_MS);
 }
@@ -170,33 +192,42 @@ function showUserTurn(itemId, text, done) {
   }
 }
 
+// Ends the session (a click on Stop, a model switch, or the server closing the socket): mic and socket closed.
+async function stopTalk() {
+  const talk = state.talk;
+  if (!talk) return;
+  state.talk = null;
+  $("talk-button").textContent = "Start talking";
+  await talk.stop();
+}
+
 function bindTalk() {
   const button = $("talk-button");
   button.onclick = async () => {
-    if (state.talk) {
-      await state.talk.stop();
-      state.talk = null;
-      button.textContent = "Start talking";
-      return;
-    }
+    if (state.talk) return stopTalk();
     showError("");
     const answer = $("talk-transcript");
-    state.talk = new Talk({
+    const talk = new Talk({
       model: state.model.id, key: state.key,
       transcribe: (state.model.output_types || []).includes("transcript"),  // else the server says .failed per turn
       onAnswer: (delta, fresh) => { if (fresh && answer.textContent) answer.textContent += "\n"; answer.textContent += delta; },
       onUser: showUserTurn,
       onState: (s) => { $("talk-state").textContent = s; },
       onError: showError,
+      onClosed: () => { if (state.talk === talk) { showError("the realtime connection closed"); stopTalk(); } },
     });
+    state.talk = talk;
     button.textContent = "Stop";
+    button.disabled = true;  // connecting: a second click must not start a second session
     try {
-      await state.talk.start();
+      await talk.start();
     } catch (err) {
-      showError(err.message);
-      await state.talk.stop();
-      state.talk = null;
-      button.textContent = "Start talking";
+      if (state.talk === talk) {  // (else it was stopped while connecting: nothing to say)
+        showError(err);
+        await stopTalk();
+      }
+    } finally {
+      button.disabled = false;
     }
   };
 }
@@ -236,7 +267,7 @@ async function boot() {
     // The routes this server serves (public): panels only call what is there.
     state.routes = new Set(Object.keys((await (await fetch("/openapi.json")).json()).paths || {}));
   } catch (err) {
-    showError(err.message);
+    showError(err);
     return;
   }
   showError("");
@@ -247,6 +278,17 @@ async function boot() {
   refreshStatus();
   document.body.dataset.ready = "true";
 }
+
+// The tabs as a tab list: arrow keys move between them (only the chosen one is in the Tab order).
+$("tabs").onkeydown = (e) => {
+  const tabs = [...$("tabs").querySelectorAll("button")];
+  const at = tabs.indexOf(document.activeElement);
+  const step = { ArrowRight: 1, ArrowLeft: -1 }[e.key];
+  if (at < 0 || !step) return;
+  const next = tabs[(at + step + tabs.length) % tabs.length];
+  next.focus();
+  next.click();
+};
 
 bindTalk();
 bindPanels({ api, state, showError });

@@ -75,8 +75,9 @@ export class StreamPlayer {
   }
   async close() {
     this.stop();
-    if (this.ctx) await this.ctx.close();
+    const ctx = this.ctx;  // (taken first: a second close() while this one waits finds nothing to close)
     this.ctx = null;
+    if (ctx) await ctx.close();
   }
 }
 

@@ -6,14 +6,15 @@ const VIDEO_WAIT_S = 30; // each status read waits on the server for the job's n
 const WAV_HEADER_BYTES = 44;
 const MAX_CONSENTS = 100;  // the server's largest page of voice consents: the consent picker lists one page
 
-// Reads an SSE body, calling onEvent(parsed JSON) for each `data:` line until [DONE].
+// Reads an SSE body, calling onEvent(parsed JSON) for each `data:` line; true once [DONE] came, false when
+// the body ended without it. An error the server sends in-band (its headers were out) throws its message.
 export async function readSse(resp, onEvent) {
   const reader = resp.body.getReader();
   const text = new TextDecoder();
   let buf = "";
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) return;
+    if (done) return false;
     buf += text.decode(value, { stream: true });
     let cut;
     while ((cut = buf.indexOf("\n\n")) >= 0) {
@@ -22,14 +23,21 @@ export async function readSse(resp, onEvent) {
       for (const line of block.split("\n")) {
         if (!line.startsWith("data:")) continue;
         const data = line.slice(5).trim();
-        if (data === "[DONE]") return;
-        onEvent(JSON.parse(data));
+        if (data === "[DONE]") return true;
+        const event = JSON.parse(data);
+        if (event.error) throw new Error(event.error.message || "the server failed this request");
+        onEvent(event);
       }
     }
   }
 }
 
 function busy(button, on) { button.disabled = on; }
+
+// The chat's input_audio formats a file can be (the server also takes raw pcm16, which no file is).
+const CHAT_AUDIO = { wav: "wav", wave: "wav", mp3: "mp3", mpeg: "mp3", flac: "flac" };
+const audioFormat = (file) => CHAT_AUDIO[file.name.toLowerCase().split(".").pop()]
+  || CHAT_AUDIO[(file.type.split("/")[1] || "").replace(/^x-/, "")];
 
 function bindChat({ api, state, showError }) {
   $("chat-send").onclick = async () => {
@@ -39,6 +47,8 @@ function bindChat({ api, state, showError }) {
     const prompt = $("chat-input").value.trim();
     const file = $("chat-file").files[0];
     if (!prompt && !file) return;
+    const format = file && audioFormat(file);
+    if (file && !format) return showError(`chat takes a WAV, MP3 or FLAC file, not ${file.name}`);
     busy(button, true);
     showError("");
     out.textContent = "";
@@ -46,7 +56,6 @@ function bindChat({ api, state, showError }) {
     const content = [];
     if (prompt) content.push({ type: "text", text: prompt });
     if (file) {
-      const format = file.name.toLowerCase().endsWith(".mp3") ? "mp3" : "wav";
       content.push({ type: "input_audio", input_audio: { data: bytesToB64(new Uint8Array(await file.arrayBuffer())), format } });
     }
     const speak = $("chat-speak").checked;
@@ -60,19 +69,20 @@ function bindChat({ api, state, showError }) {
       // The answer's words come as text, as the audio's transcript, or as both (this server sends both
       // when the model writes and speaks): the text wins, the transcript shows only where no text came.
       let text = "", transcript = "";
-      await readSse(resp, (chunk) => {
+      const finished = await readSse(resp, (chunk) => {
         const delta = chunk.choices?.[0]?.delta || {};
         if (delta.content) text += delta.content;
         if (delta.audio?.transcript) transcript += delta.audio.transcript;
         if (delta.audio?.data) pcm.push(b64ToBytes(delta.audio.data));
         out.textContent = text || transcript;
       });
+      if (!finished) throw new Error("the answer was cut off: the connection closed before it ended");
       if (pcm.length) {
         audioEl.src = URL.createObjectURL(wavBlob(pcm, WIRE_RATE));
         audioEl.hidden = false;
       }
     } catch (err) {
-      showError(err.message);
+      showError(err);
     } finally {
       busy(button, false);
     }
@@ -99,7 +109,7 @@ async function loadVoices({ api, state, showError }) {
       const custom = await (await api("/v1/audio/voices")).json();
       options.push(...(custom.data || []).map(customOption));
     } catch (err) {
-      showError(`custom voices: ${err.message}`);
+      if (err.name !== "AbortError") showError(`custom voices: ${err.message}`);
     }
   }
   if (state.model !== model) return;  // the picker moved on while the list came
@@ -124,7 +134,7 @@ async function loadConsents({ api, showError }) {
     const page = await (await api(`/v1/audio/voice_consents?limit=${MAX_CONSENTS}`)).json();
     options.push(...page.data.map((c) => new Option(`${c.name} (${c.language})`, c.id)));
   } catch (err) {
-    showError(`voice consents: ${err.message}`);
+    if (err.name !== "AbortError") showError(`voice consents: ${err.message}`);
   }
   select.replaceChildren(...options);
   select.onchange();
@@ -139,6 +149,14 @@ export function bindRecord(button, showError) {
   const label = $(`${button.dataset.for}-recorded`);
   let recorder = null;
   input.addEventListener("change", () => { recorded.delete(input.id); label.textContent = ""; });
+  document.addEventListener("model-changed", async () => {  // the microphone is not left open behind a switch
+    if (!recorder) return;
+    const stopping = recorder;
+    recorder = null;
+    button.textContent = "Record";
+    label.textContent = "";
+    await stopping.stop();
+  });
   button.onclick = async () => {
     if (!recorder) {
       recorder = new MicRecorder((seconds) => { label.textContent = `recording… ${seconds.toFixed(1)} s`; });
@@ -210,7 +228,7 @@ function bindClone({ api, showError }) {
       status.textContent = `made voice ${voice.name} (${voice.id})`;
     } catch (err) {
       status.textContent = "";
-      showError(err.message);
+      showError(err);
     } finally {
       busy(button, false);
     }
@@ -232,7 +250,7 @@ function bindVoiceDelete({ api, showError }) {
       $("clone-status").textContent = `deleted voice ${option.text.replace(/ \(custom\)$/, "")}`;
       $("speak-voice-needed").hidden = $("speak-voice").options.length > 0;
     } catch (err) {
-      showError(err.message);
+      showError(err);
     } finally {
       busy(button, false);
       syncVoiceButtons();
@@ -296,7 +314,7 @@ function bindSpeak({ api, state, showError }) {
       el.src = URL.createObjectURL(wavBlob(pcm, rate));
       el.dataset.seconds = String(player ? player.playedSeconds : 0);
     } catch (err) {
-      showError(err.message);
+      showError(err);
     } finally {
       busy(button, false);
     }
@@ -364,10 +382,11 @@ function bindImages({ api, state, showError }) {
       } else {
         for (const d of (await resp.json()).data) addImage(d.b64_json);
       }
+      if (!$("image-result").children.length) throw new Error("no image came back: the connection closed first");
       progress.value = 1;
     } catch (err) {
       progress.value = 0;
-      showError(err.message);
+      showError(err);
     } finally {
       status.textContent = "";
       busy(button, false);
@@ -406,14 +425,30 @@ function bindVideos({ api, state, showError }) {
       player.src = URL.createObjectURL(blob);
       player.hidden = false;
     } catch (err) {
-      showError(err.message);
+      showError(err);
     } finally {
       busy(button, false);
     }
   };
 }
 
+// A model switch aborts the last model's requests (api's signal); what it made is not this model's.
+function clearOutputs() {
+  $("chat-output").textContent = "";
+  $("chat-audio").hidden = true;
+  $("chat-audio").removeAttribute("src");
+  $("speak-audio").removeAttribute("src");
+  $("image-result").replaceChildren();
+  $("image-status").textContent = "";
+  $("image-progress").value = 0;
+  $("video-status").textContent = "";
+  $("video-progress").value = 0;
+  $("video-result").hidden = true;
+  $("video-result").removeAttribute("src");
+}
+
 export function bindPanels(ctx) {
+  document.addEventListener("model-changed", clearOutputs);
   bindChat(ctx);
   bindSpeak(ctx);
   bindImages(ctx);

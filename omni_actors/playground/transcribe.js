@@ -6,6 +6,7 @@ const $ = (id) => document.getElementById(id);
 
 export function bindTranscribe({ api, state, showError }) {
   bindRecord($("transcribe-file-record"), showError);
+  document.addEventListener("model-changed", () => { $("transcribe-output").textContent = ""; });
   $("transcribe-button").onclick = async () => {
     const file = fileOf("transcribe-file");
     if (!file) return showError("pick an audio file, or record one");
@@ -23,13 +24,14 @@ export function bindTranscribe({ api, state, showError }) {
     if (language) form.append("language", language);
     try {
       const resp = await api("/v1/audio/transcriptions", { method: "POST", body: form });
-      let text = "";
+      let text = "", done = false;
       await readSse(resp, (ev) => {
         if (ev.type === "transcript.text.delta") out.textContent = (text += ev.delta);
-        else if (ev.type === "transcript.text.done") out.textContent = ev.text;
+        else if (ev.type === "transcript.text.done") { out.textContent = ev.text; done = true; }
       });
+      if (!done) throw new Error("the transcript was cut off: the connection closed before it ended");
     } catch (err) {
-      showError(err.message);
+      showError(err);
     } finally {
       out.classList.remove("live");
       button.disabled = false;
