@@ -37,6 +37,16 @@ class BrowserPage:
     """(status, path) of every answer >= 400 the page got."""
 
 
+COUNT_AUDIO_CONTEXTS = """(() => {
+  const Base = window.AudioContext;
+  window.__audioContexts = [];
+  window.AudioContext = class extends Base {
+    constructor(...args) { super(...args); window.__audioContexts.push(this); }
+  };
+})();"""
+"""Every AudioContext the page makes, in `window.__audioContexts` (a page holds only a few at once)."""
+
+
 @contextlib.asynccontextmanager
 async def browser_page(url: str, fake_mic: Path | None = None,
                        api_key: str | None = None) -> AsyncIterator[BrowserPage]:
@@ -56,6 +66,7 @@ async def browser_page(url: str, fake_mic: Path | None = None,
                 permissions=["microphone"], bypass_csp=True,  # lets tests evaluate expressions
             )
             try:
+                await ctx.add_init_script(COUNT_AUDIO_CONTEXTS)
                 if api_key is not None:
                     await ctx.add_init_script(f"sessionStorage.setItem('omni-actors.api-key', {json.dumps(api_key)})")
                 page = ctx.pages[0] if ctx.pages else await ctx.new_page()

@@ -269,6 +269,7 @@ function bindSpeak({ api, state, showError }) {
     $("clone-status").textContent = "";
     if ((state.model.output_types || []).includes("audio")) loadVoices({ api, state, showError });
   });
+  let lastPlayer = null;  // the previous click's: closed at the next (a page holds only a few audio contexts)
   $("speak-button").onclick = async () => {
     const button = $("speak-button");
     const text = $("speak-input").value.trim();
@@ -300,7 +301,8 @@ function bindSpeak({ api, state, showError }) {
         if (!headerDone) {
           if (pending.length < WAV_HEADER_BYTES) continue;
           rate = new DataView(pending.buffer, pending.byteOffset).getUint32(24, true);
-          player = new StreamPlayer(rate);
+          await lastPlayer?.close();
+          player = lastPlayer = new StreamPlayer(rate);
           pending = pending.slice(WAV_HEADER_BYTES);
           headerDone = true;
         }
@@ -311,6 +313,7 @@ function bindSpeak({ api, state, showError }) {
         pcm.push(part);
       }
       const el = $("speak-audio");
+      if (el.src.startsWith("blob:")) URL.revokeObjectURL(el.src);
       el.src = URL.createObjectURL(wavBlob(pcm, rate));
       el.dataset.seconds = String(player ? player.playedSeconds : 0);
     } catch (err) {

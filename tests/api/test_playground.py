@@ -88,6 +88,12 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
             " if (a.readyState >= 1) r(a.duration); else a.onloadedmetadata = () => r(a.duration); })")
         assert duration > 0  # the finished clip is a playable WAV
         await page.screenshot(path=str(tmp_path / "speak.png"))
+        for _ in range(2):  # more clicks: each closes the audio context the one before opened
+            await page.evaluate("document.getElementById('speak-audio').dataset.seconds = ''")
+            await page.get_by_test_id("speak-button").click()
+            await page.wait_for_function("Number(document.getElementById('speak-audio').dataset.seconds || 0) > 0 "
+                                         "&& document.getElementById('speak-button').disabled === false")
+        assert await page.evaluate("window.__audioContexts.filter(c => c.state !== 'closed').length") == 1
 
         await page.get_by_test_id("tab-pipeline").click()
         await page.locator("[data-testid=stage-2]").wait_for()
