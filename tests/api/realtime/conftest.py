@@ -165,3 +165,11 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
         "hello": speak("Hello there, what is the weather like in Paris today?", tmp),
         "stop": speak("Wait, stop, tell me about Rome instead.", tmp),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_moshi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny Moshi checkpoint for every duplex test of a test process (~8 s to build; read only)."""
+    from omni_actors.models.tiny import make_tiny
+
+    return make_tiny("moshi", tmp_path_factory.mktemp("moshi"))

@@ -15,7 +15,6 @@ from openai import AsyncOpenAI
 
 from omni_actors.api.realtime.audio import WIRE_RATE
 from omni_actors.api.realtime.events import GA_NAMES
-from omni_actors.models.tiny import make_tiny
 from omni_actors.workers.engines.duplex import JITTER_FRAMES
 from tests.api.conftest import idle
 from tests.api.realtime.conftest import Client, RtServer, b64, pcm, serve_rt
@@ -37,8 +36,8 @@ TEXT_EVENTS = ("response.audio_transcript.delta", "response.output_audio_transcr
 
 
 @pytest.fixture(scope="module")
-async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RtServer]:
-    model = make_tiny("moshi", tmp_path_factory.mktemp("moshi"))
+async def srv(tiny_moshi: Path) -> AsyncIterator[RtServer]:
+    model = tiny_moshi
     stages = [{"stage_id": 0, "max_num_seqs": SLOTS, "default_sampling_params": {"seed": SEED},
                "engine_extras": {"frame_budget": 0}}]  # (SLOTS whatever a frame takes on a loaded box)
     async with serve_rt("moshi", model=str(model), stages=stages) as server:
@@ -203,7 +202,7 @@ async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -
     assert status == "cancelled" and len(audio) >= 2 * 2 * FRAME
 
 
-def test_make_tiny_moshi_is_detected(tmp_path: Path) -> None:
+def test_make_tiny_moshi_is_detected(tiny_moshi: Path) -> None:
     from omni_actors.models.detect import detect_pipeline
 
-    assert detect_pipeline(make_tiny("moshi", tmp_path / "m")) == "moshi"
+    assert detect_pipeline(tiny_moshi) == "moshi"

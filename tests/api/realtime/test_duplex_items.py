@@ -6,6 +6,7 @@ Tiny Moshi behind a real server; real WebSocket clients (aiohttp and the openai 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,7 +16,6 @@ from openai import AsyncOpenAI
 from omni_actors.api.realtime.audio import WIRE_RATE
 from omni_actors.api.realtime.conversation import Part, truncate
 from omni_actors.api.realtime.duplex_items import ITEMS_KEPT, TIMED_PIECES, TRANSCRIPT_CHARS, hear
-from omni_actors.models.tiny import make_tiny
 from tests.api.realtime.conftest import Client, RtServer, b64, of_type, pcm, serve_rt
 from tests.api.realtime.test_duplex import AUDIO_EVENTS, TEXT_EVENTS, connect, frames, voice
 
@@ -23,8 +23,8 @@ FRAME_MS = 80
 
 
 @pytest.fixture(scope="module")
-async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RtServer]:
-    model = make_tiny("moshi", tmp_path_factory.mktemp("moshi"))
+async def srv(tiny_moshi: Path) -> AsyncIterator[RtServer]:
+    model = tiny_moshi
     stages = [{"stage_id": 0, "max_num_seqs": 2, "engine_extras": {"frame_budget": 0}}]
     async with serve_rt("moshi", model=str(model), stages=stages) as server:
         yield server

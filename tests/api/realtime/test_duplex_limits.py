@@ -8,13 +8,13 @@ duplex limit's refusals do.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from omni_actors.models.tiny import make_tiny
 from tests.api.conftest import idle
 from tests.api.realtime.conftest import Client, RtServer, b64, serve_rt
 from tests.api.realtime.test_duplex import CLOSE_TIMEOUT_S, connect, frames, voice
@@ -25,8 +25,8 @@ SLOTS = 2
 
 
 @pytest.fixture(scope="module")
-async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RtServer]:
-    model = make_tiny("moshi", tmp_path_factory.mktemp("moshi"))
+async def srv(tiny_moshi: Path) -> AsyncIterator[RtServer]:
+    model = tiny_moshi
     stages = [{"stage_id": 0, "max_num_seqs": SLOTS, "engine_extras": {"frame_budget": 0}}]
     async with serve_rt("moshi", model=str(model), stages=stages,
                         server={"max_realtime_sessions": SLOTS}) as server:
@@ -144,8 +144,8 @@ async def test_a_stream_the_server_aborts_ends_the_session_with_an_error(srv: Rt
     await eventually(lambda: idle(srv.orch), CLOSE_TIMEOUT_S)
 
 
-async def test_slots_a_frame_cannot_step_in_time_are_dropped_and_the_session_limit_follows(tmp_path) -> None:
-    model = make_tiny("moshi", tmp_path / "moshi")
+async def test_slots_a_frame_cannot_step_in_time_are_dropped_and_the_session_limit_follows(tiny_moshi: Path) -> None:
+    model = tiny_moshi
     # No real step fits a millionth of a frame: the engine keeps one slot, the least it can.
     stages = [{"stage_id": 0, "max_num_seqs": 3, "engine_extras": {"frame_budget": 1e-6}}]
     async with serve_rt("moshi", model=str(model), stages=stages) as small, aiohttp.ClientSession() as http:
@@ -167,12 +167,12 @@ async def test_slots_a_frame_cannot_step_in_time_are_dropped_and_the_session_lim
         await first.ws.close()
 
 
-async def test_a_frame_budget_that_is_no_share_of_a_frame_fails_start_naming_it(tmp_path) -> None:
+async def test_a_frame_budget_that_is_no_share_of_a_frame_fails_start_naming_it(tiny_moshi: Path) -> None:
     from omni_actors.errors import StartupError
     from omni_actors.orchestrator.core import Orchestrator
     from tests.conftest import make_deploy
 
-    model = make_tiny("moshi", tmp_path / "moshi")
+    model = tiny_moshi
     orch = Orchestrator(make_deploy("moshi", model=str(model), stages=[
         {"stage_id": 0, "max_num_seqs": 1, "engine_extras": {"frame_budget": "fast"}}]))
     with pytest.raises(StartupError) as err:

@@ -8,13 +8,13 @@ the model's audio plays continuously in one long response, and stopping ends the
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
 from omni_actors.api.realtime.audio import WIRE_RATE
-from omni_actors.models.tiny import make_tiny
 from tests.api.conftest import idle
 from tests.api.realtime.conftest import RtServer, serve_rt
 from tests.browser_support import browser_page
@@ -26,8 +26,8 @@ CLOSE_TIMEOUT_S = 30.0
 
 
 @pytest.fixture(scope="module")
-async def srv(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RtServer]:
-    model = make_tiny("moshi", tmp_path_factory.mktemp("moshi"))
+async def srv(tiny_moshi: Path) -> AsyncIterator[RtServer]:
+    model = tiny_moshi
     stages = [{"stage_id": 0, "max_num_seqs": 2, "engine_extras": {"frame_budget": 0}}]
     async with serve_rt("moshi", model=str(model), stages=stages) as server:
         yield server
