@@ -14,6 +14,11 @@ prompt, is a 400 saying what it makes.
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+from pathlib import Path
+
 import msgspec
 from aiohttp import web
 
@@ -38,6 +43,22 @@ ROUTES = ("/v1/audio/generations", "/v1/audio/generate")
 FORMATS = ("wav", "flac", "mp3", "pcm")
 """The response formats offered here (audio_codec encodes them)."""
 MAX_SECONDS = 600.0
+
+
+@functools.cache
+def window_s(folder: str) -> float:
+    """The longest clip a Stable Audio folder's latent window holds (transformer sample_size x VAE hop / rate,
+    read from its configs as the engine reads them from the loaded pipeline); inf if the folder does not say."""
+    try:
+        size = json.loads((Path(folder) / "transformer" / "config.json").read_text()).get("sample_size")
+        vae = json.loads((Path(folder) / "vae" / "config.json").read_text())
+        ratios, rate = vae.get("downsampling_ratios"), vae.get("sampling_rate")
+    except (OSError, ValueError, AttributeError):
+        return math.inf  # the worker reports an unreadable folder at start; its own check still holds
+    if not (isinstance(size, int) and isinstance(rate, int) and isinstance(ratios, list) and ratios
+            and all(isinstance(r, int) for r in ratios)) or min(size, rate, *ratios) <= 0:
+        return math.inf
+    return size * math.prod(ratios) / rate
 
 
 class AudioGenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -68,9 +89,10 @@ async def generations(request: web.Request) -> web.Response:
         raise bad_request(f"response_format {req.response_format!r} is not supported; expected one of "
                           f"{sorted(FORMATS)}", "response_format", "unsupported_value")
     check_supported(req.response_format)  # (this server's libsndfile) before the generation, not after
-    if not req.prompt:
+    if not req.prompt.strip():
         raise bad_request("prompt must not be empty", "prompt")
-    top = float(stage_facts(orch).get("max_seconds", MAX_SECONDS))
+    top = float(stage_facts(orch).get("max_seconds", MAX_SECONDS))  # the family's cap, and this folder's window
+    top = min(top, window_s(str(Path(orch.deploy.model).expanduser()))) if orch.deploy.model else top
     if req.seconds is not None and not 0.1 <= req.seconds <= top:
         raise bad_request(f"seconds {req.seconds:g}: this model makes clips of 0.1 to {top:g} s", "seconds")
     if req.seed is not None and not 0 <= req.seed < (1 << 63):

@@ -3,17 +3,24 @@
 A diffusers folder is known by its `model_index.json` `_class_name`, a transformers
 folder by its `config.json` `model_type`. Each pipeline says which folders it serves in
 `PipelineConfig.detect` (next to its own topology), so this module never names a family.
+A folder it serves must also hold whole weights: every `*.safetensors` file in it (or in a
+component folder one level down) has a readable header whose tensors the file covers, and every
+shard an index names is there, so that a truncated download is a config error here rather than
+a worker that fails to start.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 from omni_actors.config.pipeline import get_pipeline, pipeline_names
 from omni_actors.errors import ConfigError
 
 WILDCARD = "*"
+MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
+"""The safetensors format's own cap on a header's length; a longer one is a corrupt file."""
 
 
 def folder_key(folder: str | Path) -> str:
@@ -36,11 +43,62 @@ def folder_key(folder: str | Path) -> str:
             raise ConfigError(f"--model: {path}: expected a JSON object")
         value = data.get(field)
         if not isinstance(value, str) or not value:
-            raise ConfigError(f"--model: {path}: no {field!r} string")
+            raise ConfigError(f"--model: {path}: no {field!r} string; supported: {_supported()}")
         return f"{kind}:{value}"
     raise ConfigError(
-        f"--model: {folder} has neither model_index.json (diffusers) nor config.json (transformers)"
+        f"--model: {folder} has neither model_index.json (diffusers) nor config.json (transformers); "
+        f"supported: {_supported()}"
     )
+
+
+def _supported() -> str:
+    return ", ".join(sorted({e for name in pipeline_names() for e in get_pipeline(name).detect})) or "none"
+
+
+def check_weights(folder: str | Path) -> None:
+    """ConfigError naming the first truncated or corrupt safetensors file, or a missing shard, in `folder`."""
+    root = Path(folder).expanduser()
+    for index in sorted([*root.glob("*.safetensors.index.json"), *root.glob("*/*.safetensors.index.json")]):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"--model: {index}: not a safetensors index ({err!r})") from None
+        missing = sorted(str(s) for s in shards if not (index.parent / str(s)).is_file())
+        if missing:
+            raise ConfigError(f"--model: {index} names shards that are not in the folder: {', '.join(missing)}")
+    for path in sorted([*root.glob("*.safetensors"), *root.glob("*/*.safetensors")]):
+        problem = _safetensors_problem(path)
+        if problem:
+            raise ConfigError(f"--model: {path}: {problem}; download it again")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a whole safetensors file (its header read, the tensors' extent checked), or None."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if head == b"version ":  # `git clone` without git-lfs leaves the pointer text
+                return "a Git LFS pointer, not the weights (run `git lfs pull` in the folder)"
+            if len(head) < 8:
+                return f"not a safetensors file ({size} bytes)"
+            (length,) = struct.unpack("<Q", head)
+            if length > min(size - 8, MAX_SAFETENSORS_HEADER_BYTES):
+                return f"truncated or corrupt safetensors file (a {length}-byte header in {size} bytes)"
+            header = json.loads(f.read(length))
+    except OSError as err:
+        return f"cannot read it ({err.strerror or err})"
+    except ValueError:
+        return "corrupt safetensors file (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "corrupt safetensors file (its header is not a JSON object)"
+    offsets = [t.get("data_offsets") if isinstance(t, dict) else None for k, t in header.items() if k != "__metadata__"]
+    if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(e, int) for e in o) for o in offsets):
+        return "corrupt safetensors file (a tensor without two integer data_offsets)"
+    need, have = max((o[1] for o in offsets), default=0), size - 8 - length
+    if need != have:
+        return f"truncated or corrupt safetensors file (its tensors take {need} bytes, the file holds {have})"
+    return None
 
 
 def detect_pipeline(folder: str | Path) -> str:
@@ -73,6 +131,7 @@ def detect_pipeline(folder: str | Path) -> str:
                 f"for {' or '.join(sorted(makes))} output, {SUPPORTED}"
             )
     if exact or wildcard:
+        check_weights(folder)
         return sorted(exact or wildcard)[0]
     raise ConfigError(
         f"--model: {folder} is {key!r}, which no pipeline serves; supported: "

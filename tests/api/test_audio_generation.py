@@ -67,3 +67,20 @@ def test_a_video_route_says_what_the_model_makes(audio_server):
     with pytest.raises(openai.BadRequestError) as err:
         audio_server.client().videos.create(model=audio_server.model, prompt="x")
     assert "produces ['audio']" in err.value.body["message"]
+
+
+@pytest.mark.parametrize("seconds", [0, 3])
+def test_a_clip_length_out_of_range_names_this_checkpoints_window(audio_server, seconds):
+    """The route's bound is the folder's 2.048 s window, not the family's 47 s: the message tells the user what
+    fits, and a request past the window is the route's 400 (`invalid_value`), not one the worker sends back."""
+    resp = generate(audio_server, seconds=seconds)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert (err["param"], err["code"]) == ("seconds", "invalid_value")
+    assert "0.1 to 2.048 s" in err["message"]
+
+
+def test_a_blank_prompt_is_400_naming_prompt(audio_server):
+    resp = generate(audio_server, prompt="  \n ")
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "prompt"
