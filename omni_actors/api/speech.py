@@ -43,7 +43,7 @@ from omni_actors.api.schemas import (
     read_body,
 )
 from omni_actors.api.speech_audio import TYPES, SpeechEncoder
-from omni_actors.api.speech_inputs import speech_call
+from omni_actors.api.speech_inputs import require_speech_model, speech_call
 from omni_actors.api.sse import respond
 from omni_actors.audio import DEFAULT_SAMPLE_RATE
 from omni_actors.orchestrator.outputs import AudioOutput
@@ -98,7 +98,8 @@ class Encoding:
 
 async def speech(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, SpeechRequest)
-    orch, _ = route_model(request, req.model, {"audio"})
+    orch, name = route_model(request, req.model, {"audio"})
+    require_speech_model(orch, name)
     if not req.input.strip():
         raise bad_request("input: there is nothing to say (only whitespace)", "input")
     what = await speech_call(request, orch.pipeline, req.input, req.voice, req.instructions, req.speed, req.seed)

@@ -27,12 +27,15 @@ from typing import Any
 from aiohttp import web
 
 from omni_actors.api.audio_codec import off_loop
+from omni_actors.api.diffusion_caps import served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import VoiceRef
 from omni_actors.api.voices import voice_store
 from omni_actors.audio import resample
+from omni_actors.config.deploy import model_id
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.config.speech import OPENAI_VOICES
+from omni_actors.orchestrator.core import Orchestrator
 
 CUSTOM_PREFIX = "voice_"
 
@@ -126,3 +129,11 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
     else:
         call.inputs["voice"] = builtin_voice(pipe, vid)
     return call
+
+
+def require_speech_model(orch: Orchestrator, name: str | None) -> None:
+    """A diffusion model that makes sound from a prompt (Stable Audio) reads no text to speak: a 400
+    naming `model` that points at its route, before anything reaches its stage."""
+    if served_caps(orch) is not None:
+        raise bad_request(f"model {name or model_id(orch.deploy)!r} makes sound from a prompt, not speech from "
+                          "text; use /v1/audio/generations", "model", "unsupported_task")

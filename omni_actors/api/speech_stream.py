@@ -53,7 +53,7 @@ from omni_actors.api.realtime.client_events import event_id_of
 from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, VoiceRef
 from omni_actors.api.speech import Encoding, audio_of, speech_usage
 from omni_actors.api.speech_audio import FORMATS, PCM_RATE, wire_rate
-from omni_actors.api.speech_inputs import speech_call
+from omni_actors.api.speech_inputs import require_speech_model, speech_call
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.core import Orchestrator
 
@@ -267,7 +267,7 @@ class Session:
 
 
 async def speech_stream(request: web.Request) -> web.StreamResponse:
-    route_model(request, request.query.get("model"), {"audio"})
+    require_speech_model(*route_model(request, request.query.get("model"), {"audio"}))
     ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES)
     await ws.prepare(request)
     session = Session(request, ws)

@@ -84,3 +84,14 @@ def test_a_blank_prompt_is_400_naming_prompt(audio_server):
     resp = generate(audio_server, prompt="  \n ")
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == "prompt"
+
+
+def test_the_speech_routes_say_it_makes_sound_from_a_prompt(audio_server):
+    """Text to speak means nothing to it: a 400 naming `model` and its route, before its stage sees it."""
+    with pytest.raises(openai.BadRequestError) as err:
+        audio_server.client().audio.speech.create(model=audio_server.model, input="hi", voice="alloy")
+    body = err.value.body
+    assert (body["param"], body["code"]) == ("model", "unsupported_task") and "/v1/audio/generations" in body["message"]
+    socket = requests.get(f"{audio_server.url}/v1/audio/speech/stream?model={audio_server.model}",
+                          timeout=HTTP_TIMEOUT_S)  # (the text-in socket's upgrade, refused before it)
+    assert socket.status_code == 400 and socket.json()["error"]["code"] == "unsupported_task", socket.text
