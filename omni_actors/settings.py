@@ -123,16 +123,16 @@ def check_data_dir(path: Path) -> Path:
 
 IPC_PATH_MAX = 107
 """Longest path of a unix socket (sun_path less its NUL on Linux): the run's ipc endpoints live there."""
-RUNTIME_ENTRY_RESERVE = 48
-"""Characters kept for what a run puts under OMNI_RUNTIME_DIR: its `omni-run-XXXXXXXX/` directory and
-the longest endpoint name in it."""
+RUNTIME_ENTRY_RESERVE = len("/omni-run-XXXXXXXX/bus.sock")
+"""Characters a run's socket path adds to OMNI_RUNTIME_DIR: its `omni-run-XXXXXXXX` directory (mkdtemp's
+8 characters) and the endpoint in it (bus/sockets.py RuntimeDir; 79-character test folders run there)."""
 
 
 def check_runtime_dir(path: Path) -> Path:
     """OMNI_RUNTIME_DIR (each run's private directory of ipc sockets goes under it) exists or can be
     made, is writable, and is short enough for a socket path; else a ConfigError naming the variable."""
     limit = IPC_PATH_MAX - RUNTIME_ENTRY_RESERVE
-    if len(str(path.absolute())) > limit:
+    if len(str(path.absolute())) > limit and not path.is_file():  # (a file: "Not a directory" says more)
         raise ConfigError(f"OMNI_RUNTIME_DIR: {path} is {len(str(path.absolute()))} characters; expected at most "
                           f"{limit} (the run's ipc sockets go under it, and a socket path is at most "
                           f"{IPC_PATH_MAX})")
