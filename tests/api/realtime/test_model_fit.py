@@ -129,7 +129,7 @@ async def test_transcription_options_the_recognizer_refuses_are_refused_at_sessi
             assert (err["code"], err["param"]) == (by_rest.value.body["code"], param), (fields, err)
             assert reason in err["message"] and "stage 0" not in err["message"], err
         assert by_rest.value.body["code"] == "rejected_by_stage" and "takes no prompt" in by_rest.value.message
-        assert "stage 0" not in by_rest.value.message and "Error" not in by_rest.value.message
+        assert "stage 0" not in by_rest.value.body["message"] and "Error" not in by_rest.value.body["message"]
         assert await _updated(c, {"type": "transcription"}) == before  # nothing refused was taken
         english = {"model": "tiny-vox", "language": "en"}
         after = await _updated(c, {"type": "transcription", "audio": {"input": {"transcription": english}}})
