@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 import ray
 import zmq
+from ray._raylet import InnerGcsClient  # (ray is pinned: the ray extra's ray==2.60.0)
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -49,6 +50,14 @@ log = logs.get(__name__)
 NAMESPACE = "omni-actors"
 CLUSTER_CONNECT_TIMEOUT_S = 10.0
 """Longest wait for a TCP connection to the Ray address given (Ray itself retries for minutes)."""
+GCS_ANSWER_TIMEOUT_S = 5.0
+"""Longest wait for the Ray address to answer as Ray's GCS does (gRPC, then the cluster's id): a port
+that takes connections but is not the GCS (the dashboard's 8265, a Ray Client port) would otherwise
+have ray.init retry for minutes."""
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""A gRPC client's first bytes: HTTP/2's connection preface and an empty SETTINGS frame."""
+_HTTP2_SETTINGS = 0x4
+"""The frame type an HTTP/2 server's first frame has (its SETTINGS)."""
 ACTOR_CONCURRENCY = 4
 """Calls an actor serves at once: `wait` blocks for its worker's life while `signal` still answers."""
 DEFAULT_CPUS = 1.0
@@ -60,6 +69,9 @@ _owned = False
 """This module made the connection (one an embedding program made is left open)."""
 _session_dir: str | None = None
 """The folder of the Ray cluster this process started (`address: local`), removed when it stops."""
+_claims: dict[int, dict[str, float]] = {}
+"""What the replicas of each open RayLauncher of this process (one per pipeline) ask for in all: the
+pipelines of one server share the cluster, so each one's check counts the others' replicas."""
 
 
 def replica_resources(dep: StageDeploy) -> dict[str, float]:
@@ -211,8 +223,13 @@ class RayLauncher(Launcher):
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         alive = [n for n in ray.nodes() if n["Alive"]]
+        others: dict[str, float] = {}
+        for claim in _claims.values():
+            for k, v in claim.items():
+                others[k] = others.get(k, 0.0) + v
         check_resources(self.deploy, self.pipeline.stage_ids, [n["Resources"] for n in alive],
-                        [n.get("Labels") or {} for n in alive])
+                        [n.get("Labels") or {} for n in alive], others)
+        _claims[id(self)] = replica_totals(self.deploy, self.pipeline.stage_ids)
         self.auth = BusAuth(ctx)
         self.actor_cls = ray.remote(WorkerActor)
         log.info("ray.connected", address=cl.address, node=self.node_id, node_ip=self.node_ip,
@@ -263,6 +280,7 @@ class RayLauncher(Launcher):
         if self.auth is not None:
             self.auth.close()
             self.auth = None
+        _claims.pop(id(self), None)
         if self._connected:
             global _users, _owned
             self._connected = False
@@ -306,16 +324,35 @@ def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
 
 
 def _check_reachable(address: str, src: str) -> None:
-    """A `host:port` address must take a TCP connection now (ray.init would retry it for minutes)."""
+    """A `host:port` address must be Ray's GCS, answering now (ray.init would retry it for minutes)."""
     if address in ("auto", "local"):  # (a URL was refused with the deploy: deploy_checks.py)
         return
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    host = host.removeprefix("[").removesuffix("]")  # ([::1]:6379, an IPv6 host)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{src}: cluster.address: expected host:port, \"auto\" or \"local\", got {address!r}")
     try:
-        socket.create_connection((host, int(port)), timeout=CLUSTER_CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host, int(port)), timeout=CLUSTER_CONNECT_TIMEOUT_S) as conn:
+            if _ray_tls():  # (Ray's TLS: the GCS answers only a TLS handshake; ray.init checks the rest)
+                return
+            conn.settimeout(GCS_ANSWER_TIMEOUT_S)
+            conn.sendall(_HTTP2_PREFACE)
+            first = conn.recv(9)  # an HTTP/2 frame header: length (3), type (1), flags (1), stream (4)
     except OSError as err:
         raise ConfigError(f"{src}: cluster.address: cannot reach Ray at {address}: {err.strerror or err}") from None
+    not_gcs = (f"{src}: cluster.address: {address} takes connections but is not a Ray cluster's GCS (give the head "
+               f"node's GCS port, 6379 by default, not its dashboard's or Ray Client's)")
+    if len(first) < 4 or first[3] != _HTTP2_SETTINGS:  # not gRPC at all (HTTP/1, another protocol, silence)
+        raise ConfigError(not_gcs)
+    try:  # gRPC: is it a GCS? (the cluster's id, asked once)
+        InnerGcsClient.standalone(address, None, int(GCS_ANSWER_TIMEOUT_S * 1000))
+    except ray.exceptions.RayError:
+        raise ConfigError(not_gcs) from None
+
+
+def _ray_tls() -> bool:
+    """Ray's own switch for TLS on its gRPC connections (RAY_USE_TLS, read as Ray reads it)."""
+    return os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
 
 
 def _plain(labels: dict[str, str]) -> dict[str, str]:
@@ -323,17 +360,26 @@ def _plain(labels: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if not v.startswith("!") and not v.startswith("in(")}
 
 
-def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: list[dict[str, float]],
-                    labels: list[dict[str, str]] | None = None) -> None:
-    """Every stage's replica must fit on some node of the cluster (one carrying its plain `labels`,
-    when given the nodes' labels), and all replicas together in the cluster (else some would wait
-    for placement forever)."""
-    labels = labels if labels is not None else [{} for _ in nodes]
+def replica_totals(deploy: DeployConfig, stage_ids: tuple[int, ...]) -> dict[str, float]:
+    """What all replicas of a pipeline's stages ask Ray for together."""
     total: dict[str, float] = {}
     for sid in stage_ids:
         dep = deploy.stage(sid)
         for k, v in replica_resources(dep).items():
             total[k] = total.get(k, 0.0) + v * dep.num_replicas
+    return total
+
+
+def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: list[dict[str, float]],
+                    labels: list[dict[str, str]] | None = None, others: dict[str, float] | None = None) -> None:
+    """Every stage's replica must fit on some node of the cluster (one carrying its plain `labels`,
+    when given the nodes' labels), and all replicas together in the cluster, with what `others` (the
+    server's other pipelines) ask for (else some would wait for placement forever)."""
+    labels = labels if labels is not None else [{} for _ in nodes]
+    others = others or {}
+    total = replica_totals(deploy, stage_ids)
+    for sid in stage_ids:
+        dep = deploy.stage(sid)
         need = replica_resources(deploy.stage(sid))
         want = _plain(dep.labels)
         if any(all(node.get(k, 0.0) >= v for k, v in need.items()) and all(tags.get(k) == v for k, v in want.items())
@@ -355,8 +401,10 @@ def check_resources(deploy: DeployConfig, stage_ids: tuple[int, ...], nodes: lis
         )
     for k, want in sorted(total.items()):
         have = sum(node.get(k, 0.0) for node in nodes)
-        if want > have + 1e-9:
+        if want + others.get(k, 0.0) > have + 1e-9:
+            shared = (f" (and this server's other pipelines, which share the cluster, {k}={others[k]:g})"
+                      if others.get(k) else "")
             raise ConfigError(
-                f"{deploy.source}: stages: the replicas ask for {k}={want:g} in all, the Ray cluster has {have:g} "
-                f"(a replica asks for CPU=1 unless its `resources` say otherwise)"
+                f"{deploy.source}: stages: the replicas ask for {k}={want:g} in all{shared}, the Ray cluster has "
+                f"{have:g} (a replica asks for CPU=1 unless its `resources` say otherwise)"
             )
