@@ -155,7 +155,9 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
         raise ConfigError(f"{src}: cluster.address: {cl.address!r} is a Ray Client address: Ray Client sends every "
                           "call through cloudpickle and counts the head node as this one; run omni-run on a node "
                           "of the cluster with the head's host:port (its GCS port, 6379 by default) or \"auto\"")
-    if "://" in cl.address:
+    host, _, port = cl.address.rpartition(":")
+    if "://" in cl.address or (cl.address not in ("auto", "local") and (
+            not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536)):
         raise ConfigError(f"{src}: cluster.address: expected host:port, \"auto\" or \"local\", got {cl.address!r}")
     if cl.bus_host is not None and not cl.bus_host.strip():
         raise ConfigError(f"{src}: cluster.bus_host: expected an address of this host")
