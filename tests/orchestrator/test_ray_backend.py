@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +29,7 @@ from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.requests import RequestSpec, StageChunk
 from omni_actors.workers.spec import HEARTBEAT_SUFFIX
 from tests.conftest import eventually, make_deploy, running, shm_files
+from tests.orchestrator.ray_support import local_cluster
 
 NODES = {"head": {"num_cpus": 4}, "node_a": {"num_cpus": 2}, "node_b": {"num_cpus": 2, "num_gpus": 2}}
 """Node name (also its custom resource) -> its other resources (node_b's two GPUs are only
@@ -50,41 +48,9 @@ NODE_DEATH_S = 120.0
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    tmp = tempfile.mkdtemp(prefix="omni-ray-", dir="/tmp")  # (short: Ray's socket paths have a length limit)
-    old = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = tmp
-    c = Cluster(initialize_head=True, head_node_args={
-        **NODES["head"], "resources": {"head": 4}, "include_dashboard": False,
-    })
-    try:
-        for name in ("node_a", "node_b"):
-            c.add_node(**NODES[name], resources={name: 4}, labels={"zone": name})
-        c.wait_for_nodes()
+    nodes = [{**NODES[name], "resources": {name: 4}, "labels": {"zone": name}} for name in ("node_a", "node_b")]
+    with local_cluster({**NODES["head"], "resources": {"head": 4}}, nodes) as c:
         yield c
-    finally:
-        c.shutdown()
-        if old is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = old
-        left = _processes_under(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert left == [], f"Ray processes left running: {left}"
-
-
-def _processes_under(path: str) -> list[int]:
-    """Processes whose command line names `path` (Ray's daemons name their session dir)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes()
-                state = (proc / "stat").read_text().split()[2]
-            except OSError:
-                continue
-            if path.encode() in cmd and state != "Z":
-                out.append(int(proc.name))
-    return out
 
 
 def ray_deploy(address: str, **cluster: Any) -> DeployConfig:

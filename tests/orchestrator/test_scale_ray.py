@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import http.server
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,10 +22,11 @@ import pytest
 import yaml
 
 from tests.conftest import free_port
-from tests.orchestrator.test_ray_backend import _processes_under
 
 pytest.importorskip("ray")
 from ray.cluster_utils import Cluster
+
+from tests.orchestrator.ray_support import local_cluster
 
 REFUSED_S = 30.0
 """A wrong address or an over-full cluster is refused within this (Ray's own retries run for minutes)."""
@@ -40,23 +39,8 @@ RELEASE_S = 30.0
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    tmp = tempfile.mkdtemp(prefix="omni-ray-", dir="/tmp")  # (short: Ray's socket paths have a length limit)
-    old = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = tmp
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        c.add_node(num_cpus=1)
-        c.wait_for_nodes()
+    with local_cluster({"num_cpus": 1}, [{"num_cpus": 1}]) as c:
         yield c
-    finally:
-        c.shutdown()
-        if old is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = old
-        left = _processes_under(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert left == [], f"Ray processes left running: {left}"
 
 
 def _omni_run(tmp: Path, deploy: dict[str, Any]) -> subprocess.Popen:
