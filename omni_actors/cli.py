@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except StartupError as err:
         print(f"omni-run: {err}", file=sys.stderr)
-        return 1
+        return 2 if err.config else 1  # (a missing checkpoint file is the folder's fault, as a config error)
     except KeyboardInterrupt:
         return 130
 

@@ -79,7 +79,12 @@ class RequestRejected(StageFailed):
 class StartupError(OmniError):
     """A stage's worker could not start (engine failed to load, or it timed out)."""
 
+    CONFIG_CAUSES = ("ConfigError: ", "FileNotFoundError: ")
+    """What a worker's start failure begins with when the model folder or the deploy is at fault (a
+    checkpoint file missing, an engine option refused): `config` then, and omni-run exits 2."""
+
     def __init__(self, stage_id: int, detail: str) -> None:
         super().__init__(f"stage {stage_id} did not start: {detail}")
         self.stage_id = stage_id
         self.detail = detail
+        self.config = detail.startswith(self.CONFIG_CAUSES)

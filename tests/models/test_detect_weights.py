@@ -99,3 +99,15 @@ def test_whole_weights_pass(tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
     assert detect_pipeline(d) == "csm"
+
+
+def test_a_checkpoint_file_the_worker_finds_missing_is_a_config_error(tmp_path: Path) -> None:
+    """Which files a family needs is its loader's to say: the worker's FileNotFoundError ends the start
+    as a config error (exit 2), one line naming the file, not as the runtime's own failure (exit 1)."""
+    from omni_actors.models.tiny import make_tiny
+
+    model = make_tiny("csm", tmp_path / "csm")
+    (model / "tokenizer_config.json").unlink()
+    done = _omni_run(tmp_path, model)
+    assert done.returncode == 2, done.stderr
+    assert "did not start: FileNotFoundError" in done.stderr and "tokenizer_config.json" in done.stderr, done.stderr
