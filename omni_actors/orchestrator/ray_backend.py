@@ -130,6 +130,8 @@ class RayWorker:
         self.pid: int | None = None
         self.node = ""
         self.returncode: int | None = None
+        self.exit_detail: str | None = None
+        """Why it ended, where an exit code says nothing (its actor or node died: code -1)."""
         self._ended_by_us = False
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.reported: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -149,6 +151,7 @@ class RayWorker:
                 log.info("ray.actor_ended", error=type(err).__name__)
             else:
                 log.error("ray.actor_died", error=type(err).__name__, detail=str(err).splitlines()[0][:300])
+                self.exit_detail = f"its Ray actor or the actor's node died ({type(err).__name__})"
         finally:
             if not self.reported.done():
                 self.reported.set_result(None)

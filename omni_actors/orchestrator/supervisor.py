@@ -257,7 +257,7 @@ class Supervisor:
         if self.launcher is not None:
             self.launcher.after_exit(h)
         if not self.closing:
-            self._on_death(h, f"exit code {code}")
+            self._on_death(h, getattr(h.proc, "exit_detail", None) or f"exit code {code}")
 
     def _on_death(self, h: WorkerHandle, detail: str) -> None:
         if h.dead:
