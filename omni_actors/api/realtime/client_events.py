@@ -120,12 +120,24 @@ class ItemIn(msgspec.Struct, kw_only=True):
     output: str | None = None
 
 
+class ResponseAudioOutputIn(msgspec.Struct, kw_only=True):
+    format: FormatIn | str | None = None
+    voice: Name | None = None
+
+
+class ResponseAudioIn(msgspec.Struct, kw_only=True):
+    """GA response.create `audio`: the response's own output format and voice."""
+
+    output: ResponseAudioOutputIn | None = None
+
+
 class ResponseIn(msgspec.Struct, kw_only=True):
     modalities: list[Literal["text", "audio"]] | None = None
     output_modalities: list[Literal["text", "audio"]] | None = None
     instructions: Instructions | None = None
     voice: Name | None = None
     output_audio_format: str | None = None
+    audio: ResponseAudioIn | None = None  # GA: audio.output.{format, voice}
     temperature: Temperature | None = None
     max_response_output_tokens: MaxTokens | None = None
     max_output_tokens: MaxTokens | None = None

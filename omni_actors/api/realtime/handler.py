@@ -156,6 +156,7 @@ class RealtimeSession(InputAudio):
                 await self._commit_manual(eid)
             case ce.BufferClear():
                 self.buffer.clear()
+                self._in.flush()  # (the resampler's delay holds the last cleared ms: not the next turn's)
                 self._drop_live()
                 await self.send(ev.BufferCleared())
             case ce.ItemCreate(item=it, previous_item_id=prev):
@@ -310,6 +311,8 @@ class RealtimeSession(InputAudio):
                 self._refuse_tools(r.tools, r.tool_choice, "response.")
                 if r.voice is not None:
                     await self._check_voice(r.voice, "response.voice")
+                if r.audio is not None and r.audio.output is not None and r.audio.output.voice is not None:
+                    await self._check_voice(r.audio.output.voice, "response.audio.output.voice")
             context = None
             if r is not None and r.input is not None:
                 context = await self._items_from_client(list(r.input))

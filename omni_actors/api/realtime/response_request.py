@@ -13,7 +13,7 @@ from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime.audio import FORMATS
 from omni_actors.api.realtime.conversation import Item
 from omni_actors.api.realtime.function_calls import add_function_item, forced_call, shown_tools
-from omni_actors.api.realtime.session import SessionConfig
+from omni_actors.api.realtime.session import SessionConfig, parse_format
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.config.pipeline import PipelineConfig
 
@@ -50,13 +50,18 @@ class Options:
         if r.output_audio_format not in (None, *FORMATS):
             raise ce.BadEvent(f"unsupported audio format {r.output_audio_format!r}; expected one of {list(FORMATS)}",
                               param="response.output_audio_format")
+        out = r.audio.output if r.audio is not None else None  # GA: audio.output.{format, voice}
+        fmt = r.output_audio_format
+        if out is not None and out.format is not None:
+            fmt = parse_format(out.format, "response.audio.output.format")
+        voice = r.voice or (out.voice if out is not None else None)
         tools = cfg.tools if r.tools is None else tuple(r.tools)
         tool_choice = cfg.tool_choice if r.tool_choice is None else r.tool_choice
         return cls(
             modalities=tuple(r.output_modalities or r.modalities or cfg.modalities),
             instructions=cfg.instructions if r.instructions is None else r.instructions,
-            voice=r.voice or cfg.voice,
-            output_audio_format=r.output_audio_format or cfg.output_audio_format,
+            voice=voice or cfg.voice,
+            output_audio_format=fmt or cfg.output_audio_format,
             speed=cfg.speed,
             temperature=cfg.temperature if r.temperature is None else r.temperature,
             max_output_tokens=cfg.max_output_tokens if tokens is None else (None if tokens == "inf" else tokens),

@@ -49,7 +49,7 @@ from omni_actors.api.realtime.response_status import (
     rate_limits,
     rest_failure,
 )
-from omni_actors.api.realtime.session import SessionConfig
+from omni_actors.api.realtime.session import SessionConfig, render_format
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.api.time_stretch import TimeStretch
@@ -138,10 +138,16 @@ class ResponseRun:
         return {"object": "realtime.response", "id": self.id, "status": self.status,
                 "status_details": self.details, "output": out, "usage": self.usage.render(),
                 "conversation_id": self.host.conversation.id if self.opts.in_conversation else None,
-                mods: list(self.opts.modalities), "voice": self.opts.voice,
-                "output_audio_format": self.opts.output_audio_format,
+                mods: list(self.opts.modalities), **self._render_audio(),
                 "max_output_tokens": "inf" if self.opts.max_output_tokens is None else self.opts.max_output_tokens,
                 "metadata": self.opts.metadata}
+
+    def _render_audio(self) -> dict[str, Any]:
+        """The response's voice and output format, as its dialect writes them (GA: `audio.output`)."""
+        if self.host.dialect == "ga":
+            return {"audio": {"output": {"format": render_format(self.opts.output_audio_format),
+                                         "voice": self.opts.voice}}}
+        return {"voice": self.opts.voice, "output_audio_format": self.opts.output_audio_format}
 
     # ---- the run ----
 

@@ -66,7 +66,7 @@ class SessionConfig:
     checked against `tools` at each session.update (function_calls.py `forced_call`)."""
 
 
-def _format(value: Any, param: str) -> str:
+def parse_format(value: Any, param: str) -> str:
     if isinstance(value, ce.FormatIn):
         fmt = GA_FORMATS.get(value.type)
         if fmt is None:
@@ -127,9 +127,9 @@ def apply_update(cfg: SessionConfig, s: ce.SessionIn) -> tuple[SessionConfig, ev
         if getattr(s, key) is not UNSET:
             new["max_output_tokens"] = _tokens(getattr(s, key))
     if s.input_audio_format is not UNSET:
-        new["input_audio_format"] = _format(s.input_audio_format, "session.input_audio_format")
+        new["input_audio_format"] = parse_format(s.input_audio_format, "session.input_audio_format")
     if s.output_audio_format is not UNSET:
-        new["output_audio_format"] = _format(s.output_audio_format, "session.output_audio_format")
+        new["output_audio_format"] = parse_format(s.output_audio_format, "session.output_audio_format")
     if s.input_audio_transcription is not UNSET:
         new["input_audio_transcription"] = _transcription(s.input_audio_transcription)
     if s.turn_detection is not UNSET:
@@ -138,7 +138,7 @@ def apply_update(cfg: SessionConfig, s: ce.SessionIn) -> tuple[SessionConfig, ev
         a_in, a_out = s.audio.input, s.audio.output
         if a_in is not UNSET:
             if a_in.format is not UNSET:
-                new["input_audio_format"] = _format(a_in.format, "session.audio.input.format")
+                new["input_audio_format"] = parse_format(a_in.format, "session.audio.input.format")
             if a_in.transcription is not UNSET:
                 new["input_audio_transcription"] = _transcription(a_in.transcription)
             if a_in.turn_detection is not UNSET:
@@ -146,7 +146,7 @@ def apply_update(cfg: SessionConfig, s: ce.SessionIn) -> tuple[SessionConfig, ev
                     a_in.turn_detection, cfg.turn_detection, "session.audio.input.turn_detection")
         if a_out is not UNSET:
             if a_out.format is not UNSET:
-                new["output_audio_format"] = _format(a_out.format, "session.audio.output.format")
+                new["output_audio_format"] = parse_format(a_out.format, "session.audio.output.format")
             if a_out.voice is not UNSET:
                 new["voice"] = a_out.voice
             if a_out.speed is not UNSET:
@@ -171,11 +171,15 @@ def _render_td(td: TurnDetection | None) -> dict[str, Any] | None:
     return None if td is None else td.__dict__.copy()
 
 
+def render_format(fmt: str) -> dict[str, Any]:
+    """A format as GA writes it: `{"type": "audio/pcm", "rate": 24000}`."""
+    return {"type": BETA_TO_GA_FORMAT[fmt], **({"rate": WIRE_RATE} if fmt == "pcm16" else {})}
+
+
 def render_session(cfg: SessionConfig, session_id: str, dialect: ev.Dialect) -> dict[str, Any]:
     tokens = "inf" if cfg.max_output_tokens is None else cfg.max_output_tokens
     if dialect == "ga":
-        def fmt(f: str) -> dict[str, Any]:
-            return {"type": BETA_TO_GA_FORMAT[f], **({"rate": WIRE_RATE} if f == "pcm16" else {})}
+        fmt = render_format
         if cfg.type == "transcription":  # (the SDK's RealtimeTranscriptionSessionCreateResponse)
             return {
                 "type": "transcription", "object": "realtime.transcription_session", "id": session_id,
