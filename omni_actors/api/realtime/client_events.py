@@ -36,6 +36,8 @@ class TurnDetectionIn(msgspec.Struct, kw_only=True):
     silence_duration_ms: int | None = None
     create_response: bool | None = None
     interrupt_response: bool | None = None
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+    """semantic_vad's: how soon a pause ends the user's turn."""
 
 
 class FormatIn(msgspec.Struct, kw_only=True):

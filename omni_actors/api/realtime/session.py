@@ -19,6 +19,8 @@ from omni_actors.api.realtime.audio import FORMATS, WIRE_RATE
 from omni_actors.api.realtime.vad import VadParams
 
 VAD_TYPES = ("server_vad", "semantic_vad")
+EAGERNESS_SILENCE_MS = {"high": 300, "medium": 500, "auto": 500, "low": 1000}
+"""semantic_vad's closing silence by eagerness ("high": answer at a short pause)."""
 MAX_VAD_DURATION_MS = 10_000
 """Longest prefix padding or closing silence a session may ask of the VAD."""
 """semantic_vad is accepted and served by the same silero detector."""
@@ -38,6 +40,9 @@ class TurnDetection:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: str = "auto"
+    """semantic_vad's. Its turns are the same VAD's (no model of what was said): the eagerness sets the
+    closing silence (EAGERNESS_SILENCE_MS)."""
 
     def vad_params(self) -> VadParams:
         return VadParams(self.threshold, self.prefix_padding_ms, self.silence_duration_ms)
@@ -89,8 +94,10 @@ def _turn_detection(td: ce.TurnDetectionIn | None, old: TurnDetection | None, pa
                           param=f"{param}.type")
     base = old if old is not None and old.type == td.type else TurnDetection(type=td.type)
     out = replace(base, **{k: getattr(td, k) for k in (
-        "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response", "interrupt_response")
+        "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response", "interrupt_response", "eagerness")
         if getattr(td, k) is not None})
+    if out.type == "semantic_vad" and td.silence_duration_ms is None:
+        out = replace(out, silence_duration_ms=EAGERNESS_SILENCE_MS[out.eagerness])
     if not 0.0 <= out.threshold <= 1.0:
         raise ce.BadEvent("threshold must be between 0 and 1", param=f"{param}.threshold")
     for key in ("prefix_padding_ms", "silence_duration_ms"):
@@ -168,7 +175,12 @@ def _speed(value: float, param: str) -> float:
 
 
 def _render_td(td: TurnDetection | None) -> dict[str, Any] | None:
-    return None if td is None else td.__dict__.copy()
+    """As OpenAI echoes it: semantic_vad with its eagerness and no VAD numbers, server_vad without eagerness."""
+    if td is None:
+        return None
+    shown = td.__dict__.copy()
+    keep = ("type", "eagerness", "create_response", "interrupt_response") if td.type == "semantic_vad" else None
+    return {k: v for k, v in shown.items() if k in keep} if keep else {k: v for k, v in shown.items() if k != "eagerness"}
 
 
 def render_format(fmt: str) -> dict[str, Any]:

@@ -77,3 +77,24 @@ async def test_clear_leaves_no_cleared_audio_in_the_next_turn(srv: RtServer) -> 
         assert not of_type(c.seen, "error")[1:]
         await c.ws.close()
     await eventually(lambda: idle(srv.orch))
+
+
+async def test_semantic_vad_takes_and_echoes_its_eagerness(srv: RtServer) -> None:
+    """As OpenAI echoes semantic_vad: type, eagerness and the response flags, no VAD numbers; the
+    eagerness sets how long a pause ends the turn (the same VAD serves it)."""
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http)
+        await c.send("session.update", session={"turn_detection": {"type": "semantic_vad", "eagerness": "high"}})
+        td = (await c.until("session.updated"))[-1]["session"]["turn_detection"]
+        assert td == {"type": "semantic_vad", "eagerness": "high", "create_response": True,
+                      "interrupt_response": True}, td
+        assert srv.sessions and all(s.cfg.turn_detection.silence_duration_ms == 300 for s in srv.sessions)
+        await c.send("session.update", session={"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}},
+                     event_id="bad")
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"]) == ("session.turn_detection.eagerness", "bad"), err
+        assert "expected one of 'auto', 'high', 'low', 'medium'" in err["message"], err
+        await c.send("session.update", session={"turn_detection": {"type": "server_vad"}})
+        td = (await c.until("session.updated"))[-1]["session"]["turn_detection"]
+        assert "eagerness" not in td and td["silence_duration_ms"] == 500, td
+        await c.ws.close()
