@@ -323,6 +323,9 @@ class RealtimeSession(InputAudio):
             err.event_id = eid
             raise
         self.response = run = ResponseRun(self, opts)
+        # Sent here, not from the run's task: a client's next event (a second response.create, a cancel)
+        # is answered after this one's response.created, in the order it sent them.
+        await self.send(ev.ResponseCreated(response=run.render()))
         run.start().add_done_callback(self._response_ended)
 
     def _transcription_ended(self, task: asyncio.Task) -> None:

@@ -172,8 +172,7 @@ class ResponseRun:
                 h.response = None
 
     async def _respond(self) -> None:
-        h = self.host
-        await h.send(ev.ResponseCreated(response=self.render()))
+        h = self.host  # (its response.created went out as it was made: handler._create_response)
         items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
         turn = build_request(h.orch.pipeline, self.opts, items)
         self._count_input(turn.inputs)

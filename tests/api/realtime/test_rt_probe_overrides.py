@@ -98,3 +98,22 @@ async def test_semantic_vad_takes_and_echoes_its_eagerness(srv: RtServer) -> Non
         td = (await c.until("session.updated"))[-1]["session"]["turn_detection"]
         assert "eagerness" not in td and td["silence_duration_ms"] == 500, td
         await c.ws.close()
+
+
+async def test_a_second_response_create_is_answered_after_the_firsts_response_created(srv: RtServer) -> None:
+    """Events are answered in the order they were sent: the first response.create's response.created comes
+    before the error for a second one sent right behind it."""
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                       "content": [{"type": "input_text", "text": "one two"}]})
+        await c.until("conversation.item.created")
+        await c.ws.send_json({"type": "response.create", "event_id": "first"})
+        await c.ws.send_json({"type": "response.create", "event_id": "second"})
+        events = await c.until("error")
+        assert [e["type"] for e in events][:1] == ["response.created"], [e["type"] for e in events]
+        assert (events[-1]["error"]["code"], events[-1]["error"]["event_id"]) == (
+            "conversation_already_has_active_response", "second")
+        await c.until("response.done")
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
