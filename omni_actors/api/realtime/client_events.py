@@ -113,7 +113,8 @@ class ContentIn(msgspec.Struct, kw_only=True):
 
 class ItemIn(msgspec.Struct, kw_only=True):
     id: str | None = None
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "item_reference"] = "message"
+    """("item_reference": in response.create's `input` only, an item of the conversation by its `id`.)"""
     role: Literal["user", "assistant", "system"] | None = None
     content: list[ContentIn] = []
     call_id: str | None = None

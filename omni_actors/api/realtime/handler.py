@@ -161,6 +161,9 @@ class RealtimeSession(InputAudio):
                 await self.send(ev.BufferCleared())
             case ce.ItemCreate(item=it, previous_item_id=prev):
                 try:
+                    if it.type == "item_reference":
+                        raise ce.BadEvent("an item_reference names an item for response.create's `input`; it "
+                                          "is not an item to add", param="item.type")
                     (item,) = await self._items_from_client([it])
                     prev = self.conversation.add(item, prev)
                 except ce.BadEvent as err:
@@ -269,6 +272,16 @@ class RealtimeSession(InputAudio):
             return [item_from_client(it, fmt) for it in items]
         return await off_loop(lambda: [item_from_client(it, fmt) for it in items])
 
+    async def _response_input(self, items: list[ce.ItemIn]) -> list[Item]:
+        """response.create's `input`: new items, and `item_reference`s to the conversation's, in order."""
+        for i, it in enumerate(items):
+            if it.type == "item_reference" and (it.id is None or self.conversation.get(it.id) is None):
+                raise ce.BadEvent(f"item {it.id!r} does not exist", code="item_not_found",
+                                  param=f"response.input[{i}].id")
+        made = iter(await self._items_from_client([it for it in items if it.type != "item_reference"]))
+        return [self.conversation.get(it.id) if it.type == "item_reference" and it.id else next(made)
+                for it in items]
+
     def _item(self, item_id: str, eid: str | None) -> Item:
         item = self.conversation.get(item_id)
         if item is None:
@@ -315,7 +328,7 @@ class RealtimeSession(InputAudio):
                     await self._check_voice(r.audio.output.voice, "response.audio.output.voice")
             context = None
             if r is not None and r.input is not None:
-                context = await self._items_from_client(list(r.input))
+                context = await self._response_input(list(r.input))
             opts = Options.build(self.cfg, r, context)
             if (refusal := self._conversation_refusal()) is not None:  # (a bad field is named first)
                 raise ce.BadEvent(refusal, code="unsupported_session_type")

@@ -117,3 +117,31 @@ async def test_a_second_response_create_is_answered_after_the_firsts_response_cr
         await c.until("response.done")
         await c.ws.close()
     await eventually(lambda: idle(srv.orch))
+
+
+async def test_an_out_of_band_response_takes_item_references(srv: RtServer) -> None:
+    """response.create's `input` may name conversation items (`item_reference`), as OpenAI's does; an unknown
+    one is item_not_found naming its place, and a reference is no item to add to the conversation."""
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("conversation.item.create", item={"id": "said", "type": "message", "role": "user",
+                                                       "content": [{"type": "input_text", "text": "red green"}]})
+        await c.until("conversation.item.created")
+        await c.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                       "content": [{"type": "input_text", "text": "blue"}]})
+        await c.until("conversation.item.created")
+        await c.send("response.create", response={"conversation": "none", "modalities": ["text"],
+                                                  "max_output_tokens": 2,
+                                                  "input": [{"type": "item_reference", "id": "said"}]})
+        events = await c.until("response.done")
+        text = "".join(e["delta"] for e in events if e["type"] in ("response.text.delta", "response.output_text.delta"))
+        assert text == "red green", [e["type"] for e in events]  # the synthetic stage repeats the last message
+        await c.send("response.create", response={"conversation": "none", "input": [
+            {"type": "item_reference", "id": "said"}, {"type": "item_reference", "id": "nope"}]}, event_id="ref")
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["code"], err["param"], err["event_id"]) == ("item_not_found", "response.input[1].id", "ref"), err
+        await c.send("conversation.item.create", item={"type": "item_reference", "id": "said"}, event_id="add")
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"]) == ("item.type", "add"), err
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
