@@ -92,22 +92,31 @@ def image_problem(err: Exception) -> str:
     return _OBJECT_REPR.sub("", str(err)).strip() or type(err).__name__
 
 
-def decode_image(raw: bytes, param: str) -> np.ndarray:
-    """Image file bytes -> uint8 RGB [H, W, 3]; a 400 naming `param` if they are none."""
+def open_image(raw: bytes, param: str, what: str = "the file") -> Any:
+    """`raw` decoded by PIL (loaded), or a 400 naming `param`: `image_too_large` past MAX_IMAGE_PIXELS,
+    checked from its header before any pixel is decoded (and PIL's own guard, which raises a
+    DecompressionBombError past twice its limit); `invalid_image` if it is no image PIL reads. The one
+    opening of a client's image: chat parts, edit uploads and masks, a video's first frame."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(raw)) as img:
-            width, height = img.size
-            if width * height > MAX_IMAGE_PIXELS:
-                raise bad_request(f"image of {width}x{height} pixels is over the limit of "
-                                  f"{MAX_IMAGE_PIXELS} pixels", param, "image_too_large")
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except Image.DecompressionBombError:  # (PIL's own limit, far past ours: it refuses before we look)
-        raise bad_request(f"image is over the limit of {MAX_IMAGE_PIXELS} pixels", param,
+        img = Image.open(io.BytesIO(raw))
+        if img.width * img.height > MAX_IMAGE_PIXELS:
+            raise bad_request(f"{what} is {img.width}x{img.height} pixels, over the limit of {MAX_IMAGE_PIXELS}",
+                              param, "image_too_large")
+        img.load()
+        return img
+    except Image.DecompressionBombError:
+        raise bad_request(f"{what} is over the limit of {MAX_IMAGE_PIXELS} pixels", param,
                           "image_too_large") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise bad_request(f"cannot decode image: {image_problem(err)}", param, "invalid_image") from None
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise bad_request(f"{what} does not decode as an image: {image_problem(err)}", param,
+                          "invalid_image") from None
+
+
+def decode_image(raw: bytes, param: str) -> np.ndarray:
+    """Image file bytes -> uint8 RGB [H, W, 3]; a 400 naming `param` if they are none (open_image)."""
+    return np.asarray(open_image(raw, param).convert("RGB"), dtype=np.uint8)
 
 
 def _file(ref: FileRef, files: dict[str, bytes], where: str) -> tuple[str, Any]:

@@ -21,7 +21,6 @@ field; a model that cannot edit is a 400 saying what it does.
 from __future__ import annotations
 
 import asyncio
-import io
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ from omni_actors.api.calls import (
     orchestrator,
     route_model,
 )
-from omni_actors.api.chat_inputs import MAX_IMAGE_PIXELS, image_problem
+from omni_actors.api.chat_inputs import open_image
 from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.images import (
@@ -93,23 +92,11 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
 
 
 def _open(blob: bytes, what: str, param: str) -> Any:
-    """`blob` decoded by PIL, turned upright by its EXIF orientation (as a viewer shows a phone photo, and
-    as a mask drawn over it lines up); a 400 naming `param` if it does not decode or is larger than
-    MAX_IMAGE_PIXELS (checked from the header, before any pixel is decoded: PIL's own guard raises a
-    DecompressionBombError, not an OSError, past twice its limit and only warns below that)."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    """`blob` opened (chat_inputs.open_image) and turned upright by its EXIF orientation, as a viewer
+    shows a phone photo, so that a mask drawn over it lines up."""
+    from PIL import ImageOps
 
-    try:
-        img = Image.open(io.BytesIO(blob))
-        w, h = img.size
-        if w * h > MAX_IMAGE_PIXELS:
-            raise bad_request(f"{what} is {w}x{h} pixels, over the limit of {MAX_IMAGE_PIXELS}", param,
-                              "image_too_large")
-        img.load()
-        return ImageOps.exif_transpose(img)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
-        raise bad_request(f"{what} does not decode as an image: {image_problem(err)}", param,
-                          "invalid_image") from None
+    return ImageOps.exif_transpose(open_image(blob, param, what))
 
 
 def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], np.ndarray | None]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 import math
 from typing import Any
@@ -18,7 +17,7 @@ import numpy as np
 from aiohttp import web
 
 from omni_actors.api.calls import orchestrator
-from omni_actors.api.chat_inputs import MAX_IMAGE_PIXELS, image_problem
+from omni_actors.api.chat_inputs import open_image
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
 from omni_actors.api.multipart import BodyBudget, form_parts
@@ -161,18 +160,8 @@ def parse_reference(fields: dict[str, str], upload: bytes | None, caps: dict[str
 
 
 def decode_image(data: bytes, param: str) -> np.ndarray:
-    """An uploaded image as uint8 [H, W, 3]; 400 naming `param` if it does not decode."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.width * img.height > MAX_IMAGE_PIXELS:  # from the header, before decoding a pixel
-                raise bad_request(f"{param}: the image is {img.width}x{img.height} pixels, over the limit of "
-                                  f"{MAX_IMAGE_PIXELS}", param, "image_too_large")
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
-        raise bad_request(f"{param}: the upload is not an image this server decodes: {image_problem(err)}", param,
-                          "invalid_image") from None
+    """An uploaded image as uint8 [H, W, 3]; 400 naming `param` if it does not decode (open_image)."""
+    return np.asarray(open_image(data, param, f"{param}: the upload").convert("RGB"), dtype=np.uint8)
 
 
 def opt_int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:

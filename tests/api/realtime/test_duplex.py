@@ -37,10 +37,9 @@ TEXT_EVENTS = ("response.audio_transcript.delta", "response.output_audio_transcr
 
 @pytest.fixture(scope="module")
 async def srv(tiny_moshi: Path) -> AsyncIterator[RtServer]:
-    model = tiny_moshi
     stages = [{"stage_id": 0, "max_num_seqs": SLOTS, "default_sampling_params": {"seed": SEED},
                "engine_extras": {"frame_budget": 0}}]  # (SLOTS whatever a frame takes on a loaded box)
-    async with serve_rt("moshi", model=str(model), stages=stages) as server:
+    async with serve_rt("moshi", model=str(tiny_moshi), stages=stages) as server:
         yield server
 
 

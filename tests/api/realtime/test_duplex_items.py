@@ -24,9 +24,8 @@ FRAME_MS = 80
 
 @pytest.fixture(scope="module")
 async def srv(tiny_moshi: Path) -> AsyncIterator[RtServer]:
-    model = tiny_moshi
     stages = [{"stage_id": 0, "max_num_seqs": 2, "engine_extras": {"frame_budget": 0}}]
-    async with serve_rt("moshi", model=str(model), stages=stages) as server:
+    async with serve_rt("moshi", model=str(tiny_moshi), stages=stages) as server:
         yield server
 
 

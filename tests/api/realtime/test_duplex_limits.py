@@ -26,9 +26,8 @@ SLOTS = 2
 
 @pytest.fixture(scope="module")
 async def srv(tiny_moshi: Path) -> AsyncIterator[RtServer]:
-    model = tiny_moshi
     stages = [{"stage_id": 0, "max_num_seqs": SLOTS, "engine_extras": {"frame_budget": 0}}]
-    async with serve_rt("moshi", model=str(model), stages=stages,
+    async with serve_rt("moshi", model=str(tiny_moshi), stages=stages,
                         server={"max_realtime_sessions": SLOTS}) as server:
         yield server
 
@@ -145,10 +144,9 @@ async def test_a_stream_the_server_aborts_ends_the_session_with_an_error(srv: Rt
 
 
 async def test_slots_a_frame_cannot_step_in_time_are_dropped_and_the_session_limit_follows(tiny_moshi: Path) -> None:
-    model = tiny_moshi
     # No real step fits a millionth of a frame: the engine keeps one slot, the least it can.
     stages = [{"stage_id": 0, "max_num_seqs": 3, "engine_extras": {"frame_budget": 1e-6}}]
-    async with serve_rt("moshi", model=str(model), stages=stages) as small, aiohttp.ClientSession() as http:
+    async with serve_rt("moshi", model=str(tiny_moshi), stages=stages) as small, aiohttp.ClientSession() as http:
         assert small.orch.workers[0][0].capacity == 1
         sdk = AsyncOpenAI(api_key=small.key, base_url=f"{small.url}/v1", max_retries=0)
         listed = (await sdk.models.retrieve("moshi")).model_extra
@@ -172,8 +170,7 @@ async def test_a_frame_budget_that_is_no_share_of_a_frame_fails_start_naming_it(
     from omni_actors.orchestrator.core import Orchestrator
     from tests.conftest import make_deploy
 
-    model = tiny_moshi
-    orch = Orchestrator(make_deploy("moshi", model=str(model), stages=[
+    orch = Orchestrator(make_deploy("moshi", model=str(tiny_moshi), stages=[
         {"stage_id": 0, "max_num_seqs": 1, "engine_extras": {"frame_budget": "fast"}}]))
     with pytest.raises(StartupError) as err:
         await orch.start()
