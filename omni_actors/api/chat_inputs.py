@@ -92,11 +92,12 @@ def image_problem(err: Exception) -> str:
     return _OBJECT_REPR.sub("", str(err)).strip() or type(err).__name__
 
 
-def open_image(raw: bytes, param: str, what: str = "the file") -> Any:
+def open_image(raw: bytes, param: str, what: str, not_image: str | None = None) -> Any:
     """`raw` decoded by PIL (loaded), or a 400 naming `param`: `image_too_large` past MAX_IMAGE_PIXELS,
     checked from its header before any pixel is decoded (and PIL's own guard, which raises a
     DecompressionBombError past twice its limit); `invalid_image` if it is no image PIL reads. The one
-    opening of a client's image: chat parts, edit uploads and masks, a video's first frame."""
+    opening of a client's image: chat parts, edit uploads and masks, a video's first frame. `not_image`:
+    the invalid_image message's start (default "<what> does not decode as an image")."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -110,13 +111,13 @@ def open_image(raw: bytes, param: str, what: str = "the file") -> Any:
         raise bad_request(f"{what} is over the limit of {MAX_IMAGE_PIXELS} pixels", param,
                           "image_too_large") from None
     except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise bad_request(f"{what} does not decode as an image: {image_problem(err)}", param,
+        raise bad_request(f"{not_image or f'{what} does not decode as an image'}: {image_problem(err)}", param,
                           "invalid_image") from None
 
 
 def decode_image(raw: bytes, param: str) -> np.ndarray:
     """Image file bytes -> uint8 RGB [H, W, 3]; a 400 naming `param` if they are none (open_image)."""
-    return np.asarray(open_image(raw, param).convert("RGB"), dtype=np.uint8)
+    return np.asarray(open_image(raw, param, "image", not_image="cannot decode image").convert("RGB"), dtype=np.uint8)
 
 
 def _file(ref: FileRef, files: dict[str, bytes], where: str) -> tuple[str, Any]:

@@ -161,7 +161,8 @@ def parse_reference(fields: dict[str, str], upload: bytes | None, caps: dict[str
 
 def decode_image(data: bytes, param: str) -> np.ndarray:
     """An uploaded image as uint8 [H, W, 3]; 400 naming `param` if it does not decode (open_image)."""
-    return np.asarray(open_image(data, param, f"{param}: the upload").convert("RGB"), dtype=np.uint8)
+    img = open_image(data, param, f"{param}: the image", not_image=f"{param}: the upload is not an image this server decodes")
+    return np.asarray(img.convert("RGB"), dtype=np.uint8)
 
 
 def opt_int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:
