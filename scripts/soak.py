@@ -149,7 +149,7 @@ class Realtime:
 
     async def turn(self) -> None:
         """An out-of-band response (`conversation: none`): the session's context does not grow.
-        Raises Busy while the previous turn runs (a session answers one response at a time)."""
+        Raises Busy while the previous turn runs (this client keeps one turn at a time; the server runs up to 4)."""
         if self.lock.locked():
             raise Busy
         async with self.lock:

@@ -21,6 +21,7 @@ from omni_actors.api.schemas import (
     MAX_TOOLS,
     FunctionName,
     Instructions,
+    Metadata,
     Name,
     Temperature,
     TokenCount,
@@ -145,7 +146,7 @@ class ResponseIn(msgspec.Struct, kw_only=True):
     max_response_output_tokens: MaxTokens | None = None
     max_output_tokens: MaxTokens | None = None
     conversation: str | None = None  # "auto" | "none"
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     input: list[ItemIn] | None = None
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None

@@ -93,33 +93,50 @@ def render_item(item: Item, dialect: ev.Dialect, with_audio: bool = False) -> di
     return out
 
 
-def item_from_client(it: ce.ItemIn, input_format: str) -> Item:
-    """A client-created item; its audio parts are decoded to VAD_RATE float32."""
+PARTS_BY_ROLE: dict[ev.Dialect, dict[str, frozenset[str]]] = {
+    # GA: the SDK's RealtimeConversationItem{System,User,Assistant}Message (input_image: not served here).
+    "ga": {"system": frozenset({"input_text"}), "user": frozenset({"input_text", "input_audio"}),
+           "assistant": frozenset({"output_text", "output_audio"})},
+    # Beta names `text` (and renders `audio`) for the assistant. A session is beta until a GA session.update,
+    # and a GA client need not send one first: a beta session takes the GA assistant names too.
+    "beta": {"system": frozenset({"input_text"}), "user": frozenset({"input_text", "input_audio"}),
+             "assistant": frozenset({"text", "audio", "output_text", "output_audio"})},
+}
+"""The content part types a client's message item may carry, by dialect and role."""
+
+
+def item_from_client(it: ce.ItemIn, input_format: str, dialect: ev.Dialect = "beta", where: str = "item") -> Item:
+    """A client-created item; its audio parts are decoded to VAD_RATE float32. A bad field is a BadEvent
+    whose `param` starts with `where` ("item", or "response.input[2]" for response.create's `input`)."""
     if it.type == "message" and it.role is None:
-        raise ce.BadEvent("a message item needs a role", param="item.role")
+        raise ce.BadEvent("a message item needs a role", param=f"{where}.role")
     if it.type != "message":
         needed = ("call_id", "name", "arguments") if it.type == "function_call" else ("call_id", "output")
         for key in needed:
             if getattr(it, key) is None:
-                raise ce.BadEvent(f"a {it.type} item needs `{key}`", param=f"item.{key}")
+                raise ce.BadEvent(f"a {it.type} item needs `{key}`", param=f"{where}.{key}")
+    allowed = PARTS_BY_ROLE[dialect][it.role or "user"]
     parts = []
     for i, c in enumerate(it.content):
+        if it.type == "message" and c.type not in allowed:
+            why = "is not served here (no images over realtime)" if c.type == "input_image" else "is not allowed"
+            raise ce.BadEvent(f"content type {c.type!r} {why} in a {it.role} message; expected one of "
+                              f"{', '.join(repr(t) for t in sorted(allowed))}", param=f"{where}.content[{i}].type")
         if c.type in ("input_text", "text", "output_text"):
-            kind = "input_text" if it.role in ("user", "system") else "text"
-            parts.append(Part(kind, text=c.text or ""))
+            parts.append(Part(c.type if c.type == "input_text" else "text", text=c.text or ""))
         elif c.type == "input_audio":
             audio = None
             if c.audio:
                 try:
                     x, rate = decode_wire(c.audio, input_format)
                 except ValueError as err:
-                    raise ce.BadEvent(str(err), param=f"item.content[{i}].audio") from None
+                    raise ce.BadEvent(str(err), param=f"{where}.content[{i}].audio") from None
                 audio = resample(x, rate, VAD_RATE)
             parts.append(Part("input_audio", audio=audio, transcript=c.transcript))
         elif c.type in ("audio", "output_audio"):
             parts.append(Part("audio", transcript=c.transcript or ""))
         else:
-            raise ce.BadEvent(f"unsupported content type {c.type!r}", param=f"item.content[{i}].type")
+            raise ce.BadEvent(f"unsupported content type {c.type!r}", param=f"{where}.content[{i}].type")
     return Item(id=it.id or new_id("item"), role=it.role, content=parts, type=it.type,
                 call_id=it.call_id, name=it.name, arguments=it.arguments, output=it.output)
 

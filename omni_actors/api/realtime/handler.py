@@ -2,10 +2,11 @@
 
 The loop decodes each client event and dispatches it with `match`. Input audio
 (appends, VAD turns, commits, live transcription) is input_audio.py's half of the
-session. Responses run as tasks (responses.py) that send their own deltas; a
-transcription session transcribes each committed turn instead (transcription.py).
-Any bad event is answered with an `error` event and the session goes on; a closed
-or vanished client aborts its response in every stage of the pipeline.
+session. Responses run as tasks (responses.py) that send their own deltas: the
+conversation's, one at a time, and out-of-band ones (`conversation: "none"`) beside
+it, MAX_RESPONSES in all; a transcription session transcribes each committed turn
+instead (transcription.py). Any bad event is answered with an `error` event and the
+session goes on; a closed or vanished client aborts its responses in every stage.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ MAX_EVENT_BYTES = 15 * 1024 * 1024 + 64 * 1024
 INLINE_AUDIO_SAMPLES = 16000
 """Conversation items with at most this much audio (base64 characters to decode, or 16 kHz samples
 to encode: about a second) are converted on the loop; bigger ones in the thread pool."""
+MAX_RESPONSES = 4
+"""Responses one session runs at once: its conversation's (one at most) and out-of-band ones
+(`response.conversation: "none"`); one more is an `error` (response_limit_reached)."""
 
 class ClientGone(ConnectionError):
     """The WebSocket closed while we were sending to it."""
@@ -80,7 +84,8 @@ class RealtimeSession(InputAudio):
         self.conversation = Conversation()
         self.buffer = InputBuffer()
         self.timeline = 0  # 16 kHz samples of input audio so far
-        self.response: ResponseRun | None = None
+        self.response: ResponseRun | None = None  # the conversation's response in progress
+        self.responses: dict[str, ResponseRun] = {}  # every response in progress, out-of-band ones too
         self._transcriptions: set[asyncio.Task] = set()  # a transcription session's turns in flight
         self._live: LiveTurn | None = None  # the turn a streaming recognizer is hearing now
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), VAD_RATE)
@@ -116,7 +121,7 @@ class RealtimeSession(InputAudio):
                 try:
                     msg = await self.ws.receive(timeout=idle_timeout_s)
                 except TimeoutError:
-                    if self.response is not None:
+                    if self.responses:
                         continue
                     log.info("realtime.idle_timeout", session_id=self.id)
                     await self.ws.close(code=1000, message=b"idle timeout")
@@ -164,7 +169,7 @@ class RealtimeSession(InputAudio):
                     if it.type == "item_reference":
                         raise ce.BadEvent("an item_reference names an item for response.create's `input`; it "
                                           "is not an item to add", param="item.type")
-                    (item,) = await self._items_from_client([it])
+                    (item,) = await self._items_from_client([("item", it)])
                     prev = self.conversation.add(item, prev)
                 except ce.BadEvent as err:
                     err.event_id = eid
@@ -184,11 +189,12 @@ class RealtimeSession(InputAudio):
                 await self.send(ev.ItemDeleted(item_id=item_id))
             case ce.ResponseCreate(response=r):
                 await self._create_response(r, eid)
-            case ce.ResponseCancel(response_id=rid):
-                if self.response is None or (rid is not None and rid != self.response.id):
+            case ce.ResponseCancel(response_id=rid):  # (no id: the conversation's, as OpenAI's)
+                run = self.response if rid is None else self.responses.get(rid)
+                if run is None:
                     raise ce.BadEvent("no active response to cancel", code="response_cancel_not_active",
                                       param="response_id" if rid else None, event_id=eid)
-                await self._cancel_response("client_cancelled")
+                await self._cancel_response("client_cancelled", run)
             case ce.OutputAudioClear():
                 await self.send(ev.OutputAudioCleared())
 
@@ -262,15 +268,15 @@ class RealtimeSession(InputAudio):
     def _conversation_refusal(self) -> str | None:
         """Why this session's pipeline cannot answer a conversation (transcription.py), else None."""
         return conversation_refusal(self.orch.pipeline, self.cfg.model)
-    async def _items_from_client(self, items: list[ce.ItemIn]) -> list[Item]:
-        """Client items with their audio decoded: refused by size before any decoding (the
-        session's audio limit, from the base64 length), decoded off the loop when big."""
-        b64 = [len(c.audio) for it in items for c in it.content if c.type == "input_audio" and c.audio]
+    async def _items_from_client(self, items: list[tuple[str, ce.ItemIn]]) -> list[Item]:
+        """Client items (each with the `param` that names it) with their audio decoded: refused by size
+        before any decoding (the session's audio limit, from the base64 length), decoded off the loop when big."""
+        b64 = [len(c.audio) for _, it in items for c in it.content if c.type == "input_audio" and c.audio]
         self._check_audio_room(sum(self._vad_samples(n) for n in b64))
-        fmt = self.cfg.input_audio_format
+        fmt, dialect = self.cfg.input_audio_format, self.dialect
         if sum(b64) <= INLINE_AUDIO_SAMPLES:
-            return [item_from_client(it, fmt) for it in items]
-        return await off_loop(lambda: [item_from_client(it, fmt) for it in items])
+            return [item_from_client(it, fmt, dialect, where) for where, it in items]
+        return await off_loop(lambda: [item_from_client(it, fmt, dialect, where) for where, it in items])
 
     async def _response_input(self, items: list[ce.ItemIn]) -> list[Item]:
         """response.create's `input`: new items, and `item_reference`s to the conversation's, in order."""
@@ -278,7 +284,8 @@ class RealtimeSession(InputAudio):
             if it.type == "item_reference" and (it.id is None or self.conversation.get(it.id) is None):
                 raise ce.BadEvent(f"item {it.id!r} does not exist", code="item_not_found",
                                   param=f"response.input[{i}].id")
-        made = iter(await self._items_from_client([it for it in items if it.type != "item_reference"]))
+        made = iter(await self._items_from_client([(f"response.input[{i}]", it) for i, it in enumerate(items)
+                                                    if it.type != "item_reference"]))
         return [self.conversation.get(it.id) if it.type == "item_reference" and it.id else next(made)
                 for it in items]
 
@@ -316,9 +323,14 @@ class RealtimeSession(InputAudio):
         if self.cfg.type == "transcription":
             raise ce.BadEvent("a transcription session makes no responses; its committed turns are transcribed",
                               code="unsupported_in_transcription_session", event_id=eid)
-        if self.response is not None:
+        out_of_band = r is not None and r.conversation == "none"  # (runs beside the conversation's)
+        if self.response is not None and not out_of_band:
             raise ce.BadEvent(f"conversation already has an active response {self.response.id}",
                               code="conversation_already_has_active_response", event_id=eid)
+        if len(self.responses) >= MAX_RESPONSES:
+            raise ce.BadEvent(f"this session already runs {MAX_RESPONSES} responses, the most it runs at once; "
+                              "wait for a response.done or cancel one", code="response_limit_reached",
+                              event_id=eid)
         try:
             if r is not None:
                 self._refuse_tools(r.tools, r.tool_choice, "response.")
@@ -335,7 +347,10 @@ class RealtimeSession(InputAudio):
         except ce.BadEvent as err:
             err.event_id = eid
             raise
-        self.response = run = ResponseRun(self, opts)
+        run = ResponseRun(self, opts)
+        self.responses[run.id] = run
+        if opts.in_conversation:
+            self.response = run
         # Sent here, not from the run's task: a client's next event (a second response.create, a cancel)
         # is answered after this one's response.created, in the order it sent them.
         await self.send(ev.ResponseCreated(response=run.render()))
@@ -354,22 +369,25 @@ class RealtimeSession(InputAudio):
             if not isinstance(err, ClientGone):
                 log.error("realtime.response_failed", session_id=self.id, error=repr(err))
 
-    async def _cancel_response(self, reason: str) -> None:
-        run = self.response
+    async def _cancel_response(self, reason: str, run: ResponseRun | None = None) -> None:
+        """Stop `run` (default: the conversation's response) and wait for its response.done."""
+        run = run or self.response
         if run is None or run.task is None:
             return
         run.cancel(reason)
         await asyncio.wait({run.task})
 
     async def _close_response(self) -> None:
-        """Stop the response and any turn still being transcribed (each aborts its request)."""
+        """Stop every response and any turn still being transcribed (each aborts its request)."""
         pending = set(self._transcriptions)
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
-        run = self.response
-        if run is not None and run.task is not None:
+        tasks = {run.task for run in self.responses.values() if run.task is not None}
+        for run in self.responses.values():
             run.cancel("client_gone")
-            run.task.cancel()
-            await asyncio.wait({run.task})
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)

@@ -1,6 +1,6 @@
 """One Realtime response: the conversation in, the orchestrator's stream out as deltas.
 
-    run = ResponseRun(host, options); host.response = run; task = run.start()
+    run = ResponseRun(host, options); host.responses[run.id] = run; task = run.start()
     run.cancel("turn_detected"); await run.task          # aborts every stage, ends with response.done
 
 `host` is the connection's session (handler.py): it supplies `orch`, `cfg`,
@@ -76,7 +76,8 @@ class Host(Protocol):
     cfg: SessionConfig
     conversation: Conversation
     dialect: ev.Dialect
-    response: ResponseRun | None
+    response: ResponseRun | None  # the conversation's response in progress
+    responses: dict[str, ResponseRun]  # every response in progress, out-of-band ones too (each removes itself)
     stats: RealtimeStats
 
     async def send(self, event: ev.ServerEvent) -> None: ...
@@ -168,6 +169,7 @@ class ResponseRun:
         finally:
             if self.stream is not None and not self.stream.ended:
                 self.stream.abort()  # the task was cancelled or a send failed: stop every stage
+            h.responses.pop(self.id, None)
             if h.response is self:
                 h.response = None
 

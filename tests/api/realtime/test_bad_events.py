@@ -152,7 +152,7 @@ async def test_response_create_with_bad_values_starts_nothing(srv: RtServer) -> 
             ({"modalities": []}, "response.modalities"),  # as session.update refuses it
             ({"output_modalities": []}, "response.output_modalities"),
             ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_video"}]}]},
-             "item.content[0].type"),
+             "response.input[0].content[0].type"),
         ]
         for i, (fields, param) in enumerate(bad):
             await c.send("response.create", response=fields, event_id=f"bad{i}")
