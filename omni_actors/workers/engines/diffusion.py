@@ -76,6 +76,7 @@ class DiffusionEngine(BatchedPipelineEngine):
     ZYGOTE_PRELOAD = (*TORCH_PRELOAD, "diffusers.pipelines.pipeline_utils")
 
     KIND = "diffusion"
+    UNITS = "images (n)"
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -135,12 +136,8 @@ class DiffusionEngine(BatchedPipelineEngine):
         self._batch = None
         if report[0] != "timeout":
             batch.join()  # it has reported its end; let it finish freeing tensors first
-        if report[0] in ("error", "timeout"):
-            return [
-                EngineOutput(j.request_id, {}, finished=True, error=report[1])
-                for j in batch.jobs
-                if j.request_id in batch.live
-            ]
+        if report[0] in ("error", "timeout", "oom"):
+            return self._batch_failed(batch, report)
         outs = self._final_outputs(batch, report[1], report[2])
         log.debug("diffusion.batch_done", size=len(batch.jobs), **batch.timings_ms())
         return outs
@@ -165,13 +162,19 @@ class DiffusionEngine(BatchedPipelineEngine):
             )
         return job
 
+    def _asked(self, job: DiffusionJob) -> str:
+        size = f"{job.width}x{job.height}" if job.width and job.height else "the default size"
+        return f"{size} with {job.n} image{'s' if job.n != 1 else ''}"
+
     def _start_batch(self) -> Batch:
-        head = self._queue.popleft()
+        head, alone = self._next_head()
         jobs, rest, images = [head], deque(), head.n
         while self._queue:
             job = self._queue.popleft()
             if (
-                not self.caps.one_prompt
+                not alone
+                and self._may_join(job)
+                and not self.caps.one_prompt
                 and job.batch_key == head.batch_key
                 and len(jobs) < self._max_batch
                 and images + job.n <= self._max_batch_images

@@ -6,6 +6,11 @@ handoff per step cost served requests about 10% on CPU and kept the GPU idle
 between steps). The engine's `step()` takes one report at a time, in order.
 Aborting sets a flag that the step callback checks: the pipeline call raises
 and unwinds between steps.
+
+A batch that runs out of accelerator memory reports "oom" (its memory is handed back to
+the device once it has unwound): requests that were batched together go back to the head of
+the queue to run one at a time, and one that fails alone is refused as too large (a 400
+naming `size`), while the worker serves on.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 import structlog
 
 from omni_actors.errors import ConfigError
-from omni_actors.workers.engine import EngineContext, StageEngine
+from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +49,27 @@ BUSY_AFTER_BATCH_S = 0.5
 
 class _Cancelled(Exception):
     """Raised inside the pipeline call to stop a batch between steps."""
+
+
+def _failure(err: Exception) -> tuple[str, str]:
+    """A failed batch's report: ("oom", what it tried to allocate) for an accelerator allocation
+    failure, else ("error", the exception)."""
+    import torch
+
+    text = str(err)
+    said = "out of memory" in text or "can't allocate memory" in text  # (the CPU allocator's words)
+    if isinstance(err, torch.OutOfMemoryError) or (isinstance(err, RuntimeError) and said):
+        # torch's message goes on about the process's memory; the first two sentences say what failed.
+        return "oom", ". ".join(text.split(". ")[:2]).strip().rstrip(".")
+    return "error", f"{type(err).__name__}: {err}"
+
+
+def _return_device_memory() -> None:
+    """Hand the failed batch's cached blocks back to the device (other stages may share it)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class Runner:
@@ -112,7 +138,7 @@ class Batch:
 
     def wait_report(self) -> tuple[Any, ...]:
         """("progress", done, total, preview | None) | ("decoding", done, total)
-        | ("done", converted, total) | ("error" | "timeout", message).
+        | ("done", converted, total) | ("error" | "timeout" | "oom", message).
 
         `converted` is the converter's payload (see diffusion_outputs.py), rows in call order."""
         try:
@@ -165,7 +191,13 @@ class Batch:
                 extra, undo = self._prepare()
             except Exception as err:  # a thread boundary: the batch fails, the worker lives on
                 log.warning("diffusion.batch_failed", error=repr(err), requests=len(self.jobs))
-                self._reports.put(("error", f"{type(err).__name__}: {err}"))
+                failed = _failure(err)
+            else:
+                failed = None
+            if failed is not None:
+                if failed[0] == "oom":
+                    _return_device_memory()
+                self._reports.put(failed)
                 return
             self._kwargs = {**self._kwargs, **extra}
         try:
@@ -209,10 +241,12 @@ class Batch:
             pass
         except Exception as err:  # a thread boundary: the batch fails, the worker lives on
             log.warning("diffusion.batch_failed", error=repr(err), requests=len(self.jobs))
-            report = ("error", f"{type(err).__name__}: {err}")
+            report = _failure(err)
         finally:
             if not self._use_callback:
                 del scheduler.step
+        if report is not None and report[0] == "oom":
+            _return_device_memory()  # the call's frames (and their tensors) are gone by now
         # Report last: once it is read, the next batch may hook the scheduler.
         if report is not None:
             self._reports.put(report)
@@ -226,11 +260,16 @@ class BatchedPipelineEngine(StageEngine):
     (`_parse`), and start (`_start_batch`) and step batches themselves."""
 
     KIND = "pipeline"
+    UNITS = "outputs"
+    """What a request may ask fewer of when it does not fit (a memory refusal says it)."""
     _max_batch = 1
     """Requests one batch may hold; subclasses set it from the deploy."""
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
+        from omni_actors.workers.engines.torch_setup import cap_device_memory
+
+        cap_device_memory(ctx)
         self._queue: deque[Any] = deque()
         self._running: Batch | None = None
         self._ended_at: float | None = None
@@ -246,6 +285,8 @@ class BatchedPipelineEngine(StageEngine):
             raise ConfigError(f"engine_extras.batch_gather_ms must be a number of ms in [0, 1000], got {gather_ms!r}")
         self._gather_s = gather_ms / 1000
         self._runner_thread: Runner | None = None
+        self._alone: set[str] = set()
+        """Requests that ran out of memory in a batch with others: each runs alone next."""
 
     @property
     def _batch(self) -> Batch | None:
@@ -282,6 +323,39 @@ class BatchedPipelineEngine(StageEngine):
     def _parse(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
         raise NotImplementedError
 
+    def _asked(self, job: Any) -> str:
+        """What `job` asked for, as a refusal for memory names it ("1024x1024, 4 images")."""
+        raise NotImplementedError
+
+    def _next_head(self) -> tuple[Any, bool]:
+        """(the next batch's first job, whether it must run alone)."""
+        head = self._queue.popleft()
+        alone = head.request_id in self._alone
+        self._alone.discard(head.request_id)
+        return head, alone
+
+    def _may_join(self, job: Any) -> bool:
+        """Whether `job` may join another's batch (not while it waits to run alone)."""
+        return job.request_id not in self._alone
+
+    def _batch_failed(self, batch: Batch, report: tuple[Any, ...]) -> list[EngineOutput]:
+        """Outputs for a batch that ended in ("error" | "timeout" | "oom", message): its live requests
+        fail, except that requests out of memory together go back to the head of the queue, to run
+        one at a time; one out of memory alone is refused (a 400 naming `size`)."""
+        live = [j for j in batch.jobs if j.request_id in batch.live]
+        if report[0] != "oom":
+            return [EngineOutput(j.request_id, {}, finished=True, error=report[1]) for j in live]
+        if len(live) > 1:
+            log.warning(f"{self.KIND}.batch_out_of_memory", requests=len(live), then="one at a time")
+            self._alone.update(j.request_id for j in live)
+            self._queue.extendleft(reversed(live))
+            return []
+        return [EngineOutput(
+            j.request_id, {}, finished=True, rejected=True,
+            error=f"size: {self._asked(j)} needs more accelerator memory than this server has free "
+                  f"({report[1]}); ask for a smaller size or fewer {self.UNITS}",
+        ) for j in live]  # fmt: skip
+
     def add(self, request_id: str, inputs: dict[str, Any], params: dict[str, Any],
             streaming: bool = False) -> None:
         if streaming:
@@ -297,6 +371,7 @@ class BatchedPipelineEngine(StageEngine):
 
     def abort(self, request_id: str) -> None:
         self._queue = deque(j for j in self._queue if j.request_id != request_id)
+        self._alone.discard(request_id)
         batch = self._batch
         if batch is not None and request_id in batch.live:
             batch.live.discard(request_id)
@@ -313,6 +388,7 @@ class BatchedPipelineEngine(StageEngine):
             self._batch.cancel()
             self._batch = None
         self._queue.clear()
+        self._alone.clear()
         if self._runner_thread is not None:
             self._runner_thread.close()
 

@@ -1,5 +1,5 @@
 """The torch setup stage engines share: dtype names, the load dtype, where weights load, CPU threads,
-seeded generators, attention backends for forwards of varying shapes."""
+seeded generators, attention backends for forwards of varying shapes, a stage's share of its device."""
 
 from __future__ import annotations
 
@@ -32,6 +32,16 @@ def weights_device_map(ctx: EngineContext) -> dict[str, torch.device] | None:
         device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.synchronize(device)  # (the context is made on the first call that needs it)
     return {"": device}
+
+
+def cap_device_memory(ctx: EngineContext) -> None:
+    """On CUDA, the stage's `gpu_memory_utilization` as the most its process's allocator may take of
+    the device (`torch.cuda.set_per_process_memory_fraction`): a request too large for that share
+    fails as out of memory instead of starving the stages beside it. (Stages on vLLM reserve their
+    share themselves.) Nothing on CPU, nor at 1.0."""
+    if ctx.device != "cuda" or ctx.gpu_memory_utilization >= 1.0:
+        return
+    torch.cuda.set_per_process_memory_fraction(ctx.gpu_memory_utilization, torch.cuda.current_device())
 
 
 def one_cpu_thread(ctx: EngineContext) -> None:

@@ -110,6 +110,7 @@ class VideoEngine(BatchedPipelineEngine):
     ZYGOTE_PRELOAD = (*TORCH_PRELOAD, "diffusers.pipelines.pipeline_utils")
 
     KIND = "video"
+    UNITS = "frames (seconds)"
 
     def __init__(self, ctx: EngineContext) -> None:
         super().__init__(ctx)
@@ -168,9 +169,8 @@ class VideoEngine(BatchedPipelineEngine):
         self._batch = None
         if report[0] != "timeout":
             batch.join()
-        if report[0] in ("error", "timeout"):
-            return [EngineOutput(j.request_id, {}, finished=True, error=report[1])
-                    for j in batch.jobs if j.request_id in batch.live]
+        if report[0] in ("error", "timeout", "oom"):
+            return self._batch_failed(batch, report)
         return self._final_outputs(batch, report[1], report[2])
 
     # -- internals --
@@ -267,12 +267,18 @@ class VideoEngine(BatchedPipelineEngine):
         alone = job.image is not None and (self._first_frames is None or job.width is None)
         return (*job.batch_key, job.request_id if alone else None)
 
+    def _asked(self, job: _Job) -> str:
+        size = f"{job.width}x{job.height}" if job.width and job.height else "the default size"
+        if job.num_frames:
+            return f"{size} with {job.num_frames} frames"
+        return f"{size} for {job.seconds:g} s" if job.seconds else size
+
     def _start_batch(self) -> Batch:
-        head = self._queue.popleft()
+        head, alone = self._next_head()
         jobs, rest = [head], deque()
         while self._queue:
             job = self._queue.popleft()
-            if self._key(job) == self._key(head) and len(jobs) < self._max_batch:
+            if not alone and self._may_join(job) and self._key(job) == self._key(head) and len(jobs) < self._max_batch:
                 jobs.append(job)
             else:
                 rest.append(job)
