@@ -12,11 +12,12 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import sys
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,24 @@ def test_placeholder_model_is_reported(path: Path) -> None:
     """Left as shipped, the placeholder path fails early with a message naming `model`."""
     with pytest.raises(ConfigError, match="model: path does not exist"):
         load_deploy(path)
+
+
+def test_llm_example_tiny_command_fits_the_tiny_model(tiny_model: Callable[[str], Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command in examples/llm.yaml's comment for a tiny llama asks for no more positions than the
+    model has: vLLM refuses a larger max_model_len when the stage starts (exit 1)."""
+    from omni_actors.cli import load_from_args, parse_serve_args
+
+    text = (EXAMPLES / "llm.yaml").read_text()
+    lines = re.search(r"^#\s+(omni-run --deploy examples/llm\.yaml .*?)\\\n#\s+(.*)$", text, re.M)
+    assert lines, "examples/llm.yaml: no tiny-llama command in its comment"
+    folder = tiny_model("llama")
+    argv = shlex.split(f"{lines.group(1)} {lines.group(2)}".replace("/tmp/tiny-llama", str(folder)))
+    monkeypatch.chdir(EXAMPLES.parent)
+    [deploy] = load_from_args(parse_serve_args(argv[1:]))
+    positions = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
+    assert deploy.model == str(folder)
+    assert deploy.stage(0).engine_extras["max_model_len"] <= positions
 
 
 def test_split_examples_place_stages_on_devices(tmp_path: Path) -> None:

@@ -1,5 +1,8 @@
 """The user guides in docs/guides/: every code block runs (or, for GPUs and clusters, is validated) here.
 
+The reference pages (docs/*.md) run the blocks they mark the same way; their unmarked blocks (fragments
+that continue an earlier one) are not run.
+
 Each fenced block on a page follows a marker comment, invisible when the page is rendered:
 
     <!-- test: KIND [NAME] [slow] [expect="REGEX"] [exit=N] -->
@@ -58,7 +61,10 @@ STOP_TIMEOUT_S = 30.0
 
 MARKED = re.compile(r"^<!-- test: (.*?) -->\n```(\w+)\n(.*?)^```$", re.S | re.M)
 FENCE = re.compile(r"^```(\w+)$", re.M)
-MODELS = re.compile(r"/models/[\w.\-]+")
+MODELS = re.compile(r"(?<![\w.:/~])/models/[\w.\-]+")
+"""A checkpoint path the page names (`/models/Qwen2.5-Omni-7B`); not a route such as `/v1/models/nope`."""
+REFERENCE = sorted(p for p in (ROOT / "docs").glob("*.md") if MARKED.search(p.read_text()))
+"""Reference pages with marked blocks (serving.md, media-video.md, ...)."""
 
 
 @dataclass
@@ -173,7 +179,7 @@ class PageRun:
             (folder / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
     def code(self, block: Block) -> str:
-        code = block.code.replace("/models/", f"{self.folder}/models/")
+        code = MODELS.sub(lambda m: f"{self.folder}{m.group(0)}", block.code)
         if self.server is not None:
             for host in ("localhost:8000", "127.0.0.1:8000"):
                 code = code.replace(host, f"127.0.0.1:{self.server.port}")
@@ -301,6 +307,13 @@ def test_guide_page_runs(
     run_page(page, tmp_path, tiny_model, vllm_cache, slow=False)
 
 
+@pytest.mark.parametrize("page", REFERENCE, ids=lambda p: p.name)
+def test_reference_page_runs(
+    page: Path, tmp_path: Path, tiny_model: Callable[[str], Path], vllm_cache: Path
+) -> None:
+    run_page(page, tmp_path, tiny_model, vllm_cache, slow=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "page", [p for p in PAGES if any(b.slow for b in blocks(p))], ids=lambda p: p.name
@@ -324,6 +337,9 @@ def test_every_block_is_marked_and_every_page_listed() -> None:
         assert all(b.kind in KINDS for b in found), page.name
         assert f"({page.name})" in index, f"{page.name} is not listed in docs/guides/README.md"
     assert "docs/guides/" in (ROOT / "README.md").read_text()
+    assert {"serving.md", "media.md", "media-video.md"} <= {p.name for p in REFERENCE}
+    for page in REFERENCE:
+        assert all(b.kind in KINDS for b in blocks(page)), page.name
 
 
 def test_the_field_lists_in_deploy_file_md_are_the_deploy_schema() -> None:
