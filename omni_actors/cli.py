@@ -59,7 +59,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--deploy", metavar="FILE", help="deploy YAML (default: the bundled speech assistant); "
-                   "its fields: docs/serving.md")
+                   "its fields: docs/guides/deploy-file.md")
     p.add_argument("--stage-overrides", metavar="JSON",
                    help='per-stage deploy fields over the file\'s, e.g. \'{"0": {"max_num_seqs": 16}}\'')
     p.add_argument("--async-chunk", dest="async_chunk", action="store_true", default=None,

@@ -48,16 +48,27 @@ ROUTE = "/v1/images/generations"
 MAX_SIDE = 4096
 """Largest width or height accepted in `size`."""
 GENERATION_TASKS = {"text-to-image", "class-to-image", "unconditional-image"}
-_SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+_SIZE = re.compile(r"([0-9]+)x([0-9]+)")
+r"""WIDTHxHEIGHT in ASCII digits (`\d` would take other scripts' digits)."""
+
+
+def size_sides(size: str) -> tuple[int, int] | None:
+    """(width, height) of a "WIDTHxHEIGHT" size, any case; None if it is not one. A side past nine
+    digits reads as MAX_SIDE + 1 (past every bound; int() refuses 4,300 digits)."""
+    found = _SIZE.fullmatch(size.lower())
+    if found is None:
+        return None
+    w, h = (int(side) if len(side) <= 9 else MAX_SIDE + 1 for side in found.groups())
+    return w, h
 
 
 def parse_size(size: str | None) -> tuple[int, int] | None:
     if size is None or size == "auto":
         return None
-    found = _SIZE.match(size)
-    if not found:
+    sides = size_sides(size)
+    if sides is None:
         raise bad_request(f"size {size!r} is not WIDTHxHEIGHT (e.g. 512x512) or auto", "size")
-    w, h = int(found.group(1)), int(found.group(2))
+    w, h = sides
     if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE):
         raise bad_request(f"size {size!r}: width and height must be in 1..{MAX_SIDE}", "size")
     return w, h

@@ -20,6 +20,7 @@ from omni_actors.api.calls import orchestrator
 from omni_actors.api.chat_inputs import open_image
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
+from omni_actors.api.images import size_sides
 from omni_actors.api.multipart import BodyBudget, form_parts
 
 FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
@@ -90,10 +91,10 @@ def check_known(fields: dict[str, Any], known: frozenset[str] = FIELDS) -> None:
 
 
 def parse_size(size: str, caps: dict[str, Any]) -> tuple[int, int]:
-    parts = size.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    sides = size_sides(size)
+    if sides is None:
         raise bad_request(f"size {size!r} is not WIDTHxHEIGHT (e.g. 1280x720)", "size")
-    width, height = int(parts[0]), int(parts[1])
+    width, height = sides
     m = int(caps["size_multiple"])
     if not (m <= width <= MAX_SIDE_PX and m <= height <= MAX_SIDE_PX) or width % m or height % m:
         raise bad_request(f"size {size!r}: this model makes sides that are multiples of {m}, "

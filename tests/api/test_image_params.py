@@ -91,3 +91,14 @@ async def test_edit_fields_are_checked_and_compression_applies(edit) -> None:
         sizes.append(len(base64.b64decode(out.data[0].b64_json)))
     assert sizes[0] < sizes[1] * 0.8, sizes
     await eventually(lambda: idle(edit.orch))
+
+
+@pytest.mark.parametrize(("size", "says"), [
+    ("\u0663\u0662x32", "is not WIDTHxHEIGHT"),  # Arabic-Indic digits were read as 32x32
+    ("100000x100000", "must be in 1.."),  # past the bound, not "not WIDTHxHEIGHT"
+    ("9" * 200 + "x64", "must be in 1.."),  # (the schema caps the string at 256)
+])
+async def test_a_size_is_ascii_digits_and_a_long_side_is_out_of_range(gen, size: str, says: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        await gen.client().images.generate(model="qwen_image", prompt="x", size=size, extra_body=STEPS)
+    assert err.value.body["param"] == "size" and says in err.value.body["message"], err.value.body

@@ -85,3 +85,11 @@ def test_num_frames_sets_the_seconds_the_job_reports(i2v) -> None:
                                      input_reference=("r.png", _png(), "image/png"),
                                      extra_body={**FAST, "num_frames": 5})
     assert job.seconds == "0.3125"
+
+
+@pytest.mark.parametrize("size", ["\u00b2x32", "\u0663\u0662x32", "3" * 5000 + "x32", "32x32x32", "32 x 32"])
+def test_a_size_that_is_not_ascii_widthxheight_is_a_400_naming_it(i2v, size: str) -> None:
+    # superscript and Arabic-Indic digits passed str.isdigit(), then int() raised (a 500) or read them as 32
+    r = requests.post(f"{i2v.url}/v1/videos", json=_body(size=size), timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "size", r.text
