@@ -73,6 +73,8 @@ from omni_actors.api.speech_inputs import listed_voice
 from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import (
     StreamedCalls,
+    check_tool_messages,
+    check_tools,
     delta_tool_parts,
     message_tool_calls,
     stage_tools,
@@ -80,7 +82,7 @@ from omni_actors.api.tools import (
     unshown,
 )
 from omni_actors.errors import RequestError
-from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput
+from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput, ToolCallPart
 from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/chat/completions"
@@ -116,17 +118,47 @@ class Tally:
     finish_reason: str = "stop"
     tool_calls: tuple[ToolCallOutput, ...] = ()
     tool_content: str | None = None
+    forced: bool = False
+    """A forced `tool_choice` guided the answer (params["tool_calls_forced"]): its text is the calls' JSON,
+    never content, so `content` is null, as in OpenAI's answers that call. Cut by max_tokens before a
+    call's name, it answers no call, content null and finish_reason "length": the model wrote no call
+    (a made-up one, even of a named function, would have a client run it with arguments that are not
+    JSON), and OpenAI shows nothing of what a budget went on before the answer (its reasoning) either."""
+    one_call: bool = False
+    """`parallel_tool_calls: false` (params["one_tool_call"]): the answer keeps its first call only,
+    whole and streamed, however many the parser read (OpenAI makes at most one)."""
+    parts: tuple[ToolCallPart, ...] = ()
+    """The pieces of calls in the last delta added (the first call's only, with `one_call`)."""
+    read: StreamedCalls = field(default_factory=StreamedCalls)
+    """With tools offered: the calls as the parser read them while the answer was written."""
+    shown: list[str] = field(default_factory=list)
+    """With tools offered: the text the parser read as no call."""
+
+    @classmethod
+    def of(cls, params: dict[str, Any]) -> Tally:
+        """A tally for an answer to a pipeline call with these params."""
+        return cls(forced=bool(params.get("tool_calls_forced")), one_call=bool(params.get("one_tool_call")))
 
     def add_text(self, out: TextOutput) -> str:
-        self.text.append(out.text)
+        if not self.forced:
+            self.text.append(out.text)
+        self.parts = tuple(p for p in out.tool_parts if p.index == 0) if self.one_call else out.tool_parts
+        self.read.add(self.parts)
+        self.shown.append(out.shown)
         self.completion_tokens += out.tokens
         if out.prompt_tokens is not None:
             self.prompt_tokens = out.prompt_tokens
         if out.finish_reason == "length":
             self.finish_reason = "length"
         if out.tool_calls:  # (the answer's last delta; see api/tools.py)
-            self.tool_calls, self.tool_content = out.tool_calls, out.content
+            self.tool_calls = out.tool_calls[:1] if self.one_call else out.tool_calls
+            self.tool_content = out.content
             self.finish_reason = "length" if out.finish_reason == "length" else "tool_calls"  # (a call cut short)
+        elif out.finish_reason == "length" and self.read.calls:
+            # Cut by max_tokens inside a call, which the finished reading cannot read: the calls as far as
+            # the parser read them, as OpenAI answers a call cut short, and the text before them as content
+            # (as streamed), never the call's markup as text.
+            self.tool_calls, self.tool_content = self.read.so_far(), "".join(self.shown) or None
         return out.text
 
     def add_audio(self, out: AudioOutput, keep: bool = True) -> None:
@@ -155,6 +187,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     orch, model = route_model(request, req.model, set(modalities), outputs_param="modalities")
     if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice, can_force=True)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
+    await check_tools(req.tools, req.tool_choice)
+    check_tool_messages(req.messages)
     guided = guided_params(orch.pipeline, req.response_format, req.tools, req.tool_choice, req.parallel_tool_calls)
     if req.audio is not None and req.audio.voice:
         listed_voice(orch.pipeline, req.audio.voice, "audio.voice")  # /v1/audio/speech's 400 for an unknown one
@@ -191,7 +225,7 @@ def choice_params(params: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 async def _collect(call: PipelineCall, audio_format: str | None) -> Tally:
-    tally = Tally()
+    tally = Tally.of(call.params)
     async for chunk in call:
         if isinstance(chunk.output, TextOutput):
             tally.add_text(chunk.output)
@@ -212,7 +246,7 @@ async def _message(tally: Tally, audio_format: str | None) -> ResponseMessage:
     if tally.tool_calls:
         return ResponseMessage(role="assistant", content=tally.tool_content, audio=audio,
                                tool_calls=message_tool_calls(tally.tool_calls))
-    return ResponseMessage(role="assistant", content=text, audio=audio)
+    return ResponseMessage(role="assistant", content=None if tally.forced else text, audio=audio)
 
 
 def _usage(tallies: list[Tally]) -> Usage:
@@ -266,7 +300,8 @@ async def _merged(calls: list[PipelineCall]) -> AsyncIterator[tuple[int, StageCh
 class _ChoiceStream:
     """One choice of a streamed answer: its text and audio deltas as chat.completion.chunk events."""
 
-    def __init__(self, index: int, audio_format: str | None, event: Any, hold_text: bool = False) -> None:
+    def __init__(self, index: int, audio_format: str | None, event: Any, hold_text: bool = False,
+                 tally: Tally | None = None) -> None:
         self.index = index
         self.hold_text = hold_text
         """Tools were offered: only text the stage's parser calls `shown` goes out as it comes; the
@@ -275,7 +310,7 @@ class _ChoiceStream:
         self.calls = StreamedCalls()
         self.audio_format = audio_format
         self.event = event  # (ChunkChoice) -> ChatCompletionChunk
-        self.tally = Tally()
+        self.tally = tally or Tally()
         self.audio_id = f"audio_{uuid.uuid4().hex[:24]}"
         self.encoder: StreamEncoder | None = None
 
@@ -285,8 +320,8 @@ class _ChoiceStream:
             parts = None
             if self.hold_text:
                 self.shown.append(delta := chunk.output.shown)
-                self.calls.add(chunk.output.tool_parts)
-                parts = delta_tool_parts(chunk.output.tool_parts) or None
+                self.calls.add(self.tally.parts)
+                parts = delta_tool_parts(self.tally.parts) or None
             if not (delta or parts):
                 return None
             return self.event(ChunkChoice(self.index, Delta(content=delta or None, tool_calls=parts)))
@@ -325,13 +360,13 @@ async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, mod
     def event(choice: ChunkChoice) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice])
 
-    choices = [_ChoiceStream(i, audio_format, event, hold_text) for i in range(len(calls))]
+    choices = [_ChoiceStream(i, audio_format, event, hold_text, Tally.of(call.params)) for i, call in enumerate(calls)]
     # An error before the first output keeps its HTTP status.
     await asyncio.gather(*(call.started() for call in calls))
 
     async def events() -> AsyncGenerator[ChatCompletionChunk, None]:
         for c in choices:
-            yield event(ChunkChoice(c.index, Delta(role="assistant", content="")))
+            yield event(ChunkChoice(c.index, Delta(role="assistant", content=None if c.tally.forced else "")))
         async for index, chunk in _merged(calls):
             if chunk is None:
                 for out in await choices[index].finish():

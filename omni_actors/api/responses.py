@@ -87,6 +87,8 @@ from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import (
     chat_shaped,
     chat_shaped_choice,
+    check_tool_messages,
+    check_tools,
     same_json,
     stage_tools,
     tools_refusal,
@@ -141,6 +143,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     choice = chat_shaped_choice(req.tool_choice)
     if (refusal := tools_refusal(orch.pipeline, tools, choice, can_force=True)) is not None:
         raise bad_request(*refusal, "unsupported_parameter")
+    await check_tools(tools, choice, lambda i: f"tools[{i}]")
     if isinstance(choice, dict) and not isinstance(choice.get("function"), dict):  # (chat's shape is taken too)
         raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}',
                           "tool_choice")
@@ -152,6 +155,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         messages = msgspec.convert(turn.messages, list[ChatMessage])
     except msgspec.ValidationError as err:
         raise bad_request(f"input cannot be read as a conversation: {err}", "input") from None
+    check_tool_messages(messages, lambda i, _: f"input[{turn.where[i]}]" if turn.where[i] >= 0 else "input")
     has_media = any(not isinstance(m.content, str | None) for m in messages)
     namer = part_param(turn.where, req)
     uploads = {fid: await file_bytes(request, fid, where) for fid, where in file_ids(messages, namer)}
@@ -172,6 +176,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             "format": {"type": "text"}})
     answer = _Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
                      turn.items if req.store else None, _store(request))
+    answer.tally = Tally.of(params)
     if req.background:
         call = PipelineCall(request.app, ROUTE, inputs, params, {"text"}, base.id, orch=orch)
         await call.__aenter__()  # admitted now: a full queue is the client's 429, not a failed response
@@ -217,8 +222,8 @@ class _Answer:
             return self._output
         t = self.tally
         status = "incomplete" if t.finish_reason == "length" else "completed"
-        if not t.tool_calls:
-            self._output = [MessageItem(self.message_id, status, [OutputText("".join(t.text))])]
+        if not t.tool_calls:  # (a forced call cut before its name: no message, no call; chat.py Tally)
+            self._output = [] if t.forced else [MessageItem(self.message_id, status, [OutputText("".join(t.text))])]
             return self._output
         said = self.closed if self.closed is not None else t.tool_content or "".join(self.shown)
         if self.streamed and self.closed is None and not self.shown:
@@ -281,7 +286,7 @@ async def _events(call: PipelineCall, answer: _Answer, hold: bool, queued: bool 
             yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=0, content_index=0,
                                   delta=delta)
         if hold:
-            for event in _call_pieces(seq, answer, chunk.output.tool_parts, opened):
+            for event in _call_pieces(seq, answer, answer.tally.parts, opened):
                 yield event
     final = answer.finish()
     streamed = {c.id for c in answer.streamed.values()}

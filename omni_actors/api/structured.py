@@ -55,15 +55,18 @@ def structured_outputs(pipeline: PipelineConfig, fmt: ResponseFormat | None) -> 
 def guided_params(pipeline: PipelineConfig, fmt: ResponseFormat | None, tools: list[Any] | None, tool_choice: Any,
                   parallel: bool | None) -> dict[str, Any]:
     """The params that guide the text stage for a request (none: {}): its JSON `fmt` or the call its
-    `tool_choice` forces; 400s as structured_outputs / forced_tool_calls give, and for asking both."""
+    `tool_choice` forces, and "one_tool_call" for `parallel_tool_calls: false` (the API keeps the first
+    call read); 400s as structured_outputs / forced_tool_calls give, and for asking both."""
     structured = structured_outputs(pipeline, fmt)
     forced = forced_tool_calls(tools, tool_choice, parallel)
     if forced is not None and structured is not None:
         raise bad_request("a JSON response_format and a tool_choice that forces a call cannot both shape the "
                           "answer; send one of them", "response_format")
+    # `parallel_tool_calls: false` with calls the parser reads: the answer keeps the first (api/chat.py Tally).
+    one = {"one_tool_call": True} if parallel is False and tools and tool_choice != "none" else {}
     if forced is None and structured is None:
-        return {}
-    return {"structured_outputs": forced or structured, "tool_calls_forced": forced is not None}
+        return one
+    return {"structured_outputs": forced or structured, "tool_calls_forced": forced is not None, **one}
 
 
 def forced_tool_calls(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> dict[str, Any] | None:
@@ -87,11 +90,37 @@ def forced_tool_calls(tools: list[Any] | None, tool_choice: Any, parallel: bool 
     else:
         most = 1 if parallel is False else None
     items = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-              "properties": {"name": {"type": "string", "enum": [name]},
-                             "parameters": schema or {"type": "object"}}}
+              "properties": {"name": {"type": "string", "enum": [name]}, "parameters": call_schema(schema)}}
              for name, schema in offered.items()]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": items[0] if len(items) == 1 else {"anyOf": items}}
     if most is not None:
         schema["maxItems"] = most
     return {"json": schema}
+
+
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+"""A function declared without `parameters` (or with `{}`) takes none, as OpenAI reads it: its forced
+call's arguments are `{}` (an open object would let a weak model write until max_tokens)."""
+DECODER_OPTIONS = {"whitespace_flexible": False}
+"""As the stages compile schemas (vLLM's "guidance" backend without free whitespace, hf_ar_grammar.py)."""
+
+
+def call_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The schema a forced call's arguments are decoded in."""
+    return parameters or NO_PARAMETERS
+
+
+def decoder_refusal(schema: dict[str, Any]) -> str | None:
+    """Why the stages' decoder (llguidance, which vLLM's "guidance" backend and the transformers engine
+    both run) cannot follow `schema`; None when it can, or when llguidance is not installed here (the
+    stage then refuses it itself)."""
+    try:
+        import llguidance
+    except ImportError:
+        return None
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=DECODER_OPTIONS)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return llguidance.LLMatcher.validate_grammar(grammar) or None

@@ -21,12 +21,19 @@ Refused with a 400 / realtime `error` naming the field, never silently ignored:
   decoding (api/structured.py forces the call there; realtime through
   api/realtime/function_calls.py). "none" and "auto" are accepted ("none" keeps the tools
   from the model).
+
+As OpenAI refuses them, before anything runs (chat and the Responses API): tools that share a
+name, `parameters` that are not an object's schema, a `strict` schema strict mode refuses, a forced
+schema the decoder cannot follow (`check_tools`); tool results that answer no open call, and calls
+left unanswered before the next message (`check_tool_messages`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -40,7 +47,8 @@ from omni_actors.api.chat_schemas import (
     FunctionDef,
     ToolCall,
 )
-from omni_actors.api.structured import guided
+from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.structured import call_schema, decoder_refusal, guided
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.orchestrator.outputs import ToolCallOutput, ToolCallPart
 
@@ -76,6 +84,118 @@ def tools_refusal(pipeline: PipelineConfig, tools: Any, tool_choice: Any, prefix
         return (f"model {pipeline.name!r} cannot call tools on demand (forcing a call is not offered): "
                 "`tool_choice` must be 'auto' or 'none'", prefix + "tool_choice")
     return None
+
+
+async def check_tools(tools: list[ChatTool] | None, tool_choice: Any, field: Callable[[int], str] = lambda i: (
+        f"tools[{i}].function")) -> None:
+    """400 for tools OpenAI refuses, naming the tool's field (`field(i)`: chat's `tools[i].function`; the
+    Responses API's flat `tools[i]`): a name given twice (a call could not say which it means), `parameters`
+    that are not an object's schema, a `strict` schema strict mode refuses (every object closed by
+    `additionalProperties: false` and `required` listing each property), and, where `tool_choice`
+    forces a call by guided decoding, a schema the decoder cannot follow (else the stage's refusal would
+    name `response_format`, which the client never sent). The decoder's checks (about half a millisecond a
+    schema) run off the loop."""
+    seen: dict[str, int] = {}
+    for i, tool in enumerate(tools or ()):
+        fn = tool.function
+        if (first := seen.setdefault(fn.name, i)) != i:
+            raise bad_request(f"tools[{first}] and tools[{i}] are both named {fn.name!r}; tool names must be "
+                              "unique", f"{field(i)}.name")
+        params = fn.parameters or {}
+        if "type" in params and params["type"] != "object":
+            raise _bad_schema(fn.name, f"schema must be a JSON Schema of 'type: \"object\"', got 'type: "
+                              f"{json.dumps(params['type'])}'", field(i))
+        if fn.strict and (why := strict_refusal(params, ())) is not None:
+            raise _bad_schema(fn.name, why + " (strict mode)", field(i))
+    if tool_choice == "required":
+        forced = [t.function for t in tools or ()]
+    elif isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
+        forced = [t.function for t in tools or () if t.function.name == tool_choice["function"].get("name")]
+    else:
+        return
+    refused = await asyncio.to_thread(_decoder_refusals, [call_schema(fn.parameters) for fn in forced])
+    if refused is not None:
+        fn = forced[refused[0]]
+        raise _bad_schema(fn.name, f"the decoder forcing the call cannot follow it: {refused[1]}",
+                          field(seen[fn.name]))
+
+
+def _decoder_refusals(schemas: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """The first of `schemas` the decoder refuses, and why."""
+    for n, schema in enumerate(schemas):
+        if (why := decoder_refusal(schema)) is not None:
+            return n, why
+    return None
+
+
+def _bad_schema(name: str, why: str, where: str) -> ApiError:
+    return bad_request(f"Invalid schema for function {name!r}: {why}", f"{where}.parameters",
+                       "invalid_function_parameters")
+
+
+STRICT_MAX_DEPTH = 10
+"""OpenAI's strict mode takes schemas up to this many levels of nesting."""
+
+
+def strict_refusal(schema: Any, context: tuple[str, ...]) -> str | None:
+    """Why OpenAI's strict mode refuses `schema` (None: it takes it): each object schema in it must set
+    `additionalProperties: false` and list every property in `required`, nested at most STRICT_MAX_DEPTH."""
+    if not isinstance(schema, dict):
+        return None
+    props = _dict(schema.get("properties"))
+    if schema.get("type") == "object" or props:
+        if schema.get("additionalProperties") is not False:
+            return f"In context={context}, 'additionalProperties' is required to be supplied and to be false"
+        required = schema.get("required")
+        missing = [k for k in props if not isinstance(required, list) or k not in required]
+        if missing:
+            return (f"In context={context}, 'required' is required to be supplied and to be an array including "
+                    f"every key in properties. Missing {missing[0]!r}")
+    subschemas = [(("properties", k), v) for k, v in props.items()]
+    subschemas += [((key, k), v) for key in ("$defs", "definitions") for k, v in _dict(schema.get(key)).items()]
+    subschemas += [((key, str(n)), v) for key in ("anyOf", "allOf", "oneOf")
+                   for n, v in enumerate(schema.get(key) if isinstance(schema.get(key), list) else ())]
+    if "items" in schema:
+        subschemas.append((("items",), schema["items"]))
+    for path, sub in subschemas:
+        if len(context) >= 2 * STRICT_MAX_DEPTH and isinstance(sub, dict):
+            return f"In context={context}, the schema is nested more than {STRICT_MAX_DEPTH} levels deep"
+        if (why := strict_refusal(sub, context + path)) is not None:
+            return why
+    return None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def check_tool_messages(messages: Iterable[Any], param: Callable[[int, str], str] = lambda i, f: (
+        f"messages[{i}].{f}")) -> None:
+    """400, as OpenAI answers, for a conversation whose calls and results do not pair up: a `tool` message
+    that answers no call of the assistant message before it (by `tool_call_id`), or a message after an
+    assistant's `tool_calls` while some of them are unanswered. A conversation may end on unanswered
+    calls (the model then goes on from its own call). `param(i, field)` names message i's field."""
+    asked: dict[str, int] = {}
+    """The ids of the last assistant message's calls -> that message's index; answered ones leave."""
+    block = False
+    """The messages since that assistant message are all its results so far."""
+    for i, m in enumerate(messages):
+        if m.role == "tool":
+            if not block:
+                raise bad_request("a tool result answers no call: it must follow an assistant message with "
+                                  "`tool_calls` (or a function_call item)", param(i, "role"))
+            if m.tool_call_id not in asked:
+                raise bad_request(f"a tool result's call id {m.tool_call_id!r} answers none of the calls still "
+                                  f"open before it ({sorted(asked)})", param(i, "tool_call_id"))
+            del asked[m.tool_call_id]
+            continue
+        if asked:
+            j = next(iter(asked.values()))
+            raise bad_request("each call of an assistant message needs its result (a `tool` message or "
+                              "function_call_output) before the next message; these calls have none: "
+                              f"{', '.join(sorted(asked))}", param(j, "tool_calls"))
+        calls = m.tool_calls if m.role == "assistant" else None
+        asked, block = {c.id: i for c in calls or ()}, bool(calls)
 
 
 def chat_shaped(tools: Iterable[Any]) -> list[ChatTool]:
@@ -117,12 +237,20 @@ class StreamedCalls:
     def __init__(self) -> None:
         self.calls: dict[int, list[str]] = {}
         """index -> [name, arguments so far]."""
+        self.ids: dict[int, str] = {}
 
     def add(self, parts: tuple[ToolCallPart, ...]) -> None:
         for p in parts:
             call = self.calls.setdefault(p.index, ["", ""])
             call[0] += p.name or ""
             call[1] += p.arguments or ""
+            if p.id:
+                self.ids.setdefault(p.index, p.id)
+
+    def so_far(self) -> tuple[ToolCallOutput, ...]:
+        """The calls as far as they were read (an answer cut before its finished reading found them)."""
+        return tuple(ToolCallOutput(self.ids.get(i) or f"call_{uuid.uuid4().hex[:24]}", name, args)
+                     for i, (name, args) in sorted(self.calls.items()) if name)
 
     def rest(self, final: tuple[ToolCallOutput, ...]) -> list[DeltaToolCall]:
         """What of `final` is still to send whole: every call when none was streamed, else the calls

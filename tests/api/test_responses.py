@@ -117,6 +117,7 @@ async def test_stored_responses_continue_and_survive_a_restart(client: AsyncOpen
     items = await client.responses.input_items.list(first.id)
     assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", "alpha beta")]
     follow = await client.responses.create(model="synthetic", input=[
+        {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_1", "output": "gamma"}],
         previous_response_id=first.id, max_output_tokens=1)
     assert follow.output_text == "gamma" and follow.previous_response_id == first.id
