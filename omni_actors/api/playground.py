@@ -18,6 +18,7 @@ ASSETS = {
     "talk.js": "text/javascript",
     "panels.js": "text/javascript",
     "transcribe.js": "text/javascript",
+    "work.js": "text/javascript",
     "audio.js": "text/javascript",
     "capture-worklet.js": "text/javascript",
 }

@@ -3,6 +3,7 @@
 import { bindPanels } from "./panels.js";
 import { bindTranscribe } from "./transcribe.js";
 import { Talk } from "./talk.js";
+import { bindStops, stopPanel } from "./work.js";
 
 const KEY_STORE = "omni-actors.api-key";
 const STATUS_REFRESH_MS = 2000;
@@ -10,25 +11,46 @@ const LOADING_RETRY_MS = 1000;
 const $ = (id) => document.getElementById(id);
 
 // abort: every API call's signal; a model switch aborts it (the last model's answers are not this one's).
+// A panel's requests take their own signal under it (work.js), which its Stop aborts.
 export const state = { key: sessionStorage.getItem(KEY_STORE) || "", models: [], model: null, talk: null,
                        routes: new Set(), abort: new AbortController() };
 window.__playground = state;  // read by the browser tests
 
-// A message, or an Error (its message; an aborted request's says nothing: the user moved on).
-export function showError(message) {
+// Errors: the page's own (status, key, models: panel "") and each panel's, shown with that panel only (a
+// request that fails while another tab is shown waits there; its tab is marked). A message, or an Error
+// (its message; an aborted request's says nothing: the user stopped it or moved on); "" clears.
+const errors = new Map();
+export function showError(message, panel = "") {
   if (message instanceof Error || message instanceof DOMException) {
     if (message.name === "AbortError") return;
     message = message.message;
   }
+  if (message) errors.set(panel, message);
+  else errors.delete(panel);
+  renderErrors();
+}
+
+function renderErrors() {
+  const shown = $("tabs").querySelector("[aria-selected=true]")?.dataset.tab;
+  const message = [errors.get(shown), errors.get("")].filter(Boolean).join("\n");
   const el = $("error");
   el.textContent = message;
   el.hidden = !message;
+  for (const b of $("tabs").querySelectorAll("button")) {
+    b.classList.toggle("failed", shown !== b.dataset.tab && errors.has(b.dataset.tab));
+  }
 }
 
 export async function api(path, options = {}) {
   const headers = new Headers(options.headers || {});
   if (state.key) headers.set("Authorization", `Bearer ${state.key}`);
-  const resp = await fetch(path, { signal: state.abort.signal, ...options, headers });
+  let resp;
+  try {
+    resp = await fetch(path, { signal: state.abort.signal, ...options, headers });
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw new Error(`the server did not answer (${err.message}): is it still running?`);
+  }
   if (resp.status === 401) {
     $("key-form").hidden = false;
     throw new Error("this server needs an API key");
@@ -62,6 +84,7 @@ function selectTab(name) {
     b.setAttribute("aria-selected", String(b.dataset.tab === name));
     b.tabIndex = b.dataset.tab === name ? 0 : -1;
   }
+  renderErrors();
   if (name === "pipeline") refreshStatus();
 }
 
@@ -84,8 +107,8 @@ function showModel(name) {
     b.onclick = () => selectTab(p);
     tabs.append(b);
   }
+  errors.clear();  // (the last model's)
   selectTab(panels[0]);
-  showError("");
   document.dispatchEvent(new CustomEvent("model-changed", { detail: state.model }));
 }
 
@@ -203,9 +226,10 @@ async function stopTalk() {
 
 function bindTalk() {
   const button = $("talk-button");
+  const say = (message) => showError(message, "talk");
   button.onclick = async () => {
     if (state.talk) return stopTalk();
-    showError("");
+    say("");
     const answer = $("talk-transcript");
     const talk = new Talk({
       model: state.model.id, key: state.key,
@@ -213,8 +237,8 @@ function bindTalk() {
       onAnswer: (delta, fresh) => { if (fresh && answer.textContent) answer.textContent += "\n"; answer.textContent += delta; },
       onUser: showUserTurn,
       onState: (s) => { $("talk-state").textContent = s; },
-      onError: showError,
-      onClosed: () => { if (state.talk === talk) { showError("the realtime connection closed"); stopTalk(); } },
+      onError: say,
+      onClosed: () => { if (state.talk === talk) { say("the realtime connection closed"); stopTalk(); } },
     });
     state.talk = talk;
     button.textContent = "Stop";
@@ -223,7 +247,7 @@ function bindTalk() {
       await talk.start();
     } catch (err) {
       if (state.talk === talk) {  // (else it was stopped while connecting: nothing to say)
-        showError(err);
+        say(err);
         await stopTalk();
       }
     } finally {
@@ -290,7 +314,27 @@ $("tabs").onkeydown = (e) => {
   next.click();
 };
 
+// Keys: Enter in a panel's prompt (or one of its fields) sends it, Shift+Enter is a new line; Escape
+// stops what the shown panel is doing (its request, its speech, or the Talk session).
+const SUBMIT = {
+  "chat-input": "chat-send", "speak-input": "speak-button", "image-prompt": "image-button",
+  "image-size": "image-button", "image-steps": "image-button", "video-prompt": "video-button",
+  "video-size": "video-button", "video-seconds": "video-button", "video-steps": "video-button",
+  "transcribe-language": "transcribe-button",
+};
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && SUBMIT[e.target.id] && !e.shiftKey && !e.isComposing) {
+    e.preventDefault();
+    $(SUBMIT[e.target.id]).click();  // (nothing while it is disabled: the last request is still running)
+  } else if (e.key === "Escape") {
+    const shown = document.querySelector("section[data-panel]:not([hidden])")?.dataset.panel;
+    if (shown === "talk" && state.talk) stopTalk();
+    else if (stopPanel(shown)) e.preventDefault();
+  }
+});
+
 bindTalk();
+bindStops();
 bindPanels({ api, state, showError });
-bindTranscribe({ api, state, showError });
+bindTranscribe({ api, state, showError: (message) => showError(message, "transcribe") });
 boot();

@@ -43,14 +43,22 @@ export function wavBlob(pcmChunks, rate) {
   return new Blob([head, ...pcmChunks], { type: "audio/wav" });
 }
 
-// Plays pcm16 chunks back to back as they arrive; `stop()` silences what is queued (barge-in).
+// Plays pcm16 chunks back to back as they arrive; `stop()` silences what is queued (barge-in);
+// `drained()` resolves once what was pushed has played, or was silenced.
 export class StreamPlayer {
+  #drainWaiters = [];
   constructor(rate = WIRE_RATE) {
     this.rate = rate;
     this.ctx = null;
     this.next = 0;
     this.sources = new Set();
     this.playedSeconds = 0;
+  }
+  drained() {
+    return this.sources.size ? new Promise((resolve) => this.#drainWaiters.push(resolve)) : Promise.resolve();
+  }
+  #drainedNow() {
+    for (const resolve of this.#drainWaiters.splice(0)) resolve();
   }
   push(pcmBytes) {
     this.ctx ??= new AudioContext({ sampleRate: this.rate });
@@ -66,12 +74,16 @@ export class StreamPlayer {
     this.next = at + buf.duration;
     this.playedSeconds += buf.duration;
     this.sources.add(src);
-    src.onended = () => this.sources.delete(src);
+    src.onended = () => {
+      this.sources.delete(src);
+      if (!this.sources.size) this.#drainedNow();
+    };
   }
   stop() {
     for (const src of this.sources) { try { src.stop(); } catch { /* already ended */ } }
     this.sources.clear();
     this.next = 0;
+    this.#drainedNow();
   }
   async close() {
     this.stop();
@@ -106,8 +118,9 @@ export class MicRecorder {
   }
   async stop() {
     this.stream?.getTracks().forEach((t) => t.stop());
-    if (this.ctx) await this.ctx.close();
+    const ctx = this.ctx;  // (taken first: a second stop() while this one waits finds nothing to close)
     this.stream = this.ctx = null;
+    if (ctx) await ctx.close();
     return { blob: wavBlob(this.chunks, WIRE_RATE), seconds: this.samples / WIRE_RATE };
   }
 }

@@ -1,10 +1,22 @@
 // The request panels: chat (text streamed, spoken answer), speak (streamed playback), images, videos.
+// Each click is a Work (work.js): Stop ends its requests and keeps what already came.
 import { MicRecorder, StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, wavBlob } from "./audio.js";
+import { Work } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
 const VIDEO_WAIT_S = 30; // each status read waits on the server for the job's next progress (no timer)
 const WAV_HEADER_BYTES = 44;
 const MAX_CONSENTS = 100;  // the server's largest page of voice consents: the consent picker lists one page
+
+// A body's next part; a connection lost on the way says so (the browser's own words are "network error").
+async function nextPart(reader) {
+  try {
+    return await reader.read();
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw new Error(`the connection to the server was lost before the end (${err.message})`);
+  }
+}
 
 // Reads an SSE body, calling onEvent(parsed JSON) for each `data:` line; true once [DONE] came, false when
 // the body ended without it. An error the server sends in-band (its headers were out) throws its message.
@@ -13,7 +25,7 @@ export async function readSse(resp, onEvent) {
   const text = new TextDecoder();
   let buf = "";
   for (;;) {
-    const { value, done } = await reader.read();
+    const { value, done } = await nextPart(reader);
     if (done) return false;
     buf += text.decode(value, { stream: true });
     let cut;
@@ -34,6 +46,12 @@ export async function readSse(resp, onEvent) {
 
 function busy(button, on) { button.disabled = on; }
 
+// Nothing to send: the field that needs filling gets the focus, the panel's note says what it needs.
+function ask(field, note, what) {
+  $(note).textContent = what;
+  $(field).focus();
+}
+
 // The chat's input_audio formats a file can be (the server also takes raw pcm16, which no file is).
 const CHAT_AUDIO = { wav: "wav", wave: "wav", mp3: "mp3", mpeg: "mp3", flac: "flac" };
 const audioFormat = (file) => CHAT_AUDIO[file.name.toLowerCase().split(".").pop()]
@@ -41,30 +59,32 @@ const audioFormat = (file) => CHAT_AUDIO[file.name.toLowerCase().split(".").pop(
 
 function bindChat({ api, state, showError }) {
   $("chat-send").onclick = async () => {
-    const button = $("chat-send");
     const out = $("chat-output");
     const audioEl = $("chat-audio");
     const prompt = $("chat-input").value.trim();
     const file = $("chat-file").files[0];
-    if (!prompt && !file) return;
+    if (!prompt && !file) return ask("chat-input", "chat-note", "type a question, or pick an audio file");
     const format = file && audioFormat(file);
     if (file && !format) return showError(`chat takes a WAV, MP3 or FLAC file, not ${file.name}`);
-    busy(button, true);
+    const work = new Work("chat", state.abort.signal);
     showError("");
     out.textContent = "";
     audioEl.hidden = true;
-    const content = [];
-    if (prompt) content.push({ type: "text", text: prompt });
-    if (file) {
-      content.push({ type: "input_audio", input_audio: { data: bytesToB64(new Uint8Array(await file.arrayBuffer())), format } });
-    }
-    const speak = $("chat-speak").checked;
-    const body = { model: state.model.id, stream: true, messages: [{ role: "user", content }] };
-    if (speak) Object.assign(body, { modalities: ["text", "audio"], audio: { voice: "alloy", format: "pcm16" } });
     const pcm = [];
     try {
+      const content = [];
+      if (prompt) content.push({ type: "text", text: prompt });
+      if (file) {
+        const bytes = new Uint8Array(await work.until(file.arrayBuffer()));
+        content.push({ type: "input_audio", input_audio: { data: bytesToB64(bytes), format } });
+      }
+      const body = { model: state.model.id, stream: true, messages: [{ role: "user", content }] };
+      if ($("chat-speak").checked) {
+        Object.assign(body, { modalities: ["text", "audio"], audio: { voice: "alloy", format: "pcm16" } });
+      }
       const resp = await api("/v1/chat/completions", {
         method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+        signal: work.signal,
       });
       // The answer's words come as text, as the audio's transcript, or as both (this server sends both
       // when the model writes and speaks): the text wins, the transcript shows only where no text came.
@@ -77,14 +97,16 @@ function bindChat({ api, state, showError }) {
         out.textContent = text || transcript;
       });
       if (!finished) throw new Error("the answer was cut off: the connection closed before it ended");
-      if (pcm.length) {
-        audioEl.src = URL.createObjectURL(wavBlob(pcm, WIRE_RATE));
-        audioEl.hidden = false;
-      }
     } catch (err) {
       showError(err);
     } finally {
-      busy(button, false);
+      // What was spoken so far, stopped or not (a model switch clears it).
+      if (pcm.length && work.latest && (work.stopped || !work.signal.aborted)) {
+        if (audioEl.src.startsWith("blob:")) URL.revokeObjectURL(audioEl.src);
+        audioEl.src = URL.createObjectURL(wavBlob(pcm, WIRE_RATE));
+        audioEl.hidden = false;
+      }
+      work.done();
     }
   };
 }
@@ -140,7 +162,9 @@ async function loadConsents({ api, showError }) {
   select.onchange();
 }
 
-// A clip recorded in the page, per file input (its id): kept until a file is picked there instead.
+// A clip recorded in the page, per file input (its id): kept until a file is picked there instead. A
+// promise of its File: taken at Stop, it is ready once the microphone has closed (a click that sends
+// it at once waits for that).
 const recorded = new Map();
 
 // Record / Stop beside a file input: the microphone as a WAV file the form sends in the file's place.
@@ -159,26 +183,44 @@ export function bindRecord(button, showError) {
   });
   button.onclick = async () => {
     if (!recorder) {
-      recorder = new MicRecorder((seconds) => { label.textContent = `recording… ${seconds.toFixed(1)} s`; });
+      const starting = recorder = new MicRecorder((seconds) => {
+        label.textContent = `recording… ${seconds.toFixed(1)} s`;
+      });
+      button.disabled = true;  // opening the microphone: a second click must not stop what has not started
       try {
-        await recorder.start();
+        await starting.start();
       } catch (err) {
+        await starting.stop();  // (what it had opened)
+        if (recorder !== starting) return;  // a model switch stopped it while it opened
         recorder = null;
         return showError(`microphone: ${err.message}`);
+      } finally {
+        button.disabled = false;
       }
+      if (recorder !== starting) return starting.stop();  // a model switch came while it opened
       button.textContent = "Stop";
       label.textContent = "recording…";
       return;
     }
-    const { blob, seconds } = await recorder.stop();
+    const stopping = recorder;
     recorder = null;
     button.textContent = "Record";
     input.value = "";
-    recorded.set(input.id, new File([blob], `${input.id}.wav`, { type: "audio/wav" }));
-    label.textContent = `recorded ${seconds.toFixed(1)} s`;
+    stopping.onProgress = () => {};  // (blocks still come while it closes)
+    label.textContent = `recorded ${(stopping.samples / WIRE_RATE).toFixed(1)} s`;
+    const clip = stopping.stop().then(({ blob }) => new File([blob], `${input.id}.wav`, { type: "audio/wav" }));
+    recorded.set(input.id, clip);
+    clip.catch((err) => {
+      if (recorded.get(input.id) === clip) {
+        recorded.delete(input.id);
+        label.textContent = "";
+      }
+      showError(`microphone: ${err.message}`);
+    });
   };
 }
 
+// The file picked, or the clip recorded (a promise of its File), or undefined.
 export const fileOf = (id) => $(id).files[0] || recorded.get(id);
 
 // A custom voice the server's way (OpenAI's shapes): a consent recording once, then the voice's clip under it.
@@ -199,11 +241,12 @@ function bindClone({ api, showError }) {
     showError("");
     status.textContent = "uploading…";
     try {
+      const [sampleFile, recordingFile] = await Promise.all([sample, recording]);
       if (!consent) {
         const form = new FormData();
         form.append("name", name);
         form.append("language", $("clone-language").value.trim() || "en-US");
-        form.append("recording", recording);
+        form.append("recording", recordingFile);
         const made = await (await api("/v1/audio/voice_consents", { method: "POST", body: form })).json();
         consent = made.id;
         consentSelect.append(new Option(`${made.name} (${made.language})`, made.id));
@@ -216,7 +259,7 @@ function bindClone({ api, showError }) {
       const form = new FormData();
       form.append("name", name);
       form.append("consent", consent);
-      form.append("audio_sample", sample);
+      form.append("audio_sample", sampleFile);
       const transcript = $("clone-transcript").value.trim();
       if (transcript) form.append("transcript", transcript);
       const voice = await (await api("/v1/audio/voices", { method: "POST", body: form })).json();
@@ -271,15 +314,16 @@ function bindSpeak({ api, state, showError }) {
   });
   let lastPlayer = null;  // the previous click's: closed at the next (a page holds only a few audio contexts)
   $("speak-button").onclick = async () => {
-    const button = $("speak-button");
     const text = $("speak-input").value.trim();
-    if (!text) return;
+    if (!text) return ask("speak-input", "speak-note", "type what to say");
     const raw = $("speak-voice").value;
     if (!raw) return showError("this model speaks only in a custom voice: make one first");
-    busy(button, true);
+    // (a click while the last answer still plays: that work ends here, its voice silenced)
+    const work = new Work("speak", state.abort.signal);
     showError("");
     const voice = raw.startsWith("{") ? JSON.parse(raw) : raw;
     let player = null;
+    work.onAbort(() => player?.stop());  // Stop silences what is queued to play too
     const pcm = [];
     let rate = WIRE_RATE;
     try {
@@ -287,12 +331,13 @@ function bindSpeak({ api, state, showError }) {
       const resp = await api("/v1/audio/speech", {
         method: "POST", headers: { "content-type": "application/json" },
         body: JSON.stringify({ model: state.model.id, input: text, voice, response_format: "wav", stream_format: "audio" }),
+        signal: work.signal,
       });
       const reader = resp.body.getReader();
       let pending = new Uint8Array(0);
       let headerDone = false;
       for (;;) {
-        const { value, done } = await reader.read();
+        const { value, done } = await nextPart(reader);
         if (done) break;
         const joined = new Uint8Array(pending.length + value.length);
         joined.set(pending);
@@ -301,7 +346,9 @@ function bindSpeak({ api, state, showError }) {
         if (!headerDone) {
           if (pending.length < WAV_HEADER_BYTES) continue;
           rate = new DataView(pending.buffer, pending.byteOffset).getUint32(24, true);
-          await lastPlayer?.close();
+          const previous = lastPlayer;
+          lastPlayer = null;
+          await work.until(previous?.close());
           player = lastPlayer = new StreamPlayer(rate);
           pending = pending.slice(WAV_HEADER_BYTES);
           headerDone = true;
@@ -312,14 +359,17 @@ function bindSpeak({ api, state, showError }) {
         player.push(part);  // plays while the rest is still being made
         pcm.push(part);
       }
-      const el = $("speak-audio");
-      if (el.src.startsWith("blob:")) URL.revokeObjectURL(el.src);
-      el.src = URL.createObjectURL(wavBlob(pcm, rate));
-      el.dataset.seconds = String(player ? player.playedSeconds : 0);
     } catch (err) {
       showError(err);
     } finally {
-      busy(button, false);
+      // What came, stopped or not, as a clip to play again (a model switch clears it).
+      if (pcm.length && work.latest && (work.stopped || !work.signal.aborted)) {
+        const el = $("speak-audio");
+        if (el.src.startsWith("blob:")) URL.revokeObjectURL(el.src);
+        el.src = URL.createObjectURL(wavBlob(pcm, rate));
+        el.dataset.seconds = String(player ? player.playedSeconds : 0);
+      }
+      work.done(player?.drained());  // Speak is free again; Stop stays while the voice still plays
     }
   };
 }
@@ -332,10 +382,9 @@ function addImage(b64, format = "png") {
 
 function bindImages({ api, state, showError }) {
   $("image-button").onclick = async () => {
-    const button = $("image-button");
     const prompt = $("image-prompt").value.trim();
-    if (!prompt) return;
-    busy(button, true);
+    if (!prompt) return ask("image-prompt", "image-status", "describe the image first");
+    const work = new Work("images", state.abort.signal);
     showError("");
     $("image-result").replaceChildren();
     const progress = $("image-progress");
@@ -345,6 +394,7 @@ function bindImages({ api, state, showError }) {
     progress.removeAttribute("value");
     delete progress.dataset.steps;
     status.textContent = "working…";
+    work.onAbort(() => { if (!progress.hasAttribute("value")) progress.value = 0; });  // no bar left "working"
     const file = $("image-file").files[0];
     const size = $("image-size").value.trim();
     const steps = Number($("image-steps").value) || undefined;
@@ -359,13 +409,14 @@ function bindImages({ api, state, showError }) {
         if (steps) form.append("num_inference_steps", String(steps));
         form.append("stream", "true");
         form.append("stream_progress", "true");
-        resp = await api("/v1/images/edits", { method: "POST", body: form });
+        resp = await api("/v1/images/edits", { method: "POST", body: form, signal: work.signal });
       } else {
         resp = await api("/v1/images/generations", {
           method: "POST", headers: { "content-type": "application/json" },
           body: JSON.stringify({ model: state.model.id, prompt, size, num_inference_steps: steps,
                                  response_format: "b64_json", stream: true, partial_images: 2,
                                  stream_progress: true }),
+          signal: work.signal,
         });
       }
       if ((resp.headers.get("content-type") || "").includes("text/event-stream")) {
@@ -387,56 +438,86 @@ function bindImages({ api, state, showError }) {
       }
       if (!$("image-result").children.length) throw new Error("no image came back: the connection closed first");
       progress.value = 1;
+      status.textContent = "";
     } catch (err) {
+      if (work.signal.aborted) return;  // stopped: the bar stays where the steps got to, a partial image stays
       progress.value = 0;
+      status.textContent = "";
       showError(err);
     } finally {
-      status.textContent = "";
-      busy(button, false);
+      work.done();
     }
   };
 }
 
 function bindVideos({ api, state, showError }) {
+  // A stopped job is deleted on the server (DELETE aborts it between denoising steps, and answers once it
+  // has ended); a Stop says so when it has. A model switch deletes it too: the page can no longer show it.
+  async function cancelJob(created, work) {
+    const say = (text) => { if (work.stopped && work.latest) $("video-status").textContent = text; };
+    say("stopping…");
+    let job;
+    try {
+      job = await created;
+    } catch {
+      return say("stopped");  // no job was made
+    }
+    try {
+      await api(`/v1/videos/${job.id}`, { method: "DELETE", signal: null });
+      say("stopped");
+    } catch (err) {
+      say(`stopped here; the server did not confirm it ended job ${job.id}: ${err.message}`);
+    }
+  }
+
   $("video-button").onclick = async () => {
-    const button = $("video-button");
     const prompt = $("video-prompt").value.trim();
-    if (!prompt) return;
-    busy(button, true);
+    if (!prompt) return ask("video-prompt", "video-status", "describe the video first");
+    const work = new Work("videos", state.abort.signal);
     showError("");
     const status = $("video-status");
+    const bar = $("video-progress");
     const player = $("video-result");
     player.hidden = true;
+    bar.value = 0;
+    status.textContent = "creating…";
+    // The create is not aborted by a Stop (a job it made would run on, unknown to the page): a Stop
+    // waits for its answer, then deletes the job.
+    const created = api("/v1/videos", {
+      method: "POST", headers: { "content-type": "application/json" }, signal: null,
+      body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
+                             seconds: $("video-seconds").value.trim(),
+                             num_inference_steps: Number($("video-steps").value) || undefined }),
+    }).then((resp) => resp.json());
+    work.onAbort(() => cancelJob(created, work));
     try {
-      let job = await (await api("/v1/videos", {
-        method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
-                               seconds: $("video-seconds").value.trim(),
-                               num_inference_steps: Number($("video-steps").value) || undefined }),
-      })).json();
+      let job = await work.until(created);
       while (job.status === "queued" || job.status === "in_progress") {
         status.textContent = job.status;
-        $("video-progress").value = job.progress || 0;
+        bar.value = job.progress || 0;
         const next = new URLSearchParams({ wait_s: VIDEO_WAIT_S, past: job.status,
                                            progress_past: Math.min(job.progress || 0, 99) });
-        job = await (await api(`/v1/videos/${job.id}?${next}`)).json();
+        job = await (await api(`/v1/videos/${job.id}?${next}`, { signal: work.signal })).json();
       }
       status.textContent = job.status;
       if (job.status !== "completed") throw new Error(job.error?.message || `video ${job.status}`);
-      $("video-progress").value = 100;
-      const blob = await (await api(`/v1/videos/${job.id}/content`)).blob();
+      bar.value = 100;
+      const blob = await (await api(`/v1/videos/${job.id}/content`, { signal: work.signal })).blob();
+      if (player.src.startsWith("blob:")) URL.revokeObjectURL(player.src);
       player.src = URL.createObjectURL(blob);
       player.hidden = false;
     } catch (err) {
+      if (!work.signal.aborted && status.textContent === "creating…") status.textContent = "";
       showError(err);
     } finally {
-      busy(button, false);
+      work.done();
     }
   };
 }
 
 // A model switch aborts the last model's requests (api's signal); what it made is not this model's.
 function clearOutputs() {
+  for (const id of ["chat-note", "speak-note"]) $(id).textContent = "";
   $("chat-output").textContent = "";
   $("chat-audio").hidden = true;
   $("chat-audio").removeAttribute("src");
@@ -450,10 +531,12 @@ function clearOutputs() {
   $("video-result").removeAttribute("src");
 }
 
+// ctx.showError(message, panel): each panel's errors are its own (shown with it).
 export function bindPanels(ctx) {
+  const of = (panel) => ({ ...ctx, showError: (message) => ctx.showError(message, panel) });
   document.addEventListener("model-changed", clearOutputs);
-  bindChat(ctx);
-  bindSpeak(ctx);
-  bindImages(ctx);
-  bindVideos(ctx);
+  bindChat(of("chat"));
+  bindSpeak(of("speak"));
+  bindImages(of("images"));
+  bindVideos(of("videos"));
 }
