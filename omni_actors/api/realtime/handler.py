@@ -50,7 +50,7 @@ from omni_actors.api.realtime.transcription import (
 )
 from omni_actors.api.realtime.vad import VAD_RATE, VadDetector
 from omni_actors.api.speech_inputs import speech_call
-from omni_actors.api.tools import tools_refusal
+from omni_actors.api.tools import chat_shaped, chat_shaped_choice, check_tools, tools_refusal
 from omni_actors.orchestrator.core import Orchestrator
 
 log = logs.get(__name__)
@@ -207,6 +207,16 @@ class RealtimeSession(InputAudio):
         if (refusal := tools_refusal(self.orch.pipeline, tools, tool_choice, prefix, can_force=True)) is not None:
             raise ce.BadEvent(refusal[0], code="unsupported_parameter", param=refusal[1])
 
+    async def _check_tool_schemas(self, tools: Any, tool_choice: Any, where: str) -> None:
+        """OpenAI's refusals of the tools themselves (tools.check_tools: a name twice, parameters that are no
+        object's schema, strict-mode refusals, a forced schema the decoder cannot follow) as an `error`."""
+        if not tools:
+            return
+        try:
+            await check_tools(chat_shaped(tools), chat_shaped_choice(tool_choice), lambda i: f"{where}[{i}]")
+        except ApiError as err:
+            raise ce.BadEvent(err.message, code=err.code, param=err.param) from None
+
     async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
         cfg, dialect = await self._checked_update(s, eid)
         old, self.cfg = self.cfg, cfg
@@ -224,6 +234,7 @@ class RealtimeSession(InputAudio):
         try:
             self._refuse_tools(s.tools, s.tool_choice, "session.")
             cfg, dialect = apply_update(self.cfg, s)
+            await self._check_tool_schemas(cfg.tools, cfg.tool_choice, "session.tools")
             forced_call(cfg.tools, cfg.tool_choice, "session.")  # a choice the session's tools cannot meet
             # A model that only transcribes is told at once to open the session type it serves; one with
             # none to offer (text to speech) keeps its session, and each response.create says why not.
@@ -334,6 +345,7 @@ class RealtimeSession(InputAudio):
         try:
             if r is not None:
                 self._refuse_tools(r.tools, r.tool_choice, "response.")
+                await self._check_tool_schemas(r.tools, r.tool_choice, "response.tools")
                 if r.voice is not None:
                     await self._check_voice(r.voice, "response.voice")
                 if r.audio is not None and r.audio.output is not None and r.audio.output.voice is not None:

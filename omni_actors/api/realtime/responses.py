@@ -245,7 +245,7 @@ class ResponseRun:
                 self.usage.output_text += 1
                 if self._held is not None:
                     self._held.append(delta)
-                    if out.shown:
+                    if out.shown and self.opts.forced is None:  # (a forced answer's text is its call's JSON)
                         if self.item is None:
                             await self._open_item()
                         self._shown.append(out.shown)
@@ -279,15 +279,17 @@ class ResponseRun:
         held, self._held = self._held, None
         calls: tuple[ToolCallOutput, ...] = self._read.tool_calls if complete and self._read else ()
         cut_in_call = not complete and self._calls is not None and bool(self._calls.streamed)
+        # a forced answer's text is its call's JSON: cut before it was read, it is no text either
+        no_text = cut_in_call or (self.opts.forced is not None and not calls)
         if calls:
             content = (self._read.content if self._read else None) or ""
             rest = unshown(content, self._shown)
             held = [rest] if rest.strip() or (rest and self._shown) else []
-        elif cut_in_call:
+        elif no_text:
             held = []  # (what was held is the call's text: its item ends incomplete)
         else:
             held = [rest] if (rest := unshown("".join(held), self._shown)) else []
-        if held or not (calls or cut_in_call):
+        if held or not (calls or no_text):
             if self.item is None:
                 await self._open_item()
             for delta in held:

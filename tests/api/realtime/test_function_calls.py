@@ -332,3 +332,35 @@ async def test_a_forced_choice_no_tool_meets_is_an_error_and_the_session_lives_o
         (item,) = events[-1]["response"]["output"]
         assert item["type"] == "message" and item["content"][0]["text"] == CALL, item
         await c.ws.close()
+
+
+async def test_a_forced_call_cut_before_it_is_read_sends_no_text(srv: RtServer) -> None:
+    # the guided JSON of a call cut by max_output_tokens went out as the answer's text
+    async with sdk(srv).realtime.connect(model="llm") as conn:
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"], "tools": [WEATHER, PICK],
+                                           "tool_choice": {"type": "function", "name": "pick_city"}})
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]})
+        await conn.response.create(response={"max_output_tokens": 2})
+        events = await until_done(conn)
+        response = events[-1].response
+        assert response.status == "incomplete", response
+        kinds = [e.type for e in events]
+        assert "response.output_text.delta" not in kinds and "response.output_text.done" not in kinds, kinds
+        assert all(item.type != "message" for item in response.output), response.output
+
+
+async def test_tools_openai_refuses_are_errors_naming_them(srv: RtServer) -> None:
+    # a name given twice and parameters that are no object's schema were taken (chat and Responses refuse them)
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None, modalities=["text"])
+        eid = await c.send("session.update", session={"tools": [PICK, PICK]})
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"]) == ("session.tools[1].name", eid), err
+        bad = {**PICK, "parameters": {"type": "string"}}
+        eid = await c.send("response.create", response={"tools": [bad]})
+        err = (await c.until("error"))[-1]["error"]
+        assert (err["param"], err["event_id"], err["code"]) == ("response.tools[0].parameters", eid,
+                                                                "invalid_function_parameters"), err
+        eid = await c.send("session.update", session={"tools": [PICK]})  # the session goes on
+        assert (await c.until("session.updated"))[-1]["session"]["tools"][0]["name"] == "pick_city"
