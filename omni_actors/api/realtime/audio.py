@@ -32,6 +32,9 @@ WIRE_RATE = DEFAULT_SAMPLE_RATE
 """Rate of pcm16 audio on the wire, both directions."""
 G711_RATE = 8_000
 FORMATS = ("pcm16", "g711_ulaw", "g711_alaw")
+_WHITESPACE = str.maketrans("", "", " \t\r\n")
+"""Dropped from base64 audio before it is checked: line-wrapped base64 (Python's base64.encodebytes,
+MIME encoders) is valid base64."""
 
 
 class AudioFormatError(ValueError):
@@ -92,7 +95,7 @@ def decode_wire(b64: str, fmt: str) -> tuple[np.ndarray, int]:
     except AudioLimitError as err:
         raise AudioFormatError(str(err)) from None
     try:
-        raw = base64.b64decode(b64, validate=True)
+        raw = base64.b64decode(b64.translate(_WHITESPACE), validate=True)
     except (binascii.Error, ValueError):
         raise AudioFormatError("audio is not valid base64") from None
     return decode_bytes(raw, fmt), wire_rate(fmt)

@@ -11,7 +11,8 @@ decides when to speak. `response.cancel` ends the response (status cancelled)
 and mutes the model until the user speaks again (input louder than
 SPEECH_RMS), when a new response opens. The session's voice, instructions and
 temperature at the stream's start go to the model as request params (an adapter
-that takes a voice or prompt reads them; Moshi takes neither). session.update is checked as every
+that takes a voice or prompt reads them; Moshi takes neither); a later temperature
+is fed to the live stream. session.update is checked as every
 session's is (tools, `session.type: "transcription"`, ...: handler.py `_checked_update`), then for
 duplex: input audio transcription is refused (unsupported_parameter): there are no committed turns to
 transcribe, and `audio.output.speed` must be 1. Sessions past the duplex stage's slots
@@ -46,7 +47,7 @@ from omni_actors.api.realtime.audio import (
     wire_rate,
 )
 from omni_actors.api.realtime.conversation import Item, Part, new_id, render_item, render_part
-from omni_actors.api.realtime.duplex_items import ITEMS_KEPT, hear
+from omni_actors.api.realtime.duplex_items import ITEMS_KEPT, AudioClock, hear
 from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
 from omni_actors.api.realtime.session import render_session
@@ -116,6 +117,9 @@ class DuplexSession(RealtimeSession):
             case ce.BufferAppend(audio=b64):
                 await self._append_duplex(b64, eid)
             case ce.ResponseCreate():
+                if self.live is not None:  # (as every session answers a second response.create)
+                    raise ce.BadEvent(f"conversation already has an active response {self.live['id']}",
+                                      code="conversation_already_has_active_response", event_id=eid)
                 self.muted = False
                 await self._ensure_stream(None)
             case ce.ResponseCancel(response_id=rid):
@@ -142,11 +146,17 @@ class DuplexSession(RealtimeSession):
             raise ce.BadEvent("a full-duplex session has no committed turns to transcribe: leave input audio "
                               "transcription unset", code="unsupported_parameter", event_id=eid,
                               param="session.audio.input.transcription" if ga else "session.input_audio_transcription")  # fmt: skip
-        self.cfg = replace(cfg, turn_detection=None)  # the model decides when to speak: never a VAD
+        old, self.cfg = self.cfg, replace(cfg, turn_detection=None)  # the model decides when to speak: no VAD
         if dialect is not None:
             self.dialect = dialect
-        self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
-        self._out = None
+        # A resampler holds its filter's delay (up to ~60 ms of G.711): a new one only for a new format,
+        # else every update (instructions, voice) would drop that much of the user's and the model's audio.
+        if self.cfg.input_audio_format != old.input_audio_format:
+            self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
+        if self.cfg.output_audio_format != old.output_audio_format:
+            self._out = None
+        if self.stream is not None and self.cfg.temperature != old.temperature:  # the live stream samples at it
+            self.orch.feed(self.stream.request_id, {"temperature": self.cfg.temperature})
         await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
 
     # ---- input ----
@@ -238,7 +248,7 @@ class DuplexSession(RealtimeSession):
             x = self._out.push(x)
         # The item holds the frame before it is sent (no await between): a retrieve or truncate the loop
         # handles meanwhile sees what the client was sent or is about to be.
-        hear(live["item"].content[0], len(x) * 1000 // wire_rate(fmt), text)
+        hear(live["item"].content[0], live["clock"].ms(len(x), wire_rate(fmt)), text)
         if len(x):
             await self.send(ev.AudioDelta(response_id=live["id"], item_id=live["item"].id,
                                           delta=encode_wire(x, fmt)))
@@ -255,7 +265,7 @@ class DuplexSession(RealtimeSession):
     async def _open_live(self) -> dict[str, Any]:
         """A new response, its item added to the conversation (the oldest of ITEMS_KEPT deleted)."""
         item = Item(id=new_id("item"), role="assistant", status="in_progress", content=[Part("audio", transcript="")])
-        live = self.live = {"id": new_id("resp"), "item": item}
+        live = self.live = {"id": new_id("resp"), "item": item, "clock": AudioClock()}
         prev = self.conversation.add(item)
         self._items.append(item.id)
         dropped = self._items.popleft() if len(self._items) > ITEMS_KEPT else None

@@ -11,6 +11,8 @@ The session keeps its last ITEMS_KEPT items (duplex.py).
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from omni_actors.api.realtime.conversation import Part
 
 ITEMS_KEPT = 16
@@ -20,6 +22,26 @@ TRANSCRIPT_CHARS = 8_000
 TIMED_PIECES = 256
 """Transcript pieces an item times to the frame they came with (at least the last ~20 s of its audio:
 Moshi's frames are 80 ms); older pieces are merged, so a truncate that far back keeps them."""
+
+
+class AudioClock:
+    """An item's audio sent so far, exact: each frame's whole milliseconds for `hear`.
+
+    A frame's length in ms is rarely whole (G.711's 8 kHz frames come out of the resampler as 489
+    or 490 samples, 61.125 or 61.25 ms); flooring each would leave the item ~2.5 ms a second behind
+    the audio the client was sent, and a truncate at the client's own count refused as past the item.
+    """
+
+    def __init__(self) -> None:
+        self._sent = Fraction(0)
+        self._told = 0
+
+    def ms(self, samples: int, rate: int) -> int:
+        """Whole milliseconds this frame adds: over any frames, the floor of all they hold."""
+        self._sent += Fraction(samples * 1000, rate)
+        whole = int(self._sent)
+        ms, self._told = whole - self._told, whole
+        return ms
 
 
 def hear(part: Part, ms: int, text: str) -> None:

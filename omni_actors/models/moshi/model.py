@@ -55,6 +55,10 @@ class MoshiDuplexAdapter(DuplexAdapter):
     def stop(self, slot: int) -> None:
         self.frame.stop(slot)
 
+    def retune(self, slot: int, temperature: float) -> bool:
+        self.lm.audio_temp[slot] = temperature  # (in place: a captured frame graph reads the same buffer)
+        return True
+
     def resize(self, slots: int) -> bool:
         self.frame = self.lm = None  # (the old slots' state and graph go before the new are made)
         if self.device == "cuda":

@@ -2,7 +2,7 @@
 
 A session is one streaming request: `add` claims one of the adapter's slots
 (its batch rows; `max_num_seqs` of them), `feed` appends the user's audio to
-the session's input buffer, `abort` frees the slot. The engine owns the frame
+the session's input buffer (and a new `temperature` retunes its slot), `abort` frees the slot. The engine owns the frame
 clock: ticks every frame (80 ms for Moshi) while any session is live, and each
 `step` waits for the next tick, then steps every slot at once:
 
@@ -86,6 +86,11 @@ class DuplexAdapter(abc.ABC):
     def step(self, frames: np.ndarray) -> list[SlotOutput]:
         """frames [slots, frame_samples] float32 user audio -> one SlotOutput per slot."""
 
+    def retune(self, slot: int, temperature: float) -> bool:
+        """The live session in `slot` samples at `temperature` from its next frame (a realtime
+        session.update); False when this adapter takes no temperature (it is then ignored)."""
+        return False
+
     def resize(self, slots: int) -> bool:
         """Hold `slots` slots from now on (fewer than now; no session is live); False when this adapter
         cannot (the engine then keeps the slots it has)."""
@@ -138,11 +143,11 @@ class DuplexEngine(StageEngine):
         self._next_tick: float | None = None
         self._clock = threading.Event()  # never set: waiting on it until the next tick is the frame clock
         self._silence = np.zeros((a.slots, a.frame_samples), np.float32)
-        log.info("duplex.ready", slots=a.slots, frame_budget_ms=round(self.frame_s * 1000, 1),
+        log.info("duplex.ready", slots=a.slots, frame_ms=round(self.frame_s * 1000, 1),
                  warmup_frame_ms=round(frame_ms, 1))
         if frame_ms > self.frame_s * 1000:  # every step runs every slot: each session would be late
             log.warning("duplex.over_budget", slots=a.slots, warmup_frame_ms=round(frame_ms, 1),
-                        frame_budget_ms=round(self.frame_s * 1000, 1),
+                        frame_ms=round(self.frame_s * 1000, 1),
                         hint="a frame of all slots takes longer than a frame lasts: lower the stage's "
                              "max_num_seqs (slots), or give it a faster device")
 
@@ -203,6 +208,8 @@ class DuplexEngine(StageEngine):
         if session is None:
             return
         self._append(session, self._audio(inputs))
+        if (temperature := inputs.get("temperature")) is not None:
+            self.adapter.retune(session.slot, float(temperature))
         session.ending = session.ending or last
 
     def abort(self, request_id: str) -> None:

@@ -65,3 +65,20 @@ async def test_health_answers_while_a_big_item_decodes() -> None:
         assert items_when_healthy == [1]
         assert not of_type(c.seen, "error")
         await c.ws.close()
+
+
+async def test_line_wrapped_base64_audio_is_taken() -> None:
+    # base64.encodebytes (and MIME encoders) wrap lines every 76 characters: every append was refused
+    import base64
+
+    pcm = (np.clip(_tone(0.5), -1, 1) * 32767).astype("<i2").tobytes()
+    async with serve_rt("synthetic", stages=STAGES) as srv, aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        await c.send("input_audio_buffer.append", audio=base64.encodebytes(pcm).decode())
+        await c.send("input_audio_buffer.commit")
+        committed = (await c.until("input_audio_buffer.committed"))[-1]
+        assert committed["item_id"] and not of_type(c.seen, "error"), of_type(c.seen, "error")
+        await c.send("conversation.item.retrieve", item_id=committed["item_id"])
+        got = (await c.until("conversation.item.retrieved"))[-1]["item"]
+        assert len(base64.b64decode(got["content"][0]["audio"])) == len(pcm)
+        await c.ws.close()
