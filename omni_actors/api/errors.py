@@ -52,6 +52,9 @@ retries a 429 by itself after the time this header says)."""
 
 RESPONSE_STARTED = web.RequestKey("response_started", bool)
 """Request key set by a handler once its (streaming) response headers are sent."""
+IN_BAND_ERROR = web.RequestKey("in_band_error", str)
+"""Request key: the code of an error sent in-band once the headers were out (an SSE `error` event);
+metrics.py counts it in omni_http_errors_total beside the stream's status."""
 
 _TYPES = {
     400: "invalid_request_error",

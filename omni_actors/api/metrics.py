@@ -1,6 +1,10 @@
 """Prometheus metrics of one app (its own CollectorRegistry) and the GET /metrics route.
 
-    omni_http_requests_total{route,method,status}     answered requests
+    omni_http_requests_total{route,method,status}     answered requests (status 499: the client went away
+                                                      before the answer ended; unknown paths: route "unmatched")
+    omni_http_errors_total{route,status,code}         answered errors by their body's `code` (queue_full,
+                                                      worker_died, rejected_by_stage, request_timeout, ...;
+                                                      "client_disconnected" with 499, "none" without a code)
     omni_http_requests_in_flight{route}               requests being served now
     omni_time_to_first_token_seconds{route,pipeline}  submit -> first text delta
     omni_time_to_first_audio_seconds{route,pipeline}  submit -> first audio chunk
@@ -29,6 +33,11 @@
                                                       total, engine.weights, ... (orchestrator/stats.py)
     omni_orchestrator_requests_in_flight{pipeline}    runs the orchestrator holds
     omni_orchestrator_leases_held{pipeline}           shared-memory leases not yet freed
+    omni_orchestrator_requests_total{pipeline}        runs submitted to the pipeline (/v1/status requests_total)
+    omni_orchestrator_requests_failed_total{pipeline}   runs ended by an error (/v1/status requests_failed)
+    omni_orchestrator_requests_aborted_total{pipeline}  runs aborted: client gone, stream overflow, shutdown
+                                                      (/v1/status requests_aborted)
+    omni_pipeline_draining{pipeline}                  1 while the pipeline drains (/health answers 503)
     omni_bus_frames_undecodable_total{pipeline}       frames from workers the bus could not decode
     omni_stream_bytes_queued{pipeline}                final outputs held that their readers have not taken
     omni_stream_overflows_total{pipeline}             requests aborted for leaving server.stream_buffer_mb unread
@@ -42,9 +51,11 @@ scrape time.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
+import msgspec
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -56,6 +67,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from omni_actors.api.errors import IN_BAND_ERROR
 from omni_actors.bus.messages import STEP_BUCKETS_S
 from omni_actors.orchestrator.latency import cumulative
 from omni_actors.orchestrator.outputs import AudioOutput
@@ -63,7 +75,9 @@ from omni_actors.orchestrator.outputs import AudioOutput
 if TYPE_CHECKING:
     from omni_actors.api.pipelines import Pipelines
 
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Up to the default `server.request_timeout_s` (600 s): an image or a video takes minutes, and a p99
+past the last bucket reads only as "more than that"."""
 RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 
 
@@ -105,6 +119,11 @@ class _StageCollector:
                                    labels=one)
         overflows = CounterMetricFamily("omni_stream_overflows", "Requests aborted for a reader that stopped reading",
                                         labels=one)
+        submitted = CounterMetricFamily("omni_orchestrator_requests", "Runs submitted to the pipeline", labels=one)
+        failed = CounterMetricFamily("omni_orchestrator_requests_failed", "Runs ended by an error", labels=one)
+        aborted = CounterMetricFamily("omni_orchestrator_requests_aborted", "Runs aborted (client gone, stream "
+                                      "overflow, shutdown)", labels=one)
+        draining = GaugeMetricFamily("omni_pipeline_draining", "1 while the pipeline drains", labels=one)
         holds = CounterMetricFamily("omni_first_output_holds", "Workers held while one sharing their device made "
                                     "a first output", labels=one)
         for orch in self.pipelines.all:
@@ -135,8 +154,13 @@ class _StageCollector:
             queued.add_metric([name], stats.stream_bytes_queued)
             overflows.add_metric([name], stats.stream_overflows)
             holds.add_metric([name], stats.first_output_holds)
+            submitted.add_metric([name], stats.requests_total)
+            failed.add_metric([name], stats.requests_failed)
+            aborted.add_metric([name], stats.requests_aborted)
+            draining.add_metric([name], 1.0 if orch.draining else 0.0)
         return [depth, limit, healthy, engine, restarts, first, step_s, steps, busy, step_hist, rep_in_flight,
-                rep_restarts, startup, runs, leases, undecodable, queued, overflows, holds]
+                rep_restarts, startup, runs, leases, undecodable, queued, overflows, holds, submitted, failed,
+                aborted, draining]
 
 
 class ApiMetrics:
@@ -147,6 +171,8 @@ class ApiMetrics:
         r = self.registry
         self.requests = Counter("omni_http_requests", "Answered HTTP requests",
                                 ["route", "method", "status"], registry=r)
+        self.errors = Counter("omni_http_errors", "Answered HTTP errors by their error code",
+                              ["route", "status", "code"], registry=r)
         self.in_flight = Gauge("omni_http_requests_in_flight", "HTTP requests being served", ["route"], registry=r)
         self.ttft = Histogram("omni_time_to_first_token_seconds", "Submit to first text delta",
                               ["route", "pipeline"], buckets=LATENCY_BUCKETS_S, registry=r)
@@ -175,13 +201,46 @@ def route_name(request: web.Request) -> str:
     return resource.canonical
 
 
+CLIENT_CLOSED = 499
+"""The status counted for a request whose client went away before its answer ended (nginx's)."""
+_CODE = re.compile(r"[a-z0-9_]{1,64}")
+"""An error code as a label value; any other (none of ours) is counted as "other"."""
+
+
+class _ErrorDetail(msgspec.Struct):
+    code: str | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: _ErrorDetail
+
+
+_error_body = msgspec.json.Decoder(_ErrorBody)
+
+
+def error_code(resp: web.StreamResponse | None, status: int) -> str:
+    """The error code of an error answer, as a bounded label value (errors.py writes the body)."""
+    if status == CLIENT_CLOSED:
+        return "client_disconnected"
+    body = resp.body if isinstance(resp, web.Response) else None
+    if not isinstance(body, bytes):
+        return "internal_error" if resp is None and status == 500 else "none"
+    try:
+        code = _error_body.decode(body).error.code
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return "none"
+    if code is None:
+        return "none"
+    return code if _CODE.fullmatch(code) else "other"
+
+
 @web.middleware
 async def metrics_middleware(request: web.Request, handler) -> web.StreamResponse:
     metrics = request.app[METRICS_KEY]
     route = route_name(request)
     gauge = metrics.in_flight.labels(route)
     gauge.inc()
-    status = 500
+    status, resp = 500, None
     try:
         resp = await handler(request)
         status = resp.status
@@ -190,11 +249,15 @@ async def metrics_middleware(request: web.Request, handler) -> web.StreamRespons
         status = exc.status
         raise
     except BaseException:
-        status = 499 if request.transport is None or request.transport.is_closing() else 500
+        status = CLIENT_CLOSED if request.transport is None or request.transport.is_closing() else 500
         raise
     finally:
         gauge.dec()
         metrics.requests.labels(route, request.method, str(status)).inc()
+        if status >= 400:
+            metrics.errors.labels(route, str(status), error_code(resp, status)).inc()
+        elif (in_band := request.get(IN_BAND_ERROR)) is not None:  # headers out, then an error event
+            metrics.errors.labels(route, str(status), in_band if _CODE.fullmatch(in_band) else "other").inc()
 
 
 async def metrics_route(request: web.Request) -> web.Response:

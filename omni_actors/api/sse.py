@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from omni_actors.api.errors import RESPONSE_STARTED, ApiError, from_exception
+from omni_actors.api.errors import IN_BAND_ERROR, RESPONSE_STARTED, ApiError, from_exception
 from omni_actors.errors import RequestError
 
 SSE_PENDING_BYTES = 256 * 1024
@@ -160,6 +160,7 @@ class SSEWriter:
         return await self._finish(b"data: [DONE]\n\n")
 
     async def fail(self, error: ApiError) -> web.StreamResponse:
+        self.request[IN_BAND_ERROR] = error.code or "none"
         return await self._finish((b"event: error\n" if self.named else b"") + b"data: "
                                   + _encoder.encode(error.body()) + b"\n\n")
 

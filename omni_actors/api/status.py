@@ -59,6 +59,8 @@ class PipelineStatus(msgspec.Struct, kw_only=True):
     requests_in_flight: int
     requests_total: int
     requests_failed: int
+    requests_aborted: int
+    """Runs aborted (client gone, stream overflow, shutdown); /metrics: omni_orchestrator_requests_aborted_total."""
     worker_restarts: int
     gpu_sharing: str
     """How its GPU workers share a GPU: "mps" (the run's own MPS daemon), "time_slice", "none"."""
@@ -93,7 +95,8 @@ def pipeline_status(pipelines: Pipelines, orch: Orchestrator) -> PipelineStatus:
         healthy=all(s.healthy for s in stages) and not orch.draining, draining=orch.draining,
         uptime_s=round(stats.uptime_s, 3), requests_in_flight=stats.requests_in_flight,
         requests_total=stats.requests_total, requests_failed=stats.requests_failed,
-        worker_restarts=stats.worker_restarts, gpu_sharing=orch.gpu_sharing, stages=stages,
+        requests_aborted=stats.requests_aborted, worker_restarts=stats.worker_restarts,
+        gpu_sharing=orch.gpu_sharing, stages=stages,
     )
 
 
