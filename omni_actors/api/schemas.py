@@ -109,6 +109,9 @@ class TranscriptionForm(Struct, kw_only=True):
     timestamp_granularities: list[Literal["segment", "word"]] | None = msgspec.field(
         default=None, name="timestamp_granularities[]")
     """With verbose_json: "word" adds `words` (models that time words), "segment" (the default) `segments`."""
+    chunking_strategy: str | None = None
+    """"auto", or a server_vad object as JSON (the SDK sends its members as `chunking_strategy[type]`,
+    `chunking_strategy[threshold]`, ...): checked, then left to the recognizer, which windows long audio itself."""
 
 
 class TranscriptionUsage(Struct):

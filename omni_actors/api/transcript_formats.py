@@ -2,10 +2,13 @@
 
 A stage that times its transcript sends segments (and words, when asked); for one that does
 not, the whole transcript is one segment spanning the audio, so every format has an answer.
+Times are kept within the audio: Whisper rounds a segment's end to its 20 ms timestamp tokens,
+which can land past the last sample (a 2.99 s clip's segment ending at 3.00 s).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -33,10 +36,16 @@ CONTENT_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt", "verbose_json
 
 def timed_segments(text: str, outputs: Sequence[TranscriptOutput], seconds: float) -> list[TranscriptSegment]:
     """The stage's segments, else (a stage that does not time its text) one over the whole audio."""
-    segments = [s for out in outputs for s in out.segments if s.text.strip()]
+    duration = round(seconds, 3)
+    segments = [dataclasses.replace(s, start=_within(s.start, duration), end=_within(s.end, duration))
+                for out in outputs for s in out.segments if s.text.strip()]
     if segments or not text:
         return segments
-    return [TranscriptSegment(0.0, round(seconds, 3), text)]
+    return [TranscriptSegment(0.0, duration, text)]
+
+
+def _within(t: float, duration: float) -> float:
+    return min(max(t, 0.0), duration)
 
 
 def render(fmt: str, text: str, outputs: Sequence[TranscriptOutput], seconds: float, language: str | None,
@@ -47,14 +56,16 @@ def render(fmt: str, text: str, outputs: Sequence[TranscriptOutput], seconds: fl
         return _cues(segments, ",", numbered=True).encode()
     if fmt == "vtt":
         return ("WEBVTT\n\n" + _cues(segments, ".", numbered=False)).encode()
+    body_s = round(seconds, 3)
     code = next((o.language for o in outputs if o.language), None) or language or ""
     body = TranscriptionVerbose(
-        task="transcribe", language=LANGUAGE_NAMES.get(code.lower(), code), duration=round(seconds, 3), text=text,
+        task="transcribe", language=LANGUAGE_NAMES.get(code.lower(), code), duration=body_s, text=text,
         segments=[TranscriptionSegment(i, s.seek, s.start, s.end, s.text, list(s.tokens), s.temperature,
                                        s.avg_logprob, s.compression_ratio, s.no_speech_prob)
                   for i, s in enumerate(segments)],
         usage=TranscriptionUsage("duration", math.ceil(seconds)),
-        words=[TranscriptionWord(w.word, w.start, w.end) for o in outputs for w in o.words] if words else None)
+        words=[TranscriptionWord(w.word, _within(w.start, body_s), _within(w.end, body_s))
+               for o in outputs for w in o.words] if words else None)
     return msgspec.json.encode(body)
 
 

@@ -15,6 +15,11 @@ Form fields:
     language         ISO-639-1; a stage that transcribes one language refuses others (400)
     prompt, temperature
                      accepted for client compatibility, passed on as params
+    chunking_strategy
+                     "auto", or server_vad (`chunking_strategy[type]=server_vad` and its numbers, as the SDK
+                     sends an object, or the object as JSON): checked, then left to the recognizer, which
+                     windows long audio itself
+    include[]        "logprobs": a 400 naming `include` (no recognizer here returns token logprobs)
 
 What goes into the pipeline:
 
@@ -30,6 +35,7 @@ with the same size limit (413) and time limit (408).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -61,9 +67,15 @@ from omni_actors.orchestrator.outputs import TranscriptOutput
 ROUTE = "/v1/audio/transcriptions"
 FORMATS = ("json", "text", *TIMED_FORMATS)
 GRANULARITIES = "timestamp_granularities"
-LIST_FIELDS = frozenset({GRANULARITIES + "[]", GRANULARITIES})
+CHUNKING = "chunking_strategy"
+VAD_KEYS = ("type", "prefix_padding_ms", "silence_duration_ms", "threshold")
+LIST_FIELDS = {GRANULARITIES + "[]": GRANULARITIES, GRANULARITIES: GRANULARITIES, "include[]": "include",
+               "include": "include"}
 """Fields a form may repeat (the SDK sends a list as `name[]` parts, one per item); joined by ","."""
-FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature", *LIST_FIELDS})
+OBJECT_FIELDS = {f"{CHUNKING}[{key}]": f"{CHUNKING}.{key}" for key in VAD_KEYS}
+"""An object's members as the SDK sends them (`name[key]` parts), kept as "name.key"."""
+FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature", CHUNKING,
+                    *LIST_FIELDS, *OBJECT_FIELDS})
 
 
 async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
@@ -84,9 +96,9 @@ async def _parse_form(request: web.Request, max_bytes: int) -> tuple[dict[str, s
         if name not in FIELDS:
             raise bad_request(f"unknown form field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
         if name in LIST_FIELDS:
-            name = GRANULARITIES
-        elif name in fields or (name == "file" and upload is not None):
-            raise bad_request(f"form field `{name}` is given twice", name)
+            name = LIST_FIELDS[name]
+        elif (name := OBJECT_FIELDS.get(name, name)) in fields or (name == "file" and upload is not None):
+            raise bad_request(f"form field `{part.name}` is given twice", part.name)
         data = await budget.read(part)
         if name == "file":
             upload = bytes(data)
@@ -112,6 +124,10 @@ def _options(fields: dict[str, str], words_ok: bool) -> tuple[str, bool, dict[st
         raise bad_request(f"stream=true sends transcript.text events; response_format {fmt!r} is not streamed "
                           "(use json or text, or leave stream out)", "stream")
     timestamps = _timestamps(fields, fmt, words_ok)
+    _check_chunking(fields)
+    if fields.get("include"):
+        raise bad_request(f"include {fields['include'].split(',')} is not supported: no recognizer here returns "
+                          "token logprobs", "include", "unsupported_value")
     temperature = None
     if "temperature" in fields:
         try:
@@ -127,6 +143,33 @@ def _options(fields: dict[str, str], words_ok: bool) -> tuple[str, bool, dict[st
                         "prompt": fields.get("prompt") or None, "temperature": temperature,
                         "timestamps": timestamps})
     return fmt, stream == "true", params
+
+
+def _check_chunking(fields: dict[str, str]) -> None:
+    """chunking_strategy: "auto" or a server_vad object (the SDK's `name[key]` parts, or JSON); 400 else."""
+    vad: Any = {key.partition(".")[2]: value for key, value in fields.items() if key.startswith(CHUNKING + ".")}
+    raw = fields.get(CHUNKING)
+    if raw is not None and vad:
+        raise bad_request(f"{CHUNKING} is given both as a value and as an object", CHUNKING)
+    if raw == "auto" or (raw is None and not vad):
+        return
+    if raw is not None:
+        try:
+            vad = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            vad = None
+    if not isinstance(vad, dict) or vad.get("type") != "server_vad" or set(vad) - set(VAD_KEYS):
+        raise bad_request(f'{CHUNKING} takes "auto" or {{"type": "server_vad", "prefix_padding_ms", '
+                          f'"silence_duration_ms", "threshold"}}, not {str(raw if raw is not None else vad)[:200]}',
+                          CHUNKING, "invalid_value")
+    for key, high in (("threshold", 1.0), ("prefix_padding_ms", math.inf), ("silence_duration_ms", math.inf)):
+        try:
+            value = float(vad.get(key, 0))
+        except (TypeError, ValueError):
+            value = math.nan
+        if not 0 <= value <= high or value == math.inf:
+            bound = "between 0 and 1" if high == 1.0 else "of milliseconds, at least 0"
+            raise bad_request(f"{CHUNKING}.{key} must be a number {bound}", CHUNKING, "invalid_value")
 
 
 def _timestamps(fields: dict[str, str], fmt: str, words_ok: bool) -> str | None:

@@ -7,9 +7,11 @@ Output, once per request: {"text": transcript, "language": "en"}, and with
 params["timestamps"] ("segment" or "word") also "segments" (start, end, text and
 Whisper's statistics each) and, for "word", "words" ({"word", "start", "end"}).
 
-Requests up to 30 s long without timestamps are batched: one step encodes and
-decodes up to `max_batch` of them together. Longer or timed ones go through
-faster-whisper's own long-form `transcribe`, one per step.
+Requests up to 30 s long without timestamps, `prompt` or `temperature` are batched:
+one step encodes and decodes up to `max_batch` of them together, and a window
+Whisper finds silent says "" (faster-whisper's no-speech rule). Longer, timed,
+prompted or tempered ones go through faster-whisper's own long-form `transcribe`
+(`initial_prompt`: its last 223 tokens, as OpenAI keeps a prompt's last 224), one per step.
 
 engine_extras: `compute_type` ("int8" on cpu, "float16" on cuda), `beam_size` (1),
 `language` ("en"), `threads` (1), `max_batch` (max_num_seqs).
@@ -18,7 +20,7 @@ engine_extras: `compute_type` ("int8" on cpu, "float16" on cuda), `beam_size` (1
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,10 @@ WHISPER_RATE = 16000
 WINDOW_SAMPLES = 30 * WHISPER_RATE
 """Whisper's window: audio up to this long is transcribed in one batched pass."""
 INT16_SCALE = 32768.0
+NO_SPEECH_PROB = 0.6
+LOGPROB_THRESHOLD = -1.0
+"""faster-whisper's defaults for a window that holds no speech: a batched decode more sure of silence than
+NO_SPEECH_PROB, whose average token log-probability is below LOGPROB_THRESHOLD, says "" (not Whisper's " .")."""
 
 
 def as_float_audio(value: Any) -> np.ndarray:
@@ -46,6 +52,8 @@ class _Request:
     input_done: bool = False
     timestamps: str | None = None
     """None, "segment" or "word" (params["timestamps"])."""
+    prompt: str | None = None
+    temperature: float | None = None
 
     def audio(self) -> np.ndarray:
         joined = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
@@ -90,7 +98,8 @@ class WhisperAsrEngine(StageEngine):
         if timestamps not in (None, "segment", "word"):
             raise ValueError(f"timestamp_granularities: {timestamps!r} is not one of segment, word")
         rate = int(inputs.get("sample_rate", WHISPER_RATE))
-        self.requests[request_id] = _Request(rate=rate, timestamps=timestamps)
+        self.requests[request_id] = _Request(rate=rate, timestamps=timestamps, prompt=params.get("prompt"),
+                                             temperature=params.get("temperature"))
         self._take(request_id, inputs, last=not streaming)
 
     def feed(self, request_id: str, inputs: dict[str, Any], last: bool) -> None:
@@ -117,13 +126,13 @@ class WhisperAsrEngine(StageEngine):
         ready = [rid for rid, r in self.requests.items() if r.input_done][: self.max_batch]
         reqs = {rid: self.requests.pop(rid) for rid in ready}
         audios = {rid: req.audio() for rid, req in reqs.items()}
-        short = {rid: a for rid, a in audios.items() if a.size <= WINDOW_SAMPLES and not reqs[rid].timestamps}
+        short = {rid: a for rid, a in audios.items() if a.size <= WINDOW_SAMPLES and _batchable(reqs[rid])}
         whole = [rid for rid in audios if rid not in short]
         outs = {rid: {"text": text} for rid, text in (self._transcribe_batch(short) if short else {}).items()}
         for rid in whole[:1]:
-            outs[rid] = self._transcribe_whole(audios[rid], reqs[rid].timestamps)
+            outs[rid] = self._transcribe_whole(audios[rid], reqs[rid])
         for rid in whole[1:]:  # one long-form request per step: put the rest back
-            self.requests[rid] = _Request(WHISPER_RATE, [audios[rid]], True, reqs[rid].timestamps)
+            self.requests[rid] = replace(reqs[rid], rate=WHISPER_RATE, chunks=[audios[rid]])
         return [EngineOutput(rid, {**out, "language": self.language}, finished=True) for rid, out in outs.items()]
 
     def _transcribe_batch(self, audios: dict[str, np.ndarray]) -> dict[str, str]:
@@ -138,18 +147,21 @@ class WhisperAsrEngine(StageEngine):
             max_length=self.model.max_length,
             suppress_blank=True,
             suppress_tokens=self.suppress,
+            return_scores=True,
+            return_no_speech_prob=True,
         )
-        return {
-            rid: self.tokenizer.decode(result.sequences_ids[0]).strip()
-            for rid, result in zip(audios, results, strict=True)
-        }
+        return {rid: "" if _no_speech(result) else self.tokenizer.decode(result.sequences_ids[0]).strip()
+                for rid, result in zip(audios, results, strict=True)}
 
-    def _transcribe_whole(self, audio: np.ndarray, timestamps: str | None) -> dict[str, Any]:
-        """faster-whisper's long-form transcription: the text, and the segments (and words) when timed."""
+    def _transcribe_whole(self, audio: np.ndarray, req: _Request) -> dict[str, Any]:
+        """faster-whisper's long-form transcription (with the request's prompt and temperature): the text,
+        and the segments (and words) when timed."""
+        timestamps = req.timestamps
         words = timestamps == "word"
+        temperature = {} if req.temperature is None else {"temperature": req.temperature}
         segments = list(self.model.transcribe(
             audio, language=self.language, beam_size=self.beam_size, condition_on_previous_text=False,
-            word_timestamps=words,
+            word_timestamps=words, initial_prompt=req.prompt, **temperature,
         )[0])
         out: dict[str, Any] = {"text": " ".join(s.text.strip() for s in segments).strip()}
         if timestamps:
@@ -163,3 +175,15 @@ class WhisperAsrEngine(StageEngine):
             out["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end}
                             for s in segments for w in s.words or ()]
         return out
+
+
+def _batchable(req: _Request) -> bool:
+    """Untimed, unprompted, at the default temperature: the batched pass (the rest go long-form)."""
+    return not req.timestamps and not req.prompt and req.temperature is None
+
+
+def _no_speech(result: Any) -> bool:
+    """faster-whisper's silence rule for one decoded window (its `scores` are length-normalised sums)."""
+    tokens = len(result.sequences_ids[0])
+    avg_logprob = result.scores[0] * tokens / (tokens + 1)
+    return result.no_speech_prob > NO_SPEECH_PROB and avg_logprob < LOGPROB_THRESHOLD
