@@ -52,6 +52,7 @@ from omni_actors.api.paging import newest_first, page_limit
 from omni_actors.api.responses_background import Background, settled
 from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
+    check_include,
     image_file_ids,
     part_param,
     read_turn,
@@ -124,6 +125,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                                   background=bool(req.background))
     if req.background and not req.store:
         raise bad_request("background: a background response must be stored (store: true)", "background")
+    check_include(req)
     orch, model = route_model(request, req.model, {"text"})
     earlier: list[dict[str, Any]] = []
     if req.previous_response_id is not None:

@@ -11,7 +11,8 @@ route first, `image_file_ids`) an image, `input_audio` audio, `input_file` chat'
 are: chat_inputs.py; the route reads the uploads, `chat_inputs.file_ids`); `developer` is `system`; a
 `function_call` joins the assistant message before it as a tool call and a
 `function_call_output` is a `tool` message. Items this server cannot use (`item_reference`,
-an image by remote URL) are 400s naming them (`input[3].content[1].image_url`).
+an image by remote URL) are 400s naming them (`input[3].content[1].image_url`), as is an `include`
+this server cannot answer (`check_include`).
 `instructions` go first as a system message and, as OpenAI does, are not carried to a later
 response through `previous_response_id`.
 """
@@ -156,6 +157,14 @@ def _image_file_id(req: ResponseRequest | None, k: int, j: int) -> bool:
     item = req.input[k] if req is not None and not isinstance(req.input, str) and k < len(req.input) else None
     parts = item.content if item is not None and isinstance(item.content, list) else []
     return j < len(parts) and isinstance(parts[j], InputImagePart) and parts[j].file_id is not None
+
+
+def check_include(req: ResponseRequest) -> None:
+    """A 400 for an `include` value this server cannot answer: logprobs, which it never returns (as chat)."""
+    for i, value in enumerate(req.include or []):
+        if value == "message.output_text.logprobs":
+            raise bad_request("logprobs are not returned by this server; leave it out of `include`",
+                              f"include[{i}]", "unsupported_value")
 
 
 def response_format(req: ResponseRequest) -> ResponseFormat | None:

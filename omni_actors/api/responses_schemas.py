@@ -29,6 +29,13 @@ from omni_actors.api.schemas import (
 
 MAX_INPUT_ITEMS = 2048
 """Most input items one request may carry (a long conversation sent back whole)."""
+MAX_INCLUDES = 16
+"""Most `include` values one request may list (each of OpenAI's once, with room)."""
+Includable = Literal["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+                     "message.input_image.image_url", "computer_call_output.output.image_url",
+                     "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"]
+"""OpenAI's `include` values. This server's output has none of the items the others name, and input
+images are listed as sent: each is accepted and changes nothing, except logprobs (responses_inputs.py)."""
 
 
 class InputTextPart(RequestStruct, tag_field="type", tag="input_text"):
@@ -124,6 +131,7 @@ class ResponseRequest(RequestStruct):
     text: TextOptions | None = None
     metadata: Metadata | None = None
     user: Name | None = None
+    include: Annotated[list[Includable], Meta(max_length=MAX_INCLUDES)] | None = None
     # Accepted for client compatibility: this server has one tier and truncates nothing.
     service_tier: Name | None = None
     truncation: Literal["disabled"] | None = None

@@ -48,7 +48,14 @@ class ResponseStore:
     def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]],
             events: bytes | None = None) -> None:
         """Store a response (again, for a background one moving on: its `events` stay as they are
-        unless given)."""
+        unless given). A background response's end only replaces its unfinished row: one deleted
+        (or cancelled) meanwhile, by any server on this data directory, stays so."""
+        if response.background and response.status not in UNFINISHED:
+            self.store.execute(
+                "UPDATE responses SET body = ?, conversation = ?, items = ?, status = ? WHERE id = ? "
+                "AND status IN (?, ?)", (msgspec.json.encode(response).decode(), json.dumps(conversation),
+                                         json.dumps(items), response.status, response.id, *UNFINISHED))
+            return
         self.store.transaction([
             ("INSERT INTO responses (id, created_at, model, body, conversation, items, status, owner_pid, events) "
              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body, "

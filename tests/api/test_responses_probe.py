@@ -1,0 +1,117 @@
+"""Edges of the Responses API through the unmodified openai SDK: `include`, a response deleted by another
+server while it runs, chains across a restart, input item paging, and resuming a stream from any point.
+
+Same servers as tests/api/test_responses.py (the synthetic pipeline; its text stage repeats the last
+message's words, one per token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from tests.api.test_responses import _read, serve_slow, serve_with_store
+
+RUNNING_TOKENS = 1000
+"""A background answer still running (5 s at the slow stage's step) when another server deletes it."""
+READ_FIRST = 4
+"""Events a reader takes before the other server acts (past `response.in_progress`)."""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+async def client(data: Path) -> AsyncIterator[AsyncOpenAI]:
+    async with serve_with_store(data) as c:
+        yield c
+
+
+async def test_include_is_accepted_and_what_cannot_be_included_is_a_400_naming_it(client: AsyncOpenAI) -> None:
+    got = await client.responses.create(model="synthetic", input="a b", max_output_tokens=2,
+                                        include=["message.input_image.image_url", "reasoning.encrypted_content"])
+    assert got.output_text == "a b"
+    for include, code in ((["message.output_text.logprobs"], "unsupported_value"), (["bogus"], "invalid_value")):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.responses.create(model="synthetic", input="x", include=include)
+        assert (bad.value.body["param"], bad.value.body["code"]) == ("include[0]", code), bad.value.body
+
+
+async def test_a_background_response_deleted_by_another_server_stays_deleted(data: Path) -> None:
+    """Its end, written by the server still making it, does not bring the row back (nor would it after a
+    delete on its own server that outwaited the cancel)."""
+    async with serve_slow(data) as maker, serve_with_store(data) as other:
+        stream = await maker.responses.create(model="synthetic", input="a b", max_output_tokens=RUNNING_TOKENS,
+                                              background=True, stream=True)
+        async with stream:
+            events = stream.__aiter__()
+            head = [await events.__anext__() for _ in range(READ_FIRST)]
+            rid = head[0].response.id
+            await other.responses.delete(rid)
+            rest = [e async for e in events]  # the maker goes on to the end
+        assert rest[-1].type in ("response.completed", "response.incomplete")
+        for client in (maker, other):
+            with pytest.raises(openai.NotFoundError):
+                await client.responses.retrieve(rid)
+            with pytest.raises(openai.BadRequestError) as gone:
+                await client.responses.create(model="synthetic", input="x", previous_response_id=rid)
+            assert gone.value.body["code"] == "previous_response_not_found", gone.value.body
+
+
+async def test_a_chain_continues_across_a_restart_without_the_instructions(client: AsyncOpenAI, data: Path) -> None:
+    first = await client.responses.create(model="synthetic", max_output_tokens=1, instructions="Be brief.", input=[
+        {"role": "user", "content": "look it up"},
+        {"type": "function_call", "call_id": "call_7", "name": "lookup", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_7", "output": "found"}])
+    async with serve_with_store(data) as restarted:
+        follow = await restarted.responses.create(model="synthetic", max_output_tokens=1, input="next",
+                                                  previous_response_id=first.id)
+        assert (follow.output_text, follow.previous_response_id, follow.instructions) == ("next", first.id, None)
+        items = await restarted.responses.input_items.list(follow.id)
+        assert [(i.type, i.content[0].text) for i in items.data] == [("message", "next")]  # this turn's only
+        again = await restarted.responses.create(model="synthetic", max_output_tokens=1, input="last",
+                                                 previous_response_id=follow.id)  # a chain of three
+        assert again.output_text == "last"
+
+
+async def test_input_items_page_in_either_order(client: AsyncOpenAI) -> None:
+    got = await client.responses.create(model="synthetic", max_output_tokens=1, input=[
+        {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "three"}])
+
+    def texts(page: Any) -> list[str]:
+        return [i.content[0].text for i in page.data]
+
+    newest = await client.responses.input_items.list(got.id)
+    assert texts(newest) == ["three", "two", "one"] and not newest.has_more  # desc, OpenAI's default
+    assert (newest.first_id, newest.last_id) == (newest.data[0].id, newest.data[-1].id)
+    oldest = await client.responses.input_items.list(got.id, order="asc", limit=2)
+    assert texts(oldest) == ["one", "two"] and oldest.has_more
+    after = await client.responses.input_items.list(got.id, order="asc", after=oldest.last_id, limit=2)
+    assert texts(after) == ["three"] and not after.has_more
+    assert [i.content[0].text async for i in client.responses.input_items.list(got.id, limit=1)] == texts(newest)
+    for bad_query, param in (({"after": "msg_missing"}, "after"), ({"limit": 101}, "limit"),
+                             ({"order": "up"}, "order")):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.responses.input_items.list(got.id, **bad_query)
+        assert bad.value.body["param"] == param, bad.value.body
+
+
+async def test_a_finished_stream_resumes_after_any_event_and_past_its_end_reads_nothing(data: Path) -> None:
+    async with serve_slow(data) as client:
+        events = await _read(await client.responses.create(model="synthetic", input="a b c", max_output_tokens=3,
+                                                           background=True, stream=True))
+        rid, n = events[0].response.id, len(events)
+        for after in range(n + 2):
+            tail = await _read(await client.responses.retrieve(rid, stream=True, starting_after=after))
+            assert [e.model_dump() for e in tail] == [e.model_dump() for e in events[after + 1:]], after
+        with pytest.raises(openai.BadRequestError) as late:  # ended: nothing left to cancel
+            await client.responses.cancel(rid)
+        assert late.value.body["code"] == "invalid_state", late.value.body
