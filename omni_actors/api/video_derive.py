@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,8 +62,8 @@ from omni_actors.api.video_request import (
     read_fields,
     referenced_file,
 )
-from omni_actors.api.videos import jobs_of, json_response, to_video, video_model
-from omni_actors.api.videos_store import JobRow
+from omni_actors.api.videos import jobs_of, json_response, not_completed, to_video, video_model
+from omni_actors.api.videos_store import JobRow, new_job_id
 from omni_actors.media.mp4 import Clip, DecodeError, Scan, read_mp4, scan_mp4
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
@@ -103,7 +102,7 @@ async def extend_video(request: web.Request) -> web.Response:
         "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     }
-    job_id = f"video_{uuid.uuid4().hex}"
+    job_id = new_job_id()
     placed = jobs.store.path(job_id, "source")
     try:
         extends, scan = await _place_source(jobs, placed, fields, upload, model)
@@ -148,7 +147,7 @@ async def edit_video(request: web.Request) -> web.Response:
     params.update(width=width, height=height, num_frames=f)
     inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "video": clip.frames,
                         "image": reference})
-    job_id = f"video_{uuid.uuid4().hex}"
+    job_id = new_job_id()
     jobs.create(job_id, inputs, drop_none(params), model=model, prompt=prompt, size=f"{width}x{height}",
                 seconds=f"{f / float(caps['fps']):g}", edits=edits, soundtrack=Soundtrack(clip.audio, clip.sample_rate))
     log.info("video.edit_queued", job=job_id, edits=edits, frames=f)
@@ -203,8 +202,7 @@ def _completed(jobs: VideoJobs, source_id: str, model: str, verb: str) -> JobRow
     if row is None:
         raise ApiError(404, f"no video with id {source_id!r}", "video", "not_found")
     if row.status != "completed":
-        raise ApiError(409, f"video {row.id} is {row.status}; only a completed video can be {verb}", "video",
-                       "video_not_ready")
+        raise not_completed(row, "video", f"only a completed video can be {verb}")
     if row.model != model:
         raise bad_request(f"video {row.id} was made by model {row.model!r}; this server makes video with "
                           f"{model!r}", "video", "unsupported_value")

@@ -102,8 +102,8 @@ class VideoJobs:
                            stages=self.orch.pipeline.stages_for_outputs({"video"}))
         try:
             stream = self.orch.submit(spec)
-        except BaseException:
-            self.store.delete(job_id)
+        except BaseException:  # refused (a full queue): no client has seen this id
+            self.store.delete(job_id, listed=False)
             raise
         # Nothing remixes an extension (its first frame is its source's last) or an edit: theirs is not kept.
         reference = inputs.get("image") if extends is None and edits is None else None

@@ -58,7 +58,7 @@ from omni_actors.api.video_request import (
     read_fields,
     referenced_file,
 )
-from omni_actors.api.videos_store import VARIANTS, JobRow, VideoStore
+from omni_actors.api.videos_store import VARIANTS, JobRow, VideoStore, new_job_id
 from omni_actors.media.mp4 import read_mp4, write_spritesheet
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.store import get_store
@@ -176,6 +176,15 @@ def to_video(row: JobRow) -> Video:
                  error=error)
 
 
+def not_completed(row: JobRow, param: str, need: str) -> ApiError:
+    """The 409 for a job that is not completed: `video_not_ready` while it may still be, `video_failed`
+    (with its error) when it never will be."""
+    if row.status == "failed":
+        return ApiError(409, f"video {row.id} failed ({row.error_code}: {row.error_message}); {need}",
+                        param, "video_failed")
+    return ApiError(409, f"video {row.id} is {row.status}; {need}", param, "video_not_ready")
+
+
 # -- create -------------------------------------------------------------------------------------
 
 
@@ -199,7 +208,7 @@ async def _submit(request: web.Request) -> str:
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     })
     inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "image": image})
-    job_id = f"video_{uuid.uuid4().hex}"
+    job_id = new_job_id()
     jobs_of(request).create(job_id, inputs, params, model=model, prompt=prompt, size=f"{width}x{height}",
                             seconds=seconds)
     return job_id
@@ -241,8 +250,7 @@ async def remix(request: web.Request) -> web.Response:
     if not body.prompt.strip():
         raise bad_request("prompt is required", "prompt", "missing_required_parameter")
     if source.status != "completed":
-        raise ApiError(409, f"video {source.id} is {source.status}; only a completed video can be remixed",
-                       "video_id", "video_not_ready")
+        raise not_completed(source, "video_id", "only a completed video can be remixed")
     if source.request is None or source.seed is None:
         raise bad_request(f"video {source.id} was made before this server kept what a remix needs; "
                           "create it again", "video_id", "unsupported_value")
@@ -263,7 +271,7 @@ async def remix(request: web.Request) -> web.Response:
         image = await off_loop(lambda: decode_image(path.read_bytes(), "video_id"))
     inputs = drop_none({"prompt": body.prompt, "negative_prompt": source.request.get("negative_prompt"),
                         "image": image})
-    job_id = f"video_{uuid.uuid4().hex}"
+    job_id = new_job_id()
     jobs.create(job_id, inputs, {**source.request["params"], "seed": source.seed}, model=source.model,
                 prompt=body.prompt, size=source.size, seconds=source.seconds, remixed_from=source.id)
     row = jobs.store.get(job_id)
@@ -331,8 +339,7 @@ async def content(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"variant {variant!r} is not available; expected one of {', '.join(VARIANTS)}",
                           "variant", "unsupported_value")
     if row.status != "completed":
-        raise ApiError(409, f"video {row.id} is {row.status}; its content is ready once it is completed",
-                       "video_id", "video_not_ready")
+        raise not_completed(row, "video_id", "its content is ready once it is completed")
     store = jobs_of(request).store
     path = store.path(row.id, variant)
     if variant == "spritesheet" and not path.is_file() and store.path(row.id).is_file():

@@ -1,8 +1,9 @@
-"""Video jobs in the data directory: one SQLite table (through `omni_actors.store`) and their files.
+"""Video jobs in the data directory: their SQLite tables (through `omni_actors.store`) and their files.
 
     video_jobs(id, model, prompt, size, seconds, status, progress, created_at, completed_at,
                error_code, error_message, error_param, owner_pid, has_audio,
                request, seed, remixed_from)
+    video_cursors(id, created_at)    where deleted jobs stood, so `after` may name one
 
 `request` is what the job was made from beyond its prompt (JSON: frames, steps, guidance,
 negative prompt), `seed` the seed it ran with, `remixed_from` the job a remix started
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,12 +48,21 @@ DDL = (
         has_audio INTEGER NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX IF NOT EXISTS video_jobs_created ON video_jobs (created_at, id)",
+    # Where deleted jobs stood in the list: a client paging with `after` = a job it just deleted
+    # (the SDK's auto-pagination while deleting what it lists) carries on from that place.
+    "CREATE TABLE IF NOT EXISTS video_cursors (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL)",
 )
 ADDED = {"request": "TEXT", "seed": "INTEGER", "remixed_from": "TEXT"}
 """Columns added after the table's first release (Store.add_columns)."""
 RUNNING = ("queued", "in_progress")
 VARIANTS = {"video": ".mp4", "thumbnail": ".jpg", "spritesheet": ".sprites.jpg"}
 FILES = {**VARIANTS, "reference": ".ref.png", "source": ".source.mp4"}
+
+
+def new_job_id() -> str:
+    """`video_` + the time in ns (16 hex digits) + 16 random ones: the list's order within one second
+    of `created_at` (by id) is then the order jobs were made in."""
+    return f"video_{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,8 @@ class VideoStore:
         desc = order == "desc"
         where, params = "", []
         if after is not None:
-            anchor = self.db.query_one("SELECT created_at FROM video_jobs WHERE id = ?", (after,))
+            anchor = (self.db.query_one("SELECT created_at FROM video_jobs WHERE id = ?", (after,))
+                      or self.db.query_one("SELECT created_at FROM video_cursors WHERE id = ?", (after,)))
             if anchor is None:
                 raise KeyError(after)
             cmp = "<" if desc else ">"
@@ -139,7 +151,11 @@ class VideoStore:
         )
         return [_row(r) for r in rows[:limit]], len(rows) > limit
 
-    def delete(self, job_id: str) -> bool:
+    def delete(self, job_id: str, listed: bool = True) -> bool:
+        """Remove a job's row and files; `listed`: it may have been listed, so keep its place as a cursor."""
+        if listed:
+            self.db.execute("INSERT OR IGNORE INTO video_cursors (id, created_at) "
+                            "SELECT id, created_at FROM video_jobs WHERE id = ?", (job_id,))
         gone = self.db.execute("DELETE FROM video_jobs WHERE id = ?", (job_id,)) == 1
         for variant in FILES:
             self.path(job_id, variant).unlink(missing_ok=True)
