@@ -56,7 +56,9 @@ from omni_actors.api.responses_inputs import (
     image_file_ids,
     part_param,
     read_turn,
+    renamed,
     response_format,
+    stage_refusal,
 )
 from omni_actors.api.responses_schemas import (
     ContentPartAdded,
@@ -110,14 +112,6 @@ def _store(request: web.Request) -> ResponseStore:
     return given if given is not None else ResponseStore()
 
 
-def _renamed(err: ApiError, old: str, new: str) -> ApiError:
-    """A chat helper's 400 with its param (and the field in its message) in this API's words."""
-    if err.param is not None and err.param.startswith(old):
-        err.param = new + err.param[len(old):]
-        err.message = err.message.replace(old, new)
-    return err
-
-
 async def create_response(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ResponseRequest)
     # null reads as the field left out (OpenAI's reading): stream and background off, store on.
@@ -152,7 +146,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     try:
         guided = guided_params(orch.pipeline, response_format(req), tools, choice, req.parallel_tool_calls)
     except ApiError as err:
-        raise _renamed(_renamed(err, "response_format", "text.format"), "tool_choice.function", "tool_choice")
+        raise renamed(renamed(err, "response_format", "text.format"), "tool_choice.function", "tool_choice")
     try:
         messages = msgspec.convert(turn.messages, list[ChatMessage])
     except msgspec.ValidationError as err:
@@ -197,7 +191,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 if isinstance(chunk.output, TextOutput):
                     answer.tally.add_text(chunk.output)
     except RequestRejected as err:  # a stage's refusal names chat's field: say this API's
-        raise _renamed(_renamed(from_exception(err), "response_format", "text.format"), "messages", "input") from None
+        raise stage_refusal(from_exception(err)) from None
     return web.Response(body=msgspec.json.encode(answer.finish()), content_type="application/json")
 
 

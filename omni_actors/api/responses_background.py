@@ -20,7 +20,9 @@ import msgspec
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
+from omni_actors.api.errors import from_exception
 from omni_actors.api.responses_events import EventLog
+from omni_actors.api.responses_inputs import stage_refusal
 from omni_actors.api.responses_schemas import (
     Response,
     ResponseError,
@@ -88,8 +90,10 @@ class Background:
                 end = msgspec.structs.replace(base, status="failed", error=STOPPED)
             else:  # ended by the runtime (its output buffer overflowed, its deadline passed, ...)
                 end = msgspec.structs.replace(base, status="failed", error=ResponseError("aborted", str(err)))
-        except RequestError as err:
-            end = msgspec.structs.replace(base, status="failed", error=ResponseError(type(err).__name__, str(err)))
+        except RequestError as err:  # as the foreground answer's error body says it (code, this API's fields)
+            said = stage_refusal(from_exception(err))
+            end = msgspec.structs.replace(base, status="failed",
+                                          error=ResponseError(said.code or "server_error", said.message))
         except Exception as err:  # the response's boundary: it fails with a reason, the server lives on
             log.exception("responses.background_failed", response=rid, error_type=type(err).__name__)
             end = msgspec.structs.replace(base, status="failed",

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from omni_actors.api.chat_schemas import JsonSchemaFormat, ResponseFormat
-from omni_actors.api.errors import bad_request
+from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.responses_schemas import (
     InputAudioItemPart,
     InputFilePart,
@@ -177,3 +177,16 @@ def response_format(req: ResponseRequest) -> ResponseFormat | None:
                           "missing_required_parameter")
     return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
         name=fmt.name, schema=fmt.schema, description=fmt.description, strict=fmt.strict))
+
+
+def renamed(err: ApiError, old: str, new: str) -> ApiError:
+    """A chat helper's 400 with its param (and the field in its message) in this API's words."""
+    if err.param is not None and err.param.startswith(old):
+        err.param = new + err.param[len(old):]
+        err.message = err.message.replace(old, new)
+    return err
+
+
+def stage_refusal(err: ApiError) -> ApiError:
+    """A stage's refusal (it names chat's fields) in this API's words."""
+    return renamed(renamed(err, "response_format", "text.format"), "messages", "input")

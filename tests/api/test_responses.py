@@ -193,7 +193,9 @@ async def test_a_background_response_can_be_cancelled_and_a_failed_one_says_why(
         refused = await client.responses.create(model="synthetic", input="x", max_output_tokens=200_000,
                                                 background=True)  # past what the stage makes: refused at add
         failed = await _settled(client, refused.id)
-        assert failed.status == "failed" and failed.error.code == "RequestRejected", failed.error
+        # the code and words a foreground answer's 400 has (the exception's class name was the code)
+        assert failed.status == "failed" and failed.error.code == "rejected_by_stage", failed.error
+        assert failed.error.message.startswith("invalid request: "), failed.error
 
 
 async def test_background_responses_left_by_a_stopped_or_gone_server_read_failed(data: Path) -> None:
