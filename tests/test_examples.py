@@ -67,7 +67,7 @@ def test_placeholder_model_is_reported(path: Path) -> None:
 def test_llm_example_tiny_command_fits_the_tiny_model(tiny_model: Callable[[str], Path],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The command in examples/llm.yaml's comment for a tiny llama asks for no more positions than the
-    model has: vLLM refuses a larger max_model_len when the stage starts (exit 1)."""
+    model has: a larger max_model_len is refused when the stage starts (exit 2)."""
     from omni_actors.cli import load_from_args, parse_serve_args
 
     text = (EXAMPLES / "llm.yaml").read_text()
@@ -199,3 +199,22 @@ async def test_readme_synthetic_example(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         await asyncio.wait_for(proc.communicate(), READY_TIMEOUT_S)
     assert proc.returncode == 0
+
+
+def test_a_max_model_len_past_the_models_positions_is_one_line_and_exit_2(
+        tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """examples/llm.yaml as shipped asks for 4096 positions; the tiny llama has 1024. vLLM's own refusal
+    was exit 1 and a traceback suggesting VLLM_ALLOW_LONG_MAX_MODEL_LEN; the deploy's field is named."""
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "omni_actors.cli", "--deploy", str(EXAMPLES / "llm.yaml"),
+         "--model", str(tiny_model("llama")), "--port", str(port)],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "OMNI_LOG_JSON": "0", "OMNI_DATA_DIR": str(tmp_path / "data")},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "max_model_len 4096 is more than the 1024 positions" in proc.stderr, proc.stderr[-3000:]

@@ -45,6 +45,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omni_actors.errors import ConfigError
 from omni_actors.settings import settings
 from omni_actors.workers.engine import EngineContext
 
@@ -146,6 +147,31 @@ def backend_env(ctx: EngineContext, private_dir: Path) -> dict[str, str]:
     return env
 
 
+def model_positions(model_path: Path) -> int | None:
+    """The positions the folder's config.json gives its (text) model, or None where it names none."""
+    import json
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # (vLLM says what is wrong with the folder)
+    for where in (config, config.get("text_config") or {}):
+        if isinstance(where, dict) and isinstance(where.get("max_position_embeddings"), int):
+            return where["max_position_embeddings"]
+    return None
+
+
+def _check_context(ctx: EngineContext, wanted: Any) -> None:
+    """A max_model_len past the model's positions is the deploy's mistake: one line naming the field
+    (vLLM's own refusal suggests an environment variable that lets it run past them)."""
+    positions = None if wanted is None or ctx.model_path is None else model_positions(ctx.model_path)
+    if positions is not None and isinstance(wanted, int) and wanted > positions:
+        raise ConfigError(
+            f"stage {ctx.stage_id}: max_model_len {wanted} is more than the {positions} positions of the model "
+            f"in {ctx.model_path} (max_position_embeddings); lower the stage's max_model_len (or "
+            "engine_extras.max_model_len), or leave it out for the model's own")
+
+
 def engine_kwargs(ctx: EngineContext) -> dict[str, Any]:
     """Keyword arguments for `vllm.EngineArgs` from the stage context."""
     extras = ctx.engine_extras
@@ -165,6 +191,7 @@ def engine_kwargs(ctx: EngineContext) -> dict[str, Any]:
         "disable_log_stats": True,
     }
     kwargs.update({k: extras[k] for k in _PASSTHROUGH_KEYS if k in extras})
+    _check_context(ctx, extras.get("max_model_len"))
     if is_cpu(ctx):
         kwargs["kv_cache_memory_bytes"] = int(_kv_cache_space_gib(ctx) * GIB)
         # No CUDA graphs on CPU; eager also skips minutes of torch.compile.
