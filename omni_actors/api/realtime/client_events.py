@@ -28,6 +28,9 @@ from omni_actors.api.schemas import (
 )
 
 MaxTokens = TokenCount | Literal["inf"]
+MAX_ID_CHARS = 64
+"""Longest item or call id a client sends (OpenAI's own ids are far shorter; ours: conversation.new_id)."""
+ItemId = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
 
 
 class TurnDetectionIn(msgspec.Struct, kw_only=True):
@@ -113,13 +116,13 @@ class ContentIn(msgspec.Struct, kw_only=True):
 
 
 class ItemIn(msgspec.Struct, kw_only=True):
-    id: str | None = None
+    id: ItemId | None = None
     type: Literal["message", "function_call", "function_call_output", "item_reference"] = "message"
     """("item_reference": in response.create's `input` only, an item of the conversation by its `id`.)"""
     role: Literal["user", "assistant", "system"] | None = None
     content: list[ContentIn] = []
-    call_id: str | None = None
-    name: str | None = None
+    call_id: ItemId | None = None
+    name: FunctionName | None = None
     arguments: str | None = None
     output: str | None = None
 
@@ -174,21 +177,21 @@ class BufferClear(ClientEvent, tag="input_audio_buffer.clear"):
 
 class ItemCreate(ClientEvent, tag="conversation.item.create"):
     item: ItemIn
-    previous_item_id: str | None = None
+    previous_item_id: ItemId | None = None
 
 
 class ItemRetrieve(ClientEvent, tag="conversation.item.retrieve"):
-    item_id: str
+    item_id: ItemId
 
 
 class ItemTruncate(ClientEvent, tag="conversation.item.truncate"):
-    item_id: str
+    item_id: ItemId
     audio_end_ms: int
     content_index: int = 0
 
 
 class ItemDelete(ClientEvent, tag="conversation.item.delete"):
-    item_id: str
+    item_id: ItemId
 
 
 class ResponseCreate(ClientEvent, tag="response.create"):
@@ -256,6 +259,9 @@ def decode_client(raw: str | bytes) -> ClientEventT:
                            event_id=event_id) from None
         msg, param, code = validation_detail(err) if isinstance(err, msgspec.ValidationError) else (str(err), None, "")
         listed = expected_text(ClientEventT, param) if code == "invalid_value" else ""
-        raise BadEvent(f"{env.type}: {msg}{listed}", param=param, event_id=event_id) from None
+        # a string too long is named as the REST errors name it (string_above_max_length); the rest stay
+        # invalid_value, as clients of this session have always been told
+        code = code if code.startswith("string_") and code.endswith("_length") else "invalid_value"
+        raise BadEvent(f"{env.type}: {msg}{listed}", code=code, param=param, event_id=event_id) from None
 
 

@@ -86,6 +86,7 @@ class RealtimeSession(InputAudio):
         self.timeline = 0  # 16 kHz samples of input audio so far
         self.response: ResponseRun | None = None  # the conversation's response in progress
         self.responses: dict[str, ResponseRun] = {}  # every response in progress, out-of-band ones too
+        self.transcribing: set[str] = set()  # user items a response in progress transcribes (responses.py)
         self._transcriptions: set[asyncio.Task] = set()  # a transcription session's turns in flight
         self._live: LiveTurn | None = None  # the turn a streaming recognizer is hearing now
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), VAD_RATE)
@@ -184,7 +185,12 @@ class RealtimeSession(InputAudio):
             case ce.ItemTruncate(item_id=item_id, content_index=ci, audio_end_ms=end):
                 await self._truncate(self._item(item_id, eid), ci, end, eid)
             case ce.ItemDelete(item_id=item_id):
-                self._item(item_id, eid)
+                item = self._item(item_id, eid)
+                if self.response is not None and any(o is item for o in self.response.output):
+                    # An item the conversation's response still streams into (its answer, a call it reads):
+                    # stop the response first, as a truncate of a live answer does, so no delta and no
+                    # item.done names the item after its conversation.item.deleted.
+                    await self._cancel_response("client_cancelled")
                 self.conversation.delete(item_id)
                 await self.send(ev.ItemDeleted(item_id=item_id))
             case ce.ResponseCreate(response=r):

@@ -78,6 +78,7 @@ class Host(Protocol):
     dialect: ev.Dialect
     response: ResponseRun | None  # the conversation's response in progress
     responses: dict[str, ResponseRun]  # every response in progress, out-of-band ones too (each removes itself)
+    transcribing: set[str]  # user items a response in progress transcribes (each removes its own)
     stats: RealtimeStats
 
     async def send(self, event: ev.ServerEvent) -> None: ...
@@ -104,6 +105,8 @@ class ResponseRun:
     _stretch: TimeStretch | None = None
     """The session's `speed` (not 1.0): the wire-rate audio stretched in time, pitch kept."""
     _user_transcript: str = ""
+    _transcribes: str | None = None
+    """The user item whose transcript this response attaches (host.transcribing holds it meanwhile)."""
     _transcript_sent: int = 0  # characters of the stripped transcript sent as deltas
     _submitted_at: float = 0.0
     _done_sent: bool = False
@@ -170,6 +173,8 @@ class ResponseRun:
             if self.stream is not None and not self.stream.ended:
                 self.stream.abort()  # the task was cancelled or a send failed: stop every stage
             h.responses.pop(self.id, None)
+            if self._transcribes is not None:
+                h.transcribing.discard(self._transcribes)
             if h.response is self:
                 h.response = None
 
@@ -177,6 +182,15 @@ class ResponseRun:
         h = self.host  # (its response.created went out as it was made: handler._create_response)
         items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
         turn = build_request(h.orch.pipeline, self.opts, items)
+        audio_item = turn.audio_item
+        if audio_item is not None:
+            if audio_item.id in h.transcribing:
+                # another response (the conversation's, an out-of-band one beside it) is transcribing this
+                # item already: this one hears its audio but attaches and announces no second transcript
+                audio_item = None
+            else:
+                self._transcribes = audio_item.id
+                h.transcribing.add(audio_item.id)
         self._count_input(turn.inputs)
         async with contextlib.AsyncExitStack() as stack:  # (on exit: the request is aborted unless it ended)
             try:  # the REST routes' request path: deadline, metrics, abort on exit
@@ -196,7 +210,7 @@ class ResponseRun:
                 self._calls = CallItems(h, self.id, self.opts.in_conversation, self.output)
             else:
                 await self._open_item()
-            error = await self._consume(call, turn.audio_item, text_is_transcript="text" in final)
+            error = await self._consume(call, audio_item, text_is_transcript="text" in final)
         await self._release("text" in final, complete=error is None and not self.cancel_reason)
         if self.cancel_reason:
             return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
