@@ -133,6 +133,13 @@ class DuplexSession(RealtimeSession):
                                   "committing", code="duplex_no_commit", event_id=eid)
             case ce.BufferClear():
                 await self.send(ev.BufferCleared())
+            case ce.ItemDelete(item_id=iid) if self.live is not None and self.live["item"].id == iid:
+                # The item the model is speaking into: its response ends first (as response.cancel), so no
+                # delta and no item.done names it after its conversation.item.deleted.
+                self.muted = True
+                await self._close_live("cancelled", {"type": "cancelled", "reason": "client_cancelled"})
+                self.conversation.delete(iid)
+                await self.send(ev.ItemDeleted(item_id=iid))
             case _:
                 await super()._dispatch(event)
 

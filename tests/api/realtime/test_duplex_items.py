@@ -43,7 +43,8 @@ async def answer(client: Client, type: str, **fields: Any) -> dict[str, Any]:
     """Send a client event; the server's answer to it (the first event of `done` types or an error)."""
     eid = await client.send(type, **fields)
     done = {"conversation.item.retrieve": "conversation.item.retrieved",
-            "conversation.item.truncate": "conversation.item.truncated"}[type]
+            "conversation.item.truncate": "conversation.item.truncated",
+            "conversation.item.delete": "conversation.item.deleted"}[type]
     while True:
         event = await client.recv()
         if event["type"] == done or (event["type"] == "error" and event["error"]["event_id"] == eid):
@@ -167,3 +168,25 @@ def test_a_long_live_item_keeps_a_bounded_transcript_and_truncates_near_its_end(
     assert part.transcript.endswith(f" w{last - 1} w{last}")
     truncate(part, part.audio_ms - 2 * FRAME_MS + 1)  # heard up to 1 ms into the last frame but one
     assert part.transcript.endswith(f" w{last - 1}")
+
+
+async def test_deleting_the_live_item_ends_its_response_first(srv: RtServer) -> None:
+    # the model went on streaming audio and transcript deltas into a deleted item, then its done events
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        await client.send("input_audio_buffer.append", audio=b64(voice(11, 0.5)))
+        _, _, seen = await frames(client, 1)
+        item_id = next(e for e in seen if e["type"] in AUDIO_EVENTS)["item_id"]
+        deleted = await answer(client, "conversation.item.delete", item_id=item_id)
+        assert deleted["type"] == "conversation.item.deleted", deleted
+        at = client.seen.index(deleted)
+        before = client.seen[:at]
+        done = of_type(before, "response.done")
+        assert done and done[-1]["response"]["status"] == "cancelled", [e["type"] for e in before[-8:]]
+        await client.send("input_audio_buffer.append", audio=b64(voice(11, 0.5)))  # the model keeps listening
+        await frames(client, 2)
+        after = client.seen[at + 1:]
+        assert not [e for e in after if e.get("item_id") == item_id or e.get("item", {}).get("id") == item_id]
+        got = await answer(client, "conversation.item.retrieve", item_id=item_id)
+        assert got["type"] == "error" and got["error"]["code"] == "item_not_found", got
+        await client.ws.close()
