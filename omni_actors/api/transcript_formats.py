@@ -49,24 +49,29 @@ def _within(t: float, duration: float) -> float:
 
 
 def render(fmt: str, text: str, outputs: Sequence[TranscriptOutput], seconds: float, language: str | None,
-           words: bool) -> bytes:
-    """The body of a timed response format `fmt` (one of TIMED_FORMATS)."""
-    segments = timed_segments(text, outputs, seconds)
+           words: bool, segments: bool = True) -> bytes:
+    """The body of a timed response format `fmt` (one of TIMED_FORMATS). verbose_json has `words` when
+    `words`, and `segments` unless only words were asked for (`segments` False), as OpenAI leaves them out."""
+    timed = timed_segments(text, outputs, seconds)
     if fmt == "srt":
-        return _cues(segments, ",", numbered=True).encode()
+        return _cues(timed, ",", numbered=True).encode()
     if fmt == "vtt":
-        return ("WEBVTT\n\n" + _cues(segments, ".", numbered=False)).encode()
+        return ("WEBVTT\n\n" + _cues(timed, ".", numbered=False)).encode()
     body_s = round(seconds, 3)
     code = next((o.language for o in outputs if o.language), None) or language or ""
     body = TranscriptionVerbose(
         task="transcribe", language=LANGUAGE_NAMES.get(code.lower(), code), duration=body_s, text=text,
         segments=[TranscriptionSegment(i, s.seek, s.start, s.end, s.text, list(s.tokens), s.temperature,
                                        s.avg_logprob, s.compression_ratio, s.no_speech_prob)
-                  for i, s in enumerate(segments)],
+                  for i, s in enumerate(timed)],
         usage=TranscriptionUsage("duration", math.ceil(seconds)),
         words=[TranscriptionWord(w.word, _within(w.start, body_s), _within(w.end, body_s))
                for o in outputs for w in o.words] if words else None)
-    return msgspec.json.encode(body)
+    if segments:
+        return msgspec.json.encode(body)
+    fields = msgspec.to_builtins(body)  # (TranscriptionVerbose, in schemas.py, requires `segments`)
+    del fields["segments"]
+    return msgspec.json.encode(fields)
 
 
 def _cues(segments: Sequence[TranscriptSegment], decimal: str, *, numbered: bool) -> str:

@@ -9,7 +9,8 @@ Form fields:
                      "verbose_json" (segments with start/end; api/transcript_formats.py)
     timestamp_granularities[]
                      with verbose_json, repeatable: "segment" (default), "word" (adds `words`,
-                     for pipelines whose recognizer times words: `PipelineConfig.transcript_words`)
+                     for pipelines whose recognizer times words: `PipelineConfig.transcript_words`;
+                     "word" alone leaves `segments` out, as OpenAI does)
     stream           "true": SSE `transcript.text.delta` events, then `transcript.text.done`
                      (response_format json or text)
     language         ISO-639-1; a stage that transcribes one language refuses others (400)
@@ -188,6 +189,12 @@ def _timestamps(fields: dict[str, str], fmt: str, words_ok: bool) -> str | None:
     return "segment" if fmt in TIMED_FORMATS else None
 
 
+def _segments_asked(fields: dict[str, str]) -> bool:
+    """Whether verbose_json has `segments`: unless timestamp_granularities names words alone (as OpenAI)."""
+    asked = {g.strip() for g in fields.get(GRANULARITIES, "").split(",") if g.strip()}
+    return not asked or "segment" in asked
+
+
 async def transcriptions(request: web.Request) -> web.StreamResponse:
     orch = orchestrator(request)
     server = orch.deploy.server
@@ -210,7 +217,8 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         outputs = [out async for out in _outputs(call)]
     text = "".join(out.text for out in outputs).strip()
     if fmt in TIMED_FORMATS:
-        body = render(fmt, text, outputs, seconds, params.get("language"), params.get("timestamps") == "word")
+        body = render(fmt, text, outputs, seconds, params.get("language"), params.get("timestamps") == "word",
+                      _segments_asked(fields))
         return web.Response(body=body, content_type=CONTENT_TYPES[fmt], charset="utf-8")
     if fmt == "text":
         return web.Response(text=text, content_type="text/plain")

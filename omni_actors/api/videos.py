@@ -328,7 +328,8 @@ async def delete(request: web.Request) -> web.Response:
     row = _job(request)
     if jobs.cancel(row.id):
         await jobs.wait(row.id)  # aborted between steps; its end is recorded
-    jobs.store.delete(row.id)
+    if not jobs.store.delete(row.id):  # another delete of it removed the row while this one waited
+        raise ApiError(404, f"no video with id {row.id!r}", "video_id", "not_found")
     return json_response(VideoDeleted(id=row.id, object="video.deleted", deleted=True))
 
 
@@ -343,7 +344,18 @@ async def content(request: web.Request) -> web.StreamResponse:
     store = jobs_of(request).store
     path = store.path(row.id, variant)
     if variant == "spritesheet" and not path.is_file() and store.path(row.id).is_file():
-        await off_loop(_spritesheet_of, store.path(row.id), path)  # a job finished before spritesheets
+        made: BaseException | None = None
+        try:
+            await off_loop(_spritesheet_of, store.path(row.id), path)  # a job finished before spritesheets
+        except Exception as err:  # (its MP4 unlinked by a delete meanwhile, perhaps)
+            made = err
+        # A delete while it was being made unlinked the job's files before this one was renamed into
+        # place: the job is gone, so is its spritesheet.
+        if store.get(row.id) is None:
+            path.unlink(missing_ok=True)
+            raise ApiError(404, f"no video with id {row.id!r}", "video_id", "not_found")
+        if made is not None:
+            raise made
     if not path.is_file():
         raise ApiError(404, f"video {row.id}: its {variant} file is gone", "video_id", "not_found")
     kind = "video/mp4" if variant == "video" else "image/jpeg"
