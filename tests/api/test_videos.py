@@ -52,16 +52,20 @@ class Served:
         return self.run.client()
 
 
-@pytest.fixture(scope="module")
-def wan(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("wan")
+def serve_wan(tmp: Path, queue: int):
+    """A tiny Wan2.2 folder served by `omni-run` under `tmp`, its stage queue `queue` long (a fixture's body)."""
     model = make_tiny("wan2_2", tmp / "tiny-wan", seed=0)
-    served = Served(tmp, model, tmp / "data", ModelRun(tmp, model, tmp / "data", {"0": {"max_queue": QUEUE}}))
+    served = Served(tmp, model, tmp / "data", ModelRun(tmp, model, tmp / "data", {"0": {"max_queue": queue}}))
     try:
         served.run.wait_ready()
         yield served
     finally:
         served.run.stop()
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    yield from serve_wan(tmp_path_factory.mktemp("wan"), QUEUE)
 
 
 def wait_done(client: openai.OpenAI, video_id: str, past: str = "in_progress"):

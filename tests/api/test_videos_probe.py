@@ -18,9 +18,8 @@ pytest.importorskip("diffusers")
 pytest.importorskip("av")
 
 from omni_actors.bus.shm import unlink_segment
-from omni_actors.models.tiny import make_tiny
 from tests.api.model_server import ModelRun
-from tests.api.test_videos import FAST, LONG, Served, wait_done
+from tests.api.test_videos import FAST, LONG, serve_wan, wait_done
 from tests.shutdown_support import runtime_dirs, segments_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks its video API deprecated
@@ -33,14 +32,7 @@ SMALL = {"size": "32x32", "seconds": "0.25"}
 
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("wan-probe")
-    model = make_tiny("wan2_2", tmp / "tiny-wan", seed=0)
-    served = Served(tmp, model, tmp / "data", ModelRun(tmp, model, tmp / "data", {"0": {"max_queue": QUEUE}}))
-    try:
-        served.run.wait_ready()
-        yield served
-    finally:
-        served.run.stop()
+    yield from serve_wan(tmp_path_factory.mktemp("wan-probe"), QUEUE)
 
 
 def test_the_sdks_pages_keep_creation_order_and_survive_deleting_what_they_list(wan):

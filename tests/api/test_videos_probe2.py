@@ -17,9 +17,7 @@ import pytest
 pytest.importorskip("diffusers")
 pytest.importorskip("av")
 
-from omni_actors.models.tiny import make_tiny
-from tests.api.model_server import ModelRun
-from tests.api.test_videos import LONG, Served, wait_done
+from tests.api.test_videos import LONG, serve_wan, wait_done
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks its video API deprecated
 
@@ -32,14 +30,7 @@ SLOW = {"size": "128x128", "seconds": "0.5"}
 
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("wan-probe2")
-    model = make_tiny("wan2_2", tmp / "tiny-wan", seed=0)
-    served = Served(tmp, model, tmp / "data", ModelRun(tmp, model, tmp / "data", {"0": {"max_queue": QUEUE}}))
-    try:
-        served.run.wait_ready()
-        yield served
-    finally:
-        served.run.stop()
+    yield from serve_wan(tmp_path_factory.mktemp("wan-probe2"), QUEUE)
 
 
 async def test_deletes_of_one_running_job_at_once_answer_deleted_once_and_404_else(wan):
