@@ -54,6 +54,7 @@ from omni_actors.api.chat_schemas import (
     TextPart,
 )
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.image_upright import readable, upright
 
 MAX_IMAGE_PIXELS = 40_000_000
 """Largest input image (width x height) decoded; past it a 400 before any pixel is decoded
@@ -116,8 +117,10 @@ def open_image(raw: bytes, param: str, what: str, not_image: str | None = None) 
 
 
 def decode_image(raw: bytes, param: str) -> np.ndarray:
-    """Image file bytes -> uint8 RGB [H, W, 3]; a 400 naming `param` if they are none (open_image)."""
-    return np.asarray(open_image(raw, param, "image", not_image="cannot decode image").convert("RGB"), dtype=np.uint8)
+    """Image file bytes -> uint8 RGB [H, W, 3], upright and readable (image_upright); a 400 naming `param`
+    if they are none (open_image)."""
+    img = readable(upright(open_image(raw, param, "image", not_image="cannot decode image")))
+    return np.asarray(img.convert("RGB"), dtype=np.uint8)
 
 
 def _file(ref: FileRef, files: dict[str, bytes], where: str) -> tuple[str, Any]:

@@ -8,7 +8,8 @@ list), optional `mask`, `prompt`, and the generation fields of
 `strength` (0-1] for a pipeline that re-noises its input, e.g. an inpaint one; `stream_progress`
 (this server's: step events while streaming, as /v1/images/generations takes it);
 `quality` and `input_fidelity` are checked and have no effect). Files are decoded
-here, in a thread (upright by their EXIF orientation; at most chat_inputs.MAX_IMAGE_PIXELS,
+here, in a thread (upright by their EXIF orientation, unless it is unreadable; 16-bit greyscale
+scaled to 8 bits; a colour-key transparency as alpha; at most chat_inputs.MAX_IMAGE_PIXELS,
 checked before decoding), to uint8 arrays that cross the bus in shared memory:
 
     inputs  {"prompt", "negative_prompt", "image": [uint8 [H, W, 3|4], ...], "mask": uint8 [H, W]}
@@ -37,6 +38,7 @@ from omni_actors.api.calls import (
 from omni_actors.api.chat_inputs import open_image
 from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
 from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.image_upright import readable, upright
 from omni_actors.api.images import (
     MAX_SIDE,
     answer_images,
@@ -92,11 +94,8 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
 
 
 def _open(blob: bytes, what: str, param: str) -> Any:
-    """`blob` opened (chat_inputs.open_image) and turned upright by its EXIF orientation, as a viewer
-    shows a phone photo, so that a mask drawn over it lines up."""
-    from PIL import ImageOps
-
-    return ImageOps.exif_transpose(open_image(blob, param, what))
+    """`blob` opened (chat_inputs.open_image), upright and readable."""
+    return readable(upright(open_image(blob, param, what)))
 
 
 def _decode(blobs: list[bytes], mask: bytes | None) -> tuple[list[np.ndarray], np.ndarray | None]:

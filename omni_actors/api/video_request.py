@@ -20,6 +20,7 @@ from omni_actors.api.calls import orchestrator
 from omni_actors.api.chat_inputs import open_image
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
+from omni_actors.api.image_upright import readable, upright
 from omni_actors.api.images import size_sides
 from omni_actors.api.multipart import BodyBudget, form_parts
 
@@ -118,12 +119,15 @@ def parse_frames(fields: dict[str, str], seconds: str, caps: dict[str, Any]) -> 
             raise bad_request(f"num_frames {n}: this model makes k * {k} + 1 frames", "num_frames",
                               "unsupported_value")
         return n
+    too_many = f"this model makes at most {top} frames ({top / fps:.2f} s)"
+    if secs * fps > top + k:  # past the most frames, snapped or not (round(1e308 x fps) raised: a 500)
+        raise bad_request(f"seconds {seconds}: over {top} frames at {fps:g} fps; {too_many}", "seconds",
+                          "too_many_frames")
     n = max(1, round(secs * fps))
     if k > 1:
         n = max(1, round((n - 1) / k)) * k + 1
     if n > top:
-        raise bad_request(f"seconds {seconds}: {n} frames at {fps:g} fps; this model makes at most {top} "
-                          f"frames ({top / fps:.2f} s)", "seconds", "too_many_frames")
+        raise bad_request(f"seconds {seconds}: {n} frames at {fps:g} fps; {too_many}", "seconds", "too_many_frames")
     return n
 
 
@@ -161,9 +165,10 @@ def parse_reference(fields: dict[str, str], upload: bytes | None, caps: dict[str
 
 
 def decode_image(data: bytes, param: str) -> np.ndarray:
-    """An uploaded image as uint8 [H, W, 3]; 400 naming `param` if it does not decode (open_image)."""
+    """An uploaded image as uint8 [H, W, 3], upright by its EXIF orientation, 16-bit greyscale scaled
+    (image_edits.readable); 400 naming `param` if it does not decode (open_image)."""
     img = open_image(data, param, f"{param}: the image", not_image=f"{param}: the upload is not an image this server decodes")
-    return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    return np.asarray(readable(upright(img)).convert("RGB"), dtype=np.uint8)
 
 
 def opt_int(fields: dict[str, str], name: str, lo: int, hi: int) -> int | None:

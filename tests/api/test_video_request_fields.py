@@ -2,7 +2,8 @@
 openai SDK, and raw requests for what it cannot send): a JSON field of the wrong type was turned into text
 (a prompt of `["a"]` made a video), a form field given twice kept the last silently, and a first frame
 past the pixel limit was decoded whole; a job given both `seconds` and `num_frames` reported the
-seconds, though num_frames made the clip.
+seconds, though num_frames made the clip; `seconds` of 1e308 was a 500; a 16-bit greyscale first frame
+went in white and a phone photo's EXIF orientation was ignored.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 
+import numpy as np
 import openai
 import pytest
 import requests
@@ -25,6 +27,7 @@ from tests.api.model_server import serve_tiny
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks its video API deprecated
 
 FAST = {"num_inference_steps": 2}
+JOB_WAIT_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +96,31 @@ def test_a_size_that_is_not_ascii_widthxheight_is_a_400_naming_it(i2v, size: str
     r = requests.post(f"{i2v.url}/v1/videos", json=_body(size=size), timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "size", r.text
+
+
+@pytest.mark.parametrize("route", ["/v1/videos", "/v1/videos/extensions"])
+def test_seconds_too_large_to_count_frames_in_is_a_400_naming_it(i2v, route: str) -> None:
+    # round(1e308 x fps) raised OverflowError: a 500 (extensions count the new segment's frames the same way)
+    form = {"prompt": (None, "a cat"), "seconds": (None, "1e308")}
+    form.update({"size": (None, "32x32"), "input_reference": ("r.png", _png(), "image/png")} if route == "/v1/videos"
+                else {"video[id]": (None, "video_unknown")})
+    r = requests.post(f"{i2v.url}{route}", files=form, timeout=30)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("seconds", "too_many_frames"), r.text
+
+
+def test_a_16_bit_phone_photo_is_the_first_frame_upright_and_at_its_level(i2v) -> None:
+    # 16-bit greyscale was clipped to white by PIL's convert, and the EXIF orientation was ignored
+    level = 100
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown turned 90 degrees clockwise: 32 wide as stored, 48 as shown
+    buf = io.BytesIO()
+    Image.fromarray(np.full((48, 32), level * 257, np.uint16)).save(buf, format="PNG", exif=exif.tobytes())
+    client = i2v.client()
+    job = client.videos.create(prompt="a cat", size="32x32", seconds="0.25",
+                               input_reference=("photo.png", buf.getvalue(), "image/png"), extra_body=FAST)
+    done = client.videos.retrieve(job.id, extra_query={"wait_s": JOB_WAIT_S, "past": "in_progress"})
+    assert done.status == "completed", done.error
+    kept = i2v.runtime_parent.parent / "data" / "state" / "files" / "videos" / f"{job.id}.ref.png"  # (serve_tiny's)
+    frame = np.asarray(Image.open(kept))
+    assert frame.shape == (32, 48, 3) and np.all(frame == level), (frame.shape, frame.min(), frame.max())
