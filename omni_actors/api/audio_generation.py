@@ -18,9 +18,11 @@ import functools
 import json
 import math
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 from aiohttp import web
+from msgspec import Meta
 
 from omni_actors.api.audio_codec import (
     CONTENT_TYPES,
@@ -61,14 +63,20 @@ def window_s(folder: str) -> float:
     return size * math.prod(ratios) / rate
 
 
+MAX_STEPS = 1000
+"""Most denoising steps a request may ask (as the image routes'); a family's stage may allow fewer."""
+
+
 class AudioGenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prompt: str
     model: str | None = None
     seconds: float | None = None
     seed: int | None = None
     response_format: str = "wav"
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
+    num_inference_steps: Annotated[int, Meta(ge=1, le=MAX_STEPS)] | None = None
+    """Bounded here, as on the image routes: before 2026-12-05 a count past 2**64 reached the bus and came back
+    as its "can't serialize ints" 400 naming no field."""
+    guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
     negative_prompt: str | None = None
 
 

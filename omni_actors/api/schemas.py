@@ -161,7 +161,8 @@ class TranscriptTextDelta(Struct, tag_field="type", tag="transcript.text.delta")
 
 class TranscriptTextDone(Struct, tag_field="type", tag="transcript.text.done"):
     text: str
-    usage: TranscriptionUsage | None = None
+    usage: None = None
+    """OpenAI's is token usage (the SDK types it so); no recognizer here reports one to the route."""
 
 
 # ---- images --------------------------------------------------------------------

@@ -31,11 +31,14 @@ from omni_actors.api.audio_codec import (
     output_rate,
 )
 from omni_actors.api.time_stretch import TimeStretch
-from omni_actors.audio import DEFAULT_SAMPLE_RATE
+from omni_actors.audio import DEFAULT_SAMPLE_RATE, Resampler
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 TYPES = {**{f: CONTENT_TYPES[f] for f in FORMATS if f in CONTENT_TYPES}, "aac": "audio/aac"}
 AAC_BITRATE = 64_000
+AAC_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
+"""The rates an AAC stream can carry (its sampling-frequency index); audio at another rate is resampled to the
+nearest (before 2026-12-05 FFmpeg's encoder refused to open, and the response was a 500)."""
 PCM_RATE = DEFAULT_SAMPLE_RATE
 """Rate of `pcm` speech: OpenAI's 24 kHz."""
 
@@ -44,19 +47,23 @@ def wire_rate(fmt: str, sample_rate: int) -> int:
     """The rate speech of `fmt` goes out at, for audio made at `sample_rate`."""
     if fmt == "pcm":
         return PCM_RATE
-    return sample_rate if fmt == "aac" else output_rate(fmt, sample_rate)
+    if fmt == "aac":
+        return sample_rate if sample_rate in AAC_RATES else min(
+            AAC_RATES, key=lambda r: (r < sample_rate, abs(r - sample_rate)))  # (output_rate's rule)
+    return output_rate(fmt, sample_rate)
 
 
 class _AacEncoder:
-    """ADTS AAC, mono, at the audio's own rate, frames out as they are encoded."""
+    """ADTS AAC, mono, at the audio's own rate (or the nearest AAC_RATES one), frames out as they are encoded."""
 
     def __init__(self, sample_rate: int) -> None:
         import av
 
-        self.rate = sample_rate
+        self.rate = wire_rate("aac", sample_rate)
+        self.resampler = Resampler(sample_rate, self.rate)
         self.buf = io.BytesIO()
         self.container = av.open(self.buf, "w", format="adts")
-        self.stream = self.container.add_stream("aac", rate=sample_rate)
+        self.stream = self.container.add_stream("aac", rate=self.rate)
         self.stream.layout = "mono"
         self.stream.bit_rate = AAC_BITRATE
         self.pts = 0
@@ -68,6 +75,10 @@ class _AacEncoder:
         return data
 
     def feed(self, audio: np.ndarray) -> bytes:
+        return self._encode(self.resampler.push(audio))
+
+    def _encode(self, audio: np.ndarray) -> bytes:
+        """Samples already at `self.rate`."""
         import av
 
         if not audio.size:
@@ -80,10 +91,11 @@ class _AacEncoder:
         return self._take()
 
     def finish(self) -> bytes:
+        head = self._encode(self.resampler.flush())
         for packet in self.stream.encode(None):
             self.container.mux(packet)
         self.container.close()
-        return self._take()
+        return head + self._take()
 
 
 class SpeechEncoder:

@@ -12,7 +12,8 @@ Form fields:
                      for pipelines whose recognizer times words: `PipelineConfig.transcript_words`;
                      "word" alone leaves `segments` out, as OpenAI does)
     stream           "true": SSE `transcript.text.delta` events, then `transcript.text.done`
-                     (response_format json or text)
+                     (response_format json or text; its `usage` is null: OpenAI's is token usage, which
+                     the SDK types as tokens only, and a duration there did not fit that type)
     language         ISO-639-1; a stage that transcribes one language refuses others (400)
     prompt, temperature
                      accepted for client compatibility, passed on as params
@@ -213,7 +214,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     seconds = audio.size / rate
     async with PipelineCall(request, ROUTE, {"audio": audio, "sample_rate": rate}, params, {"transcript"}) as call:
         if stream:
-            return await _stream(request, call, TranscriptionUsage("duration", int(np.ceil(seconds))))
+            return await _stream(request, call)
         outputs = [out async for out in _outputs(call)]
     text = "".join(out.text for out in outputs).strip()
     if fmt in TIMED_FORMATS:
@@ -239,8 +240,11 @@ async def _pieces(call: PipelineCall) -> AsyncIterator[str]:
             yield out.text
 
 
-async def _stream(request: web.Request, call: PipelineCall, usage: TranscriptionUsage) -> web.StreamResponse:
-    """`transcript.text.delta` events as the text comes, then `transcript.text.done` (no `[DONE]`)."""
+async def _stream(request: web.Request, call: PipelineCall) -> web.StreamResponse:
+    """`transcript.text.delta` events as the text comes, then `transcript.text.done` (no `[DONE]`). The done
+    event's `usage` is null: OpenAI's (and the SDK's `TranscriptionTextDoneEvent.usage`) is token usage only;
+    before 2026-12-05 it carried the json answer's duration usage, which the SDK's type cannot hold
+    (`usage.input_tokens` read None, and validating the event failed)."""
     await call.started()  # an error before the first output keeps its HTTP status
 
     async def events() -> AsyncGenerator[Any, None]:
@@ -250,6 +254,6 @@ async def _stream(request: web.Request, call: PipelineCall, usage: Transcription
                 piece = piece.lstrip()
             parts.append(piece)
             yield TranscriptTextDelta(delta=piece)
-        yield TranscriptTextDone(text="".join(parts).strip(), usage=usage)
+        yield TranscriptTextDone(text="".join(parts).strip())
 
     return await respond(request, events(), done=False)

@@ -56,6 +56,9 @@ def test_a_clip_decodes_at_the_asked_length_and_the_seed_repeats_it(audio_server
     ({"seconds": 3}, "seconds"),  # under the family's 47 s, past this checkpoint's 2.048 s window
     ({"response_format": "ogg"}, "response_format"),
     ({"colour": "red"}, "colour"),
+    ({"num_inference_steps": 2**70}, "num_inference_steps"),  # (was the bus's "can't serialize ints", no param)
+    ({"num_inference_steps": 0}, "num_inference_steps"),
+    ({"guidance_scale": -1}, "guidance_scale"),
 ])  # fmt: skip
 def test_bad_inputs_are_400_naming_the_field(audio_server, body, param):
     resp = generate(audio_server, **body)

@@ -75,7 +75,7 @@ async def test_transcribes_like_transformers_and_streams(srv: Server, asr_dir: P
     events = [e async for e in await client.audio.transcriptions.create(
         model="tiny-asr", file=("a.wav", wav), language="en", stream=True)]
     assert events[-1].type == "transcript.text.done" and events[-1].text == want
-    assert (events[-1].usage.type, events[-1].usage.seconds) == (got.usage.type, got.usage.seconds) == ("duration", 2)
+    assert events[-1].usage is None and (got.usage.type, got.usage.seconds) == ("duration", 2)
     assert len(events) >= 3 and "".join(e.delta for e in events[:-1]).strip() == want
     # without a language the model names it itself; only text after <asr_text> is sent
     auto = await client.audio.transcriptions.create(model="tiny-asr", file=("a.wav", wav), response_format="text")
