@@ -1,12 +1,11 @@
 // The playground page: finds what each loaded pipeline can do (the model picker switches between them),
-// shows those panels, keeps the API key.
+// shows those panels as tabs, keeps the API key, shows errors with the panel they belong to.
 import { bindPanels } from "./panels.js";
-import { bindTranscribe } from "./transcribe.js";
+import { bindStatus, refreshStatus, serverAnswered, serverGone, showHealth } from "./pipeline.js";
 import { Talk } from "./talk.js";
 import { bindStops, stopPanel } from "./work.js";
 
 const KEY_STORE = "omni-actors.api-key";
-const STATUS_REFRESH_MS = 2000;
 const LOADING_RETRY_MS = 1000;
 const $ = (id) => document.getElementById(id);
 
@@ -49,18 +48,28 @@ export async function api(path, options = {}) {
     resp = await fetch(path, { signal: state.abort.signal, ...options, headers });
   } catch (err) {
     if (err.name === "AbortError") throw err;
+    serverGone();
     throw new Error(`the server did not answer (${err.message}): is it still running?`);
   }
+  serverAnswered();
   if (resp.status === 401) {
-    $("key-form").hidden = false;
-    throw new Error("this server needs an API key");
+    askForKey();
+    throw new Error(state.key ? "the API key was not accepted: enter the right one" : "this server needs an API key");
   }
   if (!resp.ok) {
     let message = `${resp.status} ${resp.statusText}`;
     try { message = (await resp.json()).error?.message || message; } catch { /* not JSON */ }
-    throw new Error(message);
+    throw Object.assign(new Error(message), { status: resp.status });  // (a 404 can mean "already gone")
   }
   return resp;
+}
+
+// The key form, its field focused with what was typed selected (a wrong key is typed over).
+function askForKey() {
+  if (!$("key-form").hidden) return;  // (already asked: the focus stays where the user put it)
+  $("key-form").hidden = false;
+  $("key-input").focus();
+  $("key-input").select();
 }
 
 function panelsFor(model) {
@@ -110,89 +119,6 @@ function showModel(name) {
   errors.clear();  // (the last model's)
   selectTab(panels[0]);
   document.dispatchEvent(new CustomEvent("model-changed", { detail: state.model }));
-}
-
-// ---- the pipeline view ------------------------------------------------------
-
-function svg(tag, attrs, text) {
-  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) el.textContent = text;
-  return el;
-}
-
-export function drawPipeline(status) {
-  const W = 236, H = 114, GAP = 60;
-  const depth = new Map();
-  for (const s of status.stages) depth.set(s.stage_id, Math.max(0, ...s.inputs.map((i) => depth.get(i) + 1)));
-  const rows = new Map();
-  const pos = new Map();
-  for (const s of status.stages) {
-    const d = depth.get(s.stage_id);
-    const r = rows.get(d) || 0;
-    rows.set(d, r + 1);
-    pos.set(s.stage_id, { x: 10 + d * (W + GAP), y: 10 + r * (H + 20) });
-  }
-  const width = 20 + (Math.max(...depth.values()) + 1) * (W + GAP);
-  const height = 20 + Math.max(...rows.values()) * (H + 20);
-  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `pipeline ${status.pipeline}` });
-  const defs = svg("defs", {});
-  const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto" });
-  marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z", fill: "#9aa3b8" }));
-  defs.append(marker);
-  root.append(defs);
-  for (const s of status.stages) {
-    for (const src of s.inputs) {
-      const a = pos.get(src), b = pos.get(s.stage_id);
-      root.append(svg("path", { class: "edge", d: `M${a.x + W},${a.y + H / 2} L${b.x},${b.y + H / 2}` }));
-    }
-  }
-  for (const s of status.stages) {
-    const { x, y } = pos.get(s.stage_id);
-    const g = svg("g", { class: `stage ${s.healthy ? "healthy" : "unhealthy"}`, "data-stage": s.stage_id,
-                         "data-testid": `stage-${s.stage_id}` });
-    g.append(svg("rect", { x, y, width: W, height: H, rx: 8 }));
-    g.append(svg("text", { x: x + 10, y: y + 18, class: "title" }, `${s.stage_id} · ${s.name}`));
-    g.append(svg("text", { x: x + 10, y: y + 36 }, s.execution_type + (s.final_output_type ? ` → ${s.final_output_type}` : "")));
-    g.append(svg("text", { x: x + 10, y: y + 54 }, `in flight ${s.in_flight} / queue ${s.queue_limit}`));
-    g.append(svg("text", { x: x + 10, y: y + 72 }, `engine requests ${s.engine_requests}`));
-    const ms = (v) => (v == null ? "–" : `${v < 1 ? v.toFixed(2) : Math.round(v * 10) / 10} ms`);
-    g.append(svg("text", { x: x + 10, y: y + 90, "data-testid": `stage-${s.stage_id}-times` },
-                 `step ${ms(s.step_ms)} · first out ${ms(s.first_output_ms)}`));
-    s.replicas.forEach((r, i) => {
-      const dot = svg("circle", { cx: x + 14 + i * 16, cy: y + H - 10, r: 5, class: `replica ${r.ready ? "ready" : "down"}` });
-      dot.append(svg("title", {}, `replica ${r.replica}: ${r.ready ? "ready" : "not ready"}, pid ${r.pid}, ${r.in_flight} in flight, ${r.restarts} restarts, ${r.steps} steps of ${ms(r.step_ms)}`));
-      g.append(dot);
-    });
-    root.append(g);
-  }
-  $("pipeline-graph").replaceChildren(root);
-}
-
-let statusTimer = null;
-let statusFailed = false;  // the error shown is the status's own: cleared when the server answers again
-async function refreshStatus() {
-  clearTimeout(statusTimer);
-  try {
-    const status = await (await api("/v1/status")).json();
-    // A server of several pipelines lists each; draw the one behind the chosen model.
-    const all = status.pipelines || [status];
-    drawPipeline(all.find((p) => p.models.includes(state.model?.id)) || status);
-    const healthy = all.every((p) => p.healthy);
-    const pill = $("health");
-    pill.textContent = healthy ? "healthy" : "degraded";
-    pill.className = `pill ${healthy ? "ok" : "bad"}`;
-    if (statusFailed) showError("");  // the server answers again: its last failure is over
-    statusFailed = false;
-  } catch (err) {
-    if (err.name === "AbortError") return;  // the model changed: its own refresh is under way
-    statusFailed = true;
-    const pill = $("health");
-    pill.textContent = "unreachable";
-    pill.className = "pill bad";
-    showError(`server status: ${err.message}`);
-  }
-  if (!$("panel-pipeline").hidden) statusTimer = setTimeout(refreshStatus, STATUS_REFRESH_MS);
 }
 
 // ---- talk --------------------------------------------------------------------
@@ -272,7 +198,7 @@ async function loaded() {
     const el = $("loading");
     el.textContent = `Loading models: ${waiting.join(", ")} (${Math.round((performance.now() - started) / 1000)} s)…`;
     el.hidden = false;
-    $("health").textContent = "loading";
+    showHealth("loading");
     await new Promise((resolve) => setTimeout(resolve, LOADING_RETRY_MS));
   }
 }
@@ -295,21 +221,29 @@ async function boot() {
     return;
   }
   showError("");
+  // A key asked for again mid-session (its 401): the page comes back to the model and tab it was on.
+  const was = { model: state.model?.id, tab: $("tabs").querySelector("[aria-selected=true]")?.dataset.tab };
+  const model = state.models.some((m) => m.id === was.model) ? was.model : state.models[0].id;
   const select = $("model");
   select.replaceChildren(...state.models.map((m) => new Option(m.id, m.id)));
+  select.value = model;
   select.onchange = () => showModel(select.value);
-  showModel(state.models[0].id);
-  refreshStatus();
+  showModel(model);
+  const tab = was.tab && $("tabs").querySelector(`[data-tab=${was.tab}]`) ? was.tab : null;
+  if (tab) selectTab(tab);
+  if (tab !== "pipeline") refreshStatus();  // (the Pipeline tab has read it)
   document.body.dataset.ready = "true";
 }
 
-// The tabs as a tab list: arrow keys move between them (only the chosen one is in the Tab order).
+// The tabs as a tab list: arrow keys move between them, Home and End to the first and the last (only the
+// chosen one is in the Tab order).
 $("tabs").onkeydown = (e) => {
   const tabs = [...$("tabs").querySelectorAll("button")];
   const at = tabs.indexOf(document.activeElement);
-  const step = { ArrowRight: 1, ArrowLeft: -1 }[e.key];
-  if (at < 0 || !step) return;
-  const next = tabs[(at + step + tabs.length) % tabs.length];
+  const to = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: tabs.length - 1 }[e.key];
+  if (at < 0 || to === undefined) return;
+  e.preventDefault();  // (Home and End would scroll the page)
+  const next = tabs[(to + tabs.length) % tabs.length];
   next.focus();
   next.click();
 };
@@ -335,6 +269,6 @@ document.addEventListener("keydown", (e) => {
 
 bindTalk();
 bindStops();
+bindStatus({ api, state, showError });
 bindPanels({ api, state, showError });
-bindTranscribe({ api, state, showError: (message) => showError(message, "transcribe") });
 boot();

@@ -1,7 +1,8 @@
 // The transcribe panel (a model that makes transcripts): an audio file, or a clip recorded in the page,
 // to /v1/audio/transcriptions with stream=true; the words show as they are recognised.
-import { bindRecord, fileOf, readSse } from "./panels.js";
-import { Work } from "./work.js";
+import { bindRecord, fileOf } from "./record.js";
+import { readSse } from "./sse.js";
+import { Work, ask } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -13,7 +14,7 @@ export function bindTranscribe({ api, state, showError }) {
   });
   $("transcribe-button").onclick = async () => {
     const file = fileOf("transcribe-file");
-    if (!file) return showError("pick an audio file, or record one");
+    if (!file) return ask("transcribe-file", "transcribe-note", "pick an audio file, or record one");
     const out = $("transcribe-output");
     const work = new Work("transcribe", state.abort.signal);
     showError("");

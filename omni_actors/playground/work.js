@@ -1,6 +1,7 @@
 // What a panel is doing (a request in flight, then perhaps its speech still playing) and its Stop: while it
 // runs the panel's action button is disabled and its Stop shown; Stop or Escape ends it with a short note, a
 // model switch ends every panel's. Each has its own abort signal, so ending one ends none of the others.
+// A click with nothing to send starts no work: `ask` says what is missing.
 const $ = (id) => document.getElementById(id);
 
 // Per panel (its section's data-panel): the action button, its Stop, where "stopped" is said.
@@ -83,6 +84,12 @@ export class Work {
     }
     if (aborted) for (const fn of this.#onAbort) fn();
   }
+}
+
+// Nothing to send: the field that needs filling gets the focus, the panel's note says what it needs.
+export function ask(field, note, what) {
+  $(note).textContent = what;
+  $(field).focus();
 }
 
 // Stop (or Escape) on the panel shown; true if it was doing something.

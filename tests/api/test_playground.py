@@ -1,6 +1,7 @@
 """The playground at `/`, in real headless Chromium against a real server (synthetic pipeline).
 
-The page asks for the API key once and keeps it for the tab; it shows the panels the
+The page asks for the API key once (a wrong key is said to be wrong, selected to be typed over)
+and keeps it for the tab; it shows the panels the
 pipeline can serve; chat streams text; speak plays the voice; the pipeline view draws
 every stage with its replicas. A screenshot of each panel lands in the test's temp dir.
 """
@@ -9,9 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
+import omni_actors
+from omni_actors.api.playground import ASSETS
 from tests.api.conftest import API_KEY, Server, eventually, idle, serve
 from tests.browser_support import browser_page
 
@@ -27,6 +31,15 @@ route's mean step (in ms, two decimals) could round to 0."""
 async def srv():
     async with serve("synthetic", stages=[{"stage_id": s, **STEP} for s in (0, 1, 2)]) as server:
         yield server
+
+
+def test_every_playground_file_and_module_is_served() -> None:
+    """A module the page imports but the server does not list would be a 404: the page would not start."""
+    folder = Path(omni_actors.__file__).parent / "playground"
+    assert {p.name for p in folder.iterdir() if p.suffix in {".html", ".css", ".js"}} == set(ASSETS)
+    for js in folder.glob("*.js"):
+        imported = set(re.findall(r'from "\./([^"]+)"', js.read_text()))
+        assert imported <= set(ASSETS), (js.name, imported - set(ASSETS))
 
 
 async def test_status_route_describes_the_pipeline(srv: Server) -> None:
@@ -65,7 +78,16 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
     async with browser_page(srv.url + "/") as bp:
         page = bp.page
         await page.get_by_test_id("key-form").wait_for()  # the API needs a key: the page asks once
-        await page.get_by_test_id("key-input").fill(API_KEY)
+        assert await page.evaluate("document.activeElement.id") == "key-input"  # the keyboard is where the key goes
+        await page.keyboard.type("wrong-key")
+        await page.keyboard.press("Enter")
+        # A wrong key is said to be wrong (not "needs a key" again), and it is selected to be typed over.
+        await page.wait_for_function("document.getElementById('error').textContent.includes('not accepted')")
+        assert await page.get_by_test_id("key-form").is_visible()
+        typed = await page.evaluate("[document.activeElement.id, document.activeElement.selectionStart,"
+                                    " document.activeElement.selectionEnd]")
+        assert typed == ["key-input", 0, len("wrong-key")], typed
+        await page.keyboard.type(API_KEY)
         await page.get_by_test_id("key-save").click()
         await page.locator("body[data-ready=true]").wait_for()
         tabs = await page.locator("#tabs button").all_inner_texts()
@@ -104,12 +126,23 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         assert re.fullmatch(r"step [\d.]+ ms · first out [\d.]+ ms", times), times
         await page.screenshot(path=str(tmp_path / "pipeline.png"))
 
+        # The key stops working mid-session: the page asks again, then comes back where the user was.
+        await page.evaluate("window.__playground.key = 'revoked'")
+        await page.get_by_test_id("key-form").wait_for()  # (the next status refresh's 401)
+        assert "not accepted" in await page.get_by_test_id("error").inner_text()
+        await page.keyboard.type(API_KEY)
+        await page.keyboard.press("Enter")
+        await page.wait_for_function("document.getElementById('error').hidden")
+        assert await page.get_by_test_id("key-form").is_hidden()
+        assert await page.get_by_role("tabpanel").get_attribute("id") == "panel-pipeline"  # not back at Talk
+        await page.locator("[data-testid=stage-2]").wait_for()
+
         await page.reload()  # the key is kept for the tab: no second ask
         await page.locator("body[data-ready=true]").wait_for()
         assert await page.get_by_test_id("key-form").is_hidden()
         stored = await page.evaluate("sessionStorage.getItem('omni-actors.api-key')")
         assert json.dumps(stored) == json.dumps(API_KEY)
-        # Only the first, key-less load may have logged errors (its 401 answers).
+        # Only the first loads, key-less then with the wrong key, may have logged errors (their 401 answers).
         assert {path for status, path in bp.refused if status != 401} == set(), bp.refused
         assert [e for e in bp.errors if "status of 401" not in e] == [], bp.errors
     assert all(p.stat().st_size > 0 for p in tmp_path.glob("*.png")) and len(list(tmp_path.glob("*.png"))) == 3

@@ -4,7 +4,8 @@ Against `omni-run --deploy` serving two pipelines in real headless Chromium: Shi
 and Enter sends; Escape with nothing running does nothing, and ends a Talk session; a model switch
 mid-answer ends the request on the server too (`/v1/status`), without a "stopped" note; a request
 that fails while another tab is shown keeps its error with its own panel (the tab is marked) instead
-of showing it under the wrong one; a click with nothing to send says what is missing. Record: a double
+of showing it under the wrong one; a click with nothing to send says what is missing; "spoken answer"
+is offered only for a model that speaks. Record: a double
 click records once (the second click does not stop a microphone still opening), and a Stop then
 Transcribe in the same tick sends the clip just recorded.
 """
@@ -94,12 +95,15 @@ async def test_keys_model_switch_mid_answer_and_errors_kept_with_their_panel(two
         assert _in_flight(two, "slow") == 1
 
         # A model switch mid-answer: the page is ready for the new model at once, the server ends the old answer.
+        await page.get_by_test_id("chat-speak").check()  # this model speaks: a spoken answer is offered
         await page.get_by_test_id("model-select").select_option("broken")
         t0 = time.monotonic()
         await page.get_by_test_id("tab-chat").click()
         assert await page.get_by_test_id("chat-send").is_enabled() and await page.get_by_test_id("chat-stop").is_hidden()
         assert await page.get_by_test_id("chat-output").inner_text() == ""
         assert await page.get_by_test_id("chat-note").inner_text() == ""  # not a stop of the user's
+        # a text model: no spoken answer to ask for (the send below fails at its word, not as a 400 for audio)
+        assert await page.get_by_test_id("chat-speak").is_hidden()
         await eventually(lambda: _in_flight(two, "slow") == 0, ENDED_IN_S)
         assert time.monotonic() - t0 < WORDS * STEP_MS / 1000 / 2
 

@@ -1,8 +1,9 @@
 """The playground as a demanding user drives it, in real headless Chromium against real servers.
 
 A chat answer the server fails mid-stream says so (not a silent half answer); a FLAC file is sent as
-FLAC and a text file is refused before anything is sent; at 320 px nothing scrolls sideways; the tabs
-are a tab list the arrow keys move through. With two models served (`omni-run --model A --model B`),
+FLAC and a text file is refused before anything is sent; a network drop is said, the health pill reads
+"unreachable" whichever tab is shown, and "healthy" once a request gets through again; at 320 px nothing
+scrolls sideways; the tabs are a tab list the arrow keys, Home and End move through. With two models served (`omni-run --model A --model B`),
 a model switch ends the Talk session and its microphone and clears the last model's answers; a double
 click on "Start talking" opens one realtime socket; a server that goes away ends the session and the
 health pill says it is unreachable.
@@ -60,7 +61,7 @@ async def test_a_chat_answer_failed_mid_stream_shows_the_servers_error(failing: 
     await eventually(lambda: idle(failing.orch), timeout_s=10)
 
 
-async def test_chat_sends_flac_as_flac_and_refuses_a_file_that_is_not_audio(srv: Server, tmp_path) -> None:
+async def test_chat_file_types_then_a_network_drop(srv: Server, tmp_path) -> None:
     flac = _tone(tmp_path / "question.flac", 0.5, subtype="PCM_16")
     notes = tmp_path / "notes.txt"
     notes.write_text("not audio")
@@ -81,7 +82,21 @@ async def test_chat_sends_flac_as_flac_and_refuses_a_file_that_is_not_audio(srv:
         await page.wait_for_function("document.getElementById('error').textContent.includes('notes.txt')")
         assert "WAV, MP3 or FLAC" in await page.get_by_test_id("error").inner_text()
         assert posts == []  # said in the page, nothing sent
-        assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
+
+        await page.get_by_test_id("chat-file").set_input_files([])
+        await page.context.set_offline(True)  # the network drops while the Chat tab is shown
+        await page.get_by_test_id("chat-send").click()
+        await page.wait_for_function("document.getElementById('chat-send').disabled === false "
+                                     "&& document.getElementById('error').textContent.includes('did not answer')")
+        assert await page.get_by_test_id("health").inner_text() == "unreachable"  # not "healthy" still
+        await page.context.set_offline(False)
+        await page.get_by_test_id("chat-send").click()
+        await page.wait_for_function("document.getElementById('health').textContent === 'healthy'")
+        await page.wait_for_function("document.getElementById('chat-send').disabled === false")
+        assert await page.get_by_test_id("error").is_hidden()
+        assert await page.get_by_test_id("chat-output").inner_text() != ""
+        assert [e for e in bp.errors if "ERR_INTERNET_DISCONNECTED" not in e] == [], bp.errors
+        assert bp.refused == [], bp.refused
     await eventually(lambda: idle(srv.orch), timeout_s=10)
 
 
@@ -102,6 +117,12 @@ async def test_narrow_screen_and_keyboard_tabs(srv: Server, tmp_path) -> None:
         assert await page.get_by_role("tab", name="Speak").get_attribute("aria-selected") == "true"
         assert await page.get_by_role("tabpanel").get_attribute("id") == "panel-speak"
         assert await page.evaluate("document.activeElement.dataset.tab") == "speak"
+        await page.keyboard.press("End")
+        assert await page.evaluate("document.activeElement.dataset.tab") == "pipeline"
+        assert await page.get_by_role("tabpanel").get_attribute("id") == "panel-pipeline"
+        await page.keyboard.press("Home")
+        assert await page.evaluate("document.activeElement.dataset.tab") == "talk"
+        assert await page.get_by_role("tab", name="Talk").get_attribute("aria-selected") == "true"
         assert bp.errors == [], bp.errors
 
 

@@ -36,7 +36,10 @@ async def test_transcribe_streams_the_words_of_a_file_as_the_sdk_gets_them(srv: 
         tabs = await page.locator("#tabs button").all_inner_texts()
         assert tabs == ["Transcribe", "Pipeline"], tabs  # transcripts only: no chat, no talk
         await page.get_by_test_id("transcribe-button").click()  # nothing picked: said, nothing sent
-        await page.wait_for_function("document.getElementById('error').textContent.includes('pick an audio file')")
+        # said beside the button, the file input focused (as every panel does), not as an error
+        assert "pick an audio file" in await page.get_by_test_id("transcribe-note").inner_text()
+        assert await page.evaluate("document.activeElement.id") == "transcribe-file"
+        assert await page.get_by_test_id("error").is_hidden()
         await page.get_by_test_id("transcribe-file").set_input_files(clip)
         await page.get_by_test_id("transcribe-button").click()
         await page.wait_for_function("document.getElementById('transcribe-button').disabled === false "

@@ -1,0 +1,77 @@
+// The videos panel: a /v1/videos job made, followed a progress value at a time (the server answers when the
+// job moves on), then its MP4 in a player; a Stop or a model switch deletes the job on the server.
+import { Work, ask } from "./work.js";
+
+const $ = (id) => document.getElementById(id);
+const VIDEO_WAIT_S = 30; // each status read waits on the server for the job's next progress (no timer)
+
+export function bindVideos({ api, state, showError }) {
+  // A stopped job is deleted on the server (DELETE aborts it between denoising steps, and answers once it
+  // has ended); a Stop says so when it has. A model switch deletes it too: the page can no longer show it.
+  async function cancelJob(created, work) {
+    const say = (text) => { if (work.stopped && work.latest) $("video-status").textContent = text; };
+    say("stopping…");
+    let job;
+    try {
+      job = await created;
+    } catch {
+      return say("stopped");  // no job was made
+    }
+    try {
+      await api(`/v1/videos/${job.id}`, { method: "DELETE", signal: null });
+      say("stopped");
+    } catch (err) {
+      say(`stopped here; the server did not confirm it ended job ${job.id}: ${err.message}`);
+    }
+  }
+
+  document.addEventListener("model-changed", () => {  // the last model's video is not this one's
+    $("video-status").textContent = "";
+    $("video-progress").value = 0;
+    $("video-result").hidden = true;
+    $("video-result").removeAttribute("src");
+  });
+  $("video-button").onclick = async () => {
+    const prompt = $("video-prompt").value.trim();
+    if (!prompt) return ask("video-prompt", "video-status", "describe the video first");
+    const work = new Work("videos", state.abort.signal);
+    showError("");
+    const status = $("video-status");
+    const bar = $("video-progress");
+    const player = $("video-result");
+    player.hidden = true;
+    bar.value = 0;
+    status.textContent = "creating…";
+    // The create is not aborted by a Stop (a job it made would run on, unknown to the page): a Stop
+    // waits for its answer, then deletes the job.
+    const created = api("/v1/videos", {
+      method: "POST", headers: { "content-type": "application/json" }, signal: null,
+      body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
+                             seconds: $("video-seconds").value.trim(),
+                             num_inference_steps: Number($("video-steps").value) || undefined }),
+    }).then((resp) => resp.json());
+    work.onAbort(() => cancelJob(created, work));
+    try {
+      let job = await work.until(created);
+      while (job.status === "queued" || job.status === "in_progress") {
+        status.textContent = job.status;
+        bar.value = job.progress || 0;
+        const next = new URLSearchParams({ wait_s: VIDEO_WAIT_S, past: job.status,
+                                           progress_past: Math.min(job.progress || 0, 99) });
+        job = await (await api(`/v1/videos/${job.id}?${next}`, { signal: work.signal })).json();
+      }
+      status.textContent = job.status;
+      if (job.status !== "completed") throw new Error(job.error?.message || `video ${job.status}`);
+      bar.value = 100;
+      const blob = await (await api(`/v1/videos/${job.id}/content`, { signal: work.signal })).blob();
+      if (player.src.startsWith("blob:")) URL.revokeObjectURL(player.src);
+      player.src = URL.createObjectURL(blob);
+      player.hidden = false;
+    } catch (err) {
+      if (!work.signal.aborted && status.textContent === "creating…") status.textContent = "";
+      showError(err);
+    } finally {
+      work.done();
+    }
+  };
+}
