@@ -35,7 +35,7 @@ STREAM_READ_TIMEOUT_S = 20.0
 STACKS_TIMEOUT_S = 2.0
 """How long a failing test collects the stacks that the workers it names print."""
 HURRY_TIMEOUT_S = 10.0
-"""A second signal must end the run well before the graceful drain's own limit (30 s)."""
+"""A second signal must cut the streams well before the graceful drain's own limit (30 s)."""
 
 STEP_MS = 20
 """The first stage's time per output: a stream of n tokens lasts about n * STEP_MS."""
@@ -343,8 +343,8 @@ class Stream:
         assert self.first.wait(LINE_TIMEOUT_S), "no first event"
         assert self.error is None and self.status == 200, (self.status, self.error, self.events)
 
-    def join(self) -> None:
-        self._thread.join(STREAM_READ_TIMEOUT_S + 5)
+    def join(self, timeout_s: float = STREAM_READ_TIMEOUT_S + 5) -> None:
+        self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the client is still waiting on the stream"
         assert self.error is None, f"the stream broke instead of ending: {self.error!r}"
 

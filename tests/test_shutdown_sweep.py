@@ -138,10 +138,12 @@ def test_second_signal_hurries_the_drain(tmp_path: Path, runs: list[OmniRun], si
     run.signal(sig)
     run.wait_for(r"server\.stopping")
     run.signal(sig)
-    stream.join()
+    stream.join(HURRY_TIMEOUT_S)  # cut, not drained (the drain would wait DRAIN_TIMEOUT_S, 30 s)
     assert not stream.done, stream.events[-3:]
     assert json.loads(stream.events[-1])["error"]["code"] == "request_aborted", stream.events[-1]
-    assert run.wait(HURRY_TIMEOUT_S) == 0, run.output
+    # How soon the interpreter then exits is the host's (a loaded 2-core box once took over 10 s
+    # after `server.stopped`): the generous exit limit.
+    assert run.wait() == 0, run.output
     assert "server.hurrying" in run.output
     run.assert_clean()
 
