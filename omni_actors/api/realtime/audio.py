@@ -1,6 +1,7 @@
 """Realtime audio formats: pcm16 / G.711 on the wire <-> float32 mono.
 
     decode_wire(b64, fmt) -> (float32 samples, rate)   (raises AudioFormatError)
+    WireStream(fmt).decode(b64) -> float32 samples      (a session's appends: one byte stream)
     encode_wire(samples, fmt) -> base64 str            (samples at wire_rate(fmt))
     Resampler, resample, pcm16_bytes                   (omni_actors.audio's, re-exported)
 
@@ -25,7 +26,7 @@ from omni_actors.audio import (
 )
 from omni_actors.audio import pcm16 as pcm16_bytes
 
-__all__ = ["FORMATS", "WIRE_RATE", "AudioFormatError", "Resampler", "decode_wire", "encode_wire",
+__all__ = ["FORMATS", "WIRE_RATE", "AudioFormatError", "Resampler", "WireStream", "decode_wire", "encode_wire",
            "pcm16_bytes", "resample", "wire_rate"]
 
 WIRE_RATE = DEFAULT_SAMPLE_RATE
@@ -86,19 +87,53 @@ def decode_bytes(raw: bytes, fmt: str) -> np.ndarray:
     raise AudioFormatError(f"unsupported audio format {fmt!r}; expected one of {FORMATS}")
 
 
-def decode_wire(b64: str, fmt: str) -> tuple[np.ndarray, int]:
-    """Base64 audio of format `fmt` -> (float32 mono samples, their rate); over
-    `omni_actors.audio.check_input`'s limits is refused from its length, before decoding."""
+def _wire_bytes(b64: str, fmt: str) -> bytes:
+    """The bytes of base64 audio of format `fmt`; over `omni_actors.audio.check_input`'s limits is
+    refused from its length, before decoding."""
     width = 2 if fmt == "pcm16" else 1
     try:
         check_input(len(b64) * 3 // 4 // width, wire_rate(fmt), "audio")
     except AudioLimitError as err:
         raise AudioFormatError(str(err)) from None
     try:
-        raw = base64.b64decode(b64.translate(_WHITESPACE), validate=True)
+        return base64.b64decode(b64.translate(_WHITESPACE), validate=True)
     except (binascii.Error, ValueError):
         raise AudioFormatError("audio is not valid base64") from None
-    return decode_bytes(raw, fmt), wire_rate(fmt)
+
+
+def decode_wire(b64: str, fmt: str) -> tuple[np.ndarray, int]:
+    """Base64 audio of format `fmt` -> (float32 mono samples, their rate): one whole clip (an item's
+    audio), so pcm16 of an odd number of bytes is refused."""
+    return decode_bytes(_wire_bytes(b64, fmt), fmt), wire_rate(fmt)
+
+
+class WireStream:
+    """A session's `input_audio_buffer.append`s of one input format, decoded as one byte stream.
+
+    A client that cuts its pcm16 byte stream anywhere (a socket read, a file chunk) may end an append
+    mid-sample: the odd byte is held and leads the next append, so no sample is lost or misaligned.
+    `clear` drops it (input_audio_buffer.clear: nothing appended before it counts); a commit keeps it
+    (the byte stream goes on: that sample starts the next turn), and so does a VAD turn's end. A new
+    input format starts a new stream."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.held = b""
+
+    def decode(self, b64: str) -> np.ndarray:
+        """One append's samples (float32 at wire_rate(fmt)); an append refused leaves the held byte as it was."""
+        raw = _wire_bytes(b64, self.fmt)
+        if self.fmt != "pcm16":
+            return decode_bytes(raw, self.fmt)
+        if self.held:
+            raw = self.held + raw
+        whole = len(raw) - len(raw) % 2
+        x = decode_bytes(raw[:whole], self.fmt)
+        self.held = raw[whole:]
+        return x
+
+    def clear(self) -> None:
+        self.held = b""
 
 
 def encode_wire(x: np.ndarray, fmt: str) -> str:

@@ -227,6 +227,16 @@ class BadEvent(Exception):
         self.message, self.code, self.param, self.event_id, self.type = message, code, param, event_id, type
 
 
+def is_range_code(code: str) -> bool:
+    """True for REST's codes of a value out of its range (api/errors.py `_bound_code`)."""
+    return "_below_min_" in code or "_above_max_" in code
+
+
+def range_code(kind: str, below: bool) -> str:
+    """REST's code for a number out of its range: `kind` "integer" or "decimal"."""
+    return f"{kind}_{'below_min' if below else 'above_max'}_value"
+
+
 _decoder = msgspec.json.Decoder(ClientEventT)
 _envelope = msgspec.json.Decoder(_Envelope)
 
@@ -259,9 +269,10 @@ def decode_client(raw: str | bytes) -> ClientEventT:
                            event_id=event_id) from None
         msg, param, code = validation_detail(err) if isinstance(err, msgspec.ValidationError) else (str(err), None, "")
         listed = expected_text(ClientEventT, param) if code == "invalid_value" else ""
-        # a string too long is named as the REST errors name it (string_above_max_length); the rest stay
-        # invalid_value, as clients of this session have always been told
-        code = code if code.startswith("string_") and code.endswith("_length") else "invalid_value"
+        # a value out of its range is named as the REST errors name it (decimal_above_max_value,
+        # integer_below_min_value, string_above_max_length, ...: OpenAI's codes); the rest (a wrong type, a
+        # value not in a closed set) stay invalid_value, as clients of this session have always been told
+        code = code if is_range_code(code) else "invalid_value"
         raise BadEvent(f"{env.type}: {msg}{listed}", code=code, param=param, event_id=event_id) from None
 
 

@@ -19,6 +19,9 @@ from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import WIRE_RATE, decode_wire, pcm16_bytes, resample
 from omni_actors.api.realtime.vad import VAD_RATE
 
+ITEM_OVERHEAD_CHARS = 256
+"""What an item counts toward a conversation's size beside its text (Item.size): an empty item is not free."""
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
@@ -57,6 +60,12 @@ class Item:
     def text(self) -> str:
         """What this item says, as text (for the next response's context)."""
         return " ".join(p.text or p.transcript or "" for p in self.content).strip()
+
+    def size(self) -> int:
+        """Characters of text this item holds (its parts' text and transcripts, a call's name, arguments
+        and output), plus ITEM_OVERHEAD_CHARS; its audio is counted apart (Conversation.audio_samples)."""
+        fields = (self.name, self.arguments, self.output, *(t for p in self.content for t in (p.text, p.transcript)))
+        return ITEM_OVERHEAD_CHARS + sum(len(t) for t in fields if t)
 
     def pending_audio(self) -> np.ndarray | None:
         """Untranscribed user audio, if this item has any."""
@@ -157,6 +166,10 @@ class Conversation:
     def audio_samples(self) -> int:
         """User audio held in the items (samples at VAD_RATE)."""
         return sum(len(p.audio) for i in self.items for p in i.content if p.audio is not None)
+
+    def size(self) -> int:
+        """The items' text, as Item.size counts it."""
+        return sum(i.size() for i in self.items)
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` (default: at the end); returns the id it follows."""

@@ -7,7 +7,8 @@ stage's frame clock, not the client, paces it: a client that stops sending is
 fed silence. Each frame that comes back is sent at once as
 `response.audio.delta` / `response.output_audio.delta` (and its text as the
 transcript delta) of one long-lived response. No commit, no VAD: the model
-decides when to speak. `response.cancel` ends the response (status cancelled)
+decides when to speak; `input_audio_buffer.clear` drops the appended audio not yet heard (the engine
+buffers up to 2 s ahead of its frame clock). `response.cancel` ends the response (status cancelled)
 and mutes the model until the user speaks again (input louder than
 SPEECH_RMS), when a new response opens. The session's voice, instructions and
 temperature at the stream's start go to the model as request params (an adapter
@@ -42,7 +43,7 @@ from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import (
     AudioFormatError,
     Resampler,
-    decode_wire,
+    WireStream,
     encode_wire,
     wire_rate,
 )
@@ -87,6 +88,7 @@ class DuplexSession(RealtimeSession):
         self.cfg = replace(self.cfg, turn_detection=None)
         self.dstats: DuplexStats = stats.duplex
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
+        self._wire = WireStream(self.cfg.input_audio_format)
         self._out: Resampler | None = None
         self.stream: RequestStream | None = None
         self._pump: asyncio.Task | None = None
@@ -132,6 +134,7 @@ class DuplexSession(RealtimeSession):
                 raise ce.BadEvent("a duplex session has no turns: stream input_audio_buffer.append without "
                                   "committing", code="duplex_no_commit", event_id=eid)
             case ce.BufferClear():
+                self._clear_input()
                 await self.send(ev.BufferCleared())
             case ce.ItemDelete(item_id=iid) if self.live is not None and self.live["item"].id == iid:
                 # The item the model is speaking into: its response ends first (as response.cancel), so no
@@ -160,6 +163,7 @@ class DuplexSession(RealtimeSession):
         # else every update (instructions, voice) would drop that much of the user's and the model's audio.
         if self.cfg.input_audio_format != old.input_audio_format:
             self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
+            self._wire = WireStream(self.cfg.input_audio_format)
         if self.cfg.output_audio_format != old.output_audio_format:
             self._out = None
         if self.stream is not None and self.cfg.temperature != old.temperature:  # the live stream samples at it
@@ -170,7 +174,7 @@ class DuplexSession(RealtimeSession):
 
     async def _append_duplex(self, b64: str, eid: str | None) -> None:
         try:
-            x, _rate = decode_wire(b64, self.cfg.input_audio_format)
+            x = self._wire.decode(b64)
         except AudioFormatError as err:
             raise ce.BadEvent(str(err), param="audio", event_id=eid) from None
         x = self._in.push(x)
@@ -180,6 +184,15 @@ class DuplexSession(RealtimeSession):
             await self._ensure_stream(x)
         elif len(x):
             self.orch.feed(self.stream.request_id, {"audio": x.astype(np.float32), "sample_rate": MODEL_RATE})
+
+    def _clear_input(self) -> None:
+        """input_audio_buffer.clear: nothing appended before it reaches the model. The engine drops the
+        session's buffered input (up to its MAX_INPUT_S, ahead of the frame clock), the resampler what its
+        filter holds, the wire stream a held odd byte. Frames already stepped were heard."""
+        self._in = Resampler(wire_rate(self.cfg.input_audio_format), MODEL_RATE)
+        self._wire.clear()
+        if self.stream is not None:
+            self.orch.feed(self.stream.request_id, {"clear": True})
 
     async def _ensure_stream(self, first: np.ndarray | None) -> None:
         if self.stream is not None:

@@ -24,7 +24,7 @@ from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.audio import Resampler, wire_rate
+from omni_actors.api.realtime.audio import Resampler, WireStream, wire_rate
 from omni_actors.api.realtime.conversation import (
     Conversation,
     InputBuffer,
@@ -75,6 +75,9 @@ class RealtimeSession(InputAudio):
         self.request = request  # (the upgrade request: what the REST helpers this session reuses take)
         self.app = request.app
         self.max_audio = int(orch.deploy.server.realtime_max_audio_s * VAD_RATE)
+        self.max_text = int(orch.deploy.server.max_body_mb * 1024 * 1024)
+        """Most text (characters, Item.size) the conversation holds: what one REST request body may carry, as
+        every response sends the whole conversation to the pipeline as one chat request would."""
         self.orch = orch
         self.stats = stats
         self.id = new_id("sess")
@@ -86,10 +89,11 @@ class RealtimeSession(InputAudio):
         self.timeline = 0  # 16 kHz samples of input audio so far
         self.response: ResponseRun | None = None  # the conversation's response in progress
         self.responses: dict[str, ResponseRun] = {}  # every response in progress, out-of-band ones too
-        self.transcribing: set[str] = set()  # user items a response in progress transcribes (responses.py)
+        self.transcribing: dict[str, asyncio.Event] = {}  # user items a response in progress transcribes (responses.py)
         self._transcriptions: set[asyncio.Task] = set()  # a transcription session's turns in flight
         self._live: LiveTurn | None = None  # the turn a streaming recognizer is hearing now
         self._in = Resampler(wire_rate(self.cfg.input_audio_format), VAD_RATE)
+        self._wire = WireStream(self.cfg.input_audio_format)  # (holds a pcm16 append's odd last byte)
         self._vad: VadDetector | None = None
         self._speech_item: str | None = None
         self._ids = itertools.count()
@@ -163,6 +167,7 @@ class RealtimeSession(InputAudio):
             case ce.BufferClear():
                 self.buffer.clear()
                 self._in.flush()  # (the resampler's delay holds the last cleared ms: not the next turn's)
+                self._wire.clear()  # (an odd byte held from the last append is cleared audio too)
                 self._drop_live()
                 await self.send(ev.BufferCleared())
             case ce.ItemCreate(item=it, previous_item_id=prev):
@@ -171,6 +176,7 @@ class RealtimeSession(InputAudio):
                         raise ce.BadEvent("an item_reference names an item for response.create's `input`; it "
                                           "is not an item to add", param="item.type")
                     (item,) = await self._items_from_client([("item", it)])
+                    self._check_text_room(item)
                     prev = self.conversation.add(item, prev)
                 except ce.BadEvent as err:
                     err.event_id = eid
@@ -230,6 +236,7 @@ class RealtimeSession(InputAudio):
             self.dialect = dialect
         if cfg.input_audio_format != old.input_audio_format:
             self._in = Resampler(wire_rate(cfg.input_audio_format), VAD_RATE)
+            self._wire = WireStream(cfg.input_audio_format)
         if cfg.turn_detection != old.turn_detection:
             self._reset_vad()
         await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
@@ -305,6 +312,15 @@ class RealtimeSession(InputAudio):
                                                     if it.type != "item_reference"]))
         return [self.conversation.get(it.id) if it.type == "item_reference" and it.id else next(made)
                 for it in items]
+
+    def _check_text_room(self, item: Item) -> None:
+        """Refuse an item that would take the conversation's text past `max_text` (server.max_body_mb):
+        without a bound, one session's items could grow the server's memory without end."""
+        held = self.conversation.size()
+        if held + item.size() > self.max_text:
+            raise ce.BadEvent(f"the conversation would hold {held + item.size()} characters of text; the limit is "
+                              f"{self.max_text} (server.max_body_mb, as for one REST request): delete "
+                              "conversation items", code="text_limit_exceeded", param="item")
 
     def _item(self, item_id: str, eid: str | None) -> Item:
         item = self.conversation.get(item_id)

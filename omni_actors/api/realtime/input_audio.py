@@ -19,7 +19,7 @@ import numpy as np
 from omni_actors import logs
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.audio import AudioFormatError, Resampler, decode_wire, wire_rate
+from omni_actors.api.realtime.audio import AudioFormatError, Resampler, WireStream, wire_rate
 from omni_actors.api.realtime.conversation import Conversation, InputBuffer, Item, Part, ms, new_id
 from omni_actors.api.realtime.live_transcription import LiveTurn
 from omni_actors.api.realtime.session import SessionConfig
@@ -52,6 +52,7 @@ class InputAudio:
     max_audio: int
     response: Any
     _in: Resampler
+    _wire: WireStream
     _vad: VadDetector | None
     _speech_item: str | None
     _live: LiveTurn | None
@@ -71,8 +72,7 @@ class InputAudio:
 
     def _ingest(self, b64: str) -> tuple[np.ndarray, list[VadEvent]]:
         """Decode, resample to 16 kHz, run the VAD. Plain def: runs in VAD_EXECUTOR for big inputs."""
-        x, _rate = decode_wire(b64, self.cfg.input_audio_format)
-        x16 = self._in.push(x)
+        x16 = self._in.push(self._wire.decode(b64))
         return x16, (self._vad.feed(x16) if self._vad is not None else [])
 
     async def _append(self, b64: str, eid: str | None) -> None:

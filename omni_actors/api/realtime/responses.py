@@ -8,7 +8,9 @@
 routes' PipelineCall (deadline, metrics, abort on exit). Text outputs become
 text deltas (or, in an audio response, transcript deltas); audio outputs are
 resampled to the wire rate and sent as they arrive; a transcript output is the
-pipeline's transcription of the user's audio and is stored on that user item.
+pipeline's transcription of the user's audio and is stored on that user item. A response whose
+user audio another response is transcribing (an out-of-band one beside the conversation's) waits for
+that transcript and hears it as text: the recognizer runs once per item.
 A response that offers tools sends at once only the text the stage's tool parser knows is no call
 (`TextOutput.shown`) and each call as a `function_call` item as the parser reads it, its arguments
 as they come (`TextOutput.tool_parts`); it holds the rest until the answer was read for calls, then
@@ -78,7 +80,9 @@ class Host(Protocol):
     dialect: ev.Dialect
     response: ResponseRun | None  # the conversation's response in progress
     responses: dict[str, ResponseRun]  # every response in progress, out-of-band ones too (each removes itself)
-    transcribing: set[str]  # user items a response in progress transcribes (each removes its own)
+    transcribing: dict[str, asyncio.Event]
+    """User items a response in progress transcribes, each set once its transcript is attached (or the
+    response ended without one); each response removes its own."""
     stats: RealtimeStats
 
     async def send(self, event: ev.ServerEvent) -> None: ...
@@ -107,6 +111,8 @@ class ResponseRun:
     _user_transcript: str = ""
     _transcribes: str | None = None
     """The user item whose transcript this response attaches (host.transcribing holds it meanwhile)."""
+    _waiting: asyncio.Future | None = None
+    """While another response transcribes this one's audio item: the wait for its transcript."""
     _transcript_sent: int = 0  # characters of the stripped transcript sent as deltas
     _submitted_at: float = 0.0
     _done_sent: bool = False
@@ -129,6 +135,8 @@ class ResponseRun:
         """Stop at once: abort the request in every stage; the task then sends response.done."""
         if self.cancel_reason is None:
             self.cancel_reason = reason
+        if self._waiting is not None:
+            self._waiting.cancel()
         if self.stream is not None:
             self.stream.abort()
 
@@ -174,7 +182,7 @@ class ResponseRun:
                 self.stream.abort()  # the task was cancelled or a send failed: stop every stage
             h.responses.pop(self.id, None)
             if self._transcribes is not None:
-                h.transcribing.discard(self._transcribes)
+                h.transcribing.pop(self._transcribes).set()  # (a response waiting for it goes on)
             if h.response is self:
                 h.response = None
 
@@ -182,15 +190,21 @@ class ResponseRun:
         h = self.host  # (its response.created went out as it was made: handler._create_response)
         items = self.opts.context if self.opts.context is not None else list(h.conversation.items)
         turn = build_request(h.orch.pipeline, self.opts, items)
+        while turn.audio_item is not None and (heard := h.transcribing.get(turn.audio_item.id)) is not None:
+            # Another response (the conversation's, an out-of-band one beside it) is transcribing this item:
+            # its transcript, not a second run of the recognizer on the same audio, is what this one hears
+            # (the item is text once it is attached; if that response ended without one, this one transcribes).
+            if heard.is_set():  # it heard nothing ("" attached): this one hears the audio, attaching nothing
+                break
+            if not await self._wait_for(heard):
+                return await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
+            turn = build_request(h.orch.pipeline, self.opts, items)
         audio_item = turn.audio_item
-        if audio_item is not None:
-            if audio_item.id in h.transcribing:
-                # another response (the conversation's, an out-of-band one beside it) is transcribing this
-                # item already: this one hears its audio but attaches and announces no second transcript
-                audio_item = None
-            else:
-                self._transcribes = audio_item.id
-                h.transcribing.add(audio_item.id)
+        if audio_item is not None and audio_item.id in h.transcribing:
+            audio_item = None
+        elif audio_item is not None:
+            self._transcribes = audio_item.id
+            h.transcribing[audio_item.id] = asyncio.Event()
         self._count_input(turn.inputs)
         async with contextlib.AsyncExitStack() as stack:  # (on exit: the request is aborted unless it ended)
             try:  # the REST routes' request path: deadline, metrics, abort on exit
@@ -220,6 +234,22 @@ class ResponseRun:
         if limit is not None and self.usage.output_text >= limit:
             return await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
         await self._finish("completed", None)
+
+    async def _wait_for(self, heard: asyncio.Event) -> bool:
+        """Wait until `heard` is set; False if this response was cancelled meanwhile."""
+        if self.cancel_reason is not None:  # (cancelled before it got here)
+            return False
+        self._waiting = asyncio.ensure_future(heard.wait())
+        try:
+            await self._waiting
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # this task itself was cancelled, not only the wait
+                raise
+        finally:
+            self._waiting.cancel()
+            self._waiting = None
+        return self.cancel_reason is None
 
     async def _open_item(self) -> None:
         h = self.host
@@ -356,6 +386,8 @@ class ResponseRun:
             await self.host.send(ev.TranscriptionDelta(item_id=item.id, content_index=index, delta=delta))
         if finished:
             item.content[index].transcript = transcript
+            if (heard := self.host.transcribing.get(item.id)) is not None:
+                heard.set()  # (a response waiting to hear this item hears its text now)
             if wanted:
                 await self.host.send(ev.TranscriptionCompleted(
                     item_id=item.id, content_index=index, transcript=transcript))

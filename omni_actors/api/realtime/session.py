@@ -98,11 +98,13 @@ def _turn_detection(td: ce.TurnDetectionIn | None, old: TurnDetection | None, pa
         if getattr(td, k) is not None})
     if out.type == "semantic_vad" and td.silence_duration_ms is None:
         out = replace(out, silence_duration_ms=EAGERNESS_SILENCE_MS[out.eagerness])
-    if not 0.0 <= out.threshold <= 1.0:
-        raise ce.BadEvent("threshold must be between 0 and 1", param=f"{param}.threshold")
+    if not 0.0 <= out.threshold <= 1.0:  # (a range error is coded as REST codes it: decimal_above_max_value)
+        raise ce.BadEvent("threshold must be between 0 and 1", param=f"{param}.threshold",
+                          code=ce.range_code("decimal", out.threshold < 0))
     for key in ("prefix_padding_ms", "silence_duration_ms"):
         if not 0 <= getattr(out, key) <= MAX_VAD_DURATION_MS:
-            raise ce.BadEvent(f"{key} must be between 0 and {MAX_VAD_DURATION_MS}", param=f"{param}.{key}")
+            raise ce.BadEvent(f"{key} must be between 0 and {MAX_VAD_DURATION_MS}", param=f"{param}.{key}",
+                              code=ce.range_code("integer", getattr(out, key) < 0))
     return out
 
 
@@ -170,7 +172,9 @@ def _transcription(value: ce.TranscriptionIn | None) -> dict[str, Any] | None:
 
 def _speed(value: float, param: str) -> float:
     if not (math.isfinite(value) and SPEED_RANGE[0] <= value <= SPEED_RANGE[1]):
-        raise ce.BadEvent(f"speed must be from {SPEED_RANGE[0]} to {SPEED_RANGE[1]}, got {value!r}", param=param)
+        code = ce.range_code("decimal", value < SPEED_RANGE[0]) if math.isfinite(value) else "invalid_value"
+        raise ce.BadEvent(f"speed must be from {SPEED_RANGE[0]} to {SPEED_RANGE[1]}, got {value!r}", param=param,
+                          code=code)
     return float(value)
 
 

@@ -2,7 +2,7 @@
 
 A session is one streaming request: `add` claims one of the adapter's slots
 (its batch rows; `max_num_seqs` of them), `feed` appends the user's audio to
-the session's input buffer (and a new `temperature` retunes its slot), `abort` frees the slot. The engine owns the frame
+the session's input buffer (`clear` empties it first; a new `temperature` retunes its slot), `abort` frees the slot. The engine owns the frame
 clock: ticks every frame (80 ms for Moshi) while any session is live, and each
 `step` waits for the next tick, then steps every slot at once:
 
@@ -118,6 +118,13 @@ class _Session:
             self.taken += frames * n
             self.buffer = self.buffer[frames * n:]
 
+    def clear(self) -> None:
+        """Drop the buffered input unheard (the client's input_audio_buffer.clear): it is neither
+        stepped nor counted as dropped."""
+        self.taken += len(self.buffer)
+        self.buffer = self.buffer[:0]
+        self.arrivals.clear()
+
     def take(self, n: int) -> float | None:
         """Take one frame from the buffer; return when its last sample arrived."""
         self.taken += n
@@ -207,6 +214,8 @@ class DuplexEngine(StageEngine):
         session = self.sessions.get(request_id)
         if session is None:
             return
+        if inputs.get("clear"):  # before this feed's audio: that came after the clear
+            session.clear()
         self._append(session, self._audio(inputs))
         if (temperature := inputs.get("temperature")) is not None:
             self.adapter.retune(session.slot, float(temperature))

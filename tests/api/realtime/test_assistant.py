@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -12,9 +13,29 @@ import omni_actors
 from omni_actors.config.deploy import load_deploy
 from omni_actors.models.assistant.prepare import default_data_dir, is_prepared
 from tests.api.conftest import API_KEY, eventually, idle
-from tests.api.realtime.conftest import connect, of_type, response_audio, serve_rt, silence, speak
+from tests.api.realtime.conftest import (
+    b64,
+    connect,
+    of_type,
+    response_audio,
+    serve_rt,
+    silence,
+    speak,
+)
 
 pytestmark = pytest.mark.slow
+
+
+def asr_answered(srv: Any) -> int:
+    """Requests the recognizer (stage 0) has answered so far."""
+    return max((n for _, n in srv.orch.statistics().stage(0).first_output), default=0)
+
+
+async def until_n(c: Any, type: str, n: int) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for _ in range(n):
+        events += await c.until(type, timeout_s=120)
+    return events
 
 
 async def test_spoken_question_gets_a_spoken_answer(tmp_path: Path) -> None:
@@ -38,6 +59,18 @@ async def test_spoken_question_gets_a_spoken_answer(tmp_path: Path) -> None:
         item = (await c.until("conversation.item.retrieved"))[-1]["item"]
         assert item["content"][0]["transcript"] == heard["transcript"]
         assert item["content"][0]["audio"]  # the committed audio comes back, as pcm16 base64
+        # An out-of-band response beside the conversation's, both hearing the same new audio: it waits for
+        # the conversation's transcript instead of running the recognizer on that audio a second time.
+        heard_before = asr_answered(srv)
+        await c.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": b64(question)}]})
+        await c.until("conversation.item.created")
+        await c.send("response.create", response={"modalities": ["text"], "max_output_tokens": 8})
+        await c.send("response.create", response={"conversation": "none", "modalities": ["text"],
+                                                  "max_output_tokens": 8})
+        done = [e for e in await until_n(c, "response.done", 2) if e["type"] == "response.done"]
+        assert {d["response"]["status"] for d in done} <= {"completed", "incomplete"}, done
+        assert asr_answered(srv) - heard_before == 1
         await c.ws.close()
         await eventually(lambda: idle(srv.orch), timeout_s=30)
 

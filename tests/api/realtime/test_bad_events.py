@@ -11,10 +11,16 @@ import base64
 from typing import Any
 
 import aiohttp
+import numpy as np
+import pytest
 
-from tests.api.conftest import eventually, idle
-from tests.api.realtime.conftest import Client, RtServer, b64, connect, of_type, silence
+from omni_actors.api.realtime.audio import pcm16_bytes
+from tests.api.conftest import eventually, idle, post
+from tests.api.realtime.conftest import Client, RtServer, b64, connect, of_type, pcm, silence
 
+ABOVE_D, BELOW_D = "decimal_above_max_value", "decimal_below_min_value"
+ABOVE_I, BELOW_I = "integer_above_max_value", "integer_below_min_value"
+"""A number out of its range is coded as the REST routes code it (OpenAI's codes), not invalid_value."""
 TEXT_ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "one two"}]}
 
 
@@ -81,23 +87,23 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
         c = await connect(srv, http, turn_detection=None)
         await c.send("session.update", session={"instructions": "be brief"})
         before = (await c.until("session.updated"))[-1]["session"]
-        bad: list[tuple[dict[str, Any], str]] = [  # session fields, param
-            ({"temperature": 1e9}, "session.temperature"),
-            ({"temperature": -1}, "session.temperature"),
-            ({"max_response_output_tokens": -5}, "session.max_response_output_tokens"),
-            ({"max_response_output_tokens": 0}, "session.max_response_output_tokens"),
-            ({"max_response_output_tokens": 10**30}, "session.max_response_output_tokens"),
-            ({"max_output_tokens": 2**63}, "session.max_output_tokens"),
+        bad: list[tuple[Any, ...]] = [  # session fields, param[, code when not invalid_value]
+            ({"temperature": 1e9}, "session.temperature", ABOVE_D),
+            ({"temperature": -1}, "session.temperature", BELOW_D),
+            ({"max_response_output_tokens": -5}, "session.max_response_output_tokens", BELOW_I),
+            ({"max_response_output_tokens": 0}, "session.max_response_output_tokens", BELOW_I),
+            ({"max_response_output_tokens": 10**30}, "session.max_response_output_tokens", ABOVE_I),
+            ({"max_output_tokens": 2**63}, "session.max_output_tokens", ABOVE_I),
             ({"max_response_output_tokens": "lots"}, "session.max_response_output_tokens"),
             ({"modalities": ["video"]}, "session.modalities[0]"),
             ({"voice": 5}, "session.voice"),
             ({"tools": "all"}, "session.tools"),
             ({"output_audio_format": "mp3"}, "session.output_audio_format"),
             ({"turn_detection": {"type": "push_to_talk"}}, "session.turn_detection.type"),
-            ({"turn_detection": {"threshold": 1.5}}, "session.turn_detection.threshold"),
-            ({"turn_detection": {"silence_duration_ms": -1}}, "session.turn_detection.silence_duration_ms"),
-            ({"turn_detection": {"prefix_padding_ms": 10**9}}, "session.turn_detection.prefix_padding_ms"),
-            ({"turn_detection": {"silence_duration_ms": 10**9}}, "session.turn_detection.silence_duration_ms"),
+            ({"turn_detection": {"threshold": 1.5}}, "session.turn_detection.threshold", ABOVE_D),
+            ({"turn_detection": {"silence_duration_ms": -1}}, "session.turn_detection.silence_duration_ms", BELOW_I),
+            ({"turn_detection": {"prefix_padding_ms": 10**9}}, "session.turn_detection.prefix_padding_ms", ABOVE_I),
+            ({"turn_detection": {"silence_duration_ms": 10**9}}, "session.turn_detection.silence_duration_ms", ABOVE_I),
             ({"modalities": []}, "session.modalities"),
             ({"output_modalities": []}, "session.output_modalities"),
             ({"type": "translation"}, "session.type"),
@@ -111,12 +117,13 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model"),
             ({"input_audio_transcription": "whisper-1"}, "session.input_audio_transcription"),
             # one good field does not slip through beside a bad one
-            ({"instructions": "changed", "temperature": 9.0}, "session.temperature"),
+            ({"instructions": "changed", "temperature": 9.0}, "session.temperature", ABOVE_D),
         ]
-        for i, (fields, param) in enumerate(bad):
+        for i, (fields, param, *code) in enumerate(bad):
             await c.send("session.update", session=fields, event_id=f"bad{i}")
             err = await _error(c)
-            assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", param, f"bad{i}"), (fields, err)
+            assert (err["code"], err["param"], err["event_id"]) == ((*code, "invalid_value")[0], param, f"bad{i}"), (
+                fields, err)
             if fields == {"modalities": ["video"]}:  # a closed set: the message lists it
                 assert err["message"].endswith("expected one of 'audio', 'text'"), err
         await c.send("session.update", session={"type": "transcription"}, event_id="asr")
@@ -140,12 +147,12 @@ async def test_response_create_with_bad_values_starts_nothing(srv: RtServer) -> 
         await c.send("conversation.item.create", item=TEXT_ITEM)
         await c.until("conversation.item.created")
         total = srv.orch.statistics().requests_total
-        bad: list[tuple[dict[str, Any], str]] = [  # response fields, param
-            ({"max_output_tokens": 10**30}, "response.max_output_tokens"),
-            ({"max_response_output_tokens": 2**64}, "response.max_response_output_tokens"),
-            ({"max_output_tokens": 0}, "response.max_output_tokens"),
-            ({"max_output_tokens": -3}, "response.max_output_tokens"),
-            ({"temperature": 1e9}, "response.temperature"),
+        bad: list[tuple[Any, ...]] = [  # response fields, param[, code when not invalid_value]
+            ({"max_output_tokens": 10**30}, "response.max_output_tokens", ABOVE_I),
+            ({"max_response_output_tokens": 2**64}, "response.max_response_output_tokens", ABOVE_I),
+            ({"max_output_tokens": 0}, "response.max_output_tokens", BELOW_I),
+            ({"max_output_tokens": -3}, "response.max_output_tokens", BELOW_I),
+            ({"temperature": 1e9}, "response.temperature", ABOVE_D),
             ({"output_audio_format": "mp3"}, "response.output_audio_format"),
             ({"conversation": "elsewhere"}, "response.conversation"),
             ({"modalities": ["image"]}, "response.modalities[0]"),
@@ -154,13 +161,18 @@ async def test_response_create_with_bad_values_starts_nothing(srv: RtServer) -> 
             ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_video"}]}]},
              "response.input[0].content[0].type"),
         ]
-        for i, (fields, param) in enumerate(bad):
+        for i, (fields, param, *code) in enumerate(bad):
             await c.send("response.create", response=fields, event_id=f"bad{i}")
             err = await _error(c)
-            assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", param, f"bad{i}"), (fields, err)
+            assert (err["code"], err["param"], err["event_id"]) == ((*code, "invalid_value")[0], param, f"bad{i}"), (
+                fields, err)
             if fields == {"modalities": ["video"]}:  # a closed set: the message lists it
                 assert err["message"].endswith("expected one of 'audio', 'text'"), err
         assert srv.orch.statistics().requests_total == total  # none reached the pipeline
+        for field, value, code in (("temperature", 1e9, ABOVE_D), ("max_tokens", 0, BELOW_I)):  # REST agrees
+            status, body = await post(srv, "/v1/chat/completions", {"model": "synthetic", "messages": [
+                {"role": "user", "content": "hi"}], field: value})
+            assert (status, body["error"]["code"], body["error"]["param"]) == (400, code, field), body
         done = await _respond(c, max_output_tokens=3, output_audio_format="g711_ulaw")
         assert done["status"] == "incomplete" and done["output_audio_format"] == "g711_ulaw"
         await c.ws.close()
@@ -173,7 +185,7 @@ async def test_input_audio_buffer_mistakes(srv: RtServer) -> None:
         eid = await c.send("input_audio_buffer.commit")  # nothing appended yet
         err = await _error(c)
         assert (err["code"], err["event_id"]) == ("input_audio_buffer_commit_empty", eid)
-        for audio in ("AAA", "AA=A", "data:audio/wav;base64,AAAA", base64.b64encode(b"\x00" * 3).decode()):
+        for audio in ("AAA", "AA=A", "data:audio/wav;base64,AAAA"):
             eid = await c.send("input_audio_buffer.append", audio=audio)
             err = await _error(c)
             assert (err["code"], err["param"], err["event_id"]) == ("invalid_value", "audio", eid), (audio, err)
@@ -189,6 +201,36 @@ async def test_input_audio_buffer_mistakes(srv: RtServer) -> None:
         item = (await c.until("conversation.item.retrieved"))[-1]["item"]
         held_s = len(base64.b64decode(item["content"][0]["audio"])) / 2 / 24_000
         assert abs(held_s - 0.15) < 0.005, held_s
+        await c.ws.close()
+
+
+async def _committed_level(c: Client) -> float:
+    """Commit the input buffer; the median level of the committed item's audio."""
+    await c.send("input_audio_buffer.commit")
+    item_id = (await c.until("input_audio_buffer.committed"))[-1]["item_id"]
+    await c.send("conversation.item.retrieve", item_id=item_id)
+    item = (await c.until("conversation.item.retrieved"))[-1]["item"]
+    return float(np.median(np.abs(pcm(item["content"][0]["audio"]))))
+
+
+async def test_pcm16_appends_cut_mid_sample_are_one_byte_stream(srv: RtServer) -> None:
+    """A client cutting its pcm16 byte stream anywhere: an append's odd last byte leads the next append
+    (a commit keeps it: its sample starts the next turn), and input_audio_buffer.clear drops it."""
+    level = 0.125  # int16 0x1000: bytes 00 10; one byte off, they read as 0x0010, near silence
+    raw = pcm16_bytes(np.full(int(0.15 * 24_000), level, np.float32))
+    stream = raw + raw
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        for piece in (stream[:1001], stream[1001:len(raw) + 1]):  # the second ends one byte into turn two
+            await c.send("input_audio_buffer.append", audio=base64.b64encode(piece).decode())
+        assert await _committed_level(c) == pytest.approx(level, abs=1e-3)
+        await c.send("input_audio_buffer.append", audio=base64.b64encode(stream[len(raw) + 1:]).decode())
+        assert await _committed_level(c) == pytest.approx(level, abs=1e-3)
+        await c.send("input_audio_buffer.append", audio=base64.b64encode(raw[:3]).decode())  # holds a byte
+        await c.send("input_audio_buffer.clear")
+        await c.send("input_audio_buffer.append", audio=base64.b64encode(raw).decode())
+        assert await _committed_level(c) == pytest.approx(level, abs=1e-3)
+        assert not of_type(c.seen, "error"), of_type(c.seen, "error")
         await c.ws.close()
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from omni_actors.api.realtime.audio import G711_RATE, Resampler
+from omni_actors.api.realtime import STATS_KEY
+from omni_actors.api.realtime.audio import G711_RATE, Resampler, pcm16_bytes
 from omni_actors.api.realtime.duplex import MODEL_RATE
 from tests.api.conftest import idle
 from tests.api.realtime.conftest import Client, RtServer, b64, serve_rt
@@ -190,3 +191,31 @@ async def test_a_temperature_set_while_audio_flows_reaches_the_live_stream(srv: 
     assert all(map(np.array_equal, sampled, again))  # the same seed and input: the same frames
     assert all(map(np.array_equal, sampled[:GREEDY_AFTER], greedy[:GREEDY_AFTER]))
     assert not all(map(np.array_equal, sampled, greedy)), "the new temperature never reached the model"
+
+
+CLEARED_FRAMES = 25
+"""Frames of audio appended and then cleared: the engine buffers up to 2 s (25 frames) ahead of its clock."""
+
+
+async def test_clear_drops_the_appended_audio_the_model_has_not_heard(srv: RtServer) -> None:
+    """input_audio_buffer.clear on a duplex session: the audio buffered ahead of the frame clock is never
+    stepped (nor counted as dropped). The append is cut at an odd byte, as a client splitting its byte
+    stream anywhere does: the odd byte leads the next append."""
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+    d = srv.app[STATS_KEY].duplex
+    heard_before, dropped_before = len(d.input_to_output_ms), d.dropped_input_s
+    raw = pcm16_bytes(voice(7, CLEARED_FRAMES * FRAME / MODEL_RATE))
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        for piece in (raw[:1001], raw[1001:]):
+            await client.send("input_audio_buffer.append", audio=base64.b64encode(piece).decode())
+        await client.send("input_audio_buffer.clear")
+        _, _, seen = await frames(client, CLEARED_FRAMES + 5)
+        await client.ws.close()
+    assert [e["type"] for e in seen if e["type"] in ("error", "input_audio_buffer.cleared")] == [
+        "input_audio_buffer.cleared"]
+    # Frames of the user's audio the model stepped, or dropped with late ticks: before the clear reached the
+    # engine only (a frame or two), not the whole 2 s.
+    reached = len(d.input_to_output_ms) - heard_before + round((d.dropped_input_s - dropped_before) * MODEL_RATE / FRAME)
+    assert reached < CLEARED_FRAMES // 2, reached
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
