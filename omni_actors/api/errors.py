@@ -108,7 +108,8 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
     return ApiError(400, message, param, code)
 
 
-_AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.S)
+_AT = re.compile(r"^(.*?)(?: - at `(key` in `)?\$\.?(.*)`)?$", re.S)
+"""msgspec's "... - at `$.a.b`", or "... - at `key` in `$.metadata`" for a mapping's key."""
 _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
 _BOUND = re.compile(r"^Expected `(int|float|str|array|object)` (of length )?([<>])=? ")
@@ -133,7 +134,9 @@ def validation_detail(err: msgspec.ValidationError) -> tuple[str, str | None, st
     the allowed strings) / invalid_type. The one
     reading of msgspec's messages, for REST and realtime alike."""
     match = _AT.match(str(err))
-    msg, path = (match.group(1), match.group(2) or "") if match else (str(err), "")
+    msg, path = (match.group(1), match.group(3) or "") if match else (str(err), "")
+    if match and match.group(2):
+        msg = f"{msg} (a key)"
     code = _bound_code(msg) or ("invalid_value" if msg.startswith(("Invalid enum value", "Invalid value"))
                                 else "invalid_type")
     for pattern, code_name in ((_UNKNOWN, "unknown_parameter"), (_MISSING, "missing_required_parameter")):

@@ -15,7 +15,9 @@ A request runs as a chat completion does (the same inputs, tools and guided deco
 api/responses_inputs.py maps it): `input` (text or items: messages with text, image and audio
 parts, earlier function calls and their outputs), `instructions`, `max_output_tokens`,
 `temperature`, `top_p`, function `tools` with `tool_choice` (forced calls where the text stage
-guides decoding, api/structured.py), `text.format` (json_object, json_schema). The answer's
+guides decoding, api/structured.py), `text.format` (json_object, json_schema), `truncation`
+("auto": an input past the model's context loses its conversation's oldest items,
+api/responses_truncation.py; else it is a 400, `context_length_exceeded`). The answer's
 `output` is a `message` item (`output_text`) and/or `function_call` items; `status` is
 "incomplete" (reason max_output_tokens) when the answer was cut short.
 
@@ -49,7 +51,7 @@ from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.files import file_bytes
 from omni_actors.api.paging import newest_first, page_limit
-from omni_actors.api.responses_background import Background, settled
+from omni_actors.api.responses_background import Background, cancel_elsewhere, settled
 from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
     check_include,
@@ -85,6 +87,7 @@ from omni_actors.api.responses_schemas import (
     ResponseUsage,
 )
 from omni_actors.api.responses_store import UNFINISHED, ResponseStore
+from omni_actors.api.responses_truncation import FittingCall
 from omni_actors.api.schemas import read_body
 from omni_actors.api.structured import guided_params
 from omni_actors.api.tools import (
@@ -167,14 +170,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         instructions=req.instructions, max_output_tokens=req.max_output_tokens, temperature=req.temperature,
         top_p=req.top_p, tools=req.tools or [], tool_choice=req.tool_choice or "auto",
         parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
-        store=req.store, metadata=dict(req.metadata or {}), user=req.user,
+        store=req.store, metadata=dict(req.metadata or {}), user=req.user, truncation=req.truncation or "disabled",
         text={"format": msgspec.to_builtins(req.text.format)} if req.text and req.text.format else {
             "format": {"type": "text"}})
     answer = _Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
                      turn.items if req.store else None, _store(request))
     answer.tally = Tally.of(params)
+    # "auto": refused for its context, the call goes again without the oldest items (never the instructions)
+    keep = len(turn.messages) - len(turn.conversation) if req.truncation == "auto" else None
     if req.background:
-        call = PipelineCall(request.app, ROUTE, inputs, params, {"text"}, base.id, orch=orch)
+        call = FittingCall(request.app, ROUTE, inputs, params, {"text"}, base.id, orch=orch, keep=keep)
         await call.__aenter__()  # admitted now: a full queue is the client's 429, not a failed response
         answer.store.add(base, turn.conversation, turn.items, events=b"[]" if req.stream else None)
         events = _events(call, answer, hold=shown is not None, queued=True) if req.stream else None
@@ -183,7 +188,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             return await sse.respond(request, log.follow(-1), done=False, named=True)
         return web.Response(body=msgspec.json.encode(base), content_type="application/json")
     try:
-        async with PipelineCall(request, ROUTE, inputs, params, {"text"}, base.id) as call:
+        async with FittingCall(request, ROUTE, inputs, params, {"text"}, base.id, keep=keep) as call:
             if req.stream:
                 await call.started()  # an error before the first output keeps its HTTP status
                 return await sse.respond(request, _events(call, answer, hold=shown is not None), done=False, named=True)
@@ -191,7 +196,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 if isinstance(chunk.output, TextOutput):
                     answer.tally.add_text(chunk.output)
     except RequestRejected as err:  # a stage's refusal names chat's field: say this API's
-        raise stage_refusal(from_exception(err)) from None
+        raise stage_refusal(from_exception(err), req.truncation) from None
     return web.Response(body=msgspec.json.encode(answer.finish()), content_type="application/json")
 
 
@@ -240,6 +245,7 @@ class _Answer:
         cut = t.finish_reason == "length"
         done = msgspec.structs.replace(
             self.base, status="incomplete" if cut else "completed", output=self.output(),
+            completed_at=None if cut else int(time.time()),
             usage=ResponseUsage(t.prompt_tokens, t.completion_tokens, t.prompt_tokens + t.completion_tokens),
             incomplete_details=IncompleteDetails("max_output_tokens") if cut else None)
         if self.items is not None:
@@ -416,8 +422,9 @@ async def cancel_response(request: web.Request) -> web.Response:
     store, running = _store(request), request.app[BACKGROUND_KEY]
     if store.status(rid) is None:
         raise _not_stored(rid)
-    await running.cancel(rid)
-    settled(store, rid, running)
+    if not await running.cancel(rid):
+        settled(store, rid, running)  # (one a gone server left reads failed)
+        cancel_elsewhere(store, rid)  # (another server on this data directory runs it: it stops it)
     state = store.status(rid)
     body = store.body(rid)
     if state is None or body is None:

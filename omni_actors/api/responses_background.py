@@ -3,7 +3,10 @@
 The request is checked and admitted (a full stage queue is still a 429) before the answer; the
 row is stored `queued`, moves to `in_progress` with the first output and ends `completed` /
 `incomplete` (the answer stored as a foreground one is), `failed` (with `error`) or `cancelled`
-(`POST /v1/responses/{id}/cancel`, or the client's delete). A response this server was running
+(`POST /v1/responses/{id}/cancel`, or the client's delete). A cancel that reaches another server on
+the same data directory marks the row `cancelled` there and answers it; the server running it reads
+its row between outputs, at most every ELSEWHERE_CHECK_S, and stops the work (as it does for a row
+another server deleted). A response this server was running
 when it stopped, or that a gone server left unfinished, reads as `failed` (`server_stopped`):
 the work is not resumed. The client polls `GET /v1/responses/{id}`, or, for one created with
 `stream: true`, reads its events as they are made (api/responses_events.py): the task then runs
@@ -13,6 +16,7 @@ the response's event stream into an EventLog instead of only tallying its text.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -30,7 +34,7 @@ from omni_actors.api.responses_schemas import (
     ResponseInProgress,
 )
 from omni_actors.api.responses_store import UNFINISHED, ResponseStore
-from omni_actors.errors import RequestAborted, RequestError
+from omni_actors.errors import AdmissionError, RequestAborted, RequestError, StageUnavailable
 from omni_actors.orchestrator.outputs import TextOutput
 from omni_actors.store import owned_elsewhere
 
@@ -38,6 +42,12 @@ log = logs.get(__name__)
 
 EXIT_TIMEOUT_S = 10.0
 """Longest shutdown (or a cancel) waits for a background task to record its end."""
+ELSEWHERE_CHECK_S = 0.5
+"""Least time between a running response's looks at its row (cancelled by another server?), taken as
+its outputs come (one SQLite read; nothing wakes it for them)."""
+RUNNING_HERE: set[str] = set()
+"""The background responses this process runs, in any of its apps: a row this process owns is not
+taken for one a stopped server left (an app of the same process, as in the tests, sees it running)."""
 STOPPED = ResponseError("server_stopped", "the server stopped while this response was being made; create it again")
 
 
@@ -62,12 +72,14 @@ class Background:
             stream_log = self.logs[rid] = EventLog()
         task = asyncio.create_task(self._run(call, answer, store, events, stream_log), name=f"response-{rid}")
         self.running[rid] = (task, call)
+        RUNNING_HERE.add(rid)
         return stream_log
 
     async def _run(self, call: PipelineCall, answer, store: ResponseStore,
                    events: AsyncGenerator[Any, None] | None, stream_log: EventLog | None) -> None:
         rid, base = answer.base.id, answer.base
         end: Response | None = None
+        look_at = time.monotonic() + ELSEWHERE_CHECK_S
         try:
             if events is not None and stream_log is not None:
                 async for event in events:
@@ -75,8 +87,14 @@ class Background:
                         base = event.response
                         store.update(base)
                     stream_log.append(event)
+                    if time.monotonic() >= look_at:
+                        look_at = time.monotonic() + ELSEWHERE_CHECK_S
+                        self._stop_if_cancelled(store, rid, call)
             else:
                 async for chunk in call:
+                    if time.monotonic() >= look_at:
+                        look_at = time.monotonic() + ELSEWHERE_CHECK_S
+                        self._stop_if_cancelled(store, rid, call)
                     if base.status == "queued":
                         base = msgspec.structs.replace(base, status="in_progress")
                         store.update(base)
@@ -90,8 +108,9 @@ class Background:
                 end = msgspec.structs.replace(base, status="failed", error=STOPPED)
             else:  # ended by the runtime (its output buffer overflowed, its deadline passed, ...)
                 end = msgspec.structs.replace(base, status="failed", error=ResponseError("aborted", str(err)))
-        except RequestError as err:  # as the foreground answer's error body says it (code, this API's fields)
-            said = stage_refusal(from_exception(err))
+        except (RequestError, AdmissionError, StageUnavailable) as err:  # as a foreground answer's error body
+            # says it (code, this API's fields); (a truncated input submitted again may find the queue full)
+            said = stage_refusal(from_exception(err), base.truncation)
             end = msgspec.structs.replace(base, status="failed",
                                           error=ResponseError(said.code or "server_error", said.message))
         except Exception as err:  # the response's boundary: it fails with a reason, the server lives on
@@ -111,7 +130,16 @@ class Background:
                 store.set_events(rid, stream_log.blob())  # before the log goes: a reader finds one or the other
                 self.logs.pop(rid, None)
             self.running.pop(rid, None)
+            RUNNING_HERE.discard(rid)
             self.cancelling.discard(rid)
+
+    def _stop_if_cancelled(self, store: ResponseStore, rid: str, call: PipelineCall) -> None:
+        """Abort the work when another server has marked the row cancelled (`cancel_elsewhere`) or
+        deleted it (as a delete here cancels first)."""
+        found = store.status(rid)
+        if (found is None or found[0] == "cancelled") and call.stream is not None:
+            self.cancelling.add(rid)
+            call.stream.abort()
 
     async def cancel(self, rid: str) -> bool:
         """Abort a running background response and wait for its end; False if it is not running here."""
@@ -139,10 +167,20 @@ class Background:
 def settled(store: ResponseStore, rid: str, running: Background) -> None:
     """Mark `failed` a stored response left unfinished by a server that no longer runs it."""
     found = store.status(rid)
-    if found is None or found[0] not in UNFINISHED or rid in running.running:
+    if found is None or found[0] not in UNFINISHED or rid in running.running or rid in RUNNING_HERE:
         return
     if not owned_elsewhere(found[1]):
         body = store.body(rid)
         if body is not None:
             lost = msgspec.json.decode(body, type=Response)
             store.update(msgspec.structs.replace(lost, status="failed", error=STOPPED))
+
+
+def cancel_elsewhere(store: ResponseStore, rid: str) -> None:
+    """Mark `cancelled` an unfinished response another server runs (that server stops it when it next
+    looks at its row); a no-op once it has ended."""
+    body = store.body(rid)
+    if body is not None:
+        found = msgspec.json.decode(body, type=Response)
+        if found.status in UNFINISHED:
+            store.update(msgspec.structs.replace(found, status="cancelled"))

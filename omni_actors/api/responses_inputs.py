@@ -12,7 +12,8 @@ are: chat_inputs.py; the route reads the uploads, `chat_inputs.file_ids`); `deve
 `function_call` joins the assistant message before it as a tool call and a
 `function_call_output` is a `tool` message. Items this server cannot use (`item_reference`,
 an image by remote URL) are 400s naming them (`input[3].content[1].image_url`), as is an `include`
-this server cannot answer (`check_include`).
+this server cannot answer (`check_include`). A stage's refusal is said in this API's words
+(`stage_refusal`): a prompt past the context is OpenAI's `context_length_exceeded`.
 `instructions` go first as a system message and, as OpenAI does, are not carried to a later
 response through `previous_response_id`.
 """
@@ -37,6 +38,7 @@ from omni_actors.api.responses_schemas import (
     RefusalPart,
     ResponseRequest,
 )
+from omni_actors.api.responses_truncation import CONTEXT_REFUSAL
 
 
 @dataclass
@@ -127,12 +129,19 @@ def _content(content: str | list[Any], param: str, files: dict[str, str]) -> str
 
 
 def _stored(item: InputItem) -> dict[str, Any]:
-    """The item as `input_items` answers it (an id given, else a new one)."""
+    """The item as `input_items` answers it (an id given, else a new one), with what the SDK's item
+    types require and the request may leave out: `status`, an image's `detail`, a text's `annotations`."""
     out = msgspec.to_builtins(item)
     out.setdefault("type", "message")
+    out.setdefault("status", "completed")
     if item.type == "message" and isinstance(item.content, str):
         kind = "output_text" if item.role == "assistant" else "input_text"
         out["content"] = [{"type": kind, "text": item.content}]
+    for part in out.get("content") or []:
+        if part["type"] == "input_image":
+            part.setdefault("detail", "auto")
+        elif part["type"] == "output_text":
+            part.setdefault("annotations", [])
     prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(item.type, "item")
     out.setdefault("id", f"{prefix}_{uuid.uuid4().hex[:24]}")
     return out
@@ -187,6 +196,12 @@ def renamed(err: ApiError, old: str, new: str) -> ApiError:
     return err
 
 
-def stage_refusal(err: ApiError) -> ApiError:
-    """A stage's refusal (it names chat's fields) in this API's words."""
+def stage_refusal(err: ApiError, truncation: str | None = None) -> ApiError:
+    """A stage's refusal (it names chat's fields) in this API's words; one for a prompt past the context
+    is OpenAI's `context_length_exceeded` on `input`, saying what `truncation` can do."""
+    if CONTEXT_REFUSAL.search(err.message) is not None:
+        err.param, err.code = "input", "context_length_exceeded"
+        err.message += (" (truncation \"auto\": even its last item alone is past the context)" if truncation == "auto"
+                        else " (send truncation: \"auto\" to drop the conversation's oldest items to fit)")
+        return err
     return renamed(renamed(err, "response_format", "text.format"), "messages", "input")

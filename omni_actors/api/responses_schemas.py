@@ -132,9 +132,11 @@ class ResponseRequest(RequestStruct):
     metadata: Metadata | None = None
     user: Name | None = None
     include: Annotated[list[Includable], Meta(max_length=MAX_INCLUDES)] | None = None
-    # Accepted for client compatibility: this server has one tier and truncates nothing.
     service_tier: Name | None = None
-    truncation: Literal["disabled"] | None = None
+    """Accepted for client compatibility: this server has one tier."""
+    truncation: Literal["auto", "disabled"] | None = None
+    """"auto": an input past the model's context drops the conversation's oldest items (responses_truncation.py);
+    unset, null or "disabled": it is a 400."""
 
 
 # ---- answers ---------------------------------------------------------------------
@@ -166,6 +168,7 @@ OutputItem = MessageItem | FunctionCallItem
 
 class TokenDetails(Struct, frozen=True):
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class OutputTokenDetails(Struct, frozen=True):
@@ -212,6 +215,9 @@ class Response(Struct, kw_only=True):
     error: ResponseError | None = None
     user: str | None = None
     background: bool = False
+    truncation: Literal["auto", "disabled"] = "disabled"
+    completed_at: int | None = None
+    """When it completed (status `completed` only, as OpenAI sets it)."""
 
 
 class ResponseDeleted(Struct):

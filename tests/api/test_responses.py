@@ -19,6 +19,8 @@ from typing import Any
 
 import aiohttp
 import openai
+import openai.types.responses as sdk
+import pydantic
 import pytest
 from openai import AsyncOpenAI
 
@@ -28,6 +30,9 @@ from omni_actors.store import Store
 from tests.api.conftest import eventually, idle, make_deploy, serve_deploy
 
 KEY = "responses-test-key"
+PIXEL = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
+         "RU5ErkJggg==")
+"""A 1x1 PNG."""
 BACKGROUND_WAIT_S = 30.0
 """Longest a test waits for a background response to end."""
 POLL_S = 0.05
@@ -107,6 +112,34 @@ async def test_each_streamed_event_is_named_by_its_type(client: AsyncOpenAI) -> 
     for block in blocks:
         name, data = block.split("\n")
         assert name == f"event: {json.loads(data.removeprefix('data: '))['type']}", block
+
+
+async def test_answers_and_events_validate_as_the_sdks_own_types(client: AsyncOpenAI) -> None:
+    """Checked, not only built: the SDK constructs its models without validating them, so a field its types
+    require (usage.input_tokens_details.cache_write_tokens) could be missing unseen."""
+    made = await client.responses.with_raw_response.create(model="synthetic", input="a b", max_output_tokens=3)
+    answer = sdk.Response.model_validate(made.http_response.json())
+    assert answer.status == "completed" and answer.completed_at is not None and answer.completed_at >= answer.created_at
+    got = await client.responses.with_raw_response.retrieve(answer.id)
+    assert sdk.Response.model_validate(got.http_response.json()) == answer
+    mixed = await client.responses.create(model="synthetic", max_output_tokens=1, input=[
+        {"role": "assistant", "content": "yo"}, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "out"},
+        {"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_image", "image_url": PIXEL}]}])
+    listed = await client.responses.input_items.with_raw_response.list(mixed.id, order="asc")
+    kinds = (sdk.ResponseOutputMessage, sdk.ResponseFunctionToolCallItem, sdk.ResponseFunctionToolCallOutputItem,
+             sdk.ResponseInputMessageItem)  # (each item as its own type: the union's errors drown in its others)
+    for kind, item in zip(kinds, listed.http_response.json()["data"], strict=True):
+        kind.model_validate(item)  # (status, an image's detail, a text's annotations: required there)
+    events = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
+    async with aiohttp.ClientSession() as http:
+        for background in (False, True):
+            async with http.post(f"{client.base_url}responses", headers={"Authorization": f"Bearer {KEY}"}, json={
+                    "model": "synthetic", "input": "a b", "max_output_tokens": 2, "stream": True,
+                    "background": background}) as resp:
+                blocks = [b for b in (await resp.text()).split("\n\n") if b.strip()]
+            read = [events.validate_json(b.split("data: ", 1)[1]) for b in blocks]
+            assert read[-1].type == "response.completed" and read[-1].response.completed_at is not None, read[-1]
 
 
 async def test_stored_responses_continue_and_survive_a_restart(client: AsyncOpenAI, data: Path) -> None:
@@ -324,6 +357,7 @@ async def test_background_mistakes_are_400s_naming_the_field(client: AsyncOpenAI
     pytest.param({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools", id="tools-without-a-parser"),
     pytest.param({"input": "x", "max_output_tokens": 0}, "max_output_tokens", id="no-tokens"),
     pytest.param({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", id="unknown-field"),
+    pytest.param({"input": "x", "metadata": {"k" * 65: "v"}}, "metadata", id="metadata-key-too-long"),
 ])
 async def test_mistakes_are_400s_naming_the_field(client: AsyncOpenAI, fields: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as bad:

@@ -1,5 +1,6 @@
-"""Edges of the Responses API through the unmodified openai SDK: `include`, a response deleted by another
-server while it runs, chains across a restart, input item paging, and resuming a stream from any point.
+"""Edges of the Responses API through the unmodified openai SDK: `include`, `truncation`, a response cancelled
+or deleted by another server while it runs, chains across a restart, input item paging, and resuming a
+stream from any point.
 
 Same servers as tests/api/test_responses.py (the synthetic pipeline; its text stage repeats the last
 message's words, one per token).
@@ -15,10 +16,11 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from omni_actors.api.responses_truncation import fits_after, without
 from tests.api.test_responses import _read, serve_slow, serve_with_store
 
 RUNNING_TOKENS = 1000
-"""A background answer still running (5 s at the slow stage's step) when another server deletes it."""
+"""A background answer still running (5 s at the slow stage's step) when another server cancels or deletes it."""
 READ_FIRST = 4
 """Events a reader takes before the other server acts (past `response.in_progress`)."""
 
@@ -37,16 +39,20 @@ async def client(data: Path) -> AsyncIterator[AsyncOpenAI]:
 async def test_include_is_accepted_and_what_cannot_be_included_is_a_400_naming_it(client: AsyncOpenAI) -> None:
     got = await client.responses.create(model="synthetic", input="a b", max_output_tokens=2,
                                         include=["message.input_image.image_url", "reasoning.encrypted_content"])
-    assert got.output_text == "a b"
+    assert got.output_text == "a b" and got.truncation == "disabled"
+    fitted = await client.responses.create(model="synthetic", input="a b", max_output_tokens=2, truncation="auto")
+    assert (fitted.output_text, fitted.truncation) == ("a b", "auto")  # fits: run as given, the setting said
+    assert (await client.responses.retrieve(fitted.id)).truncation == "auto"
     for include, code in ((["message.output_text.logprobs"], "unsupported_value"), (["bogus"], "invalid_value")):
         with pytest.raises(openai.BadRequestError) as bad:
             await client.responses.create(model="synthetic", input="x", include=include)
         assert (bad.value.body["param"], bad.value.body["code"]) == ("include[0]", code), bad.value.body
 
 
-async def test_a_background_response_deleted_by_another_server_stays_deleted(data: Path) -> None:
-    """Its end, written by the server still making it, does not bring the row back (nor would it after a
-    delete on its own server that outwaited the cancel)."""
+async def test_a_background_response_cancelled_or_deleted_by_another_server_stops_there(data: Path) -> None:
+    """A cancel reaching a server that does not run the response marks it cancelled (not failed, nor a 400
+    saying an in-progress one cannot be cancelled) and the server making it stops; a delete stops it too,
+    and its end does not bring the row back."""
     async with serve_slow(data) as maker, serve_with_store(data) as other:
         stream = await maker.responses.create(model="synthetic", input="a b", max_output_tokens=RUNNING_TOKENS,
                                               background=True, stream=True)
@@ -54,9 +60,24 @@ async def test_a_background_response_deleted_by_another_server_stays_deleted(dat
             events = stream.__aiter__()
             head = [await events.__anext__() for _ in range(READ_FIRST)]
             rid = head[0].response.id
+            cancelled = await other.responses.cancel(rid)
+            assert (cancelled.id, cancelled.status, cancelled.error) == (rid, "cancelled", None)
+            rest = [e async for e in events]  # the maker stops
+        assert rest[-1].type == "response.failed" and rest[-1].response.status == "cancelled", rest[-1]
+        said = [e for e in head + rest if e.type == "response.output_text.delta"]
+        assert len(said) < RUNNING_TOKENS
+        for client in (maker, other):
+            assert (await client.responses.retrieve(rid)).status == "cancelled"
+            assert (await client.responses.cancel(rid)).status == "cancelled"  # again: the same
+        stream = await maker.responses.create(model="synthetic", input="a b", max_output_tokens=RUNNING_TOKENS,
+                                              background=True, stream=True)
+        async with stream:
+            events = stream.__aiter__()
+            head = [await events.__anext__() for _ in range(READ_FIRST)]
+            rid = head[0].response.id
             await other.responses.delete(rid)
-            rest = [e async for e in events]  # the maker goes on to the end
-        assert rest[-1].type in ("response.completed", "response.incomplete")
+            rest = [e async for e in events]
+        assert rest[-1].type == "response.failed" and rest[-1].response.status == "cancelled", rest[-1]
         for client in (maker, other):
             with pytest.raises(openai.NotFoundError):
                 await client.responses.retrieve(rid)
@@ -115,3 +136,32 @@ async def test_a_finished_stream_resumes_after_any_event_and_past_its_end_reads_
         with pytest.raises(openai.BadRequestError) as late:  # ended: nothing left to cancel
             await client.responses.cancel(rid)
         assert late.value.body["code"] == "invalid_state", late.value.body
+
+
+VLLM_PAST = ("This model's maximum context length is 512 tokens. However, your prompt contains at least 513 input "
+             "tokens, which exceeds this limit even without any output tokens.")
+
+
+def test_truncation_drops_from_the_start_keeping_the_instructions_and_the_last_item() -> None:
+    """`truncation: "auto"`'s choice of what goes (the run against a real context: test_tools_llm.py): the
+    drops double when the refusal's numbers are only a bound, a tool result never loses its call alone,
+    and once the last item is all that is left there is nothing more to drop."""
+    messages = [{"role": "system", "content": "Be brief."},
+                *({"role": "user", "content": "x" * 100} for _ in range(20))]
+    tries, start = [], 1
+    while (start := fits_after(messages, start, 1, VLLM_PAST)) is not None:
+        tries.append(start)
+    assert tries[-1] == 20 and len(tries) <= 5 and tries == sorted(set(tries)), tries
+    assert without({"messages": messages}, 1, tries[-1])["messages"] == [messages[0], messages[-1]]
+    half = fits_after(messages, 1, 1, VLLM_PAST.replace("at least 513", "1024"))
+    assert half is not None and 10 <= half <= 14, half  # about half the conversation goes at once
+    called = [{"role": "user", "content": "x" * 400},
+              {"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]},
+              {"role": "tool", "content": "found", "tool_call_id": "c"}, {"role": "user", "content": "next"}]
+    assert fits_after(called, 1, 0, "maximum context length") == 3  # (the result goes with its call)
+    inputs = {"messages": [{"role": "user", "content": [{"type": "image", "array": "image_1"}]},
+                           {"role": "user", "content": [{"type": "input_audio", "array": "audio_1"}]},
+                           {"role": "user", "content": [{"type": "image", "array": "image"}]}],
+              "image_1": b"a", "audio_1": b"b", "image": b"c", "tools": []}
+    kept = without(inputs, 0, 2)
+    assert (sorted(kept), kept["messages"]) == (["image", "messages", "tools"], inputs["messages"][2:])

@@ -209,6 +209,33 @@ async def test_a_prompt_past_the_context_is_a_400_naming_messages(srv: Server) -
     assert err.value.body["param"] == "input", err.value.body
 
 
+async def test_truncation_auto_drops_the_oldest_items_to_fit_the_context(srv: Server) -> None:
+    """Responses' `truncation: "auto"` (OpenAI's reading): an input past the context (512; this tiny model's
+    "word " is 5 tokens) loses items from the start of its conversation, the previous_response_id chain's
+    included, never the instructions, and is answered; unset or "disabled" it stays vLLM's 400."""
+    client = srv.client()
+    first = await client.responses.create(model="llm", input="word " * 60, max_output_tokens=2, temperature=0.0)
+    turn = [{"role": "user", "content": "word " * 60}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "Hello there."}]  # each turn fits; the two together do not
+    asked = {"model": "llm", "input": turn, "previous_response_id": first.id, "max_output_tokens": 2,
+             "temperature": 0.0, "instructions": "Be brief."}
+    for truncation in ({}, {"truncation": "disabled"}):  # OpenAI's code, and the way out
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.responses.create(**asked, **truncation)
+        assert (err.value.body["param"], err.value.body["code"]) == ("input", "context_length_exceeded"), err.value
+        assert 'truncation: "auto"' in err.value.body["message"], err.value.body
+    fitted = await client.responses.create(**asked, truncation="auto")
+    alone = await client.responses.create(**{**asked, "input": turn[1:], "previous_response_id": None})
+    assert fitted.truncation == "auto" and fitted.status in ("completed", "incomplete"), fitted
+    assert alone.usage.input_tokens < fitted.usage.input_tokens < 512  # this turn whole, the first one gone
+    streamed = [e async for e in await client.responses.create(**asked, truncation="auto", stream=True)]
+    assert streamed[-1].type in ("response.completed", "response.incomplete"), streamed[-1]
+    assert streamed[-1].response.usage.input_tokens == fitted.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as err:  # the last item alone is past it: nothing left to drop
+        await client.responses.create(model="llm", input="word " * 200, max_output_tokens=2, truncation="auto")
+    assert (err.value.body["param"], err.value.body["code"]) == ("input", "context_length_exceeded"), err.value
+
+
 async def test_a_forced_call_cut_by_max_tokens_is_a_call_as_far_as_it_came(srv: Server) -> None:
     """As OpenAI answers it: the call's name, its arguments as far as they came, finish_reason length
     (never the guided JSON as text; this tiny model's tokens are a character or two: 40 pass the name)."""
