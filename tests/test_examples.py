@@ -201,6 +201,7 @@ async def test_readme_synthetic_example(tmp_path: Path) -> None:
     assert proc.returncode == 0
 
 
+@pytest.mark.slow  # (default-suite budget: the slow run, `-m slow`, keeps it)
 def test_a_max_model_len_past_the_models_positions_is_one_line_and_exit_2(
         tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
     """examples/llm.yaml as shipped asks for 4096 positions; the tiny llama has 1024. vLLM's own refusal

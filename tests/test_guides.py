@@ -307,7 +307,13 @@ def test_guide_page_runs(
     run_page(page, tmp_path, tiny_model, vllm_cache, slow=False)
 
 
-@pytest.mark.parametrize("page", REFERENCE, ids=lambda p: p.name)
+SLOW_REFERENCE = {"media.md", "media-video.md"}
+"""Reference pages run in the slow run only (default-suite budget: their routes have their own tests)."""
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_REFERENCE else p for p in REFERENCE
+], ids=lambda p: p.name)
 def test_reference_page_runs(
     page: Path, tmp_path: Path, tiny_model: Callable[[str], Path], vllm_cache: Path
 ) -> None:

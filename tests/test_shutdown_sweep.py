@@ -75,7 +75,7 @@ def runs(tmp_path: Path) -> Iterator[list[OmniRun]]:
 
 SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
 SIGNALS_ONE_FAST = [SIGNALS[0], pytest.param(signal.SIGTERM, id="SIGTERM", marks=pytest.mark.slow)]
-"""For a case of ~22 s: SIGTERM takes the same shutdown path as SIGINT (the other cases run both)."""
+"""SIGTERM takes the same shutdown path as SIGINT: the default suite runs SIGINT, the slow run both."""
 
 
 # ---- the cases ----------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def test_ctrl_c_at_a_terminal_while_workers_start(tmp_path: Path, runs: list[Omn
     run.assert_clean()
 
 
-@pytest.mark.parametrize("sig", SIGNALS)
+@pytest.mark.parametrize("sig", SIGNALS_ONE_FAST)
 def test_signal_while_idle(tmp_path: Path, runs: list[OmniRun], sig: signal.Signals) -> None:
     run = OmniRun(tmp_path, STAGES)
     runs.append(run)
@@ -114,7 +114,7 @@ def test_signal_while_idle(tmp_path: Path, runs: list[OmniRun], sig: signal.Sign
     run.assert_clean()
 
 
-@pytest.mark.parametrize("sig", SIGNALS)
+@pytest.mark.parametrize("sig", SIGNALS_ONE_FAST)
 def test_signal_during_a_stream_drains_it(tmp_path: Path, runs: list[OmniRun], sig: signal.Signals) -> None:
     run = OmniRun(tmp_path, STAGES)
     runs.append(run)
@@ -128,7 +128,7 @@ def test_signal_during_a_stream_drains_it(tmp_path: Path, runs: list[OmniRun], s
     run.assert_clean()
 
 
-@pytest.mark.parametrize("sig", SIGNALS)
+@pytest.mark.parametrize("sig", SIGNALS_ONE_FAST)
 def test_second_signal_hurries_the_drain(tmp_path: Path, runs: list[OmniRun], sig: signal.Signals) -> None:
     run = OmniRun(tmp_path, STAGES)
     runs.append(run)

@@ -164,6 +164,7 @@ async def test_schemathesis_finds_no_server_error_and_no_failed_check(srv: Serve
     assert not failures, "\n\n".join(failures[:5])
 
 
+@pytest.mark.slow  # (default-suite budget: the slow run, `-m slow`, keeps it)
 async def test_schemathesis_on_the_upload_route() -> None:
     async with serve("synthetic_asr") as srv:
         statuses, failures = await asyncio.to_thread(fuzz, srv.url, srv.key)

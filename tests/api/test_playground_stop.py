@@ -285,6 +285,7 @@ def _is_create(response) -> bool:
     return response.request.method == "POST" and response.url.endswith("/v1/videos")
 
 
+@pytest.mark.slow  # (default-suite budget: the slow run, `-m slow`, keeps it)
 async def test_video_stop_deletes_the_job_on_the_server(wan, tmp_path) -> None:
     import openai
 

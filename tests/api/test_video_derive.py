@@ -210,6 +210,7 @@ def test_an_unknown_source_is_404_an_unfinished_one_409_and_a_deleted_extension_
     assert any(i2v.data.rglob(f"{source}.mp4"))  # the source's own file is untouched
 
 
+@pytest.mark.slow  # (default-suite budget: the slow run, `-m slow`, keeps it)
 def test_a_restarted_server_fails_a_lost_extension_and_keeps_no_copy_of_its_source(i2v, tmp_path):
     client = i2v.client
     source = make_source(i2v)

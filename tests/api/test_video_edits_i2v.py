@@ -57,7 +57,8 @@ DIFFERENT_MIN = 5.0
 GREY, WHITE = 128, 255
 
 
-@pytest.fixture(scope="module", params=["wan2_2_i2v", "wan2_2_i2v-a14b"])
+@pytest.fixture(scope="module", params=[  # (default-suite budget: A14B, two experts, in the slow run)
+    "wan2_2_i2v", pytest.param("wan2_2_i2v-a14b", marks=pytest.mark.slow)])
 def i2v(request, tmp_path_factory):
     yield from serve_tiny(tmp_path_factory.mktemp(request.param), request.param)
 

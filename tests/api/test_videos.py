@@ -304,6 +304,7 @@ def test_a_restarted_server_keeps_finished_jobs_and_fails_lost_ones(wan, tmp_pat
                           _frames(client, kept.id, tmp_path / "kept-again.mp4"))
 
 
+@pytest.mark.slow  # (default-suite budget; test_video_edits_i2v covers a first frame by input_reference)
 def test_image_to_video_takes_a_first_frame(tmp_path):
     from PIL import Image
 
@@ -340,6 +341,7 @@ def test_image_to_video_takes_a_first_frame(tmp_path):
         run.stop()
 
 
+@pytest.mark.slow  # (default-suite budget; test_video_edits_ltx2 covers the track)
 def test_ltx2_videos_carry_their_audio_track(tmp_path):
     model = make_tiny("ltx2", tmp_path / "tiny-ltx2", seed=0)
     run = ModelRun(tmp_path, model, tmp_path / "data")

@@ -96,6 +96,7 @@ def test_asr_long_form(asr):
     assert score <= ASR_MAX_WER, text
 
 
+@pytest.mark.slow  # (default-suite budget: the slow run, `-m slow`, keeps it)
 def test_tts_intelligibility(assistant_dir, asr):
     """Ten sentences through tts and (chunk-streamed) vocoder, transcribed back by the asr."""
     tts = PiperAcousticEngine(engine_ctx(assistant_dir, "tts"))

@@ -137,7 +137,7 @@ def test_compiled_passes_in_cuda_graphs_draw_the_transformers_codes(tiny_model, 
 
 
 @pytest.mark.parametrize(("more", "sizes"), [
-    ({}, [4]),
+    pytest.param({}, [4], marks=pytest.mark.slow),  # (50 s of CPU compile; on CUDA the gpu test covers it)
     pytest.param({"depth_min_bucket": 2}, [2, 4], marks=pytest.mark.slow),  # (26 s of CPU compile; the same code path)
 ])
 def test_compiled_passes_compile_once_for_every_batch_and_draw_the_transformers_codes(tiny_model, more, sizes):
