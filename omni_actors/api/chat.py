@@ -23,6 +23,11 @@ reports, else one completion token per text delta.
 seed + i); choices are indexed in the answer and interleaved as they come when
 streamed, each with its own finish chunk; usage counts the prompt once. Any
 choice's error ends the whole answer and aborts the others.
+
+Fields client libraries send for features no model here has (chat_schemas.py lists them): accepted with
+no effect where OpenAI's models without the feature take them (`prompt_cache_key`, `safety_identifier`,
+`service_tier`, answered "default", `prediction`), a 400 naming the field where ignoring it would mislead
+(`check_unserved`: a reasoning effort, a verbosity but "medium", log-probabilities; `web_search_options`).
 """
 
 from __future__ import annotations
@@ -127,6 +132,9 @@ class Tally:
     one_call: bool = False
     """`parallel_tool_calls: false` (params["one_tool_call"]): the answer keeps its first call only,
     whole and streamed, however many the parser read (OpenAI makes at most one)."""
+    most_calls: int | None = None
+    """The Responses API's `max_tool_calls`: the answer keeps its first this many calls, whole and streamed
+    (OpenAI ignores any call past it)."""
     parts: tuple[ToolCallPart, ...] = ()
     """The pieces of calls in the last delta added (the first call's only, with `one_call`)."""
     read: StreamedCalls = field(default_factory=StreamedCalls)
@@ -135,14 +143,21 @@ class Tally:
     """With tools offered: the text the parser read as no call."""
 
     @classmethod
-    def of(cls, params: dict[str, Any]) -> Tally:
-        """A tally for an answer to a pipeline call with these params."""
-        return cls(forced=bool(params.get("tool_calls_forced")), one_call=bool(params.get("one_tool_call")))
+    def of(cls, params: dict[str, Any], most_calls: int | None = None) -> Tally:
+        """A tally for an answer to a pipeline call with these params (and `max_tool_calls`)."""
+        return cls(forced=bool(params.get("tool_calls_forced")), one_call=bool(params.get("one_tool_call")),
+                   most_calls=most_calls)
+
+    @property
+    def cap(self) -> int | None:
+        """Most calls the answer keeps (None: all)."""
+        return 1 if self.one_call else self.most_calls
 
     def add_text(self, out: TextOutput) -> str:
         if not self.forced:
             self.text.append(out.text)
-        self.parts = tuple(p for p in out.tool_parts if p.index == 0) if self.one_call else out.tool_parts
+        cap = self.cap
+        self.parts = out.tool_parts if cap is None else tuple(p for p in out.tool_parts if p.index < cap)
         self.read.add(self.parts)
         self.shown.append(out.shown)
         self.completion_tokens += out.tokens
@@ -151,7 +166,7 @@ class Tally:
         if out.finish_reason == "length":
             self.finish_reason = "length"
         if out.tool_calls:  # (the answer's last delta; see api/tools.py)
-            self.tool_calls = out.tool_calls[:1] if self.one_call else out.tool_calls
+            self.tool_calls = out.tool_calls if cap is None else out.tool_calls[:cap]
             self.tool_content = out.content
             self.finish_reason = "length" if out.finish_reason == "length" else "tool_calls"  # (a call cut short)
         elif out.finish_reason == "length" and self.read.calls:
@@ -183,6 +198,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if req.logprobs:
         raise bad_request("logprobs are not returned by this server; leave `logprobs` out or false", "logprobs",
                           "unsupported_parameter")
+    check_unserved(req.reasoning_effort, req.verbosity, req.top_logprobs)
+    if req.web_search_options is not None:
+        raise bad_request("web search is not served by this server; leave `web_search_options` out",
+                          "web_search_options", "unsupported_parameter")
     modalities = list(dict.fromkeys(req.modalities or ["text"]))
     orch, model = route_model(request, req.model, set(modalities), outputs_param="modalities")
     if (refusal := tools_refusal(orch.pipeline, req.tools, req.tool_choice, can_force=True)) is not None:
@@ -214,6 +233,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await _stream(request, calls, cid, model, audio_format if want_audio else None,
                                  include_usage, hold_text=tools is not None)
         return await _complete(calls, cid, model, audio_format if want_audio else None)
+
+
+def check_unserved(effort: str | None, verbosity: str | None, top_logprobs: int | None,
+                   names: tuple[str, str, str] = ("reasoning_effort", "verbosity", "top_logprobs")) -> None:
+    """A 400 naming a field (`names`: effort, verbosity, top_logprobs) that asks for what no model here does,
+    where ignoring it would mislead: a reasoning effort (none of them reasons before it answers), a verbosity
+    but "medium", log-probabilities. OpenAI refuses the same for its models without the feature."""
+    if effort not in (None, "none"):
+        raise bad_request(f"`{names[0]}` is not supported with this model: it does not reason before it answers; "
+                          'leave it out, null or "none"', names[0], "unsupported_parameter")
+    if verbosity not in (None, "medium"):
+        raise bad_request(f"`{names[1]}` does not support {verbosity!r} with this model; supported values are: "
+                          '"medium"', names[1], "unsupported_value")
+    if top_logprobs:
+        raise bad_request(f"logprobs are not returned by this server; leave `{names[2]}` out or 0", names[2],
+                          "unsupported_parameter")
 
 
 def choice_params(params: dict[str, Any], index: int) -> dict[str, Any]:

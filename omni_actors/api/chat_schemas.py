@@ -16,6 +16,7 @@ from omni_actors.api.schemas import (
     MAX_STOP,
     MAX_TOOLS,
     FunctionName,
+    Instructions,
     Metadata,
     Name,
     Penalty,
@@ -29,6 +30,18 @@ from omni_actors.api.schemas import (
 
 StopSequence = Annotated[str, Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 """A stop sequence: an empty one would end every answer before it began (vLLM refuses it)."""
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's most `top_logprobs`."""
+MAX_PREDICTION_PARTS = 64
+"""Most text parts a `prediction` may carry."""
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+"""OpenAI's reasoning efforts. Only "none" (or null) is served: no model here reasons before it answers,
+and OpenAI refuses an effort for its models that do not reason (`check_unserved`)."""
+Verbosity = Literal["low", "medium", "high"]
+"""Only "medium" is served, OpenAI's only value for its models without the control (`check_unserved`)."""
+CacheRetention = Literal["in_memory", "24h"]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+"""Only 0 is served: no stage here returns log-probabilities."""
 
 
 class TextPart(RequestStruct, tag_field="type", tag="text"):
@@ -144,6 +157,32 @@ class ResponseFormat(RequestStruct):
 
 
 
+class Prediction(RequestStruct):
+    """Predicted output: a speed hint for models that draft from it; the answer is the same without it."""
+
+    type: Literal["content"]
+    content: Instructions | Annotated[list[TextPart], Meta(max_length=MAX_PREDICTION_PARTS)]
+
+
+class ApproximateLocation(RequestStruct):
+    city: Name | None = None
+    country: Name | None = None
+    region: Name | None = None
+    timezone: Name | None = None
+
+
+class UserLocation(RequestStruct):
+    type: Literal["approximate"]
+    approximate: ApproximateLocation
+
+
+class WebSearchOptions(RequestStruct):
+    """Read so that a well-formed one gets the 400 saying web search is not served (`check_unserved`)."""
+
+    search_context_size: Literal["low", "medium", "high"] | None = None
+    user_location: UserLocation | None = None
+
+
 class FunctionDef(RequestStruct):
     name: FunctionName
     description: str | None = None
@@ -187,6 +226,17 @@ class ChatCompletionRequest(RequestStruct):
     service_tier: Name | None = None
     logprobs: bool | None = None
     """Only false: log-probabilities are not returned (true is a 400 naming the field)."""
+    top_logprobs: TopLogprobs | None = None
+    # Accepted with no effect, as OpenAI reads them for a model without the feature: no prompt cache is
+    # kept per key or for a time (vLLM's prefix cache works unasked), no per-user policy, a speed hint.
+    prompt_cache_key: Name | None = None
+    prompt_cache_retention: CacheRetention | None = None
+    safety_identifier: Name | None = None
+    prediction: Prediction | None = None
+    # Served only at the value that asks for nothing this server lacks; else a 400 naming the field.
+    reasoning_effort: ReasoningEffort | None = None
+    verbosity: Verbosity | None = None
+    web_search_options: WebSearchOptions | None = None
 
 
 class ChatAudio(Struct):
@@ -234,6 +284,8 @@ class ChatCompletion(Struct):
     choices: list[Choice]
     usage: Usage
     object: Literal["chat.completion"] = "chat.completion"
+    service_tier: Literal["default"] = "default"
+    """The tier that served it, as OpenAI says it: this server has one."""
 
 
 class DeltaAudio(Struct, omit_defaults=True):

@@ -24,6 +24,7 @@ from omni_actors.api.image_edits import TEXT_FIELDS as IMAGE_EDIT_FIELDS
 from omni_actors.api.image_files import CONTENT_TYPES as IMAGE_TYPES
 from omni_actors.api.image_files import ROUTE as IMAGE_FILE_ROUTE
 from omni_actors.api.responses import MAX_PAGE as RESPONSES_PAGE
+from omni_actors.api.responses import NOT_SERVED
 from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
 from omni_actors.api.status import ServerStatus
 from omni_actors.api.video_derive import EDIT_FIELDS, EXTEND_FIELDS
@@ -207,5 +208,7 @@ ROUTES = (
 
 UNDOCUMENTED = frozenset({
     ("get", "/v1/realtime"), ("get", "/v1/audio/speech/stream"), ("get", "/"), ("get", "/playground/{name}"),
+    *(("post", "/v1/responses" + path) for path in NOT_SERVED),
 })
-"""Routes the app registers that are not OpenAPI operations: WebSockets, and the playground's page."""
+"""Routes the app registers that are not OpenAPI operations: WebSockets, the playground's page, and OpenAI's
+routes this server registers only to say it does not serve them (a 404, responses.NOT_SERVED)."""

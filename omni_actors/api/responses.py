@@ -5,6 +5,7 @@
     DELETE /v1/responses/{id}
     GET    /v1/responses/{id}/input_items         its input items (?order=asc|desc, after, limit 1-100)
     POST   /v1/responses/{id}/cancel              stop a background response
+    POST   /v1/responses/input_tokens, /compact   a 404 saying they are not served (`NOT_SERVED`)
 
 `background: true` answers `queued` at once and runs the response as a task the client polls
 (api/responses_background.py); with `stream: true` too, the answer is the response's event stream,
@@ -27,7 +28,9 @@ continues that conversation (its instructions are not carried, as OpenAI does). 
 `response.created`, `response.in_progress`, the output items with their
 `response.output_text.delta` / `response.function_call_arguments.delta` events, then
 `response.completed` (or `response.incomplete`); no `[DONE]`. While tools are offered the text is
-held until the answer is read for calls, as chat does.
+held until the answer is read for calls, as chat does. `max_tool_calls` keeps the answer's first
+calls; the fields for features no model here has are read as chat reads them (`chat.check_unserved`;
+accepted ones are echoed as OpenAI echoes them: `service_tier` "default", `reasoning.effort` null).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from aiohttp import web
 from omni_actors.api import sse
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import PipelineCall, drop_none, route_model
-from omni_actors.api.chat import Tally
+from omni_actors.api.chat import Tally, check_unserved
 from omni_actors.api.chat_inputs import build_chat_inputs, file_ids
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
@@ -76,6 +79,7 @@ from omni_actors.api.responses_schemas import (
     OutputText,
     OutputTextDelta,
     OutputTextDone,
+    ReasoningEcho,
     Response,
     ResponseCompleted,
     ResponseCreated,
@@ -123,6 +127,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if req.background and not req.store:
         raise bad_request("background: a background response must be stored (store: true)", "background")
     check_include(req)
+    check_unserved(req.reasoning.effort if req.reasoning else None, req.text.verbosity if req.text else None,
+                   req.top_logprobs, ("reasoning.effort", "text.verbosity", "top_logprobs"))
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
     orch, model = route_model(request, req.model, {"text"})
     earlier: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
@@ -147,7 +155,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}',
                           "tool_choice")
     try:
-        guided = guided_params(orch.pipeline, response_format(req), tools, choice, req.parallel_tool_calls)
+        guided = guided_params(orch.pipeline, response_format(req), tools, choice,
+                               False if req.max_tool_calls == 1 else req.parallel_tool_calls)
     except ApiError as err:
         raise renamed(renamed(err, "response_format", "text.format"), "tool_choice.function", "tool_choice")
     try:
@@ -171,11 +180,14 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         top_p=req.top_p, tools=req.tools or [], tool_choice=req.tool_choice or "auto",
         parallel_tool_calls=req.parallel_tool_calls is not False, previous_response_id=req.previous_response_id,
         store=req.store, metadata=dict(req.metadata or {}), user=req.user, truncation=req.truncation or "disabled",
-        text={"format": msgspec.to_builtins(req.text.format)} if req.text and req.text.format else {
-            "format": {"type": "text"}})
+        text={"format": msgspec.to_builtins(req.text.format) if req.text and req.text.format else {"type": "text"},
+              "verbosity": "medium"},
+        reasoning=ReasoningEcho(summary=req.reasoning.summary) if req.reasoning else ReasoningEcho(),
+        top_logprobs=req.top_logprobs or 0, max_tool_calls=req.max_tool_calls, prompt_cache_key=req.prompt_cache_key,
+        prompt_cache_retention=req.prompt_cache_retention, safety_identifier=req.safety_identifier)
     answer = _Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
                      turn.items if req.store else None, _store(request))
-    answer.tally = Tally.of(params)
+    answer.tally = Tally.of(params, req.max_tool_calls)
     # "auto": refused for its context, the call goes again without the oldest items (never the instructions)
     keep = len(turn.messages) - len(turn.conversation) if req.truncation == "auto" else None
     if req.background:
@@ -462,6 +474,21 @@ async def list_input_items(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
+NOT_SERVED = {
+    "/input_tokens": "counting input tokens apart from a response is not served by this server; a response's "
+                     "`usage.input_tokens` counts its input",
+    "/compact": "compacting a conversation is not served by this server; `truncation: \"auto\"` drops its "
+                "oldest items when it outgrows the model's context",
+}
+"""OpenAI's routes under /v1/responses that this server does not serve: a 404 saying so, not the 405 of
+`/v1/responses/{id}`, whose path they match."""
+
+
+async def not_served(request: web.Request) -> web.Response:
+    raise ApiError(404, f"POST {request.path}: {NOT_SERVED[request.path.removeprefix(ROUTE)]}", None,
+                   "unsupported_endpoint")
+
+
 def add_routes(app: web.Application) -> None:
     """Every Responses API route (one line in app.py)."""
     running = app[BACKGROUND_KEY] = Background()
@@ -475,4 +502,6 @@ def add_routes(app: web.Application) -> None:
     r.add_get(ROUTE + "/{response_id}", get_response)
     r.add_delete(ROUTE + "/{response_id}", delete_response)
     r.add_post(ROUTE + "/{response_id}/cancel", cancel_response)
+    for path in NOT_SERVED:
+        r.add_post(ROUTE + path, not_served)
     r.add_get(ROUTE + "/{response_id}/input_items", list_input_items)

@@ -14,7 +14,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from omni_actors.api.chat_schemas import InputAudio
+from omni_actors.api.chat_schemas import (
+    CacheRetention,
+    InputAudio,
+    ReasoningEffort,
+    TopLogprobs,
+    Verbosity,
+)
 from omni_actors.api.schemas import (
     MAX_TOOLS,
     FunctionName,
@@ -111,6 +117,27 @@ class TextFormat(RequestStruct):
 
 class TextOptions(RequestStruct):
     format: TextFormat | None = None
+    verbosity: Verbosity | None = None
+    """Only "medium" (chat.check_unserved)."""
+
+
+Summary = Literal["auto", "concise", "detailed"]
+
+
+class ReasoningOptions(RequestStruct):
+    """Only effort "none" (or null) is served (chat.check_unserved); a summary of no reasoning is none, as
+    OpenAI gives at effort "none", so `summary` is accepted."""
+
+    effort: ReasoningEffort | None = None
+    summary: Summary | None = None
+    generate_summary: Summary | None = None
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: Name | None = None
+
+
+class StreamOptions(RequestStruct):
+    include_obfuscation: bool | None = None
+    """Accepted; events are never padded."""
 
 
 class ResponseRequest(RequestStruct):
@@ -137,6 +164,17 @@ class ResponseRequest(RequestStruct):
     truncation: Literal["auto", "disabled"] | None = None
     """"auto": an input past the model's context drops the conversation's oldest items (responses_truncation.py);
     unset, null or "disabled": it is a 400."""
+    max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
+    """The most function calls the answer keeps (its first ones; chat.Tally)."""
+    reasoning: ReasoningOptions | None = None
+    top_logprobs: TopLogprobs | None = None
+    """Only 0 (chat.check_unserved)."""
+    stream_options: StreamOptions | None = None
+    """Only with `stream: true`."""
+    # Accepted with no effect, as OpenAI reads them for a model without the feature (chat_schemas.py), and echoed.
+    prompt_cache_key: Name | None = None
+    prompt_cache_retention: CacheRetention | None = None
+    safety_identifier: Name | None = None
 
 
 # ---- answers ---------------------------------------------------------------------
@@ -192,6 +230,13 @@ class ResponseError(Struct):
     message: str
 
 
+class ReasoningEcho(Struct, frozen=True):
+    """A response's `reasoning`: what OpenAI shows for a model that does not reason."""
+
+    effort: str | None = None
+    summary: str | None = None
+
+
 class Response(Struct, kw_only=True):
     id: str
     object: Literal["response"] = "response"
@@ -218,6 +263,14 @@ class Response(Struct, kw_only=True):
     truncation: Literal["auto", "disabled"] = "disabled"
     completed_at: int | None = None
     """When it completed (status `completed` only, as OpenAI sets it)."""
+    service_tier: Literal["default"] = "default"
+    """The tier that served it, as OpenAI says it: this server has one."""
+    reasoning: ReasoningEcho = ReasoningEcho()
+    top_logprobs: int = 0
+    max_tool_calls: int | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
 
 
 class ResponseDeleted(Struct):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import openai
 import pytest
 
 from tests.api.conftest import Server, post, serve
@@ -89,3 +90,25 @@ async def test_an_empty_stop_sequence_is_a_400_naming_stop(srv: Server, stop: st
     status, body = await post(srv, "/v1/chat/completions", {"model": "synthetic", "messages": [USER], "stop": stop})
     assert status == 400 and body["error"]["param"].startswith("stop"), body
 
+
+
+async def test_fields_client_libraries_send_are_served_accepted_or_refused_by_name(srv: Server) -> None:
+    """What the Agents SDK, LangChain and LiteLLM send: accepted with no effect where OpenAI's models without the
+    feature take it (the tier echoed as OpenAI says it), a 400 naming the field where ignoring would mislead."""
+    client = srv.client()
+    got = await client.chat.completions.create(
+        model="synthetic", messages=[USER], max_tokens=2, prompt_cache_key="conv-1", prompt_cache_retention="24h",
+        safety_identifier="user-1", service_tier="auto", user="u", store=False, metadata={"a": "b"},
+        reasoning_effort="none", verbosity="medium", logprobs=False, top_logprobs=0,
+        prediction={"type": "content", "content": "red green"})
+    assert (got.choices[0].message.content, got.service_tier) == ("red green", "default")
+    for fields, param, code in (
+            ({"reasoning_effort": "high"}, "reasoning_effort", "unsupported_parameter"),
+            ({"verbosity": "low"}, "verbosity", "unsupported_value"),
+            ({"top_logprobs": 3, "logprobs": False}, "top_logprobs", "unsupported_parameter"),
+            ({"web_search_options": {"search_context_size": "low"}}, "web_search_options", "unsupported_parameter"),
+            ({"prompt_cache_key": "k" * 257}, "prompt_cache_key", None),
+    ):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.chat.completions.create(model="synthetic", messages=[USER], max_tokens=2, **fields)
+        assert bad.value.body["param"] == param and (code is None or bad.value.body["code"] == code), bad.value.body

@@ -356,7 +356,8 @@ async def test_background_mistakes_are_400s_naming_the_field(client: AsyncOpenAI
     pytest.param({"input": "x", "tool_choice": "required"}, "tool_choice", id="forced-call-without-guided-decoding"),
     pytest.param({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools", id="tools-without-a-parser"),
     pytest.param({"input": "x", "max_output_tokens": 0}, "max_output_tokens", id="no-tokens"),
-    pytest.param({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", id="unknown-field"),
+    pytest.param({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort", id="reasoning-effort"),
+    pytest.param({"input": "x", "reasoning": {"effort": "none", "budget": 9}}, "reasoning.budget", id="unknown-field"),
     pytest.param({"input": "x", "metadata": {"k" * 65: "v"}}, "metadata", id="metadata-key-too-long"),
 ])
 async def test_mistakes_are_400s_naming_the_field(client: AsyncOpenAI, fields: dict[str, Any], param: str) -> None:

@@ -16,7 +16,9 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from omni_actors.api.chat import Tally
 from omni_actors.api.responses_truncation import fits_after, without
+from omni_actors.orchestrator.outputs import TextOutput, ToolCallOutput, ToolCallPart
 from tests.api.test_responses import _read, serve_slow, serve_with_store
 
 RUNNING_TOKENS = 1000
@@ -165,3 +167,49 @@ def test_truncation_drops_from_the_start_keeping_the_instructions_and_the_last_i
               "image_1": b"a", "audio_1": b"b", "image": b"c", "tools": []}
     kept = without(inputs, 0, 2)
     assert (sorted(kept), kept["messages"]) == (["image", "messages", "tools"], inputs["messages"][2:])
+
+
+async def test_fields_client_libraries_send_are_served_echoed_or_refused_by_name(client: AsyncOpenAI) -> None:
+    """The Agents SDK's, LangChain's and LiteLLM's fields: accepted and echoed as OpenAI echoes them for a model
+    without the feature, a 400 naming the field where ignoring it would mislead."""
+    sent: dict[str, Any] = {"prompt_cache_key": "conv-1", "prompt_cache_retention": "in_memory",
+                            "safety_identifier": "user-1", "service_tier": "auto", "user": "u", "top_logprobs": 0,
+                            "max_tool_calls": 2, "reasoning": {"effort": "none", "summary": "auto"},
+                            "text": {"verbosity": "medium"}}
+    got = await client.responses.create(model="synthetic", input="a b", max_output_tokens=2, **sent)
+    assert got.output_text == "a b"
+    assert (got.service_tier, got.prompt_cache_key, got.prompt_cache_retention, got.safety_identifier,
+            got.max_tool_calls, got.top_logprobs) == ("default", "conv-1", "in_memory", "user-1", 2, 0)
+    assert (got.text.verbosity, got.reasoning.effort, got.reasoning.summary) == ("medium", None, "auto")
+    stream = await client.responses.create(model="synthetic", input="a b", max_output_tokens=2, stream=True,
+                                           stream_options={"include_obfuscation": False}, **sent)
+    assert (await _read(stream))[-1].response.output_text == "a b"
+    for fields, param, code in (
+            ({"reasoning": {"effort": "low"}}, "reasoning.effort", "unsupported_parameter"),
+            ({"text": {"verbosity": "high"}}, "text.verbosity", "unsupported_value"),
+            ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
+            ({"stream_options": {"include_obfuscation": True}}, "stream_options", None),
+            ({"safety_identifier": "s" * 257}, "safety_identifier", None),
+    ):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.responses.create(model="synthetic", input="x", **fields)
+        assert bad.value.body["param"] == param and (code is None or bad.value.body["code"] == code), bad.value.body
+
+
+async def test_token_counting_and_compaction_say_they_are_not_served(client: AsyncOpenAI) -> None:
+    """Their paths match /v1/responses/{id}: a 404 naming what is not served, not that route's 405."""
+    for call in (client.responses.input_tokens.count(model="synthetic", input="a b"),
+                 client.responses.compact(model="synthetic", input="a b")):
+        with pytest.raises(openai.NotFoundError) as missing:
+            await call
+        assert missing.value.body["code"] == "unsupported_endpoint" and "not served" in missing.value.body["message"]
+
+
+def test_max_tool_calls_keeps_the_first_calls_whole_and_streamed() -> None:
+    """`max_tool_calls` as the answer's tally reads it (the run with a tool-calling stage needs a GPU)."""
+    tally = Tally.of({}, most_calls=2)
+    calls = tuple(ToolCallOutput(f"call_{i}", "f", "{}") for i in range(3))
+    tally.add_text(TextOutput("", 1, "stop", tool_calls=calls, content=None,
+                              tool_parts=tuple(ToolCallPart(i, f"call_{i}", "f", "{}") for i in range(3))))
+    assert [c.id for c in tally.tool_calls] == ["call_0", "call_1"] and tally.finish_reason == "tool_calls"
+    assert [p.index for p in tally.parts] == [0, 1]
