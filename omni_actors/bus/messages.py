@@ -186,6 +186,13 @@ class FirstOutput(msgspec.Struct, tag=6, array_like=True, gc=False):
     active: bool
 
 
+class Aborted(msgspec.Struct, tag=7, array_like=True, gc=False):
+    """The answer to an Abort: every message sent before it for these requests has been handled
+    (read or dropped), so the shared memory their inputs came in may be reused or unlinked."""
+
+    request_ids: list[str]
+
+
 # ---- orchestrator -> worker -------------------------------------------------
 
 
@@ -245,7 +252,7 @@ class Batch(msgspec.Struct, tag=20, array_like=True, gc=False):
 
 
 Message = (
-    Ready | StartFailed | Heartbeat | StageOutput | Release | FirstOutput
+    Ready | StartFailed | Heartbeat | StageOutput | Release | FirstOutput | Aborted
     | AddRequest | Feed | Abort | FreeLeases | Shutdown | Hold | Batch
 )
 

@@ -47,7 +47,7 @@ from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, make_launc
 from omni_actors.orchestrator.mps import MpsDaemon
 from omni_actors.orchestrator.receive import ORCH_PRODUCER, ReceivePath
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream
-from omni_actors.orchestrator.runs import LeaseTable, Run
+from omni_actors.orchestrator.runs import AbortWaits, LeaseTable, Run
 from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
 from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
@@ -89,6 +89,7 @@ class Orchestrator(ReceivePath):
         )
         self.workers = self.supervisor.workers
         self.leases = LeaseTable()
+        self.abort_waits = AbortWaits()
         self.segments = SegmentCache(settings().shm_idle_s)
         self.arena = Arena(f"{self.run_prefix}-{ORCH_PRODUCER}", idle_s=settings().shm_idle_s)
         self._trimmer: asyncio.TimerHandle | None = None
@@ -273,7 +274,7 @@ class Orchestrator(ReceivePath):
             messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
             frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
             loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
-            leases_held=len(self.leases),
+            leases_held=len(self.leases) + len(self.abort_waits),
             arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
             stream_bytes_queued=sum(run.stream.queued_bytes for run in self.runs.values()),
             stream_bytes_peak=self._stream_peak_bytes, stream_overflows=self.counters["stream_overflows"],
@@ -382,16 +383,23 @@ class Orchestrator(ReceivePath):
             return
         if run.deadline:
             run.deadline.cancel()
+        waiters: set[tuple[bytes, str]] = set()
         for sid in run.plan:
             h = run.replicas[sid]
             if sid not in run.finished:
                 h.in_flight -= 1
                 if sid in run.started and not h.dead and error is not None:
                     self._send(run, sid, m.Abort([run.rid]))
+                    waiters.add((h.identity, run.rid))
             h.requests.discard(run.rid)
-        for key in list(run.leases):
+        keys = list(run.leases)
+        for key in keys:
             self.leases.drop(key)
-            self._free_lease(key)
+        if waiters and keys:  # an input sent before the Abort may be unread yet: freed on its answer
+            self.abort_waits.park(waiters, keys)
+        else:
+            for key in keys:
+                self._free_lease(key)
         run.leases.clear()
         run.buffers.clear()
         if error is not None:

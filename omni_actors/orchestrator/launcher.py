@@ -35,6 +35,7 @@ from omni_actors.config.deploy import DeployConfig
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.orchestrator import zygote
 from omni_actors.orchestrator.first_output import claims_first_outputs
+from omni_actors.orchestrator.worker_stderr import WorkerStderr
 from omni_actors.settings import settings
 from omni_actors.workers.spec import WorkerSpec, identity_of
 
@@ -92,6 +93,8 @@ class WorkerHandle:
     """Seconds the worker reported spending in completed engine steps (last heartbeat)."""
     step_counts: list[int] = field(default_factory=list)
     """Its completed steps per duration bucket (m.STEP_BUCKETS_S; last heartbeat)."""
+    stderr: WorkerStderr | None = None
+    """The pipe its stderr goes to, read as JSON log lines (JSON logs, local workers; worker_stderr.py)."""
     beat_at: float = 0.0
     """time.monotonic() when that heartbeat arrived."""
     spawned_at: float = 0.0
@@ -168,7 +171,11 @@ class Launcher:
         """After every worker has ended: let go of what `open` took."""
 
     def after_exit(self, handle: WorkerHandle) -> None:
-        """A worker process of this host has ended: remove what the CUDA driver left of it."""
+        """A worker process of this host has ended: read the rest of its stderr, remove what the
+        CUDA driver left of it."""
+        if handle.stderr is not None:
+            handle.stderr.close()
+            handle.stderr = None
         if handle.pid:
             unlink_driver_files(handle.pid)
 
@@ -220,13 +227,26 @@ class Launcher:
         ws = self.worker_spec(handle)
         spec = msgspec.json.encode(ws).decode()
         env = self._env(handle.stage_id, handle.replica)
+        pipe = WorkerStderr(handle.stage_id, handle.replica, ws.identity) if logs.json_logs() else None
+        try:
+            await self._start(handle, ws, spec, env, 2 if pipe is None else pipe.child_fd)
+        except BaseException:
+            if pipe is not None:
+                pipe.close()
+            raise
+        if pipe is not None:
+            pipe.spawned()
+            handle.stderr = pipe
+
+    async def _start(self, handle: WorkerHandle, ws: WorkerSpec, spec: str, env: dict[str, str],
+                     stderr_fd: int) -> None:
         if self.platform == "cpu" and settings().worker_zygote and env == worker_env():
             z = zygote.shared(env)
             if z is not None:
                 adapter = {**ws.stage.engine_defaults, **ws.deploy.engine_extras}.get("adapter")
                 imports = (adapter.partition(":")[0],) if isinstance(adapter, str) else ()
                 try:
-                    handle.proc = await z.fork(spec, env, ws.stage.engine, imports)
+                    handle.proc = await z.fork(spec, env, ws.stage.engine, imports, stderr_fd=stderr_fd)
                     return
                 except zygote.ZygoteGone as err:
                     log.info("launcher.fork_failed", error=str(err), hint="starting a fresh interpreter")
@@ -234,6 +254,7 @@ class Launcher:
             sys.executable, "-m", "omni_actors.workers.main", spec, str(os.getpid()),
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
+            stderr=None if stderr_fd == 2 else stderr_fd,
             # Out of the terminal's process group: Ctrl-C reaches the main process only, which
             # leads the shutdown (a worker still starting would die of it with a traceback).
             start_new_session=True,

@@ -31,7 +31,7 @@ from omni_actors.orchestrator.latency import StageLatency
 from omni_actors.orchestrator.launcher import WorkerHandle
 from omni_actors.orchestrator.outputs import to_final
 from omni_actors.orchestrator.requests import StageChunk
-from omni_actors.orchestrator.runs import LeaseKey, LeaseTable, Run
+from omni_actors.orchestrator.runs import AbortWaits, LeaseKey, LeaseTable, Run
 from omni_actors.orchestrator.supervisor import Supervisor
 from omni_actors.workers.spec import HEARTBEAT_SUFFIX
 
@@ -49,6 +49,7 @@ class ReceivePath:
     router: Bus | None
     runs: dict[str, Run]
     leases: LeaseTable
+    abort_waits: AbortWaits
     arena: Arena
     segments: SegmentCache
     codec: PayloadCodec
@@ -110,6 +111,10 @@ class ReceivePath:
                 self._on_output(h, msg)
             case m.Release(leases=refs):
                 self._release([(r.producer, r.lease) for r in refs])
+            case m.Aborted(request_ids=rids):
+                for rid in rids:
+                    for key in self.abort_waits.answered((h.identity, rid)):
+                        self._free_lease(key)
             case m.Heartbeat():
                 self.supervisor.on_heartbeat(h, msg)
             case m.FirstOutput(active=active):
@@ -222,6 +227,8 @@ class ReceivePath:
             run = self.runs.get(rid)
             if run is not None and h.stage_id not in run.finished:
                 self._end(run, WorkerDied(h.stage_id, h.replica, detail))
+        for key in self.abort_waits.gone(h.identity):
+            self._free_lease(key)
         self.segments.forget(h.shm_prefix)
         if self.router is not None:
             self.router.forget(h.identity)

@@ -4,12 +4,15 @@ A Run is the orchestrator's memory of one request: the stages it goes
 through, the replica serving each, which stages started and finished, payloads
 buffered for full-payload handoff, and the shared-memory leases it still holds.
 The LeaseTable counts users of each lease; at zero the producer may reuse it.
+AbortWaits keeps an aborted request's leases until each worker told of the abort
+answers it: a message sent before the Abort may still be unread there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from omni_actors.bus import messages as m
@@ -88,3 +91,61 @@ class LeaseTable:
     def drop(self, key: LeaseKey) -> None:
         self._count.pop(key, None)
         self._run.pop(key, None)
+
+
+Waiter = tuple[bytes, str]
+"""(a worker's bus identity, a request id): one Abort not yet answered."""
+
+
+class AbortWaits:
+    """Leases of ended requests, kept until every worker sent their Abort answers it (Aborted).
+
+    A worker reads its messages in order, so once it answers, every AddRequest or Feed sent to it
+    before the Abort has been read or dropped: only then may the shared memory their inputs are in
+    be reused or unlinked. A worker that dies answers nothing; its waits end with it (`gone`).
+    """
+
+    def __init__(self) -> None:
+        self._parked: dict[int, tuple[set[Waiter], list[LeaseKey]]] = {}
+        self._waits: dict[Waiter, deque[int]] = {}
+        self._next = 0
+        self._keys = 0
+
+    def __len__(self) -> int:
+        """Leases kept (still held: `Statistics.leases_held` counts them)."""
+        return self._keys
+
+    def park(self, waiters: set[Waiter], keys: list[LeaseKey]) -> None:
+        n = self._next
+        self._next += 1
+        self._parked[n] = (set(waiters), keys)
+        self._keys += len(keys)
+        for w in waiters:
+            self._waits.setdefault(w, deque()).append(n)
+
+    def answered(self, waiter: Waiter) -> list[LeaseKey]:
+        """A worker answered an Abort; returns the leases now free (none while others still wait)."""
+        queue = self._waits.get(waiter)
+        if not queue:
+            return []
+        n = queue.popleft()  # (a request id used again: the answers come in the order of the aborts)
+        if not queue:
+            del self._waits[waiter]
+        return self._done(n, waiter)
+
+    def gone(self, identity: bytes) -> list[LeaseKey]:
+        """A worker died: nothing it was sent will be read; returns the leases now free."""
+        out: list[LeaseKey] = []
+        for waiter in [w for w in self._waits if w[0] == identity]:
+            for n in self._waits.pop(waiter):
+                out.extend(self._done(n, waiter))
+        return out
+
+    def _done(self, n: int, waiter: Waiter) -> list[LeaseKey]:
+        waiters, keys = self._parked[n]
+        waiters.discard(waiter)
+        if waiters:
+            return []
+        del self._parked[n]
+        self._keys -= len(keys)
+        return keys

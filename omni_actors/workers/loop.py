@@ -8,6 +8,10 @@ heartbeats and the checks for a gone main process or a swallowed SIGTERM belong
 to the heartbeat thread: this thread only records its progress (`steps`,
 `step_started`), which the heartbeat thread reads into each heartbeat.
 
+Aborts: an AddRequest or Feed whose Abort comes in the same drain is dropped unread (its leases
+given back), and each Abort is answered (Aborted) once handled; the orchestrator keeps an aborted
+request's shared memory until then, so no input is unlinked or reused under a read.
+
 Shared memory: while this worker's arena is over its byte budget the loop
 holds its engine back (for up to SHM_BUDGET_WAIT_S) until consumers give
 leases back, and it returns segments and mappings idle for the arena's
@@ -93,8 +97,13 @@ class WorkerLoop:
     def run(self) -> None:
         self.sock.heartbeat = self._heartbeat
         while not self.stopping:
-            for msg in self.sock.recv_nowait():
-                self._handle(msg)
+            msgs = self.sock.recv_nowait()
+            dropped = _aborted_later(msgs)
+            for i, msg in enumerate(msgs):
+                if i in dropped:
+                    self._drop_unread(msg)
+                else:
+                    self._handle(msg)
             if self.stopping:
                 break
             now = time.monotonic()
@@ -201,6 +210,9 @@ class WorkerLoop:
                 for rid in rids:
                     if self.requests.pop(rid, None) is not None:
                         self.engine.abort(rid)
+                # Every earlier message of these requests has been read or dropped: their inputs'
+                # shared memory may go (the orchestrator keeps it until this answer).
+                self._out.append(m.Aborted(rids))
                 self._out.append(self._heartbeat())
             case m.FreeLeases(leases=leases):
                 self.codec.free(leases)
@@ -210,6 +222,14 @@ class WorkerLoop:
                 self._yield_until = time.monotonic() + min(s, HOLD_MAX_S) if s > 0 else None
             case _:
                 log.warning("worker.unexpected_message", type=type(msg).__name__)
+
+    def _drop_unread(self, msg: m.AddRequest | m.Feed) -> None:
+        """A request's message whose Abort came in the same drain: its inputs are given back unread
+        (a queued request aborted by its client is never decoded, started or failed)."""
+        payloads = [msg.inputs, *(p for chunks in msg.upstream.values() for p in chunks)] \
+            if isinstance(msg, m.AddRequest) else [msg.payload]
+        for p in payloads:
+            self._released.extend(leases_of(p))
 
     def _guard(self, rid: str, fn: Any, msg: Any) -> None:
         """Run a handler; an exception fails that request only.
@@ -306,6 +326,19 @@ class WorkerLoop:
             out.request_id, self.stage.stage_id, payload, out.finished or bool(out.error), out.error,
             out.rejected and bool(out.error),
         ))
+
+
+def _aborted_later(msgs: list[m.Message]) -> set[int]:
+    """Positions of the AddRequests and Feeds in `msgs` whose request an Abort later in `msgs` ends."""
+    aborted: set[str] = set()
+    out: set[int] = set()
+    for i in range(len(msgs) - 1, -1, -1):
+        match msgs[i]:
+            case m.Abort(request_ids=rids):
+                aborted.update(rids)
+            case m.AddRequest(request_id=rid) | m.Feed(request_id=rid) if rid in aborted:
+                out.add(i)
+    return out
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

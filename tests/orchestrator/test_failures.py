@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 import zmq
 
@@ -35,16 +36,43 @@ async def test_abort_mid_flight_frees_every_lease_and_reaches_every_stage() -> N
                     break
             with pytest.raises(RequestAborted):
                 await stream.collect()
-            stats = orch.statistics()
-            assert stats.leases_held == 0 and stats.requests_in_flight == 0
-            # Every stage's worker confirms it dropped the request.
+            assert orch.statistics().requests_in_flight == 0
+            # Every stage's worker confirms it dropped the request (Aborted): then its leases are freed.
             await eventually(lambda: all(s.engine_requests == 0 for s in orch.statistics().stages), 1.0)
+            await eventually(lambda: orch.statistics().leases_held == 0, 1.0)
         # Every producer got every lease back (reported with the next heartbeat).
         await eventually(
             lambda: all(r.leases_out == 0 for s in orch.statistics().stages for r in s.replicas), 3.0
         )
         assert orch.arena.leased == 0
         assert orch.statistics().requests_aborted == 3
+
+
+async def test_a_request_aborted_while_queued_at_a_busy_worker_is_dropped_and_its_segment_kept_till_then(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # A slow step: the worker reads nothing meanwhile, so a request sent then waits in its socket.
+    stage = {"stage_id": 0, "max_num_seqs": 1, "engine_extras": {"step_delay_ms": 800, "chunks": 3}}
+    async with running(make_deploy("synthetic_text", stages=[stage])) as orch:
+        busy = orch.submit(RequestSpec(inputs={"prompt": "busy"}))
+        async for _ in busy:
+            break  # its first step is done: the worker is in its second
+        audio = np.zeros(48_000, dtype=np.float32)  # past the inline limit: in the orchestrator's shm
+        queued = orch.submit(RequestSpec(inputs={"audio": audio, "sample_rate": 16_000, "prompt": "q"}))
+        queued.abort()  # the client gave up while its input is still unread at the worker
+        # What the orchestrator's trimmer does to a segment idle past OMNI_SHM_IDLE_S: the input's
+        # segment must not be one of them while the worker has not answered the Abort.
+        orch.arena.idle_s = 0.0
+        orch.arena.trim()
+        assert [c.output_type for c in await busy.collect()].count("text") >= 1
+        with pytest.raises(RequestAborted):
+            await queued.collect()
+        await eventually(lambda: orch.arena.leased == 0 and len(orch.abort_waits) == 0, 5.0)
+        orch.arena.trim()
+        assert shm_files(orch.arena.prefix) == []
+        assert orch.statistics().stage(0).in_flight == 0
+    err = capfd.readouterr().err
+    assert "worker.request_failed" not in err and "FileNotFoundError" not in err, err
 
 
 async def test_deadline_ends_request_with_timeout() -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 
 import msgspec
 import psutil
+import pytest
 
+from omni_actors.config.pipeline import get_pipeline
 from omni_actors.orchestrator import zygote
 from omni_actors.orchestrator.launcher import worker_env
 from omni_actors.orchestrator.requests import RequestSpec
@@ -118,3 +121,31 @@ async def test_a_fork_cancelled_while_pending_is_killed_when_its_pid_comes() -> 
         assert await failing.wait() != 0
         await eventually(lambda: {p.pid for p in psutil.Process(z.pid).children()} <= before, 10.0)
         assert await _answer(orch)
+
+
+async def test_with_json_logs_what_workers_write_to_stderr_arrives_as_json_lines_to_the_last(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Torch's C++ warnings go straight to fd 2: forked workers (stages 0, 2) and a fresh one (its own
+    # env, stage 1) alike must not put plain text among the JSON lines, nor lose what they write last.
+    monkeypatch.setenv("OMNI_LOG_JSON", "1")
+    burst = 3000  # ~200 KB written as the worker ends: more than a pipe holds by default
+    stages = [{"stage_id": s, "engine_extras": {"stderr_burst": burst}} for s in (0, 2)]
+    stages.insert(1, {"stage_id": 1, "env": {"OMNI_TEST_MARK": "1"}, "engine_extras": {"stderr_burst": burst}})
+    pipeline = get_pipeline("synthetic")
+    pipeline = msgspec.structs.replace(pipeline, stages=tuple(
+        msgspec.structs.replace(s, engine="tests.orchestrator.odd_engines:StderrEngine") for s in pipeline.stages))
+    async with running(make_deploy("synthetic", stages=stages), pipeline=pipeline) as orch:
+        assert await _answer(orch)
+    seen: dict[str, list[str]] = {f"s{s}r0": [] for s in (0, 1, 2)}
+    for line in capfd.readouterr().err.splitlines():
+        if "Warning: s" not in line and "last words" not in line:
+            continue
+        event = json.loads(line)  # never a plain line
+        assert event["event"] == "worker.stderr" and event["level"] == "warning", event
+        tag = f"s{event['stage_id']}r{event['replica']}"
+        assert event["line"].startswith(("[W1205", tag)) and tag in event["line"], event
+        seen[tag].append(event["line"])
+    for tag, lines in seen.items():
+        assert len(lines) == burst + 2, (tag, len(lines))  # the start line, the burst, the last words
+        assert lines[-1] == f"{tag} last words"
