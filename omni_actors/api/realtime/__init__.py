@@ -28,7 +28,7 @@ from omni_actors import logs
 from omni_actors.api.realtime import vad
 from omni_actors.api.realtime.duplex_stats import DuplexCollector
 from omni_actors.api.realtime.input_audio import VAD_EXECUTOR
-from omni_actors.api.realtime.route import realtime_handler
+from omni_actors.api.realtime.route import check_query, realtime_handler
 from omni_actors.api.realtime.stats import RealtimeStats
 
 SESSIONS_KEY = web.AppKey("realtime_sessions", set)
@@ -48,6 +48,7 @@ def add_routes(app: web.Application) -> None:
     async def route(request: web.Request) -> web.StreamResponse:
         from omni_actors.api.pipelines import PIPELINES_KEY  # (look it up late, as app.py does)
 
+        check_query(request)  # (before the model's name is looked up or echoed)
         pipelines, name = request.app[PIPELINES_KEY], request.query.get("model")
         # The session's pipeline: its `model` query (404 if unknown), else the first that writes text. With
         # one pipeline any name reaches it, as it always has (realtime clients often send their own).

@@ -5,7 +5,8 @@
 Client events are one tagged union; `session.update` accepts the beta shape (flat
 `input_audio_format`, `turn_detection`...) and the GA one (`type: "realtime"` or
 `"transcription"`, `audio.input.*`, `audio.output.*`, `output_modalities`), lenient
-about fields we do not use. Server events: events.py.
+about fields we do not use; beta's `transcription_session.update` sets a transcription session.
+A field that fails to decode is coded as the REST routes code it (api/errors.py `validation_detail`). Server events: events.py.
 """
 
 from __future__ import annotations
@@ -108,6 +109,24 @@ class SessionIn(msgspec.Struct, kw_only=True):
     tool_choice: ToolChoice | UnsetType = UNSET
 
 
+class NoiseReductionIn(msgspec.Struct, kw_only=True):
+    type: Literal["near_field", "far_field"]
+
+
+INCLUDABLE = Literal["item.input_audio_transcription.logprobs"]
+
+
+class TranscriptionSessionIn(msgspec.Struct, kw_only=True):
+    """Beta `transcription_session.update`'s session (OpenAI's beta transcription API): the GA
+    transcription session's settings under their beta names (handler.py `_transcription_session_update`)."""
+
+    input_audio_format: str | UnsetType = UNSET
+    input_audio_transcription: TranscriptionIn | UnsetType | None = UNSET
+    turn_detection: TurnDetectionIn | UnsetType | None = UNSET
+    input_audio_noise_reduction: NoiseReductionIn | UnsetType | None = UNSET
+    include: Annotated[list[INCLUDABLE], Meta(max_length=1)] | UnsetType | None = UNSET
+
+
 class ContentIn(msgspec.Struct, kw_only=True):
     type: str
     text: str | None = None
@@ -163,6 +182,10 @@ class SessionUpdate(ClientEvent, tag="session.update"):
     session: SessionIn
 
 
+class TranscriptionSessionUpdate(ClientEvent, tag="transcription_session.update"):
+    session: TranscriptionSessionIn
+
+
 class BufferAppend(ClientEvent, tag="input_audio_buffer.append"):
     audio: str
 
@@ -207,7 +230,7 @@ class OutputAudioClear(ClientEvent, tag="output_audio_buffer.clear"):
 
 
 ClientEventT = (
-    SessionUpdate | BufferAppend | BufferCommit | BufferClear | ItemCreate | ItemRetrieve
+    SessionUpdate | TranscriptionSessionUpdate | BufferAppend | BufferCommit | BufferClear | ItemCreate | ItemRetrieve
     | ItemTruncate | ItemDelete | ResponseCreate | ResponseCancel | OutputAudioClear
 )
 CLIENT_TYPES = frozenset(c.__struct_config__.tag for c in ClientEventT.__args__)  # type: ignore[attr-defined]
@@ -225,11 +248,6 @@ class BadEvent(Exception):
                  event_id: str | None = None, type: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.message, self.code, self.param, self.event_id, self.type = message, code, param, event_id, type
-
-
-def is_range_code(code: str) -> bool:
-    """True for REST's codes of a value out of its range (api/errors.py `_bound_code`)."""
-    return "_below_min_" in code or "_above_max_" in code
 
 
 def range_code(kind: str, below: bool) -> str:
@@ -267,12 +285,11 @@ def decode_client(raw: str | bytes) -> ClientEventT:
         if env.type not in CLIENT_TYPES:
             raise BadEvent(f"unknown event type {env.type!r}", code="invalid_event", param="type",
                            event_id=event_id) from None
-        msg, param, code = validation_detail(err) if isinstance(err, msgspec.ValidationError) else (str(err), None, "")
+        msg, param, code = (validation_detail(err) if isinstance(err, msgspec.ValidationError)
+                            else (str(err), None, "invalid_value"))
         listed = expected_text(ClientEventT, param) if code == "invalid_value" else ""
-        # a value out of its range is named as the REST errors name it (decimal_above_max_value,
-        # integer_below_min_value, string_above_max_length, ...: OpenAI's codes); the rest (a wrong type, a
-        # value not in a closed set) stay invalid_value, as clients of this session have always been told
-        code = code if is_range_code(code) else "invalid_value"
+        # coded as the REST routes code the same mistake (api/errors.py `validation_detail`): a wrong type is
+        # invalid_type, a value out of its range decimal_above_max_value, integer_below_min_value, ...
         raise BadEvent(f"{env.type}: {msg}{listed}", code=code, param=param, event_id=event_id) from None
 
 

@@ -2,7 +2,8 @@
 
 The whole session is one streaming request (RequestSpec(streaming=True)) to the
 duplex stage, started by the first `input_audio_buffer.append` or
-`response.create`; every later append is fed to it (Orchestrator.feed). The
+`response.create`; every later append is fed to it (Orchestrator.feed). The model hears nothing
+else: `conversation.item.create`, an out-of-band `response.create` and `response.input` are `error`s. The
 stage's frame clock, not the client, paces it: a client that stops sending is
 fed silence. Each frame that comes back is sent at once as
 `response.audio.delta` / `response.output_audio.delta` (and its text as the
@@ -118,7 +119,8 @@ class DuplexSession(RealtimeSession):
         match event:
             case ce.BufferAppend(audio=b64):
                 await self._append_duplex(b64, eid)
-            case ce.ResponseCreate():
+            case ce.ResponseCreate(response=r):
+                self._refuse_response_fields(r, eid)
                 if self.live is not None:  # (as every session answers a second response.create)
                     raise ce.BadEvent(f"conversation already has an active response {self.live['id']}",
                                       code="conversation_already_has_active_response", event_id=eid)
@@ -130,6 +132,10 @@ class DuplexSession(RealtimeSession):
                                       param="response_id" if rid else None, event_id=eid)
                 self.muted = True
                 await self._close_live("cancelled", {"type": "cancelled", "reason": "client_cancelled"})
+            case ce.ItemCreate():  # (accepted, the model would never hear it: say so instead)
+                raise ce.BadEvent("a full-duplex model hears only the audio stream (input_audio_buffer.append): "
+                                  "it takes no conversation items, text or audio", param="item", event_id=eid,
+                                  code="unsupported_in_duplex_session")
             case ce.BufferCommit():
                 raise ce.BadEvent("a duplex session has no turns: stream input_audio_buffer.append without "
                                   "committing", code="duplex_no_commit", event_id=eid)
@@ -145,6 +151,18 @@ class DuplexSession(RealtimeSession):
                 await self.send(ev.ItemDeleted(item_id=iid))
             case _:
                 await super()._dispatch(event)
+
+    @staticmethod
+    def _refuse_response_fields(r: ce.ResponseIn | None, eid: str | None) -> None:
+        """What a duplex session's one response cannot be: out of band (a second answer beside the model's
+        live stream) or given `input` items (the model hears only the audio stream)."""
+        if r is not None and r.conversation == "none":
+            raise ce.BadEvent("a full-duplex session has one response, the model's live answer to the audio "
+                              "stream: out-of-band responses (conversation 'none') are not served",
+                              code="unsupported_parameter", param="response.conversation", event_id=eid)
+        if r is not None and r.input is not None:
+            raise ce.BadEvent("a full-duplex model hears only the audio stream: response.input is not served",
+                              code="unsupported_parameter", param="response.input", event_id=eid)
 
     async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
         cfg, dialect = await self._checked_update(s, eid)  # (every session's checks: tools, session.type, ...)

@@ -49,6 +49,14 @@ class SessionUpdated(_SessionEvent, kw_only=True):
     NAME = "session.updated"
 
 
+class TranscriptionSessionCreated(_SessionEvent, kw_only=True):
+    NAME = "transcription_session.created"  # beta transcription sessions (`?intent=transcription`)
+
+
+class TranscriptionSessionUpdated(_SessionEvent, kw_only=True):
+    NAME = "transcription_session.updated"
+
+
 class ConversationCreated(ServerEvent, kw_only=True):
     NAME = "conversation.created"
     conversation: dict[str, Any]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -39,11 +40,18 @@ from omni_actors.api.realtime.input_audio import InputAudio
 from omni_actors.api.realtime.live_transcription import LiveTurn
 from omni_actors.api.realtime.response_request import Options
 from omni_actors.api.realtime.responses import ResponseRun
-from omni_actors.api.realtime.session import SessionConfig, apply_update, render_session
+from omni_actors.api.realtime.session import (
+    SessionConfig,
+    apply_update,
+    render_session,
+    render_transcription_session,
+)
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.api.realtime.transcription import (
+    beta_update,
     check_options,
     conversation_refusal,
+    no_transcripts,
     only_transcribes,
     transcribes_only,
     transcription_params,
@@ -84,6 +92,11 @@ class RealtimeSession(InputAudio):
         self.dialect: ev.Dialect = "beta"
         audio_out = "audio" in orch.pipeline.output_types()
         self.cfg = SessionConfig(model=model, modalities=("text", "audio") if audio_out else ("text",))
+        self.beta_transcription = request.query.get("intent") == "transcription"
+        """OpenAI's beta transcription API (`?intent=transcription`, or a `transcription_session.update`): the
+        GA transcription session under beta names (transcription_session.created/.updated, beta fields)."""
+        if self.beta_transcription:  # (the route refused the intent where the pipeline makes no transcripts)
+            self.cfg = replace(self.cfg, type="transcription")
         self.conversation = Conversation()
         self.buffer = InputBuffer()
         self.timeline = 0  # 16 kHz samples of input audio so far
@@ -117,10 +130,20 @@ class RealtimeSession(InputAudio):
 
     # ---- the loop ----
 
+    def _session_event(self, updated: bool) -> ev.ServerEvent:
+        """session.created/.updated, or transcription_session.* for a beta transcription session."""
+        if self.beta_transcription:
+            session = render_transcription_session(self.cfg, self.id)
+            return ev.TranscriptionSessionUpdated(session=session) if updated else \
+                ev.TranscriptionSessionCreated(session=session)
+        session = render_session(self.cfg, self.id, self.dialect)
+        return ev.SessionUpdated(session=session) if updated else ev.SessionCreated(session=session)
+
     async def serve(self, idle_timeout_s: float) -> None:
-        await self.send(ev.SessionCreated(session=render_session(self.cfg, self.id, self.dialect)))
-        await self.send(ev.ConversationCreated(conversation={"id": self.conversation.id,
-                                                             "object": "realtime.conversation"}))
+        await self.send(self._session_event(updated=False))
+        if not self.beta_transcription:  # (OpenAI's beta transcription sessions announce no conversation)
+            await self.send(ev.ConversationCreated(conversation={"id": self.conversation.id,
+                                                                 "object": "realtime.conversation"}))
         try:
             while True:
                 try:
@@ -161,7 +184,12 @@ class RealtimeSession(InputAudio):
             case ce.BufferAppend(audio=audio):
                 await self._append(audio, eid)
             case ce.SessionUpdate(session=s):
+                if self.beta_transcription:
+                    raise ce.BadEvent("a beta transcription session is updated with transcription_session.update",
+                                      code="unsupported_in_transcription_session", param="type", event_id=eid)
                 await self._session_update(s, eid)
+            case ce.TranscriptionSessionUpdate(session=s):
+                await self._transcription_session_update(s, eid)
             case ce.BufferCommit():
                 await self._commit_manual(eid)
             case ce.BufferClear():
@@ -231,6 +259,23 @@ class RealtimeSession(InputAudio):
 
     async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
         cfg, dialect = await self._checked_update(s, eid)
+        await self._take_update(cfg, dialect)
+
+    async def _transcription_session_update(self, s: ce.TranscriptionSessionIn, eid: str | None) -> None:
+        """Beta `transcription_session.update`: the GA transcription session's update (the same checks and
+        engine path, transcription.py `beta_update`). The session is a beta transcription one after it."""
+        try:
+            update = beta_update(s, self.orch.pipeline)
+        except ce.BadEvent as err:
+            err.event_id = eid
+            raise
+        cfg, _ = await self._checked_update(update, eid)
+        self.beta_transcription = True
+        await self._take_update(cfg, None)
+
+    async def _take_update(self, cfg: SessionConfig, dialect: ev.Dialect | None) -> None:
+        """The checked `cfg` becomes the session's, announced with session.updated (or its beta
+        transcription name)."""
         old, self.cfg = self.cfg, cfg
         if dialect is not None:
             self.dialect = dialect
@@ -239,7 +284,7 @@ class RealtimeSession(InputAudio):
             self._wire = WireStream(cfg.input_audio_format)
         if cfg.turn_detection != old.turn_detection:
             self._reset_vad()
-        await self.send(ev.SessionUpdated(session=render_session(self.cfg, self.id, self.dialect)))
+        await self.send(self._session_event(updated=True))
 
     async def _checked_update(self, s: ce.SessionIn, eid: str | None) -> tuple[SessionConfig, ev.Dialect | None]:
         """The config and dialect `s` asks for, checked as every session checks them (a duplex one adds its
@@ -254,9 +299,8 @@ class RealtimeSession(InputAudio):
             if s.type == "realtime" and transcribes_only(self.orch.pipeline):
                 raise ce.BadEvent(only_transcribes(self.cfg.model), code="unsupported_session_type",
                                   param="session.type")
-            if cfg.type == "transcription" and "transcript" not in self.orch.pipeline.output_types():
-                raise ce.BadEvent(f"pipeline {self.orch.pipeline.name!r} makes no transcripts: it cannot serve a "
-                                  "transcription session", code="unsupported_session_type", param="session.type")
+            if cfg.type == "transcription" and (refusal := no_transcripts(self.orch.pipeline)) is not None:
+                raise ce.BadEvent(refusal, code="unsupported_session_type", param="session.type")
             if s.voice is not UNSET:
                 await self._check_voice(cfg.voice, "session.voice")
             elif s.audio is not UNSET and s.audio.output is not UNSET and s.audio.output.voice is not UNSET:

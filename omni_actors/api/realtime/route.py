@@ -9,11 +9,13 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from omni_actors import logs
-from omni_actors.api.errors import ApiError
+from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.duplex import LIMIT_CLOSE_CODE, DuplexSession, session_limit
 from omni_actors.api.realtime.handler import MAX_EVENT_BYTES, RealtimeSession
 from omni_actors.api.realtime.stats import RealtimeStats
+from omni_actors.api.realtime.transcription import no_transcripts
+from omni_actors.api.schemas import MAX_NAME_CHARS
 from omni_actors.orchestrator.core import Orchestrator
 
 log = logs.get(__name__)
@@ -22,6 +24,26 @@ MAX_FRAME_BYTES = 2 * MAX_EVENT_BYTES
 """aiohttp's limit; events between the two get an `error` event, larger ones close the socket (1009)."""
 HEARTBEAT_S = 20.0
 """WebSocket ping interval; a client that stops answering is treated as gone."""
+INTENTS = ("transcription",)
+"""`?intent=` values: OpenAI's beta transcription API (a transcription session from the start)."""
+
+
+def check_query(request: web.Request) -> None:
+    """The upgrade request's `model` and `intent`, refused (a 400, before any upgrade) as REST refuses the
+    same fields: a `model` past MAX_NAME_CHARS would be echoed in every session event."""
+    model = request.query.get("model")
+    if model is not None and len(model) > MAX_NAME_CHARS:
+        raise bad_request(f"Expected `str` of length <= {MAX_NAME_CHARS}", "model", "string_above_max_length")
+    intent = request.query.get("intent")
+    if intent is not None and intent not in INTENTS:
+        raise bad_request(f"unsupported intent {intent[:64]!r}; expected one of {list(INTENTS)}", "intent")
+
+
+def _intent_refusal(request: web.Request, orch: Orchestrator) -> ApiError | None:
+    """A transcription intent on a pipeline that makes no transcripts (as GA session.type's refusal)."""
+    if request.query.get("intent") == "transcription" and (refusal := no_transcripts(orch.pipeline)) is not None:
+        return bad_request(refusal, "intent", "unsupported_session_type")
+    return None
 
 
 def _refusal(orch: Orchestrator, sessions: set[Any], stats: RealtimeStats) -> str | None:
@@ -54,6 +76,8 @@ async def realtime_handler(request: web.Request, orch: Orchestrator, sessions: s
     server = orch.deploy.server  # (the API key was checked by the app's auth middleware, as for every route)
     ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, compress=False, heartbeat=HEARTBEAT_S,
                                protocols=("realtime",))
+    if (refused := _intent_refusal(request, orch)) is not None:
+        raise refused
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "/v1/realtime is a WebSocket endpoint: open it with a WebSocket upgrade request",
                        None, "websocket_upgrade_required")

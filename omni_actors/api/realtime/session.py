@@ -192,6 +192,16 @@ def render_format(fmt: str) -> dict[str, Any]:
     return {"type": BETA_TO_GA_FORMAT[fmt], **({"rate": WIRE_RATE} if fmt == "pcm16" else {})}
 
 
+def render_transcription_session(cfg: SessionConfig, session_id: str) -> dict[str, Any]:
+    """A beta transcription session (`?intent=transcription`), as OpenAI's beta API echoes it
+    (the SDK's beta TranscriptionSession; no client_secret over the WebSocket)."""
+    return {
+        "id": session_id, "object": "realtime.transcription_session", "modalities": ["text"],
+        "input_audio_format": cfg.input_audio_format, "input_audio_transcription": cfg.input_audio_transcription,
+        "turn_detection": _render_td(cfg.turn_detection), "input_audio_noise_reduction": None, "include": [],
+    }
+
+
 def render_session(cfg: SessionConfig, session_id: str, dialect: ev.Dialect) -> dict[str, Any]:
     tokens = "inf" if cfg.max_output_tokens is None else cfg.max_output_tokens
     if dialect == "ga":

@@ -12,6 +12,9 @@ a transcribed turn's audio is let go (the item keeps its transcript). A streamin
 recognizer (`PipelineConfig.live_transcription`) hears each turn while it is
 spoken instead (live_transcription.py), through the same delta and completion helpers.
 
+Beta's transcription sessions (`?intent=transcription`, `transcription_session.update`) are this
+session under beta names (`beta_update`; handler.py renders transcription_session.*).
+
 Also here: which pipelines can hold a conversation at all (`conversation_refusal`: one
 that answers in text, or a full-duplex one), and the check of new transcription options
 at session.update (`check_options`: tried on the recognizer, refused as the REST route's
@@ -25,10 +28,12 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from aiohttp import web
+from msgspec import UNSET
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
 from omni_actors.api.errors import ApiError, from_exception, refusal_text
+from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.conversation import Item
 from omni_actors.api.realtime.session import SessionConfig
@@ -85,6 +90,29 @@ def conversation_refusal(pipe: PipelineConfig, model: str) -> str | None:
     speech = "; to have a text spoken, send it to POST /v1/audio/speech" if pipe.speech is not None else ""
     return (f"model {model!r} cannot hold a conversation: it makes {sorted(pipe.output_types())} from a "
             f"request's input, not an answer to it{speech}")
+
+
+def no_transcripts(pipe: PipelineConfig) -> str | None:
+    """Why `pipe` cannot serve a transcription session (GA session.type, beta intent or update), else None."""
+    if "transcript" in pipe.output_types():
+        return None
+    return f"pipeline {pipe.name!r} makes no transcripts: it cannot serve a transcription session"
+
+
+def beta_update(s: ce.TranscriptionSessionIn, pipe: PipelineConfig) -> ce.SessionIn:
+    """Beta `transcription_session.update` as the GA transcription session's update (the same checks and
+    engine path follow; its fields keep their beta names, so each refusal's param is `session.<field>`).
+    What it asks and nothing would serve is refused, never taken and ignored."""
+    if (refusal := no_transcripts(pipe)) is not None:  # (a duplex model's session too)
+        raise ce.BadEvent(refusal, code="unsupported_session_type")
+    if s.input_audio_noise_reduction not in (UNSET, None):
+        raise ce.BadEvent("input audio noise reduction is not served: leave it null", code="unsupported_parameter",
+                          param="session.input_audio_noise_reduction")
+    if s.include not in (UNSET, None) and s.include:
+        raise ce.BadEvent("transcription logprobs are not served: leave `include` empty",
+                          code="unsupported_parameter", param="session.include")
+    return ce.SessionIn(type="transcription", input_audio_format=s.input_audio_format,
+                        input_audio_transcription=s.input_audio_transcription, turn_detection=s.turn_detection)
 
 
 def transcription_params(cfg: SessionConfig) -> dict[str, Any]:

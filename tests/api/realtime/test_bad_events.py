@@ -21,6 +21,8 @@ from tests.api.realtime.conftest import Client, RtServer, b64, connect, of_type,
 ABOVE_D, BELOW_D = "decimal_above_max_value", "decimal_below_min_value"
 ABOVE_I, BELOW_I = "integer_above_max_value", "integer_below_min_value"
 """A number out of its range is coded as the REST routes code it (OpenAI's codes), not invalid_value."""
+TYPE = "invalid_type"
+"""A value of the wrong type, as REST codes it (api/errors.py validation_detail)."""
 TEXT_ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "one two"}]}
 
 
@@ -62,11 +64,11 @@ async def test_frames_that_are_not_events(srv: RtServer) -> None:
             ('{"type": 5, "event_id": "n"}', "invalid_event", "type", "n"),
             ('{"event_id": "no-type"}', "invalid_event", "type", "no-type"),
             ('{"type": "session.delete", "event_id": "u"}', "invalid_event", "type", "u"),
-            ('{"type": "input_audio_buffer.clear", "event_id": 7}', "invalid_value", "event_id", None),
-            ('{"type": "session.update", "event_id": "s"}', "invalid_value", "session", "s"),
-            ('{"type": "session.update", "session": "fast", "event_id": "s2"}', "invalid_value", "session", "s2"),
-            ('{"type": "input_audio_buffer.append", "event_id": "a"}', "invalid_value", "audio", "a"),
-            ('{"type": "input_audio_buffer.append", "audio": null, "event_id": "a2"}', "invalid_value", "audio", "a2"),
+            ('{"type": "input_audio_buffer.clear", "event_id": 7}', "invalid_type", "event_id", None),
+            ('{"type": "session.update", "event_id": "s"}', "missing_required_parameter", "session", "s"),
+            ('{"type": "session.update", "session": "fast", "event_id": "s2"}', "invalid_type", "session", "s2"),
+            ('{"type": "input_audio_buffer.append", "event_id": "a"}', "missing_required_parameter", "audio", "a"),
+            ('{"type": "input_audio_buffer.append", "audio": null, "event_id": "a2"}', "invalid_type", "audio", "a2"),
         ]
         for frame, code, param, event_id in frames:
             await (c.ws.send_bytes(frame) if isinstance(frame, bytes) else c.ws.send_str(frame))
@@ -96,8 +98,8 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             ({"max_output_tokens": 2**63}, "session.max_output_tokens", ABOVE_I),
             ({"max_response_output_tokens": "lots"}, "session.max_response_output_tokens"),
             ({"modalities": ["video"]}, "session.modalities[0]"),
-            ({"voice": 5}, "session.voice"),
-            ({"tools": "all"}, "session.tools"),
+            ({"voice": 5}, "session.voice", TYPE),
+            ({"tools": "all"}, "session.tools", TYPE),
             ({"output_audio_format": "mp3"}, "session.output_audio_format"),
             ({"turn_detection": {"type": "push_to_talk"}}, "session.turn_detection.type"),
             ({"turn_detection": {"threshold": 1.5}}, "session.turn_detection.threshold", ABOVE_D),
@@ -110,12 +112,12 @@ async def test_session_update_with_bad_values_changes_nothing(srv: RtServer) -> 
             ({"audio": {"input": {"format": {"type": "audio/wav"}}}}, "session.audio.input.format.type"),
             ({"audio": {"output": {"format": "opus"}}}, "session.audio.output.format"),
             # transcription options of the wrong type: refused here, not by each turn's recognizer
-            ({"input_audio_transcription": {"language": 123}}, "session.input_audio_transcription.language"),
-            ({"input_audio_transcription": {"prompt": ["a"]}}, "session.input_audio_transcription.prompt"),
+            ({"input_audio_transcription": {"language": 123}}, "session.input_audio_transcription.language", TYPE),
+            ({"input_audio_transcription": {"prompt": ["a"]}}, "session.input_audio_transcription.prompt", TYPE),
             ({"audio": {"input": {"transcription": {"language": ["en"]}}}},
-             "session.audio.input.transcription.language"),
-            ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model"),
-            ({"input_audio_transcription": "whisper-1"}, "session.input_audio_transcription"),
+             "session.audio.input.transcription.language", TYPE),
+            ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model", TYPE),
+            ({"input_audio_transcription": "whisper-1"}, "session.input_audio_transcription", TYPE),
             # one good field does not slip through beside a bad one
             ({"instructions": "changed", "temperature": 9.0}, "session.temperature", ABOVE_D),
         ]
@@ -257,3 +259,38 @@ async def test_cancel_mistakes_leave_the_response_running(srv: RtServer) -> None
         assert (await _respond(c))["status"] == "completed"
         await c.ws.close()
     await eventually(lambda: idle(srv.orch))
+
+
+async def test_a_field_realtime_and_rest_both_take_is_refused_with_the_same_code(srv: RtServer) -> None:
+    """One reading of a decode failure for both (api/errors.py validation_detail): a wrong type, a number
+    past a float's range, a `model` past a name's length get the code the REST route gives the same field."""
+    chat = b'{"model": "synthetic", "messages": [{"role": "user", "content": "hi"}], '
+    cases = [  # realtime session fields (raw JSON), the REST body's field (raw JSON), param
+        (b'{"temperature": "hot"}', b'"temperature": "hot"}', "temperature"),
+        (b'{"temperature": 1e999}', b'"temperature": 1e999}', "temperature"),
+        (b'{"temperature": -1e999}', b'"temperature": -1e999}', "temperature"),
+        (b'{"max_response_output_tokens": true}', b'"max_tokens": true}', None),
+    ]
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http, turn_detection=None)
+        for i, (session, rest_field, param) in enumerate(cases):
+            status, body = await post(srv, "/v1/chat/completions", data=chat + rest_field,
+                                      headers={"Content-Type": "application/json"})
+            assert status == 400, body
+            await c.ws.send_str(f'{{"type": "session.update", "event_id": "n{i}", "session": {session.decode()}}}')
+            err = await _error(c)
+            assert err["code"] == body["error"]["code"] and err["event_id"] == f"n{i}", (session, err, body)
+            assert err["param"] == f"session.{param or 'max_response_output_tokens'}", err
+        assert {of["error"]["code"] for of in of_type(c.seen, "error")} == {"invalid_type"}
+        await _still_usable(c)
+        await c.ws.close()
+        name = "m" * 300  # longer than any name REST takes
+        status, body = await post(srv, "/v1/chat/completions", {"model": name, "messages": [
+            {"role": "user", "content": "hi"}]})
+        async with http.get(f"{srv.url}/v1/realtime?model={name}", headers={**srv.headers, "Upgrade": "websocket"}) \
+                as resp:
+            refused = await resp.json()
+        assert (status, body["error"]["code"]) == (400, "string_above_max_length"), body
+        assert (resp.status, refused["error"]["code"], refused["error"]["param"]) == (status, body["error"]["code"],
+                                                                                      "model"), refused
+        assert name not in refused["error"]["message"]

@@ -126,6 +126,42 @@ async def _refused(client: Client, fields: dict[str, Any]) -> dict[str, Any]:
     return event["error"]
 
 
+async def test_what_the_model_would_never_hear_is_refused_not_silently_taken(srv: RtServer) -> None:
+    """Moshi hears only the audio stream (its adapter takes no text): a text item, `response.input` and an
+    out-of-band response.create are `error` events naming what is not served, nothing is added and no
+    stream starts; so are a beta transcription session (it makes no transcripts). A plain response.create
+    still opens the model's response."""
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "say hello"}]}
+        refusals: list[tuple[str, dict[str, Any], str, str | None]] = [  # event, fields, code, param
+            ("conversation.item.create", {"item": text}, "unsupported_in_duplex_session", "item"),
+            ("response.create", {"response": {"conversation": "none"}}, "unsupported_parameter",
+             "response.conversation"),
+            ("response.create", {"response": {"conversation": "none", "input": [text]}}, "unsupported_parameter",
+             "response.conversation"),
+            ("response.create", {"response": {"input": [text]}}, "unsupported_parameter", "response.input"),
+            ("transcription_session.update", {"session": {}}, "unsupported_session_type", None),
+        ]
+        for i, (kind, fields, code, param) in enumerate(refusals):
+            eid = await client.send(kind, event_id=f"r{i}", **fields)
+            event = await client.recv()
+            assert event["type"] == "error", (kind, fields, event)
+            err = event["error"]
+            assert (err["code"], err["param"], err["event_id"]) == (code, param, eid), (kind, fields, err)
+        assert "hears only the audio stream" in client.seen[-5]["error"]["message"]
+        assert srv.stats().duplex.sessions_live == 1 and idle(srv.orch)  # no stream was started
+        await client.send("response.create")
+        assert (await client.until("response.created", timeout_s=CLOSE_TIMEOUT_S))[-1]["type"] == "response.created"
+        await client.ws.close()
+        async with http.get(srv.url + "/v1/realtime?model=moshi&intent=transcription",
+                            headers={**srv.headers, "Upgrade": "websocket"}) as resp:
+            body = await resp.json()
+        assert resp.status == 400, body
+        assert (body["error"]["code"], body["error"]["param"]) == ("unsupported_session_type", "intent"), body
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0 and not srv.sessions, CLOSE_TIMEOUT_S)
+
+
 async def test_a_stream_the_server_aborts_ends_the_session_with_an_error(srv: RtServer) -> None:
     async with aiohttp.ClientSession() as http:
         client = await connect(srv, http)

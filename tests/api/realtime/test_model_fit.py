@@ -21,6 +21,7 @@ from omni_actors.cli import served_folder
 from omni_actors.models.tiny import make_tiny
 from tests.api.conftest import API_KEY, eventually, idle
 from tests.api.realtime.conftest import Client, RtServer, b64, serve_rt
+from tests.api.realtime.test_sdk import sdk
 
 EVENT_TIMEOUT_S = 120.0
 """Longest wait for one event (a tiny model's transcription on a busy 2-core machine)."""
@@ -141,3 +142,94 @@ async def test_transcription_options_the_recognizer_refuses_are_refused_at_sessi
         assert not [e for e in events if e["type"] in ("error", "conversation.item.input_audio_transcription.failed")]
         await c.ws.close()
     await eventually(lambda: idle(vox.orch), EVENT_TIMEOUT_S)  # the checks left no request behind
+
+
+@pytest.fixture(scope="module")
+async def asr() -> AsyncIterator[RtServer]:
+    """The synthetic recognizer ("N samples at R Hz" of the audio it hears): cheap, for every test here."""
+    async with serve_rt("synthetic_asr") as server:
+        yield server
+
+
+ASR_DONE = "conversation.item.input_audio_transcription.completed"
+
+
+async def test_the_openai_sdks_beta_transcription_client_is_served(asr: RtServer) -> None:
+    """OpenAI's beta transcription API (`?intent=transcription`, transcription_session.update): the
+    unmodified SDK's beta client gets transcription_session.* and each committed turn's transcript,
+    the same text a GA transcription session gets for the same audio; what a transcription session
+    cannot do is an `error`."""
+    clip = b64((0.2 * np.sin(2 * np.pi * 220 * np.arange(WIRE_RATE) / WIRE_RATE)).astype(np.float32))
+    async with sdk(asr).beta.realtime.connect(model="whisper-1", extra_query={"intent": "transcription"}) as conn:
+        created = await conn.recv()
+        assert created.type == "transcription_session.created", created
+        assert created.to_dict()["session"]["object"] == "realtime.transcription_session"  # (no SDK model of it)
+        await conn.transcription_session.update(session={
+            "input_audio_transcription": {"model": "whisper-1", "language": "en"}, "turn_detection": None})
+        updated = await conn.recv()
+        assert updated.type == "transcription_session.updated", updated
+        assert updated.session.input_audio_transcription.language == "en"  # type: ignore[union-attr]
+        assert updated.session.turn_detection is None  # type: ignore[union-attr]
+        await conn.response.create()  # no responses in a transcription session
+        refused = await conn.recv()
+        assert refused.type == "error" and refused.error.code == "unsupported_in_transcription_session"  # type: ignore[union-attr]
+        await conn.input_audio_buffer.append(audio=clip)
+        await conn.input_audio_buffer.commit()
+        seen = []
+        async for event in conn:
+            seen.append(event)
+            if event.type in (ASR_DONE, "error", "conversation.item.input_audio_transcription.failed"):
+                break
+        types = [e.type for e in seen]
+        assert types[:2] == ["input_audio_buffer.committed", "conversation.item.created"], types
+        assert types[-1] == ASR_DONE, seen[-1]
+        item_id = seen[0].item_id  # type: ignore[union-attr]
+        deltas = [e for e in seen if e.type == "conversation.item.input_audio_transcription.delta"]
+        assert deltas and {e.item_id for e in deltas} == {item_id}  # type: ignore[union-attr]
+        heard = seen[-1].transcript  # type: ignore[union-attr]
+        assert "".join(e.delta for e in deltas) == heard and "samples at 16000 Hz" in heard  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as http:  # the GA session hears the same audio alike
+        c = await _connect(asr, http, "whisper-1")
+        await _updated(c, {"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+        await c.send("input_audio_buffer.append", audio=clip)
+        await c.send("input_audio_buffer.commit")
+        assert (await c.until(ASR_DONE))[-1]["transcript"] == heard
+        await c.ws.close()
+    await eventually(lambda: idle(asr.orch))
+
+
+async def test_beta_transcription_session_update_is_checked_as_the_ga_one(asr: RtServer) -> None:
+    """transcription_session.update on a session opened without the intent makes it a beta transcription
+    session; what it cannot serve (noise reduction, logprobs) or a wrong field is an `error` naming the
+    field, coded as REST codes it, and changes nothing; session.update is then refused."""
+    async with aiohttp.ClientSession() as http:
+        c = await _connect(asr, http, "whisper-1")
+        bad: list[tuple[dict[str, Any], str, str]] = [  # session fields, code, param
+            ({"input_audio_noise_reduction": {"type": "near_field"}}, "unsupported_parameter",
+             "session.input_audio_noise_reduction"),
+            ({"include": ["item.input_audio_transcription.logprobs"]}, "unsupported_parameter", "session.include"),
+            ({"input_audio_transcription": {"language": 5}}, "invalid_type", "session.input_audio_transcription.language"),
+            ({"turn_detection": {"type": "push_to_talk"}}, "invalid_value", "session.turn_detection.type"),
+            ({"input_audio_format": "mp3"}, "invalid_value", "session.input_audio_format"),
+            ({"input_audio_noise_reduction": {"type": "anywhere"}}, "invalid_value",
+             "session.input_audio_noise_reduction.type"),
+        ]
+        for i, (fields, code, param) in enumerate(bad):
+            eid = await c.send("transcription_session.update", session=fields, event_id=f"t{i}")
+            err = await _error(c, eid)
+            assert (err["code"], err["param"]) == (code, param), (fields, err)
+        await c.send("transcription_session.update", session={
+            "input_audio_format": "g711_ulaw", "input_audio_noise_reduction": None, "include": [],
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}})
+        event = await c.recv()
+        assert event["type"] == "transcription_session.updated", event
+        session = event["session"]
+        assert (session["object"], session["input_audio_format"]) == ("realtime.transcription_session", "g711_ulaw")
+        assert session["turn_detection"]["silence_duration_ms"] == 300 and session["input_audio_noise_reduction"] is None
+        err = await _error(c, await c.send("session.update", session={"instructions": "hi"}))
+        assert err["code"] == "unsupported_in_transcription_session", err
+        await c.ws.close()
+    async with aiohttp.ClientSession(headers=asr.headers) as http:  # an intent it does not know: a 400
+        async with http.get(f"{asr.url}/v1/realtime?model=x&intent=translation", headers={"Upgrade": "websocket"}) as resp:
+            body = await resp.json()
+        assert resp.status == 400 and (body["error"]["code"], body["error"]["param"]) == ("invalid_value", "intent")

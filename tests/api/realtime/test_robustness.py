@@ -25,10 +25,10 @@ async def test_bad_events_get_errors_and_the_session_lives(srv: Server) -> None:
         cases = [  # (event, expected code, expected param)
             ({"type": "no.such.event"}, "invalid_event", "type"),
             ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_value", "audio"),
-            ({"type": "input_audio_buffer.append", "audio": 12}, "invalid_value", "audio"),
-            ({"type": "conversation.item.truncate", "item_id": "x"}, "invalid_value", "audio_end_ms"),
+            ({"type": "input_audio_buffer.append", "audio": 12}, "invalid_type", "audio"),
+            ({"type": "conversation.item.truncate", "item_id": "x"}, "missing_required_parameter", "audio_end_ms"),
             ({"type": "session.update", "session": {"turn_detection": {"threshold": "high"}}},
-             "invalid_value", "session.turn_detection.threshold"),
+             "invalid_type", "session.turn_detection.threshold"),
             ({"type": "session.update", "session": {"input_audio_format": "mp3"}},
              "invalid_value", "session.input_audio_format"),
             ({"type": "conversation.item.retrieve", "item_id": "item_missing"}, "item_not_found", "item_id"),
