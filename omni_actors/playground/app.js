@@ -54,7 +54,8 @@ export async function api(path, options = {}) {
   serverAnswered();
   if (resp.status === 401) {
     askForKey();
-    throw new Error(state.key ? "the API key was not accepted: enter the right one" : "this server needs an API key");
+    throw Object.assign(new Error(state.key ? "the API key was not accepted: enter the right one" : "this server needs an API key"),
+                        { status: 401 });
   }
   if (!resp.ok) {
     let message = `${resp.status} ${resp.statusText}`;
@@ -156,6 +157,18 @@ function bindTalk() {
   button.onclick = async () => {
     if (state.talk) return stopTalk();
     say("");
+    // A refused socket cannot say why: a cheap authenticated GET first, whose 401 asks for the key.
+    button.disabled = true;
+    const model = state.model;
+    try {
+      await api("/v1/models");
+    } catch (err) {
+      say(err);
+      return;
+    } finally {
+      button.disabled = false;
+    }
+    if (state.model !== model) return;  // (switched meanwhile: that model's tabs are shown now)
     const answer = $("talk-transcript");
     const talk = new Talk({
       model: state.model.id, key: state.key,
@@ -218,6 +231,11 @@ async function boot() {
     state.routes = new Set(Object.keys((await (await fetch("/openapi.json")).json()).paths || {}));
   } catch (err) {
     showError(err);
+    return;
+  }
+  if (!state.models.length) {  // (a deploy that loaded nothing): nothing to show but that
+    showError("this server lists no models (GET /v1/models is empty): check the pipelines it was started with");
+    showHealth("no models", false);
     return;
   }
   showError("");

@@ -15,8 +15,11 @@ export function bindChat({ api, state, showError }) {
   document.addEventListener("model-changed", () => {  // the last model's answer is not this one's
     // "spoken answer" only where the model speaks (else the server refuses the audio modality)
     const speaks = (state.model.output_types || []).includes("audio");
-    $("chat-speak").parentElement.hidden = !speaks;
+    $("chat-speech").hidden = !speaks;
     if (!speaks) $("chat-speak").checked = false;
+    // The model's built-in voices, as Speak offers them (chat takes a name only; one that lists none takes any)
+    const voices = Array.isArray(state.model.voices) && state.model.voices.length ? state.model.voices : ["alloy"];
+    $("chat-voice").replaceChildren(...voices.map((n) => new Option(n, n)));
     $("chat-note").textContent = "";
     $("chat-output").textContent = "";
     $("chat-audio").hidden = true;
@@ -44,7 +47,7 @@ export function bindChat({ api, state, showError }) {
       }
       const body = { model: state.model.id, stream: true, messages: [{ role: "user", content }] };
       if ($("chat-speak").checked) {
-        Object.assign(body, { modalities: ["text", "audio"], audio: { voice: "alloy", format: "pcm16" } });
+        Object.assign(body, { modalities: ["text", "audio"], audio: { voice: $("chat-voice").value, format: "pcm16" } });
       }
       const resp = await api("/v1/chat/completions", {
         method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),

@@ -1,5 +1,5 @@
 // The Pipeline tab and the health pill: /v1/status drawn as a graph of the chosen model's stages and
-// replicas, redrawn while the tab is shown; the pill says whether the server answers and is healthy.
+// replicas, updated in place while the tab is shown; the pill says whether the server answers and is healthy.
 const $ = (id) => document.getElementById(id);
 const STATUS_REFRESH_MS = 2000;
 
@@ -10,8 +10,15 @@ function svg(tag, attrs, text) {
   return el;
 }
 
-function drawPipeline(status) {
-  const W = 236, H = 114, GAP = 60;
+const W = 236, H = 114, GAP = 60;
+const MIN_SCALE = 0.8;  // the graph shrinks to fit no further (its 12 px text stays readable): a narrow screen scrolls it
+const ms = (v) => (v == null ? "–" : `${v < 1 ? v.toFixed(2) : Math.round(v * 10) / 10} ms`);
+
+// The graph's shape (stages, edges, replica counts): drawn anew only when it changes (a model switch, a
+// replica added); each refresh otherwise updates the same nodes, so a hovered replica keeps its tooltip.
+const shapeOf = (status) => `${status.pipeline}|${status.stages.map((s) => `${s.stage_id}<${s.inputs}>${s.replicas.length}`).join(";")}`;
+
+function buildGraph(status) {
   const depth = new Map();
   for (const s of status.stages) depth.set(s.stage_id, Math.max(0, ...s.inputs.map((i) => depth.get(i) + 1)));
   const rows = new Map();
@@ -24,7 +31,9 @@ function drawPipeline(status) {
   }
   const width = 20 + (Math.max(...depth.values()) + 1) * (W + GAP);
   const height = 20 + Math.max(...rows.values()) * (H + 20);
-  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `pipeline ${status.pipeline}` });
+  // A group, not an image: a screen reader reaches each stage and replica by its own name.
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "group", "aria-label": `pipeline ${status.pipeline}` });
+  root.style.minWidth = `${Math.round(width * MIN_SCALE)}px`;
   const defs = svg("defs", {});
   const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto" });
   marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z", fill: "#9aa3b8" }));
@@ -33,34 +42,68 @@ function drawPipeline(status) {
   for (const s of status.stages) {
     for (const src of s.inputs) {
       const a = pos.get(src), b = pos.get(s.stage_id);
-      root.append(svg("path", { class: "edge", d: `M${a.x + W},${a.y + H / 2} L${b.x},${b.y + H / 2}` }));
+      root.append(svg("path", { class: "edge", "aria-hidden": "true", d: `M${a.x + W},${a.y + H / 2} L${b.x},${b.y + H / 2}` }));
     }
   }
   for (const s of status.stages) {
     const { x, y } = pos.get(s.stage_id);
-    const g = svg("g", { class: `stage ${s.healthy ? "healthy" : "unhealthy"}`, "data-stage": s.stage_id,
-                         "data-testid": `stage-${s.stage_id}` });
+    const g = svg("g", { role: "group", "data-stage": s.stage_id, "data-testid": `stage-${s.stage_id}` });
     g.append(svg("rect", { x, y, width: W, height: H, rx: 8 }));
-    g.append(svg("text", { x: x + 10, y: y + 18, class: "title" }, `${s.stage_id} · ${s.name}`));
-    g.append(svg("text", { x: x + 10, y: y + 36 }, s.execution_type + (s.final_output_type ? ` → ${s.final_output_type}` : "")));
-    g.append(svg("text", { x: x + 10, y: y + 54 }, `in flight ${s.in_flight} / queue ${s.queue_limit}`));
-    g.append(svg("text", { x: x + 10, y: y + 72 }, `engine requests ${s.engine_requests}`));
-    const ms = (v) => (v == null ? "–" : `${v < 1 ? v.toFixed(2) : Math.round(v * 10) / 10} ms`);
-    g.append(svg("text", { x: x + 10, y: y + 90, "data-testid": `stage-${s.stage_id}-times` },
-                 `step ${ms(s.step_ms)} · first out ${ms(s.first_output_ms)}`));
+    g.append(svg("text", { x: x + 10, y: y + 18, class: "title", "aria-hidden": "true" }, `${s.stage_id} · ${s.name}`));
+    g.append(svg("text", { x: x + 10, y: y + 36, "aria-hidden": "true" },
+                 s.execution_type + (s.final_output_type ? ` → ${s.final_output_type}` : "")));
+    for (const [field, dy] of [["load", 54], ["engine", 72], ["times", 90]]) {
+      const attrs = { x: x + 10, y: y + dy, "data-field": field, "aria-hidden": "true" };
+      if (field === "times") attrs["data-testid"] = `stage-${s.stage_id}-times`;
+      g.append(svg("text", attrs));
+    }
     s.replicas.forEach((r, i) => {
-      const dot = svg("circle", { cx: x + 14 + i * 16, cy: y + H - 10, r: 5, class: `replica ${r.ready ? "ready" : "down"}` });
-      dot.append(svg("title", {}, `replica ${r.replica}: ${r.ready ? "ready" : "not ready"}, pid ${r.pid}, ${r.in_flight} in flight, ${r.restarts} restarts, ${r.steps} steps of ${ms(r.step_ms)}`));
+      const dot = svg("circle", { cx: x + 14 + i * 16, cy: y + H - 10, r: 5, role: "img", "data-replica": i });
+      dot.append(svg("title", {}));
       g.append(dot);
     });
     root.append(g);
   }
-  $("pipeline-graph").replaceChildren(root);
+  return root;
 }
 
+// The numbers and health of each stage and replica, set on the nodes buildGraph made.
+function updateGraph(root, status) {
+  for (const s of status.stages) {
+    const g = root.querySelector(`[data-stage="${s.stage_id}"]`);
+    const health = s.healthy ? "healthy" : "unhealthy";
+    g.setAttribute("class", `stage ${health}`);
+    const load = `in flight ${s.in_flight} / queue ${s.queue_limit}`;
+    const times = `step ${ms(s.step_ms)} · first out ${ms(s.first_output_ms)}`;
+    g.setAttribute("aria-label", `stage ${s.stage_id} ${s.name} (${s.execution_type}): ${health}, ${load}, ${times}`);
+    g.querySelector("[data-field=load]").textContent = load;
+    g.querySelector("[data-field=engine]").textContent = `engine requests ${s.engine_requests}`;
+    g.querySelector("[data-field=times]").textContent = times;
+    s.replicas.forEach((r, i) => {
+      const dot = g.querySelector(`[data-replica="${i}"]`);
+      const words = `replica ${r.replica}: ${r.ready ? "ready" : "not ready"}, pid ${r.pid}, ${r.in_flight} in flight, ${r.restarts} restarts, ${r.steps} steps of ${ms(r.step_ms)}`;
+      dot.setAttribute("class", `replica ${r.ready ? "ready" : "down"}`);
+      dot.setAttribute("aria-label", `stage ${s.stage_id} ${words}`);
+      const title = dot.querySelector("title");
+      if (title.textContent !== words) title.textContent = words;
+    });
+  }
+}
+
+function drawPipeline(status) {
+  const box = $("pipeline-graph");
+  const shape = shapeOf(status);
+  if (!box.firstElementChild || box.dataset.shape !== shape) {  // (a model switch empties it)
+    box.replaceChildren(buildGraph(status));
+    box.dataset.shape = shape;
+  }
+  updateGraph(box.firstElementChild, status);
+}
+
+// The pill is a live region (a screen reader hears "unreachable"): set only when it changes, not each refresh.
 export function showHealth(word, ok = null) {
   const pill = $("health");
-  pill.textContent = word;
+  if (pill.textContent !== word) pill.textContent = word;
   pill.className = ok === null ? "pill" : `pill ${ok ? "ok" : "bad"}`;
 }
 
@@ -89,8 +132,12 @@ export async function refreshStatus() {
   } catch (err) {
     if (err.name === "AbortError") return;  // the model changed: its own refresh is under way
     statusFailed = true;
-    showHealth("unreachable", false);
     showError(`server status: ${err.message}`);
+    if (err.status === 401) {  // the server answered: the key prompt is up, and the page reads again once it is used
+      showHealth("API key needed", false);
+      return;
+    }
+    showHealth(unreachable ? "unreachable" : `error ${err.status || ""}`.trim(), false);
   } finally {
     refreshing = false;
   }

@@ -3,7 +3,8 @@
 The page asks for the API key once (a wrong key is said to be wrong, selected to be typed over)
 and keeps it for the tab; it shows the panels the
 pipeline can serve; chat streams text; speak plays the voice; the pipeline view draws
-every stage with its replicas. A screenshot of each panel lands in the test's temp dir.
+every stage with its replicas, updated in place with a name per stage and replica; a status refused
+with 401 brings the key prompt, not "unreachable". A screenshot of each panel lands in the test's temp dir.
 """
 
 from __future__ import annotations
@@ -124,12 +125,24 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         assert await page.locator("#pipeline-graph .edge").count() == 2
         times = await page.get_by_test_id("stage-2-times").text_content()  # an SVG <text>
         assert re.fullmatch(r"step [\d.]+ ms · first out [\d.]+ ms", times), times
+        # Each refresh updates the same nodes (a hovered replica keeps its tooltip), and each stage and
+        # replica has a name a screen reader reads: its health and load.
+        await page.evaluate("window.__dot = document.querySelector('#pipeline-graph circle');"
+                            " window.__dot.removeAttribute('aria-label')")
+        await page.wait_for_function("document.querySelector('#pipeline-graph circle') !== window.__dot"
+                                     " || window.__dot.hasAttribute('aria-label')")  # the next refresh
+        assert await page.evaluate("window.__dot.isConnected")
+        label = await page.evaluate("window.__dot.getAttribute('aria-label')")
+        assert re.fullmatch(r"stage 0 replica 0: ready, pid \d+, 0 in flight, 0 restarts, .*", label), label
+        label = await page.get_by_test_id("stage-2").get_attribute("aria-label")
+        assert re.fullmatch(r"stage 2 \S+ \(\w+\): healthy, in flight 0 / queue \d+, step [\d.]+ ms · .*", label), label
         await page.screenshot(path=str(tmp_path / "pipeline.png"))
 
         # The key stops working mid-session: the page asks again, then comes back where the user was.
         await page.evaluate("window.__playground.key = 'revoked'")
         await page.get_by_test_id("key-form").wait_for()  # (the next status refresh's 401)
         assert "not accepted" in await page.get_by_test_id("error").inner_text()
+        assert await page.get_by_test_id("health").inner_text() == "API key needed"  # it answered: not "unreachable"
         await page.keyboard.type(API_KEY)
         await page.keyboard.press("Enter")
         await page.wait_for_function("document.getElementById('error').hidden")

@@ -2,8 +2,10 @@
 
 A chat answer the server fails mid-stream says so (not a silent half answer); a FLAC file is sent as
 FLAC and a text file is refused before anything is sent; a network drop is said, the health pill reads
-"unreachable" whichever tab is shown, and "healthy" once a request gets through again; at 320 px nothing
-scrolls sideways; the tabs are a tab list the arrow keys, Home and End move through. With two models served (`omni-run --model A --model B`),
+"unreachable" whichever tab is shown (a live region), and "healthy" once a request gets through again; at
+320 px nothing scrolls sideways and the pipeline graph's words stay readable; the tabs are a tab list the arrow
+keys, Home and End move through. A wrong key on Talk brings the key prompt before any socket opens; chat's
+spoken answer offers the model's voices; a server listing no models says so. With two models served (`omni-run --model A --model B`),
 a model switch ends the Talk session and its microphone and clears the last model's answers; a double
 click on "Start talking" opens one realtime socket; a server that goes away ends the session and the
 health pill says it is unreachable.
@@ -89,6 +91,7 @@ async def test_chat_file_types_then_a_network_drop(srv: Server, tmp_path) -> Non
         await page.wait_for_function("document.getElementById('chat-send').disabled === false "
                                      "&& document.getElementById('error').textContent.includes('did not answer')")
         assert await page.get_by_test_id("health").inner_text() == "unreachable"  # not "healthy" still
+        assert await page.get_by_role("status").filter(has_text="unreachable").count() == 1  # a screen reader hears it
         await page.context.set_offline(False)
         await page.get_by_test_id("chat-send").click()
         await page.wait_for_function("document.getElementById('health').textContent === 'healthy'")
@@ -111,6 +114,11 @@ async def test_narrow_screen_and_keyboard_tabs(srv: Server, tmp_path) -> None:
             await page.get_by_role("tab", name=name).click()
             width = await page.evaluate("document.documentElement.scrollWidth")
             assert width <= 320, (name, width)  # nothing sticks out sideways
+        await page.get_by_test_id("stage-2").wait_for()  # (the Pipeline tab, its graph drawn)
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 320
+        # The graph scrolls in its box rather than shrinking its words to specks.
+        text = await page.evaluate("document.querySelector('[data-testid=stage-0-times]').getBoundingClientRect().height")
+        assert text >= 9, text
         await page.screenshot(path=str(tmp_path / "narrow.png"), full_page=True)
         await page.get_by_role("tab", name="Chat").focus()
         await page.keyboard.press("ArrowRight")
@@ -124,6 +132,61 @@ async def test_narrow_screen_and_keyboard_tabs(srv: Server, tmp_path) -> None:
         assert await page.evaluate("document.activeElement.dataset.tab") == "talk"
         assert await page.get_by_role("tab", name="Talk").get_attribute("aria-selected") == "true"
         assert bp.errors == [], bp.errors
+
+
+async def test_a_wrong_key_on_talk_asks_for_the_key_before_any_socket(srv: Server) -> None:
+    async with browser_page(srv.url + "/", api_key=API_KEY) as bp:
+        page = bp.page
+        sockets = []
+        page.on("websocket", lambda ws: sockets.append(ws))
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.evaluate("window.__playground.key = 'wrong'")  # (the key stops working)
+        await page.get_by_test_id("talk-button").click()
+        await page.get_by_test_id("key-form").wait_for()  # the key prompt, not "the connection was refused"
+        assert "not accepted" in await page.get_by_test_id("error").inner_text()
+        assert await page.evaluate("document.activeElement.id") == "key-input"
+        assert sockets == [] and await page.evaluate("window.__playground.talk") is None
+        assert await page.get_by_test_id("talk-button").is_enabled()
+        assert {path for _, path in bp.refused} == {"/v1/models"}, bp.refused
+
+
+async def test_chat_offers_the_models_voices_for_its_spoken_answer(srv: Server) -> None:
+    voices = ["nova", "echo"]
+
+    async def with_voices(route) -> None:  # the synthetic model declares none: this one lists two
+        resp = await route.fetch()
+        body = await resp.json()
+        for model in body["data"]:
+            model["voices"] = voices
+        await route.fulfill(response=resp, json=body)
+
+    async with browser_page(srv.url + "/", api_key=API_KEY) as bp:
+        page = bp.page
+        await page.route("**/v1/models", with_voices)
+        await page.reload()
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.get_by_test_id("tab-chat").click()
+        assert await page.locator("#chat-voice option").all_inner_texts() == voices
+        await page.get_by_test_id("chat-voice").select_option("echo")
+        await page.get_by_test_id("chat-input").fill(PROMPT)
+        await page.get_by_test_id("chat-speak").check()
+        async with page.expect_request("**/v1/chat/completions") as sent:
+            await page.get_by_test_id("chat-send").click()
+        assert (await sent.value).post_data_json["audio"]["voice"] == "echo"  # not always "alloy"
+        await page.wait_for_function("document.getElementById('chat-send').disabled === false "
+                                     "&& !document.getElementById('chat-audio').hidden")
+        assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
+    await eventually(lambda: idle(srv.orch), timeout_s=10)
+
+
+async def test_a_server_listing_no_models_says_so(srv: Server) -> None:
+    async with browser_page(srv.url + "/", api_key=API_KEY) as bp:
+        page = bp.page
+        await page.route("**/v1/models", lambda route: route.fulfill(json={"object": "list", "data": []}))
+        await page.reload()
+        await page.wait_for_function("document.getElementById('error').textContent.includes('lists no models')")
+        assert await page.get_by_test_id("error").is_visible()
+        assert bp.errors == [], bp.errors  # no uncaught TypeError (state.models[0])
 
 
 @pytest.fixture(scope="module")
