@@ -36,10 +36,8 @@ accepted ones are echoed as OpenAI echoes them: `service_tier` "default", `reaso
 from __future__ import annotations
 
 import base64
-import itertools
 import time
 import uuid
-from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import msgspec
@@ -47,13 +45,14 @@ from aiohttp import web
 
 from omni_actors.api import sse
 from omni_actors.api.audio_codec import off_loop
-from omni_actors.api.calls import PipelineCall, drop_none, route_model
+from omni_actors.api.calls import drop_none, route_model
 from omni_actors.api.chat import Tally, check_unserved
 from omni_actors.api.chat_inputs import build_chat_inputs, file_ids
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.files import file_bytes
 from omni_actors.api.paging import newest_first, page_limit
+from omni_actors.api.responses_answer import Answer, answer_events
 from omni_actors.api.responses_background import Background, cancel_elsewhere, settled
 from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
@@ -66,29 +65,11 @@ from omni_actors.api.responses_inputs import (
     stage_refusal,
 )
 from omni_actors.api.responses_schemas import (
-    ContentPartAdded,
-    ContentPartDone,
-    FunctionCallArgumentsDelta,
-    FunctionCallArgumentsDone,
-    FunctionCallItem,
-    IncompleteDetails,
     InputItemList,
-    MessageItem,
-    OutputItemAdded,
-    OutputItemDone,
-    OutputText,
-    OutputTextDelta,
-    OutputTextDone,
     ReasoningEcho,
     Response,
-    ResponseCompleted,
-    ResponseCreated,
     ResponseDeleted,
-    ResponseIncomplete,
-    ResponseInProgress,
-    ResponseQueued,
     ResponseRequest,
-    ResponseUsage,
 )
 from omni_actors.api.responses_store import UNFINISHED, ResponseStore
 from omni_actors.api.responses_truncation import FittingCall
@@ -99,13 +80,11 @@ from omni_actors.api.tools import (
     chat_shaped_choice,
     check_tool_messages,
     check_tools,
-    same_json,
     stage_tools,
     tools_refusal,
-    unshown,
 )
 from omni_actors.errors import RequestRejected
-from omni_actors.orchestrator.outputs import TextOutput, ToolCallPart
+from omni_actors.orchestrator.outputs import TextOutput
 
 ROUTE = "/v1/responses"
 DEFAULT_PAGE, MAX_PAGE = 20, 100
@@ -185,7 +164,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         reasoning=ReasoningEcho(summary=req.reasoning.summary) if req.reasoning else ReasoningEcho(),
         top_logprobs=req.top_logprobs or 0, max_tool_calls=req.max_tool_calls, prompt_cache_key=req.prompt_cache_key,
         prompt_cache_retention=req.prompt_cache_retention, safety_identifier=req.safety_identifier)
-    answer = _Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
+    answer = Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
                      turn.items if req.store else None, _store(request))
     answer.tally = Tally.of(params, req.max_tool_calls)
     # "auto": refused for its context, the call goes again without the oldest items (never the instructions)
@@ -194,7 +173,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         call = FittingCall(request.app, ROUTE, inputs, params, {"text"}, base.id, orch=orch, keep=keep)
         await call.__aenter__()  # admitted now: a full queue is the client's 429, not a failed response
         answer.store.add(base, turn.conversation, turn.items, events=b"[]" if req.stream else None)
-        events = _events(call, answer, hold=shown is not None, queued=True) if req.stream else None
+        events = answer_events(call, answer, hold=shown is not None, queued=True) if req.stream else None
         log = request.app[BACKGROUND_KEY].start(call, answer, answer.store, events)
         if log is not None:  # the client reads the log; the response goes on if it leaves
             return await sse.respond(request, log.follow(-1), done=False, named=True)
@@ -203,178 +182,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         async with FittingCall(request, ROUTE, inputs, params, {"text"}, base.id, keep=keep) as call:
             if req.stream:
                 await call.started()  # an error before the first output keeps its HTTP status
-                return await sse.respond(request, _events(call, answer, hold=shown is not None), done=False, named=True)
+                return await sse.respond(request, answer_events(call, answer, hold=shown is not None), done=False, named=True)
             async for chunk in call:
                 if isinstance(chunk.output, TextOutput):
                     answer.tally.add_text(chunk.output)
     except RequestRejected as err:  # a stage's refusal names chat's field: say this API's
         raise stage_refusal(from_exception(err), req.truncation) from None
     return web.Response(body=msgspec.json.encode(answer.finish()), content_type="application/json")
-
-
-class _Answer:
-    """What a response accumulated, and the final object (stored when asked)."""
-
-    def __init__(self, base: Response, message_id: str, conversation: list[dict[str, Any]],
-                 items: list[dict[str, Any]] | None, store: ResponseStore) -> None:
-        self.base, self.message_id, self.conversation, self.items = base, message_id, conversation, items
-        self.store = store
-        self.tally = Tally()
-        self.shown: list[str] = []
-        """Streamed with tools offered: the text sent as it came (TextOutput.shown)."""
-        self.streamed: dict[int, FunctionCallItem] = {}
-        """Streamed with tools offered: the calls sent in pieces as the parser read them, by index."""
-        self.closed: str | None = None
-        """The message's text when the stream closed its item early, for a call that followed it."""
-        self._output: list[MessageItem | FunctionCallItem] | None = None
-
-    def output(self) -> list[MessageItem | FunctionCallItem]:
-        """The response's items (made once): a call the stream sent keeps its ids and text where the
-        finished reading confirms it."""
-        if self._output is not None:
-            return self._output
-        t = self.tally
-        status = "incomplete" if t.finish_reason == "length" else "completed"
-        if not t.tool_calls:  # (a forced call cut before its name: no message, no call; chat.py Tally)
-            self._output = [] if t.forced else [MessageItem(self.message_id, status, [OutputText("".join(t.text))])]
-            return self._output
-        said = self.closed if self.closed is not None else t.tool_content or "".join(self.shown)
-        if self.streamed and self.closed is None and not self.shown:
-            said = ""  # (the calls were streamed as the first items: no message before them)
-        head = [MessageItem(self.message_id, status, [OutputText(said)])] if said else []
-        calls = []
-        for i, c in enumerate(t.tool_calls):
-            sent = self.streamed.get(i)
-            if sent is not None and sent.name == c.name and same_json(sent.arguments, c.arguments):
-                calls.append(FunctionCallItem(sent.id, sent.call_id, c.name, sent.arguments))
-            else:
-                calls.append(FunctionCallItem(f"fc_{uuid.uuid4().hex[:24]}", c.id, c.name, c.arguments))
-        self._output = [*head, *calls]
-        return self._output
-
-    def finish(self) -> Response:
-        t = self.tally
-        cut = t.finish_reason == "length"
-        done = msgspec.structs.replace(
-            self.base, status="incomplete" if cut else "completed", output=self.output(),
-            completed_at=None if cut else int(time.time()),
-            usage=ResponseUsage(t.prompt_tokens, t.completion_tokens, t.prompt_tokens + t.completion_tokens),
-            incomplete_details=IncompleteDetails("max_output_tokens") if cut else None)
-        if self.items is not None:
-            said: dict[str, Any] = {"role": "assistant",
-                                    "content": (t.tool_content or "") if t.tool_calls else "".join(t.text)}
-            if t.tool_calls:
-                said["tool_calls"] = [{"id": c.call_id, "type": "function",
-                                       "function": {"name": c.name, "arguments": c.arguments}}
-                                      for c in done.output if isinstance(c, FunctionCallItem)]
-            self.store.add(done, [*self.conversation, said], self.items)
-        return done
-
-
-async def _events(call: PipelineCall, answer: _Answer, hold: bool, queued: bool = False) -> AsyncGenerator[Any, None]:
-    """The response's stream; `queued` (a background one): `response.queued` first, `response.in_progress`
-    with its first output."""
-    seq = itertools.count()
-    yield ResponseCreated(sequence_number=next(seq), response=answer.base)
-    if queued:
-        yield ResponseQueued(sequence_number=next(seq), response=answer.base)
-    else:
-        yield ResponseInProgress(sequence_number=next(seq), response=answer.base)
-    mid, opened = answer.message_id, False
-    async for chunk in call:
-        if queued:
-            queued = False
-            yield ResponseInProgress(sequence_number=next(seq),
-                                     response=msgspec.structs.replace(answer.base, status="in_progress"))
-        if not isinstance(chunk.output, TextOutput):
-            continue
-        delta = answer.tally.add_text(chunk.output)
-        if hold:
-            delta = chunk.output.shown if answer.closed is None else ""  # (after a call began, prose waits)
-            answer.shown.append(delta)
-        if delta:
-            if not opened:
-                opened = True
-                for event in _message_opened(seq, mid, 0):
-                    yield event
-            yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=0, content_index=0,
-                                  delta=delta)
-        if hold:
-            for event in _call_pieces(seq, answer, answer.tally.parts, opened):
-                yield event
-    final = answer.finish()
-    streamed = {c.id for c in answer.streamed.values()}
-    for index, item in enumerate(final.output):
-        if isinstance(item, MessageItem) and answer.closed is not None:
-            continue  # (closed when the first call began)
-        if isinstance(item, FunctionCallItem) and item.id in streamed:
-            yield FunctionCallArgumentsDone(sequence_number=next(seq), item_id=item.id, output_index=index,
-                                            name=item.name, arguments=item.arguments)
-            yield OutputItemDone(sequence_number=next(seq), output_index=index, item=item)
-            continue
-        if isinstance(item, MessageItem):
-            text = item.content[0].text
-            if not opened:
-                for event in _message_opened(seq, mid, index):
-                    yield event
-            if rest := (unshown(text, answer.shown) if hold else "" if opened else text):
-                yield OutputTextDelta(sequence_number=next(seq), item_id=mid, output_index=index,
-                                      content_index=0, delta=rest)
-            yield OutputTextDone(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
-                                 text=text)
-            yield ContentPartDone(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
-                                  part=item.content[0])
-        else:
-            yield OutputItemAdded(sequence_number=next(seq), output_index=index,
-                                  item=msgspec.structs.replace(item, arguments="", status="in_progress"))
-            yield FunctionCallArgumentsDelta(sequence_number=next(seq), item_id=item.id, output_index=index,
-                                             delta=item.arguments)
-            yield FunctionCallArgumentsDone(sequence_number=next(seq), item_id=item.id, output_index=index,
-                                            name=item.name, arguments=item.arguments)
-        yield OutputItemDone(sequence_number=next(seq), output_index=index, item=item)
-    end = ResponseIncomplete if final.status == "incomplete" else ResponseCompleted
-    yield end(sequence_number=next(seq), response=final)
-
-
-def _call_pieces(seq: Iterator[int], answer: _Answer, parts: tuple[ToolCallPart, ...], opened: bool) -> list[Any]:
-    """A streamed answer's calls as the parser reads them: the message item closed when the first one
-    begins (with the text shown so far), each call's item added, then its arguments as they come."""
-    events: list[Any] = []
-    for p in parts:
-        item = answer.streamed.get(p.index)
-        if item is None:
-            if p.id is None or p.name is None:
-                continue  # (a piece of a call whose start was not read: the end sends that call whole)
-            if opened and answer.closed is None:
-                answer.closed = text = "".join(answer.shown)
-                part = OutputText(text)
-                events += [OutputTextDone(sequence_number=next(seq), item_id=answer.message_id, output_index=0,
-                                          content_index=0, text=text),
-                           ContentPartDone(sequence_number=next(seq), item_id=answer.message_id, output_index=0,
-                                           content_index=0, part=part),
-                           OutputItemDone(sequence_number=next(seq), output_index=0,
-                                          item=MessageItem(answer.message_id, "completed", [part]))]
-            elif answer.closed is None:
-                answer.closed = ""
-            item = answer.streamed[p.index] = FunctionCallItem(f"fc_{uuid.uuid4().hex[:24]}", p.id, p.name, "")
-            events.append(OutputItemAdded(sequence_number=next(seq), output_index=_index(answer, p.index),
-                                          item=msgspec.structs.replace(item, status="in_progress")))
-        if p.arguments:
-            item.arguments += p.arguments
-            events.append(FunctionCallArgumentsDelta(sequence_number=next(seq), item_id=item.id,
-                                                     output_index=_index(answer, p.index), delta=p.arguments))
-    return events
-
-
-def _index(answer: _Answer, call: int) -> int:
-    return call + (1 if answer.closed else 0)
-
-
-def _message_opened(seq: Iterator[int], mid: str, index: int) -> list[Any]:
-    """The events that open the answer's message item (output `index`) and its text part."""
-    return [OutputItemAdded(sequence_number=next(seq), output_index=index, item=MessageItem(mid, "in_progress", [])),
-            ContentPartAdded(sequence_number=next(seq), item_id=mid, output_index=index, content_index=0,
-                             part=OutputText(""))]
 
 
 def _not_stored(rid: str) -> ApiError:

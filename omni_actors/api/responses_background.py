@@ -64,7 +64,7 @@ class Background:
 
     def start(self, call: PipelineCall, answer, store: ResponseStore,
               events: AsyncGenerator[Any, None] | None = None) -> EventLog | None:
-        """Run an admitted call (its `__aenter__` done) for `answer` (responses._Answer); with
+        """Run an admitted call (its `__aenter__` done) for `answer` (responses_answer.Answer); with
         `events` (the response's stream over `call`, which finishes `answer`), into a new EventLog."""
         rid = answer.base.id
         stream_log = None
