@@ -30,6 +30,9 @@ ROUTE_FOR_TASK = {
     "text-to-audio": "/v1/audio/generations",
 }
 """Where a task is served when it is not text-to-image."""
+MAX_GUIDANCE_SCALE = 100.0
+"""Largest `guidance_scale` the image and video routes take; past it a request is a 400 naming the field
+(released checkpoints use about 1-20; before 2026-12-05 any finite value, 1e300 too, reached the pipeline)."""
 
 
 def served_caps(orch: Orchestrator) -> DiffusionCaps | None:

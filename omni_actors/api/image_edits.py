@@ -16,7 +16,8 @@ checked before decoding), to uint8 arrays that cross the bus in shared memory:
 
 An OpenAI mask edits where it is transparent; a mask without alpha is taken as
 diffusers takes it (white = repaint). Bad files and fields are 400s naming the
-field; a model that cannot edit is a 400 saying what it does.
+field; a model that cannot edit is a 400 saying what it does. Without `size`, a pipeline that takes one
+edits at the input's size rounded down to its `size_multiple` (default_size).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from omni_actors.api.image_upright import readable, upright
 from omni_actors.api.images import (
     MAX_SIDE,
     answer_images,
+    check_guidance,
     collect_images,
     parse_size,
     require_background,
@@ -152,9 +154,19 @@ def _choices(fields: dict[str, str]) -> None:
             raise bad_request(f"{name} must be one of {list(allowed)}, got {fields[name]!r}", name)
 
 
+def default_size(width: int, height: int, multiple: int) -> tuple[int, int]:
+    """The size an edit without `size` is made at: the input's, scaled down to MAX_SIDE on its long side if
+    larger (keeping the aspect), each side rounded down to the pipeline's multiple (at least one multiple).
+    Left to the pipeline, a family whose call defaults to a square (Stable Diffusion inpaint) painted a
+    1000x750 input at 512x512; the answer's `size` says what was made."""
+    scale = min(1.0, MAX_SIDE / max(width, height))
+    w, h = (max(multiple, int(side * scale) // multiple * multiple) for side in (width, height))
+    return w, h
+
+
 def _params(fields: dict[str, str]) -> dict[str, Any]:
     size = parse_size(fields.get("size"))
-    g = _float(fields, "guidance_scale", lambda v: 0.0 <= v < float("inf"), ">= 0")
+    g = check_guidance(_float(fields, "guidance_scale", lambda v: True, "a number"))
     return drop_none({
         "n": _int(fields, "n", 1, 10),
         "width": size[0] if size else None,
@@ -217,10 +229,9 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     for im in images if caps is not None else ():
         if (why := caps.elongation_error(im.shape[1], im.shape[0])) is not None:
             raise bad_request(f"image: {why}", "image", "invalid_image")
-    if "width" not in params and caps is not None and "size" in caps.inputs:
-        h, w = images[0].shape[:2]  # edit at the input's size when it is one the model can make
-        if w % caps.size_multiple == 0 and h % caps.size_multiple == 0 and max(w, h) <= MAX_SIDE:
-            params["width"], params["height"] = w, h
+    if "width" not in params and caps is not None and "size" in caps.inputs and not caps.image_multiple:
+        h, w = images[0].shape[:2]  # (an image_multiple family's engine sizes it from the resized input)
+        params["width"], params["height"] = default_size(w, h, caps.size_multiple)
     inputs = drop_none({"prompt": fields["prompt"], "negative_prompt": fields.get("negative_prompt"),
                         "image": images, "mask": mask})
     if stream:

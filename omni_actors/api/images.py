@@ -37,7 +37,13 @@ from omni_actors.api.calls import (
     drop_none,
     route_model,
 )
-from omni_actors.api.diffusion_caps import require_input, require_size, require_task, served_caps
+from omni_actors.api.diffusion_caps import (
+    MAX_GUIDANCE_SCALE,
+    require_input,
+    require_size,
+    require_task,
+    served_caps,
+)
 from omni_actors.api.errors import bad_request
 from omni_actors.api.image_files import FILES_KEY
 from omni_actors.api.png import encode_png
@@ -138,6 +144,16 @@ async def answer_images(request: web.Request, images: list[np.ndarray], fmt: str
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
+def check_guidance(value: float | None) -> float | None:
+    """`value` unless it is outside [0, MAX_GUIDANCE_SCALE]: then a 400 naming guidance_scale with OpenAI's
+    bound code (decimal_below_min_value / decimal_above_max_value), for generations and edits alike."""
+    if value is not None and not 0.0 <= value <= MAX_GUIDANCE_SCALE:
+        code = "decimal_below_min_value" if value < 0 else "decimal_above_max_value"
+        raise bad_request(f"guidance_scale must be a number in [0, {MAX_GUIDANCE_SCALE:g}], got {value:g}",
+                          "guidance_scale", code)
+    return value
+
+
 def diffusion_params(req: Any, size: tuple[int, int] | None) -> dict[str, Any]:
     extra = req.extra_body
 
@@ -150,7 +166,7 @@ def diffusion_params(req: Any, size: tuple[int, int] | None) -> dict[str, Any]:
         "width": size[0] if size else None,
         "height": size[1] if size else None,
         "num_inference_steps": pick("num_inference_steps"),
-        "guidance_scale": pick("guidance_scale"),
+        "guidance_scale": check_guidance(pick("guidance_scale")),
         "seed": pick("seed"),
     })
 

@@ -14,6 +14,7 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from msgspec import Meta, Struct
 
+from omni_actors.api.diffusion_caps import MAX_GUIDANCE_SCALE
 from omni_actors.api.errors import ApiError, bad_request, from_validation
 from omni_actors.models.diffusion.capabilities import DiffusionCaps
 
@@ -172,7 +173,7 @@ class DiffusionFields(RequestStruct):
     """Diffusion fields; also accepted at the top level of an image request."""
 
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
-    guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
+    guidance_scale: Annotated[float, Meta(ge=0.0, le=MAX_GUIDANCE_SCALE)] | None = None
     negative_prompt: str | None = None
     seed: Seed | None = None
 
@@ -192,7 +193,7 @@ class ImageRequest(RequestStruct):
     """DALL-E 3's style, accepted and without effect: say the style in the prompt."""
     user: Name | None = None
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
-    guidance_scale: Annotated[float, Meta(ge=0.0)] | None = None
+    guidance_scale: Annotated[float, Meta(ge=0.0, le=MAX_GUIDANCE_SCALE)] | None = None
     negative_prompt: str | None = None
     seed: Seed | None = None
     stream: bool = False

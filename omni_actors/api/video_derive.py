@@ -50,7 +50,7 @@ from aiohttp import web
 from omni_actors import logs
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import drop_none
-from omni_actors.api.diffusion_caps import stage_facts
+from omni_actors.api.diffusion_caps import MAX_GUIDANCE_SCALE, stage_facts
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.video_jobs import Soundtrack, VideoJobs
 from omni_actors.api.video_request import (
@@ -99,7 +99,7 @@ async def extend_video(request: web.Request) -> web.Response:
     params = {
         "num_frames": num_frames,
         "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
-        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
+        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE),
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     }
     job_id = new_job_id()
@@ -131,7 +131,7 @@ async def edit_video(request: web.Request) -> web.Response:
     params = {
         "strength": opt_float(fields, "strength", 0.01, 1.0),
         "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
-        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
+        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE),
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     }
     # An image-to-video model is conditioned on the source's first frame unless a reference replaces it.

@@ -4,7 +4,8 @@ One asyncio task per job follows the job's request stream: progress chunks move
 the row's `progress` (denoising steps to DENOISE_PERCENT, the decode to
 DECODED_PERCENT, then the MP4 encode to 100); the final chunk's frames (and audio
 track) are encoded off the event loop into the data directory; any failure ends
-the job `failed` with a reason. `cancel` aborts the request in the engine
+the job `failed` with a reason, and the request is aborted in the engine however
+the job ended (a no-op on an ended stream). `cancel` aborts the request in the engine
 (between denoising steps) and ends the task. Admission is the stage's own bounded
 queue: past it, `create` is a 429 and no row is written. An extension (`extends`) is
 generated from its source's last frame; its finished frames (and audio) are joined onto
@@ -110,6 +111,7 @@ class VideoJobs:
         task = asyncio.create_task(self._run(job_id, stream, reference, extends is not None, soundtrack),
                                    name=f"video-{job_id}")
         self._running[job_id] = (task, stream)
+        log.info("video.queued", job=job_id, size=size)
 
     async def wait(self, job_id: str) -> None:
         """Until the job's task has recorded its end (at once if it is not running here)."""
@@ -182,21 +184,35 @@ class VideoJobs:
         except RequestError as err:
             self.store.fail(job_id, type(err).__name__, str(err))
         except asyncio.CancelledError:
-            self.store.fail(job_id, "cancelled", "the server stopped while this video was being generated")
+            self.store.fail(job_id, "server_stopped", "the server stopped while this video was being generated")
             raise
+        except OSError as err:  # the data directory refused a write (full, unwritable): no bug to trace
+            log.error("video.job_storage_failed", job=job_id, error_type=type(err).__name__, error=str(err))
+            why = err.strerror or type(err).__name__  # (not the path: the client has no business with it)
+            self.store.fail(job_id, "storage_error", f"the server could not store this video ({why})")
         except Exception as err:  # the job's boundary: it fails with a reason, the server lives on
             log.exception("video.job_failed", job=job_id, error_type=type(err).__name__)
             self.store.fail(job_id, "internal_error", f"{type(err).__name__}: {err}")
         finally:
+            # However the job ended (a failed reference write, a store error, an encode that raised),
+            # the engine stops making it: a no-op on a stream that already ended.
+            stream.abort()
             self._running.pop(job_id, None)
             self._touch(job_id)
-            for variant in ("video", "thumbnail", "spritesheet", "reference"):
-                _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
-            self.store.path(job_id, "source").unlink(missing_ok=True)  # the MP4 now holds its frames
-            if reference is not None:  # a first frame is kept for a remix, which needs a finished job
-                row = self.store.get(job_id)
-                if row is None or row.status != "completed":
-                    self.store.path(job_id, "reference").unlink(missing_ok=True)
+            try:
+                self._drop_leftovers(job_id, reference is not None)
+            except OSError as err:  # the files folder itself is unusable: the job's row already says so
+                log.warning("video.cleanup_failed", job=job_id, error_type=type(err).__name__)
+
+    def _drop_leftovers(self, job_id: str, referenced: bool) -> None:
+        """A finished job's temporary files, its source copy, and its first frame unless it completed."""
+        for variant in ("video", "thumbnail", "spritesheet", "reference"):
+            _tmp(self.store.path(job_id, variant)).unlink(missing_ok=True)
+        self.store.path(job_id, "source").unlink(missing_ok=True)  # the MP4 now holds its frames
+        if referenced:  # a first frame is kept for a remix, which needs a finished job
+            row = self.store.get(job_id)
+            if row is None or row.status != "completed":
+                self.store.path(job_id, "reference").unlink(missing_ok=True)
 
     async def _follow(self, job_id: str, stream: RequestStream) -> Made:
         made: Made | None = None

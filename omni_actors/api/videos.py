@@ -1,7 +1,8 @@
 """/v1/videos: OpenAI's video API (jobs), as the openai SDK's `client.videos` calls it.
 
     POST   /v1/videos                   create: multipart (or JSON) -> Video, `queued`, at once
-    POST   /v1/videos/sync              the same request, answered with the MP4 when it is made
+    POST   /v1/videos/sync              the same request, answered with the MP4 when it is made (a job
+                                        deleted meanwhile: 404 video_deleted; stopped: 503 server_stopped)
     GET    /v1/videos                   list: after, limit, order -> {"data", "has_more", ...}
     GET    /v1/videos/{id}              retrieve: status and progress
     DELETE /v1/videos/{id}              delete: a running job is aborted between steps
@@ -42,7 +43,7 @@ from omni_actors.api.calls import (
     require_outputs,
     route_model,
 )
-from omni_actors.api.diffusion_caps import stage_facts
+from omni_actors.api.diffusion_caps import MAX_GUIDANCE_SCALE, stage_facts
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.paging import newest_first
 from omni_actors.api.schemas import RequestStruct, read_body
@@ -204,7 +205,7 @@ async def _submit(request: web.Request) -> str:
     params = drop_none({
         "width": width, "height": height, "num_frames": num_frames,
         "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
-        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, 100.0),
+        "guidance_scale": opt_float(fields, "guidance_scale", 0.0, MAX_GUIDANCE_SCALE),
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     })
     inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "image": image})
@@ -231,12 +232,27 @@ async def create_sync(request: web.Request) -> web.StreamResponse:
         raise
     row = jobs.store.get(job_id)
     if row is None or row.status != "completed":
-        message = row.error_message if row is not None else "the job was deleted"
-        code = row.error_code if row is not None else "deleted"
-        status = 400 if code == "RequestRejected" else 500  # a stage refused what was asked
-        raise ApiError(status, f"video generation failed: {message}", None, code)
+        raise sync_failure(job_id, row)
     return web.FileResponse(jobs.store.path(job_id), headers={"Content-Type": "video/mp4",
                                                                "X-Video-Id": job_id})
+
+
+SYNC_STATUS = {"RequestRejected": 400, "server_stopped": 503, "server_restarted": 503, "WorkerDied": 503,
+               "StageUnavailable": 503, "RequestTimeout": 504}
+"""The status a sync call answers for a job that ended with this error code (others: 500, the server's fault)."""
+
+
+def sync_failure(job_id: str, row: JobRow | None) -> ApiError:
+    """What `/v1/videos/sync` answers for a job that did not complete (header X-Video-Id: the job). A job
+    deleted while the call waited (its row gone, or failed `cancelled`: only a delete cancels a job here)
+    is a 404 `video_deleted`; one the server stopped a 503 `server_stopped`; a refusal a 400."""
+    headers = {"X-Video-Id": job_id}
+    if row is None or row.error_code == "cancelled":
+        return ApiError(404, f"video {job_id} was deleted while this request waited for it", None,
+                        "video_deleted", headers=headers)
+    code = row.error_code or "failed"
+    return ApiError(SYNC_STATUS.get(code, 500), f"video generation failed: {row.error_message}", row.error_param,
+                    code, headers=headers)
 
 
 class RemixBody(RequestStruct):

@@ -44,6 +44,18 @@ async def test_edit_with_a_mask_at_the_input_size_and_seeded(srv) -> None:
     await eventually(lambda: idle(srv.orch))
 
 
+async def test_an_input_off_the_size_multiple_is_edited_at_its_aspect_and_an_asked_size_kept(srv) -> None:
+    """A 50x30 input (SD inpaint makes multiples of 8) was painted at the pipeline's default square; now at the
+    input's size rounded down to the multiple, which the answer's `size` says."""
+    kw = {"model": MODEL, "image": ("in.png", _image(30, 50)), "mask": ("m.png", _mask(30, 50)), "prompt": "x",
+          "extra_body": {"num_inference_steps": 1, "seed": 1}}
+    out = await srv.client().images.edit(**kw)
+    assert decode(out.data[0].b64_json).shape == (24, 48, 3) and out.size == "48x24"
+    asked = await srv.client().images.edit(**kw, size="32x32")
+    assert decode(asked.data[0].b64_json).shape == (32, 32, 3) and asked.size == "32x32"
+    await eventually(lambda: idle(srv.orch))
+
+
 async def test_edit_url_answer(srv) -> None:
     client = srv.client()
     out = await client.images.edit(model=MODEL, image=("in.png", _image()), mask=("m.png", _mask()), prompt="x",

@@ -16,6 +16,8 @@ from tests.api.conftest import eventually, idle, post
 from tests.api.image_family_support import decode, png, serve_family
 
 STEPS = {"num_inference_steps": 1, "seed": 3}
+LEAVE_TIMEOUT_S = 20.0
+"""Longest wait for the server to see a client gone and abort its run (a denoising step at most)."""
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,29 @@ async def test_a_size_is_ascii_digits_and_a_long_side_is_out_of_range(gen, size:
     with pytest.raises(openai.BadRequestError) as err:
         await gen.client().images.generate(model="qwen_image", prompt="x", size=size, extra_body=STEPS)
     assert err.value.body["param"] == "size" and says in err.value.body["message"], err.value.body
+
+
+async def test_guidance_scale_past_its_bound_is_a_400_naming_it(gen, edit) -> None:
+    """1e300 was taken by generations and edits alike and handed to the pipeline."""
+    for value, code in ((1e300, "decimal_above_max_value"), (100.5, "decimal_above_max_value"),
+                        (-1.0, "decimal_below_min_value")):
+        extra = {**STEPS, "guidance_scale": value}
+        with pytest.raises(openai.BadRequestError) as err:
+            await gen.client().images.generate(model="qwen_image", prompt="x", size="32x32", extra_body=extra)
+        assert (err.value.body["param"], err.value.body["code"]) == ("guidance_scale", code), err.value.body
+        with pytest.raises(openai.BadRequestError) as err:
+            await edit.client().images.edit(model="sd_inpaint", **{**_edit_inputs(), "extra_body": extra})
+        assert (err.value.body["param"], err.value.body["code"]) == ("guidance_scale", code), err.value.body
+
+
+async def test_a_client_that_leaves_a_stream_aborts_its_generation(gen) -> None:
+    """The SDK's stream closed after the first step event: the run is aborted, nothing is held."""
+    aborted = gen.orch.statistics().requests_aborted
+    stream = await gen.client().images.generate(model="qwen_image", prompt="x", size="32x32", stream=True,
+                                                extra_body={"num_inference_steps": 1000, "stream_progress": True})
+    async for event in stream:
+        assert event.type == "image_generation.progress"
+        break
+    await stream.close()
+    await eventually(lambda: idle(gen.orch), LEAVE_TIMEOUT_S)
+    assert gen.orch.statistics().requests_aborted == aborted + 1

@@ -124,3 +124,24 @@ def test_a_16_bit_phone_photo_is_the_first_frame_upright_and_at_its_level(i2v) -
     kept = i2v.runtime_parent.parent / "data" / "state" / "files" / "videos" / f"{job.id}.ref.png"  # (serve_tiny's)
     frame = np.asarray(Image.open(kept))
     assert frame.shape == (32, 48, 3) and np.all(frame == level), (frame.shape, frame.min(), frame.max())
+
+
+def test_a_job_that_fails_outside_the_engine_stops_its_request_there(i2v) -> None:
+    """A first frame that could not be kept (here: a file where the videos folder was) failed the job, but its
+    request ran on in the engine (1000 steps) with no one to take the frames."""
+    videos = i2v.runtime_parent.parent / "data" / "state" / "files" / "videos"
+    assert videos.is_dir()
+    aborted = requests.get(f"{i2v.url}/v1/status", timeout=30).json()["requests_aborted"]
+    away = videos.with_name("videos.away")
+    videos.rename(away)
+    videos.write_bytes(b"")
+    try:
+        r = requests.post(f"{i2v.url}/v1/videos", json=_body(num_inference_steps=1000), timeout=30)
+        assert r.status_code == 200, r.text
+        job = i2v.client().videos.retrieve(r.json()["id"], extra_query={"wait_s": JOB_WAIT_S, "past": "in_progress"})
+    finally:
+        videos.unlink()
+        away.rename(videos)
+    assert job.status == "failed" and job.error.code == "storage_error", job
+    status = requests.get(f"{i2v.url}/v1/status", timeout=30).json()
+    assert status["requests_aborted"] == aborted + 1, status

@@ -6,6 +6,7 @@ never a sleep loop. Tests run in file order against one server; the last one res
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import shutil
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ REMAKE_MEAN_LEVELS = 0.25
 REMIX_MEAN_LEVELS = 2.0
 """Least mean difference between videos of one seed and two prompts (8 measured on the tiny Wan)."""
 QUEUE = 2
+SYNC_SIZE = "48x16"
+"""The size only the deleted sync job asks for: its `video.queued` log line names it."""
 SPRITE_ERROR_MAX = 12.0
 """Mean difference (of 255) between a spritesheet tile and its frame: two JPEG/H.264 generations of noise."""
 
@@ -170,8 +173,22 @@ def test_sync_returns_the_mp4_and_the_same_seed_makes_the_same_video(wan, tmp_pa
     assert not np.array_equal(sync(6), first)
 
 
+def test_a_sync_call_whose_job_is_deleted_meanwhile_is_a_404_saying_so(wan):
+    """It was a 500 (code `cancelled`): the client's own delete read as the server's failure."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        call = pool.submit(requests.post, f"{wan.run.url}/v1/videos/sync", timeout=JOB_WAIT_S, json={
+            "model": wan.model.name, "prompt": "slow", "size": SYNC_SIZE, "num_frames": 1, **LONG})
+        job_id = wan.run.wait_for(rf"video\.queued(?=.*size={SYNC_SIZE}).*?(video_[0-9a-f]+)").group(1)
+        assert wait_done(wan.client, job_id, past="queued").status == "in_progress"
+        assert wan.client.videos.delete(job_id).deleted
+        resp = call.result(timeout=JOB_WAIT_S)
+    assert (resp.status_code, resp.json()["error"]["code"]) == (404, "video_deleted"), resp.text
+    assert resp.headers["X-Video-Id"] == job_id
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"size": "30x32"}, "size"),
+    ({"extra_body": {"guidance_scale": 1e300}}, "guidance_scale"),
     ({"size": "big"}, "size"),
     ({"seconds": "100"}, "seconds"),
     ({"seconds": "-1"}, "seconds"),
