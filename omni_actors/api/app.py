@@ -39,6 +39,7 @@ from omni_actors.api import (
     audio_generation,
     files,
     image_files,
+    not_served,
     playground,
     realtime,
     responses,
@@ -130,5 +131,6 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     videos.add_routes(app)
     audio_generation.add_routes(app)
     responses.add_routes(app)
+    not_served.add_routes(app)
     add_voice_routes(app)
     return app

@@ -23,8 +23,8 @@ from omni_actors.api.files import FileDeleted, FileObject, FilePage
 from omni_actors.api.image_edits import TEXT_FIELDS as IMAGE_EDIT_FIELDS
 from omni_actors.api.image_files import CONTENT_TYPES as IMAGE_TYPES
 from omni_actors.api.image_files import ROUTE as IMAGE_FILE_ROUTE
+from omni_actors.api.not_served import NOT_SERVED
 from omni_actors.api.responses import MAX_PAGE as RESPONSES_PAGE
-from omni_actors.api.responses import NOT_SERVED
 from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
 from omni_actors.api.status import ServerStatus
 from omni_actors.api.video_derive import EDIT_FIELDS, EXTEND_FIELDS
@@ -208,7 +208,7 @@ ROUTES = (
 
 UNDOCUMENTED = frozenset({
     ("get", "/v1/realtime"), ("get", "/v1/audio/speech/stream"), ("get", "/"), ("get", "/playground/{name}"),
-    *(("post", "/v1/responses" + path) for path in NOT_SERVED),
+    *(("post", path) for path in NOT_SERVED),
 })
 """Routes the app registers that are not OpenAPI operations: WebSockets, the playground's page, and OpenAI's
-routes this server registers only to say it does not serve them (a 404, responses.NOT_SERVED)."""
+routes this server registers only to say it does not serve them (a 404, not_served.NOT_SERVED)."""

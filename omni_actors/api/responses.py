@@ -5,7 +5,7 @@
     DELETE /v1/responses/{id}
     GET    /v1/responses/{id}/input_items         its input items (?order=asc|desc, after, limit 1-100)
     POST   /v1/responses/{id}/cancel              stop a background response
-    POST   /v1/responses/input_tokens, /compact   a 404 saying they are not served (`NOT_SERVED`)
+    POST   /v1/responses/input_tokens, /compact   a 404 saying they are not served (api/not_served.py)
 
 `background: true` answers `queued` at once and runs the response as a task the client polls
 (api/responses_background.py); with `stream: true` too, the answer is the response's event stream,
@@ -288,21 +288,6 @@ async def list_input_items(request: web.Request) -> web.Response:
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
-NOT_SERVED = {
-    "/input_tokens": "counting input tokens apart from a response is not served by this server; a response's "
-                     "`usage.input_tokens` counts its input",
-    "/compact": "compacting a conversation is not served by this server; `truncation: \"auto\"` drops its "
-                "oldest items when it outgrows the model's context",
-}
-"""OpenAI's routes under /v1/responses that this server does not serve: a 404 saying so, not the 405 of
-`/v1/responses/{id}`, whose path they match."""
-
-
-async def not_served(request: web.Request) -> web.Response:
-    raise ApiError(404, f"POST {request.path}: {NOT_SERVED[request.path.removeprefix(ROUTE)]}", None,
-                   "unsupported_endpoint")
-
-
 def add_routes(app: web.Application) -> None:
     """Every Responses API route (one line in app.py)."""
     running = app[BACKGROUND_KEY] = Background()
@@ -316,6 +301,4 @@ def add_routes(app: web.Application) -> None:
     r.add_get(ROUTE + "/{response_id}", get_response)
     r.add_delete(ROUTE + "/{response_id}", delete_response)
     r.add_post(ROUTE + "/{response_id}/cancel", cancel_response)
-    for path in NOT_SERVED:
-        r.add_post(ROUTE + path, not_served)
     r.add_get(ROUTE + "/{response_id}/input_items", list_input_items)

@@ -6,6 +6,7 @@ import base64
 import io
 
 import numpy as np
+import openai
 import pytest
 from PIL import Image
 
@@ -85,6 +86,21 @@ async def test_chat_on_an_image_pipeline_is_a_clear_400(srv: Server) -> None:
     status, out = await post(srv, "/v1/chat/completions",
                              {"model": "synthetic_image", "messages": [{"role": "user", "content": "hi"}]})
     assert status == 400 and out["error"]["param"] == "modalities"
+
+
+async def test_variations_say_they_are_not_served_and_what_serves_the_need(srv: Server) -> None:
+    """DALL-E 2's variations route through the SDK: a 404 naming edits, not "unknown route"."""
+    with pytest.raises(openai.NotFoundError) as missing:
+        await srv.client().images.create_variation(model="synthetic_image", image=("a.png", _png()))
+    body = missing.value.body
+    assert (body["code"], body["param"]) == ("unsupported_endpoint", None), body
+    assert "/v1/images/variations" in body["message"] and "/v1/images/edits" in body["message"], body
+
+
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, "PNG")
+    return buf.getvalue()
 
 
 def _zlib_header(png: bytes) -> bytes:
