@@ -4,10 +4,12 @@
     events.py     server events (beta and GA names), encoded
     session.py    session config: session.update applied, the session rendered
     conversation.py  conversation items, the input audio buffer
+    client_items.py  the client's items made conversation items (item.create, response.create's input)
     audio.py      pcm16 / G.711, streaming resampler
     vad.py        silero server VAD
     response_request.py  a response's options and the pipeline request built from the conversation
     responses.py  one response through the orchestrator, streamed as deltas
+    response_item.py  a response's message item: text, transcript and audio deltas
     function_calls.py  tools shown to the model, its calls as function_call items
     route.py      the /v1/realtime route: upgrade, session limit, one session per connection
     handler.py    the session: one receive loop per connection, events dispatched

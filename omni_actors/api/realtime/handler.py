@@ -2,7 +2,8 @@
 
 The loop decodes each client event and dispatches it with `match`. Input audio
 (appends, VAD turns, commits, live transcription) is input_audio.py's half of the
-session. Responses run as tasks (responses.py) that send their own deltas: the
+session; conversation items from the client (item.create/.retrieve/.truncate, response.create's
+`input`) are client_items.py's. Responses run as tasks (responses.py) that send their own deltas: the
 conversation's, one at a time, and out-of-band ones (`conversation: "none"`) beside
 it, MAX_RESPONSES in all; a transcription session transcribes each committed turn
 instead (transcription.py). Any bad event is answered with an `error` event and the
@@ -21,20 +22,12 @@ from aiohttp import WSMsgType, web
 from msgspec import UNSET
 
 from omni_actors import logs
-from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import Resampler, WireStream, wire_rate
-from omni_actors.api.realtime.conversation import (
-    Conversation,
-    InputBuffer,
-    Item,
-    item_from_client,
-    new_id,
-    render_item,
-    truncate,
-)
+from omni_actors.api.realtime.client_items import ClientItems
+from omni_actors.api.realtime.conversation import Conversation, InputBuffer, new_id
 from omni_actors.api.realtime.function_calls import forced_call
 from omni_actors.api.realtime.input_audio import InputAudio
 from omni_actors.api.realtime.live_transcription import LiveTurn
@@ -65,18 +58,16 @@ log = logs.get(__name__)
 
 MAX_EVENT_BYTES = 15 * 1024 * 1024 + 64 * 1024
 """Largest client event we act on: a 15 MiB append plus its JSON envelope."""
-INLINE_AUDIO_SAMPLES = 16000
-"""Conversation items with at most this much audio (base64 characters to decode, or 16 kHz samples
-to encode: about a second) are converted on the loop; bigger ones in the thread pool."""
 MAX_RESPONSES = 4
 """Responses one session runs at once: its conversation's (one at most) and out-of-band ones
 (`response.conversation: "none"`); one more is an `error` (response_limit_reached)."""
+
 
 class ClientGone(ConnectionError):
     """The WebSocket closed while we were sending to it."""
 
 
-class RealtimeSession(InputAudio):
+class RealtimeSession(InputAudio, ClientItems):
     def __init__(self, ws: web.WebSocketResponse, request: web.Request, orch: Orchestrator, model: str,
                  stats: RealtimeStats) -> None:
         self.ws = ws
@@ -199,23 +190,9 @@ class RealtimeSession(InputAudio):
                 self._drop_live()
                 await self.send(ev.BufferCleared())
             case ce.ItemCreate(item=it, previous_item_id=prev):
-                try:
-                    if it.type == "item_reference":
-                        raise ce.BadEvent("an item_reference names an item for response.create's `input`; it "
-                                          "is not an item to add", param="item.type")
-                    (item,) = await self._items_from_client([("item", it)])
-                    self._check_text_room(item)
-                    prev = self.conversation.add(item, prev)
-                except ce.BadEvent as err:
-                    err.event_id = eid
-                    raise
-                await self._announce_item(item, prev)
+                await self._create_item(it, prev, eid)
             case ce.ItemRetrieve(item_id=item_id):
-                item = self._item(item_id, eid)
-                held = sum(len(p.audio) for p in item.content if p.audio is not None)
-                rendered = (render_item(item, self.dialect, with_audio=True) if held <= INLINE_AUDIO_SAMPLES
-                            else await off_loop(render_item, item, self.dialect, True))  # (encodes its audio)
-                await self.send(ev.ItemRetrieved(item=rendered))
+                await self._retrieve_item(item_id, eid)
             case ce.ItemTruncate(item_id=item_id, content_index=ci, audio_end_ms=end):
                 await self._truncate(self._item(item_id, eid), ci, end, eid)
             case ce.ItemDelete(item_id=item_id):
@@ -238,7 +215,7 @@ class RealtimeSession(InputAudio):
             case ce.OutputAudioClear():
                 await self.send(ev.OutputAudioCleared())
 
-    # ---- session and items ----
+    # ---- the session ----
 
     def _refuse_tools(self, tools: Any, tool_choice: Any, prefix: str) -> None:
         """An `error` for tools this pipeline cannot call, or a call it cannot force (the client's
@@ -336,63 +313,6 @@ class RealtimeSession(InputAudio):
     def _conversation_refusal(self) -> str | None:
         """Why this session's pipeline cannot answer a conversation (transcription.py), else None."""
         return conversation_refusal(self.orch.pipeline, self.cfg.model)
-    async def _items_from_client(self, items: list[tuple[str, ce.ItemIn]]) -> list[Item]:
-        """Client items (each with the `param` that names it) with their audio decoded: refused by size
-        before any decoding (the session's audio limit, from the base64 length), decoded off the loop when big."""
-        b64 = [len(c.audio) for _, it in items for c in it.content if c.type == "input_audio" and c.audio]
-        self._check_audio_room(sum(self._vad_samples(n) for n in b64))
-        fmt, dialect = self.cfg.input_audio_format, self.dialect
-        if sum(b64) <= INLINE_AUDIO_SAMPLES:
-            return [item_from_client(it, fmt, dialect, where) for where, it in items]
-        return await off_loop(lambda: [item_from_client(it, fmt, dialect, where) for where, it in items])
-
-    async def _response_input(self, items: list[ce.ItemIn]) -> list[Item]:
-        """response.create's `input`: new items, and `item_reference`s to the conversation's, in order."""
-        for i, it in enumerate(items):
-            if it.type == "item_reference" and (it.id is None or self.conversation.get(it.id) is None):
-                raise ce.BadEvent(f"item {it.id!r} does not exist", code="item_not_found",
-                                  param=f"response.input[{i}].id")
-        made = iter(await self._items_from_client([(f"response.input[{i}]", it) for i, it in enumerate(items)
-                                                    if it.type != "item_reference"]))
-        return [self.conversation.get(it.id) if it.type == "item_reference" and it.id else next(made)
-                for it in items]
-
-    def _check_text_room(self, item: Item) -> None:
-        """Refuse an item that would take the conversation's text past `max_text` (server.max_body_mb):
-        without a bound, one session's items could grow the server's memory without end."""
-        held = self.conversation.size()
-        if held + item.size() > self.max_text:
-            raise ce.BadEvent(f"the conversation would hold {held + item.size()} characters of text; the limit is "
-                              f"{self.max_text} (server.max_body_mb, as for one REST request): delete "
-                              "conversation items", code="text_limit_exceeded", param="item")
-
-    def _item(self, item_id: str, eid: str | None) -> Item:
-        item = self.conversation.get(item_id)
-        if item is None:
-            raise ce.BadEvent(f"item {item_id!r} does not exist", code="item_not_found", param="item_id",
-                              event_id=eid)
-        return item
-
-    async def _announce_item(self, item: Item, prev: str | None) -> None:
-        rendered = render_item(item, self.dialect)
-        await self.send(ev.ItemCreated(previous_item_id=prev, item=rendered))
-        if self.dialect == "ga":
-            await self.send(ev.ItemDone(previous_item_id=prev, item=rendered))
-
-    async def _truncate(self, item: Item, ci: int, end_ms: int, eid: str | None) -> None:
-        if item.role != "assistant" or not 0 <= ci < len(item.content) or item.content[ci].type != "audio":
-            raise ce.BadEvent("only an assistant audio content part can be truncated", param="content_index",
-                              event_id=eid)
-        part = item.content[ci]
-        if not 0 <= end_ms <= part.audio_ms:
-            raise ce.BadEvent(f"audio_end_ms must be between 0 and the part's {part.audio_ms} ms",
-                              param="audio_end_ms", event_id=eid)
-        if self.response is not None and self.response.item is item:
-            # The answer still being made: the client stopped playing it (its user talked over it, with
-            # no server VAD to say so). Stop it first, else it would go on past the cut.
-            await self._cancel_response("client_cancelled")
-        truncate(part, end_ms)
-        await self.send(ev.ItemTruncated(item_id=item.id, content_index=ci, audio_end_ms=end_ms))
 
     # ---- responses ----
 

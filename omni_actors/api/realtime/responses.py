@@ -5,9 +5,8 @@
 
 `host` is the connection's session (handler.py): it supplies `orch`, `cfg`,
 `conversation`, `dialect` and `send(event)`. The request goes through the REST
-routes' PipelineCall (deadline, metrics, abort on exit). Text outputs become
-text deltas (or, in an audio response, transcript deltas); audio outputs are
-resampled to the wire rate and sent as they arrive; a transcript output is the
+routes' PipelineCall (deadline, metrics, abort on exit). Text and audio outputs
+stream into the response's message item as deltas (response_item.py); a transcript output is the
 pipeline's transcription of the user's audio and is stored on that user item. A response whose
 user audio another response is transcribing (an out-of-band one beside the conversation's) waits for
 that transcript and hears it as text: the recognizer runs once per item.
@@ -26,23 +25,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 from aiohttp import web
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
 from omni_actors.api.errors import ApiError
 from omni_actors.api.realtime import events as ev
-from omni_actors.api.realtime.audio import Resampler, encode_wire, wire_rate
-from omni_actors.api.realtime.conversation import (
-    Conversation,
-    Item,
-    Part,
-    new_id,
-    render_item,
-    render_part,
-)
+from omni_actors.api.realtime.audio import Resampler
+from omni_actors.api.realtime.conversation import Conversation, Item, new_id, render_item
 from omni_actors.api.realtime.function_calls import CallItems
+from omni_actors.api.realtime.response_item import MessageItem
 from omni_actors.api.realtime.response_request import Options, build_request
 from omni_actors.api.realtime.response_status import (
     AUDIO_TOKENS_PER_S,
@@ -89,7 +81,7 @@ class Host(Protocol):
 
 
 @dataclass
-class ResponseRun:
+class ResponseRun(MessageItem):
     host: Host
     opts: Options
     id: str = field(default_factory=lambda: new_id("resp"))
@@ -162,10 +154,6 @@ class ResponseRun:
         return {"voice": self.opts.voice, "output_audio_format": self.opts.output_audio_format}
 
     # ---- the run ----
-
-    def _part_event(self, cls: type, **kw: Any) -> ev.ServerEvent:
-        assert self.item is not None
-        return cls(response_id=self.id, item_id=self.item.id, output_index=self.output.index(self.item), **kw)
 
     async def _run(self) -> None:
         h = self.host
@@ -251,19 +239,6 @@ class ResponseRun:
             self._waiting = None
         return self.cancel_reason is None
 
-    async def _open_item(self) -> None:
-        h = self.host
-        self.item = Item(id=new_id("item"), role="assistant", status="in_progress",
-                         content=[Part("audio", transcript="") if self.audio else Part("text", text="")])
-        self.output.append(self.item)
-        rendered = render_item(self.item, h.dialect)
-        await h.send(ev.OutputItemAdded(response_id=self.id, output_index=self.output.index(self.item),
-                                        item={**rendered, "content": []}))
-        if self.opts.in_conversation:
-            prev = h.conversation.add(self.item)
-            await h.send(ev.ItemCreated(previous_item_id=prev, item={**rendered, "content": []}))
-        await h.send(self._part_event(ev.ContentPartAdded, part=render_part(self.item.content[0], h.dialect)))
-
     async def _consume(self, call: PipelineCall, audio_item: Item | None,
                        text_is_transcript: bool) -> RequestError | None:
         try:
@@ -305,15 +280,6 @@ class ResponseRun:
             case TranscriptOutput(text=text):
                 await self._on_user_transcript(audio_item, text, chunk.finished)
 
-    async def _send_text(self, delta: str, text_is_transcript: bool) -> None:
-        part = self.item.content[0]  # type: ignore[union-attr]
-        if part.type == "text":
-            part.text = (part.text or "") + delta
-            await self.host.send(self._part_event(ev.TextDelta, delta=delta))
-        elif text_is_transcript:
-            part.transcript = (part.transcript or "") + delta
-            await self.host.send(self._part_event(ev.TranscriptDelta, delta=delta))
-
     async def _release(self, text_is_transcript: bool, complete: bool) -> None:
         """Tools were offered and the answer ended: send it as the calls the parser read in it (a
         complete answer only), with any text outside them not sent yet first, else as the text it
@@ -342,31 +308,6 @@ class ResponseRun:
             await self._close_item("completed")
         if self._calls is not None:
             await (self._calls.finish(calls) if complete else self._calls.close_open())
-
-    async def _on_audio(self, part: Part, out: AudioOutput, text_is_transcript: bool) -> None:
-        start_ms = part.audio_ms
-        if len(out.audio):
-            fmt = self.opts.output_audio_format
-            if self._resampler is None:
-                self.first_audio_ms = (time.perf_counter() - self._submitted_at) * 1000
-                self._resampler = Resampler(out.sample_rate, wire_rate(fmt))
-                if self.opts.speed != 1.0:
-                    self._stretch = TimeStretch(wire_rate(fmt), self.opts.speed)
-            x = self._resampler.push(out.audio)
-            await self._send_audio(part, x if self._stretch is None else self._stretch.feed(x))
-        piece = out.transcript
-        if piece:
-            part.segments.append((start_ms, piece))
-            if not text_is_transcript:
-                part.transcript = (part.transcript or "") + piece
-                await self.host.send(self._part_event(ev.TranscriptDelta, delta=piece))
-
-    async def _send_audio(self, part: Part, out: np.ndarray) -> None:
-        if not len(out):
-            return
-        fmt = self.opts.output_audio_format
-        part.audio_ms += len(out) * 1000 // wire_rate(fmt)
-        await self.host.send(self._part_event(ev.AudioDelta, delta=encode_wire(out, fmt)))
 
     async def _on_user_transcript(self, item: Item | None, text: str, finished: bool) -> None:
         """The user's audio as the pipeline heard it: deltas as they come, then the whole.
@@ -400,26 +341,6 @@ class ResponseRun:
             if not isinstance(content, str):
                 samples = sum(len(inputs[p["array"]]) for p in content if "array" in p)
                 self.usage.input_audio += samples * AUDIO_TOKENS_PER_S // VAD_RATE
-
-    async def _close_item(self, status: str) -> None:
-        h = self.host
-        assert self.item is not None
-        part = self.item.content[0]
-        if part.type == "audio":
-            if status != "cancelled" and self._resampler is not None:
-                tail = self._resampler.flush()
-                await self._send_audio(part, tail if self._stretch is None else self._stretch.feed(tail, last=True))
-            self.usage.output_audio = part.audio_ms * AUDIO_TOKENS_PER_S // 1000
-            await h.send(self._part_event(ev.AudioDone))
-            await h.send(self._part_event(ev.TranscriptDone, transcript=part.transcript or ""))
-        else:
-            await h.send(self._part_event(ev.TextDone, text=part.text or ""))
-        await h.send(self._part_event(ev.ContentPartDone, part=render_part(part, h.dialect)))
-        self.item.status = "completed" if status == "completed" else "incomplete"
-        rendered = render_item(self.item, h.dialect)
-        await h.send(ev.OutputItemDone(response_id=self.id, output_index=self.output.index(self.item), item=rendered))
-        if h.dialect == "ga" and self.opts.in_conversation:
-            await h.send(ev.ItemDone(previous_item_id=None, item=rendered))
 
     async def _finish(self, status: str, details: dict[str, Any] | None) -> None:
         """Close the output items, then send response.done: always, once, even if closing failed."""
