@@ -7,6 +7,7 @@ being silently ignored; ranges are `Meta` constraints, so they appear in
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -315,6 +316,25 @@ def _is_json(mime: str) -> bool:
     return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
 
 
+_LONE_SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+"""A high-surrogate escape (an even run of backslashes before it) with no low-surrogate escape after it."""
+
+
+def lone_surrogate(body: bytes, err: msgspec.DecodeError) -> ApiError | None:
+    """The 400 for a lone high-surrogate escape ("\\ud800"), which msgspec reports as "Input data was
+    truncated" within 6 bytes of the body's end and as "unexpected end of escaped utf-16 surrogate pair"
+    elsewhere; None for any other decode error."""
+    text = str(err)
+    if isinstance(err, msgspec.ValidationError) or not (text == "Input data was truncated" or "surrogate" in text):
+        return None
+    found = _LONE_SURROGATE.search(body)
+    if found is None:
+        return None
+    return bad_request(f"request body is not valid JSON: invalid \\u escape: lone UTF-16 surrogate "
+                       f"{found.group(1).decode()} at byte {found.start(1)} (a high surrogate \\ud800-\\udbff "
+                       "must be followed by a low one, \\udc00-\\udfff)", None, "invalid_json")
+
+
 async def read_body(request: web.Request, typ: type[Struct]) -> Struct:
     """Read the JSON body and decode it into `typ`; a 400 names the offending field.
 
@@ -335,6 +355,6 @@ async def read_body(request: web.Request, typ: type[Struct]) -> Struct:
     try:
         return msgspec.json.decode(body, type=typ)
     except msgspec.DecodeError as err:  # ValidationError is a subclass: both become 400
-        raise from_validation(err, typ) from None
+        raise lone_surrogate(body, err) or from_validation(err, typ) from None
     except RecursionError:  # (msgspec's decoder recurses per level: thousands deep exhaust the stack)
         raise bad_request("request body is nested too deeply", None, "invalid_json") from None

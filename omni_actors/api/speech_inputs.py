@@ -8,7 +8,8 @@ that also speaks) gets the fields passed through as they came.
            one of OpenAI's names            -> the built-in voice at its index (mod the count)
            "voice_..." or {"id": "voice_..."} (cloning pipelines) -> the default voice (if any) plus
                                                inputs "reference_audio" / "reference_text" /
-                                               "reference_id" (the voice's id)
+                                               "reference_id" (the voice's id); a stored sample that is
+                                               silent (voices.silence) is a 400 naming `voice`
            anything else                    -> 400 listing the choices
            A pipeline with no built-in voices (it only clones) needs a custom voice: anything else,
            or no voice, is a 400 naming `voice`.
@@ -30,7 +31,7 @@ from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.diffusion_caps import served_caps
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import VoiceRef
-from omni_actors.api.voices import voice_store
+from omni_actors.api.voices import silence, voice_store
 from omni_actors.audio import resample
 from omni_actors.config.deploy import model_id
 from omni_actors.config.pipeline import PipelineConfig
@@ -122,6 +123,9 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
             audio, rate = await off_loop(store.clip, vid)
         except (KeyError, OSError):
             raise bad_request(f"custom voice {vid!r} has no readable sample", "voice", "unknown_voice") from None
+        silent = silence(audio, f"the sample of custom voice {vid!r}")
+        if silent:  # stored before uploads were checked for silence
+            raise bad_request(silent, "voice", "audio_silent")
         if spec.voices:
             call.inputs["voice"] = spec.voices[0]
         call.inputs.update(reference_text=found.transcript, reference_id=vid,

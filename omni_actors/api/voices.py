@@ -18,16 +18,20 @@ clone (`SpeechSpec.cloning`) condition on both; the transcript is the form's
 tiny.en hears in the sample (voice_asr.py: English consents only; else empty, which
 cloning families accept with a weaker match).
 A sample shorter than MIN_SAMPLE_S (1 s) is a 400 naming `audio_sample` (code
-`audio_too_short`); a longer one is cut to MAX_SAMPLE_S (60 s).
+`audio_too_short`, its length in samples and ms); a longer one is cut to MAX_SAMPLE_S (60 s).
+A sample whose kept part peaks below SILENCE_DBFS (-60 dBFS: silence, or near it) is a 400
+naming `audio_sample` (code `audio_silent`): there is no voice in it to clone.
 Rows live in SQLite (voice_store.py) and survive a restart. Upload parts are
 read with the server's body size and time limits.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 import msgspec
+import numpy as np
 from aiohttp import web
 from msgspec import Struct
 
@@ -49,6 +53,9 @@ MAX_SAMPLE_S = 60.0
 MIN_SAMPLE_S = 1.0
 """Shortest voice sample taken: a clone of less than a second of speech is no voice, and the cloning
 models' encoders fail on clips of a few milliseconds (the models refuse those themselves too)."""
+SILENCE_DBFS = -60.0
+"""A sample peaking below this (dB of full scale) is silence, or near it: no voice to clone. Speech peaks
+tens of dB above it; a quiet room's noise floor, or a dithered digital silence, stays below it."""
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 PROMPT_VOICE_FIELDS = frozenset({"prompt", "model", "script_hint"})
 """The fields of OpenAI's prompt voices (`type: "prompt"`), which are not made here: taken only to refuse
@@ -123,6 +130,21 @@ def _consent(c: Consent) -> ConsentObject:
 
 def _voice(v: Voice) -> VoiceObject:
     return VoiceObject(v.id, v.created_at, v.name)
+
+
+def _length(samples: int, rate: int) -> str:
+    """A length as samples and ms, never "0" for a non-empty clip (0.000 s hid a 1-sample upload)."""
+    return f"{samples} sample{'' if samples == 1 else 's'} at {rate} Hz ({samples * 1000 / rate:.6g} ms)"
+
+
+def silence(audio: np.ndarray, what: str) -> str | None:
+    """Why `audio` (float32 in [-1, 1]) holds no voice to clone: its peak is below SILENCE_DBFS; else None."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak >= 10 ** (SILENCE_DBFS / 20):
+        return None
+    level = "every sample is 0" if peak == 0 else f"its peak is {20 * math.log10(peak):.1f} dBFS"
+    return (f"{what} is silent ({level}, below the {SILENCE_DBFS:g} dBFS floor); a voice needs a recording "
+            "of the speaker speaking")
 
 
 def _text(fields: dict[str, str], name: str, limit: int, required: bool = True) -> str:
@@ -213,9 +235,13 @@ async def create_voice(request: web.Request) -> web.Response:
     if not audio.size:
         raise bad_request("the audio sample holds no samples", "audio_sample", "invalid_audio")
     if audio.size < MIN_SAMPLE_S * rate:
-        raise bad_request(f"the audio sample is too short ({audio.size / rate:.3f} s); a voice needs at least "
-                          f"{MIN_SAMPLE_S:g} s of the speaker", "audio_sample", "audio_too_short")
+        raise bad_request(f"the audio sample is too short: {_length(audio.size, rate)}; a voice needs at least "
+                          f"{MIN_SAMPLE_S:g} s of the speaker ({math.ceil(MIN_SAMPLE_S * rate)} samples at "
+                          f"{rate} Hz)", "audio_sample", "audio_too_short")
     audio = audio[: int(MAX_SAMPLE_S * rate)]
+    silent = silence(audio, "the audio sample")
+    if silent:
+        raise bad_request(silent, "audio_sample", "audio_silent")
     if heard:
         transcript = await transcribe(audio, rate, agreed.language, MAX_TRANSCRIPT_CHARS)
     try:

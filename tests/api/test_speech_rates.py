@@ -177,6 +177,28 @@ async def test_chat_refuses_an_unknown_voice_as_speech_does(srv: Server) -> None
         assert out.choices[0].message.audio is not None
 
 
+async def test_a_lone_surrogate_escape_is_named_not_called_truncated(srv: Server) -> None:
+    r"""msgspec calls a high surrogate escape with no low one after it ("\ud800") near the body's end "Input data
+    was truncated" (elsewhere "unexpected end of escaped utf-16 surrogate pair"), which sent a client looking for a
+    cut-off body; the 400 says what is wrong and where."""
+    async with aiohttp.ClientSession() as s:
+        for text, lone in ((rb"hi \uDBFF", rb"\uDBFF"), (rb"hi \ud800 there", rb"\ud800"),
+                           (rb"hi \\\ud800\u0041", rb"\ud800")):  # an escaped backslash, then the escape
+            body = b'{"model": "synthetic", "voice": "alloy", "input": "' + text + b'"}'
+            async with s.post(srv.url + "/v1/audio/speech", data=body,
+                              headers={"Content-Type": "application/json"}) as resp:
+                assert resp.status == 400, (text, resp.status)
+                error = (await resp.json())["error"]
+            assert error["code"] == "invalid_json" and error["param"] is None, (text, error)
+            assert "lone UTF-16 surrogate" in error["message"] and "truncated" not in error["message"], error
+            assert f"{lone.decode()} at byte {body.index(lone)}" in error["message"], error
+        async with s.post(srv.url + "/v1/audio/speech", headers={"Content-Type": "application/json"},
+                          data=rb'{"model": "synthetic", "voice": "alloy", "input": "a \\ud800 b \ud83d\ude00"}'
+                          ) as resp:  # an escaped backslash then "ud800" is text, and a whole pair is fine
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+
+
 async def test_chat_pcm16_is_24khz_too(srv: Server) -> None:
     """OpenAI's chat audio pcm16 is 24 kHz (the playground plays it so): a 22.05 kHz model's is resampled."""
     ask = {"model": "synthetic", "messages": [{"role": "user", "content": TEXT}], "max_tokens": 2,

@@ -32,8 +32,9 @@ RATE = 24000
 
 
 def _tone(samples: int, rate: int = RATE) -> np.ndarray:
+    """A 180 Hz tone peaking at 0.3 from its first sample (a cosine: a 1-sample clip is not silence)."""
     t = np.arange(samples) / rate
-    return (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32)
+    return (0.3 * np.cos(2 * np.pi * 180 * t)).astype(np.float32)
 
 
 def _wav(samples: int, rate: int = RATE) -> bytes:
@@ -48,7 +49,7 @@ async def _consent(srv: Server) -> str:
     return made.id
 
 
-async def test_a_sample_under_the_floor_is_refused_when_the_voice_is_made(tmp_path: Path) -> None:
+async def test_a_sample_under_the_floor_or_silent_is_refused_when_the_voice_is_made(tmp_path: Path) -> None:
     assert MIN_SAMPLE_S == 1.0
     async with serve_deploy(make_deploy("synthetic"), None, tmp_path) as srv:
         client, consent = srv.client(), await _consent(srv)
@@ -58,7 +59,20 @@ async def test_a_sample_under_the_floor_is_refused_when_the_voice_is_made(tmp_pa
                                                  consent=consent, name="short", extra_body={"transcript": "hm"})
             body = err.value.body
             assert body["param"] == "audio_sample" and body["code"] == "audio_too_short", body
-            assert "at least 1 s" in body["message"], body
+            assert f"at least 1 s of the speaker ({rate} samples at {rate} Hz)" in body["message"], body
+            # the length itself, which "0.000 s" hid for a few samples
+            assert f": {samples} sample{'' if samples == 1 else 's'} at {rate} Hz (" in body["message"], body
+            assert " 0 ms" not in body["message"] and "0.000" not in body["message"], body
+        silent = {"zeros": np.zeros(RATE, np.float32), "hiss": _tone(RATE) * 10 ** (-70 / 20) / 0.3}
+        for what, samples in silent.items():  # a clone of silence is no voice: -60 dBFS peak is the floor
+            buf = io.BytesIO()
+            sf.write(buf, samples, RATE, format="WAV", subtype="FLOAT")
+            with pytest.raises(openai.BadRequestError) as err:
+                await client.audio.voices.create(audio_sample=("v.wav", buf.getvalue(), "audio/wav"),
+                                                 consent=consent, name=what, extra_body={"transcript": "hm"})
+            body = err.value.body
+            assert body["param"] == "audio_sample" and body["code"] == "audio_silent", (what, body)
+            assert "below the -60 dBFS floor" in body["message"], body
         for samples, rate in ((RATE, RATE), (16_000, 16_000)):
             made = await client.audio.voices.create(audio_sample=("v.wav", _wav(samples, rate), "audio/wav"),
                                                     consent=consent, name="ok", extra_body={"transcript": "hm"})
@@ -125,10 +139,19 @@ async def _cloning_synthetic(data: Path) -> AsyncIterator[Server]:
 async def test_a_voice_whose_stored_sample_is_damaged_is_a_400_naming_voice(tmp_path: Path, damage: str) -> None:
     """A sample file removed or overwritten on disk was a LibsndfileError and a 500 with a traceback."""
     async with _cloning_synthetic(tmp_path) as srv:
-        client = srv.client()
+        client, consent = srv.client(), await _consent(srv)
         made = await client.audio.voices.create(audio_sample=("v.wav", _wav(RATE), "audio/wav"),
-                                                consent=await _consent(srv), name="v", extra_body={"transcript": ""})
+                                                consent=consent, name="v", extra_body={"transcript": ""})
         assert (await client.audio.speech.create(model="synthetic", input="Hi.", voice={"id": made.id})).content
+        store = Store(tmp_path)  # a silent voice stored before uploads were checked for silence
+        try:
+            hushed = VoiceStore(store).add_voice("hushed", consent, np.zeros(RATE, np.float32), RATE, "")
+        finally:
+            store.close()
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.audio.speech.create(model="synthetic", input="Hi.", voice={"id": hushed.id})
+        assert err.value.body["param"] == "voice" and err.value.body["code"] == "audio_silent", err.value.body
+        assert hushed.id in err.value.body["message"], err.value.body
         sample = next(tmp_path.rglob(f"{made.id}.wav"))
         if damage == "missing":
             sample.unlink()
