@@ -28,6 +28,10 @@ from tests.browser_support import browser_page
 PROMPT = "Tell me something"
 FAIL_AT_CHUNK = 3
 """The thinker fails each request at this chunk: after the stream's headers and its first words."""
+STEP_DELAY_MS = 150
+"""Time between the thinker's chunks: the route reads the first chunk (and sends the headers) well before
+the failure, even on a loaded machine. (An error that comes before the first chunk is read drops the
+unread chunks and is answered with its HTTP status instead: a 500 in the browser's console.)"""
 
 
 def _tone(path: Path, seconds: float, rate: int = 24_000, subtype: str = "PCM_16") -> Path:
@@ -44,7 +48,7 @@ async def srv():
 
 @pytest.fixture(scope="module")
 async def failing():
-    async with serve("synthetic", stages=[{"stage_id": 0, "engine_extras": {"fail_on_chunk": FAIL_AT_CHUNK, "step_delay_ms": 30}}]) as server:
+    async with serve("synthetic", stages=[{"stage_id": 0, "engine_extras": {"fail_on_chunk": FAIL_AT_CHUNK, "step_delay_ms": STEP_DELAY_MS}}]) as server:
         yield server
 
 
