@@ -48,7 +48,7 @@ from omni_actors.orchestrator.mps import MpsDaemon
 from omni_actors.orchestrator.receive import ORCH_PRODUCER, ReceivePath
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream
 from omni_actors.orchestrator.runs import AbortWaits, LeaseTable, Run
-from omni_actors.orchestrator.stats import ReplicaStats, StageStats, Statistics
+from omni_actors.orchestrator.stats import Statistics, snapshot
 from omni_actors.orchestrator.supervisor import (
     HEARTBEAT_TIMEOUT_S,
     RESTART_READY_TIMEOUT_S,
@@ -248,38 +248,7 @@ class Orchestrator(ReceivePath):
         await self.supervisor.wait_healthy(timeout_s)
 
     def statistics(self) -> Statistics:
-        stages = []
-        now = time.monotonic()
-        for spec in self.pipeline.stages:
-            lat = self.first_outputs[spec.stage_id]
-            reps = tuple(
-                ReplicaStats(h.replica, self.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
-                             h.leases_out, self.supervisor.restarts.get((spec.stage_id, h.replica), 0),
-                             h.steps, h.step_running_s(now), h.startup_seconds(), busy_s=h.busy_s,
-                             step_counts=tuple(h.step_counts))
-                for h in self.workers[spec.stage_id]
-            )
-            stages.append(StageStats(
-                stage_id=spec.stage_id, model_stage=spec.model_stage, healthy=any(r.ready for r in reps),
-                queue_limit=self.deploy.stage(spec.stage_id).queue_limit,
-                in_flight=sum(r.in_flight for r in reps),
-                engine_requests=sum(r.engine_requests for r in reps), replicas=reps,
-                first_output=tuple(lat.buckets()), first_output_sum_s=lat.total_s,
-            ))
-        r = self.router
-        return Statistics(
-            uptime_s=time.monotonic() - self._started_at,
-            requests_in_flight=len(self.runs), requests_total=self.counters["total"],
-            requests_failed=self.counters["failed"], requests_aborted=self.counters["aborted"],
-            messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
-            frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
-            loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
-            leases_held=len(self.leases) + len(self.abort_waits),
-            arena_segments=self.arena.segments, worker_restarts=sum(self.supervisor.restarts.values()),
-            stream_bytes_queued=sum(run.stream.queued_bytes for run in self.runs.values()),
-            stream_bytes_peak=self._stream_peak_bytes, stream_overflows=self.counters["stream_overflows"],
-            first_output_holds=self.first_output.holds, stages=tuple(stages),
-        )
+        return snapshot(self, uptime_s=time.monotonic() - self._started_at, stream_peak_bytes=self._stream_peak_bytes)
 
     # ---- requests ------------------------------------------------------------------
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_actors.orchestrator.core import Orchestrator
 
 
 @dataclass(frozen=True)
@@ -76,3 +81,39 @@ class Statistics:
 
     def stage(self, stage_id: int) -> StageStats:
         return next(s for s in self.stages if s.stage_id == stage_id)
+
+
+def snapshot(orch: Orchestrator, uptime_s: float, stream_peak_bytes: int) -> Statistics:
+    """The orchestrator's counters, stages and replicas now, as one immutable snapshot."""
+    stages = []
+    now = time.monotonic()
+    for spec in orch.pipeline.stages:
+        lat = orch.first_outputs[spec.stage_id]
+        reps = tuple(
+            ReplicaStats(h.replica, orch.supervisor.serving(h), h.pid, h.in_flight, h.engine_requests,
+                         h.leases_out, orch.supervisor.restarts.get((spec.stage_id, h.replica), 0),
+                         h.steps, h.step_running_s(now), h.startup_seconds(), busy_s=h.busy_s,
+                         step_counts=tuple(h.step_counts))
+            for h in orch.workers[spec.stage_id]
+        )
+        stages.append(StageStats(
+            stage_id=spec.stage_id, model_stage=spec.model_stage, healthy=any(r.ready for r in reps),
+            queue_limit=orch.deploy.stage(spec.stage_id).queue_limit,
+            in_flight=sum(r.in_flight for r in reps),
+            engine_requests=sum(r.engine_requests for r in reps), replicas=reps,
+            first_output=tuple(lat.buckets()), first_output_sum_s=lat.total_s,
+        ))
+    r = orch.router
+    return Statistics(
+        uptime_s=uptime_s,
+        requests_in_flight=len(orch.runs), requests_total=orch.counters["total"],
+        requests_failed=orch.counters["failed"], requests_aborted=orch.counters["aborted"],
+        messages_in=r.messages_in if r else 0, messages_out=r.messages_out if r else 0,
+        frames_in=r.frames_in if r else 0, frames_out=r.frames_out if r else 0,
+        loop_wakeups=r.wakeups if r else 0, frames_undecodable=r.frames_undecodable if r else 0,
+        leases_held=len(orch.leases) + len(orch.abort_waits),
+        arena_segments=orch.arena.segments, worker_restarts=sum(orch.supervisor.restarts.values()),
+        stream_bytes_queued=sum(run.stream.queued_bytes for run in orch.runs.values()),
+        stream_bytes_peak=stream_peak_bytes, stream_overflows=orch.counters["stream_overflows"],
+        first_output_holds=orch.first_output.holds, stages=tuple(stages),
+    )
