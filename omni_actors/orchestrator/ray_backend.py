@@ -41,7 +41,7 @@ from omni_actors import logs
 from omni_actors.bus.sockets import BusAuth, RuntimeDir
 from omni_actors.config.deploy import DeployConfig, StageDeploy
 from omni_actors.errors import ConfigError
-from omni_actors.orchestrator import ray_sessions
+from omni_actors.orchestrator import ray_logs, ray_sessions
 from omni_actors.orchestrator.launcher import Launcher, WorkerHandle, stage_env
 from omni_actors.workers.spec import WorkerSpec
 
@@ -213,7 +213,8 @@ class RayLauncher(Launcher):
             local = _local_options() if cl.address == "local" else {}
             try:
                 ray.init(address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
-                         logging_level="WARNING", **local)
+                         **ray_logs.init_options(), **local)
+                ray_logs.print_forwarded_as_json()
             except (ConnectionError, RuntimeError, ValueError) as err:
                 _remove_session_dir()
                 raise ConfigError(f"{src}: cluster.address: cannot connect to Ray at {cl.address!r}: {err}") from None

@@ -96,13 +96,18 @@ class WorkerStderr:
             sys.stderr.flush()
 
     def _event(self, line: bytes) -> str:
-        text = line.decode(errors="replace").rstrip("\r")
-        if text.startswith("{") and text.endswith("}"):
-            with contextlib.suppress(ValueError):
-                if isinstance(json.loads(text), dict):  # the worker's own structured log line
-                    return text + "\n"
-        return json.dumps({
-            "event": "worker.stderr", "line": text, "stage_id": self.stage_id, "replica": self.replica,
-            "component": self.component, "level": "warning",
-            "timestamp": datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z"),
-        }) + "\n"
+        return json_line(line.decode(errors="replace").rstrip("\r"), "worker.stderr", stage_id=self.stage_id,
+                         replica=self.replica, component=self.component)
+
+
+def json_line(text: str, event: str, **fields: object) -> str:
+    """One line of a worker's output as a JSON log line: the worker's own structured line passes
+    through as it is; any other text becomes an `event` (a warning) carrying it as `line`."""
+    if text.startswith("{") and text.endswith("}"):
+        with contextlib.suppress(ValueError):
+            if isinstance(json.loads(text), dict):  # the worker's own structured log line
+                return text + "\n"
+    return json.dumps({
+        "event": event, "line": text, **fields, "level": "warning",
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z"),
+    }) + "\n"
