@@ -246,7 +246,8 @@ class Launcher:
                 adapter = {**ws.stage.engine_defaults, **ws.deploy.engine_extras}.get("adapter")
                 imports = (adapter.partition(":")[0],) if isinstance(adapter, str) else ()
                 try:
-                    handle.proc = await z.fork(spec, env, ws.stage.engine, imports, stderr_fd=stderr_fd)
+                    handle.proc = await z.fork(spec, env, ws.stage.engine, imports, stderr_fd=stderr_fd,
+                                               stdout_fd=1 if stderr_fd == 2 else stderr_fd)
                     return
                 except zygote.ZygoteGone as err:
                     log.info("launcher.fork_failed", error=str(err), hint="starting a fresh interpreter")
@@ -255,6 +256,7 @@ class Launcher:
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stderr=None if stderr_fd == 2 else stderr_fd,
+            stdout=None if stderr_fd == 2 else stderr_fd,  # (JSON logs: its prints are events too)
             # Out of the terminal's process group: Ctrl-C reaches the main process only, which
             # leads the shutdown (a worker still starting would die of it with a traceback).
             start_new_session=True,

@@ -102,10 +102,10 @@ class Zygote:
 
     async def fork(self, spec_json: str, env: dict[str, str] | None = None, engine: str = "",
                    imports: tuple[str, ...] = (), timeout_s: float = FORK_TIMEOUT_S,
-                   stderr_fd: int = 2) -> ForkedWorker:
+                   stderr_fd: int = 2, stdout_fd: int = 1) -> ForkedWorker:
         """A worker running `spec_json` in `env` (one `fits`; default the zygote's), after the zygote
         imported the stage engine `engine` ("module:Class") and its preloads, and `imports`, its stderr
-        `stderr_fd` (default: this process's);
+        `stderr_fd` and stdout `stdout_fd` (default: this process's);
         ZygoteGone when this zygote cannot make one."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
@@ -118,7 +118,7 @@ class Zygote:
             msg = msgspec.json.encode({"id": req, "spec": spec_json, "env": self.env if env is None else env,
                                        "engine": engine, "imports": list(imports)})
             self._sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                        memoryview(bytes(_fds((1, stderr_fd)))))])
+                                        memoryview(bytes(_fds((stdout_fd, stderr_fd)))))])
         except OSError as err:
             with self._lock:
                 self._pending.pop(req, None)

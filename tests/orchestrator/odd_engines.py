@@ -43,13 +43,15 @@ class HangOnceEngine(SyntheticEngine):
 class StderrEngine(SyntheticEngine):
     """The synthetic engine, but it writes to its fd 2 what no logger formats, as torch's C++ code
     does: a warning line as it starts, and as it closes `stderr_burst` more (engine extras), then a
-    last line with no newline, just before the process exits."""
+    last line with no newline, just before the process exits; and one line on its fd 1, as a native
+    library's print does."""
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.tag = f"s{ctx.stage_id}r{ctx.replica}"
         self.burst = int(ctx.engine_extras.get("stderr_burst", 0))
         os.write(2, f"[W1205 00:00:00.000000000 init.cpp:1] Warning: {self.tag} starting\n".encode())
+        os.write(1, f"{self.tag} printed on stdout\n".encode())
 
     def close(self) -> None:
         lines = "".join(f"[W1205 00:00:00.000000000 x.cpp:2] Warning: {self.tag} line {i}\n" for i in range(self.burst))

@@ -138,7 +138,11 @@ async def test_with_json_logs_what_workers_write_to_stderr_arrives_as_json_lines
     async with running(make_deploy("synthetic", stages=stages), pipeline=pipeline) as orch:
         assert await _answer(orch)
     seen: dict[str, list[str]] = {f"s{s}r0": [] for s in (0, 1, 2)}
-    for line in capfd.readouterr().err.splitlines():
+    captured = capfd.readouterr()
+    printed = [json.loads(line) for line in captured.err.splitlines() if "printed on stdout" in line]
+    assert sorted(e["line"] for e in printed) == [f"s{s}r0 printed on stdout" for s in (0, 1, 2)], printed
+    assert all(e["event"] == "worker.stderr" for e in printed) and "printed on stdout" not in captured.out
+    for line in captured.err.splitlines():
         if "Warning: s" not in line and "last words" not in line:
             continue
         event = json.loads(line)  # never a plain line
