@@ -131,13 +131,14 @@ def validation_detail(err: msgspec.ValidationError) -> tuple[str, str | None, st
     """(message, param, code) of a msgspec validation failure: `param` the offending field as a
     path (`messages[0].content`), `code` unknown_parameter / missing_required_parameter / OpenAI's
     bound codes (integer_below_min_value, string_above_max_length, ...) / invalid_value (not one of
-    the allowed strings) / invalid_type. The one
+    the allowed strings; a number past a double, 1e999) / invalid_type. The one
     reading of msgspec's messages, for REST and realtime alike."""
     match = _AT.match(str(err))
     msg, path = (match.group(1), match.group(3) or "") if match else (str(err), "")
     if match and match.group(2):
         msg = f"{msg} (a key)"
-    code = _bound_code(msg) or ("invalid_value" if msg.startswith(("Invalid enum value", "Invalid value"))
+    code = _bound_code(msg) or ("invalid_value" if msg.startswith(("Invalid enum value", "Invalid value",
+                                                                   "Number out of range"))
                                 else "invalid_type")
     for pattern, code_name in ((_UNKNOWN, "unknown_parameter"), (_MISSING, "missing_required_parameter")):
         found = pattern.match(msg)

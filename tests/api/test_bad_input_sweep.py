@@ -152,7 +152,7 @@ CASES = [
                  id="max-completion-tokens-1e30"),
     pytest.param("POST", CHAT, _chat(temperature=1e9), 400, "temperature", "decimal_above_max_value", id="temperature-1e9"),
     pytest.param("POST", CHAT, _raw(b'{"model": "synthetic", "messages": [{"role": "user"}], "temperature": 1e400}'), 400,
-                 "temperature", "invalid_type", id="temperature-overflow"),
+                 "temperature", "invalid_value", id="temperature-overflow"),
     pytest.param("POST", CHAT, _chat(top_p=-0.1), 400, "top_p", "decimal_below_min_value", id="top-p-negative"),
     pytest.param("POST", CHAT, _chat(top_k=-5), 400, "top_k", "integer_below_min_value", id="top-k-negative"),
     pytest.param("POST", CHAT, _chat(top_k=2**70), 400, "top_k", "integer_above_max_value", id="top-k-2e70"),

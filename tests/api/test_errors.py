@@ -72,6 +72,15 @@ async def test_chat_400_names_the_field(srv: Server, body: dict, param: str, cod
     assert f"`{param}`" in err["message"]
 
 
+async def test_a_number_past_a_double_is_an_invalid_value_not_a_wrong_type(srv: Server) -> None:
+    data = b'{"model": "synthetic", "messages": [{"role": "user", "content": "hi"}], "temperature": 1e999}'
+    status, out = await post(srv, CHAT, data=data, headers={"Content-Type": "application/json"})
+    assert status == 400, out
+    err = _error(out, 400, "invalid_request_error")
+    assert (err["param"], err["code"]) == ("temperature", "invalid_value"), err
+    assert "out of range" in err["message"], err
+
+
 async def test_other_400s(srv: Server) -> None:
     status, out = await post(srv, CHAT, data=b'{"model": "synthetic", "messages": [', headers={
         "Content-Type": "application/json"})
