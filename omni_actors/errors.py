@@ -73,7 +73,18 @@ class StageFailed(RequestError):
 
 
 class RequestRejected(StageFailed):
-    """A stage refused this request's inputs or parameters: the caller's to fix, not the engine's."""
+    """A stage refused this request's inputs or parameters: the caller's to fix, not the engine's.
+    `code` says which refusal it is where the stage typed it (REJECT_CODES), else None."""
+
+    def __init__(self, stage_id: int, detail: str, code: str | None = None) -> None:
+        super().__init__(stage_id, detail)
+        self.code = code
+
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""A stage's refusal of a prompt longer than its context (OpenAI's code for it)."""
+REJECT_CODES = frozenset({CONTEXT_LENGTH_EXCEEDED})
+"""The refusals a stage types (StageOutput.code); any other code from a worker is dropped."""
 
 
 class StartupError(OmniError):

@@ -177,7 +177,7 @@ def from_exception(exc: BaseException) -> ApiError:
             return ApiError(503, f"request aborted: {exc}", None, "request_aborted")
         case RequestRejected():
             reason = refusal_text(exc.detail)
-            return ApiError(400, f"invalid request: {reason}", _stage_param(reason), "rejected_by_stage")
+            return ApiError(400, f"invalid request: {reason}", _stage_param(reason), exc.code or "rejected_by_stage")
         case StageFailed():
             return ApiError(500, f"generation failed: {exc}", None, "stage_failed")
         case msgspec.ValidationError() | msgspec.DecodeError():

@@ -171,6 +171,8 @@ class StageOutput(msgspec.Struct, tag=4, array_like=True, omit_defaults=True, gc
     error: str | None = None
     rejected: bool = False
     """With `error`: the stage refused the request's inputs or parameters (the caller's fault)."""
+    code: str | None = None
+    """With `rejected`: which refusal, where the stage typed it (errors.REJECT_CODES)."""
 
 
 class Release(msgspec.Struct, tag=5, array_like=True, gc=False):

@@ -20,6 +20,7 @@ from omni_actors.bus.router_pair import Bus
 from omni_actors.bus.shm import Arena, SegmentCache
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import (
+    REJECT_CODES,
     RequestAborted,
     RequestError,
     RequestRejected,
@@ -164,7 +165,8 @@ class ReceivePath:
             return
         if out.error is not None:
             self._free_payload(out.payload)
-            self._end(run, (RequestRejected if out.rejected else StageFailed)(sid, out.error))
+            self._end(run, RequestRejected(sid, out.error, out.code if out.code in REJECT_CODES else None)
+                      if out.rejected else StageFailed(sid, out.error))
             return
         payload = out.payload
         consumers = run.consumers[sid]

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omni_actors.errors import CONTEXT_LENGTH_EXCEEDED
+
 
 class StartupClock:
     """Seconds per start-up phase that engine and model code time with `timed` (sent in Ready).
@@ -81,6 +83,13 @@ class EngineContext:
     """Start-up phases the engine times (`timed`); the worker reports them in its Ready."""
 
 
+class ContextLengthError(ValueError):
+    """A request's prompt is longer than the stage's context: refused with its own code, so the
+    caller hears OpenAI's `context_length_exceeded`, whatever words the engine's library used."""
+
+    code = CONTEXT_LENGTH_EXCEEDED
+
+
 @dataclass
 class EngineOutput:
     """News for one request after a step: a delta of output, and whether it is the last."""
@@ -92,6 +101,8 @@ class EngineOutput:
     rejected: bool = False
     """With `error`: the request asked for what the engine cannot do (e.g. more context than it
     holds), so the caller gets a 400 rather than a 500."""
+    code: str | None = None
+    """With `rejected`: which refusal (errors.REJECT_CODES), where the engine knows it."""
 
 
 TORCH_PRELOAD = ("torch", "transformers.modeling_utils")

@@ -243,8 +243,10 @@ class WorkerLoop:
             log.warning("worker.request_failed", request_id=rid, error=repr(err))
             if self.requests.pop(rid, None) is not None:
                 self.engine.abort(rid)
+            rejected = isinstance(err, ValueError)
             self._out.append(m.StageOutput(
-                rid, self.stage.stage_id, m.Payload(), True, _describe(err), isinstance(err, ValueError)
+                rid, self.stage.stage_id, m.Payload(), True, _describe(err), rejected,
+                getattr(err, "code", None) if rejected else None,
             ))
 
     def _add(self, msg: m.AddRequest) -> None:
@@ -324,7 +326,7 @@ class WorkerLoop:
             self.engine.abort(out.request_id)
         self._out.append(m.StageOutput(
             out.request_id, self.stage.stage_id, payload, out.finished or bool(out.error), out.error,
-            out.rejected and bool(out.error),
+            out.rejected and bool(out.error), out.code if out.rejected and out.error else None,
         ))
 
 

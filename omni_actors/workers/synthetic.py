@@ -12,6 +12,8 @@ Behaviour is set by the deploy's `engine_extras` (and a few request params):
     fail_on_chunk   fail each request when it reaches this chunk (-1: never)
     max_chunks      the most outputs a request may ask for (100000), like a model's context:
                     more is refused at add (ValueError), as vLLM refuses max_tokens past it
+    max_prompt_chars  a longer prompt is refused at add as past the context (ContextLengthError:
+                    OpenAI's context_length_exceeded), as a model's context refuses it (0: none)
 
 Request params: `chunks` / `max_tokens` override `chunks`; `fail: true` fails at
 add; images take `n`, `width`, `height`, `seed`, `num_inference_steps`.
@@ -29,7 +31,13 @@ from typing import Any
 import numpy as np
 
 from omni_actors.audio import DEFAULT_SAMPLE_RATE
-from omni_actors.workers.engine import EngineContext, EngineOutput, StageEngine, timed
+from omni_actors.workers.engine import (
+    ContextLengthError,
+    EngineContext,
+    EngineOutput,
+    StageEngine,
+    timed,
+)
 
 
 def source_text(inputs: dict[str, Any]) -> str:
@@ -68,6 +76,7 @@ class SyntheticEngine(StageEngine):
         self.sample_rate = int(x.get("sample_rate", DEFAULT_SAMPLE_RATE))
         self.fail_on_chunk = int(x.get("fail_on_chunk", -1))
         self.max_chunks = int(x.get("max_chunks", 100_000))
+        self.max_prompt_chars = int(x.get("max_prompt_chars", 0))
         if x.get("fail_start"):
             raise RuntimeError("synthetic engine configured to fail at start")
         with timed(ctx, "weights"):
@@ -83,6 +92,9 @@ class SyntheticEngine(StageEngine):
         text = source_text(inputs)
         if self.kind == "transcript":
             text = f"{np.size(inputs.get('audio', ()))} samples at {inputs.get('sample_rate')} Hz"
+        if 0 < self.max_prompt_chars < len(text):
+            raise ContextLengthError(f"the prompt has {len(text)} characters; this stage's context holds "
+                                     f"{self.max_prompt_chars}")
         req = _Req(text=text, params=params)
         if streaming:
             req.input_done = False

@@ -14,13 +14,16 @@ from tests.conftest import shm_files
 CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "a b c"}]
 MAX_CHUNKS = 6000
+MAX_PROMPT_CHARS = 4000
+"""Stage 0 refuses a longer prompt as past its context."""
 
 
 @pytest.fixture(scope="module")
 async def srv():
     stages = [
         # speech runs ~2 s; like a model's context, more than MAX_CHUNKS tokens are refused at add
-        {"stage_id": 0, "engine_extras": {"chunks": 400, "step_delay_ms": 5, "max_chunks": MAX_CHUNKS}},
+        {"stage_id": 0, "engine_extras": {"chunks": 400, "step_delay_ms": 5, "max_chunks": MAX_CHUNKS,
+                                          "max_prompt_chars": MAX_PROMPT_CHARS}},
         {"stage_id": 1, "engine_extras": {"payload_bytes": 1 << 17}},  # leases in flight when aborted
         {"stage_id": 2},
     ]
@@ -180,6 +183,18 @@ async def test_disconnect_mid_chunked_speech_aborts(srv: Server) -> None:
     resp.close()
     await session.close()
     await eventually(lambda: srv.orch.statistics().requests_in_flight == 0, 0.5)
+    await _leak_free(srv)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_prompt_past_the_context_is_openais_context_length_exceeded(srv: Server, stream: bool) -> None:
+    """The stage types the refusal (ContextLengthError -> bus StageOutput.code): OpenAI's code, whatever
+    words the engine's library used."""
+    long = [{"role": "user", "content": "word " * MAX_PROMPT_CHARS}]
+    status, out = await post(srv, CHAT, {"model": "synthetic", "messages": long, "stream": stream})
+    err = _error(out, 400, "invalid_request_error")
+    assert status == 400 and err["code"] == "context_length_exceeded", err
+    assert f"context holds {MAX_PROMPT_CHARS}" in err["message"], err
     await _leak_free(srv)
 
 

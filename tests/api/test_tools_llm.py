@@ -199,11 +199,12 @@ async def test_a_responses_tool_choice_mistake_is_told_in_the_responses_shape(sr
 
 
 async def test_a_prompt_past_the_context_is_a_400_naming_messages(srv: Server) -> None:
-    """vLLM refuses it by `parameter=input_tokens`: the client's `messages` (`input` on Responses)."""
+    """vLLM refuses it by `parameter=input_tokens`: the client's `messages` (`input` on Responses), with
+    OpenAI's code for it (the worker types the refusal: bus StageOutput.code)."""
     long = [{"role": "user", "content": "word " * 2000}]  # past max_model_len 512
     with pytest.raises(openai.BadRequestError) as err:
         await srv.client().chat.completions.create(model="llm", messages=long, max_tokens=4)
-    assert (err.value.body["param"], err.value.body["code"]) == ("messages", "rejected_by_stage"), err.value.body
+    assert (err.value.body["param"], err.value.body["code"]) == ("messages", "context_length_exceeded"), err.value.body
     with pytest.raises(openai.BadRequestError) as err:
         await srv.client().responses.create(model="llm", input="word " * 2000, max_output_tokens=16)
     assert err.value.body["param"] == "input", err.value.body

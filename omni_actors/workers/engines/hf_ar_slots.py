@@ -23,6 +23,7 @@ import os
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from omni_actors.workers.engine import ContextLengthError
 from omni_actors.workers.engines.hf_ar_adapter import ARSeq
 
 MIN_LENGTH_BUCKET = 128
@@ -33,7 +34,7 @@ COMPILED_MATH_ATTENTION = os.environ.get("OMNI_COMPILED_ATTENTION", "math") != "
 same-run baseline)."""
 
 
-class ContextLengthExceeded(ValueError):
+class ContextLengthExceeded(ContextLengthError):
     """A request needs more KV positions than the stage's max_len; it fails alone."""
 
     def __init__(self, request_id: str, needed: int, max_len: int) -> None:

@@ -53,7 +53,13 @@ from typing import Any
 import numpy as np
 
 from omni_actors import logs
-from omni_actors.workers.engine import TORCH_PRELOAD, EngineContext, EngineOutput, StageEngine
+from omni_actors.workers.engine import (
+    TORCH_PRELOAD,
+    ContextLengthError,
+    EngineContext,
+    EngineOutput,
+    StageEngine,
+)
 from omni_actors.workers.engines import vllm_backend
 from omni_actors.workers.engines.tool_calls import ShownText, ToolCallReader, forced_calls
 
@@ -91,6 +97,10 @@ SAMPLING_KEYS = frozenset(
 
 
 _GRAMMAR_ERROR = re.compile(r"grammar|schema|json", re.I)
+_CONTEXT_PARAMETERS = ("input_text", "input_tokens")
+"""The `parameter` of vLLM's refusal of a prompt past the context, by its characters or its tokens."""
+_CONTEXT_WORDS = re.compile(r"longer than the maximum model length")
+"""vLLM's input processor's refusal of the same, which names no parameter."""
 """A refusal of vLLM's structured-output backends (a schema they cannot compile)."""
 
 
@@ -237,6 +247,8 @@ class VllmAREngine(StageEngine):
                 request_id, prompt, sampling, tokenization_kwargs=tokenization_kwargs
             )
         except VLLMClientError as exc:
+            if getattr(exc, "parameter", None) in _CONTEXT_PARAMETERS or _CONTEXT_WORDS.search(str(exc)):
+                raise ContextLengthError(str(exc)) from exc
             if sampling.structured_outputs is not None and _GRAMMAR_ERROR.search(str(exc)):
                 raise ValueError(f"response_format: the decoder cannot follow this JSON schema: {exc}") from exc
             raise ValueError(str(exc)) from exc
