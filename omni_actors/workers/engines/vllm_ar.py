@@ -243,9 +243,7 @@ class VllmAREngine(StageEngine):
         from vllm.exceptions import VLLMClientError
 
         try:
-            self._engine.add_request(
-                request_id, prompt, sampling, tokenization_kwargs=tokenization_kwargs
-            )
+            self._engine.add_request(request_id, self._render(prompt, tokenization_kwargs), sampling)
         except VLLMClientError as exc:
             if getattr(exc, "parameter", None) in _CONTEXT_PARAMETERS or _CONTEXT_WORDS.search(str(exc)):
                 raise ContextLengthError(str(exc)) from exc
@@ -256,6 +254,17 @@ class VllmAREngine(StageEngine):
         forced = bool(params.get("tool_calls_forced"))
         shown = self._tool_reader.shown(list(tools)) if tools and not forced and self._tool_reader else None
         self._runs[request_id] = _Run(tools=list(tools) if tools else None, forced=forced, shown=shown)
+
+    def _render(self, prompt: dict[str, Any], tokenization_kwargs: dict[str, Any] | None) -> Any:
+        """The prompt as the engine takes it: tokenized (and its media processed) by the engine's own
+        renderer, as LLMEngine.add_request would do with a raw prompt, which vLLM 0.32 warns is
+        deprecated (a warning in the worker's log on the first request)."""
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        renderer = self._engine.renderer
+        params = renderer.default_cmpl_tok_params.with_kwargs(**(tokenization_kwargs or {}))
+        (engine_input,) = renderer.render_cmpl([parse_model_prompt(self._engine.model_config, prompt)], params)
+        return engine_input
 
     def abort(self, request_id: str) -> None:
         if self._runs.pop(request_id, None) is not None:
