@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 import uvloop
@@ -36,6 +36,7 @@ from omni_actors.config.deploy import (
 )
 from omni_actors.config.deploy_yaml import load_raw
 from omni_actors.errors import ConfigError, StartupError
+from omni_actors.process_exit import exit_now
 from omni_actors.settings import check_data_dir, check_runtime_dir, detect_platform, settings
 
 DEFAULT_DEPLOY = "assistant.yaml"
@@ -357,8 +358,11 @@ def _tool(argv: list[str]) -> int:
     if cmd == "export-thinker":
         p = argparse.ArgumentParser(prog="omni-run export-thinker")
         p.add_argument("src")
-        p.add_argument("dir")
+        p.add_argument("dir", help="a new or empty folder to write the Qwen2 folder to")
         a = p.parse_args(rest)
+        if (refused := _refused_folder(a.dir)) is not None:  # ("" wrote into the current folder; `src` over itself)
+            print(f"omni-run export-thinker: {refused}", file=sys.stderr)
+            return 2
         from omni_actors.models.qwen2_5_omni.export import export_thinker_lm
 
         try:
@@ -369,25 +373,43 @@ def _tool(argv: list[str]) -> int:
         return 0
     from omni_actors.models.tiny import make_tiny, tiny_names
 
+    names = tiny_names()
     p = argparse.ArgumentParser(prog="omni-run make-tiny")
-    p.add_argument("pipeline", choices=tiny_names())
-    p.add_argument("dir")
+    # (no `choices`: argparse would print all the names twice, in the usage and the error, on any mistake)
+    p.add_argument("pipeline", metavar="name", help=f"one of: {', '.join(names)}")
+    p.add_argument("dir", help="a new or empty folder to write the checkpoint to")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(rest)
-    if not a.dir.strip():  # ("" would be the current folder)
-        print("omni-run make-tiny: dir: empty; give the folder to write the checkpoint to", file=sys.stderr)
+    if a.pipeline not in names:
+        close = difflib.get_close_matches(a.pipeline, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        p.error(f"unknown name {a.pipeline!r}{hint}; expected one of {', '.join(names)}")
+    if (refused := _refused_folder(a.dir)) is not None:
+        print(f"omni-run make-tiny: {refused}", file=sys.stderr)
         return 2
     try:
-        if Path(a.dir).is_dir() and any(Path(a.dir).iterdir()):  # two checkpoints would mix in one folder
-            print(f"omni-run make-tiny: {a.dir} is not empty; give a new or empty folder "
-                  "(a tiny checkpoint is a whole folder)", file=sys.stderr)
-            return 2
         Path(a.dir).mkdir(parents=True, exist_ok=True)  # fail before the (slow) builder imports
         print(make_tiny(a.pipeline, a.dir, seed=a.seed))
     except OSError as err:
         print(f"omni-run make-tiny: cannot write {a.dir}: {err.strerror or err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _refused_folder(path: str) -> str | None:
+    """Why a tool may not write its checkpoint to `path` (None if it may): empty text (the current
+    folder), something that is not a folder, or a folder with files in it (two checkpoints would mix,
+    or a source folder would be written over)."""
+    if not path.strip():
+        return "dir: empty; give the folder to write the checkpoint to"
+    try:
+        if Path(path).exists() and not Path(path).is_dir():
+            return f"{path} is not a folder; give a new or empty folder"
+        if Path(path).is_dir() and any(Path(path).iterdir()):
+            return f"{path} is not empty; give a new or empty folder (a checkpoint is a whole folder)"
+    except OSError as err:
+        return f"cannot write {path}: {err.strerror or err}"
+    return None
 
 
 def _log_flags(argv: list[str]) -> list[str]:
@@ -444,5 +466,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The `omni-run` command: `main`, then the process ends without the interpreter's teardown
+    (process_exit.py; `main` itself returns, for a caller in the same interpreter)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

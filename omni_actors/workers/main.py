@@ -23,6 +23,7 @@ from omni_actors.bus.codec import PayloadCodec
 from omni_actors.bus.shm import Arena, SegmentCache
 from omni_actors.bus.sockets import read_curve_keys
 from omni_actors.config.pipeline import resolve
+from omni_actors.process_exit import exit_now
 from omni_actors.settings import settings
 from omni_actors.workers import step_profile
 from omni_actors.workers.engine import EngineContext, StageEngine
@@ -216,4 +217,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    exit_now(main(sys.argv))

@@ -18,7 +18,8 @@ waits for torch.
 
 The child leaves the zygote's frames (`serve` returns its argv) and runs the worker as
 `python -m omni_actors.workers.main` would: its own session, stdin /dev/null, the given
-environment, then a normal interpreter exit (atexit handlers run). The zygote holds no
+environment, then a normal interpreter exit (atexit handlers run). The zygote itself ends with
+`os._exit` (no teardown of the modules it imported: seconds, for torch and vLLM). It holds no
 threads, no event loop and no ZeroMQ context, so a fork copies nothing half-held. It dies
 with the main process (its death signal), and its workers with it (theirs); the socket
 closing ends it too.
@@ -189,9 +190,15 @@ if __name__ == "__main__":
         traceback.print_exc()
         argv = None
     if argv is None:
-        sys.exit(0)
+        # Done: end without the interpreter's teardown. The zygote holds nothing to clean (no
+        # threads, files or sockets of its own: its workers have theirs), and tearing down torch,
+        # transformers and vLLM's modules took 3-6 s, which omni-run's exit waited for.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     control.detach()  # (the child closed the descriptor itself)
     del control
+    from omni_actors.process_exit import exit_now
     from omni_actors.workers import main as _worker
 
-    sys.exit(_worker.main(argv))
+    exit_now(_worker.main(argv))

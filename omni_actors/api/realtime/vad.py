@@ -14,8 +14,9 @@ that silence. Samples count from the start of the session's input audio.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -37,8 +38,17 @@ def _session():
     opts = ort.SessionOptions()
     opts.inter_op_num_threads = 1
     opts.intra_op_num_threads = 1
-    path = str(resources.files("silero_vad.data").joinpath(MODEL_FILE))
-    return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(model_path()), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def model_path() -> Path:
+    """The ONNX file silero-vad ships, found without importing the package: its `__init__` imports
+    torch (seconds, hundreds of MB, and seconds more at exit) into the API's process, which runs
+    the ONNX model only."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("silero-vad is not installed (its ONNX model runs the realtime server VAD)")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / MODEL_FILE
 
 
 def warm_up() -> None:
