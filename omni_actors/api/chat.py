@@ -25,9 +25,11 @@ streamed, each with its own finish chunk; usage counts the prompt once. Any
 choice's error ends the whole answer and aborts the others.
 
 Fields client libraries send for features no model here has (chat_schemas.py lists them): accepted with
-no effect where OpenAI's models without the feature take them (`prompt_cache_key`, `safety_identifier`,
-`service_tier`, answered "default", `prediction`), a 400 naming the field where ignoring it would mislead
-(`check_unserved`: a reasoning effort, a verbosity but "medium", log-probabilities; `web_search_options`).
+no effect where OpenAI's models without the feature take them (`prompt_cache_key`, `prompt_cache_options` but
+`prewarm`, a part's `prompt_cache_breakpoint`, `safety_identifier`, `service_tier`, answered "default",
+`prediction`), a 400 naming the field where ignoring it would mislead
+(`check_unserved`: a reasoning effort, a verbosity but "medium", log-probabilities; `web_search_options`,
+`logit_bias`, `moderation`, the deprecated `functions` and `function_call`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from omni_actors.api.chat_schemas import (
     ChunkChoice,
     Delta,
     DeltaAudio,
+    PromptCacheOptions,
     ResponseMessage,
     Usage,
 )
@@ -199,6 +202,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise bad_request("logprobs are not returned by this server; leave `logprobs` out or false", "logprobs",
                           "unsupported_parameter")
     check_unserved(req.reasoning_effort, req.verbosity, req.top_logprobs)
+    for name, value, why in (("logit_bias", req.logit_bias, "token biases are not applied; leave it out, null or {}"),
+                             ("functions", req.functions, "send the functions in `tools`"),
+                             ("function_call", req.function_call, "say it in `tool_choice`"),
+                             ("moderation", req.moderation, "no moderation model runs here; leave it out or null")):
+        if value:
+            raise bad_request(f"this server does not support `{name}`: {why}", name, "unsupported_parameter")
+    check_prewarm(req.prompt_cache_options)
     if req.web_search_options is not None:
         raise bad_request("web search is not served by this server; leave `web_search_options` out",
                           "web_search_options", "unsupported_parameter")
@@ -249,6 +259,15 @@ def check_unserved(effort: str | None, verbosity: str | None, top_logprobs: int 
     if top_logprobs:
         raise bad_request(f"logprobs are not returned by this server; leave `{names[2]}` out or 0", names[2],
                           "unsupported_parameter")
+
+
+def check_prewarm(options: PromptCacheOptions | None) -> None:
+    """`prompt_cache_options.prewarm` asks for a cache warmed and no answer: a 400 naming it (no prompt cache is
+    kept per request here, and every request is answered)."""
+    if options is not None and options.prewarm:
+        raise bad_request("this server does not prewarm a prompt cache (every request is answered); leave "
+                          "`prompt_cache_options.prewarm` out or false", "prompt_cache_options.prewarm",
+                          "unsupported_value")
 
 
 def choice_params(params: dict[str, Any], index: int) -> dict[str, Any]:

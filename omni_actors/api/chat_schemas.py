@@ -44,18 +44,42 @@ TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 """Only 0 is served: no stage here returns log-probabilities."""
 
 
+CacheTtl = Literal["30m", "12h"]
+ImageDetail = Literal["auto", "low", "high", "original"]
+"""Accepted; an image reaches the model as the pipeline's processor reads it, whatever the detail."""
+
+
+class CacheBreakpoint(RequestStruct):
+    """A content part's `prompt_cache_breakpoint`: accepted with no effect, as `prompt_cache_key` is (no prompt
+    cache is kept per request; vLLM's prefix cache works unasked)."""
+
+    mode: Literal["explicit"]
+    ttl: CacheTtl | None = None
+
+
+class PromptCacheOptions(RequestStruct):
+    """Accepted with no effect (see CacheBreakpoint), but `prewarm`, which asks for no answer (`check_prewarm`)."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: CacheTtl | None = None
+    prewarm: bool | None = None
+    comparison_response_id: Name | None = None
+
+
 class TextPart(RequestStruct, tag_field="type", tag="text"):
     text: str
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 class ImageUrl(RequestStruct):
     url: str
     """A data URL (`data:image/png;base64,...`); remote URLs are not fetched."""
-    detail: Literal["auto", "low", "high"] | None = None
+    detail: ImageDetail | None = None
 
 
 class ImageUrlPart(RequestStruct, tag_field="type", tag="image_url"):
     image_url: ImageUrl
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 class InputAudio(RequestStruct):
@@ -66,6 +90,7 @@ class InputAudio(RequestStruct):
 
 class InputAudioPart(RequestStruct, tag_field="type", tag="input_audio"):
     input_audio: InputAudio
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 class FileRef(RequestStruct):
@@ -231,12 +256,21 @@ class ChatCompletionRequest(RequestStruct):
     # kept per key or for a time (vLLM's prefix cache works unasked), no per-user policy, a speed hint.
     prompt_cache_key: Name | None = None
     prompt_cache_retention: CacheRetention | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     safety_identifier: Name | None = None
     prediction: Prediction | None = None
     # Served only at the value that asks for nothing this server lacks; else a 400 naming the field.
     reasoning_effort: ReasoningEffort | None = None
     verbosity: Verbosity | None = None
     web_search_options: WebSearchOptions | None = None
+    logit_bias: dict[str, Any] | None = None
+    """Only null or {}: token biases are not applied (a 400 naming the field)."""
+    functions: list[Any] | None = None
+    """OpenAI's deprecated function calling: only null (a 400 pointing to `tools`)."""
+    function_call: str | dict[str, Any] | None = None
+    """Only null (a 400 pointing to `tool_choice`)."""
+    moderation: dict[str, Any] | None = None
+    """Only null: no moderation model runs here (a 400 naming the field)."""
 
 
 class ChatAudio(Struct):
@@ -331,3 +365,5 @@ class ChatCompletionChunk(Struct):
     choices: list[ChunkChoice]
     usage: Usage | None = None
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    service_tier: Literal["default"] = "default"
+    """As the completion says it (OpenAI sends it on every chunk)."""

@@ -27,17 +27,24 @@ so far go to SQLite (api/responses_store.py) and survive a restart; `previous_re
 continues that conversation (its instructions are not carried, as OpenAI does). Streamed:
 `response.created`, `response.in_progress`, the output items with their
 `response.output_text.delta` / `response.function_call_arguments.delta` events, then
-`response.completed` (or `response.incomplete`); no `[DONE]`. While tools are offered the text is
+`response.completed` (or `response.incomplete`; a run failing once the stream began: `response.failed`,
+the response stored `failed` with its `error`); no `[DONE]`. A stored stream's response is stored
+`in_progress` as it begins (retrievable by the id its first event gives; one its client leaves reads
+`failed`, `client_disconnected`); only a background response can be cancelled. While tools are offered the text is
 held until the answer is read for calls, as chat does. `max_tool_calls` keeps the answer's first
 calls; the fields for features no model here has are read as chat reads them (`chat.check_unserved`;
-accepted ones are echoed as OpenAI echoes them: `service_tier` "default", `reasoning.effort` null).
+accepted ones are echoed as OpenAI echoes them: `service_tier` "default", `reasoning.effort` null);
+`conversation`, `prompt`, `context_management`, `logit_bias` and `moderation` are 400s naming them
+(responses_inputs.NOT_SERVED).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -46,17 +53,18 @@ from aiohttp import web
 from omni_actors.api import sse
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import drop_none, route_model
-from omni_actors.api.chat import Tally, check_unserved
+from omni_actors.api.chat import Tally, check_prewarm, check_unserved
 from omni_actors.api.chat_inputs import build_chat_inputs, file_ids
 from omni_actors.api.chat_schemas import ChatMessage
-from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.errors import IN_BAND_ERROR, ApiError, bad_request, from_exception
 from omni_actors.api.files import file_bytes
 from omni_actors.api.paging import newest_first, page_limit
-from omni_actors.api.responses_answer import Answer, answer_events
-from omni_actors.api.responses_background import Background, cancel_elsewhere, settled
+from omni_actors.api.responses_answer import Answer, answer_events, failure
+from omni_actors.api.responses_background import RUNNING_HERE, Background, cancel_elsewhere, settled
 from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
     check_include,
+    check_not_served,
     image_file_ids,
     part_param,
     read_turn,
@@ -69,6 +77,8 @@ from omni_actors.api.responses_schemas import (
     ReasoningEcho,
     Response,
     ResponseDeleted,
+    ResponseError,
+    ResponseFailed,
     ResponseRequest,
 )
 from omni_actors.api.responses_store import UNFINISHED, ResponseStore
@@ -83,13 +93,15 @@ from omni_actors.api.tools import (
     stage_tools,
     tools_refusal,
 )
-from omni_actors.errors import RequestRejected
+from omni_actors.errors import RequestError, RequestRejected
 from omni_actors.orchestrator.outputs import TextOutput
 
 ROUTE = "/v1/responses"
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 RESPONSES_KEY = web.AppKey("response_store", ResponseStore)
 BACKGROUND_KEY = web.AppKey("responses_background", Background)
+LEFT = ResponseError("client_disconnected", "the client left the stream before the response ended; it was stopped")
+"""A stored foreground response's error when its client left mid-stream (its run is aborted)."""
 
 
 def _store(request: web.Request) -> ResponseStore:
@@ -106,6 +118,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if req.background and not req.store:
         raise bad_request("background: a background response must be stored (store: true)", "background")
     check_include(req)
+    check_not_served(req)
+    check_prewarm(req.prompt_cache_options)
     check_unserved(req.reasoning.effort if req.reasoning else None, req.text.verbosity if req.text else None,
                    req.top_logprobs, ("reasoning.effort", "text.verbosity", "top_logprobs"))
     if req.stream_options is not None and not req.stream:
@@ -182,13 +196,41 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         async with FittingCall(request, ROUTE, inputs, params, {"text"}, base.id, keep=keep) as call:
             if req.stream:
                 await call.started()  # an error before the first output keeps its HTTP status
-                return await sse.respond(request, answer_events(call, answer, hold=shown is not None), done=False, named=True)
+                events = answer_events(call, answer, hold=shown is not None)
+                return await sse.respond(request, _ends_failed(request, answer, events), done=False, named=True)
             async for chunk in call:
                 if isinstance(chunk.output, TextOutput):
                     answer.tally.add_text(chunk.output)
     except RequestRejected as err:  # a stage's refusal names chat's field: say this API's
         raise stage_refusal(from_exception(err), req.truncation) from None
     return web.Response(body=msgspec.json.encode(answer.finish()), content_type="application/json")
+
+
+async def _ends_failed(request: web.Request, answer: Answer,
+                       events: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    """A foreground stream's events; a run failing after its headers ends it with `response.failed` (the
+    response stored failed, with its `error`), as OpenAI's stream ends, not with an in-band error. A stored
+    response is stored `in_progress` as its stream begins (Answer.begin); one ended by its client's leaving
+    reads failed (`client_disconnected`)."""
+    number, rid = -1, answer.base.id
+    answer.begin()
+    RUNNING_HERE.add(rid)  # (its row is not taken for one a stopped server left: responses_background.settled)
+    async with contextlib.aclosing(events):
+        try:
+            async for event in events:
+                number = event.sequence_number
+                yield event
+        except RequestError as err:
+            failed = answer.fail(failure(err, answer.base.truncation))
+            request[IN_BAND_ERROR] = failed.error.code if failed.error else "none"  # (counted as sse.fail's are)
+            yield ResponseFailed(sequence_number=number + 1, response=failed)
+        except Exception as err:  # a fault of this server's: its row says so (the connection boundary logs it)
+            answer.fail(failure(err, answer.base.truncation))
+            raise
+        finally:
+            RUNNING_HERE.discard(rid)
+            if not answer.ended:  # the client left: its row says so, not in_progress
+                answer.fail(LEFT)
 
 
 def _not_stored(rid: str) -> ApiError:
@@ -246,8 +288,12 @@ async def cancel_response(request: web.Request) -> web.Response:
     """A queued or in-progress background response stops and reads `cancelled` (once more: the same)."""
     rid = request.match_info["response_id"]
     store, running = _store(request), request.app[BACKGROUND_KEY]
-    if store.status(rid) is None:
+    found = store.body(rid)
+    if found is None:
         raise _not_stored(rid)
+    if not msgspec.json.decode(found, type=Response).background:
+        raise bad_request(f"response {rid} was not created with background: true; only a background response can "
+                          "be cancelled", "response_id", "invalid_state")
     if not await running.cancel(rid):
         settled(store, rid, running)  # (one a gone server left reads failed)
         cancel_elsewhere(store, rid)  # (another server on this data directory runs it: it stops it)

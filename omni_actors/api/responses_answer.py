@@ -1,6 +1,8 @@
 """A response's answer as it is made (api/responses.py): what it accumulated (`Answer`: its items,
 its final object, stored when asked) and its `response.*` event stream (`answer_events`: the message
-item's text deltas, function calls streamed as the parser reads them, the closing events)."""
+item's text deltas, function calls streamed as the parser reads them, the closing events). A response
+whose run fails ends `failed` with its `error` (`failure`: the code and words of the error body a
+request failing before its answer gets)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import msgspec
 
 from omni_actors.api.calls import PipelineCall
 from omni_actors.api.chat import Tally
+from omni_actors.api.errors import from_exception
+from omni_actors.api.responses_inputs import stage_refusal
 from omni_actors.api.responses_schemas import (
     ContentPartAdded,
     ContentPartDone,
@@ -30,6 +34,7 @@ from omni_actors.api.responses_schemas import (
     Response,
     ResponseCompleted,
     ResponseCreated,
+    ResponseError,
     ResponseIncomplete,
     ResponseInProgress,
     ResponseQueued,
@@ -55,6 +60,9 @@ class Answer:
         self.closed: str | None = None
         """The message's text when the stream closed its item early, for a call that followed it."""
         self._output: list[MessageItem | FunctionCallItem] | None = None
+        self.begun = False
+        """Stored `in_progress` as its stream began (`begin`): its end replaces that row only while it is there."""
+        self.ended = False
 
     def output(self) -> list[MessageItem | FunctionCallItem]:
         """The response's items (made once): a call the stream sent keeps its ids and text where the
@@ -80,7 +88,15 @@ class Answer:
         self._output = [*head, *calls]
         return self._output
 
+    def begin(self) -> None:
+        """A stored response streamed in the foreground is stored `in_progress` as its stream begins, so that
+        the id its first event gives can be retrieved at once, as OpenAI's can."""
+        if self.items is not None:
+            self.store.add(self.base, self.conversation, self.items)
+            self.begun = True
+
     def finish(self) -> Response:
+        self.ended = True
         t = self.tally
         cut = t.finish_reason == "length"
         done = msgspec.structs.replace(
@@ -95,8 +111,24 @@ class Answer:
                 said["tool_calls"] = [{"id": c.call_id, "type": "function",
                                        "function": {"name": c.name, "arguments": c.arguments}}
                                       for c in done.output if isinstance(c, FunctionCallItem)]
-            self.store.add(done, [*self.conversation, said], self.items)
+            self.store.add(done, [*self.conversation, said], self.items, replace=self.begun)
         return done
+
+    def fail(self, error: ResponseError) -> Response:
+        """The response as failed (stored when asked: its conversation continues without an answer, as a
+        failed background response's does)."""
+        self.ended = True
+        failed = msgspec.structs.replace(self.base, status="failed", error=error)
+        if self.items is not None:
+            self.store.add(failed, self.conversation, self.items, replace=self.begun)
+        return failed
+
+
+def failure(err: Exception, truncation: str) -> ResponseError:
+    """A run's error as a failed response's `error`: the code and words of the error body it would have got
+    before its answer began (this API's field names in a stage's refusal)."""
+    said = stage_refusal(from_exception(err), truncation)
+    return ResponseError(said.code or "server_error", said.message)
 
 
 async def answer_events(call: PipelineCall, answer: Answer, hold: bool, queued: bool = False) -> AsyncGenerator[Any, None]:

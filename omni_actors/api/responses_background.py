@@ -24,9 +24,8 @@ import msgspec
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
-from omni_actors.api.errors import from_exception
+from omni_actors.api.responses_answer import failure
 from omni_actors.api.responses_events import EventLog
-from omni_actors.api.responses_inputs import stage_refusal
 from omni_actors.api.responses_schemas import (
     Response,
     ResponseError,
@@ -110,9 +109,7 @@ class Background:
                 end = msgspec.structs.replace(base, status="failed", error=ResponseError("aborted", str(err)))
         except (RequestError, AdmissionError, StageUnavailable) as err:  # as a foreground answer's error body
             # says it (code, this API's fields); (a truncated input submitted again may find the queue full)
-            said = stage_refusal(from_exception(err), base.truncation)
-            end = msgspec.structs.replace(base, status="failed",
-                                          error=ResponseError(said.code or "server_error", said.message))
+            end = msgspec.structs.replace(base, status="failed", error=failure(err, base.truncation))
         except Exception as err:  # the response's boundary: it fails with a reason, the server lives on
             log.exception("responses.background_failed", response=rid, error_type=type(err).__name__)
             end = msgspec.structs.replace(base, status="failed",

@@ -10,9 +10,10 @@ route first, `image_file_ids`) an image, `input_audio` audio, `input_file` chat'
 (an upload's `file_id` or inline `file_data`, read as an image or audio, whichever its bytes
 are: chat_inputs.py; the route reads the uploads, `chat_inputs.file_ids`); `developer` is `system`; a
 `function_call` joins the assistant message before it as a tool call and a
-`function_call_output` is a `tool` message. Items this server cannot use (`item_reference`,
+`function_call_output` is a `tool` message (its `output` text, or its text parts one a line). Items this server cannot use (`item_reference`,
 an image by remote URL) are 400s naming them (`input[3].content[1].image_url`), as is an `include`
-this server cannot answer (`check_include`). A stage's refusal is said in this API's words
+this server cannot answer (`check_include`) and a field OpenAI has for a feature this server lacks
+(`check_not_served`: `conversation`, `prompt`, ...). A stage's refusal is said in this API's words
 (`stage_refusal`): a prompt past the context is OpenAI's `context_length_exceeded`.
 `instructions` go first as a system message and, as OpenAI does, are not carried to a later
 response through `previous_response_id`.
@@ -86,7 +87,7 @@ def read_turn(req: ResponseRequest, earlier: list[dict[str, Any]], files: dict[s
                 where.append(k)
         elif item.type == "function_call_output":
             conversation.append({"role": "tool", "tool_call_id": _need(item.call_id, f"{param}.call_id"),
-                                 "content": _need(item.output, f"{param}.output")})
+                                 "content": _output_text(_need(item.output, f"{param}.output"), param)})
             where.append(k)
         else:
             role = _need(item.role, f"{param}.role")
@@ -101,6 +102,19 @@ def _need(value: Any, param: str) -> Any:
     if value is None:
         raise bad_request(f"`{param}` is required for this item", param, "missing_required_parameter")
     return value
+
+
+def _output_text(output: str | list[Any], param: str) -> str:
+    """A function call's result as the tool message's text: its text parts, one a line."""
+    if isinstance(output, str):
+        return output
+    texts = []
+    for j, part in enumerate(output):
+        if not isinstance(part, InputTextPart | OutputTextPart):
+            raise bad_request("a function call's output is read as text here (input_text parts); send images, "
+                              "audio and files in a user message", f"{param}.output[{j}]", "unsupported_value")
+        texts.append(part.text)
+    return "\n".join(texts)
 
 
 def _content(content: str | list[Any], param: str, files: dict[str, str]) -> str | list[dict[str, Any]]:
@@ -174,6 +188,29 @@ def check_include(req: ResponseRequest) -> None:
         if value == "message.output_text.logprobs":
             raise bad_request("logprobs are not returned by this server; leave it out of `include`",
                               f"include[{i}]", "unsupported_value")
+
+
+NOT_SERVED = {
+    "conversation": "the Conversations API is not served here; continue a conversation with "
+                    "`previous_response_id`, or send it whole in `input`",
+    "prompt": "stored prompt templates are not served here; send the prompt in `instructions` and `input`",
+    "context_management": "context compaction is not served here; `truncation: \"auto\"` drops a long "
+                          "conversation's oldest items instead",
+    "logit_bias": "token biases are not applied by this server",
+    "moderation": "no moderation model runs here",
+}
+"""OpenAI's request fields for features this server does not have: a 400 naming the field (null or empty:
+the field left out), never an unknown field, nor ignored where that would mislead."""
+
+
+def check_not_served(req: ResponseRequest) -> None:
+    """A 400 (`unsupported_parameter`) for a NOT_SERVED field that asks for something."""
+    asked = {"conversation": req.conversation, "prompt": req.prompt, "context_management": req.context_management,
+             "logit_bias": req.logit_bias, "moderation": req.moderation}
+    for name, why in NOT_SERVED.items():
+        if asked[name]:
+            raise bad_request(f"this server does not support `{name}`: {why}; leave it out or null", name,
+                              "unsupported_parameter")
 
 
 def response_format(req: ResponseRequest) -> ResponseFormat | None:

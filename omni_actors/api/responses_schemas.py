@@ -15,8 +15,11 @@ import msgspec
 from msgspec import Meta, Struct
 
 from omni_actors.api.chat_schemas import (
+    CacheBreakpoint,
     CacheRetention,
+    ImageDetail,
     InputAudio,
+    PromptCacheOptions,
     ReasoningEffort,
     TopLogprobs,
     Verbosity,
@@ -35,6 +38,8 @@ from omni_actors.api.schemas import (
 
 MAX_INPUT_ITEMS = 2048
 """Most input items one request may carry (a long conversation sent back whole)."""
+MAX_OUTPUT_PARTS = 64
+"""Most parts one `function_call_output.output` may carry."""
 MAX_INCLUDES = 16
 """Most `include` values one request may list (each of OpenAI's once, with room)."""
 Includable = Literal["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
@@ -46,6 +51,8 @@ images are listed as sent: each is accepted and changes nothing, except logprobs
 
 class InputTextPart(RequestStruct, tag_field="type", tag="input_text"):
     text: str
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
+    """Accepted with no effect (chat_schemas.CacheBreakpoint)."""
 
 
 class OutputTextPart(RequestStruct, tag_field="type", tag="output_text"):
@@ -64,7 +71,8 @@ class InputImagePart(RequestStruct, tag_field="type", tag="input_image"):
     image_url: str | None = None
     """A data URL (`data:image/png;base64,...`); remote URLs and `file_id` are not fetched."""
     file_id: Name | None = None
-    detail: Literal["auto", "low", "high"] | None = None
+    detail: ImageDetail | None = None
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 class InputAudioItemPart(RequestStruct, tag_field="type", tag="input_audio"):
@@ -79,6 +87,8 @@ class InputFilePart(RequestStruct, tag_field="type", tag="input_file"):
     file_data: str | None = None
     filename: Name | None = None
     file_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
 InputPart = InputTextPart | OutputTextPart | RefusalPart | InputImagePart | InputAudioItemPart | InputFilePart
@@ -95,7 +105,8 @@ class InputItem(RequestStruct):
     call_id: Name | None = None
     name: FunctionName | None = None
     arguments: str | None = None
-    output: str | None = None
+    output: str | Annotated[list[InputPart], Meta(max_length=MAX_OUTPUT_PARTS)] | None = None
+    """A function call's result: text, or parts (their text is read; responses_inputs.py)."""
     phase: Literal["commentary", "final_answer"] | None = None
     """An output message's phase, as the SDK's `model_dump()` of `response.output` sends it back; ignored."""
 
@@ -174,7 +185,16 @@ class ResponseRequest(RequestStruct):
     # Accepted with no effect, as OpenAI reads them for a model without the feature (chat_schemas.py), and echoed.
     prompt_cache_key: Name | None = None
     prompt_cache_retention: CacheRetention | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    """Accepted with no effect, but `prewarm` (chat.check_prewarm); not echoed."""
     safety_identifier: Name | None = None
+    # OpenAI's, for features this server does not have: read only to be refused by name unless null or empty
+    # (responses_inputs.NOT_SERVED).
+    conversation: Name | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    context_management: list[Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
 
 
 # ---- answers ---------------------------------------------------------------------
@@ -315,7 +335,8 @@ class ResponseIncomplete(_Event, tag="response.incomplete"):
 
 
 class ResponseFailed(_Event, tag="response.failed"):
-    """A streamed background response's end when it failed or was cancelled (`response.status` says which)."""
+    """A stream's end when its response failed (or, in the background, was cancelled: `response.status` says
+    which)."""
 
     response: Response
 

@@ -13,7 +13,8 @@ is the server running it (store.owner_token: its pid and start time), so one a g
 unfinished reads as failed, even once another process has its pid. `events` is a
 streamed background response's event stream (a JSON array, `[]` while it runs: the server
 running it keeps them in memory, api/responses_events.py), written once it ends, so a client can
-read it again after a restart; NULL for a response that was not streamed in the background.
+read it again after a restart; NULL for a response that was not streamed in the background. A
+streamed foreground response's row is written `in_progress` as its stream begins and replaced at its end.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ class ResponseStore:
         self.store.add_columns("responses", ADDED)
 
     def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]],
-            events: bytes | None = None) -> None:
+            events: bytes | None = None, replace: bool = False) -> None:
         """Store a response (again, for a background one moving on: its `events` stay as they are
-        unless given). A background response's end only replaces its unfinished row: one deleted
-        (or cancelled) meanwhile, by any server on this data directory, stays so."""
-        if response.background and response.status not in UNFINISHED:
+        unless given). A background response's end (or, with `replace`, a streamed one's, stored as it
+        began) only replaces its unfinished row: one deleted (or cancelled) meanwhile, by any server on
+        this data directory, stays so."""
+        if (response.background or replace) and response.status not in UNFINISHED:
             self.store.execute(
                 "UPDATE responses SET body = ?, conversation = ?, items = ?, status = ? WHERE id = ? "
                 "AND status IN (?, ?)", (msgspec.json.encode(response).decode(), json.dumps(conversation),

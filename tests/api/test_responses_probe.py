@@ -8,7 +8,6 @@ message's words, one per token).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +18,16 @@ from openai import AsyncOpenAI
 from omni_actors.api.chat import Tally
 from omni_actors.api.responses_truncation import fits_after, without
 from omni_actors.orchestrator.outputs import TextOutput, ToolCallOutput, ToolCallPart
+from tests.api import test_responses
 from tests.api.test_responses import _read, serve_slow, serve_with_store
+
+data, client = test_responses.data, test_responses.client
+"""test_responses.py's module fixtures (a data directory, a server storing there), one of each for this module too."""
 
 RUNNING_TOKENS = 1000
 """A background answer still running (5 s at the slow stage's step) when another server cancels or deletes it."""
 READ_FIRST = 4
 """Events a reader takes before the other server acts (past `response.in_progress`)."""
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("data")
-
-
-@pytest.fixture(scope="module")
-async def client(data: Path) -> AsyncIterator[AsyncOpenAI]:
-    async with serve_with_store(data) as c:
-        yield c
 
 
 async def test_include_is_accepted_and_what_cannot_be_included_is_a_400_naming_it(client: AsyncOpenAI) -> None:
