@@ -50,6 +50,9 @@ from omni_actors.orchestrator.outputs import AudioOutput
 from omni_actors.orchestrator.requests import StageChunk
 
 ROUTE = "/v1/audio/speech"
+MAX_INPUT_CHARS = 4096
+"""Longest `input` (OpenAI's documented limit; the schema's 16384 let 4x that through, which no family speaks
+within its frame budget). Longer text goes through the text-in socket (speech_stream.py), clause by clause."""
 
 
 def speech_usage(words: int, chunks: int, tokens: list[dict[int, tuple[int, int]]]) -> SpeechUsage:
@@ -100,6 +103,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, SpeechRequest)
     orch, name = route_model(request, req.model, {"audio"})
     require_speech_model(orch, name)
+    if len(req.input) > MAX_INPUT_CHARS:
+        raise bad_request(f"input is {len(req.input)} characters; at most {MAX_INPUT_CHARS} can be spoken in one "
+                          "request (split the text, or stream it through /v1/audio/speech/stream)", "input",
+                          "string_above_max_length")
     if not req.input.strip():
         raise bad_request("input: there is nothing to say (only whitespace)", "input")
     what = await speech_call(request, orch.pipeline, req.input, req.voice, req.instructions, req.speed, req.seed)

@@ -4,7 +4,7 @@ Shared by POST /v1/audio/speech and the text-in WebSocket. Checked against the
 pipeline's `SpeechSpec` (config/speech.py); a pipeline without one (an omni model
 that also speaks) gets the fields passed through as they came.
 
-    voice  a built-in name                  -> inputs["voice"]
+    voice  a built-in name, in any case     -> inputs["voice"] (the name as the pipeline lists it)
            one of OpenAI's names            -> the built-in voice at its index (mod the count)
            "voice_..." or {"id": "voice_..."} (cloning pipelines) -> the default voice (if any) plus
                                                inputs "reference_audio" / "reference_text" /
@@ -69,8 +69,11 @@ def builtin_voice(pipe: PipelineConfig, name: str, param: str = "voice") -> str:
     assert spec is not None
     if not spec.voices:
         raise _needs_custom(pipe, name, param)
-    if name in spec.voices:
-        return name
+    # without case, as the stages match (config.speech.pick_voice); before 2026-12-05 "Vivian" or "s1"
+    # was a 400 while "ALLOY" spoke
+    by_lower = {v.lower(): v for v in spec.voices}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
     if name.lower() in OPENAI_VOICES:
         return spec.voices[OPENAI_VOICES.index(name.lower()) % len(spec.voices)]
     custom = " or a custom voice id (voice_...)" if spec.cloning else ""

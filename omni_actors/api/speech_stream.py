@@ -53,7 +53,7 @@ from omni_actors.api.realtime.client_events import event_id_of
 from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, VoiceRef
 from omni_actors.api.speech import Encoding, audio_of, speech_usage
 from omni_actors.api.speech_audio import FORMATS, PCM_RATE, wire_rate
-from omni_actors.api.speech_inputs import require_speech_model, speech_call
+from omni_actors.api.speech_inputs import SpeechCall, require_speech_model, speech_call
 from omni_actors.errors import RequestError
 from omni_actors.orchestrator.core import Orchestrator
 
@@ -129,6 +129,10 @@ class Utterance:
         self.tokens: list[dict[int, tuple[int, int]]] = []
         """Each clause request's stage tokens (its usage), as they end."""
         self.runs: set[asyncio.Task] = set()
+        self.voiced: asyncio.Future[SpeechCall] | None = None
+        """The text's voice, style and speed resolved once, at its first clause (a custom voice's clip read
+        and resampled then): every clause speaks with it, even if the voice is deleted mid-text (before
+        2026-12-05 each clause read the voice again, and the clauses after a delete were errors)."""
         self.sender = asyncio.ensure_future(self._send(after))
 
     def start(self, clause: str) -> None:
@@ -147,9 +151,12 @@ class Utterance:
         cfg = st.config
         try:
             async with s.ahead:
-                what = await speech_call(s.request, st.orch.pipeline, clause, cfg.voice, cfg.instructions,
-                                         cfg.speed, cfg.seed)
-                async with PipelineCall(s.request, ROUTE, what.inputs, what.params, {"audio"},
+                if self.voiced is None:
+                    self.voiced = asyncio.ensure_future(speech_call(
+                        s.request, st.orch.pipeline, "-", cfg.voice, cfg.instructions, cfg.speed, cfg.seed))
+                what = await asyncio.shield(self.voiced)  # (one clause cancelled leaves it to the others)
+                inputs = {**what.inputs, "text": clause}
+                async with PipelineCall(s.request, ROUTE, inputs, dict(what.params), {"audio"},
                                         orch=st.orch) as call:
                     async for chunk in call:
                         if (got := audio_of(chunk)) is not None:
@@ -185,6 +192,8 @@ class Utterance:
         self.sender.cancel()
         for run in list(self.runs):
             run.cancel()
+        if self.voiced is not None:
+            self.voiced.cancel()
 
 
 class Session:

@@ -20,7 +20,8 @@ cloning families accept with a weaker match).
 A sample shorter than MIN_SAMPLE_S (1 s) is a 400 naming `audio_sample` (code
 `audio_too_short`, its length in samples and ms); a longer one is cut to MAX_SAMPLE_S (60 s).
 A sample whose kept part peaks below SILENCE_DBFS (-60 dBFS: silence, or near it) is a 400
-naming `audio_sample` (code `audio_silent`): there is no voice in it to clone.
+naming `audio_sample` (code `audio_silent`): there is no voice in it to clone. A consent
+recording is held to the same floor (a 400 naming `recording`, same code): silence consents to nothing.
 Rows live in SQLite (voice_store.py) and survive a restart. Upload parts are
 read with the server's body size and time limits.
 """
@@ -138,7 +139,7 @@ def _length(samples: int, rate: int) -> str:
 
 
 def silence(audio: np.ndarray, what: str) -> str | None:
-    """Why `audio` (float32 in [-1, 1]) holds no voice to clone: its peak is below SILENCE_DBFS; else None."""
+    """Why `audio` (float32 in [-1, 1]) holds no voice (to clone, or consenting): its peak is below SILENCE_DBFS; else None."""
     peak = float(np.max(np.abs(audio))) if audio.size else 0.0
     if peak >= 10 ** (SILENCE_DBFS / 20):
         return None
@@ -166,7 +167,10 @@ async def create_consent(request: web.Request) -> web.Response:
     if not blobs.get("recording"):
         raise bad_request("form field `recording` is required (the consent audio)", "recording",
                           "missing_required_parameter")
-    await off_loop(decode_audio, blobs["recording"], None, "recording")  # 400 unless it is audio
+    audio, _ = await off_loop(decode_audio, blobs["recording"], None, "recording")  # 400 unless it is audio
+    silent = silence(audio, "the consent recording")  # (taken unheard before 2026-12-05, as samples were)
+    if silent:
+        raise bad_request(silent, "recording", "audio_silent")
     store = voice_store(request)
     return _json(_consent(await off_loop(store.add_consent, name, language, blobs["recording"])))
 

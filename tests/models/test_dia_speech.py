@@ -10,6 +10,8 @@ import pytest
 
 from tests.models.speech_family import (  # noqa: F401 - the shared tests, collected here
     Family,
+    _clip,
+    _wav,
     family_fixtures,
     test_audio_at_the_family_rate_deterministic_for_a_seed,
     test_bad_voice_instructions_and_sizes_are_400s,
@@ -30,5 +32,24 @@ fam, model_dir, data_dir, srv = family_fixtures(FAMILY)
 async def test_text_past_the_encoder_is_a_400_naming_input(srv) -> None:
     """Dia's encoder has a fixed length; the stage refuses longer text, and the refusal names `input`."""
     with pytest.raises(openai.BadRequestError) as err:
-        await srv.client().audio.speech.create(model=FAMILY.model, input="word " * 1000, voice="S1")
+        # (4000 characters: under the API's 4096, over the encoder's 1024 bytes)
+        await srv.client().audio.speech.create(model=FAMILY.model, input="word " * 800, voice="S1")
     assert err.value.body["param"] == "input" and "at most" in err.value.message, err.value.body
+
+
+async def test_a_voice_clip_past_the_decoders_positions_is_a_400_naming_voice(srv) -> None:
+    """A 40 s clip is past the tiny decoder's 3072 positions (35.4 s of clip at 86 frames a second, with
+    Dia's delay): a 400 naming `voice` and the longest clip allowed (before 2026-12-05 the CPU's dynamic
+    cache ran past the positions the model has, and CUDA's static one refused naming no field); the
+    worker speaks on."""
+    client = srv.client()
+    consent = await client.audio.voice_consents.create(recording=("c.wav", _clip(), "audio/wav"),
+                                                       language="en-US", name="me")
+    voice = await client.audio.voices.create(audio_sample=("v.wav", _clip(40.0, 8000), "audio/wav"),
+                                             consent=consent.id, name="long", extra_body={"transcript": "A hum."})
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.audio.speech.create(model=FAMILY.model, input="Hi.", voice={"id": voice.id})
+    body = err.value.body
+    assert body["param"] == "voice" and "at most 35.4 s" in body["message"], body
+    audio, rate = await _wav(srv, FAMILY, voice="S1", extra_body={"seed": 1})
+    assert rate == FAMILY.rate and audio.size

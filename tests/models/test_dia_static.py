@@ -189,6 +189,23 @@ def test_kv_cache_choice_and_the_frame_budget_that_fits(folder) -> None:
     assert not small.requests and not small.static.owners
 
 
+@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
+def test_a_clip_that_leaves_no_position_is_refused_naming_voice_and_its_longest(folder, kv_cache) -> None:
+    """Both caches hold max_model_len positions: a clip past them is a refusal naming `voice` and the longest
+    clip in seconds, before the DAC encodes it (the dynamic cache ran past the decoder's positions unchecked;
+    the static one named no field), and a clip that fits still speaks, its frame budget cut to what is left."""
+    engine = _engine(folder, kv_cache=kv_cache, max_model_len=40)
+    longest = 40 - 1 - engine.tok.max_delay  # frames: one position left to speak
+    fits = np.resize(CLIP, longest * engine.hop)
+    with pytest.raises(ValueError, match=r"^voice: .* at most 0\.2 s") as err:
+        engine.add("y", {"text": "Hello.", "voice": "S1", "reference_audio": np.resize(CLIP, fits.size + 1)}, {})
+    assert f"({longest + 1} DAC frames)" in str(err.value) and "40 positions" in str(err.value)
+    assert not engine.requests
+    engine.add("z", {"text": "Hello.", "voice": "S1", "reference_audio": fits}, {"max_tokens": 100})
+    assert engine.requests["z"].max_frames == 1
+    engine.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_the_eager_step_on_cuda(folder) -> None:

@@ -9,6 +9,10 @@ test_qwen3_tts_clone.py).
 
 from __future__ import annotations
 
+import base64
+import json
+
+import aiohttp
 import openai
 import pytest
 
@@ -74,3 +78,35 @@ async def test_custom_voices_and_bad_voices_are_400s(srv: Server, fam: Family) -
             model=fam.model, input=TEXT, voice="ryan", instructions="x" * 70_000
         )
     assert err.value.body["param"] == "instructions"
+
+
+async def _sse_usage(srv: Server, fam: Family, text: str) -> tuple[dict, int]:
+    """`speech.audio.done`'s usage of an SSE request, and the 24 kHz samples its deltas held."""
+    body = {"model": fam.model, "input": text, "voice": "ryan", "response_format": "pcm",
+            "stream_format": "sse", "seed": 3}
+    events = []
+    async with aiohttp.ClientSession(headers=srv.headers) as s, s.post(srv.url + "/v1/audio/speech",
+                                                                       json=body) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+    assert events[-1]["type"] == "speech.audio.done"
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    return events[-1]["usage"], len(pcm) // 2
+
+
+async def test_sse_usage_counts_this_requests_text_and_frames(srv: Server, fam: Family, model_dir) -> None:
+    """input_tokens grow with the text by its token count (they were the talker's prefill rows alone,
+    a constant); output_tokens are the code frames made."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    short, long = "Hi.", "Hello there, this is a much longer sentence to speak."
+    (u1, n1), (u2, n2) = [await _sse_usage(srv, fam, t) for t in (short, long)]
+    grew = len(tok(long, add_special_tokens=False).input_ids) - len(tok(short, add_special_tokens=False).input_ids)
+    assert grew > 0 and u2["input_tokens"] - u1["input_tokens"] == grew, (u1, u2)
+    for usage, samples in ((u1, n1), (u2, n2)):
+        frames = samples // fam.frame  # (24 kHz pcm: the model's rate)
+        assert usage["output_tokens"] in (frames, frames + 1), (usage, samples)  # (+ the stop code's step)
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]

@@ -22,7 +22,11 @@ KV cache, engine_extras["kv_cache"] (HfAREngine's convention):
   request's frame budget is cut to what fits (finish_reason "length").
 - "dynamic" (default on CPU): per request DynamicCache tensors (request.py); a step
   left-pads the rows' self KV to the longest and right-pads their cross KV, with the
-  masks that say so, through transformers' decoder, then cuts each row back out.
+  masks that say so, through transformers' decoder, then cuts each row back out. Its
+  positions are bounded the same way (max_model_len, else max_position_embeddings).
+A reference clip that leaves no position to speak in is refused before it is encoded: a
+400 naming `voice` with the longest clip allowed, in seconds (DiaProcessor does not trim
+an audio prompt, and transformers' generate refuses one past max_length).
 
 Inputs: {"text": str, "voice": "S1" | "S2", optional "reference_audio" float32 at
 44.1 kHz and "reference_text"}. The text gets the voice's speaker tag unless it starts
@@ -36,6 +40,7 @@ max_tokens: frames of audio).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -101,6 +106,10 @@ class DiaEngine(OwnEngine[DiaRequest]):
             "max_tokens": gen.max_new_tokens or max(1, (gen.max_length or dec.max_position_embeddings) - 1),
         }  # fmt: skip
         self.static = self._static_decoder(ctx, dec.max_position_embeddings)
+        self.max_positions = self.static.max_len if self.static is not None else int(
+            ctx.engine_extras.get("max_model_len") or dec.max_position_embeddings)
+        """Decoder positions a request may take (prompt and frames): the static cache's, else the model's."""
+        self.rate = int(self.dac.config.sampling_rate)
         self.batch_prefill = ctx.engine_extras.get("batch_prefill", True)
         if not isinstance(self.batch_prefill, bool):
             raise ValueError(
@@ -172,7 +181,9 @@ class DiaEngine(OwnEngine[DiaRequest]):
         if ref is not None and np.asarray(ref).size:
             said = _tagged(str(inputs.get("reference_text") or ""), voice)
             text = f"{said} {_tagged(text, voice)}" if said else _tagged(text, voice)
-            codes = self._encode(np.array(ref, dtype=np.float32).reshape(-1))
+            clip = np.array(ref, dtype=np.float32).reshape(-1)
+            self._check_clip(clip.size)  # before the DAC encodes it
+            codes = self._encode(clip)
         else:
             text = _tagged(text, voice)
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
@@ -185,15 +196,28 @@ class DiaEngine(OwnEngine[DiaRequest]):
         max_frames = int(merged["max_tokens"])
         if max_frames < 1:
             raise ValueError(f"dia: max_tokens must be positive, got {max_frames}")
-        if self.static is not None:  # positions fed: the prompt's, then all but the last drawn
-            room = self.static.max_len - (1 + len(codes)) - self.tok.max_delay + 1
-            if room < 1:
-                raise ValueError(
-                    f"dia: the reference clip takes {len(codes)} of the stage's "
-                    f"{self.static.max_len} decoder positions; no room is left to speak"
-                )
-            max_frames = min(max_frames, room)
+        # positions fed: the prompt's, then all but the last drawn (past the decoder's positions the
+        # dynamic cache ran on unchecked before 2026-12-05, and the static one refused naming no field)
+        max_frames = min(max_frames, self._room(len(codes)))
         self.requests[request_id] = DiaRequest(request_id, merged, ids, codes, max_frames, gen)
+
+    def _room(self, clip_frames: int) -> int:
+        """Frames a request can speak after a reference clip of `clip_frames` DAC frames."""
+        return self.max_positions - (1 + clip_frames) - self.tok.max_delay + 1
+
+    def _check_clip(self, samples: int) -> None:
+        """A 400 naming `voice` (with the longest clip allowed) for a reference clip that leaves no
+        decoder position to speak in."""
+        frames = -(-samples // self.hop)
+        if self._room(frames) >= 1:
+            return
+        longest = self.max_positions - 1 - self.tok.max_delay  # frames, leaving one to speak
+        raise ValueError(
+            f"voice: the custom voice's reference clip is {samples / self.rate:.1f} s ({frames} DAC frames); "
+            f"Dia's decoder holds {self.max_positions} positions (the clip's frames, {self.tok.max_delay} "
+            f"of delay and the speech), so a reference clip may be at most "
+            f"{math.floor(longest * self.hop / self.rate * 10) / 10:g} s: use a shorter sample for this voice"
+        )
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

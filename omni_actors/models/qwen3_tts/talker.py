@@ -37,7 +37,9 @@ Inputs: {"text": str, "voice": a speaker name (CustomVoice), optional
 "reference_text": str or None, and "reference_id" (the custom voice's id, part of the
 key under which clone.py's ClonePrompts keeps the voice's encoded clip)}. Outputs per step: {"codes": int64 [1, num_code_groups]},
 the first also {"context_codes": int64 [clip frames, groups]} in in-context mode;
-the stop code ends the request and is not emitted. Sampling: generation_config.json
+the stop code ends the request and is not emitted. Usage: prompt_tokens are the
+prefill's rows plus the text rows fed after it (the whole text counts, whatever
+its length), completion_tokens the steps (a code frame each, and the stop code). Sampling: generation_config.json
 (temperature, top_k, top_p, repetition_penalty, max_new_tokens) < deploy
 defaults < request params; the code predictor takes the file's subtalker_dosample /
 top_k / top_p / temperature (a request's temperature is the talker's only, as in
@@ -263,6 +265,9 @@ class Qwen3TTSTalkerAdapter(ARAdapter):
     # ---- code predictor ----------------------------------------------------------
 
     def on_tokens(self, seqs, tokens, out, prefill):
+        if prefill:  # the usage's prompt: the prefill's rows and the text rows fed one per step after it
+            for seq in seqs:  # (before 2026-12-05 only the prefill's rows: a constant for a named speaker)
+                seq.prompt_len += seq.data["trailing"].shape[0]
         live = [i for i, t in enumerate(tokens) if t != self.eos]
         results: list[tuple[dict[str, Any], bool]] = [({}, True) for _ in seqs]
         if live:
