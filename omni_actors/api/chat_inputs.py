@@ -79,6 +79,9 @@ def decode_data_url(url: str, param: str) -> np.ndarray:
     return decode_image(_b64(data, param), param)
 
 
+CLIENT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+"""The PIL decoders a client's bytes may reach (a phone's MPO opens as JPEG). Not every format PIL
+knows: its EPS decoder runs Ghostscript on the bytes, and others are rarely exercised parsers."""
 UNREADABLE_IMAGE = "not a format this server reads (PNG, JPEG, WebP, GIF, ...)"
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* object at 0x[0-9a-fA-F]+>")
 
@@ -102,7 +105,7 @@ def open_image(raw: bytes, param: str, what: str, not_image: str | None = None) 
     from PIL import Image, UnidentifiedImageError
 
     try:
-        img = Image.open(io.BytesIO(raw))
+        img = Image.open(io.BytesIO(raw), formats=CLIENT_IMAGE_FORMATS)
         if img.width * img.height > MAX_IMAGE_PIXELS:
             raise bad_request(f"{what} is {img.width}x{img.height} pixels, over the limit of {MAX_IMAGE_PIXELS}",
                               param, "image_too_large")

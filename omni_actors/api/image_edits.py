@@ -7,7 +7,8 @@ list), optional `mask`, `prompt`, and the generation fields of
 `stream`, `partial_images`, `output_compression`, `background`; `layers` for a layered pipeline;
 `strength` (0-1] for a pipeline that re-noises its input, e.g. an inpaint one; `stream_progress`
 (this server's: step events while streaming, as /v1/images/generations takes it);
-`quality` and `input_fidelity` are checked and have no effect). Files are decoded
+`quality`, `input_fidelity` and `moderation` are checked and have no effect; `user` and its successor
+`safety_identifier` are taken and unused). Files are decoded
 here, in a thread (upright by their EXIF orientation, unless it is unreadable; 16-bit greyscale
 scaled to 8 bits; a colour-key transparency as alpha; at most chat_inputs.MAX_IMAGE_PIXELS,
 checked before decoding), to uint8 arrays that cross the bus in shared memory:
@@ -57,12 +58,14 @@ TEXT_FIELDS = frozenset({
     "prompt", "model", "n", "size", "response_format", "output_format", "seed", "num_inference_steps",
     "guidance_scale", "negative_prompt", "stream", "partial_images", "quality", "background",
     "input_fidelity", "user", "output_compression", "moderation", "layers", "strength", "stream_progress",
+    "safety_identifier",
 })  # fmt: skip
 FORMATS = ("png", "jpeg", "webp")
 CHOICES = {
     "background": ("auto", "opaque", "transparent"),
-    "quality": ("auto", "low", "medium", "high", "standard", "hd"),  # accepted, no effect (docs/media.md)
+    "quality": ("auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"),  # no effect (docs/media.md)
     "input_fidelity": ("high", "low"),  # accepted, no effect: the pipelines read the whole input image
+    "moderation": ("auto", "low"),  # accepted, no effect: this server runs no moderation model
 }
 """Form fields with a fixed set of values (the schema's ImageRequest checks the JSON route's)."""
 

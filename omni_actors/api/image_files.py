@@ -2,8 +2,9 @@
 
 An OpenAI image URL is a short-lived link, not stored work, so nothing goes to
 disk: each file is dropped by a timer when it expires (no sweep loop), the
-oldest first when the store is over MAX_STORED_BYTES, and all of them when the
-app shuts down. The id is 128 random bits: the link is the capability, as with
+oldest first when the store is over MAX_STORED_BYTES (never one of the answer being
+stored: an answer larger than the bound alone is kept whole, as a single image is),
+and all of them when the app shuts down. The id is 128 random bits: the link is the capability, as with
 OpenAI's signed URLs, so fetching it needs no API key (middleware.CAPABILITY_PREFIXES).
 """
 
@@ -46,15 +47,24 @@ class ImageFiles:
 
     def put(self, data: bytes, fmt: str) -> tuple[str, int]:
         """Store one encoded image; return its file name and the Unix time it expires."""
-        name = f"img_{secrets.token_hex(16)}.{fmt}"
+        names, expires = self.put_all([data], fmt)
+        return names[0], expires
+
+    def put_all(self, blobs: list[bytes], fmt: str) -> tuple[list[str], int]:
+        """Store one answer's encoded images; return their file names and the Unix time they expire.
+        Older files make room for them, never one another: a link is not dead when it is handed out."""
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.ttl_s, self._drop, name)
         expires = time.time() + self.ttl_s
-        self._files[name] = _File(data, CONTENT_TYPES[fmt], expires, timer)
-        self._bytes += len(data)
-        while self._bytes > self.max_bytes and len(self._files) > 1:
-            self._drop(next(iter(self._files)))
-        return name, int(expires)
+        names = []
+        for data in blobs:
+            name = f"img_{secrets.token_hex(16)}.{fmt}"
+            timer = loop.call_later(self.ttl_s, self._drop, name)
+            self._files[name] = _File(data, CONTENT_TYPES[fmt], expires, timer)
+            self._bytes += len(data)
+            names.append(name)
+        while self._bytes > self.max_bytes and len(self._files) > len(names):
+            self._drop(next(iter(self._files)))  # the oldest (the new ones are last)
+        return names, int(expires)
 
     def get(self, name: str) -> _File | None:
         return self._files.get(name)

@@ -132,11 +132,8 @@ async def answer_images(request: web.Request, images: list[np.ndarray], fmt: str
     h, w = (images[0].shape[0], images[0].shape[1]) if images else (0, 0)
     expires: int | None = None
     if response_format == "url":
-        files = request.app[FILES_KEY]
-        data = []
-        for blob in await encode_images(images, fmt, compression=compression):
-            name, expires = files.put(blob, fmt)
-            data.append(ImageData(url=f"{request.scheme}://{request.host}/v1/files/images/{name}"))
+        names, expires = request.app[FILES_KEY].put_all(await encode_images(images, fmt, compression=compression), fmt)
+        data = [ImageData(url=f"{request.scheme}://{request.host}/v1/files/images/{name}") for name in names]
     else:
         data = [ImageData(b64_json=text) for text in await encode_images(images, fmt, True, compression)]
     body = ImagesResponse(created=int(time.time()), data=data, output_format=fmt, size=f"{w}x{h}",

@@ -187,12 +187,14 @@ class ImageRequest(RequestStruct):
     """"WIDTHxHEIGHT" (e.g. "512x512") or "auto" (the pipeline's default)."""
     response_format: Literal["b64_json", "url"] | None = None
     output_format: Literal["png", "jpeg", "webp"] | None = None
-    quality: Literal["auto", "low", "medium", "high", "standard", "hd"] | None = None
+    quality: Literal["auto", "low", "medium", "high", "xhigh", "max", "standard", "hd"] | None = None
     """OpenAI's quality names, accepted and without effect: a diffusion model's cost and detail are set by
     `num_inference_steps` (docs/media.md)."""
     style: Literal["vivid", "natural"] | None = None
     """DALL-E 3's style, accepted and without effect: say the style in the prompt."""
     user: Name | None = None
+    safety_identifier: Name | None = None
+    """OpenAI's successor to `user` (a stable id of the end user), taken and unused."""
     num_inference_steps: Annotated[int, Meta(ge=1, le=1000)] | None = None
     guidance_scale: Annotated[float, Meta(ge=0.0, le=MAX_GUIDANCE_SCALE)] | None = None
     negative_prompt: str | None = None
@@ -207,7 +209,8 @@ class ImageRequest(RequestStruct):
     background: Literal["auto", "opaque", "transparent"] | None = None
     """"auto" and "opaque" are what a model makes; "transparent" is a 400 except on a layered model (its
     layers are RGBA)."""
-    moderation: str | None = None
+    moderation: Literal["auto", "low"] | None = None
+    """Accepted without effect: this server runs no moderation model."""
     output_compression: Annotated[int, Meta(ge=0, le=100)] | None = None
     """JPEG / WebP quality 0-100 (PIL's scale; unset: PIL's defaults, 75 and 80); PNG is lossless and ignores it."""
     extra_body: DiffusionFields | None = None

@@ -6,7 +6,9 @@ DECODED_PERCENT, then the MP4 encode to 100); the final chunk's frames (and audi
 track) are encoded off the event loop into the data directory; any failure ends
 the job `failed` with a reason, and the request is aborted in the engine however
 the job ended (a no-op on an ended stream). `cancel` aborts the request in the engine
-(between denoising steps) and ends the task. Admission is the stage's own bounded
+(between denoising steps) and ends the task: the job fails `cancelled`, the one code that says
+its client gave it up; an abort the server made itself (its stream left unread past
+`server.stream_buffer_mb`) fails it `RequestAborted` with the reason, like any other request error. Admission is the stage's own bounded
 queue: past it, `create` is a 429 and no row is written. An extension (`extends`) is
 generated from its source's last frame; its finished frames (and audio) are joined onto
 the source's (the job's `source` file, media/stitch.py) before the encode, and the
@@ -77,6 +79,8 @@ class VideoJobs:
         self.store = store
         self._running: dict[str, tuple[asyncio.Task[None], RequestStream]] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self._cancelled: set[str] = set()
+        """Jobs `cancel` aborted (a delete, a sync call's client gone): their end is `cancelled`."""
         self._closing = False
 
     def recover(self) -> None:
@@ -148,6 +152,7 @@ class VideoJobs:
         entry = self._running.get(job_id)
         if entry is None:
             return False
+        self._cancelled.add(job_id)
         entry[1].abort()
         return True
 
@@ -176,11 +181,14 @@ class VideoJobs:
                 log.info("video.completed", job=job_id, frames=len(made.frames))
             else:  # deleted while it was being encoded
                 self.store.delete(job_id)
-        except RequestAborted:
-            if self._closing or self.orch.draining:
-                self.store.fail(job_id, "server_stopped", "the server stopped while this video was being made")
-            else:
+        except RequestAborted as err:
+            if job_id in self._cancelled:
                 self.store.fail(job_id, "cancelled", "the job was cancelled")
+            elif self._closing or self.orch.draining:
+                self.store.fail(job_id, "server_stopped", "the server stopped while this video was being made")
+            else:  # the server's own abort (its output left unread past the stream's bound): not a delete
+                log.warning("video.job_aborted", job=job_id, error=str(err))
+                self.store.fail(job_id, type(err).__name__, str(err))
         except RequestError as err:
             self.store.fail(job_id, type(err).__name__, str(err))
         except asyncio.CancelledError:
@@ -198,6 +206,7 @@ class VideoJobs:
             # the engine stops making it: a no-op on a stream that already ended.
             stream.abort()
             self._running.pop(job_id, None)
+            self._cancelled.discard(job_id)
             self._touch(job_id)
             try:
                 self._drop_leftovers(job_id, reference is not None)

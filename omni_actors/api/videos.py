@@ -244,8 +244,9 @@ SYNC_STATUS = {"RequestRejected": 400, "server_stopped": 503, "server_restarted"
 
 def sync_failure(job_id: str, row: JobRow | None) -> ApiError:
     """What `/v1/videos/sync` answers for a job that did not complete (header X-Video-Id: the job). A job
-    deleted while the call waited (its row gone, or failed `cancelled`: only a delete cancels a job here)
-    is a 404 `video_deleted`; one the server stopped a 503 `server_stopped`; a refusal a 400."""
+    deleted while the call waited (its row gone, or failed `cancelled`: only a delete cancels a job here;
+    an abort of the server's own fails with its reason) is a 404 `video_deleted`; one the server stopped
+    a 503 `server_stopped`; a refusal a 400; else the job's error, as `retrieve` shows it."""
     headers = {"X-Video-Id": job_id}
     if row is None or row.error_code == "cancelled":
         return ApiError(404, f"video {job_id} was deleted while this request waited for it", None,

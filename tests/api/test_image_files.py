@@ -23,3 +23,14 @@ async def test_over_the_byte_bound_the_oldest_go_first_and_clear_drops_all() -> 
     assert files.get(first) is None and files.get(second).content_type == "image/webp"
     files.clear()
     assert len(files) == 0 and files.get(second) is None
+
+
+async def test_one_answers_images_never_push_one_another_out() -> None:
+    """An answer of n images past the bound together dropped its own first links before it was sent: the
+    client got URLs that were already 404s. Older files go; the answer's own stay, as a lone image does."""
+    files = ImageFiles(ttl_s=3600.0, max_bytes=10)
+    older, _ = files.put(b"old", "png")
+    names, _ = files.put_all([b"123456", b"abcdef", b"ghijkl"], "png")
+    assert [files.get(n).data for n in names] == [b"123456", b"abcdef", b"ghijkl"]
+    assert files.get(older) is None and len(files) == 3
+    files.clear()
