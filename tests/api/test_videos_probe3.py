@@ -26,7 +26,10 @@ from tests.api.model_server import ModelRun
 from tests.api.test_videos import JOB_WAIT_S, LONG
 from tests.shutdown_support import StderrLines, runtime_dirs
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks its video API deprecated
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # the SDK marks its video API deprecated
+    pytest.mark.slow,  # a server of its own (~40 s on 2 cores), and the overflow depends on the loop falling behind
+]
 
 TINY_BUFFER_MB = 0.0001
 """About 100 bytes: less than one queued chunk's own overhead, so a second unread output overflows it."""
