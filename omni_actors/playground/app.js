@@ -2,6 +2,7 @@
 // shows those panels as tabs, keeps the API key, shows errors with the panel they belong to.
 import { bindPanels } from "./panels.js";
 import { bindStatus, refreshStatus, serverAnswered, serverGone, showHealth } from "./pipeline.js";
+import { following } from "./sse.js";
 import { Talk } from "./talk.js";
 import { bindStops, stopPanel } from "./work.js";
 
@@ -36,11 +37,14 @@ function renderErrors() {
   el.textContent = message;
   el.hidden = !message;
   for (const b of $("tabs").querySelectorAll("button")) {
-    b.classList.toggle("failed", shown !== b.dataset.tab && errors.has(b.dataset.tab));
+    const failed = shown !== b.dataset.tab && errors.has(b.dataset.tab);
+    b.classList.toggle("failed", failed);  // a red "!" (style.css) to the eye, words to a screen reader
+    if (failed) b.setAttribute("aria-description", "has an error");
+    else b.removeAttribute("aria-description");
   }
 }
 
-export async function api(path, options = {}) {
+export async function api(path, options = {}, again = false) {
   const headers = new Headers(options.headers || {});
   if (state.key) headers.set("Authorization", `Bearer ${state.key}`);
   let resp;
@@ -52,6 +56,9 @@ export async function api(path, options = {}) {
     throw new Error(`the server did not answer (${err.message}): is it still running?`);
   }
   serverAnswered();
+  if (resp.status === 503 && !again && await loadingAgain(resp, options.signal ?? state.abort.signal)) {
+    return api(path, options, true);
+  }
   if (resp.status === 401) {
     askForKey();
     throw Object.assign(new Error(state.key ? "the API key was not accepted: enter the right one" : "this server needs an API key"),
@@ -65,9 +72,29 @@ export async function api(path, options = {}) {
   return resp;
 }
 
-// The key form, its field focused with what was typed selected (a wrong key is typed over).
+// A server restarted under the page refuses model routes while it loads (503, code "loading"): nothing was
+// started, so the request waits for the load (shown as at start) and is sent again. True once loaded.
+let loadingNow = null;
+async function loadingAgain(resp, signal) {
+  let code = null;
+  try { code = (await resp.clone().json()).error?.code; } catch { /* not JSON */ }
+  if (code !== "loading") return false;
+  loadingNow ??= loaded().finally(() => { loadingNow = null; refreshStatus(); });
+  await new Promise((resolve, reject) => {  // (a Stop or a model switch meanwhile ends the wait)
+    if (signal?.aborted) return reject(signal.reason);
+    signal?.addEventListener("abort", () => reject(signal.reason), { once: true });
+    loadingNow.then(resolve, reject);
+  });
+  return true;
+}
+
+// The key form, its field focused with what was typed selected (a wrong key is typed over). Where the focus
+// was goes back there once a key works (else to the tab shown): a keyboard user carries on where they were.
+let keyAsked = false, keyAskedFrom = null;
 function askForKey() {
   if (!$("key-form").hidden) return;  // (already asked: the focus stays where the user put it)
+  keyAsked = true;
+  if (document.activeElement !== document.body) keyAskedFrom = document.activeElement;
   $("key-form").hidden = false;
   $("key-input").focus();
   $("key-input").select();
@@ -111,6 +138,7 @@ function showModel(name) {
     const b = document.createElement("button");
     b.textContent = p[0].toUpperCase() + p.slice(1);
     b.dataset.tab = p;
+    b.id = `tab-${p}`;  // (its panel is labelled by it)
     b.setAttribute("data-testid", `tab-${p}`);
     b.setAttribute("role", "tab");
     b.setAttribute("aria-controls", `panel-${p}`);
@@ -127,6 +155,10 @@ function showModel(name) {
 // One line per user turn (its item id): deltas append while it is spoken, the completed transcript replaces them.
 function showUserTurn(itemId, text, done) {
   const box = $("talk-user");
+  following(box, () => userLine(box, itemId, text, done));
+}
+
+function userLine(box, itemId, text, done) {
   let line = [...box.children].find((el) => el.dataset.item === itemId);
   if (!line) {
     line = document.createElement("div");
@@ -173,7 +205,10 @@ function bindTalk() {
     const talk = new Talk({
       model: state.model.id, key: state.key,
       transcribe: (state.model.output_types || []).includes("transcript"),  // else the server says .failed per turn
-      onAnswer: (delta, fresh) => { if (fresh && answer.textContent) answer.textContent += "\n"; answer.textContent += delta; },
+      onAnswer: (delta, fresh) => following(answer, () => {
+        if (fresh && answer.textContent) answer.textContent += "\n";
+        answer.textContent += delta;
+      }),
       onUser: showUserTurn,
       onState: (s) => { $("talk-state").textContent = s; },
       onError: say,
@@ -250,6 +285,13 @@ async function boot() {
   const tab = was.tab && $("tabs").querySelector(`[data-tab=${was.tab}]`) ? was.tab : null;
   if (tab) selectTab(tab);
   if (tab !== "pipeline") refreshStatus();  // (the Pipeline tab has read it)
+  if (keyAsked && document.activeElement === document.body) {  // (the key's field, now hidden, had it)
+    const from = keyAskedFrom;
+    const back = from?.isConnected && !from.disabled && !from.closest("[hidden]") ? from : null;
+    (back || $("tabs").querySelector("[aria-selected=true]"))?.focus();
+  }
+  keyAsked = false;
+  keyAskedFrom = null;
   document.body.dataset.ready = "true";
 }
 
@@ -267,7 +309,8 @@ $("tabs").onkeydown = (e) => {
 };
 
 // Keys: Enter in a panel's prompt (or one of its fields) sends it, Shift+Enter is a new line; Escape
-// stops what the shown panel is doing (its request, its speech, or the Talk session).
+// stops what the shown panel is doing (its request, its speech, or the Talk session), else a recording
+// of its microphone (as that Record's Stop: the clip is kept).
 const SUBMIT = {
   "chat-input": "chat-send", "speak-input": "speak-button", "image-prompt": "image-button",
   "image-size": "image-button", "image-steps": "image-button", "video-prompt": "video-button",
@@ -280,8 +323,13 @@ document.addEventListener("keydown", (e) => {
     $(SUBMIT[e.target.id]).click();  // (nothing while it is disabled: the last request is still running)
   } else if (e.key === "Escape") {
     const shown = document.querySelector("section[data-panel]:not([hidden])")?.dataset.panel;
+    const recording = document.querySelector(`#panel-${shown} [data-recording=true]`);
     if (shown === "talk" && state.talk) stopTalk();
     else if (stopPanel(shown)) e.preventDefault();
+    else if (recording) {
+      e.preventDefault();
+      recording.click();
+    }
   }
 });
 

@@ -1,7 +1,7 @@
 // The chat panel: a question typed and/or an audio file to /v1/chat/completions, the answer's text streamed
 // in, its spoken answer (when asked for) kept as a clip to play.
 import { WIRE_RATE, b64ToBytes, bytesToB64, wavBlob } from "./audio.js";
-import { readSse } from "./sse.js";
+import { following, readSse } from "./sse.js";
 import { Work, ask } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
@@ -61,7 +61,7 @@ export function bindChat({ api, state, showError }) {
         if (delta.content) text += delta.content;
         if (delta.audio?.transcript) transcript += delta.audio.transcript;
         if (delta.audio?.data) pcm.push(b64ToBytes(delta.audio.data));
-        out.textContent = text || transcript;
+        following(out, () => { out.textContent = text || transcript; });
       });
       if (!finished) throw new Error("the answer was cut off: the connection closed before it ended");
     } catch (err) {

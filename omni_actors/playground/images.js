@@ -5,9 +5,14 @@ import { Work, ask } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
 
-function addImage(b64, format = "png") {
+const ALT_PROMPT_CHARS = 120;  // an image's name quotes its prompt up to this long
+
+// `partial`: a preview while the image is still made (its name says so).
+function addImage(b64, prompt, { format = "png", partial = false } = {}) {
   const img = document.createElement("img");
   img.src = `data:image/${format};base64,${b64}`;
+  const quoted = prompt.length > ALT_PROMPT_CHARS ? `${prompt.slice(0, ALT_PROMPT_CHARS)}…` : prompt;
+  img.alt = `${partial ? "partial image" : "image"} for: ${quoted}`;
   $("image-result").append(img);
 }
 
@@ -65,11 +70,11 @@ export function bindImages({ api, state, showError }) {
             status.textContent = ev.phase === "decode" ? "decoding…" : `step ${ev.step} of ${ev.total}`;
           } else if (ev.type?.endsWith("partial_image") || ev.type?.endsWith("completed")) {
             $("image-result").replaceChildren();
-            addImage(ev.b64_json, ev.output_format);
+            addImage(ev.b64_json, prompt, { format: ev.output_format, partial: ev.type.endsWith("partial_image") });
           }
         });
       } else {
-        for (const d of (await resp.json()).data) addImage(d.b64_json);
+        for (const d of (await resp.json()).data) addImage(d.b64_json, prompt);
       }
       if (!$("image-result").children.length) throw new Error("no image came back: the connection closed first");
       progress.value = 1;

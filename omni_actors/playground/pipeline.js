@@ -58,7 +58,9 @@ function buildGraph(status) {
       g.append(svg("text", attrs));
     }
     s.replicas.forEach((r, i) => {
-      const dot = svg("circle", { cx: x + 14 + i * 16, cy: y + H - 10, r: 5, role: "img", "data-replica": i });
+      // In the Tab order, its words (the hover's tooltip) shown on focus too: a keyboard reaches them.
+      const dot = svg("circle", { cx: x + 14 + i * 16, cy: y + H - 10, r: 5, role: "img", tabindex: 0,
+                                  "data-replica": i, "data-testid": `replica-${s.stage_id}-${i}` });
       dot.append(svg("title", {}));
       g.append(dot);
     });
@@ -86,16 +88,61 @@ function updateGraph(root, status) {
       dot.setAttribute("aria-label", `stage ${s.stage_id} ${words}`);
       const title = dot.querySelector("title");
       if (title.textContent !== words) title.textContent = words;
+      if (tipFor === dot) showTip(dot);  // (its words changed while it has the focus)
     });
   }
+}
+
+// A focused replica's words (its name, as the hover's tooltip says them) shown by it, in the panel rather
+// than the graph's box (which scrolls and would clip them); Escape or a blur hides them.
+let tipFor = null;
+function showTip(dot) {
+  const panel = $("panel-pipeline");
+  let tip = $("pipeline-tip");
+  if (!tip) {
+    tip = document.createElement("div");
+    Object.assign(tip, { id: "pipeline-tip", role: "tooltip", className: "tip" });
+    tip.setAttribute("data-testid", "pipeline-tip");
+    panel.append(tip);
+  }
+  tipFor = dot;
+  tip.textContent = dot.getAttribute("aria-label");
+  tip.hidden = false;
+  const at = dot.getBoundingClientRect(), inPanel = panel.getBoundingClientRect();
+  const left = at.left - inPanel.left + at.width / 2 - tip.offsetWidth / 2;
+  tip.style.left = `${Math.max(0, Math.min(left, panel.clientWidth - tip.offsetWidth))}px`;
+  const above = at.top - inPanel.top - tip.offsetHeight - 6;
+  tip.style.top = `${above >= 0 ? above : at.bottom - inPanel.top + 6}px`;
+}
+
+function hideTip() {
+  tipFor = null;
+  const tip = $("pipeline-tip");
+  if (tip) tip.hidden = true;
+}
+
+function bindTips(box) {
+  box.addEventListener("focusin", (e) => { if (e.target.dataset?.replica !== undefined) showTip(e.target); });
+  box.addEventListener("focusout", hideTip);
+  box.addEventListener("scroll", () => { if (tipFor) showTip(tipFor); });  // (it stays by its replica)
+  box.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && tipFor) {
+      hideTip();
+      e.stopPropagation();  // (Escape's page-wide meaning, stopping a panel, is not this one's)
+    }
+  });
 }
 
 function drawPipeline(status) {
   const box = $("pipeline-graph");
   const shape = shapeOf(status);
   if (!box.firstElementChild || box.dataset.shape !== shape) {  // (a model switch empties it)
+    // A replica that has the focus keeps it in the new drawing, if it is still there.
+    const focused = box.contains(document.activeElement) ? document.activeElement.dataset.testid : null;
+    hideTip();
     box.replaceChildren(buildGraph(status));
     box.dataset.shape = shape;
+    if (focused) box.querySelector(`[data-testid="${focused}"]`)?.focus();
   }
   updateGraph(box.firstElementChild, status);
 }
@@ -113,7 +160,10 @@ let refreshing = false;
 let statusFailed = false;  // the error shown is the status's own: cleared when the server answers again
 let unreachable = false;   // a request found no server: the pill says so until one answers again
 
-export function bindStatus(context) { ctx = context; }
+export function bindStatus(context) {
+  ctx = context;
+  bindTips($("pipeline-graph"));
+}
 
 export async function refreshStatus() {
   const { api, state, showError } = ctx;

@@ -18,6 +18,7 @@ export function bindRecord(button, showError) {
     const stopping = recorder;
     recorder = null;
     button.textContent = "Record";
+    delete button.dataset.recording;
     label.textContent = "";
     await stopping.stop();
   });
@@ -39,12 +40,14 @@ export function bindRecord(button, showError) {
       }
       if (recorder !== starting) return starting.stop();  // a model switch came while it opened
       button.textContent = "Stop";
+      button.dataset.recording = "true";  // (Escape in its panel is this Stop too: app.js)
       label.textContent = "recording…";
       return;
     }
     const stopping = recorder;
     recorder = null;
     button.textContent = "Record";
+    delete button.dataset.recording;
     input.value = "";
     stopping.onProgress = () => {};  // (blocks still come while it closes)
     label.textContent = `recorded ${(stopping.samples / WIRE_RATE).toFixed(1)} s`;

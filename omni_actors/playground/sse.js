@@ -1,4 +1,16 @@
-// Reading a streamed answer's body: its parts as they come, server-sent events, a lost connection said in words.
+// Reading a streamed answer's body: its parts as they come, server-sent events, a lost connection said in words;
+// showing it as it grows.
+
+const FOLLOW_SLACK_PX = 24;  // an answer whose end is within this of the window's bottom is "in view"
+
+// `update()` grows a streamed answer's box: while its end is in view the page scrolls with it, so the newest
+// words stay in view; a reader who scrolled up to read stays where they are.
+export function following(box, update) {
+  const inView = box.getBoundingClientRect().bottom <= window.innerHeight + FOLLOW_SLACK_PX;
+  update();
+  const below = box.getBoundingClientRect().bottom - window.innerHeight;
+  if (inView && below > 0) window.scrollBy(0, Math.ceil(below));  // (whole pixels: a fraction would stop short)
+}
 
 // A body's next part; a connection lost on the way says so (the browser's own words are "network error").
 export async function nextPart(reader) {

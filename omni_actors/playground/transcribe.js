@@ -1,7 +1,7 @@
 // The transcribe panel (a model that makes transcripts): an audio file, or a clip recorded in the page,
 // to /v1/audio/transcriptions with stream=true; the words show as they are recognised.
 import { bindRecord, fileOf } from "./record.js";
-import { readSse } from "./sse.js";
+import { following, readSse } from "./sse.js";
 import { Work, ask } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
@@ -31,8 +31,8 @@ export function bindTranscribe({ api, state, showError }) {
       const resp = await api("/v1/audio/transcriptions", { method: "POST", body: form, signal: work.signal });
       let text = "", done = false;
       await readSse(resp, (ev) => {
-        if (ev.type === "transcript.text.delta") out.textContent = (text += ev.delta);
-        else if (ev.type === "transcript.text.done") { out.textContent = ev.text; done = true; }
+        if (ev.type === "transcript.text.delta") following(out, () => { out.textContent = (text += ev.delta); });
+        else if (ev.type === "transcript.text.done") { following(out, () => { out.textContent = ev.text; }); done = true; }
       });
       if (!done) throw new Error("the transcript was cut off: the connection closed before it ended");
     } catch (err) {

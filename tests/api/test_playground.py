@@ -136,6 +136,24 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         assert re.fullmatch(r"stage 0 replica 0: ready, pid \d+, 0 in flight, 0 restarts, .*", label), label
         label = await page.get_by_test_id("stage-2").get_attribute("aria-label")
         assert re.fullmatch(r"stage 2 \S+ \(\w+\): healthy, in flight 0 / queue \d+, step [\d.]+ ms · .*", label), label
+        # A keyboard reaches each replica (Tab, from the tab) and reads on focus what a hover shows, by it;
+        # Escape hides that and stays there. The panel is named by its tab.
+        assert await page.get_by_role("tabpanel", name="Pipeline").is_visible()
+        await page.get_by_test_id("tab-pipeline").focus()
+        await page.keyboard.press("Tab")
+        assert await page.evaluate("document.activeElement.dataset.testid") == "replica-0-0"
+        tip = page.get_by_test_id("pipeline-tip")
+        await tip.wait_for()
+        assert await tip.inner_text() == await page.get_by_test_id("replica-0-0").get_attribute("aria-label")
+        await page.keyboard.press("Tab")
+        focused = page.get_by_role("img", name=re.compile(r"^stage 1 replica 0: ready, pid \d+"))
+        assert await focused.evaluate("el => el === document.activeElement")
+        assert (await tip.inner_text()).startswith("stage 1 replica 0: ready")
+        box, near = await focused.bounding_box(), await tip.bounding_box()
+        assert abs(near["y"] + near["height"] - box["y"]) < 20 or abs(near["y"] - box["y"] - box["height"]) < 20
+        await page.keyboard.press("Escape")
+        assert await tip.is_hidden()
+        assert await focused.evaluate("el => el === document.activeElement")
         await page.screenshot(path=str(tmp_path / "pipeline.png"))
 
         # The key stops working mid-session: the page asks again, then comes back where the user was.

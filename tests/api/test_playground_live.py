@@ -142,6 +142,8 @@ async def test_an_image_edit_shows_working_then_counts_its_steps(image_srv: Serv
         await page.wait_for_function(f"{bar}.value === 1 && !{bar}.matches(':indeterminate')")
         assert await page.evaluate(f"{bar}.dataset.steps") == "20"  # a step event each (the last "decode"), then the image
         assert await page.locator("#image-result img").count() == 1
+        # named for a screen reader by its prompt
+        assert await page.get_by_role("img", name="image for: a grey square, but blue", exact=True).count() == 1
         assert await page.get_by_test_id("image-status").inner_text() == ""
         assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
     await eventually(lambda: idle(image_srv.orch), timeout_s=10)

@@ -6,8 +6,8 @@ mid-answer ends the request on the server too (`/v1/status`), without a "stopped
 that fails while another tab is shown keeps its error with its own panel (the tab is marked) instead
 of showing it under the wrong one; a click with nothing to send says what is missing; "spoken answer"
 is offered only for a model that speaks. Record: a double
-click records once (the second click does not stop a microphone still opening), and a Stop then
-Transcribe in the same tick sends the clip just recorded.
+click records once (the second click does not stop a microphone still opening), a Stop then
+Transcribe in the same tick sends the clip just recorded, and Escape ends a recording as its Stop does.
 """
 
 from __future__ import annotations
@@ -159,4 +159,12 @@ async def test_record_double_click_then_stop_and_transcribe_at_once(two: MultiRu
         assert "samples at" in await page.get_by_test_id("transcribe-output").inner_text()
         assert await page.get_by_test_id("error").is_hidden()
         assert not await page.evaluate(MIC_OPEN)
+        # Escape ends a recording as its Stop does (the microphone closed, the clip kept).
+        await page.get_by_test_id("transcribe-record").click()
+        await page.wait_for_function(MIC_OPEN)
+        await page.wait_for_function("document.getElementById('transcribe-file-record').textContent === 'Stop'")
+        await page.keyboard.press("Escape")
+        assert await page.get_by_test_id("transcribe-record").inner_text() == "Record"
+        assert (await page.get_by_test_id("transcribe-recorded").inner_text()).startswith("recorded ")
+        await page.wait_for_function(f"!({MIC_OPEN})")
         assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
