@@ -39,7 +39,7 @@ from omni_actors.api.responses_schemas import (
     RefusalPart,
     ResponseRequest,
 )
-from omni_actors.api.responses_truncation import CONTEXT_REFUSAL
+from omni_actors.errors import CONTEXT_LENGTH_EXCEEDED
 
 
 @dataclass
@@ -236,8 +236,8 @@ def renamed(err: ApiError, old: str, new: str) -> ApiError:
 def stage_refusal(err: ApiError, truncation: str | None = None) -> ApiError:
     """A stage's refusal (it names chat's fields) in this API's words; one for a prompt past the context
     is OpenAI's `context_length_exceeded` on `input`, saying what `truncation` can do."""
-    if CONTEXT_REFUSAL.search(err.message) is not None:
-        err.param, err.code = "input", "context_length_exceeded"
+    if err.code == CONTEXT_LENGTH_EXCEEDED:  # (typed by the stage: errors.ContextLengthError)
+        err.param = "input"
         err.message += (" (truncation \"auto\": even its last item alone is past the context)" if truncation == "auto"
                         else " (send truncation: \"auto\" to drop the conversation's oldest items to fit)")
         return err

@@ -8,8 +8,8 @@ conversation's oldest items (OpenAI's reading), instead of failing.
 plain PipelineCall.
 
 Only the text stage knows its tokens and its window, so this process does not count them: the
-call is submitted whole, and a refusal that says the prompt is past the context (CONTEXT_REFUSAL:
-vLLM's words, the transformers engine's ContextLengthExceeded) before any output is answered by
+call is submitted whole, and a refusal typed as a prompt past the context (code
+`context_length_exceeded`: the worker's ContextLengthError) before any output is answered by
 submitting it again from a later message. How many go is estimated from the refusal's numbers
 (the prompt's size against the window, by the messages' characters); a try still too long drops
 at least as much again (`fits_after`), so a long conversation fits in a few tries. The `keep` leading messages (the instructions) and the last one always
@@ -25,15 +25,12 @@ from typing import Any
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
-from omni_actors.errors import RequestRejected
+from omni_actors.errors import CONTEXT_LENGTH_EXCEEDED, RequestRejected
 from omni_actors.orchestrator.requests import StageChunk
 
 log = logs.get(__name__)
 
-CONTEXT_REFUSAL = re.compile(
-    r"maximum context length|longer than the maximum model length|KV positions; the stage's max_model_len")
-"""A stage's refusal of a prompt past its context (vLLM's renderer and input processor, hf_ar.py)."""
-_SIZES = (  # (prompt size, window) as each refusal writes them
+_SIZES = (  # (prompt size, window) as each refusal past the context writes them (for the estimate only)
     re.compile(r"maximum context length is (?P<limit>\d+) tokens\. However, your prompt contains (?:at least )?"
                r"(?P<size>\d+) input tokens"),
     re.compile(r"contains (?P<size>\d+) characters \(more than (?P<limit>\d+) characters"),
@@ -102,7 +99,7 @@ class FittingCall(PipelineCall):
             try:
                 chunk = await super().__anext__()
             except RequestRejected as err:
-                if self._yielded or not self._refit(str(err)):
+                if self._yielded or err.code != CONTEXT_LENGTH_EXCEEDED or not self._refit(str(err)):
                     raise
                 await super().__aenter__()  # the shorter conversation, submitted as the first was
                 continue
@@ -110,8 +107,8 @@ class FittingCall(PipelineCall):
             return chunk
 
     def _refit(self, refusal: str) -> bool:
-        """Whether a shorter input is ready to submit after `refusal`."""
-        if self.keep is None or CONTEXT_REFUSAL.search(refusal) is None:
+        """Whether a shorter input is ready to submit after `refusal` (a prompt past the context)."""
+        if self.keep is None:
             return False
         messages = self.whole["messages"]
         start = self.keep + self.dropped
