@@ -119,17 +119,22 @@ class WireStream:
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
         self.held = b""
+        self.skipped = 0
+        """Samples the last decode skipped (its `keep`)."""
 
-    def decode(self, b64: str) -> np.ndarray:
-        """One append's samples (float32 at wire_rate(fmt)); an append refused leaves the held byte as it was."""
+    def decode(self, b64: str, keep: int | None = None) -> np.ndarray:
+        """One append's samples (float32 at wire_rate(fmt)); an append refused leaves the held byte as it was.
+        `keep`: only the last `keep` samples are decoded (what a listener keeps of a long append; the rest are
+        skipped before they cost a float each, and counted in `skipped`)."""
         raw = _wire_bytes(b64, self.fmt)
-        if self.fmt != "pcm16":
-            return decode_bytes(raw, self.fmt)
+        width = 2 if self.fmt == "pcm16" else 1
         if self.held:
             raw = self.held + raw
-        whole = len(raw) - len(raw) % 2
-        x = decode_bytes(raw[:whole], self.fmt)
+        whole = len(raw) - len(raw) % width
+        start = 0 if keep is None else max(0, whole - keep * width)
+        x = decode_bytes(raw[start:whole], self.fmt)
         self.held = raw[whole:]
+        self.skipped = start // width
         return x
 
     def clear(self) -> None:

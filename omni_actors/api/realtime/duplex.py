@@ -2,8 +2,10 @@
 
 The whole session is one streaming request (RequestSpec(streaming=True)) to the
 duplex stage, started by the first `input_audio_buffer.append` or
-`response.create`; every later append is fed to it (Orchestrator.feed). The model hears nothing
-else: `conversation.item.create`, an out-of-band `response.create` and `response.input` are `error`s. The
+`response.create`; every later append is fed to it (Orchestrator.feed; of a long one only its last
+MAX_FEED_S, as the engine keeps no more). The model hears nothing else: `conversation.item.create`, an
+out-of-band `response.create` and `response.input` are `error`s, and so is a `response.create` asking for
+anything the live stream is not (another format, no audio, tools, a temperature, a token limit). The
 stage's frame clock, not the client, paces it: a client that stops sending is
 fed silence. Each frame that comes back is sent at once as
 `response.audio.delta` / `response.output_audio.delta` (and its text as the
@@ -52,7 +54,8 @@ from omni_actors.api.realtime.conversation import Item, Part, new_id, render_ite
 from omni_actors.api.realtime.duplex_items import ITEMS_KEPT, AudioClock, hear
 from omni_actors.api.realtime.duplex_stats import DuplexStats
 from omni_actors.api.realtime.handler import ClientGone, RealtimeSession
-from omni_actors.api.realtime.session import render_session
+from omni_actors.api.realtime.response_request import Options
+from omni_actors.api.realtime.session import render_format, render_session
 from omni_actors.api.realtime.stats import RealtimeStats
 from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
@@ -68,6 +71,9 @@ SPEECH_RMS = 0.02
 MAX_SEND_BACKLOG_FRAMES = 25
 """Frames (~2 s) a client may fall behind; past that, frames are skipped, not sent late (a slow reader
 gets gaps, the server does not buffer its audio without bound)."""
+MAX_FEED_S = 2.5
+"""Most of one append fed to the engine (its newest audio): the engine buffers at most its MAX_INPUT_S (2 s)
+ahead of the frame clock, dropping the oldest; the rest covers the resampler's delay."""
 LIMIT_CLOSE_CODE = 1013
 """WebSocket close code after a session_limit_reached error ("try again later")."""
 
@@ -152,17 +158,43 @@ class DuplexSession(RealtimeSession):
             case _:
                 await super()._dispatch(event)
 
-    @staticmethod
-    def _refuse_response_fields(r: ce.ResponseIn | None, eid: str | None) -> None:
+    def _refuse_response_fields(self, r: ce.ResponseIn | None, eid: str | None) -> None:
         """What a duplex session's one response cannot be: out of band (a second answer beside the model's
-        live stream) or given `input` items (the model hears only the audio stream)."""
-        if r is not None and r.conversation == "none":
+        live stream), given `input` items (the model hears only the audio stream), or anything the live stream
+        is not: another format, no audio, tools, another temperature, a token limit (these were accepted and
+        ignored: a client asking for text only, or G.711, got pcm16 audio). Values every session refuses are
+        refused first, with the same codes (response_request.py Options)."""
+        if r is None:
+            return
+        if r.conversation == "none":
             raise ce.BadEvent("a full-duplex session has one response, the model's live answer to the audio "
                               "stream: out-of-band responses (conversation 'none') are not served",
                               code="unsupported_parameter", param="response.conversation", event_id=eid)
-        if r is not None and r.input is not None:
+        if r.input is not None:
             raise ce.BadEvent("a full-duplex model hears only the audio stream: response.input is not served",
                               code="unsupported_parameter", param="response.input", event_id=eid)
+        try:
+            self._refuse_tools(r.tools, r.tool_choice, "response.")  # (as session.update refuses them)
+            opts = Options.build(self.cfg, r, None)
+            tokens = r.max_output_tokens if r.max_output_tokens is not None else r.max_response_output_tokens
+            ga_format = r.audio is not None and r.audio.output is not None and r.audio.output.format is not None
+            live = "the model's live stream is the session's: change it with session.update"
+            if opts.output_audio_format != self.cfg.output_audio_format:
+                raise ce.BadEvent(f"{live} (output_audio_format)", code="unsupported_parameter",
+                                  param="response.audio.output.format" if ga_format else "response.output_audio_format")
+            if "audio" not in opts.modalities:
+                raise ce.BadEvent("a full-duplex model always speaks: its response's modalities include 'audio'",
+                                  code="unsupported_parameter",
+                                  param="response.output_modalities" if r.output_modalities else "response.modalities")
+            if opts.temperature != self.cfg.temperature:
+                raise ce.BadEvent(f"{live} (temperature)", code="unsupported_parameter", param="response.temperature")
+            if tokens is not None and tokens != "inf":
+                raise ce.BadEvent("the model's live stream has no output token limit", code="unsupported_parameter",
+                                  param="response.max_output_tokens" if r.max_output_tokens is not None
+                                  else "response.max_response_output_tokens")
+        except ce.BadEvent as err:
+            err.event_id = eid
+            raise
 
     async def _session_update(self, s: ce.SessionIn, eid: str | None) -> None:
         cfg, dialect = await self._checked_update(s, eid)  # (every session's checks: tools, session.type, ...)
@@ -191,10 +223,16 @@ class DuplexSession(RealtimeSession):
     # ---- input ----
 
     async def _append_duplex(self, b64: str, eid: str | None) -> None:
+        # The engine keeps the newest 2 s of a session's input and drops the rest, so of a long append
+        # (a 15 MiB event is minutes of G.711) only its tail is decoded, resampled and fed: the rest was
+        # decoded, resampled 3x and shipped whole, seconds of this event loop (every session's frames) for
+        # audio the engine then dropped. What is skipped here counts as dropped input, as the engine's drops.
+        rate = wire_rate(self.cfg.input_audio_format)
         try:
-            x = self._wire.decode(b64)
+            x = self._wire.decode(b64, keep=int(MAX_FEED_S * rate))
         except AudioFormatError as err:
             raise ce.BadEvent(str(err), param="audio", event_id=eid) from None
+        self.dstats.dropped_input_s += self._wire.skipped / rate
         x = self._in.push(x)
         if self.muted and len(x) and float(np.sqrt(np.mean(np.square(x)))) > SPEECH_RMS:
             self.muted = False
@@ -294,11 +332,13 @@ class DuplexSession(RealtimeSession):
             await self.send(ev.TranscriptDelta(response_id=live["id"], item_id=live["item"].id, delta=text))
 
     def _render_response(self, live: dict[str, Any], status: str, details: dict[str, Any] | None) -> dict[str, Any]:
-        mods = "output_modalities" if self.dialect == "ga" else "modalities"
+        ga = self.dialect == "ga"  # (GA writes the voice and format under `audio.output`, as responses.py)
+        audio = ({"audio": {"output": {"format": render_format(self.cfg.output_audio_format), "voice": self.cfg.voice}}}
+                 if ga else {"voice": self.cfg.voice, "output_audio_format": self.cfg.output_audio_format})
         return {"object": "realtime.response", "id": live["id"], "status": status, "status_details": details,
                 "output": [render_item(live["item"], self.dialect)] if status != "in_progress" else [],
-                "conversation_id": self.conversation.id, mods: ["audio"], "voice": self.cfg.voice,
-                "output_audio_format": self.cfg.output_audio_format, "usage": None, "metadata": None}
+                "conversation_id": self.conversation.id, "output_modalities" if ga else "modalities": ["audio"],
+                **audio, "usage": None, "metadata": None}
 
     async def _open_live(self) -> dict[str, Any]:
         """A new response, its item added to the conversation (the oldest of ITEMS_KEPT deleted)."""

@@ -7,18 +7,24 @@
     omni_duplex_late_frames_total             frames skipped because a step overran its deadline
     omni_duplex_dropped_input_seconds_total   user audio dropped (skipped with late frames, or past the buffer)
     omni_duplex_unsent_frames_total           frames not sent: the client read more than ~2 s behind
-    omni_duplex_frame_ms{quantile}            recent engine step compute time, p50 / p99
-    omni_duplex_start_lag_ms{quantile}        recent step start past its tick, p50 / p99
-    omni_duplex_input_to_output_ms{quantile}  recent user frames: last sample in to the engine's output, p50 / p99
+    omni_duplex_frame_seconds                 summary: engine step compute time per frame
+    omni_duplex_start_lag_seconds             summary: how far past its tick a frame's step started
+    omni_duplex_input_to_output_seconds       summary: user frames, last sample in to the engine's output
+
+The three summaries follow Prometheus convention (base units): `{quantile="0.5"}` and `{quantile="0.99"}`
+over the last RECENT_FRAMES frames (NaN before the first), with `_sum` and `_count` over every frame since
+start (so `rate(_sum) / rate(_count)` is the mean). `statistics()` keeps the percentiles in milliseconds, as
+the duplex benchmark reports them.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 RECENT_FRAMES = 4096
 """How many recent frames' timings the percentiles are over."""
@@ -40,6 +46,11 @@ class DuplexStatistics:
     start_lag_ms_p99: float
     input_to_output_ms_p50: float
     input_to_output_ms_p99: float
+    frame_s_sum: float = 0.0
+    start_lag_s_sum: float = 0.0
+    input_to_output_s_sum: float = 0.0
+    input_to_output_count: int = 0
+    """Frames timed from user audio in to output (`frames` counts the other two summaries)."""
 
 
 def _pct(values: deque[float], q: float) -> float:
@@ -59,6 +70,10 @@ class DuplexStats:
     frame_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
     start_lag_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
     input_to_output_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FRAMES))
+    frame_s_sum: float = 0.0
+    start_lag_s_sum: float = 0.0
+    input_to_output_s_sum: float = 0.0
+    input_to_output_count: int = 0
 
     def frame(self, frame_ms: float, start_lag_ms: float, late: int, input_to_output_ms: float | None,
               dropped_input_s: float = 0.0) -> None:
@@ -68,8 +83,12 @@ class DuplexStats:
         self.late_frames += late
         self.frame_ms.append(frame_ms)
         self.start_lag_ms.append(start_lag_ms)
+        self.frame_s_sum += frame_ms / 1000
+        self.start_lag_s_sum += start_lag_ms / 1000
         if input_to_output_ms is not None:
             self.input_to_output_ms.append(input_to_output_ms)
+            self.input_to_output_s_sum += input_to_output_ms / 1000
+            self.input_to_output_count += 1
 
     def statistics(self) -> DuplexStatistics:
         return DuplexStatistics(
@@ -77,7 +96,17 @@ class DuplexStats:
             self.late_frames, self.dropped_input_s, self.unsent_frames, _pct(self.frame_ms, 50), _pct(self.frame_ms, 99),
             _pct(self.start_lag_ms, 50), _pct(self.start_lag_ms, 99),
             _pct(self.input_to_output_ms, 50), _pct(self.input_to_output_ms, 99),
+            self.frame_s_sum, self.start_lag_s_sum, self.input_to_output_s_sum, self.input_to_output_count,
         )
+
+
+def _summary(name: str, doc: str, p50_ms: float, p99_ms: float, count: int, sum_s: float) -> SummaryMetricFamily:
+    """A summary in seconds: recent p50 / p99 (given in ms) and the all-time count and sum. Before any
+    observation its quantiles are NaN, as Prometheus clients write an empty summary's: not a 0 s p99."""
+    family = SummaryMetricFamily(name, doc, count_value=count, sum_value=sum_s)
+    family.add_sample(name, {"quantile": "0.5"}, p50_ms / 1000 if count else math.nan)
+    family.add_sample(name, {"quantile": "0.99"}, p99_ms / 1000 if count else math.nan)
+    return family
 
 
 class DuplexCollector:
@@ -103,16 +132,11 @@ class DuplexCollector:
         dropped.add_metric([], s.dropped_input_s)
         unsent = CounterMetricFamily("omni_duplex_unsent_frames", "Frames not sent: the client read too slowly")
         unsent.add_metric([], s.unsent_frames)
-        frame_ms = GaugeMetricFamily("omni_duplex_frame_ms", "Recent frame step compute time (ms)",
-                                     labels=["quantile"])
-        frame_ms.add_metric(["0.5"], s.frame_ms_p50)
-        frame_ms.add_metric(["0.99"], s.frame_ms_p99)
-        lag = GaugeMetricFamily("omni_duplex_start_lag_ms", "Recent frame step start past its tick (ms)",
-                                labels=["quantile"])
-        lag.add_metric(["0.5"], s.start_lag_ms_p50)
-        lag.add_metric(["0.99"], s.start_lag_ms_p99)
-        io = GaugeMetricFamily("omni_duplex_input_to_output_ms",
-                               "Recent user frames: last sample in to the engine's output (ms)", labels=["quantile"])
-        io.add_metric(["0.5"], s.input_to_output_ms_p50)
-        io.add_metric(["0.99"], s.input_to_output_ms_p99)
-        return [live, limit, rejected, frames, late, dropped, unsent, frame_ms, lag, io]
+        frame = _summary("omni_duplex_frame_seconds", "Engine step compute time per duplex frame",
+                         s.frame_ms_p50, s.frame_ms_p99, s.frames, s.frame_s_sum)
+        lag = _summary("omni_duplex_start_lag_seconds", "How far past its tick a duplex frame's step started",
+                       s.start_lag_ms_p50, s.start_lag_ms_p99, s.frames, s.start_lag_s_sum)
+        io = _summary("omni_duplex_input_to_output_seconds", "User frames: last sample in to the engine's output",
+                      s.input_to_output_ms_p50, s.input_to_output_ms_p99, s.input_to_output_count,
+                      s.input_to_output_s_sum)
+        return [live, limit, rejected, frames, late, dropped, unsent, frame, lag, io]

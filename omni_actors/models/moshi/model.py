@@ -15,16 +15,13 @@ import numpy as np
 import torch
 
 from omni_actors import logs
+from omni_actors.models.moshi.detokenize import SlotText
 from omni_actors.models.moshi.frame import MoshiFrame
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.duplex import DuplexAdapter, SlotOutput
 from omni_actors.workers.engines.hf_ar_graphs import cuda_graphs_wanted
 
 log = logs.get(__name__)
-
-DETOKENIZE_CONTEXT = 8
-"""Previous text tokens decoded with each new one, so pieces join up (leading spaces, multi-byte)."""
-
 
 class MoshiDuplexAdapter(DuplexAdapter):
     def __init__(self, ctx: EngineContext) -> None:
@@ -46,11 +43,11 @@ class MoshiDuplexAdapter(DuplexAdapter):
         self.frame_samples = self.frame.frame_samples
         self.device = device
         self._skip = set(self.tokenizer.all_special_ids)
-        self._history: list[list[int]] = [[] for _ in range(self.slots)]
+        self._text = [SlotText(self.tokenizer) for _ in range(self.slots)]
 
     def start(self, slot: int, params: dict[str, Any]) -> None:
         self.frame.start(slot, int(params["seed"]), params.get("text_temperature"), params.get("temperature"))
-        self._history[slot] = []
+        self._text[slot].reset()
 
     def stop(self, slot: int) -> None:
         self.frame.stop(slot)
@@ -66,7 +63,7 @@ class MoshiDuplexAdapter(DuplexAdapter):
         self.slots = slots
         self.frame = MoshiFrame(self._model, slots, self._graphs)
         self.lm = self.frame.lm
-        self._history = [[] for _ in range(slots)]
+        self._text = [SlotText(self.tokenizer) for _ in range(slots)]
         return True
 
     @torch.no_grad()
@@ -79,9 +76,4 @@ class MoshiDuplexAdapter(DuplexAdapter):
     def _piece(self, slot: int, token: int) -> str:
         if token in self._skip or not bool(self.lm.live[slot]):
             return ""
-        hist = self._history[slot]
-        before = self.tokenizer.decode(hist, skip_special_tokens=True) if hist else ""
-        hist.append(token)
-        after = self.tokenizer.decode(hist, skip_special_tokens=True)
-        del hist[:-DETOKENIZE_CONTEXT]
-        return after[len(before):] if after.startswith(before) else after
+        return self._text[slot].push(token)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,11 @@ import aiohttp
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from omni_actors.api.realtime.audio import WIRE_RATE
+from omni_actors.api.realtime.duplex_stats import DuplexCollector, DuplexStatistics, DuplexStats
 from omni_actors.api.realtime.events import GA_NAMES
 from omni_actors.workers.engines.duplex import JITTER_FRAMES
 from tests.api.conftest import idle
@@ -105,11 +109,51 @@ async def test_sessions_at_once_equal_each_alone_and_the_next_is_refused(srv: Rt
     stats = srv.stats().duplex
     assert stats.sessions_rejected >= 1 and stats.frames >= 2 * SLOTS * FRAMES
     assert stats.input_to_output_ms_p50 > 0  # frames of user audio were timed from arrival to output
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)  # (no frame counted mid-scrape)
     async with aiohttp.ClientSession() as http, http.get(srv.url + "/metrics") as resp:
         text = await resp.text()
-    for name in ("omni_duplex_sessions_live", "omni_duplex_late_frames_total", "omni_duplex_frame_ms",
-                 "omni_duplex_input_to_output_ms"):
+    for name in ("omni_duplex_sessions_live", "omni_duplex_late_frames_total"):
         assert name in text
+    assert_timings_in_seconds(text, srv.stats().duplex)
+
+
+def assert_timings_in_seconds(text: str, stats: DuplexStatistics) -> None:
+    """The duplex timings are Prometheus summaries in base units: seconds, never the milliseconds kept inside."""
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert not {n for n in families if n.startswith("omni_duplex") and n.endswith("_ms")}
+    for name, p50_ms, p99_ms, count in (
+            ("omni_duplex_frame_seconds", stats.frame_ms_p50, stats.frame_ms_p99, stats.frames),
+            ("omni_duplex_start_lag_seconds", stats.start_lag_ms_p50, stats.start_lag_ms_p99, stats.frames),
+            ("omni_duplex_input_to_output_seconds", stats.input_to_output_ms_p50, stats.input_to_output_ms_p99,
+             stats.input_to_output_count)):
+        family = families[name]
+        assert family.type == "summary"
+        samples = {(s.name, s.labels.get("quantile")): s.value for s in family.samples}
+        assert samples[(name, "0.5")] == pytest.approx(p50_ms / 1000)
+        assert samples[(name, "0.99")] == pytest.approx(p99_ms / 1000)
+        assert samples[(name + "_count", None)] == count > 0
+        assert 0 <= samples[(name + "_sum", None)] < count * 10.0  # seconds: under 10 s a frame
+    io_mean_s = stats.input_to_output_s_sum / stats.input_to_output_count
+    assert 0 < io_mean_s < 10.0  # audio in to audio out takes frames (80 ms each), not thousands of seconds
+
+
+def test_timings_before_any_frame_are_nan_not_zero_seconds() -> None:
+    """An empty summary's quantiles are NaN (as Prometheus clients write them): a 0 s p99 would chart as a
+    real, perfect frame time on a server that has stepped none."""
+    registry = CollectorRegistry()
+    stats = DuplexStats()
+    registry.register(DuplexCollector(stats))
+    text = generate_latest(registry).decode()
+    stats.frame(20.0, 0.5, 0, None)  # a frame of silence: no input-to-output time
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("omni_duplex_frame_seconds", "omni_duplex_input_to_output_seconds"):
+        quantiles = [s.value for s in families[name].samples if "quantile" in s.labels]
+        assert len(quantiles) == 2 and all(math.isnan(v) for v in quantiles), (name, quantiles)
+    after = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    frame = {s.labels.get("quantile"): s.value for s in after["omni_duplex_frame_seconds"].samples}
+    assert frame["0.5"] == pytest.approx(0.020)
+    io = [s.value for s in after["omni_duplex_input_to_output_seconds"].samples if "quantile" in s.labels]
+    assert all(math.isnan(v) for v in io)  # still no user frame timed
 
 
 async def connect_refused(srv: RtServer, http: aiohttp.ClientSession) -> dict[str, Any]:
@@ -189,8 +233,11 @@ async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -
         assert refused.error.code == "unsupported_parameter"
         await conn.session.update(session={"type": "realtime"})
         await conn.input_audio_buffer.append(audio=b64(voice(9, 0.16)))
-        audio, status = b"", None
+        audio, status, formats = b"", None, []
         async for event in conn:
+            if event.type in ("response.created", "response.done"):  # GA names the format under audio.output
+                out = event.response.audio.output  # (was None: the beta fields, in a GA session)
+                formats.append((out.format.type, out.format.rate, out.voice))
             if event.type == "response.output_audio.delta":
                 audio += base64.b64decode(event.delta)
                 if len(audio) == 2 * 2 * FRAME:
@@ -199,6 +246,7 @@ async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -
                 status = event.response.status
                 break
     assert status == "cancelled" and len(audio) >= 2 * 2 * FRAME
+    assert formats == [("audio/pcm", WIRE_RATE, "alloy")] * 2
 
 
 def test_make_tiny_moshi_is_detected(tiny_moshi: Path) -> None:

@@ -162,6 +162,37 @@ async def test_what_the_model_would_never_hear_is_refused_not_silently_taken(srv
     await eventually(lambda: srv.stats().duplex.sessions_live == 0 and not srv.sessions, CLOSE_TIMEOUT_S)
 
 
+async def test_a_response_the_live_stream_would_not_be_is_refused_not_ignored(srv: RtServer) -> None:
+    """response.create fields were accepted and ignored: a client asking for text only, G.711 or a forced tool
+    call got the session's pcm16 stream. Each is an `error` naming the field; a bad value gets every
+    session's code; a response.create with the session's own values opens the response."""
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    refusals: list[tuple[dict[str, Any], str, str]] = [  # response, code, param
+        ({"output_audio_format": "bogus"}, "invalid_value", "response.output_audio_format"),
+        ({"output_audio_format": "g711_ulaw"}, "unsupported_parameter", "response.output_audio_format"),
+        ({"audio": {"output": {"format": {"type": "audio/pcmu"}}}}, "unsupported_parameter",
+         "response.audio.output.format"),
+        ({"modalities": ["text"]}, "unsupported_parameter", "response.modalities"),
+        ({"output_modalities": ["text"]}, "unsupported_parameter", "response.output_modalities"),
+        ({"tools": [tool]}, "unsupported_parameter", "response.tools"),
+        ({"temperature": 0.2}, "unsupported_parameter", "response.temperature"),
+        ({"max_output_tokens": 5}, "unsupported_parameter", "response.max_output_tokens"),
+    ]
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        for i, (response, code, param) in enumerate(refusals):
+            eid = await client.send("response.create", event_id=f"r{i}", response=response)
+            event = await client.recv()
+            assert event["type"] == "error", (response, event)
+            assert (event["error"]["code"], event["error"]["param"], event["error"]["event_id"]) == (code, param, eid)
+        assert idle(srv.orch)  # no stream was started
+        await client.send("response.create", response={"output_audio_format": "pcm16", "modalities": ["audio", "text"],
+                                                       "max_output_tokens": "inf", "metadata": {"k": "v"}})
+        assert (await client.until("response.created", timeout_s=CLOSE_TIMEOUT_S))[-1]["type"] == "response.created"
+        await client.ws.close()
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0 and not srv.sessions, CLOSE_TIMEOUT_S)
+
+
 async def test_a_stream_the_server_aborts_ends_the_session_with_an_error(srv: RtServer) -> None:
     async with aiohttp.ClientSession() as http:
         client = await connect(srv, http)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,11 @@ BURST = 6
 TEMPERATURE_FRAMES = 12
 GREEDY_AFTER = 3
 """Frames heard before a session sets temperature 0 (the rest are compared)."""
+LONG_APPEND_S = 600
+"""One G.711 append of 10 minutes (6.4 MB of base64)."""
+LONG_APPEND_PEAK_BYTES = 64 * 1024 * 1024
+"""Most memory the server (and this client) may allocate for it: a few copies of the event, not its audio
+at 24 kHz (7.2 M floats per copy)."""
 
 
 @pytest.fixture(scope="module")
@@ -218,4 +224,28 @@ async def test_clear_drops_the_appended_audio_the_model_has_not_heard(srv: RtSer
     # engine only (a frame or two), not the whole 2 s.
     reached = len(d.input_to_output_ms) - heard_before + round((d.dropped_input_s - dropped_before) * MODEL_RATE / FRAME)
     assert reached < CLEARED_FRAMES // 2, reached
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+
+
+async def test_a_minutes_long_append_costs_only_the_audio_the_engine_keeps(srv: RtServer) -> None:
+    # The whole append was decoded, resampled to 24 kHz (3x G.711's samples) and fed on the event loop, for
+    # the engine to keep its last 2 s: 10 minutes of G.711 took ~130 MB (now ~30) and seconds of the loop.
+    ulaw = np.random.default_rng(5).integers(0, 256, LONG_APPEND_S * G711_RATE, dtype=np.uint8)
+    audio = base64.b64encode(ulaw.tobytes()).decode()
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        await client.send("session.update", session={"input_audio_format": "g711_ulaw"})
+        await client.until("session.updated")
+        dropped = srv.stats().duplex.dropped_input_s
+        tracemalloc.start()  # (the server runs in this process: its allocations are traced too)
+        try:
+            await client.send("input_audio_buffer.append", audio=audio)
+            _, _, seen = await frames(client, 2)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert not [e for e in seen if e["type"] == "error"], seen
+        assert peak < LONG_APPEND_PEAK_BYTES, peak
+        assert srv.stats().duplex.dropped_input_s - dropped >= LONG_APPEND_S - 3  # still counted as dropped
+        await client.ws.close()
     await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
