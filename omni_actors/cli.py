@@ -351,8 +351,15 @@ def _tool(argv: list[str]) -> int:
         p = argparse.ArgumentParser(prog="omni-run prepare")
         p.add_argument("pipeline")
         a = p.parse_args(rest)
+        from omni_actors.config.pipeline import get_pipeline, pipeline_names
         from omni_actors.models.prepare import prepare
 
+        known = pipeline_names()
+        if a.pipeline not in known:
+            close = difflib.get_close_matches(a.pipeline, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            some = ", ".join(n for n in known if get_pipeline(n).preparer)
+            raise ConfigError(f"prepare: unknown pipeline {a.pipeline!r}{hint}; these have files to prepare: {some}")
         print(prepare(a.pipeline))
         return 0
     if cmd == "export-thinker":

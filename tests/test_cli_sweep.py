@@ -21,10 +21,10 @@ CLI_TIMEOUT_S = 60
 READY_TIMEOUT_S = 60
 
 
-def omni_run(*args: str) -> subprocess.CompletedProcess:
+def omni_run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "omni_actors.cli", *args],
-        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env={**os.environ, "OMNI_LOG_JSON": "0"},
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env={**os.environ, "OMNI_LOG_JSON": "0"}, cwd=cwd,
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
@@ -161,10 +161,16 @@ def test_devices_on_a_cpu_machine_are_reported_and_the_server_stops_clean(tmp_pa
             proc.wait()
 
 
-def test_make_tiny_unknown_pipeline_lists_the_choices(tmp_path: Path) -> None:
-    proc = omni_run("make-tiny", "qwen9", str(tmp_path / "x"))
+@pytest.mark.parametrize(("name", "hint"), [("qwen9", ""), ("qwen3asr", " (did you mean 'qwen3_asr'?)")])
+def test_make_tiny_unknown_pipeline_lists_the_choices(tmp_path: Path, name: str, hint: str) -> None:
+    """The usage line, then one error line naming the choices: argparse's `choices` printed all ~40 names
+    twice (a usage of a dozen lines, then the error line listing them again, quoted)."""
+    proc = omni_run("make-tiny", name, str(tmp_path / "x"))
     assert proc.returncode == 2
-    assert "argument pipeline: invalid choice: 'qwen9'" in proc.stderr and "'qwen2_5_omni'" in proc.stderr, proc.stderr
+    usage, error = proc.stderr.splitlines()
+    assert usage == "usage: omni-run make-tiny [-h] [--seed SEED] name dir", proc.stderr
+    assert error.startswith(f"omni-run make-tiny: error: unknown name {name!r}{hint}; expected one of csm, "), error
+    assert ", qwen2_5_omni, " in error, error
     assert not (tmp_path / "x").exists()
 
 
@@ -183,7 +189,7 @@ def test_make_tiny_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
     proc = omni_run("make-tiny", "llama", str(target))
     assert proc.returncode == 2
     assert one_line(proc) == (f"omni-run make-tiny: {target} is not empty; "
-                              "give a new or empty folder (a tiny checkpoint is a whole folder)")
+                              "give a new or empty folder (a checkpoint is a whole folder)")
     assert [p.name for p in target.iterdir()] == ["config.json"]
     assert (target / "config.json").read_text() == '{"model_type": "csm"}'
 
@@ -210,8 +216,11 @@ def test_model_flag_mistakes_are_one_line_exit_2(args: list[str], expected: str)
 
 
 def test_prepare_errors(tmp_path: Path) -> None:
-    proc = omni_run("prepare", "nope")
-    assert proc.returncode == 2 and one_line(proc) == "omni-run: config error: prepare: unknown pipeline 'nope'"
+    """An unknown name says which pipelines have files to prepare, and the near miss (it said neither)."""
+    proc = omni_run("prepare", "asistant")
+    assert proc.returncode == 2 and one_line(proc) == ("omni-run: config error: prepare: unknown pipeline 'asistant' "
+                                                       "(did you mean 'assistant'?); these have files to prepare: "
+                                                       "assistant")
     proc = omni_run("prepare", "synthetic")
     assert proc.returncode == 2 and "has nothing to prepare" in one_line(proc)
 
@@ -227,6 +236,37 @@ def test_export_thinker_refuses_a_folder_that_is_not_qwen2_5_omni(tmp_path: Path
     assert one_line(proc) == (f"omni-run export-thinker: {src / 'config.json'}: not a Qwen2.5-Omni checkpoint: "
                               "model_type 'llama', expected one of ['qwen2_5_omni', 'qwen2_5_omni_thinker']")
     assert not out.exists()
+
+
+def _omni_folder(path: Path) -> Path:
+    """The smallest folder export-thinker exports: a Qwen2.5-Omni config and the thinker's LM head."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path.mkdir()
+    text = {"hidden_size": 4, "num_attention_heads": 1, "num_hidden_layers": 1, "vocab_size": 3}
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni",
+                                                  "thinker_config": {"text_config": text}}))
+    save_file({"thinker.lm_head.weight": np.zeros((3, 4), np.float32)}, str(path / "model.safetensors"))
+    return path
+
+
+def test_export_thinker_never_writes_over_a_folder(tmp_path: Path) -> None:
+    """`export-thinker SRC ""` wrote the Qwen2 folder into the current folder, and `export-thinker SRC SRC`
+    rewrote the source checkpoint's config.json as Qwen2's (exit 0); any non-empty folder was written into.
+    Each is now one line, exit 2, nothing written (a new folder's export: tests/models/test_qwen2_5_omni_export.py)."""
+    src = _omni_folder(tmp_path / "omni")
+    config = (src / "config.json").read_text()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    cases = [("", "dir: empty; give the folder to write the checkpoint to"),
+             (str(src), f"{src} is not empty; give a new or empty folder (a checkpoint is a whole folder)"),
+             (str(src / "config.json"), f"{src / 'config.json'} is not a folder; give a new or empty folder")]
+    for out, expected in cases:
+        proc = omni_run("export-thinker", str(src), out, cwd=cwd)
+        assert proc.returncode == 2 and one_line(proc) == f"omni-run export-thinker: {expected}", proc.stderr
+    assert not list(cwd.iterdir()) and (src / "config.json").read_text() == config
+    assert sorted(p.name for p in src.iterdir()) == ["config.json", "model.safetensors"]
 
 
 def test_an_unknown_forced_platform_is_a_config_error(tmp_path: Path) -> None:

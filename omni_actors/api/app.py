@@ -60,7 +60,7 @@ from omni_actors.api.schemas import Health, UnhealthyStage
 from omni_actors.api.speech import speech
 from omni_actors.api.speech_stream import speech_stream
 from omni_actors.api.status import status_route
-from omni_actors.api.transcriptions import transcriptions
+from omni_actors.api.transcriptions import transcriptions, translations
 from omni_actors.api.voices import add_routes as add_voice_routes
 from omni_actors.orchestrator.core import Orchestrator
 
@@ -122,6 +122,7 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/speech/stream", speech_stream)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
+    app.router.add_post("/v1/audio/translations", translations)
     app.router.add_post("/v1/images/generations", generations)
     app.router.add_post("/v1/images/edits", image_edits)
     image_files.add_routes(app)

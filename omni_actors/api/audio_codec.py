@@ -301,6 +301,8 @@ def _read_with_av(data: bytes, what: str, param: str) -> tuple[np.ndarray, int]:
             rate = int(stream.rate)
             if stream.duration and stream.time_base:
                 check_input(int(stream.duration * stream.time_base * rate), rate, param)
+            elif box.duration:  # (Matroska / WebM say the length on the container only)
+                check_input(int(box.duration * rate / av.time_base), rate, param)
             mono = av.AudioResampler(format="flt", layout="mono", rate=rate)
             done = 0
             for frame in itertools.chain(box.decode(stream), [None]):  # None: the resampler's rest

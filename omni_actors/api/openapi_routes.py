@@ -208,7 +208,8 @@ ROUTES = (
 
 UNDOCUMENTED = frozenset({
     ("get", "/v1/realtime"), ("get", "/v1/audio/speech/stream"), ("get", "/"), ("get", "/playground/{name}"),
-    *(("post", path) for path in NOT_SERVED),
+    ("post", "/v1/audio/translations"), *(("post", path) for path in NOT_SERVED),
 })
 """Routes the app registers that are not OpenAPI operations: WebSockets, the playground's page, and OpenAI's
-routes this server registers only to say it does not serve them (a 404, not_served.NOT_SERVED)."""
+routes this server registers only to say it does not serve them (a 404, not_served.NOT_SERVED; translations,
+a 400 saying the model cannot translate)."""

@@ -32,6 +32,9 @@ What goes into the pipeline:
 The pipeline must produce transcript outputs (typed TranscriptOutput, orchestrator/outputs.py). The body is read
 here, not by the body middleware (a multipart upload is parsed as it streams):
 with the same size limit (413) and time limit (408).
+
+POST /v1/audio/translations (`translations`) reads and checks its form the same way and then says the
+model cannot translate (a 400 naming `model`): no recognizer served here translates.
 """
 
 from __future__ import annotations
@@ -78,25 +81,34 @@ OBJECT_FIELDS = {f"{CHUNKING}[{key}]": f"{CHUNKING}.{key}" for key in VAD_KEYS}
 """An object's members as the SDK sends them (`name[key]` parts), kept as "name.key"."""
 FIELDS = frozenset({"file", "model", "response_format", "stream", "language", "prompt", "temperature", CHUNKING,
                     *LIST_FIELDS, *OBJECT_FIELDS})
+TRANSLATION_FIELDS = frozenset({"file", "model", "prompt", "response_format", "temperature"})
+"""OpenAI's /v1/audio/translations form (the SDK's TranslationCreateParams)."""
 
 
-async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
-    """The text fields and the file's bytes; 400 naming a missing, unknown or repeated field, or
-    saying why the body is not multipart/form-data this server can parse."""
+async def _read_form(request: web.Request, allowed: frozenset[str] = FIELDS) -> tuple[dict[str, str], bytes]:
+    """The text fields and the file's bytes, read under the server's body size (413) and time (408)
+    limits; 400 naming a missing, unknown or repeated field, or saying why the body is not
+    multipart/form-data this server can parse."""
     if request.content_type != "multipart/form-data":
         raise ApiError(415, f"Content-Type {request.content_type!r} is not supported; send the audio as "
                        "multipart/form-data with a `file` field", None, "unsupported_media_type")
-    return await _parse_form(request, max_bytes)
+    server = orchestrator(request).deploy.server
+    try:
+        async with asyncio.timeout(server.body_timeout_s):
+            return await _parse_form(request, int(server.max_body_mb * 1024 * 1024), allowed)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
+                       "body_timeout", close=True) from None
 
 
-async def _parse_form(request: web.Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
+async def _parse_form(request: web.Request, max_bytes: int, allowed: frozenset[str]) -> tuple[dict[str, str], bytes]:
     fields: dict[str, str] = {}
     upload: bytes | None = None
     budget = BodyBudget(max_bytes)
     async for part in form_parts(request):
         name = part.name or ""
-        if name not in FIELDS:
-            raise bad_request(f"unknown form field `{name}`; expected {sorted(FIELDS)}", name, "unknown_parameter")
+        if name not in allowed:
+            raise bad_request(f"unknown form field `{name}`; expected {sorted(allowed)}", name, "unknown_parameter")
         if name in LIST_FIELDS:
             name = LIST_FIELDS[name]
         elif (name := OBJECT_FIELDS.get(name, name)) in fields or (name == "file" and upload is not None):
@@ -197,15 +209,7 @@ def _segments_asked(fields: dict[str, str]) -> bool:
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
-    orch = orchestrator(request)
-    server = orch.deploy.server
-    max_bytes = int(server.max_body_mb * 1024 * 1024)
-    try:
-        async with asyncio.timeout(server.body_timeout_s):
-            fields, upload = await _read_form(request, max_bytes)
-    except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {server.body_timeout_s:g} s", None,
-                       "body_timeout", close=True) from None
+    fields, upload = await _read_form(request)
     if "model" not in fields:
         raise bad_request("form field `model` is required", "model", "missing_required_parameter")
     orch, _ = route_model(request, fields["model"], {"transcript"})
@@ -225,6 +229,19 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         return web.Response(text=text, content_type="text/plain")
     body = Transcription(text, TranscriptionUsage("duration", int(np.ceil(seconds))))
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def translations(request: web.Request) -> web.Response:
+    """POST /v1/audio/translations (speech to English text): no recognizer served here translates (each
+    writes the language spoken; the assistant's Whisper is English-only). The form is read and checked as
+    OpenAI's translation form (415, 413, 400 naming a field, 404 for an unknown model, 400 for a model
+    without a recognizer), then the answer is a 400 naming `model` that says so, never "unknown route"."""
+    fields, _ = await _read_form(request, TRANSLATION_FIELDS)
+    if "model" not in fields:
+        raise bad_request("form field `model` is required", "model", "missing_required_parameter")
+    _, name = route_model(request, fields["model"], {"transcript"})
+    raise bad_request(f"model {name!r} cannot translate: its recognizer writes the language spoken; "
+                      f"POST {ROUTE} gives that transcript", "model", "unsupported_value")
 
 
 async def _outputs(call: PipelineCall) -> AsyncIterator[TranscriptOutput]:
