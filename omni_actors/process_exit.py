@@ -6,7 +6,8 @@ with torch, transformers and vLLM loaded that took 3-6 s on a busy 2-core box, a
 exit waits for its workers'. `exit_now` runs what registered to run at exit (atexit handlers:
 logging's flush, tempfile's finalizers, the zygote's close), flushes stdout and stderr, and ends the
 process with `os._exit`. Used only at the very end of a process's entry point (never from a library
-call: a test calling `cli.main` in-process keeps its interpreter).
+call: a test calling `cli.main` in-process keeps its interpreter). `OMNI_EXIT_TEARDOWN=1` keeps the
+interpreter's exit (scripts/bench_exit.py's same-run baseline).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import NoReturn
 
 
 def exit_now(code: int | None) -> NoReturn:
+    if os.environ.get("OMNI_EXIT_TEARDOWN") == "1":
+        sys.exit(code)
     try:
         atexit._run_exitfuncs()
     finally:
