@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 
 import structlog
@@ -24,6 +25,11 @@ LEVELS = LOG_LEVELS
 FORMATS = ("console", "json")
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error"}
 """Third-party log levels set (unless already set) when ours is not debug."""
+_notices: list[re.Pattern[str]] = []
+"""Third-party records known to be benign where they are logged (drop_notices): not shown unless debug."""
+QUIET_LOGGERS = ("faster_whisper",)
+"""Third-party loggers held at warning when ours is not debug (faster-whisper says each request's
+audio duration at info)."""
 
 
 def apply_cli_flags(level: str | None, fmt: str | None) -> None:
@@ -42,6 +48,27 @@ def level_name() -> str:
     return os.environ.get("OMNI_LOG_LEVEL", settings().log_level).lower()
 
 
+def drop_notices(logger: str, *patterns: str) -> None:
+    """Hold `logger` (a library's) at warning, and drop its records matching `patterns`, unless our
+    level is debug: a library's notice about a choice this runtime made on purpose (vLLM's eager mode
+    on CPU, its fixed seed) is not a warning to the operator. Where the library's records go through
+    our handler (the root's), that is."""
+    if level_name() == "debug":
+        return
+    lib = logging.getLogger(logger)
+    if lib.level == logging.NOTSET or lib.level < logging.WARNING:
+        lib.setLevel(logging.WARNING)
+    _notices.extend(re.compile(p) for p in patterns)
+
+
+class _Notices(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _notices:
+            return True
+        text = record.getMessage()
+        return not any(p.search(text) for p in _notices)
+
+
 def configure(component: str = "main") -> None:
     global _configured
     if _configured:
@@ -52,7 +79,11 @@ def configure(component: str = "main") -> None:
     if level_text != "debug":
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(max(level, logging.WARNING))
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Notices())
     renderer = (
         structlog.processors.JSONRenderer()
         if json_logs()

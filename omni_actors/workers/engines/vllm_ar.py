@@ -188,6 +188,7 @@ class VllmAREngine(StageEngine):
         self._private_dir = Path(tempfile.mkdtemp(prefix="omni-vllm-"))
         self._tool_reader: ToolCallReader | None = None
         self._multimodal = False
+        vllm_backend.quiet_notices()
         try:
             (self._private_dir / "rpc").mkdir()
             self._env.apply(vllm_backend.backend_env(ctx, self._private_dir))

@@ -45,6 +45,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omni_actors import logs
 from omni_actors.errors import ConfigError
 from omni_actors.settings import settings
 from omni_actors.workers.engine import EngineContext
@@ -112,6 +113,31 @@ def _kv_cache_space_gib(ctx: EngineContext) -> float:
     return float(value)
 
 
+NOTICES = (
+    r"^The global random seed is set to",  # (seed 0: engine_kwargs)
+    r"^Enforce eager set, disabling torch\.compile",  # (always on CPU)
+    r"^Inductor compilation was disabled by user settings",
+    r"^Triton is (not )?installed",  # (CPU: no Triton backend, none needed)
+    r"^Triton not installed or not compatible",
+    r"^Model Runner V2 requires Triton",
+    r"is not found in LD_PRELOAD\. For best performance",  # (tcmalloc / iomp: optional on CPU)
+    r"^CPU backend doesn't allow to use `torch\.set_num_threads` after the thread binding",
+)
+"""vLLM's warnings about choices this runtime makes on purpose, or that do not apply to a CPU engine
+(logs.drop_notices: shown at --log-level debug)."""
+
+
+def quiet_notices() -> None:
+    """vLLM's notices dropped (NOTICES) and its logger at warning; its FutureWarning from torch's old
+    reduce_op name, which it touches as it imports, ignored."""
+    import warnings
+
+    logs.drop_notices("vllm", *NOTICES)
+    if logs.level_name() != "debug":
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                                category=FutureWarning)
+
+
 def default_cache_dir() -> Path:
     """`<data dir>/cache/vllm`: vLLM's caches outlive an engine (its IPC sockets do not)."""
     path = settings().data_dir / "cache" / "vllm"
@@ -136,6 +162,8 @@ def backend_env(ctx: EngineContext, private_dir: Path) -> dict[str, str]:
         # that already holds threads or, on CUDA, a CUDA context.
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     }
+    if not use_multiprocess(ctx):  # (its records through the worker's handler: JSON or console, filtered)
+        env["VLLM_CONFIGURE_LOGGING"] = "0"
     if is_cpu(ctx):
         space = _kv_cache_space_gib(ctx)
         # vLLM's CPU platform reads this (whole GiB) and overrides
@@ -189,6 +217,7 @@ def engine_kwargs(ctx: EngineContext) -> dict[str, Any]:
         "tensor_parallel_size": ctx.tensor_parallel_size,
         "seed": 0,
         "disable_log_stats": True,
+        "use_tqdm_on_load": False,  # (a progress bar on stderr per start; the worker reports loading itself)
     }
     kwargs.update({k: extras[k] for k in _PASSTHROUGH_KEYS if k in extras})
     _check_context(ctx, extras.get("max_model_len"))
