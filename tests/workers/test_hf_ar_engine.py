@@ -132,15 +132,16 @@ def test_a_request_that_fails_in_the_engine_is_logged_once(engine):
     assert "IndexError" in line["error"]
 
 
-def test_a_request_past_the_context_is_logged_once_as_a_warning(llama_dir):
+def test_a_prompt_past_the_context_is_logged_once_as_a_warning(llama_dir):
     engine = HfAREngine(_ctx(llama_dir, max_model_len=16))
     engine.add("long", {"prompt": " ".join(["word"] * 40)}, {"max_tokens": 4, "ignore_eos": True})
     engine.add("fills", {"prompt": "Hello"}, {"max_tokens": 40, "ignore_eos": True})  # full mid-decode
-    errors, _, logged = _failures(engine)
-    assert set(errors) == {"long", "fills"}
-    assert sorted(e["request_id"] for e in logged) == ["fills", "long"]  # one line each
-    assert all(e["log_level"] == "warning" and e["rejected"] is True and "ContextLengthExceeded" in e["error"]
-               for e in logged)
+    errors, made, logged = _failures(engine)
+    assert set(errors) == {"long"}  # "fills" only filled the cache: it ended with "length", no failure
+    assert made["fills"] == 16 - len(engine.adapter.tokenizer("Hello").input_ids) + 1
+    assert [e["request_id"] for e in logged] == ["long"]  # one line
+    line = logged[0]
+    assert line["log_level"] == "warning" and line["rejected"] is True and "ContextLengthExceeded" in line["error"]
 
 
 @pytest.mark.parametrize("damage", ["missing_weights", "missing_config", "bad_json"])

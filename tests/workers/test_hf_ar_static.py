@@ -2,7 +2,8 @@
 
 Real engines on tiny checkpoints: greedy output must be token-identical while
 requests of different lengths join and leave mid-batch, slots must come back
-on finish and abort, and a request past max_model_len must fail alone.
+on finish and abort, a prompt past max_model_len must be refused alone, and a
+request whose generation fills max_model_len must end with "length", not fail.
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ def llama_dir(tmp_path_factory) -> Path:
     return make_tiny("llama", tmp_path_factory.mktemp("llama"), seed=0)
 
 
-def _run(engine: HfAREngine, schedule, params=None, abort: dict[str, int] | None = None):
-    """Add requests at their steps, drain; returns ({rid: ids}, {rid: error}, most slots held)."""
+def _run(engine: HfAREngine, schedule, params=None, abort: dict[str, int] | None = None, ends=None):
+    """Add requests at their steps, drain; returns ({rid: ids}, {rid: error}, most slots held);
+    `ends` (a dict), when given, gets each finished request's last payload."""
     ids: dict[str, list[int]] = {}
     errors: dict[str, str] = {}
+    ends = {} if ends is None else ends
     step, most = 0, 0
     pending = [(f"r{i}", *item) for i, item in enumerate(schedule)]
     while pending or engine.has_work():
@@ -69,6 +72,8 @@ def _run(engine: HfAREngine, schedule, params=None, abort: dict[str, int] | None
                     errors[out.request_id] = out.error
                 else:
                     ids.setdefault(out.request_id, []).extend(out.payload["token_ids"])
+                    if out.finished:
+                        ends[out.request_id] = out.payload
         if engine.slots is not None:
             most = max(most, len(engine.slots.owners))
             assert [s.slot for s in engine.slots.owners] == list(range(len(engine.slots.owners)))
@@ -105,16 +110,18 @@ def test_abort_frees_a_slot_for_a_waiting_request(llama_dir):
 
 
 @pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
-def test_request_past_max_len_fails_alone(llama_dir, kv_cache):
+def test_a_prompt_past_max_len_fails_alone_and_a_full_cache_ends_with_length(llama_dir, kv_cache):
     engine = HfAREngine(_ctx(llama_dir, kv_cache=kv_cache, max_model_len=16))
     long_prompt = " ".join(["word"] * 40)
     schedule = [("Hello there", 30, 0), (long_prompt, 5, 0), ("A", 8, 1)]
-    ids, errors, _ = _run(engine, schedule)
+    ends: dict[str, dict] = {}
+    ids, errors, _ = _run(engine, schedule, ends=ends)
     prompt_len = len(engine.adapter.tokenizer("Hello there").input_ids)
-    assert set(errors) == {"r0", "r1"}
+    assert set(errors) == {"r1"}  # the prompt past the context; r0 only filled it while generating
     assert errors["r1"].startswith("ContextLengthExceeded")
-    assert errors["r0"].startswith("ContextLengthExceeded")
     assert len(ids["r0"]) == 16 - prompt_len + 1  # every position filled, then it stops
+    assert ends["r0"]["finish_reason"] == "length"
+    assert (ends["r0"]["prompt_tokens"], ends["r0"]["completion_tokens"]) == (prompt_len, len(ids["r0"]))
     assert len(ids["r2"]) == 8 and not engine.seqs
     alone, _, _ = _run(HfAREngine(_ctx(llama_dir)), [("A", 8, 0)])
     assert ids["r2"] == alone["r0"]
@@ -222,9 +229,10 @@ def test_static_engine_is_reused_after_a_failed_batch_member(llama_dir):
     assert not errors and len(ids["r0"]) == 4 and engine.slots.owners == []
 
 
-def test_full_cache_fails_while_waiting_for_input_and_others_go_on(omni_dir):
-    """A streaming talker request that filled max_model_len while waiting for thinker states
-    fails at once; a shorter request decoding beside it is not disturbed."""
+def test_full_cache_ends_while_waiting_for_input_and_others_go_on(omni_dir):
+    """A streaming talker request that fills max_model_len while waiting for thinker states
+    ends at once with "length" (its codes so far, no error); a shorter request decoding beside
+    it is not disturbed."""
     (thinker, _), _ = _omni(omni_dir, {"kv_cache": "static"})
     pipe = get_pipeline("qwen2_5_omni")
     full, chunk = resolve(pipe.stages[1].processor), resolve(pipe.stages[1].chunk_processor)
@@ -253,11 +261,16 @@ def test_full_cache_fails_while_waiting_for_input_and_others_go_on(omni_dir):
     talker.add("b", full({0: upstream["b"]}, {}), {**base, "talker_max_tokens": fed + 4})
     codes: dict[str, int] = {"a": 0, "b": 0}
     errors: dict[str, str] = {}
+    ends: dict[str, dict] = {}
     while talker.has_work():
         for out in talker.step():
             if out.error:
                 errors[out.request_id] = out.error
             codes[out.request_id] += "codes" in out.payload
-    assert set(errors) == {"a"} and errors["a"].startswith("ContextLengthExceeded")
+            if out.finished:
+                ends[out.request_id] = out.payload
+    assert not errors
+    assert ends["a"]["finish_reason"] == "length" and "codes" in ends["a"]  # the codec gets its last code
+    assert ends["a"]["completion_tokens"] == fed
     assert codes["a"] == fed and codes["b"] == fed + 4
     assert not talker.seqs and talker.slots.owners == []

@@ -16,7 +16,8 @@ One `step()`:
 2. runs ONE batched decode forward for all other active requests;
 3. samples one token per request (hf_ar_sampling.py) and returns the
    adapter's payload for each; the last one carries finish_reason "stop"
-   (a stop token) or "length" (max_tokens, DEFAULT_MAX_TOKENS if unset).
+   (a stop token) or "length" (max_tokens, DEFAULT_MAX_TOKENS if unset, or
+   the token that filled the KV cache's max_model_len positions).
 
 First-token priority (`engine_extras["first_chunk_priority"]`, default on): a
 step that has requests to prefill while others are decoding runs only the
@@ -55,9 +56,13 @@ KV cache, engine_extras["kv_cache"]:
   left-pads and stacks the requests' caches, then cuts each row back out.
   Cheapest for tiny CPU models.
 
-A request that needs more KV positions than max_model_len fails alone with
-ContextLengthExceeded. New requests are admitted while fewer than
-`max_num_seqs` hold KV. A streaming request (async chunk) may not be ready for
+A prompt longer than max_model_len is refused alone with ContextLengthExceeded
+(a 400 context_length_exceeded; nothing was sent). A request whose generation
+fills the cache ends like vLLM's at max_model_len: the token sampled from its
+last position is its last, finish_reason "length" (so max_tokens is in effect
+min(max_tokens, max_model_len - prompt + 1): the last token needs no KV
+position), never an error after its outputs streamed. New requests are
+admitted while fewer than `max_num_seqs` hold KV. A streaming request (async chunk) may not be ready for
 its next forward until more upstream input arrives through `feed`; the adapter
 says so with `ready`. Abort drops the request's state and KV at once.
 """
@@ -299,14 +304,7 @@ class HfAREngine(StageEngine):
         self._prefill_only = first_only
         if first_only:
             return outputs  # the new requests' first tokens leave now; the decode is the next step
-        if self.max_len is not None:  # a full cache can take no next input, ready or not
-            full = [s for s in self.seqs.values() if s.prefilled and s.cached >= self.max_len]
-            for seq in full:
-                if seq in running:
-                    running.remove(seq)
-                err = ContextLengthExceeded(seq.request_id, seq.cached + 1, self.max_len)
-                outputs.append(self._failed(seq, err))
-        if running:
+        if running:  # (no full cache: the token that filled one ended its request, _sample)
             decode = self._decode_static if self.static else self._decode_dynamic
             outputs.extend(self._guarded(running, decode))
         return outputs
@@ -511,9 +509,9 @@ class HfAREngine(StageEngine):
         for seq, tok, done, (payload, finished) in zip(seqs, tokens, ended, results, strict=True):
             seq.tokens.append(tok)
             reason = "stop" if finished or done or tok in self.adapter.stop_ids(seq) else None
-            if reason is None and len(seq.tokens) >= int(
+            if reason is None and (self._full(seq) or len(seq.tokens) >= int(
                 seq.params.get("max_tokens") or DEFAULT_MAX_TOKENS
-            ):
+            )):
                 reason = "length"
             if reason is not None:
                 finished = True
@@ -523,6 +521,11 @@ class HfAREngine(StageEngine):
                            "prompt_tokens": seq.prompt_len, "completion_tokens": len(seq.tokens)}
             outputs.append(EngineOutput(seq.request_id, payload, finished))
         return outputs
+
+    def _full(self, seq: ARSeq) -> bool:
+        """The request's KV holds max_len positions: no next step can take its last token, so that
+        token ends it ("length", as vLLM ends a request at max_model_len), whatever max_tokens says."""
+        return self.max_len is not None and seq.cached >= self.max_len
 
     def _pick(
         self, seqs: list[ARSeq], out: ForwardOut, prefill: bool, guided: bool
