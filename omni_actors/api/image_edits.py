@@ -48,8 +48,9 @@ from omni_actors.api.images import (
     collect_images,
     parse_size,
     require_background,
+    require_streamable,
 )
-from omni_actors.api.multipart import BodyBudget, form_parts
+from omni_actors.api.multipart import BodyBudget, form_parts, misplaced_part
 
 ROUTE = "/v1/images/edits"
 EDIT_TASKS = {"image-edit", "inpaint", "image-to-layers"}
@@ -84,6 +85,8 @@ async def _read_form(request: web.Request, max_bytes: int) -> tuple[dict[str, st
             raise bad_request(f"unknown form field `{name}`", name, "unknown_parameter")
         if name in fields or (name == "mask" and mask is not None):
             raise bad_request(f"form field `{name}` is given twice", name)
+        if (misplaced := misplaced_part(part, name, name not in TEXT_FIELDS)) is not None:
+            raise misplaced
         data = await budget.read(part)
         if name in ("image", "image[]"):
             if len(images) >= MAX_INPUT_IMAGES:
@@ -209,6 +212,7 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     partial = _int(fields, "partial_images", 0, 3) or 0
     if progress and not stream:
         raise bad_request("stream_progress needs stream=true (progress comes as stream events)", "stream_progress")
+    require_streamable(response_format, stream)
     params = _params(fields)
     if caps is not None and params.get("width") is not None and "size" not in caps.inputs:
         raise bad_request(f"size: {caps.pipeline_class} paints at a size of its own (from the input image); "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import math
 import re
 import time
 from typing import Any
@@ -143,12 +144,25 @@ async def answer_images(request: web.Request, images: list[np.ndarray], fmt: str
 
 def check_guidance(value: float | None) -> float | None:
     """`value` unless it is outside [0, MAX_GUIDANCE_SCALE]: then a 400 naming guidance_scale with OpenAI's
-    bound code (decimal_below_min_value / decimal_above_max_value), for generations and edits alike."""
+    bound code (decimal_below_min_value / decimal_above_max_value), for generations and edits alike. A NaN
+    (a form's "nan") is above nothing: `invalid_value` (it was `decimal_above_max_value` before 2026-12-05)."""
+    if value is not None and math.isnan(value):
+        raise bad_request("guidance_scale must be a number, got NaN", "guidance_scale", "invalid_value")
     if value is not None and not 0.0 <= value <= MAX_GUIDANCE_SCALE:
         code = "decimal_below_min_value" if value < 0 else "decimal_above_max_value"
         raise bad_request(f"guidance_scale must be a number in [0, {MAX_GUIDANCE_SCALE:g}], got {value:g}",
                           "guidance_scale", code)
     return value
+
+
+def require_streamable(response_format: str | None, stream: bool) -> None:
+    """`stream` with `response_format: "url"` is a 400 naming response_format: OpenAI's stream events
+    (the SDK's ImageGenStreamEvent / ImageEditStreamEvent) carry `b64_json` and have no place for a URL
+    (before 2026-12-05 the stream went out as base64 regardless)."""
+    if stream and response_format == "url":
+        raise bad_request("response_format 'url' cannot be streamed: stream events carry the image as b64_json; "
+                          "leave response_format out (or b64_json), or drop stream", "response_format",
+                          "unsupported_value")
 
 
 def diffusion_params(req: Any, size: tuple[int, int] | None) -> dict[str, Any]:
@@ -186,6 +200,7 @@ async def generations(request: web.Request) -> web.StreamResponse:
     fmt = req.output_format or "png"
     if req.stream_progress and not req.stream:
         raise bad_request("stream_progress needs stream: true (progress comes as stream events)", "stream_progress")
+    require_streamable(req.response_format, req.stream)
     if req.stream:
         from omni_actors.api.image_stream import stream_images
 

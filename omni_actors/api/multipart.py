@@ -50,6 +50,21 @@ async def form_parts(request: web.Request) -> AsyncIterator[BodyPartReader]:
         yield part
 
 
+def misplaced_part(part: Any, name: str, file_field: bool, hint: str = "") -> ApiError | None:
+    """A 400 naming `name` when a form part came as the other kind: a text field sent as a file (a part with a
+    filename: before 2026-12-05 a prompt file's bytes became the prompt), or a file field sent as text (no
+    filename and no Content-Type, or a text/* one; `hint` says what else the field takes). None when the
+    part is of its field's kind."""
+    if not file_field and part.filename is not None:
+        return bad_request(f"`{name}` is a text field but came as a file part (filename {part.filename!r}); "
+                           "send its value as a plain form field", name, "invalid_type")
+    kind = part.headers.get("Content-Type", "text/plain")
+    if file_field and part.filename is None and kind.startswith("text/"):
+        return bad_request(f"`{name}` is a file upload but came as a text field; send the file as a file part "
+                           f"(with a filename){hint}", name, "invalid_type")
+    return None
+
+
 class BodyBudget:
     """What a form body may still bring: reading past `max_bytes` in all is a 413 that closes the connection."""
 
@@ -98,6 +113,8 @@ async def read_form(request: web.Request, files: set[str], fields: set[str],
                                   "unknown_parameter")
             if name in texts or name in blobs:
                 raise bad_request(f"form field `{name}` is given twice", name)
+            if (misplaced := misplaced_part(part, name, name in files)) is not None:
+                raise misplaced
             data = await budget.read(part)
             if name in files:
                 blobs[name] = bytes(data)

@@ -15,7 +15,8 @@ that also speaks) gets the fields passed through as they came.
            or no voice, is a 400 naming `voice`.
     listed_voice(pipe, name, param) is the built-in check alone, for chat's `audio.voice` (param
     "audio.voice"): the same 400 where the pipeline lists voices, nothing where it lists none.
-    instructions  pipelines with `instructions` only; else 400 naming the field
+    instructions  pipelines with `instructions` only; else 400 naming the field (empty or whitespace-only
+                  instructions are none, on every pipeline)
     speed  params["speed"] where the stages honour it (`native_speed`); else the API stretches the
            audio in time, keeping its pitch (speech_audio.py, time_stretch.py)
 """
@@ -89,6 +90,8 @@ def listed_voice(pipe: PipelineConfig, name: str, param: str) -> str | None:
 async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voice: str | VoiceRef | None,
                       instructions: str | None, speed: float, seed: int | None) -> SpeechCall:
     """What the pipeline gets for one text; 400 naming the field the pipeline cannot honour."""
+    if instructions is not None and not instructions.strip():
+        instructions = None  # whitespace-only is no style prompt, as "" is (it was a 400 before 2026-12-05)
     call = SpeechCall(inputs={"text": text})
     if seed is not None:
         call.params["seed"] = seed

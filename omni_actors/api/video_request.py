@@ -22,7 +22,7 @@ from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.files import file_bytes
 from omni_actors.api.image_upright import readable, upright
 from omni_actors.api.images import size_sides
-from omni_actors.api.multipart import BodyBudget, form_parts
+from omni_actors.api.multipart import BodyBudget, form_parts, misplaced_part
 
 FIELDS = frozenset({"prompt", "model", "size", "seconds", "input_reference", "input_reference[image_url]",
                     "input_reference[file_id]", "num_frames", "num_inference_steps", "guidance_scale", "seed",
@@ -66,6 +66,10 @@ async def read_fields(request: web.Request, known: frozenset[str] = FIELDS,
         check_known({name: ""}, known)
         if name in fields or (name == upload_field and upload is not None):
             raise bad_request(f"form field `{name}` is given twice", name)
+        hint = f", or give `{upload_field}[image_url]` / `{upload_field}[file_id]` as text" if (
+            upload_field == "input_reference") else f", or give `{upload_field}[id]` as text"
+        if (misplaced := misplaced_part(part, name, name == upload_field, hint)) is not None:
+            raise misplaced
         data = await budget.read(part)
         if name == upload_field:
             upload = bytes(data)

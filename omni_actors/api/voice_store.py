@@ -2,6 +2,7 @@
 
     voice_consents(id "cons_...", name, language, created_at, file)
     voices(id "voice_...", name, consent_id -> voice_consents, created_at, file, transcript)
+    voice_consent_cursors(id, seq)   where deleted consents stood (their rowid), so `after` may name one
 
 Audio lives beside the database under `files("voices")`: a consent's recording
 as uploaded, a voice's sample as 16-bit WAV at its own rate. A consent that a
@@ -31,6 +32,9 @@ DDL = (
     "CREATE TABLE IF NOT EXISTS voices (id TEXT PRIMARY KEY, name TEXT NOT NULL, "
     "consent_id TEXT NOT NULL REFERENCES voice_consents(id), created_at INTEGER NOT NULL, "
     "file TEXT NOT NULL, transcript TEXT NOT NULL DEFAULT '')",
+    # Where deleted consents stood in the list (their rowid): a client paging with `after` = a consent it
+    # just deleted goes on from there rather than a 400.
+    "CREATE TABLE IF NOT EXISTS voice_consent_cursors (id TEXT PRIMARY KEY, seq INTEGER NOT NULL)",
 )
 
 
@@ -69,7 +73,12 @@ class VoiceStore:
         file = f"{cid}.audio"
         (self.dir / file).write_bytes(recording)
         now = int(time.time())
-        self.store.execute("INSERT INTO voice_consents VALUES (?, ?, ?, ?, ?)", (cid, name, language, now, file))
+        # rowid past every deleted consent's too, so a cursor left by one never hides a newer consent
+        self.store.execute(
+            "INSERT INTO voice_consents (rowid, id, name, language, created_at, file) VALUES (1 + MAX("
+            "COALESCE((SELECT MAX(rowid) FROM voice_consents), 0), "
+            "COALESCE((SELECT MAX(seq) FROM voice_consent_cursors), 0)), ?, ?, ?, ?, ?)",
+            (cid, name, language, now, file))
         return Consent(cid, name, language, now)
 
     def consent(self, cid: str) -> Consent | None:
@@ -78,11 +87,18 @@ class VoiceStore:
         return Consent(*row) if row else None
 
     def consents(self, after: str | None, limit: int) -> tuple[list[Consent], bool]:
-        """A page in creation order after the consent `after`; (page, has_more)."""
+        """A page in creation order after the consent `after` (a live or a deleted one); (page, has_more).
+        KeyError if `after` names no consent that ever was."""
+        start = 0
+        if after is not None:
+            anchor = (self.store.query_one("SELECT rowid FROM voice_consents WHERE id = ?", (after,))
+                      or self.store.query_one("SELECT seq FROM voice_consent_cursors WHERE id = ?", (after,)))
+            if anchor is None:
+                raise KeyError(after)
+            start = anchor[0]
         rows = self.store.query(
-            "SELECT id, name, language, created_at FROM voice_consents WHERE (? IS NULL OR rowid > "
-            "(SELECT rowid FROM voice_consents WHERE id = ?)) ORDER BY rowid LIMIT ?",
-            (after, after, limit + 1))
+            "SELECT id, name, language, created_at FROM voice_consents WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            (start, limit + 1))
         page = [Consent(*r) for r in rows]
         return page[:limit], len(page) > limit
 
@@ -95,11 +111,12 @@ class VoiceStore:
         users = [r[0] for r in self.store.query("SELECT id FROM voices WHERE consent_id = ?", (cid,))]
         if users:
             raise ConsentInUse(cid, users)
-        row = self.store.query_one("SELECT file FROM voice_consents WHERE id = ?", (cid,))
+        row = self.store.query_one("SELECT file, rowid FROM voice_consents WHERE id = ?", (cid,))
         if row is None:
             return False
         try:
             self.store.execute("DELETE FROM voice_consents WHERE id = ?", (cid,))
+            self.store.execute("INSERT OR IGNORE INTO voice_consent_cursors VALUES (?, ?)", (cid, row[1]))
         except sqlite3.IntegrityError:  # a voice took it meanwhile
             raise ConsentInUse(cid, ["(new)"]) from None
         (self.dir / row[0]).unlink(missing_ok=True)

@@ -1,7 +1,8 @@
 """Custom voices, OpenAI's API as the SDK calls it: voice consents and voices made from audio samples.
 
     POST   /v1/audio/voice_consents          multipart: recording, name, language
-    GET    /v1/audio/voice_consents          ?after=&limit= (1-100, default 20): a cursor page
+    GET    /v1/audio/voice_consents          ?after=&limit= (1-100, default 20): a cursor page; an `after`
+                                             that names no consent (nor a deleted one) is a 400 naming it
     GET    /v1/audio/voice_consents/{id}
     POST   /v1/audio/voice_consents/{id}     JSON {"name"}: rename
     DELETE /v1/audio/voice_consents/{id}     409 while a voice uses it
@@ -18,7 +19,8 @@ clone (`SpeechSpec.cloning`) condition on both; the transcript is the form's
 tiny.en hears in the sample (voice_asr.py: English consents only; else empty, which
 cloning families accept with a weaker match).
 A sample shorter than MIN_SAMPLE_S (1 s) is a 400 naming `audio_sample` (code
-`audio_too_short`, its length in samples and ms); a longer one is cut to MAX_SAMPLE_S (60 s).
+`audio_too_short`, its length in samples and ms); a longer one is cut to MAX_SAMPLE_S (60 s). A consent
+recording has the same minimum (a 400 naming `recording`, same code).
 A sample whose kept part peaks below SILENCE_DBFS (-60 dBFS: silence, or near it) is a 400
 naming `audio_sample` (code `audio_silent`): there is no voice in it to clone. A consent
 recording is held to the same floor (a 400 naming `recording`, same code): silence consents to nothing.
@@ -148,6 +150,14 @@ def silence(audio: np.ndarray, what: str) -> str | None:
             "of the speaker speaking")
 
 
+def too_short(audio: np.ndarray, rate: int, what: str) -> str | None:
+    """Why `audio` is too short to be a voice sample or a consent (under MIN_SAMPLE_S); else None."""
+    if audio.size >= MIN_SAMPLE_S * rate:
+        return None
+    return (f"{what} is too short: {_length(audio.size, rate)}; a voice needs at least {MIN_SAMPLE_S:g} s of "
+            f"the speaker ({math.ceil(MIN_SAMPLE_S * rate)} samples at {rate} Hz)")
+
+
 def _text(fields: dict[str, str], name: str, limit: int, required: bool = True) -> str:
     value = fields.get(name, "")
     if required and not value:
@@ -167,7 +177,10 @@ async def create_consent(request: web.Request) -> web.Response:
     if not blobs.get("recording"):
         raise bad_request("form field `recording` is required (the consent audio)", "recording",
                           "missing_required_parameter")
-    audio, _ = await off_loop(decode_audio, blobs["recording"], None, "recording")  # 400 unless it is audio
+    audio, rate = await off_loop(decode_audio, blobs["recording"], None, "recording")  # 400 unless it is audio
+    short = too_short(audio, rate, "the consent recording")  # (a 0.05 s clip was taken before 2026-12-05)
+    if short:
+        raise bad_request(short, "recording", "audio_too_short")
     silent = silence(audio, "the consent recording")  # (taken unheard before 2026-12-05, as samples were)
     if silent:
         raise bad_request(silent, "recording", "audio_silent")
@@ -189,7 +202,10 @@ async def get_consent(request: web.Request) -> web.Response:
 async def list_consents(request: web.Request) -> web.Response:
     after = request.query.get("after") or None
     limit = page_limit(request.query, DEFAULT_PAGE, MAX_PAGE)
-    page, more = voice_store(request).consents(after, limit)
+    try:
+        page, more = voice_store(request).consents(after, limit)
+    except KeyError:  # (an empty page before 2026-12-05; /v1/videos answers the same)
+        raise bad_request(f"after: no voice consent with id {after!r}", "after") from None
     data = [_consent(c) for c in page]
     return _json(ConsentPage(data, more, data[0].id if data else None, data[-1].id if data else None))
 
@@ -238,10 +254,9 @@ async def create_voice(request: web.Request) -> web.Response:
     audio, rate = await off_loop(decode_audio, blobs["audio_sample"], None, "audio_sample")
     if not audio.size:
         raise bad_request("the audio sample holds no samples", "audio_sample", "invalid_audio")
-    if audio.size < MIN_SAMPLE_S * rate:
-        raise bad_request(f"the audio sample is too short: {_length(audio.size, rate)}; a voice needs at least "
-                          f"{MIN_SAMPLE_S:g} s of the speaker ({math.ceil(MIN_SAMPLE_S * rate)} samples at "
-                          f"{rate} Hz)", "audio_sample", "audio_too_short")
+    short = too_short(audio, rate, "the audio sample")
+    if short:
+        raise bad_request(short, "audio_sample", "audio_too_short")
     audio = audio[: int(MAX_SAMPLE_S * rate)]
     silent = silence(audio, "the audio sample")
     if silent:

@@ -8,11 +8,12 @@ the route refused though every other quality is taken without effect; a `moderat
 
 from __future__ import annotations
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
 
-from tests.api.conftest import Server, idle, serve
+from tests.api.conftest import Server, idle, post, serve
 from tests.api.image_family_support import decode, png
 
 MODEL = "synthetic_image"
@@ -67,4 +68,61 @@ async def test_an_eps_upload_is_refused_before_any_decoder_runs_on_it(srv: Serve
     with pytest.raises(openai.BadRequestError) as err:
         await srv.client().images.edit(model=MODEL, prompt="x", image=("a.eps", eps, "application/postscript"))
     assert err.value.body["code"] == "invalid_image" and "Ghostscript" not in err.value.body["message"], err.value.body
+    assert idle(srv.orch)
+
+
+async def test_a_nan_guidance_scale_is_an_invalid_value_not_above_the_bound(srv: Server) -> None:
+    """A form's "nan" was a 400 with code `decimal_above_max_value`; a NaN is above nothing. (JSON has no NaN:
+    generations refuse it as a JSON error; the video routes already said `invalid_value`.)"""
+    with pytest.raises(openai.BadRequestError) as err:
+        await srv.client().images.edit(model=MODEL, prompt="paint it", image=_image(),
+                                       extra_body={"guidance_scale": "nan"})
+    body = err.value.body
+    assert (body["param"], body["code"]) == ("guidance_scale", "invalid_value"), body
+    assert idle(srv.orch)
+
+
+async def test_a_url_answer_cannot_be_streamed(srv: Server) -> None:
+    """OpenAI's stream events carry b64_json and nothing else: `stream` with `response_format: "url"` sent base64
+    events silently; now a 400 naming response_format, on generations and edits."""
+    client = srv.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.images.generate(model=MODEL, prompt="a cube", size="8x8", stream=True, response_format="url")
+    assert (err.value.body["param"], err.value.body["code"]) == ("response_format", "unsupported_value"), err.value.body
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.images.edit(model=MODEL, prompt="paint it", image=_image(), stream=True, response_format="url")
+    assert err.value.body["param"] == "response_format", err.value.body
+    stream = await client.images.generate(model=MODEL, prompt="a cube", size="8x8", stream=True,
+                                          response_format="b64_json")
+    assert [e.type async for e in stream] == ["image_generation.completed"]
+    assert idle(srv.orch)
+
+
+def _form(**parts: str | tuple[str, bytes, str] | tuple[None, bytes, None]) -> aiohttp.FormData:
+    """A multipart body: a str is a text field, a tuple (filename, bytes, content type) a part of its own."""
+    form = aiohttp.FormData(default_to_multipart=True)
+    for name, value in parts.items():
+        if isinstance(value, str):
+            form.add_field(name, value)
+        else:
+            filename, data, kind = value
+            form.add_field(name, data, filename=filename, content_type=kind)
+    return form
+
+
+@pytest.mark.parametrize(("route", "parts", "param"), [
+    ("/v1/images/edits", {"image": _image(), "prompt": ("prompt.txt", b"paint it", "text/plain")}, "prompt"),
+    ("/v1/images/edits", {"image": _image(), "prompt": "paint it", "size": ("s.txt", b"8x8", "text/plain")}, "size"),
+    ("/v1/images/edits", {"image": "not a file", "prompt": "paint it"}, "image"),
+    ("/v1/videos", {"prompt": ("p.txt", b"a cat", "text/plain")}, "prompt"),
+    ("/v1/videos", {"prompt": "a cat", "input_reference": "https://example.com/a.png"}, "input_reference"),
+    ("/v1/videos", {"prompt": "a cat", "seed": ("seed.txt", b"7", "application/octet-stream")}, "seed"),
+])  # fmt: skip
+async def test_a_field_sent_as_the_other_kind_of_part_is_a_400_naming_it(srv: Server, route: str, parts: dict,
+                                                                        param: str) -> None:
+    """A prompt sent as a file part was taken as the prompt (its bytes, whatever the file held); a first frame
+    sent as text was decoded as an image and refused as one. Either is the client's mistake, said as such."""
+    status, answer = await post(srv, route, data=_form(**parts))
+    assert (status, answer["error"]["param"], answer["error"]["code"]) == (400, param, "invalid_type"), answer
+    assert ("file part" if isinstance(parts[param], tuple) else "text field") in answer["error"]["message"], answer
     assert idle(srv.orch)

@@ -86,3 +86,13 @@ async def test_a_custom_voice_deleted_mid_text_still_speaks_the_rest_of_it(srv: 
         err = await ws.receive_json()
         assert err["type"] == "error" and err["error"]["param"] == "voice", err
         assert err["error"]["code"] == "unknown_voice", err
+
+
+async def test_whitespace_only_instructions_are_none_as_empty_ones_are(srv: Server) -> None:
+    """"" was taken on a model without style prompts while "  " was a 400 naming `instructions`: both say nothing."""
+    plain = await _speak(srv, input="Hi.", voice="tone")
+    for blank in ("", "   ", "\n\t"):
+        assert await _speak(srv, input="Hi.", voice="tone", instructions=blank) == plain, repr(blank)
+    with pytest.raises(openai.BadRequestError) as err:
+        await _speak(srv, input="Hi.", voice="tone", instructions=" calm ")
+    assert (err.value.body["param"], err.value.body["code"]) == ("instructions", "unsupported_parameter"), err.value.body

@@ -37,7 +37,7 @@ async def serve_voices(data: Path) -> AsyncIterator[tuple[Server, VoiceStore]]:
 
 def _consent_clip() -> bytes:
     buf = io.BytesIO()
-    t = np.arange(8000) / 16000  # a tone: a silent consent is refused (test_voice_consents.py)
+    t = np.arange(16000) / 16000  # a 1 s tone: a silent or shorter consent is refused (test_voice_consents.py)
     sf.write(buf, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 16000, format="WAV")
     return buf.getvalue()
 

@@ -53,3 +53,20 @@ async def test_a_voice_clip_past_the_decoders_positions_is_a_400_naming_voice(sr
     assert body["param"] == "voice" and "at most 35.4 s" in body["message"], body
     audio, rate = await _wav(srv, FAMILY, voice="S1", extra_body={"seed": 1})
     assert rate == FAMILY.rate and audio.size
+
+
+async def test_a_voice_transcript_that_takes_the_text_past_the_encoder_is_a_400_naming_voice(srv) -> None:
+    """The custom voice's transcript goes before the text into Dia's 1024-byte encoder: when the text fits alone
+    and the transcript pushes it over, the refusal named `input`, which the client could not shorten enough."""
+    client = srv.client()
+    consent = await client.audio.voice_consents.create(recording=("c.wav", _clip(), "audio/wav"),
+                                                       language="en-US", name="me")
+    voice = await client.audio.voices.create(audio_sample=("v.wav", _clip(), "audio/wav"), consent=consent.id,
+                                             name="wordy", extra_body={"transcript": "word " * 200})
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.audio.speech.create(model=FAMILY.model, input="word " * 20, voice={"id": voice.id})
+    body = err.value.body
+    assert body["param"] == "voice" and "transcript" in body["message"] and "at most" in body["message"], body
+    with pytest.raises(openai.BadRequestError) as err:  # the text alone past it: still `input`
+        await client.audio.speech.create(model=FAMILY.model, input="word " * 800, voice={"id": voice.id})
+    assert err.value.body["param"] == "input", err.value.body

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -177,21 +177,17 @@ class DiaEngine(OwnEngine[DiaRequest]):
         merged = merge_params(self.ctx, params, SHARED_KEYS, self.defaults)
         text, voice = text_and_voice(inputs, "dia", VOICES)
         ref = inputs.get("reference_audio")
+        cloned = ref is not None and np.asarray(ref).size > 0
+        said = _tagged(str(inputs.get("reference_text") or ""), voice) if cloned else ""
+        full = f"{said} {_tagged(text, voice)}" if said else _tagged(text, voice)
+        ids = self.tokenizer(full, add_special_tokens=False).input_ids
+        if len(ids) > self.max_text:  # (before the DAC encodes any clip)
+            self._refuse_text(len(ids), text, voice, bool(said))
         codes = np.zeros((0, self.channels), dtype=np.int64)
-        if ref is not None and np.asarray(ref).size:
-            said = _tagged(str(inputs.get("reference_text") or ""), voice)
-            text = f"{said} {_tagged(text, voice)}" if said else _tagged(text, voice)
+        if cloned:
             clip = np.array(ref, dtype=np.float32).reshape(-1)
             self._check_clip(clip.size)  # before the DAC encodes it
             codes = self._encode(clip)
-        else:
-            text = _tagged(text, voice)
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        if len(ids) > self.max_text:
-            raise ValueError(
-                f"input: the text is {len(ids)} bytes (with the speaker tags); Dia's encoder takes at "
-                f"most {self.max_text}"
-            )
         gen = seeded(merged.get("seed"), self.device)
         max_frames = int(merged["max_tokens"])
         if max_frames < 1:
@@ -200,6 +196,20 @@ class DiaEngine(OwnEngine[DiaRequest]):
         # dynamic cache ran on unchecked before 2026-12-05, and the static one refused naming no field)
         max_frames = min(max_frames, self._room(len(codes)))
         self.requests[request_id] = DiaRequest(request_id, merged, ids, codes, max_frames, gen)
+
+    def _refuse_text(self, total: int, text: str, voice: str, transcribed: bool) -> NoReturn:
+        """The 400 for text past the encoder: naming `voice` when the custom voice's transcript is what pushes
+        it over (the request's text fits alone; before 2026-12-05 that named `input` too), else `input`."""
+        alone = len(self.tokenizer(_tagged(text, voice), add_special_tokens=False).input_ids)
+        if transcribed and alone <= self.max_text:
+            raise ValueError(
+                f"voice: the custom voice's transcript makes the text {total} bytes (the input alone is "
+                f"{alone}, with the speaker tags); Dia's encoder takes at most {self.max_text}: use a voice "
+                f"with a shorter transcript, or a shorter input"
+            )
+        raise ValueError(
+            f"input: the text is {total} bytes (with the speaker tags); Dia's encoder takes at most {self.max_text}"
+        )
 
     def _room(self, clip_frames: int) -> int:
         """Frames a request can speak after a reference clip of `clip_frames` DAC frames."""
