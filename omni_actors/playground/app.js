@@ -315,7 +315,8 @@ const SUBMIT = {
   "chat-input": "chat-send", "speak-input": "speak-button", "image-prompt": "image-button",
   "image-size": "image-button", "image-steps": "image-button", "video-prompt": "video-button",
   "video-size": "video-button", "video-seconds": "video-button", "video-steps": "video-button",
-  "transcribe-language": "transcribe-button",
+  "transcribe-language": "transcribe-button", "clone-name": "clone-button", "clone-transcript": "clone-button",
+  "clone-language": "clone-button",
 };
 document.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && SUBMIT[e.target.id] && !e.shiftKey && !e.isComposing) {

@@ -154,6 +154,16 @@ export function showHealth(word, ok = null) {
   pill.className = ok === null ? "pill" : `pill ${ok ? "ok" : "bad"}`;
 }
 
+// /v1/status cannot tell a stage still loading its model (a server started or restarted under the page)
+// from one that went down: /health (public) can, its status "loading" until every stage is ready.
+async function stillLoading() {
+  try {
+    return (await (await fetch("/health")).json()).status === "loading";
+  } catch {
+    return false;  // (not answering: the status read just now did, so say what it said)
+  }
+}
+
 let ctx = null;  // { api, state, showError }, from bindStatus
 let statusTimer = null;
 let refreshing = false;
@@ -176,7 +186,9 @@ export async function refreshStatus() {
     const shown = all.find((p) => p.models.includes(state.model?.id));
     if (shown) drawPipeline(shown);  // (none before the models are known)
     const healthy = all.every((p) => p.healthy);
-    showHealth(healthy ? "healthy" : "degraded", healthy);
+    if (healthy) showHealth("healthy", true);
+    else if (await stillLoading()) showHealth("loading");  // (as the pill reads while the page waits for it)
+    else showHealth("degraded", false);
     if (statusFailed) showError("");  // the server answers again: its last failure is over
     statusFailed = false;
   } catch (err) {

@@ -6,19 +6,49 @@ import { Work, ask } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
 const WAV_HEADER_BYTES = 44;
+const MAX_INPUT_CHARS = 4096;  // the server refuses a longer `input` (400 string_above_max_length: api/speech.py)
+
+// Characters as the server counts them (code points: an emoji is one), of the text as it is sent (trimmed).
+const charsOf = (text) => [...text.trim()].length;
+const tooLong = (n) => `${n} characters: at most ${MAX_INPUT_CHARS} can be spoken at once (${n - MAX_INPUT_CHARS} too many)`;
+
+// The count under the text box, red past the limit, which the note (read out) then says in words: a user
+// learns before sending, and a paste of more is kept whole (nothing cut off unsaid) for them to shorten.
+function showCount() {
+  const input = $("speak-input"), count = $("speak-count"), note = $("speak-note");
+  const n = charsOf(input.value);
+  const over = n > MAX_INPUT_CHARS;
+  count.textContent = `${n} / ${MAX_INPUT_CHARS} characters`;
+  count.classList.toggle("over", over);
+  if (over) input.setAttribute("aria-invalid", "true");
+  else input.removeAttribute("aria-invalid");
+  if (over) note.textContent = tooLong(n);
+  else if (note.textContent.endsWith("too many)")) note.textContent = "";  // (the count's own words only)
+}
 
 export function bindSpeak({ api, state, showError }) {
   bindVoices({ api, state, showError });
   document.addEventListener("model-changed", () => {  // the last model's clip is not this one's
     $("speak-note").textContent = "";
     $("speak-audio").removeAttribute("src");
+    $("speak-audio").hidden = true;  // (an empty player is a stop in the Tab order with nothing to play)
+    showCount();
   });
+  $("speak-input").addEventListener("input", showCount);
+  showCount();
   let lastPlayer = null;  // the previous click's: closed at the next (a page holds only a few audio contexts)
   $("speak-button").onclick = async () => {
     const text = $("speak-input").value.trim();
     if (!text) return ask("speak-input", "speak-note", "type what to say");
+    if (charsOf(text) > MAX_INPUT_CHARS) return ask("speak-input", "speak-note", tooLong(charsOf(text)));
     const voice = pickedVoice();
-    if (!voice) return showError("this model speaks only in a custom voice: make one first");
+    if (!voice && $("speak-clone").hidden) {
+      return showError("this model speaks only in a custom voice, which this server cannot make");
+    }
+    if (!voice) {  // what is missing is a voice: the form that makes one, open, has the focus
+      $("speak-clone").open = true;
+      return ask("clone-name", "speak-note", "this model speaks only in a custom voice: make one below first");
+    }
     // (a click while the last answer still plays: that work ends here, its voice silenced)
     const work = new Work("speak", state.abort.signal);
     showError("");
@@ -67,6 +97,7 @@ export function bindSpeak({ api, state, showError }) {
         const el = $("speak-audio");
         if (el.src.startsWith("blob:")) URL.revokeObjectURL(el.src);
         el.src = URL.createObjectURL(wavBlob(pcm, rate));
+        el.hidden = false;
         el.dataset.seconds = String(player ? player.playedSeconds : 0);
       }
       work.done(player?.drained());  // Speak is free again; Stop stays while the voice still plays

@@ -1,5 +1,6 @@
 // The videos panel: a /v1/videos job made, followed a progress value at a time (the server answers when the
-// job moves on), then its MP4 in a player; a Stop or a model switch deletes the job on the server.
+// job moves on), then its MP4 in a player; a Stop or a model switch deletes the job on the server, and a key
+// refused mid-job (401) has it followed again once a key works.
 import { Work, ask } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
@@ -25,34 +26,47 @@ export function bindVideos({ api, state, showError }) {
     }
   }
 
+  // A job whose progress read was refused (401: the key changed or was revoked mid-job) runs on on the
+  // server: the page keeps its id and follows it again once a key works (the page comes back to its model
+  // then); a switch to another model deletes it, as it would a job still followed.
+  let keyLost = null;  // { job, model }
   document.addEventListener("model-changed", () => {  // the last model's video is not this one's
     $("video-status").textContent = "";
     $("video-progress").value = 0;
     $("video-result").hidden = true;
     $("video-result").removeAttribute("src");
+    const lost = keyLost;
+    keyLost = null;
+    if (lost?.model === state.model.id) follow(Promise.resolve(lost.job));
+    else if (lost) api(`/v1/videos/${lost.job.id}`, { method: "DELETE", signal: null }).catch(() => {});
   });
-  $("video-button").onclick = async () => {
+  $("video-button").onclick = () => {
     const prompt = $("video-prompt").value.trim();
     if (!prompt) return ask("video-prompt", "video-status", "describe the video first");
+    $("video-progress").value = 0;
+    // The create is not aborted by a Stop (a job it made would run on, unknown to the page): a Stop
+    // waits for its answer, then deletes the job.
+    return follow(api("/v1/videos", {
+      method: "POST", headers: { "content-type": "application/json" }, signal: null,
+      body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
+                             seconds: $("video-seconds").value.trim(),
+                             num_inference_steps: Number($("video-steps").value) || undefined }),
+    }).then((resp) => resp.json()));
+  };
+
+  // A job (the promise of one: its create's answer) followed to its MP4, shown in the player.
+  async function follow(created) {
     const work = new Work("videos", state.abort.signal);
     showError("");
     const status = $("video-status");
     const bar = $("video-progress");
     const player = $("video-result");
     player.hidden = true;
-    bar.value = 0;
     status.textContent = "creating…";
-    // The create is not aborted by a Stop (a job it made would run on, unknown to the page): a Stop
-    // waits for its answer, then deletes the job.
-    const created = api("/v1/videos", {
-      method: "POST", headers: { "content-type": "application/json" }, signal: null,
-      body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
-                             seconds: $("video-seconds").value.trim(),
-                             num_inference_steps: Number($("video-steps").value) || undefined }),
-    }).then((resp) => resp.json());
     work.onAbort(() => cancelJob(created, work));
+    let job = null;
     try {
-      let job = await work.until(created);
+      job = await work.until(created);
       while (job.status === "queued" || job.status === "in_progress") {
         status.textContent = job.status;
         bar.value = job.progress || 0;
@@ -68,10 +82,13 @@ export function bindVideos({ api, state, showError }) {
       player.src = URL.createObjectURL(blob);
       player.hidden = false;
     } catch (err) {
-      if (!work.signal.aborted && status.textContent === "creating…") status.textContent = "";
+      if (err.status === 401 && job?.id && work.latest) {  // (the key form is up: app.js)
+        keyLost = { job, model: state.model.id };
+        status.textContent = `job ${job.id} goes on on the server: it is followed again once the API key works`;
+      } else if (!work.signal.aborted && status.textContent === "creating…") status.textContent = "";
       showError(err);
     } finally {
       work.done();
     }
-  };
+  }
 }

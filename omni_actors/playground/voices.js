@@ -1,6 +1,7 @@
 // Speak's voice picker: the model's built-in voices and the server's custom ones, a custom voice made from a
 // reference clip and a consent (OpenAI's shapes), and deleted.
 import { bindRecord, fileOf, forgetRecording } from "./record.js";
+import { ask } from "./work.js";
 
 const $ = (id) => document.getElementById(id);
 const MAX_CONSENTS = 100;  // the server's largest page of voice consents: the consent picker lists one page
@@ -74,9 +75,14 @@ function bindClone({ api, showError }) {
     const sample = fileOf("clone-sample");
     const recording = fileOf("clone-consent-file");
     let consent = consentSelect.value;
-    if (!name || !sample) return showError("a custom voice needs a name and a reference clip");
-    if (!consent && !recording) return showError("a custom voice needs the speaker's consent: upload its recording");
-    button.disabled = true;
+    // Nothing to send yet: the form says what is missing, by its button, and the focus goes there.
+    if (!name) return ask("clone-name", "clone-status", "a custom voice needs a name");
+    if (!sample) return ask("clone-sample", "clone-status", "a custom voice needs a reference clip: pick or record one");
+    if (!consent && !recording) {
+      return ask("clone-consent-file", "clone-status", "a custom voice needs the speaker's consent: upload or record it");
+    }
+    const hadFocus = document.activeElement === button;
+    button.disabled = true;  // (which takes the focus away: it comes back once the upload is done)
     showError("");
     status.textContent = "uploading…";
     try {
@@ -105,12 +111,14 @@ function bindClone({ api, showError }) {
       option.selected = true;
       syncVoiceButtons();
       $("speak-voice-needed").hidden = true;
+      $("speak-note").textContent = "";  // (it may have asked for a voice)
       status.textContent = `made voice ${voice.name} (${voice.id})`;
     } catch (err) {
       status.textContent = "";
       showError(err);
     } finally {
       button.disabled = false;
+      if (hadFocus && document.activeElement === document.body) button.focus();
     }
   };
 }
@@ -122,6 +130,7 @@ function bindVoiceDelete({ api, showError }) {
     const button = $("speak-voice-delete");
     const option = $("speak-voice").selectedOptions[0];
     if (!option || !option.value.startsWith("{")) return;
+    const hadFocus = document.activeElement === button;  // (before it is disabled, which takes the focus away)
     button.disabled = true;
     showError("");
     const name = option.text.replace(/ \(custom\)$/, "");
@@ -138,7 +147,14 @@ function bindVoiceDelete({ api, showError }) {
     }
     if (gone) option.remove();
     syncVoiceButtons();
-    $("speak-voice-needed").hidden = $("speak-voice").options.length > 0;
+    const none = $("speak-voice").options.length === 0;
+    $("speak-voice-needed").hidden = !none;
+    if (none) $("speak-clone").open = true;  // the only way to speak again: make a voice
+    // A keyboard user whose Delete is now hidden (a built-in voice picked, or none left) carries on from the
+    // picker, or from the form that makes a voice, rather than from the top of the page.
+    if (hadFocus && document.activeElement !== button) {
+      (!button.hidden ? button : none ? $("clone-name") : $("speak-voice")).focus();
+    }
   };
 }
 

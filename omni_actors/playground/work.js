@@ -32,8 +32,10 @@ export class Work {
     running.get(panel)?.#end(true);  // (only one that lingers, its request done: its speech stops)
     running.set(panel, this);
     latest.set(panel, this.id);
-    this.button.disabled = true;
+    const hadFocus = document.activeElement === this.button;
+    this.button.disabled = true;  // (a disabled button loses the focus: to the page's top, for a keyboard)
     this.stopButton.hidden = false;
+    if (hadFocus) this.stopButton.focus({ preventScroll: true });  // a keyboard's next Enter stops it
     this.note.textContent = "";
     parent.addEventListener("abort", () => this.#end(true), { once: true, signal: this.#ctl.signal });
   }
@@ -80,7 +82,8 @@ export class Work {
       const hadFocus = document.activeElement === this.stopButton;
       this.stopButton.hidden = true;
       this.button.disabled = false;
-      if (hadFocus) this.button.focus();  // (a hidden button's focus would fall to the page)
+      // (a hidden button's focus would fall to the page; where the reader scrolled to stays: an answer's end)
+      if (hadFocus) this.button.focus({ preventScroll: true });
     }
     if (aborted) for (const fn of this.#onAbort) fn();
   }

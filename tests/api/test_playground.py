@@ -17,6 +17,7 @@ import pytest
 
 import omni_actors
 from omni_actors.api.playground import ASSETS
+from omni_actors.api.speech import MAX_INPUT_CHARS as MAX_SPEECH_CHARS
 from tests.api.conftest import API_KEY, Server, eventually, idle, serve
 from tests.browser_support import browser_page
 
@@ -103,6 +104,25 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         await page.screenshot(path=str(tmp_path / "chat.png"))
 
         await page.get_by_test_id("tab-speak").click()
+        # The server speaks at most MAX_SPEECH_CHARS a request: the count says so before sending, a paste of
+        # more is kept whole and said to be too long (not cut off unsaid), and Speak sends nothing then.
+        speak_input, count = page.get_by_test_id("speak-input"), page.get_by_test_id("speak-count")
+        await speak_input.fill("x" * (MAX_SPEECH_CHARS + 904))  # (a paste)
+        assert len(await speak_input.input_value()) == MAX_SPEECH_CHARS + 904
+        assert await count.inner_text() == f"{MAX_SPEECH_CHARS + 904} / {MAX_SPEECH_CHARS} characters"
+        assert "over" in await count.get_attribute("class")
+        assert await speak_input.get_attribute("aria-invalid") == "true"
+        too_long = f"{MAX_SPEECH_CHARS + 904} characters: at most {MAX_SPEECH_CHARS} can be spoken at once (904 too many)"
+        assert await page.get_by_test_id("speak-note").inner_text() == too_long
+        await page.get_by_test_id("speak-button").click()  # refused by the page (no 400: bp.refused below)
+        assert await page.evaluate("document.activeElement.id") == "speak-input"
+        assert await page.get_by_test_id("speak-stop").is_hidden()
+        await speak_input.fill("\U0001f600" * MAX_SPEECH_CHARS)  # characters as the server counts them (not UTF-16's)
+        assert await count.inner_text() == f"{MAX_SPEECH_CHARS} / {MAX_SPEECH_CHARS} characters"
+        assert "over" not in await count.get_attribute("class")
+        assert await speak_input.get_attribute("aria-invalid") is None
+        assert await page.get_by_test_id("speak-note").inner_text() == ""
+        assert await page.get_by_test_id("speak-audio").is_hidden()  # no empty player before a clip to play
         await page.get_by_test_id("speak-input").fill("Hello from the playground.")
         await page.get_by_test_id("speak-button").click()
         await page.wait_for_function("Number(document.getElementById('speak-audio').dataset.seconds || 0) > 0")
@@ -110,12 +130,20 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
             "new Promise(r => { const a = document.getElementById('speak-audio');"
             " if (a.readyState >= 1) r(a.duration); else a.onloadedmetadata = () => r(a.duration); })")
         assert duration > 0  # the finished clip is a playable WAV
+        assert await page.get_by_test_id("speak-audio").is_visible()
         await page.screenshot(path=str(tmp_path / "speak.png"))
         for _ in range(2):  # more clicks: each closes the audio context the one before opened
             await page.evaluate("document.getElementById('speak-audio').dataset.seconds = ''")
             await page.get_by_test_id("speak-button").click()
             await page.wait_for_function("Number(document.getElementById('speak-audio').dataset.seconds || 0) > 0 "
                                          "&& document.getElementById('speak-button').disabled === false")
+        # By keyboard: Enter on Speak moves the focus to its Stop (Speak, disabled, would drop it to the top of
+        # the page), and back to Speak once the voice has ended.
+        await page.get_by_test_id("speak-button").focus()
+        await page.keyboard.press("Enter")
+        assert await page.evaluate("document.activeElement.id") == "speak-stop"
+        await page.wait_for_function("document.getElementById('speak-stop').hidden "
+                                     "&& document.activeElement.id === 'speak-button'")
         assert await page.evaluate("window.__audioContexts.filter(c => c.state !== 'closed').length") == 1
 
         await page.get_by_test_id("tab-pipeline").click()

@@ -5,7 +5,8 @@ voice form open) fit: nothing scrolls sideways, every field stays inside its car
 long unbroken word (a file name) wraps; tabs, panels, progress bars and a failed tab have names a screen
 reader reads (not "Chat !"). A long answer keeps its newest words in view as it streams, unless the reader
 scrolled up to read. A server restarted mid-session refuses a request while it loads (503 "loading"): the
-page shows the load and sends it again once loaded, instead of an error under a pill reading "healthy".
+page shows the load and sends it again once loaded, instead of an error under a pill reading "healthy"; its
+Pipeline tab meanwhile reads "loading" too, not "degraded".
 """
 
 from __future__ import annotations
@@ -83,6 +84,17 @@ async def test_videos_images_and_voices_fit_a_phone_and_everything_has_a_name(sr
         fits = await page.evaluate(FITS, ["panel-speak", READABLE_PX])
         assert fits == {"sideways": WIDTH, "out": []}, fits
         await page.screenshot(path=str(tmp_path / "voices-375.png"), full_page=True)
+        # By keyboard: Enter in the form's fields makes the voice; what is missing is said by its button, and
+        # the focus goes there (not an error at the foot of the page, the focus left behind).
+        await page.get_by_test_id("clone-name").focus()
+        await page.keyboard.press("Enter")
+        assert await page.get_by_test_id("clone-status").inner_text() == "a custom voice needs a name"
+        assert await page.evaluate("document.activeElement.id") == "clone-name"
+        await page.keyboard.type("hum")
+        await page.keyboard.press("Enter")
+        assert "needs a reference clip" in await page.get_by_test_id("clone-status").inner_text()
+        assert await page.evaluate("document.activeElement.id") == "clone-sample"
+        assert await page.get_by_test_id("error").is_hidden()
 
         # A message with a long unbroken word (the file's name) wraps instead of pushing the page sideways,
         # and the failed tab's name says it has an error (the red "!" is not read out).
@@ -143,6 +155,14 @@ async def test_a_long_answer_keeps_its_end_in_view_unless_the_reader_scrolled_up
     await eventually(lambda: idle(srv.orch), timeout_s=10)
 
 
+PILL_WORDS = """(() => {
+  const pill = document.getElementById("health");
+  window.__pill = [];
+  new MutationObserver(() => window.__pill.push(pill.textContent)).observe(pill, { childList: true, characterData: true, subtree: true });
+})()"""
+"""Every word the health pill says from now on, in `window.__pill` (none while it keeps saying the same)."""
+
+
 @pytest.fixture
 def restarted(tmp_path: Path):
     """A running `omni-run`; `.restart()` stops it and starts one on the same port whose talker is held
@@ -185,6 +205,15 @@ async def test_a_server_restarted_mid_session_is_waited_for_then_answers(restart
         assert await page.get_by_test_id("health").inner_text() == "loading"  # not "healthy" still
         assert await page.get_by_test_id("error").is_hidden()
         assert await page.get_by_test_id("chat-stop").is_visible()  # the request waits: Stop still ends it
+        # The Pipeline tab, opened meanwhile, reads stages not ready yet: loading, not "degraded".
+        await page.evaluate(PILL_WORDS)
+        await page.get_by_test_id("tab-pipeline").click()
+        await page.locator("#pipeline-graph .stage.unhealthy").first.wait_for()
+        async with page.expect_response(lambda r: r.url.endswith("/v1/status")):  # (and its next refresh)
+            pass
+        assert await page.evaluate("window.__pill") == [], await page.evaluate("window.__pill")
+        assert await page.get_by_test_id("health").inner_text() == "loading"
+        await page.get_by_test_id("tab-chat").click()
         release(fifo)
         await page.wait_for_function("document.getElementById('chat-send').disabled === false")
         assert await page.get_by_test_id("chat-output").inner_text() != ""  # sent again once loaded

@@ -1,30 +1,56 @@
 """The playground's video panel in real headless Chromium against `omni-run` serving a tiny Wan2.2 folder.
 
 The page creates a job, then waits on the server for each next progress value
-(`progress_past`, no timer), and plays the finished MP4.
+(`progress_past`, no timer), and plays the finished MP4. A key that stops working mid-job (changed,
+revoked) is asked for again, and the page then follows the same job on to its video: the job ran on
+on the server, and the page had not forgotten it.
 """
 
 from __future__ import annotations
 
 from urllib.parse import parse_qs, urlparse
 
+import openai
 import pytest
 
-from tests.api.model_server import serve_tiny
+from omni_actors.models.tiny import make_tiny
+from tests.api.conftest import API_KEY
+from tests.api.test_videos_probe3 import DeployRun
 from tests.browser_support import browser_page
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 JOB_TIMEOUT_MS = 180_000
+LONG_STEPS = 300
+"""Denoising steps of the job whose key is revoked mid-way (seconds at 32x32 on two cores)."""
 
 
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory):
-    yield from serve_tiny(tmp_path_factory.mktemp("wan"), "wan2_2")
+    """`omni-run --model` on a tiny Wan2.2 folder, with an API key (a deploy file's `server.api_keys`)."""
+    tmp = tmp_path_factory.mktemp("wan")
+    run = DeployRun(tmp, make_tiny("wan2_2", tmp / "tiny-wan", seed=0), tmp / "data", {"api_keys": [API_KEY]})
+    try:
+        run.wait_ready()
+        yield run
+    finally:
+        run.stop()
+
+
+def _is_create(response) -> bool:
+    return response.request.method == "POST" and response.url.endswith("/v1/videos")
+
+
+async def _fill(page, steps: int) -> None:
+    await page.get_by_test_id("video-prompt").fill("a boat at sea")
+    await page.get_by_test_id("video-size").fill("32x32")
+    await page.get_by_test_id("video-seconds").fill("0.25")
+    await page.get_by_test_id("video-steps").fill(str(steps))
 
 
 async def test_a_video_job_shows_its_progress_step_by_step_then_plays(wan, tmp_path) -> None:
     waits: list[int] = []
-    async with browser_page(wan.url + "/") as bp:
+    client = openai.OpenAI(base_url=f"{wan.url}/v1", api_key=API_KEY, max_retries=0)
+    async with browser_page(wan.url + "/", api_key=API_KEY) as bp:
         page = bp.page
 
         def seen(request) -> None:
@@ -36,10 +62,7 @@ async def test_a_video_job_shows_its_progress_step_by_step_then_plays(wan, tmp_p
         await page.locator("body[data-ready=true]").wait_for()
         assert "Videos" in await page.locator("#tabs button").all_inner_texts()
         await page.get_by_test_id("tab-videos").click()
-        await page.get_by_test_id("video-prompt").fill("a boat at sea")
-        await page.get_by_test_id("video-size").fill("32x32")
-        await page.get_by_test_id("video-seconds").fill("0.25")
-        await page.get_by_test_id("video-steps").fill("12")
+        await _fill(page, 12)
         await page.get_by_test_id("video-button").click()
         await page.wait_for_function("!document.getElementById('video-result').hidden", timeout=JOB_TIMEOUT_MS)
         assert await page.get_by_test_id("video-status").inner_text() == "completed"
@@ -47,7 +70,27 @@ async def test_a_video_job_shows_its_progress_step_by_step_then_plays(wan, tmp_p
         assert (await page.get_by_test_id("video-result").get_attribute("src") or "").startswith("blob:")
         await page.screenshot(path=str(tmp_path / "video-done.png"))
         assert bp.errors == [] and bp.refused == [], (bp.errors, bp.refused)
-    assert waits == sorted(waits), waits  # each wait was for the job's next value
-    assert any(0 < w < 100 for w in waits), waits  # the bar moved while the job ran
-    done = wan.client().videos.list().data
-    assert [v.status for v in done] == ["completed"]
+        assert waits == sorted(waits), waits  # each wait was for the job's next value
+        assert any(0 < w < 100 for w in waits), waits  # the bar moved while the job ran
+        assert [v.status for v in client.videos.list().data] == ["completed"]
+
+        # The key stops working mid-job: its next progress read is refused (401) and the key asked for;
+        # once it is entered again, the page follows the same job (no new one) on to its video.
+        await _fill(page, LONG_STEPS)
+        async with page.expect_response(_is_create) as created:
+            await page.get_by_test_id("video-button").click()
+        job = await (await created.value).json()
+        await page.wait_for_function("document.getElementById('video-progress').value > 0", timeout=JOB_TIMEOUT_MS)
+        await page.evaluate("window.__playground.key = 'revoked'")
+        await page.get_by_test_id("key-form").wait_for()
+        assert job["id"] in await page.get_by_test_id("video-status").inner_text()  # said to run on, by its id
+        assert "not accepted" in await page.get_by_test_id("error").inner_text()
+        await page.keyboard.type(API_KEY)
+        await page.keyboard.press("Enter")
+        await page.wait_for_function("!document.getElementById('video-result').hidden", timeout=JOB_TIMEOUT_MS)
+        assert await page.get_by_test_id("video-status").inner_text() == "completed"
+        assert await page.get_by_test_id("error").is_hidden()
+        assert bp.refused == [(401, f"/v1/videos/{job['id']}")], bp.refused
+        assert [e for e in bp.errors if "status of 401" not in e] == [], bp.errors
+    statuses = {v.id: v.status for v in client.videos.list().data}
+    assert statuses[job["id"]] == "completed" and list(statuses.values()) == ["completed"] * 2, statuses

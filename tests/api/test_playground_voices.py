@@ -46,7 +46,9 @@ async def test_speak_makes_uses_and_deletes_a_custom_voice(srv: Server, tmp_path
         assert await page.locator("#speak-voice option").count() == 0  # no "alloy" to be refused
         await page.get_by_test_id("speak-input").fill("Hello in my own voice.")
         await page.get_by_test_id("speak-button").click()  # refused by the page, not by a 400
-        assert "custom voice" in await page.get_by_test_id("error").inner_text()
+        # It says by its button what is missing, and the focus goes to the form that makes a voice.
+        assert "custom voice" in await page.get_by_test_id("speak-note").inner_text()
+        assert await page.evaluate("document.activeElement.id") == "clone-name"
         await page.screenshot(path=str(tmp_path / "voice-needed.png"))
 
         await page.get_by_test_id("clone-name").fill("hum")
@@ -59,7 +61,7 @@ async def test_speak_makes_uses_and_deletes_a_custom_voice(srv: Server, tmp_path
                                      " return [s.selectedOptions[0].text, s.value]; })()")
         assert picked[0] == "hum (custom)" and picked[1].startswith('{"id":"voice_'), picked
         assert await page.get_by_test_id("speak-voice-needed").is_hidden()
-        assert await page.get_by_test_id("error").is_hidden()
+        assert await page.get_by_test_id("error").is_hidden() and await page.get_by_test_id("speak-note").inner_text() == ""
 
         await page.get_by_test_id("speak-button").click()
         await page.wait_for_function("Number(document.getElementById('speak-audio').dataset.seconds || 0) > 0")
