@@ -278,6 +278,14 @@ class DuplexSession(RealtimeSession):
     async def _run_pump(self, stream: RequestStream) -> None:
         """Send each frame as it comes; a stream that ends while the client is still here ends the session."""
         try:
+            await self._pump_frames(stream)
+        finally:  # (the client left mid-answer, this task cancelled with the session: counted, unheard)
+            if self.live is not None:
+                live, self.live = self.live, None
+                self.stats.response_done(live["id"], "cancelled", None)
+
+    async def _pump_frames(self, stream: RequestStream) -> None:
+        try:
             async for chunk in stream:
                 if isinstance(chunk.output, AudioOutput) and chunk.output.frame is not None:
                     await self._on_frame(chunk.output, chunk.output.frame,
@@ -360,7 +368,10 @@ class DuplexSession(RealtimeSession):
 
     async def _close_live(self, status: str, details: dict[str, Any] | None) -> None:
         live, self.live = self.live, None
-        if live is None or self.ws.closed:
+        if live is None:
+            return
+        self.stats.response_done(live["id"], status, None)  # (counted even if the client never hears its end)
+        if self.ws.closed:
             return
         item = live["item"]
         item.status = "completed" if status == "completed" else "incomplete"
@@ -374,7 +385,6 @@ class DuplexSession(RealtimeSession):
         if self.dialect == "ga":
             await self.send(ev.ItemDone(previous_item_id=None, item=rendered))
         await self.send(ev.ResponseDone(response=self._render_response(live, status, details)))
-        self.stats.response_done(rid, status, None)
 
     async def _close_response(self) -> None:
         """The connection ended: abort the session's request in the stage and stop the pump."""

@@ -1,7 +1,10 @@
 """The input-audio half of a realtime session: appends, VAD turns, commits, live transcription.
 
 Audio is decoded, resampled to 16 kHz and run through the VAD off the event loop
-(one shared thread, VAD_EXECUTOR), in arrival order. A turn the VAD ends (or a
+(one shared thread, VAD_EXECUTOR), in arrival order, in slices of at most VAD_SLICE_S:
+each session waits for its slice before queueing the next, so the executor's FIFO serves
+sessions round robin, and a session appending minutes of audio delays another's turn
+detection by one slice, not by its whole append. A turn the VAD ends (or a
 manual commit) becomes a user item; in a transcription session it is then
 transcribed (transcription.py), or, on a streaming recognizer, heard while it is
 spoken (live_transcription.py). `InputAudio` is mixed into the session class
@@ -38,6 +41,9 @@ INLINE_INGEST_SAMPLES = 4800
 """Appends up to this many wire samples (200 ms at 24 kHz) without VAD are handled on the loop."""
 VAD_EXECUTOR = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="realtime-vad")
 """One thread for decoding, resampling and VAD of every session (onnxruntime releases the GIL)."""
+VAD_SLICE_S = 1.0
+"""Most wire audio one VAD_EXECUTOR job resamples and runs through the VAD (~6 ms of one core). A session
+queues its next slice only once its last is done, so the executor's FIFO interleaves sessions round robin."""
 
 
 class InputAudio:
@@ -70,9 +76,9 @@ class InputAudio:
         wire_samples = b64_chars * 3 // 4 // (2 if fmt == "pcm16" else 1)
         return wire_samples * VAD_RATE // wire_rate(fmt)
 
-    def _ingest(self, b64: str) -> tuple[np.ndarray, list[VadEvent]]:
-        """Decode, resample to 16 kHz, run the VAD. Plain def: runs in VAD_EXECUTOR for big inputs."""
-        x16 = self._in.push(self._wire.decode(b64))
+    def _hear(self, x: np.ndarray) -> tuple[np.ndarray, list[VadEvent]]:
+        """Resample wire samples to 16 kHz and run the VAD. Plain def: runs in VAD_EXECUTOR for big inputs."""
+        x16 = self._in.push(x)
         return x16, (self._vad.feed(x16) if self._vad is not None else [])
 
     async def _append(self, b64: str, eid: str | None) -> None:
@@ -84,12 +90,18 @@ class InputAudio:
             raise
         try:
             if vad is None and len(b64) * 3 // 8 <= INLINE_INGEST_SAMPLES:
-                x16, turns = self._ingest(b64)
-            else:
-                loop = asyncio.get_running_loop()
-                x16, turns = await loop.run_in_executor(VAD_EXECUTOR, self._ingest, b64)
+                await self._take(*self._hear(self._wire.decode(b64)), vad)
+                return
+            loop = asyncio.get_running_loop()
+            x = await loop.run_in_executor(VAD_EXECUTOR, self._wire.decode, b64)  # (a bad one is refused whole)
         except AudioFormatError as err:
             raise ce.BadEvent(str(err), param="audio", event_id=eid) from None
+        step = int(VAD_SLICE_S * wire_rate(self.cfg.input_audio_format))
+        for i in range(0, len(x), step):  # each slice's turns are taken before the next slice is queued
+            await self._take(*await loop.run_in_executor(VAD_EXECUTOR, self._hear, x[i:i + step]), vad)
+
+    async def _take(self, x16: np.ndarray, turns: list[VadEvent], vad: VadDetector | None) -> None:
+        """Add heard 16 kHz audio to the buffer and act on the turn boundaries the VAD found in it."""
         self.buffer.append(x16)
         self.timeline += len(x16)
         for turn in turns:
@@ -132,7 +144,10 @@ class InputAudio:
         await self._commit(self.buffer.take(until=pos), item_id)
         td = self.cfg.turn_detection
         if td is not None and td.create_response and self.response is None and self.cfg.type == "realtime":
-            await self._create_response(None, None)
+            try:
+                await self._create_response(None, None)
+            except ce.BadEvent as err:  # (no response now: the turn stays committed, the append is heard on)
+                await self.send_error(err)
 
     async def _commit_manual(self, eid: str | None) -> None:
         tail = self._in.flush()  # the resampler's delay: the last few ms appended belong to this item

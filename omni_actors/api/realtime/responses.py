@@ -108,6 +108,8 @@ class ResponseRun(MessageItem):
     _transcript_sent: int = 0  # characters of the stripped transcript sent as deltas
     _submitted_at: float = 0.0
     _done_sent: bool = False
+    _counted: bool = False
+    """Counted in the endpoint's statistics (RealtimeStats.response_done): once, even if no response.done went."""
     _held: list[str] | None = None
     """While tools are offered: text deltas not sent yet (None: text is sent as it comes)."""
     _read: TextOutput | None = None
@@ -168,6 +170,8 @@ class ResponseRun(MessageItem):
         finally:
             if self.stream is not None and not self.stream.ended:
                 self.stream.abort()  # the task was cancelled or a send failed: stop every stage
+            if not self._counted:  # (cancelled with its session, or a send failed: the client is gone)
+                self._count("cancelled", {"type": "cancelled", "reason": self.cancel_reason or "client_gone"})
             h.responses.pop(self.id, None)
             if self._transcribes is not None:
                 h.transcribing.pop(self._transcribes).set()  # (a response waiting for it goes on)
@@ -359,10 +363,15 @@ class ResponseRun(MessageItem):
             for item in self.output:
                 item.status = "incomplete" if item.status == "in_progress" else item.status
         self._done_sent = True
+        self._count(status, details)  # (first: counted even if the client is gone before its response.done)
         await h.send(ev.ResponseDone(response=self.render()))
         await h.send(ev.RateLimitsUpdated(rate_limits=rate_limits(h.orch)))
+
+    def _count(self, status: str, details: dict[str, Any] | None) -> None:
+        """Count the response in the endpoint's statistics and log its end: once, however it ended."""
+        self._counted = True
         first = None if self.first_audio_ms is None else round(self.first_audio_ms, 2)
-        h.stats.response_done(self.id, status, first)
+        self.host.stats.response_done(self.id, status, first)
         log.info("realtime.response_done", response_id=self.id, status=status,
                  reason=(details or {}).get("reason"), first_audio_ms=first,
                  audio_ms=self.item.content[0].audio_ms if self.item else 0)

@@ -216,8 +216,11 @@ async def test_cancel_silences_until_the_user_speaks_and_close_leaves_nothing(sr
         assert not [e for e in resumed if e["type"] in AUDIO_EVENTS]
         assert resumed[-1]["response"]["id"] != deltas[0]["response_id"]  # a new response, after the cancelled one
         await frames(client, 1)
+        cancelled = srv.stats().responses.get("cancelled", 0)
         await client.ws.close()  # while frames are being stepped
     await eventually(lambda: idle(srv.orch) and srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+    # the live response, cut short, is counted
+    await eventually(lambda: srv.stats().responses.get("cancelled", 0) == cancelled + 1, CLOSE_TIMEOUT_S)
 
 
 async def test_openai_sdk_ga_client_hears_the_model_and_cancels(srv: RtServer) -> None:

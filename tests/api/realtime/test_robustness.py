@@ -86,6 +86,7 @@ async def test_a_conversations_text_is_bounded_by_the_rest_body_limit(srv: Serve
 async def test_vanished_client_mid_response_leaves_nothing(srv: Server) -> None:
     shm_before = shm_files(srv.orch.run_prefix)
     tasks_before = len(asyncio.all_tasks())
+    cancelled = srv.stats().responses.get("cancelled", 0)
     http = aiohttp.ClientSession()
     c = await connect(srv, http, turn_detection=None)
     await c.send("conversation.item.create",
@@ -98,6 +99,7 @@ async def test_vanished_client_mid_response_leaves_nothing(srv: Server) -> None:
     stats = srv.orch.statistics()
     assert stats.requests_aborted >= 1 and stats.leases_held == 0
     await eventually(lambda: not srv.sessions)
+    await eventually(lambda: srv.stats().responses.get("cancelled", 0) == cancelled + 1)  # the one cut short
     await eventually(lambda: len(asyncio.all_tasks()) <= tasks_before)
     assert shm_files(srv.orch.run_prefix) == shm_before
 

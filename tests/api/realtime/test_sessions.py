@@ -10,9 +10,12 @@ import aiohttp
 import numpy as np
 import pytest
 
+from omni_actors.api.realtime.vad import VAD_RATE
 from tests.api.conftest import eventually, idle
 from tests.api.realtime.conftest import (
+    Client,
     RtServer,
+    b64,
     connect,
     of_type,
     response_audio,
@@ -22,6 +25,12 @@ from tests.api.realtime.conftest import (
 )
 
 SESSIONS = 16
+FLOOD_APPENDS = 4
+FLOOD_APPEND_S = 120.0
+"""Silence per append of the flooding session (480 s in all, under the audio cap: silence is dropped): each
+append seconds of VAD, many times the one-second slices heard in turn with a 5 s turn's 100 ms appends."""
+FLOOD_TIMEOUT_S = 120.0
+"""Until the whole flood is heard (~3 s of VAD on an idle core)."""
 PHRASES = ("Good morning.", "Please book a table for two at eight tonight.",
            "How far is the moon?", "Read me the news, then play some jazz music.")
 
@@ -107,3 +116,49 @@ async def test_idle_timeout_and_text_only_pipeline() -> None:
         await eventually(lambda: not srv.sessions)
         bad = await http.get(f"{srv.url}/v1/realtime")  # no key
         assert bad.status == 401
+
+
+async def spoken_turn(client: Client, speech: np.ndarray) -> tuple[int, int]:
+    """Stream a spoken turn in 100 ms appends; its speech_started / speech_stopped positions (ms), once committed."""
+    await client.append(np.concatenate([silence(0.5), speech, silence(1.0)]))
+    events = await client.until("input_audio_buffer.committed")
+    started, stopped = of_type(events, "input_audio_buffer.speech_started"), of_type(events, "input_audio_buffer.speech_stopped")
+    assert len(started) == len(stopped) == 1 and started[0]["item_id"] == stopped[0]["item_id"] == events[-1]["item_id"]
+    return started[0]["audio_start_ms"], stopped[0]["audio_end_ms"]
+
+
+async def test_a_session_flooding_the_vad_with_silence_does_not_hold_up_another_sessions_turn(
+        srv: RtServer, speech: dict[str, np.ndarray]) -> None:
+    """Every session's server VAD runs on one thread. A session appending minutes of silence at a time (under its
+    audio cap) must not make another session's turn wait until all of it was heard: the other's turn is detected,
+    at the positions it has alone, while most of the flood is still unheard; the flood is then heard in full."""
+    async with aiohttp.ClientSession() as http:
+        first = await connect(srv, http)
+        alone = await spoken_turn(first, speech["hello"])
+        await first.until("response.done")
+        await first.ws.close()
+        flood, talker = await connect(srv, http), await connect(srv, http)
+        session = next(s for s in srv.sessions if s.id == flood.seen[0]["session"]["id"])
+        quiet = b64(silence(FLOOD_APPEND_S))
+
+        async def flood_on() -> None:
+            for _ in range(FLOOD_APPENDS - 1):
+                await flood.send("input_audio_buffer.append", audio=quiet)
+            await flood.send("input_audio_buffer.clear")
+
+        await flood.send("input_audio_buffer.append", audio=quiet)  # the VAD thread has it when the turn begins
+        sending = asyncio.ensure_future(flood_on())
+        before = session.timeline
+        together = await spoken_turn(talker, speech["hello"])
+        flooded = FLOOD_APPENDS * FLOOD_APPEND_S * VAD_RATE
+        # while the turn was heard, most of the flood was not: the two sessions were heard in turn
+        assert session.timeline - before < (flooded - before) / 2, "the turn waited for the other session's flood"
+        assert together == alone
+        await talker.until("response.done")
+        await sending
+        events = await flood.until("input_audio_buffer.cleared", timeout_s=FLOOD_TIMEOUT_S)
+        assert [e["type"] for e in events] == ["input_audio_buffer.cleared"]  # silence: no turn, no error
+        assert session.timeline > flooded - VAD_RATE // 10  # all of it heard, in order (less the resampler's delay)
+        for c in (flood, talker):
+            await c.ws.close()
+    await eventually(lambda: idle(srv.orch) and not srv.sessions)

@@ -8,8 +8,9 @@ import aiohttp
 import numpy as np
 
 from omni_actors.api.realtime.audio import encode_wire, resample
+from omni_actors.api.realtime.handler import MAX_RESPONSES
 from tests.api.conftest import Server, eventually, idle
-from tests.api.realtime.conftest import Client, connect, of_type, response_audio, silence
+from tests.api.realtime.conftest import Client, b64, connect, of_type, response_audio, silence
 
 WIRE = 24_000
 
@@ -182,3 +183,31 @@ async def test_g711_in_and_out(srv: Server, speech: dict[str, np.ndarray]) -> No
         out = b"".join(base64.b64decode(e["delta"]) for e in of_type(events, "response.audio.delta"))
         assert abs(len(out) - 8 * 800) <= 2  # 800 ms of one-byte 8 kHz samples
         await c.ws.close()
+
+
+async def test_a_turn_whose_response_is_refused_leaves_the_rest_of_its_append_heard(
+        srv: Server, speech: dict[str, np.ndarray]) -> None:
+    """Server VAD ends a turn while the session already runs its most responses (out-of-band ones): the turn is
+    committed and its response refused with an `error`, and the rest of the same append is still heard: its
+    next turn is announced and committed too."""
+    busy = {"conversation": "none", "modalities": ["text"], "max_output_tokens": 2000,  # (40 s: cancelled below)
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "busy"}]}]}
+    async with aiohttp.ClientSession() as http:
+        c = await connect(srv, http)
+        for _ in range(MAX_RESPONSES):
+            await c.send("response.create", response=busy)
+            await c.until("response.created")
+        turns = np.concatenate([silence(0.5), speech["hello"], silence(1.0), speech["stop"], silence(1.0)])
+        await c.send("input_audio_buffer.append", audio=b64(turns))  # two turns in one append
+        events = await c.until("input_audio_buffer.committed")
+        events += await c.until("input_audio_buffer.committed")
+        events += await c.until("error")
+        kinds = [e["type"] for e in events if e["type"].startswith("input_audio_buffer.") or e["type"] == "error"]
+        assert kinds == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed", "error"] * 2, kinds
+        assert {e["error"]["code"] for e in of_type(events, "error")} == {"response_limit_reached"}
+        for created in of_type(c.seen, "response.created"):
+            await c.send("response.cancel", response_id=created["response"]["id"])
+            await c.until("response.done")
+        await c.ws.close()
+    await eventually(lambda: idle(srv.orch))
