@@ -1,6 +1,7 @@
 """Uploaded files (OpenAI's Files API) in the data directory's SQLite store (store.py).
 
-    files(id "file-...", filename, purpose, bytes, created_at, expires_at, file)
+    files(id "file-...", filename, purpose, bytes, created_at, expires_at, file, deleted_at)
+    file_cursors(id, seq)    where files dropped from `files` stood (their rowid), so `after` may name one
 
 Each file's bytes live beside the database under `files("uploads")`, written before
 its row and removed after it, so a crash leaves at worst an orphan file, never a row
@@ -13,7 +14,9 @@ A deleted or expired file's row stays as a tombstone (`deleted_at` set, its byte
 TOMBSTONE_S: a listing's `after` cursor names the last file of the page before, and a client that
 deletes the files of each page as it pages (`for f in client.files.list(): client.files.delete(f.id)`)
 sends the id of a file it has just deleted. Every read skips tombstones; each upload and listing
-drops the old ones.
+drops the old ones, keeping only their place in `file_cursors` (as /v1/videos and the voice consents
+keep theirs), so an `after` that names any file that ever was places its page, and one that names
+none is an error (the route's 400).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ FEATURE = "uploads"
 DDL = (
     "CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL, "
     "bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER, file TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS file_cursors (id TEXT PRIMARY KEY, seq INTEGER NOT NULL)",
 )
 _COLUMNS = "id, filename, purpose, bytes, created_at, expires_at"
 _LIVE = "deleted_at IS NULL AND (expires_at IS NULL OR expires_at > ?)"
@@ -81,8 +85,11 @@ class FileStore:
         (self.dir / fid).write_bytes(data)
         created = int(time.time()) if now is None else now
         expires = None if expires_after_s is None else created + expires_after_s
-        self.store.execute("INSERT INTO files (id, filename, purpose, bytes, created_at, expires_at, file) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?)", (fid, filename, purpose, len(data), created, expires, fid))
+        # rowid past every dropped file's too, so a cursor left by one never hides a newer file
+        self.store.execute(
+            "INSERT INTO files (rowid, id, filename, purpose, bytes, created_at, expires_at, file) VALUES (1 + MAX("
+            "COALESCE((SELECT MAX(rowid) FROM files), 0), COALESCE((SELECT MAX(seq) FROM file_cursors), 0)), "
+            "?, ?, ?, ?, ?, ?, ?)", (fid, filename, purpose, len(data), created, expires, fid))
         return StoredFile(fid, filename, purpose, len(data), created, expires)
 
     def get(self, fid: str) -> StoredFile | None:
@@ -101,19 +108,28 @@ class FileStore:
             return None
 
     def page(self, purpose: str | None, after: str | None, limit: int, newest_first: bool) -> tuple[list[StoredFile], bool]:
-        """Live files (of `purpose` if given) in creation order after the file `after`; (page, has_more)."""
+        """Live files (of `purpose` if given) in creation order after the file `after` (a live, deleted or
+        expired one); (page, has_more). KeyError if `after` names no file that ever was."""
         self.purge()
         op, order = ("<", "DESC") if newest_first else (">", "ASC")
-        rows = self.store.query(  # (`after` may be a tombstone: a file deleted since its page was read)
+        anchor = None
+        if after is not None:
+            row = (self.store.query_one("SELECT rowid FROM files WHERE id = ?", (after,))
+                   or self.store.query_one("SELECT seq FROM file_cursors WHERE id = ?", (after,)))
+            if row is None:
+                raise KeyError(after)
+            anchor = row[0]
+        rows = self.store.query(
             f"SELECT {_COLUMNS} FROM files WHERE {_LIVE} AND (? IS NULL OR purpose = ?) AND "
-            f"(? IS NULL OR rowid {op} (SELECT rowid FROM files WHERE id = ?)) "
-            f"ORDER BY rowid {order} LIMIT ?", (int(time.time()), purpose, purpose, after, after, limit + 1))
+            f"(? IS NULL OR rowid {op} ?) ORDER BY rowid {order} LIMIT ?",
+            (int(time.time()), purpose, purpose, anchor, anchor, limit + 1))
         found = [StoredFile(*r) for r in rows]
         return found[:limit], len(found) > limit
 
-    def delete(self, fid: str) -> bool:
-        """Remove a live file's bytes; its row stays a tombstone (see the module docstring)."""
-        now = int(time.time())
+    def delete(self, fid: str, now: int | None = None) -> bool:
+        """Remove a live file's bytes; its row stays a tombstone (see the module docstring). `now` (default:
+        the clock) is the deletion time the tombstone's TOMBSTONE_S counts from."""
+        now = int(time.time()) if now is None else now
         if not self.store.execute(f"UPDATE files SET deleted_at = ? WHERE id = ? AND {_LIVE}", (now, fid, now)):
             return False
         (self.dir / fid).unlink(missing_ok=True)
@@ -121,12 +137,17 @@ class FileStore:
 
     def purge(self) -> int:
         """Remove the expired files' bytes (their rows become tombstones) and drop the tombstones older than
-        TOMBSTONE_S; return how many files expired."""
+        TOMBSTONE_S, keeping their places as cursors; return how many files expired."""
         now = int(time.time())
         gone = [r[0] for r in self.store.query(
             "SELECT id FROM files WHERE deleted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= ?", (now,))]
         for fid in gone:
             if self.store.execute("UPDATE files SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL", (now, fid)):
                 (self.dir / fid).unlink(missing_ok=True)
-        self.store.execute("DELETE FROM files WHERE deleted_at IS NOT NULL AND deleted_at <= ?", (now - TOMBSTONE_S,))
+        old = (now - TOMBSTONE_S,)
+        if self.store.query_one("SELECT 1 FROM files WHERE deleted_at <= ? LIMIT 1", old) is None:
+            return len(gone)  # (no write, so no wait on another process's write lock)
+        self.store.transaction([
+            ("INSERT OR IGNORE INTO file_cursors SELECT id, rowid FROM files WHERE deleted_at <= ?", old),
+            ("DELETE FROM files WHERE deleted_at <= ?", old)])
         return len(gone)

@@ -2,13 +2,17 @@
 
     POST   /v1/files                   multipart: file, purpose, [expires_after[anchor]
                                        "created_at", expires_after[seconds] 3600-2592000]
-    GET    /v1/files                   ?purpose=&after=&limit= (1-10000, default 10000)&order= (desc)
+    GET    /v1/files                   ?purpose=&after=&limit= (1-10000, default 10000)&order= (desc);
+                                       a 400 naming `after` for an id no file ever had (a deleted
+                                       file's id places the page), or `purpose` for one no file can have
     GET    /v1/files/{file_id}
     GET    /v1/files/{file_id}/content the bytes as uploaded, as an attachment (a browser saves them)
     DELETE /v1/files/{file_id}
 
 A file is kept as uploaded (file_store.py: SQLite rows, bytes beside them) and survives a
-restart; one with `expires_after` is gone once it expires. What reads files by id:
+restart; one with `expires_after` is gone once it expires. Every store call runs in a thread
+(`off_loop`): it reads files' bytes, and a listing or an upload that finds files expired writes
+(and may wait on another process's write lock). What reads files by id:
 `input_reference: {"file_id"}` on /v1/videos and /v1/videos/edits, `input_image`
 parts' `file_id` in /v1/responses and `file` parts in /v1/chat/completions (`file_bytes`,
 for those routes). Nothing here looks
@@ -19,7 +23,9 @@ request's field if it is not one.
 from __future__ import annotations
 
 import mimetypes
-from typing import Literal
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -36,6 +42,10 @@ FILES_KEY = web.AppKey("file_store", FileStore)
 """The app's file store (set by tests to a private data dir; else the process's store)."""
 PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 """OpenAI's purposes: each is accepted and kept; only what a request reads by id matters here."""
+LISTED_PURPOSES = (*PURPOSES, "assistants_output", "batch_output", "fine-tune-results")
+"""What a listing's `purpose` may name: the SDK types it `str`, but an OpenAI file carries one of these
+(its FileObject's purposes and the upload ones), so anything else is a typo, answered as a 400 rather
+than as an empty page; those no upload here takes list nothing."""
 MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 2_592_000
 """`expires_after[seconds]` bounds (an hour to 30 days, as OpenAI's)."""
 MAX_FILENAME_CHARS = 512
@@ -68,22 +78,30 @@ class FileDeleted(Struct):
 
 
 _DEFAULT: list[FileStore] = []
+_DEFAULT_LOCK = threading.Lock()
+T = TypeVar("T")
 
 
 def file_store(app: web.Application) -> FileStore:
-    """The app's store if it was given one, else the process's (opened on first use)."""
+    """The app's store if it was given one, else the process's (opened on first use); blocking."""
     given = app.get(FILES_KEY)
     if given is not None:
         return given
-    if not _DEFAULT:
-        _DEFAULT.append(FileStore())
+    with _DEFAULT_LOCK:
+        if not _DEFAULT:
+            _DEFAULT.append(FileStore())
     return _DEFAULT[0]
+
+
+async def stored(app: web.Application, method: Callable[..., T], *args: Any) -> T:
+    """`method` (a FileStore method) of the app's store, run in a thread, as is opening the store."""
+    return await off_loop(lambda: method(file_store(app), *args))
 
 
 async def file_bytes(request: web.Request, file_id: str, param: str) -> bytes:
     """The bytes of file `file_id` for a request that names it in `param`; a 400 naming `param` if
     there is no such file (OpenAI answers a missing file in a request body that way)."""
-    got = await off_loop(file_store(request.app).content, file_id) if file_id.startswith("file-") else None
+    got = await stored(request.app, FileStore.content, file_id) if file_id.startswith("file-") else None
     if got is None:
         raise bad_request(f"{param}: file {file_id!r} does not exist (upload it with POST /v1/files)", param,
                           "file_not_found")
@@ -132,21 +150,27 @@ async def create_file(request: web.Request) -> web.Response:
     if len(filename) > MAX_FILENAME_CHARS:
         raise bad_request(f"the file's name is longer than {MAX_FILENAME_CHARS} characters", "file")
     expiry = _expiry(fields)
-    made = await off_loop(file_store(request.app).add, filename, purpose, blobs["file"], expiry)
+    made = await stored(request.app, FileStore.add, filename, purpose, blobs["file"], expiry)
     return _json(_object(made))
 
 
 async def list_files(request: web.Request) -> web.Response:
     q = request.query
     limit, newest = page_limit(q, DEFAULT_PAGE, MAX_PAGE), newest_first(q)
-    page, more = file_store(request.app).page(q.get("purpose") or None, q.get("after") or None, limit, newest)
+    purpose, after = q.get("purpose") or None, q.get("after") or None
+    if purpose is not None and purpose not in LISTED_PURPOSES:
+        raise bad_request(f"purpose {purpose!r} is not one of {list(LISTED_PURPOSES)}", "purpose")
+    try:
+        page, more = await stored(request.app, FileStore.page, purpose, after, limit, newest)
+    except KeyError:  # (an empty page before 2026-12-05; /v1/videos and the voice consents answer the same)
+        raise bad_request(f"after: no file with id {after!r}", "after") from None
     data = [_object(f) for f in page]
     return _json(FilePage(data, more, data[0].id if data else None, data[-1].id if data else None))
 
 
 async def get_file(request: web.Request) -> web.Response:
     fid = request.match_info["file_id"]
-    found = file_store(request.app).get(fid)
+    found = await stored(request.app, FileStore.get, fid)
     if found is None:
         raise _missing(fid)
     return _json(_object(found))
@@ -154,7 +178,7 @@ async def get_file(request: web.Request) -> web.Response:
 
 async def file_content(request: web.Request) -> web.Response:
     fid = request.match_info["file_id"]
-    got = await off_loop(file_store(request.app).content, fid)
+    got = await stored(request.app, FileStore.content, fid)
     if got is None:
         raise _missing(fid)
     found, data = got
@@ -167,7 +191,7 @@ async def file_content(request: web.Request) -> web.Response:
 
 async def delete_file(request: web.Request) -> web.Response:
     fid = request.match_info["file_id"]
-    if not await off_loop(file_store(request.app).delete, fid):
+    if not await stored(request.app, FileStore.delete, fid):
         raise _missing(fid)
     return _json(FileDeleted(fid))
 

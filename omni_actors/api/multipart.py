@@ -60,8 +60,8 @@ def misplaced_part(part: Any, name: str, file_field: bool, hint: str = "") -> Ap
                            "send its value as a plain form field", name, "invalid_type")
     kind = part.headers.get("Content-Type", "text/plain")
     if file_field and part.filename is None and kind.startswith("text/"):
-        return bad_request(f"`{name}` is a file upload but came as a text field; send the file as a file part "
-                           f"(with a filename){hint}", name, "invalid_type")
+        return bad_request(f"`{name}` is a file upload but came as a text field (or as a file with an empty "
+                           f"name); send the file as a file part with a filename{hint}", name, "invalid_type")
     return None
 
 

@@ -24,13 +24,40 @@ from omni_actors.orchestrator.outputs import TranscriptOutput, TranscriptSegment
 
 TIMED_FORMATS = ("srt", "vtt", "verbose_json")
 LANGUAGE_NAMES = {
-    "ar": "arabic", "cs": "czech", "da": "danish", "de": "german", "el": "greek", "en": "english", "es": "spanish",
-    "fa": "persian", "fi": "finnish", "fr": "french", "he": "hebrew", "hi": "hindi", "hu": "hungarian",
-    "id": "indonesian", "it": "italian", "ja": "japanese", "ko": "korean", "nl": "dutch", "no": "norwegian",
-    "pl": "polish", "pt": "portuguese", "ro": "romanian", "ru": "russian", "sv": "swedish", "th": "thai",
-    "tr": "turkish", "uk": "ukrainian", "vi": "vietnamese", "zh": "chinese",
+    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean",
+    "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish", "pl": "polish", "ca": "catalan",
+    "nl": "dutch", "ar": "arabic", "sv": "swedish", "it": "italian", "id": "indonesian", "hi": "hindi",
+    "fi": "finnish", "vi": "vietnamese", "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay",
+    "cs": "czech", "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
+    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian", "la": "latin",
+    "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak", "te": "telugu", "fa": "persian",
+    "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani", "sl": "slovenian", "kn": "kannada",
+    "et": "estonian", "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
+    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili",
+    "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer", "sn": "shona",
+    "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian", "be": "belarusian",
+    "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao",
+    "uz": "uzbek", "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk",
+    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan", "tl": "tagalog",
+    "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa",
+    "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese",
 }
-"""verbose_json's `language` is a name, as OpenAI writes it ("english"); a code not here stays a code."""
+"""Whisper's languages, code -> name: OpenAI's verbose_json names the language so ("english")."""
+LANGUAGE_ALIASES = {"fil": "tl", "filipino": "tl", "burmese": "my", "valencian": "ca", "flemish": "nl",
+                    "haitian": "ht", "letzeburgesch": "lb", "pushto": "ps", "panjabi": "pa", "moldavian": "ro",
+                    "moldovan": "ro", "sinhalese": "si", "castilian": "es", "mandarin": "zh"}
+"""Other names (Whisper's aliases; Qwen3-ASR's "Filipino", which Whisper calls tagalog) -> code."""
+_CODES = {name: code for code, name in LANGUAGE_NAMES.items()} | LANGUAGE_ALIASES
+
+
+def language_name(language: str | None) -> str:
+    """`language` as OpenAI's verbose_json reports it: the lower-case English name ("english") of a code
+    ("en", "EN") or a name in any case ("English"), as a client sends it or a recognizer reports it (Whisper
+    a code, Qwen3-ASR a name); one not known is reported lower-cased, and none as ""."""
+    key = (language or "").strip().lower()
+    return LANGUAGE_NAMES.get(_CODES.get(key, key), key)
+
+
 CONTENT_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt", "verbose_json": "application/json"}
 
 
@@ -58,9 +85,9 @@ def render(fmt: str, text: str, outputs: Sequence[TranscriptOutput], seconds: fl
     if fmt == "vtt":
         return ("WEBVTT\n\n" + _cues(timed, ".", numbered=False)).encode()
     body_s = round(seconds, 3)
-    code = next((o.language for o in outputs if o.language), None) or language or ""
+    reported = next((o.language for o in outputs if o.language), None) or language
     body = TranscriptionVerbose(
-        task="transcribe", language=LANGUAGE_NAMES.get(code.lower(), code), duration=body_s, text=text,
+        task="transcribe", language=language_name(reported), duration=body_s, text=text,
         segments=[TranscriptionSegment(i, s.seek, s.start, s.end, s.text, list(s.tokens), s.temperature,
                                        s.avg_logprob, s.compression_ratio, s.no_speech_prob)
                   for i, s in enumerate(timed)],

@@ -14,7 +14,9 @@ Form fields:
     stream           "true": SSE `transcript.text.delta` events, then `transcript.text.done`
                      (response_format json or text; its `usage` is null: OpenAI's is token usage, which
                      the SDK types as tokens only, and a duration there did not fit that type)
-    language         ISO-639-1; a stage that transcribes one language refuses others (400)
+    language         ISO-639-1; a stage that transcribes one language refuses others (400). verbose_json
+                     reports the language the recognizer names (else this one) as OpenAI does: its
+                     lower-case English name ("english"; transcript_formats.language_name)
     prompt, temperature
                      accepted for client compatibility, passed on as params
     chunking_strategy

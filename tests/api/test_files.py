@@ -8,6 +8,7 @@ import base64
 import contextlib
 import io
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,8 +18,8 @@ import openai
 import pytest
 from PIL import Image
 
-from omni_actors.api.file_store import ORPHAN_AGE_S, FileStore
-from omni_actors.store import Store
+from omni_actors.api.file_store import ORPHAN_AGE_S, TOMBSTONE_S, FileStore
+from omni_actors.store import DB_NAME, Store
 from tests.api.conftest import Server, make_deploy, serve_deploy
 
 KEY = "files-test-key"
@@ -258,3 +259,54 @@ async def test_an_upload_that_is_no_image_is_a_400_naming_the_file_id_that_sent_
             {"type": "input_text", "text": "what is this?"}, {"type": "input_image", "file_id": text.id}]}])
     assert bad.value.body["param"] == "input[0].content[1].file_id", bad.value.body
     assert bad.value.body["code"] == "invalid_image"
+
+
+async def test_a_list_after_an_unknown_id_is_a_400_and_after_a_deleted_one_goes_on(srv: Server, data: Path) -> None:
+    """`after` as /v1/videos and the voice consents take it: a deleted file's id places the page, even once
+    its tombstone is older than TOMBSTONE_S (and a newer upload never lands on its place); an id that never
+    was is a 400 naming `after`, not an empty page."""
+    client = srv.client()
+    a, b, c = [(await client.files.create(file=(f"{i}.jsonl", b"{}", "application/jsonl"), purpose="batch")).id
+               for i in range(3)]
+    await client.files.delete(a)
+    store = Store(data)  # c deleted a day and more ago: its row is dropped by the next listing
+    try:
+        assert FileStore(store).delete(c, now=int(time.time()) - TOMBSTONE_S - 60)
+    finally:
+        store.close()
+    assert [f.id async for f in client.files.list(purpose="batch")] == [b]
+    e = (await client.files.create(file=("e.jsonl", b"{}", "application/jsonl"), purpose="batch")).id
+    assert [f.id for f in (await client.files.list(purpose="batch", order="asc", after=a)).data] == [b, e]
+    assert [f.id for f in (await client.files.list(purpose="batch", order="asc", after=c)).data] == [e]
+    assert [f.id for f in (await client.files.list(purpose="batch", order="desc", after=c)).data] == [b]
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.files.list(after="file-nothere")
+    assert bad.value.body["param"] == "after" and "file-nothere" in bad.value.body["message"]
+
+
+async def test_a_list_of_a_purpose_no_file_can_have_is_a_400_naming_it(srv: Server) -> None:
+    """`purpose` takes any purpose an OpenAI file may carry (FileObject's, the upload ones among them);
+    a typo is a 400 listing them, not an empty page."""
+    client = srv.client()
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.files.list(purpose="fine_tune")
+    assert bad.value.body["param"] == "purpose"
+    assert all(p in bad.value.body["message"] for p in ("fine-tune", "batch_output", "evals"))
+    assert (await client.files.list(purpose="fine-tune-results")).data == []  # OpenAI's own; none here
+
+
+async def test_reading_files_answers_while_another_process_holds_the_write_lock(srv: Server, data: Path) -> None:
+    """A listing writes only when a file expired or a tombstone aged out, so another process's long write
+    (another server on the same data dir) never makes a GET wait on it or fail with `database is locked`."""
+    client = srv.client()
+    made = await client.files.create(file=("w.txt", b"w", "text/plain"), purpose="assistants")
+    assert made.id in [f.id async for f in client.files.list(purpose="assistants")]  # (any purge done)
+    other = sqlite3.connect(data / DB_NAME, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        assert made.id in [f.id async for f in client.files.list(purpose="assistants")]
+        assert (await client.files.retrieve(made.id)).id == made.id
+        assert (await client.files.content(made.id)).read() == b"w"
+        other.execute("ROLLBACK")
+    finally:
+        other.close()

@@ -191,3 +191,22 @@ async def test_files_libsndfile_does_not_read_are_decoded_by_ffmpeg(
     heard = int(said.text.split()[0])
     # at the file's own rate (the recognizer resamples), give or take the codec's priming and padding
     assert said.text == f"{heard} samples at {rate} Hz" and abs(heard - SECONDS * rate) <= 0.15 * rate
+
+
+async def test_verbose_json_language_is_openais_name(asr_srv: Server) -> None:
+    """`language` is the lower-case English name Whisper (and so OpenAI) uses, from a code or a name in any
+    case, as a client sends it or a recognizer reports it (before 2026-12-05 a name was echoed as sent and
+    only 29 codes were named)."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    from omni_actors.api.transcript_formats import language_name
+
+    for code, name in LANGUAGES.items():
+        assert language_name(code) == language_name(code.upper()) == language_name(name.title()) == name
+    assert (language_name("Filipino"), language_name("mandarin"), language_name(None)) == ("tagalog", "chinese", "")
+    client = asr_srv.client()
+    for asked, named in (("German", "german"), ("hu", "hungarian"), (None, "")):
+        extra = {"language": asked} if asked else {}
+        verbose = await client.audio.transcriptions.create(model="synthetic_asr", file=("a.wav", TONE),
+                                                           response_format="verbose_json", **extra)
+        assert verbose.language == named, (asked, verbose.language)

@@ -1,6 +1,8 @@
 """The qwen3_asr family end to end: a tiny Qwen3-ASR folder served as `omni-run --model DIR` serves it,
 transcribing through /v1/audio/transcriptions with the openai SDK (the reference is transformers' own
-generate) and through a /v1/realtime transcription session with the SDK's realtime client."""
+generate) and through a /v1/realtime transcription session with the SDK's realtime client; and, in
+process, the adapter reading the language the model names ("language <Name><asr_text>") from
+constructed outputs."""
 
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ from openai import AsyncOpenAI
 from omni_actors.api.realtime.audio import WIRE_RATE, Resampler, decode_bytes, pcm16_bytes
 from omni_actors.api.realtime.vad import VAD_RATE
 from omni_actors.cli import served_folder
+from omni_actors.models.qwen3_asr.asr import Qwen3AsrAdapter
 from omni_actors.models.tiny import make_tiny
+from omni_actors.workers.engine import EngineContext
+from omni_actors.workers.engines.hf_ar_adapter import ARSeq
 from tests.api.conftest import Server, eventually, idle, serve_deploy
 from tests.api.realtime.conftest import speak
 
@@ -83,6 +88,44 @@ async def test_transcribes_like_transformers_and_streams(srv: Server, asr_dir: P
     with pytest.raises(openai.BadRequestError) as err:  # the processor's refusal, naming the field
         await client.audio.transcriptions.create(model="tiny-asr", file=("a.wav", wav), language="klingon")
     assert err.value.body["param"] == "language" and "klingon" in err.value.message, err.value.body
+    await eventually(lambda: idle(srv.orch))
+
+
+def test_the_language_the_model_names_is_reported(asr_dir: Path) -> None:
+    """In process, the real adapter and tokenizer on constructed outputs: the model's own "language
+    <Name><asr_text>" gives the step's "language" (what transformers' parser reads from the same output),
+    "language None" gives none, and only the text after <asr_text> is sent, a split character whole."""
+    ctx = EngineContext(stage_id=0, replica=0, model_stage="asr", model_path=asr_dir, device="cpu",
+                        max_num_seqs=2, dtype="float32", gpu_memory_utilization=0.5, tensor_parallel_size=1)
+    adapter = Qwen3AsrAdapter(ctx)
+    adapter.load()
+    tok, eos = adapter.tokenizer, min(adapter.eos)
+    for raw, language in (("language English<asr_text>Hello there", "English"),
+                          ("language Chinese<asr_text>你好世界", "Chinese"), ("language None<asr_text>", None)):
+        seq = ARSeq("r", {}, streaming=False)
+        adapter.start(seq, {"audio": _speechlike()[:RATE // 10], "sample_rate": RATE})
+        ids = [*tok.encode(raw, add_special_tokens=False), eos]
+        payloads = [adapter.on_tokens([seq], [t], None, False)[0][0] for t in ids]
+        want = adapter.processor.parse_output(tok.decode(ids[:-1], skip_special_tokens=False))
+        assert want["language"] == language, want
+        assert [p["language"] for p in payloads if "language" in p] == ([language] if language else []), payloads
+        assert "".join(p["text"] for p in payloads) == want["transcription"] == raw.partition("<asr_text>")[2]
+        assert all("\ufffd" not in p["text"] for p in payloads)
+    forced = ARSeq("f", {"language": "en"}, streaming=False)  # prefilled tag: all the model writes is text
+    adapter.start(forced, {"audio": _speechlike()[:RATE // 10], "sample_rate": RATE})
+    payloads = [adapter.on_tokens([forced], [t], None, False)[0][0] for t in tok.encode("Hi", add_special_tokens=False)]
+    assert "".join(p["text"] for p in payloads) == "Hi" and not any("language" in p for p in payloads)
+
+
+async def test_verbose_json_names_the_language_as_openai(srv: Server) -> None:
+    """verbose_json's `language` is OpenAI's lower-case English name, whether the request gave a name in any
+    case or a code (before 2026-12-05: "English" was echoed, "yue" stayed a code)."""
+    wav = _wav(_speechlike(), RATE)
+    client = srv.client()
+    for asked, named in (("English", "english"), ("en", "english"), ("FR", "french"), ("yue", "cantonese")):
+        got = await client.audio.transcriptions.create(model="tiny-asr", file=("a.wav", wav), language=asked,
+                                                       response_format="verbose_json")
+        assert got.language == named, (asked, got.language)
     await eventually(lambda: idle(srv.orch))
 
 

@@ -6,12 +6,15 @@ with the audio placeholders, and the assistant turn, prefilled with
 "language <Name><asr_text>" when the request names a `language`. The audio
 encoder's output replaces the placeholders' embeddings, so every prompt is plain
 embeddings and prompts share one batched prefill. Without a language the model
-writes "language <Name><asr_text>" itself; nothing before `<asr_text>` is sent.
+writes "language <Name><asr_text>" itself ("language None" for audio without speech):
+nothing before `<asr_text>` is sent as text; the name is the output's "language"
+(verbose_json reports it; before 2026-12-05 it was dropped and the report said "").
 
 Inputs: {"audio": float32 mono, "sample_rate": int}. Params: "language" (ISO code
 or name), "prompt", sampling (greedy by default), "max_tokens" (default: the
 checkpoint's generation_config max_new_tokens).
-Outputs per step: {"text": transcript delta}.
+Outputs per step: {"text": transcript delta}, and {"language": "<Name>"} with the
+step that completes the model's own "language <Name><asr_text>".
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from omni_actors.workers.engines.hf_ar_adapter import (
 
 RATE = 16000
 MARK = "<asr_text>"
+TAG = "language "
+"""The model's output starts "language <Name>" + MARK (Name "None": no speech heard)."""
 DEFAULT_MAX_TOKENS = 448
 """Transcript tokens a request may write when generation_config sets no max_new_tokens."""
 
@@ -101,23 +106,36 @@ class Qwen3AsrAdapter(ARAdapter):
         return ForwardOut(self.model.lm_head(out.last_hidden_state[:, -1]))
 
     def on_tokens(self, seqs, tokens, out, prefill):
-        return [({"text": self._delta(s, t)}, False) for s, t in zip(seqs, tokens, strict=True)]
+        return [(self._delta(s, t), False) for s, t in zip(seqs, tokens, strict=True)]
 
-    def _delta(self, seq: ARSeq, token: int) -> str:
+    def _delta(self, seq: ARSeq, token: int) -> dict[str, str]:
+        """The payload of `token`: the transcript's new text, and the language once its tag is complete."""
         d = seq.data
         if token in self.eos:
-            return ""
+            return {"text": ""}
         d["ids"].append(token)
         text = self.tokenizer.decode(d["ids"], skip_special_tokens=False)
+        payload: dict[str, str] = {}
         if not d["open"]:
             at = text.find(MARK)
             if at < 0:
-                return ""
+                return {"text": ""}
             d["open"], d["sent"] = True, at + len(MARK)
+            if language := detected_language(text[:at]):
+                payload["language"] = language
         if text.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 sequence: wait for its next byte
+            return {**payload, "text": ""}  # an incomplete UTF-8 sequence: wait for its next byte
         delta, d["sent"] = text[d["sent"] :], len(text)
-        return delta
+        return {**payload, "text": delta}
 
     def stop_ids(self, seq: ARSeq) -> set[int]:
         return self.eos
+
+
+def detected_language(head: str) -> str | None:
+    """The language name in what the model wrote before MARK ("language English" -> "English"), read
+    from its first non-empty line as Qwen3-ASR's own parser reads it; None for "None" or nothing."""
+    line = next((ln.strip() for ln in head.splitlines() if ln.strip()), "")
+    if line.lower().startswith(TAG):
+        line = line[len(TAG) :].strip()
+    return None if line.lower() in ("", "none") else line

@@ -19,7 +19,8 @@ the last words; the request ends when the audio does (or at EOS).
 
 Inputs: {"audio": float32 mono, "sample_rate": int}; fed chunks the same.
 Params: "language" is checked against the languages the model was trained on
-(LANGUAGES) and otherwise not needed (the model finds the language itself);
+(LANGUAGES) and otherwise not needed (the model finds the language itself, but writes
+no name of it: verbose_json reports the request's language, else "");
 "prompt" is refused (the model takes none). Greedy by default.
 Outputs per step: {"text": transcript delta}.
 """
