@@ -65,9 +65,11 @@ export async function api(path, options = {}, again = false) {
                         { status: 401 });
   }
   if (!resp.ok) {
-    let message = `${resp.status} ${resp.statusText}`;
-    try { message = (await resp.json()).error?.message || message; } catch { /* not JSON */ }
-    throw Object.assign(new Error(message), { status: resp.status });  // (a 404 can mean "already gone")
+    let error = {};
+    try { error = (await resp.json()).error || {}; } catch { /* not JSON */ }
+    // (a 404 can mean "already gone"; `param` names the field a 400 is about, for a form to point at)
+    throw Object.assign(new Error(error.message || `${resp.status} ${resp.statusText}`),
+                        { status: resp.status, param: error.param ?? null, code: error.code ?? null });
   }
   return resp;
 }

@@ -14,9 +14,11 @@ export function pickedVoice() {
   return raw.startsWith("{") ? JSON.parse(raw) : raw;
 }
 
-// "Delete voice" shows while a custom voice (the server's, an {"id"} value) is picked.
+// "Delete voice" shows while a custom voice (the server's, an {"id"} value) is picked; its question, asked about
+// the voice picked then, goes with any change of the picker.
 function syncVoiceButtons() {
   const select = $("speak-voice");
+  $("speak-voice-confirm").hidden = true;
   $("speak-voice-delete").hidden = !select.value.startsWith("{");
   select.disabled = !select.options.length;
 }
@@ -63,6 +65,12 @@ async function loadConsents({ api, showError }) {
   select.onchange();
 }
 
+// The form's field a server's 400 names (its `param`): the error is said by the button and the focus goes there.
+const FIELD_OF_PARAM = {
+  name: "clone-name", audio_sample: "clone-sample", transcript: "clone-transcript", consent: "clone-consent",
+  recording: "clone-consent-file", language: "clone-language",
+};
+
 // A custom voice the server's way: a consent recording once, then the voice's clip under it.
 function bindClone({ api, showError }) {
   const consentSelect = $("clone-consent");
@@ -84,6 +92,7 @@ function bindClone({ api, showError }) {
     const hadFocus = document.activeElement === button;
     button.disabled = true;  // (which takes the focus away: it comes back once the upload is done)
     showError("");
+    status.classList.remove("failed");
     status.textContent = "uploading…";
     try {
       const [sampleFile, recordingFile] = await Promise.all([sample, recording]);
@@ -115,7 +124,19 @@ function bindClone({ api, showError }) {
       status.textContent = `made voice ${voice.name} (${voice.id})`;
     } catch (err) {
       status.textContent = "";
-      showError(err);
+      // The server refused what the form sent (a silent clip, one too short, a consent gone): said by the
+      // button, where the user is looking, with the focus on the field it names. The key, a server gone and
+      // such are the page's to say (its foot).
+      if (err.status >= 400 && err.status < 500 && err.status !== 401) {
+        status.textContent = err.message;
+        status.classList.add("failed");
+        if (err.param === "consent" && err.code === "not_found") {  // deleted elsewhere: not offered again
+          consentSelect.querySelector(`option[value="${CSS.escape(consent)}"]`)?.remove();
+          consentSelect.value = "";  // (a new one is uploaded instead)
+          consentSelect.onchange();
+        }
+        $(FIELD_OF_PARAM[err.param])?.focus();
+      } else showError(err);
     } finally {
       button.disabled = false;
       if (hadFocus && document.activeElement === document.body) button.focus();
@@ -123,17 +144,44 @@ function bindClone({ api, showError }) {
   };
 }
 
-// Delete the picked custom voice on the server (DELETE /v1/audio/voices/{id}); its consent stays.
+// Delete the picked custom voice on the server (DELETE /v1/audio/voices/{id}); its consent stays. It cannot be
+// undone, so "Delete voice" first asks, in the row: "Delete voice hum? [Delete] [Keep]", the focus on Keep
+// (Escape keeps it too); a keyboard or a screen reader meets the question where the button was.
 function bindVoiceDelete({ api, showError }) {
+  const ask = $("speak-voice-delete");
+  const confirm = $("speak-voice-confirm");
+  let pending = null;  // the voice asked about
+  const nameOf = (option) => option.text.replace(/ \(custom\)$/, "");
+  const keep = () => {
+    const hadFocus = confirm.contains(document.activeElement);
+    syncVoiceButtons();
+    if (hadFocus) (ask.hidden ? $("speak-voice") : ask).focus();
+  };
   $("speak-voice").onchange = syncVoiceButtons;
-  $("speak-voice-delete").onclick = async () => {
-    const button = $("speak-voice-delete");
+  ask.onclick = () => {
     const option = $("speak-voice").selectedOptions[0];
-    if (!option || !option.value.startsWith("{")) return;
-    const hadFocus = document.activeElement === button;  // (before it is disabled, which takes the focus away)
-    button.disabled = true;
+    if (!option?.value.startsWith("{")) return;
+    pending = option;
+    $("speak-voice-confirm-text").textContent = `Delete voice ${nameOf(option)}? This cannot be undone.`;
+    confirm.hidden = false;
+    ask.hidden = true;
+    $("speak-voice-delete-keep").focus();
+  };
+  $("speak-voice-delete-keep").onclick = keep;
+  confirm.addEventListener("keydown", (e) => {
+    if (e.key !== "Escape") return;
+    e.stopPropagation();  // (the page's Escape would stop Speak's voice)
+    keep();
+  });
+  $("speak-voice-delete-yes").onclick = async () => {
+    const option = pending;
+    const yes = $("speak-voice-delete-yes");
+    const hadFocus = confirm.contains(document.activeElement);  // (before it is disabled, which drops the focus)
+    if (!option?.isConnected || !option.selected) return keep();
+    yes.disabled = true;
     showError("");
-    const name = option.text.replace(/ \(custom\)$/, "");
+    $("clone-status").classList.remove("failed");
+    const name = nameOf(option);
     let gone = true;
     try {
       await api(`/v1/audio/voices/${encodeURIComponent(JSON.parse(option.value).id)}`, { method: "DELETE" });
@@ -143,18 +191,17 @@ function bindVoiceDelete({ api, showError }) {
       if (gone) $("clone-status").textContent = `voice ${name} was already deleted`;
       else showError(err);
     } finally {
-      button.disabled = false;
+      yes.disabled = false;
     }
     if (gone) option.remove();
     syncVoiceButtons();
     const none = $("speak-voice").options.length === 0;
     $("speak-voice-needed").hidden = !none;
     if (none) $("speak-clone").open = true;  // the only way to speak again: make a voice
-    // A keyboard user whose Delete is now hidden (a built-in voice picked, or none left) carries on from the
-    // picker, or from the form that makes a voice, rather than from the top of the page.
-    if (hadFocus && document.activeElement !== button) {
-      (!button.hidden ? button : none ? $("clone-name") : $("speak-voice")).focus();
-    }
+    // A keyboard user carries on from "Delete voice" (another custom voice picked, or this one kept by an
+    // error), else from the picker, or from the form that makes a voice when none is left, rather than from
+    // the top of the page.
+    if (hadFocus) (!ask.hidden ? ask : none ? $("clone-name") : $("speak-voice")).focus();
   };
 }
 
@@ -165,9 +212,11 @@ export function bindVoices({ api, state, showError }) {
   document.addEventListener("model-changed", () => {
     $("speak-voice").replaceChildren();
     $("speak-voice-delete").hidden = true;
+    $("speak-voice-confirm").hidden = true;
     $("speak-clone").hidden = true;
     $("speak-voice-needed").hidden = true;
     $("clone-status").textContent = "";
+    $("clone-status").classList.remove("failed");
     if ((state.model.output_types || []).includes("audio")) loadVoices({ api, state, showError });
   });
 }

@@ -3,7 +3,7 @@
 The page creates a job, then waits on the server for each next progress value
 (`progress_past`, no timer), and plays the finished MP4. A key that stops working mid-job (changed,
 revoked) is asked for again, and the page then follows the same job on to its video: the job ran on
-on the server, and the page had not forgotten it.
+on the server, and the page had not forgotten it, not even across a reload (the tab's session storage).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from tests.browser_support import browser_page
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 JOB_TIMEOUT_MS = 180_000
-LONG_STEPS = 300
-"""Denoising steps of the job whose key is revoked mid-way (seconds at 32x32 on two cores)."""
+LONG_STEPS = 600
+"""Denoising steps of the job whose key is revoked twice mid-way, a reload between (seconds at 32x32 on two cores)."""
+STORED_JOB = "sessionStorage.getItem('omni-actors.video-job')"
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +74,12 @@ async def test_a_video_job_shows_its_progress_step_by_step_then_plays(wan, tmp_p
         assert waits == sorted(waits), waits  # each wait was for the job's next value
         assert any(0 < w < 100 for w in waits), waits  # the bar moved while the job ran
         assert [v.status for v in client.videos.list().data] == ["completed"]
+        assert await page.evaluate(STORED_JOB) is None  # (done: nothing for a reload to follow)
 
-        # The key stops working mid-job: its next progress read is refused (401) and the key asked for;
-        # once it is entered again, the page follows the same job (no new one) on to its video.
+        # The key stops working mid-job: its next progress read is refused (401) and the key asked for.
+        # The page is reloaded then: it finds the job (its id and model kept in the tab) and follows it on.
+        # The key stops working again: once it is entered, the page follows the same job (no new one) on to
+        # its video.
         await _fill(page, LONG_STEPS)
         async with page.expect_response(_is_create) as created:
             await page.get_by_test_id("video-button").click()
@@ -84,13 +88,25 @@ async def test_a_video_job_shows_its_progress_step_by_step_then_plays(wan, tmp_p
         await page.evaluate("window.__playground.key = 'revoked'")
         await page.get_by_test_id("key-form").wait_for()
         assert job["id"] in await page.get_by_test_id("video-status").inner_text()  # said to run on, by its id
+        stored = await page.evaluate(f"[JSON.parse({STORED_JOB}), window.__playground.model.id]")
+        assert stored[0] == {"id": job["id"], "model": stored[1]}, stored  # (what a reload follows)
+        await page.reload()  # (the key in the tab's storage works: browser_page put it there)
+        await page.locator("body[data-ready=true]").wait_for()
+        await page.wait_for_function("document.getElementById('video-status').textContent === 'in_progress'"
+                                     " && document.getElementById('video-progress').value > 0",
+                                     timeout=JOB_TIMEOUT_MS)
+        assert await page.get_by_test_id("video-stop").is_visible()  # followed, so it can be stopped
+        await page.evaluate("window.__playground.key = 'revoked'")
+        await page.get_by_test_id("key-form").wait_for()
+        assert job["id"] in await page.get_by_test_id("video-status").inner_text()
         assert "not accepted" in await page.get_by_test_id("error").inner_text()
         await page.keyboard.type(API_KEY)
         await page.keyboard.press("Enter")
         await page.wait_for_function("!document.getElementById('video-result').hidden", timeout=JOB_TIMEOUT_MS)
         assert await page.get_by_test_id("video-status").inner_text() == "completed"
         assert await page.get_by_test_id("error").is_hidden()
-        assert bp.refused == [(401, f"/v1/videos/{job['id']}")], bp.refused
+        assert bp.refused == [(401, f"/v1/videos/{job['id']}")] * 2, bp.refused
         assert [e for e in bp.errors if "status of 401" not in e] == [], bp.errors
+        assert await page.evaluate(STORED_JOB) is None
     statuses = {v.id: v.status for v in client.videos.list().data}
     assert statuses[job["id"]] == "completed" and list(statuses.values()) == ["completed"] * 2, statuses
