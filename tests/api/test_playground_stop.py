@@ -305,6 +305,7 @@ async def test_video_stop_deletes_the_job_on_the_server(wan, tmp_path) -> None:
         await page.get_by_test_id("video-stop").click()
         await _ready(page, "video", "video-button")  # ready at once; the server's job ends between steps
         await page.wait_for_function("document.getElementById('video-status').textContent === 'stopped'")
+        assert await page.evaluate("sessionStorage.getItem('omni-actors.video-job')") is None  # (a reload follows nothing)
         assert await page.evaluate("document.getElementById('video-progress').value") < 50  # far from done
         with pytest.raises(openai.NotFoundError):
             client.videos.retrieve(job["id"])  # deleted, its work aborted
@@ -325,6 +326,7 @@ async def test_video_stop_deletes_the_job_on_the_server(wan, tmp_path) -> None:
             await route.continue_()
         assert (await deleted.value).status == 200
         await page.wait_for_function("document.getElementById('video-status').textContent === 'stopped'")
+        assert await page.evaluate("sessionStorage.getItem('omni-actors.video-job')") is None
         await page.unroute("**/v1/videos")
         assert client.videos.list().data == []
 
