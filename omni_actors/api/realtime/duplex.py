@@ -226,7 +226,8 @@ class DuplexSession(RealtimeSession):
         # The engine keeps the newest 2 s of a session's input and drops the rest, so of a long append
         # (a 15 MiB event is minutes of G.711) only its tail is decoded, resampled and fed: the rest was
         # decoded, resampled 3x and shipped whole, seconds of this event loop (every session's frames) for
-        # audio the engine then dropped. What is skipped here counts as dropped input, as the engine's drops.
+        # audio the engine then dropped. Even its base64 is decoded only where the tail is (the rest is checked
+        # in one pass, audio.py `_wire_tail`). What is skipped counts as dropped input, as the engine's drops.
         rate = wire_rate(self.cfg.input_audio_format)
         try:
             x = self._wire.decode(b64, keep=int(MAX_FEED_S * rate))

@@ -18,8 +18,14 @@ import pytest
 from openai import AsyncOpenAI
 
 from omni_actors.api.realtime import STATS_KEY
-from omni_actors.api.realtime.audio import G711_RATE, Resampler, pcm16_bytes
-from omni_actors.api.realtime.duplex import MODEL_RATE
+from omni_actors.api.realtime.audio import (
+    G711_RATE,
+    AudioFormatError,
+    Resampler,
+    WireStream,
+    pcm16_bytes,
+)
+from omni_actors.api.realtime.duplex import MAX_FEED_S, MODEL_RATE
 from tests.api.conftest import idle
 from tests.api.realtime.conftest import Client, RtServer, b64, serve_rt
 from tests.api.realtime.test_duplex import (
@@ -247,5 +253,113 @@ async def test_a_minutes_long_append_costs_only_the_audio_the_engine_keeps(srv: 
         assert not [e for e in seen if e["type"] == "error"], seen
         assert peak < LONG_APPEND_PEAK_BYTES, peak
         assert srv.stats().duplex.dropped_input_s - dropped >= LONG_APPEND_S - 3  # still counted as dropped
+        await client.ws.close()
+    await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+
+
+HUGE_APPEND_S = 60
+"""A pcm16 append of a minute (3.9 MB of line-wrapped base64): far more than MAX_FEED_S, its kept tail."""
+HUGE_APPEND_PEAK_BYTES = 48 * 1024 * 1024
+"""Most memory the server (and this client) may allocate for it: the event's copies on the way in, not its
+decoded minute (2.9 MB) on top of a copy of the event without its whitespace."""
+
+
+def huge_append(fmt: str, seed: int, seconds: float) -> str:
+    """Random audio of `fmt` (pcm16: an odd count of bytes, so a byte is held after it) as base64,
+    line-wrapped as MIME encoders write it (whitespace inside, padding at the end)."""
+    n = int(seconds * (MODEL_RATE * 2 if fmt == "pcm16" else G711_RATE)) | 1
+    raw = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+    return base64.encodebytes(raw).decode()
+
+
+def whole_tail(fmt: str, held: bytes, b64: str, keep: int) -> tuple[np.ndarray, bytes, int]:
+    """What keeping `keep` samples of an append must give: its stream decoded whole, then cut (samples kept,
+    byte held, samples skipped)."""
+    stream = WireStream(fmt)
+    stream.held = held
+    x = stream.decode(b64)
+    return x[max(0, len(x) - keep):], stream.held, max(0, len(x) - keep)
+
+
+def test_a_wire_stream_keeps_of_an_append_exactly_the_tail_of_its_whole_decode() -> None:
+    for fmt, held in (("pcm16", b""), ("pcm16", b"\x7f"), ("g711_ulaw", b"")):
+        for cut in range(1, 12):  # every alignment of the 3-byte groups against the kept samples' start
+            text = huge_append(fmt, cut, 0.05)
+            text = text[: len(text) - cut % 4] if cut > 7 else text  # (cut short, its padding too: refused)
+            try:
+                want: Any = whole_tail(fmt, held, text, 100 + cut)
+            except AudioFormatError:
+                want = "refused"
+            stream = WireStream(fmt)
+            stream.held = held
+            try:
+                x = stream.decode(text, keep=100 + cut)
+                got: Any = (x, stream.held, stream.skipped)
+            except AudioFormatError:
+                got = "refused"
+            if want == "refused" or got == "refused":
+                assert got == want and stream.held == held, (fmt, held, cut)
+            else:
+                assert np.array_equal(got[0], want[0]) and got[1:] == want[1:], (fmt, held, cut)
+
+
+async def test_a_huge_appends_kept_audio_is_the_tail_of_it_decoded_whole(srv: RtServer) -> None:
+    # Only the base64 groups holding the kept tail are decoded: what the stream starts with is, sample for
+    # sample, the whole append decoded and cut (whitespace, padding, an odd byte held after it, G.711).
+    async with aiohttp.ClientSession() as http:
+        for fmt in ("pcm16", "g711_ulaw"):
+            client = await connect(srv, http)
+            if fmt != "pcm16":
+                await client.send("session.update", session={"input_audio_format": fmt})
+                await client.until("session.updated")
+            rate = MODEL_RATE if fmt == "pcm16" else G711_RATE
+            keep = int(MAX_FEED_S * rate)
+            text = huge_append(fmt, 11, HUGE_APPEND_S)
+            kept, held, skipped = whole_tail(fmt, b"", text, keep)
+            dropped = srv.stats().duplex.dropped_input_s
+            await client.send("input_audio_buffer.append", audio=text)
+            _, _, seen = await frames(client, 1)
+            assert not [e for e in seen if e["type"] == "error"], seen
+            (session,) = [s for s in srv.sessions if s.stream is not None]
+            started = srv.orch.runs[session.stream.request_id].spec.inputs["audio"]  # what the model hears first
+            assert np.array_equal(started, Resampler(rate, MODEL_RATE).push(kept))
+            assert (session._wire.held, session._wire.skipped) == (held, skipped)
+            assert srv.stats().duplex.dropped_input_s - dropped >= skipped / rate - 1e-6  # (+ the engine's drops)
+            await client.ws.close()
+            await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
+
+
+async def test_a_bad_character_deep_in_a_huge_append_refuses_it_whole(srv: RtServer) -> None:
+    # A character no base64 holds, or padding, far inside the part not decoded: refused as the whole decode
+    # refused it (same error), nothing counted as dropped, the held byte kept. Then a good one, the byte
+    # carried: its accounting is exact and its memory bounded.
+    text = huge_append("pcm16", 12, HUGE_APPEND_S)
+    async with aiohttp.ClientSession() as http:
+        client = await connect(srv, http)
+        await client.send("input_audio_buffer.append", audio=base64.b64encode(b"\x01\x02\x03").decode())
+        await frames(client, 1)
+        (session,) = [s for s in srv.sessions if s.stream is not None]
+        assert session._wire.held == b"\x03"
+        dropped = srv.stats().duplex.dropped_input_s
+        for bad in ("!", "=", "====", "-", "é"):  # ("====": the groups after it still line up)
+            sent = await client.send("input_audio_buffer.append", audio=text[:1000] + bad + text[1000:])
+            await client.send("session.update", session={"instructions": "after the append"})  # (answered after it)
+            errors = [e["error"] for e in await client.until("session.updated") if e["type"] == "error"]
+            assert [(e["code"], e["param"], e["event_id"], e["message"]) for e in errors] == [
+                ("invalid_value", "audio", sent, "audio is not valid base64")], bad
+            assert session._wire.held == b"\x03" and srv.stats().duplex.dropped_input_s == dropped
+        _, held, skipped = whole_tail("pcm16", b"\x03", text, int(MAX_FEED_S * MODEL_RATE))
+        tracemalloc.start()
+        try:
+            await client.send("input_audio_buffer.append", audio=text)
+            await client.send("session.update", session={"instructions": "after the append"})  # (answered after it)
+            seen = await client.until("session.updated")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert not [e for e in seen if e["type"] == "error"], seen
+        assert peak < HUGE_APPEND_PEAK_BYTES, peak
+        assert (session._wire.held, session._wire.skipped) == (held, skipped)
+        assert srv.stats().duplex.dropped_input_s - dropped >= skipped / MODEL_RATE - 1e-6
         await client.ws.close()
     await eventually(lambda: srv.stats().duplex.sessions_live == 0, CLOSE_TIMEOUT_S)
