@@ -87,6 +87,15 @@ class Store:
         with self._lock:
             return self._db.execute(sql, params).fetchone()
 
+    def cursor(self, table: str, cursors: str, item_id: str) -> int:
+        """Where a list's item `item_id` stands (for `after` paging): its rowid in `table`, or the place a
+        deleted one left in `cursors` (id, seq). KeyError if no item had that id."""
+        row = (self.query_one(f"SELECT rowid FROM {table} WHERE id = ?", (item_id,))
+               or self.query_one(f"SELECT seq FROM {cursors} WHERE id = ?", (item_id,)))
+        if row is None:
+            raise KeyError(item_id)
+        return int(row[0])
+
     def files(self, feature: str) -> Path:
         """A private folder for a feature's payload files (created on first use)."""
         path = self.root / "files" / feature

@@ -112,13 +112,7 @@ class FileStore:
         expired one); (page, has_more). KeyError if `after` names no file that ever was."""
         self.purge()
         op, order = ("<", "DESC") if newest_first else (">", "ASC")
-        anchor = None
-        if after is not None:
-            row = (self.store.query_one("SELECT rowid FROM files WHERE id = ?", (after,))
-                   or self.store.query_one("SELECT seq FROM file_cursors WHERE id = ?", (after,)))
-            if row is None:
-                raise KeyError(after)
-            anchor = row[0]
+        anchor = None if after is None else self.store.cursor("files", "file_cursors", after)
         rows = self.store.query(
             f"SELECT {_COLUMNS} FROM files WHERE {_LIVE} AND (? IS NULL OR purpose = ?) AND "
             f"(? IS NULL OR rowid {op} ?) ORDER BY rowid {order} LIMIT ?",

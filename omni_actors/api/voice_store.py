@@ -89,13 +89,7 @@ class VoiceStore:
     def consents(self, after: str | None, limit: int) -> tuple[list[Consent], bool]:
         """A page in creation order after the consent `after` (a live or a deleted one); (page, has_more).
         KeyError if `after` names no consent that ever was."""
-        start = 0
-        if after is not None:
-            anchor = (self.store.query_one("SELECT rowid FROM voice_consents WHERE id = ?", (after,))
-                      or self.store.query_one("SELECT seq FROM voice_consent_cursors WHERE id = ?", (after,)))
-            if anchor is None:
-                raise KeyError(after)
-            start = anchor[0]
+        start = 0 if after is None else self.store.cursor("voice_consents", "voice_consent_cursors", after)
         rows = self.store.query(
             "SELECT id, name, language, created_at FROM voice_consents WHERE rowid > ? ORDER BY rowid LIMIT ?",
             (start, limit + 1))
