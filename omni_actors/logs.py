@@ -110,7 +110,7 @@ def configure(component: str = "main") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),  # (one write a line: see worker_stderr.write_lines)
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(component=component)

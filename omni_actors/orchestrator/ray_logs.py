@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
-import threading
 from typing import Any
 
 from omni_actors import logs
-from omni_actors.orchestrator.worker_stderr import json_line
+from omni_actors.orchestrator.worker_stderr import json_line, write_lines
 
 _HANDLER = "ray_print_logs"
 """The name Ray gives its printer of forwarded lines (ray._private.worker.connect)."""
-_lock = threading.Lock()
-"""Ray calls the printer from its log thread; our own log lines come from the loop's thread."""
 
 
 def init_options() -> dict[str, Any]:
@@ -69,6 +65,4 @@ def _print(data: dict[str, Any], events_only: Any) -> None:
         event = "worker.stderr" if data.get("is_err") else "worker.stdout"
     out = "".join(json_line(str(line).rstrip("\r\n"), event, **fields) for line in lines if str(line).strip())
     if out:
-        with _lock:
-            sys.stderr.write(out)
-            sys.stderr.flush()
+        write_lines(out)

@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+import structlog
+
 PIPE_BYTES = 1 << 20
 """The pipe's buffer: a worker writing a burst while the loop is busy blocks only past this."""
 READ_BYTES = 1 << 16
@@ -92,12 +94,19 @@ class WorkerStderr:
     def _write(self, lines: list[bytes]) -> None:
         out = [self._event(line) for line in lines]
         if out:
-            sys.stderr.write("".join(out))
-            sys.stderr.flush()
+            write_lines("".join(out))
 
     def _event(self, line: bytes) -> str:
         return json_line(line.decode(errors="replace").rstrip("\r"), "worker.stderr", stage_id=self.stage_id,
                          replica=self.replica, component=self.component)
+
+
+def write_lines(text: str) -> None:
+    """Whole lines (`text` ends with a newline) onto this process's stderr in one write, under the lock
+    structlog's loggers write stderr with (each of their lines one write too: logs.py), so no line lands
+    inside another (Ray's log thread once wrote between a print's line and its newline, gluing two JSON
+    lines into one)."""
+    structlog.WriteLogger(sys.stderr).msg(text.removesuffix("\n"))
 
 
 def json_line(text: str, event: str, **fields: object) -> str:
