@@ -49,15 +49,16 @@ def level_name() -> str:
 
 
 def drop_notices(logger: str, *patterns: str) -> None:
-    """Hold `logger` (a library's) at warning, and drop its records matching `patterns`, unless our
-    level is debug: a library's notice about a choice this runtime made on purpose (vLLM's eager mode
-    on CPU, its fixed seed) is not a warning to the operator. Where the library's records go through
-    our handler (the root's), that is."""
+    """Hold `logger` (a library's) at warning (or our level, if higher), and drop its records matching
+    `patterns`, unless our level is debug: a library's notice about a choice this runtime made on
+    purpose (vLLM's eager mode on CPU, its fixed seed) is not a warning to the operator. Where the
+    library's records go through our handler (the root's), that is."""
     if level_name() == "debug":
         return
+    floor = max(logging.WARNING, getattr(logging, level_name().upper(), logging.INFO))
     lib = logging.getLogger(logger)
-    if lib.level == logging.NOTSET or lib.level < logging.WARNING:
-        lib.setLevel(logging.WARNING)
+    if lib.level == logging.NOTSET or lib.level < floor:
+        lib.setLevel(floor)
     _notices.extend(re.compile(p) for p in patterns)
 
 
@@ -80,7 +81,7 @@ def configure(component: str = "main") -> None:
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
         for name in QUIET_LOGGERS:
-            logging.getLogger(name).setLevel(max(level, logging.WARNING))
+            drop_notices(name)
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_Notices())

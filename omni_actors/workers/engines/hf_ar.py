@@ -325,7 +325,7 @@ class HfAREngine(StageEngine):
         (log.warning if rejected else log.error)("worker.request_failed", request_id=seq.request_id,
                                                  error=repr(err), rejected=rejected)
         return EngineOutput(seq.request_id, {}, True, f"{type(err).__name__}: {err}", rejected,
-                            ContextLengthExceeded.code if rejected else None)
+                            getattr(err, "code", None) if rejected else None)
 
     def _prefill_all(self, seqs: list[ARSeq]) -> list[EngineOutput]:
         """Prompts of new requests: plain-embedding prompts in one left-padded forward when the
