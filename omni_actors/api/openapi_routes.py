@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_actors.api import chat_schemas as cs
+from omni_actors.api import conversations as cv
 from omni_actors.api import responses_schemas as rs
 from omni_actors.api import schemas as s
 from omni_actors.api.audio_codec import CONTENT_TYPES as AUDIO_TYPES
@@ -106,6 +107,9 @@ def _limit(most: int) -> Query:
 
 _VIDEO_ID = "/v1/videos/{video_id}"
 _RESPONSE_ID = "/v1/responses/{response_id}"
+_CONVERSATION_ID = "/v1/conversations/{conversation_id}"
+_INCLUDE = Query("include", "string", "Accepted (OpenAI's include values; repeat it for several): changes nothing",
+                 tuple(sorted(cv.INCLUDABLE)))
 _CONSENTS = "/v1/audio/voice_consents"
 _VOICES = "/v1/audio/voices"
 _FILE_ID = "/v1/files/{file_id}"
@@ -135,6 +139,21 @@ ROUTES = (
           {"application/json": rs.Response}, _TEXT, _BUSY),
     Route("get", _RESPONSE_ID + "/input_items", "A stored response's input items", None,
           {"application/json": rs.InputItemList}, _TEXT, _MISSING, (_AFTER, _limit(RESPONSES_PAGE), _ORDER)),
+    Route("post", "/v1/conversations", "Create a conversation (its first items, metadata)", cv.ConversationCreate,
+          {"application/json": cv.Conversation}, _TEXT),
+    Route("get", _CONVERSATION_ID, "A conversation", None, {"application/json": cv.Conversation}, _TEXT, _MISSING),
+    Route("post", _CONVERSATION_ID, "Replace a conversation's metadata", cv.ConversationUpdate,
+          {"application/json": cv.Conversation}, _TEXT, _MISSING),
+    Route("delete", _CONVERSATION_ID, "Delete a conversation and its items", None,
+          {"application/json": cv.ConversationDeleted}, _TEXT, _MISSING),
+    Route("post", _CONVERSATION_ID + "/items", "Add items to a conversation (at most 20)", cv.ItemsCreate,
+          {"application/json": rs.InputItemList}, _TEXT, _MISSING, (_INCLUDE,)),
+    Route("get", _CONVERSATION_ID + "/items", "A conversation's items, newest first (after, limit, order)", None,
+          {"application/json": rs.InputItemList}, _TEXT, _MISSING, (_AFTER, _limit(cv.MAX_PAGE), _ORDER, _INCLUDE)),
+    Route("get", _CONVERSATION_ID + "/items/{item_id}", "One item of a conversation", None,
+          {"application/json": rs.InputItem}, _TEXT, _MISSING, (_INCLUDE,)),
+    Route("delete", _CONVERSATION_ID + "/items/{item_id}", "Delete an item (answers the conversation)", None,
+          {"application/json": cv.Conversation}, _TEXT, _MISSING),
     Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
           {"application/json": s.ImagesResponse, SSE: s.ImageStreamEvent}, _IMAGE),
     Route("post", "/v1/images/edits", "Edit images (multipart/form-data: image or image[], mask, prompt)",

@@ -34,8 +34,12 @@ the response stored `failed` with its `error`); no `[DONE]`. A stored stream's r
 held until the answer is read for calls, as chat does. `max_tool_calls` keeps the answer's first
 calls; the fields for features no model here has are read as chat reads them (`chat.check_unserved`;
 accepted ones are echoed as OpenAI echoes them: `service_tier` "default", `reasoning.effort` null);
-`conversation`, `prompt`, `context_management`, `logit_bias` and `moderation` are 400s naming them
-(responses_inputs.NOT_SERVED).
+`prompt`, `context_management`, `logit_bias` and `moderation` are 400s naming them
+(responses_inputs.NOT_SERVED). `conversation` runs the response in a conversation of the Conversations
+API (api/conversations.py, whose routes add_routes adds too): its items go first, and this response's
+input and output items join it once it completes. A response whose run fails once it has made output
+(streamed or not) ends `failed` with its `error` and its items so far (`incomplete`), answered with 200
+as OpenAI answers a model's failure; a failure before any output keeps its HTTP status.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from omni_actors.api import sse
+from omni_actors.api import conversations, sse
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.calls import drop_none, route_model
 from omni_actors.api.chat import Tally, check_prewarm, check_unserved
@@ -59,7 +63,7 @@ from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import IN_BAND_ERROR, ApiError, bad_request, from_exception
 from omni_actors.api.files import file_bytes
 from omni_actors.api.paging import newest_first, page_limit
-from omni_actors.api.responses_answer import Answer, answer_events, failure
+from omni_actors.api.responses_answer import Answer, answer_events, failure, response_error
 from omni_actors.api.responses_background import RUNNING_HERE, Background, cancel_elsewhere, settled
 from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
@@ -73,15 +77,15 @@ from omni_actors.api.responses_inputs import (
     stage_refusal,
 )
 from omni_actors.api.responses_schemas import (
+    ConversationRef,
     InputItemList,
     ReasoningEcho,
     Response,
     ResponseDeleted,
-    ResponseError,
     ResponseFailed,
     ResponseRequest,
 )
-from omni_actors.api.responses_store import UNFINISHED, ResponseStore
+from omni_actors.api.responses_store import RESPONSES_KEY, UNFINISHED, ResponseStore
 from omni_actors.api.responses_truncation import FittingCall
 from omni_actors.api.schemas import read_body
 from omni_actors.api.structured import guided_params
@@ -98,9 +102,8 @@ from omni_actors.orchestrator.outputs import TextOutput
 
 ROUTE = "/v1/responses"
 DEFAULT_PAGE, MAX_PAGE = 20, 100
-RESPONSES_KEY = web.AppKey("response_store", ResponseStore)
 BACKGROUND_KEY = web.AppKey("responses_background", Background)
-LEFT = ResponseError("client_disconnected", "the client left the stream before the response ended; it was stopped")
+LEFT = response_error("client_disconnected", "the client left the stream before the response ended; it was stopped")
 """A stored foreground response's error when its client left mid-stream (its run is aborted)."""
 
 
@@ -126,6 +129,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
     orch, model = route_model(request, req.model, {"text"})
     earlier: list[dict[str, Any]] = []
+    if (joined := await conversations.context(request, req)) is not None:
+        earlier = joined[1]  # (the conversation's items: its id is refused with previous_response_id)
     if req.previous_response_id is not None:
         found = _store(request).conversation(req.previous_response_id)
         if found is None:
@@ -158,7 +163,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"input cannot be read as a conversation: {err}", "input") from None
     check_tool_messages(messages, lambda i, _: f"input[{turn.where[i]}]" if turn.where[i] >= 0 else "input")
     has_media = any(not isinstance(m.content, str | None) for m in messages)
-    namer = part_param(turn.where, req)
+    namer = part_param(turn.where, req, "previous_response_id" if joined is None else "conversation")
     uploads = {fid: await file_bytes(request, fid, where) for fid, where in file_ids(messages, namer)}
     inputs = (await off_loop(build_chat_inputs, messages, namer, uploads) if has_media
               else build_chat_inputs(messages, namer))
@@ -177,10 +182,14 @@ async def create_response(request: web.Request) -> web.StreamResponse:
               "verbosity": "medium"},
         reasoning=ReasoningEcho(summary=req.reasoning.summary) if req.reasoning else ReasoningEcho(),
         top_logprobs=req.top_logprobs or 0, max_tool_calls=req.max_tool_calls, prompt_cache_key=req.prompt_cache_key,
-        prompt_cache_retention=req.prompt_cache_retention, safety_identifier=req.safety_identifier)
+        prompt_cache_retention=req.prompt_cache_retention, safety_identifier=req.safety_identifier,
+        conversation=None if joined is None else ConversationRef(joined[0]))
     answer = Answer(base, f"msg_{uuid.uuid4().hex[:24]}", turn.conversation,
                      turn.items if req.store else None, _store(request))
     answer.tally = Tally.of(params, req.max_tool_calls)
+    answer.hold = shown is not None
+    if joined is not None:  # its items and the answer's join the conversation once it completes
+        answer.joins = (conversations.conversations(request), joined[0], turn.items)
     # "auto": refused for its context, the call goes again without the oldest items (never the instructions)
     keep = len(turn.messages) - len(turn.conversation) if req.truncation == "auto" else None
     if req.background:
@@ -198,9 +207,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 await call.started()  # an error before the first output keeps its HTTP status
                 events = answer_events(call, answer, hold=shown is not None)
                 return await sse.respond(request, _ends_failed(request, answer, events), done=False, named=True)
-            async for chunk in call:
-                if isinstance(chunk.output, TextOutput):
-                    answer.tally.add_text(chunk.output)
+            await call.started()  # an error before the first output keeps its HTTP status, as a stream's does
+            try:
+                async for chunk in call:
+                    if isinstance(chunk.output, TextOutput):
+                        answer.tally.add_text(chunk.output)
+            except RequestError as err:  # failing once it made output: the response is answered (and stored)
+                failed = answer.fail(failure(err, req.truncation))  # failed, as OpenAI answers a model's failure
+                request[IN_BAND_ERROR] = from_exception(err).code or "none"  # (counted as a stream's is)
+                return web.Response(body=msgspec.json.encode(failed), content_type="application/json")
     except RequestRejected as err:  # a stage's refusal names chat's field: say this API's
         raise stage_refusal(from_exception(err), req.truncation) from None
     return web.Response(body=msgspec.json.encode(answer.finish()), content_type="application/json")
@@ -222,7 +237,7 @@ async def _ends_failed(request: web.Request, answer: Answer,
                 yield event
         except RequestError as err:
             failed = answer.fail(failure(err, answer.base.truncation))
-            request[IN_BAND_ERROR] = failed.error.code if failed.error else "none"  # (counted as sse.fail's are)
+            request[IN_BAND_ERROR] = from_exception(err).code or "none"  # (counted as sse.fail's are: our code)
             yield ResponseFailed(sequence_number=number + 1, response=failed)
         except Exception as err:  # a fault of this server's: its row says so (the connection boundary logs it)
             answer.fail(failure(err, answer.base.truncation))
@@ -348,3 +363,4 @@ def add_routes(app: web.Application) -> None:
     r.add_delete(ROUTE + "/{response_id}", delete_response)
     r.add_post(ROUTE + "/{response_id}/cancel", cancel_response)
     r.add_get(ROUTE + "/{response_id}/input_items", list_input_items)
+    conversations.add_routes(app)

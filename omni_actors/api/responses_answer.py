@@ -1,8 +1,10 @@
 """A response's answer as it is made (api/responses.py): what it accumulated (`Answer`: its items,
 its final object, stored when asked) and its `response.*` event stream (`answer_events`: the message
 item's text deltas, function calls streamed as the parser reads them, the closing events). A response
-whose run fails ends `failed` with its `error` (`failure`: the code and words of the error body a
-request failing before its answer gets)."""
+whose run fails ends `failed` with its `error` (`failure`: the words of the error body a request failing
+before its answer gets; its `code` one of the OpenAI SDK's `ResponseError.code` values, `response_error`)
+and the items made so far (`Answer.so_far`, status `incomplete`). A response run in a conversation adds its
+input and output items to it as it finishes (`Answer.joins`; api/conversations.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import msgspec
 
 from omni_actors.api.calls import PipelineCall
 from omni_actors.api.chat import Tally
+from omni_actors.api.conversations_store import ConversationStore
 from omni_actors.api.errors import from_exception
 from omni_actors.api.responses_inputs import stage_refusal
 from omni_actors.api.responses_schemas import (
@@ -44,6 +47,24 @@ from omni_actors.api.responses_store import ResponseStore
 from omni_actors.api.tools import same_json, unshown
 from omni_actors.orchestrator.outputs import TextOutput, ToolCallPart
 
+SDK_ERROR_CODES = frozenset({
+    "server_error", "rate_limit_exceeded", "invalid_prompt", "data_residency_mismatch", "bio_policy",
+    "misalignment_policy_violation", "vector_store_timeout", "invalid_image", "invalid_image_format",
+    "invalid_base64_image", "invalid_image_url", "image_too_large", "image_too_small", "image_parse_error",
+    "image_content_policy_violation", "invalid_image_mode", "image_file_too_large", "unsupported_image_media_type",
+    "empty_image_file", "failed_to_download_image", "image_file_not_found"})
+"""The codes a failed response's `error.code` may have (the openai SDK's `ResponseError.code`, a closed set)."""
+
+
+def response_error(code: str, message: str, status: int = 500) -> ResponseError:
+    """A failed response's `error`: our `code` (`stage_failed`, `server_stopped`, ...) as one of
+    SDK_ERROR_CODES (a refusal of the request's input, HTTP 4xx: `invalid_prompt`; a full queue:
+    `rate_limit_exceeded`; any other: `server_error`), and kept at the head of the message."""
+    if code in SDK_ERROR_CODES:
+        return ResponseError(code, message)
+    said = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if 400 <= status < 500 else "server_error"
+    return ResponseError(said, f"{code}: {message}")
+
 
 class Answer:
     """What a response accumulated, and the final object (stored when asked)."""
@@ -59,6 +80,10 @@ class Answer:
         """Streamed with tools offered: the calls sent in pieces as the parser read them, by index."""
         self.closed: str | None = None
         """The message's text when the stream closed its item early, for a call that followed it."""
+        self.hold = False
+        self.joins: tuple[ConversationStore, str, list[dict[str, Any]]] | None = None
+        """(conversations, id, this input's items): the items, and the answer's, join it once it completes."""
+        """Tools are offered: the text is read for calls, and only what is known not to be one is shown."""
         self._output: list[MessageItem | FunctionCallItem] | None = None
         self.begun = False
         """Stored `in_progress` as its stream began (`begin`): its end replaces that row only while it is there."""
@@ -112,13 +137,31 @@ class Answer:
                                        "function": {"name": c.name, "arguments": c.arguments}}
                                       for c in done.output if isinstance(c, FunctionCallItem)]
             self.store.add(done, [*self.conversation, said], self.items, replace=self.begun)
+        if self.joins is not None:
+            conversations, cid, items = self.joins
+            conversations.append(cid, [*items, *msgspec.to_builtins(done.output)])
         return done
 
+    def so_far(self) -> list[MessageItem | FunctionCallItem]:
+        """A failed run's items as far as they were made, each `incomplete` (as OpenAI's failed response
+        carries what it streamed): the message's text (with tools offered, the text read as no call) and the
+        calls a stream sent."""
+        t = self.tally
+        if t.forced:
+            text = ""
+        elif self.hold:
+            text = self.closed if self.closed is not None else "".join(self.shown or t.shown)
+        else:
+            text = "".join(t.text)
+        head = [MessageItem(self.message_id, "incomplete", [OutputText(text)])] if text else []
+        calls = [msgspec.structs.replace(c, status="incomplete") for _, c in sorted(self.streamed.items())]
+        return [*head, *calls]
+
     def fail(self, error: ResponseError) -> Response:
-        """The response as failed (stored when asked: its conversation continues without an answer, as a
-        failed background response's does)."""
+        """The response as failed, with its items so far (stored when asked: its conversation continues
+        without an answer, as a failed background response's does)."""
         self.ended = True
-        failed = msgspec.structs.replace(self.base, status="failed", error=error)
+        failed = msgspec.structs.replace(self.base, status="failed", error=error, output=self.so_far())
         if self.items is not None:
             self.store.add(failed, self.conversation, self.items, replace=self.begun)
         return failed
@@ -128,12 +171,13 @@ def failure(err: Exception, truncation: str) -> ResponseError:
     """A run's error as a failed response's `error`: the code and words of the error body it would have got
     before its answer began (this API's field names in a stage's refusal)."""
     said = stage_refusal(from_exception(err), truncation)
-    return ResponseError(said.code or "server_error", said.message)
+    return response_error(said.code or "server_error", said.message, said.status)
 
 
 async def answer_events(call: PipelineCall, answer: Answer, hold: bool, queued: bool = False) -> AsyncGenerator[Any, None]:
     """The response's stream; `queued` (a background one): `response.queued` first, `response.in_progress`
     with its first output."""
+    answer.hold = hold
     seq = itertools.count()
     yield ResponseCreated(sequence_number=next(seq), response=answer.base)
     if queued:

@@ -24,11 +24,10 @@ import msgspec
 
 from omni_actors import logs
 from omni_actors.api.calls import PipelineCall
-from omni_actors.api.responses_answer import failure
+from omni_actors.api.responses_answer import failure, response_error
 from omni_actors.api.responses_events import EventLog
 from omni_actors.api.responses_schemas import (
     Response,
-    ResponseError,
     ResponseFailed,
     ResponseInProgress,
 )
@@ -47,7 +46,7 @@ its outputs come (one SQLite read; nothing wakes it for them)."""
 RUNNING_HERE: set[str] = set()
 """The background responses this process runs, in any of its apps: a row this process owns is not
 taken for one a stopped server left (an app of the same process, as in the tests, sees it running)."""
-STOPPED = ResponseError("server_stopped", "the server stopped while this response was being made; create it again")
+STOPPED = response_error("server_stopped", "the server stopped while this response was being made; create it again")
 
 
 class Background:
@@ -106,14 +105,16 @@ class Background:
             elif self.closing or call.orch.draining:
                 end = msgspec.structs.replace(base, status="failed", error=STOPPED)
             else:  # ended by the runtime (its output buffer overflowed, its deadline passed, ...)
-                end = msgspec.structs.replace(base, status="failed", error=ResponseError("aborted", str(err)))
+                end = msgspec.structs.replace(base, status="failed", error=response_error("aborted", str(err)),
+                                              output=answer.so_far())
         except (RequestError, AdmissionError, StageUnavailable) as err:  # as a foreground answer's error body
             # says it (code, this API's fields); (a truncated input submitted again may find the queue full)
-            end = msgspec.structs.replace(base, status="failed", error=failure(err, base.truncation))
+            end = msgspec.structs.replace(base, status="failed", error=failure(err, base.truncation),
+                                          output=answer.so_far())
         except Exception as err:  # the response's boundary: it fails with a reason, the server lives on
             log.exception("responses.background_failed", response=rid, error_type=type(err).__name__)
-            end = msgspec.structs.replace(base, status="failed",
-                                          error=ResponseError("internal_error", f"{type(err).__name__}: {err}"))
+            end = msgspec.structs.replace(base, status="failed", output=answer.so_far(),
+                                          error=response_error("internal_error", f"{type(err).__name__}: {err}"))
         finally:
             if events is not None:
                 await events.aclose()

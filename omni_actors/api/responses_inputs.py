@@ -13,7 +13,7 @@ are: chat_inputs.py; the route reads the uploads, `chat_inputs.file_ids`); `deve
 `function_call_output` is a `tool` message (its `output` text, or its text parts one a line). Items this server cannot use (`item_reference`,
 an image by remote URL) are 400s naming them (`input[3].content[1].image_url`), as is an `include`
 this server cannot answer (`check_include`) and a field OpenAI has for a feature this server lacks
-(`check_not_served`: `conversation`, `prompt`, ...). A stage's refusal is said in this API's words
+(`check_not_served`: `prompt`, `context_management`, ...). A stage's refusal is said in this API's words
 (`stage_refusal`): a prompt past the context is OpenAI's `context_length_exceeded`.
 `instructions` go first as a system message and, as OpenAI does, are not carried to a later
 response through `previous_response_id`.
@@ -161,12 +161,13 @@ def _stored(item: InputItem) -> dict[str, Any]:
     return out
 
 
-def part_param(where: list[int], req: ResponseRequest | None = None) -> Any:
+def part_param(where: list[int], req: ResponseRequest | None = None, earlier: str = "previous_response_id") -> Any:
     """`build_chat_inputs`' param namer for this turn: chat message i, part j -> `input[k].content[j]...`
-    (an `input_image` given by `file_id` is named by it: `req` says which)."""
+    (an `input_image` given by `file_id` is named by it: `req` says which); a message from before this
+    input by the field that brought it (`earlier`: previous_response_id, conversation)."""
     def name(i: int, j: int, leaf: str) -> str:
         k = where[i] if i < len(where) else -1
-        base = f"input[{k}].content[{j}]" if k >= 0 else "previous_response_id"
+        base = f"input[{k}].content[{j}]" if k >= 0 else earlier
         if k < 0:
             return base
         if leaf == "image_url.url":
@@ -191,8 +192,6 @@ def check_include(req: ResponseRequest) -> None:
 
 
 NOT_SERVED = {
-    "conversation": "the Conversations API is not served here; continue a conversation with "
-                    "`previous_response_id`, or send it whole in `input`",
     "prompt": "stored prompt templates are not served here; send the prompt in `instructions` and `input`",
     "context_management": "context compaction is not served here; `truncation: \"auto\"` drops a long "
                           "conversation's oldest items instead",
@@ -205,7 +204,7 @@ the field left out), never an unknown field, nor ignored where that would mislea
 
 def check_not_served(req: ResponseRequest) -> None:
     """A 400 (`unsupported_parameter`) for a NOT_SERVED field that asks for something."""
-    asked = {"conversation": req.conversation, "prompt": req.prompt, "context_management": req.context_management,
+    asked = {"prompt": req.prompt, "context_management": req.context_management,
              "logit_bias": req.logit_bias, "moderation": req.moderation}
     for name, why in NOT_SERVED.items():
         if asked[name]:

@@ -188,9 +188,10 @@ class ResponseRequest(RequestStruct):
     prompt_cache_options: PromptCacheOptions | None = None
     """Accepted with no effect, but `prewarm` (chat.check_prewarm); not echoed."""
     safety_identifier: Name | None = None
+    conversation: Name | dict[str, Any] | None = None
+    """A conversation's id, or {"id": ...}: its items go first, this response's join it (api/conversations.py)."""
     # OpenAI's, for features this server does not have: read only to be refused by name unless null or empty
     # (responses_inputs.NOT_SERVED).
-    conversation: Name | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     context_management: list[Any] | None = None
     logit_bias: dict[str, Any] | None = None
@@ -257,6 +258,10 @@ class ReasoningEcho(Struct, frozen=True):
     summary: str | None = None
 
 
+class ConversationRef(Struct):
+    id: str
+
+
 class Response(Struct, kw_only=True):
     id: str
     object: Literal["response"] = "response"
@@ -291,6 +296,8 @@ class Response(Struct, kw_only=True):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
+    conversation: ConversationRef | None = None
+    """The conversation it ran in (its items and the answer's were added to it)."""
 
 
 class ResponseDeleted(Struct):

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import msgspec
+from aiohttp import web
 
 from omni_actors.api.responses_schemas import Response
 from omni_actors.store import Store, get_store, owner_token
@@ -104,3 +105,7 @@ class ResponseStore:
 
     def delete(self, rid: str) -> bool:
         return self.store.execute("DELETE FROM responses WHERE id = ?", (rid,)) > 0
+
+
+RESPONSES_KEY = web.AppKey("response_store", ResponseStore)
+"""An app's own store (the tests' data directories); without one, the process's (store.py)."""

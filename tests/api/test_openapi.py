@@ -38,7 +38,8 @@ ALWAYS = {"/v1/models", "/v1/models/{model}", "/v1/status", "/health", "/metrics
           "/v1/audio/voices/{voice_id}", "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content"}
 """Paths every pipeline's document lists (custom voices and uploads are stored whatever the pipeline makes)."""
 RESPONSES = {"/v1/responses", "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
-             "/v1/responses/{response_id}/input_items"}
+             "/v1/responses/{response_id}/input_items", "/v1/conversations", "/v1/conversations/{conversation_id}",
+             "/v1/conversations/{conversation_id}/items", "/v1/conversations/{conversation_id}/items/{item_id}"}
 
 
 @pytest.fixture(scope="module")

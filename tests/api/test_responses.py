@@ -227,8 +227,8 @@ async def test_a_background_response_can_be_cancelled_and_a_failed_one_says_why(
                                                 background=True)  # past what the stage makes: refused at add
         failed = await _settled(client, refused.id)
         # the code and words a foreground answer's 400 has (the exception's class name was the code)
-        assert failed.status == "failed" and failed.error.code == "rejected_by_stage", failed.error
-        assert failed.error.message.startswith("invalid request: "), failed.error
+        assert failed.status == "failed" and failed.error.code == "invalid_prompt", failed.error  # (the SDK's code)
+        assert failed.error.message.startswith("rejected_by_stage: invalid request: "), failed.error
 
 
 async def test_background_responses_left_by_a_stopped_or_gone_server_read_failed(data: Path) -> None:
@@ -237,7 +237,8 @@ async def test_background_responses_left_by_a_stopped_or_gone_server_read_failed
                                             background=True)
     async with serve_with_store(data) as again:
         lost = await again.responses.retrieve(left.id)
-        assert lost.status == "failed" and lost.error.code == "server_stopped"
+        assert (lost.status, lost.error.code) == ("failed", "server_error"), lost.error
+        assert lost.error.message.startswith("server_stopped: "), lost.error
     gone = subprocess.Popen(["true"])  # a pid that has ended
     gone.wait()
     store = Store(data)
@@ -248,7 +249,8 @@ async def test_background_responses_left_by_a_stopped_or_gone_server_read_failed
     store.close()
     async with serve_with_store(data) as third:
         read = await third.responses.retrieve(orphan.id)
-        assert read.status == "failed" and read.error.code == "server_stopped"
+        assert (read.status, read.error.code) == ("failed", "server_error"), read.error
+        assert read.error.message.startswith("server_stopped: "), read.error
 
 
 STREAMED_TOKENS = 200
@@ -314,7 +316,8 @@ async def test_a_streamed_background_response_a_server_stopped_replays_to_its_fa
         events = await _read(await again.responses.retrieve(head[0].response.id, stream=True))
     assert [e.model_dump() for e in events[:4]] == [e.model_dump() for e in head]
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_stopped"
+    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_error"
+    assert events[-1].response.error.message.startswith("server_stopped: "), events[-1].response.error
 
 
 async def test_streaming_a_response_that_was_not_streamed_in_the_background_is_a_400(client: AsyncOpenAI) -> None:

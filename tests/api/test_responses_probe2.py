@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import aiohttp
 import openai
+import openai.types.responses as sdk
 import pytest
 from openai import AsyncOpenAI
 
+from omni_actors.api.responses_answer import SDK_ERROR_CODES, response_error
 from tests.api.conftest import eventually, idle, make_deploy, serve_deploy
 from tests.api.test_responses import KEY, PIXEL, _read, _settled
 
@@ -54,15 +56,62 @@ async def test_a_stream_failing_mid_answer_ends_with_response_failed_and_is_stor
     end = events[-1]
     assert end.type == "response.failed", end
     failed = end.response
-    assert (failed.status, failed.id, failed.error.code) == ("failed", events[0].response.id, "stage_failed"), failed
-    assert "synthetic failure" in failed.error.message, failed.error
-    stored = await client.responses.retrieve(failed.id)
-    assert (stored.status, stored.error) == ("failed", failed.error)
+    assert (failed.status, failed.id, failed.error.code) == ("failed", events[0].response.id, "server_error"), failed
+    assert failed.error.message.startswith("stage_failed: ") and "synthetic failure" in failed.error.message
+    (item,) = failed.output  # the text it streamed, as an incomplete message (OpenAI's failed response keeps it)
+    assert (item.type, item.id, item.status) == ("message", said[0].item_id, "incomplete"), item
+    assert item.content[0].text == "".join(e.delta for e in said), item
+    stored = await client.responses.with_raw_response.retrieve(failed.id)
+    read = sdk.Response.model_validate(stored.http_response.json())  # (the SDK's closed set of error codes)
+    assert (read.status, read.error, read.output) == ("failed", failed.error, failed.output), read
     async with aiohttp.ClientSession() as http, http.get(str(client.base_url).removesuffix("v1/") + "metrics",
                                                          headers={"Authorization": f"Bearer {KEY}"}) as resp:
         counted = [line for line in (await resp.text()).splitlines() if line.startswith("omni_http_errors_total{")
                    and 'route="/v1/responses"' in line and 'code="stage_failed"' in line]
     assert counted and float(counted[0].rsplit(" ", 1)[1]) >= 1, counted  # counted as an in-band error is
+
+
+async def test_a_response_failing_mid_answer_is_answered_failed_and_stored(client: AsyncOpenAI) -> None:
+    """Not streamed: a run failing once it made output is the response, `failed` with its `error` and the text
+    so far (HTTP 200, as OpenAI answers a model's failure), stored so; one refused before it began stays a 400."""
+    made = await client.responses.with_raw_response.create(model="synthetic_text", input=LONG, max_output_tokens=10)
+    assert made.http_response.status_code == 200, made.http_response.text
+    failed = sdk.Response.model_validate(made.http_response.json())
+    assert (failed.status, failed.error.code) == ("failed", "server_error"), failed
+    assert failed.error.message.startswith("stage_failed: ") and "synthetic failure" in failed.error.message
+    (item,) = failed.output
+    assert item.status == "incomplete" and item.content[0].text and LONG.startswith(item.content[0].text), item
+    stored = await client.responses.retrieve(failed.id)
+    assert (stored.status, stored.error, stored.output) == ("failed", failed.error, failed.output), stored
+    unstored = await client.responses.create(model="synthetic_text", input=LONG, max_output_tokens=10, store=False)
+    assert unstored.status == "failed"
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(unstored.id)
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.create(model="synthetic_text", input=LONG, max_output_tokens=200_000)
+
+
+async def test_a_response_failing_in_a_conversation_adds_nothing_to_it(client: AsyncOpenAI) -> None:
+    """Only a completed (or incomplete) response's items join its conversation (api/conversations.py)."""
+    conv = await client.conversations.create(items=[{"role": "user", "content": "first"}])
+    failed = await client.responses.create(model="synthetic_text", input=LONG, max_output_tokens=10,
+                                           conversation=conv.id)
+    streamed = await _read(await client.responses.create(model="synthetic_text", input=LONG, max_output_tokens=10,
+                                                         conversation=conv.id, stream=True))
+    assert (failed.status, streamed[-1].type) == ("failed", "response.failed")
+    assert [i.content[0].text for i in (await client.conversations.items.list(conv.id)).data] == ["first"]
+    done = await client.responses.create(model="synthetic_text", input="a b", max_output_tokens=2, conversation=conv.id)
+    assert done.status == "completed"
+    listed = (await client.conversations.items.list(conv.id, order="asc")).data
+    assert [i.content[0].text for i in listed] == ["first", "a b", "a b"] and listed[-1].id == done.output[0].id
+
+
+def test_every_failure_code_is_one_the_sdk_allows() -> None:
+    """`error.code` is a closed set in the SDK (`ResponseError.code`): our codes map onto it (responses_answer)."""
+    allowed = set(get_args(sdk.ResponseError.model_fields["code"].annotation))
+    assert allowed >= SDK_ERROR_CODES, SDK_ERROR_CODES - allowed
+    for ours, status in (("stage_failed", 500), ("rejected_by_stage", 400), ("queue_full", 429), ("aborted", 500)):
+        assert response_error(ours, "why", status).code in allowed
 
 
 async def test_an_unstored_stream_failing_mid_answer_is_not_stored(client: AsyncOpenAI) -> None:
@@ -74,8 +123,6 @@ async def test_an_unstored_stream_failing_mid_answer_is_not_stored(client: Async
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    pytest.param("conversation", "conv_123", id="conversation"),
-    pytest.param("conversation", {"id": "conv_123"}, id="conversation-object"),
     pytest.param("prompt", {"id": "pmpt_123", "variables": {"city": "Paris"}}, id="prompt"),
     pytest.param("logit_bias", {"50256": -100}, id="logit-bias"),
     pytest.param("context_management", [{"type": "compaction", "compact_threshold": 1000}], id="context-management"),
@@ -180,4 +227,5 @@ async def test_a_stored_stream_can_be_retrieved_while_it_runs_and_one_left_says_
     async with left:
         rid = (await left.__aiter__().__anext__()).response.id
     gone = await _settled(client, rid)
-    assert (gone.status, gone.error.code) == ("failed", "client_disconnected"), gone
+    assert (gone.status, gone.error.code) == ("failed", "server_error"), gone
+    assert gone.error.message.startswith("client_disconnected: "), gone.error
