@@ -8,6 +8,8 @@ message's words, one per token).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +45,24 @@ async def test_include_is_accepted_and_what_cannot_be_included_is_a_400_naming_i
         assert (bad.value.body["param"], bad.value.body["code"]) == ("include[0]", code), bad.value.body
 
 
+@contextlib.asynccontextmanager
+async def running_in_background(maker: AsyncOpenAI) -> AsyncIterator[tuple[str, list[Any], AsyncIterator[Any]]]:
+    """A streamed background response on `maker` that runs on while it is read: (its id, the first
+    READ_FIRST events, an iterator over the rest)."""
+    stream = await maker.responses.create(model="synthetic", input="a b", max_output_tokens=RUNNING_TOKENS,
+                                          background=True, stream=True)
+    async with stream:
+        events = stream.__aiter__()
+        head = [await events.__anext__() for _ in range(READ_FIRST)]
+        yield head[0].response.id, head, events
+
+
 async def test_a_background_response_cancelled_or_deleted_by_another_server_stops_there(data: Path) -> None:
     """A cancel reaching a server that does not run the response marks it cancelled (not failed, nor a 400
     saying an in-progress one cannot be cancelled) and the server making it stops; a delete stops it too,
     and its end does not bring the row back."""
     async with serve_slow(data) as maker, serve_with_store(data) as other:
-        stream = await maker.responses.create(model="synthetic", input="a b", max_output_tokens=RUNNING_TOKENS,
-                                              background=True, stream=True)
-        async with stream:
-            events = stream.__aiter__()
-            head = [await events.__anext__() for _ in range(READ_FIRST)]
-            rid = head[0].response.id
+        async with running_in_background(maker) as (rid, head, events):
             cancelled = await other.responses.cancel(rid)
             assert (cancelled.id, cancelled.status, cancelled.error) == (rid, "cancelled", None)
             rest = [e async for e in events]  # the maker stops
@@ -63,12 +72,7 @@ async def test_a_background_response_cancelled_or_deleted_by_another_server_stop
         for client in (maker, other):
             assert (await client.responses.retrieve(rid)).status == "cancelled"
             assert (await client.responses.cancel(rid)).status == "cancelled"  # again: the same
-        stream = await maker.responses.create(model="synthetic", input="a b", max_output_tokens=RUNNING_TOKENS,
-                                              background=True, stream=True)
-        async with stream:
-            events = stream.__aiter__()
-            head = [await events.__anext__() for _ in range(READ_FIRST)]
-            rid = head[0].response.id
+        async with running_in_background(maker) as (rid, head, events):
             await other.responses.delete(rid)
             rest = [e async for e in events]
         assert rest[-1].type == "response.failed" and rest[-1].response.status == "cancelled", rest[-1]

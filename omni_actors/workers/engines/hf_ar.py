@@ -65,6 +65,10 @@ position), never an error after its outputs streamed. New requests are
 admitted while fewer than `max_num_seqs` hold KV. A streaming request (async chunk) may not be ready for
 its next forward until more upstream input arrives through `feed`; the adapter
 says so with `ready`. Abort drops the request's state and KV at once.
+
+The step's parts are mixins of the engine, each in its own file: the prompts' forward
+(hf_ar_prompts.py), the decode forward (hf_ar_decode.py), the tokens and the ends
+(hf_ar_tokens.py); this file holds the engine's state, its requests and `step()`.
 """
 
 from __future__ import annotations
@@ -102,22 +106,22 @@ from omni_actors.workers.engines.hf_ar_compile import (
     compiled_step,
     prefer_blas,
 )
+from omni_actors.workers.engines.hf_ar_decode import DecodeSteps
 from omni_actors.workers.engines.hf_ar_fused import FusedDecoder, FusedUnsupported
 from omni_actors.workers.engines.hf_ar_grammar import Grammars
 from omni_actors.workers.engines.hf_ar_graphs import DecodeGraphs, cuda_graphs_wanted
-from omni_actors.workers.engines.hf_ar_lookahead import InFlight, chain_next, queue
-from omni_actors.workers.engines.hf_ar_prefill import PrefillBuckets
+from omni_actors.workers.engines.hf_ar_lookahead import InFlight
+from omni_actors.workers.engines.hf_ar_prompts import PromptSteps
 from omni_actors.workers.engines.hf_ar_sampling import (  # noqa: F401
     all_greedy,
     pick_rows,
     sample,
 )
 from omni_actors.workers.engines.hf_ar_slots import ContextLengthExceeded, SlotKV
+from omni_actors.workers.engines.hf_ar_tokens import DEFAULT_MAX_TOKENS, TokenSteps
 from omni_actors.workers.engines.hf_ar_warm import warm_compiled, warm_graphs, warm_wanted
-from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded, varying_shapes_attention
+from omni_actors.workers.engines.torch_setup import one_cpu_thread, seeded
 
-DEFAULT_MAX_TOKENS = 4096
-"""Tokens a request may generate when its params name no max_tokens."""
 DEFAULT_STATIC_MAX_LEN = 4096
 """KV positions per slot of the static cache when the stage sets no max_model_len."""
 KV_CACHES = ("static", "dynamic")
@@ -125,7 +129,7 @@ KV_CACHES = ("static", "dynamic")
 log = logs.get(__name__)
 
 
-class HfAREngine(StageEngine):
+class HfAREngine(PromptSteps, DecodeSteps, TokenSteps, StageEngine):
     """Continuous-batching AR engine over a model adapter (see module docstring)."""
 
     ZYGOTE_PRELOAD = TORCH_PRELOAD
@@ -205,21 +209,6 @@ class HfAREngine(StageEngine):
             warm_compiled(self)
         if warm_wanted(self):  # (graphs exist only for the static cache)
             warm_graphs(self)
-
-    def _prefill_buckets(self, wanted: Any) -> PrefillBuckets | None:
-        if not isinstance(wanted, bool):
-            raise ValueError(f"engine_extras.prefill_graphs: expected true or false, got {wanted!r}")
-        if not wanted or self.adapter.graph_prefill is None:
-            return None
-        config = self.model.config
-        hidden = getattr(config, "hidden_size", None) or config.get_text_config().hidden_size
-        graphs = cuda_graphs_wanted(self.ctx)
-        buckets = PrefillBuckets(self.adapter, self.device, hidden, next(self.model.parameters()).dtype,
-                                 max(1, self.ctx.max_num_seqs), graphs)  # fmt: skip
-        if graphs:
-            with torch.inference_mode(), varying_shapes_attention(self.device):
-                buckets.warm()
-        return buckets
 
     def _fused(self, asked: bool) -> FusedDecoder | None:
         """The fused decode step, or None (logged: a warning where the deploy `asked` for it)
@@ -327,233 +316,7 @@ class HfAREngine(StageEngine):
         return EngineOutput(seq.request_id, {}, True, f"{type(err).__name__}: {err}", rejected,
                             getattr(err, "code", None) if rejected else None)
 
-    def _prefill_all(self, seqs: list[ARSeq]) -> list[EngineOutput]:
-        """Prompts of new requests: plain-embedding prompts in one left-padded forward when the
-        adapter allows it (`batch_prefill`), prompts with extra inputs too when the adapter merges
-        them (`batch_extra`), the others one by one."""
-        outputs: list[EngineOutput] = []
-        batch: list[tuple[ARSeq, StepInputs]] = []
-        for seq in seqs:
-            try:
-                inp = self.adapter.prefill(seq)
-                if self.max_len is not None and inp.embeds.shape[0] > self.max_len:
-                    raise ContextLengthExceeded(seq.request_id, inp.embeds.shape[0], self.max_len)
-            except Exception as err:
-                outputs.append(self._failed(seq, err))
-                continue
-            if self.batch_prefill and (not inp.extra or self._extra_batches):
-                batch.append((seq, inp))
-            else:
-                outputs.extend(self._guarded([seq], lambda s, inp=inp: self._prefill(s, [inp])))
-        if batch:
-            inps = [inp for _, inp in batch]
-            outputs.extend(self._guarded([s for s, _ in batch], lambda s: self._prefill(s, inps)))
-        return outputs
-
-    def _prefill(self, seqs: list[ARSeq], inps: list[StepInputs]) -> list[EngineOutput]:
-        lengths = [inp.embeds.shape[0] for inp in inps]
-        longest = max(lengths)
-        pads = [longest - n for n in lengths]
-        extra = inps[0].extra
-        if len(inps) > 1 or (extra and self._extra_batches):  # (one prompt's extras as the adapter merges them)
-            extra = self.adapter.batch_extra([inp.extra for inp in inps], pads) if any(i.extra for i in inps) else {}
-        shape = None
-        if self.prefill is not None and extra == self.prefill.extra and all(i.positions is None for i in inps):
-            shape = self.prefill.bucket(len(inps), longest)
-        with varying_shapes_attention(self.device):
-            if shape is not None:  # bucketed, replayed where captured (hf_ar_prefill.py)
-                out, layers = self.prefill.run(shape, [inp.embeds for inp in inps])
-                out = out.rows(slice(0, len(inps)))  # (the bucket's spare rows are not prompts)
-                longest, pads, ends = shape[1], [shape[1] - n for n in lengths], lengths
-            else:
-                out, layers, ends = self._prompt_forward(inps, lengths, extra)
-        out.pads = pads
-        for row, (seq, inp, n) in enumerate(zip(seqs, inps, lengths, strict=True)):
-            pad = longest - n
-            kv = [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in layers]
-            if self.slots is not None:
-                self.slots.store(seq, kv)
-            else:  # (a bucket's buffers are reused: copies)
-                seq.kv = kv if len(seqs) == 1 and shape is None else [(k.clone(), v.clone()) for k, v in kv]
-            seq.cached = seq.prompt_len = n
-            seq.prefilled = True
-            seq.next_pos = inp.next_pos if inp.next_pos is not None else ends[row]
-        return self._sample(seqs, out, prefill=True)
-
-    def _prompt_forward(
-        self, inps: list[StepInputs], lengths: list[int], extra: dict[str, Any]
-    ) -> tuple[ForwardOut, list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
-        """The prompts' forward, left-padded to the longest: (its output, each layer's keys and
-        values, each row's next position where its StepInputs give none)."""
-        from transformers import DynamicCache
-
-        longest, axes = max(lengths), self.adapter.position_axes
-        first = inps[0].embeds
-        embeds = first.new_zeros(len(inps), longest, first.shape[-1], device=self.device)
-        pos = torch.zeros(axes, len(inps), longest, dtype=torch.long, device=self.device)
-        mask = torch.zeros(len(inps), longest, dtype=torch.long, device=self.device)
-        for row, (inp, n) in enumerate(zip(inps, lengths, strict=True)):
-            p = torch.arange(n) if inp.positions is None else inp.positions
-            pad = longest - n  # left padding: every row's last position is its prompt's last
-            embeds[row, pad:] = inp.embeds
-            pos[:, row, pad:] = self._axes(p.reshape(-1, n).to(self.device))
-            mask[row, pad:] = 1
-        cache = DynamicCache()
-        out = self.adapter.forward(embeds, pos, mask, cache, extra)
-        ends = [-1 if inp.next_pos is not None else int(pos[:, row].max()) + 1 for row, inp in enumerate(inps)]
-        return out, [(x.keys, x.values) for x in cache.layers], ends
-
-    def _decode_static(self, seqs: list[ARSeq]) -> list[EngineOutput]:
-        slots, graphs = self.slots, self.graphs
-        assert slots is not None and graphs is not None
-        batch, length = slots.shape_for()
-        if self.fused is not None and self.fused.from_ids:
-            rows = slots.load_inputs(batch, seqs, None)  # the fused step embeds the last tokens
-        else:
-            rows = slots.load_inputs(batch, seqs, self.adapter.decode_embeds(seqs).to(self.device))
-        out = graphs.run(batch, length).rows(rows)
-        cached = [s.cached + 1 for s in seqs]
-        if self.lookahead and self.adapter.draws_ahead and not self._guided(seqs):
-            return self._take(queue(out, seqs, rows, cached, self.adapter.queue_draw(seqs, out, None)))
-        if self.lookahead and self._greedy(seqs, out):
-            return self._take(queue(out, seqs, rows, cached))
-        return self._advance(seqs, out)
-
-    def _guided(self, seqs: list[ARSeq]) -> bool:
-        return self.grammars is not None and any(s.grammar is not None for s in seqs)
-
-    def _greedy(self, seqs: list[ARSeq], out: ForwardOut) -> bool:
-        """The step's own argmax is every row's token (no sampling, penalty, processing, grammar)."""
-        return out.tokens is not None and self._raw_logits and not self._guided(seqs) and all_greedy(seqs)
-
-    def _take(self, fl: InFlight) -> list[EngineOutput]:
-        """The host's share of a queued step: queue the next one when it may be (hf_ar_lookahead.py),
-        then wait for this one's copies and sample as usual."""
-        self.ahead = chain_next(self, fl)
-        fl.wait()
-        return self._advance(fl.seqs, fl.host, fl.drawn)
-
-    def _advance(self, seqs: list[ARSeq], out: ForwardOut, drawn: Any = None) -> list[EngineOutput]:
-        """A decode step's rows hold one more KV position each; their tokens are sampled (or were
-        drawn by the adapter: `drawn`, its queued draw)."""
-        for seq in seqs:
-            seq.cached += 1
-            seq.next_pos += 1
-        return self._sample(seqs, out, prefill=False, drawn=drawn)
-
-    def _static_forward(self, batch: int, length: int) -> ForwardOut:
-        """The transformers decode step (the adapter's forward over the slot cache), plus each
-        row's argmax when the logits are [batch, vocab]."""
-        assert self.slots is not None
-        embeds, positions, mask, cache = self.slots.inputs(batch, length)
-        out = self.adapter.forward(embeds, positions, mask, cache, {})
-        if out.tokens is None and out.logits.dim() == 2:
-            out = ForwardOut(out.logits, out.hidden, tokens=out.logits.argmax(-1))
-        return out
-
-    def _decode_dynamic(self, seqs: list[ARSeq]) -> list[EngineOutput]:
-        from transformers import DynamicCache
-
-        lengths = [s.cached for s in seqs]
-        longest = max(lengths)
-        cache = DynamicCache()
-        for layer in range(len(seqs[0].kv)):
-            keys = torch.cat([_left_pad(s.kv[layer][0], longest) for s in seqs])
-            values = torch.cat([_left_pad(s.kv[layer][1], longest) for s in seqs])
-            cache.update(keys, values, layer)
-        mask = torch.zeros(len(seqs), longest + 1, dtype=torch.long, device=self.device)
-        for row, n in enumerate(lengths):
-            mask[row, longest - n :] = 1
-        pos = torch.tensor([s.next_pos for s in seqs], device=self.device)
-        pos = self._axes(pos[None]).unsqueeze(-1)  # [axes, batch, 1]
-        embeds = self.adapter.decode_embeds(seqs).to(self.device)
-        out = self.adapter.forward(embeds, pos, mask, cache, {})
-        for row, (seq, n) in enumerate(zip(seqs, lengths, strict=True)):
-            cut = longest - n
-            seq.kv = [
-                (
-                    layer.keys[row : row + 1, :, cut:].clone(),
-                    layer.values[row : row + 1, :, cut:].clone(),
-                )
-                for layer in cache.layers
-            ]
-            seq.cached += 1
-            seq.next_pos += 1
-        return self._sample(seqs, out, prefill=False)
-
-    def _axes(self, pos: torch.Tensor) -> torch.Tensor:
-        """[1 or axes, ...] -> [adapter axes, ...]."""
-        axes = self.adapter.position_axes
-        if pos.shape[0] == axes:
-            return pos
-        return pos[:1].expand(axes, *pos.shape[1:])
-
-    def _grammars(self) -> Grammars:
-        """The stage's grammar compiler (made on the first guided request)."""
-        if self.grammars is None:
-            text = self.adapter.text_tokenizer()
-            if text is None:
-                raise ValueError("response_format: this stage does not guide its decoding; ask for plain text")
-            self.grammars = Grammars(*text)
-        return self.grammars
-
-    def _sample(self, seqs: list[ARSeq], out: ForwardOut, prefill: bool, drawn: Any = None) -> list[EngineOutput]:
-        guided = self._guided(seqs)
-        if drawn is not None:  # the adapter's draw, queued with the step
-            took = self.adapter.take_draw(seqs, drawn)
-        else:
-            took = None if guided else self.adapter.draw(seqs, out, prefill)
-        tokens, results = took if took is not None else self._pick(seqs, out, prefill, guided)
-        ended = [guided and s.grammar is not None and Grammars.consume(s, t) for s, t in zip(seqs, tokens, strict=True)]
-        outputs = []
-        for seq, tok, done, (payload, finished) in zip(seqs, tokens, ended, results, strict=True):
-            seq.tokens.append(tok)
-            reason = "stop" if finished or done or tok in self.adapter.stop_ids(seq) else None
-            if reason is None and (self._full(seq) or len(seq.tokens) >= int(
-                seq.params.get("max_tokens") or DEFAULT_MAX_TOKENS
-            )):
-                reason = "length"
-            if reason is not None:
-                finished = True
-                seq.finished = True
-                self._drop(seq)
-                payload = {**payload, "finish_reason": payload.get("finish_reason", reason),
-                           "prompt_tokens": seq.prompt_len, "completion_tokens": len(seq.tokens)}
-            outputs.append(EngineOutput(seq.request_id, payload, finished))
-        return outputs
-
-    def _full(self, seq: ARSeq) -> bool:
-        """The request's KV holds max_len positions: no next step can take its last token, so that
-        token ends it ("length", as vLLM ends a request at max_model_len), whatever max_tokens says."""
-        return self.max_len is not None and seq.cached >= self.max_len
-
-    def _pick(
-        self, seqs: list[ARSeq], out: ForwardOut, prefill: bool, guided: bool
-    ) -> tuple[list[int], list[tuple[dict[str, Any], bool]]]:
-        """The engine's sampling of a step: a token per row, and the adapter's (payload, finished) per seq."""
-        if out.tokens is not None and self._raw_logits and not guided and all_greedy(seqs):
-            ids = out.tokens  # the argmax the step took: B ids, no vocab pass
-        else:
-            logits = self.adapter.process_logits(seqs, out.logits.float())
-            if guided:
-                self.grammars.mask(logits, seqs)
-            ids = pick_rows(logits, seqs)
-        on_device = None if guided else self.adapter.on_device_tokens(seqs, ids, out, prefill)
-        if on_device is None:
-            tokens = ids.tolist()
-            results = self.adapter.on_tokens(seqs, tokens, out, prefill)
-        else:
-            tokens, results = on_device
-        return tokens, results
-
     def close(self) -> None:
         self.ahead = None
         for seq in list(self.seqs.values()):
             self._drop(seq)
-
-
-def _left_pad(x: torch.Tensor, length: int) -> torch.Tensor:
-    pad = length - x.shape[2]
-    if pad == 0:
-        return x
-    return torch.cat([x.new_zeros(x.shape[0], x.shape[1], pad, x.shape[3]), x], dim=2)

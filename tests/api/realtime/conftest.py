@@ -19,12 +19,14 @@ import pytest
 import soundfile as sf
 from aiohttp import web
 
+import omni_actors
 from omni_actors.api.app import build_app
 from omni_actors.api.realtime import SESSIONS_KEY, STATS_KEY
 from omni_actors.api.realtime.audio import WIRE_RATE, pcm16_bytes, resample
 from omni_actors.api.realtime.stats import RealtimeStatistics
 from omni_actors.api.server import start_server
-from omni_actors.config.deploy import DeployConfig
+from omni_actors.config.deploy import DeployConfig, load_deploy
+from omni_actors.models.assistant.prepare import default_data_dir, is_prepared
 from tests.api.conftest import API_KEY, Server
 from tests.conftest import make_deploy, running
 
@@ -53,6 +55,11 @@ def speak(text: str, tmp: Path) -> np.ndarray:
 
 def silence(seconds: float) -> np.ndarray:
     return np.zeros(int(seconds * WIRE_RATE), np.float32)
+
+
+def padded(x: np.ndarray, lead_s: float, tail_s: float) -> np.ndarray:
+    """`x` with `lead_s` of silence before it and `tail_s` after (a turn as a microphone sends it)."""
+    return np.concatenate([silence(lead_s), x, silence(tail_s)])
 
 
 def b64(x: np.ndarray) -> str:
@@ -150,6 +157,14 @@ async def serve_rt(pipeline: str = "synthetic", deploy: DeployConfig | None = No
             yield RtServer(orch, http.url, API_KEY, http, app)
         finally:
             await http.close()
+
+
+def assistant_deploy() -> DeployConfig:
+    """The speech assistant's deploy over its prepared models (the test is skipped where they are not)."""
+    if not is_prepared():
+        pytest.skip("assistant models are not prepared (omni-run prepare assistant)")
+    return load_deploy(Path(omni_actors.__file__).parent / "deploy" / "assistant.yaml",
+                       {"model": str(default_data_dir()), "server": {"api_keys": [API_KEY]}})
 
 
 @pytest.fixture(scope="module")

@@ -6,20 +6,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 
-import omni_actors
-from omni_actors.config.deploy import load_deploy
-from omni_actors.models.assistant.prepare import default_data_dir, is_prepared
-from tests.api.conftest import API_KEY, eventually, idle
+from tests.api.conftest import eventually, idle
 from tests.api.realtime.conftest import (
+    assistant_deploy,
     b64,
     connect,
     of_type,
+    padded,
     response_audio,
     serve_rt,
-    silence,
     speak,
 )
 
@@ -39,11 +36,8 @@ async def until_n(c: Any, type: str, n: int) -> list[dict[str, Any]]:
 
 
 async def test_spoken_question_gets_a_spoken_answer(tmp_path: Path) -> None:
-    if not is_prepared():
-        pytest.skip("assistant models are not prepared (omni-run prepare assistant)")
-    deploy = load_deploy(Path(omni_actors.__file__).parent / "deploy" / "assistant.yaml",
-                         {"model": str(default_data_dir()), "server": {"api_keys": [API_KEY]}})
-    question = np.concatenate([silence(0.3), speak("What is the capital of France?", tmp_path), silence(1.0)])
+    deploy = assistant_deploy()
+    question = padded(speak("What is the capital of France?", tmp_path), 0.3, 1.0)
     async with serve_rt(deploy=deploy) as srv, \
             aiohttp.ClientSession() as http:
         c = await connect(srv, http, input_audio_transcription={"model": "whisper-1"})
@@ -78,10 +72,7 @@ async def test_spoken_question_gets_a_spoken_answer(tmp_path: Path) -> None:
 async def test_a_language_whisper_refuses_is_refused_at_session_update() -> None:
     """Whisper (tiny.en) refuses any language but English: the session.update asking for one is the
     `error` (REST's code, the option as `param`: beta or GA field), not each turn's `.failed`."""
-    if not is_prepared():
-        pytest.skip("assistant models are not prepared (omni-run prepare assistant)")
-    deploy = load_deploy(Path(omni_actors.__file__).parent / "deploy" / "assistant.yaml",
-                         {"model": str(default_data_dir()), "server": {"api_keys": [API_KEY]}})
+    deploy = assistant_deploy()
     async with serve_rt(deploy=deploy) as srv, aiohttp.ClientSession() as http:
         c = await connect(srv, http, turn_detection=None)
         refused = [  # session fields, param (whisper names the language it refuses)

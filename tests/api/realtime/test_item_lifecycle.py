@@ -7,22 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 
-import omni_actors
 from omni_actors.api.realtime.client_events import MAX_ID_CHARS
-from omni_actors.config.deploy import load_deploy
-from omni_actors.models.assistant.prepare import default_data_dir, is_prepared
-from tests.api.conftest import API_KEY, eventually, idle
+from tests.api.conftest import eventually, idle
 from tests.api.realtime.conftest import (
     Client,
     RtServer,
+    assistant_deploy,
     b64,
     connect,
     of_type,
+    padded,
     serve_rt,
-    silence,
     speak,
 )
 
@@ -134,11 +131,8 @@ async def test_an_out_of_band_response_does_not_transcribe_the_users_audio_again
     """The conversation's response transcribes the user's untranscribed audio item; an out-of-band response
     without `input`, beside it, reads the same conversation: it hears that audio, but it is the item's
     transcript once (one `.completed`, the item's transcript unchanged), not twice."""
-    if not is_prepared():
-        pytest.skip("assistant models are not prepared (omni-run prepare assistant)")
-    deploy = load_deploy(Path(omni_actors.__file__).parent / "deploy" / "assistant.yaml",
-                         {"model": str(default_data_dir()), "server": {"api_keys": [API_KEY]}})
-    question = np.concatenate([silence(0.3), speak("What is the capital of France?", tmp_path), silence(0.5)])
+    deploy = assistant_deploy()
+    question = padded(speak("What is the capital of France?", tmp_path), 0.3, 0.5)
     item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": b64(question)}]}
     async with serve_rt(deploy=deploy) as srv, aiohttp.ClientSession() as http:
         c = await connect(srv, http, turn_detection=None, input_audio_transcription={"model": "whisper-1"})

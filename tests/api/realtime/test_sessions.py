@@ -18,6 +18,7 @@ from tests.api.realtime.conftest import (
     b64,
     connect,
     of_type,
+    padded,
     response_audio,
     serve_rt,
     silence,
@@ -38,7 +39,7 @@ PHRASES = ("Good morning.", "Please book a table for two at eight tonight.",
 @pytest.fixture(scope="module")
 def phrases(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     tmp: Path = tmp_path_factory.mktemp("phrases")
-    return [np.concatenate([silence(0.3), speak(p, tmp), silence(0.8)]) for p in PHRASES]
+    return [padded(speak(p, tmp), 0.3, 0.8) for p in PHRASES]
 
 
 async def conversation(srv: RtServer, http: aiohttp.ClientSession, k: int, speech: np.ndarray) -> dict[str, Any]:
@@ -120,7 +121,7 @@ async def test_idle_timeout_and_text_only_pipeline() -> None:
 
 async def spoken_turn(client: Client, speech: np.ndarray) -> tuple[int, int]:
     """Stream a spoken turn in 100 ms appends; its speech_started / speech_stopped positions (ms), once committed."""
-    await client.append(np.concatenate([silence(0.5), speech, silence(1.0)]))
+    await client.append(padded(speech, 0.5, 1.0))
     events = await client.until("input_audio_buffer.committed")
     started, stopped = of_type(events, "input_audio_buffer.speech_started"), of_type(events, "input_audio_buffer.speech_stopped")
     assert len(started) == len(stopped) == 1 and started[0]["item_id"] == stopped[0]["item_id"] == events[-1]["item_id"]
