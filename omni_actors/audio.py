@@ -9,6 +9,7 @@ Pipelines, the API and the realtime session all carry audio as float32 mono in
     check_input(frames, rate, param)
                                  client audio within the settings' limits, checked from the header or the
                                  byte count BEFORE anything is decoded or resampled (AudioLimitError)
+    max_input_frames(rate)       the most samples at `rate` that check_input lets through
 
 It imports no web framework, so stage engines resample with it too.
 """
@@ -87,19 +88,27 @@ class Resampler:
         return tail
 
 
-def check_input(frames: int, rate: int, param: str) -> None:
+def check_input(frames: int, rate: int, param: str, *, whole: bool = True) -> None:
     """Refuse client audio of `frames` samples at `rate` Hz over the settings' limits, naming the limit
-    (its setting) and `param`; called before decoding (from a header, or a byte count)."""
+    (its setting) and `param`; called before decoding (from a header, a byte count or packet timestamps).
+    `whole` False: `frames` is as far as the audio was read, not its length (reading stopped at the limit),
+    so the message says "more than" the limit instead of a length it does not know."""
     lo, hi = settings().input_audio_min_rate_hz, settings().input_audio_max_rate_hz
     if not lo <= rate <= hi:
         raise AudioLimitError(
             f"audio sample rate {rate} Hz is outside the allowed range {lo}-{hi} Hz "
             f"(input_audio_min_rate_hz / input_audio_max_rate_hz; field `{param}`)", "audio_rate_out_of_range")
     limit = settings().max_input_audio_s
-    if frames > limit * rate:
+    if frames > max_input_frames(rate):
+        length = f"{frames / rate:.1f} s" if whole else f"more than {limit:g} s"
         raise AudioLimitError(
-            f"audio of {frames / rate:.1f} s is over the limit of {limit:g} s "
+            f"audio of {length} is over the limit of {limit:g} s "
             f"(max_input_audio_s; field `{param}`)", "audio_too_long")
+
+
+def max_input_frames(rate: int) -> float:
+    """The most samples at `rate` Hz client audio may hold (max_input_audio_s of them)."""
+    return settings().max_input_audio_s * rate
 
 
 def check_samples(x: np.ndarray, param: str) -> None:

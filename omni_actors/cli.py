@@ -210,9 +210,10 @@ def served_folder(model: str, overlay: dict[str, Any]) -> DeployConfig:
     """`omni-run --model DIR` without a deploy file: the pipeline detected from the folder,
     default placement, served under the folder's name unless --served-model-name says otherwise."""
     from omni_actors.config.deploy import build_deploy
-    from omni_actors.models.detect import detect_pipeline
+    from omni_actors.models.detect import check_files, detect_pipeline
 
     pipeline = detect_pipeline(model)
+    check_files(model)  # a partial download: one config error now, not a failure after the port listens
     server = {"served_model_name": Path(model).expanduser().resolve().name, **overlay.get("server", {})}
     raw = {"pipeline": pipeline, **{k: v for k, v in overlay.items() if k != "stages"}, "server": server}
     stages = {"stages": overlay["stages"]} if "stages" in overlay else None  # reported as --stage-overrides

@@ -29,6 +29,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 class Settings:
     data_dir: Path
     """Where prepared model files are cached (OMNI_DATA_DIR)."""
+    state_dir: Path
+    """Where what clients come back for is kept: the SQLite store of responses, files, batches, voices,
+    video jobs (OMNI_STATE_DIR; default `<OMNI_DATA_DIR>/state`)."""
     runtime_parent: Path
     """Parent of each run's private 0700 runtime directory (OMNI_RUNTIME_DIR)."""
     log_level: str
@@ -80,8 +83,10 @@ def _choice(env: Mapping[str, str], name: str, default: str | None, choices: tup
 
 def read(env: Mapping[str, str]) -> Settings:
     """Settings from `env`; a bad value is a ConfigError naming the variable and the expected form."""
+    data_dir = Path(env.get("OMNI_DATA_DIR") or Path.home() / ".cache" / "omni-actors")
     out = Settings(
-        data_dir=Path(env.get("OMNI_DATA_DIR") or Path.home() / ".cache" / "omni-actors"),
+        data_dir=data_dir,
+        state_dir=Path(env.get("OMNI_STATE_DIR") or data_dir / "state"),
         runtime_parent=Path(env.get("OMNI_RUNTIME_DIR") or tempfile.gettempdir()),
         log_level=_choice(env, "OMNI_LOG_LEVEL", "info", LOG_LEVELS) or "info",
         log_json=_choice(env, "OMNI_LOG_JSON", "0", ("0", "1")) == "1",

@@ -150,11 +150,11 @@ _STORE_LOCK = threading.Lock()
 
 
 def get_store() -> Store:
-    """The process's store under the settings' data directory (opened on first use)."""
+    """The process's store in the settings' state directory (opened on first use)."""
     global _STORE
     with _STORE_LOCK:
         if _STORE is None:
-            _STORE = Store(settings().data_dir / "state")
+            _STORE = Store(settings().state_dir)
             log.info("store.opened", path=str(_STORE.path))
         return _STORE
 

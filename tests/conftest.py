@@ -32,6 +32,18 @@ atexit.register(shutil.rmtree, _INDUCTOR, True)
 # run). Whatever the run still wrote there goes after it (files newer than its start, then folders left
 # empty), and the folder too if the run made it.
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+# What a test server stores without a store of its own (get_store(): responses, files, batches, client
+# secrets) goes to a folder of this run, never the user's `~/.cache/omni-actors/state`; prepared models
+# (OMNI_DATA_DIR) are still read from the user's data directory.
+# Read into this process's settings only: a server a test starts as a subprocess keeps its own data dir's.
+_STATE = tempfile.mkdtemp(prefix="omni-test-state-")
+atexit.register(shutil.rmtree, _STATE, True)
+if "OMNI_STATE_DIR" not in os.environ:
+    os.environ["OMNI_STATE_DIR"] = _STATE
+    from omni_actors.settings import settings
+
+    settings()  # (read once per process: a second import of this module finds them read)
+    del os.environ["OMNI_STATE_DIR"]
 _HEADERS = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
 _STARTED = time.time() - 1.0
 

@@ -10,11 +10,15 @@
     GET  /v1/status                 each pipeline's stages, replicas and load (status.py)
     GET  /v1/models[/{model}]       models.py
     POST /v1/chat/completions       chat.py
+    /v1/chat/completions...         chat_stored.py (stored completions: list, retrieve, update, delete, messages)
+    POST /v1/completions            completions.py (legacy text completions of a raw prompt)
     POST /v1/audio/speech           speech.py
     POST /v1/images/generations     images.py
     POST /v1/images/edits           image_edits.py
     GET  /v1/files/images/{name}    image_files.py   (response_format "url")
     /v1/files...                    files.py (uploads: create, list, retrieve, content, delete)
+    /v1/batches...                  batches.py (JSONL request files run in the background: create, list,
+                                    retrieve, cancel; resumed after a restart)
     /v1/videos...                   videos.py (jobs: create, list, retrieve, delete, content, sync, remix),
                                     video_derive.py (extensions; edits, refused)
     POST /v1/audio/generations      audio_generation.py (alias /v1/audio/generate)
@@ -37,6 +41,9 @@ from aiohttp import web
 from omni_actors import __version__
 from omni_actors.api import (
     audio_generation,
+    batches,
+    chat,
+    completions,
     files,
     image_files,
     not_served,
@@ -46,7 +53,6 @@ from omni_actors.api import (
     videos,
 )
 from omni_actors.api.calls import ORCH_KEY
-from omni_actors.api.chat import chat_completions
 from omni_actors.api.errors import error_middleware
 from omni_actors.api.image_edits import image_edits
 from omni_actors.api.images import generations
@@ -118,13 +124,13 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     app.router.add_get("/v1/status", status_route)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)  # (an id may hold a slash)
-    app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/speech/stream", speech_stream)
     app.router.add_post("/v1/audio/transcriptions", transcriptions)
     app.router.add_post("/v1/audio/translations", translations)
     app.router.add_post("/v1/images/generations", generations)
     app.router.add_post("/v1/images/edits", image_edits)
+    chat.add_routes(app)
     image_files.add_routes(app)
     files.add_routes(app)
     realtime.add_routes(app)
@@ -132,6 +138,8 @@ def build_app(orch: Orchestrator | Sequence[Orchestrator]) -> web.Application:
     videos.add_routes(app)
     audio_generation.add_routes(app)
     responses.add_routes(app)
+    completions.add_routes(app)
+    batches.add_routes(app)
     not_served.add_routes(app)
     add_voice_routes(app)
     return app

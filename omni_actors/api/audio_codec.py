@@ -32,9 +32,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
-import itertools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -48,6 +47,7 @@ from omni_actors.audio import (
     check_input,
     check_samples,
     from_pcm16,
+    max_input_frames,
     pcm16,
     resample,
 )
@@ -238,13 +238,24 @@ def encode_file(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | None 
 _CONTAINERS = {"wav": ("WAV", "WAVEX", "RF64"), "flac": ("FLAC",), "mp3": ("MP3",)}
 """libsndfile's major formats that each client `format` may hold."""
 _WAV_MAGIC = (b"RIFF", b"RF64")
+SF_UNKNOWN_FRAMES = 2**63 - 1
+"""libsndfile's frame count (SF_COUNT_MAX) for a stream whose header states no length: a FLAC stream
+of unknown length (STREAMINFO total samples 0)."""
+_SF_ESTIMATED = frozenset({"MP3"})
+"""libsndfile formats whose frame count is only an estimate where the file states none (an MP3 without a
+Xing / LAME / VBRI header: its size over its first frame's bitrate); soundfile reads no further than it,
+so a longer file was cut short, silently."""
+_FF_STATED = frozenset({"mov", "matroska", "ogg"})
+"""FFmpeg demuxers whose duration is the file's own (MP4's header, Matroska / WebM's Duration element,
+Ogg's last granule position); the others' (MP3, ADTS AAC) is an estimate from the bitrate, which can say
+an hour of a minute's file, or a minute of an hour's."""
 
 
 def decode_audio(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarray, int]:
     """Client audio -> (float32 mono in [-1, 1], sample rate); a 400 naming `param` if it is unreadable,
     another format than `fmt` says (a WAV file sent as pcm16 would be noise), over the limits of
-    `omni_actors.audio.check_input` (checked from the header, before decoding), empty, or not finite.
-    `fmt` None takes any container libsndfile reads (an uploaded file)."""
+    `omni_actors.audio.check_input` (checked before decoding: from the header, else from the packets'
+    timestamps), empty, or not finite. `fmt` None takes any container libsndfile reads (an uploaded file)."""
     try:
         if fmt in ("pcm16", "pcm"):
             if data[:4] in _WAV_MAGIC and data[8:12] == b"WAVE":
@@ -274,10 +285,14 @@ def _read_container(data: bytes, fmt: str | None, param: str) -> tuple[np.ndarra
         with opened as f:
             if fmt is not None and f.format not in _CONTAINERS.get(fmt, (f.format,)):
                 raise bad_request(f"audio is {f.format}, not {fmt} as `format` says", param, "invalid_audio")
-            check_input(max(f.frames, 0), f.samplerate, param)
-            audio, rate = f.read(dtype="float32", always_2d=True), int(f.samplerate)
+            unstated = f.format in _SF_ESTIMATED or f.frames >= SF_UNKNOWN_FRAMES
+            if not unstated:
+                check_input(max(f.frames, 0), f.samplerate, param)
+                audio, rate = f.read(dtype="float32", always_2d=True), int(f.samplerate)
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
         raise _undecodable(what, err, param) from None
+    if unstated:  # its length is measured from its packets, and it is decoded to its end (FFmpeg reads it)
+        return _read_with_av(data, what, param)
     return np.ascontiguousarray(audio.mean(axis=1), dtype=np.float32), rate
 
 
@@ -287,31 +302,83 @@ def _undecodable(what: str, err: Exception, param: str) -> ApiError:
 
 
 def _read_with_av(data: bytes, what: str, param: str) -> tuple[np.ndarray, int]:
-    """An upload libsndfile does not read (m4a / mp4, webm, ADTS AAC, ...) through FFmpeg (PyAV): its
-    first audio stream, mixed to mono at its own rate; the length limits checked from the container's
-    duration where it gives one, and as the samples come otherwise."""
+    """Audio libsndfile does not read (m4a / mp4, webm, ADTS AAC, ...) or cannot measure (MP3, FLAC of unknown
+    length) through FFmpeg (PyAV): its first audio stream, mixed to mono at its own rate. The length limit
+    is checked before anything is decoded: from the header where the container states the length
+    (_FF_STATED), and from the packets' timestamps (demuxed, not decoded: a second of CPU for an hour of
+    Opus, where decoding took ten and 700 MB), stopping at the limit; while decoding, the samples made are
+    counted against it too (timestamps can lie)."""
     import av
 
-    parts: list[np.ndarray] = []
     try:
         with av.open(io.BytesIO(data)) as box:
             stream = next((s for s in box.streams if s.type == "audio"), None)
             if stream is None or not stream.rate:
                 raise bad_request(f"cannot decode {what}: no audio in it", param, "invalid_audio")
             rate = int(stream.rate)
-            if stream.duration and stream.time_base:
-                check_input(int(stream.duration * stream.time_base * rate), rate, param)
-            elif box.duration:  # (Matroska / WebM say the length on the container only)
-                check_input(int(box.duration * rate / av.time_base), rate, param)
-            mono = av.AudioResampler(format="flt", layout="mono", rate=rate)
-            done = 0
-            for frame in itertools.chain(box.decode(stream), [None]):  # None: the resampler's rest
-                for out in mono.resample(frame):
-                    parts.append(out.to_ndarray().reshape(-1))
-                    done += parts[-1].size
-                    check_input(done, rate, param)
+            if box.format.name.split(",")[0] in _FF_STATED:
+                if stream.duration and stream.time_base:
+                    check_input(int(stream.duration * stream.time_base * rate), rate, param)
+                elif box.duration:  # (Matroska / WebM say the length on the container only)
+                    check_input(int(box.duration * rate / av.time_base), rate, param)
+            _check_packets(box, stream, rate, param)
+        return _decode_av(data, rate, param)
     except av.error.FFmpegError as err:
         raise bad_request(f"cannot decode {what}: {err.strerror or type(err).__name__}", param,
                           "invalid_audio") from None
+
+
+def _check_packets(box: Any, stream: Any, rate: int, param: str) -> None:
+    """`check_input` on the span of the stream's packet timestamps, read without decoding; the demuxing
+    stops once the span passes the limit. (Compared in the stream's time base: integer arithmetic per
+    packet, where a Fraction per packet took five times the demuxing's own time.)"""
+    tb = stream.time_base
+    check_input(0, rate, param)  # the rate, before reading any further
+    if tb is None:
+        return
+    limit = int(max_input_frames(rate) / rate / tb)
+    start = end = None
+    for packet in box.demux(stream):
+        pts = packet.pts
+        if pts is None:
+            continue
+        if start is None or pts < start:
+            start = pts
+        stop = pts + (packet.duration or 0)
+        if end is None or stop > end:
+            end = stop
+            if end - start > limit:
+                check_input(int((end - start) * tb * rate) + 1, rate, param, whole=False)
+
+
+def _decode_av(data: bytes, rate: int, param: str) -> tuple[np.ndarray, int]:
+    """The first audio stream decoded and mixed to mono at `rate`, the samples counted against the limit. A
+    packet the decoder refuses is skipped, as FFmpeg's own tools and libsndfile's MP3 decoder skip it (an
+    MP3 joined from files carries each one's ID3 tag among its frames); nothing decodable is a 400."""
+    import av
+
+    parts: list[np.ndarray] = []
+    refused: av.error.FFmpegError | None = None
+    with av.open(io.BytesIO(data)) as box:
+        stream = next(s for s in box.streams if s.type == "audio")
+        mono = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        done = 0
+
+        def frames() -> Iterator[Any]:
+            nonlocal refused
+            for packet in box.demux(stream):  # (its last packet is empty: it flushes the decoder)
+                try:
+                    yield from packet.decode()
+                except av.error.InvalidDataError as err:
+                    refused = refused or err
+            yield None  # the resampler's rest
+
+        for frame in frames():
+            for out in mono.resample(frame):
+                parts.append(out.to_ndarray().reshape(-1))
+                done += parts[-1].size
+                check_input(done, rate, param, whole=False)
+    if not parts and refused is not None:
+        raise refused
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     return np.ascontiguousarray(audio, dtype=np.float32), rate

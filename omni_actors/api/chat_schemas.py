@@ -245,9 +245,11 @@ class ChatCompletionRequest(RequestStruct):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     user: Name | None = None
-    # Accepted for client compatibility and ignored (this server stores nothing, has one tier).
     store: bool | None = None
+    """true: the finished completion and its messages are kept (api/chat_stored.py); null is false, as OpenAI's."""
     metadata: Metadata | None = None
+    """Kept with a stored completion (its list filters by it); otherwise no effect."""
+    # Accepted for client compatibility: this server has one tier.
     service_tier: Name | None = None
     logprobs: bool | None = None
     """Only false: log-probabilities are not returned (true is a 400 naming the field)."""

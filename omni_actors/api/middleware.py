@@ -7,6 +7,12 @@
   `openai-insecure-api-key.<key>`, naming one of them; otherwise 401. The
   presented key is compared with every configured key in constant time (both
   hashed first, so neither length nor position leaks) and never logged.
+- Realtime client secrets (`ek_...`, realtime/client_secrets.py): accepted in the
+  same places, on the realtime WebSocket route (REALTIME_PATH) only, never on a REST
+  route, whether or not the server has keys: a live secret made with a key still
+  configured (or on a server without keys) opens the socket, and the request carries
+  it (CLIENT_SECRET_KEY) for the session to start from; an unknown, expired or
+  orphaned one is a 401 before the upgrade.
 - Body size: a declared `Content-Length` over `server.max_body_mb` is refused
   with 413 before a byte of the body is read; a chunked body is cut off by
   aiohttp's `client_max_size` (the same limit) while reading, also 413.
@@ -40,9 +46,13 @@ def is_public(path: str) -> bool:
 
 WS_KEY_PROTOCOL = "openai-insecure-api-key."
 """WebSocket subprotocol prefix carrying a key (browsers cannot set headers on a WebSocket)."""
+REALTIME_PATH = "/v1/realtime"
+"""The one route a client secret opens."""
+CLIENT_SECRET_PREFIX = "ek_"
+"""What every client secret's value starts with (OpenAI's `ek_...`): how a secret is told from an API key."""
 
 
-def _presented_key(request: web.Request) -> str | None:
+def presented_key(request: web.Request) -> str | None:
     auth = request.headers.get("Authorization", "").strip()
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
@@ -56,26 +66,49 @@ def _presented_key(request: web.Request) -> str | None:
     return None
 
 
-def _digest(key: str) -> bytes:
+def key_digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
-def key_matches(given: str, digests: list[bytes]) -> bool:
-    """Whether `given` is one of the keys whose digests are `digests`, in time independent of which."""
-    presented = _digest(given)
+def digest_matches(presented: bytes, digests: list[bytes]) -> bool:
+    """Whether `presented` is one of `digests`, in time independent of which."""
     matched = False
     for digest in digests:  # every key, no early exit
         matched |= hmac.compare_digest(presented, digest)
     return matched
 
 
+def key_matches(given: str, digests: list[bytes]) -> bool:
+    """Whether `given` is one of the keys whose digests are `digests`, in time independent of which."""
+    return digest_matches(key_digest(given), digests)
+
+
+def _check_client_secret(request: web.Request, given: str, digests: list[bytes]) -> None:
+    """A live client secret on the realtime route, put on the request; else a 401 (OpenAI's code for a bad key)."""
+    # (late: the realtime package, which owns the secrets, imports this module)
+    from omni_actors.api.realtime.client_secret_store import CLIENT_SECRET_KEY, client_secret_store
+
+    secret = client_secret_store(request.app).find(given)
+    if secret is None:
+        raise ApiError(401, "invalid client secret: it is unknown or has expired", None, "invalid_api_key")
+    if digests and (secret.minted_by is None or not digest_matches(secret.minted_by, digests)):
+        raise ApiError(401, "invalid client secret: the API key that made it is no longer accepted", None,
+                       "invalid_api_key")
+    request[CLIENT_SECRET_KEY] = secret
+
+
 def auth_middleware(api_keys: list[str]):
-    digests = [_digest(k) for k in api_keys]
+    digests = [key_digest(k) for k in api_keys]
 
     @web.middleware
     async def check_key(request: web.Request, handler) -> web.StreamResponse:
-        if digests and not is_public(request.path):
-            given = _presented_key(request)
+        if is_public(request.path):
+            return await handler(request)
+        given = presented_key(request)
+        if (given is not None and given.startswith(CLIENT_SECRET_PREFIX) and request.path == REALTIME_PATH
+                and not key_matches(given, digests)):
+            _check_client_secret(request, given, digests)
+        elif digests:
             if given is None:
                 raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`", None,
                                "missing_api_key")

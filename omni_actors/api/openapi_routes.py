@@ -13,18 +13,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_actors.api import chat_schemas as cs
+from omni_actors.api import chat_stored as cst
+from omni_actors.api import completions_schemas as cps
 from omni_actors.api import conversations as cv
 from omni_actors.api import responses_schemas as rs
 from omni_actors.api import schemas as s
 from omni_actors.api.audio_codec import CONTENT_TYPES as AUDIO_TYPES
 from omni_actors.api.audio_generation import ROUTES as AUDIO_GENERATION_ROUTES
 from omni_actors.api.audio_generation import AudioGenerationRequest
+from omni_actors.api.batches import MAX_PAGE as BATCHES_PAGE
+from omni_actors.api.batches_schemas import Batch, BatchCreate, BatchPage
 from omni_actors.api.files import MAX_PAGE as FILES_PAGE
 from omni_actors.api.files import FileDeleted, FileObject, FilePage
 from omni_actors.api.image_edits import TEXT_FIELDS as IMAGE_EDIT_FIELDS
 from omni_actors.api.image_files import CONTENT_TYPES as IMAGE_TYPES
 from omni_actors.api.image_files import ROUTE as IMAGE_FILE_ROUTE
 from omni_actors.api.not_served import NOT_SERVED
+from omni_actors.api.realtime.client_secrets import ROUTE as CLIENT_SECRETS_ROUTE
+from omni_actors.api.realtime.client_secrets import ClientSecret, ClientSecretRequest
 from omni_actors.api.responses import MAX_PAGE as RESPONSES_PAGE
 from omni_actors.api.speech_audio import TYPES as SPEECH_TYPES
 from omni_actors.api.status import ServerStatus
@@ -105,6 +111,7 @@ def _limit(most: int) -> Query:
     return Query("limit", "integer", f"Items in a page, 1 to {most}")
 
 
+_CHAT_ID = "/v1/chat/completions/{completion_id}"
 _VIDEO_ID = "/v1/videos/{video_id}"
 _RESPONSE_ID = "/v1/responses/{response_id}"
 _CONVERSATION_ID = "/v1/conversations/{conversation_id}"
@@ -113,10 +120,27 @@ _INCLUDE = Query("include", "string", "Accepted (OpenAI's include values; repeat
 _CONSENTS = "/v1/audio/voice_consents"
 _VOICES = "/v1/audio/voices"
 _FILE_ID = "/v1/files/{file_id}"
+_BATCH_ID = "/v1/batches/{batch_id}"
 
 ROUTES = (
     Route("post", "/v1/chat/completions", "Chat completion (chat.completion.chunk events when stream=true)",
           cs.ChatCompletionRequest, {"application/json": cs.ChatCompletion, SSE: cs.ChatCompletionChunk}, _TEXT),
+    Route("post", "/v1/completions", "Legacy text completion of a raw prompt (text_completion chunks when "
+          "stream=true)", cps.CompletionRequest, {"application/json": cps.Completion, SSE: cps.CompletionChunk}, _TEXT),
+    Route("get", "/v1/chat/completions", "Stored chat completions (store=true)", None,
+          {"application/json": cst.ChatCompletionList}, _TEXT,
+          query=(_AFTER, _limit(cst.MAX_PAGE), Query("order", "string", "By when stored (default asc)", ("asc", "desc")),
+                 Query("model", "string", "Only completions of this model"),
+                 Query("metadata[key]", "string", "Only completions with this metadata value (one per key)"))),
+    Route("get", _CHAT_ID, "A stored chat completion", None, {"application/json": cst.StoredChatCompletion},
+          _TEXT, _MISSING),
+    Route("post", _CHAT_ID, "Replace a stored chat completion's metadata", cst.ChatCompletionUpdate,
+          {"application/json": cst.StoredChatCompletion}, _TEXT, _MISSING),
+    Route("delete", _CHAT_ID, "Delete a stored chat completion", None,
+          {"application/json": cst.ChatCompletionDeleted}, _TEXT, _MISSING),
+    Route("get", _CHAT_ID + "/messages", "A stored chat completion's request messages", None,
+          {"application/json": cst.ChatMessageList}, _TEXT, _MISSING,
+          (_AFTER, _limit(cst.MAX_PAGE), Query("order", "string", "By place (default asc)", ("asc", "desc")))),
     Route("post", "/v1/audio/speech", "Text to speech: audio in response_format (speech.audio.* events "
           "when stream_format=sse)", s.SpeechRequest, {**_SPEECH, SSE: s.SpeechAudioDelta | s.SpeechAudioDone},
           _AUDIO),
@@ -154,6 +178,8 @@ ROUTES = (
           {"application/json": rs.InputItem}, _TEXT, _MISSING, (_INCLUDE,)),
     Route("delete", _CONVERSATION_ID + "/items/{item_id}", "Delete an item (answers the conversation)", None,
           {"application/json": cv.Conversation}, _TEXT, _MISSING),
+    Route("post", CLIENT_SECRETS_ROUTE, "A realtime client secret (ek_...): opens /v1/realtime sessions preset with "
+          "its session until it expires", ClientSecretRequest, {"application/json": ClientSecret}),
     Route("post", "/v1/images/generations", "Text to image", s.ImageRequest,
           {"application/json": s.ImagesResponse, SSE: s.ImageStreamEvent}, _IMAGE),
     Route("post", "/v1/images/edits", "Edit images (multipart/form-data: image or image[], mask, prompt)",
@@ -215,6 +241,14 @@ ROUTES = (
     Route("get", _FILE_ID + "/content", "An uploaded file's bytes", None, {"application/octet-stream": None},
           extra=_MISSING),
     Route("delete", _FILE_ID, "Delete an uploaded file", None, {"application/json": FileDeleted}, extra=_MISSING),
+    Route("post", "/v1/batches", "Run a file of requests (an upload of purpose batch) in the background",
+          BatchCreate, {"application/json": Batch}),
+    Route("get", "/v1/batches", "Batches, newest first, a page at a time", None, {"application/json": BatchPage},
+          query=(_AFTER, _limit(BATCHES_PAGE))),
+    Route("get", _BATCH_ID, "One batch: its status, counts and output files", None, {"application/json": Batch},
+          extra=_MISSING),
+    Route("post", _BATCH_ID + "/cancel", "Cancel a batch (the answers so far are kept)", None,
+          {"application/json": Batch}, extra=_BUSY),
     Route("get", "/v1/models", "Served models", None, {"application/json": s.ModelList}),
     Route("get", "/v1/models/{model}", "One served model", None, {"application/json": s.Model}, extra=_MISSING),
     Route("get", "/v1/status", "Every pipeline's stages and replicas: health, queues, steps", None,

@@ -1,19 +1,30 @@
-"""The timed response formats of /v1/audio/transcriptions: verbose_json, srt and vtt.
+"""The timed response formats of /v1/audio/transcriptions (verbose_json, srt and vtt), and language names.
 
 A stage that times its transcript sends segments (and words, when asked); for one that does
 not, the whole transcript is one segment spanning the audio, so every format has an answer.
 Times are kept within the audio: Whisper rounds a segment's end to its 20 ms timestamp tokens,
 which can land past the last sample (a 2.99 s clip's segment ending at 3.00 s).
+
+Languages, one form each way for every recognizer (Whisper, Qwen3-ASR, Voxtral Realtime, the realtime
+session's transcription, which all pass through here):
+
+    language_code(asked, param) -> "en"       a client's `language`: an ISO-639-1 code (any case, a region
+                                              subtag dropped: "en-US") or Whisper's name; else a 400 naming
+                                              `param`. Recognizers are given this code.
+    language_name(reported) -> "english"      what a recognizer names (a code, or Qwen3-ASR's "English")
+                                              as OpenAI's verbose_json reports it
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 
 import msgspec
 
+from omni_actors.api.errors import bad_request
 from omni_actors.api.schemas import (
     TranscriptionSegment,
     TranscriptionUsage,
@@ -45,9 +56,12 @@ LANGUAGE_NAMES = {
 """Whisper's languages, code -> name: OpenAI's verbose_json names the language so ("english")."""
 LANGUAGE_ALIASES = {"fil": "tl", "filipino": "tl", "burmese": "my", "valencian": "ca", "flemish": "nl",
                     "haitian": "ht", "letzeburgesch": "lb", "pushto": "ps", "panjabi": "pa", "moldavian": "ro",
-                    "moldovan": "ro", "sinhalese": "si", "castilian": "es", "mandarin": "zh"}
-"""Other names (Whisper's aliases; Qwen3-ASR's "Filipino", which Whisper calls tagalog) -> code."""
+                    "moldovan": "ro", "sinhalese": "si", "castilian": "es", "mandarin": "zh", "jv": "jw"}
+"""Other names (Whisper's aliases; Qwen3-ASR's "Filipino", which Whisper calls tagalog) and codes (ISO's
+"jv" for Javanese, which Whisper writes "jw") -> code."""
 _CODES = {name: code for code, name in LANGUAGE_NAMES.items()} | LANGUAGE_ALIASES
+_TAG = re.compile(r"([a-z]{2,3})(?:[-_][a-z0-9]{2,8})+")
+"""A BCP-47 style tag ("en-US", "pt_BR", "zh-Hans"): its language subtag is the code."""
 
 
 def language_name(language: str | None) -> str:
@@ -56,6 +70,25 @@ def language_name(language: str | None) -> str:
     a code, Qwen3-ASR a name); one not known is reported lower-cased, and none as ""."""
     key = (language or "").strip().lower()
     return LANGUAGE_NAMES.get(_CODES.get(key, key), key)
+
+
+def known_language(language: str) -> str | None:
+    """The code of a language a client names (module docstring), or None for one not known here."""
+    key = language.strip().lower()
+    tagged = _TAG.fullmatch(key)
+    code = _CODES.get(key, tagged[1] if tagged else key)
+    return code if code in LANGUAGE_NAMES else None
+
+
+def language_code(language: str, param: str = "language") -> str:
+    """A client's `language` as the ISO-639-1 code recognizers are given ("EN", "en-US", "English" -> "en");
+    a 400 naming `param` for one no recognizer knows (as OpenAI's, whose `language` takes ISO-639-1)."""
+    code = known_language(language)
+    if code is None:
+        raise bad_request(f"language {language[:40]!r} is not an ISO-639-1 code (such as 'en', 'de', 'zh') of a "
+                          "language a recognizer knows", param, "invalid_value")
+    return code
+
 
 
 CONTENT_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt", "verbose_json": "application/json"}

@@ -14,9 +14,11 @@ Form fields:
     stream           "true": SSE `transcript.text.delta` events, then `transcript.text.done`
                      (response_format json or text; its `usage` is null: OpenAI's is token usage, which
                      the SDK types as tokens only, and a duration there did not fit that type)
-    language         ISO-639-1; a stage that transcribes one language refuses others (400). verbose_json
-                     reports the language the recognizer names (else this one) as OpenAI does: its
-                     lower-case English name ("english"; transcript_formats.language_name)
+    language         ISO-639-1 ("en"; any case, a region subtag dropped) or Whisper's English name for it;
+                     another value is a 400 naming `language` (transcript_formats.language_code), and the
+                     recognizer is given the code. A stage that transcribes one language refuses others
+                     (400). verbose_json reports the language the recognizer names (else this one) as
+                     OpenAI does: its lower-case English name ("english"; transcript_formats.language_name)
     prompt, temperature
                      accepted for client compatibility, passed on as params
     chunking_strategy
@@ -68,7 +70,7 @@ from omni_actors.api.schemas import (
     TranscriptTextDone,
 )
 from omni_actors.api.sse import respond
-from omni_actors.api.transcript_formats import CONTENT_TYPES, TIMED_FORMATS, render
+from omni_actors.api.transcript_formats import CONTENT_TYPES, TIMED_FORMATS, language_code, render
 from omni_actors.orchestrator.outputs import TranscriptOutput
 
 ROUTE = "/v1/audio/transcriptions"
@@ -155,7 +157,8 @@ def _options(fields: dict[str, str], words_ok: bool) -> tuple[str, bool, dict[st
     for name, limit in (("language", MAX_NAME_CHARS), ("prompt", MAX_INSTRUCTIONS_CHARS)):
         if len(fields.get(name, "")) > limit:
             raise bad_request(f"{name} is longer than {limit} characters", name)
-    params = drop_none({"modalities": ["transcript"], "language": fields.get("language") or None,
+    language = language_code(fields["language"]) if fields.get("language") else None
+    params = drop_none({"modalities": ["transcript"], "language": language,
                         "prompt": fields.get("prompt") or None, "temperature": temperature,
                         "timestamps": timestamps})
     return fmt, stream == "true", params

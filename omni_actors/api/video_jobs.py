@@ -7,8 +7,11 @@ track) are encoded off the event loop into the data directory; any failure ends
 the job `failed` with a reason, and the request is aborted in the engine however
 the job ended (a no-op on an ended stream). `cancel` aborts the request in the engine
 (between denoising steps) and ends the task: the job fails `cancelled`, the one code that says
-its client gave it up; an abort the server made itself (its stream left unread past
-`server.stream_buffer_mb`) fails it `RequestAborted` with the reason, like any other request error. Admission is the stage's own bounded
+its client gave it up; an abort the server made itself fails it with its reason, like any other request error.
+The job's request stream is bounded by what the job declared it makes (`output_bytes`: its frames, an audio
+track, a progress report a step) on top of `server.stream_buffer_mb`: the task reads every output as the event
+loop hands it on, but the loop may hand on several at once, and the slow-reader bound, sized for clients that
+stop reading, must not abort a job whose video is simply larger than it. Admission is the stage's own bounded
 queue: past it, `create` is a 429 and no row is written. An extension (`extends`) is
 generated from its source's last frame; its finished frames (and audio) are joined onto
 the source's (the job's `source` file, media/stitch.py) before the encode, and the
@@ -37,7 +40,8 @@ from omni_actors.media.mp4 import Clip, read_mp4, write_mp4, write_spritesheet, 
 from omni_actors.media.stitch import extend
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.outputs import VideoOutput
-from omni_actors.orchestrator.requests import RequestSpec, RequestStream
+from omni_actors.orchestrator.requests import CHUNK_OVERHEAD_BYTES, RequestSpec, RequestStream
+from omni_actors.workers.engines.video import MAX_INFERENCE_STEPS
 
 log = logs.get(__name__)
 
@@ -49,6 +53,23 @@ DECODED_PERCENT = 95
 RANK = {"queued": 0, "in_progress": 1, "completed": 2, "failed": 2}
 JOB_EXIT_TIMEOUT_S = 10.0
 """Longest shutdown waits for a cancelled job task to record its end."""
+AUDIO_BYTES_PER_S = 96_000 * 2 * 4
+"""The most a second of a job's audio track takes as it crosses (float32 stereo at 96 kHz: past any family's)."""
+PROGRESS_CHUNK_BYTES = CHUNK_OVERHEAD_BYTES + 16
+"""What one progress report holds in a request's stream (its overhead and its `phase` string)."""
+
+
+def output_bytes(params: dict[str, Any], seconds: str) -> int:
+    """The most a job's outputs hold, all unread at once: its frames (uint8 [F, H, W, 3]), an audio track as
+    long as the job (and a second more), and a progress report a denoising step (and the decode's)."""
+    count, width, height = (int(params.get(k) or 0) for k in ("num_frames", "width", "height"))
+    frames = count * width * height * 3
+    try:
+        audio_s = max(float(seconds), 0.0) + 1.0
+    except ValueError:
+        audio_s = 1.0
+    steps = int(params.get("num_inference_steps") or MAX_INFERENCE_STEPS)
+    return frames + int(audio_s * AUDIO_BYTES_PER_S) + (steps + 2) * PROGRESS_CHUNK_BYTES + CHUNK_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,8 @@ class VideoJobs:
         except BaseException:  # refused (a full queue): no client has seen this id
             self.store.delete(job_id, listed=False)
             raise
+        if stream.max_bytes is not None:  # (set before the loop can hand on any output: none came yet)
+            stream.max_bytes += output_bytes(params, seconds)
         # Nothing remixes an extension (its first frame is its source's last) or an edit: theirs is not kept.
         reference = inputs.get("image") if extends is None and edits is None else None
         task = asyncio.create_task(self._run(job_id, stream, reference, extends is not None, soundtrack),

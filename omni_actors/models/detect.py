@@ -6,7 +6,9 @@ folder by its `config.json` `model_type`. Each pipeline says which folders it se
 A folder it serves must also hold whole weights: every `*.safetensors` file in it (or in a
 component folder one level down) has a readable header whose tensors the file covers, and every
 shard an index names is there, so that a truncated download is a config error here rather than
-a worker that fails to start.
+a worker that fails to start. `check_files` (called by `omni-run --model DIR` before it listens)
+adds what a partial download lacks: a transformers folder's weights, a component a diffusers
+model_index.json names (and its weights, where it has a config.json).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from omni_actors.errors import ConfigError
 WILDCARD = "*"
 MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
 """The safetensors format's own cap on a header's length; a longer one is a corrupt file."""
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+"""Where a checkpoint folder's weights are, as the stage loaders look for them (hf_ar_adapter's
+check_checkpoint; vLLM and diffusers load the same two formats)."""
 
 
 def folder_key(folder: str | Path) -> str:
@@ -70,6 +75,36 @@ def check_weights(folder: str | Path) -> None:
         problem = _safetensors_problem(path)
         if problem:
             raise ConfigError(f"--model: {path}: {problem}; download it again")
+
+
+def check_files(folder: str | Path) -> None:
+    """ConfigError naming what a detected model folder (`folder_key` read it) lacks, as the stage loaders
+    would find it missing once the server listens: a transformers folder's weights, or a component its
+    model_index.json names (and a component's weights, where it has a config.json). Apart from detection,
+    which says what a folder is whether or not it is whole."""
+    root = Path(folder).expanduser()
+    index_file = root / "model_index.json"
+    if not index_file.is_file():
+        _need_weights(root, "config.json")
+        return
+    index = json.loads(index_file.read_text())
+    for name, spec in index.items():  # as the diffusion loader reads it: [library, class], null when left out
+        if name.startswith("_") or not isinstance(spec, list) or not spec or spec[0] is None:
+            continue
+        part = root / name
+        what = f"component {name!r} ({'.'.join(str(s) for s in spec)})"
+        if not part.is_dir():
+            raise ConfigError(f"--model: {index_file} names {what}, but {part} is missing")
+        if not any(part.iterdir()):
+            raise ConfigError(f"--model: {part}: empty ({what} named in {index_file})")
+        if (part / "config.json").is_file():
+            _need_weights(part, f"{name}/config.json")
+
+
+def _need_weights(folder: Path, config: str) -> None:
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ConfigError(f"--model: {folder}: no weights file ({' or '.join(WEIGHT_FILES)}) beside {config}; "
+                          "the download is incomplete")
 
 
 def _safetensors_problem(path: Path) -> str | None:

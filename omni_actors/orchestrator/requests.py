@@ -1,10 +1,12 @@
 """What callers of the orchestrator see: request specs, stream events, handles.
 
-A request's RequestStream is bounded: it holds at most `max_bytes` of outputs
-its reader has not taken (`put_nowait` refuses past that, and the orchestrator
-then aborts the request in every stage). A reader that keeps up never sees the
-bound; one that stops reading costs at most `max_bytes`, and that memory is
-dropped the moment the stream ends with an error.
+A request's RequestStream is bounded: once `max_bytes` of outputs its reader has
+not taken are queued, `put_nowait` refuses the next (and the orchestrator then
+aborts the request in every stage). A reader that keeps up never sees the bound,
+even when the loop hands it a large output behind a small unread one (an image
+or a video behind a progress report); one that stops reading costs at most
+`max_bytes` plus one output, and that memory is dropped the moment the stream
+ends with an error.
 """
 
 from __future__ import annotations
@@ -99,12 +101,13 @@ class RequestStream:
 
     # -- producer side (orchestrator) --
     def put_nowait(self, chunk: StageChunk) -> bool:
-        """Queue a chunk for the reader; False (and not queued) when that would take the unread
-        outputs past `max_bytes`. A chunk into an empty stream is always taken, whatever its size."""
+        """Queue a chunk for the reader; False (and not queued) when the unread outputs already
+        reach `max_bytes`. A chunk is taken whatever its size while they are under it (the bound
+        is on what a reader left unread, not on one output's size)."""
         if self._ended:
             return True
         size = chunk_nbytes(chunk)
-        if self.max_bytes is not None and self.queued_bytes and self.queued_bytes + size > self.max_bytes:
+        if self.max_bytes is not None and self.queued_bytes >= max(self.max_bytes, 1):
             return False
         self.queued_bytes += size
         self._queue.put_nowait((chunk, size))

@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 from omni_actors.api.app import build_app
 from omni_actors.api.file_store import FileStore
 from omni_actors.api.files import FILES_KEY
+from omni_actors.api.realtime.client_secret_store import CLIENT_SECRETS_KEY, ClientSecretStore
 from omni_actors.api.responses import RESPONSES_KEY
 from omni_actors.api.responses_store import ResponseStore
 from omni_actors.api.server import ApiServer, start_server
@@ -54,8 +55,8 @@ async def serve(pipeline: str, key: str | None = API_KEY, **raw: Any) -> AsyncIt
 @contextlib.asynccontextmanager
 async def serve_deploy(deploy: DeployConfig, key: str | None, data: Path | None = None) -> AsyncIterator[Server]:
     """Real workers and a real HTTP server on a free port for `deploy`; leak-checked on exit. Stored
-    responses, uploaded files and custom voices go to `data` (a server's data directory), else a temporary one,
-    never the user's."""
+    responses, uploaded files, custom voices and realtime client secrets go to `data` (a server's data
+    directory), else a temporary one, never the user's."""
     with tempfile.TemporaryDirectory(prefix="omni-test-data-") as tmp:
         store = Store(data or tmp)
         async with running(deploy) as orch:
@@ -63,6 +64,7 @@ async def serve_deploy(deploy: DeployConfig, key: str | None, data: Path | None 
             app[RESPONSES_KEY] = ResponseStore(store)
             app[FILES_KEY] = FileStore(store)
             app[VOICES_KEY] = VoiceStore(store)
+            app[CLIENT_SECRETS_KEY] = ClientSecretStore(store)
             http = await start_server(app, "127.0.0.1", 0, deploy.server)
             try:
                 yield Server(orch, http.url, key, http)

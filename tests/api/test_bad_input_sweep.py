@@ -257,7 +257,7 @@ CASES = [
     # -- unknown routes and wrong methods --
     pytest.param("GET", "/playground/missing.js", {}, 404, None, "not_found", id="playground-missing-file"),
     pytest.param("POST", "/", {"json": {}}, 405, None, "method_not_allowed", id="post-root"),
-    pytest.param("POST", "/v1/completions", _chat(), 404, None, "not_found", id="legacy-completions"),
+    pytest.param("POST", "/v1/completions", _chat(), 400, "messages", "unknown_parameter", id="legacy-completions"),
     pytest.param("POST", "/v1/embeddings", {"json": {"input": "x"}}, 404, None, "not_found", id="embeddings"),
     pytest.param("GET", "/v1/models/a/b", {}, 404, "model", "model_not_found", id="models-nested"),
     pytest.param("GET", "/v1/chat/completions/extra", {}, 404, None, "not_found", id="chat-subpath"),

@@ -107,7 +107,7 @@ async def test_404_and_405(srv: Server) -> None:
     async with aiohttp.ClientSession(headers=srv.headers) as session:
         async with session.get(srv.url + "/v1/models/gpt-nope") as resp:
             assert resp.status == 404 and (await resp.json())["error"]["param"] == "model"
-        async with session.get(srv.url + CHAT) as resp:
+        async with session.put(srv.url + CHAT) as resp:  # (GET lists stored completions)
             assert resp.status == 405 and (await resp.json())["error"]["code"] == "method_not_allowed"
 
 

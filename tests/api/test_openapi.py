@@ -35,11 +35,17 @@ FUZZ_EXCLUDED = {
 
 ALWAYS = {"/v1/models", "/v1/models/{model}", "/v1/status", "/health", "/metrics", "/openapi.json",
           "/v1/audio/voice_consents", "/v1/audio/voice_consents/{consent_id}", "/v1/audio/voices",
-          "/v1/audio/voices/{voice_id}", "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content"}
-"""Paths every pipeline's document lists (custom voices and uploads are stored whatever the pipeline makes)."""
+          "/v1/audio/voices/{voice_id}", "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
+          "/v1/batches", "/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel", "/v1/realtime/client_secrets"}
+"""Paths every pipeline's document lists (custom voices, uploads and batches are stored whatever the pipeline
+makes; every pipeline serves realtime sessions, so client secrets for them)."""
 RESPONSES = {"/v1/responses", "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
              "/v1/responses/{response_id}/input_items", "/v1/conversations", "/v1/conversations/{conversation_id}",
              "/v1/conversations/{conversation_id}/items", "/v1/conversations/{conversation_id}/items/{item_id}"}
+
+
+CHAT = {"/v1/chat/completions", "/v1/chat/completions/{completion_id}", "/v1/chat/completions/{completion_id}/messages"}
+"""Chat completions, and the stored ones (chat_stored.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +66,7 @@ async def test_document_lists_what_this_pipeline_serves_with_real_content_types(
     validate(spec)
     paths = spec["paths"]
     # no images, videos, transcriptions, nor /v1/audio/generations (speech is not a sound from a prompt)
-    assert set(paths) == ALWAYS | RESPONSES | {"/v1/chat/completions", "/v1/audio/speech"}
+    assert set(paths) == ALWAYS | RESPONSES | CHAT | {"/v1/completions", "/v1/audio/speech"}
     speech = paths["/v1/audio/speech"]["post"]["responses"]["200"]["content"]
     assert {"audio/mpeg", "audio/wav", "audio/flac", "audio/ogg", "audio/aac", "audio/pcm", "text/event-stream"} == set(
         speech)
@@ -118,7 +124,7 @@ async def test_document_without_keys_declares_no_auth_and_other_pipelines_their_
 
 
 @pytest.mark.parametrize(("method", "path", "allow"), [
-    ("GET", "/v1/chat/completions", {"POST"}),
+    ("PUT", "/v1/chat/completions", {"GET", "HEAD", "POST"}),
     ("DELETE", "/health", {"GET", "HEAD"}),
 ])
 async def test_wrong_method_is_405_with_allow(srv: Server, method: str, path: str, allow: set[str]) -> None:

@@ -12,6 +12,8 @@
     response_item.py  a response's message item: text, transcript and audio deltas
     function_calls.py  tools shown to the model, its calls as function_call items
     route.py      the /v1/realtime route: upgrade, session limit, one session per connection
+    client_secrets.py  POST /v1/realtime/client_secrets: ephemeral keys, each presetting its sessions
+    client_secret_store.py  the secrets in the data directory's store (hashes of their values)
     handler.py    the session: one receive loop per connection, events dispatched
     input_audio.py  the session's input audio: appends, VAD turns, commits, live transcription
     transcription.py  a transcription session: each committed turn transcribed, no response
@@ -27,18 +29,32 @@ import asyncio
 from aiohttp import web
 
 from omni_actors import logs
-from omni_actors.api.realtime import vad
+from omni_actors.api.realtime import client_secrets, vad
+from omni_actors.api.realtime.client_secret_store import CLIENT_SECRET_KEY
 from omni_actors.api.realtime.duplex_stats import DuplexCollector
 from omni_actors.api.realtime.input_audio import VAD_EXECUTOR
 from omni_actors.api.realtime.route import check_query, realtime_handler
 from omni_actors.api.realtime.stats import RealtimeStats
+from omni_actors.orchestrator.core import Orchestrator
 
 SESSIONS_KEY = web.AppKey("realtime_sessions", set)
 STATS_KEY = web.AppKey("realtime_stats", RealtimeStats)
 
 
+def session_pipeline(app: web.Application, name: str | None, param: str = "model") -> Orchestrator:
+    """A session's pipeline: the one named `name` (404 naming `param` if unknown), else the first that writes
+    text. With one pipeline any name reaches it, as it always has (realtime clients often send their own)."""
+    from omni_actors.api.pipelines import PIPELINES_KEY  # (look it up late, as app.py does)
+
+    pipelines = app[PIPELINES_KEY]
+    if len(pipelines.all) == 1 or not name:
+        return pipelines.first_making({"text"})
+    return pipelines.find(name, set(), param)[0]
+
+
 def add_routes(app: web.Application) -> None:
-    """Register GET /v1/realtime on `app`; the orchestrator is read from the app at request time."""
+    """Register GET /v1/realtime and POST /v1/realtime/client_secrets on `app`; the orchestrator is read from
+    the app at request time."""
     sessions: set = set()
     app[SESSIONS_KEY] = sessions
     app[STATS_KEY] = stats = RealtimeStats()
@@ -48,17 +64,11 @@ def add_routes(app: web.Application) -> None:
         app[METRICS_KEY].registry.register(DuplexCollector(stats.duplex))
 
     async def route(request: web.Request) -> web.StreamResponse:
-        from omni_actors.api.pipelines import PIPELINES_KEY  # (look it up late, as app.py does)
-
         check_query(request)  # (before the model's name is looked up or echoed)
-        pipelines, name = request.app[PIPELINES_KEY], request.query.get("model")
-        # The session's pipeline: its `model` query (404 if unknown), else the first that writes text. With
-        # one pipeline any name reaches it, as it always has (realtime clients often send their own).
-        if len(pipelines.all) == 1 or not name:
-            orch = pipelines.first_making({"text"})
-        else:
-            orch = pipelines.find(name, set())[0]
-        return await realtime_handler(request, orch, sessions, stats)
+        # A client secret's session names the model its sessions use, whatever the query says.
+        secret = request.get(CLIENT_SECRET_KEY)
+        name = (secret and client_secrets.session_model(secret.session)) or request.query.get("model")
+        return await realtime_handler(request, session_pipeline(request.app, name), sessions, stats)
 
     async def warm_up(_app: web.Application) -> None:
         # Load the VAD model (seconds, once per process) on the VAD thread without holding up
@@ -71,6 +81,7 @@ def add_routes(app: web.Application) -> None:
                              return_exceptions=True)
 
     app.router.add_get("/v1/realtime", route)
+    client_secrets.add_routes(app, stats, session_pipeline)
     app.on_startup.append(warm_up)
     app.on_shutdown.append(close_all)
 
@@ -80,4 +91,4 @@ def _log_warm_up(fut: asyncio.Future) -> None:
         logs.get(__name__).error("realtime.vad_unavailable", error=repr(fut.exception()))
 
 
-__all__ = ["SESSIONS_KEY", "STATS_KEY", "add_routes"]
+__all__ = ["SESSIONS_KEY", "STATS_KEY", "add_routes", "session_pipeline"]

@@ -7,7 +7,8 @@ session; conversation items from the client (item.create/.retrieve/.truncate, re
 conversation's, one at a time, and out-of-band ones (`conversation: "none"`) beside
 it, MAX_RESPONSES in all; a transcription session transcribes each committed turn
 instead (transcription.py). Any bad event is answered with an `error` event and the
-session goes on; a closed or vanished client aborts its responses in every stage.
+session goes on; a closed or vanished client aborts its responses in every stage. A session opened with a
+client secret (client_secrets.py) starts from the secret's session, applied as a session.update is.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from omni_actors.api.realtime import client_events as ce
 from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.audio import Resampler, WireStream, wire_rate
 from omni_actors.api.realtime.client_items import ClientItems
+from omni_actors.api.realtime.client_secret_store import CLIENT_SECRET_KEY
 from omni_actors.api.realtime.conversation import Conversation, InputBuffer, new_id
 from omni_actors.api.realtime.function_calls import forced_call
 from omni_actors.api.realtime.input_audio import InputAudio
@@ -102,11 +104,14 @@ class RealtimeSession(InputAudio, ClientItems):
         self._speech_item: str | None = None
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
+        self._presetting = False  # start_from in progress: its session.updated is not sent
         self._reset_vad()
 
     # ---- sending ----
 
     async def send(self, event: ev.ServerEvent) -> None:
+        if self._presetting and isinstance(event, ev.SessionUpdated | ev.TranscriptionSessionUpdated):
+            return  # (start_from: session.created, sent next, shows the result)
         if self.ws.closed:
             raise ClientGone("websocket closed")
         data = ev.encode_server(event, self.dialect, f"event_{self._prefix}{next(self._ids):x}")
@@ -130,11 +135,30 @@ class RealtimeSession(InputAudio, ClientItems):
         session = render_session(self.cfg, self.id, self.dialect)
         return ev.SessionUpdated(session=session) if updated else ev.SessionCreated(session=session)
 
+    async def start_from(self, s: ce.SessionIn) -> None:
+        """Apply a client secret's session before session.created, as a session.update is applied (every check,
+        a duplex session's own too) but without its session.updated; a BadEvent changes nothing. Also how
+        client_secrets.py checks a secret's session at creation, on a session never connected."""
+        self._presetting = True
+        try:
+            await self._session_update(s, None)
+        finally:
+            self._presetting = False
+
     async def serve(self, idle_timeout_s: float) -> None:
+        refused: ce.BadEvent | None = None
+        if (secret := self.request.get(CLIENT_SECRET_KEY)) is not None and secret.session is not None:
+            try:  # (checked when the secret was made; a voice deleted since is refused now)
+                await self.start_from(secret.session)
+            except ce.BadEvent as err:
+                refused = err
         await self.send(self._session_event(updated=False))
         if not self.beta_transcription:  # (OpenAI's beta transcription sessions announce no conversation)
             await self.send(ev.ConversationCreated(conversation={"id": self.conversation.id,
                                                                  "object": "realtime.conversation"}))
+        if refused is not None:  # the session goes on with the server's defaults, and the client is told why
+            refused.message = f"the client secret's session was not applied: {refused.message}"
+            await self.send_error(refused)
         try:
             while True:
                 try:

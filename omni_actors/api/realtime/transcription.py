@@ -38,6 +38,7 @@ from omni_actors.api.realtime import events as ev
 from omni_actors.api.realtime.conversation import Item
 from omni_actors.api.realtime.session import SessionConfig
 from omni_actors.api.realtime.vad import VAD_RATE
+from omni_actors.api.transcript_formats import known_language, language_code
 from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.errors import AdmissionError, RequestError, RequestRejected, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
@@ -116,8 +117,13 @@ def beta_update(s: ce.TranscriptionSessionIn, pipe: PipelineConfig) -> ce.Sessio
 
 
 def transcription_params(cfg: SessionConfig) -> dict[str, Any]:
+    """The stage params of a turn's transcription, as /v1/audio/transcriptions passes its form's: the
+    `language` as its ISO-639-1 code (one not known was refused at session.update: check_options)."""
     opts = cfg.input_audio_transcription or {}
-    return {"modalities": ["transcript"], **{k: opts[k] for k in TRANSCRIPTION_OPTIONS if opts.get(k)}}
+    params = {k: opts[k] for k in TRANSCRIPTION_OPTIONS if opts.get(k)}
+    if "language" in params:
+        params["language"] = known_language(params["language"]) or params["language"]
+    return {"modalities": ["transcript"], **params}
 
 
 TRANSCRIPTION_ERRORS = (AdmissionError, StageUnavailable, ApiError, RequestError, ValueError)
@@ -147,6 +153,11 @@ async def check_options(host: Host, cfg: SessionConfig) -> Refusal | None:
     asked = [k for k in TRANSCRIPTION_OPTIONS if k in params]
     if not asked or "transcript" not in host.orch.pipeline.output_types():
         return None
+    if "language" in asked:  # not a language code: refused as the REST route refuses it, before the stage
+        try:
+            language_code(params["language"])
+        except ApiError as err:
+            return Refusal("language", err.code or "invalid_value", err.message)
     inputs = {"audio": np.zeros(int(CHECK_AUDIO_S * VAD_RATE), np.float32), "sample_rate": VAD_RATE}
     try:
         async with asyncio.timeout(CHECK_TIMEOUT_S), PipelineCall(

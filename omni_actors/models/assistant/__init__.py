@@ -87,7 +87,7 @@ def assistant_pipeline() -> PipelineConfig:
 def plan(pipeline: PipelineConfig, request: Any) -> tuple[int, ...]:
     """Choose the stages for a request from what its inputs hold.
 
-    - `audio` in: asr first; otherwise `messages` / `prompt` start at the llm.
+    - `audio` in: asr first; otherwise `messages` / `prompt` / `prompt_token_ids` start at the llm.
     - `text` alone (no messages, prompt or audio): speech synthesis, tts + vocoder.
     - `params["modalities"]` (OpenAI's field) without "audio" drops tts + vocoder
       from a chat; a transcription-only request sets `["transcript"]` (asr alone).
@@ -96,10 +96,10 @@ def plan(pipeline: PipelineConfig, request: Any) -> tuple[int, ...]:
     modalities = request.params.get("modalities")
     wanted = set(modalities) if modalities else {"text", "audio"}
     has_audio = inputs.get("audio") is not None
-    if not has_audio and "messages" not in inputs and "prompt" not in inputs:
+    if not has_audio and not {"messages", "prompt", "prompt_token_ids"} & inputs.keys():
         if "text" in inputs:
             return (TTS, VOCODER)
-        raise ValueError("assistant: a request needs `audio`, `messages`, `prompt` or `text`")
+        raise ValueError("assistant: a request needs `audio`, `messages`, `prompt`, `prompt_token_ids` or `text`")
     if has_audio and wanted <= {"transcript"}:
         return (ASR,)
     stages = [ASR] if has_audio else []

@@ -11,7 +11,7 @@ nothing before `<asr_text>` is sent as text; the name is the output's "language"
 (verbose_json reports it; before 2026-12-05 it was dropped and the report said "").
 
 Inputs: {"audio": float32 mono, "sample_rate": int}. Params: "language" (ISO code
-or name), "prompt", sampling (greedy by default), "max_tokens" (default: the
+or name; the API gives Whisper's code, "tl" where Qwen3-ASR says "fil"), "prompt", sampling (greedy by default), "max_tokens" (default: the
 checkpoint's generation_config max_new_tokens).
 Outputs per step: {"text": transcript delta}, and {"language": "<Name>"} with the
 step that completes the model's own "language <Name><asr_text>".
@@ -38,6 +38,9 @@ TAG = "language "
 """The model's output starts "language <Name>" + MARK (Name "None": no speech heard)."""
 DEFAULT_MAX_TOKENS = 448
 """Transcript tokens a request may write when generation_config sets no max_new_tokens."""
+CODES = {"tl": "fil"}
+"""The API's language codes (Whisper's, as OpenAI's) that Qwen3-ASR's processor knows by another: Filipino,
+which Whisper calls tagalog ("tl") and Qwen3-ASR "fil"."""
 
 
 class Qwen3AsrAdapter(ARAdapter):
@@ -75,6 +78,8 @@ class Qwen3AsrAdapter(ARAdapter):
         if rate != RATE:
             audio = soxr.resample(audio, rate, RATE).astype(np.float32)
         language = seq.params.get("language") or None
+        if isinstance(language, str):
+            language = CODES.get(language.strip().lower(), language)
         try:
             batch = self.processor.apply_transcription_request(
                 audio=audio, language=language, prompt=seq.params.get("prompt") or None)
