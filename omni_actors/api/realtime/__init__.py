@@ -15,6 +15,7 @@
     client_secrets.py  POST /v1/realtime/client_secrets: ephemeral keys, each presetting its sessions
     client_secret_store.py  the secrets in the data directory's store (hashes of their values)
     handler.py    the session: one receive loop per connection, events dispatched
+    session_updates.py  session.update / transcription_session.update: checked, then taken
     input_audio.py  the session's input audio: appends, VAD turns, commits, live transcription
     transcription.py  a transcription session: each committed turn transcribed, no response
     duplex.py     the session on a full-duplex model (audio in and out at once, one long request)

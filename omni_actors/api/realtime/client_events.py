@@ -118,7 +118,7 @@ INCLUDABLE = Literal["item.input_audio_transcription.logprobs"]
 
 class TranscriptionSessionIn(msgspec.Struct, kw_only=True):
     """Beta `transcription_session.update`'s session (OpenAI's beta transcription API): the GA
-    transcription session's settings under their beta names (handler.py `_transcription_session_update`)."""
+    transcription session's settings under their beta names (session_updates.py `_transcription_session_update`)."""
 
     input_audio_format: str | UnsetType = UNSET
     input_audio_transcription: TranscriptionIn | UnsetType | None = UNSET

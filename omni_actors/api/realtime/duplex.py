@@ -17,7 +17,7 @@ SPEECH_RMS), when a new response opens. The session's voice, instructions and
 temperature at the stream's start go to the model as request params (an adapter
 that takes a voice or prompt reads them; Moshi takes neither); a later temperature
 is fed to the live stream. session.update is checked as every
-session's is (tools, `session.type: "transcription"`, ...: handler.py `_checked_update`), then for
+session's is (tools, `session.type: "transcription"`, ...: session_updates.py `_checked_update`), then for
 duplex: input audio transcription is refused (unsupported_parameter): there are no committed turns to
 transcribe, and `audio.output.speed` must be 1. Sessions past the duplex stage's slots
 are refused by the route (route.py). A stream that ends without the client closing (aborted by the

@@ -13,7 +13,7 @@ recognizer (`PipelineConfig.live_transcription`) hears each turn while it is
 spoken instead (live_transcription.py), through the same delta and completion helpers.
 
 Beta's transcription sessions (`?intent=transcription`, `transcription_session.update`) are this
-session under beta names (`beta_update`; handler.py renders transcription_session.*).
+session under beta names (`beta_update`; session_updates.py renders transcription_session.*).
 
 Also here: which pipelines can hold a conversation at all (`conversation_refusal`: one
 that answers in text, or a full-duplex one), and the check of new transcription options

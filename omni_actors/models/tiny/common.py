@@ -1,11 +1,12 @@
-"""What tiny-checkpoint builders share: a byte-level BPE trained offline, peaked random weights.
+"""What tiny-checkpoint builders share: a byte-level BPE trained offline, peaked random weights, seeded writes.
 
 Imported by the builders only (they import torch and tokenizers lazily; so does this module).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -44,3 +45,17 @@ def build_device(sized: bool) -> Any:
     import torch
 
     return torch.device("cuda" if sized and torch.cuda.is_available() else "cpu")
+
+
+def seeded_pipeline(out_dir: str | Path, seed: int, make: Callable[[], Any]) -> Path:
+    """Write the diffusers pipeline `make()` builds, its random weights drawn from `seed` (the caller's RNG
+    state left as it was), to `out_dir`; return the folder."""
+    import torch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pipe = make()
+    pipe.save_pretrained(out, safe_serialization=True)
+    return out

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omni_actors.models.tiny.common import seeded_pipeline
+
 KINDS = ("sd", "sd_inpaint", "dit", "ddpm")
 """What `make_tiny_diffusion` can build."""
 
@@ -24,18 +26,10 @@ _WORDS = (
 
 def make_tiny_diffusion(out_dir: str | Path, seed: int = 0, kind: str = "sd") -> Path:
     """Write a tiny random-weight diffusers pipeline of `kind` to `out_dir`; return the folder."""
-    import torch
-
     if kind not in KINDS:
         raise ValueError(f"unknown tiny diffusion kind {kind!r}; expected one of {KINDS}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     builders = {"sd": _stable_diffusion, "sd_inpaint": _inpaint, "dit": _dit, "ddpm": _ddpm}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        pipe = builders[kind]()
-    pipe.save_pretrained(out, safe_serialization=True)
-    return out
+    return seeded_pipeline(out_dir, seed, builders[kind])
 
 
 def _vae() -> Any:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_actors.models.tiny.common import byte_bpe
+from omni_actors.models.tiny.text_encoders import byt5_glyph_encoder
 
 _SPECIALS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|image|>",
              "<|begin_of_image|>", "<|end_of_image|>", "<|grid_start|>", "<|grid_end|>"]  # fmt: skip
@@ -65,8 +66,6 @@ def make_tiny_glm_image(out_dir: str | Path, seed: int = 0) -> Path:
         GlmImageForConditionalGeneration,
         GlmImageImageProcessorPil,
         GlmImageProcessor,
-        T5Config,
-        T5EncoderModel,
     )
 
     out = Path(out_dir)
@@ -94,11 +93,7 @@ def make_tiny_glm_image(out_dir: str | Path, seed: int = 0) -> Path:
             image_token_id=ids("<|image|>"), image_start_token_id=ids("<|begin_of_image|>"),
             image_end_token_id=ids("<|end_of_image|>"),
         )).eval()  # fmt: skip
-        glyph = T5EncoderModel(T5Config(
-            d_model=32, d_kv=8, d_ff=32, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-            relative_attention_max_distance=32, vocab_size=384, feed_forward_proj="gated-gelu",
-            dense_act_fn="gelu_new", is_encoder_decoder=False, use_cache=False, tie_word_embeddings=False,
-        ))  # fmt: skip
+        glyph = byt5_glyph_encoder()
         # patch_size x the VAE's 8x = 16: the AR grid (one token per 32 px) is upsampled 2x to the DiT's
         transformer = GlmImageTransformer2DModel(
             patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,

@@ -10,7 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omni_actors.models.tiny.common import byte_bpe
+from omni_actors.models.tiny.common import byte_bpe, seeded_pipeline
+from omni_actors.models.tiny.text_encoders import (
+    QWEN3_TEXT_HIDDEN,
+    byt5_glyph_encoder,
+    qwen3_config,
+)
 
 
 def qwen_image(out_dir: str | Path, seed: int = 0) -> Path:
@@ -57,6 +62,10 @@ def glm_image(out_dir: str | Path, seed: int = 0) -> Path:
 
 def z_image(out_dir: str | Path, seed: int = 0) -> Path:
     """Z-Image: ZImageTransformer2DModel, AutoencoderKL (16 latent channels), a Qwen3 text encoder."""
+    return seeded_pipeline(out_dir, seed, lambda: _z_image(seed))
+
+
+def _z_image(seed: int) -> Any:
     import torch
     from diffusers import (
         AutoencoderKL,
@@ -64,37 +73,27 @@ def z_image(out_dir: str | Path, seed: int = 0) -> Path:
         ZImagePipeline,
         ZImageTransformer2DModel,
     )
-    from transformers import Qwen3Config, Qwen3Model
+    from transformers import Qwen3Model
 
     from omni_actors.models.tiny.qwen_image import qwen_vl_tokenizer
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = ZImageTransformer2DModel(
-            all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2,
-            n_refiner_layers=1, n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=16,
-            axes_dims=[8, 4, 4], axes_lens=[256, 32, 32],
-        )  # fmt: skip
-        with torch.no_grad():  # made with torch.empty: give them values a saved file can hold
-            transformer.x_pad_token.normal_()
-            transformer.cap_pad_token.normal_()
-        vae = AutoencoderKL(
-            in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
-            up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[32, 64], layers_per_block=1,
-            latent_channels=16, norm_num_groups=32, sample_size=32, scaling_factor=0.3611, shift_factor=0.1159,
-        )  # fmt: skip
-        text_encoder = Qwen3Model(Qwen3Config(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=8, vocab_size=151936, max_position_embeddings=4096,
-        ))  # fmt: skip
-        pipe = ZImagePipeline(
-            transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
-            text_encoder=text_encoder, tokenizer=qwen_vl_tokenizer(seed),
-        )  # fmt: skip
-    pipe.save_pretrained(out, safe_serialization=True)
-    return out
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2,
+        n_refiner_layers=1, n_heads=2, n_kv_heads=2, qk_norm=True, cap_feat_dim=QWEN3_TEXT_HIDDEN,
+        axes_dims=[8, 4, 4], axes_lens=[256, 32, 32],
+    )  # fmt: skip
+    with torch.no_grad():  # made with torch.empty: give them values a saved file can hold
+        transformer.x_pad_token.normal_()
+        transformer.cap_pad_token.normal_()
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[32, 64], layers_per_block=1,
+        latent_channels=16, norm_num_groups=32, sample_size=32, scaling_factor=0.3611, shift_factor=0.1159,
+    )  # fmt: skip
+    return ZImagePipeline(
+        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+        text_encoder=Qwen3Model(qwen3_config(2)), tokenizer=qwen_vl_tokenizer(seed),
+    )  # fmt: skip
 
 
 def hunyuan_image(out_dir: str | Path, seed: int = 0) -> Path:
@@ -107,7 +106,7 @@ def hunyuan_image(out_dir: str | Path, seed: int = 0) -> Path:
         HunyuanImagePipeline,
         HunyuanImageTransformer2DModel,
     )
-    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+    from transformers import ByT5Tokenizer
 
     from omni_actors.models.tiny.qwen_image import (
         TEXT_HIDDEN,
@@ -128,11 +127,7 @@ def hunyuan_image(out_dir: str | Path, seed: int = 0) -> Path:
             in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64, 64, 64),
             layers_per_block=1, scaling_factor=0.476986, spatial_compression_ratio=8, sample_size=128,
         )  # fmt: skip
-        byt5 = T5EncoderModel(T5Config(
-            d_model=32, d_kv=8, d_ff=32, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-            relative_attention_max_distance=32, vocab_size=384, feed_forward_proj="gated-gelu",
-            dense_act_fn="gelu_new", is_encoder_decoder=False, use_cache=False, tie_word_embeddings=False,
-        ))  # fmt: skip
+        byt5 = byt5_glyph_encoder()
         pipe = HunyuanImagePipeline(
             transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
             text_encoder=qwen_vl_text_encoder(), tokenizer=qwen_vl_tokenizer(seed),

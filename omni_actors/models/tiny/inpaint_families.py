@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from omni_actors.models.tiny.common import seeded_pipeline
+from omni_actors.models.tiny.text_encoders import QWEN3_TEXT_HIDDEN, qwen3_config
 
 
 def qwen_image_inpaint(out_dir: str | Path, seed: int = 0) -> Path:
@@ -42,40 +46,32 @@ KLEIN_TEXT_LAYERS = 28
 
 def flux2_klein_inpaint(out_dir: str | Path, seed: int = 0) -> Path:
     """FLUX.2 [klein] inpaint: Flux2Transformer2DModel, AutoencoderKLFlux2, a Qwen3ForCausalLM text encoder."""
-    import torch
+    return seeded_pipeline(out_dir, seed, lambda: _flux2_klein_inpaint(seed))
+
+
+def _flux2_klein_inpaint(seed: int) -> Any:
     from diffusers import (
         AutoencoderKLFlux2,
         FlowMatchEulerDiscreteScheduler,
         Flux2KleinInpaintPipeline,
         Flux2Transformer2DModel,
     )
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from omni_actors.models.tiny.qwen_image import qwen_vl_tokenizer
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        hidden = 16
-        text_encoder = Qwen3ForCausalLM(Qwen3Config(
-            hidden_size=hidden, intermediate_size=32, num_hidden_layers=KLEIN_TEXT_LAYERS, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=8, vocab_size=151936, max_position_embeddings=4096,
-            tie_word_embeddings=True,
-        )).eval()  # fmt: skip
-        transformer = Flux2Transformer2DModel(
-            patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=hidden * 3, timestep_guidance_channels=256,
-            axes_dims_rope=[4, 4, 4, 4], guidance_embeds=False,
-        )  # fmt: skip
-        vae = AutoencoderKLFlux2(
-            sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-            up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 32), layers_per_block=1,
-            latent_channels=4, norm_num_groups=16, use_quant_conv=False, use_post_quant_conv=False,
-        )  # fmt: skip
-        pipe = Flux2KleinInpaintPipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
-            tokenizer=qwen_vl_tokenizer(seed), transformer=transformer, is_distilled=False,
-        )  # fmt: skip
-    pipe.save_pretrained(out, safe_serialization=True)
-    return out
+    text_encoder = Qwen3ForCausalLM(qwen3_config(KLEIN_TEXT_LAYERS, tie_word_embeddings=True)).eval()
+    transformer = Flux2Transformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=QWEN3_TEXT_HIDDEN * 3, timestep_guidance_channels=256,
+        axes_dims_rope=[4, 4, 4, 4], guidance_embeds=False,
+    )  # fmt: skip
+    vae = AutoencoderKLFlux2(
+        sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 32), layers_per_block=1,
+        latent_channels=4, norm_num_groups=16, use_quant_conv=False, use_post_quant_conv=False,
+    )  # fmt: skip
+    return Flux2KleinInpaintPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+        tokenizer=qwen_vl_tokenizer(seed), transformer=transformer, is_distilled=False,
+    )  # fmt: skip

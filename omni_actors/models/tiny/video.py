@@ -14,9 +14,11 @@ Deterministic by seed; each builds in seconds on CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from omni_actors.models.tiny.common import seeded_pipeline
+from omni_actors.models.tiny.text_encoders import t5_encoder, t5_fields
 
 _WORDS = (
     "a cat walks on the beach at sunset the sea waves and a small boat drums "
@@ -24,18 +26,6 @@ _WORDS = (
 )
 T5_EXTRA_IDS = 8
 """Sentinel tokens of the tiny T5 tokenizers (the real ones have 100 or 300)."""
-
-
-def _build(out_dir: str | Path, seed: int, make: Callable[[], Any]) -> Path:
-    import torch
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        pipe = make()
-    pipe.save_pretrained(out, safe_serialization=True)
-    return out
 
 
 def t5_tokenizer() -> Any:
@@ -60,20 +50,7 @@ def t5_tokenizer() -> Any:
 def _umt5(tokenizer: Any, d_model: int = 32) -> Any:
     from transformers import UMT5Config, UMT5EncoderModel
 
-    return UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=d_model,
-            d_kv=8,
-            d_ff=37,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-        )
-    )
+    return UMT5EncoderModel(UMT5Config(**t5_fields(tokenizer, d_model)))
 
 
 def _wan_vae() -> Any:
@@ -146,17 +123,17 @@ def _wan2_2_i2v(a14b: bool = False) -> Any:
 
 def make_tiny_wan2_2(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Wan2.2 text-to-video pipeline (WanPipeline) to `out_dir`."""
-    return _build(out_dir, seed, _wan2_2)
+    return seeded_pipeline(out_dir, seed, _wan2_2)
 
 
 def make_tiny_wan2_2_i2v(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Wan2.2 image-to-video pipeline (WanImageToVideoPipeline) to `out_dir`."""
-    return _build(out_dir, seed, _wan2_2_i2v)
+    return seeded_pipeline(out_dir, seed, _wan2_2_i2v)
 
 
 def make_tiny_wan2_2_i2v_a14b(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Wan2.2-I2V-A14B-layout pipeline (WanImageToVideoPipeline, two experts) to `out_dir`."""
-    return _build(out_dir, seed, lambda: _wan2_2_i2v(a14b=True))
+    return seeded_pipeline(out_dir, seed, lambda: _wan2_2_i2v(a14b=True))
 
 
 STABLE_AUDIO_RATE_HZ = 8000
@@ -171,23 +148,9 @@ def _stable_audio() -> Any:
         StableAudioPipeline,
     )
     from diffusers.pipelines.stable_audio import StableAudioProjectionModel
-    from transformers import T5Config, T5EncoderModel
 
     tokenizer = t5_tokenizer()
-    text_encoder = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer),
-            d_model=32,
-            d_kv=8,
-            d_ff=37,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-        )
-    )
+    text_encoder = t5_encoder(tokenizer)
     # Hop 32 samples: 250 latent frames a second; sample_size 512 caps a clip at 2.048 s (the real
     # 1024 latents at hop 2048 / 44.1 kHz hold 47.55 s). Every call fills the whole window, so a
     # real-length one (11888 latents) would cost seconds of attention a step on a CPU.
@@ -238,7 +201,7 @@ def _stable_audio() -> Any:
 
 def make_tiny_stable_audio(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Stable Audio Open pipeline (StableAudioPipeline) to `out_dir`."""
-    return _build(out_dir, seed, _stable_audio)
+    return seeded_pipeline(out_dir, seed, _stable_audio)
 
 
 def gemma_tokenizer() -> Any:
@@ -333,7 +296,7 @@ def _ltx2() -> Any:
 
 def make_tiny_ltx2(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny LTX-2 pipeline (LTX2Pipeline: video with its audio track) to `out_dir`."""
-    return _build(out_dir, seed, _ltx2)
+    return seeded_pipeline(out_dir, seed, _ltx2)
 
 
 QWEN_CHAT_TEMPLATE = (
@@ -364,13 +327,7 @@ def _hunyuan_video_1_5() -> Any:
         HunyuanVideo15Transformer3DModel,
     )
     from diffusers.guiders import ClassifierFreeGuidance
-    from transformers import (
-        ByT5Tokenizer,
-        Qwen2_5_VLTextConfig,
-        Qwen2_5_VLTextModel,
-        T5Config,
-        T5EncoderModel,
-    )
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
     tokenizer = qwen2_tokenizer()
     text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
@@ -379,11 +336,7 @@ def _hunyuan_video_1_5() -> Any:
         rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
     ))
     tokenizer_2 = ByT5Tokenizer()
-    text_encoder_2 = T5EncoderModel(T5Config(
-        vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, pad_token_id=tokenizer_2.pad_token_id,
-        eos_token_id=tokenizer_2.eos_token_id, decoder_start_token_id=tokenizer_2.pad_token_id,
-    ))
+    text_encoder_2 = t5_encoder(tokenizer_2)
     transformer = HunyuanVideo15Transformer3DModel(
         in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
         num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
@@ -404,4 +357,4 @@ def _hunyuan_video_1_5() -> Any:
 
 def make_tiny_hunyuan_video_1_5(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny HunyuanVideo-1.5 pipeline (HunyuanVideo15Pipeline) to `out_dir`."""
-    return _build(out_dir, seed, _hunyuan_video_1_5)
+    return seeded_pipeline(out_dir, seed, _hunyuan_video_1_5)
