@@ -13,12 +13,22 @@ realtime response (given the app and its session's orchestrator).
   reads `params["modalities"]` and the inputs); otherwise the stages are
   `pipeline.stages_for_outputs(wanted)`.
 - Every call gets the deploy's `server.request_timeout_s` as its deadline (504).
+- Sampling fields only the vLLM engine applies (VLLM_ONLY: `stop`, `presence_penalty`,
+  `frequency_penalty`): `refuse_unapplied` is the 400 naming the one a pipeline's text stage
+  would ignore (chat, /v1/completions). `stop` on another engine's text-only answer is applied
+  here instead (a call given `stop`: StopCut), as vLLM applies it: the text ends before the first
+  stop string (not included), finish_reason "stop", and the request is aborted in every stage.
 - Leaving the block for any reason (client disconnect cancels the handler,
-  a write to a closed socket fails, an error) aborts the request in every stage.
+  a write to a closed socket fails, an error) aborts the request in every stage
+  and drops the outputs left unread.
+- A stage failing after it made output: the outputs come first, then the error
+  (orchestrator/requests.py), so `started()` returns the first output and a
+  streamed route has sent its headers when the error comes (in-band then).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aiohttp import web
@@ -33,11 +43,60 @@ from omni_actors.api.pipelines import (  # noqa: F401 - re-exported for the rout
     route_model,
     served_model_names,
 )
+from omni_actors.config.pipeline import ExecutionType, PipelineConfig, StageSpec
 from omni_actors.orchestrator.core import Orchestrator
+from omni_actors.orchestrator.outputs import TextOutput
 from omni_actors.orchestrator.requests import RequestSpec, RequestStream, StageChunk, new_request_id
 
 ORCH_KEY = web.AppKey("orchestrator", Orchestrator)
 """The server's first (default) pipeline; every pipeline is in app[PIPELINES_KEY]."""
+VLLM_ONLY = ("stop", "presence_penalty", "frequency_penalty")
+"""Sampling fields the vLLM engine applies and the transformers engine (and the synthetic one) would ignore."""
+
+
+def text_stage_of(pipeline: PipelineConfig) -> StageSpec | None:
+    """The autoregressive stage whose final output is the pipeline's text, if it has one."""
+    return next((s for s in pipeline.stages if s.final_output and s.final_output_type == "text"
+                 and s.execution_type == ExecutionType.LLM_AR), None)
+
+
+def applies_vllm_sampling(stage: StageSpec | None) -> bool:
+    """`stage` (a pipeline's text stage) runs on the vLLM engine, which applies every VLLM_ONLY field."""
+    return stage is not None and stage.engine.partition(":")[0].endswith(".vllm_ar")
+
+
+def refuse_unapplied(stage: StageSpec | None, values: dict[str, Any], why: dict[str, str] | None = None) -> None:
+    """A 400 naming the first field of `values` (VLLM_ONLY names: what the client sent) that is set and that
+    `stage`, the text stage, would ignore; `why` adds a reason for a field."""
+    if applies_vllm_sampling(stage):
+        return
+    for name, value in values.items():
+        if value:
+            reason = (why or {}).get(name)
+            raise bad_request(f"`{name}` is not applied by this model's engine{f' {reason}' if reason else ''}; "
+                              "leave it out", name, "unsupported_parameter")
+
+
+class StopCut:
+    """`stop` applied to a streamed text as vLLM applies it: the text ends right before the first stop string
+    found (not included). Text that may be the start of a stop string is held until the next delta says."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.hit = False
+
+    def feed(self, text: str, last: bool) -> str:
+        """The text of this delta that can go out now (all that is held, at the `last`)."""
+        buf = self.held + text
+        found = [i for s in self.stops if (i := buf.find(s)) >= 0]
+        if found:
+            self.hit, self.held = True, ""
+            return buf[:min(found)]
+        keep = 0 if last else max((k for s in self.stops for k in range(1, min(len(s), len(buf) + 1))
+                                   if buf.endswith(s[:k])), default=0)
+        self.held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep]
 
 
 def require_model(orch: Orchestrator, name: str | None, param: str = "model") -> str:
@@ -60,8 +119,9 @@ class PipelineCall:
 
     def __init__(self, request: web.Request | web.Application, route: str, inputs: dict[str, Any],
                  params: dict[str, Any], wanted: set[str], request_id: str | None = None,
-                 streaming: bool = False, orch: Orchestrator | None = None) -> None:
-        """`orch`: the pipeline to call (default: the one `route_model` chose for `request`, else the first)."""
+                 streaming: bool = False, orch: Orchestrator | None = None, stop: list[str] | None = None) -> None:
+        """`orch`: the pipeline to call (default: the one `route_model` chose for `request`, else the first).
+        `stop`: stop strings to apply to the text here (for an engine that does not; see StopCut)."""
         app = request.app if isinstance(request, web.Request) else request
         if orch is None:
             orch = orchestrator(request) if isinstance(request, web.Request) else app[PIPELINES_KEY].default
@@ -74,6 +134,8 @@ class PipelineCall:
         self.timing = Timing(app[METRICS_KEY], route, model_id(orch))
         self.stream: RequestStream | None = None
         self._first: StageChunk | None = None
+        self._cut = StopCut(stop) if stop else None
+        self._text_sid = 0
 
     def _spec(self) -> RequestSpec:
         pipe = self.orch.pipeline
@@ -91,9 +153,14 @@ class PipelineCall:
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         if self.stream is not None:
-            self.stream.abort()  # a no-op once the stream has ended
-            if exc_type is None and self.stream.terminal is None:
+            self.stream.close()  # aborts a stream still running; drops what was left unread
+            if exc_type is None and (self.stream.terminal is None or self.stopped):
                 self.timing.done()
+
+    @property
+    def stopped(self) -> bool:
+        """The text reached a stop string applied here: the answer ended ("stop"), its request was aborted."""
+        return self._cut is not None and self._cut.hit
 
     def feed(self, inputs: dict[str, Any], last: bool = False) -> bool:
         """More input for a `streaming` call's entry stages; False once the request has ended."""
@@ -116,6 +183,34 @@ class PipelineCall:
         if self._first is not None:
             chunk, self._first = self._first, None
             return chunk
-        chunk = await self.stream.__anext__()  # raises the run's RequestError once
+        if self._cut is None:
+            chunk = await self.stream.__anext__()  # raises the run's RequestError once
+        else:
+            chunk = await self._cut_next()
         self.timing.saw(chunk.output_type, chunk.output)
         return chunk
+
+    async def _cut_next(self) -> StageChunk:
+        """The next chunk, its text cut by the stop strings; the one that reached a stop string is the last
+        (finish_reason "stop"), and its request is aborted in every stage."""
+        assert self.stream is not None and self._cut is not None
+        if self._cut.hit:
+            raise StopAsyncIteration
+        try:
+            chunk = await self.stream.__anext__()
+        except StopAsyncIteration:
+            if not self._cut.held:
+                raise
+            chunk = StageChunk(self._text_sid, "text", {}, True, TextOutput("", 0))  # (what was held goes out)
+        out = chunk.output
+        if not isinstance(out, TextOutput):
+            return chunk
+        self._text_sid = chunk.stage_id
+        text = self._cut.feed(out.text, chunk.finished or out.finish_reason is not None)
+        if self._cut.hit:
+            self.stream.close()  # (an end here, not the client's leaving: `stopped`)
+            out = dataclasses.replace(out, text=text, finish_reason="stop", tool_calls=(), tool_parts=())
+            return dataclasses.replace(chunk, data={**chunk.data, "text": text}, finished=True, output=out)
+        if text == out.text:
+            return chunk
+        return dataclasses.replace(chunk, data={**chunk.data, "text": text}, output=dataclasses.replace(out, text=text))

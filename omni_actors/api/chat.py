@@ -7,6 +7,12 @@ What goes into the pipeline:
     params  {temperature, top_p, top_k, max_tokens, seed, stop (list), frequency_penalty,
              presence_penalty, repetition_penalty, voice, audio_format, modalities}
             (only the fields the client sent; `max_completion_tokens` wins over `max_tokens`)
+            `stop`, `presence_penalty`, `frequency_penalty` need a text stage on the vLLM engine; on another
+            engine the penalties are a 400 naming the field (it would ignore them, as /v1/completions refuses
+            them), and `stop` is applied by this route to a text-only answer without tools (api/calls.py's
+            StopCut, as vLLM applies it: the text ends before the first stop string, finish_reason "stop",
+            the stage's request aborted), else a 400 naming `stop` (the talker would speak past it; the
+            tool parser reads the whole answer)
     stages  planner's choice, else pipeline.stages_for_outputs(set(modalities))
 
 What comes back: StageChunks whose typed `output` is a TextOutput (delta, token
@@ -53,8 +59,11 @@ from omni_actors.api import chat_stored
 from omni_actors.api.audio_codec import check_supported, encode_file, off_loop
 from omni_actors.api.calls import (
     PipelineCall,
+    applies_vllm_sampling,
     drop_none,
+    refuse_unapplied,
     route_model,
+    text_stage_of,
 )
 from omni_actors.api.chat_inputs import build_chat_inputs, chat_param, file_ids
 from omni_actors.api.chat_schemas import (
@@ -85,6 +94,7 @@ from omni_actors.api.tools import (
     stage_tools,
     tools_refusal,
 )
+from omni_actors.config.pipeline import PipelineConfig
 from omni_actors.orchestrator.outputs import TextOutput
 
 __all__ = ["Tally", "add_routes", "chat_completions", "check_prewarm", "check_unserved"]  # (Tally: chat_tally.py)
@@ -130,6 +140,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     await check_tools(req.tools, req.tool_choice)
     check_tool_messages(req.messages)
     guided = guided_params(orch.pipeline, req.response_format, req.tools, req.tool_choice, req.parallel_tool_calls)
+    stops = stops_applied_here(req, orch.pipeline, modalities)
     if req.audio is not None and req.audio.voice:
         listed_voice(orch.pipeline, req.audio.voice, "audio.voice")  # /v1/audio/speech's 400 for an unknown one
     want_audio = "audio" in modalities
@@ -147,14 +158,28 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params, n = {**chat_params(req, modalities), **guided}, req.n or 1
     async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
         calls = [await calls_open.enter_async_context(PipelineCall(
-            request, ROUTE, inputs, choice_params(params, i), set(modalities), cid if n == 1 else f"{cid}-{i}"
-        )) for i in range(n)]
+            request, ROUTE, inputs, choice_params(params, i), set(modalities), cid if n == 1 else f"{cid}-{i}",
+            stop=stops)) for i in range(n)]
         keep = chat_stored.keeper(request, req)  # (None unless `store`)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await stream_answer(request, calls, cid, model, audio_format if want_audio else None,
                                        include_usage, hold_text=tools is not None, on_end=keep)
         return await _complete(calls, cid, model, audio_format if want_audio else None, keep)
+
+
+def stops_applied_here(req: ChatCompletionRequest, pipeline: PipelineConfig, modalities: list[str]) -> list[str] | None:
+    """The stop strings this route applies itself (the text stage's engine does not: not vLLM), else None;
+    a 400 naming a sampling field the text stage would ignore and this route cannot apply (module docstring)."""
+    stage = text_stage_of(pipeline)
+    refuse_unapplied(stage, {"presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty})
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop
+    if not stops or applies_vllm_sampling(stage):
+        return None
+    if modalities != ["text"] or stage_tools(req.tools, req.tool_choice) is not None:
+        refuse_unapplied(stage, {"stop": stops}, {"stop": "to an answer with audio or tools offered (it is applied "
+                                                  'to a text-only answer: `modalities` ["text"], no `tools`)'})
+    return stops
 
 
 def check_unserved(effort: str | None, verbosity: str | None, top_logprobs: int | None,

@@ -42,7 +42,16 @@ import msgspec
 from aiohttp import web
 
 from omni_actors.api import sse
-from omni_actors.api.calls import PIPELINES_KEY, PipelineCall, drop_none, model_id, route_model
+from omni_actors.api.calls import (
+    PIPELINES_KEY,
+    VLLM_ONLY,
+    PipelineCall,
+    drop_none,
+    model_id,
+    refuse_unapplied,
+    route_model,
+    text_stage_of,
+)
 from omni_actors.api.chat import choice_params
 from omni_actors.api.chat_schemas import Usage
 from omni_actors.api.chat_stream import merged
@@ -57,23 +66,20 @@ from omni_actors.api.completions_schemas import (
 )
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.schemas import read_body
-from omni_actors.config.pipeline import ExecutionType, StageSpec
+from omni_actors.config.pipeline import StageSpec
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.outputs import TextOutput
 
 __all__ = ["ROUTE", "add_routes", "completions", "text_stage"]
 
 ROUTE = "/v1/completions"
-VLLM_ONLY = ("stop", "presence_penalty", "frequency_penalty")
-"""Fields the vLLM engine applies and the transformers engine (and the synthetic one) would ignore."""
 
 Prompt = str | list[int]
 
 
 def text_stage(orch: Orchestrator) -> StageSpec | None:
     """The autoregressive stage whose final output is the pipeline's text, if it has one."""
-    return next((s for s in orch.pipeline.stages if s.final_output and s.final_output_type == "text"
-                 and s.execution_type == ExecutionType.LLM_AR), None)
+    return text_stage_of(orch.pipeline)
 
 
 def completion_model(request: web.Request, name: str) -> tuple[Orchestrator, StageSpec, str]:
@@ -136,11 +142,7 @@ def check_unserved(req: CompletionRequest, stage: StageSpec, n: int) -> None:
     if req.logit_bias:
         raise bad_request("this server does not support `logit_bias`: token biases are not applied; leave it out, "
                           "null or {}", "logit_bias", "unsupported_parameter")
-    if not stage.engine.partition(":")[0].endswith(".vllm_ar"):
-        for name in VLLM_ONLY:
-            if getattr(req, name):
-                raise bad_request(f"`{name}` is not applied by this model's engine; leave it out", name,
-                                  "unsupported_parameter")
+    refuse_unapplied(stage, {name: getattr(req, name) for name in VLLM_ONLY})  # (chat's check too)
 
 
 def completion_params(req: CompletionRequest) -> dict[str, Any]:

@@ -5,8 +5,14 @@ not taken are queued, `put_nowait` refuses the next (and the orchestrator then
 aborts the request in every stage). A reader that keeps up never sees the bound,
 even when the loop hands it a large output behind a small unread one (an image
 or a video behind a progress report); one that stops reading costs at most
-`max_bytes` plus one output, and that memory is dropped the moment the stream
-ends with an error.
+`max_bytes` plus one output, and that memory is dropped the moment the stream is
+aborted (RequestAborted: its reader left, stopped reading, or the request was
+cancelled) or its reader closes it (`close`: a route's PipelineCall, on leaving).
+
+A failure (a stage's error, a dead worker, the deadline) is read after the outputs
+made before it, in order. (Until 2026-12-05 it dropped them: a stage that made two
+outputs and failed at once had a streamed route, which waits for the first output
+before it sends its headers, answer the failure's HTTP status with none of them.)
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_actors.errors import RequestError
+from omni_actors.errors import RequestAborted, RequestError
 from omni_actors.orchestrator.outputs import FinalOutput
 
 CHUNK_OVERHEAD_BYTES = 256
@@ -114,18 +120,23 @@ class RequestStream:
         return True
 
     def finish_nowait(self, error: RequestError | None = None) -> bool:
-        """End the stream; returns False if it had already ended. An error drops every unread
-        chunk at once (nobody will read them: the reader gets the error next)."""
+        """End the stream; returns False if it had already ended. The end (the error, or the
+        normal end) is read after every chunk queued before it, but an abort drops the unread
+        chunks at once (nobody wants them: the reader left or stopped reading, or the request
+        was cancelled; the reader gets the RequestAborted next)."""
         if self._ended:
             return False
         self._ended = True
         self.terminal = error
-        if error is not None:
-            while not self._queue.empty():
-                self._queue.get_nowait()
-            self.queued_bytes = 0
+        if isinstance(error, RequestAborted):
+            self._drop_unread()
         self._queue.put_nowait(error if error is not None else _END)
         return True
+
+    def _drop_unread(self) -> None:
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self.queued_bytes = 0
 
     @property
     def ended(self) -> bool:
@@ -137,9 +148,18 @@ class RequestStream:
 
     # -- consumer side (API) --
     def abort(self) -> None:
-        """Abort the request in every stage; the stream ends with RequestAborted."""
+        """Abort the request in every stage; the stream ends with RequestAborted (a no-op once it
+        ended: what is queued is still read, then the end)."""
         if not self._ended:
             self._on_abort(self.request_id)
+
+    def close(self) -> None:
+        """The reader has gone: abort the request if it still runs, and drop what it left unread
+        now (an ended stream's too); a later read gets the stream's end at once."""
+        self.abort()
+        if self._ended and self.queued_bytes:
+            self._drop_unread()
+            self._queue.put_nowait(self.terminal if self.terminal is not None else _END)
 
     def __aiter__(self) -> AsyncIterator[StageChunk]:
         return self

@@ -1,6 +1,7 @@
 """Chat and Responses requests as real clients write them: an answer sent back as the openai SDK gives it
 (`messages.append(message)`, `message.model_dump()`, `input += response.output`), and JSON `null` for a
-field left unset (what clients that send every field write).
+field left unset (what clients that send every field write); `stop` and the penalties on a stage whose engine
+does not apply them (applied by the route, or a 400 naming the field, as /v1/completions answers).
 
 The synthetic text stage answers with the words of the last message, one per token, so an answer
 says what reached the stage.
@@ -10,10 +11,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 import openai
 import pytest
 
-from tests.api.conftest import Server, post, serve
+from omni_actors.api.chat import chat_params, stops_applied_here
+from omni_actors.api.chat_schemas import ChatCompletionRequest
+from omni_actors.api.errors import ApiError
+from omni_actors.config.pipeline import get_pipeline
+from tests.api.conftest import Server, eventually, idle, post, serve
 
 USER = {"role": "user", "content": "red green"}
 
@@ -112,3 +118,64 @@ async def test_fields_client_libraries_send_are_served_accepted_or_refused_by_na
         with pytest.raises(openai.BadRequestError) as bad:
             await client.chat.completions.create(model="synthetic", messages=[USER], max_tokens=2, **fields)
         assert bad.value.body["param"] == param and (code is None or bad.value.body["code"] == code), bad.value.body
+
+
+LONG_ASK = [{"role": "user", "content": "alpha beta gamma delta"}]
+"""The synthetic text stage says these words, one a token, over and over up to `max_tokens`."""
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_stop_on_an_engine_that_ignores_it_ends_the_text_before_the_stop_string(srv: Server,
+                                                                                      streamed: bool) -> None:
+    """The synthetic stage (like the transformers engine) does not apply `stop`: the route does, as vLLM does
+    (before 2026-12-05 it was ignored: the whole answer came back)."""
+    client = srv.client()
+    for stop, said in ((" gamma", "alpha beta"), (["ta ga", "zz"], "alpha be"), ("alpha", ""),
+                       (["nowhere"], "alpha beta gamma delta alpha beta gamma delta")):
+        if streamed:
+            chunks = [c async for c in await client.chat.completions.create(
+                model="synthetic", messages=LONG_ASK, max_tokens=8, stop=stop, stream=True)]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            got = await client.chat.completions.create(model="synthetic", messages=LONG_ASK, max_tokens=8, stop=stop)
+            text, finish = got.choices[0].message.content, got.choices[0].finish_reason
+        assert (text, finish) == (said, "stop"), stop
+
+
+async def test_a_stop_reached_ends_the_request_in_the_stage(srv: Server) -> None:
+    before = srv.orch.statistics().requests_aborted
+    got = await srv.client().chat.completions.create(model="synthetic", messages=LONG_ASK, max_tokens=50_000,
+                                                     stop=" gamma")
+    assert (got.choices[0].message.content, got.choices[0].finish_reason) == ("alpha beta", "stop")
+    assert got.usage is not None and got.usage.completion_tokens < 50_000
+    await eventually(lambda: idle(srv.orch))
+    assert srv.orch.statistics().requests_aborted == before + 1
+
+
+async def test_sampling_fields_a_stage_would_ignore_are_a_400_naming_them(srv: Server) -> None:
+    """As /v1/completions answers them (before 2026-12-05 chat ignored them silently)."""
+    spoken = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}
+    for fields, param in (({"presence_penalty": 0.5}, "presence_penalty"),
+                          ({"frequency_penalty": -1}, "frequency_penalty"), ({"stop": "x", **spoken}, "stop")):
+        for streamed in (False, True):
+            status, body = await post(srv, "/v1/chat/completions", {
+                "model": "synthetic", "messages": [USER], "max_tokens": 2, "stream": streamed, **fields})
+            assert status == 400 and body["error"]["param"] == param, (fields, body)
+            assert body["error"]["code"] == "unsupported_parameter"
+        status, body = await post(srv, "/v1/responses", {"model": "synthetic", "input": "red", param: fields[param]})
+        assert status == 400 and body["error"]["param"] == param, body  # (not a field of the Responses API)
+    got = await srv.client().chat.completions.create(model="synthetic", messages=[USER], max_tokens=2,
+                                                     presence_penalty=0, frequency_penalty=0)
+    assert got.choices[0].message.content == "red green"  # (0: no penalty, nothing to apply)
+
+
+def test_a_vllm_text_stage_is_given_stop_and_the_penalties_itself() -> None:
+    req = msgspec.json.decode(msgspec.json.encode({
+        "model": "llm", "messages": [USER], "stop": ["\n"], "presence_penalty": 0.5, "frequency_penalty": 0.5}),
+        type=ChatCompletionRequest)
+    assert stops_applied_here(req, get_pipeline("llm"), ["text"]) is None  # (no 400; no stop applied here)
+    assert chat_params(req, ["text"])["stop"] == ["\n"]
+    with pytest.raises(ApiError) as refused:
+        stops_applied_here(req, get_pipeline("synthetic"), ["text"])
+    assert refused.value.param == "presence_penalty"

@@ -52,7 +52,7 @@ async def test_a_stream_failing_mid_answer_ends_with_response_failed_and_is_stor
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
     said = [e for e in events if e.type == "response.output_text.delta"]
-    assert 1 <= len(said) <= FAIL_AT_CHUNK, said  # (words not yet read when the failure comes are dropped)
+    assert 1 <= len(said) <= FAIL_AT_CHUNK, said  # (every word made before the failure is sent first)
     end = events[-1]
     assert end.type == "response.failed", end
     failed = end.response
