@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from omni_actors import logs
 from omni_actors.api.audio_codec import wav_sized
 from omni_actors.api.calls import PipelineCall, route_model
-from omni_actors.api.errors import RESPONSE_STARTED, bad_request
+from omni_actors.api.errors import IN_BAND_ERROR, RESPONSE_STARTED, bad_request, from_exception
 from omni_actors.api.schemas import (
     SpeechAudioDelta,
     SpeechAudioDone,
@@ -46,8 +47,11 @@ from omni_actors.api.speech_audio import TYPES, SpeechEncoder
 from omni_actors.api.speech_inputs import require_speech_model, speech_call
 from omni_actors.api.sse import respond
 from omni_actors.audio import DEFAULT_SAMPLE_RATE
+from omni_actors.errors import RequestError
 from omni_actors.orchestrator.outputs import AudioOutput
 from omni_actors.orchestrator.requests import StageChunk
+
+log = logs.get(__name__)
 
 ROUTE = "/v1/audio/speech"
 MAX_INPUT_CHARS = 4096
@@ -135,7 +139,8 @@ async def _whole(call: PipelineCall, enc: Encoding) -> web.Response:
 async def _chunked(request: web.Request, call: PipelineCall, enc: Encoding) -> web.StreamResponse:
     """Encoded bytes as they are made. The headers wait for the first audio (its rate is
     X-Sample-Rate's), so an error before it keeps its HTTP status; a failure after the first
-    byte cuts the connection (a truncated chunked body is how HTTP says "incomplete")."""
+    byte cuts the connection (a truncated chunked body is how HTTP says "incomplete"), logged as one
+    `speech.stream_cut` line with the error's code (counted in the error metrics as an in-band one)."""
     first = b""
     async for chunk in call:
         if (got := audio_of(chunk)) is not None:
@@ -147,10 +152,18 @@ async def _chunked(request: web.Request, call: PipelineCall, enc: Encoding) -> w
     request[RESPONSE_STARTED] = True
     if first:
         await resp.write(first)
-    async for chunk in call:
-        got = audio_of(chunk)
-        if got is not None and (data := await enc.feed(*got)):
-            await resp.write(data)
+    try:
+        async for chunk in call:
+            got = audio_of(chunk)
+            if got is not None and (data := await enc.feed(*got)):
+                await resp.write(data)
+    except RequestError as err:
+        code = from_exception(err).code or "none"
+        log.warning("speech.stream_cut", path=request.path, code=code, error=str(err))
+        request[IN_BAND_ERROR] = code
+        if request.transport is not None:
+            request.transport.close()  # (no last chunk: the client reads an incomplete body)
+        return resp
     if tail := await enc.finish():
         await resp.write(tail)
     await resp.write_eof()

@@ -110,6 +110,14 @@ async def test_a_chunked_speech_stream_sends_the_audio_made_then_cuts_the_connec
                     async for part in resp.content.iter_any():
                         got += len(part)
             assert got > 0, i
+        # The cut is the route's answer, not an unhandled error: counted with the stage's code under the
+        # stream's status (before 2026-12-05 the error left the handler, aiohttp logged a traceback, and
+        # the metrics said 500 with no code of ours).
+        async with http.get(speech.url + "/metrics") as resp:
+            scrape = await resp.text()
+    line = 'omni_http_errors_total{code="stage_failed",route="/v1/audio/speech",status="200"}'
+    assert any(row.startswith(line) and float(row.split()[-1]) >= REPEATS for row in scrape.splitlines()), [
+        row for row in scrape.splitlines() if row.startswith("omni_http_errors_total")]
 
 
 async def test_the_text_in_speech_socket_sends_the_audio_made_then_the_error(speech: Server) -> None:
