@@ -11,8 +11,10 @@ What goes into the pipeline, per prompt and choice:
 Which models: a pipeline whose final text comes from an autoregressive stage (`LLM_AR`: the
 assistant's vLLM llm, `llm` folders, the Qwen-Omni thinkers on transformers). Any other model
 (speech, images, video, transcription only) is a 404 naming `model` and the models of this
-server that serve completions. `stop` and the penalties need the vLLM engine; on another
-engine's stage they are a 400 naming the field (it would ignore them).
+server that serve completions. The penalties need the vLLM engine; on another engine's stage
+they are a 400 naming the field (it would ignore them). `stop` on another engine's stage is
+applied by this route as vLLM applies it (api/calls.py's StopCut: the text ends before the first
+stop string, finish_reason "stop", the stage's request aborted).
 
 `prompt` is a string, a list of strings (several prompts), a list of token ids (one prompt) or a
 list of lists of token ids; empty (or an empty item) is a 400. Each prompt's `n` choices are their
@@ -46,6 +48,7 @@ from omni_actors.api.calls import (
     PIPELINES_KEY,
     VLLM_ONLY,
     PipelineCall,
+    applies_vllm_sampling,
     drop_none,
     model_id,
     refuse_unapplied,
@@ -142,7 +145,7 @@ def check_unserved(req: CompletionRequest, stage: StageSpec, n: int) -> None:
     if req.logit_bias:
         raise bad_request("this server does not support `logit_bias`: token biases are not applied; leave it out, "
                           "null or {}", "logit_bias", "unsupported_parameter")
-    refuse_unapplied(stage, {name: getattr(req, name) for name in VLLM_ONLY})  # (chat's check too)
+    refuse_unapplied(stage, {name: getattr(req, name) for name in VLLM_ONLY if name != "stop"})  # (chat's too)
 
 
 def completion_params(req: CompletionRequest) -> dict[str, Any]:
@@ -171,11 +174,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     echoes = [p if req.echo and isinstance(p, str) else "" for p in items for _ in range(n)]
     cid = f"cmpl-{uuid.uuid4().hex[:24]}"
     params = completion_params(req)
+    stops = None if applies_vllm_sampling(stage) else params.pop("stop", None)  # (else cut here: StopCut)
     count = len(items) * n
     async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
         calls = [await calls_open.enter_async_context(PipelineCall(
             request, ROUTE, prompt_inputs(prompt), choice_params(params, i), {"text"},
-            cid if count == 1 else f"{cid}-{p * n + i}", orch=orch,
+            cid if count == 1 else f"{cid}-{p * n + i}", orch=orch, stop=stops,
         )) for p, prompt in enumerate(items) for i in range(n)]
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -175,13 +175,21 @@ async def test_a_model_that_writes_no_text_says_so() -> None:
     assert "synthetic_image" in caught.value.message and "no model of this server" in caught.value.message
 
 
-async def test_a_stage_that_would_ignore_stop_or_penalties_refuses_them() -> None:
-    """The synthetic text stage (not vLLM) answers the prompt's words, and refuses what it would not apply."""
+async def test_a_stage_that_would_ignore_stop_or_penalties_cuts_at_stop_and_refuses_penalties() -> None:
+    """The synthetic text stage (not vLLM) answers the prompt's words: `stop` is applied by the route as vLLM
+    applies it (streamed or not), the penalties it would not apply are refused."""
     async with serve("synthetic_text") as text:
         client = text.client()
         done = await client.completions.create(model="synthetic_text", prompt="red green", max_tokens=2)
         assert done.choices[0].text == "red green" and done.usage.completion_tokens == 2
-        for fields, param in (({"stop": "x"}, "stop"), ({"presence_penalty": 0.5}, "presence_penalty"),
+        cut = await client.completions.create(model="synthetic_text", prompt="red green blue", max_tokens=3,
+                                              stop=" gr")
+        assert (cut.choices[0].text, cut.choices[0].finish_reason) == ("red", "stop")
+        parts = [c async for c in await client.completions.create(
+            model="synthetic_text", prompt="red green blue", max_tokens=3, stop=["blu"], stream=True)]
+        assert "".join(c.choices[0].text for c in parts if c.choices) == "red green "
+        assert [c.choices[0].finish_reason for c in parts if c.choices][-1] == "stop"
+        for fields, param in (({"presence_penalty": 0.5}, "presence_penalty"),
                               ({"frequency_penalty": 0.5}, "frequency_penalty")):
             with pytest.raises(openai.BadRequestError) as caught:
                 await client.completions.create(model="synthetic_text", prompt="red", **fields)
