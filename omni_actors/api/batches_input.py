@@ -3,7 +3,7 @@
 Each non-blank line of the JSONL file is one request, `{"custom_id", "method": "POST", "url", "body"}`.
 What is wrong with a line is a BatchError naming its line (1-based) and field, with OpenAI's codes:
 
-    invalid_json_line            not a JSON object
+    invalid_json_line            not a JSON object (or not UTF-8)
     missing_required_parameter   no `custom_id`, `method`, `url` or `body`
     invalid_value                `method` other than POST, a field of the wrong type
     url_mismatch                 `url` other than the batch's `endpoint`
@@ -68,6 +68,11 @@ def read_input(data: bytes, endpoint: str, models: Collection[str]) -> ReadInput
         if len(found.lines) >= MAX_LINES:
             _error(found, "too_many_tasks", f"a batch holds at most {MAX_LINES} requests", None, number)
             break
+        try:
+            raw.decode()  # (msgspec checks the UTF-8 of the fields it reads, not of a Raw `body` nor skipped ones)
+        except UnicodeDecodeError as err:
+            _error(found, "invalid_json_line", f"This line is not valid UTF-8 (byte {err.start}).", None, number)
+            continue
         try:
             line = msgspec.json.decode(raw, type=_Line)
         except msgspec.ValidationError as err:  # (a JSON object, a field of the wrong type)

@@ -65,6 +65,16 @@ class OutputLine(msgspec.Struct):
     error: dict[str, str] | None
 
 
+class _Flags(msgspec.Struct):
+    """What a line's body says that makes it unfit for a batch (its other fields are read by its route)."""
+
+    stream: Any = None
+    background: Any = None
+
+
+_flags = msgspec.json.Decoder(_Flags)
+
+
 def _now() -> int:
     return int(time.time())
 
@@ -208,11 +218,14 @@ class BatchRunner:
 
     async def _answer(self, endpoint: str, body: str) -> tuple[dict[str, Any] | None, dict[str, str] | None, bool] | None:
         """(response, error, ok) of a line; None when the server stopped it before its answer."""
-        fields = json.loads(body)
-        if fields.get("stream") is True:
+        try:
+            fields = _flags.decode(body)
+        except (msgspec.DecodeError, RecursionError):  # (too deep for this stack: its route answers it, a 400)
+            fields = _Flags()
+        if fields.stream is True:
             return None, {"code": "invalid_request", "message": "body.stream: a batch's answers are whole; send the "
                           "request without `stream: true`"}, False
-        if fields.get("background") is True:
+        if fields.background is True:
             return None, {"code": "invalid_request", "message": "body.background: a batch line is answered in the "
                           "batch's output file; send it without `background: true`"}, False
         assert self.loopback is not None

@@ -120,7 +120,10 @@ def _message(mid: str, m: ChatMessage) -> dict[str, Any]:
         content = "\n".join(texts) if texts else None
     out: dict[str, Any] = {"id": mid, "role": m.role, "content": content, "name": m.name, "content_parts": parts}
     sent = msgspec.to_builtins(m)  # (the fields the client sent)
-    out.update({k: sent[k] for k in ("tool_calls", "tool_call_id", "refusal") if k in sent})
+    out.update({k: sent[k] for k in ("tool_call_id", "refusal") if k in sent})
+    if m.tool_calls is not None:  # (each with its `type`, a default the request struct omits when encoded)
+        out["tool_calls"] = [{"id": t.id, "type": t.type, "function": msgspec.to_builtins(t.function)}
+                             for t in m.tool_calls]
     if m.audio is not None:
         out["audio"] = {"id": m.audio.id}
     return out

@@ -41,6 +41,7 @@ from omni_actors.api.responses_inputs import image_file_ids, part_param, read_tu
 from omni_actors.api.responses_schemas import Includable, InputItem, InputItemList, ResponseRequest
 from omni_actors.api.responses_store import RESPONSES_KEY
 from omni_actors.api.schemas import Metadata, RequestStruct, read_body
+from omni_actors.api.tools import check_tool_messages
 
 ROUTE = "/v1/conversations"
 MAX_ITEMS_ADDED = 20
@@ -99,16 +100,25 @@ def _conversation(store: ConversationStore, cid: str) -> Conversation:
     return Conversation(id=cid, created_at=found[0], metadata=found[1])
 
 
-async def checked(request: web.Request, items: list[InputItem], param: str = "items") -> list[dict[str, Any]]:
-    """Items as stored (with ids), once read as a response reads its input (a 400 naming what it cannot)."""
+async def checked(request: web.Request, items: list[InputItem], param: str = "items",
+                  tail: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Items as stored (with ids), once read as a response reads its input (a 400 naming what it cannot),
+    after `tail` (ConversationStore.tail: the function calls and outputs the conversation ends with): a
+    function call's output that answers no open call, or an item while calls are still unanswered, would
+    make every later response in the conversation a 400, so it is refused here."""
     req = ResponseRequest(model="", input=items)
     try:
         files = {fid: _data_url(await file_bytes(request, fid, where)) for fid, where in image_file_ids(req)}
-        turn = read_turn(req, [], files)
+        earlier = read_turn(ResponseRequest(model="", input=msgspec.convert(tail, list[InputItem])),
+                            []).conversation if tail else []
+        turn = read_turn(req, earlier, files)
         try:
             messages = msgspec.convert(turn.messages, list[ChatMessage])
         except msgspec.ValidationError as err:
             raise bad_request(f"{param} cannot be read as a conversation: {err}", param) from None
+        # (the item, its call_id for a result's; a fault in the stored tail names the whole list)
+        check_tool_messages(messages, lambda i, field: param if turn.where[i] < 0 else (
+            f"{param}[{turn.where[i]}]" + (".call_id" if field == "tool_call_id" else "")))
         namer = part_param(turn.where, req)
         uploads = {fid: await file_bytes(request, fid, where) for fid, where in file_ids(messages, namer)}
         if any(not isinstance(m.content, str | None) for m in messages):  # (media: decoded as a response would)
@@ -195,7 +205,7 @@ async def add_items(request: web.Request) -> web.Response:
     store = conversations(request)
     if store.get(cid) is None:
         raise _not_found(cid)
-    return _page(store.append(cid, await checked(request, body.items)), False)
+    return _page(store.append(cid, await checked(request, body.items, tail=store.tail(cid))), False)
 
 
 async def list_items(request: web.Request) -> web.Response:

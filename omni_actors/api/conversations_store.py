@@ -26,7 +26,13 @@ DDL = (
     "CREATE TABLE IF NOT EXISTS conversation_items (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
     "conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE, id TEXT NOT NULL, item TEXT)",
     "CREATE INDEX IF NOT EXISTS conversation_items_by_id ON conversation_items (conversation_id, id)",
+    # (a conversation's items in order, read from either end without sorting the whole conversation)
+    "CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation_id, seq)",
 )
+TAIL_CHUNK = 64
+"""Items read at a time, from a conversation's end back to its last message (ConversationStore.tail)."""
+ID_CHUNK = 500
+"""Ids looked up in one query (SQLite's bound parameters are limited)."""
 
 
 class ConversationStore:
@@ -55,14 +61,20 @@ class ConversationStore:
     def delete(self, cid: str) -> bool:
         return self.store.execute("DELETE FROM conversations WHERE id = ?", (cid,)) > 0
 
-    def item_ids(self, cid: str) -> set[str]:
-        """The ids of the conversation's items (the deleted ones too: an id is used once in a conversation)."""
-        return {r[0] for r in self.store.query("SELECT id FROM conversation_items WHERE conversation_id = ?", (cid,))}
+    def item_ids(self, cid: str, ids: list[str]) -> set[str]:
+        """Which of `ids` the conversation has (the deleted items' too: an id is used once in a conversation)."""
+        taken: set[str] = set()
+        for start in range(0, len(ids), ID_CHUNK):  # (one indexed lookup per id, not the whole conversation)
+            part = ids[start:start + ID_CHUNK]
+            rows = self.store.query("SELECT id FROM conversation_items WHERE conversation_id = ? AND id IN "
+                                    f"({','.join('?' * len(part))})", (cid, *part))
+            taken.update(r[0] for r in rows)
+        return taken
 
     def append(self, cid: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Add items at the conversation's end (an id already in it is replaced by a new one); what was
         added, as stored. Nothing is added to a conversation deleted meanwhile."""
-        added = _unique_ids(items, self.item_ids(cid))
+        added = _unique_ids(items, self.item_ids(cid, [i["id"] for i in items]))
         self.store.transaction(self._inserts(cid, added))
         return added
 
@@ -76,6 +88,24 @@ class ConversationStore:
         rows = self.store.query("SELECT item FROM conversation_items WHERE conversation_id = ? AND item IS NOT NULL "
                                 "ORDER BY seq", (cid,))
         return [json.loads(r[0]) for r in rows]
+
+    def tail(self, cid: str) -> list[dict[str, Any]]:
+        """The function calls and outputs after the conversation's last message (what a next item pairs with),
+        read from the end TAIL_CHUNK at a time: the items before that message are never read."""
+        found: list[dict[str, Any]] = []
+        before = None
+        while True:
+            rows = self.store.query("SELECT seq, item FROM conversation_items WHERE conversation_id = ? AND item IS "
+                                    "NOT NULL AND (? IS NULL OR seq < ?) ORDER BY seq DESC LIMIT ?",
+                                    (cid, before, before, TAIL_CHUNK))
+            for row in rows:
+                item = json.loads(row[1])
+                if item.get("type", "message") == "message":
+                    return found[::-1]
+                found.append(item)
+            if len(rows) < TAIL_CHUNK:
+                return found[::-1]
+            before = rows[-1][0]
 
     def page(self, cid: str, after: str | None, limit: int, newest_first: bool) -> tuple[list[dict[str, Any]], bool]:
         """A page of the conversation's items (at most `limit`, after the item `after`) and whether more

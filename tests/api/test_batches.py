@@ -35,6 +35,9 @@ SLOW_STEP_MS = 10
 SLOW_TOKENS = 40
 """A slow line: SLOW_TOKENS tokens at SLOW_STEP_MS a token (0.4 s)."""
 CHAT = "/v1/chat/completions"
+DEEP = 990
+"""Arrays nested in a line's body: within what the input check reads (in a thread), past what a decoder reads
+on a running batch's deeper stack."""
 
 
 @contextlib.asynccontextmanager
@@ -162,6 +165,31 @@ async def test_bad_lines_fail_the_batch_naming_each(srv: Server) -> None:
     assert (await client.batches.retrieve(made.id)).errors.data[0].message == made.errors.data[0].message
     empty = await client.batches.create(input_file_id=await upload(client, []), endpoint=CHAT, completion_window="24h")
     assert empty.status == "failed" and [e.code for e in empty.errors.data] == ["empty_file"]
+
+
+async def test_a_line_that_is_not_utf8_fails_the_batch_naming_it(srv: Server) -> None:
+    """Bytes that are not UTF-8 inside a line's `body` (which is kept as it is, unread) are that line's error,
+    not a 500 for the whole create."""
+    client = srv.client()
+    bad = json.dumps(chat_line("b", "PLACEHOLDER")).encode().replace(b"PLACEHOLDER", b"\xff\xfe")
+    fid = await upload(client, [chat_line("a", "x"), bad])
+    made = await client.batches.create(input_file_id=fid, endpoint=CHAT, completion_window="24h")
+    assert made.status == "failed", made
+    assert [(e.line, e.code) for e in made.errors.data] == [(2, "invalid_json_line")], made.errors
+
+
+async def test_a_deeply_nested_line_is_answered_by_its_route_not_an_internal_error(srv: Server) -> None:
+    """A body as deep as a batch's input check lets through (just under msgspec's nesting limit) is sent to its
+    route, which answers it as a direct call (a 400), not read by the runner into an internal error."""
+    client = srv.client()
+    deep = b"[" * DEEP + b"]" * DEEP
+    line = json.dumps(chat_line("deep", "x", extra="PLACEHOLDER")).encode().replace(b'"PLACEHOLDER"', deep)
+    made = await client.batches.create(input_file_id=await upload(client, [line]), endpoint=CHAT,
+                                       completion_window="24h")
+    done = await reached(client, made.id, ended)
+    (answer,) = await lines_of(client, done.error_file_id)
+    assert answer["error"] is None and answer["response"]["status_code"] == 400, answer
+    assert answer["response"]["body"]["error"]["type"] == "invalid_request_error", answer
 
 
 @pytest.mark.parametrize(("fields", "param", "code"), [

@@ -200,6 +200,25 @@ async def test_the_messages_are_kept_without_media_bytes_and_paged(client: Async
     assert bad.value.body["param"] == "after"
 
 
+async def test_stored_messages_sent_back_are_the_messages_that_were_sent(client: AsyncOpenAI) -> None:
+    """The messages list gives each message as OpenAI's does (a tool call with its `type`), so a client that
+    sends them again (the SDK's types, less the list's own `id` and `content_parts`) sends what it sent first."""
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    made = await client.chat.completions.create(model="synthetic", messages=messages, max_tokens=1, store=True)
+    listed = [m async for m in client.chat.completions.messages.list(made.id)]
+    again = [{k: v for k, v in m.model_dump(exclude_none=True).items() if k not in ("id", "content_parts")}
+             for m in listed]
+    assert again == messages
+    second = await client.chat.completions.create(model="synthetic", messages=again, max_tokens=1, store=True)
+    assert [m.tool_calls for m in listed] == [m.tool_calls async for m in client.chat.completions.messages.list(
+        second.id)]
+
+
 async def test_an_aborted_or_failed_completion_is_not_stored(srv: Server, client: AsyncOpenAI) -> None:
     tag = {"test": "aborted"}
     stream = await client.chat.completions.create(model="synthetic", messages=ask("a b"), max_tokens=LONG_TOKENS,

@@ -152,6 +152,29 @@ async def test_conversation_mistakes_are_openai_style_4xx(client: AsyncOpenAI) -
             await missing()
 
 
+async def test_items_that_would_break_the_conversations_calls_are_refused_when_added(client: AsyncOpenAI) -> None:
+    """A call's output that answers no open call (or an item while calls are unanswered) would make every later
+    response in the conversation a 400; it is refused when added, naming the item, and nothing is added."""
+    conv = await client.conversations.create(items=[{"role": "user", "content": "look it up"}])
+    other = {**RESULT, "call_id": "call_2"}
+    for items, param in (([RESULT], "items[0]"), ([CALL, other], "items[1].call_id"),
+                         ([CALL, {"role": "user", "content": "x"}], "items[0]")):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.conversations.items.create(conv.id, items=items)
+        assert (bad.value.body["param"], bad.value.body["type"]) == (param, "invalid_request_error"), bad.value.body
+    with pytest.raises(openai.BadRequestError) as lone:
+        await client.conversations.create(items=[RESULT])
+    assert lone.value.body["param"] == "items[0]", lone.value.body
+    assert len(await _all(client, conv.id)) == 1
+    await client.conversations.items.create(conv.id, items=[CALL])  # (a conversation may end on an open call)
+    with pytest.raises(openai.BadRequestError) as unanswered:  # (its output must come next)
+        await client.conversations.items.create(conv.id, items=[{"role": "user", "content": "y"}])
+    assert unanswered.value.body["param"] == "items", unanswered.value.body
+    await client.conversations.items.create(conv.id, items=[RESULT])  # its output, in a later request
+    answer = await client.responses.create(model="synthetic", input="next", max_output_tokens=1, conversation=conv.id)
+    assert answer.output_text == "next"
+
+
 async def test_conversations_survive_a_restart(client: AsyncOpenAI, data: Path) -> None:
     conv = await client.conversations.create(items=[{"role": "user", "content": "alpha"}], metadata={"a": "b"})
     answer = await client.responses.create(model="synthetic", input="beta", max_output_tokens=1, conversation=conv.id)

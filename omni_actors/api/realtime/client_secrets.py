@@ -22,6 +22,7 @@ Unlike session.update, it must say its `type` ("realtime" or "transcription"), a
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -81,6 +82,9 @@ async def _checked_session(request: web.Request, orch: Orchestrator, stats: Real
     model = session_model(session) or server.served_model_name or orch.deploy.pipeline
     kind = DuplexSession if orch.pipeline.duplex else RealtimeSession
     probe = kind(None, request, orch, model, stats)  # type: ignore[arg-type]  # (never connected: it only checks)
+    if probe.beta_transcription:  # (read from this POST's `?intent=`: not a connection's query, nor the secret's)
+        probe.beta_transcription = False
+        probe.cfg = replace(probe.cfg, type="realtime")
     if session is not None:
         if session.type is UNSET:
             raise bad_request("a client secret's session must say its `type`: 'realtime' or 'transcription'",

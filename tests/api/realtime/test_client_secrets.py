@@ -232,6 +232,20 @@ async def test_bad_expiry_and_sessions_are_400s_naming_the_field_as_session_upda
         await client.ws.close()
 
 
+async def test_the_session_answered_is_the_one_a_connection_starts_with_whatever_the_query(keyed: Served) -> None:
+    """The POST's query is not a connection's: `?intent=transcription` there neither makes the answer claim a
+    transcription session (this pipeline makes no transcripts) nor changes what the secret opens."""
+    srv = keyed.srv
+    assert srv is not None
+    status, body = await post(srv, "/v1/realtime/client_secrets?intent=transcription", {})
+    assert status == 200 and body["session"]["type"] == "realtime", body
+    async with aiohttp.ClientSession() as http:
+        client = await _open_with(srv, {"Authorization": f"Bearer {body['value']}"}, http=http)
+        created = (await client.until("session.created"))[-1]["session"]
+        assert created.get("type", "realtime") == "realtime" and created["object"] == "realtime.session", created
+        await client.ws.close()
+
+
 async def test_a_secret_survives_a_restart_and_only_its_hash_is_stored(keyed: Served) -> None:
     srv = keyed.srv
     assert srv is not None
