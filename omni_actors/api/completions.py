@@ -176,6 +176,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     params = completion_params(req)
     stops = None if applies_vllm_sampling(stage) else params.pop("stop", None)  # (else cut here: StopCut)
     count = len(items) * n
+    deployed = orch.deploy.stage(stage.stage_id)
+    if count > (room := deployed.queue_limit * deployed.num_replicas):  # (a 429 would be retried in vain)
+        raise bad_request(f"{len(items)} prompts x n={n} is {count} requests; this model admits at most {room} at "
+                          "once: send fewer prompts or a smaller `n`", "n" if n > 1 else "prompt",
+                          "integer_above_max_value" if n > 1 else "array_above_max_length")
     async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
         calls = [await calls_open.enter_async_context(PipelineCall(
             request, ROUTE, prompt_inputs(prompt), choice_params(params, i), {"text"},

@@ -194,3 +194,10 @@ async def test_a_stage_that_would_ignore_stop_or_penalties_cuts_at_stop_and_refu
             with pytest.raises(openai.BadRequestError) as caught:
                 await client.completions.create(model="synthetic_text", prompt="red", **fields)
             assert caught.value.param == param and caught.value.code == "unsupported_parameter"
+        # More prompts x n than the stage could ever admit at once: a 400 naming the field, not a 429 that
+        # the SDK (and a batch line) would retry in vain (before 2026-12-05: queue_full).
+        room = text.orch.deploy.stage(0).queue_limit * text.orch.deploy.stage(0).num_replicas
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.completions.create(model="synthetic_text", prompt=["red"] * 64, n=room // 64 + 1,
+                                            max_tokens=1)
+        assert (caught.value.param, caught.value.code) == ("n", "integer_above_max_value"), caught.value
