@@ -2,6 +2,8 @@
 
     chat_completions(id "chatcmpl-...", created, model, metadata, body, messages)
     chat_completion_cursors(id, seq, created)   where deleted completions stood, so `after` may name one
+    chat_completion_metadata(key, value, seq)   each completion's metadata pairs (seq: its rowid), so a list
+                                                filtered by metadata reads the matches, not every row
 
 `body` is the completion as answered, with its `metadata` (JSON; an audio answer's `data` is empty:
 no audio is kept, its transcript is); `messages` the request's messages as the messages list gives
@@ -28,6 +30,14 @@ DDL = (
     # deleted (the SDK's auto-paging while deleting each) goes on from there rather than a 400.
     "CREATE TABLE IF NOT EXISTS chat_completion_cursors (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, "
     "created INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS chat_completion_metadata (key TEXT NOT NULL, value TEXT NOT NULL, "
+    "seq INTEGER NOT NULL, PRIMARY KEY (key, value, seq)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS chat_completion_metadata_seq ON chat_completion_metadata (seq)",
+    # Completions stored before this table (or by a server without it): their pairs, once (the newest
+    # indexed completion's rowid bounds the scan, so a later start reads only rows past it).
+    "INSERT OR IGNORE INTO chat_completion_metadata (key, value, seq) SELECT m.key, m.value, c.rowid "
+    "FROM chat_completions AS c, json_each(c.metadata) AS m "
+    "WHERE c.rowid > COALESCE((SELECT MAX(seq) FROM chat_completion_metadata), 0)",
 )
 RETENTION_S = 30 * 24 * 3600
 
@@ -48,6 +58,10 @@ class ChatStore:
              "COALESCE((SELECT MAX(seq) FROM chat_completion_cursors), 0)), ?, ?, ?, ?, ?, ?)",
              (cid, created, model, json.dumps(dict(metadata)), json.dumps({**body, "metadata": dict(metadata)}),
               json.dumps(messages))),
+            ("INSERT INTO chat_completion_metadata (key, value, seq) SELECT key, value, last_insert_rowid() "
+             "FROM json_each(?)", (json.dumps(dict(metadata)),)),
+            ("DELETE FROM chat_completion_metadata WHERE seq IN (SELECT rowid FROM chat_completions "
+             "WHERE created < ?)", (cut,)),
             ("DELETE FROM chat_completions WHERE created < ?", (cut,)),
             ("DELETE FROM chat_completion_cursors WHERE created < ?", (cut,)),
         ])
@@ -63,10 +77,16 @@ class ChatStore:
     def set_metadata(self, cid: str, metadata: Mapping[str, str]) -> bytes | None:
         """Replace a stored completion's metadata; its new body (None if it is not stored)."""
         text = json.dumps(dict(metadata))
-        if not self.store.execute(
-                "UPDATE chat_completions SET metadata = ?, body = json_set(body, '$.metadata', json(?)) WHERE id = ?",
-                (text, text, cid)):
+        row = self.store.query_one("SELECT rowid FROM chat_completions WHERE id = ?", (cid,))
+        if row is None:
             return None
+        self.store.transaction([
+            ("UPDATE chat_completions SET metadata = ?, body = json_set(body, '$.metadata', json(?)) "
+             "WHERE rowid = ?", (text, text, row[0])),
+            ("DELETE FROM chat_completion_metadata WHERE seq = ?", (row[0],)),
+            ("INSERT INTO chat_completion_metadata (key, value, seq) SELECT key, value, ? FROM json_each(?) "
+             "WHERE EXISTS (SELECT 1 FROM chat_completions WHERE rowid = ?)", (row[0], text, row[0])),
+        ])
         return self.body(cid)
 
     def delete(self, cid: str) -> bool:
@@ -75,6 +95,7 @@ class ChatStore:
             return False
         self.store.transaction([
             ("DELETE FROM chat_completions WHERE id = ?", (cid,)),
+            ("DELETE FROM chat_completion_metadata WHERE seq = ?", (row[0],)),
             ("INSERT OR IGNORE INTO chat_completion_cursors (id, seq, created) VALUES (?, ?, ?)",
              (cid, row[0], row[1])),
         ])
@@ -91,9 +112,8 @@ class ChatStore:
         if model is not None:
             where.append("model = ?")
             params.append(model)
-        for key, value in (metadata or {}).items():
-            where.append("EXISTS (SELECT 1 FROM json_each(chat_completions.metadata) AS m "
-                         "WHERE m.key = ? AND m.value = ?)")
+        for key, value in (metadata or {}).items():  # (the index's matches, not a read of every row's JSON)
+            where.append("rowid IN (SELECT seq FROM chat_completion_metadata WHERE key = ? AND value = ?)")
             params += [key, value]
         rows = self.store.query(
             f"SELECT body FROM chat_completions {'WHERE ' + ' AND '.join(where) if where else ''} "
