@@ -42,8 +42,10 @@ MAX_STOP = 4
 """Most stop sequences (OpenAI's limit)."""
 MAX_METADATA = 16
 """Most metadata pairs (OpenAI's limit: 16, keys up to 64 characters, values up to 512)."""
-Metadata = Annotated[dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]],
-                     Meta(max_length=MAX_METADATA)]
+_NO_NUL = "^[^\x00]*$"
+"""Metadata keys and values hold no NUL: SQLite's JSON functions (a list's metadata filter) end text there."""
+Metadata = Annotated[dict[Annotated[str, Meta(max_length=64, pattern=_NO_NUL)],
+                          Annotated[str, Meta(max_length=512, pattern=_NO_NUL)]], Meta(max_length=MAX_METADATA)]
 MAX_CHOICES = 8
 """Most choices (`n`) one chat request may ask for; each runs as its own pipeline request."""
 
