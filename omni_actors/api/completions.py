@@ -67,9 +67,10 @@ from omni_actors.api.completions_schemas import (
     CompletionChunk,
     CompletionRequest,
 )
-from omni_actors.api.errors import ApiError, bad_request
+from omni_actors.api.errors import ApiError, bad_request, from_exception
 from omni_actors.api.schemas import read_body
 from omni_actors.config.pipeline import StageSpec
+from omni_actors.errors import RequestRejected
 from omni_actors.orchestrator.core import Orchestrator
 from omni_actors.orchestrator.outputs import TextOutput
 
@@ -181,18 +182,23 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise bad_request(f"{len(items)} prompts x n={n} is {count} requests; this model admits at most {room} at "
                           "once: send fewer prompts or a smaller `n`", "n" if n > 1 else "prompt",
                           "integer_above_max_value" if n > 1 else "array_above_max_length")
-    async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
-        calls = [await calls_open.enter_async_context(PipelineCall(
-            request, ROUTE, prompt_inputs(prompt), choice_params(params, i), {"text"},
-            cid if count == 1 else f"{cid}-{p * n + i}", orch=orch, stop=stops,
-        )) for p, prompt in enumerate(items) for i in range(n)]
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return await _stream(request, calls, cid, model, echoes, n, include_usage)
-        tallies = await asyncio.gather(*(_collect(call) for call in calls))
-        choices = [CompletionChoice(echoes[k] + "".join(t.text), k, t.finish_reason) for k, t in enumerate(tallies)]
-        body = Completion(id=cid, created=int(time.time()), model=model, choices=choices, usage=_usage(tallies, n))
-        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    try:
+        async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
+            calls = [await calls_open.enter_async_context(PipelineCall(
+                request, ROUTE, prompt_inputs(prompt), choice_params(params, i), {"text"},
+                cid if count == 1 else f"{cid}-{p * n + i}", orch=orch, stop=stops,
+            )) for p, prompt in enumerate(items) for i in range(n)]
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                return await _stream(request, calls, cid, model, echoes, n, include_usage)
+            tallies = await asyncio.gather(*(_collect(call) for call in calls))
+            choices = [CompletionChoice(echoes[k] + "".join(t.text), k, t.finish_reason) for k, t in enumerate(tallies)]
+            body = Completion(id=cid, created=int(time.time()), model=model, choices=choices, usage=_usage(tallies, n))
+            return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    except RequestRejected as err:  # a stage names chat's `messages` for a prompt past the context: here `prompt`
+        said = from_exception(err)
+        said.param = "prompt" if said.param == "messages" else said.param
+        raise said from None
 
 
 def _usage(tallies: list[Tally], n: int) -> Usage:

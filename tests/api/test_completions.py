@@ -148,6 +148,7 @@ async def test_a_prompt_past_the_context_is_context_length_exceeded(srv: Server)
         with pytest.raises(openai.BadRequestError) as caught:
             await srv.client().completions.create(model=MODEL, prompt=long, max_tokens=2, stream=stream)
         assert caught.value.code == "context_length_exceeded", caught.value.body
+        assert caught.value.param == "prompt", caught.value.body  # (not chat's `messages`)
 
 
 async def test_a_client_that_leaves_mid_stream_aborts_the_request(srv: Server) -> None:
