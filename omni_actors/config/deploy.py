@@ -56,11 +56,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     """Longest a response (HTTP or WebSocket) may wait for its client to take more bytes; past it
     the connection is closed, which aborts its request in every stage."""
     header_timeout_s: float = 15.0
-    """Longest a connection may go without sending a complete request head (a new connection, or
-    an idle keep-alive one between requests); past it the connection is closed."""
+    """Longest a new connection may wait before starting its request, and longest a request head
+    may take from its first byte; past it the connection is closed. (Idle keep-alive connections
+    between requests have their own, longer timeout: api/server.py KEEPALIVE_TIMEOUT_S.)"""
     max_connections: int = 1024
-    """Open client connections at most; at the cap a new one pushes out the oldest connection that
-    has not sent a complete request head, else it is answered 503."""
+    """Open client connections at most; at the cap a new one pushes out the oldest connection
+    waiting idle for a request head (never one just opened), else it is answered 503."""
     max_realtime_sessions: int = 16
     realtime_idle_timeout_s: float = 300.0
     realtime_max_audio_s: float = 1800.0
