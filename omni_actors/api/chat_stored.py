@@ -35,7 +35,7 @@ from omni_actors.api.chat_schemas import (
 )
 from omni_actors.api.chat_store import ChatStore
 from omni_actors.api.errors import ApiError, bad_request
-from omni_actors.api.paging import newest_first, page_limit
+from omni_actors.api.paging import in_memory_page, newest_first, page_limit
 from omni_actors.api.schemas import MAX_METADATA, Metadata, RequestStruct, read_body
 
 ROUTE = "/v1/chat/completions"
@@ -196,16 +196,9 @@ async def list_messages(request: web.Request) -> web.Response:
     if (messages := chat_store(request.app).messages(cid)) is None:
         raise _not_stored(cid)
     q = request.query
-    limit = page_limit(q, DEFAULT_PAGE, MAX_PAGE)
-    ordered = messages[::-1] if _order(q) else messages
-    if after := q.get("after"):
-        ids = [m["id"] for m in ordered]
-        if after not in ids:
-            raise bad_request(f"after {after!r} is not a message of this chat completion", "after")
-        ordered = ordered[ids.index(after) + 1:]
-    page = ordered[:limit]
-    body = ChatMessageList(page, page[0]["id"] if page else None, page[-1]["id"] if page else None,
-                           has_more=len(ordered) > limit)
+    page, first, last, more = in_memory_page(messages, q, _order(q), DEFAULT_PAGE, MAX_PAGE,
+                                             "a message of this chat completion")
+    body = ChatMessageList(page, first, last, has_more=more)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 

@@ -62,7 +62,7 @@ from omni_actors.api.chat_inputs import build_chat_inputs, file_ids
 from omni_actors.api.chat_schemas import ChatMessage
 from omni_actors.api.errors import IN_BAND_ERROR, ApiError, bad_request, from_exception
 from omni_actors.api.files import file_bytes
-from omni_actors.api.paging import newest_first, page_limit
+from omni_actors.api.paging import in_memory_page, newest_first
 from omni_actors.api.responses_answer import Answer, answer_events, failure, response_error
 from omni_actors.api.responses_background import RUNNING_HERE, Background, cancel_elsewhere, settled
 from omni_actors.api.responses_events import replay
@@ -336,16 +336,9 @@ async def list_input_items(request: web.Request) -> web.Response:
     if items is None:
         raise _not_stored(rid)
     q = request.query
-    limit = page_limit(q, DEFAULT_PAGE, MAX_PAGE)
-    ordered = items[::-1] if newest_first(q) else items
-    if after := q.get("after"):
-        ids = [i["id"] for i in ordered]
-        if after not in ids:
-            raise bad_request(f"after {after!r} is not an item of this response", "after")
-        ordered = ordered[ids.index(after) + 1:]
-    page = ordered[:limit]
-    body = InputItemList(page, page[0]["id"] if page else None, page[-1]["id"] if page else None,
-                         has_more=len(ordered) > limit)
+    page, first, last, more = in_memory_page(items, q, newest_first(q), DEFAULT_PAGE, MAX_PAGE,
+                                             "an item of this response")
+    body = InputItemList(page, first, last, has_more=more)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
