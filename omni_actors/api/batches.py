@@ -13,7 +13,8 @@ server serves with a JSON body (ENDPOINTS; /v1/completions once its route is ser
 runs through that route of this server (batches_runner.py), and the batch's `output_file_id` and
 `error_file_id` name uploads of purpose `batch_output` (read with `client.files.content`). Batches
 live in the data directory's SQLite store (batches_store.py): a restarted server carries on with
-the lines not yet answered.
+the lines not yet answered, and ends a batch whose end was cut short with the same two files
+(batches_output.py).
 """
 
 from __future__ import annotations

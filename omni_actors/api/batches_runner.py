@@ -2,11 +2,14 @@
 
 A batch moves `validating` -> `in_progress` -> `finalizing` -> `completed`; `cancelling` -> `cancelled`
 (POST .../cancel); `expired` once its completion window (24 h) has passed with lines left. The
-lines run in input order, at most `lines_in_flight` at a time for the whole server, each as a
-request to the app itself (batches_dispatch.Loopback), so its answer is what a direct call answers.
+lines run in input order, at most `lines_in_flight` at a time for the whole server (the deploy's
+`server.batch_lines_in_flight`, default LINES_IN_FLIGHT), each as a request to the app itself (batches_dispatch.Loopback), so its answer is what a direct call answers.
 Each line's result is stored the moment it ends (batches_store.record), so a server that stops
 mid-batch loses only the lines in flight: the next server on the same data directory takes the
-batch up (at its start, or when a client reads the batch) and runs the lines without a result.
+batch up (at its start, or when a client reads the batch) and runs the lines without a result,
+once its models are loaded (it waits for api/loading.py's `ready`, instead of sending lines into its
+503s). A line whose result the store refuses (a SQLite error) is failed with an `internal_error` that
+names the cause: stored in its place if the store takes that, else kept here until the batch ends.
 
 Lines answered 429 or 503 (a full queue, a stage not ready) are tried again after the answer's
 `Retry-After`, up to TRANSIENT_TRIES times (without limit while the server is loading its models);
@@ -16,7 +19,9 @@ waits, `in_progress`, for the next server. A line with `stream: true` (or, on /v
 in flight (their requests end in every stage); the results so far are written out.
 
 At the end the output file (2xx answers) and the error file (the others, and on expiry the lines
-never run, `batch_expired`) are written as uploads of purpose `batch_output`, in input order.
+never run, `batch_expired`) are written as uploads of purpose `batch_output`, in input order, line by
+line, and made live in the transaction that ends the batch (batches_output.py): a batch cut short
+while it ends is ended again with the same two files.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import sqlite3
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,17 +41,19 @@ from aiohttp import web
 from omni_actors import logs
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.batches_dispatch import Loopback
-from omni_actors.api.batches_schemas import Batch, BatchError, BatchErrors, BatchUsage
+from omni_actors.api.batches_output import discard, write_outputs
+from omni_actors.api.batches_schemas import Batch, BatchError, BatchErrors
 from omni_actors.api.batches_store import UNFINISHED, BatchStore
-from omni_actors.api.file_store import FileStore
 from omni_actors.api.files import file_store
+from omni_actors.api.loading import LOADING_KEY
 from omni_actors.api.pipelines import PIPELINES_KEY
 from omni_actors.store import owned_elsewhere
 
 log = logs.get(__name__)
 
 LINES_IN_FLIGHT = 4
-"""Batch lines this server runs at once, over all its batches."""
+"""Batch lines this server runs at once, over all its batches, unless its deploy's
+`server.batch_lines_in_flight` says otherwise."""
 TRANSIENT_TRIES = 5
 """Times a line answered 429 or 503 is sent before that answer is its result."""
 TRANSIENT_WAIT_S = 1.0
@@ -63,6 +71,16 @@ class OutputLine(msgspec.Struct):
     custom_id: str
     response: dict[str, Any] | None
     error: dict[str, str] | None
+
+
+class RunnerStatistics(msgspec.Struct, frozen=True):
+    batches: int
+    """Batches running in this app."""
+    lines_in_flight: int
+    waiting_for_models: int
+    """Batches waiting for the server's models to load before they send a line."""
+    unstored_lines: int
+    """Lines whose result the store refused, kept here until their batch ends."""
 
 
 class _Flags(msgspec.Struct):
@@ -88,7 +106,8 @@ class BatchRunner:
 
     def __init__(self, app: web.Application) -> None:
         self.app = app
-        self.lines_in_flight = LINES_IN_FLIGHT
+        server = app[PIPELINES_KEY].default.deploy.server
+        self.lines_in_flight: int = getattr(server, "batch_lines_in_flight", LINES_IN_FLIGHT)
         self.loopback: Loopback | None = None
         self.store: BatchStore | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -98,6 +117,14 @@ class BatchRunner:
         self.paused = False
         """Set when a line met a draining server: no line starts again in this server."""
         self._slots: asyncio.Semaphore | None = None
+        self.unstored: dict[str, dict[int, bytes]] = {}
+        """Each batch's lines whose result the store refused: line -> its output line (an internal_error)."""
+        self._waiting: set[str] = set()
+        self._closed = asyncio.Event()
+
+    def statistics(self) -> RunnerStatistics:
+        return RunnerStatistics(len(self.tasks), sum(len(x) for x in self.lines.values()), len(self._waiting),
+                                sum(len(x) for x in self.unstored.values()))
 
     async def batch_store(self) -> BatchStore:
         """The batches' store: in the app's file store's database (opened on first use, off the loop)."""
@@ -134,6 +161,7 @@ class BatchRunner:
     async def close(self) -> None:
         """Shutdown: abort every line in flight (each is run again by the next server) and stop."""
         self.closing = True
+        self._closed.set()
         for bid in list(self.lines):
             self.cancel(bid)
         if self.tasks:
@@ -159,19 +187,42 @@ class BatchRunner:
             await self._finish(bid)
         except Exception as err:  # the batch's boundary: it fails with a reason, the server lives on
             log.exception("batch.failed", batch=bid, error_type=type(err).__name__)
-            found = store.get(bid)
-            if found is not None and found.status in UNFINISHED:
-                errors = BatchErrors([BatchError("internal_error", f"{type(err).__name__}: {err}")])
-                store.move(msgspec.structs.replace(found, status="failed", failed_at=_now(), errors=errors),
-                           UNFINISHED, drop_lines=True)
+            try:
+                found = store.get(bid)
+                if found is not None and found.status in UNFINISHED:
+                    errors = BatchErrors([BatchError("internal_error", f"{type(err).__name__}: {err}")])
+                    store.move(msgspec.structs.replace(found, status="failed", failed_at=_now(), errors=errors),
+                               UNFINISHED, drop_lines=True)
+            except sqlite3.Error as again:  # the store refuses writes: the batch stays for the next server
+                log.error("batch.unrecorded", batch=bid, error=repr(again))
         finally:
             self.tasks.pop(bid, None)
             self.lines.pop(bid, None)
+            self.unstored.pop(bid, None)
             RUNNING_HERE.discard(bid)
+
+    async def _models_loaded(self, bid: str) -> bool:
+        """Wait while the server loads its models (a batch resumed at its start); False if it stops first."""
+        loading = self.app.get(LOADING_KEY)
+        ready = getattr(loading, "ready", None)  # (api/loading.py's event, set when every stage is ready)
+        if loading is None or not loading.active or not isinstance(ready, asyncio.Event):
+            return not self.closing
+        log.info("batch.waiting_for_models", batch=bid)
+        self._waiting.add(bid)
+        waits = [asyncio.ensure_future(ready.wait()), asyncio.ensure_future(self._closed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiting.discard(bid)
+            for w in waits:
+                w.cancel()
+        return not self.closing
 
     async def _run_lines(self, batch: Batch) -> bool:
         """Run the lines without a result; False when the server stopped them with lines left."""
         assert self.store is not None
+        if not await self._models_loaded(batch.id):
+            return False
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.lines_in_flight)
         if self.loopback is None:
@@ -212,9 +263,26 @@ class BatchRunner:
         if answer is None:
             return
         response, error, ok = answer
-        result = msgspec.json.encode(OutputLine(_line_id(), custom_id, response, error))
+        self._store_result(batch.id, line, custom_id, msgspec.json.encode(OutputLine(_line_id(), custom_id,
+                                                                                      response, error)), ok)
+
+    def _store_result(self, bid: str, line: int, custom_id: str, result: bytes, ok: bool) -> None:
+        """Store a line's result; if the store refuses it, the line fails with an internal_error naming why
+        (stored in its place, or kept in `unstored` when the store refuses that too)."""
         assert self.store is not None
-        self.store.record(batch.id, line, result, ok)
+        try:
+            self.store.record(bid, line, result, ok)
+            return
+        except sqlite3.Error as err:
+            log.error("batch.result_unstored", batch=bid, line=line, error=repr(err))
+            failed = msgspec.json.encode(OutputLine(_line_id(), custom_id, None, {
+                "code": "internal_error",
+                "message": f"the line's result could not be stored: {type(err).__name__}: {err}"}))
+        try:
+            self.store.record(bid, line, failed, False)
+        except sqlite3.Error as err:
+            log.error("batch.result_unstored", batch=bid, line=line, error=repr(err), kept=True)
+            self.unstored.setdefault(bid, {})[line] = failed
 
     async def _answer(self, endpoint: str, body: str) -> tuple[dict[str, Any] | None, dict[str, str] | None, bool] | None:
         """(response, error, ok) of a line; None when the server stopped it before its answer."""
@@ -271,48 +339,27 @@ class BatchRunner:
             ended = "cancelled"
         elif batch.status != "finalizing":
             return
-        out, err, usage = await off_loop(self._write, batch, ended == "expired")
+        files = file_store(self.app)
+        expired = _expired_line if ended == "expired" else None
+        written = await off_loop(write_outputs, files, store, batch, expired, self.unstored.get(bid, {}))
         now = _now()
         times = {"completed": {"completed_at": now}, "cancelled": {"cancelled_at": now},
                  "expired": {"expired_at": now}}[ended]
-        final = msgspec.structs.replace(batch, status=ended, output_file_id=out, error_file_id=err, usage=usage,
-                                        **times)
-        store.move(final, (batch.status,), drop_lines=True)
+        final = msgspec.structs.replace(batch, status=ended, output_file_id=written.output_file_id,
+                                        error_file_id=written.error_file_id, usage=written.usage, **times)
+        try:
+            moved = store.move(final, (batch.status,), drop_lines=True, also=written.rows, failed=written.unstored)
+        except BaseException:
+            discard(files, written)
+            raise
+        if not moved:
+            discard(files, written)
+            return
         log.info("batch.ended", batch=bid, status=ended)
 
-    def _write(self, batch: Batch, expired: bool) -> tuple[str | None, str | None, BatchUsage]:
-        """The output and error files (ids, None for one without a line) and the answers' token usage."""
-        assert self.store is not None
-        files: FileStore = file_store(self.app)
-        out, err = bytearray(), bytearray()
-        usage = BatchUsage()
-        for _, custom_id, result, ok in self.store.results(batch.id):
-            if result is None:
-                if expired:
-                    err += msgspec.json.encode(OutputLine(_line_id(), custom_id, None, EXPIRED)) + b"\n"
-                continue
-            (out if ok else err).extend(result.encode() + b"\n")
-            if ok:
-                _add_usage(usage, result)
-        ids = []
-        for data, kind in ((out, "output"), (err, "error")):
-            made = files.add(f"{batch.id}_{kind}.jsonl", "batch_output", bytes(data),
-                             self.store.output_expiry(batch.id)) if data else None
-            ids.append(made.id if made else None)
-        return ids[0], ids[1], usage
 
-
-def _add_usage(usage: BatchUsage, result: str) -> None:
-    """Add an answer's tokens (chat's and completions' prompt/completion, responses' input/output)."""
-    found = ((json.loads(result).get("response") or {}).get("body") or {})
-    got = found.get("usage") if isinstance(found, dict) else None
-    if not isinstance(got, dict):
-        return
-    took = got.get("input_tokens", got.get("prompt_tokens", 0)) or 0
-    made = got.get("output_tokens", got.get("completion_tokens", 0)) or 0
-    usage.input_tokens += took
-    usage.output_tokens += made
-    usage.total_tokens += took + made
+def _expired_line(custom_id: str) -> bytes:
+    return msgspec.json.encode(OutputLine(_line_id(), custom_id, None, EXPIRED))
 
 
 def _error_code(payload: bytes) -> str | None:

@@ -1,25 +1,30 @@
 """Batches (OpenAI's Batch API) in the data directory's SQLite store (store.py): each batch and its lines.
 
-    batches(id "batch_...", created_at, status, body, completed, failed, owner, output_expiry)
+    batches(id "batch_...", created_at, status, body, completed, failed, owner, output_expiry, output_files)
     batch_lines(batch_id, line, custom_id, body, result, ok)
 
 `body` is the Batch object as answered (JSON text) but for `request_counts`, read from the
 `completed` / `failed` columns (each line's end adds to one in the transaction that stores it).
 `owner` is the server running the batch (store.owner_token), so a batch a gone server left
 unfinished is taken up by the next server on this data directory (batches_runner.py). `output_expiry`
-is how long its output and error files are kept (`output_expires_after.seconds`; NULL: always).
+is how long its output and error files are kept (`output_expires_after.seconds`; NULL: always);
+`output_files` the ids its output and error files get (JSON `[output, error]`), reserved before they are
+written so a batch whose end was cut short writes the same two files again (batches_output.py).
 
 A batch's lines are copied here when it is created (the request `body` as the input file had it,
 JSON text), so the batch does not depend on its input file staying; each line's `result` (the
 output file's line, JSON text; `ok` 1 for a 2xx answer) is stored as soon as the line ends, so a
 restarted server runs only the lines without one. Once the batch ends its results are in its
-output and error files and its lines are dropped.
+output and error files and its lines are dropped, in the transaction that makes those files live.
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import msgspec
 
@@ -35,10 +40,12 @@ DDL = (
     "CREATE TABLE IF NOT EXISTS batch_lines (batch_id TEXT NOT NULL, line INTEGER NOT NULL, "
     "custom_id TEXT NOT NULL, body TEXT NOT NULL, result TEXT, ok INTEGER, PRIMARY KEY (batch_id, line))",
 )
+ADDED = {"output_files": "TEXT"}
+"""Columns added after the table's first release (Store.add_columns); NULL: no file id reserved yet."""
 UNFINISHED = ("validating", "in_progress", "finalizing", "cancelling")
 """States a batch is still moved on from (by the server that owns it)."""
-RESULTS_CHUNK = 1000
-"""Lines read at a time when a batch's results are written out."""
+RESULTS_CHUNK = 64
+"""Lines read at a time when a batch's results are written out (an image line may hold megabytes)."""
 
 
 def _now() -> int:
@@ -49,6 +56,7 @@ class BatchStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.store.ensure(FEATURE, DDL)
+        self.store.add_columns("batches", ADDED)
 
     def add(self, batch: Batch, lines: Iterable[tuple[str, str]], output_expiry: int | None = None) -> None:
         """Store a new batch (owned by this process) and its lines: (custom_id, request body JSON)."""
@@ -86,9 +94,24 @@ class BatchStore:
         found = [_batch(r) for r in rows]
         return found[:limit], len(found) > limit
 
-    def move(self, batch: Batch, expect: tuple[str, ...], drop_lines: bool = False) -> bool:
+    def output_files(self, bid: str) -> tuple[str, str]:
+        """The ids of the batch's output and error files: reserved on the first call, the same ones after."""
+        row = self.store.query_one("SELECT output_files FROM batches WHERE id = ?", (bid,))
+        if row is not None and row[0]:
+            out, err = json.loads(row[0])
+            return out, err
+        made = [f"file-{secrets.token_hex(12)}" for _ in range(2)]  # (FileStore's id form)
+        self.store.execute("UPDATE batches SET output_files = ? WHERE id = ? AND output_files IS NULL",
+                           (json.dumps(made), bid))
+        row = self.store.query_one("SELECT output_files FROM batches WHERE id = ?", (bid,))
+        out, err = json.loads(row[0]) if row is not None and row[0] else made
+        return out, err
+
+    def move(self, batch: Batch, expect: tuple[str, ...], drop_lines: bool = False,
+             also: Sequence[tuple[str, Sequence[Any]]] = (), failed: int = 0) -> bool:
         """Store `batch` (its new status and times) if its stored status is one of `expect`; False if not
-        (a cancel came meanwhile). `drop_lines`: it has ended; its lines go in the same transaction."""
+        (a cancel came meanwhile). `drop_lines`: it has ended; its lines go in the same transaction, with the
+        statements `also` (its files' rows) and `failed` more failed lines (ones whose result was not stored)."""
         body = msgspec.json.encode(batch).decode()  # (its counts' completed / failed are read from the columns)
         marks = ",".join("?" * len(expect))
         if not drop_lines:
@@ -97,7 +120,9 @@ class BatchStore:
         if self.status(batch.id) not in expect:  # (only this batch's owner ends it: no race to lose here)
             return False
         self.store.transaction([
-            ("UPDATE batches SET status = ?, body = ? WHERE id = ?", (batch.status, body, batch.id)),
+            *also,
+            ("UPDATE batches SET status = ?, body = ?, failed = failed + ? WHERE id = ?",
+             (batch.status, body, failed, batch.id)),
             ("DELETE FROM batch_lines WHERE batch_id = ?", (batch.id,))])
         return True
 

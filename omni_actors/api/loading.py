@@ -16,6 +16,7 @@ there the state is never active.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,12 +38,17 @@ class Loading:
     def __init__(self) -> None:
         self.active = False
         self.since = time.monotonic()
+        self.ready = asyncio.Event()
+        """Set while the server is not loading: what waits for its models (a resumed batch) waits on it."""
+        self.ready.set()
 
     def begin(self) -> None:
         self.active, self.since = True, time.monotonic()
+        self.ready.clear()
 
     def end(self) -> None:
         self.active = False
+        self.ready.set()
 
     def seconds(self) -> float:
         return time.monotonic() - self.since

@@ -67,6 +67,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fro
     realtime_max_audio_s: float = 1800.0
     """Most user audio one realtime session holds (input buffer + conversation items);
     past it an append or item is refused with an error event (~64 KB per second held)."""
+    batch_lines_in_flight: int = 4
+    """Batch lines (/v1/batches) the server runs at once over all its batches, 1-256; each is a request
+    to the server itself, so they take places in the stages' queues as clients' requests do."""
 
 
 class StageDeploy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -112,6 +112,9 @@ def validate_against_pipeline(cfg: DeployConfig, where: str | None = None) -> Pi
         raise ConfigError(
             f"{src}: server.max_realtime_sessions: expected an integer >= 0, got {cfg.server.max_realtime_sessions}"
         )
+    if not 1 <= cfg.server.batch_lines_in_flight <= 256:
+        raise ConfigError(f"{src}: server.batch_lines_in_flight: expected an integer from 1 to 256, got "
+                          f"{cfg.server.batch_lines_in_flight}")
     return with_folder_speech(pipe, cfg.model)
 
 
