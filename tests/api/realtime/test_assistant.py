@@ -45,7 +45,8 @@ async def test_spoken_question_gets_a_spoken_answer(tmp_path: Path) -> None:
         events = await c.until("response.done", timeout_s=120)
         assert events[-1]["response"]["status"] == "completed"
         heard = of_type(events, "conversation.item.input_audio_transcription.completed")[0]
-        assert "capital of france" in heard["transcript"].lower()
+        words = heard["transcript"].lower()  # (Whisper tiny.en once heard "capital on France" on a loaded box)
+        assert "capital" in words and "france" in words, words
         assert of_type(events, "response.audio_transcript.done")[0]["transcript"]
         assert len(response_audio(events)) > 24_000  # more than a second of speech
         # the transcript is now the user item's text: the next turn's context
