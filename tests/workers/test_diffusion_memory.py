@@ -80,8 +80,11 @@ def test_requests_out_of_memory_together_run_alone_and_one_too_big_alone_is_refu
     del probe
     torch.cuda.empty_cache()
     try:
-        # A share with room for one such request, not for two together.
-        engine = _engine(path, (torch.cuda.memory_reserved() + base + (one + two) / 2) / total)
+        # A share with room for one such request, not for two together: the reserved peak of one alone (the
+        # probe's; it was run alone in such a share and fitted). The midpoint of one's and two's reserved peaks
+        # let two in together (H200, 2026-12-05: one 1.15 GB reserved / 0.62 allocated, two 2.16 / 1.11: the
+        # allocator gives cached blocks back and retries before it fails, so two needed only ~1.2 GB).
+        engine = _engine(path, (torch.cuda.memory_reserved() + base + one) / total)
         engine.add("a", {"prompt": "a cat"}, _params(1))
         engine.add("b", {"prompt": "a dog"}, _params(2))
         outs = _drain(engine)
