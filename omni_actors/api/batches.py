@@ -35,7 +35,7 @@ from omni_actors.api.batches_schemas import (
     BatchPage,
     RequestCounts,
 )
-from omni_actors.api.batches_store import UNFINISHED
+from omni_actors.api.batches_store import UNFINISHED, BatchStore
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.file_store import FileStore
 from omni_actors.api.files import FILES_KEY, MAX_EXPIRY_S, MIN_EXPIRY_S, stored
@@ -117,25 +117,27 @@ async def list_batches(request: web.Request) -> web.Response:
     return _json(BatchPage(page, more, page[0].id if page else None, page[-1].id if page else None))
 
 
-async def get_batch(request: web.Request) -> web.Response:
+async def _found(request: web.Request) -> tuple[BatchRunner, BatchStore, Batch]:
+    """The runner, the store and the batch the path names (a 404 if none has its id)."""
     bid = request.match_info["batch_id"]
     runner = request.app[RUNNER_KEY]
     store = await runner.batch_store()
-    batch = store.get(bid)
-    if batch is None:
+    if (batch := store.get(bid)) is None:
         raise _missing(bid)
+    return runner, store, batch
+
+
+async def get_batch(request: web.Request) -> web.Response:
+    runner, store, batch = await _found(request)
+    bid = batch.id
     if batch.status in UNFINISHED:  # one a gone server left: carried on here
         runner.adopt(bid, store.owner(bid))
     return _json(batch)
 
 
 async def cancel_batch(request: web.Request) -> web.Response:
-    bid = request.match_info["batch_id"]
-    runner = request.app[RUNNER_KEY]
-    store = await runner.batch_store()
-    batch = store.get(bid)
-    if batch is None:
-        raise _missing(bid)
+    runner, store, batch = await _found(request)
+    bid = batch.id
     if batch.status in CANCELLABLE:
         cancelling = msgspec.structs.replace(batch, status="cancelling", cancelling_at=int(time.time()))
         if store.move(cancelling, CANCELLABLE):
