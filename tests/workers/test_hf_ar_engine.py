@@ -62,6 +62,18 @@ def test_greedy_matches_generate_and_streams_every_step(engine):
     assert got["text"] == tok.decode(got["ids"], skip_special_tokens=True)
 
 
+def test_the_first_output_carries_the_prompt_tokens(engine):
+    """A route that cuts the text at `stop` aborts the request before its last payload: the usage's
+    prompt_tokens must come with the first (it was 0 on such answers)."""
+    engine.add("p", {"prompt": PROMPTS[1]}, {"max_tokens": 3, "ignore_eos": True})
+    firsts = []
+    while engine.has_work():
+        firsts += [o.payload for o in engine.step() if o.request_id == "p"]
+    want = len(engine.adapter.tokenizer(PROMPTS[1]).input_ids)
+    assert firsts[0]["prompt_tokens"] == want and firsts[-1]["prompt_tokens"] == want
+    assert "prompt_tokens" not in firsts[1]
+
+
 def test_four_concurrent_requests_equal_each_alone(engine):
     params = {"max_tokens": 12, "ignore_eos": True}
     alone = {}

@@ -51,6 +51,8 @@ class TokenSteps:
                 seq.params.get("max_tokens") or DEFAULT_MAX_TOKENS
             )):
                 reason = "length"
+            if len(seq.tokens) == 1 and "text" in payload:  # (a route that cuts the text at `stop` ends the
+                payload = {**payload, "prompt_tokens": seq.prompt_len}  # request before its last payload)
             if reason is not None:
                 finished = True
                 seq.finished = True
