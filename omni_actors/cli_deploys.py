@@ -132,7 +132,28 @@ def load_from_args(args: argparse.Namespace) -> list[DeployConfig]:
         if isinstance(entries, list) and len(entries) > 1:
             raise ConfigError(f"{path}: lists {len(entries)} pipelines: --model, --served-model-name and "
                               "--stage-overrides apply to one; set them in the file's `pipelines` entries")
-    return load_deploys(path, overlay or None)
+    deploys = load_deploys(path, overlay or None)
+    for deploy in deploys:
+        _check_folder(deploy.model, "--model" if models else f"{path}: `model`")
+    return deploys
+
+
+def _check_folder(model: str | None, source: str) -> None:
+    """A deploy's model folder that a download left partial (truncated weights, a missing shard, a
+    detected folder's missing weights or component): one ConfigError naming `source` now, not a
+    stage failing after the port listens. A folder with neither config.json nor model_index.json (a
+    prepared pipeline's own layout) is left to its loader."""
+    from omni_actors.models.detect import check_files, check_weights
+
+    root = Path(model).expanduser() if model else None
+    if root is None or not root.is_dir():
+        return
+    try:
+        check_weights(root)
+        if (root / "config.json").is_file() or (root / "model_index.json").is_file():
+            check_files(root)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {str(err).removeprefix('--model: ')}") from None
 
 
 def _servable(model: str, pipelines: list[str]) -> bool:

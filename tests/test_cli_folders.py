@@ -66,3 +66,20 @@ def test_a_partial_folder_is_one_line_before_the_port_is_bound(tmp_path: Path, b
     proc = omni_run(tmp_path, "--model", str(d), "--port", str(busy_port))
     assert proc.returncode == 2, proc.stderr
     assert one_line(proc) == f"omni-run: config error: {named}"
+
+
+@pytest.mark.parametrize("with_flag", [False, True], ids=["file", "flag"])
+def test_a_partial_folder_a_deploy_file_serves_is_one_line_before_the_port_is_bound(
+        tmp_path: Path, busy_port: int, with_flag: bool) -> None:
+    """A deploy file's `model` (or the --model laid over it) was not checked: the server listened and a stage
+    failed on the missing weights later."""
+    d = tmp_path / "m"
+    d.mkdir()
+    named = _config_without_weights(d).removeprefix("--model: ")
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(f"pipeline: csm\nmodel: {tmp_path if with_flag else d}\n")
+    flags = ["--model", str(d)] if with_flag else []
+    proc = omni_run(tmp_path, "--deploy", str(deploy), *flags, "--port", str(busy_port))
+    assert proc.returncode == 2, proc.stderr
+    source = "--model" if with_flag else f"{deploy}: `model`"
+    assert one_line(proc) == f"omni-run: config error: {source}: {named}"
