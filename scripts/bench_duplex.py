@@ -7,7 +7,10 @@ that comes back. Reported per N:
 
 - frame_ms p50/p99: the engine's step compute time for one frame of all slots
   (the server's duplex statistics); start_lag_ms p50/p99: how far past its tick
-  each step began; late_frames: ticks skipped because a step overran (per session);
+  each step began; late_ms p50/p99: how far past its deadline (its tick + one frame)
+  each step ended, 0 when on time (start_lag alone stays near 0 when every other
+  frame is skipped: the clock moves the next tick past an overrun); late_frames:
+  ticks skipped because a step overran (per session);
 - audio_out_per_wall_s: seconds of model audio the clients received per wall
   second, over all sessions (N x 1.0 when every frame is on time);
 - input_to_output_ms p50/p99: per frame of user audio, from its last sample reaching the
@@ -197,7 +200,9 @@ async def serve_level(model: Path, n: int, args: argparse.Namespace, graphs: str
         loop = asyncio.get_running_loop()
         results = await loop.run_in_executor(None, parent.recv)
         await loop.run_in_executor(None, proc.join)
-        d = app[STATS_KEY].statistics().duplex
+        raw = app[STATS_KEY].duplex
+        overrun = [max(0.0, lag + ms - FRAME_S * 1000) for lag, ms in zip(raw.start_lag_ms, raw.frame_ms, strict=True)]
+        d = raw.statistics()
         wall = max(r.get("wall_s", 0.0) for r in results)
         first = [r["first_audio_ms"] for r in results if r["first_audio_ms"] is not None]
         return {
@@ -206,7 +211,7 @@ async def serve_level(model: Path, n: int, args: argparse.Namespace, graphs: str
             "sessions_refused": sum(r["refused"] for r in results), "seconds": args.seconds, "frames": d.frames,
             "frame_ms_p50": round(d.frame_ms_p50, 2), "frame_ms_p99": round(d.frame_ms_p99, 2),
             "start_lag_ms_p50": round(d.start_lag_ms_p50, 2), "start_lag_ms_p99": round(d.start_lag_ms_p99, 2),
-            "late_frames": d.late_frames,
+            "late_ms_p50": p(overrun, 50), "late_ms_p99": p(overrun, 99), "late_frames": d.late_frames,
             "input_to_output_ms_p50": round(d.input_to_output_ms_p50, 2),
             "input_to_output_ms_p99": round(d.input_to_output_ms_p99, 2),
             "audio_out_per_wall_s": round(sum(r["audio_s"] for r in results) / wall, 3),

@@ -1,8 +1,9 @@
 """The duplex engine's frame clock with a model whose frame can take longer than a frame: a late step
 skips the ticks it overran (none is queued behind it), says so in `late`, and drops the user audio of
 those ticks beyond JITTER_FRAMES; a session buffers at most MAX_INPUT_S of audio; a session with
-nothing buffered steps on silence. The adapter here is a stand-in model (DuplexAdapter's real
-interface, its frame an echo of the input after a set delay), so the clock's arithmetic is exact."""
+nothing buffered steps on silence; a standing backlog is cut to JITTER_FRAMES. The adapter here is a
+stand-in model (DuplexAdapter's real interface, its frame an echo of the input after a set delay), so the
+clock's arithmetic is exact."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from omni_actors.workers.engine import EngineContext
 from omni_actors.workers.engines.duplex import (
+    BACKLOG_WINDOW_FRAMES,
     JITTER_FRAMES,
     MAX_INPUT_S,
     DuplexAdapter,
@@ -101,3 +103,23 @@ def test_input_past_max_input_s_drops_the_oldest_and_an_empty_buffer_steps_silen
     ends = {o.request_id: o.finished for o in engine.step()}
     assert ends == {"full": True, "quiet": False} and list(engine.sessions) == ["quiet"]
     engine.abort("quiet")
+
+
+def test_a_standing_backlog_is_cut_to_the_jitter_frames() -> None:
+    """A client that bursts (a network stall, then the audio it held) and then streams in real time stayed
+    that far behind for the rest of its session: a frame taken per tick never drains a backlog. A buffer
+    that held more than JITTER_FRAMES frames at every tick of BACKLOG_WINDOW_FRAMES is cut to JITTER_FRAMES,
+    the audio cut counted as dropped."""
+    engine = _engine()
+    burst, steps = 12, BACKLOG_WINDOW_FRAMES + 3
+    engine.add("s", {"audio": _frames(burst), "sample_rate": RATE}, {}, streaming=True)
+    heard, dropped = [], 0.0
+    for k in range(steps):
+        engine.feed("s", {"audio": _frames(1, burst + k), "sample_rate": RATE}, last=False)  # one frame a tick
+        out = engine.step()[0].payload
+        heard.append(round(float(out["audio"][0]) * 1000))
+        dropped += out["dropped_input_s"]
+    cut = round(dropped / FRAME_S)
+    assert heard == sorted(heard) and heard[-1] == steps - 1 + cut  # what was cut is what was not heard
+    assert len(engine.sessions["s"].buffer) // FRAME <= JITTER_FRAMES, f"still {burst - cut} frames behind"
+    engine.abort("s")

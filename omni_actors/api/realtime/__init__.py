@@ -61,8 +61,8 @@ def add_routes(app: web.Application) -> None:
     app[STATS_KEY] = stats = RealtimeStats()
     from omni_actors.api.metrics import METRICS_KEY  # app.py imports this package; look it up late
 
-    if METRICS_KEY in app:
-        app[METRICS_KEY].registry.register(DuplexCollector(stats.duplex))
+    if METRICS_KEY in app:  # (the duplex session limit read at each scrape, not only when a client connects)
+        app[METRICS_KEY].registry.register(DuplexCollector(stats.duplex, lambda: _duplex_limit(app)))
 
     async def route(request: web.Request) -> web.StreamResponse:
         check_query(request)  # (before the model's name is looked up or echoed)
@@ -85,6 +85,14 @@ def add_routes(app: web.Application) -> None:
     client_secrets.add_routes(app, stats, session_pipeline)
     app.on_startup.append(warm_up)
     app.on_shutdown.append(close_all)
+
+
+def _duplex_limit(app: web.Application) -> int:
+    """The duplex session limit now: every duplex pipeline's (0 when none is served)."""
+    from omni_actors.api.pipelines import PIPELINES_KEY  # (as session_pipeline looks it up)
+    from omni_actors.api.realtime.duplex import session_limit
+
+    return sum(session_limit(o) for o in app[PIPELINES_KEY].all if o.pipeline.duplex) if PIPELINES_KEY in app else 0
 
 
 def _log_warm_up(fut: asyncio.Future) -> None:

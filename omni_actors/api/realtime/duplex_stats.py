@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,12 +111,16 @@ def _summary(name: str, doc: str, p50_ms: float, p99_ms: float, count: int, sum_
 
 
 class DuplexCollector:
-    """Prometheus collector reading DuplexStats at scrape time."""
+    """Prometheus collector reading DuplexStats at scrape time; `limit`, when given, is the session limit
+    now (read at each scrape: the route sets it only when a client connects, so it read 0 until then)."""
 
-    def __init__(self, stats: DuplexStats) -> None:
+    def __init__(self, stats: DuplexStats, limit: Callable[[], int] | None = None) -> None:
         self.stats = stats
+        self.limit = limit
 
     def collect(self):
+        if self.limit is not None:
+            self.stats.session_limit = self.limit()
         s = self.stats.statistics()
         live = GaugeMetricFamily("omni_duplex_sessions_live", "Duplex sessions connected now")
         live.add_metric([], s.sessions_live)

@@ -3,15 +3,18 @@
 A session is one streaming request: `add` claims one of the adapter's slots
 (its batch rows; `max_num_seqs` of them), `feed` appends the user's audio to
 the session's input buffer (`clear` empties it first; a new `temperature` retunes its slot), `abort` frees the slot. The engine owns the frame
-clock: ticks every frame (80 ms for Moshi) while any session is live, and each
-`step` waits for the next tick, then steps every slot at once:
+clock: ticks every frame (80 ms for Moshi) while any session is live; until the
+next tick the worker waits on its socket (`gather_s`), so what comes before a
+tick is in its frame, then `step` steps every slot at once:
 
 - a session takes one frame from its input buffer, or a frame of silence when
   less than a frame is buffered (a client that stops sending is not waited for);
   the buffer keeps at most MAX_INPUT_S of audio, dropping the oldest;
 - a step that ends after the next tick is late: the ticks it overran are skipped,
   not made up (no frame is queued behind another), and so is the user audio of
-  those ticks, beyond JITTER_FRAMES still buffered; each output says how many
+  those ticks, beyond JITTER_FRAMES still buffered; so is a standing backlog (more than
+  JITTER_FRAMES buffered at every tick of BACKLOG_WINDOW_FRAMES: a client's burst after
+  a stall would keep it that far behind for good); each output says how many
   (`late`), with the step's compute time (`frame_ms`), how far past its tick it
   started (`start_lag_ms`), the user audio dropped since the last output
   (`dropped_input_s`) and, for a frame of the user's audio, the time from its last
@@ -51,6 +54,10 @@ MAX_INPUT_S = 2.0
 JITTER_FRAMES = 2
 """User audio frames a session may keep buffered across a skipped tick; past that, the frames of the
 ticks the engine skipped are dropped with them (input skips ahead as output does)."""
+BACKLOG_WINDOW_FRAMES = 25
+"""Ticks (2 s of Moshi's) over which a session's input buffer is watched: one that held more than
+JITTER_FRAMES frames at every tick of them carries standing latency (a client's burst after a network stall,
+then real time: a frame taken per tick never drains it), and is cut to JITTER_FRAMES, the oldest dropped."""
 FRAME_BUDGET = 0.75
 """Default share of a frame that a step of every slot may take at load (engine_extras["frame_budget"]; 0 or
 null: no sizing). A full batch over it is sized down to the slots that fit: the session limit drops
@@ -110,6 +117,19 @@ class _Session:
     """(samples appended so far, when) per append still in the buffer: when a frame's last sample came."""
     taken: int = 0
     """Samples taken from the buffer (or dropped) so far."""
+    low: int = 0
+    """Fewest frames buffered at a tick of this backlog window."""
+    watched: int = 0
+    """Ticks of this backlog window so far."""
+
+    def watch(self, n: int) -> None:
+        """A tick: note the frames buffered; at the window's end, cut a standing backlog to JITTER_FRAMES."""
+        level = len(self.buffer) // n
+        self.low = level if self.watched == 0 else min(self.low, level)
+        self.watched += 1
+        if self.watched == BACKLOG_WINDOW_FRAMES:
+            self.watched = 0
+            self.skip(self.low - JITTER_FRAMES, n)
 
     def skip(self, frames: int, n: int) -> None:
         """Drop the oldest `frames` frames of buffered input (the ticks they were for were skipped)."""
@@ -261,6 +281,12 @@ class DuplexEngine(StageEngine):
     def has_work(self) -> bool:
         return bool(self.sessions)
 
+    def gather_s(self, now: float) -> float:
+        """Until the next tick: the worker waits for it on its socket, so the audio, clears and aborts that
+        come before the tick are in its frame (`step` waiting for it would read them only after that frame,
+        a frame late, and time their frames from then)."""
+        return 0.0 if self._next_tick is None else max(0.0, self._next_tick - now)
+
     def step(self) -> list[EngineOutput]:
         assert self._next_tick is not None
         wait = self._next_tick - time.monotonic()
@@ -271,6 +297,7 @@ class DuplexEngine(StageEngine):
         frames = self._silence.copy()
         arrived: dict[int, float | None] = {}
         for session in self.sessions.values():
+            session.watch(n)
             if len(session.buffer) >= n:
                 frames[session.slot] = session.buffer[:n]
                 arrived[session.slot] = session.take(n)
