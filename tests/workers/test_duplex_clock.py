@@ -123,3 +123,17 @@ def test_a_standing_backlog_is_cut_to_the_jitter_frames() -> None:
     assert heard == sorted(heard) and heard[-1] == steps - 1 + cut  # what was cut is what was not heard
     assert len(engine.sessions["s"].buffer) // FRAME <= JITTER_FRAMES, f"still {burst - cut} frames behind"
     engine.abort("s")
+
+
+def test_late_steps_are_one_warning_a_while_not_one_each() -> None:
+    """An overloaded box is late every frame: one warning line a frame (12 a second) drowned the log."""
+    from structlog.testing import capture_logs
+
+    engine = _engine()
+    engine.add("s", {"audio": _frames(4), "sample_rate": RATE}, {}, streaming=True)
+    engine.adapter.delay_s = 1.5 * FRAME_S
+    with capture_logs() as logged:
+        skipped = sum(engine.step()[0].payload["late"] for _ in range(3))
+    warned = [e for e in logged if e["event"] == "duplex.late_frame"]
+    assert len(warned) == 1 and warned[0]["late_steps"] == 1 and skipped >= 3, warned
+    engine.abort("s")

@@ -3,7 +3,7 @@
     omni_duplex_sessions_live                 duplex sessions connected now
     omni_duplex_sessions_rejected_total       sessions refused at the session limit
     omni_duplex_session_limit                 the limit (batch slots of the duplex stage)
-    omni_duplex_frames_total                  frames delivered to sessions
+    omni_duplex_frames_total                  frames stepped for sessions (muted ones too)
     omni_duplex_late_frames_total             frames skipped because a step overran its deadline
     omni_duplex_dropped_input_seconds_total   user audio dropped (skipped with late frames, or past the buffer)
     omni_duplex_unsent_frames_total           frames not sent: the client read more than ~2 s behind
@@ -128,7 +128,7 @@ class DuplexCollector:
         limit.add_metric([], s.session_limit)
         rejected = CounterMetricFamily("omni_duplex_sessions_rejected", "Duplex sessions refused at the limit")
         rejected.add_metric([], s.sessions_rejected)
-        frames = CounterMetricFamily("omni_duplex_frames", "Frames delivered to duplex sessions")
+        frames = CounterMetricFamily("omni_duplex_frames", "Frames stepped for duplex sessions, muted ones included")
         frames.add_metric([], s.frames)
         late = CounterMetricFamily("omni_duplex_late_frames", "Frames skipped: a step overran its deadline")
         late.add_metric([], s.late_frames)
