@@ -54,6 +54,17 @@ decrypts each connection on the one I/O thread it was given, so with one thread 
 worker's traffic shares one core; with more, connections spread over them (one each, up to this)."""
 
 
+def is_ipv6(endpoint: str) -> bool:
+    """A `tcp://[...]:port` endpoint (an IPv6 address): its socket needs ZeroMQ's IPV6 option, else
+    binding or connecting fails ("No such device")."""
+    return endpoint.startswith("tcp://[")
+
+
+def tcp_host(host: str) -> str:
+    """`host` as it goes in a tcp:// endpoint (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 class RuntimeDir:
     """A private (0700) directory for ipc endpoints, removed by `close`.
 
@@ -170,6 +181,7 @@ class AsyncRouter:
         # rejects, or under load even with handover (libzmq #2892) drops, a newcomer whose
         # identity a dead peer's pipe still holds. Handover stays on for outside peers that do.
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.sock.setsockopt(zmq.IPV6, is_ipv6(endpoint))
         try:
             if endpoint.endswith(":0") and endpoint.startswith("tcp://"):
                 port = self.sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])
@@ -202,8 +214,10 @@ class AsyncRouter:
         self._loop.call_soon(self._on_readable)
 
     def _on_readable(self) -> None:
-        self.wakeups += 1
         sock = self.sock
+        if sock.closed:  # (a look scheduled by start or flush, run after a close in the same loop turn)
+            return
+        self.wakeups += 1
         while sock.getsockopt(_EVENTS) & _POLLIN:
             try:
                 parts = recv_parts(sock)
@@ -321,6 +335,7 @@ class WorkerSocket:
             self.sock.curve_publickey = keys.public_key.encode()
             self.sock.curve_secretkey = keys.secret_key.encode()
         self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.setsockopt(zmq.IPV6, is_ipv6(endpoint))
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         self.sock.setsockopt(zmq.RCVHWM, SEND_HWM)

@@ -152,6 +152,10 @@ def _validate_cluster(cfg: DeployConfig, src: str) -> None:
         raise ConfigError(f"{src}: cluster.backend: expected one of {list(CLUSTER_BACKENDS)}, got {cl.backend!r}")
     if cl.arrays not in ARRAY_PATHS:
         raise ConfigError(f"{src}: cluster.arrays: expected one of {list(ARRAY_PATHS)}, got {cl.arrays!r}")
+    ray_only = {"address": cl.address != "auto", "bus_host": cl.bus_host is not None, "arrays": cl.arrays != "auto"}
+    if cl.backend != "ray" and (given := [name for name, set_ in ray_only.items() if set_]):
+        raise ConfigError(f"{src}: cluster.{given[0]}: only used with `backend: ray` (without it every worker is a "
+                          "child process of this host): add `backend: ray`, or remove it")
     if not cl.address.strip():
         raise ConfigError(f"{src}: cluster.address: expected a Ray address, \"auto\" or \"local\"")
     if cl.address.startswith("ray://"):

@@ -38,7 +38,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from omni_actors import logs
-from omni_actors.bus.sockets import BusAuth, RuntimeDir
+from omni_actors.bus.sockets import BusAuth, RuntimeDir, tcp_host
 from omni_actors.config.deploy import DeployConfig, StageDeploy
 from omni_actors.errors import ConfigError
 from omni_actors.orchestrator import ray_logs, ray_sessions
@@ -62,6 +62,8 @@ ACTOR_CONCURRENCY = 4
 """Calls an actor serves at once: `wait` blocks for its worker's life while `signal` still answers."""
 DEFAULT_CPUS = 1.0
 """CPUs a replica asks for when its `resources` name none."""
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+"""Where ray.init looks for an address when given none or "auto" (Ray's ray_constants)."""
 _ANY_HOST = ("0.0.0.0", "*", "::", "[::]")
 _users = 0
 """Open RayLaunchers of this process: one Ray connection serves them all; the last one closes it."""
@@ -206,14 +208,13 @@ class RayLauncher(Launcher):
         src = self.deploy.source
         global _users, _owned
         if not ray.is_initialized():
-            _check_reachable(cl.address, src)
+            address = _init_address(cl.address, src)
             # ray.init installs its own SIGTERM handler (it prints and aborts the process): keep ours,
             # so a SIGTERM still leads omni-run's orderly shutdown.
             handlers = _signal_handlers()
             local = _local_options() if cl.address == "local" else {}
             try:
-                ray.init(address=None if cl.address == "local" else cl.address, namespace=NAMESPACE,
-                         **ray_logs.init_options(), **local)
+                ray.init(address=address, namespace=NAMESPACE, **ray_logs.init_options(), **local)
                 ray_logs.print_forwarded_as_json()
             except (ConnectionError, RuntimeError, ValueError) as err:
                 _remove_session_dir()
@@ -233,21 +234,35 @@ class RayLauncher(Launcher):
                 others[k] = others.get(k, 0.0) + v
         check_resources(self.deploy, self.pipeline.stage_ids, [n["Resources"] for n in alive],
                         [n.get("Labels") or {} for n in alive], others)
+        self.actor_cls = ray.remote(WorkerActor)
+        self._check_options()
         _claims[id(self)] = replica_totals(self.deploy, self.pipeline.stage_ids)
         self.auth = BusAuth(ctx)
-        self.actor_cls = ray.remote(WorkerActor)
         log.info("ray.connected", address=cl.address, node=self.node_id, node_ip=self.node_ip,
                  nodes=sum(1 for n in ray.nodes() if n["Alive"]))
 
+    def _check_options(self) -> None:
+        """Ray's own checks of each stage's replica options, now rather than at its first spawn (where
+        a quantity finer than Ray's 0.0001 or a malformed label selector was a traceback)."""
+        for i, st in enumerate(self.deploy.stages):
+            if st.stage_id not in self.pipeline.stage_ids:
+                continue
+            selector = {"label_selector": dict(st.labels)} if st.labels else {}
+            try:
+                self.actor_cls.options(**_actor_options(replica_resources(st)), **selector)
+            except ValueError as err:
+                raise ConfigError(f"{self.deploy.source}: stages[{i}]: Ray refuses this replica's resources or "
+                                  f"labels: {err}") from None
+
     def bus_endpoint(self, runtime: RuntimeDir) -> str:
-        return f"tcp://{self.deploy.cluster.bus_host or self.node_ip}:0"
+        return f"tcp://{tcp_host(self.deploy.cluster.bus_host or self.node_ip)}:0"
 
     def local_endpoint(self, runtime: RuntimeDir) -> str | None:
         return None if self.deploy.cluster.arrays == "frames" else runtime.endpoint("bus.sock")
 
     def set_bound(self, bound: str, local: str | None = None) -> None:
         host, _, port = bound.removeprefix("tcp://").rpartition(":")
-        self.endpoint = f"tcp://{self.node_ip if host in _ANY_HOST else host}:{port}"
+        self.endpoint = f"tcp://{tcp_host(self.node_ip) if host in _ANY_HOST else host}:{port}"
         self.local = local
 
     async def spawn(self, handle: WorkerHandle) -> None:
@@ -327,14 +342,32 @@ def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
             signal.signal(sig, handler)
 
 
-def _check_reachable(address: str, src: str) -> None:
+def _init_address(address: str, src: str) -> str:
+    """What ray.init is given for `cluster.address`, checked first (ray.init would retry a wrong one for
+    minutes). ray.init reads RAY_ADDRESS in place of None or "auto": "local" is passed as such (a cluster
+    of our own, whatever RAY_ADDRESS says), and "auto" with RAY_ADDRESS set is checked as that address."""
+    if address == "local":
+        return address
+    if address == "auto":
+        env = os.environ.get(RAY_ADDRESS_ENV, "").strip()
+        if not env:
+            return address  # (Ray finds this host's cluster, or says it found none)
+        where = f"cluster.address: auto takes {RAY_ADDRESS_ENV}={env!r} from the environment"
+        if "://" in env:  # (ray://: Ray Client, which cloudpickles every call; http://: the jobs API)
+            raise ConfigError(f"{src}: {where}, which is not a GCS host:port (Ray Client and the jobs API are not "
+                              f"used: unset {RAY_ADDRESS_ENV}, or give cluster.address as the head's host:port)")
+        _check_reachable(env, src, where)
+        return env
+    _check_reachable(address, src, "cluster.address")
+    return address
+
+
+def _check_reachable(address: str, src: str, where: str) -> None:
     """A `host:port` address must be Ray's GCS, answering now (ray.init would retry it for minutes)."""
-    if address in ("auto", "local"):  # (a URL was refused with the deploy: deploy_checks.py)
-        return
     host, _, port = address.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")  # ([::1]:6379, an IPv6 host)
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{src}: cluster.address: expected host:port, \"auto\" or \"local\", got {address!r}")
+        raise ConfigError(f"{src}: {where}: expected host:port, \"auto\" or \"local\", got {address!r}")
     try:
         with socket.create_connection((host, int(port)), timeout=CLUSTER_CONNECT_TIMEOUT_S) as conn:
             if _ray_tls():  # (Ray's TLS: the GCS answers only a TLS handshake; ray.init checks the rest)
@@ -343,8 +376,8 @@ def _check_reachable(address: str, src: str) -> None:
             conn.sendall(_HTTP2_PREFACE)
             first = conn.recv(9)  # an HTTP/2 frame header: length (3), type (1), flags (1), stream (4)
     except OSError as err:
-        raise ConfigError(f"{src}: cluster.address: cannot reach Ray at {address}: {err.strerror or err}") from None
-    not_gcs = (f"{src}: cluster.address: {address} takes connections but is not a Ray cluster's GCS (give the head "
+        raise ConfigError(f"{src}: {where}: cannot reach Ray at {address}: {err.strerror or err}") from None
+    not_gcs = (f"{src}: {where}: {address} takes connections but is not a Ray cluster's GCS (give the head "
                f"node's GCS port, 6379 by default, not its dashboard's or Ray Client's)")
     if len(first) < 4 or first[3] != _HTTP2_SETTINGS:  # not gRPC at all (HTTP/1, another protocol, silence)
         raise ConfigError(not_gcs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -217,3 +218,42 @@ def test_an_array_whose_shared_memory_is_gone_fails_its_message_only(bus: Bus) -
     finally:
         remote.close()
         arena.close()
+
+
+def test_an_ipv6_bus_binds_and_a_worker_connects_to_it() -> None:
+    """`cluster.bus_host: "::"` (or an IPv6 address): ZeroMQ binds and connects to `tcp://[...]` only
+    with its IPV6 option, which both ends set from the endpoint."""
+    ctx = zmq.Context()
+    auth = BusAuth(ctx)
+    got: list[tuple[bytes, m.Message]] = []
+    router = AsyncRouter(ctx, "tcp://[::1]:0", lambda i, msg: got.append((i, msg)), auth=auth)
+    worker = WorkerSocket(router.endpoint, b"s0r0g0", auth.issue())
+    try:
+        assert router.endpoint.startswith("tcp://[::1]:")
+        worker.send([m.Ready(0, 0, 1)])
+        assert router.sock.poll(WAIT_MS)
+        router._on_readable()
+        assert got == [(b"s0r0g0", m.Ready(0, 0, 1))]
+    finally:
+        worker.close()
+        router.close()
+        auth.close()
+        ctx.term()
+
+
+async def test_a_router_closed_in_the_loop_turn_it_started_leaves_no_failing_callback() -> None:
+    """A start that fails right after the bus is up (a replica's options Ray refuses, an MPS daemon
+    that is not there) closes the router before its first look at the socket has run."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    ctx = zmq.Context()
+    try:
+        router = AsyncRouter(ctx, "tcp://127.0.0.1:0", lambda i, msg: None)
+        router.start()
+        router.close()
+        await asyncio.sleep(0)  # (the look start() scheduled runs now)
+    finally:
+        loop.set_exception_handler(None)
+        ctx.term()
+    assert [c.get("exception") for c in errors] == []

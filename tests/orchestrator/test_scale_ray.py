@@ -7,6 +7,7 @@ at the end; no Ray process may outlive the module.
 
 from __future__ import annotations
 
+import glob
 import http.server
 import os
 import subprocess
@@ -26,10 +27,12 @@ from tests.conftest import free_port
 pytest.importorskip("ray")
 from ray.cluster_utils import Cluster
 
-from tests.orchestrator.ray_support import local_cluster
+from tests.orchestrator.ray_support import local_cluster, processes_under
 
 REFUSED_S = 30.0
 """A wrong address or an over-full cluster is refused within this (Ray's own retries run for minutes)."""
+LOCAL_REFUSED_S = 120.0
+"""Ray's own start (`address: local`) on a loaded 2-core box, then the refusal."""
 READY_TIMEOUT_S = 120.0
 """Two pipelines' replicas placed and Ready on a loaded 2-core box."""
 SDK_TIMEOUT_S = 30.0
@@ -43,25 +46,28 @@ def cluster() -> Iterator[Cluster]:
         yield c
 
 
-def _omni_run(tmp: Path, deploy: dict[str, Any]) -> subprocess.Popen:
+def _omni_run(tmp: Path, deploy: dict[str, Any], **env_extra: str | None) -> subprocess.Popen:
+    """omni-run on `deploy`, with `env_extra` in its environment (None: left out)."""
     path = tmp / "deploy.yaml"
     path.write_text(yaml.safe_dump(deploy))
-    env = {**os.environ, "OMNI_LOG_JSON": "0", "OMNI_DATA_DIR": str(tmp / "data")}
+    env = {**os.environ, "OMNI_LOG_JSON": "0", "OMNI_DATA_DIR": str(tmp / "data"), **env_extra}
+    env = {k: v for k, v in env.items() if v is not None}
     return subprocess.Popen([sys.executable, "-m", "omni_actors.cli", "--deploy", str(path)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=env)
 
 
-def _refused(tmp: Path, deploy: dict[str, Any]) -> str:
-    """omni-run's last stderr line, once it exited with 2 within REFUSED_S."""
-    proc = _omni_run(tmp, deploy)
+def _refused(tmp: Path, deploy: dict[str, Any], timeout_s: float = REFUSED_S, **env: str | None) -> str:
+    """omni-run's last stderr line, once it exited with 2 within `timeout_s`, without a traceback."""
+    proc = _omni_run(tmp, deploy, **env)
     try:
-        _, err = proc.communicate(timeout=REFUSED_S)
+        _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
-        raise AssertionError(f"omni-run still starting after {REFUSED_S:.0f} s:\n{err[-3000:]}") from None
+        raise AssertionError(f"omni-run still starting after {timeout_s:.0f} s:\n{err[-3000:]}") from None
     assert proc.returncode == 2, err
+    assert "Traceback" not in err, err
     return err.strip().splitlines()[-1]
 
 
@@ -157,3 +163,36 @@ def test_two_pipelines_on_two_nodes_route_by_model_and_stop_clean(cluster: Clust
             time.sleep(0.2)
     finally:
         ray.shutdown()
+
+
+def test_ray_address_in_the_environment_is_checked_for_auto_and_ignored_by_local(tmp_path: Path) -> None:
+    """ray.init reads RAY_ADDRESS in place of "auto" (or no address): it was never checked, so a Ray
+    Client address there went through Ray Client (cloudpickle) and a closed port was retried for
+    minutes; and `address: local` joined RAY_ADDRESS's cluster rather than starting its own."""
+    deploy = {"pipeline": "synthetic_text", "server": {"host": "127.0.0.1", "port": free_port()},
+              "cluster": {"backend": "ray", "address": "auto"}, "stages": [{"stage_id": 0}]}
+    client = f"ray://127.0.0.1:{free_port()}"
+    assert _refused(tmp_path, deploy, RAY_ADDRESS=client).endswith(
+        f"cluster.address: auto takes RAY_ADDRESS={client!r} from the environment, which is not a GCS host:port "
+        "(Ray Client and the jobs API are not used: unset RAY_ADDRESS, or give cluster.address as the head's "
+        "host:port)")
+    closed = f"127.0.0.1:{free_port()}"
+    assert _refused(tmp_path, deploy, RAY_ADDRESS=closed).endswith(
+        f"cluster.address: auto takes RAY_ADDRESS={closed!r} from the environment: cannot reach Ray at {closed}: "
+        "Connection refused")
+    # `local`: a cluster of its own (one CPU-only node), whatever RAY_ADDRESS says; refused, it leaves
+    # no Ray process and no session folder behind.
+    deploy["cluster"]["address"] = "local"
+    deploy["stages"] = [{"stage_id": 0, "resources": {"GPU": 1}}]
+    proc = _omni_run(tmp_path, deploy, RAY_ADDRESS=closed, RAY_TMPDIR=None)  # (its files: in its own folder)
+    try:
+        _, err = proc.communicate(timeout=LOCAL_REFUSED_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert "stages[0].resources: no node of the Ray cluster has {'CPU': 1.0, 'GPU': 1.0}" \
+        in err.strip().splitlines()[-1], err
+    session = f"/tmp/omni-ray-{proc.pid}-"
+    assert glob.glob(f"{session}*") == [] and processes_under(session) == []
