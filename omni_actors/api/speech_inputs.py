@@ -141,9 +141,9 @@ async def speech_call(request: web.Request, pipe: PipelineConfig, text: str, voi
     return call
 
 
-def require_speech_model(orch: Orchestrator, name: str | None) -> None:
+def require_speech_model(orch: Orchestrator, name: str | None, param: str = "model") -> None:
     """A diffusion model that makes sound from a prompt (Stable Audio) reads no text to speak: a 400
-    naming `model` that points at its route, before anything reaches its stage."""
+    naming `param` that points at its route, before anything reaches its stage."""
     if served_caps(orch) is not None:
         raise bad_request(f"model {name or model_id(orch.deploy)!r} makes sound from a prompt, not speech from "
-                          "text; use /v1/audio/generations", "model", "unsupported_task")
+                          "text; use /v1/audio/generations", param, "unsupported_task")

@@ -54,7 +54,7 @@ from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, VoiceRef
 from omni_actors.api.speech import Encoding, audio_of, speech_usage
 from omni_actors.api.speech_audio import FORMATS, PCM_RATE, wire_rate
 from omni_actors.api.speech_inputs import SpeechCall, require_speech_model, speech_call
-from omni_actors.errors import RequestError
+from omni_actors.errors import AdmissionError, RequestError, StageUnavailable
 from omni_actors.orchestrator.core import Orchestrator
 
 ROUTE = "/v1/audio/speech/stream"
@@ -69,6 +69,10 @@ HEARTBEAT_S = 30.0
 MAX_MESSAGE_BYTES = 1 << 20
 SESSION_SEED_BOUND = 1 << 31
 """A session without a client seed draws one in [0, this)."""
+CLAUSE_ERRORS = (ApiError, RequestError, AdmissionError, StageUnavailable)
+"""What ends one clause with an `error` event (the text and the session go on). A clause refused at
+submit (a stage's queue full: REST's 429 `queue_full`; no ready replica: 503) is one too: before
+2026-12-05 those ended the clause's task unseen, and its audio was missing with no word to the client."""
 
 
 class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -124,7 +128,10 @@ class Utterance:
     def __init__(self, session: Session, after: asyncio.Task | None) -> None:
         self.session = session
         self.settings = session.settings
-        self.clauses: asyncio.Queue[asyncio.Queue | None] = asyncio.Queue()
+        self.clauses: asyncio.Queue[tuple[asyncio.Queue, asyncio.Event] | None] = asyncio.Queue()
+        """Each clause's audio queue and the event its sender sets once all of that audio has been sent."""
+        self.sent: list[asyncio.Event] = []
+        """Every clause's event: all set when the sender ends, however it ends (no clause keeps its place)."""
         self.words = 0
         self.tokens: list[dict[int, tuple[int, int]]] = []
         """Each clause request's stage tokens (its usage), as they end."""
@@ -137,45 +144,64 @@ class Utterance:
 
     def start(self, clause: str) -> None:
         out: asyncio.Queue = asyncio.Queue()
+        sent = asyncio.Event()
+        self.sent.append(sent)
         self.words += len(clause.split())
-        run = asyncio.ensure_future(self._run(clause, out))
+        run = asyncio.ensure_future(self._run(clause, out, sent))
         self.runs.add(run)
         run.add_done_callback(self.runs.discard)
-        self.clauses.put_nowait(out)
+        self.clauses.put_nowait((out, sent))
 
     def end(self) -> None:
         self.clauses.put_nowait(None)
 
-    async def _run(self, clause: str, out: asyncio.Queue) -> None:
+    async def _run(self, clause: str, out: asyncio.Queue, sent: asyncio.Event) -> None:
+        """Synthesize `clause` into `out` (then None). Its place among the MAX_AHEAD is held until its audio
+        has been sent, so a client that reads slowly (or not at all) holds the synthesis back: at most
+        MAX_AHEAD clauses of audio wait in memory (before 2026-12-05 a place was freed when the audio was
+        made, and a client that did not read had the whole text synthesized and held, however long)."""
+        try:
+            async with self.session.ahead:
+                try:
+                    await self._synthesize(clause, out)
+                except CLAUSE_ERRORS as err:
+                    out.put_nowait(err)
+                out.put_nowait(None)
+                await sent.wait()
+        finally:
+            out.put_nowait(None)  # (cancelled before its end: the sender does not wait; a second None is never read)
+
+    async def _synthesize(self, clause: str, out: asyncio.Queue) -> None:
         s, st = self.session, self.settings
         cfg = st.config
-        try:
-            async with s.ahead:
-                if self.voiced is None:
-                    self.voiced = asyncio.ensure_future(speech_call(
-                        s.request, st.orch.pipeline, "-", cfg.voice, cfg.instructions, cfg.speed, cfg.seed))
-                what = await asyncio.shield(self.voiced)  # (one clause cancelled leaves it to the others)
-                inputs = {**what.inputs, "text": clause}
-                async with PipelineCall(s.request, ROUTE, inputs, dict(what.params), {"audio"},
-                                        orch=st.orch) as call:
-                    async for chunk in call:
-                        if (got := audio_of(chunk)) is not None:
-                            out.put_nowait(got)
-                    assert call.stream is not None
-                    self.tokens.append(call.stream.stage_tokens)
-        except (ApiError, RequestError) as err:
-            out.put_nowait(err)
-        finally:
-            out.put_nowait(None)
+        if self.voiced is None:
+            self.voiced = asyncio.ensure_future(speech_call(
+                s.request, st.orch.pipeline, "-", cfg.voice, cfg.instructions, cfg.speed, cfg.seed))
+        what = await asyncio.shield(self.voiced)  # (one clause cancelled leaves it to the others)
+        inputs = {**what.inputs, "text": clause}
+        async with PipelineCall(s.request, ROUTE, inputs, dict(what.params), {"audio"}, orch=st.orch) as call:
+            async for chunk in call:
+                if (got := audio_of(chunk)) is not None:
+                    out.put_nowait(got)
+            assert call.stream is not None
+            self.tokens.append(call.stream.stage_tokens)
 
     async def _send(self, after: asyncio.Task | None) -> None:
         """Audio of each clause in text order, then speech.audio.done (after the previous text's)."""
+        try:
+            await self._send_all(after)
+        finally:
+            for sent in self.sent:  # (a sender that failed or was cancelled leaves no clause holding a place)
+                sent.set()
+
+    async def _send_all(self, after: asyncio.Task | None) -> None:
         if after is not None:
             await asyncio.gather(after, return_exceptions=True)
         s, st = self.session, self.settings
         enc = Encoding(st.config.response_format, st.api_speed, st.rate)
         chunks = 0
-        while (queue := await self.clauses.get()) is not None:
+        while (clause := await self.clauses.get()) is not None:
+            queue, sent = clause
             while (item := await queue.get()) is not None:
                 if isinstance(item, BaseException):
                     await s.error(item if isinstance(item, ApiError) else from_exception(item))
@@ -183,6 +209,7 @@ class Utterance:
                 chunks += 1
                 if data := await enc.feed(*item):
                     await s.send({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+            sent.set()  # (its place among the MAX_AHEAD goes to the next clause)
         if tail := await enc.finish():
             await s.send({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode()})
         usage = speech_usage(self.words, chunks, self.tokens)
@@ -209,7 +236,9 @@ class Session:
         self.ahead = asyncio.Semaphore(MAX_AHEAD)
         self.current: Utterance | None = None
         self.last: asyncio.Task | None = None
-        self.all: list[Utterance] = []
+        self.all: set[Utterance] = set()
+        """The texts not yet done (their speech.audio.done sent): each is let go then, so a long-lived
+        session holds only what it is still speaking (before 2026-12-05 it kept every text to the end)."""
 
     async def send(self, event: dict[str, Any]) -> None:
         await self.ws.send_str(msgspec.json.encode(event).decode())
@@ -234,6 +263,9 @@ class Session:
         except msgspec.ValidationError as err:
             raise bad_request(f"session: {err}", "session") from None
         orch, _ = self.request.app[PIPELINES_KEY].find(new.model, {"audio"}, "session.model")
+        # as at connect (a Stable Audio model was taken here before 2026-12-05, and each text then failed on
+        # its stage's "prompt: a string is required")
+        require_speech_model(orch, new.model, "session.model")
         if not 0.25 <= new.speed <= 4.0:
             raise bad_request("speed must be between 0.25 and 4.0", "session.speed")
         if new.response_format not in FORMATS:
@@ -265,13 +297,14 @@ class Session:
     def _utterance(self) -> Utterance:
         """The current text's, started (with the session's settings now) at its first clause."""
         if self.current is None:
-            self.current = Utterance(self, self.last)
-            self.last = self.current.sender
-            self.all.append(self.current)
+            utt = self.current = Utterance(self, self.last)
+            self.last = utt.sender
+            self.all.add(utt)
+            utt.sender.add_done_callback(lambda _: self.all.discard(utt))
         return self.current
 
     def close(self) -> None:
-        for utt in self.all:
+        for utt in list(self.all):  # (each sender's done callback leaves the set)
             utt.cancel()
 
 

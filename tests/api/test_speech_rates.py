@@ -35,11 +35,12 @@ WS_TIMEOUT_S = 30
 
 
 @contextlib.asynccontextmanager
-async def serve_voiced() -> AsyncIterator[Server]:
-    """The synthetic pipeline declaring built-in voices at MODEL_RATE (as a TTS model does), real workers."""
+async def serve_voiced(samples: int = SAMPLES, **first_stage: Any) -> AsyncIterator[Server]:
+    """The synthetic pipeline declaring built-in voices at MODEL_RATE (as a TTS model does), real workers;
+    `samples` per audio chunk, and `first_stage`: more deploy fields of its first stage (`max_queue`, ...)."""
     pipe = msgspec.structs.replace(get_pipeline("synthetic"), speech=SpeechSpec(voices=VOICES, sample_rate=MODEL_RATE))
-    stages = [{"stage_id": 0, "engine_extras": {"chunks": CHUNKS}}, {"stage_id": 1},
-              {"stage_id": 2, "engine_extras": {"sample_rate": MODEL_RATE, "samples": SAMPLES}}]
+    stages = [{"stage_id": 0, "engine_extras": {"chunks": CHUNKS}, **first_stage}, {"stage_id": 1},
+              {"stage_id": 2, "engine_extras": {"sample_rate": MODEL_RATE, "samples": samples}}]
     deploy = make_deploy("synthetic", stages=stages)
     async with running(deploy, pipeline=pipe) as orch:
         http = await start_server(build_app(orch), "127.0.0.1", 0, deploy.server)
