@@ -47,7 +47,7 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from omni_actors.api.calls import PipelineCall, orchestrator, require_model, route_model
-from omni_actors.api.errors import ApiError, bad_request, from_exception
+from omni_actors.api.errors import ApiError, bad_request, from_exception, validation_detail
 from omni_actors.api.pipelines import PIPELINES_KEY
 from omni_actors.api.realtime.client_events import event_id_of
 from omni_actors.api.schemas import Instructions, Seed, SpeechFormat, VoiceRef
@@ -261,7 +261,8 @@ class Session:
         try:
             new = msgspec.convert({**msgspec.to_builtins(self.settings.config), **raw}, SessionConfig)
         except msgspec.ValidationError as err:
-            raise bad_request(f"session: {err}", "session") from None
+            msg, path, code = validation_detail(err)
+            raise bad_request(f"session: {msg}", f"session.{path}" if path else "session", code) from None
         orch, _ = self.request.app[PIPELINES_KEY].find(new.model, {"audio"}, "session.model")
         # as at connect (a Stable Audio model was taken here before 2026-12-05, and each text then failed on
         # its stage's "prompt: a string is required")
@@ -270,7 +271,13 @@ class Session:
             raise bad_request("speed must be between 0.25 and 4.0", "session.speed")
         if new.response_format not in FORMATS:
             raise bad_request(f"response_format must be one of {list(FORMATS)}", "session.response_format")
-        what = await speech_call(self.request, orch.pipeline, "-", new.voice, new.instructions, new.speed, new.seed)
+        try:
+            what = await speech_call(self.request, orch.pipeline, "-", new.voice, new.instructions, new.speed,
+                                     new.seed)
+        except ApiError as err:  # (a field of the update: named as the other update errors are)
+            if err.param and not err.param.startswith("session"):
+                err.param = f"session.{err.param}"
+            raise
         self.settings = TextSettings(new, orch, what.api_speed, what.sample_rate)  # for the next texts only
         await self.send({"type": "session.updated", "session": self.described()})
 

@@ -133,3 +133,13 @@ async def test_a_binary_frame_is_answered_and_the_session_lives_on(srv: Server) 
         await ws.send_str("{not json")
         err = await receive(ws)  # the text frame's twin, for comparison
         assert err["type"] == "error" and err["error"]["code"] == "invalid_event"
+
+
+async def test_a_bad_update_names_the_session_field(srv: Server) -> None:
+    """Update errors named `session.model` / `session.speed` but plain `voice` or `session` for the others."""
+    async with aiohttp.ClientSession() as http, await opened(http, srv) as ws:
+        for session, param in (({"voice": "nobody"}, "session.voice"), ({"speed": "fast"}, "session.speed"),
+                               ({"seed": 1.5}, "session.seed")):
+            await ws.send_json({"type": "session.update", "session": session})
+            err = await receive(ws)
+            assert err["type"] == "error" and err["error"]["param"] == param, (session, err)

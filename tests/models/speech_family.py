@@ -265,7 +265,7 @@ async def test_text_in_socket_speaks_before_done_in_order(srv: Server, fam: Fami
         assert (await ws.receive_json())["type"] == "session.created"
         await ws.send_json({"type": "session.update", "session": {"voice": "nobody"}})
         err = await ws.receive_json()
-        assert err["type"] == "error" and err["error"]["param"] == "voice"
+        assert err["type"] == "error" and err["error"]["param"] == "session.voice"  # (as session.model is named)
         await ws.send_json({"type": "session.update", "session": {"voice": fam.voices[1], "response_format": "pcm",
                                                                  "seed": 9}})
         assert (await ws.receive_json())["session"]["voice"] == fam.voices[1]
