@@ -48,10 +48,18 @@ COUNT_AUDIO_CONTEXTS = """(() => {
 
 
 @contextlib.asynccontextmanager
-async def browser_page(url: str, fake_mic: Path | None = None,
-                       api_key: str | None = None) -> AsyncIterator[BrowserPage]:
-    """`api_key`: put in the tab's session storage before the page loads (as if entered earlier)."""
+async def browser_page(url: str, fake_mic: Path | None = None, api_key: str | None = None,
+                       enforce_csp: bool = False, host_alias: str | None = None) -> AsyncIterator[BrowserPage]:
+    """`api_key`: put in the tab's session storage before the page loads (as if entered earlier).
+    `enforce_csp`: the page's Content-Security-Policy holds, as in a user's browser (what it refuses is a
+    console error); else it is bypassed so that `wait_for_function` may evaluate strings.
+    `host_alias`: the page is opened by this host name (resolved to the url's host by Chromium alone), as a
+    user opens a server on another machine: plain http there is not a secure page (no microphone)."""
     args = list(BASE_ARGS)
+    if host_alias is not None:
+        parts = urlsplit(url)
+        args.append(f"--host-resolver-rules=MAP {host_alias} {parts.hostname}")
+        url = parts._replace(netloc=f"{host_alias}:{parts.port}").geturl()
     if fake_mic is not None:
         args += ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={fake_mic}"]
     with tempfile.TemporaryDirectory(prefix="omni-chromium-") as home:
@@ -63,7 +71,7 @@ async def browser_page(url: str, fake_mic: Path | None = None,
         async with async_playwright() as pw:
             ctx = await pw.chromium.launch_persistent_context(
                 profile, executable_path=CHROMIUM, headless=True, args=args, env=env,
-                permissions=["microphone"], bypass_csp=True,  # lets tests evaluate expressions
+                permissions=["microphone"], bypass_csp=not enforce_csp,
             )
             try:
                 await ctx.add_init_script(COUNT_AUDIO_CONTEXTS)

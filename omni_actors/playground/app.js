@@ -253,6 +253,13 @@ async function loaded() {
   }
 }
 
+// /v1/models lists each name a request may use: a pipeline's served name and its pipeline's own (`tiny-sd` and
+// `diffusion`). The picker offers each pipeline once, by its first name (/v1/status lists each one's names).
+function onePerPipeline(models, pipelines) {
+  const others = new Set((pipelines || []).flatMap((p) => p.models.slice(1)));
+  return models.filter((m) => !others.has(m.id));
+}
+
 async function boot() {
   $("key-form").onsubmit = (e) => {
     e.preventDefault();
@@ -263,11 +270,14 @@ async function boot() {
   };
   await loaded();
   try {
-    state.models = (await (await api("/v1/models")).json()).data;
+    const models = (await (await api("/v1/models")).json()).data;
+    const status = await api("/v1/status").then((resp) => resp.json(), () => ({}));  // (without it: every name)
+    state.models = onePerPipeline(models, status.pipelines);
     // The routes this server serves (public): panels only call what is there.
     state.routes = new Set(Object.keys((await (await fetch("/openapi.json")).json()).paths || {}));
   } catch (err) {
     showError(err);
+    if (err.status === 401) showHealth("API key needed", false);  // (it answered: not "…" until a key works)
     return;
   }
   if (!state.models.length) {  // (a deploy that loaded nothing): nothing to show but that

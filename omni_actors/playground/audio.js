@@ -93,6 +93,23 @@ export class StreamPlayer {
   }
 }
 
+// The microphone (a MediaStream), or an error that says in words why not. A browser offers it only to a secure
+// page (https, or http://localhost): served over plain http from another host (omni-run on a GPU box, opened by
+// its name) the page has no navigator.mediaDevices at all, which would read "Cannot read properties of undefined".
+export async function openMicrophone(audio) {
+  if (!navigator.mediaDevices?.getUserMedia) {
+    const port = location.port || "80";
+    throw new Error(`microphone: the browser offers none to a page served over plain http from ${location.hostname}: ` +
+                    `open it over https, or as http://localhost:${port}/ (from another machine through a tunnel: ` +
+                    `ssh -L ${port}:localhost:${port} ${location.hostname})`);
+  }
+  try {
+    return await navigator.mediaDevices.getUserMedia({ audio });
+  } catch (err) {
+    throw new Error(`microphone: ${err.message}`);  // (else "Requested device not found", with no word of what)
+  }
+}
+
 // Records the microphone to a WAV file (pcm16 at WIRE_RATE): `await start()`, then `await stop()` gives
 // { blob, seconds }; onProgress(seconds) after each ~100 ms block. Through the same capture worklet as
 // Talk, so it needs no codec in the browser.
@@ -105,7 +122,7 @@ export class MicRecorder {
     this.ctx = null;
   }
   async start() {
-    this.stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: false } });
+    this.stream = await openMicrophone({ channelCount: 1, echoCancellation: false });
     this.ctx = new AudioContext({ sampleRate: WIRE_RATE });
     await this.ctx.audioWorklet.addModule("/playground/capture-worklet.js");
     const node = new AudioWorkletNode(this.ctx, "omni-capture");

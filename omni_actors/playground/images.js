@@ -19,14 +19,17 @@ function addImage(b64, prompt, { format = "png", partial = false } = {}) {
 function request({ api, state, work, prompt }) {
   const file = $("image-file").files[0];
   const size = $("image-size").value.trim();
-  const steps = Number($("image-steps").value) || undefined;
+  // Empty: the model's default. What is typed is sent as typed (0 too: the server says what it takes, where
+  // `|| undefined` made an image of the default steps under a field that says 0).
+  const stepsText = $("image-steps").value.trim();
+  const steps = stepsText === "" ? undefined : Number(stepsText);
   if (file) {
     const form = new FormData();
     form.append("model", state.model.id);
     form.append("prompt", prompt);
     form.append("size", size);
     form.append("image", file);
-    if (steps) form.append("num_inference_steps", String(steps));
+    if (steps !== undefined) form.append("num_inference_steps", stepsText);
     form.append("stream", "true");
     form.append("stream_progress", "true");
     return api("/v1/images/edits", { method: "POST", body: form, signal: work.signal });

@@ -75,7 +75,8 @@ function updateGraph(root, status) {
     const g = root.querySelector(`[data-stage="${s.stage_id}"]`);
     const health = s.healthy ? "healthy" : "unhealthy";
     g.setAttribute("class", `stage ${health}`);
-    const load = `in flight ${s.in_flight} / queue ${s.queue_limit}`;
+    // (queue_limit is each replica's: the stage admits that many per replica before a 429)
+    const load = `in flight ${s.in_flight} / limit ${s.queue_limit * s.replicas.length}`;
     const times = `step ${ms(s.step_ms)} · first out ${ms(s.first_output_ms)}`;
     g.setAttribute("aria-label", `stage ${s.stage_id} ${s.name} (${s.execution_type}): ${health}, ${load}, ${times}`);
     g.querySelector("[data-field=load]").textContent = load;

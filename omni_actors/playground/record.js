@@ -34,7 +34,7 @@ export function bindRecord(button, showError) {
         await starting.stop();  // (what it had opened)
         if (recorder !== starting) return;  // a model switch stopped it while it opened
         recorder = null;
-        return showError(`microphone: ${err.message}`);
+        return showError(err.message.startsWith("microphone: ") ? err.message : `microphone: ${err.message}`);
       } finally {
         button.disabled = false;
       }

@@ -1,5 +1,5 @@
 // Talk: the microphone streams to /v1/realtime (pcm16 24 kHz), server VAD ends turns, answers play as they stream.
-import { StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, floatToPcm16 } from "./audio.js";
+import { StreamPlayer, WIRE_RATE, b64ToBytes, bytesToB64, floatToPcm16, openMicrophone } from "./audio.js";
 
 const AUDIO_DELTAS = new Set(["response.audio.delta", "response.output_audio.delta"]);
 const OPEN_TIMEOUT_MS = 10000;
@@ -32,8 +32,7 @@ export class Talk {
 
   async start() {
     this.onState("connecting");
-    this.stream = await this.#unlessStopped(
-      navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: true } }));
+    this.stream = await this.#unlessStopped(openMicrophone({ channelCount: 1, echoCancellation: true }));
     this.ctx = new AudioContext({ sampleRate: WIRE_RATE });
     await this.#unlessStopped(this.ctx.audioWorklet.addModule("/playground/capture-worklet.js"));
     const node = new AudioWorkletNode(this.ctx, "omni-capture");

@@ -94,6 +94,7 @@ export function bindVideos({ api, state, showError }) {
   }
   $("video-button").onclick = () => {
     const prompt = $("video-prompt").value.trim();
+    const stepsText = $("video-steps").value.trim();  // (empty: the model's default; else as typed, 0 too)
     if (!prompt) return ask("video-prompt", "video-status", "describe the video first");
     $("video-progress").value = 0;
     keepCreate(state.model.id, prompt);  // (a reload before its answer finds the job it made)
@@ -103,7 +104,7 @@ export function bindVideos({ api, state, showError }) {
       method: "POST", headers: { "content-type": "application/json" }, signal: null,
       body: JSON.stringify({ model: state.model.id, prompt, size: $("video-size").value.trim(),
                              seconds: $("video-seconds").value.trim(),
-                             num_inference_steps: Number($("video-steps").value) || undefined }),
+                             num_inference_steps: stepsText === "" ? undefined : Number(stepsText) }),
     }).then((resp) => resp.json(), (err) => {
       if (err.status) forgetJob(null);  // refused: no job was made (unanswered, it may have been: kept)
       throw err;

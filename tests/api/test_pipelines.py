@@ -236,6 +236,10 @@ def test_a_deploy_file_lists_two_pipelines(tmp_path: Path) -> None:
     r = MultiRun(tmp_path, "--deploy", str(deploy))
     try:
         r.wait_ready()
+        r.wait_for(r"Ctrl-C stops it")  # the start-up summary: each pipeline, then the URLs once
+        summary = r.output[r.output.index("server.ready"):]
+        assert "serving 'writer'" in summary and "serving 'scribe'" in summary, summary
+        assert summary.count(f"playground http://127.0.0.1:{r.port}/") == 1, summary
         c = r.client()
         assert {m.id for m in c.models.list().data} == {"writer", "scribe", "synthetic_text"}
         for name in ("writer", "scribe"):

@@ -81,6 +81,8 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         page = bp.page
         await page.get_by_test_id("key-form").wait_for()  # the API needs a key: the page asks once
         assert await page.evaluate("document.activeElement.id") == "key-input"  # the keyboard is where the key goes
+        # The pill says why nothing shows yet (the server answered: it wants a key), not "…" for ever.
+        await page.locator("[data-testid=health]:text-is('API key needed')").wait_for()
         await page.keyboard.type("wrong-key")
         await page.keyboard.press("Enter")
         # A wrong key is said to be wrong (not "needs a key" again), and it is selected to be typed over.
@@ -163,7 +165,7 @@ async def test_playground_key_chat_speak_and_pipeline(srv: Server, tmp_path) -> 
         label = await page.evaluate("window.__dot.getAttribute('aria-label')")
         assert re.fullmatch(r"stage 0 replica 0: ready, pid \d+, 0 in flight, 0 restarts, .*", label), label
         label = await page.get_by_test_id("stage-2").get_attribute("aria-label")
-        assert re.fullmatch(r"stage 2 \S+ \(\w+\): healthy, in flight 0 / queue \d+, step [\d.]+ ms · .*", label), label
+        assert re.fullmatch(r"stage 2 \S+ \(\w+\): healthy, in flight 0 / limit \d+, step [\d.]+ ms · .*", label), label
         # A keyboard reaches each replica (Tab, from the tab) and reads on focus what a hover shows, by it;
         # Escape hides that and stays there. The panel is named by its tab.
         assert await page.get_by_role("tabpanel", name="Pipeline").is_visible()

@@ -70,6 +70,8 @@ async def test_keys_model_switch_mid_answer_and_errors_kept_with_their_panel(two
         posts: list[str] = []
         page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
         await page.locator("body[data-ready=true]").wait_for()
+        # Each pipeline once, by its served name: its pipeline's own name (in /v1/models too) is not another model.
+        assert await page.locator("#model option").all_inner_texts() == ["slow", "broken", "asr"]
         await page.get_by_test_id("model-select").select_option("slow")
 
         # Talk: Escape ends the session as its Stop does.
