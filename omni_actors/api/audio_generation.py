@@ -8,7 +8,8 @@ seed, num_inference_steps, guidance_scale} (those given). The stage answers
 {"audio": float32 [C, S], "sample_rate"}; the file (audio_codec.encode_file) keeps its
 channels (pcm: 16-bit little-endian, interleaved) and the model's rate, except an mp3 of a
 rate mp3 cannot carry, which is resampled to the nearest one it can; X-Sample-Rate says
-the file's rate. A model that makes no audio, or speech from text rather than sound from a
+the file's rate and X-Channels its channels (raw pcm says neither itself; before 2026-12-05 a stereo pcm
+answer carried no channel count). A model that makes no audio, or speech from text rather than sound from a
 prompt, is a 400 saying what it makes.
 """
 
@@ -118,5 +119,6 @@ async def generations(request: web.Request) -> web.Response:
         raise ApiError(500, "the pipeline ended without audio", None, "no_audio")
     body = await off_loop(encode_file, audio, rate, req.response_format)
     kind = CONTENT_TYPES.get(req.response_format, "application/octet-stream")
-    return web.Response(body=body, headers={"Content-Type": kind,
+    channels = audio.shape[0] if audio.ndim > 1 else 1  # (raw pcm carries no header saying it)
+    return web.Response(body=body, headers={"Content-Type": kind, "X-Channels": str(channels),
                                             "X-Sample-Rate": str(output_rate(req.response_format, rate))})

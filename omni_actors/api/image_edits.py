@@ -206,7 +206,7 @@ async def image_edits(request: web.Request) -> web.StreamResponse:
     if response_format not in ("b64_json", "url"):
         raise bad_request(f"response_format must be b64_json or url, got {response_format!r}", "response_format")
     _choices(fields)
-    require_background(caps, fields.get("background"))
+    require_background(caps, fields.get("background"), fmt)
     compression = _int(fields, "output_compression", 0, 100)
     stream, progress = _flag(fields, "stream"), _flag(fields, "stream_progress")
     partial = _int(fields, "partial_images", 0, 3) or 0

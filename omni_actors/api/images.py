@@ -81,11 +81,17 @@ def parse_size(size: str | None) -> tuple[int, int] | None:
     return w, h
 
 
-def require_background(caps: Any, background: str | None) -> None:
-    """`background`: "auto" / "opaque" are what every model makes; "transparent" only a layered one's RGBA layers."""
-    if background == "transparent" and (caps is None or "image-to-layers" not in caps.tasks):
+def require_background(caps: Any, background: str | None, fmt: str = "png") -> None:
+    """`background`: "auto" / "opaque" are what every model makes; "transparent" only a layered one's RGBA layers.
+    JPEG has no alpha: on a layered model `output_format: "jpeg"` is a 400 naming output_format, as OpenAI
+    answers "transparent" with "jpeg" (before 2026-12-05 the layers came back with their alpha dropped)."""
+    layered = caps is not None and "image-to-layers" in caps.tasks
+    if background == "transparent" and not layered:
         raise bad_request("background 'transparent' cannot be produced: this model makes opaque images "
                           "(use 'auto' or 'opaque')", "background")
+    if fmt == "jpeg" and layered:
+        raise bad_request("output_format 'jpeg' has no alpha channel and this model's layers are RGBA: "
+                          "use 'png' or 'webp'", "output_format", "unsupported_value")
 
 
 def encode_image(img: np.ndarray, fmt: str, compression: int | None = None) -> bytes:
@@ -191,13 +197,13 @@ async def generations(request: web.Request) -> web.StreamResponse:
     require_task(orch, caps, GENERATION_TASKS, ROUTE)
     size = parse_size(req.size)
     require_size(caps, *(size or (None, None)))
-    require_background(caps, req.background)
+    fmt = req.output_format or "png"
+    require_background(caps, req.background, fmt)
     params = diffusion_params(req, size)
     negative = req.negative_prompt if req.negative_prompt is not None else (
         req.extra_body.negative_prompt if req.extra_body else None)
     require_input(caps, "negative_prompt", negative)
     inputs = drop_none({"prompt": req.prompt, "negative_prompt": negative})
-    fmt = req.output_format or "png"
     if req.stream_progress and not req.stream:
         raise bad_request("stream_progress needs stream: true (progress comes as stream events)", "stream_progress")
     require_streamable(req.response_format, req.stream)

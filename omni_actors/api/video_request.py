@@ -107,6 +107,18 @@ def parse_size(size: str, caps: dict[str, Any]) -> tuple[int, int]:
     return width, height
 
 
+def reference_size(image: np.ndarray, default: tuple[int, int], multiple: int) -> tuple[int, int]:
+    """The size of a video made from first frame `image` when the request gives none: the default size's pixel
+    area at the image's aspect, each side rounded down to `multiple` (diffusers' Wan image-to-video recipe),
+    within [multiple, MAX_SIDE_PX]. Before 2026-12-05 it was the default size itself, so a portrait photo
+    was squeezed into a landscape video."""
+    h, w = image.shape[:2]
+    area = default[0] * default[1]
+    top = MAX_SIDE_PX // multiple * multiple
+    width, height = (min(top, max(multiple, math.isqrt(area * a // b) // multiple * multiple)) for a, b in ((w, h), (h, w)))
+    return width, height
+
+
 def parse_frames(fields: dict[str, str], seconds: str, caps: dict[str, Any]) -> int:
     """num_frames if given, else seconds x fps snapped to k * frame_multiple + 1."""
     k, top, fps = int(caps["frame_multiple"]), int(caps["max_frames"]), float(caps["fps"])

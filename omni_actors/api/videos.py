@@ -15,7 +15,8 @@ A remix makes a completed video again with a new prompt: the same model, size, f
 steps, guidance, negative prompt, first frame and seed (the one the source ran with), so
 the starting noise is the same and the new prompt steers it.
 
-Create fields: prompt (required), model, size "WxH" (default: the model's), seconds (a
+Create fields: prompt (required), model, size "WxH" (default: the model's; with a first frame,
+its aspect at the default's area: video_request.reference_size), seconds (a
 number; frames = seconds x fps, snapped to what the model makes), input_reference (an
 image upload, or `input_reference[image_url]` as a data: URL), and beyond OpenAI's:
 num_frames, num_inference_steps, guidance_scale, seed, negative_prompt. What the model
@@ -43,7 +44,12 @@ from omni_actors.api.calls import (
     require_outputs,
     route_model,
 )
-from omni_actors.api.diffusion_caps import MAX_GUIDANCE_SCALE, stage_facts
+from omni_actors.api.diffusion_caps import (
+    MAX_GUIDANCE_SCALE,
+    require_input,
+    served_caps,
+    stage_facts,
+)
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.paging import newest_first
 from omni_actors.api.schemas import RequestStruct, read_body
@@ -57,6 +63,7 @@ from omni_actors.api.video_request import (
     parse_reference,
     parse_size,
     read_fields,
+    reference_size,
     referenced_file,
 )
 from omni_actors.api.videos_store import VARIANTS, JobRow, VideoStore, new_job_id
@@ -202,6 +209,8 @@ async def _submit(request: web.Request) -> str:
     if "num_frames" in fields:  # it decides the clip's length, whatever `seconds` says
         seconds = f"{num_frames / float(caps['fps']):g}"
     image = parse_reference(fields, await referenced_file(request, fields, upload), caps)
+    if image is not None and not fields.get("size"):  # at the first frame's aspect
+        width, height = reference_size(image, (width, height), int(caps["size_multiple"]))
     params = drop_none({
         "width": width, "height": height, "num_frames": num_frames,
         "num_inference_steps": opt_int(fields, "num_inference_steps", 1, MAX_INFERENCE_STEPS),
@@ -209,6 +218,9 @@ async def _submit(request: web.Request) -> str:
         "seed": opt_int(fields, "seed", 0, (1 << 63) - 1),
     })
     inputs = drop_none({"prompt": prompt, "negative_prompt": fields.get("negative_prompt"), "image": image})
+    takes = served_caps(orch)  # what the call takes (HunyuanVideo-1.5's has no guidance_scale: was dropped unsaid)
+    require_input(takes, "guidance_scale", params.get("guidance_scale"))
+    require_input(takes, "negative_prompt", inputs.get("negative_prompt"))
     job_id = new_job_id()
     jobs_of(request).create(job_id, inputs, params, model=model, prompt=prompt, size=f"{width}x{height}",
                             seconds=seconds)

@@ -170,8 +170,10 @@ class VideoStore:
         for job_id in lost:
             self.fail(job_id, "server_restarted",
                       "the server stopped while this video was being generated; create it again")
-            for variant in FILES:
-                self.path(job_id, variant).unlink(missing_ok=True)
+            for variant in FILES:  # and the half-written `.part` files of a server killed mid-write
+                path = self.path(job_id, variant)  # (those stayed for good before 2026-12-05)
+                path.unlink(missing_ok=True)
+                path.with_name(path.name + ".part").unlink(missing_ok=True)
         return lost
 
 

@@ -47,6 +47,11 @@ def test_a_clip_decodes_at_the_asked_length_and_the_seed_repeats_it(audio_server
     assert again.content == first.content
     flac = generate(audio_server, seconds=0.5, seed=7, response_format="flac")
     assert sf.read(io.BytesIO(flac.content))[0].shape == (RATE_HZ // 2, 2)
+    # raw pcm has no header: the answer's say its rate and channels (it gave no channel count before 2026-12-05)
+    pcm = generate(audio_server, seconds=0.5, seed=7, response_format="pcm")
+    assert (pcm.headers["X-Sample-Rate"], pcm.headers["X-Channels"]) == (str(RATE_HZ), "2")
+    assert len(pcm.content) == RATE_HZ // 2 * 2 * 2  # 16-bit samples, two channels interleaved
+    assert first.headers["X-Channels"] == "2"
     paths = requests.get(f"{audio_server.url}/openapi.json", timeout=HTTP_TIMEOUT_S).json()["paths"]
     assert {"/v1/audio/generations", "/v1/audio/generate"} <= set(paths)
 

@@ -47,3 +47,22 @@ async def test_an_rgb_input_and_several_images_each_with_its_layers(srv) -> None
     layers = [decode(d.b64_json) for d in out.data]
     assert len(layers) == 4 and all(im.shape == layers[0].shape and im.shape[2] == 4 for im in layers)
     await eventually(lambda: idle(srv.orch))
+
+
+async def test_jpeg_which_has_no_alpha_is_a_400_naming_output_format(srv) -> None:
+    """Layers are RGBA: a JPEG of one dropped its alpha (each layer's hidden colours came out as a flat picture),
+    and `background: "transparent"` with `output_format: "jpeg"` went through; OpenAI refuses that pair.
+    Refused before anything runs, on edits and their stream alike; WebP keeps the alpha."""
+    import openai
+
+    rgba = np.random.default_rng(2).integers(0, 255, (48, 64, 4), dtype=np.uint8)
+    client = srv.client()
+    for extra in ({}, {"background": "transparent"}, {"stream": True}):
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.images.edit(model=MODEL, image=("in.png", png(rgba)), prompt="x", output_format="jpeg",
+                                     extra_body={"layers": 2, "num_inference_steps": 1, **extra})
+        assert err.value.body["param"] == "output_format", extra
+    out = await client.images.edit(model=MODEL, image=("in.png", png(rgba)), prompt="x", output_format="webp",
+                                   background="transparent", extra_body={"layers": 2, "num_inference_steps": 1})
+    assert out.output_format == "webp" and all(decode(d.b64_json).shape[2] == 4 for d in out.data)
+    await eventually(lambda: idle(srv.orch))

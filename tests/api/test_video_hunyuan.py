@@ -42,3 +42,15 @@ def test_two_jobs_at_once_complete_with_progress_and_decode_to_the_asked_frames(
         client.videos.create(model=name, prompt="x", size="30x16")
     assert err.value.body["param"] == "size"
     assert len(client.videos.list().data) == 2
+
+
+def test_a_guidance_scale_its_call_does_not_take_is_a_400_not_a_no_op(hy):
+    """HunyuanVideo-1.5's `__call__` has no guidance_scale (its guider holds it): /v1/models leaves it out of
+    `inputs`, and a job that sent one ran without it, completed, and said nothing (before 2026-12-05)."""
+    client, name = hy.client(), hy.model
+    assert "guidance_scale" not in client.models.retrieve(name).model_extra["capabilities"]["inputs"]
+    before = len(client.videos.list().data)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.videos.create(model=name, prompt="x", size="32x16", extra_body={**FAST, "guidance_scale": 9.0})
+    assert (err.value.body["param"], err.value.body["code"]) == ("guidance_scale", "unsupported_parameter")
+    assert len(client.videos.list().data) == before  # refused before a job was stored

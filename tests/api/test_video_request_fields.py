@@ -90,6 +90,20 @@ def test_num_frames_sets_the_seconds_the_job_reports(i2v) -> None:
     assert job.seconds == "0.3125"
 
 
+def test_a_first_frame_without_a_size_sets_the_aspect_at_the_default_area(i2v) -> None:
+    # Without `size` a job was made at the family's default 832x480 whatever its first frame, so a portrait
+    # photo was squeezed into a landscape video; now its aspect at that area, sides multiples of 16, as
+    # diffusers' Wan image-to-video recipe sizes it. (Checked at create: the jobs are deleted unmade.)
+    client = i2v.client()
+    made = {}
+    for w, h in ((48, 96), (64, 64), (832, 480)):
+        job = client.videos.create(prompt="a cat", seconds="0.25", input_reference=("r.png", _png(w, h), "image/png"),
+                                   extra_body={"num_inference_steps": 1})
+        made[(w, h)] = job.size
+        assert client.videos.delete(job.id).deleted
+    assert made == {(48, 96): "432x880", (64, 64): "624x624", (832, 480): "832x480"}
+
+
 @pytest.mark.parametrize("size", ["\u00b2x32", "\u0663\u0662x32", "3" * 5000 + "x32", "32x32x32", "32 x 32"])
 def test_a_size_that_is_not_ascii_widthxheight_is_a_400_naming_it(i2v, size: str) -> None:
     # superscript and Arabic-Indic digits passed str.isdigit(), then int() raised (a 500) or read them as 32

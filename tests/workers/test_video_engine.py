@@ -75,6 +75,7 @@ def test_abort_between_steps_ends_the_batch(hunyuan):
     ({"num_frames": 6}, "num_frames"),
     ({"num_frames": 100_001}, "num_frames"),
     ({"seconds": 1.0, "num_inference_steps": 0}, "num_inference_steps"),
+    ({"guidance_scale": 5.0}, "guidance_scale"),  # its call takes none (its guider holds it): was dropped unsaid
 ])  # fmt: skip
 def test_refusals_name_the_field(hunyuan, params, field):
     with pytest.raises(ValueError, match=field):

@@ -207,6 +207,8 @@ class VideoEngine(BatchedPipelineEngine):
         else:
             seconds = _number(p.get("seconds", min(DEFAULT_SECONDS, self._max_seconds)), "seconds", 0.1,
                               self._max_seconds)
+        if "guidance_scale" in p and "guidance_scale" not in self._accepts:  # (dropped unsaid before 2026-12-05)
+            raise ValueError(f"guidance_scale: {type(self.pipe).__name__} does not take one (its guider sets it)")
         guidance = p.get("guidance_scale", self._default_guidance)
         if guidance is not None:
             guidance = _number(guidance, "guidance_scale", 0.0, 100.0)
