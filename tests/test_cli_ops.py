@@ -112,3 +112,11 @@ def test_make_tiny_with_json_logs_writes_only_json_lines(tmp_path: Path) -> None
     events = [json.loads(ln) for ln in lines]  # every line is one JSON object
     assert events and events[-1]["event"] == "model.make_tiny" and events[-1]["done"] == events[-1]["total"]
     assert (tmp_path / "tiny" / "config.json").is_file()
+
+
+def test_make_tiny_of_a_listed_family_not_built_here_says_why(tmp_path: Path) -> None:
+    """`cosmos` answered "unknown name 'cosmos' (did you mean 'csm'?)" though the project lists the family."""
+    proc = omni_run(tmp_path, "make-tiny", "cosmos", str(tmp_path / "c"))
+    assert proc.returncode == 2
+    assert "'cosmos' is not built here: Cosmos2_5_PredictBasePipeline" in proc.stderr and "csm" not in proc.stderr
+    assert not (tmp_path / "c").exists()

@@ -161,7 +161,7 @@ def detect_pipeline(folder: str | Path) -> str:
         if caps.output_kind not in makes:  # a video/audio class no pipeline names: it would fail at its first request
             named = sorted({e.partition(":")[2] for e in supported if e.startswith("diffusers:")} - {WILDCARD})
             raise ConfigError(
-                f"--model: {folder}: {caps.pipeline_class} is a {caps.output_kind} pipeline this server does not "
+                f"--model: {folder}: {caps.pipeline_class} is {'an' if caps.output_kind[0] in 'aeiou' else 'a'} {caps.output_kind} pipeline this server does not "
                 f"serve; classes served by name: {', '.join(named) or 'none'}; "
                 f"for {' or '.join(sorted(makes))} output, {SUPPORTED}"
             )
