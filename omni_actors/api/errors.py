@@ -92,9 +92,20 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def encoded(self) -> bytes:
+        """The JSON body. A message or param that echoes client bytes aiohttp kept as lone surrogates (a
+        header or form part name that is not UTF-8) has them written as `\\udcff` escapes, not a 500."""
+        try:
+            return msgspec.json.encode(self.body())
+        except UnicodeEncodeError:
+            def clean(text: str | None) -> str | None:
+                return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+            return msgspec.json.encode({"error": {"message": clean(self.message), "type": self.type,
+                                                  "param": clean(self.param), "code": clean(self.code)}})
+
     def response(self) -> web.Response:
         headers = {**self.headers, **({"WWW-Authenticate": "Bearer"} if self.status == 401 else {})}
-        resp = web.Response(body=msgspec.json.encode(self.body()), status=self.status,
+        resp = web.Response(body=self.encoded(), status=self.status,
                             content_type="application/json", headers=headers)
         if self.close:
             resp.force_close()

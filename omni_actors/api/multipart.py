@@ -28,7 +28,8 @@ def _unparsable(err: BaseException) -> NoReturn:
 
 async def form_parts(request: web.Request) -> AsyncIterator[BodyPartReader]:
     """Each named part of a multipart/form-data body in order. A body the reader cannot parse, a
-    nested multipart part or a part without a name is a 400 (the connection closes after it)."""
+    nested multipart part, a part without a name or with one that is not UTF-8 is a 400 (the connection
+    closes after it)."""
     try:
         reader = await request.multipart()
     except MULTIPART_ERRORS as err:
@@ -47,7 +48,18 @@ async def form_parts(request: web.Request) -> AsyncIterator[BodyPartReader]:
         if not name:
             raise bad_request("a form part has no name (Content-Disposition: form-data; name=...)", None,
                               "invalid_multipart")
+        if not name.isascii() and not _utf8(name):
+            # aiohttp keeps a header's bytes that are not UTF-8 as lone surrogates: no field's name
+            raise bad_request(f"a form part's name is not UTF-8: {ascii(name)[:80]}", None, "invalid_multipart")
         yield part
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def misplaced_part(part: Any, name: str, file_field: bool, hint: str = "") -> ApiError | None:

@@ -26,6 +26,10 @@ adds what aiohttp lacks:
   common clients (httpx 5 s, aiohttp 15 s), so they drop the connection first
   and never send a request on one the server is closing. A head begun before
   it fires is not cut by it (its header timeout runs instead).
+- Client mistakes in the log: a request aiohttp cannot parse (a bad header line, chunk size or
+  Content-Encoding) is answered 400 by aiohttp and logged by it as an error with a traceback, one per
+  request, which any client can repeat; here it is one `http.unparsable_request` line instead
+  (`_ServerLog`). Every other exception aiohttp logs keeps its traceback.
 - Write timeout (`server.write_timeout_s`). A connection whose transport has
   paused writing (its client stopped taking bytes) for that long is aborted.
   aiohttp then cancels its handler (`handler_cancellation`), the pending write
@@ -44,12 +48,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import resource
+import sys
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from omni_actors import logs
 from omni_actors.config.deploy import ServerConfig
@@ -320,11 +327,28 @@ def ensure_fd_room(max_connections: int) -> int:
     return soft
 
 
+class _ServerLog(logging.LoggerAdapter):
+    """aiohttp's server logger, where a request it could not parse (its client's mistake, already answered
+    400) is one `http.unparsable_request` line, not an error with a traceback."""
+
+    def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(exc, HttpProcessingError | RequestPayloadError):
+            cause = exc.__cause__ if isinstance(exc.__cause__, HttpProcessingError) else exc
+            reason = cause.message if isinstance(cause, HttpProcessingError) else str(cause)
+            # (the reason's words only: what follows its colon can be the client's bytes, a key among them)
+            log.info("http.unparsable_request", error_type=type(cause).__name__,
+                     reason=str(reason).strip().partition(":")[0][:80])
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
 async def start_server(app: web.Application, host: str, port: int, cfg: ServerConfig) -> ApiServer:
     """Listen on host:port (0: a free port); raises OSError when it cannot bind (nothing left open)."""
     ensure_fd_room(cfg.max_connections)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-                           keepalive_timeout=KEEPALIVE_TIMEOUT_S)
+                           keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+                           logger=_ServerLog(logging.getLogger("aiohttp.server"), {}))
     await runner.setup()
     assert runner.server is not None
     gate = ConnectionGate(runner.server, cfg.max_connections, cfg.write_timeout_s, cfg.header_timeout_s)

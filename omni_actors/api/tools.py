@@ -227,8 +227,18 @@ def delta_tool_calls(calls: tuple[ToolCallOutput, ...]) -> list[DeltaToolCall]:
 
 
 def delta_tool_parts(parts: tuple[ToolCallPart, ...]) -> list[DeltaToolCall]:
-    return [DeltaToolCall(p.index, DeltaFunction(p.name, p.arguments), p.id, "function" if p.id else None)
-            for p in parts]
+    """One output's call pieces as one chunk's `delta.tool_calls`: each call (index) at most once, its pieces
+    joined, as OpenAI sends them (one engine step can read a call's id and name and its arguments; two
+    entries of one index in a chunk read as two calls to clients that take each chunk's list as it is)."""
+    joined: dict[int, list[str | None]] = {}  # index -> [id, name, arguments], in the order first seen
+    for p in parts:
+        got = joined.setdefault(p.index, [None, None, None])
+        got[0] = got[0] or p.id
+        for i, piece in ((1, p.name), (2, p.arguments)):
+            if piece is not None:
+                got[i] = (got[i] or "") + piece
+    return [DeltaToolCall(i, DeltaFunction(name, args), cid, "function" if cid else None)
+            for i, (cid, name, args) in joined.items()]
 
 
 class StreamedCalls:

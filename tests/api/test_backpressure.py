@@ -4,13 +4,15 @@ A raw socket with a tiny receive buffer sends a streamed text+audio chat and
 never reads. The server must not hold more than `server.stream_buffer_mb` of
 that request's output, must abort the request in every stage (leases and
 worker slots freed), and must close the connection after
-`server.write_timeout_s`; other clients are served meanwhile.
+`server.write_timeout_s`; other clients are served meanwhile. Once such streams have ended,
+the memory they held goes back to the OS (api/calls.py HeapTrim).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import ctypes
 import json
 import os
 import socket
@@ -18,6 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from omni_actors.api.calls import HEAP_TRIM
 from omni_actors.api.realtime import SESSIONS_KEY
 from tests.api.conftest import API_KEY, Server, eventually, idle, serve
 
@@ -101,6 +104,43 @@ async def test_client_that_stops_reading_is_cut_off_after_the_write_timeout() ->
             assert 'omni_http_requests_in_flight{route="/v1/chat/completions"} 0.0' in metrics
         finally:
             sock.close()
+
+
+def _rss_anon_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
+
+
+STALLED = 16
+"""Stalled streamed chats at once in the memory test, each aborted at its 8 MB bound."""
+MEMORY_WRITE_TIMEOUT_S = 10.0
+"""The memory test's write timeout: past the time its streams take to overflow (~3 s on 2 busy cores)."""
+
+
+async def test_memory_held_for_stalled_readers_goes_back_once_they_have_ended() -> None:
+    """16 streams whose clients never read fill their 8 MB bounds and are aborted; once the write timeout
+    has ended their handlers, the memory the allocator kept of their outputs goes back to the OS (before
+    2026-12-05 it stayed: 20 stalled chats, 360 MB, after they had ended)."""
+    async with serve("synthetic", stages=STAGES,
+                     server={"stream_buffer_mb": 8, "write_timeout_s": MEMORY_WRITE_TIMEOUT_S}) as srv:
+        assert srv.http is not None
+        ctypes.CDLL(None).malloc_trim(0)  # (a baseline without what earlier tests freed)
+        before, trims = _rss_anon_mb(), HEAP_TRIM.trims
+        peak = [before]
+
+        def overflowed() -> bool:
+            peak.append(_rss_anon_mb())
+            return srv.orch.statistics().stream_overflows == STALLED
+
+        socks = [_stalled_chat(srv, max_tokens=3000) for _ in range(STALLED)]
+        try:
+            await eventually(overflowed, STALL_WAIT_S)
+            await eventually(lambda: HEAP_TRIM.trims > trims and idle(srv.orch), STALL_WAIT_S)
+            held, after = max(peak), _rss_anon_mb()
+            assert held - before > 60 and held - after > (held - before) / 2, (before, held, after)
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 async def _metrics(srv: Server) -> str:

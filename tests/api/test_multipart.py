@@ -8,8 +8,10 @@ well-formed form, which gets that route's ordinary answer (the server is fine af
 from __future__ import annotations
 
 import aiohttp
+import msgspec
 import pytest
 
+from omni_actors.api.errors import ApiError
 from tests.api.conftest import Server, serve
 
 UPLOAD_ROUTES = {"/v1/audio/transcriptions": b"model", "/v1/audio/voice_consents": b"name", "/v1/audio/voices": b"name",
@@ -35,6 +37,8 @@ BAD_BODIES = [
     pytest.param(lambda f: b"--XyZ\r\nContent-Type: multipart/mixed; boundary=Q\r\n\r\n--Q\r\n\r\nx\r\n--Q--\r\n"
                  b"--XyZ--\r\n", id="nested-multipart"),
     pytest.param(lambda f: b"--XyZ\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XyZ--\r\n", id="part-without-name"),
+    # aiohttp keeps bytes that are not UTF-8 as lone surrogates, which the error body could not encode (a 500)
+    pytest.param(lambda f: _part(b"\xff\xfe" + f, b"x") + b"--XyZ--\r\n", id="name-not-utf8"),
 ]
 
 
@@ -52,3 +56,13 @@ async def test_an_unparseable_form_is_a_400_on_every_upload_route(srv: Server, r
     well_formed = aiohttp.FormData({"unknown_field": "x"}, default_to_multipart=True)
     status, answer = await _post(srv, route, data=well_formed)
     assert status == 400 and answer["error"]["code"] != "invalid_multipart", answer
+
+
+def test_an_error_echoing_bytes_that_are_not_utf8_is_still_a_json_body() -> None:
+    """A message or param holding a lone surrogate (how aiohttp keeps a header's bytes that are not UTF-8) is
+    answered with them escaped, not as a 500 from the encoder."""
+    resp = ApiError(400, "unknown form field `\udcff`", "\udcff", "unknown_parameter").response()
+    assert resp.status == 400 and resp.body is not None
+    error = msgspec.json.decode(resp.body)["error"]
+    assert error == {"message": "unknown form field `\\udcff`", "type": "invalid_request_error",
+                     "param": "\\udcff", "code": "unknown_parameter"}

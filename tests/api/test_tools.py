@@ -145,3 +145,25 @@ def test_streamed_calls_are_checked_against_the_finished_reading() -> None:
     assert seen.confirmed(final[:1]) == {0}  # (the reading lacks calls 1 and 2)
     assert [(d.index, d.id, d.function.name) for d in seen.rest(final)] == [(3, "d", "get_time")]
     assert [d.index for d in StreamedCalls().rest(final)] == [0, 1, 2, 3]
+
+
+def test_one_outputs_call_pieces_are_one_entry_per_call_in_a_chunk() -> None:
+    """An engine step can read a call's id and name and its arguments at once (a parser's pieces of one
+    output); the chunk carries each call once, pieces joined, as OpenAI does: the SDK's chunk type reads
+    it, and a client taking each chunk's list as it is sees one call, not a nameless second one."""
+    from openai.types.chat import ChatCompletionChunk
+
+    from omni_actors.api.tools import delta_tool_parts
+    from omni_actors.orchestrator.outputs import ToolCallPart
+
+    parts = (ToolCallPart(0, "call_a", "get_weather"), ToolCallPart(0, arguments='{"city": '),
+             ToolCallPart(0, arguments='"Paris"}'), ToolCallPart(1, "call_b", "get_time", ""))
+    deltas = delta_tool_parts(parts)
+    chunk = ChatCompletionChunk.model_validate({
+        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "llm",
+        "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": msgspec.to_builtins(deltas)}}]})
+    calls = chunk.choices[0].delta.tool_calls
+    assert [(c.index, c.id, c.type, c.function.name, c.function.arguments) for c in calls] == [
+        (0, "call_a", "function", "get_weather", '{"city": "Paris"}'), (1, "call_b", "function", "get_time", "")]
+    later = delta_tool_parts((ToolCallPart(0, arguments="}"),))  # a later chunk's piece: no id, no type
+    assert msgspec.to_builtins(later) == [{"index": 0, "function": {"arguments": "}"}}]

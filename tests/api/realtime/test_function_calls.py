@@ -235,6 +235,9 @@ async def test_a_streamed_chat_answer_sends_its_call_in_openais_pieces(srv: RtSe
     parts = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
     assert parts and parts[0].id and parts[0].type == "function" and parts[0].function.name == "get_weather"
     assert {p.index for p in parts} == {0} and all(p.id is None for p in parts[1:])
+    for c in chunks:  # each call once in a chunk, as OpenAI sends it (its pieces of one step joined)
+        indexes = [tc.index for tc in c.choices[0].delta.tool_calls or ()]
+        assert len(indexes) == len(set(indexes)), c
     args = "".join(p.function.arguments or "" for p in parts)
     assert json.loads(args) == json.loads(whole.message.tool_calls[0].function.arguments) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
