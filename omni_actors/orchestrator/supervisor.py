@@ -79,6 +79,10 @@ class Supervisor:
     ) -> None:
         self.deploy = deploy
         self.pipeline = pipeline
+        # A server of several pipelines: whose stage 0 loaded or died is said by the pipeline's served name
+        # (as /metrics' `pipeline` label), not its pipeline's name, which two pipelines may share.
+        self.name = deploy.server.served_model_name or pipeline.name
+        self.log = log.bind(pipeline=self.name)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.restart_timeout_s = restart_timeout_s
         self.unresponsive_after_s = min(unresponsive_after_s, heartbeat_timeout_s)
@@ -110,7 +114,7 @@ class Supervisor:
             for replica in range(self.deploy.stage(sid).num_replicas):
                 handles.append(await self.spawn(sid, replica, generation=0))
         # Weights load in the workers; each Ready is a loaded stage replica (omni_actors/progress.py).
-        loading = progress.start("stages.loading", len(handles), pipeline=self.pipeline.name)
+        loading = progress.start("stages.loading", len(handles), pipeline=self.name)
         waits = {asyncio.ensure_future(self._wait_ready(h, loading)): h for h in handles}
         done, pending = await asyncio.wait(waits, timeout=STARTUP_TIMEOUT_S, return_when=asyncio.FIRST_EXCEPTION)
         for fut in pending:
@@ -125,8 +129,8 @@ class Supervisor:
         assert h.ready_future is not None
         await h.ready_future
         model_stage = self.pipeline.stage(h.stage_id).model_stage
-        log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid, model_stage=model_stage,
-                 **startup_log_keys(h))
+        self.log.info("stage.ready", stage_id=h.stage_id, replica=h.replica, pid=h.pid, model_stage=model_stage,
+                      **startup_log_keys(h))
         loading.advance(stage=model_stage)
 
     async def spawn(self, stage_id: int, replica: int, generation: int) -> WorkerHandle:
@@ -154,7 +158,7 @@ class Supervisor:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             err = task.exception()
-            log.error("supervisor.task_failed", task=task.get_coro().__qualname__, error=repr(err))
+            self.log.error("supervisor.task_failed", task=task.get_coro().__qualname__, error=repr(err))
 
     async def stop_all(self, router: Bus | None) -> None:
         """Ask every worker to exit, signal those that don't, and wait for all of them."""
@@ -194,8 +198,8 @@ class Supervisor:
         # hand back a started process than a light worker takes to load), which once left start-up
         # waiting for a Ready it had dropped. (pid None: a Ray worker not yet reported.)
         if h.dead or (h.proc is not None and h.proc.pid not in (pid, None)):
-            log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead,
-                        proc_pid=h.pid)
+            self.log.warning("worker.ready_ignored", stage_id=h.stage_id, replica=h.replica, pid=pid, dead=h.dead,
+                             proc_pid=h.pid)
             return
         h.ready = True
         h.ready_at = time.monotonic()
@@ -208,14 +212,14 @@ class Supervisor:
     def on_start_failed(self, h: WorkerHandle, error: str) -> None:
         if h.ready_future and not h.ready_future.done():
             h.ready_future.set_exception(StartupError(h.stage_id, error))
-        log.error("stage.start_failed", stage_id=h.stage_id, replica=h.replica, error=error)
+        self.log.error("stage.start_failed", stage_id=h.stage_id, replica=h.replica, error=error)
 
     def on_seen(self, h: WorkerHandle) -> None:
         """Any message from a worker: it is alive now."""
         h.last_seen = time.monotonic()
         if not h.responsive:
             h.responsive = True
-            log.info("worker.responsive", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+            self.log.info("worker.responsive", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
             self.update_health()
 
     def on_heartbeat(self, h: WorkerHandle, beat: m.Heartbeat) -> None:
@@ -225,8 +229,8 @@ class Supervisor:
         h.busy_s, h.step_counts = beat.busy_s, beat.step_counts
         limit = self.deploy.stage(h.stage_id).max_step_s
         if beat.step_s > limit and h.ready and not h.dead:
-            log.error("worker.step_stuck", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
-                      step_s=round(beat.step_s, 1), max_step_s=limit, steps=beat.steps)
+            self.log.error("worker.step_stuck", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                           step_s=round(beat.step_s, 1), max_step_s=limit, steps=beat.steps)
             self._kill(h, f"an engine step ran {beat.step_s:.0f} s, past the stage's max_step_s of {limit:g} s")
 
     # ---- health ---------------------------------------------------------------------
@@ -267,7 +271,7 @@ class Supervisor:
         key = (h.stage_id, h.replica)
         if was_ready and time.monotonic() - h.ready_at >= self.backoff_reset_after_s:
             self.deaths_in_row[key] = 0  # it served a healthy while: this death starts a new row
-        log.error("worker.died", stage_id=h.stage_id, replica=h.replica, pid=h.pid, detail=detail)
+        self.log.error("worker.died", stage_id=h.stage_id, replica=h.replica, pid=h.pid, detail=detail)
         if h.ready_future and not h.ready_future.done():
             h.ready_future.set_exception(StartupError(h.stage_id, f"worker exited ({detail})"))
         try:
@@ -291,20 +295,20 @@ class Supervisor:
             try:
                 h = await self.spawn(h.stage_id, h.replica, h.generation + 1)
             except OSError as err:  # e.g. fork refused under memory pressure: try again later
-                log.error("worker.restart_failed", stage_id=h.stage_id, replica=h.replica, error=repr(err))
+                self.log.error("worker.restart_failed", stage_id=h.stage_id, replica=h.replica, error=repr(err))
                 continue
             assert h.ready_future is not None and h.proc is not None
-            log.info("worker.restarting", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
-                     generation=h.generation, attempt=attempt + 1)
+            self.log.info("worker.restarting", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                          generation=h.generation, attempt=attempt + 1)
             try:
                 async with asyncio.timeout(self.restart_timeout_s):
                     await asyncio.shield(h.ready_future)
-                log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
-                         **startup_log_keys(h))
+                self.log.info("worker.restarted", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                              **startup_log_keys(h))
                 return
             except (StartupError, TimeoutError) as err:
                 detail = str(err) or f"no Ready within {self.restart_timeout_s:.0f} s"
-                log.error("worker.restart_failed", stage_id=h.stage_id, replica=h.replica, error=detail)
+                self.log.error("worker.restart_failed", stage_id=h.stage_id, replica=h.replica, error=detail)
                 h.dead = True  # this generation is given up: a late Ready must not revive it
                 await end_process(h.proc, first_signal=signal.SIGKILL)
                 self._forget(h)
@@ -329,17 +333,17 @@ class Supervisor:
                 silent = now - h.last_seen
                 if not h.ready:
                     if silent > self.starting_silence_s and h.ready_future and not h.ready_future.done():
-                        log.error("worker.silent_starting", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                        self.log.error("worker.silent_starting", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
                         self._kill(h, f"silent for {silent:.0f} s while starting")
                     continue
                 if silent > self.heartbeat_timeout_s:
-                    log.error("worker.silent", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
+                    self.log.error("worker.silent", stage_id=h.stage_id, replica=h.replica, pid=h.pid)
                     self._kill(h, "missed heartbeats")
                 elif silent > self.unresponsive_after_s and h.responsive:
                     h.responsive = False
                     changed = True
-                    log.warning("worker.unresponsive", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
-                                silent_s=round(silent, 1))
+                    self.log.warning("worker.unresponsive", stage_id=h.stage_id, replica=h.replica, pid=h.pid,
+                                     silent_s=round(silent, 1))
         if changed:
             self.update_health()
         if not self.closing:

@@ -233,6 +233,8 @@ def test_a_deploy_file_lists_two_pipelines(tmp_path: Path) -> None:
         summary = r.output[r.output.index("server.ready"):]
         assert "serving 'writer'" in summary and "serving 'scribe'" in summary, summary
         assert summary.count(f"playground http://127.0.0.1:{r.port}/") == 1, summary
+        ready = [line for line in r.output.splitlines() if "stage.ready" in line]  # (whose stage: served names)
+        assert sorted(re.search(r"pipeline=(\w+)", line).group(1) for line in ready) == ["scribe", "writer"], ready
         c = r.client()
         assert {m.id for m in c.models.list().data} == {"writer", "scribe", "synthetic_text"}
         for name in ("writer", "scribe"):
