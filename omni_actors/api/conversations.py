@@ -136,12 +136,14 @@ async def context(request: web.Request, req: ResponseRequest) -> tuple[str, list
     """A response's `conversation`: (its id, its items as chat messages, to go before the input); None
     without one. A 404 for one that is not stored here."""
     ref = req.conversation
-    if not ref:
+    if ref is None:
         return None
     if isinstance(ref, dict):
         if set(ref) != {"id"} or not isinstance(ref["id"], str) or not ref["id"]:
             raise bad_request('conversation must be a conversation id or {"id": "conv_..."}', "conversation")
         ref = ref["id"]
+    if not ref:  # ("" is no conversation's id: not the field left out, which is null or absent)
+        raise bad_request('conversation must be a conversation id or {"id": "conv_..."}', "conversation")
     if req.previous_response_id is not None:
         raise bad_request("Mutually exclusive parameters: send one of `previous_response_id` and `conversation`",
                           "conversation", "mutually_exclusive_parameters")
@@ -185,7 +187,7 @@ async def delete_conversation(request: web.Request) -> web.Response:
     return _json(ConversationDeleted(cid))
 
 
-def _check_include(request: web.Request) -> None:
+def check_include_query(request: web.Request) -> None:
     """`include` (repeated, or `include[]`): each one of OpenAI's values; none changes the items answered."""
     for i, value in enumerate([*request.query.getall("include", []), *request.query.getall("include[]", [])]):
         if value not in INCLUDABLE:
@@ -200,7 +202,7 @@ def _page(items: list[dict[str, Any]], has_more: bool) -> web.Response:
 
 async def add_items(request: web.Request) -> web.Response:
     cid = request.match_info["conversation_id"]
-    _check_include(request)
+    check_include_query(request)
     body = await read_body(request, ItemsCreate)
     store = conversations(request)
     if store.get(cid) is None:
@@ -213,7 +215,7 @@ async def list_items(request: web.Request) -> web.Response:
     q = request.query
     limit = page_limit(q, DEFAULT_PAGE, MAX_PAGE)
     newest = newest_first(q)
-    _check_include(request)
+    check_include_query(request)
     store = conversations(request)
     if store.get(cid) is None:
         raise _not_found(cid)
@@ -226,7 +228,7 @@ async def list_items(request: web.Request) -> web.Response:
 
 async def get_item(request: web.Request) -> web.Response:
     cid, item_id = request.match_info["conversation_id"], request.match_info["item_id"]
-    _check_include(request)
+    check_include_query(request)
     store = conversations(request)
     if store.get(cid) is None:
         raise _not_found(cid)

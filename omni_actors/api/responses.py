@@ -69,6 +69,7 @@ from omni_actors.api.responses_events import replay
 from omni_actors.api.responses_inputs import (
     check_include,
     check_not_served,
+    check_unique_ids,
     image_file_ids,
     part_param,
     read_turn,
@@ -121,6 +122,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if req.background and not req.store:
         raise bad_request("background: a background response must be stored (store: true)", "background")
     check_include(req)
+    check_unique_ids(req)
     check_not_served(req)
     check_prewarm(req.prompt_cache_options)
     check_unserved(req.reasoning.effort if req.reasoning else None, req.text.verbosity if req.text else None,
@@ -136,6 +138,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if found is None:
             raise bad_request(f"previous response {req.previous_response_id!r} is not stored here",
                               "previous_response_id", "previous_response_not_found")
+        settled(_store(request), req.previous_response_id, request.app[BACKGROUND_KEY])  # (a gone server's: failed)
         state = _store(request).status(req.previous_response_id)
         if state is not None and state[0] in UNFINISHED:
             raise bad_request(f"previous response {req.previous_response_id!r} is {state[0]}; continue it once "
@@ -332,6 +335,7 @@ async def delete_response(request: web.Request) -> web.Response:
 
 async def list_input_items(request: web.Request) -> web.Response:
     rid = request.match_info["response_id"]
+    conversations.check_include_query(request)  # (as a conversation's items list reads `include`)
     items = _store(request).items(rid)
     if items is None:
         raise _not_stored(rid)

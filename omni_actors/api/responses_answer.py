@@ -136,7 +136,9 @@ class Answer:
                 said["tool_calls"] = [{"id": c.call_id, "type": "function",
                                        "function": {"name": c.name, "arguments": c.arguments}}
                                       for c in done.output if isinstance(c, FunctionCallItem)]
-            self.store.add(done, [*self.conversation, said], self.items, replace=self.begun)
+            kept = self.store.add(done, [*self.conversation, said], self.items, replace=self.begun)
+            if not kept and self.base.background:  # cancelled or deleted meanwhile (by another server on the
+                return done  # data directory, whose next look would have stopped it): it adds nothing
         if self.joins is not None:
             conversations, cid, items = self.joins
             conversations.append(cid, [*items, *msgspec.to_builtins(done.output)])

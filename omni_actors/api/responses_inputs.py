@@ -157,7 +157,8 @@ def _stored(item: InputItem) -> dict[str, Any]:
         elif part["type"] == "output_text":
             part.setdefault("annotations", [])
     prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(item.type, "item")
-    out.setdefault("id", f"{prefix}_{uuid.uuid4().hex[:24]}")
+    if not out.get("id"):  # ("" too: an item no route could name, retrieve or delete, nor page `after`)
+        out["id"] = f"{prefix}_{uuid.uuid4().hex[:24]}"
     return out
 
 
@@ -181,6 +182,19 @@ def _image_file_id(req: ResponseRequest | None, k: int, j: int) -> bool:
     item = req.input[k] if req is not None and not isinstance(req.input, str) and k < len(req.input) else None
     parts = item.content if item is not None and isinstance(item.content, list) else []
     return j < len(parts) and isinstance(parts[j], InputImagePart) and parts[j].file_id is not None
+
+
+def check_unique_ids(req: ResponseRequest) -> None:
+    """A 400 for an input item whose id an earlier one has (OpenAI's "Duplicate item found"): the stored items
+    would page by `after` ambiguously (the SDK, reading a page past the second, would go back to the first
+    and list the same items forever). A conversation's items are given new ids instead (conversations_store)."""
+    seen: set[str] = set()
+    for k, item in enumerate([] if isinstance(req.input, str) else req.input):
+        if item.id:
+            if item.id in seen:
+                raise bad_request(f"Duplicate item found with id {item.id!r}; remove duplicate items from the input",
+                                  f"input[{k}].id", "invalid_value")
+            seen.add(item.id)
 
 
 def check_include(req: ResponseRequest) -> None:

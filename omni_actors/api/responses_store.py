@@ -48,17 +48,16 @@ class ResponseStore:
         self.store.add_columns("responses", ADDED)
 
     def add(self, response: Response, conversation: list[dict[str, Any]], items: list[dict[str, Any]],
-            events: bytes | None = None, replace: bool = False) -> None:
+            events: bytes | None = None, replace: bool = False) -> bool:
         """Store a response (again, for a background one moving on: its `events` stay as they are
         unless given). A background response's end (or, with `replace`, a streamed one's, stored as it
         began) only replaces its unfinished row: one deleted (or cancelled) meanwhile, by any server on
-        this data directory, stays so."""
+        this data directory, stays so (and False says so)."""
         if (response.background or replace) and response.status not in UNFINISHED:
-            self.store.execute(
+            return self.store.execute(
                 "UPDATE responses SET body = ?, conversation = ?, items = ?, status = ? WHERE id = ? "
                 "AND status IN (?, ?)", (msgspec.json.encode(response).decode(), json.dumps(conversation),
-                                         json.dumps(items), response.status, response.id, *UNFINISHED))
-            return
+                                         json.dumps(items), response.status, response.id, *UNFINISHED)) > 0
         self.store.transaction([
             ("INSERT INTO responses (id, created_at, model, body, conversation, items, status, owner_pid, events) "
              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
@@ -69,6 +68,7 @@ class ResponseStore:
               None if events is None else events.decode())),
             ("DELETE FROM responses WHERE created_at < ?", (int(time.time()) - RETENTION_S,)),
         ])
+        return True
 
     def update(self, response: Response) -> bool:
         """A stored response's new body while it is unfinished (False once it is not, or gone)."""
