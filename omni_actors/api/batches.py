@@ -111,7 +111,7 @@ async def list_batches(request: web.Request) -> web.Response:
     limit, after = page_limit(q, DEFAULT_PAGE, MAX_PAGE), q.get("after") or None
     store = await request.app[RUNNER_KEY].batch_store()
     try:
-        page, more = store.page(after, limit)
+        page, more = await off_loop(store.page, after, limit)
     except KeyError:
         raise bad_request(f"after: no batch with id {after!r}", "after") from None
     return _json(BatchPage(page, more, page[0].id if page else None, page[-1].id if page else None))
@@ -122,7 +122,7 @@ async def _found(request: web.Request) -> tuple[BatchRunner, BatchStore, Batch]:
     bid = request.match_info["batch_id"]
     runner = request.app[RUNNER_KEY]
     store = await runner.batch_store()
-    if (batch := store.get(bid)) is None:
+    if (batch := await off_loop(store.get, bid)) is None:
         raise _missing(bid)
     return runner, store, batch
 
@@ -131,7 +131,7 @@ async def get_batch(request: web.Request) -> web.Response:
     runner, store, batch = await _found(request)
     bid = batch.id
     if batch.status in UNFINISHED:  # one a gone server left: carried on here
-        runner.adopt(bid, store.owner(bid))
+        await runner.adopt(bid, await off_loop(store.owner, bid))
     return _json(batch)
 
 
@@ -140,11 +140,11 @@ async def cancel_batch(request: web.Request) -> web.Response:
     bid = batch.id
     if batch.status in CANCELLABLE:
         cancelling = msgspec.structs.replace(batch, status="cancelling", cancelling_at=int(time.time()))
-        if store.move(cancelling, CANCELLABLE):
+        if await off_loop(store.move, cancelling, CANCELLABLE):
             runner.cancel(bid)
-            runner.adopt(bid, store.owner(bid))  # (no server runs it: this one ends it)
+            await runner.adopt(bid, await off_loop(store.owner, bid))  # (no server runs it: this one ends it)
             return _json(cancelling)
-        batch = store.get(bid) or batch  # it moved on meanwhile
+        batch = await off_loop(store.get, bid) or batch  # it moved on meanwhile
     if batch.status in ("cancelling", "cancelled"):
         return _json(batch)
     raise ApiError(409, f"batch {bid!r} is {batch.status}: only a validating or in-progress batch can be cancelled",

@@ -10,6 +10,9 @@ batch up (at its start, or when a client reads the batch) and runs the lines wit
 once its models are loaded (it waits for api/loading.py's `ready`, instead of sending lines into its
 503s). A line whose result the store refuses (a SQLite error) is failed with an `internal_error` that
 names the cause: stored in its place if the store takes that, else kept here until the batch ends.
+Every call to the store runs off the loop: a write waits for another process's write lock (another
+server on the same data directory, a backup) up to the store's busy timeout, and the store's one
+connection is held meanwhile, so a call made on the loop would stall every client of this server.
 
 Lines answered 429 or 503 (a full queue, a stage not ready) are tried again after the answer's
 `Retry-After`, up to TRANSIENT_TRIES times (without limit while the server is loading its models);
@@ -120,6 +123,8 @@ class BatchRunner:
         self.unstored: dict[str, dict[int, bytes]] = {}
         """Each batch's lines whose result the store refused: line -> its output line (an internal_error)."""
         self._waiting: set[str] = set()
+        self._cancelled: set[str] = set()
+        """Running batches cancelled here: no line of theirs starts again."""
         self._closed = asyncio.Event()
 
     def statistics(self) -> RunnerStatistics:
@@ -136,14 +141,14 @@ class BatchRunner:
         """At start-up: take up every unfinished batch no running server owns."""
         store = await self.batch_store()
         for bid, owner in await off_loop(store.unfinished):
-            self.adopt(bid, owner)
+            await self.adopt(bid, owner)
 
-    def adopt(self, bid: str, owner: int | None) -> None:
+    async def adopt(self, bid: str, owner: int | None) -> None:
         """Run batch `bid` here unless it runs (here or in another live server) or the server stops."""
         if self.closing or bid in RUNNING_HERE or owned_elsewhere(owner):
             return
         assert self.store is not None
-        if self.store.claim(bid, owner):
+        if await off_loop(self.store.claim, bid, owner) and not self.closing:
             self.start(bid)
 
     def start(self, bid: str) -> None:
@@ -155,6 +160,8 @@ class BatchRunner:
 
     def cancel(self, bid: str) -> None:
         """Abort a running batch's lines in flight (its row says `cancelling` already)."""
+        if bid in self.tasks:
+            self._cancelled.add(bid)
         for task in list(self.lines.get(bid, ())):
             task.cancel()
 
@@ -176,29 +183,30 @@ class BatchRunner:
         assert self.store is not None
         store = self.store
         try:
-            batch = store.get(bid)
+            batch = await off_loop(store.get, bid)
             if batch is None:
                 return
             if batch.status == "validating":
                 batch = msgspec.structs.replace(batch, status="in_progress", in_progress_at=_now())
-                store.move(batch, ("validating",))
-            if store.status(bid) == "in_progress" and not await self._run_lines(batch):
+                await off_loop(store.move, batch, ("validating",))
+            if await off_loop(store.status, bid) == "in_progress" and not await self._run_lines(batch):
                 return  # stopped with lines left: the next server goes on
             await self._finish(bid)
         except Exception as err:  # the batch's boundary: it fails with a reason, the server lives on
             log.exception("batch.failed", batch=bid, error_type=type(err).__name__)
             try:
-                found = store.get(bid)
+                found = await off_loop(store.get, bid)
                 if found is not None and found.status in UNFINISHED:
                     errors = BatchErrors([BatchError("internal_error", f"{type(err).__name__}: {err}")])
-                    store.move(msgspec.structs.replace(found, status="failed", failed_at=_now(), errors=errors),
-                               UNFINISHED, drop_lines=True)
+                    failed = msgspec.structs.replace(found, status="failed", failed_at=_now(), errors=errors)
+                    await off_loop(lambda: store.move(failed, UNFINISHED, drop_lines=True))
             except sqlite3.Error as again:  # the store refuses writes: the batch stays for the next server
                 log.error("batch.unrecorded", batch=bid, error=repr(again))
         finally:
             self.tasks.pop(bid, None)
             self.lines.pop(bid, None)
             self.unstored.pop(bid, None)
+            self._cancelled.discard(bid)
             RUNNING_HERE.discard(bid)
 
     async def _models_loaded(self, bid: str) -> bool:
@@ -233,7 +241,10 @@ class BatchRunner:
         flying = self.lines.setdefault(batch.id, set())
         for line, custom_id, body in pending:
             await self._slots.acquire()
-            if self._stopping() or self.store.status(batch.id) != "in_progress" or time.time() >= batch.expires_at:
+            status = await off_loop(self.store.status, batch.id)
+            # (checked after that wait: a cancel or a shutdown that came meanwhile starts no line)
+            if self._stopping() or status != "in_progress" or batch.id in self._cancelled \
+                    or time.time() >= batch.expires_at:
                 self._slots.release()
                 break
             task = asyncio.create_task(self._line(batch, line, custom_id, body))
@@ -263,16 +274,19 @@ class BatchRunner:
         if answer is None:
             return
         response, error, ok = answer
-        self._store_result(batch.id, line, custom_id, msgspec.json.encode(OutputLine(_line_id(), custom_id,
-                                                                                      response, error)), ok)
+        result = msgspec.json.encode(OutputLine(_line_id(), custom_id, response, error))
+        kept = await off_loop(self._store_result, batch.id, line, custom_id, result, ok)
+        if kept is not None:
+            self.unstored.setdefault(batch.id, {})[line] = kept
 
-    def _store_result(self, bid: str, line: int, custom_id: str, result: bytes, ok: bool) -> None:
-        """Store a line's result; if the store refuses it, the line fails with an internal_error naming why
-        (stored in its place, or kept in `unstored` when the store refuses that too)."""
+    def _store_result(self, bid: str, line: int, custom_id: str, result: bytes, ok: bool) -> bytes | None:
+        """Store a line's result; if the store refuses it, the line fails with an internal_error naming why,
+        stored in its place, or returned (to keep in `unstored`) when the store refuses that too. Blocking:
+        call it off the loop."""
         assert self.store is not None
         try:
             self.store.record(bid, line, result, ok)
-            return
+            return None
         except sqlite3.Error as err:
             log.error("batch.result_unstored", batch=bid, line=line, error=repr(err))
             failed = msgspec.json.encode(OutputLine(_line_id(), custom_id, None, {
@@ -280,9 +294,10 @@ class BatchRunner:
                 "message": f"the line's result could not be stored: {type(err).__name__}: {err}"}))
         try:
             self.store.record(bid, line, failed, False)
+            return None
         except sqlite3.Error as err:
             log.error("batch.result_unstored", batch=bid, line=line, error=repr(err), kept=True)
-            self.unstored.setdefault(bid, {})[line] = failed
+            return failed
 
     async def _answer(self, endpoint: str, body: str) -> tuple[dict[str, Any] | None, dict[str, str] | None, bool] | None:
         """(response, error, ok) of a line; None when the server stopped it before its answer."""
@@ -326,15 +341,16 @@ class BatchRunner:
         """Write the output and error files and end the batch: completed, cancelled or expired."""
         assert self.store is not None
         store = self.store
-        batch = store.get(bid)
+        batch = await off_loop(store.get, bid)
         assert batch is not None
-        ended = "expired" if time.time() >= batch.expires_at and store.has_pending(bid) else "completed"
+        ended = "expired" if time.time() >= batch.expires_at and await off_loop(store.has_pending, bid) \
+            else "completed"
         if batch.status == "in_progress":
             finalizing = msgspec.structs.replace(batch, status="finalizing", finalizing_at=_now())
-            if store.move(finalizing, ("in_progress",)):
+            if await off_loop(store.move, finalizing, ("in_progress",)):
                 batch = finalizing
             else:  # cancelled meanwhile
-                batch = store.get(bid) or batch
+                batch = await off_loop(store.get, bid) or batch
         if batch.status == "cancelling":
             ended = "cancelled"
         elif batch.status != "finalizing":
@@ -348,7 +364,8 @@ class BatchRunner:
         final = msgspec.structs.replace(batch, status=ended, output_file_id=written.output_file_id,
                                         error_file_id=written.error_file_id, usage=written.usage, **times)
         try:
-            moved = store.move(final, (batch.status,), drop_lines=True, also=written.rows, failed=written.unstored)
+            moved = await off_loop(lambda: store.move(final, (batch.status,), drop_lines=True, also=written.rows,
+                                                      failed=written.unstored))
         except BaseException:
             discard(files, written)
             raise

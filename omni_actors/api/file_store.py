@@ -5,7 +5,7 @@
 
 Each file's bytes live beside the database under `files("uploads")`, written before
 its row and removed after it, so a crash leaves at worst an orphan file, never a row
-without its bytes; opening the store (a server's first use of it) removes orphans older than
+without its bytes (an upload whose bytes or row the disk or the store refuses removes its bytes); opening the store (a server's first use of it) removes orphans older than
 ORPHAN_AGE_S (a younger one may be another process's upload between its two writes).
 A file past its `expires_at` is gone: every read skips it, and each upload and listing
 removes the expired files' bytes (no timer runs).
@@ -82,14 +82,22 @@ class FileStore:
         the creation time `expires_after_s` counts from."""
         self.purge()
         fid = f"file-{secrets.token_hex(12)}"
-        (self.dir / fid).write_bytes(data)
+        try:
+            (self.dir / fid).write_bytes(data)
+        except BaseException:  # (a disk full part way: no partial bytes stay)
+            (self.dir / fid).unlink(missing_ok=True)
+            raise
         created = int(time.time()) if now is None else now
         expires = None if expires_after_s is None else created + expires_after_s
         # rowid past every dropped file's too, so a cursor left by one never hides a newer file
-        self.store.execute(
-            "INSERT INTO files (rowid, id, filename, purpose, bytes, created_at, expires_at, file) VALUES (1 + MAX("
-            "COALESCE((SELECT MAX(rowid) FROM files), 0), COALESCE((SELECT MAX(seq) FROM file_cursors), 0)), "
-            "?, ?, ?, ?, ?, ?, ?)", (fid, filename, purpose, len(data), created, expires, fid))
+        try:
+            self.store.execute(
+                "INSERT INTO files (rowid, id, filename, purpose, bytes, created_at, expires_at, file) VALUES (1 + "
+                "MAX(COALESCE((SELECT MAX(rowid) FROM files), 0), COALESCE((SELECT MAX(seq) FROM file_cursors), 0)), "
+                "?, ?, ?, ?, ?, ?, ?)", (fid, filename, purpose, len(data), created, expires, fid))
+        except BaseException:  # (the store refused the row, e.g. a disk full or a lock held past its timeout)
+            (self.dir / fid).unlink(missing_ok=True)
+            raise
         return StoredFile(fid, filename, purpose, len(data), created, expires)
 
     def get(self, fid: str) -> StoredFile | None:

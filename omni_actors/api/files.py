@@ -149,6 +149,10 @@ async def create_file(request: web.Request) -> web.Response:
     filename = names.get("file") or "upload"
     if len(filename) > MAX_FILENAME_CHARS:
         raise bad_request(f"the file's name is longer than {MAX_FILENAME_CHARS} characters", "file")
+    try:  # (aiohttp keeps a name's bytes that are not UTF-8 as lone surrogates, which no store can keep)
+        filename.encode()
+    except UnicodeEncodeError as err:
+        raise bad_request(f"the file's name is not valid UTF-8 (character {err.start})", "file") from None
     expiry = _expiry(fields)
     made = await stored(request.app, FileStore.add, filename, purpose, blobs["file"], expiry)
     return _json(_object(made))
