@@ -26,6 +26,7 @@ is logged here (a connection boundary) and answered 500.
 from __future__ import annotations
 
 import re
+import sqlite3
 from typing import Any
 
 import msgspec
@@ -248,6 +249,16 @@ def _from_http(exc: web.HTTPException) -> ApiError:
     return ApiError(exc.status, exc.reason, None, None)
 
 
+STORE_BUSY_RETRY_AFTER_S = 1
+"""Retry-After of the 503 a request gets when SQLite's busy timeout ran out on the state store's write lock."""
+
+
+def _store_busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLite gave up waiting for a lock another connection held (a transient 503, not a server fault)."""
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Answer every failure with an OpenAI-style body; re-raise once a response has started."""
@@ -263,6 +274,12 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if request.get(RESPONSE_STARTED):
             raise
         return from_exception(exc).response()
+    except sqlite3.OperationalError as exc:
+        if request.get(RESPONSE_STARTED) or not _store_busy(exc):
+            raise
+        log.warning("api.store_busy", path=request.path, error=str(exc))
+        return ApiError(503, "the server's state store is busy (another process holds its write lock); retry later",
+                        None, "store_busy", headers={"Retry-After": str(STORE_BUSY_RETRY_AFTER_S)}).response()
     except Exception as exc:  # the connection boundary: log and answer 500
         if request.get(RESPONSE_STARTED):
             raise
