@@ -5,14 +5,15 @@ What goes into the pipeline:
     inputs  see chat_inputs.py: {"messages": [...], "audio"/"image"/...: arrays}, plus "tools" where the
             pipeline can call them (api/tools.py says which, and the answer's `tool_calls` shapes)
     params  {temperature, top_p, top_k, max_tokens, seed, stop (list), frequency_penalty,
-             presence_penalty, repetition_penalty, voice, audio_format, modalities}
+             presence_penalty, repetition_penalty, logit_bias, voice, audio_format, modalities}
             (only the fields the client sent; `max_completion_tokens` wins over `max_tokens`)
             `stop`, `presence_penalty`, `frequency_penalty` need a text stage on the vLLM engine; on another
             engine the penalties are a 400 naming the field (it would ignore them, as /v1/completions refuses
             them), and `stop` is applied by this route to a text-only answer without tools (api/calls.py's
             StopCut, as vLLM applies it: the text ends before the first stop string, finish_reason "stop",
             the stage's request aborted), else a 400 naming `stop` (the talker would speak past it; the
-            tool parser reads the whole answer)
+            tool parser reads the whole answer). A `max_tokens` past the stage's whole context is the
+            stage's 400 naming the field sent (vllm_ar.py), `max_completion_tokens` where it was that
     stages  planner's choice, else pipeline.stages_for_outputs(set(modalities))
 
 What comes back: StageChunks whose typed `output` is a TextOutput (delta, token
@@ -38,7 +39,8 @@ no effect where OpenAI's models without the feature take them (`prompt_cache_key
 `prewarm`, a part's `prompt_cache_breakpoint`, `safety_identifier`, `service_tier`, answered "default",
 `prediction`), a 400 naming the field where ignoring it would mislead
 (`check_unserved`: a reasoning effort, a verbosity but "medium", log-probabilities; `web_search_options`,
-`logit_bias`, `moderation`, the deprecated `functions` and `function_call`).
+`moderation`, the deprecated `functions` and `function_call`; `logit_bias` but on a vLLM text stage, which
+applies it: `logit_biases`).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ from omni_actors.api.chat_tally import (
     new_audio_id,
     usage_of,
 )
-from omni_actors.api.errors import bad_request
+from omni_actors.api.errors import bad_request, from_exception
 from omni_actors.api.files import file_bytes
 from omni_actors.api.schemas import read_body
 from omni_actors.api.speech_inputs import listed_voice
@@ -94,7 +96,8 @@ from omni_actors.api.tools import (
     stage_tools,
     tools_refusal,
 )
-from omni_actors.config.pipeline import PipelineConfig
+from omni_actors.config.pipeline import PipelineConfig, StageSpec
+from omni_actors.errors import RequestRejected
 from omni_actors.orchestrator.outputs import TextOutput
 
 __all__ = ["Tally", "add_routes", "chat_completions", "check_prewarm", "check_unserved"]  # (Tally: chat_tally.py)
@@ -123,8 +126,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise bad_request("logprobs are not returned by this server; leave `logprobs` out or false", "logprobs",
                           "unsupported_parameter")
     check_unserved(req.reasoning_effort, req.verbosity, req.top_logprobs)
-    for name, value, why in (("logit_bias", req.logit_bias, "token biases are not applied; leave it out, null or {}"),
-                             ("functions", req.functions, "send the functions in `tools`"),
+    for name, value, why in (("functions", req.functions, "send the functions in `tools`"),
                              ("function_call", req.function_call, "say it in `tool_choice`"),
                              ("moderation", req.moderation, "no moderation model runs here; leave it out or null")):
         if value:
@@ -155,17 +157,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if (tools := stage_tools(req.tools, req.tool_choice)) is not None:
         inputs["tools"] = tools
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    params, n = {**chat_params(req, modalities), **guided}, req.n or 1
-    async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
-        calls = [await calls_open.enter_async_context(PipelineCall(
-            request, ROUTE, inputs, choice_params(params, i), set(modalities), cid if n == 1 else f"{cid}-{i}",
-            stop=stops)) for i in range(n)]
-        keep = chat_stored.keeper(request, req)  # (None unless `store`)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return await stream_answer(request, calls, cid, model, audio_format if want_audio else None,
-                                       include_usage, hold_text=tools is not None, on_end=keep)
-        return await _complete(calls, cid, model, audio_format if want_audio else None, keep)
+    bias = logit_biases(text_stage_of(orch.pipeline), req.logit_bias)
+    params, n = {**chat_params(req, modalities), **guided, **bias}, req.n or 1
+    try:
+        async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
+            calls = [await calls_open.enter_async_context(PipelineCall(
+                request, ROUTE, inputs, choice_params(params, i), set(modalities), cid if n == 1 else f"{cid}-{i}",
+                stop=stops)) for i in range(n)]
+            keep = chat_stored.keeper(request, req)  # (None unless `store`)
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                return await stream_answer(request, calls, cid, model, audio_format if want_audio else None,
+                                           include_usage, hold_text=tools is not None, on_end=keep)
+            return await _complete(calls, cid, model, audio_format if want_audio else None, keep)
+    except RequestRejected as err:  # a stage names `max_tokens` for the budget: the field the client sent
+        said = from_exception(err)
+        if said.param == "max_tokens" and req.max_completion_tokens is not None:
+            said.param = "max_completion_tokens"
+            said.message = said.message.replace("max_tokens", said.param, 1)
+        raise said from None
 
 
 def stops_applied_here(req: ChatCompletionRequest, pipeline: PipelineConfig, modalities: list[str]) -> list[str] | None:
@@ -180,6 +190,23 @@ def stops_applied_here(req: ChatCompletionRequest, pipeline: PipelineConfig, mod
         refuse_unapplied(stage, {"stop": stops}, {"stop": "to an answer with audio or tools offered (it is applied "
                                                   'to a text-only answer: `modalities` ["text"], no `tools`)'})
     return stops
+
+
+def logit_biases(stage: StageSpec | None, bias: dict[str, Any] | None) -> dict[str, Any]:
+    """{"logit_bias": {token id: bias}} for the text stage's sampling ({} for none): vLLM adds each bias to its
+    token's logit. A 400 naming `logit_bias` where the stage's engine would not apply it (not vLLM), or for a key
+    that is not a token id or a bias outside OpenAI's [-100, 100] (an id past the vocabulary: the stage's 400)."""
+    if not bias:
+        return {}
+    if not applies_vllm_sampling(stage):
+        raise bad_request("`logit_bias` is not applied by this model's engine; leave it out, null or {}", "logit_bias",
+                          "unsupported_parameter")
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad_request(f"`logit_bias` key {key[:32]!r} is not a token id (a decimal integer)", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise bad_request(f"`logit_bias` {key}: {str(value)[:32]} is not a number from -100 to 100", "logit_bias")
+    return {"logit_bias": {str(int(key)): float(value) for key, value in bias.items()}}
 
 
 def check_unserved(effort: str | None, verbosity: str | None, top_logprobs: int | None,

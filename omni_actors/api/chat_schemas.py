@@ -266,7 +266,7 @@ class ChatCompletionRequest(RequestStruct):
     verbosity: Verbosity | None = None
     web_search_options: WebSearchOptions | None = None
     logit_bias: dict[str, Any] | None = None
-    """Only null or {}: token biases are not applied (a 400 naming the field)."""
+    """{token id: bias from -100 to 100}, applied by a vLLM text stage; elsewhere only null or {} (a 400 naming it)."""
     functions: list[Any] | None = None
     """OpenAI's deprecated function calling: only null (a 400 pointing to `tools`)."""
     function_call: str | dict[str, Any] | None = None
@@ -322,6 +322,8 @@ class ChatCompletion(Struct):
     object: Literal["chat.completion"] = "chat.completion"
     service_tier: Literal["default"] = "default"
     """The tier that served it, as OpenAI says it: this server has one."""
+    system_fingerprint: None = None
+    """OpenAI's backend configuration id, always in its answers: null here (as vLLM's), no fingerprint kept."""
 
 
 class DeltaAudio(Struct, omit_defaults=True):
@@ -369,3 +371,5 @@ class ChatCompletionChunk(Struct):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     service_tier: Literal["default"] = "default"
     """As the completion says it (OpenAI sends it on every chunk)."""
+    system_fingerprint: None = None
+    """As the completion says it."""

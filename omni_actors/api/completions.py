@@ -27,7 +27,8 @@ Streaming: `text_completion` chunks, one per text delta of a choice, its last wi
 `stream_options.include_usage`, then `[DONE]`. A client that leaves aborts every choice in every stage.
 
 Not served, a 400 naming the field where ignoring it would mislead: `suffix` (but ""), `best_of`
-other than `n`, `logprobs` (but null), `logit_bias` (but null or {}). `user` is accepted, no effect.
+other than `n`, `logprobs` (but null), `logit_bias` (but null or {}) but on the vLLM engine, which applies
+it (chat's `logit_biases`). `user` is accepted, no effect.
 Errors are chat's: a prompt past the context is a 400 `context_length_exceeded`.
 """
 
@@ -55,7 +56,7 @@ from omni_actors.api.calls import (
     route_model,
     text_stage_of,
 )
-from omni_actors.api.chat import choice_params
+from omni_actors.api.chat import choice_params, logit_biases
 from omni_actors.api.chat_schemas import Usage
 from omni_actors.api.chat_stream import merged
 from omni_actors.api.chat_tally import Tally
@@ -143,9 +144,6 @@ def check_unserved(req: CompletionRequest, stage: StageSpec, n: int) -> None:
     if req.logprobs is not None:
         raise bad_request("logprobs are not returned by this server; leave `logprobs` out or null", "logprobs",
                           "unsupported_parameter")
-    if req.logit_bias:
-        raise bad_request("this server does not support `logit_bias`: token biases are not applied; leave it out, "
-                          "null or {}", "logit_bias", "unsupported_parameter")
     refuse_unapplied(stage, {name: getattr(req, name) for name in VLLM_ONLY if name != "stop"})  # (chat's too)
 
 
@@ -174,7 +172,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                           "echo", "unsupported_parameter")
     echoes = [p if req.echo and isinstance(p, str) else "" for p in items for _ in range(n)]
     cid = f"cmpl-{uuid.uuid4().hex[:24]}"
-    params = completion_params(req)
+    params = {**completion_params(req), **logit_biases(stage, req.logit_bias)}
     stops = None if applies_vllm_sampling(stage) else params.pop("stop", None)  # (else cut here: StopCut)
     count = len(items) * n
     deployed = orch.deploy.stage(stage.stage_id)

@@ -67,7 +67,7 @@ class CompletionRequest(RequestStruct):
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     """Only null: log-probabilities are not returned."""
     logit_bias: dict[str, Any] | None = None
-    """Only null or {}: token biases are not applied."""
+    """As chat's: applied by a vLLM text stage; elsewhere only null or {}."""
     # vLLM's extra sampling fields, as `vllm bench serve` and vLLM's clients send them in the body.
     top_k: TopK | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
@@ -93,6 +93,8 @@ class Completion(Struct):
     choices: list[CompletionChoice]
     usage: Usage
     object: Literal["text_completion"] = "text_completion"
+    system_fingerprint: None = None
+    """Null, as chat's (chat_schemas.py)."""
 
 
 class CompletionChunk(Struct):
@@ -105,3 +107,4 @@ class CompletionChunk(Struct):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     object: Literal["text_completion"] = "text_completion"
+    system_fingerprint: None = None

@@ -205,6 +205,7 @@ REQUEST_FIELDS = frozenset({
     "input", "prompt", "negative_prompt", "image", "mask", "size", "n", "voice", "instructions", "speed",
     "seconds", "seed", "layers", "strength", "num_inference_steps", "guidance_scale", "input_reference", "file",
     "messages", "max_tokens", "temperature", "top_p", "tools", "tool_choice", "response_format", "language",
+    "logit_bias",
 })
 """Request fields a stage's refusal may name first ("image[0]: ..."), as engines write them."""
 _STAGE_FIELD = re.compile(r"(?:^|: )([a-z_]+)(?:\[\d+\])?: ")

@@ -30,8 +30,8 @@ Params beyond sampling (api/structured.py): "structured_outputs" ({"json": schem
 {"json_object": True}: vLLM's guided decoding) and "tool_calls_forced" (the guided answer is a
 forced tool_choice's list of calls: the last output carries them as "tool_calls").
 
-Failures: bad inputs or sampling params (temperature=-1, max_tokens=0, a
-reused request id) raise ValueError from `add`, failing that request only. A
+Failures: bad inputs or sampling params (temperature=-1, max_tokens=0 or past the whole context, which vLLM
+would cut silently, a reused request id) raise ValueError from `add`, failing that request only. A
 request vLLM finishes with reason "error" ends with `EngineOutput.error` set.
 An exception from vLLM's own step (a dead engine core) propagates and fails
 every request, as the StageEngine contract says.
@@ -240,6 +240,10 @@ class VllmAREngine(StageEngine):
         if request_id in self._runs:
             raise ValueError(f"request {request_id!r} is already running")
         sampling = self._sampling_params(self.merged_sampling(params))
+        context = self._engine.model_config.max_model_len
+        if (asked := params.get("max_tokens")) is not None and int(asked) > context:  # (vLLM would cut it short)
+            raise ValueError(f"max_tokens: {asked} is more than this model's whole context holds ({context} tokens, "
+                             f"the prompt's included); ask for at most {context}")
         prompt, tokenization_kwargs = self._prompt(inputs)
         from vllm.exceptions import VLLMClientError
 
@@ -344,6 +348,10 @@ class VllmAREngine(StageEngine):
         from vllm.sampling_params import RequestOutputKind
 
         kwargs = {k: v for k, v in merged.items() if k in SAMPLING_KEYS}
+        if kwargs.get("top_p") == 0:  # OpenAI's top_p 0 (vLLM wants it in (0, 1]): only the likeliest token
+            kwargs.update(top_p=1.0, top_k=1)
+        if bias := kwargs.get("logit_bias"):  # (JSON's string keys, as the API passes them on: vLLM wants ids)
+            kwargs["logit_bias"] = {int(token): float(value) for token, value in bias.items()}
         if kwargs.get("n", 1) != 1:
             raise ValueError("n must be 1: one stage request streams one sequence")
         if structured := merged.get("structured_outputs"):  # chat response_format (api/structured.py)
