@@ -170,7 +170,7 @@ async def test_text_in_socket_speaks_in_a_cloned_voice(srv: Server, voices) -> N
         assert (await ws.receive_json())["type"] == "session.created"
         await ws.send_json({"type": "session.update", "session": {"voice": "alloy"}})
         err = await ws.receive_json()
-        assert err["type"] == "error" and err["error"]["param"] == "voice"
+        assert err["type"] == "error" and err["error"]["param"] == "session.voice"
         await ws.send_json({"type": "session.update", "session": {"voice": {"id": voices["low"]}, "seed": 3}})
         assert (await ws.receive_json())["type"] == "session.updated"
         await ws.send_json({"type": "input_text.append", "text": "Hello there, friend. And"})
