@@ -38,9 +38,15 @@ Fields client libraries send for features no model here has (chat_schemas.py lis
 no effect where OpenAI's models without the feature take them (`prompt_cache_key`, `prompt_cache_options` but
 `prewarm`, a part's `prompt_cache_breakpoint`, `safety_identifier`, `service_tier`, answered "default",
 `prediction`), a 400 naming the field where ignoring it would mislead
-(`check_unserved`: a reasoning effort, a verbosity but "medium", log-probabilities; `web_search_options`,
+(`check_unserved`: a reasoning effort, a verbosity but "medium"; `web_search_options`,
 `moderation`, the deprecated `functions` and `function_call`; `logit_bias` but on a vLLM text stage, which
 applies it: `logit_biases`).
+
+`logprobs: true` (and `top_logprobs` 0-20 alternatives, which needs it) on a vLLM text stage: each choice's
+`logprobs.content` lists the answer's tokens ({token, logprob, bytes, top_logprobs}; streamed, each chunk's
+tokens), their texts joined being the content (vllm_ar.py trims a stop string's token). A 400 naming the
+field on another engine's stage, and naming `logprobs` with tools offered (the content is what the tool
+parser leaves of the text).
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ from omni_actors.api.chat_tally import (
     AUDIO_TTL_S,
     Tally,
     answer_message,
+    chat_logprobs,
     chunk_audio,
     new_audio_id,
     usage_of,
@@ -122,10 +129,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, ChatCompletionRequest)
     if req.stream_options is not None and not req.stream:
         raise bad_request("`stream_options` is only allowed when `stream` is true", "stream_options")
-    if req.logprobs:
-        raise bad_request("logprobs are not returned by this server; leave `logprobs` out or false", "logprobs",
-                          "unsupported_parameter")
-    check_unserved(req.reasoning_effort, req.verbosity, req.top_logprobs)
+    check_unserved(req.reasoning_effort, req.verbosity, None)
     for name, value, why in (("functions", req.functions, "send the functions in `tools`"),
                              ("function_call", req.function_call, "say it in `tool_choice`"),
                              ("moderation", req.moderation, "no moderation model runs here; leave it out or null")):
@@ -143,6 +147,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_tool_messages(req.messages)
     guided = guided_params(orch.pipeline, req.response_format, req.tools, req.tool_choice, req.parallel_tool_calls)
     stops = stops_applied_here(req, orch.pipeline, modalities)
+    top = logprobs_params(req, text_stage_of(orch.pipeline))
     if req.audio is not None and req.audio.voice:
         listed_voice(orch.pipeline, req.audio.voice, "audio.voice")  # /v1/audio/speech's 400 for an unknown one
     want_audio = "audio" in modalities
@@ -158,7 +163,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         inputs["tools"] = tools
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     bias = logit_biases(text_stage_of(orch.pipeline), req.logit_bias)
-    params, n = {**chat_params(req, modalities), **guided, **bias}, req.n or 1
+    params, n = {**chat_params(req, modalities), **guided, **bias, **top}, req.n or 1
     try:
         async with contextlib.AsyncExitStack() as calls_open:  # (on exit: every choice not ended is aborted)
             calls = [await calls_open.enter_async_context(PipelineCall(
@@ -190,6 +195,24 @@ def stops_applied_here(req: ChatCompletionRequest, pipeline: PipelineConfig, mod
         refuse_unapplied(stage, {"stop": stops}, {"stop": "to an answer with audio or tools offered (it is applied "
                                                   'to a text-only answer: `modalities` ["text"], no `tools`)'})
     return stops
+
+
+def logprobs_params(req: ChatCompletionRequest, stage: StageSpec | None) -> dict[str, Any]:
+    """{"logprobs": alternatives per token} for the text stage ({} when not asked); a 400 naming the field
+    where it cannot be answered (module docstring) or `top_logprobs` without `logprobs: true` (OpenAI's)."""
+    if not applies_vllm_sampling(stage):
+        for name, value in (("logprobs", req.logprobs), ("top_logprobs", req.top_logprobs)):
+            if value:
+                raise bad_request(f"logprobs are not returned by this model's engine; leave `{name}` out", name,
+                                  "unsupported_parameter")
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise bad_request("`top_logprobs` needs `logprobs` set to true", "top_logprobs", "invalid_value")
+        return {}
+    if stage_tools(req.tools, req.tool_choice) is not None:
+        raise bad_request("logprobs are not returned with `tools` offered (the tool parser rewrites the answer's "
+                          "text); leave `logprobs` out or `tools` out", "logprobs", "unsupported_parameter")
+    return {"logprobs": req.top_logprobs or 0}
 
 
 def logit_biases(stage: StageSpec | None, bias: dict[str, Any] | None) -> dict[str, Any]:
@@ -266,7 +289,8 @@ async def _message(tally: Tally, audio_format: str | None) -> ResponseMessage:
 async def _complete(calls: list[PipelineCall], cid: str, model: str, audio_format: str | None,
                     keep: Callable[[ChatCompletion], None] | None = None) -> web.Response:
     tallies = await asyncio.gather(*(_collect(call, audio_format) for call in calls))
-    choices = [Choice(i, await _message(t, audio_format), t.finish_reason) for i, t in enumerate(tallies)]
+    choices = [Choice(i, await _message(t, audio_format), t.finish_reason, chat_logprobs(t.logprobs))
+               for i, t in enumerate(tallies)]
     body = ChatCompletion(id=cid, created=int(time.time()), model=model, choices=choices, usage=usage_of(tallies))
     if keep is not None:
         keep(body)

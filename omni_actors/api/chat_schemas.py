@@ -306,11 +306,31 @@ class Usage(Struct):
     total_tokens: int
 
 
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(Struct):
+    """A token of the answer: its text, log-probability, UTF-8 bytes and likeliest alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct):
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class Choice(Struct):
     index: int
     message: ResponseMessage
     finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(Struct):
@@ -359,7 +379,7 @@ class ChunkChoice(Struct):
     index: int
     delta: Delta
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(Struct):

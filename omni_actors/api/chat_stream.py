@@ -1,6 +1,6 @@
 """A chat answer streamed: `chat.completion.chunk` events as SSE, each choice's deltas as they are made.
 
-Text goes out in `delta.content` (held back while tools are offered, but the text the stage's parser
+Text goes out in `delta.content` (its tokens' `logprobs` with it, where asked; held back while tools are offered, but the text the stage's parser
 calls `shown`), audio in `delta.audio` ({id, data: base64 in audio.format, transcript}), a last chunk
 per choice with its `finish_reason`, a usage chunk when asked for; `n` > 1 choices are interleaved as
 their pipelines make them. Once every choice ended, `on_end` gets the answer put together as one
@@ -33,6 +33,7 @@ from omni_actors.api.chat_tally import (
     AUDIO_TTL_S,
     Tally,
     answer_message,
+    chat_logprobs,
     chunk_audio,
     new_audio_id,
     usage_of,
@@ -105,9 +106,11 @@ class ChoiceStream:
                 self.shown.append(delta := chunk.output.shown)
                 self.calls.add(self.tally.parts)
                 parts = delta_tool_parts(self.tally.parts) or None
-            if not (delta or parts):
+            tokens = chat_logprobs(chunk.output.logprobs) if self.tally.logprobs is not None else None
+            if not (delta or parts or (tokens and tokens.content)):
                 return None
-            return self.event(ChunkChoice(self.index, Delta(content=delta or None, tool_calls=parts)))
+            return self.event(ChunkChoice(self.index, Delta(content=delta or None, tool_calls=parts),
+                                          logprobs=tokens if tokens and tokens.content else None))
         if self.audio_format is not None and (audio := chunk_audio(chunk)) is not None:
             self.tally.add_audio(audio, keep=False)
             if self.encoder is None:
@@ -141,7 +144,8 @@ class ChoiceStream:
         if self.audio_format is not None:
             audio = ChatAudio(id=self.audio_id, data="", expires_at=int(time.time()) + AUDIO_TTL_S,
                               transcript="".join(self.tally.transcript) or "".join(self.tally.text))
-        return Choice(self.index, answer_message(self.tally, audio), self.tally.finish_reason)
+        return Choice(self.index, answer_message(self.tally, audio), self.tally.finish_reason,
+                      chat_logprobs(self.tally.logprobs))
 
 
 async def stream_answer(request: web.Request, calls: list[PipelineCall], cid: str, model: str,

@@ -1,5 +1,5 @@
-"""What a chat answer accumulated as its pipeline wrote it (`Tally`): text, audio, transcript, token counts
-and tool calls; chat (api/chat.py, api/chat_stream.py) and the Responses API (api/responses_answer.py) read
+"""What a chat answer accumulated as its pipeline wrote it (`Tally`): text, audio, transcript, token counts,
+tool calls and the tokens' log-probabilities where asked; chat (api/chat.py, api/chat_stream.py) and the Responses API (api/responses_answer.py) read
 their answers from it."""
 
 from __future__ import annotations
@@ -11,9 +11,17 @@ from typing import Any
 import numpy as np
 
 from omni_actors.api.audio_codec import DEFAULT_SAMPLE_RATE
-from omni_actors.api.chat_schemas import ChatAudio, ResponseMessage, Usage
+from omni_actors.api.chat_schemas import ChatAudio, ChoiceLogprobs, ResponseMessage, Usage
+from omni_actors.api.chat_schemas import TokenLogprob as ApiTokenLogprob
+from omni_actors.api.chat_schemas import TopLogprob as ApiTopLogprob
 from omni_actors.api.tools import StreamedCalls, message_tool_calls
-from omni_actors.orchestrator.outputs import AudioOutput, TextOutput, ToolCallOutput, ToolCallPart
+from omni_actors.orchestrator.outputs import (
+    AudioOutput,
+    TextOutput,
+    TokenLogprob,
+    ToolCallOutput,
+    ToolCallPart,
+)
 from omni_actors.orchestrator.requests import StageChunk
 
 AUDIO_TTL_S = 3600
@@ -51,12 +59,14 @@ class Tally:
     """With tools offered: the calls as the parser read them while the answer was written."""
     shown: list[str] = field(default_factory=list)
     """With tools offered: the text the parser read as no call."""
+    logprobs: list[TokenLogprob] | None = None
+    """With params["logprobs"]: the answer's tokens so far (their texts joined: `text`); else None."""
 
     @classmethod
     def of(cls, params: dict[str, Any], most_calls: int | None = None) -> Tally:
         """A tally for an answer to a pipeline call with these params (and `max_tool_calls`)."""
         return cls(forced=bool(params.get("tool_calls_forced")), one_call=bool(params.get("one_tool_call")),
-                   most_calls=most_calls)
+                   most_calls=most_calls, logprobs=[] if params.get("logprobs") is not None else None)
 
     @property
     def cap(self) -> int | None:
@@ -70,6 +80,8 @@ class Tally:
         self.parts = out.tool_parts if cap is None else tuple(p for p in out.tool_parts if p.index < cap)
         self.read.add(self.parts)
         self.shown.append(out.shown)
+        if self.logprobs is not None:
+            self.logprobs.extend(out.logprobs)
         self.completion_tokens += out.tokens
         if out.prompt_tokens is not None:
             self.prompt_tokens = out.prompt_tokens
@@ -106,6 +118,15 @@ def usage_of(tallies: list[Tally]) -> Usage:
     prompt = tallies[0].prompt_tokens
     completion = sum(t.completion_tokens for t in tallies)
     return Usage(prompt, completion, prompt + completion)
+
+
+def chat_logprobs(tokens: list[TokenLogprob] | tuple[TokenLogprob, ...] | None) -> ChoiceLogprobs | None:
+    """OpenAI's chat `logprobs` of these tokens (None: not asked)."""
+    if tokens is None:
+        return None
+    return ChoiceLogprobs([ApiTokenLogprob(t.token, t.logprob, list(t.bytes),
+                                           [ApiTopLogprob(a.token, a.logprob, list(a.bytes)) for a in t.top])
+                           for t in tokens])
 
 
 def new_audio_id() -> str:

@@ -27,8 +27,13 @@ Streaming: `text_completion` chunks, one per text delta of a choice, its last wi
 `stream_options.include_usage`, then `[DONE]`. A client that leaves aborts every choice in every stage.
 
 Not served, a 400 naming the field where ignoring it would mislead: `suffix` (but ""), `best_of`
-other than `n`, `logprobs` (but null), `logit_bias` (but null or {}) but on the vLLM engine, which applies
-it (chat's `logit_biases`). `user` is accepted, no effect.
+other than `n`, `logit_bias` (but null or {}) but on the vLLM engine, which applies
+it (chat's `logit_biases`), `logprobs` (but null) but on the vLLM engine and without `echo` (the prompt's
+tokens are not scored). `user` is accepted, no effect.
+
+`logprobs: k` (0-5): each choice's `logprobs` is OpenAI's {tokens, token_logprobs, top_logprobs (k
+alternatives, text -> logprob), text_offset}, the tokens' texts joined being the choice's text (streamed:
+each chunk's tokens, offsets counted from the choice's start).
 Errors are chat's: a prompt past the context is a 400 `context_length_exceeded`.
 """
 
@@ -66,6 +71,7 @@ from omni_actors.api.completions_schemas import (
     Completion,
     CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionRequest,
 )
 from omni_actors.api.errors import ApiError, bad_request, from_exception
@@ -73,7 +79,7 @@ from omni_actors.api.schemas import read_body
 from omni_actors.config.pipeline import StageSpec
 from omni_actors.errors import RequestRejected
 from omni_actors.orchestrator.core import Orchestrator
-from omni_actors.orchestrator.outputs import TextOutput
+from omni_actors.orchestrator.outputs import TextOutput, TokenLogprob
 
 __all__ = ["ROUTE", "add_routes", "completions", "text_stage"]
 
@@ -141,9 +147,12 @@ def check_unserved(req: CompletionRequest, stage: StageSpec, n: int) -> None:
     if req.best_of is not None and req.best_of != n:
         raise bad_request(f"`best_of` {req.best_of} is not supported: no candidates are ranked here; leave it out "
                           f"or equal to `n` ({n})", "best_of", "unsupported_parameter")
-    if req.logprobs is not None:
-        raise bad_request("logprobs are not returned by this server; leave `logprobs` out or null", "logprobs",
-                          "unsupported_parameter")
+    if req.logprobs is not None and not applies_vllm_sampling(stage):
+        raise bad_request("logprobs are not returned by this model's engine; leave `logprobs` out or null",
+                          "logprobs", "unsupported_parameter")
+    if req.logprobs is not None and req.echo:
+        raise bad_request("logprobs are not returned for an echoed prompt; leave `logprobs` or `echo` out",
+                          "logprobs", "unsupported_parameter")
     refuse_unapplied(stage, {name: getattr(req, name) for name in VLLM_ONLY if name != "stop"})  # (chat's too)
 
 
@@ -153,7 +162,7 @@ def completion_params(req: CompletionRequest) -> dict[str, Any]:
         "max_tokens": req.max_tokens or DEFAULT_MAX_TOKENS, "temperature": req.temperature, "top_p": req.top_p,
         "top_k": req.top_k, "seed": req.seed, "stop": stop or None, "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty, "repetition_penalty": req.repetition_penalty,
-        "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens, "modalities": ["text"],
+        "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens, "logprobs": req.logprobs, "modalities": ["text"],
     })
 
 
@@ -190,7 +199,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 return await _stream(request, calls, cid, model, echoes, n, include_usage)
             tallies = await asyncio.gather(*(_collect(call) for call in calls))
-            choices = [CompletionChoice(echoes[k] + "".join(t.text), k, t.finish_reason) for k, t in enumerate(tallies)]
+            choices = [CompletionChoice(echoes[k] + "".join(t.text), k, t.finish_reason, legacy_logprobs(t.logprobs))
+                       for k, t in enumerate(tallies)]
             body = Completion(id=cid, created=int(time.time()), model=model, choices=choices, usage=_usage(tallies, n))
             return web.Response(body=msgspec.json.encode(body), content_type="application/json")
     except RequestRejected as err:  # a stage names chat's `messages` for a prompt past the context: here `prompt`
@@ -206,8 +216,21 @@ def _usage(tallies: list[Tally], n: int) -> Usage:
     return Usage(prompt, completion, prompt + completion)
 
 
+def legacy_logprobs(tokens: list[TokenLogprob] | tuple[TokenLogprob, ...] | None,
+                    offset: int = 0) -> CompletionLogprobs | None:
+    """OpenAI's legacy `logprobs` of these tokens, the first's text at `offset` (None: not asked)."""
+    if tokens is None:
+        return None
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    return CompletionLogprobs([t.token for t in tokens], [t.logprob for t in tokens],
+                              [{a.token: a.logprob for a in t.top} for t in tokens], offsets)
+
+
 async def _collect(call: PipelineCall) -> Tally:
-    tally = Tally()
+    tally = Tally.of(call.params)
     async for chunk in call:
         if isinstance(chunk.output, TextOutput):
             tally.add_text(chunk.output)
@@ -217,10 +240,16 @@ async def _collect(call: PipelineCall) -> Tally:
 async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, model: str, echoes: list[str],
                   n: int, include_usage: bool) -> web.StreamResponse:
     created = int(time.time())
-    tallies = [Tally() for _ in calls]
+    tallies = [Tally.of(call.params) for call in calls]
+    offsets = [0] * len(calls)
 
-    def event(index: int, text: str, finish: Any = None) -> CompletionChunk:
-        return CompletionChunk(id=cid, created=created, model=model, choices=[CompletionChoice(text, index, finish)])
+    def event(index: int, text: str, finish: Any = None, tokens: tuple[TokenLogprob, ...] = ()) -> CompletionChunk:
+        logprobs = None
+        if tallies[index].logprobs is not None:
+            logprobs = legacy_logprobs(tokens, offsets[index])
+            offsets[index] += sum(len(t.token) for t in tokens)
+        return CompletionChunk(id=cid, created=created, model=model,
+                               choices=[CompletionChoice(text, index, finish, logprobs)])
 
     # An error before the first output (a prompt past the context) keeps its HTTP status.
     await asyncio.gather(*(call.started() for call in calls))
@@ -239,9 +268,9 @@ async def _stream(request: web.Request, calls: list[PipelineCall], cid: str, mod
                 text = tally.add_text(chunk.output)
                 if chunk.output.finish_reason is not None:  # (the stage's last delta: it carries the finish)
                     ended[k] = True
-                    yield event(k, text, tally.finish_reason)
-                elif text:
-                    yield event(k, text)
+                    yield event(k, text, tally.finish_reason, chunk.output.logprobs)
+                elif text or chunk.output.logprobs:
+                    yield event(k, text, tokens=chunk.output.logprobs)
         if include_usage:
             yield CompletionChunk(id=cid, created=created, model=model, choices=[], usage=_usage(tallies, n))
 

@@ -65,7 +65,7 @@ class CompletionRequest(RequestStruct):
     best_of: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     """Only equal to `n` (or 1): no stage ranks candidates by log-probability."""
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
-    """Only null: log-probabilities are not returned."""
+    """The sampled tokens' log-probabilities and this many alternatives each (a vLLM text stage only)."""
     logit_bias: dict[str, Any] | None = None
     """As chat's: applied by a vLLM text stage; elsewhere only null or {}."""
     # vLLM's extra sampling fields, as `vllm bench serve` and vLLM's clients send them in the body.
@@ -78,12 +78,22 @@ class CompletionRequest(RequestStruct):
 FinishReason = Literal["stop", "length"]
 
 
+class CompletionLogprobs(Struct):
+    """OpenAI's legacy shape: per token its text, log-probability, likeliest alternatives (text -> logprob)
+    and where its text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(Struct):
     text: str
     index: int
     finish_reason: FinishReason | None
     """null on a streamed chunk until the choice's last one."""
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(Struct):

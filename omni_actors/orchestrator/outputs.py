@@ -1,6 +1,7 @@
 """Typed final outputs: what the API reads from a final stage, converted once from the stage's payload.
 
-    TextOutput        text delta, finish_reason, token counts; on the last: tool calls, if any
+    TextOutput        text delta, finish_reason, token counts; on the last: tool calls, if any; the
+                      delta's tokens' log-probabilities where the request asked ("logprobs" param)
     AudioOutput       float32 mono samples, their rate, the transcript piece they speak; all channels
                       where the stage made several; a duplex frame's timing
     TranscriptOutput  a transcription delta of the user's audio; with timestamps asked, its segments/words
@@ -38,6 +39,27 @@ class TextOutput:
     (the stage's tool parser reading as it streams), which a streamed answer shows at once."""
     tool_parts: tuple[ToolCallPart, ...] = ()
     """With tools offered: the pieces of calls the parser read in this delta, as it streams."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """With params["logprobs"] (a vLLM stage): the tokens whose text this delta (or one before it) carries,
+    in order; their texts joined are the answer's text."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    """The token's text as UTF-8."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token: its text, log-probability, UTF-8 bytes and the likeliest alternatives asked for."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[TopLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +198,7 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
                           for p in data.get("tool_parts") or ())
             return TextOutput(text, tokens, data.get("finish_reason"), None if prompt is None else int(prompt),
                               calls, content if isinstance(content, str) else None,
-                              shown if isinstance(shown, str) else "", parts)
+                              shown if isinstance(shown, str) else "", parts, _logprobs(data.get("logprobs")))
         case "audio":
             return _audio(data)
         case "transcript":
@@ -189,6 +211,13 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
                                _array(data.get("audio")), None if rate is None else int(rate),
                                None if seed is None else int(seed))
     return None
+
+
+def _logprobs(entries: Any) -> tuple[TokenLogprob, ...]:
+    """A text payload's "logprobs": [[token, logprob, [[alternative, logprob], ...]], ...] (vllm_ar.py)."""
+    return tuple(TokenLogprob(str(token), float(lp), tuple(str(token).encode()),
+                              tuple(TopLogprob(str(t), float(v), tuple(str(t).encode())) for t, v in top))
+                 for token, lp, top in entries or ())
 
 
 def _audio(data: dict[str, Any]) -> AudioOutput:

@@ -118,7 +118,7 @@ async def test_stop_and_sampling_reach_vllm(srv: Server) -> None:
 @pytest.mark.parametrize(("fields", "param"), [
     ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": [PROMPT, ""]}, "prompt[1]"),
     ({"prompt": [[1, 2], []]}, "prompt[1]"), ({"prompt": [PROMPT, 5]}, "prompt"),
-    ({"suffix": " end."}, "suffix"), ({"best_of": 3}, "best_of"), ({"logprobs": 1}, "logprobs"),
+    ({"suffix": " end."}, "suffix"), ({"best_of": 3}, "best_of"), ({"logprobs": 1, "echo": True}, "logprobs"),
     ({"logit_bias": {"<|endoftext|>": -100}}, "logit_bias"), ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": [1, 2, 3], "echo": True}, "echo"), ({"max_tokens": 0}, "max_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

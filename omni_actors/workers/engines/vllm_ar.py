@@ -18,6 +18,10 @@ only the new tokens and text of each request:
 
     {"text": delta, "token_ids": [new ids]}
     last one: finished=True, plus finish_reason, prompt_tokens, completion_tokens
+    with params["logprobs"] = k (0-20): "logprobs": [[token text, logprob, [[alternative, logprob] x k]], ...],
+        each token once its text has gone out (vLLM holds text back while it may be a stop string); the
+        last output trims the tokens past the answer's text (a stop string, the end-of-text token), so
+        the texts joined are the answer's text (Logprobs)
 
 Inputs: {"messages": [...], "tools"?: [...]} (the tokenizer's chat template with the generation
 prompt; "tools" are shown to it and read back only where the stage names a tool parser: the
@@ -62,6 +66,7 @@ from omni_actors.workers.engine import (
 )
 from omni_actors.workers.engines import vllm_backend
 from omni_actors.workers.engines.tool_calls import ShownText, ToolCallReader, forced_calls
+from omni_actors.workers.engines.vllm_logprobs import Logprobs
 
 CORE_EXIT_TIMEOUT_S = 10.0
 
@@ -92,6 +97,7 @@ SAMPLING_KEYS = frozenset(
         "logit_bias",
         "allowed_token_ids",
         "bad_words",
+        "logprobs",
     }
 )
 
@@ -137,6 +143,8 @@ class _Run:
     text: list[str] = field(default_factory=list)
     shown: ShownText | None = None
     """With `tools`: what of the answer may be shown as it streams (the "shown" of each output)."""
+    logprobs: Logprobs | None = None
+    """With params["logprobs"]: the sampled tokens' log-probabilities not yet sent."""
 
 
 def _copy_arrays(value: Any) -> Any:
@@ -258,7 +266,9 @@ class VllmAREngine(StageEngine):
         tools = inputs.get("tools") if self._tool_reader is not None else None
         forced = bool(params.get("tool_calls_forced"))
         shown = self._tool_reader.shown(list(tools)) if tools and not forced and self._tool_reader else None
-        self._runs[request_id] = _Run(tools=list(tools) if tools else None, forced=forced, shown=shown)
+        top = sampling.logprobs
+        self._runs[request_id] = _Run(tools=list(tools) if tools else None, forced=forced, shown=shown,
+                                      logprobs=None if top is None else Logprobs(top))
 
     def _render(self, prompt: dict[str, Any], tokenization_kwargs: dict[str, Any] | None) -> Any:
         """The prompt as the engine takes it: tokenized (and its media processed) by the engine's own
@@ -298,6 +308,9 @@ class VllmAREngine(StageEngine):
                     payload["shown"] = shown
                 if parts:
                     payload["tool_parts"] = parts
+            if run.logprobs is not None:
+                run.logprobs.add(completion.text, token_ids, completion.logprobs)
+                payload["logprobs"] = run.logprobs.release(ro.finished)
             error = None
             if ro.finished:
                 del self._runs[ro.request_id]
