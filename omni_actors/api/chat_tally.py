@@ -121,11 +121,11 @@ def usage_of(tallies: list[Tally]) -> Usage:
 
 
 def chat_logprobs(tokens: list[TokenLogprob] | tuple[TokenLogprob, ...] | None) -> ChoiceLogprobs | None:
-    """OpenAI's chat `logprobs` of these tokens (None: not asked)."""
+    """OpenAI's chat `logprobs` of these tokens (None: not asked); `bytes` is each token's text as UTF-8."""
     if tokens is None:
         return None
-    return ChoiceLogprobs([ApiTokenLogprob(t.token, t.logprob, list(t.bytes),
-                                           [ApiTopLogprob(a.token, a.logprob, list(a.bytes)) for a in t.top])
+    return ChoiceLogprobs([ApiTokenLogprob(t.token, t.logprob, list(t.token.encode()),
+                                           [ApiTopLogprob(a.token, a.logprob, list(a.token.encode())) for a in t.top])
                            for t in tokens])
 
 

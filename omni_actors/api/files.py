@@ -35,7 +35,7 @@ from msgspec import Struct
 from omni_actors.api.audio_codec import off_loop
 from omni_actors.api.errors import ApiError, bad_request
 from omni_actors.api.file_store import FileStore, StoredFile
-from omni_actors.api.multipart import read_form
+from omni_actors.api.multipart import is_utf8, read_form
 from omni_actors.api.paging import newest_first, page_limit
 
 FILES_KEY = web.AppKey("file_store", FileStore)
@@ -149,10 +149,8 @@ async def create_file(request: web.Request) -> web.Response:
     filename = names.get("file") or "upload"
     if len(filename) > MAX_FILENAME_CHARS:
         raise bad_request(f"the file's name is longer than {MAX_FILENAME_CHARS} characters", "file")
-    try:  # (aiohttp keeps a name's bytes that are not UTF-8 as lone surrogates, which no store can keep)
-        filename.encode()
-    except UnicodeEncodeError as err:
-        raise bad_request(f"the file's name is not valid UTF-8 (character {err.start})", "file") from None
+    if not is_utf8(filename):  # (its bytes that are not are kept as lone surrogates, which no store can keep)
+        raise bad_request(f"the file's name is not valid UTF-8: {ascii(filename)[:80]}", "file")
     expiry = _expiry(fields)
     made = await stored(request.app, FileStore.add, filename, purpose, blobs["file"], expiry)
     return _json(_object(made))

@@ -48,13 +48,16 @@ async def form_parts(request: web.Request) -> AsyncIterator[BodyPartReader]:
         if not name:
             raise bad_request("a form part has no name (Content-Disposition: form-data; name=...)", None,
                               "invalid_multipart")
-        if not name.isascii() and not _utf8(name):
+        if not is_utf8(name):
             # aiohttp keeps a header's bytes that are not UTF-8 as lone surrogates: no field's name
             raise bad_request(f"a form part's name is not UTF-8: {ascii(name)[:80]}", None, "invalid_multipart")
         yield part
 
 
-def _utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
+    """`text` can be written as UTF-8 (aiohttp keeps a header's bytes that are not as lone surrogates)."""
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -48,17 +48,14 @@ class TextOutput:
 class TopLogprob:
     token: str
     logprob: float
-    bytes: tuple[int, ...]
-    """The token's text as UTF-8."""
 
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """A sampled token: its text, log-probability, UTF-8 bytes and the likeliest alternatives asked for."""
+    """A sampled token: its text, log-probability and the likeliest alternatives asked for."""
 
     token: str
     logprob: float
-    bytes: tuple[int, ...]
     top: tuple[TopLogprob, ...] = ()
 
 
@@ -215,8 +212,7 @@ def to_final(output_type: str | None, data: dict[str, Any]) -> FinalOutput | Non
 
 def _logprobs(entries: Any) -> tuple[TokenLogprob, ...]:
     """A text payload's "logprobs": [[token, logprob, [[alternative, logprob], ...]], ...] (vllm_ar.py)."""
-    return tuple(TokenLogprob(str(token), float(lp), tuple(str(token).encode()),
-                              tuple(TopLogprob(str(t), float(v), tuple(str(t).encode())) for t, v in top))
+    return tuple(TokenLogprob(str(token), float(lp), tuple(TopLogprob(str(t), float(v)) for t, v in top))
                  for token, lp, top in entries or ())
 
 

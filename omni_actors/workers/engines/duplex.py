@@ -63,10 +63,10 @@ FRAME_BUDGET = 0.75
 null: no sizing). A full batch over it is sized down to the slots that fit: the session limit drops
 rather than every session running late."""
 WARMUP_STEPS = 3
+"""Full-batch steps timed at load (after one untimed step); their median is the frame time sized to."""
 LATE_LOG_EVERY_S = 5.0
 """Seconds between `duplex.late_frame` warnings: an overloaded box skips ticks every frame, and one line each
 would be 12 a second; each line counts the skipped ticks and late steps since the last (/metrics has them all)."""
-"""Full-batch steps timed at load (after one untimed step); their median is the frame time sized to."""
 
 
 @dataclass
@@ -171,7 +171,8 @@ class DuplexEngine(StageEngine):
         self.sessions: dict[str, _Session] = {}
         self.free = list(range(a.slots))[::-1]
         self._next_tick: float | None = None
-        self._late = [0, 0, -LATE_LOG_EVERY_S]  # ticks skipped and late steps since the last warning, its time
+        self._late_ticks = self._late_steps = 0  # skipped and late since the last warning
+        self._late_logged = -LATE_LOG_EVERY_S
         self._clock = threading.Event()  # never set: waiting on it until the next tick is the frame clock
         self._silence = np.zeros((a.slots, a.frame_samples), np.float32)
         log.info("duplex.ready", slots=a.slots, frame_ms=round(self.frame_s * 1000, 1),
@@ -197,12 +198,13 @@ class DuplexEngine(StageEngine):
         return float(np.median(times))
 
     def _log_late(self, missed: int, now: float) -> None:
-        late = self._late
-        late[0] += missed
-        late[1] += 1
-        if now - late[2] >= LATE_LOG_EVERY_S:
-            log.warning("duplex.late_frame", skipped=late[0], late_steps=late[1], sessions=len(self.sessions))
-            self._late = [0, 0, now]
+        self._late_ticks += missed
+        self._late_steps += 1
+        if now - self._late_logged >= LATE_LOG_EVERY_S:
+            log.warning("duplex.late_frame", skipped=self._late_ticks, late_steps=self._late_steps,
+                        sessions=len(self.sessions))
+            self._late_ticks = self._late_steps = 0
+            self._late_logged = now
 
     def _fit_budget(self, budget: Any) -> float:
         """Lower the adapter's slots until a step of all of them takes at most `budget` of a frame;
